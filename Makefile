@@ -1,0 +1,138 @@
+# attnd - build, run, test and benchmark.
+#
+#   make            build build/attnd
+#   make run        install missing packages (as root), build, serve on 127.0.0.1:8080
+#   make test       install missing packages (as root), build, run every suite (plain, ASan+UBSan,
+#                   TSan) and end with "N passed, N failed"
+#   make asan       the unit and integration suites under ASan+UBSan only
+#   make tsan       the engine suites under TSan only
+#   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
+#   make format-check
+#
+# BUILD selects the output folder and SAN a sanitizer (address,undefined | thread), so that
+# sanitizer objects never mix with plain ones.
+
+BUILD ?= build
+SAN ?=
+CC ?= cc
+OPT ?= -O2
+
+WARNINGS := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes \
+            -Wformat=2 -Wvla -Werror
+# No -ffast-math, ever: it breaks the -inf handling of masked scores (DESIGN.md section 7).
+CFLAGS_ALL := -std=c11 $(OPT) -g $(WARNINGS) -D_GNU_SOURCE -pthread -MMD -MP -I. $(CFLAGS)
+LDFLAGS_ALL := -pthread $(LDFLAGS)
+ifneq ($(SAN),)
+CFLAGS_ALL += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS_ALL += -fsanitize=$(SAN)
+endif
+LIBS := -lmicrohttpd -ljansson -lopenblas -lz -lm
+
+ENGINE_SRC := $(wildcard engine/*.c)
+API_SRC := $(wildcard api/*.c)
+SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
+SUPPORT_SRC := $(wildcard tests/support/*.c)
+TEST_SRC := $(sort $(wildcard tests/engine/test_*.c tests/api/test_*.c tests/server/test_*.c \
+                              tests/robustness/test_*.c))
+BENCH_SRC := $(wildcard tests/bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
+TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
+BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
+
+.PHONY: all tests run test asan tsan bench deps format format-check clean
+.DEFAULT_GOAL := all
+
+all: $(BUILD)/attnd
+
+tests: $(BUILD)/attnd $(TEST_BINS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libengine.a: $(call obj,$(ENGINE_SRC))
+$(BUILD)/libapi.a: $(call obj,$(API_SRC))
+$(BUILD)/libserver.a: $(call obj,$(SERVER_SRC))
+$(BUILD)/libtestsupport.a: $(call obj,$(SUPPORT_SRC))
+$(BUILD)/%.a:
+	@mkdir -p $(@D)
+	rm -f $@
+	ar rcs $@ $^
+
+MODULE_LIBS := $(BUILD)/libserver.a $(BUILD)/libapi.a $(BUILD)/libengine.a
+
+$(BUILD)/attnd: $(BUILD)/server/main.o $(MODULE_LIBS)
+	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
+	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
+
+# ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
+
+DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
+                libcurl4-openssl-dev zlib1g-dev
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "installing:" $$missing; \
+	        apt-get update -qq && \
+	        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	    else \
+	        echo "missing packages:" $$missing "- run 'make deps' as root"; exit 1; \
+	    fi; \
+	fi
+
+run: deps
+	$(MAKE) all
+	$(BUILD)/attnd --host 127.0.0.1 --port 8080
+
+# ---- Tests --------------------------------------------------------------------------------
+
+ASAN_BUILD := build/asan
+TSAN_BUILD := build/tsan
+# TSan runs the suites that exercise the pool; the rest gain nothing from it.
+TSAN_TESTS := $(filter tests/engine/%,$(TEST_SRC))
+
+plain_suites = $(foreach t,$(TEST_BINS),"ATTND_BIN=$(BUILD)/attnd $(t)")
+asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
+    "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
+tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
+    "ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+
+test: deps
+	$(MAKE) tests
+	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites)
+
+asan: deps
+	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
+	@tests/run.sh $(asan_suites)
+
+tsan: deps
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	@tests/run.sh $(tsan_suites)
+
+bench: deps
+	$(MAKE) $(BENCH_BINS)
+	@for b in $(BENCH_BINS); do $$b || exit 1; done
+
+# ---- Style --------------------------------------------------------------------------------
+
+FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] tests/*/*.[ch])
+
+format:
+	clang-format -i $(FORMAT_FILES)
+
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_FILES)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

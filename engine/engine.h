@@ -1,0 +1,217 @@
+/*
+ * engine.h - the compute core of attnd: scaled dot-product attention on a thread pool.
+ *
+ * The engine knows nothing of HTTP or JSON. It takes fp32 tensors as strided views, runs a
+ * flash-style kernel (two cblas_sgemm calls per block, fused masks, online softmax) whose
+ * tasks fan out over one pool of workers, and reports failures as eng_status values with a
+ * message naming the offending field. Semantics follow ../shared/DESIGN.md section 5.
+ *
+ * Usage:
+ *
+ *     eng_error err;
+ *     eng_pool *pool = eng_pool_new(0, &err);          // 0: one worker per usable CPU
+ *     if (!pool) { fprintf(stderr, "%s\n", err.message); return 1; }
+ *
+ *     // One head, L = S = 3, D = Dv = 2, contiguous [1,1,3,2] tensors.
+ *     float q[6] = {1, 0, 0, 1, 1, 1}, k[6] = {1, 0, 0, 1, 1, 1}, v[6] = {1, 0, 0, 2, 3, 1};
+ *     float out[6], lse[3];
+ *     eng_sdpa_args a = {0};                             // zero = defaults: no mask, 1/sqrt(D)
+ *     a.q = eng_view_contiguous(q, 1, 1, 3, 2);
+ *     a.k = eng_view_contiguous(k, 1, 1, 3, 2);
+ *     a.v = eng_view_contiguous(v, 1, 1, 3, 2);
+ *     a.out = eng_view_contiguous(out, 1, 1, 3, 2);
+ *     a.causal = true;
+ *     a.lse = lse;
+ *     if (eng_sdpa(pool, &a, NULL, &err) != ENG_OK)
+ *         fprintf(stderr, "%s: %s\n", err.field, err.message);
+ *     eng_pool_free(pool);
+ *
+ * Threads: every function may be called from any thread, including from inside a pool task
+ * (the caller then helps run its own tasks, so nested calls cannot deadlock). Ownership: the
+ * engine never takes ownership of caller memory; every pointer in an argument struct is
+ * borrowed for the duration of the call.
+ */
+#ifndef ATTND_ENGINE_H
+#define ATTND_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- Errors ------------------------------------------------------------------------------ */
+
+/* X(name, description). One list so that codes and their strings cannot drift apart. */
+#define ENG_STATUS_LIST(X)                                                                     \
+    X(ENG_OK, "ok")                                                                            \
+    X(ENG_EINVAL, "invalid argument")                                                          \
+    X(ENG_ETOOBIG, "size beyond what the engine or BLAS accepts")                              \
+    X(ENG_ENOMEM, "out of memory")                                                             \
+    X(ENG_ECANCELLED, "cancelled")                                                             \
+    X(ENG_EDEADLINE, "deadline exceeded")                                                      \
+    X(ENG_ENONFINITE, "result is not finite")                                                  \
+    X(ENG_EIO, "input/output error")                                                           \
+    X(ENG_EFORMAT, "malformed file")
+
+typedef enum {
+#define ENG_STATUS_ENUM(name, text) name,
+    ENG_STATUS_LIST(ENG_STATUS_ENUM)
+#undef ENG_STATUS_ENUM
+} eng_status;
+
+/* A failure: the status, the argument field it concerns ("q", "attn_mask", ...; empty when it
+ * concerns no field) and a human-readable sentence. Filled only when a call fails. */
+typedef struct {
+    eng_status status;
+    char field[48];
+    char message[240];
+} eng_error;
+
+/* The fixed description of a status ("invalid argument"); never NULL. */
+const char *eng_status_str(eng_status status);
+
+/* ---- Cancellation and deadlines ----------------------------------------------------------- */
+
+/* Control block of one request, shared by its tasks. A worker checks it between blocks and
+ * abandons the rest of the request once `cancel` is set or `deadline_ns` (CLOCK_MONOTONIC
+ * nanoseconds, 0 = none) has passed. Any thread may set `cancel` at any time. */
+typedef struct {
+    atomic_bool cancel;
+    int64_t deadline_ns;
+} eng_ctl;
+
+/* CLOCK_MONOTONIC now, in nanoseconds. */
+int64_t eng_now_ns(void);
+
+/* ENG_OK, ENG_ECANCELLED or ENG_EDEADLINE for `ctl` now (NULL ctl: ENG_OK). */
+eng_status eng_ctl_check(eng_ctl *ctl);
+
+/* ---- Thread pool -------------------------------------------------------------------------- */
+
+typedef struct eng_pool eng_pool;
+
+/* Starts a pool of `threads` workers (0: the CPUs this process may use, see eng_cpu_count) and
+ * switches OpenBLAS to one thread, since the pool supplies the parallelism. NULL on failure,
+ * with `err` filled. */
+eng_pool *eng_pool_new(int threads, eng_error *err);
+
+/* Stops the workers after the tasks already queued have run, and frees the pool. NULL is a
+ * no-op. No other thread may use the pool during or after this call. */
+void eng_pool_free(eng_pool *pool);
+
+int eng_pool_threads(const eng_pool *pool);
+
+/* Tasks queued but not yet started, over all requests (for metrics and admission). */
+int64_t eng_pool_pending(eng_pool *pool);
+
+/* A task: runs item `index` of a job. Tasks of one job may run concurrently, in any order. */
+typedef void (*eng_task_fn)(void *arg, int64_t index);
+
+/* Runs fn(arg, 0..count-1) on the pool and returns when all have run or been skipped. Jobs run
+ * in FIFO order of the request they belong to: a job started from inside a task inherits its
+ * parent's place. The calling thread runs tasks of this job itself while it waits. Once `ctl`
+ * is cancelled or past its deadline, tasks not yet started are skipped and the result is
+ * ENG_ECANCELLED or ENG_EDEADLINE; tasks should also check `ctl` themselves between blocks. */
+eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count, eng_ctl *ctl);
+
+/* Queues fn(arg, 0) to run once on a worker and returns at once (the daemon's handoff: decode,
+ * compute and encode one request there). Never blocks; the caller bounds the queue. */
+eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg);
+
+/* The CPUs this process may use: the affinity mask, capped by a cgroup v2 cpu.max (or v1
+ * cfs_quota) quota rounded up; at least 1. */
+int eng_cpu_count(void);
+
+/* ---- Tensor views ------------------------------------------------------------------------- */
+
+/* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes). Strides may be any
+ * non-negative value, so [B,L,H,D] memory is viewed as [B,H,L,D] without a copy; a stride of 0
+ * broadcasts along that axis. The innermost stride must be 1 for the SDPA operands. */
+typedef struct {
+    float *data;
+    int64_t ne[4];
+    int64_t nb[4];
+} eng_view;
+
+/* A contiguous row-major view of `data` with shape [n0,n1,n2,n3]. */
+eng_view eng_view_contiguous(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+
+/* ---- Scaled dot-product attention -------------------------------------------------------- */
+
+typedef enum {
+    ENG_ALIGN_TOP_LEFT = 0,  /* query i sits at position i (PyTorch is_causal)              */
+    ENG_ALIGN_BOTTOM_RIGHT,  /* query i sits at i + S - L (flash-attn, KV-cache decoding)   */
+    ENG_ALIGN_OFFSET,        /* query i sits at i + query_offset                             */
+} eng_align;
+
+typedef enum {
+    ENG_MASK_NONE = 0,
+    ENG_MASK_BOOL,  /* uint8_t, nonzero = may attend (PyTorch SDPA polarity) */
+    ENG_MASK_FLOAT, /* float, added to the score; -inf hides the key         */
+} eng_mask_kind;
+
+/* An attention mask broadcast to [B, H, L, S]: each ne[i] is 1 or the full dimension, and
+ * nb[i] is the stride in elements (ignored where ne[i] is 1). */
+typedef struct {
+    eng_mask_kind kind;
+    const void *data;
+    int64_t ne[4];
+    int64_t nb[4];
+} eng_mask;
+
+typedef enum {
+    ENG_WEIGHTS_NONE = 0,
+    ENG_WEIGHTS_PER_HEAD, /* weights is [B, H, L, S], contiguous */
+    ENG_WEIGHTS_MEAN,     /* weights is [B, L, S], the mean over heads */
+} eng_weights_mode;
+
+/* One SDPA call. Zero-initialise, then set what is needed: every zero field is the default. */
+typedef struct {
+    eng_view q;   /* [B, H, L, D]    */
+    eng_view k;   /* [B, Hkv, S, D]  H must be a multiple of Hkv (grouped-query attention) */
+    eng_view v;   /* [B, Hkv, S, Dv] */
+    eng_view out; /* [B, H, L, Dv], written; may be strided like the inputs */
+
+    bool scale_set; /* false: scale = 1/sqrt(D) */
+    float scale;    /* any finite value */
+    float softcap;  /* > 0: s = softcap * tanh(s / softcap), before masks and biases; 0: off */
+
+    bool causal;       /* key j visible to query i only if j <= p_i */
+    eng_align align;   /* where queries sit: p_i = i + offset */
+    int64_t query_offset; /* used with ENG_ALIGN_OFFSET; may be negative */
+
+    bool window_left_set, window_right_set; /* unset side: unbounded */
+    int64_t window_left, window_right;      /* p_i - left <= j <= p_i + right; each >= 0 */
+
+    const uint8_t *key_padding;      /* [B, S] (or [S] with stride 0): nonzero = ignore key */
+    int64_t key_padding_stride;      /* elements between batches */
+    const int64_t *kv_lengths;       /* [B]: keys j >= kv_lengths[b] ignored; each in [0, S] */
+
+    eng_mask attn_mask;
+
+    bool alibi;                /* add -slope_h * |p_i - j| */
+    const float *alibi_slopes; /* [H]; NULL: the default geometric slopes */
+
+    eng_weights_mode weights_mode;
+    float *weights; /* see eng_weights_mode; zeros where a key is invisible */
+    float *lse;     /* [B, H, L] natural-log sum of exp; -inf for a row with no visible key */
+} eng_sdpa_args;
+
+/* Computes attention as DESIGN.md section 5 specifies. A query row with no visible key gets
+ * output 0, weights 0 and lse -inf. Validates every argument (shapes, strides, overflow of every
+ * size product, BLAS index limits) before it allocates or computes; on failure returns the
+ * status with `err` naming the field, and leaves the outputs unspecified. Scratch memory is
+ * O(block size) per worker unless weights are requested. `ctl` may be NULL. */
+eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *args, eng_ctl *ctl, eng_error *err);
+
+/* Bytes of scratch (beyond the caller's inputs and outputs) that eng_sdpa may allocate for
+ * `args` on a pool of `threads` workers: for admission control. Valid only for arguments that
+ * eng_sdpa would accept. */
+size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads);
+
+/* Writes the default ALiBi slopes for `heads` heads into slopes[0..heads-1]: 2^(-8(h+1)/H) for
+ * a power of two H, else the slopes of the nearest lower power of two followed by every other
+ * slope of the doubled set (as in the ALiBi paper's reference code). */
+void eng_alibi_default_slopes(int64_t heads, float *slopes);
+
+#endif
