@@ -42,6 +42,8 @@ BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run test asan tsan bench deps format format-check clean
 .DEFAULT_GOAL := all
+# Keep the objects that pattern rules make on the way to a test binary.
+.SECONDARY:
 
 all: $(BUILD)/attnd
 
@@ -67,6 +69,10 @@ $(BUILD)/attnd: $(BUILD)/server/main.o $(MODULE_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
+
+# Benchmarks measure the engine alone.
+$(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(BUILD)/libengine.a
+	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 

@@ -1,0 +1,47 @@
+/*
+ * internal.h - what the engine's own files share and nothing outside engine/ may include.
+ *
+ * Names here carry the eng__ prefix: they are implementation details that may change freely.
+ */
+#ifndef ATTND_ENGINE_INTERNAL_H
+#define ATTND_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+
+/* Fills `err` (when not NULL) and returns `status`, so that failures read as one statement:
+ *     return eng__fail(err, ENG_EINVAL, "q", "q.ne[3] = %lld must equal k.ne[3]", ...); */
+eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Per-thread scratch memory, 64-byte aligned, at least `bytes` long; NULL if it cannot be had.
+ * Valid until the next eng__scratch call on the same thread; freed when the thread exits.
+ * Only leaf tasks (those that start no nested job) may use it. */
+void *eng__scratch(size_t bytes);
+
+/* The vector kernels of the softmax, chosen once for the CPU (AVX-512, AVX2 or scalar). Every
+ * variant computes exp with the same polynomial, maps -inf to exactly 0, and needs no
+ * alignment. */
+typedef struct {
+    const char *name;
+    /* max(x[0..n-1]); -inf for n == 0. */
+    float (*max)(const float *x, int64_t n);
+    /* x[i] = exp(x[i] - shift) in place; returns the sum. shift must be finite. */
+    float (*exp_sum)(float *x, int64_t n, float shift);
+    /* dst[i] = exp(x[i] - shift) * mul, or dst[i] += that when `accumulate`. */
+    void (*exp_store)(const float *x, float *dst, int64_t n, float shift, float mul,
+                      bool accumulate);
+    /* x[i] = cap * tanh(x[i] / cap); cap > 0. */
+    void (*softcap)(float *x, int64_t n, float cap);
+} eng__vec_ops;
+
+/* The variant for this CPU; ATTND_ISA=avx512|avx2|scalar in the environment forces one (when
+ * the CPU has it), so that every variant can be tested and measured on one machine. */
+const eng__vec_ops *eng__vec(void);
+
+/* The named variant, or NULL when this CPU lacks it (for tests). */
+const eng__vec_ops *eng__vec_variant(const char *name);
+
+/* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
+size_t eng__l2_bytes(void);
+
+#endif

@@ -1,0 +1,308 @@
+/*
+ * pool.c - the engine's one pool of workers.
+ *
+ * A job is a function run over indices 0..count-1. Jobs wait in one queue ordered by ticket:
+ * every request gets the next ticket when it enters the pool, and a job started from inside a
+ * task inherits the ticket of the task's job. Workers always take the next index of the first
+ * job, so the pool serves requests first come, first served, and a request's own sub-jobs run
+ * before anything that arrived after it. A thread that waits in eng_pool_run runs indices of
+ * its own job meanwhile, which is what makes nested jobs deadlock-free: even with every worker
+ * blocked in a nested call, each caller can finish its own job alone.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+typedef struct job {
+    eng_task_fn fn;
+    void *arg;
+    eng_ctl *ctl;
+    uint64_t ticket;
+    int64_t count;
+    int64_t next;     /* next index to hand out */
+    int64_t finished; /* indices run or skipped */
+    eng_status status;
+    bool detached; /* from eng_pool_submit: the worker that finishes it frees it */
+    struct job *link;
+} job;
+
+struct eng_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* a job was queued, or the pool is stopping */
+    pthread_cond_t done; /* some waited-for job finished */
+    job *head;
+    int64_t pending; /* indices queued and not yet handed out */
+    uint64_t last_ticket;
+    bool stopping;
+    int threads;
+    pthread_t *workers;
+};
+
+/* The ticket of the job whose task this thread is running; 0 outside any task. */
+static _Thread_local uint64_t current_ticket;
+
+/* ---- Queue (callers hold pool->mu) ---------------------------------------------------------- */
+
+static void queue_insert(eng_pool *pool, job *j)
+{
+    /* Behind every job with the same or an earlier ticket. New requests go to the tail; a
+     * nested job usually lands right behind its own request's jobs, near the head. */
+    job **at = &pool->head;
+    while (*at && (*at)->ticket <= j->ticket)
+        at = &(*at)->link;
+    j->link = *at;
+    *at = j;
+    pool->pending += j->count;
+}
+
+static void queue_remove(eng_pool *pool, job *j)
+{
+    job **at = &pool->head;
+    while (*at && *at != j)
+        at = &(*at)->link;
+    if (*at)
+        *at = j->link;
+    j->link = NULL;
+}
+
+/* Hands out the next index of `j`, or -1 when there is none. Once the job's control block says
+ * stop, the indices not yet handed out are skipped and counted as finished at once. */
+static int64_t job_claim(eng_pool *pool, job *j)
+{
+    if (j->next >= j->count)
+        return -1;
+    eng_status st = eng_ctl_check(j->ctl);
+    if (st != ENG_OK) {
+        int64_t skipped = j->count - j->next;
+        if (j->status == ENG_OK)
+            j->status = st;
+        pool->pending -= skipped;
+        j->finished += skipped;
+        j->next = j->count;
+        queue_remove(pool, j);
+        return -1;
+    }
+    int64_t index = j->next++;
+    pool->pending--;
+    if (j->next == j->count)
+        queue_remove(pool, j);
+    return index;
+}
+
+/* Runs one index of `j` with the lock released, then records it. Returns true when that
+ * finished the job. */
+static bool job_run_one(eng_pool *pool, job *j, int64_t index)
+{
+    pthread_mutex_unlock(&pool->mu);
+    uint64_t outer = current_ticket;
+    current_ticket = j->ticket;
+    j->fn(j->arg, index);
+    current_ticket = outer;
+    pthread_mutex_lock(&pool->mu);
+    j->finished++;
+    return j->finished == j->count;
+}
+
+static void job_complete(eng_pool *pool, job *j)
+{
+    if (j->detached)
+        free(j);
+    else
+        pthread_cond_broadcast(&pool->done);
+}
+
+/* ---- Workers -------------------------------------------------------------------------------- */
+
+static void *worker_main(void *arg)
+{
+    eng_pool *pool = arg;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->head && !pool->stopping)
+            pthread_cond_wait(&pool->work, &pool->mu);
+        if (!pool->head)
+            break; /* stopping, and the queue is empty */
+        job *j = pool->head;
+        int64_t index = job_claim(pool, j);
+        if (index < 0) {
+            /* Skipped to the end because its request stopped. */
+            if (j->finished == j->count)
+                job_complete(pool, j);
+            continue;
+        }
+        if (job_run_one(pool, j, index))
+            job_complete(pool, j);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+eng_pool *eng_pool_new(int threads, eng_error *err)
+{
+    if (threads < 0 || threads > 1024) {
+        eng__fail(err, ENG_EINVAL, "threads", "threads = %d must be in [0, 1024]", threads);
+        return NULL;
+    }
+    if (threads == 0)
+        threads = eng_cpu_count();
+    /* The pool supplies the parallelism; a multi-threaded BLAS inside each worker would
+     * oversubscribe the cores. */
+    openblas_set_num_threads(1);
+
+    eng_pool *pool = calloc(1, sizeof *pool);
+    pthread_t *workers = calloc((size_t)threads, sizeof *workers);
+    if (!pool || !workers) {
+        free(pool);
+        free(workers);
+        eng__fail(err, ENG_ENOMEM, "threads", "cannot allocate a pool of %d threads", threads);
+        return NULL;
+    }
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->work, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->workers = workers;
+    for (int i = 0; i < threads; i++) {
+        int rc = pthread_create(&workers[i], NULL, worker_main, pool);
+        if (rc != 0) {
+            pool->threads = i;
+            eng_pool_free(pool);
+            eng__fail(err, ENG_ENOMEM, "threads", "cannot start worker %d: %s", i, strerror(rc));
+            return NULL;
+        }
+    }
+    pool->threads = threads;
+    return pool;
+}
+
+void eng_pool_free(eng_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stopping = true;
+    pthread_cond_broadcast(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < pool->threads; i++)
+        pthread_join(pool->workers[i], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->work);
+    pthread_cond_destroy(&pool->done);
+    free(pool->workers);
+    free(pool);
+}
+
+int eng_pool_threads(const eng_pool *pool)
+{
+    return pool->threads;
+}
+
+int64_t eng_pool_pending(eng_pool *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    int64_t n = pool->pending;
+    pthread_mutex_unlock(&pool->mu);
+    return n;
+}
+
+/* ---- Jobs ----------------------------------------------------------------------------------- */
+
+eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count, eng_ctl *ctl)
+{
+    eng_status st = eng_ctl_check(ctl);
+    if (st != ENG_OK || count <= 0)
+        return st;
+    job j = {.fn = fn, .arg = arg, .ctl = ctl, .count = count};
+
+    pthread_mutex_lock(&pool->mu);
+    j.ticket = current_ticket ? current_ticket : ++pool->last_ticket;
+    queue_insert(pool, &j);
+    if (count > 1)
+        pthread_cond_broadcast(&pool->work);
+    /* Help with our own job; the workers take the rest. */
+    for (;;) {
+        int64_t index = job_claim(pool, &j);
+        if (index < 0)
+            break;
+        job_run_one(pool, &j, index);
+    }
+    while (j.finished < j.count)
+        pthread_cond_wait(&pool->done, &pool->mu);
+    st = j.status;
+    pthread_mutex_unlock(&pool->mu);
+    /* A task may have stopped early on the control block after the last index was claimed. */
+    if (st == ENG_OK)
+        st = eng_ctl_check(ctl);
+    return st;
+}
+
+eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j)
+        return ENG_ENOMEM;
+    j->fn = fn;
+    j->arg = arg;
+    j->count = 1;
+    j->detached = true;
+    pthread_mutex_lock(&pool->mu);
+    j->ticket = ++pool->last_ticket;
+    queue_insert(pool, j);
+    pthread_cond_signal(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+    return ENG_OK;
+}
+
+/* ---- CPUs ----------------------------------------------------------------------------------- */
+
+/* The cgroup CPU quota in whole CPUs (rounded up), or 0 when there is none. */
+static int cgroup_cpu_quota(void)
+{
+    long long quota = -1, period = 0;
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r"); /* cgroup v2: "max 100000" or "Q P" */
+    if (f) {
+        char q[32] = "";
+        if (fscanf(f, "%31s %lld", q, &period) == 2 && strcmp(q, "max") != 0) {
+            char *end;
+            errno = 0;
+            quota = strtoll(q, &end, 10);
+            if (errno || *end)
+                quota = -1;
+        }
+        fclose(f);
+    } else {
+        f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r"); /* cgroup v1 */
+        if (f) {
+            if (fscanf(f, "%lld", &quota) != 1)
+                quota = -1;
+            fclose(f);
+        }
+        f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r");
+        if (f) {
+            if (fscanf(f, "%lld", &period) != 1)
+                period = 0;
+            fclose(f);
+        }
+    }
+    if (quota <= 0 || period <= 0)
+        return 0;
+    long long cpus = (quota + period - 1) / period;
+    return cpus > 1024 ? 1024 : (int)cpus;
+}
+
+int eng_cpu_count(void)
+{
+    int n = 1;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    int quota = cgroup_cpu_quota();
+    if (quota > 0 && quota < n)
+        n = quota;
+    return n > 0 ? n : 1;
+}

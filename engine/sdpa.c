@@ -1,0 +1,841 @@
+/*
+ * sdpa.c - scaled dot-product attention: argument checks, work planning and the flash kernel.
+ *
+ * One task computes a block of Br query rows of one (batch, head) against the keys they can
+ * see, Bc keys at a time: S = scale * Q K^T by cblas_sgemm straight on the strided inputs,
+ * then softcap, ALiBi, masks and padding on S, then the online softmax (running row maximum m
+ * and sum l; the accumulator is rescaled when m grows), then O += P V by cblas_sgemm straight
+ * into the output rows. Memory per worker is one Br x Bc block. Key blocks that no row of the
+ * task can see (causal, window, kv_lengths, all-padding) are never computed, so causal work
+ * halves. When few (batch, head, query block) tasks exist but the keys are many (decoding),
+ * the keys are split into chunks computed in parallel and merged by their log-sum-exp.
+ * Weights, when asked for, are a second pass that recomputes S and writes exp(s - lse).
+ */
+#include <cblas.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+#define BR_MAX 256        /* query rows per task */
+#define BR_MIN 16         /* smallest block worth a GEMM when shrinking for parallelism */
+#define BC_MIN 64         /* keys per block, bounds of the L2-derived size */
+#define BC_MAX 1024
+#define GEMV_ROWS 2       /* at most this many query rows: matrix-vector products instead */
+#define STRIP 64          /* keys per strip where a block crosses a causal or window boundary */
+#define TASKS_PER_THREAD 4 /* below this many tasks per worker, split decode-shaped keys */
+/* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
+#define POSITION_LIMIT (INT64_C(1) << 60)
+
+/* Everything a task needs, resolved once per call. */
+typedef struct {
+    const eng_sdpa_args *a;
+    const eng__vec_ops *vec;
+    eng_ctl *ctl;
+    int64_t B, H, Hkv, L, S, D, Dv, group;
+    float scale;
+    int64_t offset; /* p_i = i + offset */
+    const float *slopes;
+    int64_t br, bc, nqb; /* rows per task, keys per block, query blocks per head */
+    int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
+    int64_t chunk_len;
+    float *part_o;  /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
+    float *part_ml; /* and [B, H, chunks, 2, L] row maxima then sums */
+    float *lse; /* the caller's, or our own when weights need it */
+    atomic_bool nonfinite; /* some row overflowed */
+    atomic_bool no_scratch; /* some task could not get its scratch block */
+} plan;
+
+/* ---- Views ------------------------------------------------------------------------------------ */
+
+eng_view eng_view_contiguous(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t n3)
+{
+    eng_view v = {.data = data, .ne = {n0, n1, n2, n3}};
+    v.nb[3] = 1;
+    v.nb[2] = n3;
+    v.nb[1] = n3 * n2;
+    v.nb[0] = n3 * n2 * n1;
+    return v;
+}
+
+static inline float *row_ptr(const eng_view *v, int64_t b, int64_t h, int64_t i)
+{
+    return v->data + b * v->nb[0] + h * v->nb[1] + i * v->nb[2];
+}
+
+/* The leading dimension to hand BLAS: the row stride, or the row length for a single row
+ * (whose stride is never used and may be anything). */
+static inline int ld_of(const eng_view *v)
+{
+    return (int)(v->ne[2] > 1 ? v->nb[2] : v->ne[3]);
+}
+
+/* ---- Validation ------------------------------------------------------------------------------- */
+
+static eng_status check_view(const eng_view *v, const char *name, eng_error *err)
+{
+    if (!v->data)
+        return eng__fail(err, ENG_EINVAL, name, "%s has no data", name);
+    for (int d = 0; d < 4; d++) {
+        if (v->ne[d] <= 0)
+            return eng__fail(err, ENG_EINVAL, name, "%s dimension %d is %lld; must be positive",
+                             name, d, (long long)v->ne[d]);
+        if (v->ne[d] > INT_MAX)
+            return eng__fail(err, ENG_ETOOBIG, name,
+                             "%s dimension %d is %lld; BLAS accepts at most %d", name, d,
+                             (long long)v->ne[d], INT_MAX);
+        if (v->nb[d] < 0)
+            return eng__fail(err, ENG_EINVAL, name, "%s stride %d is negative", name, d);
+    }
+    if (v->nb[3] != 1)
+        return eng__fail(err, ENG_EINVAL, name, "%s rows must be contiguous (stride 1)", name);
+    if (v->ne[2] > 1 && (v->nb[2] < v->ne[3] || v->nb[2] > INT_MAX))
+        return eng__fail(err, ENG_EINVAL, name,
+                         "%s row stride %lld must be in [%lld, %d] (rows may not overlap)", name,
+                         (long long)v->nb[2], (long long)v->ne[3], INT_MAX);
+    /* The farthest element must be addressable. */
+    int64_t last = 0;
+    for (int d = 0; d < 4; d++) {
+        int64_t span;
+        if (__builtin_mul_overflow(v->ne[d] - 1, v->nb[d], &span) ||
+            __builtin_add_overflow(last, span, &last))
+            return eng__fail(err, ENG_ETOOBIG, name, "%s spans more than 2^63 elements", name);
+    }
+    if ((uint64_t)last >= SIZE_MAX / sizeof(float))
+        return eng__fail(err, ENG_ETOOBIG, name, "%s is larger than memory", name);
+    return ENG_OK;
+}
+
+static eng_status check_shapes(const eng_sdpa_args *a, eng_error *err)
+{
+    eng_status st;
+    if ((st = check_view(&a->q, "q", err)) || (st = check_view(&a->k, "k", err)) ||
+        (st = check_view(&a->v, "v", err)) || (st = check_view(&a->out, "out", err)))
+        return st;
+    const int64_t *q = a->q.ne, *k = a->k.ne, *v = a->v.ne, *o = a->out.ne;
+    if (k[0] != q[0] || v[0] != q[0])
+        return eng__fail(err, ENG_EINVAL, k[0] != q[0] ? "k" : "v",
+                         "batch sizes differ: q %lld, k %lld, v %lld", (long long)q[0],
+                         (long long)k[0], (long long)v[0]);
+    if (v[1] != k[1])
+        return eng__fail(err, ENG_EINVAL, "v", "v has %lld heads but k has %lld",
+                         (long long)v[1], (long long)k[1]);
+    if (q[1] % k[1] != 0)
+        return eng__fail(err, ENG_EINVAL, "k",
+                         "query heads (%lld) must be a multiple of key/value heads (%lld)",
+                         (long long)q[1], (long long)k[1]);
+    if (v[2] != k[2])
+        return eng__fail(err, ENG_EINVAL, "v", "v has %lld positions but k has %lld",
+                         (long long)v[2], (long long)k[2]);
+    if (k[3] != q[3])
+        return eng__fail(err, ENG_EINVAL, "k", "k head size %lld differs from q head size %lld",
+                         (long long)k[3], (long long)q[3]);
+    if (o[0] != q[0] || o[1] != q[1] || o[2] != q[2] || o[3] != v[3])
+        return eng__fail(err, ENG_EINVAL, "out",
+                         "out is [%lld,%lld,%lld,%lld]; must be [%lld,%lld,%lld,%lld]",
+                         (long long)o[0], (long long)o[1], (long long)o[2], (long long)o[3],
+                         (long long)q[0], (long long)q[1], (long long)q[2], (long long)v[3]);
+    return ENG_OK;
+}
+
+static eng_status check_mask(const eng_sdpa_args *a, eng_error *err)
+{
+    const eng_mask *m = &a->attn_mask;
+    if (m->kind == ENG_MASK_NONE)
+        return ENG_OK;
+    if (m->kind != ENG_MASK_BOOL && m->kind != ENG_MASK_FLOAT)
+        return eng__fail(err, ENG_EINVAL, "attn_mask", "unknown mask kind %d", (int)m->kind);
+    if (!m->data)
+        return eng__fail(err, ENG_EINVAL, "attn_mask", "attn_mask has no data");
+    const int64_t full[4] = {a->q.ne[0], a->q.ne[1], a->q.ne[2], a->k.ne[2]};
+    static const char *const axis[4] = {"B", "H", "L", "S"};
+    int64_t last = 0;
+    for (int d = 0; d < 4; d++) {
+        if (m->ne[d] != 1 && m->ne[d] != full[d])
+            return eng__fail(err, ENG_EINVAL, "attn_mask",
+                             "attn_mask dimension %d is %lld; must be 1 or %s = %lld", d,
+                             (long long)m->ne[d], axis[d], (long long)full[d]);
+        if (m->nb[d] < 0)
+            return eng__fail(err, ENG_EINVAL, "attn_mask", "attn_mask stride %d is negative", d);
+        int64_t span;
+        if (__builtin_mul_overflow(m->ne[d] - 1, m->nb[d], &span) ||
+            __builtin_add_overflow(last, span, &last))
+            return eng__fail(err, ENG_ETOOBIG, "attn_mask", "attn_mask spans too much memory");
+    }
+    return ENG_OK;
+}
+
+static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
+{
+    const int64_t B = a->q.ne[0], H = a->q.ne[1], L = a->q.ne[2], S = a->k.ne[2];
+    if (a->scale_set && !isfinite(a->scale))
+        return eng__fail(err, ENG_EINVAL, "scale", "scale must be finite");
+    if (!(a->softcap >= 0.0f) || !isfinite(a->softcap))
+        return eng__fail(err, ENG_EINVAL, "softcap", "softcap must be finite and >= 0");
+    if (a->align != ENG_ALIGN_TOP_LEFT && a->align != ENG_ALIGN_BOTTOM_RIGHT &&
+        a->align != ENG_ALIGN_OFFSET)
+        return eng__fail(err, ENG_EINVAL, "align", "unknown alignment %d", (int)a->align);
+    if (a->align == ENG_ALIGN_OFFSET &&
+        (a->query_offset > POSITION_LIMIT || a->query_offset < -POSITION_LIMIT))
+        return eng__fail(err, ENG_EINVAL, "query_offset", "query_offset must be within +-2^60");
+    if ((a->window_left_set && (a->window_left < 0 || a->window_left > POSITION_LIMIT)) ||
+        (a->window_right_set && (a->window_right < 0 || a->window_right > POSITION_LIMIT)))
+        return eng__fail(err, ENG_EINVAL, "window", "window bounds must be in [0, 2^60]");
+    if (a->key_padding && a->key_padding_stride < 0)
+        return eng__fail(err, ENG_EINVAL, "key_padding_mask", "negative batch stride");
+    if (a->kv_lengths) {
+        for (int64_t b = 0; b < B; b++)
+            if (a->kv_lengths[b] < 0 || a->kv_lengths[b] > S)
+                return eng__fail(err, ENG_EINVAL, "kv_lengths",
+                                 "kv_lengths[%lld] = %lld must be in [0, %lld]", (long long)b,
+                                 (long long)a->kv_lengths[b], (long long)S);
+    }
+    if (a->alibi && a->alibi_slopes) {
+        for (int64_t h = 0; h < H; h++)
+            if (!isfinite(a->alibi_slopes[h]))
+                return eng__fail(err, ENG_EINVAL, "alibi", "alibi slope %lld is not finite",
+                                 (long long)h);
+    }
+    if (a->weights_mode != ENG_WEIGHTS_NONE) {
+        if (a->weights_mode != ENG_WEIGHTS_PER_HEAD && a->weights_mode != ENG_WEIGHTS_MEAN)
+            return eng__fail(err, ENG_EINVAL, "weights", "unknown weights mode %d",
+                             (int)a->weights_mode);
+        if (!a->weights)
+            return eng__fail(err, ENG_EINVAL, "weights", "weights requested but no buffer");
+        int64_t n;
+        if (__builtin_mul_overflow(B, a->weights_mode == ENG_WEIGHTS_MEAN ? 1 : H, &n) ||
+            __builtin_mul_overflow(n, L, &n) || __builtin_mul_overflow(n, S, &n) ||
+            (uint64_t)n > SIZE_MAX / sizeof(float))
+            return eng__fail(err, ENG_ETOOBIG, "weights", "the weights matrix is too large");
+    }
+    return check_mask(a, err);
+}
+
+/* ---- Planning --------------------------------------------------------------------------------- */
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+static void plan_blocks(plan *p, int threads)
+{
+    int64_t bc = (int64_t)eng__l2_bytes() / (16 * (p->D + p->Dv));
+    bc = bc < BC_MIN ? BC_MIN : bc > BC_MAX ? BC_MAX : bc;
+    p->bc = bc / 16 * 16;
+
+    /* Rows: at most BR_MAX, spread evenly; smaller when that is what it takes to give every
+     * worker a task. */
+    int64_t nqb = ceil_div(p->L, BR_MAX);
+    while (p->B * p->H * nqb < threads && ceil_div(p->L, nqb + 1) >= BR_MIN)
+        nqb++;
+    p->nqb = nqb;
+    p->br = ceil_div(p->L, nqb);
+
+    /* Decoding: too few tasks for the pool and many keys: split the keys. */
+    p->chunks = 1;
+    p->chunk_len = p->S;
+    int64_t tasks = p->B * p->H * p->nqb;
+    if (p->a->weights_mode == ENG_WEIGHTS_NONE && tasks < (int64_t)threads * TASKS_PER_THREAD &&
+        p->S >= 2 * p->bc) {
+        int64_t want = ceil_div((int64_t)threads * TASKS_PER_THREAD, tasks);
+        int64_t most = p->S / p->bc;
+        p->chunks = want < most ? want : most;
+        p->chunk_len = ceil_div(ceil_div(p->S, p->chunks), p->bc) * p->bc;
+        p->chunks = ceil_div(p->S, p->chunk_len);
+    }
+}
+
+/* Scratch of one task: the score block and the running max and sum of each row. */
+static size_t task_scratch_floats(const plan *p)
+{
+    return (size_t)(p->br * p->bc + 2 * p->br);
+}
+
+/* ---- Visibility ------------------------------------------------------------------------------- */
+
+/* Keys [lo, hi) that query row i of batch b may see by position and length (masks and padding
+ * come on top). Both bounds never decrease as i grows, which block skipping relies on. */
+static inline void row_range(const plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const eng_sdpa_args *a = p->a;
+    int64_t pos = i + p->offset;
+    int64_t l = 0, h = a->kv_lengths ? a->kv_lengths[b] : p->S;
+    if (a->causal && pos + 1 < h)
+        h = pos + 1;
+    if (a->window_right_set && pos + a->window_right + 1 < h)
+        h = pos + a->window_right + 1;
+    if (a->window_left_set && pos - a->window_left > l)
+        l = pos - a->window_left;
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+/* True when every key of [j0, j1) is padding for batch b. */
+static bool all_padding(const plan *p, int64_t b, int64_t j0, int64_t j1)
+{
+    const uint8_t *pad = p->a->key_padding + b * p->a->key_padding_stride;
+    for (int64_t j = j0; j < j1; j++)
+        if (!pad[j])
+            return false;
+    return true;
+}
+
+/* ---- Score block ------------------------------------------------------------------------------ */
+
+/* s[rows x cols] = scale * q k^T on strided rows. */
+static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
+                        int ldk, int64_t cols, float *s)
+{
+    if (rows <= GEMV_ROWS) {
+        for (int64_t r = 0; r < rows; r++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
+                        q + r * ldq, 1, 0.0f, s + r * cols, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, (int)p->D,
+                p->scale, q, ldq, k, ldk, 0.0f, s, (int)cols);
+}
+
+/* o[rows x Dv] += s[rows x cols] v[cols x Dv]. */
+static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols,
+                        const float *v, int ldv, float *o, int64_t ldo)
+{
+    if (rows <= GEMV_ROWS) {
+        for (int64_t r = 0; r < rows; r++)
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
+                        s + r * cols, 1, 1.0f, o + r * ldo, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)p->Dv, (int)cols,
+                1.0f, s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
+}
+
+static void add_alibi(const plan *p, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                      int64_t cols, float *s)
+{
+    float slope = p->slopes[h];
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t pos = i0 + r + p->offset;
+        float *row = s + r * cols;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t dist = pos - (j0 + c);
+            row[c] -= slope * (float)(dist < 0 ? -dist : dist);
+        }
+    }
+}
+
+static void apply_attn_mask(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                            int64_t j0, int64_t cols, float *s)
+{
+    const eng_mask *m = &p->a->attn_mask;
+    int64_t base = (m->ne[0] > 1 ? b * m->nb[0] : 0) + (m->ne[1] > 1 ? h * m->nb[1] : 0);
+    int64_t rs = m->ne[2] > 1 ? m->nb[2] : 0, cs = m->ne[3] > 1 ? m->nb[3] : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = s + r * cols;
+        int64_t at = base + (i0 + r) * rs + j0 * cs;
+        if (m->kind == ENG_MASK_FLOAT) {
+            const float *mf = (const float *)m->data + at;
+            for (int64_t c = 0; c < cols; c++)
+                row[c] += mf[c * cs];
+        } else {
+            const uint8_t *mb = (const uint8_t *)m->data + at;
+            for (int64_t c = 0; c < cols; c++)
+                if (!mb[c * cs])
+                    row[c] = -INFINITY;
+        }
+    }
+}
+
+static void apply_padding(const plan *p, int64_t b, int64_t rows, int64_t j0, int64_t cols,
+                          float *s)
+{
+    const uint8_t *pad = p->a->key_padding + b * p->a->key_padding_stride + j0;
+    for (int64_t c = 0; c < cols; c++) {
+        if (!pad[c])
+            continue;
+        for (int64_t r = 0; r < rows; r++)
+            s[r * cols + c] = -INFINITY;
+    }
+}
+
+/* Hides keys outside each row's position range, for blocks that straddle a boundary. */
+static void apply_ranges(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t j0,
+                         int64_t cols, float *s)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t lo, hi;
+        row_range(p, b, i0 + r, &lo, &hi);
+        int64_t first = clamp64(lo - j0, 0, cols), end = clamp64(hi - j0, first, cols);
+        float *row = s + r * cols;
+        for (int64_t c = 0; c < first; c++)
+            row[c] = -INFINITY;
+        for (int64_t c = end; c < cols; c++)
+            row[c] = -INFINITY;
+    }
+}
+
+/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
+ * modifies scores applied; invisible entries are -inf. */
+static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                        int64_t j0, int64_t cols, bool straddles, float *s)
+{
+    const eng_sdpa_args *a = p->a;
+    int64_t hk = h / p->group;
+    scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
+                ld_of(&a->k), cols, s);
+    if (a->softcap > 0.0f)
+        for (int64_t r = 0; r < rows; r++)
+            p->vec->softcap(s + r * cols, cols, a->softcap);
+    if (a->alibi)
+        add_alibi(p, h, i0, rows, j0, cols, s);
+    if (a->attn_mask.kind != ENG_MASK_NONE)
+        apply_attn_mask(p, b, h, i0, rows, j0, cols, s);
+    if (a->key_padding)
+        apply_padding(p, b, rows, j0, cols, s);
+    if (straddles)
+        apply_ranges(p, b, i0, rows, j0, cols, s);
+}
+
+/* ---- Attention over a key range --------------------------------------------------------------- */
+
+/* Key blocks of [kbeg, kend) for rows [i0, i0+rows), calling `visit` on each block that some
+ * row can see. The range is first narrowed to what the rows' positions allow. */
+typedef struct {
+    int64_t lo, hi;         /* keys any row may see */
+    int64_t full_lo, full_hi; /* keys every row sees */
+} key_span;
+
+static key_span rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
+                          int64_t kend)
+{
+    int64_t lo0, hi0, lo1, hi1;
+    row_range(p, b, i0, &lo0, &hi0);
+    row_range(p, b, i0 + rows - 1, &lo1, &hi1);
+    key_span k = {lo0 > kbeg ? lo0 : kbeg, hi1 < kend ? hi1 : kend, lo1, hi0};
+    return k;
+}
+
+/* One key block [j0, j0+cols) for rows [i0, i0+rows): the scores, the online-softmax update
+ * of the rows' maxima m, sums l and accumulators o (row stride ldo), then o += P V. */
+static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                               int64_t j0, int64_t cols, bool straddles, float *o, int64_t ldo,
+                               float *m, float *l, float *s)
+{
+    const eng_sdpa_args *a = p->a;
+    score_block(p, b, h, i0, rows, j0, cols, straddles, s);
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = s + r * cols;
+        float mb = p->vec->max(row, cols);
+        float mnew = mb > m[r] ? mb : m[r];
+        if (mnew == -INFINITY) { /* nothing visible yet: this row adds nothing */
+            memset(row, 0, (size_t)cols * sizeof(float));
+            continue;
+        }
+        if (!isfinite(mnew)) {
+            atomic_store(&p->nonfinite, true);
+            return ENG_ENONFINITE;
+        }
+        float sum = p->vec->exp_sum(row, cols, mnew);
+        if (mnew > m[r]) {
+            float alpha = expf(m[r] - mnew); /* 0 when m was -inf */
+            if (l[r] > 0.0f) {
+                float *orow = o + r * ldo;
+                for (int64_t d = 0; d < p->Dv; d++)
+                    orow[d] *= alpha;
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = mnew;
+        } else {
+            l[r] += sum;
+        }
+    }
+    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v), o, ldo);
+    return ENG_OK;
+}
+
+/* Keys [j0, j0+cols) on a causal or window boundary, for the rows that see some of them only:
+ * the part of the triangle that no row sees is never multiplied. */
+static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                               int64_t j0, int64_t cols, float *o, int64_t ldo, float *m,
+                               float *l, float *s)
+{
+    int64_t rs = 0, re = rows, lo, hi;
+    for (; rs < rows; rs++) { /* the first row that sees a key at or after j0 */
+        row_range(p, b, i0 + rs, &lo, &hi);
+        if (hi > j0)
+            break;
+    }
+    for (; re > rs; re--) { /* past the last row that sees a key before j0 + cols */
+        row_range(p, b, i0 + re - 1, &lo, &hi);
+        if (lo < j0 + cols)
+            break;
+    }
+    if (rs == re)
+        return ENG_OK;
+    return attend_block(p, b, h, i0 + rs, re - rs, j0, cols, true, o + rs * ldo, ldo, m + rs,
+                        l + rs, s);
+}
+
+/* Keys [from, to) in blocks of Bc where every row sees every key by position, or in strips of
+ * STRIP on a boundary. */
+static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                              int64_t from, int64_t to, bool boundary, float *o, int64_t ldo,
+                              float *m, float *l, float *s)
+{
+    int64_t width = boundary ? STRIP : p->bc;
+    for (int64_t j0 = from; j0 < to; j0 += width) {
+        eng_status st = eng_ctl_check(p->ctl);
+        if (st != ENG_OK)
+            return st;
+        int64_t cols = to - j0 < width ? to - j0 : width;
+        if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
+            continue;
+        if (boundary)
+            st = attend_strip(p, b, h, i0, rows, j0, cols, o, ldo, m, l, s);
+        else
+            st = attend_block(p, b, h, i0, rows, j0, cols, false, o, ldo, m, l, s);
+        if (st != ENG_OK)
+            return st;
+    }
+    return ENG_OK;
+}
+
+/* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of head (b, h):
+ * o (row stride ldo) gets the unnormalised sum of exp(s - m) v, m the row maxima and l the
+ * sums. The keys split into a left boundary, a middle that every row sees, and a right
+ * boundary (the causal diagonal). Returns ENG_OK or why it stopped. */
+static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t kbeg,
+                         int64_t kend, float *o, int64_t ldo, float *m, float *l, float *s)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(o + r * ldo, 0, (size_t)p->Dv * sizeof(float));
+    }
+    key_span k = rows_span(p, b, i0, rows, kbeg, kend);
+    if (k.lo >= k.hi)
+        return ENG_OK;
+    int64_t mid_lo = clamp64(k.full_lo, k.lo, k.hi), mid_hi = clamp64(k.full_hi, mid_lo, k.hi);
+    eng_status st = attend_keys(p, b, h, i0, rows, k.lo, mid_lo, true, o, ldo, m, l, s);
+    if (st == ENG_OK)
+        st = attend_keys(p, b, h, i0, rows, mid_lo, mid_hi, false, o, ldo, m, l, s);
+    if (st == ENG_OK)
+        st = attend_keys(p, b, h, i0, rows, mid_hi, k.hi, true, o, ldo, m, l, s);
+    return st;
+}
+
+/* Divides o by l and writes lse (when wanted); a row that saw no key becomes 0 / -inf. Flags a
+ * non-finite result. */
+static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const float *m,
+                        const float *l, float *lse)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *orow = o + r * ldo;
+        if (!(l[r] > 0.0f)) {
+            memset(orow, 0, (size_t)p->Dv * sizeof(float));
+            if (lse)
+                lse[r] = -INFINITY;
+            continue;
+        }
+        float inv = 1.0f / l[r];
+        int overflow = 0; /* an int reduction, which vectorises where a float one may not */
+        for (int64_t d = 0; d < p->Dv; d++) {
+            orow[d] *= inv;
+            overflow |= !(fabsf(orow[d]) <= FLT_MAX);
+        }
+        if (overflow)
+            atomic_store(&p->nonfinite, true);
+        if (lse)
+            lse[r] = m[r] + logf(l[r]);
+    }
+}
+
+/* Second pass for the weights: recompute each visible score block and write exp(s - lse) * mul
+ * into the weights rows (row stride S), adding to them when `accumulate`. */
+static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                const float *lse, float *w, float mul, bool accumulate, float *s)
+{
+    const eng_sdpa_args *a = p->a;
+    key_span span = rows_span(p, b, i0, rows, 0, p->S);
+    for (int64_t j0 = span.lo; j0 < span.hi; j0 += p->bc) {
+        eng_status st = eng_ctl_check(p->ctl);
+        if (st != ENG_OK)
+            return st;
+        int64_t cols = span.hi - j0 < p->bc ? span.hi - j0 : p->bc;
+        if (a->key_padding && all_padding(p, b, j0, j0 + cols))
+            continue;
+        bool straddles = j0 < span.full_lo || j0 + cols > span.full_hi;
+        score_block(p, b, h, i0, rows, j0, cols, straddles, s);
+        for (int64_t r = 0; r < rows; r++) {
+            if (lse[r] == -INFINITY)
+                continue;
+            p->vec->exp_store(s + r * cols, w + r * p->S + j0, cols, lse[r], mul, accumulate);
+        }
+    }
+    return ENG_OK;
+}
+
+/* ---- Tasks ------------------------------------------------------------------------------------ */
+
+/* Task index -> (b, h, query block). Later blocks first: under causal masking they are the
+ * largest, and starting them early evens out the finish. */
+static void task_coords(const plan *p, int64_t index, int64_t *b, int64_t *h, int64_t *qb)
+{
+    *qb = p->nqb - 1 - index % p->nqb;
+    index /= p->nqb;
+    *h = index % p->H;
+    *b = index / p->H;
+}
+
+static float *task_scratch(plan *p)
+{
+    float *s = eng__scratch(task_scratch_floats(p) * sizeof(float));
+    if (!s)
+        atomic_store(&p->no_scratch, true);
+    return s;
+}
+
+/* Attention of one (b, h, query block), with its per-head weights when asked for. */
+static void head_block_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    const eng_sdpa_args *a = p->a;
+    int64_t b, h, qb;
+    task_coords(p, index, &b, &h, &qb);
+    int64_t i0 = qb * p->br, rows = p->L - i0 < p->br ? p->L - i0 : p->br;
+    float *s = task_scratch(p);
+    if (!s)
+        return;
+    float *m = s + p->br * p->bc, *l = m + p->br;
+    float *o = row_ptr(&a->out, b, h, i0);
+    int64_t ldo = ld_of(&a->out);
+    if (attend(p, b, h, i0, rows, 0, p->S, o, ldo, m, l, s) != ENG_OK)
+        return;
+    float *lse = p->lse ? p->lse + (b * p->H + h) * p->L + i0 : NULL;
+    finish_rows(p, rows, o, ldo, m, l, lse);
+    if (a->weights_mode == ENG_WEIGHTS_PER_HEAD) {
+        float *w = a->weights + ((b * p->H + h) * p->L + i0) * p->S;
+        memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
+        write_weights(p, b, h, i0, rows, lse, w, 1.0f, false, s);
+    }
+}
+
+/* Attention of one (b, query block) over every head, adding each head's weights / H into the
+ * mean: one task owns the mean rows, so no two threads add to the same row. */
+static void mean_block_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    const eng_sdpa_args *a = p->a;
+    int64_t qb = p->nqb - 1 - index % p->nqb, b = index / p->nqb;
+    int64_t i0 = qb * p->br, rows = p->L - i0 < p->br ? p->L - i0 : p->br;
+    float *s = task_scratch(p);
+    if (!s)
+        return;
+    float *m = s + p->br * p->bc, *l = m + p->br;
+    float *w = a->weights + (b * p->L + i0) * p->S;
+    memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
+    int64_t ldo = ld_of(&a->out);
+    for (int64_t h = 0; h < p->H; h++) {
+        float *o = row_ptr(&a->out, b, h, i0);
+        if (attend(p, b, h, i0, rows, 0, p->S, o, ldo, m, l, s) != ENG_OK)
+            return;
+        float *lse = p->lse + (b * p->H + h) * p->L + i0;
+        finish_rows(p, rows, o, ldo, m, l, lse);
+        if (write_weights(p, b, h, i0, rows, lse, w, 1.0f / (float)p->H, true, s) != ENG_OK)
+            return;
+    }
+}
+
+/* Split decoding, step 1: one key chunk of one (b, h, query block) into the partials. */
+static void chunk_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    int64_t c = index % p->chunks, bhq = index / p->chunks;
+    int64_t b, h, qb;
+    task_coords(p, bhq, &b, &h, &qb);
+    int64_t i0 = qb * p->br, rows = p->L - i0 < p->br ? p->L - i0 : p->br;
+    float *s = task_scratch(p);
+    if (!s)
+        return;
+    /* Partials of (b, h, chunk c): o [L, Dv] then m [L] and l [L]. */
+    int64_t part = (b * p->H + h) * p->chunks + c;
+    float *o = p->part_o + (part * p->L + i0) * p->Dv;
+    float *m = p->part_ml + (part * 2) * p->L + i0, *l = m + p->L;
+    int64_t kbeg = c * p->chunk_len;
+    int64_t kend = kbeg + p->chunk_len < p->S ? kbeg + p->chunk_len : p->S;
+    attend(p, b, h, i0, rows, kbeg, kend, o, p->Dv, m, l, s);
+}
+
+/* Split decoding, step 2: merge the chunks of one (b, h) by their maxima and sums. */
+static void merge_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    const eng_sdpa_args *a = p->a;
+    int64_t b = index / p->H, h = index % p->H;
+    int64_t first = (b * p->H + h) * p->chunks;
+    for (int64_t i = 0; i < p->L; i++) {
+        float mmax = -INFINITY;
+        for (int64_t c = 0; c < p->chunks; c++) {
+            float mc = p->part_ml[((first + c) * 2) * p->L + i];
+            mmax = mc > mmax ? mc : mmax;
+        }
+        float *out = row_ptr(&a->out, b, h, i);
+        memset(out, 0, (size_t)p->Dv * sizeof(float));
+        float lsum = 0.0f;
+        if (mmax != -INFINITY) {
+            for (int64_t c = 0; c < p->chunks; c++) {
+                const float *ml = p->part_ml + ((first + c) * 2) * p->L;
+                if (ml[i] == -INFINITY)
+                    continue;
+                float w = expf(ml[i] - mmax);
+                lsum += w * ml[p->L + i];
+                const float *oc = p->part_o + ((first + c) * p->L + i) * p->Dv;
+                for (int64_t d = 0; d < p->Dv; d++)
+                    out[d] += w * oc[d];
+            }
+        }
+        float *lse = p->lse ? p->lse + (b * p->H + h) * p->L + i : NULL;
+        finish_rows(p, 1, out, 0, &mmax, &lsum, lse);
+    }
+}
+
+/* ---- Entry points ----------------------------------------------------------------------------- */
+
+static int64_t resolve_offset(const eng_sdpa_args *a)
+{
+    switch (a->align) {
+    case ENG_ALIGN_BOTTOM_RIGHT:
+        return a->k.ne[2] - a->q.ne[2];
+    case ENG_ALIGN_OFFSET:
+        return a->query_offset;
+    case ENG_ALIGN_TOP_LEFT:
+    default:
+        return 0;
+    }
+}
+
+static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
+{
+    memset(p, 0, sizeof *p);
+    atomic_init(&p->nonfinite, false);
+    atomic_init(&p->no_scratch, false);
+    p->a = a;
+    p->vec = eng__vec();
+    p->B = a->q.ne[0];
+    p->H = a->q.ne[1];
+    p->L = a->q.ne[2];
+    p->D = a->q.ne[3];
+    p->Hkv = a->k.ne[1];
+    p->S = a->k.ne[2];
+    p->Dv = a->v.ne[3];
+    p->group = p->H / p->Hkv;
+    p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
+    p->offset = resolve_offset(a);
+    plan_blocks(p, threads);
+}
+
+/* Bytes eng_sdpa allocates on the heap for one call (besides per-thread scratch). */
+static size_t plan_heap_bytes(const plan *p)
+{
+    size_t bytes = 0;
+    if (p->a->alibi && !p->a->alibi_slopes)
+        bytes += (size_t)p->H * sizeof(float);
+    if (p->a->weights_mode != ENG_WEIGHTS_NONE && !p->a->lse)
+        bytes += (size_t)(p->B * p->H * p->L) * sizeof(float);
+    if (p->chunks > 1)
+        bytes += (size_t)(p->B * p->H * p->chunks * p->L * (p->Dv + 2)) * sizeof(float);
+    return bytes;
+}
+
+size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
+{
+    plan p;
+    plan_init(&p, args, threads > 0 ? threads : 1);
+    /* One scratch block per thread that may run a task: the workers and this caller. */
+    return plan_heap_bytes(&p) + (size_t)(threads + 1) * task_scratch_floats(&p) * sizeof(float);
+}
+
+static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
+{
+    const eng_sdpa_args *a = p->a;
+    eng_status st;
+    if (p->chunks > 1) {
+        st = eng_pool_run(pool, chunk_task, p, p->B * p->H * p->nqb * p->chunks, p->ctl);
+        if (st == ENG_OK && !atomic_load(&p->nonfinite))
+            st = eng_pool_run(pool, merge_task, p, p->B * p->H, p->ctl);
+    } else if (a->weights_mode == ENG_WEIGHTS_MEAN) {
+        st = eng_pool_run(pool, mean_block_task, p, p->B * p->nqb, p->ctl);
+    } else {
+        st = eng_pool_run(pool, head_block_task, p, p->B * p->H * p->nqb, p->ctl);
+    }
+    if (st == ENG_OK && atomic_load(&p->no_scratch))
+        st = ENG_ENOMEM;
+    if (st == ENG_OK && atomic_load(&p->nonfinite))
+        st = ENG_ENONFINITE;
+    switch (st) {
+    case ENG_OK:
+        return ENG_OK;
+    case ENG_ENOMEM:
+        return eng__fail(err, st, "", "cannot allocate %zu bytes of attention scratch",
+                         task_scratch_floats(p) * sizeof(float));
+    case ENG_ENONFINITE:
+        return eng__fail(err, st, "",
+                         "the result is not finite: q.k or the weighted sum of v overflows "
+                         "float32");
+    case ENG_EDEADLINE:
+        return eng__fail(err, st, "", "deadline exceeded during attention");
+    default:
+        return eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
+    }
+}
+
+eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_error *err)
+{
+    eng_status st;
+    if (!pool || !a)
+        return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
+    if ((st = check_shapes(a, err)) || (st = check_options(a, err)))
+        return st;
+
+    plan p;
+    plan_init(&p, a, eng_pool_threads(pool));
+    p.ctl = ctl;
+
+    float *slopes = NULL, *own_lse = NULL, *parts = NULL;
+    p.slopes = a->alibi_slopes;
+    p.lse = a->lse;
+    if (a->alibi && !a->alibi_slopes) {
+        slopes = malloc((size_t)p.H * sizeof(float));
+        if (slopes)
+            eng_alibi_default_slopes(p.H, slopes);
+        p.slopes = slopes;
+    }
+    if (a->weights_mode != ENG_WEIGHTS_NONE && !a->lse)
+        p.lse = own_lse = malloc((size_t)(p.B * p.H * p.L) * sizeof(float));
+    if (p.chunks > 1) {
+        size_t outs = (size_t)(p.B * p.H * p.chunks * p.L);
+        parts = malloc(outs * (size_t)(p.Dv + 2) * sizeof(float));
+        p.part_o = parts;
+        p.part_ml = parts ? parts + outs * (size_t)p.Dv : NULL;
+    }
+    if ((a->alibi && !p.slopes) || (a->weights_mode != ENG_WEIGHTS_NONE && !p.lse) ||
+        (p.chunks > 1 && !parts)) {
+        st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
+                       plan_heap_bytes(&p));
+    } else {
+        st = run_plan(pool, &p, err);
+    }
+    free(slopes);
+    free(own_lse);
+    free(parts);
+    return st;
+}

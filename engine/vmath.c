@@ -1,0 +1,337 @@
+/*
+ * vmath.c - the softmax's vector kernels, with runtime dispatch to AVX-512, AVX2 or scalar.
+ *
+ * After the two GEMMs the exponential is the kernel's hot spot: one per score. All variants
+ * evaluate exp the same way (Cody-Waite reduction by ln 2, a degree-7 polynomial on
+ * |r| <= ln2/2 with Cephes' minimax coefficients, ~1 ulp), clamp the argument, and return
+ * exactly 0 below -87 so that a masked score (-inf) contributes nothing. Vector loops finish
+ * with masked loads instead of scalar tails, so every element of a row goes through the same
+ * arithmetic. The build never uses -ffast-math: these kernels rely on IEEE -inf.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+#define EXP_LO (-87.0f) /* below this exp underflows to 0 (FLT_MIN is ~exp(-87.3)) */
+#define EXP_HI 88.0f    /* above this exp would overflow 2^127 */
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f /* ln 2 split so that n * LN2_HI is exact */
+#define LN2_LO (-2.12194440e-4f)
+#define P0 1.9875691500e-4f
+#define P1 1.3981999507e-3f
+#define P2 8.3334519073e-3f
+#define P3 4.1665795894e-2f
+#define P4 1.6666665459e-1f
+#define P5 5.0000001201e-1f
+/* tanh below this magnitude comes from its Taylor series: 1 - 2/(e^2t + 1) cancels there. */
+#define TANH_SERIES_BELOW 0.25f
+
+/* ---- Scalar ---------------------------------------------------------------------------------- */
+
+static float exp_scalar(float x)
+{
+    if (!(x >= EXP_LO)) /* also NaN: a NaN score never turns into weight */
+        return 0.0f;
+    if (x > EXP_HI)
+        x = EXP_HI;
+    float n = nearbyintf(x * LOG2E);
+    float r = x - n * LN2_HI - n * LN2_LO;
+    float p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
+    float y = p * r * r + r + 1.0f;
+    return ldexpf(y, (int)n);
+}
+
+static float tanh_scalar(float t)
+{
+    float a = fabsf(t);
+    if (a < TANH_SERIES_BELOW) {
+        float t2 = t * t;
+        return t * (1.0f + t2 * (-1.0f / 3 + t2 * (2.0f / 15 + t2 * (-17.0f / 315 +
+                                                                       t2 * (62.0f / 2835)))));
+    }
+    float y = 1.0f - 2.0f / (exp_scalar(2.0f * a) + 1.0f);
+    return t < 0 ? -y : y;
+}
+
+static float max_scalar(const float *x, int64_t n)
+{
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static float exp_sum_scalar(float *x, int64_t n, float shift)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = exp_scalar(x[i] - shift);
+        sum += x[i];
+    }
+    return sum;
+}
+
+static void exp_store_scalar(const float *x, float *dst, int64_t n, float shift, float mul,
+                             bool accumulate)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float e = exp_scalar(x[i] - shift) * mul;
+        dst[i] = accumulate ? dst[i] + e : e;
+    }
+}
+
+static void softcap_scalar(float *x, int64_t n, float cap)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = cap * tanh_scalar(x[i] / cap);
+}
+
+static const eng__vec_ops scalar_ops = {"scalar", max_scalar, exp_sum_scalar, exp_store_scalar,
+                                        softcap_scalar};
+
+/* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline __m256i tail_mask8(int64_t left)
+{
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left < 8 ? left : 8)), lanes);
+}
+
+AVX2 static inline __m256 exp8(__m256 x)
+{
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_NGE_UQ); /* x < lo or NaN */
+    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+    __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static float max_avx2(const float *x, int64_t n)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    if (i < n) {
+        __m256 mask = _mm256_castsi256_ps(tail_mask8(n - i));
+        __m256 v = _mm256_maskload_ps(x + i, _mm256_castps_si256(mask));
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, mask));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+AVX2 static float exp_sum_avx2(float *x, int64_t n, float shift)
+{
+    __m256 s = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mask), s));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(x + i, mask, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static void exp_store_avx2(const float *x, float *dst, int64_t n, float shift, float mul,
+                                bool accumulate)
+{
+    __m256 s = _mm256_set1_ps(shift), m = _mm256_set1_ps(mul);
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 e = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mask), s)), m);
+        if (accumulate)
+            e = _mm256_add_ps(e, _mm256_maskload_ps(dst + i, mask));
+        _mm256_maskstore_ps(dst + i, mask, e);
+    }
+}
+
+AVX2 static void softcap_avx2(float *x, int64_t n, float cap)
+{
+    __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
+    __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 t = _mm256_mul_ps(_mm256_maskload_ps(x + i, mask), inv);
+        __m256 a = _mm256_andnot_ps(sign, t);
+        __m256 big = _mm256_sub_ps(
+            one, _mm256_div_ps(_mm256_set1_ps(2.0f),
+                               _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one)));
+        big = _mm256_or_ps(big, _mm256_and_ps(sign, t));
+        __m256 t2 = _mm256_mul_ps(t, t);
+        __m256 p = _mm256_fmadd_ps(t2, _mm256_set1_ps(62.0f / 2835), _mm256_set1_ps(-17.0f / 315));
+        p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(2.0f / 15));
+        p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(-1.0f / 3));
+        p = _mm256_fmadd_ps(p, t2, one);
+        __m256 small = _mm256_mul_ps(t, p);
+        __m256 use_small = _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
+        _mm256_maskstore_ps(x + i, mask, _mm256_mul_ps(c, _mm256_blendv_ps(big, small, use_small)));
+    }
+}
+
+static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_store_avx2,
+                                      softcap_avx2};
+
+/* ---- AVX-512 --------------------------------------------------------------------------------- */
+
+#define AVX512 __attribute__((target("avx512f")))
+
+static inline __mmask16 tail_mask16(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+AVX512 static inline __m512 exp16(__m512 x)
+{
+    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_NGE_UQ);
+    x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps((__mmask16)~under, y, n);
+}
+
+AVX512 static float max_avx512(const float *x, int64_t n)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16)
+        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask16(n - i),
+                                                  x + i));
+    return _mm512_reduce_max_ps(m);
+}
+
+AVX512 static float exp_sum_avx512(float *x, int64_t n, float shift)
+{
+    __m512 s = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), s));
+        _mm512_mask_storeu_ps(x + i, mask, e);
+        acc = _mm512_mask_add_ps(acc, mask, acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float shift,
+                                    float mul, bool accumulate)
+{
+    __m512 s = _mm512_set1_ps(shift), m = _mm512_set1_ps(mul);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 e = _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), s)), m);
+        if (accumulate)
+            e = _mm512_add_ps(e, _mm512_maskz_loadu_ps(mask, dst + i));
+        _mm512_mask_storeu_ps(dst + i, mask, e);
+    }
+}
+
+AVX512 static void softcap_avx512(float *x, int64_t n, float cap)
+{
+    __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap), one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inv);
+        __m512 a = _mm512_abs_ps(t);
+        __m512 big = _mm512_sub_ps(
+            one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(exp16(_mm512_add_ps(a, a)), one)));
+        __mmask16 negative = _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ);
+        big = _mm512_mask_sub_ps(big, negative, _mm512_setzero_ps(), big);
+        __m512 t2 = _mm512_mul_ps(t, t);
+        __m512 p = _mm512_fmadd_ps(t2, _mm512_set1_ps(62.0f / 2835), _mm512_set1_ps(-17.0f / 315));
+        p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 15));
+        p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(-1.0f / 3));
+        p = _mm512_fmadd_ps(p, t2, one);
+        __mmask16 small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
+        __m512 y = _mm512_mask_mul_ps(big, small, t, p);
+        _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(c, y));
+    }
+}
+
+static const eng__vec_ops avx512_ops = {"avx512", max_avx512, exp_sum_avx512, exp_store_avx512,
+                                        softcap_avx512};
+
+/* ---- Dispatch -------------------------------------------------------------------------------- */
+
+const eng__vec_ops *eng__vec_variant(const char *name)
+{
+    if (strcmp(name, "scalar") == 0)
+        return &scalar_ops;
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &avx2_ops
+                                                                                : NULL;
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") ? &avx512_ops : NULL;
+    return NULL;
+}
+
+static const eng__vec_ops *chosen;
+static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
+
+static void choose_ops(void)
+{
+    __builtin_cpu_init();
+    const char *forced = getenv("ATTND_ISA");
+    if (forced && (chosen = eng__vec_variant(forced)) != NULL)
+        return;
+    if (__builtin_cpu_supports("avx512f"))
+        chosen = &avx512_ops;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        chosen = &avx2_ops;
+    else
+        chosen = &scalar_ops;
+}
+
+const eng__vec_ops *eng__vec(void)
+{
+    pthread_once(&chosen_once, choose_ops);
+    return chosen;
+}
