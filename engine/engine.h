@@ -192,6 +192,11 @@ typedef struct {
     bool alibi;                /* add -slope_h * |p_i - j| */
     const float *alibi_slopes; /* [H]; NULL: the default geometric slopes */
 
+    /* The last `open_tail_keys` keys are appended ones (an MHA layer's bias_kv and zero
+     * attention): every query sees them, whatever causal, window, kv_lengths, ALiBi and the
+     * masks say; masks and key_padding then cover only the first S - open_tail_keys keys. */
+    int64_t open_tail_keys;
+
     eng_weights_mode weights_mode;
     float *weights; /* see eng_weights_mode; zeros where a key is invisible */
     float *lse;     /* [B, H, L] natural-log sum of exp; -inf for a row with no visible key */
@@ -213,5 +218,133 @@ size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads);
  * a power of two H, else the slopes of the nearest lower power of two followed by every other
  * slope of the doubled set (as in the ALiBi paper's reference code). */
 void eng_alibi_default_slopes(int64_t heads, float *slopes);
+
+/* ---- Positional encodings ----------------------------------------------------------------- */
+
+typedef enum {
+    ENG_ROPE_HALF = 0,    /* rotate (x[d], x[d + D/2]) pairs: GPT-NeoX / Hugging Face */
+    ENG_ROPE_INTERLEAVED, /* rotate (x[2d], x[2d + 1]) pairs: the original RoFormer */
+} eng_rope_style;
+
+/* Rotates each head vector of x in place: x is [T, heads * D] with row stride `ld`, token t at
+ * position pos0 + t, pair d turned by (pos0 + t) * base^(-2d/D). D must be even. */
+void eng_rope_apply(float *x, int64_t tokens, int64_t ld, int64_t heads, int64_t head_dim,
+                    int64_t pos0, float base, eng_rope_style style);
+
+/* Adds the sinusoidal encoding to x [T, E] (row stride ld), token t at position pos0 + t:
+ * PE(p, 2i) = sin(p / 10000^(2i/E)), PE(p, 2i+1) = cos(p / 10000^(2i/E)). */
+void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64_t pos0);
+
+/* ---- Multi-head attention layers ---------------------------------------------------------- */
+
+/* A multi-head attention layer with the parameters of PyTorch's nn.MultiheadAttention
+ * (batch_first), generalised to grouped-query heads. Weights are fp32, row-major
+ * [out_features, in_features] as torch stores them, all in one block owned by the layer. */
+typedef struct {
+    char name[64];
+    char dtype[8];        /* the weights' dtype in their file ("F32", "F16", "BF16") */
+    int64_t embed_dim;    /* E */
+    int64_t num_heads;    /* H; head_dim D = E / H */
+    int64_t num_kv_heads; /* Hkv; H is a multiple of it; the k/v width is W = Hkv * D */
+    int64_t kdim, vdim;   /* widths of the key and value inputs (E for self-attention) */
+    float *w_q;           /* [E, E] */
+    float *w_k;           /* [W, kdim] */
+    float *w_v;           /* [W, vdim] */
+    float *w_o;           /* [E, E] */
+    float *b_q, *b_k, *b_v, *b_o; /* [E], [W], [W], [E]; each NULL when the layer has none */
+    float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
+    float *params;                /* the block every pointer above points into */
+} eng_layer;
+
+typedef enum { ENG_DTYPE_F32 = 0, ENG_DTYPE_F16, ENG_DTYPE_BF16 } eng_dtype;
+
+/* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
+typedef struct {
+    const char *name;
+    eng_dtype dtype;
+    const void *data;
+    int rank; /* 1 to 4 */
+    int64_t shape[4];
+} eng_tensor_ref;
+
+/* Half-precision conversions (round-trip exact for every fp16/bf16 value, NaN preserved). */
+float eng_f16_to_f32(uint16_t h);
+float eng_bf16_to_f32(uint16_t h);
+
+/* Frees the layer's weights and the layer. NULL is a no-op. */
+void eng_layer_free(eng_layer *layer);
+
+/* The layer's parameter count. */
+int64_t eng_layer_params(const eng_layer *layer);
+
+/* The built-in layer "demo": E = 64, 4 heads, biases, weights from a fixed-seed generator
+ * (uniform in +-1/sqrt(E)). NULL when memory runs out. */
+eng_layer *eng_layer_demo(void);
+
+/* Builds a layer from named tensors, converted to fp32 and copied. Names: the
+ * nn.MultiheadAttention state dict (in_proj_weight, in_proj_bias, q_proj_weight,
+ * k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v), separate
+ * projections (q_proj, k_proj, v_proj, o_proj, each .weight and optionally .bias), or
+ * W_Q/W_K/W_V/W_O (.weight, optionally .bias). Every tensor must be known and used, each role
+ * given once, and the shapes must make one layer with num_heads heads (and num_kv_heads;
+ * 0 = num_heads). NULL on failure, with err naming the tensor. */
+eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
+                                  int64_t num_heads, int64_t num_kv_heads, eng_error *err);
+
+/* Reads a layer from a safetensors file with the names above (F32, F16 or BF16 tensors).
+ * num_heads and num_kv_heads come from the header's __metadata__ ("num_heads",
+ * "num_kv_heads") unless given here (> 0). The header is validated in full (JSON syntax, known
+ * dtypes, shapes matching byte sizes, offsets in range and non-overlapping) before any tensor
+ * is read; a failure is ENG_EFORMAT or ENG_EIO with err naming the file and the tensor. */
+eng_layer *eng_layer_load(const char *name, const char *path, int64_t num_heads,
+                          int64_t num_kv_heads, eng_error *err);
+
+typedef enum {
+    ENG_POSITIONAL_NONE = 0,
+    ENG_POSITIONAL_SINUSOIDAL, /* added to the layer input(s) before projection */
+    ENG_POSITIONAL_ROPE,       /* rotates q and k per head after projection */
+    ENG_POSITIONAL_ALIBI,      /* linear biases on the scores (default slopes) */
+} eng_positional;
+
+/* One forward pass. Zero-initialise, then set what is needed. */
+typedef struct {
+    const eng_layer *layer;
+    int64_t B, L;         /* x is [B, L, E] contiguous */
+    const float *x;
+    int64_t S;            /* key/value inputs are [B, S, kdim] and [B, S, vdim] */
+    const float *key_in;  /* NULL: self-attention (keys and values come from x, S = L) */
+    const float *value_in;
+    float *out;           /* [B, L, E], written */
+
+    /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). */
+    bool causal;
+    eng_align align;
+    int64_t query_offset;
+    bool window_left_set, window_right_set;
+    int64_t window_left, window_right;
+    const uint8_t *key_padding; /* [B, S] or [S] (stride 0): nonzero = ignore */
+    int64_t key_padding_stride;
+    eng_mask attn_mask;         /* broadcast to [B, H, L, S] */
+    bool add_zero_attn;         /* append a zero key and value, as torch's add_zero_attn */
+
+    eng_positional positional;
+    float rope_base;            /* 0: 10000 */
+    eng_rope_style rope_style;
+
+    eng_weights_mode weights_mode; /* as eng_sdpa_args, with S' = S + extra keys */
+    float *weights;
+} eng_mha_args;
+
+/* Keys the layer appends to the S input keys (bias_kv and zero attention): S' = S + this. */
+int64_t eng_mha_extra_keys(const eng_mha_args *args);
+
+/* Runs the layer: projections as one sgemm over all tokens (split over the pool), heads as
+ * strided views of the projected buffers, eng_sdpa, then the output projection. Validates
+ * everything first, as eng_sdpa does. Appended keys (bias_kv, zero attention) are visible to
+ * every query whatever the masks say, as in PyTorch (which pads its masks with zeros). */
+eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_error *err);
+
+/* Bytes eng_mha allocates for `args` (projections, intermediates, scratch), for admission. */
+size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
 
 #endif

@@ -36,6 +36,7 @@ typedef struct {
     const eng__vec_ops *vec;
     eng_ctl *ctl;
     int64_t B, H, Hkv, L, S, D, Dv, group;
+    int64_t S_main; /* keys under position rules and masks; the rest are the open tail */
     float scale;
     int64_t offset; /* p_i = i + offset */
     const float *slopes;
@@ -150,7 +151,7 @@ static eng_status check_mask(const eng_sdpa_args *a, eng_error *err)
         return eng__fail(err, ENG_EINVAL, "attn_mask", "unknown mask kind %d", (int)m->kind);
     if (!m->data)
         return eng__fail(err, ENG_EINVAL, "attn_mask", "attn_mask has no data");
-    const int64_t full[4] = {a->q.ne[0], a->q.ne[1], a->q.ne[2], a->k.ne[2]};
+    const int64_t full[4] = {a->q.ne[0], a->q.ne[1], a->q.ne[2], a->k.ne[2] - a->open_tail_keys};
     static const char *const axis[4] = {"B", "H", "L", "S"};
     int64_t last = 0;
     for (int d = 0; d < 4; d++) {
@@ -171,6 +172,11 @@ static eng_status check_mask(const eng_sdpa_args *a, eng_error *err)
 static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
 {
     const int64_t B = a->q.ne[0], H = a->q.ne[1], L = a->q.ne[2], S = a->k.ne[2];
+    if (a->open_tail_keys < 0 || a->open_tail_keys > S)
+        return eng__fail(err, ENG_EINVAL, "open_tail_keys",
+                         "open_tail_keys = %lld must be in [0, S = %lld]",
+                         (long long)a->open_tail_keys, (long long)S);
+    const int64_t S_main = S - a->open_tail_keys;
     if (a->scale_set && !isfinite(a->scale))
         return eng__fail(err, ENG_EINVAL, "scale", "scale must be finite");
     if (!(a->softcap >= 0.0f) || !isfinite(a->softcap))
@@ -188,10 +194,10 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
         return eng__fail(err, ENG_EINVAL, "key_padding_mask", "negative batch stride");
     if (a->kv_lengths) {
         for (int64_t b = 0; b < B; b++)
-            if (a->kv_lengths[b] < 0 || a->kv_lengths[b] > S)
+            if (a->kv_lengths[b] < 0 || a->kv_lengths[b] > S_main)
                 return eng__fail(err, ENG_EINVAL, "kv_lengths",
                                  "kv_lengths[%lld] = %lld must be in [0, %lld]", (long long)b,
-                                 (long long)a->kv_lengths[b], (long long)S);
+                                 (long long)a->kv_lengths[b], (long long)S_main);
     }
     if (a->alibi && a->alibi_slopes) {
         for (int64_t h = 0; h < H; h++)
@@ -268,7 +274,7 @@ static inline void row_range(const plan *p, int64_t b, int64_t i, int64_t *lo, i
 {
     const eng_sdpa_args *a = p->a;
     int64_t pos = i + p->offset;
-    int64_t l = 0, h = a->kv_lengths ? a->kv_lengths[b] : p->S;
+    int64_t l = 0, h = a->kv_lengths ? a->kv_lengths[b] : p->S_main;
     if (a->causal && pos + 1 < h)
         h = pos + 1;
     if (a->window_right_set && pos + a->window_right + 1 < h)
@@ -383,10 +389,17 @@ static void apply_ranges(const plan *p, int64_t b, int64_t i0, int64_t rows, int
     }
 }
 
+/* What a key block needs on top of its scores. */
+typedef enum {
+    KEYS_INSIDE,   /* every row may see every key by position: masks and biases only */
+    KEYS_BOUNDARY, /* straddles a causal/window/length boundary: per-row ranges as well */
+    KEYS_TAIL,     /* appended keys that every row sees: no positions, no masks */
+} key_kind;
+
 /* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
  * modifies scores applied; invisible entries are -inf. */
 static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                        int64_t j0, int64_t cols, bool straddles, float *s)
+                        int64_t j0, int64_t cols, key_kind kind, float *s)
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
@@ -395,20 +408,21 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
     if (a->softcap > 0.0f)
         for (int64_t r = 0; r < rows; r++)
             p->vec->softcap(s + r * cols, cols, a->softcap);
+    if (kind == KEYS_TAIL)
+        return;
     if (a->alibi)
         add_alibi(p, h, i0, rows, j0, cols, s);
     if (a->attn_mask.kind != ENG_MASK_NONE)
         apply_attn_mask(p, b, h, i0, rows, j0, cols, s);
     if (a->key_padding)
         apply_padding(p, b, rows, j0, cols, s);
-    if (straddles)
+    if (kind == KEYS_BOUNDARY)
         apply_ranges(p, b, i0, rows, j0, cols, s);
 }
 
 /* ---- Attention over a key range --------------------------------------------------------------- */
 
-/* Key blocks of [kbeg, kend) for rows [i0, i0+rows), calling `visit` on each block that some
- * row can see. The range is first narrowed to what the rows' positions allow. */
+/* The keys that rows [i0, i0+rows) may see by position, within [kbeg, kend). */
 typedef struct {
     int64_t lo, hi;         /* keys any row may see */
     int64_t full_lo, full_hi; /* keys every row sees */
@@ -427,11 +441,11 @@ static key_span rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, in
 /* One key block [j0, j0+cols) for rows [i0, i0+rows): the scores, the online-softmax update
  * of the rows' maxima m, sums l and accumulators o (row stride ldo), then o += P V. */
 static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                               int64_t j0, int64_t cols, bool straddles, float *o, int64_t ldo,
+                               int64_t j0, int64_t cols, key_kind kind, float *o, int64_t ldo,
                                float *m, float *l, float *s)
 {
     const eng_sdpa_args *a = p->a;
-    score_block(p, b, h, i0, rows, j0, cols, straddles, s);
+    score_block(p, b, h, i0, rows, j0, cols, kind, s);
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
         float mb = p->vec->max(row, cols);
@@ -481,28 +495,27 @@ static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_
     }
     if (rs == re)
         return ENG_OK;
-    return attend_block(p, b, h, i0 + rs, re - rs, j0, cols, true, o + rs * ldo, ldo, m + rs,
-                        l + rs, s);
+    return attend_block(p, b, h, i0 + rs, re - rs, j0, cols, KEYS_BOUNDARY, o + rs * ldo, ldo,
+                        m + rs, l + rs, s);
 }
 
-/* Keys [from, to) in blocks of Bc where every row sees every key by position, or in strips of
- * STRIP on a boundary. */
+/* Keys [from, to) in blocks of Bc, or in strips of STRIP on a boundary. */
 static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                              int64_t from, int64_t to, bool boundary, float *o, int64_t ldo,
+                              int64_t from, int64_t to, key_kind kind, float *o, int64_t ldo,
                               float *m, float *l, float *s)
 {
-    int64_t width = boundary ? STRIP : p->bc;
+    int64_t width = kind == KEYS_BOUNDARY ? STRIP : p->bc;
     for (int64_t j0 = from; j0 < to; j0 += width) {
         eng_status st = eng_ctl_check(p->ctl);
         if (st != ENG_OK)
             return st;
         int64_t cols = to - j0 < width ? to - j0 : width;
-        if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
+        if (kind != KEYS_TAIL && p->a->key_padding && all_padding(p, b, j0, j0 + cols))
             continue;
-        if (boundary)
+        if (kind == KEYS_BOUNDARY)
             st = attend_strip(p, b, h, i0, rows, j0, cols, o, ldo, m, l, s);
         else
-            st = attend_block(p, b, h, i0, rows, j0, cols, false, o, ldo, m, l, s);
+            st = attend_block(p, b, h, i0, rows, j0, cols, kind, o, ldo, m, l, s);
         if (st != ENG_OK)
             return st;
     }
@@ -511,8 +524,8 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
 
 /* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of head (b, h):
  * o (row stride ldo) gets the unnormalised sum of exp(s - m) v, m the row maxima and l the
- * sums. The keys split into a left boundary, a middle that every row sees, and a right
- * boundary (the causal diagonal). Returns ENG_OK or why it stopped. */
+ * sums. The keys split into a left boundary, a middle that every row sees, a right boundary
+ * (the causal diagonal) and the open tail. Returns ENG_OK or why it stopped. */
 static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t kbeg,
                          int64_t kend, float *o, int64_t ldo, float *m, float *l, float *s)
 {
@@ -521,15 +534,20 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
         l[r] = 0.0f;
         memset(o + r * ldo, 0, (size_t)p->Dv * sizeof(float));
     }
+    eng_status st = ENG_OK;
     key_span k = rows_span(p, b, i0, rows, kbeg, kend);
-    if (k.lo >= k.hi)
-        return ENG_OK;
-    int64_t mid_lo = clamp64(k.full_lo, k.lo, k.hi), mid_hi = clamp64(k.full_hi, mid_lo, k.hi);
-    eng_status st = attend_keys(p, b, h, i0, rows, k.lo, mid_lo, true, o, ldo, m, l, s);
-    if (st == ENG_OK)
-        st = attend_keys(p, b, h, i0, rows, mid_lo, mid_hi, false, o, ldo, m, l, s);
-    if (st == ENG_OK)
-        st = attend_keys(p, b, h, i0, rows, mid_hi, k.hi, true, o, ldo, m, l, s);
+    if (k.lo < k.hi) {
+        int64_t mid_lo = clamp64(k.full_lo, k.lo, k.hi);
+        int64_t mid_hi = clamp64(k.full_hi, mid_lo, k.hi);
+        st = attend_keys(p, b, h, i0, rows, k.lo, mid_lo, KEYS_BOUNDARY, o, ldo, m, l, s);
+        if (st == ENG_OK)
+            st = attend_keys(p, b, h, i0, rows, mid_lo, mid_hi, KEYS_INSIDE, o, ldo, m, l, s);
+        if (st == ENG_OK)
+            st = attend_keys(p, b, h, i0, rows, mid_hi, k.hi, KEYS_BOUNDARY, o, ldo, m, l, s);
+    }
+    int64_t tail_lo = kbeg > p->S_main ? kbeg : p->S_main;
+    if (st == ENG_OK && tail_lo < kend)
+        st = attend_keys(p, b, h, i0, rows, tail_lo, kend, KEYS_TAIL, o, ldo, m, l, s);
     return st;
 }
 
@@ -559,22 +577,24 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
     }
 }
 
-/* Second pass for the weights: recompute each visible score block and write exp(s - lse) * mul
- * into the weights rows (row stride S), adding to them when `accumulate`. */
-static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                                const float *lse, float *w, float mul, bool accumulate, float *s)
+/* Writes exp(s - lse) * mul for keys [from, to) into the weights rows (row stride S). */
+static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                               int64_t from, int64_t to, const key_span *span, bool tail,
+                               const float *lse, float *w, float mul, bool accumulate, float *s)
 {
-    const eng_sdpa_args *a = p->a;
-    key_span span = rows_span(p, b, i0, rows, 0, p->S);
-    for (int64_t j0 = span.lo; j0 < span.hi; j0 += p->bc) {
+    for (int64_t j0 = from; j0 < to; j0 += p->bc) {
         eng_status st = eng_ctl_check(p->ctl);
         if (st != ENG_OK)
             return st;
-        int64_t cols = span.hi - j0 < p->bc ? span.hi - j0 : p->bc;
-        if (a->key_padding && all_padding(p, b, j0, j0 + cols))
-            continue;
-        bool straddles = j0 < span.full_lo || j0 + cols > span.full_hi;
-        score_block(p, b, h, i0, rows, j0, cols, straddles, s);
+        int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
+        key_kind kind = KEYS_TAIL;
+        if (!tail) {
+            if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
+                continue;
+            bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
+            kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
+        }
+        score_block(p, b, h, i0, rows, j0, cols, kind, s);
         for (int64_t r = 0; r < rows; r++) {
             if (lse[r] == -INFINITY)
                 continue;
@@ -582,6 +602,20 @@ static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64
         }
     }
     return ENG_OK;
+}
+
+/* Second pass for the weights: recompute each visible score block and write exp(s - lse) * mul
+ * into the weights rows, adding to them when `accumulate`. */
+static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                const float *lse, float *w, float mul, bool accumulate, float *s)
+{
+    key_span span = rows_span(p, b, i0, rows, 0, p->S_main);
+    eng_status st = weights_keys(p, b, h, i0, rows, span.lo, span.hi, &span, false, lse, w, mul,
+                                 accumulate, s);
+    if (st == ENG_OK)
+        st = weights_keys(p, b, h, i0, rows, p->S_main, p->S, &span, true, lse, w, mul,
+                          accumulate, s);
+    return st;
 }
 
 /* ---- Tasks ------------------------------------------------------------------------------------ */
@@ -737,6 +771,7 @@ static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
     p->Hkv = a->k.ne[1];
     p->S = a->k.ne[2];
     p->Dv = a->v.ne[3];
+    p->S_main = p->S - a->open_tail_keys;
     p->group = p->H / p->Hkv;
     p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
     p->offset = resolve_offset(a);
@@ -798,12 +833,18 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
     }
 }
 
+eng_status eng__sdpa_validate(const eng_sdpa_args *a, eng_error *err)
+{
+    eng_status st = check_shapes(a, err);
+    return st != ENG_OK ? st : check_options(a, err);
+}
+
 eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_error *err)
 {
     eng_status st;
     if (!pool || !a)
         return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
-    if ((st = check_shapes(a, err)) || (st = check_options(a, err)))
+    if ((st = eng__sdpa_validate(a, err)) != ENG_OK)
         return st;
 
     plan p;

@@ -1,0 +1,392 @@
+/*
+ * layer.c - multi-head attention layers: assembling one from named tensors, and the demo layer.
+ *
+ * Three naming schemes are accepted (PyTorch's nn.MultiheadAttention state dict, Hugging
+ * Face-style q_proj/k_proj/v_proj/o_proj, and the tutorial's W_Q/W_K/W_V/W_O). Each name maps
+ * to a role; a layer is assembled by checking that the roles present make exactly one
+ * consistent layer, then copying (and converting) every tensor into one parameter block.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+typedef enum {
+    ROLE_IN_W, /* packed [W_q; W_k; W_v] */
+    ROLE_IN_B,
+    ROLE_Q_W,
+    ROLE_K_W,
+    ROLE_V_W,
+    ROLE_O_W,
+    ROLE_Q_B,
+    ROLE_K_B,
+    ROLE_V_B,
+    ROLE_O_B,
+    ROLE_BIAS_K,
+    ROLE_BIAS_V,
+    ROLE_COUNT
+} role;
+
+static const struct {
+    const char *name;
+    role role;
+} known_names[] = {
+    {"in_proj_weight", ROLE_IN_W}, {"in_proj_bias", ROLE_IN_B},
+    {"q_proj_weight", ROLE_Q_W},   {"k_proj_weight", ROLE_K_W},
+    {"v_proj_weight", ROLE_V_W},   {"out_proj.weight", ROLE_O_W},
+    {"out_proj.bias", ROLE_O_B},   {"bias_k", ROLE_BIAS_K},
+    {"bias_v", ROLE_BIAS_V},       {"q_proj.weight", ROLE_Q_W},
+    {"q_proj.bias", ROLE_Q_B},     {"k_proj.weight", ROLE_K_W},
+    {"k_proj.bias", ROLE_K_B},     {"v_proj.weight", ROLE_V_W},
+    {"v_proj.bias", ROLE_V_B},     {"o_proj.weight", ROLE_O_W},
+    {"o_proj.bias", ROLE_O_B},     {"W_Q.weight", ROLE_Q_W},
+    {"W_Q.bias", ROLE_Q_B},        {"W_K.weight", ROLE_K_W},
+    {"W_K.bias", ROLE_K_B},        {"W_V.weight", ROLE_V_W},
+    {"W_V.bias", ROLE_V_B},        {"W_O.weight", ROLE_O_W},
+    {"W_O.bias", ROLE_O_B},
+};
+
+/* Parameters above this many are refused: 2^34 floats is 64 GiB. */
+#define MAX_LAYER_PARAMS (INT64_C(1) << 34)
+
+/* ---- Half precision ----------------------------------------------------------------------- */
+
+float eng_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0x1F) { /* inf or NaN, payload kept */
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int shift = 0;
+        while (!(man & 0x400u)) {
+            man <<= 1;
+            shift++;
+        }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+float eng_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float load_element(const void *data, eng_dtype dtype, int64_t i)
+{
+    const unsigned char *p = data;
+    if (dtype == ENG_DTYPE_F32) {
+        float f;
+        memcpy(&f, p + i * 4, sizeof f);
+        return f;
+    }
+    uint16_t h = (uint16_t)(p[i * 2] | (p[i * 2 + 1] << 8));
+    return dtype == ENG_DTYPE_F16 ? eng_f16_to_f32(h) : eng_bf16_to_f32(h);
+}
+
+/* ---- Assembly ----------------------------------------------------------------------------- */
+
+static int64_t numel(const eng_tensor_ref *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* The 2-D shape of a weight, or false when it is not rank 2. */
+static bool matrix_shape(const eng_tensor_ref *t, int64_t *rows, int64_t *cols)
+{
+    if (t->rank != 2)
+        return false;
+    *rows = t->shape[0];
+    *cols = t->shape[1];
+    return true;
+}
+
+typedef struct {
+    const eng_tensor_ref *by_role[ROLE_COUNT];
+    int64_t E, H, Hkv, D, W, kdim, vdim;
+} layer_plan;
+
+static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, size_t count,
+                               eng_error *err)
+{
+    for (size_t i = 0; i < count; i++) {
+        const eng_tensor_ref *t = &tensors[i];
+        size_t k = 0;
+        while (k < sizeof known_names / sizeof known_names[0] &&
+               strcmp(known_names[k].name, t->name) != 0)
+            k++;
+        if (k == sizeof known_names / sizeof known_names[0])
+            return eng__fail(err, ENG_EFORMAT, t->name,
+                             "tensor '%s' is not a multi-head attention parameter", t->name);
+        role r = known_names[k].role;
+        if (lp->by_role[r])
+            return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' repeats '%s'", t->name,
+                             lp->by_role[r]->name);
+        if (t->rank < 1 || t->rank > 4 || !t->data)
+            return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has rank %d", t->name,
+                             t->rank);
+        for (int d = 0; d < t->rank; d++)
+            if (t->shape[d] <= 0 || t->shape[d] > (INT64_C(1) << 31))
+                return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has dimension %lld",
+                                 t->name, (long long)t->shape[d]);
+        lp->by_role[r] = t;
+    }
+    bool packed = lp->by_role[ROLE_IN_W] || lp->by_role[ROLE_IN_B];
+    bool separate = lp->by_role[ROLE_Q_W] || lp->by_role[ROLE_K_W] || lp->by_role[ROLE_V_W] ||
+                    lp->by_role[ROLE_Q_B] || lp->by_role[ROLE_K_B] || lp->by_role[ROLE_V_B];
+    if (packed && separate)
+        return eng__fail(err, ENG_EFORMAT, "in_proj_weight",
+                         "both a packed in_proj and separate q/k/v projections are present");
+    if (!lp->by_role[ROLE_O_W])
+        return eng__fail(err, ENG_EFORMAT, "out_proj.weight",
+                         "no output projection (out_proj.weight, o_proj.weight or W_O.weight)");
+    if (packed ? !lp->by_role[ROLE_IN_W]
+               : !lp->by_role[ROLE_Q_W] || !lp->by_role[ROLE_K_W] || !lp->by_role[ROLE_V_W])
+        return eng__fail(err, ENG_EFORMAT, packed ? "in_proj_weight" : "q_proj.weight",
+                         "the query, key and value projection weights are incomplete");
+    if (!lp->by_role[ROLE_BIAS_K] != !lp->by_role[ROLE_BIAS_V])
+        return eng__fail(err, ENG_EFORMAT, lp->by_role[ROLE_BIAS_K] ? "bias_v" : "bias_k",
+                         "bias_k and bias_v come together");
+    return ENG_OK;
+}
+
+static eng_status expect_vector(const layer_plan *lp, role r, int64_t n, eng_error *err)
+{
+    const eng_tensor_ref *t = lp->by_role[r];
+    if (t && numel(t) != n)
+        return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has %lld elements; expected %lld",
+                         t->name, (long long)numel(t), (long long)n);
+    return ENG_OK;
+}
+
+static eng_status expect_matrix(const layer_plan *lp, role r, int64_t rows, int64_t cols,
+                                eng_error *err)
+{
+    const eng_tensor_ref *t = lp->by_role[r];
+    int64_t tr, tc;
+    if (!matrix_shape(t, &tr, &tc) || tr != rows || (cols > 0 && tc != cols))
+        return eng__fail(err, ENG_EFORMAT, t->name,
+                         "tensor '%s' must be [%lld, %lld] for embed_dim %lld", t->name,
+                         (long long)rows, (long long)cols, (long long)lp->E);
+    return ENG_OK;
+}
+
+/* Derives E, D, W, kdim and vdim from the shapes, and checks every tensor against them. */
+static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, eng_error *err)
+{
+    const eng_tensor_ref *o = lp->by_role[ROLE_O_W];
+    int64_t rows, cols;
+    if (!matrix_shape(o, &rows, &cols) || rows != cols)
+        return eng__fail(err, ENG_EFORMAT, o->name, "tensor '%s' must be a square [E, E] matrix",
+                         o->name);
+    lp->E = rows;
+    if (heads <= 0 || lp->E % heads != 0)
+        return eng__fail(err, ENG_EINVAL, "num_heads",
+                         "num_heads = %lld must be positive and divide embed_dim %lld",
+                         (long long)heads, (long long)lp->E);
+    lp->H = heads;
+    lp->D = lp->E / heads;
+    lp->Hkv = kv_heads > 0 ? kv_heads : heads;
+    if (lp->H % lp->Hkv != 0)
+        return eng__fail(err, ENG_EINVAL, "num_kv_heads",
+                         "num_heads = %lld must be a multiple of num_kv_heads = %lld",
+                         (long long)lp->H, (long long)lp->Hkv);
+    lp->W = lp->Hkv * lp->D;
+    eng_status st;
+    if (lp->by_role[ROLE_IN_W]) {
+        lp->kdim = lp->vdim = lp->E;
+        if ((st = expect_matrix(lp, ROLE_IN_W, lp->E + 2 * lp->W, lp->E, err)) ||
+            (st = expect_vector(lp, ROLE_IN_B, lp->E + 2 * lp->W, err)))
+            return st;
+    } else {
+        if ((st = expect_matrix(lp, ROLE_Q_W, lp->E, lp->E, err)) ||
+            (st = expect_matrix(lp, ROLE_K_W, lp->W, 0, err)) ||
+            (st = expect_matrix(lp, ROLE_V_W, lp->W, 0, err)))
+            return st;
+        lp->kdim = lp->by_role[ROLE_K_W]->shape[1];
+        lp->vdim = lp->by_role[ROLE_V_W]->shape[1];
+        if ((st = expect_vector(lp, ROLE_Q_B, lp->E, err)) ||
+            (st = expect_vector(lp, ROLE_K_B, lp->W, err)) ||
+            (st = expect_vector(lp, ROLE_V_B, lp->W, err)))
+            return st;
+    }
+    if ((st = expect_vector(lp, ROLE_O_B, lp->E, err)) ||
+        (st = expect_vector(lp, ROLE_BIAS_K, lp->W, err)) ||
+        (st = expect_vector(lp, ROLE_BIAS_V, lp->W, err)))
+        return st;
+    int64_t params = 2 * lp->E * lp->E + lp->W * (lp->kdim + lp->vdim) + 2 * lp->E + 4 * lp->W;
+    if (params > MAX_LAYER_PARAMS)
+        return eng__fail(err, ENG_ETOOBIG, o->name, "the layer has over 2^34 parameters");
+    return ENG_OK;
+}
+
+/* Converts n elements of t, starting at element `first`, into dst. */
+static void copy_elements(float *dst, const eng_tensor_ref *t, int64_t first, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = load_element(t->data, t->dtype, first + i);
+}
+
+/* Reserves n floats of the block for a field, or leaves it NULL when `present` is false. */
+static float *take(float **cursor, int64_t n, bool present)
+{
+    if (!present)
+        return NULL;
+    float *p = *cursor;
+    *cursor += n;
+    return p;
+}
+
+static const char *dtype_name(eng_dtype t)
+{
+    return t == ENG_DTYPE_F16 ? "F16" : t == ENG_DTYPE_BF16 ? "BF16" : "F32";
+}
+
+eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
+                                  int64_t num_heads, int64_t num_kv_heads, eng_error *err)
+{
+    layer_plan lp;
+    memset(&lp, 0, sizeof lp);
+    if (assign_roles(&lp, tensors, count, err) || plan_shapes(&lp, num_heads, num_kv_heads, err))
+        return NULL;
+    const eng_tensor_ref *const *r = lp.by_role;
+    bool packed = r[ROLE_IN_W] != NULL;
+    bool bq = packed ? r[ROLE_IN_B] != NULL : r[ROLE_Q_B] != NULL;
+    bool bk = packed ? r[ROLE_IN_B] != NULL : r[ROLE_K_B] != NULL;
+    bool bv = packed ? r[ROLE_IN_B] != NULL : r[ROLE_V_B] != NULL;
+    int64_t E = lp.E, W = lp.W;
+
+    eng_layer *layer = calloc(1, sizeof *layer);
+    int64_t total = 2 * E * E + W * (lp.kdim + lp.vdim) + 2 * E + 4 * W;
+    float *block = layer ? malloc((size_t)total * sizeof(float)) : NULL;
+    if (!block) {
+        free(layer);
+        eng__fail(err, ENG_ENOMEM, "", "cannot allocate %lld parameters", (long long)total);
+        return NULL;
+    }
+    snprintf(layer->name, sizeof layer->name, "%s", name ? name : "");
+    snprintf(layer->dtype, sizeof layer->dtype, "%s", dtype_name(r[ROLE_O_W]->dtype));
+    layer->embed_dim = E;
+    layer->num_heads = lp.H;
+    layer->num_kv_heads = lp.Hkv;
+    layer->kdim = lp.kdim;
+    layer->vdim = lp.vdim;
+    layer->params = block;
+    float *at = block;
+    layer->w_q = take(&at, E * E, true);
+    layer->w_k = take(&at, W * lp.kdim, true);
+    layer->w_v = take(&at, W * lp.vdim, true);
+    layer->w_o = take(&at, E * E, true);
+    layer->b_q = take(&at, E, bq);
+    layer->b_k = take(&at, W, bk);
+    layer->b_v = take(&at, W, bv);
+    layer->b_o = take(&at, E, r[ROLE_O_B] != NULL);
+    layer->bias_k = take(&at, W, r[ROLE_BIAS_K] != NULL);
+    layer->bias_v = take(&at, W, r[ROLE_BIAS_V] != NULL);
+
+    if (packed) { /* rows [0, E) are W_q, then W rows of W_k, then W rows of W_v */
+        copy_elements(layer->w_q, r[ROLE_IN_W], 0, E * E);
+        copy_elements(layer->w_k, r[ROLE_IN_W], E * E, W * E);
+        copy_elements(layer->w_v, r[ROLE_IN_W], (E + W) * E, W * E);
+        if (bq) {
+            copy_elements(layer->b_q, r[ROLE_IN_B], 0, E);
+            copy_elements(layer->b_k, r[ROLE_IN_B], E, W);
+            copy_elements(layer->b_v, r[ROLE_IN_B], E + W, W);
+        }
+    } else {
+        copy_elements(layer->w_q, r[ROLE_Q_W], 0, E * E);
+        copy_elements(layer->w_k, r[ROLE_K_W], 0, W * lp.kdim);
+        copy_elements(layer->w_v, r[ROLE_V_W], 0, W * lp.vdim);
+        if (bq)
+            copy_elements(layer->b_q, r[ROLE_Q_B], 0, E);
+        if (bk)
+            copy_elements(layer->b_k, r[ROLE_K_B], 0, W);
+        if (bv)
+            copy_elements(layer->b_v, r[ROLE_V_B], 0, W);
+    }
+    copy_elements(layer->w_o, r[ROLE_O_W], 0, E * E);
+    if (layer->b_o)
+        copy_elements(layer->b_o, r[ROLE_O_B], 0, E);
+    if (layer->bias_k) {
+        copy_elements(layer->bias_k, r[ROLE_BIAS_K], 0, W);
+        copy_elements(layer->bias_v, r[ROLE_BIAS_V], 0, W);
+    }
+    return layer;
+}
+
+void eng_layer_free(eng_layer *layer)
+{
+    if (!layer)
+        return;
+    free(layer->params);
+    free(layer);
+}
+
+int64_t eng_layer_params(const eng_layer *l)
+{
+    int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
+    int64_t n = 2 * E * E + W * (l->kdim + l->vdim);
+    n += (l->b_q ? E : 0) + (l->b_k ? W : 0) + (l->b_v ? W : 0) + (l->b_o ? E : 0);
+    n += l->bias_k ? 2 * W : 0;
+    return n;
+}
+
+/* ---- The demo layer ----------------------------------------------------------------------- */
+
+#define DEMO_E 64
+#define DEMO_HEADS 4
+#define DEMO_SEED UINT64_C(0x5eed0a77e47104)
+
+/* splitmix64: a fixed, portable sequence, so the demo layer is the same everywhere. */
+static double demo_uniform(uint64_t *state)
+{
+    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    z ^= z >> 31;
+    return (double)(z >> 11) / (double)(UINT64_C(1) << 53) * 2.0 - 1.0;
+}
+
+eng_layer *eng_layer_demo(void)
+{
+    enum { E = DEMO_E };
+    /* Generated as a torch state dict would hold them, then assembled like any loaded file. */
+    float *buf = malloc((size_t)(4 * E * E + 4 * E) * sizeof(float));
+    if (!buf)
+        return NULL;
+    float *w = buf, *b = w + 3 * E * E, *ow = b + 3 * E, *ob = ow + E * E;
+    uint64_t state = DEMO_SEED;
+    double bound = 1.0 / sqrt((double)E);
+    for (int i = 0; i < 3 * E * E; i++)
+        w[i] = (float)(demo_uniform(&state) * bound);
+    for (int i = 0; i < 3 * E; i++)
+        b[i] = (float)(demo_uniform(&state) * bound);
+    for (int i = 0; i < E * E; i++)
+        ow[i] = (float)(demo_uniform(&state) * bound);
+    for (int i = 0; i < E; i++)
+        ob[i] = (float)(demo_uniform(&state) * bound);
+    eng_tensor_ref t[4] = {
+        {"in_proj_weight", ENG_DTYPE_F32, w, 2, {3 * E, E}},
+        {"in_proj_bias", ENG_DTYPE_F32, b, 1, {3 * E}},
+        {"out_proj.weight", ENG_DTYPE_F32, ow, 2, {E, E}},
+        {"out_proj.bias", ENG_DTYPE_F32, ob, 1, {E}},
+    };
+    eng_layer *layer = eng_layer_from_tensors("demo", t, 4, DEMO_HEADS, 0, NULL);
+    free(buf);
+    return layer;
+}

@@ -1,0 +1,336 @@
+/*
+ * mha.c - the forward pass of a multi-head attention layer, as torch's nn.MultiheadAttention.
+ *
+ *   q = x Wq^T + bq          [B, L, E]        one sgemm per row chunk, chunks over the pool
+ *   k = m Wk^T + bk, v = m Wv^T + bv          into one [B, S', 2W] buffer (K | V per token)
+ *   (RoPE turns q and k per head; bias_kv and a zero key/value are appended as rows S..S'-1)
+ *   o = sdpa(q, k, v)        heads are strided views of those buffers: no per-head copies
+ *   out = o Wo^T + bo
+ *
+ * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
+ * are added to copies of the inputs before the projections.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+#define CHUNK_ROWS 128 /* tokens per projection task */
+
+/* One projection y = x W^T + b over B batches of `rows` tokens, optionally rotated. */
+typedef struct {
+    const float *in;
+    int64_t in_bstride, in_ld; /* row t of batch b is in + b*in_bstride + t*in_ld */
+    const float *w;            /* [out_f, in_f] */
+    const float *bias;         /* [out_f] or NULL */
+    int64_t out_f, in_f;
+    float *out;
+    int64_t out_bstride, out_ld;
+    int64_t rows;
+    bool rope;
+    int64_t rope_heads, pos0;
+} linear_job;
+
+typedef struct {
+    const eng_mha_args *a;
+    linear_job jobs[3];
+    int njobs;
+    int64_t B, chunks; /* chunks per batch of the longest job */
+    int64_t head_dim;
+    float rope_base;
+} linear_batch;
+
+static void linear_task(void *arg, int64_t index)
+{
+    linear_batch *lb = arg;
+    int64_t c = index % lb->chunks;
+    index /= lb->chunks;
+    int64_t b = index % lb->B;
+    const linear_job *j = &lb->jobs[index / lb->B];
+    int64_t t0 = c * CHUNK_ROWS;
+    if (t0 >= j->rows)
+        return; /* a shorter job than the longest */
+    int64_t n = j->rows - t0 < CHUNK_ROWS ? j->rows - t0 : CHUNK_ROWS;
+    const float *in = j->in + b * j->in_bstride + t0 * j->in_ld;
+    float *out = j->out + b * j->out_bstride + t0 * j->out_ld;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->out_f, (int)j->in_f,
+                1.0f, in, (int)j->in_ld, j->w, (int)j->in_f, 0.0f, out, (int)j->out_ld);
+    if (j->bias)
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t f = 0; f < j->out_f; f++)
+                out[t * j->out_ld + f] += j->bias[f];
+    if (j->rope)
+        eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0,
+                       lb->rope_base, lb->a->rope_style);
+}
+
+static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
+{
+    int64_t most = 0;
+    for (int i = 0; i < lb->njobs; i++)
+        most = lb->jobs[i].rows > most ? lb->jobs[i].rows : most;
+    lb->chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    return eng_pool_run(pool, linear_task, lb, lb->njobs * lb->B * lb->chunks, ctl);
+}
+
+/* ---- Shapes and checks -------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t B, L, S, Sx, E, H, Hkv, D, W, extra;
+    bool self;
+    int64_t q_offset; /* query positions start here (sinusoidal, RoPE) */
+    size_t q_floats, kv_floats, o_floats, copy_floats;
+} mha_shape;
+
+int64_t eng_mha_extra_keys(const eng_mha_args *a)
+{
+    return (a->layer && a->layer->bias_k ? 1 : 0) + (a->add_zero_attn ? 1 : 0);
+}
+
+static bool mul3(int64_t a, int64_t b, int64_t c, size_t *out)
+{
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r) ||
+        (uint64_t)r > SIZE_MAX / sizeof(float) / 4)
+        return false;
+    *out = (size_t)r;
+    return true;
+}
+
+static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err)
+{
+    const eng_layer *ly = a->layer;
+    if (!ly)
+        return eng__fail(err, ENG_EINVAL, "layer", "no layer");
+    if (!a->x || !a->out)
+        return eng__fail(err, ENG_EINVAL, a->x ? "out" : "input", "no input or output buffer");
+    if (a->B <= 0 || a->L <= 0 || a->B > INT_MAX || a->L > INT_MAX)
+        return eng__fail(err, ENG_EINVAL, "input", "batch %lld and length %lld must be in [1, 2^31)",
+                         (long long)a->B, (long long)a->L);
+    if (!a->key_in != !a->value_in)
+        return eng__fail(err, ENG_EINVAL, "memory", "key and value inputs come together");
+    memset(sh, 0, sizeof *sh);
+    sh->self = a->key_in == NULL;
+    sh->B = a->B;
+    sh->L = a->L;
+    sh->S = sh->self ? a->L : a->S;
+    sh->E = ly->embed_dim;
+    sh->H = ly->num_heads;
+    sh->Hkv = ly->num_kv_heads;
+    sh->D = sh->E / sh->H;
+    sh->W = sh->Hkv * sh->D;
+    sh->extra = eng_mha_extra_keys(a);
+    if (sh->S <= 0 || sh->S > INT_MAX - 2)
+        return eng__fail(err, ENG_EINVAL, "memory", "memory length %lld must be in [1, 2^31)",
+                         (long long)sh->S);
+    sh->Sx = sh->S + sh->extra;
+    if (sh->self && (ly->kdim != sh->E || ly->vdim != sh->E))
+        return eng__fail(err, ENG_EINVAL, "memory",
+                         "layer '%s' has kdim %lld and vdim %lld: it needs a memory input",
+                         ly->name, (long long)ly->kdim, (long long)ly->vdim);
+    if (a->positional < ENG_POSITIONAL_NONE || a->positional > ENG_POSITIONAL_ALIBI)
+        return eng__fail(err, ENG_EINVAL, "positional", "unknown positional encoding");
+    if (a->positional == ENG_POSITIONAL_ROPE) {
+        if (sh->D % 2 != 0)
+            return eng__fail(err, ENG_EINVAL, "positional", "rope needs an even head size, not %lld",
+                             (long long)sh->D);
+        if (a->rope_base < 0.0f || !isfinite(a->rope_base))
+            return eng__fail(err, ENG_EINVAL, "rope_base", "rope_base must be finite and > 0");
+        if (a->rope_style != ENG_ROPE_HALF && a->rope_style != ENG_ROPE_INTERLEAVED)
+            return eng__fail(err, ENG_EINVAL, "rope_style", "unknown rope style");
+    }
+    sh->q_offset = a->align == ENG_ALIGN_BOTTOM_RIGHT ? sh->S - sh->L
+                   : a->align == ENG_ALIGN_OFFSET     ? a->query_offset
+                                                      : 0;
+    size_t in_k, in_v;
+    if (!mul3(sh->B, sh->L, sh->E, &sh->q_floats) ||
+        !mul3(sh->B, sh->Sx, 2 * sh->W, &sh->kv_floats) || !mul3(sh->B, sh->S, ly->kdim, &in_k) ||
+        !mul3(sh->B, sh->S, ly->vdim, &in_v))
+        return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
+    sh->o_floats = sh->q_floats;
+    if (a->positional == ENG_POSITIONAL_SINUSOIDAL) {
+        /* Copies with the encoding added: the queries, and keys/values unless they are the
+         * queries' tokens at the same positions. */
+        sh->copy_floats = sh->q_floats;
+        if (!sh->self || sh->q_offset != 0) {
+            bool shared = sh->self || a->key_in == a->value_in;
+            sh->copy_floats += in_k + (shared ? 0 : in_v);
+        }
+    }
+    return ENG_OK;
+}
+
+/* The SDPA call over the projected buffers (data pointers may be placeholders for checks). */
+static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float *q, float *kv,
+                               float *o)
+{
+    eng_sdpa_args s;
+    memset(&s, 0, sizeof s);
+    int64_t E = sh->E, W = sh->W, D = sh->D;
+    s.q = (eng_view){q, {sh->B, sh->H, sh->L, D}, {sh->L * E, D, E, 1}};
+    s.k = (eng_view){kv, {sh->B, sh->Hkv, sh->Sx, D}, {sh->Sx * 2 * W, D, 2 * W, 1}};
+    s.v = (eng_view){kv + W, {sh->B, sh->Hkv, sh->Sx, D}, {sh->Sx * 2 * W, D, 2 * W, 1}};
+    s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * E, D, E, 1}};
+    s.causal = a->causal;
+    s.align = a->align;
+    s.query_offset = a->query_offset;
+    s.window_left_set = a->window_left_set;
+    s.window_right_set = a->window_right_set;
+    s.window_left = a->window_left;
+    s.window_right = a->window_right;
+    s.key_padding = a->key_padding;
+    s.key_padding_stride = a->key_padding_stride;
+    s.attn_mask = a->attn_mask;
+    s.alibi = a->positional == ENG_POSITIONAL_ALIBI;
+    s.open_tail_keys = sh->extra;
+    s.weights_mode = a->weights_mode;
+    s.weights = a->weights;
+    return s;
+}
+
+size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
+{
+    mha_shape sh;
+    if (check_mha(a, &sh, NULL) != ENG_OK)
+        return 0;
+    float placeholder;
+    eng_sdpa_args s = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) +
+           eng_sdpa_scratch_bytes(&s, threads);
+}
+
+/* ---- Forward ------------------------------------------------------------------------------ */
+
+/* x + PE for `rows` tokens per batch at positions pos0..: a copy, in parallel over batches. */
+typedef struct {
+    const float *x;
+    float *out;
+    int64_t rows, dim, pos0;
+} sinusoid_job;
+
+static void sinusoid_task(void *arg, int64_t b)
+{
+    sinusoid_job *j = arg;
+    size_t n = (size_t)(j->rows * j->dim);
+    memcpy(j->out + (size_t)b * n, j->x + (size_t)b * n, n * sizeof(float));
+    eng_sinusoidal_add(j->out + (size_t)b * n, j->rows, j->dim, j->dim, j->pos0);
+}
+
+static eng_status add_sinusoid(eng_pool *pool, const float *x, float *out, int64_t B,
+                               int64_t rows, int64_t dim, int64_t pos0, eng_ctl *ctl)
+{
+    sinusoid_job j = {x, out, rows, dim, pos0};
+    return eng_pool_run(pool, sinusoid_task, &j, B, ctl);
+}
+
+/* Rows S..S'-1 of every batch: bias_k / bias_v, then a zero key and value. */
+static void append_keys(const eng_mha_args *a, const mha_shape *sh, float *kv)
+{
+    for (int64_t b = 0; b < sh->B; b++) {
+        float *row = kv + (b * sh->Sx + sh->S) * 2 * sh->W;
+        if (a->layer->bias_k) {
+            memcpy(row, a->layer->bias_k, (size_t)sh->W * sizeof(float));
+            memcpy(row + sh->W, a->layer->bias_v, (size_t)sh->W * sizeof(float));
+            row += 2 * sh->W;
+        }
+        if (a->add_zero_attn)
+            memset(row, 0, (size_t)(2 * sh->W) * sizeof(float));
+    }
+}
+
+static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
+                                 const float *xq, const float *xk, const float *xv, float *q,
+                                 float *kv, eng_ctl *ctl)
+{
+    const eng_layer *ly = a->layer;
+    bool rope = a->positional == ENG_POSITIONAL_ROPE;
+    linear_batch lb = {.a = a, .njobs = 3, .B = sh->B, .head_dim = sh->D,
+                       .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f};
+    lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E, q,
+                              sh->L * sh->E, sh->E, sh->L, rope, sh->H, sh->q_offset};
+    lb.jobs[1] = (linear_job){xk, sh->S * ly->kdim, ly->kdim, ly->w_k, ly->b_k, sh->W, ly->kdim,
+                              kv, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S, rope, sh->Hkv, 0};
+    lb.jobs[2] = (linear_job){xv, sh->S * ly->vdim, ly->vdim, ly->w_v, ly->b_v, sh->W, ly->vdim,
+                              kv + sh->W, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S, false, 0, 0};
+    return run_linear(pool, &lb, ctl);
+}
+
+static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
+                                 const float *o, eng_ctl *ctl)
+{
+    const eng_layer *ly = a->layer;
+    linear_batch lb = {.a = a, .njobs = 1, .B = sh->B, .head_dim = sh->D};
+    lb.jobs[0] = (linear_job){o, sh->L * sh->E, sh->E, ly->w_o, ly->b_o, sh->E, sh->E, a->out,
+                              sh->L * sh->E, sh->E, sh->L, false, 0, 0};
+    return run_linear(pool, &lb, ctl);
+}
+
+eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_error *err)
+{
+    mha_shape sh;
+    eng_status st;
+    if (!pool || !a)
+        return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
+    if ((st = check_mha(a, &sh, err)) != ENG_OK)
+        return st;
+    /* Check the attention options before spending the projections on them. */
+    float placeholder;
+    eng_sdpa_args probe = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+    if ((st = eng__sdpa_validate(&probe, err)) != ENG_OK)
+        return st;
+
+    float *q = malloc(sh.q_floats * sizeof(float));
+    float *kv = malloc(sh.kv_floats * sizeof(float));
+    float *o = malloc(sh.o_floats * sizeof(float));
+    float *copies = sh.copy_floats ? malloc(sh.copy_floats * sizeof(float)) : NULL;
+    if (!q || !kv || !o || (sh.copy_floats && !copies)) {
+        st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate the layer's buffers");
+        goto done;
+    }
+    const float *xq = a->x, *xk = sh.self ? a->x : a->key_in, *xv = sh.self ? a->x : a->value_in;
+    if (copies) {
+        const eng_layer *ly = a->layer;
+        float *next = copies;
+        st = add_sinusoid(pool, a->x, next, sh.B, sh.L, sh.E, sh.q_offset, ctl);
+        xq = next;
+        next += sh.q_floats;
+        if (sh.self && sh.q_offset == 0) {
+            xk = xv = xq; /* the same tokens at the same positions */
+        } else {
+            bool shared = xk == xv;
+            if (st == ENG_OK)
+                st = add_sinusoid(pool, xk, next, sh.B, sh.S, ly->kdim, 0, ctl);
+            xk = next;
+            next += sh.B * sh.S * ly->kdim;
+            if (shared) {
+                xv = xk;
+            } else {
+                if (st == ENG_OK)
+                    st = add_sinusoid(pool, xv, next, sh.B, sh.S, ly->vdim, 0, ctl);
+                xv = next;
+            }
+        }
+        if (st != ENG_OK)
+            goto stopped;
+    }
+    if ((st = project_inputs(pool, a, &sh, xq, xk, xv, q, kv, ctl)) != ENG_OK)
+        goto stopped;
+    append_keys(a, &sh, kv);
+    eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
+    if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
+        goto done;
+    if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK)
+        goto stopped;
+    goto done;
+stopped:
+    eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
+done:
+    free(q);
+    free(kv);
+    free(o);
+    free(copies);
+    return st;
+}
