@@ -192,6 +192,12 @@ typedef struct {
     bool alibi;                /* add -slope_h * |p_i - j| */
     const float *alibi_slopes; /* [H]; NULL: the default geometric slopes */
 
+    /* Additive (Bahdanau) scoring instead of the dot product, when additive_w_q is set:
+     * s = v . tanh(W_q q + W_k k), with W_q and W_k [A, D] and v [A]; no scale is applied.
+     * Masks, positions, softcap and the outputs work as for the dot product. */
+    const float *additive_w_q, *additive_w_k, *additive_v;
+    int64_t additive_dim; /* A */
+
     /* The last `open_tail_keys` keys are appended ones (an MHA layer's bias_kv and zero
      * attention): every query sees them, whatever causal, window, kv_lengths, ALiBi and the
      * masks say; masks and key_padding then cover only the first S - open_tail_keys keys. */

@@ -32,6 +32,8 @@ typedef struct {
                       bool accumulate);
     /* x[i] = cap * tanh(x[i] / cap); cap > 0. */
     void (*softcap)(float *x, int64_t n, float cap);
+    /* sum of v[i] * tanh(x[i] + y[i]): one additive (Bahdanau) score. */
+    float (*tanh_dot)(const float *x, const float *y, const float *v, int64_t n);
 } eng__vec_ops;
 
 /* The variant for this CPU; ATTND_ISA=avx512|avx2|scalar in the environment forces one (when

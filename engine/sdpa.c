@@ -46,6 +46,7 @@ typedef struct {
     float *part_o;  /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
     float *part_ml; /* and [B, H, chunks, 2, L] row maxima then sums */
     float *lse; /* the caller's, or our own when weights need it */
+    float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
     atomic_bool nonfinite; /* some row overflowed */
     atomic_bool no_scratch; /* some task could not get its scratch block */
 } plan;
@@ -205,6 +206,18 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
                 return eng__fail(err, ENG_EINVAL, "alibi", "alibi slope %lld is not finite",
                                  (long long)h);
     }
+    if (a->additive_w_q || a->additive_w_k || a->additive_v) {
+        int64_t n;
+        if (!a->additive_w_q || !a->additive_w_k || !a->additive_v)
+            return eng__fail(err, ENG_EINVAL, "additive",
+                             "additive scoring needs w_q, w_k and v together");
+        if (a->additive_dim <= 0 || a->additive_dim > INT_MAX)
+            return eng__fail(err, ENG_EINVAL, "additive", "additive dimension %lld must be positive",
+                             (long long)a->additive_dim);
+        if (__builtin_mul_overflow(B * H * L + B * a->k.ne[1] * S, a->additive_dim, &n) ||
+            (uint64_t)n > SIZE_MAX / sizeof(float))
+            return eng__fail(err, ENG_ETOOBIG, "additive", "the additive projections are too large");
+    }
     if (a->weights_mode != ENG_WEIGHTS_NONE) {
         if (a->weights_mode != ENG_WEIGHTS_PER_HEAD && a->weights_mode != ENG_WEIGHTS_MEAN)
             return eng__fail(err, ENG_EINVAL, "weights", "unknown weights mode %d",
@@ -325,6 +338,18 @@ static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t col
                 1.0f, s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
 }
 
+/* s[rows x cols] = v . tanh(W_q q_i + W_k k_j) from the projected queries and keys. */
+static void additive_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                            int64_t j0, int64_t cols, float *s)
+{
+    int64_t A = p->a->additive_dim;
+    const float *qa = p->add_q + ((b * p->H + h) * p->L + i0) * A;
+    const float *ka = p->add_k + ((b * p->Hkv + h / p->group) * p->S + j0) * A;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            s[r * cols + c] = p->vec->tanh_dot(qa + r * A, ka + c * A, p->a->additive_v, A);
+}
+
 static void add_alibi(const plan *p, int64_t h, int64_t i0, int64_t rows, int64_t j0,
                       int64_t cols, float *s)
 {
@@ -403,8 +428,11 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
-    scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
-                ld_of(&a->k), cols, s);
+    if (p->add_q)
+        additive_scores(p, b, h, i0, rows, j0, cols, s);
+    else
+        scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
+                    ld_of(&a->k), cols, s);
     if (a->softcap > 0.0f)
         for (int64_t r = 0; r < rows; r++)
             p->vec->softcap(s + r * cols, cols, a->softcap);
@@ -788,6 +816,9 @@ static size_t plan_heap_bytes(const plan *p)
         bytes += (size_t)(p->B * p->H * p->L) * sizeof(float);
     if (p->chunks > 1)
         bytes += (size_t)(p->B * p->H * p->chunks * p->L * (p->Dv + 2)) * sizeof(float);
+    if (p->a->additive_w_q)
+        bytes += (size_t)((p->B * p->H * p->L + p->B * p->Hkv * p->S) * p->a->additive_dim) *
+                 sizeof(float);
     return bytes;
 }
 
@@ -799,19 +830,45 @@ size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
     return plan_heap_bytes(&p) + (size_t)(threads + 1) * task_scratch_floats(&p) * sizeof(float);
 }
 
-static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
+/* Additive scoring, step 0: W_q q for one (b, h), or W_k k for one (b, kv head). */
+static void additive_project_task(void *arg, int64_t index)
 {
+    plan *p = arg;
     const eng_sdpa_args *a = p->a;
+    int64_t A = a->additive_dim;
+    bool query = index < p->B * p->H;
+    int64_t heads = query ? p->H : p->Hkv, i = query ? index : index - p->B * p->H;
+    int64_t b = i / heads, h = i % heads;
+    const eng_view *x = query ? &a->q : &a->k;
+    float *out = query ? p->add_q + (b * p->H + h) * p->L * A : p->add_k + (b * p->Hkv + h) * p->S * A;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->ne[2], (int)A, (int)p->D, 1.0f,
+                row_ptr(x, b, h, 0), ld_of(x), query ? a->additive_w_q : a->additive_w_k,
+                (int)p->D, 0.0f, out, (int)A);
+}
+
+/* The attention passes for the plan's shape of work. */
+static eng_status run_attention(eng_pool *pool, plan *p)
+{
     eng_status st;
     if (p->chunks > 1) {
         st = eng_pool_run(pool, chunk_task, p, p->B * p->H * p->nqb * p->chunks, p->ctl);
         if (st == ENG_OK && !atomic_load(&p->nonfinite))
             st = eng_pool_run(pool, merge_task, p, p->B * p->H, p->ctl);
-    } else if (a->weights_mode == ENG_WEIGHTS_MEAN) {
+    } else if (p->a->weights_mode == ENG_WEIGHTS_MEAN) {
         st = eng_pool_run(pool, mean_block_task, p, p->B * p->nqb, p->ctl);
     } else {
         st = eng_pool_run(pool, head_block_task, p, p->B * p->H * p->nqb, p->ctl);
     }
+    return st;
+}
+
+static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
+{
+    eng_status st = ENG_OK;
+    if (p->add_q)
+        st = eng_pool_run(pool, additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
+    if (st == ENG_OK)
+        st = run_attention(pool, p);
     if (st == ENG_OK && atomic_load(&p->no_scratch))
         st = ENG_ENOMEM;
     if (st == ENG_OK && atomic_load(&p->nonfinite))
@@ -868,8 +925,15 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         p.part_o = parts;
         p.part_ml = parts ? parts + outs * (size_t)p.Dv : NULL;
     }
+    float *additive = NULL;
+    if (a->additive_w_q) {
+        size_t nq = (size_t)(p.B * p.H * p.L * a->additive_dim);
+        additive = malloc((nq + (size_t)(p.B * p.Hkv * p.S * a->additive_dim)) * sizeof(float));
+        p.add_q = additive;
+        p.add_k = additive ? additive + nq : NULL;
+    }
     if ((a->alibi && !p.slopes) || (a->weights_mode != ENG_WEIGHTS_NONE && !p.lse) ||
-        (p.chunks > 1 && !parts)) {
+        (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
                        plan_heap_bytes(&p));
     } else {
@@ -878,5 +942,6 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
     free(slopes);
     free(own_lse);
     free(parts);
+    free(additive);
     return st;
 }

@@ -90,8 +90,16 @@ static void softcap_scalar(float *x, int64_t n, float cap)
         x[i] = cap * tanh_scalar(x[i] / cap);
 }
 
+static float tanh_dot_scalar(const float *x, const float *y, const float *v, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += v[i] * tanh_scalar(x[i] + y[i]);
+    return sum;
+}
+
 static const eng__vec_ops scalar_ops = {"scalar", max_scalar, exp_sum_scalar, exp_store_scalar,
-                                        softcap_scalar};
+                                        softcap_scalar, tanh_dot_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -181,31 +189,45 @@ AVX2 static void exp_store_avx2(const float *x, float *dst, int64_t n, float shi
     }
 }
 
+AVX2 static inline __m256 tanh8(__m256 t)
+{
+    __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 a = _mm256_andnot_ps(sign, t);
+    __m256 big = _mm256_sub_ps(
+        one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one)));
+    big = _mm256_or_ps(big, _mm256_and_ps(sign, t));
+    __m256 t2 = _mm256_mul_ps(t, t);
+    __m256 p = _mm256_fmadd_ps(t2, _mm256_set1_ps(62.0f / 2835), _mm256_set1_ps(-17.0f / 315));
+    p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(2.0f / 15));
+    p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(-1.0f / 3));
+    p = _mm256_fmadd_ps(p, t2, one);
+    __m256 use_series = _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
+    return _mm256_blendv_ps(big, _mm256_mul_ps(t, p), use_series);
+}
+
 AVX2 static void softcap_avx2(float *x, int64_t n, float cap)
 {
     __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
-    __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 8) {
         __m256i mask = tail_mask8(n - i);
         __m256 t = _mm256_mul_ps(_mm256_maskload_ps(x + i, mask), inv);
-        __m256 a = _mm256_andnot_ps(sign, t);
-        __m256 big = _mm256_sub_ps(
-            one, _mm256_div_ps(_mm256_set1_ps(2.0f),
-                               _mm256_add_ps(exp8(_mm256_add_ps(a, a)), one)));
-        big = _mm256_or_ps(big, _mm256_and_ps(sign, t));
-        __m256 t2 = _mm256_mul_ps(t, t);
-        __m256 p = _mm256_fmadd_ps(t2, _mm256_set1_ps(62.0f / 2835), _mm256_set1_ps(-17.0f / 315));
-        p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(2.0f / 15));
-        p = _mm256_fmadd_ps(p, t2, _mm256_set1_ps(-1.0f / 3));
-        p = _mm256_fmadd_ps(p, t2, one);
-        __m256 small = _mm256_mul_ps(t, p);
-        __m256 use_small = _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
-        _mm256_maskstore_ps(x + i, mask, _mm256_mul_ps(c, _mm256_blendv_ps(big, small, use_small)));
+        _mm256_maskstore_ps(x + i, mask, _mm256_mul_ps(c, tanh8(t)));
     }
 }
 
+AVX2 static float tanh_dot_avx2(const float *x, const float *y, const float *v, int64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 t = _mm256_add_ps(_mm256_maskload_ps(x + i, mask), _mm256_maskload_ps(y + i, mask));
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(v + i, mask), tanh8(t), acc);
+    }
+    return hsum8(acc);
+}
+
 static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_store_avx2,
-                                      softcap_avx2};
+                                      softcap_avx2, tanh_dot_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -274,30 +296,46 @@ AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float
     }
 }
 
+AVX512 static inline __m512 tanh16(__m512 t)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 a = _mm512_abs_ps(t);
+    __m512 big = _mm512_sub_ps(
+        one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(exp16(_mm512_add_ps(a, a)), one)));
+    __mmask16 negative = _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ);
+    big = _mm512_mask_sub_ps(big, negative, _mm512_setzero_ps(), big);
+    __m512 t2 = _mm512_mul_ps(t, t);
+    __m512 p = _mm512_fmadd_ps(t2, _mm512_set1_ps(62.0f / 2835), _mm512_set1_ps(-17.0f / 315));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 15));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(-1.0f / 3));
+    p = _mm512_fmadd_ps(p, t2, one);
+    __mmask16 series = _mm512_cmp_ps_mask(a, _mm512_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
+    return _mm512_mask_mul_ps(big, series, t, p);
+}
+
 AVX512 static void softcap_avx512(float *x, int64_t n, float cap)
 {
-    __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap), one = _mm512_set1_ps(1.0f);
+    __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 mask = tail_mask16(n - i);
         __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inv);
-        __m512 a = _mm512_abs_ps(t);
-        __m512 big = _mm512_sub_ps(
-            one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(exp16(_mm512_add_ps(a, a)), one)));
-        __mmask16 negative = _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LT_OQ);
-        big = _mm512_mask_sub_ps(big, negative, _mm512_setzero_ps(), big);
-        __m512 t2 = _mm512_mul_ps(t, t);
-        __m512 p = _mm512_fmadd_ps(t2, _mm512_set1_ps(62.0f / 2835), _mm512_set1_ps(-17.0f / 315));
-        p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 15));
-        p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(-1.0f / 3));
-        p = _mm512_fmadd_ps(p, t2, one);
-        __mmask16 small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(TANH_SERIES_BELOW), _CMP_LT_OQ);
-        __m512 y = _mm512_mask_mul_ps(big, small, t, p);
-        _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(c, y));
+        _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(c, tanh16(t)));
     }
 }
 
+AVX512 static float tanh_dot_avx512(const float *x, const float *y, const float *v, int64_t n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 t = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i));
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, v + i), tanh16(t), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 static const eng__vec_ops avx512_ops = {"avx512", max_avx512, exp_sum_avx512, exp_store_avx512,
-                                        softcap_avx512};
+                                        softcap_avx512, tanh_dot_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 
