@@ -7,6 +7,7 @@
 #   make asan       the unit and integration suites under ASan+UBSan only
 #   make tsan       the engine suites under TSan only
 #   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
+#   make fuzz       every libFuzzer harness for FUZZ_SECONDS (300) each
 #   make format-check
 #
 # BUILD selects the output folder and SAN a sanitizer (address,undefined | thread), so that
@@ -40,7 +41,7 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run test asan tsan bench deps format format-check clean
+.PHONY: all tests run test asan tsan bench fuzz fuzz-build deps format format-check clean
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -77,7 +78,7 @@ $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(BUILD)/libengine.a
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
-                libcurl4-openssl-dev zlib1g-dev
+                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
@@ -110,11 +111,15 @@ asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
+FUZZ_SMOKE_SECONDS ?= 30
+
 test: deps
 	$(MAKE) tests
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
-	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites)
+	$(MAKE) fuzz-build
+	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) \
+	    "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
@@ -127,6 +132,24 @@ tsan: deps
 bench: deps
 	$(MAKE) $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do $$b || exit 1; done
+
+# ---- Fuzzing (clang's libFuzzer with ASan and UBSan) --------------------------------------
+
+FUZZ_BUILD := build/fuzz
+FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -D_GNU_SOURCE -pthread -I.
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 300
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(wildcard engine/*.h api/*.h)
+	@mkdir -p $(@D)
+	clang $(FUZZ_CFLAGS) $< $(ENGINE_SRC) $(API_SRC) -ljansson -lopenblas -lz -lm -o $@
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: deps
+	$(MAKE) fuzz-build
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 # ---- Style --------------------------------------------------------------------------------
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer harness in build/fuzz for SECONDS each (default 30) on a working copy of
+# its seed corpus, and ends with "N passed, N failed": a harness passes when the fuzzer finds
+# nothing (exit 0). Crash inputs land in build/fuzz/artifacts/.
+#
+#   tests/fuzz/run.sh 30
+set -u
+seconds=${1:-30}
+passed=0
+failed=0
+mkdir -p build/fuzz/artifacts
+for bin in build/fuzz/fuzz_*; do
+    [ -x "$bin" ] || continue
+    name=${bin##*/fuzz_}
+    work=build/fuzz/corpus/$name
+    mkdir -p "$work"
+    cp -n tests/fuzz/corpus/"$name"/* "$work"/ 2>/dev/null
+    dict=()
+    [ -f tests/fuzz/"$name".dict ] && dict=(-dict=tests/fuzz/"$name".dict)
+    log=build/fuzz/$name.log
+    "$bin" "$work" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix=build/fuzz/artifacts/"$name"- -print_final_stats=1 >"$log" 2>&1
+    rc=$?
+    execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
+    if [ "$rc" -eq 0 ]; then
+        passed=$((passed + 1))
+        echo "ok   fuzz_$name: ${execs:-?} executions in ${seconds} s, no findings"
+    else
+        failed=$((failed + 1))
+        tail -n 40 "$log"
+        echo "FAIL fuzz_$name: exit $rc after ${execs:-?} executions (see $log)"
+    fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
