@@ -124,9 +124,11 @@ int eng_cpu_count(void);
 
 /* ---- Tensor views ------------------------------------------------------------------------- */
 
-/* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes). Strides may be any
- * non-negative value, so [B,L,H,D] memory is viewed as [B,H,L,D] without a copy; a stride of 0
- * broadcasts along that axis. The innermost stride must be 1 for the SDPA operands. */
+/* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes), so that [B,L,H,D]
+ * memory is viewed as [B,H,L,D] without a copy. For the SDPA operands rows are contiguous
+ * (nb[3] = 1), the row stride nb[2] is at least the row length (it is BLAS's leading
+ * dimension), and the batch and head strides may be any non-negative value: 0 broadcasts one
+ * batch or head of the inputs (never of the output). */
 typedef struct {
     float *data;
     int64_t ne[4];

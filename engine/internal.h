@@ -23,7 +23,7 @@ void *eng__scratch(size_t bytes);
  * alignment. */
 typedef struct {
     const char *name;
-    /* max(x[0..n-1]); -inf for n == 0. */
+    /* max(x[0..n-1]); -inf for n == 0; NaN when any element is NaN. */
     float (*max)(const float *x, int64_t n);
     /* x[i] = exp(x[i] - shift) in place; returns the sum. shift must be finite. */
     float (*exp_sum)(float *x, int64_t n, float shift);

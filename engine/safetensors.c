@@ -437,9 +437,9 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
         memcpy(inner, err->message, sizeof inner);
         if (err->status == ENG_EINVAL && num_heads <= 0 && h->num_heads == 0)
             snprintf(err->message, sizeof err->message,
-                     "%s: no num_heads in __metadata__ and none given", file);
+                     "%.160s: no num_heads in __metadata__ and none given", file);
         else
-            snprintf(err->message, sizeof err->message, "%s: %s", file, inner);
+            snprintf(err->message, sizeof err->message, "%.80s: %.150s", file, inner);
         err->status = err->status == ENG_ENOMEM ? ENG_ENOMEM : ENG_EFORMAT;
     }
 done:

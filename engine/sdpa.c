@@ -9,7 +9,9 @@
  * task can see (causal, window, kv_lengths, all-padding) are never computed, so causal work
  * halves. When few (batch, head, query block) tasks exist but the keys are many (decoding),
  * the keys are split into chunks computed in parallel and merged by their log-sum-exp.
- * Weights, when asked for, are a second pass that recomputes S and writes exp(s - lse).
+ * Weights, when asked for, are a second pass that recomputes S and writes exp(s - m) / l with
+ * each row's final maximum m and sum l (not exp(s - lse): lse rounded to float loses log(l)
+ * next to scores of 1e9).
  */
 #include <cblas.h>
 #include <float.h>
@@ -45,7 +47,7 @@ typedef struct {
     int64_t chunk_len;
     float *part_o;  /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
     float *part_ml; /* and [B, H, chunks, 2, L] row maxima then sums */
-    float *lse; /* the caller's, or our own when weights need it */
+    float *lse; /* the caller's, or NULL */
     float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
     atomic_bool nonfinite; /* some row overflowed */
     atomic_bool no_scratch; /* some task could not get its scratch block */
@@ -94,10 +96,13 @@ static eng_status check_view(const eng_view *v, const char *name, eng_error *err
     }
     if (v->nb[3] != 1)
         return eng__fail(err, ENG_EINVAL, name, "%s rows must be contiguous (stride 1)", name);
-    if (v->ne[2] > 1 && (v->nb[2] < v->ne[3] || v->nb[2] > INT_MAX))
+    if (v->ne[2] > 1 && v->nb[2] > INT_MAX)
+        return eng__fail(err, ENG_ETOOBIG, name, "%s row stride %lld is beyond BLAS's %d", name,
+                         (long long)v->nb[2], INT_MAX);
+    if (v->ne[2] > 1 && v->nb[2] < v->ne[3])
         return eng__fail(err, ENG_EINVAL, name,
-                         "%s row stride %lld must be in [%lld, %d] (rows may not overlap)", name,
-                         (long long)v->nb[2], (long long)v->ne[3], INT_MAX);
+                         "%s row stride %lld is below the row length %lld (rows may not overlap)",
+                         name, (long long)v->nb[2], (long long)v->ne[3]);
     /* The farthest element must be addressable. */
     int64_t last = 0;
     for (int d = 0; d < 4; d++) {
@@ -117,6 +122,9 @@ static eng_status check_shapes(const eng_sdpa_args *a, eng_error *err)
     if ((st = check_view(&a->q, "q", err)) || (st = check_view(&a->k, "k", err)) ||
         (st = check_view(&a->v, "v", err)) || (st = check_view(&a->out, "out", err)))
         return st;
+    for (int d = 0; d < 2; d++) /* tasks write their own rows: out may not broadcast */
+        if (a->out.ne[d] > 1 && a->out.nb[d] == 0)
+            return eng__fail(err, ENG_EINVAL, "out", "out stride %d is 0: rows would collide", d);
     const int64_t *q = a->q.ne, *k = a->k.ne, *v = a->v.ne, *o = a->out.ne;
     if (k[0] != q[0] || v[0] != q[0])
         return eng__fail(err, ENG_EINVAL, k[0] != q[0] ? "k" : "v",
@@ -477,6 +485,10 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
         float mb = p->vec->max(row, cols);
+        if (isnan(mb)) { /* NaN in q or k (the api refuses them; a direct caller may not) */
+            atomic_store(&p->nonfinite, true);
+            return ENG_ENONFINITE;
+        }
         float mnew = mb > m[r] ? mb : m[r];
         if (mnew == -INFINITY) { /* nothing visible yet: this row adds nothing */
             memset(row, 0, (size_t)cols * sizeof(float));
@@ -586,7 +598,7 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
 {
     for (int64_t r = 0; r < rows; r++) {
         float *orow = o + r * ldo;
-        if (!(l[r] > 0.0f)) {
+        if (l[r] == 0.0f) {
             memset(orow, 0, (size_t)p->Dv * sizeof(float));
             if (lse)
                 lse[r] = -INFINITY;
@@ -605,10 +617,11 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
     }
 }
 
-/* Writes exp(s - lse) * mul for keys [from, to) into the weights rows (row stride S). */
+/* Writes exp(s - m) * mul / l for keys [from, to) into the weights rows (row stride S). */
 static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                int64_t from, int64_t to, const key_span *span, bool tail,
-                               const float *lse, float *w, float mul, bool accumulate, float *s)
+                               const float *m, const float *l, float *w, float mul,
+                               bool accumulate, float *s)
 {
     for (int64_t j0 = from; j0 < to; j0 += p->bc) {
         eng_status st = eng_ctl_check(p->ctl);
@@ -624,24 +637,26 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         }
         score_block(p, b, h, i0, rows, j0, cols, kind, s);
         for (int64_t r = 0; r < rows; r++) {
-            if (lse[r] == -INFINITY)
+            if (!(l[r] > 0.0f)) /* no visible key: the row stays 0 */
                 continue;
-            p->vec->exp_store(s + r * cols, w + r * p->S + j0, cols, lse[r], mul, accumulate);
+            p->vec->exp_store(s + r * cols, w + r * p->S + j0, cols, m[r], mul / l[r],
+                              accumulate);
         }
     }
     return ENG_OK;
 }
 
-/* Second pass for the weights: recompute each visible score block and write exp(s - lse) * mul
- * into the weights rows, adding to them when `accumulate`. */
+/* Second pass for the weights: recompute each visible score block and write
+ * exp(s - m) * mul / l into the weights rows, adding to them when `accumulate`. */
 static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                                const float *lse, float *w, float mul, bool accumulate, float *s)
+                                const float *m, const float *l, float *w, float mul,
+                                bool accumulate, float *s)
 {
     key_span span = rows_span(p, b, i0, rows, 0, p->S_main);
-    eng_status st = weights_keys(p, b, h, i0, rows, span.lo, span.hi, &span, false, lse, w, mul,
-                                 accumulate, s);
+    eng_status st = weights_keys(p, b, h, i0, rows, span.lo, span.hi, &span, false, m, l, w,
+                                 mul, accumulate, s);
     if (st == ENG_OK)
-        st = weights_keys(p, b, h, i0, rows, p->S_main, p->S, &span, true, lse, w, mul,
+        st = weights_keys(p, b, h, i0, rows, p->S_main, p->S, &span, true, m, l, w, mul,
                           accumulate, s);
     return st;
 }
@@ -687,7 +702,7 @@ static void head_block_task(void *arg, int64_t index)
     if (a->weights_mode == ENG_WEIGHTS_PER_HEAD) {
         float *w = a->weights + ((b * p->H + h) * p->L + i0) * p->S;
         memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
-        write_weights(p, b, h, i0, rows, lse, w, 1.0f, false, s);
+        write_weights(p, b, h, i0, rows, m, l, w, 1.0f, false, s);
     }
 }
 
@@ -710,9 +725,9 @@ static void mean_block_task(void *arg, int64_t index)
         float *o = row_ptr(&a->out, b, h, i0);
         if (attend(p, b, h, i0, rows, 0, p->S, o, ldo, m, l, s) != ENG_OK)
             return;
-        float *lse = p->lse + (b * p->H + h) * p->L + i0;
+        float *lse = p->lse ? p->lse + (b * p->H + h) * p->L + i0 : NULL;
         finish_rows(p, rows, o, ldo, m, l, lse);
-        if (write_weights(p, b, h, i0, rows, lse, w, 1.0f / (float)p->H, true, s) != ENG_OK)
+        if (write_weights(p, b, h, i0, rows, m, l, w, 1.0f / (float)p->H, true, s) != ENG_OK)
             return;
     }
 }
@@ -812,8 +827,6 @@ static size_t plan_heap_bytes(const plan *p)
     size_t bytes = 0;
     if (p->a->alibi && !p->a->alibi_slopes)
         bytes += (size_t)p->H * sizeof(float);
-    if (p->a->weights_mode != ENG_WEIGHTS_NONE && !p->a->lse)
-        bytes += (size_t)(p->B * p->H * p->L) * sizeof(float);
     if (p->chunks > 1)
         bytes += (size_t)(p->B * p->H * p->chunks * p->L * (p->Dv + 2)) * sizeof(float);
     if (p->a->additive_w_q)
@@ -908,7 +921,7 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
     plan_init(&p, a, eng_pool_threads(pool));
     p.ctl = ctl;
 
-    float *slopes = NULL, *own_lse = NULL, *parts = NULL;
+    float *slopes = NULL, *parts = NULL;
     p.slopes = a->alibi_slopes;
     p.lse = a->lse;
     if (a->alibi && !a->alibi_slopes) {
@@ -917,8 +930,6 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
             eng_alibi_default_slopes(p.H, slopes);
         p.slopes = slopes;
     }
-    if (a->weights_mode != ENG_WEIGHTS_NONE && !a->lse)
-        p.lse = own_lse = malloc((size_t)(p.B * p.H * p.L) * sizeof(float));
     if (p.chunks > 1) {
         size_t outs = (size_t)(p.B * p.H * p.chunks * p.L);
         parts = malloc(outs * (size_t)(p.Dv + 2) * sizeof(float));
@@ -932,7 +943,7 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         p.add_q = additive;
         p.add_k = additive ? additive + nq : NULL;
     }
-    if ((a->alibi && !p.slopes) || (a->weights_mode != ENG_WEIGHTS_NONE && !p.lse) ||
+    if ((a->alibi && !p.slopes) ||
         (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
                        plan_heap_bytes(&p));
@@ -940,7 +951,6 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         st = run_plan(pool, &p, err);
     }
     free(slopes);
-    free(own_lse);
     free(parts);
     free(additive);
     return st;

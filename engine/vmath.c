@@ -3,8 +3,9 @@
  *
  * After the two GEMMs the exponential is the kernel's hot spot: one per score. All variants
  * evaluate exp the same way (Cody-Waite reduction by ln 2, a degree-7 polynomial on
- * |r| <= ln2/2 with Cephes' minimax coefficients, ~1 ulp), clamp the argument, and return
- * exactly 0 below -87 so that a masked score (-inf) contributes nothing. Vector loops finish
+ * |r| <= ln2/2 with Cephes' minimax coefficients, ~1 ulp), clamp the argument, return
+ * exactly 0 below -87 so that a masked score (-inf) contributes nothing, and pass NaN through
+ * so that a NaN input surfaces as an error instead of vanishing like a masked key. Vector loops finish
  * with masked loads instead of scalar tails, so every element of a row goes through the same
  * arithmetic. The build never uses -ffast-math: these kernels rely on IEEE -inf.
  */
@@ -34,7 +35,9 @@
 
 static float exp_scalar(float x)
 {
-    if (!(x >= EXP_LO)) /* also NaN: a NaN score never turns into weight */
+    if (isnan(x)) /* propagates, so that a NaN input is reported, never hidden */
+        return x;
+    if (x < EXP_LO)
         return 0.0f;
     if (x > EXP_HI)
         x = EXP_HI;
@@ -60,8 +63,11 @@ static float tanh_scalar(float t)
 static float max_scalar(const float *x, int64_t n)
 {
     float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            return x[i];
         m = x[i] > m ? x[i] : m;
+    }
     return m;
 }
 
@@ -113,9 +119,10 @@ AVX2 static inline __m256i tail_mask8(int64_t left)
 
 AVX2 static inline __m256 exp8(__m256 x)
 {
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_NGE_UQ); /* x < lo or NaN */
-    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
-    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    /* min/max return their second operand when either is NaN: x second keeps a NaN. */
+    x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), x);
+    x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
@@ -142,15 +149,16 @@ AVX2 static inline float hsum8(__m256 v)
 
 AVX2 static float max_avx2(const float *x, int64_t n)
 {
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
-    if (i < n) {
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
         __m256 mask = _mm256_castsi256_ps(tail_mask8(n - i));
         __m256 v = _mm256_maskload_ps(x + i, _mm256_castps_si256(mask));
-        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, mask));
+        v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, mask);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, v);
     }
+    if (_mm256_movemask_ps(nan))
+        return NAN;
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
@@ -235,14 +243,15 @@ static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_store_
 
 static inline __mmask16 tail_mask16(int64_t left)
 {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+    return (__mmask16)(left >= 16 ? 0xFFFFu : (1u << (unsigned)left) - 1u);
 }
 
 AVX512 static inline __m512 exp16(__m512 x)
 {
-    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_NGE_UQ);
-    x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
-    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    /* min/max return their second operand when either is NaN: x second keeps a NaN. */
+    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), x);
+    x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
@@ -259,10 +268,13 @@ AVX512 static inline __m512 exp16(__m512 x)
 AVX512 static float max_avx512(const float *x, int64_t n)
 {
     __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16)
-        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask16(n - i),
-                                                  x + i));
-    return _mm512_reduce_max_ps(m);
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask16(n - i), x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, v);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(m);
 }
 
 AVX512 static float exp_sum_avx512(float *x, int64_t n, float shift)

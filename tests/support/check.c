@@ -1,7 +1,10 @@
 /* check.c - counting and reporting for the test harness in check.h. */
 #include "check.h"
 
+#include <signal.h>
 #include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
 
 int check__failures_in_test;
 static int tests_passed, tests_failed;
@@ -41,4 +44,26 @@ int check_report(void)
 {
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed == 0 ? 0 : 1;
+}
+
+static void watchdog_fire(int sig)
+{
+    (void)sig;
+    /* Only async-signal-safe calls here. */
+    static const char head[] = "FAIL ";
+    static const char tail[] = ": still running after its time limit (hang or deadlock)\n";
+    ssize_t r = write(STDOUT_FILENO, head, sizeof head - 1);
+    r = write(STDOUT_FILENO, current_test, strlen(current_test));
+    r = write(STDOUT_FILENO, tail, sizeof tail - 1);
+    (void)r;
+    _exit(1);
+}
+
+void check__run_within(const char *name, void (*fn)(void), unsigned seconds)
+{
+    signal(SIGALRM, watchdog_fire);
+    current_test = name;
+    alarm(seconds);
+    check__run(name, fn);
+    alarm(0);
 }

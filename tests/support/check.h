@@ -29,10 +29,15 @@ void check__fail(const char *file, int line, const char *fmt, ...)
 /* Runs one test function and counts it as passed or failed. */
 void check__run(const char *name, void (*fn)(void));
 
+/* Like check__run, but a test still running after `seconds` ends the binary with a FAIL line
+ * naming it, instead of leaving the runner's timeout to say only that something hung. */
+void check__run_within(const char *name, void (*fn)(void), unsigned seconds);
+
 /* Prints "N passed, N failed" and returns the exit status (0 when nothing failed). */
 int check_report(void);
 
 #define RUN(fn) check__run(#fn, fn)
+#define RUN_WITHIN(fn, seconds) check__run_within(#fn, fn, seconds)
 
 #define CHECK(cond)                                                                            \
     do {                                                                                       \
