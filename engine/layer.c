@@ -121,6 +121,24 @@ typedef struct {
     int64_t E, H, Hkv, D, W, kdim, vdim;
 } layer_plan;
 
+/* The name a missing q/k/v weight has in the naming scheme of the weights that are present. */
+static const char *missing_weight_name(const layer_plan *lp, role missing)
+{
+    static const char *const schemes[][3] = {
+        {"q_proj.weight", "k_proj.weight", "v_proj.weight"},
+        {"q_proj_weight", "k_proj_weight", "v_proj_weight"},
+        {"W_Q.weight", "W_K.weight", "W_V.weight"},
+    };
+    int slot = missing == ROLE_Q_W ? 0 : missing == ROLE_K_W ? 1 : 2;
+    for (size_t s = 0; s < sizeof schemes / sizeof schemes[0]; s++)
+        for (int k = 0; k < 3; k++) {
+            const eng_tensor_ref *t = lp->by_role[ROLE_Q_W + k];
+            if (t && strcmp(t->name, schemes[s][k]) == 0)
+                return schemes[s][slot];
+        }
+    return schemes[0][slot];
+}
+
 static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, size_t count,
                                eng_error *err)
 {
@@ -146,19 +164,26 @@ static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, si
                                  t->name, (long long)t->shape[d]);
         lp->by_role[r] = t;
     }
-    bool packed = lp->by_role[ROLE_IN_W] || lp->by_role[ROLE_IN_B];
-    bool separate = lp->by_role[ROLE_Q_W] || lp->by_role[ROLE_K_W] || lp->by_role[ROLE_V_W] ||
-                    lp->by_role[ROLE_Q_B] || lp->by_role[ROLE_K_B] || lp->by_role[ROLE_V_B];
-    if (packed && separate)
-        return eng__fail(err, ENG_EFORMAT, "in_proj_weight",
+    /* torch keeps one packed in_proj_bias even when kdim/vdim split the weights into
+     * q_proj_weight, k_proj_weight and v_proj_weight. */
+    const eng_tensor_ref *const *r = lp->by_role;
+    bool separate_w = r[ROLE_Q_W] || r[ROLE_K_W] || r[ROLE_V_W];
+    bool separate_b = r[ROLE_Q_B] || r[ROLE_K_B] || r[ROLE_V_B];
+    if ((r[ROLE_IN_W] && (separate_w || separate_b)) || (r[ROLE_IN_B] && separate_b))
+        return eng__fail(err, ENG_EFORMAT, r[ROLE_IN_W] ? "in_proj_weight" : "in_proj_bias",
                          "both a packed in_proj and separate q/k/v projections are present");
-    if (!lp->by_role[ROLE_O_W])
+    if (!r[ROLE_O_W])
         return eng__fail(err, ENG_EFORMAT, "out_proj.weight",
                          "no output projection (out_proj.weight, o_proj.weight or W_O.weight)");
-    if (packed ? !lp->by_role[ROLE_IN_W]
-               : !lp->by_role[ROLE_Q_W] || !lp->by_role[ROLE_K_W] || !lp->by_role[ROLE_V_W])
-        return eng__fail(err, ENG_EFORMAT, packed ? "in_proj_weight" : "q_proj.weight",
-                         "the query, key and value projection weights are incomplete");
+    if (!r[ROLE_IN_W]) {
+        static const role needed[3] = {ROLE_Q_W, ROLE_K_W, ROLE_V_W};
+        for (int i = 0; i < 3; i++)
+            if (!r[needed[i]]) {
+                const char *name = missing_weight_name(lp, needed[i]);
+                return eng__fail(err, ENG_EFORMAT, name, "no tensor '%s': the query, key and "
+                                 "value projection weights are incomplete", name);
+            }
+    }
     if (!lp->by_role[ROLE_BIAS_K] != !lp->by_role[ROLE_BIAS_V])
         return eng__fail(err, ENG_EFORMAT, lp->by_role[ROLE_BIAS_K] ? "bias_v" : "bias_k",
                          "bias_k and bias_v come together");
@@ -220,7 +245,8 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, e
             return st;
         lp->kdim = lp->by_role[ROLE_K_W]->shape[1];
         lp->vdim = lp->by_role[ROLE_V_W]->shape[1];
-        if ((st = expect_vector(lp, ROLE_Q_B, lp->E, err)) ||
+        if ((st = expect_vector(lp, ROLE_IN_B, lp->E + 2 * lp->W, err)) ||
+            (st = expect_vector(lp, ROLE_Q_B, lp->E, err)) ||
             (st = expect_vector(lp, ROLE_K_B, lp->W, err)) ||
             (st = expect_vector(lp, ROLE_V_B, lp->W, err)))
             return st;
@@ -265,10 +291,9 @@ eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensor
     if (assign_roles(&lp, tensors, count, err) || plan_shapes(&lp, num_heads, num_kv_heads, err))
         return NULL;
     const eng_tensor_ref *const *r = lp.by_role;
-    bool packed = r[ROLE_IN_W] != NULL;
-    bool bq = packed ? r[ROLE_IN_B] != NULL : r[ROLE_Q_B] != NULL;
-    bool bk = packed ? r[ROLE_IN_B] != NULL : r[ROLE_K_B] != NULL;
-    bool bv = packed ? r[ROLE_IN_B] != NULL : r[ROLE_V_B] != NULL;
+    bool packed = r[ROLE_IN_W] != NULL, packed_bias = r[ROLE_IN_B] != NULL;
+    bool bq = packed_bias || r[ROLE_Q_B], bk = packed_bias || r[ROLE_K_B];
+    bool bv = packed_bias || r[ROLE_V_B];
     int64_t E = lp.E, W = lp.W;
 
     eng_layer *layer = calloc(1, sizeof *layer);
@@ -303,15 +328,16 @@ eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensor
         copy_elements(layer->w_q, r[ROLE_IN_W], 0, E * E);
         copy_elements(layer->w_k, r[ROLE_IN_W], E * E, W * E);
         copy_elements(layer->w_v, r[ROLE_IN_W], (E + W) * E, W * E);
-        if (bq) {
-            copy_elements(layer->b_q, r[ROLE_IN_B], 0, E);
-            copy_elements(layer->b_k, r[ROLE_IN_B], E, W);
-            copy_elements(layer->b_v, r[ROLE_IN_B], E + W, W);
-        }
     } else {
         copy_elements(layer->w_q, r[ROLE_Q_W], 0, E * E);
         copy_elements(layer->w_k, r[ROLE_K_W], 0, W * lp.kdim);
         copy_elements(layer->w_v, r[ROLE_V_W], 0, W * lp.vdim);
+    }
+    if (packed_bias) { /* [b_q; b_k; b_v] */
+        copy_elements(layer->b_q, r[ROLE_IN_B], 0, E);
+        copy_elements(layer->b_k, r[ROLE_IN_B], E, W);
+        copy_elements(layer->b_v, r[ROLE_IN_B], E + W, W);
+    } else {
         if (bq)
             copy_elements(layer->b_q, r[ROLE_Q_B], 0, E);
         if (bk)

@@ -175,8 +175,9 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
     s.v = (eng_view){kv + W, {sh->B, sh->Hkv, sh->Sx, D}, {sh->Sx * 2 * W, D, 2 * W, 1}};
     s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * E, D, E, 1}};
     s.causal = a->causal;
-    s.align = a->align;
-    s.query_offset = a->query_offset;
+    /* Positions count the S input keys only: bottom-right alignment means S - L, not S' - L. */
+    s.align = ENG_ALIGN_OFFSET;
+    s.query_offset = sh->q_offset;
     s.window_left_set = a->window_left_set;
     s.window_right_set = a->window_right_set;
     s.window_left = a->window_left;

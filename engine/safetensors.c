@@ -19,7 +19,7 @@
 
 #include "engine/internal.h"
 
-#define MAX_HEADER_BYTES (100u << 20) /* the format's own limit */
+#define MAX_HEADER_BYTES 100000000u /* the format's own limit */
 #define MAX_TENSORS 64                /* a layer has at most 12 */
 #define MAX_NAME 256
 #define MAX_RANK 8
@@ -47,8 +47,11 @@ typedef struct {
 
 static bool fail(reader *r, const char *field, const char *what)
 {
-    if (!r->failed)
-        eng__fail(r->err, ENG_EFORMAT, field, "%s: %s", r->file, what);
+    bool tensor = strcmp(field, "header") != 0 && strcmp(field, "__metadata__") != 0;
+    if (!r->failed && tensor)
+        eng__fail(r->err, ENG_EFORMAT, field, "%.80s: tensor '%.60s': %s", r->file, field, what);
+    else if (!r->failed)
+        eng__fail(r->err, ENG_EFORMAT, field, "%.80s: %s", r->file, what);
     r->failed = true;
     return false;
 }
@@ -422,7 +425,7 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
     for (int i = 7; i >= 0; i--)
         n = n << 8 | bytes[i];
     if (n > MAX_HEADER_BYTES || n > size - 8) {
-        fail(&r, "header", "header length beyond the file or the 100 MB limit");
+        fail(&r, "header", "header length beyond the file or the 100,000,000-byte limit");
         goto done;
     }
     r.start = r.p = (const char *)bytes + 8;
