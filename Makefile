@@ -41,7 +41,8 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run test asan tsan bench fuzz fuzz-build deps format format-check clean
+.PHONY: all tests run test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
+        format-check clean
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -113,12 +114,12 @@ tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
 
 FUZZ_SMOKE_SECONDS ?= 30
 
-test: deps
-	$(MAKE) tests
+test: deps deploy-deps
+	$(MAKE) tests $(DEPLOY_CLIENT)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) \
+	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) $(deploy_suites) \
 	    "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
@@ -132,6 +133,41 @@ tsan: deps
 bench: deps
 	$(MAKE) $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do $$b || exit 1; done
+
+# ---- Deployment checks (deploy/, tests/deploy; see deploy/README.md) ----------------------
+
+DEPLOY_CLIENT := $(BUILD)/tests/deploy/shard_client
+# nginx for tests/deploy/check_compose.sh, unpacked from Debian's package rather than
+# installed, so that no nginx service starts on the machine. Best effort: without it that
+# suite reports a skip.
+NGINX_DIR := build/nginx
+NGINX := $(NGINX_DIR)/usr/sbin/nginx
+
+deploy_suites = "tests/deploy/check_image.sh $(BUILD)/attnd" \
+    "ATTND_NGINX=$(NGINX) tests/deploy/check_manifests.sh" \
+    "tests/deploy/check_live.sh $(BUILD)/attnd $(DEPLOY_CLIENT)" \
+    "ATTND_NGINX=$(NGINX) tests/deploy/check_compose.sh $(BUILD)/attnd $(DEPLOY_CLIENT)"
+
+$(DEPLOY_CLIENT): tests/deploy/shard_client.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) $< $(LDFLAGS_ALL) -lcurl -ljansson -lm -o $@
+
+$(NGINX):
+	@rm -rf $(NGINX_DIR) && mkdir -p $(NGINX_DIR)/deb
+	cd $(NGINX_DIR)/deb && { apt-get download nginx 2>/dev/null || \
+	    { apt-get update -qq && apt-get download nginx 2>/dev/null; }; }
+	dpkg-deb --fsys-tarfile $(NGINX_DIR)/deb/nginx_*.deb | tar -xf - -C $(NGINX_DIR) ./usr/sbin/nginx
+
+# The npm packages of the manifest checks (tests/deploy/package-lock.json), and nginx.
+deploy-deps:
+	@cd tests/deploy && { [ -f node_modules/.package-lock.json ] && \
+	    [ ! package-lock.json -nt node_modules/.package-lock.json ] || \
+	    npm ci --no-audit --no-fund --loglevel=error; }
+	@$(MAKE) --no-print-directory $(NGINX) || echo "nginx unavailable: check_compose.sh will skip"
+
+deploy-check: deps deploy-deps
+	$(MAKE) all $(DEPLOY_CLIENT)
+	@tests/run.sh $(deploy_suites)
 
 # ---- Fuzzing (clang's libFuzzer with ASan and UBSan) --------------------------------------
 
@@ -164,4 +200,4 @@ format-check:
 clean:
 	rm -rf build
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' -type f 2>/dev/null)

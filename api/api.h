@@ -9,7 +9,7 @@
  *
  * Usage (what the daemon does on an engine worker for POST /v1/attention):
  *
- *     api_budget *budget = api_budget_new(8u << 30);        // once, at start-up
+ *     api_budget *budget = api_budget_new((size_t)8 << 30); // once, at start-up
  *     api_limits limits = api_limits_default();
  *
  *     api_call call = {.body = body, .body_len = len, .content_type = "application/json",
@@ -36,15 +36,22 @@
 
 /* Per-request limits. Each message that reports a violation names the flag that sets it. */
 typedef struct {
-    size_t max_body_bytes;   /* --max-body-bytes */
-    size_t max_elements;     /* --max-elements: total tensor elements in one request */
-    int64_t max_timeout_ms;  /* --request-timeout-ms: caps a request's "timeout_ms" */
+    size_t max_body_bytes;  /* --max-body-bytes: 413 beyond it */
+    size_t max_elements;    /* --max-elements: tensor elements in one request, inputs and
+                               outputs (output, weights, lse) added up: 413 beyond it */
+    int64_t max_timeout_ms; /* --request-timeout-ms: the deadline of a request, counted from
+                               api_call.start_ns, and the cap of its "timeout_ms"; <= 0: none */
 } api_limits;
 
-/* Defaults matching the daemon's flag defaults. */
+/* Defaults matching the daemon's flag defaults: 256 MiB of body, 2^28 elements (1 GiB as
+ * float32; more numbers than a 256 MiB JSON body can hold), 60 s. */
 api_limits api_limits_default(void);
 
-/* A global byte budget shared by all requests (--max-memory-bytes). */
+/* A global byte budget shared by all requests (--max-memory-bytes). A request reserves its
+ * estimated peak before it allocates: what parsing the body holds (counted by a quick scan,
+ * ~64 bytes per JSON value), the decoded inputs, the outputs, the reply text, and the engine's
+ * scratch (eng_sdpa_scratch_bytes). The reservation is released when api_attention returns;
+ * the reply body it hands over is then the server's to account for. Lock-free; never waits. */
 typedef struct api_budget api_budget;
 
 typedef enum {
@@ -55,33 +62,41 @@ typedef enum {
 
 api_budget *api_budget_new(size_t total_bytes); /* NULL on allocation failure */
 void api_budget_free(api_budget *budget);       /* NULL is a no-op */
+/* Reserves `bytes` if they fit now; never blocks. */
 api_budget_result api_budget_reserve(api_budget *budget, size_t bytes);
+/* Gives back bytes reserved earlier (exactly what was reserved, in any number of calls). */
 void api_budget_release(api_budget *budget, size_t bytes);
-size_t api_budget_in_use(api_budget *budget);
+size_t api_budget_in_use(api_budget *budget);      /* for metrics */
+size_t api_budget_total(const api_budget *budget); /* the total given to api_budget_new */
 
 /* ---- One call ------------------------------------------------------------------------------ */
 
 typedef struct {
     const char *body; /* the request body, not NUL-terminated */
     size_t body_len;
-    const char *content_type; /* the Content-Type header value; NULL if absent */
+    const char *content_type; /* the Content-Type header value; NULL if absent (taken as JSON) */
     eng_pool *pool;
-    eng_ctl *ctl;             /* the request's cancel flag; its deadline is set by the call */
-    int64_t start_ns;         /* eng_now_ns() when the request arrived: deadlines count from it */
-    const api_limits *limits;
-    api_budget *budget;
+    eng_ctl *ctl;             /* the request's cancel flag; its deadline is set by the call.
+                                 NULL: a private one (no cancellation) */
+    int64_t start_ns;         /* eng_now_ns() when the request arrived: deadlines count from it
+                                 (0: from the call) */
+    const api_limits *limits; /* NULL: api_limits_default() */
+    api_budget *budget;       /* NULL: no memory budget */
+    size_t budget_held;       /* bytes the caller already holds in `budget` for this request
+                                 (its body): a request whose estimate plus these exceeds the
+                                 whole budget gets 413, not a 429 that no retry could cure */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */
-#define API_REASON_LIST(X)                                                                     \
-    X(API_REASON_NONE, "none")                                                                 \
-    X(API_REASON_QUEUE_FULL, "queue_full")                                                     \
-    X(API_REASON_MEMORY, "memory")                                                             \
-    X(API_REASON_DEADLINE, "deadline")                                                         \
-    X(API_REASON_CANCELLED, "cancelled")                                                       \
-    X(API_REASON_DRAINING, "draining")                                                         \
-    X(API_REASON_TOO_LARGE, "too_large")                                                       \
-    X(API_REASON_BAD_REQUEST, "bad_request")                                                   \
+#define API_REASON_LIST(X)                                                                         \
+    X(API_REASON_NONE, "none")                                                                     \
+    X(API_REASON_QUEUE_FULL, "queue_full")                                                         \
+    X(API_REASON_MEMORY, "memory")                                                                 \
+    X(API_REASON_DEADLINE, "deadline")                                                             \
+    X(API_REASON_CANCELLED, "cancelled")                                                           \
+    X(API_REASON_DRAINING, "draining")                                                             \
+    X(API_REASON_TOO_LARGE, "too_large")                                                           \
+    X(API_REASON_BAD_REQUEST, "bad_request")                                                       \
     X(API_REASON_INTERNAL, "internal")
 
 typedef enum {
@@ -92,25 +107,50 @@ typedef enum {
 
 const char *api_reason_str(api_reason reason);
 
+/* The status of a reply to a request that was cancelled (ENG_ECANCELLED: the client went
+ * away), after nginx's "499 client closed request". The server drops such a reply instead of
+ * sending it; it exists so that metrics and logs can count it. */
+#define API_STATUS_CLIENT_CLOSED 499
+
 /* A finished reply: the HTTP status and an owned body ready to send. */
 typedef struct {
     int status;               /* HTTP status code */
     const char *content_type; /* static string */
     char *body;               /* malloc'd; owned by the reply */
     size_t body_len;
-    int retry_after_s;        /* > 0: send Retry-After with this value */
-    api_reason reason;        /* API_REASON_NONE on success */
+    int retry_after_s; /* > 0: send Retry-After with this value (429 and 503 get 1) */
+    api_reason reason; /* API_REASON_NONE on success */
     int64_t decode_ns, compute_ns, encode_ns; /* stage timings */
 } api_reply;
 
+/* Frees the body (if still owned); NULL is a no-op, and so is a second call. */
 void api_reply_free(api_reply *reply);
 
+/* Hands the body over to the caller (free it with free(); NULL if there is none) and stores
+ * its length in *len (when len is not NULL): for a zero-copy response with a free callback. */
+char *api_reply_take_body(api_reply *reply, size_t *len);
+
 /* POST /v1/attention: decodes, validates, reserves memory, runs eng_sdpa and encodes the
- * reply. Always fills `reply` (an error reply is {"error": {"code", "message", "field"}}). */
+ * reply. Always fills `reply` (an error reply is {"error": {"code", "message", "field"}}; its
+ * body is NULL only if even that could not be allocated). Runs on an engine worker; the engine
+ * call fans out over `pool` and returns when done, so this blocks for the request's compute.
+ *
+ * The request format is DESIGN.md section 5; attention.c opens with the exact field list.
+ * Statuses: 200; 400 malformed JSON (jansson's message with line, column and byte; this
+ * includes numbers too large for a double, like 1e999, and nesting deeper than 2048); 413 body,
+ * elements or memory past a limit (the message names --max-body-bytes, --max-elements or
+ * --max-memory-bytes); 415 a Content-Type other than application/json (a charset parameter
+ * other than utf-8 too; a missing one is accepted); 422 well-formed but invalid, with "field"
+ * naming the part ("query.shape[1]", "attn_mask[0][3]"); 429 memory budget full now
+ * (Retry-After: 1); 503 out of memory despite the budget (Retry-After: 1); 504 deadline
+ * (--request-timeout-ms or "timeout_ms"); API_STATUS_CLIENT_CLOSED when ctl->cancel was set;
+ * 500 only for a bug. */
 void api_attention(const api_call *call, api_reply *reply);
 
-/* Fills `reply` with a native error body for failures found outside api_attention (unknown
- * route, wrong method, body over the cap, queue full...). `field` may be NULL. */
+/* Fills `reply` (which need not be initialised) with a native error body for failures found
+ * outside api_attention (unknown route, wrong method, body over the cap, queue full...).
+ * `field` may be NULL. The "code" of the body follows from `status` ("too_large" for 413,
+ * "overloaded" for 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
 void api_reply_error(api_reply *reply, int status, api_reason reason, const char *field,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

@@ -406,7 +406,8 @@ static void submit_task(void *arg, int64_t index)
     int slot = atomic_fetch_add(&log->order_next, 1);
     if (slot < 64)
         log->order[slot] = it->id;
-    log->thread = pthread_self();
+    if (slot == 0) /* the first task alone says where it ran: the others would race here */
+        log->thread = pthread_self();
     atomic_fetch_add(&log->ran, 1);
 }
 

@@ -1,0 +1,80 @@
+# attnd container image: a Debian bookworm builder compiles build/attnd, and a bookworm-slim
+# runtime carries only the shared libraries that binary links against.
+#
+#   docker build -t attnd:local .
+#   docker run --rm -p 8080:8080 attnd:local
+#   docker run --rm -p 8080:8080 -v "$PWD/models:/models:ro" \
+#       -e ATTND_MODEL=encoder=/models/encoder.safetensors attnd:local
+#
+# No Docker engine runs on the project's machines, so `make test` proves this file another way
+# (tests/deploy/check_image.sh): the runtime packages below are exactly those that provide the
+# libraries build/attnd needs, every attnd flag and ATTND_* variable used here exists in
+# `attnd --help`, and the file passes a structural lint. See deploy/README.md.
+
+# ---- build stage ---------------------------------------------------------------------------
+# The same Debian release as the project's machines, where the ldd check runs.
+FROM debian:bookworm-20250520 AS build
+
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        build-essential \
+        pkg-config \
+        libmicrohttpd-dev \
+        libjansson-dev \
+        libopenblas-dev \
+        zlib1g-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+# Only what build/attnd is made from (.dockerignore keeps tests, deploy files and build/ out).
+COPY Makefile ./
+COPY engine/ engine/
+COPY api/ api/
+COPY server/ server/
+RUN make -j"$(nproc)" build/attnd \
+    && strip --strip-debug build/attnd
+
+# ---- runtime stage -------------------------------------------------------------------------
+FROM debian:bookworm-20250520-slim AS runtime
+
+# One package per library that build/attnd links (readelf NEEDED); their own dependencies
+# (GnuTLS for libmicrohttpd, libgfortran for OpenBLAS) come with them. libc6 and libgcc-s1 are
+# in the base image. libopenblas0-pthread is the package that provides libopenblas.so.0 through
+# the libopenblas.so.0-<arch> alternative; OpenBLAS runs single-threaded inside each engine
+# worker (OPENBLAS_NUM_THREADS below, read when the library loads).
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libmicrohttpd12 \
+        libjansson4 \
+        libopenblas0-pthread \
+        zlib1g \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 attnd \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin attnd \
+    && mkdir -p /models
+
+COPY --from=build /src/build/attnd /usr/local/bin/attnd
+
+# ATTND_PORT rather than a --port flag, so that `attnd --healthcheck`, which Docker starts as a
+# separate process, probes the same port the server listens on. Change the port with
+# `-e ATTND_PORT=...`, not with a flag.
+ENV OPENBLAS_NUM_THREADS=1 \
+    ATTND_PORT=8080
+
+# Model files are mounted here read-only and named with --model NAME=/models/FILE or
+# ATTND_MODEL=NAME=/models/FILE[,NAME=/models/FILE...].
+WORKDIR /models
+
+# A numeric user, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+
+EXPOSE 8080
+# attnd drains on SIGTERM: readiness turns 503, in-flight requests finish (--drain-timeout-s).
+STOPSIGNAL SIGTERM
+# attnd itself probes /v2/health/ready, so the image needs no curl.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["attnd", "--healthcheck"]
+
+ENTRYPOINT ["attnd", "--host", "0.0.0.0"]
+CMD []

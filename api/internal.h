@@ -1,0 +1,318 @@
+/*
+ * internal.h - api/'s module-private interface: the pieces its routes share.
+ *
+ * server/ never includes this file; api.h is the module's whole public interface. The routes of
+ * api/ (today POST /v1/attention; later /v1/mha and the KServe v2 JSON and binary formats) are
+ * built from the layers below, and tests/api/ tests each layer on its own:
+ *
+ *   api_error    a failure on its way to becoming a reply: HTTP status, metric reason, field
+ *                path ("query.shape[1]") and message. Functions return 0 or -1 and fill one.
+ *   base64, half byte-level codecs: RFC 4648 base64 and IEEE fp16 / bfloat16 <-> fp32.
+ *   api_jsonw    a growable output buffer with a hard maximum, and a float writer that gives
+ *                9 significant digits (exact float32 round trip) without a json_t per number.
+ *   api_body     the request body parsed by jansson, with long plain strings (base64 tensors)
+ *                kept out of jansson and read in place: the boundary where a strict numeric-
+ *                array scanner can later replace jansson for big number arrays too.
+ *   api_tensor   a tensor on the wire (nested arrays, {shape, data}, {shape, dtype, base64}):
+ *                probed first (form, dtype, shape; nothing allocated), then decoded straight
+ *                into a caller's aligned buffer, and encoded from a float buffer and a shape.
+ *
+ * Ownership: nothing here takes ownership of an argument unless its comment says so. Threads:
+ * every function may run on any thread; none keeps global mutable state.
+ */
+#ifndef ATTND_API_INTERNAL_H
+#define ATTND_API_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/api.h"
+
+/* ---- Errors ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int status;        /* HTTP status; 0 while there is no error */
+    api_reason reason; /* for the rejection metric */
+    int retry_after_s; /* > 0: the reply carries Retry-After */
+    char field[128];   /* JSON-path-like name of the offending field, "" for none */
+    char message[400]; /* one sentence; names the limit or flag where one applies */
+} api_error;
+
+/* Fills `err` and returns -1, so that a check reads `return api_error_set(err, ...)`. `field`
+ * may be NULL. The first error wins: a second call on a filled `err` changes nothing. */
+int api_error_set(api_error *err, int status, api_reason reason, const char *field, const char *fmt,
+                  ...) __attribute__((format(printf, 5, 6)));
+
+/* The machine-readable "code" of the native error body for an HTTP status
+ * ("invalid_argument" for 422, ...); never NULL. */
+const char *api_status_code(int status);
+
+/* Turns `err` into a native error reply {"error": {"code", "message", "field"}}. */
+void api_reply_from_error(api_reply *reply, const api_error *err);
+
+/* ---- Base64 (RFC 4648, standard alphabet) ------------------------------------------------ */
+
+typedef enum {
+    API_B64_OK = 0,
+    API_B64_BAD_LENGTH,  /* length % 4 == 1: no byte string encodes to that */
+    API_B64_BAD_CHAR,    /* outside A-Z a-z 0-9 + / (whitespace included), or misplaced '=' */
+    API_B64_BAD_PADDING, /* the unused bits of the last group are not zero (non-canonical) */
+} api_b64_status;
+
+/* Characters needed to encode n bytes, with padding: 4 * ceil(n / 3). */
+size_t api_base64_encoded_len(size_t n);
+
+/* Encodes n bytes into dst (api_base64_encoded_len(n) bytes, no NUL added); returns dst's end. */
+char *api_base64_encode(const void *src, size_t n, char *dst);
+
+/* Bytes that `len` characters of base64 decode to, from the length and the trailing '='s;
+ * SIZE_MAX when no valid string has that length. Padding is optional (unpadded tails of 2 or 3
+ * characters are accepted). */
+size_t api_base64_decoded_len(const char *src, size_t len);
+
+/* Decodes src into dst, which holds api_base64_decoded_len(src, len) bytes, and stores how many
+ * it wrote in *dst_len. On failure *bad_offset is the offset of the first offending character
+ * (for BAD_LENGTH: len); a stray character is reported before a bad length. dst may be NULL:
+ * then nothing is written (api_base64_validate). */
+api_b64_status api_base64_decode(const char *src, size_t len, void *dst, size_t *dst_len,
+                                 size_t *bad_offset);
+
+/* The checks of api_base64_decode without the output: for error messages. */
+api_b64_status api_base64_validate(const char *src, size_t len, size_t *bad_offset);
+
+/* ---- Half precision ---------------------------------------------------------------------- */
+
+/* IEEE 754 binary16 and bfloat16 <-> binary32. Widening is exact (subnormals, infinities and
+ * NaN payloads included); narrowing rounds to nearest, ties to even, overflows to infinity and
+ * keeps NaN a (quiet) NaN. */
+float api_half_to_float(uint16_t h);
+uint16_t api_float_to_half(float f);
+float api_bf16_to_float(uint16_t b);
+uint16_t api_float_to_bf16(float f);
+
+/* ---- JSON output ------------------------------------------------------------------------- */
+
+/* Most characters api_float_format writes: "-1.23456789e-38" is 15. */
+#define API_FLOAT_MAX_CHARS 16
+
+/* Writes finite `f` as printf("%.9g") would, without its cost: 9 significant digits, which
+ * read back (strtof) as exactly `f`. No NUL; returns the length. `f` must be finite. */
+size_t api_float_format(float f, char *out);
+
+typedef enum {
+    API_JSONW_OK = 0,
+    API_JSONW_FULL,  /* a write would have passed the maximum size */
+    API_JSONW_NOMEM, /* the allocator failed */
+} api_jsonw_state;
+
+/* A growable byte buffer for building a reply. Errors are sticky: once a write fails, later
+ * writes do nothing and `state` says why, so a writer checks once at the end. */
+typedef struct {
+    char *data;
+    size_t len, cap, max;
+    api_jsonw_state state;
+} api_jsonw;
+
+/* An empty buffer that never grows beyond `max` bytes. Allocates nothing yet. */
+void api_jsonw_init(api_jsonw *w, size_t max);
+void api_jsonw_free(api_jsonw *w);
+
+/* Makes room for n more bytes and returns where they go (then advance w->len yourself), or
+ * NULL (state set) when that is impossible. */
+char *api_jsonw_reserve(api_jsonw *w, size_t n);
+
+void api_jsonw_mem(api_jsonw *w, const void *src, size_t n);
+void api_jsonw_cstr(api_jsonw *w, const char *s); /* raw, not quoted */
+void api_jsonw_char(api_jsonw *w, char c);
+void api_jsonw_string(api_jsonw *w, const char *s, size_t n); /* quoted and escaped */
+void api_jsonw_int(api_jsonw *w, int64_t v);
+void api_jsonw_float(api_jsonw *w, float f); /* f must be finite (checked by the caller) */
+void api_jsonw_printf(api_jsonw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- The parsed request body ------------------------------------------------------------- */
+
+#define API_MAX_RANK 8
+
+/* A part of the body that jansson does not parse: a long string value, or a big array of
+ * numbers. The compact copy that jansson parses holds a placeholder string instead. */
+typedef enum { API_SPAN_STRING = 0, API_SPAN_NUMBERS } api_span_kind;
+
+typedef struct {
+    api_span_kind kind;
+    size_t offset, len; /* STRING: the characters between the quotes; NUMBERS: '[' to ']' */
+    /* NUMBERS only, checked by the scan: rectangular nesting of this shape, rank <= 8, every
+     * leaf a JSON number that jansson would also accept (as a double, or as an int64 when it
+     * has no fraction or exponent). */
+    int rank;
+    int64_t shape[API_MAX_RANK];
+    size_t count;
+} api_body_span;
+
+/* What one cheap pass over the body learnt before jansson sees it. */
+typedef struct {
+    size_t parse_bytes;   /* upper estimate of the memory that parsing will hold */
+    api_body_span *spans; /* owned until api_body_parse takes it; NULL if none */
+    size_t n_spans;
+} api_body_scan;
+
+/* String values at least this long, without escapes, are kept out of jansson; so are arrays
+ * of at least this many numbers. */
+#define API_BODY_LONG_STRING  1024
+#define API_BODY_MANY_NUMBERS 16
+
+typedef struct {
+    json_t *root; /* owned */
+    const char *body;
+    api_body_span *spans; /* owned: the parts read in place */
+    size_t n_spans;
+} api_body;
+
+/* Scans `body` (not NUL-terminated) in one pass at close to memory speed: counts values to
+ * estimate what jansson will allocate (~64 bytes per value; it is the budget's first item),
+ * lists long string values, and checks big arrays of numbers with a strict scanner (JSON's
+ * number grammar exactly; anything it does not accept is left to jansson, which then reports
+ * it). Never fails: a malformed body still gets an estimate, and without memory for the list
+ * nothing is elided. */
+void api_body_scan_run(const char *body, size_t len, api_body_scan *scan);
+void api_body_scan_free(api_body_scan *scan); /* for a scan never given to api_body_parse */
+
+/* Parses `body` with jansson (JSON_REJECT_DUPLICATES) into b->root, which must be an object.
+ * jansson copies strings character by character (~75 MB/s, 0.9 s for a 64 MB base64 tensor)
+ * and allocates a json_t per number (~160 ns each), so the spans of `scan` are replaced by
+ * short placeholders (the escape \u0000 and an index) in a copy of the body; the tensor
+ * decoder reads them in place. The body is first checked not to contain "\u0000" itself; when
+ * it does, the body is parsed as it is. `scan` may be NULL: the body is then scanned here. A
+ * long string's UTF-8 is not checked: every field that takes one (base64) accepts ASCII only
+ * and rejects it there. Takes over scan->spans; `body` must outlive `b`. Errors: 400 malformed
+ * (jansson's text, line, column and byte in the body as sent), 422 for a body that is not an
+ * object, 503 when memory runs out. */
+int api_body_parse(api_body *b, const char *body, size_t len, api_body_scan *scan, api_error *err);
+
+/* Frees what api_body_parse made; a zeroed or failed `b` is fine. */
+void api_body_free(api_body *b);
+
+/* The span that value `v` stands for, or NULL when it is an ordinary value. */
+const api_body_span *api_body_span_of(const api_body *b, const json_t *v);
+
+/* The bytes of string `s`, long strings in place; false if `s` is not a string (an elided
+ * array of numbers is not one). */
+bool api_body_string_get(const api_body *b, const json_t *s, const char **p, size_t *n);
+
+/* Decodes the numbers of span `sp` in order. FLOAT: float, checked finite as float32 after
+ * narrowing, as for jansson's values. INT64: int64_t; every number must be an integer. On an
+ * error, *bad is the index of the offending number. Returns 0, or -1 with a reason in `why`
+ * (at least 64 bytes). */
+int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool integers, void *dst,
+                            size_t *bad, char *why, size_t why_size);
+
+/* ---- Tensors ----------------------------------------------------------------------------- */
+
+/* Element types on the wire. JSON numbers are FLOAT32, JSON booleans BOOL. */
+#define API_DTYPE_LIST(X)                                                                          \
+    X(API_DTYPE_FLOAT32, "float32", 4)                                                             \
+    X(API_DTYPE_FLOAT16, "float16", 2)                                                             \
+    X(API_DTYPE_BFLOAT16, "bfloat16", 2)                                                           \
+    X(API_DTYPE_BOOL, "bool", 1)
+
+typedef enum {
+#define API_DTYPE_ENUM(name, text, size) name,
+    API_DTYPE_LIST(API_DTYPE_ENUM)
+#undef API_DTYPE_ENUM
+} api_dtype;
+
+const char *api_dtype_name(api_dtype dtype);
+size_t api_dtype_size(api_dtype dtype);
+
+typedef enum {
+    API_FORM_NESTED = 0, /* [[1, 0], [0, 1]] */
+    API_FORM_FLAT,       /* {"shape": [2, 2], "data": [1, 0, 0, 1]} */
+    API_FORM_BASE64,     /* {"shape": [2, 2], "dtype": "float32", "base64": "..."} */
+} api_form;
+
+/* What a decoder writes into the destination buffer. */
+typedef enum {
+    API_ELEM_FLOAT, /* float; the tensor must hold numbers */
+    API_ELEM_BOOL,  /* uint8_t 0/1; the tensor must hold booleans (not 0/1 numbers: a mask's
+                       polarity is easy to get wrong, and numbers suggest the HF 1 = keep one) */
+    API_ELEM_INT64, /* int64_t; JSON integers in the text forms only */
+} api_elem;
+
+/* Decode flags. */
+#define API_DECODE_NEG_INF 1u /* -inf is allowed (float masks): base64 -inf, JSON null */
+
+/* A tensor found in a request: where its values are and what shape they claim. */
+typedef struct {
+    api_form form;
+    api_dtype dtype; /* for the text forms, from the first element */
+    int rank;
+    int64_t shape[API_MAX_RANK];
+    size_t count;        /* product of shape, at most the max_elements given to the probe */
+    const json_t *items; /* NESTED: the outer array; FLAT: the "data" array */
+    const api_body_span *numbers; /* NESTED or FLAT read from the body instead of `items` */
+    const char *b64;              /* BASE64: the text (in the body or in jansson's tree) */
+    size_t b64_len;
+} api_tensor;
+
+/* Reads the form, dtype and shape of the tensor `v` (field name `field`, e.g. "query") without
+ * decoding values; for nested arrays the shape comes from the first element at each depth and
+ * the decoder checks that the rest match. Errors: 422 for a malformed tensor or a shape that
+ * is not positive integers, 413 (--max-elements) when its element count exceeds max_elements
+ * or overflows. */
+int api_tensor_probe(const api_body *b, const json_t *v, const char *field, size_t max_elements,
+                     api_tensor *t, api_error *err);
+
+/* Reads a shape array ("shape" of the flat and base64 forms, or a KServe v2 "shape") into
+ * shape[], *rank and *count with the same checks as api_tensor_probe. */
+int api_shape_parse(const json_t *v, const char *field, size_t max_elements, int64_t *shape,
+                    int *rank, size_t *count, api_error *err);
+
+/* Decodes tensor `t` into dst: t->count elements of the type `elem` says, contiguous row-major.
+ * Checks every value: numbers finite as float32 (after narrowing; -inf too with
+ * API_DECODE_NEG_INF), booleans where BOOL is asked, rectangular nesting, data length equal to
+ * the shape. Errors are 422 naming the element ("query[0][2][1]", "mask.data[7]",
+ * "key.base64"). With a `pool` (may be NULL), base64 of more than a megabyte is decoded by all
+ * its workers; the caller may itself be one of them. */
+int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, unsigned flags,
+                      void *dst, const char *field, eng_pool *pool, api_error *err);
+
+/* Converts `count` little-endian elements of `dtype` at `src` into dst as `elem` (the binary
+ * path: base64 after decoding, and KServe binary tensor data), with the checks above. `first`
+ * is the index of src[0] in the whole tensor, for messages. */
+int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t first, api_elem elem,
+                       unsigned flags, void *dst, const char *field, api_error *err);
+
+/* Encode flags. */
+#define API_ENCODE_NEG_INF_NULL 1u /* write -inf as null (text) / keep it (base64): for lse */
+
+typedef enum {
+    API_ENCODE_OK = 0,
+    API_ENCODE_NONFINITE, /* a value is not finite (or is -inf without the flag) */
+    API_ENCODE_FULL,      /* the writer failed: see w->state */
+} api_encode_status;
+
+/* Bytes that api_tensor_encode writes at most for `count` elements of this shape and form. */
+size_t api_tensor_encoded_bound(api_form form, int rank, const int64_t *shape, size_t count);
+
+/* Appends the float32 tensor data[shape] to `w` in `form` (base64 as float32). On NONFINITE,
+ * *bad_index is the flat index of the first offending value and nothing is written. With a
+ * `pool` (may be NULL), base64 of more than a megabyte is encoded by all its workers. */
+api_encode_status api_tensor_encode(api_jsonw *w, const float *data, int rank, const int64_t *shape,
+                                    api_form form, unsigned flags, eng_pool *pool,
+                                    size_t *bad_index);
+
+/* Formats the multi-index of flat index `flat` in `shape` as "[i0][i1]..." (`dims` leading
+ * dimensions only) into buf; returns buf. */
+char *api_index_format(char *buf, size_t size, size_t flat, int rank, const int64_t *shape,
+                       int dims);
+
+/* ---- Memory ------------------------------------------------------------------------------ */
+
+/* Bytes of a 64-byte-aligned allocation of n bytes (n rounded up), or 0 on overflow. */
+size_t api_aligned_size(size_t n);
+
+/* A 64-byte-aligned buffer of n > 0 bytes (free with free()); NULL when out of memory. */
+void *api_aligned_alloc(size_t n);
+
+#endif

@@ -1,0 +1,286 @@
+/*
+ * jsonw.c - building JSON replies: a capped growable buffer and a fast float writer.
+ *
+ * Replies are written straight into one buffer that becomes the HTTP body, never through a
+ * json_t per number (jansson would allocate ~40 bytes and run printf for each). The buffer
+ * takes its maximum size at init, so a reply can never grow past what was budgeted for it.
+ *
+ * Floats get 9 significant digits, the fewest that make every float32 read back exactly. The
+ * writer scales the value by a power of ten in double precision and rounds it to a 9-digit
+ * integer; the scaling is exact to within ~4e-16 relative, so the rounding is right unless the
+ * scaled value lies within 1e-6 of a half-way point. For those (about one value in 10^6) it
+ * asks snprintf, which rounds the exact binary value. The output is therefore identical to
+ * "%.9g" for every float, at a fraction of the cost.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/internal.h"
+
+/* ---- The buffer -------------------------------------------------------------------------- */
+
+void api_jsonw_init(api_jsonw *w, size_t max)
+{
+    w->data = NULL;
+    w->len = 0;
+    w->cap = 0;
+    w->max = max;
+    w->state = API_JSONW_OK;
+}
+
+void api_jsonw_free(api_jsonw *w)
+{
+    free(w->data);
+    w->data = NULL;
+    w->len = w->cap = 0;
+}
+
+char *api_jsonw_reserve(api_jsonw *w, size_t n)
+{
+    if (w->state != API_JSONW_OK)
+        return NULL;
+    if (n <= w->cap - w->len)
+        return w->data + w->len;
+    if (n > w->max - w->len) {
+        w->state = API_JSONW_FULL;
+        return NULL;
+    }
+    /* Grow geometrically, but never past max: the caller budgeted for max, not for 2 max. */
+    size_t want = w->len + n;
+    size_t cap = w->cap < 4096 ? 4096 : w->cap;
+    while (cap < want && cap <= w->max / 2)
+        cap *= 2;
+    if (cap < want || cap > w->max)
+        cap = want > w->max / 2 ? w->max : want;
+    char *p = realloc(w->data, cap);
+    if (!p) {
+        w->state = API_JSONW_NOMEM;
+        return NULL;
+    }
+    w->data = p;
+    w->cap = cap;
+    return w->data + w->len;
+}
+
+void api_jsonw_mem(api_jsonw *w, const void *src, size_t n)
+{
+    char *p = api_jsonw_reserve(w, n);
+    if (p && n > 0) {
+        memcpy(p, src, n);
+        w->len += n;
+    }
+}
+
+void api_jsonw_cstr(api_jsonw *w, const char *s)
+{
+    api_jsonw_mem(w, s, strlen(s));
+}
+
+void api_jsonw_char(api_jsonw *w, char c)
+{
+    char *p = api_jsonw_reserve(w, 1);
+    if (p) {
+        *p = c;
+        w->len++;
+    }
+}
+
+void api_jsonw_string(api_jsonw *w, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    /* Worst case every byte becomes \u00XX: reserve it once, then write without checks. */
+    if (n > (SIZE_MAX - 2) / 6) {
+        w->state = API_JSONW_FULL;
+        return;
+    }
+    char *p = api_jsonw_reserve(w, 6 * n + 2), *start = p;
+    if (!p)
+        return;
+    *p++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *p++ = '\\';
+            *p++ = (char)c;
+        } else if (c == '\n') {
+            *p++ = '\\';
+            *p++ = 'n';
+        } else if (c == '\t') {
+            *p++ = '\\';
+            *p++ = 't';
+        } else if (c < 0x20 || c == 0x7F) {
+            *p++ = '\\';
+            *p++ = 'u';
+            *p++ = '0';
+            *p++ = '0';
+            *p++ = hex[c >> 4];
+            *p++ = hex[c & 15];
+        } else {
+            *p++ = (char)c;
+        }
+    }
+    *p++ = '"';
+    w->len += (size_t)(p - start);
+}
+
+void api_jsonw_int(api_jsonw *w, int64_t v)
+{
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
+    api_jsonw_mem(w, buf, (size_t)n);
+}
+
+void api_jsonw_float(api_jsonw *w, float f)
+{
+    char *p = api_jsonw_reserve(w, API_FLOAT_MAX_CHARS);
+    if (p)
+        w->len += api_float_format(f, p);
+}
+
+void api_jsonw_printf(api_jsonw *w, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* Callers format short things (numbers, names); a longer result is our bug. */
+    assert(n >= 0 && (size_t)n < sizeof buf);
+    if (n > 0)
+        api_jsonw_mem(w, buf, (size_t)n);
+}
+
+/* ---- The float writer -------------------------------------------------------------------- */
+
+/* 10^0 .. 10^22: the powers of ten that double holds exactly. */
+static const double pow10_exact[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* x * 10^p for x a positive float32 value and p in [-31, 54]: at most three roundings. */
+static double scale_pow10(double x, int p)
+{
+    if (p >= 0) {
+        while (p > 22) {
+            x *= 1e22;
+            p -= 22;
+        }
+        return x * pow10_exact[p];
+    }
+    p = -p;
+    while (p > 22) {
+        x /= 1e22;
+        p -= 22;
+    }
+    return x / pow10_exact[p];
+}
+
+static size_t float_format_slow(float f, char *out)
+{
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%.9g", (double)f);
+    assert(n > 0 && n < API_FLOAT_MAX_CHARS);
+    memcpy(out, buf, (size_t)n);
+    return (size_t)n;
+}
+
+size_t api_float_format(float f, char *out)
+{
+    assert(isfinite(f));
+    double x = f;
+    char *p = out;
+    if (signbit(x)) {
+        *p++ = '-';
+        x = -x;
+    }
+    if (x == 0) {
+        *p++ = '0';
+        return (size_t)(p - out);
+    }
+
+    /* Decimal exponent e10 with 10^8 <= x * 10^(8 - e10) < 10^9. floor(log10(2) * e2), e2 the
+     * binary exponent (read from the bits: x is a normal double, even for a subnormal float),
+     * is within one of it; the branches below correct the estimate. 1233 / 4096 is log10(2)
+     * to 4 digits, enough for |e2| <= 150; >> on a negative int is a floor in GCC and Clang. */
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    int e2 = (int)((bits >> 52) & 0x7FF) - 1023;
+    int e10 = (e2 * 1233) >> 12;
+    double y = scale_pow10(x, 8 - e10);
+    if (y >= 1e9) {
+        e10++;
+        y = scale_pow10(x, 8 - e10);
+    } else if (y < 1e8) {
+        e10--;
+        y = scale_pow10(x, 8 - e10);
+    }
+    uint32_t n = (uint32_t)y; /* floor: y is positive */
+    double frac = y - (double)n;
+    if (frac > 0.5 - 1e-6 && frac < 0.5 + 1e-6)
+        return float_format_slow(f, out);
+    n += frac > 0.5;
+    if (n >= 1000000000u) { /* 999999999.6 rounded up to the next decade */
+        n /= 10;
+        e10++;
+    }
+
+    /* The 9 digits, and how many remain once trailing zeros go (as %g drops them). */
+    char d[9];
+    static const char pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                   "25262728293031323334353637383940414243444546474849"
+                                   "50515253545556575859606162636465666768697071727374"
+                                   "75767778798081828384858687888990919293949596979899";
+    d[0] = (char)('0' + n / 100000000);
+    n %= 100000000;
+    for (int i = 1; i < 9; i += 2) {
+        /* Two digits at a time, from the most significant pair of the remaining eight. */
+        static const uint32_t div[4] = {1000000, 10000, 100, 1};
+        uint32_t q = n / div[i / 2];
+        n %= div[i / 2];
+        d[i] = pairs[2 * q];
+        d[i + 1] = pairs[2 * q + 1];
+    }
+    int nd = 9;
+    while (nd > 1 && d[nd - 1] == '0')
+        nd--;
+
+    if (e10 < -4 || e10 >= 9) {
+        /* Scientific: d.ddde+XX, at least two exponent digits. */
+        *p++ = d[0];
+        if (nd > 1) {
+            *p++ = '.';
+            memcpy(p, d + 1, (size_t)(nd - 1));
+            p += nd - 1;
+        }
+        *p++ = 'e';
+        *p++ = e10 < 0 ? '-' : '+';
+        int ae = e10 < 0 ? -e10 : e10;
+        if (ae >= 100) /* unreachable for float32 (|e10| <= 45), kept for safety */
+            *p++ = (char)('0' + ae / 100);
+        *p++ = (char)('0' + ae / 10 % 10);
+        *p++ = (char)('0' + ae % 10);
+    } else if (e10 >= 0) {
+        /* Fixed, >= 1: the first e10 + 1 digits, then the rest after a point. */
+        int ip = e10 + 1;
+        memcpy(p, d, (size_t)ip);
+        p += ip;
+        if (nd > ip) {
+            *p++ = '.';
+            memcpy(p, d + ip, (size_t)(nd - ip));
+            p += nd - ip;
+        }
+    } else {
+        /* Fixed, < 1: 0.000ddd. */
+        *p++ = '0';
+        *p++ = '.';
+        for (int z = 0; z < -e10 - 1; z++)
+            *p++ = '0';
+        memcpy(p, d, (size_t)nd);
+        p += nd;
+    }
+    return (size_t)(p - out);
+}

@@ -1,0 +1,407 @@
+/*
+ * config.c - the daemon's options: one table row per option, parsed from defaults, then the
+ * environment, then the command line.
+ *
+ * Every option is a row of `options` below (name, environment mirror, type, bounds, default,
+ * help), Redis-style: parsing, validation and --help are all driven by the table, so an option
+ * cannot be documented with one default and run with another. Defaults are written as text and
+ * go through the same parser as user input; tests/server/test_config.c checks that each one
+ * parses and lies within its bounds.
+ */
+#include "server/server.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum {
+    OPT_STR,   /* char *, any non-empty text */
+    OPT_INT,   /* int64_t within [min, max] */
+    OPT_SIZE,  /* size_t within [min, max], with K/M/G/T suffixes */
+    OPT_LEVEL, /* srv_log_level by name */
+    OPT_MODEL, /* NAME=PATH, repeatable, appended to models[] */
+} opt_type;
+
+typedef struct {
+    const char *name; /* the flag without its leading "--" */
+    const char *env;  /* environment mirror */
+    opt_type type;
+    size_t offset; /* of the field in srv_config */
+    int64_t min, max;
+    const char *def; /* default, as text; NULL: none (OPT_STR may stay NULL, OPT_MODEL empty) */
+    const char *arg; /* placeholder shown by --help */
+    const char *help;
+} srv_option;
+
+#define GiB        (INT64_C(1) << 30)
+#define OFF(field) offsetof(srv_config, field)
+
+/* clang-format off */
+static const srv_option options[] = {
+    {"host", "ATTND_HOST", OPT_STR, OFF(host), 0, 0, "127.0.0.1", "ADDR",
+     "address to listen on (IPv4 or IPv6 literal, or a name)"},
+    {"port", "ATTND_PORT", OPT_INT, OFF(port), 0, 65535, "8080", "N",
+     "TCP port; 0 picks an ephemeral port (see --port-file)"},
+    {"port-file", "ATTND_PORT_FILE", OPT_STR, OFF(port_file), 0, 0, NULL, "PATH",
+     "once listening, write the bound port to this file (for tests and supervisors)"},
+    {"threads", "ATTND_THREADS", OPT_INT, OFF(threads), 0, 1024, "0", "N",
+     "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)"},
+    {"max-body-bytes", "ATTND_MAX_BODY_BYTES", OPT_SIZE, OFF(max_body_bytes), 1, 16 * GiB,
+     "256MiB", "SIZE", "largest request body; larger ones get 413 (from Content-Length, or "
+     "once a chunked body passes it)"},
+    {"max-elements", "ATTND_MAX_ELEMENTS", OPT_INT, OFF(max_elements), 1, INT64_C(1) << 40,
+     "268435456", "N", "most tensor elements in one request (inputs and outputs); beyond: 413"},
+    {"max-memory-bytes", "ATTND_MAX_MEMORY_BYTES", OPT_SIZE, OFF(max_memory_bytes), 1 << 20,
+     INT64_C(1) << 50, "4GiB", "SIZE", "memory budget shared by all requests (bodies, "
+     "tensors, scratch); a request that can never fit gets 413, one that cannot fit now 429"},
+    {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
+     "requests queued or running on the engine at once; beyond: 429 with Retry-After"},
+    {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
+     INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
+     "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
+    {"receive-timeout-s", "ATTND_RECEIVE_TIMEOUT_S", OPT_INT, OFF(receive_timeout_s), 1, 86400,
+     "60", "S", "time a client has to send the whole request (headers and body) once its "
+     "request line arrives; slower clients are disconnected"},
+    {"connection-limit", "ATTND_CONNECTION_LIMIT", OPT_INT, OFF(connection_limit), 1, 1000000,
+     "1024", "N", "open client connections at once; more are refused"},
+    {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPT_INT, OFF(idle_timeout_s), 1, 86400, "60",
+     "S", "close a connection with no traffic (or no complete request line) for this long"},
+    {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",
+     "S", "on SIGTERM/SIGINT, time in-flight requests get to finish before they are "
+     "cancelled (answered 503)"},
+    {"model", "ATTND_MODEL", OPT_MODEL, OFF(models), 0, 0, NULL, "NAME=PATH",
+     "register a safetensors layer (repeatable; the variable takes a comma-separated list); "
+     "loading is not supported yet"},
+    {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
+     "error, warn, info or debug"},
+};
+/* clang-format on */
+
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+const char *srv_status_str(srv_status status)
+{
+    switch (status) {
+#define SRV_STATUS_CASE(name, text)                                                                \
+    case name:                                                                                     \
+        return text;
+        SRV_STATUS_LIST(SRV_STATUS_CASE)
+#undef SRV_STATUS_CASE
+    }
+    return "unknown status";
+}
+
+/* ---- Value parsers ----------------------------------------------------------------------- */
+
+/* A decimal integer with nothing around it: strtoll alone would accept leading blanks and a
+ * '+', which a config value has no business carrying. */
+static srv_status parse_int(const char *text, int64_t *out)
+{
+    char *end = NULL;
+    long long v;
+    if (!isdigit((unsigned char)text[0]) && !(text[0] == '-' && isdigit((unsigned char)text[1])))
+        return SRV_EINVAL;
+    errno = 0;
+    v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0')
+        return SRV_EINVAL;
+    *out = (int64_t)v;
+    return SRV_OK;
+}
+
+srv_status srv_parse_size(const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    unsigned long long v;
+    unsigned shift = 0;
+    if (!text || !isdigit((unsigned char)text[0]))
+        return SRV_EINVAL;
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (errno != 0 || end == text)
+        return SRV_EINVAL;
+    switch (toupper((unsigned char)*end)) {
+    case 'K':
+        shift = 10;
+        break;
+    case 'M':
+        shift = 20;
+        break;
+    case 'G':
+        shift = 30;
+        break;
+    case 'T':
+        shift = 40;
+        break;
+    default:
+        break;
+    }
+    if (shift != 0) {
+        end++;
+        if (*end == 'i' || *end == 'I')
+            end++;
+    }
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0')
+        return SRV_EINVAL;
+    if (shift != 0 && v > (ULLONG_MAX >> shift))
+        return SRV_EINVAL;
+    *out = (uint64_t)v << shift;
+    return SRV_OK;
+}
+
+/* Copies `n` bytes of `s` into a new NUL-terminated string. */
+static char *dup_n(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static bool model_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!isalnum(c) && c != '_' && c != '-' && c != '.')
+            return false;
+    }
+    return true;
+}
+
+/* Appends one NAME=PATH (the first `n` bytes of `text`) to cfg->models. */
+static srv_status add_model(srv_config *cfg, const char *text, size_t n, const char *who, char *err,
+                            size_t errlen)
+{
+    const char *eq = memchr(text, '=', n);
+    srv_model *grown;
+    size_t name_len;
+    if (!eq || !model_name_ok(text, (size_t)(eq - text)) || eq + 1 == text + n) {
+        snprintf(err, errlen,
+                 "%s: \"%.*s\" is not NAME=PATH (NAME: 1 to 64 of A-Z a-z 0-9 _ - .; PATH: "
+                 "not empty)",
+                 who, (int)(n > 200 ? 200 : n), text);
+        return SRV_EINVAL;
+    }
+    name_len = (size_t)(eq - text);
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (strlen(cfg->models[i].name) == name_len &&
+            memcmp(cfg->models[i].name, text, name_len) == 0) {
+            snprintf(err, errlen, "%s: model \"%.*s\" is given twice", who, (int)name_len, text);
+            return SRV_EINVAL;
+        }
+    }
+    grown = realloc(cfg->models, (cfg->n_models + 1) * sizeof *grown);
+    if (!grown)
+        return SRV_ENOMEM;
+    cfg->models = grown;
+    grown[cfg->n_models].name = dup_n(text, name_len);
+    grown[cfg->n_models].path = dup_n(eq + 1, n - name_len - 1);
+    if (!grown[cfg->n_models].name || !grown[cfg->n_models].path) {
+        free(grown[cfg->n_models].name);
+        free(grown[cfg->n_models].path);
+        return SRV_ENOMEM;
+    }
+    cfg->n_models++;
+    return SRV_OK;
+}
+
+/* Parses `text` for option `o` into `cfg`. `who` names the source ("--port", "ATTND_PORT") in
+ * the error message. */
+static srv_status set_option(srv_config *cfg, const srv_option *o, const char *text,
+                             const char *who, char *err, size_t errlen)
+{
+    char *field = (char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_STR: {
+        char **slot = (char **)(void *)field;
+        char *copy;
+        if (text[0] == '\0' || strlen(text) > 4096) {
+            snprintf(err, errlen, "%s: expected a non-empty value of at most 4096 bytes", who);
+            return SRV_EINVAL;
+        }
+        copy = dup_n(text, strlen(text));
+        if (!copy)
+            return SRV_ENOMEM;
+        free(*slot);
+        *slot = copy;
+        return SRV_OK;
+    }
+    case OPT_INT: {
+        int64_t v;
+        if (parse_int(text, &v) != SRV_OK || v < o->min || v > o->max) {
+            snprintf(err, errlen, "%s: \"%.64s\" is not an integer in [%lld, %lld]", who, text,
+                     (long long)o->min, (long long)o->max);
+            return SRV_EINVAL;
+        }
+        *(int64_t *)(void *)field = v;
+        return SRV_OK;
+    }
+    case OPT_SIZE: {
+        uint64_t v;
+        if (srv_parse_size(text, &v) != SRV_OK || v < (uint64_t)o->min || v > (uint64_t)o->max ||
+            v > SIZE_MAX) {
+            snprintf(err, errlen,
+                     "%s: \"%.64s\" is not a size in [%lld, %lld] bytes (suffixes K, M, G, T "
+                     "= KiB, MiB, GiB, TiB)",
+                     who, text, (long long)o->min, (long long)o->max);
+            return SRV_EINVAL;
+        }
+        *(size_t *)(void *)field = (size_t)v;
+        return SRV_OK;
+    }
+    case OPT_LEVEL:
+        for (size_t i = 0; i < sizeof level_names / sizeof level_names[0]; i++) {
+            if (strcmp(text, level_names[i]) == 0) {
+                *(srv_log_level *)(void *)field = (srv_log_level)i;
+                return SRV_OK;
+            }
+        }
+        snprintf(err, errlen, "%s: \"%.64s\" is not one of error, warn, info, debug", who, text);
+        return SRV_EINVAL;
+    case OPT_MODEL: {
+        /* The environment form carries a comma-separated list; a flag carries one model. */
+        bool list = strncmp(who, "--", 2) != 0;
+        const char *p = text;
+        if (!list)
+            return add_model(cfg, text, strlen(text), who, err, errlen);
+        for (;;) {
+            const char *comma = strchr(p, ',');
+            size_t n = comma ? (size_t)(comma - p) : strlen(p);
+            srv_status st = add_model(cfg, p, n, who, err, errlen);
+            if (st != SRV_OK)
+                return st;
+            if (!comma)
+                return SRV_OK;
+            p = comma + 1;
+        }
+    }
+    }
+    return SRV_EINVAL; /* defensive: every type is handled above */
+}
+
+static const srv_option *find_option(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (strlen(options[i].name) == len && memcmp(options[i].name, name, len) == 0)
+            return &options[i];
+    }
+    return NULL;
+}
+
+void srv_config_free(srv_config *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->host);
+    free(cfg->port_file);
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        free(cfg->models[i].name);
+        free(cfg->models[i].path);
+    }
+    free(cfg->models);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen)
+{
+    srv_status st = SRV_OK;
+    bool model_from_flags = false;
+    char who[96];
+
+    memset(cfg, 0, sizeof *cfg);
+    if (errlen > 0)
+        err[0] = '\0';
+
+    for (size_t i = 0; i < N_OPTIONS && st == SRV_OK; i++) {
+        if (options[i].def) {
+            snprintf(who, sizeof who, "default of --%s", options[i].name);
+            st = set_option(cfg, &options[i], options[i].def, who, err, errlen);
+        }
+    }
+    for (size_t i = 0; i < N_OPTIONS && st == SRV_OK; i++) {
+        const char *v = getenv(options[i].env);
+        if (v)
+            st = set_option(cfg, &options[i], v, options[i].env, err, errlen);
+    }
+    for (int i = 1; i < argc && st == SRV_OK; i++) {
+        const char *arg = argv[i];
+        const char *name, *eq, *value;
+        const srv_option *o;
+        size_t name_len;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            st = SRV_HELP;
+            break;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            snprintf(err, errlen,
+                     "unexpected argument \"%.64s\" (options start with --; see "
+                     "--help)",
+                     arg);
+            st = SRV_EINVAL;
+            break;
+        }
+        name = arg + 2;
+        eq = strchr(name, '=');
+        name_len = eq ? (size_t)(eq - name) : strlen(name);
+        o = find_option(name, name_len);
+        if (!o) {
+            snprintf(err, errlen, "unknown option --%.*s (see --help)",
+                     (int)(name_len > 64 ? 64 : name_len), name);
+            st = SRV_EINVAL;
+            break;
+        }
+        if (eq) {
+            value = eq + 1;
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            snprintf(err, errlen, "--%s needs a value (%s)", o->name, o->arg);
+            st = SRV_EINVAL;
+            break;
+        }
+        /* Models given as flags replace those from the environment, as any flag does. */
+        if (o->type == OPT_MODEL && !model_from_flags) {
+            for (size_t m = 0; m < cfg->n_models; m++) {
+                free(cfg->models[m].name);
+                free(cfg->models[m].path);
+            }
+            cfg->n_models = 0;
+            model_from_flags = true;
+        }
+        snprintf(who, sizeof who, "--%s", o->name);
+        st = set_option(cfg, o, value, who, err, errlen);
+    }
+    if (st == SRV_ENOMEM)
+        snprintf(err, errlen, "out of memory while reading the configuration");
+    if (st != SRV_OK)
+        srv_config_free(cfg);
+    return st;
+}
+
+void srv_config_usage(FILE *out)
+{
+    fprintf(out, "usage: attnd [--option value | --option=value]...\n\n"
+                 "Serves scaled dot-product attention over HTTP (POST /v1/attention).\n"
+                 "Each option may also be set by its environment variable; a flag wins.\n\n"
+                 "  --healthcheck\n      probe the daemon these options describe (GET "
+                 "/v2/health/ready on --host, --port) and exit 0 if it is ready, else 1\n\n");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const srv_option *o = &options[i];
+        fprintf(out, "  --%s %s\n      %s\n      default: %s", o->name, o->arg, o->help,
+                o->def ? o->def : "(none)");
+        if (o->type == OPT_INT || o->type == OPT_SIZE)
+            fprintf(out, "; range: %lld..%lld", (long long)o->min, (long long)o->max);
+        fprintf(out, "; env: %s\n", o->env);
+    }
+    fprintf(out, "  --help\n      print this text and exit\n");
+}

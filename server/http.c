@@ -1,0 +1,864 @@
+/*
+ * http.c - libmicrohttpd's callbacks: routing, header checks, body accumulation, admission,
+ * the handoff to an engine worker, replies, and the per-request log line and metrics.
+ *
+ * Everything here runs on the MHD thread except job_run (an engine worker) and
+ * srv__req_unref / srv__req_fail (any thread). The MHD thread answers only cheap things itself:
+ * health, metrics, and errors found from the headers or the body size; decoding and encoding a
+ * request happen on a worker. See internal.h for who owns a request when.
+ */
+#include "server/internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. */
+#define BODY_FIRST_ALLOC ((size_t)64 * 1024)
+/* Once a body is rejected it is read and discarded (so that the client sees the answer
+ * instead of a reset), but only for up to this many times --max-body-bytes; past it the
+ * connection is closed. The receive timeout bounds the time it may take. */
+#define DRAIN_FACTOR 2
+
+typedef struct {
+    const char *path;
+    srv_route route;
+    const char *allow;
+} route_def;
+
+static const route_def routes[] = {
+    {"/v1/attention", SRV_ROUTE_ATTENTION, "POST"},
+    {"/v2/health/live", SRV_ROUTE_LIVE, "GET, HEAD"},
+    {"/v2/health/ready", SRV_ROUTE_READY, "GET, HEAD"},
+    {"/metrics", SRV_ROUTE_METRICS, "GET, HEAD"},
+};
+
+static srv_route route_of(const char *path)
+{
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strcmp(path, routes[i].path) == 0)
+            return routes[i].route;
+    }
+    return SRV_ROUTE_OTHER;
+}
+
+typedef struct {
+    const char *allow; /* Allow header, for 405 */
+    int retry_after_s; /* > 0: Retry-After header */
+    bool close;        /* Connection: close */
+} resp_opts;
+
+/* ---- Request life cycle ------------------------------------------------------------------- */
+
+/* Frees the body and returns its reservation (and the reply's) to the budget. The thread that
+ * owns the request at the time calls it (see internal.h). */
+static void release_body(srv_req *req)
+{
+    srv__buf_free(&req->body);
+    if (req->reserved > 0) {
+        api_budget_release(req->srv->budget, req->reserved);
+        req->reserved = 0;
+    }
+}
+
+static void release_reply(srv_req *req)
+{
+    if (req->reply_reserved > 0) {
+        api_budget_release(req->srv->budget, req->reply_reserved);
+        req->reply_reserved = 0;
+    }
+}
+
+void srv__req_unref(srv_req *req)
+{
+    if (!req || atomic_fetch_sub(&req->refs, 1) != 1)
+        return;
+    release_body(req);
+    release_reply(req);
+    api_reply_free(&req->reply);
+    free(req);
+}
+
+void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    api_reply_free(&req->reply);
+    memset(&req->reply, 0, sizeof req->reply);
+    api_reply_error(&req->reply, status, reason, NULL, "%s", msg);
+    req->reply.status = status;
+    req->reply.reason = reason;
+}
+
+static void set_phase(srv_req *req, srv_conn_phase phase)
+{
+    srv_server *s = req->srv;
+    pthread_mutex_lock(&s->watch_mu);
+    if (req->sc) {
+        req->sc->phase = phase;
+        req->sc->since_ns = eng_now_ns();
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+/* ---- Request ids ------------------------------------------------------------------------ */
+
+/* An X-Request-Id we echo must be safe in a header and a JSON log line without escaping. */
+static bool request_id_ok(const char *id)
+{
+    size_t n = 0;
+    for (; id[n]; n++) {
+        unsigned char c = (unsigned char)id[n];
+        if (n >= SRV_REQUEST_ID_MAX)
+            return false;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("-_.:/+=@", c)))
+            return false;
+    }
+    return n > 0;
+}
+
+static void make_request_id(srv_server *s, char *out, size_t outlen)
+{
+    /* splitmix64 of a per-process random seed plus a counter: unique within the process and
+     * unpredictable across restarts, without a lock or a syscall per request. */
+    uint64_t x =
+        s->id_seed + (uint64_t)atomic_fetch_add(&s->id_counter, 1) * UINT64_C(0x9E3779B97F4A7C15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    x ^= x >> 31;
+    snprintf(out, outlen, "%016" PRIx64, x);
+}
+
+/* ---- Responses ---------------------------------------------------------------------------- */
+
+/* Queues `body` (malloc'd, taken over even on failure) as the response. */
+static enum MHD_Result respond(srv_req *req, int status, const char *content_type, char *body,
+                               size_t len, const resp_opts *o)
+{
+    struct MHD_Response *r;
+    enum MHD_Result rc;
+    char num[24];
+
+    if (body)
+        r = MHD_create_response_from_buffer_with_free_callback(len, body, free);
+    else
+        r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            content_type ? content_type : "application/json");
+    MHD_add_response_header(r, "X-Request-Id", req->id);
+    if (o && o->allow)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, o->allow);
+    if (o && o->retry_after_s > 0) {
+        snprintf(num, sizeof num, "%d", o->retry_after_s);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, num);
+    }
+    /* Close when the body was not read (a keep-alive connection would parse it as the next
+     * request) and while draining (so that clients reconnect to another replica). */
+    if ((o && o->close) || atomic_load(&req->srv->draining))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    rc = MHD_queue_response(req->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    req->status = status;
+    req->bytes_out = body ? len : 0;
+    req->responded = true;
+    set_phase(req, CONN_BUSY);
+    return rc;
+}
+
+/* True for the Open Inference Protocol routes, whose errors are {"error": "message"}. */
+static bool is_v2_path(const srv_req *req)
+{
+    return strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
+}
+
+static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason,
+                                     const resp_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason,
+                                     const resp_opts *o, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    char *body;
+    size_t len = 0;
+    resp_opts opts = o ? *o : (resp_opts){0};
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    req->reason = reason;
+    if (!opts.close && req->body_expected && atomic_load(&req->state) == REQ_RECEIVING &&
+        !req->seen_body_end)
+        opts.close = true;
+
+    if (is_v2_path(req)) {
+        srv_buf b;
+        srv__buf_init(&b, 4096);
+        srv__buf_puts(&b, "{\"error\":");
+        srv__buf_json_str(&b, msg, strlen(msg));
+        srv__buf_puts(&b, "}");
+        body = srv__buf_take(&b, &len);
+    } else {
+        api_reply reply;
+        api_reply_error(&reply, status, reason, NULL, "%s", msg);
+        body = api_reply_take_body(&reply, &len);
+        api_reply_free(&reply);
+    }
+    return respond(req, status, "application/json", body, len, &opts);
+}
+
+static enum MHD_Result respond_text(srv_req *req, int status, const char *content_type,
+                                    const char *text, const resp_opts *o)
+{
+    size_t n = strlen(text);
+    char *body = malloc(n + 1);
+    if (!body)
+        return MHD_NO;
+    memcpy(body, text, n + 1);
+    return respond(req, status, content_type, body, n, o);
+}
+
+static enum MHD_Result respond_metrics(srv_server *s, srv_req *req)
+{
+    srv_gauges g;
+    srv_buf b;
+    char *body;
+    size_t len = 0;
+    g.queued = atomic_load(&s->queued);
+    g.running = atomic_load(&s->running);
+    g.inflight = atomic_load(&s->active);
+    g.suspended = atomic_load(&s->suspended);
+    g.memory_in_use = (int64_t)api_budget_in_use(s->budget);
+    g.memory_budget = (int64_t)s->max_memory_bytes;
+    g.max_queue = s->max_queue;
+    g.threads = s->threads;
+    g.ready = !atomic_load(&s->draining);
+
+    srv__buf_init(&b, (size_t)4 << 20);
+    srv__metrics_render(&s->metrics, &g, &b);
+    body = srv__buf_take(&b, &len);
+    if (!body)
+        return respond_error(req, 503, API_REASON_INTERNAL, NULL, "out of memory");
+    return respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
+}
+
+/* The reply a worker (or the watcher) prepared, after the connection was resumed. */
+static enum MHD_Result respond_reply(srv_req *req)
+{
+    api_reply *r = &req->reply;
+    size_t len = 0;
+    char *body = api_reply_take_body(r, &len);
+    resp_opts o = {.retry_after_s = r->retry_after_s};
+
+    req->reason = r->reason;
+    if (atomic_load(&req->client_gone)) {
+        /* Nobody is listening: close instead of writing into a dead socket. */
+        free(body);
+        req->status = r->status;
+        req->responded = true;
+        return MHD_NO;
+    }
+    return respond(req, r->status > 0 ? r->status : 500, r->content_type, body, len, &o);
+}
+
+/* ---- Headers ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int n_length, n_transfer, n_encoding;
+    const char *length, *transfer, *encoding;
+} framing;
+
+static enum MHD_Result collect_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value)
+{
+    framing *f = cls;
+    (void)kind;
+    if (!key)
+        return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        f->n_length++;
+        f->length = value;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        f->n_transfer++;
+        f->transfer = value;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_ENCODING) == 0) {
+        f->n_encoding++;
+        f->encoding = value;
+    }
+    return MHD_YES;
+}
+
+/* `value` equals `word`, ignoring case and surrounding blanks. */
+static bool token_is(const char *value, const char *word)
+{
+    size_t n = strlen(word);
+    if (!value)
+        return false;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    if (strncasecmp(value, word, n) != 0)
+        return false;
+    value += n;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    return *value == '\0';
+}
+
+/* Checks the message framing before any body byte is read: libmicrohttpd 0.9.75 uses the first
+ * of two Content-Length headers, lets chunked win over Content-Length, and reads a body with an
+ * unknown transfer coding as raw bytes until the connection closes. Each is a way to make a
+ * proxy and this server disagree on where a request ends (request smuggling), so each is an
+ * error here. Returns MHD_YES with *answered false when the framing is sound. */
+static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered)
+{
+    framing f = {0};
+    resp_opts close = {.close = true};
+    *answered = true;
+
+    MHD_get_connection_values(req->conn, MHD_HEADER_KIND, collect_framing, &f);
+    if (f.n_length > 1)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "more than one Content-Length header");
+    if (f.n_transfer > 0 && f.n_length > 0)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "both Transfer-Encoding and Content-Length are set");
+    if (f.n_transfer > 1 || (f.n_transfer == 1 && !token_is(f.transfer, "chunked")))
+        return respond_error(req, 501, API_REASON_BAD_REQUEST, &close,
+                             "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
+                             f.n_transfer == 1 ? f.transfer : "(several headers)");
+    if (f.n_length == 1) {
+        /* libmicrohttpd already rejected a value that is not a number. */
+        char *end = NULL;
+        unsigned long long n = strtoull(f.length, &end, 10);
+        if (n > 0)
+            req->body_expected = true;
+        if (n > (unsigned long long)s->max_body_bytes)
+            return respond_error(req, 413, API_REASON_TOO_LARGE, &close,
+                                 "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
+                                 s->max_body_bytes);
+        req->content_length = (size_t)n;
+        req->has_length = true;
+    }
+    if (f.n_transfer == 1)
+        req->body_expected = true;
+    if (f.n_encoding > 0 && !token_is(f.encoding, "identity"))
+        return respond_error(req, 415, API_REASON_BAD_REQUEST, NULL,
+                             "unsupported Content-Encoding \"%.64s\": send the body "
+                             "uncompressed",
+                             f.encoding ? f.encoding : "");
+    *answered = false;
+    return MHD_YES;
+}
+
+/* Reserves `bytes` of the budget for the body; on failure answers (or arranges to answer once
+ * the body is in) and returns false. */
+static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
+{
+    switch (api_budget_reserve(s->budget, bytes)) {
+    case API_BUDGET_OK:
+        req->reserved += bytes;
+        return true;
+    case API_BUDGET_NEVER:
+        req->pending_status = 413;
+        req->pending_reason = API_REASON_MEMORY;
+        snprintf(req->pending_msg, sizeof req->pending_msg,
+                 "the request body needs more memory than --max-memory-bytes (%zu) allows",
+                 s->max_memory_bytes);
+        return false;
+    case API_BUDGET_NOT_NOW:
+        break;
+    }
+    req->pending_status = 429;
+    req->pending_reason = API_REASON_MEMORY;
+    snprintf(req->pending_msg, sizeof req->pending_msg,
+             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+    return false;
+}
+
+static enum MHD_Result respond_pending(srv_req *req)
+{
+    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
+    return respond_error(req, req->pending_status, req->pending_reason, &o, "%s", req->pending_msg);
+}
+
+/* First call of the access handler: what every answer needs (id, method, path), then the
+ * framing checks, which must come before any body byte is read. *answered tells whether a
+ * response was queued. */
+static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *url,
+                                     const char *method, bool *answered)
+{
+    const char *hdr;
+    req->framing_checked = true;
+    snprintf(req->method, sizeof req->method, "%s", method ? method : "");
+    hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
+    if (hdr && request_id_ok(hdr))
+        snprintf(req->id, sizeof req->id, "%s", hdr);
+    else
+        make_request_id(s, req->id, sizeof req->id);
+    if (url && strcmp(url, req->path) != 0)
+        snprintf(req->path, sizeof req->path, "%s", url);
+    req->route = route_of(req->path);
+    return check_framing(s, req, answered);
+}
+
+/* Routing and the checks that can be decided from the headers. Runs before the body is read
+ * when one is expected; for a request without a body it runs on the handler's second call,
+ * because libmicrohttpd 0.9.75 closes a connection whose response was queued before it knew
+ * the request was complete, and health checks and scrapes should keep theirs. */
+static enum MHD_Result on_headers(srv_server *s, srv_req *req)
+{
+    const route_def *rd = NULL;
+    const char *hdr;
+    bool is_get;
+
+    req->seen_headers = true;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (routes[i].route == req->route)
+            rd = &routes[i];
+    }
+    if (!rd) {
+        return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
+                             req->method, req->path);
+    }
+    is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+    if ((rd->route == SRV_ROUTE_ATTENTION && strcmp(req->method, "POST") != 0) ||
+        (rd->route != SRV_ROUTE_ATTENTION && !is_get)) {
+        resp_opts o = {.allow = rd->allow};
+        return respond_error(req, 405, API_REASON_BAD_REQUEST, &o,
+                             "method %.32s is not allowed on %s (allowed: %s)", req->method,
+                             rd->path, rd->allow);
+    }
+
+    switch (rd->route) {
+    case SRV_ROUTE_LIVE:
+        return respond_text(req, 200, "application/json", "{\"live\":true}", NULL);
+    case SRV_ROUTE_READY:
+        if (atomic_load(&s->draining))
+            return respond_error(req, 503, API_REASON_NONE, NULL, "draining");
+        return respond_text(req, 200, "application/json", "{\"ready\":true}", NULL);
+    case SRV_ROUTE_METRICS:
+        return respond_metrics(s, req);
+    case SRV_ROUTE_ATTENTION:
+    case SRV_ROUTE_OTHER:
+    case SRV_ROUTE_COUNT:
+        break;
+    }
+
+    /* POST /v1/attention: everything that can be decided before the body is read. */
+    hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (hdr) {
+        if (strlen(hdr) >= sizeof req->content_type)
+            return respond_error(req, 415, API_REASON_BAD_REQUEST, NULL,
+                                 "the Content-Type header is too long");
+        snprintf(req->content_type, sizeof req->content_type, "%s", hdr);
+        req->has_content_type = true;
+    }
+    if (atomic_load(&s->draining)) {
+        resp_opts o = {.close = true};
+        return respond_error(req, 503, API_REASON_DRAINING, &o,
+                             "the server is shutting down; retry on another replica");
+    }
+    if (atomic_load(&s->admitted) >= s->max_queue) {
+        resp_opts o = {.retry_after_s = 1};
+        return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
+                             "the queue is full (--max-queue %lld); retry later",
+                             (long long)s->max_queue);
+    }
+    if (req->has_length && req->content_length > 0) {
+        /* The whole body at once: one allocation, reserved before a byte is read. */
+        if (!reserve_body(s, req, req->content_length + 1)) {
+            resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
+            return respond_error(req, req->pending_status, req->pending_reason, &o, "%s",
+                                 req->pending_msg);
+        }
+        if (srv__buf_grow_to(&req->body, req->content_length + 1) != SRV_OK)
+            return respond_error(req, 503, API_REASON_MEMORY, NULL,
+                                 "out of memory for a body of %zu bytes", req->content_length);
+    }
+    return MHD_YES;
+}
+
+/* ---- Body --------------------------------------------------------------------------------- */
+
+static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
+{
+    req->bytes_in += n;
+    if (req->pending_status) {
+        if (req->bytes_in / DRAIN_FACTOR > s->max_body_bytes)
+            return MHD_NO; /* enough draining: close */
+        return MHD_YES;
+    }
+    if (n > s->max_body_bytes - req->body.len) {
+        req->pending_status = 413;
+        req->pending_reason = API_REASON_TOO_LARGE;
+        snprintf(req->pending_msg, sizeof req->pending_msg,
+                 "the body is larger than --max-body-bytes (%zu)", s->max_body_bytes);
+        release_body(req);
+        return MHD_YES;
+    }
+    if (n >= req->body.cap - req->body.len) {
+        /* Grow (doubling, capped) and reserve what the allocation grows by. */
+        size_t need = req->body.len + n + 1;
+        size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
+        while (cap < need)
+            cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+        if (cap > s->max_body_bytes + 1)
+            cap = s->max_body_bytes + 1;
+        if (!reserve_body(s, req, cap - req->body.cap)) {
+            release_body(req);
+            return MHD_YES;
+        }
+        if (srv__buf_grow_to(&req->body, cap) != SRV_OK) {
+            req->pending_status = 503;
+            req->pending_reason = API_REASON_MEMORY;
+            snprintf(req->pending_msg, sizeof req->pending_msg,
+                     "out of memory while receiving the body");
+            release_body(req);
+            return MHD_YES;
+        }
+    }
+    srv__buf_append(&req->body, data, n);
+    return MHD_YES;
+}
+
+/* Runs one request on an engine worker: decode, compute, encode (all inside api_attention),
+ * then hands the reply back to the MHD thread by resuming the connection. */
+static void job_run(void *arg, int64_t index)
+{
+    srv_req *req = arg;
+    srv_server *s = req->srv;
+    int expected = REQ_QUEUED;
+    api_call call;
+    (void)index;
+
+    if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_RUNNING)) {
+        /* The watcher answered it while it waited (hang-up, deadline, drain). */
+        atomic_fetch_sub(&s->admitted, 1);
+        srv__req_unref(req);
+        return;
+    }
+    atomic_fetch_sub(&s->queued, 1);
+    atomic_fetch_add(&s->running, 1);
+    req->run_ns = eng_now_ns();
+
+    memset(&call, 0, sizeof call);
+    call.body = req->body.data ? req->body.data : "";
+    call.body_len = req->body.len;
+    call.content_type = req->has_content_type ? req->content_type : NULL;
+    call.pool = s->pool;
+    call.ctl = &req->ctl;
+    call.start_ns = req->start_ns;
+    call.limits = &s->limits;
+    call.budget = s->budget;
+    call.budget_held = req->reserved; /* the body's share: a request that can never fit is 413 */
+    api_attention(&call, &req->reply);
+
+    if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
+        int64_t dec = req->reply.decode_ns, comp = req->reply.compute_ns;
+        srv__req_fail(req, 503, API_REASON_DRAINING,
+                      "the server is shutting down (--drain-timeout-s passed)");
+        req->reply.decode_ns = dec;
+        req->reply.compute_ns = comp;
+    }
+    req->done_ns = eng_now_ns();
+    release_body(req);
+    /* api released its reservation; the reply text stays in memory until it is sent, so it
+     * is accounted for until the request completes (best effort: it exists already). */
+    if (req->reply.body_len > 0 &&
+        api_budget_reserve(s->budget, req->reply.body_len) == API_BUDGET_OK)
+        req->reply_reserved = req->reply.body_len;
+    atomic_store(&req->state, REQ_DONE);
+    srv__watch_remove(s, req);
+    atomic_fetch_sub(&s->running, 1);
+    atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
+    MHD_resume_connection(req->conn);
+    atomic_fetch_sub(&s->suspended, 1);
+    srv__req_unref(req);
+}
+
+static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
+{
+    int64_t now = eng_now_ns(), deadline = req->start_ns + s->request_timeout_ns;
+    int_fast64_t admitted;
+
+    req->seen_body_end = true;
+    set_phase(req, CONN_BUSY);
+    if (req->pending_status)
+        return respond_pending(req);
+    if (atomic_load(&s->drain_expired))
+        return respond_error(req, 503, API_REASON_DRAINING, NULL,
+                             "the server is shutting down; retry on another replica");
+    if (now >= deadline)
+        return respond_error(req, 504, API_REASON_DEADLINE, NULL,
+                             "deadline exceeded while receiving the request "
+                             "(--request-timeout-ms %lld)",
+                             (long long)(s->request_timeout_ns / 1000000));
+    admitted = atomic_load(&s->admitted);
+    do {
+        if (admitted >= s->max_queue) {
+            resp_opts o = {.retry_after_s = 1};
+            return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
+                                 "the queue is full (--max-queue %lld); retry later",
+                                 (long long)s->max_queue);
+        }
+    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+
+    atomic_store(&req->ctl.cancel, false);
+    req->ctl.deadline_ns = deadline;
+    req->queue_deadline_ns = deadline;
+    req->submit_ns = now;
+    atomic_store(&req->state, REQ_QUEUED);
+    atomic_fetch_add(&s->queued, 1);
+    atomic_fetch_add(&req->refs, 1); /* the job's reference */
+    atomic_fetch_add(&s->suspended, 1);
+    MHD_suspend_connection(req->conn);
+    srv__watch_add(s, req);
+    if (eng_pool_submit(s->pool, job_run, req) != ENG_OK) {
+        int expected = REQ_QUEUED;
+        atomic_fetch_sub(&s->admitted, 1);
+        if (atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE)) {
+            atomic_fetch_sub(&s->queued, 1);
+            srv__watch_remove(s, req);
+            srv__req_fail(req, 503, API_REASON_INTERNAL, "could not queue the request");
+            MHD_resume_connection(req->conn);
+            atomic_fetch_sub(&s->suspended, 1);
+        }
+        srv__req_unref(req); /* the job's reference, never handed over */
+    }
+    return MHD_YES;
+}
+
+/* ---- libmicrohttpd callbacks --------------------------------------------------------------- */
+
+void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    srv_server *s = cls;
+    srv_req *req = calloc(1, sizeof *req);
+    const union MHD_ConnectionInfo *ci;
+    size_t n;
+
+    if (!req)
+        return NULL;
+    atomic_init(&req->refs, 1);
+    atomic_init(&req->state, REQ_RECEIVING);
+    atomic_init(&req->drain_cancelled, false);
+    atomic_init(&req->client_gone, false);
+    atomic_init(&req->ctl.cancel, false);
+    req->srv = s;
+    req->conn = conn;
+    req->start_ns = eng_now_ns();
+    srv__buf_init(&req->body, s->max_body_bytes);
+    /* The path for logs and routing; the access handler replaces it with the decoded one. */
+    n = uri ? strcspn(uri, "?") : 0;
+    if (n >= sizeof req->path)
+        n = sizeof req->path - 1;
+    if (n > 0)
+        memcpy(req->path, uri, n);
+    req->path[n] = '\0';
+    req->route = route_of(req->path);
+
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    pthread_mutex_lock(&s->watch_mu);
+    req->sc = ci ? ci->socket_context : NULL;
+    if (req->sc) {
+        req->sc->phase = CONN_RECEIVING;
+        req->sc->since_ns = req->start_ns;
+        req->sc->req = req;
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    atomic_fetch_add(&s->active, 1);
+    return req;
+}
+
+enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                const char *method, const char *version, const char *upload_data,
+                                size_t *upload_data_size, void **con_cls)
+{
+    srv_server *s = cls;
+    srv_req *req = *con_cls;
+    (void)conn;
+    (void)version;
+
+    if (!req)
+        return MHD_NO; /* the URI callback ran out of memory: drop the connection */
+    if (!req->framing_checked) {
+        bool answered = false;
+        enum MHD_Result rc = on_first_call(s, req, url, method, &answered);
+        if (answered || !req->body_expected)
+            return rc; /* no body: route on the next call, when the request is complete */
+        return on_headers(s, req);
+    }
+    if (!req->seen_headers) {
+        enum MHD_Result rc = on_headers(s, req);
+        if (rc == MHD_NO || req->responded)
+            return rc;
+        /* A POST without a body: it is complete already. */
+    }
+    if (req->responded) {
+        /* Answered early; whatever body libmicrohttpd still hands over is discarded. */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (atomic_load(&req->state) == REQ_RECEIVING) {
+        if (*upload_data_size > 0) {
+            enum MHD_Result rc = on_body_chunk(s, req, upload_data, *upload_data_size);
+            *upload_data_size = 0;
+            return rc;
+        }
+        return on_body_complete(s, req);
+    }
+    if (atomic_load(&req->state) == REQ_DONE)
+        return respond_reply(req);
+    return MHD_YES; /* defensive: called while the request is with a worker */
+}
+
+static double ms(int64_t ns)
+{
+    return ns > 0 ? (double)ns / 1e6 : 0.0;
+}
+
+static void log_request(const srv_req *req, int status, api_reason reason, int64_t total_ns,
+                        int64_t queue_ns)
+{
+    srv_buf b;
+    if (!srv_log_enabled(SRV_LOG_INFO))
+        return;
+    srv__buf_init(&b, 8192);
+    srv__log_begin(&b, SRV_LOG_INFO);
+    srv__buf_puts(&b, ",\"msg\":\"request\",\"request_id\":");
+    srv__buf_json_str(&b, req->id, strlen(req->id));
+    srv__buf_puts(&b, ",\"method\":");
+    srv__buf_json_str(&b, req->method, strlen(req->method));
+    srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_label(req->route));
+    srv__buf_json_str(&b, req->path, strlen(req->path));
+    srv__buf_printf(&b,
+                    ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"queue_ms\":%.3f,"
+                    "\"decode_ms\":%.3f,\"compute_ms\":%.3f,\"encode_ms\":%.3f,"
+                    "\"total_ms\":%.3f",
+                    status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
+                    ms(queue_ns), ms(req->reply.decode_ns), ms(req->reply.compute_ns),
+                    ms(req->reply.encode_ns), ms(total_ns));
+    if (reason != API_REASON_NONE)
+        srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+    srv__buf_puts(&b, "}\n");
+    if (!b.failed)
+        srv__log_write(b.data, b.len);
+    srv__buf_free(&b);
+}
+
+void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                        enum MHD_RequestTerminationCode toe)
+{
+    srv_server *s = cls;
+    srv_req *req = *con_cls;
+    int64_t now = eng_now_ns(), queue_ns = 0;
+    bool slow;
+    int status;
+    api_reason reason;
+    (void)conn;
+
+    if (!req)
+        return;
+    *con_cls = NULL;
+    if (!req->id[0])
+        make_request_id(s, req->id, sizeof req->id); /* libmicrohttpd answered it itself */
+    pthread_mutex_lock(&s->watch_mu);
+    if (req->sc) {
+        req->sc->phase = CONN_IDLE;
+        req->sc->since_ns = now;
+        if (req->sc->req == req)
+            req->sc->req = NULL;
+        req->sc = NULL;
+    }
+    slow = req->dropped_slow;
+    pthread_mutex_unlock(&s->watch_mu);
+
+    status = req->status;
+    reason = req->reason;
+    if (atomic_load(&req->client_gone)) {
+        status = 499; /* nginx's "client closed request": the reply was never delivered */
+        reason = API_REASON_CANCELLED;
+    } else if (!req->responded) {
+        if (slow) {
+            status = 408;
+            reason = API_REASON_NONE; /* counted in attnd_slow_clients_total */
+        } else if (!req->framing_checked && toe == MHD_REQUEST_TERMINATED_WITH_ERROR) {
+            status = 400; /* libmicrohttpd rejected the request line or headers itself */
+            reason = API_REASON_BAD_REQUEST;
+        } else {
+            status = 499;
+            reason = API_REASON_CANCELLED;
+        }
+    }
+
+    if (req->submit_ns > 0) {
+        queue_ns = (req->run_ns > 0 ? req->run_ns : req->done_ns) - req->submit_ns;
+        srv__metrics_stage(&s->metrics, SRV_STAGE_QUEUE, queue_ns);
+        if (req->run_ns > 0) {
+            srv__metrics_stage(&s->metrics, SRV_STAGE_DECODE, req->reply.decode_ns);
+            srv__metrics_stage(&s->metrics, SRV_STAGE_COMPUTE, req->reply.compute_ns);
+            srv__metrics_stage(&s->metrics, SRV_STAGE_ENCODE, req->reply.encode_ns);
+        }
+    }
+    srv__metrics_request(&s->metrics, req->route, status, now - req->start_ns, req->bytes_in,
+                         req->bytes_out);
+    srv__metrics_rejected(&s->metrics, reason);
+    log_request(req, status, reason, now - req->start_ns, queue_ns);
+
+    release_body(req);
+    release_reply(req);
+    atomic_fetch_sub(&s->active, 1);
+    srv__req_unref(req);
+}
+
+void srv__mhd_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                         enum MHD_ConnectionNotificationCode code)
+{
+    srv_server *s = cls;
+    srv_conn *c;
+
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c = calloc(1, sizeof *c);
+        *socket_context = c;
+        if (!c)
+            return; /* the connection works, without deadlines or hang-up detection */
+        c->fd = ci ? ci->connect_fd : -1;
+        c->phase = CONN_IDLE;
+        c->since_ns = eng_now_ns();
+        pthread_mutex_lock(&s->watch_mu);
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        pthread_mutex_unlock(&s->watch_mu);
+        return;
+    }
+
+    c = *socket_context;
+    if (!c)
+        return;
+    *socket_context = NULL;
+    pthread_mutex_lock(&s->watch_mu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->req && c->req->sc == c)
+        c->req->sc = NULL;
+    pthread_mutex_unlock(&s->watch_mu);
+    free(c);
+}

@@ -1,0 +1,257 @@
+/*
+ * server.c - the daemon's life cycle: start (budget, engine pool, watcher, libmicrohttpd),
+ * graceful drain, and stop.
+ *
+ * Drain order matters. Readiness turns 503 first (a flag read by /v2/health/ready and by
+ * admission), then libmicrohttpd stops accepting and the listening socket is closed so new
+ * connections are refused at once instead of waiting in the backlog. Requests in flight get up
+ * to --drain-timeout-s; then the watcher answers queued ones 503 and cancels running ones,
+ * whose workers notice at the next block boundary. MHD_stop_daemon must never run while a
+ * connection is suspended, so the drain returns only once every suspended connection has been
+ * resumed.
+ */
+#include "server/internal.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (uint64_t)eng_now_ns() ^ ((uint64_t)getpid() << 32);
+    return seed;
+}
+
+/* Writes the port to `path` atomically (a temporary file, then rename), so that a reader never
+ * sees a partial number. */
+static srv_status write_port_file(const char *path, int port)
+{
+    char tmp[4200];
+    FILE *f;
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return SRV_EINVAL;
+    f = fopen(tmp, "w");
+    if (!f)
+        return SRV_EIO;
+    fprintf(f, "%d\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return SRV_EIO;
+    }
+    return SRV_OK;
+}
+
+int srv_server_port(const srv_server *s)
+{
+    return s->port;
+}
+
+srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
+{
+    srv_server *s;
+    eng_error eerr;
+    struct addrinfo hints, *ai = NULL;
+    char port_str[16];
+    unsigned flags;
+    const union MHD_DaemonInfo *di;
+    int rc;
+
+    if (cfg->n_models > 0) {
+        snprintf(err, errlen, "--model %s=%s: model loading is not supported yet",
+                 cfg->models[0].name, cfg->models[0].path);
+        return NULL;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->wake_fd = -1;
+    pthread_mutex_init(&s->watch_mu, NULL);
+    s->host = dup_str(cfg->host);
+    s->max_body_bytes = cfg->max_body_bytes;
+    s->max_queue = cfg->max_queue;
+    s->max_memory_bytes = cfg->max_memory_bytes;
+    s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
+    s->receive_timeout_ns = cfg->receive_timeout_s * 1000000000;
+    s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
+    s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;
+    s->id_seed = random_seed();
+    s->limits = api_limits_default();
+    s->limits.max_body_bytes = cfg->max_body_bytes;
+    s->limits.max_elements = (size_t)cfg->max_elements;
+    s->limits.max_timeout_ms = cfg->request_timeout_ms;
+    if (!s->host) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+
+    s->budget = api_budget_new(cfg->max_memory_bytes);
+    if (!s->budget) {
+        snprintf(err, errlen, "cannot create the memory budget (--max-memory-bytes)");
+        goto fail;
+    }
+    s->pool = eng_pool_new((int)cfg->threads, &eerr);
+    if (!s->pool) {
+        snprintf(err, errlen, "cannot start %lld engine workers (--threads): %s",
+                 (long long)cfg->threads, eerr.message);
+        goto fail;
+    }
+    s->threads = eng_pool_threads(s->pool);
+    if (srv__watch_start(s) != SRV_OK) {
+        snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
+        goto fail;
+    }
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(port_str, sizeof port_str, "%d", (int)cfg->port);
+    rc = getaddrinfo(cfg->host, port_str, &hints, &ai);
+    if (rc != 0 || !ai) {
+        snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(rc));
+        goto fail;
+    }
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    /* The logger must be the first option, or libmicrohttpd prints the messages about the
+     * options before it on its own. */
+    s->mhd = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv__mhd_access, s,
+                              MHD_OPTION_EXTERNAL_LOGGER, srv__log_mhd, s, MHD_OPTION_SOCK_ADDR,
+                              ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)cfg->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)cfg->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                              (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK, srv__mhd_uri, s,
+                              MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
+                              MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->mhd) {
+        snprintf(err, errlen, "cannot listen on %s port %lld (--host, --port): %s", cfg->host,
+                 (long long)cfg->port, errno ? strerror(errno) : "see the log");
+        goto fail;
+    }
+    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? (int)di->port : (int)cfg->port;
+
+    if (cfg->port_file && write_port_file(cfg->port_file, s->port) != SRV_OK) {
+        snprintf(err, errlen, "--port-file %s: cannot write it: %s", cfg->port_file,
+                 strerror(errno));
+        goto fail;
+    }
+    srv_log(SRV_LOG_INFO,
+            "listening on %s port %d with %d engine workers (max queue %lld, max body %zu "
+            "bytes, memory budget %zu bytes)",
+            s->host, s->port, s->threads, (long long)s->max_queue, s->max_body_bytes,
+            s->max_memory_bytes);
+    if (strchr(s->host, ':'))
+        printf("attnd listening on http://[%s]:%d\n", s->host, s->port);
+    else
+        printf("attnd listening on http://%s:%d\n", s->host, s->port);
+    fflush(stdout);
+    return s;
+
+fail:
+    srv_server_free(s);
+    return NULL;
+}
+
+void srv_server_drain(srv_server *s, int wake_fd)
+{
+    int64_t deadline, last_note;
+    MHD_socket lfd;
+
+    atomic_store(&s->draining, true);
+    srv_log(SRV_LOG_INFO,
+            "draining: readiness is 503, no new connections; %lld requests in "
+            "flight, up to %lld s to finish (--drain-timeout-s)",
+            (long long)atomic_load(&s->active), (long long)(s->drain_timeout_ns / 1000000000));
+    lfd = MHD_quiesce_daemon(s->mhd);
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+
+    deadline = eng_now_ns() + s->drain_timeout_ns;
+    while (atomic_load(&s->active) > 0 && eng_now_ns() < deadline) {
+        struct pollfd p = {.fd = wake_fd, .events = POLLIN};
+        if (wake_fd >= 0 && poll(&p, 1, 10) > 0 && (p.revents & POLLIN)) {
+            char c;
+            ssize_t r = read(wake_fd, &c, 1);
+            (void)r;
+            srv_log(SRV_LOG_WARN, "second signal: cancelling the requests in flight now");
+            break;
+        }
+        if (wake_fd < 0)
+            sleep_ms(10);
+    }
+    if (atomic_load(&s->active) > 0) {
+        srv_log(SRV_LOG_WARN, "drain timeout: cancelling %lld requests in flight (answered 503)",
+                (long long)atomic_load(&s->active));
+        atomic_store(&s->drain_expired, true);
+        srv__watch_wake(s);
+    }
+    /* Cancelled work stops at the next block boundary; a decode or encode in progress runs to
+     * its end. Waiting is the only safe option: stopping libmicrohttpd with a suspended
+     * connection aborts the process. */
+    last_note = eng_now_ns();
+    while (atomic_load(&s->suspended) > 0) {
+        sleep_ms(5);
+        if (eng_now_ns() - last_note > INT64_C(5000000000)) {
+            srv_log(SRV_LOG_WARN, "still waiting for %lld cancelled requests to stop",
+                    (long long)atomic_load(&s->suspended));
+            last_note = eng_now_ns();
+        }
+    }
+    /* Give resumed connections a moment to write their replies. */
+    deadline = eng_now_ns() + INT64_C(2000000000);
+    while (atomic_load(&s->active) > 0 && eng_now_ns() < deadline)
+        sleep_ms(5);
+    srv_log(SRV_LOG_INFO, "drained");
+}
+
+void srv_server_free(srv_server *s)
+{
+    if (!s)
+        return;
+    if (s->mhd)
+        MHD_stop_daemon(s->mhd);
+    s->mhd = NULL;
+    srv__watch_stop(s);
+    /* Runs what is still queued: only jobs the watcher already answered, which just drop
+     * their reference. */
+    eng_pool_free(s->pool);
+    api_budget_free(s->budget);
+    while (s->conns) {
+        srv_conn *c = s->conns;
+        s->conns = c->next;
+        free(c);
+    }
+    pthread_mutex_destroy(&s->watch_mu);
+    free(s->host);
+    free(s);
+}

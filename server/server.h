@@ -1,0 +1,151 @@
+/*
+ * server.h - the attnd daemon: configuration, logging and the HTTP server's life cycle.
+ *
+ * server/ turns the engine and the api into a service. It owns everything that touches a socket:
+ * libmicrohttpd (only this module includes <microhttpd.h>), routing, body accumulation with
+ * caps, admission control, the suspend/resume handoff of each request to an engine worker,
+ * deadlines, cancellation of work whose client hung up, metrics, request logs, configuration
+ * from flags and environment, and the graceful drain on SIGTERM. Design: ../shared/DESIGN.md
+ * sections 2, 3 and 8; issues 3 and 6.
+ *
+ * Usage (what main.c does):
+ *
+ *     srv_config cfg;
+ *     char err[256];
+ *     if (srv_config_parse(&cfg, argc, argv, err, sizeof err) != SRV_OK) {
+ *         fprintf(stderr, "attnd: %s\n", err);           // names the offending flag
+ *         return 2;
+ *     }
+ *     srv_log_set_level(cfg.log_level);
+ *     srv_server *s = srv_server_start(&cfg, err, sizeof err);   // listening when it returns
+ *     if (!s) { ... }
+ *     // ... wait for SIGTERM (the handler only writes a pipe) ...
+ *     srv_server_drain(s);        // readiness 503, stop accepting, finish or cancel in-flight
+ *     srv_server_free(s);         // stops libmicrohttpd, joins the engine workers
+ *     srv_config_free(&cfg);
+ *
+ * Threads: srv_config_* and srv_server_start/drain/free are for the main thread; srv_log and
+ * srv_server_request_drain_now may be called from any thread. Ownership: srv_server_start copies
+ * what it needs from the config; strings in srv_config are owned by it until srv_config_free.
+ */
+#ifndef ATTND_SERVER_H
+#define ATTND_SERVER_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- Status codes -------------------------------------------------------------------------- */
+
+/* X(name, description): one list so that codes and their strings cannot drift apart. */
+#define SRV_STATUS_LIST(X)                                                                         \
+    X(SRV_OK, "ok")                                                                                \
+    X(SRV_EINVAL, "invalid configuration")                                                         \
+    X(SRV_ENOMEM, "out of memory")                                                                 \
+    X(SRV_ETOOBIG, "beyond a limit")                                                               \
+    X(SRV_EIO, "system call failed")                                                               \
+    X(SRV_EUNSUPPORTED, "not supported yet")                                                       \
+    X(SRV_HELP, "help requested")
+
+typedef enum {
+#define SRV_STATUS_ENUM(name, text) name,
+    SRV_STATUS_LIST(SRV_STATUS_ENUM)
+#undef SRV_STATUS_ENUM
+} srv_status;
+
+/* The fixed description of a status; never NULL. */
+const char *srv_status_str(srv_status status);
+
+/* ---- Logging ------------------------------------------------------------------------------- */
+
+/* Severity, most severe first: a message is written when its level <= the configured level. */
+typedef enum { SRV_LOG_ERROR = 0, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG } srv_log_level;
+
+/* "error", "warn", "info" or "debug". */
+const char *srv_log_level_str(srv_log_level level);
+
+void srv_log_set_level(srv_log_level level);
+bool srv_log_enabled(srv_log_level level);
+
+/* Writes one JSON line {"time", "level", "msg"} to stderr; `fmt` is printf-style and the
+ * message is JSON-escaped. Any thread; lines never interleave. */
+void srv_log(srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void srv_logv(srv_log_level level, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+
+/* ---- Configuration ------------------------------------------------------------------------- */
+
+/* A model to register at start-up (--model NAME=PATH). */
+typedef struct {
+    char *name;
+    char *path;
+} srv_model;
+
+/* Every option of the daemon; see the table in config.c for bounds, defaults and help. */
+typedef struct {
+    char *host;                 /* --host: address to bind */
+    int64_t port;               /* --port: 0 = an ephemeral port */
+    char *port_file;            /* --port-file: write the bound port here once listening */
+    int64_t threads;            /* --threads: engine workers, 0 = CPUs this process may use */
+    size_t max_body_bytes;      /* --max-body-bytes */
+    int64_t max_elements;       /* --max-elements */
+    size_t max_memory_bytes;    /* --max-memory-bytes: the global budget */
+    int64_t max_queue;          /* --max-queue: requests queued or running on workers */
+    int64_t request_timeout_ms; /* --request-timeout-ms */
+    int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */
+    int64_t connection_limit;   /* --connection-limit */
+    int64_t idle_timeout_s;     /* --idle-timeout-s */
+    int64_t drain_timeout_s;    /* --drain-timeout-s */
+    srv_model *models;          /* --model NAME=PATH, repeatable */
+    size_t n_models;
+    srv_log_level log_level; /* --log-level */
+} srv_config;
+
+/* Fills `cfg` from defaults, then the ATTND_<NAME> environment variables, then argv (a flag
+ * wins over its environment mirror). Flags are "--name value" or "--name=value". On failure
+ * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
+ * `cfg` freed; "--help" returns SRV_HELP. Sizes accept K, M, G, T suffixes (binary: K = KiB =
+ * 1024, an optional "iB" or "B" may follow). --model is parsed and stored here; the daemon
+ * refuses to start with one because loading is not implemented yet. Main thread only (getenv). */
+srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* Frees the strings of `cfg`; safe on a zeroed or already freed config. */
+void srv_config_free(srv_config *cfg);
+
+/* Writes --help: every flag with its argument, default, bounds and environment variable. */
+void srv_config_usage(FILE *out);
+
+/* `attnd --healthcheck`: GET /v2/health/ready on the configured host (a wildcard address is
+ * probed on loopback) and port within `timeout_ms`; returns the exit status: 0 when the daemon
+ * answers 200, 1 otherwise (with a line on stderr). */
+int srv_healthcheck(const srv_config *cfg, int timeout_ms);
+
+/* Parses a size such as "256MiB", "64k" or "1048576" into *out. SRV_OK or SRV_EINVAL. */
+srv_status srv_parse_size(const char *text, uint64_t *out);
+
+/* ---- The server ---------------------------------------------------------------------------- */
+
+typedef struct srv_server srv_server;
+
+/* Starts the engine pool, the watcher thread and libmicrohttpd on cfg->host:cfg->port, prints
+ * the startup line (address and bound port) on stdout, and writes cfg->port_file if set. NULL
+ * on failure with `err` filled. */
+srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen);
+
+/* The TCP port the server is bound to. */
+int srv_server_port(const srv_server *s);
+
+/* Graceful drain: readiness turns 503 at once, the listener stops accepting, and requests in
+ * flight run to completion for up to --drain-timeout-s; past it, remaining work is cancelled and
+ * answered 503. Returns once no connection is suspended, so srv_server_free may stop the
+ * daemon. `wake_fd`, when >= 0, is polled too: a byte there (a second signal) ends the grace
+ * period at once. Main thread. */
+void srv_server_drain(srv_server *s, int wake_fd);
+
+/* Stops libmicrohttpd, the watcher and the engine pool and frees everything. Call after
+ * srv_server_drain (never with suspended connections). NULL is a no-op. Main thread. */
+void srv_server_free(srv_server *s);
+
+#endif

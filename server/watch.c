@@ -1,0 +1,343 @@
+/*
+ * watch.c - the watcher thread: what libmicrohttpd cannot see by itself.
+ *
+ * 1. Hang-ups. A suspended connection is out of libmicrohttpd's event loop, so a client that
+ *    closes (or resets) while its request waits or computes goes unnoticed. The watcher polls
+ *    the socket of every suspended request for POLLRDHUP/POLLHUP/POLLERR: a request still in the
+ *    queue is finished at once (its worker will skip it), a running one gets ctl.cancel set,
+ *    which the engine checks between blocks. poll() wakes on the event, so this takes
+ *    microseconds, well within the 100 ms the issue asks for.
+ * 2. Queue deadlines. A request whose deadline (--request-timeout-ms from its arrival) passes
+ *    while it still waits for a worker is answered 504 at that moment, not when a worker
+ *    finally reaches it.
+ * 3. Slow clients. libmicrohttpd's timeout only measures idleness, so a client trickling a byte
+ *    a second keeps a connection forever. Each connection has a phase (see srv_conn_phase) and
+ *    a deadline per phase; past it, the watcher shuts the socket down, and libmicrohttpd then
+ *    sees end-of-file and closes the connection on its own thread.
+ * 4. The drain timeout: once srv_server.drain_expired is set, queued requests are answered 503
+ *    and running ones cancelled (their worker then answers 503).
+ *
+ * Locking: watch_mu guards the connection list, the watched-request list and their watcher
+ * fields. libmicrohttpd's callbacks take watch_mu, so the watcher never calls into
+ * libmicrohttpd while holding it: it collects the connections to resume and resumes them after
+ * unlocking (the requests are referenced, and a suspended connection cannot go away).
+ */
+#include "server/internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The longest the watcher sleeps when nothing is due; it is woken for anything new. */
+#define WATCH_MAX_SLEEP_MS 1000
+/* MHD's own idle timeout normally closes an idle connection first; ours, a little later,
+ * catches a request line trickled slowly enough to keep resetting MHD's timer. */
+#define IDLE_GRACE_NS INT64_C(1000000000)
+
+void srv__watch_wake(srv_server *s)
+{
+    uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = write(s->wake_fd, &one, sizeof one);
+    } while (w < 0 && errno == EINTR);
+    /* EAGAIN means the counter is already non-zero: the watcher is awake anyway. */
+}
+
+void srv__watch_add(srv_server *s, srv_req *req)
+{
+    pthread_mutex_lock(&s->watch_mu);
+    req->watched = true;
+    req->hup = false;
+    req->wprev = NULL;
+    req->wnext = s->watched;
+    if (s->watched)
+        s->watched->wprev = req;
+    s->watched = req;
+    pthread_mutex_unlock(&s->watch_mu);
+    srv__watch_wake(s);
+}
+
+/* watch_mu held. */
+static void unlink_watched(srv_server *s, srv_req *req)
+{
+    if (!req->watched)
+        return;
+    if (req->wprev)
+        req->wprev->wnext = req->wnext;
+    else
+        s->watched = req->wnext;
+    if (req->wnext)
+        req->wnext->wprev = req->wprev;
+    req->wprev = req->wnext = NULL;
+    req->watched = false;
+}
+
+void srv__watch_remove(srv_server *s, srv_req *req)
+{
+    pthread_mutex_lock(&s->watch_mu);
+    unlink_watched(s, req);
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+/* A growable list of referenced requests, used to act on them outside the lock. */
+typedef struct {
+    srv_req **items;
+    size_t n, cap;
+} req_list;
+
+static bool req_list_push(req_list *l, srv_req *req)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        srv_req **grown = realloc(l->items, cap * sizeof *grown);
+        if (!grown)
+            return false;
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = req;
+    return true;
+}
+
+/* Finishes a request that is still in the queue with an error reply, on the watcher thread.
+ * watch_mu held. Returns true when the caller must resume it (after unlocking). */
+static bool abandon_queued(srv_server *s, srv_req *req, req_list *resume, int status,
+                           api_reason reason, const char *msg)
+{
+    int expected = REQ_QUEUED;
+    if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
+        return false; /* a worker has it (or has finished it) */
+    atomic_fetch_sub(&s->queued, 1);
+    srv__req_fail(req, status, reason, "%s", msg);
+    req->done_ns = eng_now_ns();
+    unlink_watched(s, req);
+    /* The worker that eventually dequeues the job sees REQ_DONE and only drops its reference;
+     * this one is the connection's, handed back on resume. */
+    atomic_fetch_add(&req->refs, 1);
+    if (!req_list_push(resume, req)) {
+        /* Out of memory for the list: resume under the lock instead. This cannot deadlock
+         * with libmicrohttpd's callbacks, because resume only flags the connection and
+         * signals the MHD thread, but it is kept off the normal path. */
+        MHD_resume_connection(req->conn);
+        atomic_fetch_sub(&s->suspended, 1);
+        atomic_fetch_sub(&req->refs, 1);
+    }
+    return true;
+}
+
+/* Applies hang-up, deadline and drain rules to the watched requests. watch_mu held. */
+static void check_requests(srv_server *s, int64_t now, req_list *resume)
+{
+    bool expired = atomic_load(&s->drain_expired);
+    char msg[160];
+    srv_req *next;
+    for (srv_req *req = s->watched; req; req = next) {
+        next = req->wnext;
+        if (expired) {
+            if (abandon_queued(s, req, resume, 503, API_REASON_DRAINING,
+                               "the server is shutting down (--drain-timeout-s passed)"))
+                continue;
+            if (!atomic_load(&req->drain_cancelled)) {
+                atomic_store(&req->drain_cancelled, true);
+                atomic_store(&req->ctl.cancel, true);
+            }
+        }
+        if (req->queue_deadline_ns > 0 && now >= req->queue_deadline_ns &&
+            atomic_load(&req->state) == REQ_QUEUED) {
+            snprintf(msg, sizeof msg,
+                     "deadline exceeded while waiting for a worker (--request-timeout-ms %lld)",
+                     (long long)(s->request_timeout_ns / 1000000));
+            abandon_queued(s, req, resume, 504, API_REASON_DEADLINE, msg);
+        }
+    }
+}
+
+/* Shuts down connections past their phase deadline. watch_mu held. */
+static void check_connections(srv_server *s, int64_t now)
+{
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        int64_t limit;
+        if (c->shut || c->phase == CONN_BUSY)
+            continue;
+        limit = c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns;
+        if (now - c->since_ns < limit)
+            continue;
+        /* libmicrohttpd closes the socket only after our CLOSED callback, which needs this
+         * lock, so `fd` is still this connection's. */
+        shutdown(c->fd, SHUT_RDWR);
+        c->shut = true;
+        if (c->req)
+            c->req->dropped_slow = true;
+        atomic_fetch_add_explicit(&s->metrics.slow_clients, 1, memory_order_relaxed);
+        srv_log(SRV_LOG_INFO,
+                "closed a connection whose client did not send its request in "
+                "time (%s)",
+                c->phase == CONN_IDLE ? "--idle-timeout-s" : "--receive-timeout-s");
+    }
+}
+
+/* Milliseconds until the next deadline, capped. watch_mu held. */
+static int next_timeout_ms(srv_server *s, int64_t now)
+{
+    int64_t next = now + (int64_t)WATCH_MAX_SLEEP_MS * 1000000;
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        int64_t due;
+        if (c->shut || c->phase == CONN_BUSY)
+            continue;
+        due = c->since_ns +
+              (c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns);
+        if (due < next)
+            next = due;
+    }
+    for (srv_req *r = s->watched; r; r = r->wnext) {
+        if (r->queue_deadline_ns > 0 && atomic_load(&r->state) == REQ_QUEUED &&
+            r->queue_deadline_ns < next)
+            next = r->queue_deadline_ns;
+    }
+    if (next <= now)
+        return 0;
+    return (int)((next - now + 999999) / 1000000);
+}
+
+/* A client is gone: cancel its request. watch_mu held. */
+static void on_hangup(srv_server *s, srv_req *req, req_list *resume)
+{
+    req->hup = true;
+    atomic_store(&req->client_gone, true);
+    atomic_store(&req->ctl.cancel, true);
+    atomic_fetch_add_explicit(&s->metrics.hangups, 1, memory_order_relaxed);
+    abandon_queued(s, req, resume, 499, API_REASON_CANCELLED,
+                   "the client closed the connection while the request was queued");
+}
+
+static void *watch_main(void *arg)
+{
+    srv_server *s = arg;
+    struct pollfd *pfd = NULL;
+    srv_req **polled = NULL;
+    size_t pcap = 0;
+    req_list resume = {0};
+
+    pthread_mutex_lock(&s->watch_mu);
+    while (!s->watch_stop) {
+        int64_t now = eng_now_ns();
+        size_t n = 1, watched = 0;
+        int timeout, rc;
+
+        check_requests(s, now, &resume);
+        check_connections(s, now);
+
+        for (srv_req *r = s->watched; r; r = r->wnext)
+            watched++;
+        if (watched + 1 > pcap) {
+            size_t cap = (watched + 1) * 2;
+            struct pollfd *p2 = realloc(pfd, cap * sizeof *p2);
+            srv_req **q2 = p2 ? realloc(polled, cap * sizeof *q2) : NULL;
+            if (p2)
+                pfd = p2;
+            if (q2) {
+                polled = q2;
+                pcap = cap;
+            }
+        }
+        if (pcap == 0) {
+            /* Out of memory for even the wake-up entry: try again shortly. */
+            pthread_mutex_unlock(&s->watch_mu);
+            poll(NULL, 0, 10);
+            pthread_mutex_lock(&s->watch_mu);
+            continue;
+        }
+        pfd[0].fd = s->wake_fd;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        for (srv_req *r = s->watched; r && n < pcap; r = r->wnext) {
+            /* After a hang-up the socket stays readable-at-EOF; polling it again would spin. */
+            if (r->hup)
+                continue;
+            pfd[n].fd = r->sc ? r->sc->fd : -1;
+            pfd[n].events = POLLRDHUP;
+            pfd[n].revents = 0;
+            polled[n] = r;
+            atomic_fetch_add(&r->refs, 1);
+            n++;
+        }
+        timeout = next_timeout_ms(s, now);
+        pthread_mutex_unlock(&s->watch_mu);
+
+        for (size_t i = 0; i < resume.n; i++) {
+            srv_req *req = resume.items[i];
+            MHD_resume_connection(req->conn);
+            atomic_fetch_sub(&s->suspended, 1);
+            srv__req_unref(req);
+        }
+        resume.n = 0;
+
+        rc = poll(pfd, (nfds_t)n, timeout);
+        if (rc > 0 && (pfd[0].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t r = read(s->wake_fd, &v, sizeof v);
+            (void)r; /* EAGAIN: another read got it first; nothing to do */
+        }
+
+        pthread_mutex_lock(&s->watch_mu);
+        for (size_t i = 1; i < n; i++) {
+            srv_req *r = polled[i];
+            if (rc > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) && r->watched &&
+                !r->hup)
+                on_hangup(s, r, &resume);
+        }
+        pthread_mutex_unlock(&s->watch_mu);
+        /* Dropping a reference may free a request (taking no lock); do it unlocked. */
+        for (size_t i = 1; i < n; i++)
+            srv__req_unref(polled[i]);
+        pthread_mutex_lock(&s->watch_mu);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+
+    for (size_t i = 0; i < resume.n; i++) {
+        MHD_resume_connection(resume.items[i]->conn);
+        atomic_fetch_sub(&s->suspended, 1);
+        srv__req_unref(resume.items[i]);
+    }
+    free(resume.items);
+    free(pfd);
+    free(polled);
+    return NULL;
+}
+
+srv_status srv__watch_start(srv_server *s)
+{
+    int rc;
+    s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->wake_fd < 0)
+        return SRV_EIO;
+    s->watch_stop = false;
+    rc = pthread_create(&s->watch_thread, NULL, watch_main, s);
+    if (rc != 0) {
+        close(s->wake_fd);
+        s->wake_fd = -1;
+        errno = rc;
+        return SRV_EIO;
+    }
+    s->watch_started = true;
+    return SRV_OK;
+}
+
+void srv__watch_stop(srv_server *s)
+{
+    if (!s->watch_started)
+        return;
+    pthread_mutex_lock(&s->watch_mu);
+    s->watch_stop = true;
+    pthread_mutex_unlock(&s->watch_mu);
+    srv__watch_wake(s);
+    pthread_join(s->watch_thread, NULL);
+    s->watch_started = false;
+    close(s->wake_fd);
+    s->wake_fd = -1;
+}

@@ -1,0 +1,532 @@
+/*
+ * test_resilience.c - attnd under pressure: a full queue (429), deadlines (504), clients that
+ * hang up while their request waits or computes, SIGTERM with requests in flight (drain, 503
+ * while draining, exit 0), the drain timeout, and slow clients.
+ *
+ * "Slow" requests are real attention calls sized to take about a second ("medium") or a few
+ * seconds ("long") on one worker, with a small base64 body; tests observe the daemon through
+ * /metrics (attnd_running_requests, attnd_queue_depth) rather than sleeping and hoping.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+
+#define RUNNING "attnd_running_requests"
+#define QUEUED  "attnd_queue_depth"
+
+static const char seed[] = "{\"query\": [[1, 0], [0, 1], [1, 1]], \"key\": [[1, 0], [0, 1], "
+                           "[1, 1]], \"value\": [[1, 0], [0, 2], [3, 1]], \"causal\": true}";
+
+static char *medium_body, *long_body;
+static size_t medium_len, long_len;
+
+/* A request made on its own thread. */
+typedef struct {
+    pthread_t thread;
+    int port;
+    const char *body;
+    http_resp resp;
+    double started, finished;
+} bg_request;
+
+static void *bg_main(void *arg)
+{
+    bg_request *b = arg;
+    b->started = now_s();
+    http_post_json(NULL, b->port, b->body, &b->resp);
+    b->finished = now_s();
+    return NULL;
+}
+
+static void bg_start(bg_request *b, int port, const char *body)
+{
+    memset(b, 0, sizeof *b);
+    b->port = port;
+    b->body = body;
+    pthread_create(&b->thread, NULL, bg_main, b);
+}
+
+static void bg_join(bg_request *b)
+{
+    pthread_join(b->thread, NULL);
+}
+
+/* Sends a request with Content-Length on a raw socket (so the test can hang up on it). */
+static int raw_post(int port, const char *body, size_t len)
+{
+    char head[256];
+    int fd = raw_connect(port);
+    if (fd < 0)
+        return -1;
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n",
+             len);
+    if (raw_send(fd, head, strlen(head)) != 0 || raw_send(fd, body, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A copy of `body` with "timeout_ms": ms as its first field. */
+static char *with_timeout(const char *body, int ms)
+{
+    size_t n = strlen(body) + 32;
+    char *out = malloc(n);
+    if (out)
+        snprintf(out, n, "{\"timeout_ms\":%d,%s", ms, body + 1);
+    return out;
+}
+
+static void test_queue_full_gets_429(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "1", NULL};
+    daemon_proc d;
+    bg_request slow;
+    http_resp r;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    bg_start(&slow, d.port, medium_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+
+    http_post_json(NULL, d.port, seed, &r);
+    CHECK_EQ_INT(r.status, 429);
+    CHECK(strcmp(r.retry_after, "1") == 0);
+    CHECKF(strstr(r.body, "--max-queue") != NULL, "body: %s", r.body);
+    http_resp_free(&r);
+    /* Health is answered on the I/O thread, whatever the queue. */
+    CHECK_EQ_INT(http_do(NULL, d.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 200);
+    http_resp_free(&r);
+
+    bg_join(&slow);
+    CHECK_EQ_INT(slow.resp.status, 200);
+    http_resp_free(&slow.resp);
+    CHECK_EQ_INT(http_post_json(NULL, d.port, seed, &r), 200);
+    http_resp_free(&r);
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}", 1, 2000));
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* With one worker and a queue of one, the next request is served only once the cancelled
+ * one has left the worker: a hang-up must free it long before its compute would end. */
+static void test_hangup_mid_compute_frees_the_worker(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "1", NULL};
+    daemon_proc d;
+    http_resp r;
+    double t0, waited;
+    long status = 0;
+    int fd;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    fd = raw_post(d.port, long_body, long_len);
+    CHECK(fd >= 0);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    sleep_ms(100);
+    close(fd);
+    t0 = now_s();
+    /* The worker is free within 100 ms (the bound; a sanitizer build gets more). */
+    while (metric_value(d.port, RUNNING) != 0 && now_s() - t0 < 5)
+        sleep_ms(2);
+    waited = now_s() - t0;
+    CHECKF(waited < (daemon_quick() ? 0.5 : 0.1), "the worker was freed after %.3f s", waited);
+    t0 = now_s();
+    while (now_s() - t0 < 10) {
+        status = http_post_json(NULL, d.port, seed, &r);
+        http_resp_free(&r);
+        if (status != 429)
+            break;
+        sleep_ms(5);
+    }
+    waited = now_s() - t0;
+    CHECK_EQ_INT(status, 200);
+    CHECKF(waited < 0.5, "the next request waited %.3f s", waited);
+    CHECK(metric_wait(d.port, "attnd_client_hangups_total", 1, 2000));
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"cancelled\"}", 1, 2000));
+    CHECK(metric_value(d.port, RUNNING) == 0);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* Bodies count against --max-memory-bytes from their Content-Length: one that can never fit
+ * gets 413 naming the flag, one that cannot fit while other work holds memory gets 429. */
+static void test_memory_budget(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-memory-bytes", "64MiB", NULL};
+    daemon_proc d;
+    bg_request slow;
+    char head[256];
+    char *resp;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Content-Length: %d\r\n\r\n",
+             65 << 20);
+    resp = raw_exchange(d.port, head, strlen(head), 3000);
+    CHECK_EQ_INT(raw_status(resp), 413);
+    CHECK(resp && strstr(resp, "--max-memory-bytes") != NULL);
+    free(resp);
+
+    bg_start(&slow, d.port, medium_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Content-Length: %d\r\n\r\n",
+             62 << 20);
+    resp = raw_exchange(d.port, head, strlen(head), 3000);
+    CHECK_EQ_INT(raw_status(resp), 429);
+    CHECK(resp && strstr(resp, "Retry-After: 1") != NULL);
+    free(resp);
+    bg_join(&slow);
+    CHECK_EQ_INT(slow.resp.status, 200);
+    http_resp_free(&slow.resp);
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"memory\"}", 2, 2000));
+    CHECK(metric_value(d.port, "attnd_rejected_total{reason=\"memory\"}") == 2);
+    CHECK(metric_wait_le(d.port, "attnd_memory_reserved_bytes", 0, 2000));
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* A request that waits in the queue when its client hangs up is dropped at once. */
+static void test_hangup_while_queued(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "4", NULL};
+    daemon_proc d;
+    bg_request slow;
+    int fd;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    bg_start(&slow, d.port, medium_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    fd = raw_post(d.port, medium_body, medium_len);
+    CHECK(metric_wait(d.port, QUEUED, 1, 10000));
+    close(fd);
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"cancelled\"}", 1, 1000));
+    CHECK(metric_value(d.port, QUEUED) == 0);
+    CHECK(metric_value(d.port, RUNNING) == 1); /* the first one is still computing */
+    bg_join(&slow);
+    CHECK_EQ_INT(slow.resp.status, 200);
+    http_resp_free(&slow.resp);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* The deadline holds while computing (the engine stops) and while queued (the watcher
+ * answers), and a request's own timeout_ms shortens it. */
+static void test_deadlines_get_504(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "4", "--request-timeout-ms",
+                                "400",       NULL};
+    daemon_proc d;
+    bg_request running, queued;
+    http_resp r;
+    char *short_body;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    bg_start(&running, d.port, long_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    bg_start(&queued, d.port, long_body);
+    bg_join(&running);
+    bg_join(&queued);
+    CHECK_EQ_INT(running.resp.status, 504);
+    CHECK_EQ_INT(queued.resp.status, 504);
+    CHECKF(strstr(running.resp.body, "\"error\"") != NULL, "body: %s", running.resp.body);
+    CHECKF(running.finished - running.started < 1.5, "running one took %.3f s",
+           running.finished - running.started);
+    CHECKF(queued.finished - queued.started < 1.5, "queued one took %.3f s",
+           queued.finished - queued.started);
+    http_resp_free(&running.resp);
+    http_resp_free(&queued.resp);
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"deadline\"}", 2, 2000));
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+
+    /* timeout_ms in the request, under the default flag. */
+    if (daemon_start(&d, args + 4) != 0) {
+        CHECK(0);
+        return;
+    }
+    short_body = with_timeout(long_body, 100);
+    CHECK(short_body != NULL);
+    if (short_body) {
+        http_post_json(NULL, d.port, short_body, &r);
+        CHECK_EQ_INT(r.status, 504);
+        CHECKF(r.seconds < 1.0, "took %.3f s", r.seconds);
+        http_resp_free(&r);
+    }
+    free(short_body);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* A request whose deadline passes while it still waits for a worker is answered 504 at that
+ * moment (by the watcher), not when a worker finally reaches it. Deadlines count from the
+ * request line, so request A, whose upload starts first and ends last, waits in the queue
+ * behind B with the earlier deadline. */
+static void test_queue_deadline_answered_in_time(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "4", "--request-timeout-ms",
+                                "1000",      NULL};
+    daemon_proc d;
+    bg_request b;
+    char head[256];
+    char *resp;
+    bool closed;
+    double a_start, a_answered;
+    size_t half = medium_len / 2;
+    int fd;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    fd = raw_connect(d.port);
+    CHECK(fd >= 0);
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+             medium_len);
+    a_start = now_s();
+    raw_send(fd, head, strlen(head));
+    raw_send(fd, medium_body, half);
+    sleep_ms(400);
+    bg_start(&b, d.port, long_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    raw_send(fd, medium_body + half, medium_len - half);
+    CHECK(metric_wait(d.port, QUEUED, 1, 5000));
+    resp = raw_read_all(fd, 5000, &closed);
+    a_answered = now_s() - a_start;
+    CHECK_EQ_INT(raw_status(resp), 504);
+    CHECK(resp && strstr(resp, "--request-timeout-ms") != NULL);
+    CHECKF(a_answered > 0.9 && a_answered < 1.3, "answered after %.3f s", a_answered);
+    /* B, with the later deadline, was still computing when A was answered. */
+    CHECK(metric_value(d.port, RUNNING) == 1);
+    CHECK(metric_value(d.port, QUEUED) == 0);
+    free(resp);
+    close(fd);
+    bg_join(&b);
+    CHECK_EQ_INT(b.resp.status, 504);
+    http_resp_free(&b.resp);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* SIGTERM with a request computing: readiness 503 at once, new work 503, no new
+ * connections, the request in flight still gets its 200, and the daemon exits 0. */
+static void test_sigterm_drains_in_flight_requests(void)
+{
+    const char *const args[] = {"--threads", "1", NULL};
+    daemon_proc d;
+    bg_request slow;
+    void *h_ready = http_handle_new(), *h_post = http_handle_new();
+    http_resp r;
+    char *log;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    /* Two keep-alive connections opened before the signal. */
+    CHECK_EQ_INT(http_do(h_ready, d.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 200);
+    http_resp_free(&r);
+    CHECK_EQ_INT(http_do(h_post, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 200);
+    http_resp_free(&r);
+
+    bg_start(&slow, d.port, medium_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    daemon_signal(&d, SIGTERM);
+    sleep_ms(50);
+
+    CHECK_EQ_INT(http_do(h_ready, d.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 503);
+    CHECK_EQ_INT(r.new_connections, 0);
+    CHECKF(strcmp(r.body, "{\"error\":\"draining\"}") == 0, "body: %s", r.body);
+    http_resp_free(&r);
+    http_post_json(h_post, d.port, seed, &r);
+    CHECK_EQ_INT(r.status, 503);
+    CHECK_EQ_INT(r.new_connections, 0);
+    CHECK(strstr(r.body, "\"error\"") != NULL);
+    http_resp_free(&r);
+    /* The listener is closed: a new connection is refused. */
+    CHECK(raw_connect(d.port) < 0);
+
+    bg_join(&slow);
+    CHECK_EQ_INT(slow.resp.status, 200);
+    CHECK(slow.resp.body_len > 1000);
+    http_resp_free(&slow.resp);
+    CHECK_EQ_INT(daemon_wait(&d, 20000), 0);
+    log = daemon_log(&d);
+    CHECK(log && strstr(log, "\"msg\":\"drained\"") != NULL);
+    free(log);
+    daemon_stop(&d);
+    http_handle_free(h_ready);
+    http_handle_free(h_post);
+}
+
+/* Past --drain-timeout-s, what is left is cancelled and answered 503, and the exit is clean. */
+static void test_drain_timeout_cancels_the_rest(void)
+{
+    const char *const args[] = {"--threads", "1", "--drain-timeout-s", "1", NULL};
+    daemon_proc d;
+    bg_request running, queued;
+    double t0;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    bg_start(&running, d.port, long_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    bg_start(&queued, d.port, long_body);
+    CHECK(metric_wait(d.port, QUEUED, 1, 10000));
+    daemon_signal(&d, SIGTERM);
+    t0 = now_s();
+    bg_join(&running);
+    bg_join(&queued);
+    CHECK_EQ_INT(running.resp.status, 503);
+    CHECK_EQ_INT(queued.resp.status, 503);
+    CHECK(strstr(running.resp.body, "--drain-timeout-s") != NULL);
+    CHECKF(now_s() - t0 < 2.5, "answered %.3f s after SIGTERM", now_s() - t0);
+    http_resp_free(&running.resp);
+    http_resp_free(&queued.resp);
+    CHECK_EQ_INT(daemon_wait(&d, 10000), 0);
+    daemon_stop(&d);
+}
+
+/* A second SIGTERM during the drain ends the grace period at once. */
+static void test_second_signal_cancels_at_once(void)
+{
+    const char *const args[] = {"--threads", "1", "--drain-timeout-s", "60", NULL};
+    daemon_proc d;
+    bg_request running;
+    double t0;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    bg_start(&running, d.port, long_body);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    daemon_signal(&d, SIGTERM);
+    sleep_ms(100);
+    t0 = now_s();
+    daemon_signal(&d, SIGTERM);
+    bg_join(&running);
+    CHECK_EQ_INT(running.resp.status, 503);
+    CHECKF(now_s() - t0 < 1.0, "answered %.3f s after the second signal", now_s() - t0);
+    http_resp_free(&running.resp);
+    CHECK_EQ_INT(daemon_wait(&d, 10000), 0);
+    daemon_stop(&d);
+}
+
+/* A trickling client is disconnected once --receive-timeout-s (whole header and body) or
+ * --idle-timeout-s (for the request line) passes, and never holds a worker meanwhile. */
+static void test_slow_clients_are_dropped(void)
+{
+    const char *const args[] = {
+        "--threads",        "1", "--max-queue", "1", "--receive-timeout-s", "1",
+        "--idle-timeout-s", "1", NULL};
+    static const char *const first[] = {
+        /* trickles its body */
+        "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n",
+        /* trickles its headers */
+        "POST /v1/attention HTTP/1.1\r\nHost: t\r\n",
+        /* trickles its request line */
+        "POST /v1/attent",
+        /* promises 100 bytes, sends 10, then waits */
+        "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"query\":",
+    };
+    enum { N = sizeof first / sizeof first[0] };
+    daemon_proc d;
+    int fd[N];
+    double closed_at[N] = {0};
+    double t0;
+    http_resp r;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    for (int i = 0; i < N; i++) {
+        fd[i] = raw_connect(d.port);
+        CHECK(fd[i] >= 0);
+        raw_send(fd[i], first[i], strlen(first[i]));
+    }
+    t0 = now_s();
+    /* The daemon serves others meanwhile: no worker or queue slot is held. */
+    CHECK_EQ_INT(http_post_json(NULL, d.port, seed, &r), 200);
+    http_resp_free(&r);
+    while (now_s() - t0 < 6) {
+        int open = 0;
+        for (int i = 0; i < N; i++) {
+            char c;
+            ssize_t n;
+            if (closed_at[i] > 0)
+                continue;
+            if (i < 3 && send(fd[i], i == 0 ? "x" : i == 1 ? "X" : "i", 1, MSG_NOSIGNAL) < 0) {
+                closed_at[i] = now_s();
+                continue;
+            }
+            n = recv(fd[i], &c, 1, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                closed_at[i] = now_s();
+            else
+                open++;
+        }
+        if (open == 0)
+            break;
+        sleep_ms(200);
+    }
+    for (int i = 0; i < N; i++) {
+        double after = closed_at[i] - t0;
+        CHECKF(closed_at[i] > 0, "client %d still connected after 6 s", i);
+        if (closed_at[i] > 0)
+            CHECKF(after > 0.5 && after < 3.5, "client %d dropped after %.2f s", i, after);
+        close(fd[i]);
+    }
+    CHECK(metric_wait(d.port, "attnd_slow_clients_total", 3, 2000));
+    CHECK_EQ_INT(http_post_json(NULL, d.port, seed, &r), 200);
+    http_resp_free(&r);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+int main(void)
+{
+    medium_body = slow_attention_body(32768, 32768, &medium_len);
+    long_body = slow_attention_body(65536, 65536, &long_len);
+    if (!medium_body || !long_body) {
+        printf("out of memory\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(test_queue_full_gets_429);
+    RUN(test_hangup_mid_compute_frees_the_worker);
+    RUN(test_hangup_while_queued);
+    RUN(test_memory_budget);
+    RUN(test_deadlines_get_504);
+    RUN(test_queue_deadline_answered_in_time);
+    RUN(test_sigterm_drains_in_flight_requests);
+    RUN(test_drain_timeout_cancels_the_rest);
+    RUN(test_second_signal_cancels_at_once);
+    RUN(test_slow_clients_are_dropped);
+    free(medium_body);
+    free(long_body);
+    return check_report();
+}
