@@ -15,6 +15,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/safetensors_writer.h"
 
@@ -31,24 +32,6 @@ static const char *const golden_paths[] = {"../shared/golden/seed_cases.json",
 static eng_pool *pool;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "test_layer: out of memory\n");
-        abort();
-    }
-    return p;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* Uniform in [-amp, amp), on a grid of amp/128 so that F16 and BF16 hold every value exactly. */
 static float rng_grid(uint64_t *s, double amp)

@@ -25,6 +25,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 #include "tests/support/ref_mha.h"
 
 #include <math.h>
@@ -41,36 +42,6 @@ static eng_pool *pool;
 static bool quick;
 
 /* ---- Small helpers ------------------------------------------------------------------------ */
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "test_mha: out of memory (%zu x %zu bytes)\n", n, size);
-        abort();
-    }
-    return p;
-}
-
-/* splitmix64: fixed seeds, so every run sees the same cases. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-/* Uniform in [-amp, amp). */
-static float rng_sym(uint64_t *s, double amp)
-{
-    return (float)((2.0 * rng_unit(s) - 1.0) * amp);
-}
 
 static void fill_sym(float *p, size_t n, double amp, uint64_t *rng)
 {

@@ -11,6 +11,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -24,16 +25,6 @@
 #include <unistd.h>
 
 static bool quick;
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "test_pool: out of memory\n");
-        abort();
-    }
-    return p;
-}
 
 static void sleep_us(long us)
 {

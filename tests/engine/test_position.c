@@ -15,6 +15,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 #include "tests/support/ref.h"
 
 #include <jansson.h>
@@ -28,20 +29,6 @@ static const char *const golden_paths[] = {"../shared/golden/seed_cases.json",
                                            "/work/shared/golden/seed_cases.json"};
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1). */
-static float rng_sym(uint64_t *s)
-{
-    return (float)((double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0);
-}
 
 /* The pair partner and pair index of channel c in a head of size D. */
 static void rope_pair(eng_rope_style style, int64_t D, int64_t c, int64_t *first, int64_t *second,
@@ -137,7 +124,7 @@ static void test_rope_matches_rotation_formula(void)
                 return;
             }
             for (int64_t i = 0; i < T * ld; i++)
-                x[i] = x0[i] = rng_sym(&rng);
+                x[i] = x0[i] = rng_sym(&rng, 1.0);
             eng_rope_apply(x, T, ld, H, D, cases[n].pos0, cases[n].base, style);
             double worst = 0;
             for (int64_t t = 0; t < T; t++) {
@@ -170,7 +157,7 @@ static void test_rope_preserves_norms(void)
         eng_rope_style style = st ? ENG_ROPE_INTERLEAVED : ENG_ROPE_HALF;
         static float x[T * H * D], x0[T * H * D];
         for (int i = 0; i < T * H * D; i++)
-            x[i] = x0[i] = rng_sym(&rng);
+            x[i] = x0[i] = rng_sym(&rng, 1.0);
         eng_rope_apply(x, T, H * D, H, D, 40, 10000.0f, style);
         double moved = 0;
         for (int r = 0; r < T * H; r++) {
@@ -209,8 +196,8 @@ static void test_rope_scores_depend_only_on_relative_position(void)
         eng_rope_style style = st ? ENG_ROPE_INTERLEAVED : ENG_ROPE_HALF;
         float q0[D], k0[D];
         for (int c = 0; c < D; c++) {
-            q0[c] = rng_sym(&rng);
-            k0[c] = rng_sym(&rng);
+            q0[c] = rng_sym(&rng, 1.0);
+            k0[c] = rng_sym(&rng, 1.0);
         }
         double nq = sqrt(dot(q0, q0, D)), nk = sqrt(dot(k0, k0, D));
         for (int c = 0; c < D; c++) {
@@ -264,7 +251,7 @@ static void test_sinusoidal_matches_formula(void)
             return;
         }
         for (int64_t i = 0; i < T * ld; i++)
-            x[i] = x0[i] = rng_sym(&rng);
+            x[i] = x0[i] = rng_sym(&rng, 1.0);
         eng_sinusoidal_add(x, T, ld, E, cases[n].pos0);
         double worst = 0;
         for (int64_t t = 0; t < T; t++) {

@@ -12,6 +12,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 #include "tests/support/safetensors_writer.h"
 
 #include <errno.h>
@@ -30,24 +31,6 @@ static char created[512][320];
 static int ncreated;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "test_safetensors: out of memory\n");
-        abort();
-    }
-    return p;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* Multiples of 1/256 in (-1, 1): exact in F32, F16 and BF16 (at most 8 significant bits). */
 static float *grid_array(int64_t n, uint64_t *rng)

@@ -23,6 +23,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 #include "tests/support/ref.h"
 
 #include <float.h>
@@ -46,43 +47,6 @@ static eng_pool *pool;
 static bool quick;
 
 /* ---- Small helpers ------------------------------------------------------------------------ */
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "test_sdpa: out of memory (%zu x %zu bytes)\n", n, size);
-        abort();
-    }
-    return p;
-}
-
-/* splitmix64: a fixed-seed generator, so every run sees the same cases. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1). */
-static double rng_unit(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-/* Uniform in [-amp, amp). */
-static float rng_sym(uint64_t *s, double amp)
-{
-    return (float)((2.0 * rng_unit(s) - 1.0) * amp);
-}
-
-/* Uniform integer in [lo, hi]. */
-static int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi)
-{
-    return lo + (int64_t)(rng_next(s) % (uint64_t)(hi - lo + 1));
-}
 
 static void appendf(char *buf, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

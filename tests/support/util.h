@@ -1,0 +1,31 @@
+/*
+ * util.h - small helpers every test binary wants: allocation that cannot fail quietly, and a
+ * fixed-seed random generator (splitmix64), so that every run sees the same cases.
+ *
+ *     uint64_t rng = 42;
+ *     float *x = xcalloc(n, sizeof *x);
+ *     for (size_t i = 0; i < n; i++)
+ *         x[i] = rng_sym(&rng, 1.0);      // uniform in [-1, 1)
+ */
+#ifndef ATTND_TESTS_UTIL_H
+#define ATTND_TESTS_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* calloc that aborts with a message when memory runs out (a test cannot go on without it). */
+void *xcalloc(size_t n, size_t size);
+
+/* The next 64 random bits of the splitmix64 sequence whose state is *s. */
+uint64_t rng_next(uint64_t *s);
+
+/* Uniform in [0, 1). */
+double rng_unit(uint64_t *s);
+
+/* Uniform in [-amp, amp). */
+float rng_sym(uint64_t *s, double amp);
+
+/* Uniform integer in [lo, hi]. */
+int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi);
+
+#endif
