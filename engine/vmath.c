@@ -248,10 +248,9 @@ static inline __mmask16 tail_mask16(int64_t left)
 
 AVX512 static inline __m512 exp16(__m512 x)
 {
+    /* No clamping needed: scalef saturates to 0 or inf for any n, -inf and values below EXP_LO
+     * are zeroed by the mask, and NaN flows through as NaN. */
     __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-    /* min/max return their second operand when either is NaN: x second keeps a NaN. */
-    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), x);
-    x = _mm512_max_ps(_mm512_set1_ps(EXP_LO), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
