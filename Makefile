@@ -42,7 +42,7 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
-        format-check clean
+        format-check clean browser-deps browser-test
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -66,20 +66,43 @@ $(BUILD)/%.a:
 
 MODULE_LIBS := $(BUILD)/libserver.a $(BUILD)/libapi.a $(BUILD)/libengine.a
 
+# The inspector page (GET /, server/page.c): server/assets/embed_page.c, a host tool built with
+# plain flags (never a sanitizer), turns server/assets/inspector.html into a C file with the
+# page's bytes, its hash-based Content-Security-Policy and its ETag, compiled into libserver.a.
+PAGE_GEN := $(BUILD)/gen/embed_page
+PAGE_C := $(BUILD)/gen/inspector_page.c
+
+$(PAGE_GEN): server/assets/embed_page.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -O1 $(WARNINGS) $< -o $@
+
+$(PAGE_C): server/assets/inspector.html $(PAGE_GEN)
+	$(PAGE_GEN) $< $@
+
+$(BUILD)/gen/inspector_page.o: $(PAGE_C)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libserver.a: $(BUILD)/gen/inspector_page.o
+
 $(BUILD)/attnd: $(BUILD)/server/main.o $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 
-# Benchmarks measure the engine alone.
+# Benchmarks measure the engine alone...
 $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
+
+# ... except bench_e2e, which times api/ and a real daemon too.
+$(BUILD)/tests/bench/bench_e2e: $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/libtestsupport.a \
+                                $(MODULE_LIBS) | $(BUILD)/attnd
+	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
-                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev
+                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
@@ -114,13 +137,13 @@ tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
 
 FUZZ_SMOKE_SECONDS ?= 30
 
-test: deps deploy-deps
+test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
 	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) $(deploy_suites) \
-	    "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
+	    $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
@@ -169,6 +192,22 @@ deploy-check: deps deploy-deps
 	$(MAKE) all $(DEPLOY_CLIENT)
 	@tests/run.sh $(deploy_suites)
 
+# ---- Browser tests of the inspector page (tests/browser; see inspector.test.mjs) ----------
+
+# Debian's chromium (DEB_PACKAGES) driven by playwright-core from npm against a real daemon;
+# the suite writes build/browser/inspector.png and inspector-preset.png.
+browser_suites = "ATTND_BIN=$(BUILD)/attnd tests/browser/run.sh"
+
+# The npm packages of the browser tests (tests/browser/package-lock.json).
+browser-deps:
+	@cd tests/browser && { [ -f node_modules/.package-lock.json ] && \
+	    [ ! package-lock.json -nt node_modules/.package-lock.json ] || \
+	    npm ci --no-audit --no-fund --loglevel=error; }
+
+browser-test: deps browser-deps
+	$(MAKE) all
+	@tests/run.sh $(browser_suites)
+
 # ---- Fuzzing (clang's libFuzzer with ASan and UBSan) --------------------------------------
 
 FUZZ_BUILD := build/fuzz
@@ -189,7 +228,7 @@ fuzz: deps
 
 # ---- Style --------------------------------------------------------------------------------
 
-FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] tests/*/*.[ch])
+FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch])
 
 format:
 	clang-format -i $(FORMAT_FILES)

@@ -69,6 +69,28 @@ void api_budget_release(api_budget *budget, size_t bytes);
 size_t api_budget_in_use(api_budget *budget);      /* for metrics */
 size_t api_budget_total(const api_budget *budget); /* the total given to api_budget_new */
 
+/* ---- Registered layers --------------------------------------------------------------------- */
+
+/* The layers the daemon serves by name: the built-in "demo" and every --model NAME=PATH.
+ * Built once at start-up on the main thread, read-only afterwards (so any thread may read). */
+typedef struct api_models api_models;
+
+/* A registry holding the demo layer; NULL when memory runs out. */
+api_models *api_models_new(void);
+void api_models_free(api_models *models); /* NULL is a no-op; frees the layers too */
+
+/* Registers `layer` under its name, taking ownership of it (also on failure, when it is
+ * freed). Fails, with `err` filled, when the name is taken or not a valid model name
+ * ([A-Za-z0-9_.-], 1 to 63 bytes). */
+bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errlen);
+
+/* The layer called `name`, or NULL. */
+const eng_layer *api_models_find(const api_models *models, const char *name);
+
+/* The number of layers and the i-th (in registration order, "demo" first). */
+size_t api_models_count(const api_models *models);
+const eng_layer *api_models_at(const api_models *models, size_t i);
+
 /* ---- One call ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -82,9 +104,17 @@ typedef struct {
                                  (0: from the call) */
     const api_limits *limits; /* NULL: api_limits_default() */
     api_budget *budget;       /* NULL: no memory budget */
+    const api_models *models; /* the registered layers (routes that name a model) */
     size_t budget_held;       /* bytes the caller already holds in `budget` for this request
                                  (its body): a request whose estimate plus these exceeds the
                                  whole budget gets 413, not a 429 that no retry could cure */
+    /* HTTP details some routes need (NULL when absent), captured by the server: */
+    const char *content_encoding; /* Content-Encoding: undone by api_call_encoded */
+    const char *accept_encoding;  /* Accept-Encoding: api_call_encoded compresses the reply */
+    const char *inference_header_length; /* Inference-Header-Content-Length (KServe v2 binary
+                                            tensors): the length of the JSON part of the body */
+    const char *model;   /* path parameters of /v2/models/{model}[/versions/{version}]/... */
+    const char *version; /* NULL: no /versions/ segment */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */
@@ -121,6 +151,12 @@ typedef struct {
     int retry_after_s; /* > 0: send Retry-After with this value (429 and 503 get 1) */
     api_reason reason; /* API_REASON_NONE on success */
     int64_t decode_ns, compute_ns, encode_ns; /* stage timings */
+    /* Response headers some routes add (zero / NULL: none): */
+    const char *content_encoding; /* static "gzip" or "deflate": the body is compressed */
+    int64_t inference_header_len; /* > 0: Inference-Header-Content-Length (KServe v2 binary
+                                     outputs: the length of the JSON part, uncompressed) */
+    int64_t inferences; /* inferences the request ran (its batch size; 0 when none ran): for
+                           nv_inference_count */
 } api_reply;
 
 /* Frees the body (if still owned); NULL is a no-op, and so is a second call. */
@@ -147,11 +183,83 @@ char *api_reply_take_body(api_reply *reply, size_t *len);
  * 500 only for a bug. */
 void api_attention(const api_call *call, api_reply *reply);
 
+/* GET /v1/models: fills `reply` (200, {"models": [...]}: name, embed_dim, num_heads,
+ * num_kv_heads, head_dim, kdim, vdim, bias, bias_kv, dtype, parameters of each layer). Cheap:
+ * meant for the server's own thread. Always fills `reply`. */
+void api_models_list(const api_models *models, api_reply *reply);
+
+/* GET /v1/models/{name}: one layer's description as above, or 404 with a native error. */
+void api_models_get(const api_models *models, const char *name, api_reply *reply);
+
+/* POST /v1/mha: a multi-head attention layer (call->models by "model", or inline "weights")
+ * on token embeddings, self- or cross-attention. The request format is DESIGN.md section 6;
+ * mha.c opens with the exact field list. Statuses and behaviour as api_attention, plus 404 for
+ * an unknown model. */
+void api_mha(const api_call *call, api_reply *reply);
+
 /* Fills `reply` (which need not be initialised) with a native error body for failures found
  * outside api_attention (unknown route, wrong method, body over the cap, queue full...).
  * `field` may be NULL. The "code" of the body follows from `status` ("too_large" for 413,
  * "overloaded" for 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
 void api_reply_error(api_reply *reply, int status, api_reason reason, const char *field,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
+
+/* The route functions of the v2 protocol (v2.c opens with the exact formats). Every reply is
+ * JSON; errors are {"error": "message"}. Models: "sdpa" (the bare operation) and every layer of
+ * call->models, each with the one version "1". call->model and call->version are the path
+ * parameters; an unknown model or version is 404. Cheap ones (metadata, ready) may run on the
+ * server's own thread; api_v2_infer runs on an engine worker like api_attention. */
+
+#define API_V2_VERSION "1" /* the version of every model */
+
+/* GET /v2: {"name": "attnd", "version", "extensions": [...]}. */
+void api_v2_server_metadata(api_reply *reply);
+
+/* GET /v2/models/{m}[/versions/{v}]: name, versions, platform, inputs and outputs (name,
+ * datatype, shape with -1 for variable dimensions), parameters. */
+void api_v2_model_metadata(const api_call *call, api_reply *reply);
+
+/* GET /v2/models/{m}[/versions/{v}]/ready: {"name", "ready": true} (404 for no such model). */
+void api_v2_model_ready(const api_call *call, api_reply *reply);
+
+/* Whether {model, version} (version may be NULL) names a model: for metrics labels. */
+bool api_v2_model_known(const api_models *models, const char *model, const char *version);
+
+/* POST /v2/models/{m}[/versions/{v}]/infer: the inference request, JSON or with the binary
+ * tensor extension (call->inference_header_length), to eng_sdpa (model "sdpa") or eng_mha (a
+ * layer). The same limits, budget, deadlines and cancellation as api_attention. Statuses: 200;
+ * 400 malformed JSON, a bad Inference-Header-Content-Length or binary data that does not add
+ * up; 404 unknown model or version; 413 body, elements or memory past a limit; 415 a
+ * Content-Type other than JSON or application/octet-stream; 422 well-formed but invalid
+ * (inputs, datatypes, shapes, parameters); 429 memory budget full now; 503 out of memory;
+ * 504 deadline; API_STATUS_CLIENT_CLOSED when cancelled; 500 only for a bug. A 200 with binary
+ * outputs sets reply->inference_header_len and is application/octet-stream. Pure function of
+ * its arguments: the fuzz harness calls it with any bytes and header value. */
+void api_v2_infer(const api_call *call, api_reply *reply);
+
+/* ---- Content codings ----------------------------------------------------------------------- */
+
+/* Whether a Content-Encoding header value is one api_call_encoded undoes: identity, gzip
+ * (x-gzip) or deflate, any case. The server may answer 415 early for anything else. */
+bool api_content_encoding_known(const char *value);
+
+typedef void (*api_route_fn)(const api_call *call, api_reply *reply);
+
+typedef enum {
+    API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
+    API_ERRORS_V2,         /* {"error": "message"} */
+} api_error_style;
+
+/* Runs `route` on the body with its Content-Encoding undone (gzip or deflate, by zlib), then
+ * compresses the reply when call->accept_encoding allows gzip or deflate (q > 0) and that makes
+ * it smaller (reply->content_encoding says which). The decompressed size counts against
+ * --max-body-bytes (a bigger one is 413, read no further: a decompression bomb costs at most
+ * the limit) and is reserved in the budget for the call. Errors of its own, in `style`: 415 an
+ * unknown coding, 400 a corrupt or truncated stream, 413, 429. Runs on an engine worker: both
+ * directions are CPU work. */
+void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
+                      api_reply *reply);
 
 #endif

@@ -13,9 +13,15 @@
  *   api_body     the request body parsed by jansson, with long plain strings (base64 tensors)
  *                kept out of jansson and read in place: the boundary where a strict numeric-
  *                array scanner can later replace jansson for big number arrays too.
- *   api_tensor   a tensor on the wire (nested arrays, {shape, data}, {shape, dtype, base64}):
- *                probed first (form, dtype, shape; nothing allocated), then decoded straight
- *                into a caller's aligned buffer, and encoded from a float buffer and a shape.
+ *   api_tensor   a tensor on the wire (nested arrays, {shape, data}, {shape, dtype, base64},
+ *                or raw bytes of the KServe v2 binary extension): probed first (form, dtype,
+ *                shape; nothing allocated), then decoded straight into a caller's aligned
+ *                buffer (or used in place), and encoded from a float buffer and a shape.
+ *   api_req      one request in flight: limits, deadline, the parsed body, budget
+ *                reservations and owned buffers, all freed by one call (request.c).
+ *   api_sdpa     the one path from a parsed attention request to eng_sdpa, shared by
+ *                /v1/attention and the v2 "sdpa" model (sdpa.c).
+ *   codings      gzip / deflate bodies and replies (encoding.c).
  *
  * Ownership: nothing here takes ownership of an argument unless its comment says so. Threads:
  * every function may run on any thread; none keeps global mutable state.
@@ -209,12 +215,16 @@ int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool int
 
 /* ---- Tensors ----------------------------------------------------------------------------- */
 
-/* Element types on the wire. JSON numbers are FLOAT32, JSON booleans BOOL. */
+/* Element types on the wire. JSON numbers are FLOAT32, JSON booleans BOOL. The integer types
+ * exist only as raw bytes (KServe v2 binary tensors, for kv_lengths); the native "dtype" field
+ * takes the first four. */
 #define API_DTYPE_LIST(X)                                                                          \
     X(API_DTYPE_FLOAT32, "float32", 4)                                                             \
     X(API_DTYPE_FLOAT16, "float16", 2)                                                             \
     X(API_DTYPE_BFLOAT16, "bfloat16", 2)                                                           \
-    X(API_DTYPE_BOOL, "bool", 1)
+    X(API_DTYPE_BOOL, "bool", 1)                                                                   \
+    X(API_DTYPE_INT32, "int32", 4)                                                                 \
+    X(API_DTYPE_INT64, "int64", 8)
 
 typedef enum {
 #define API_DTYPE_ENUM(name, text, size) name,
@@ -229,6 +239,7 @@ typedef enum {
     API_FORM_NESTED = 0, /* [[1, 0], [0, 1]] */
     API_FORM_FLAT,       /* {"shape": [2, 2], "data": [1, 0, 0, 1]} */
     API_FORM_BASE64,     /* {"shape": [2, 2], "dtype": "float32", "base64": "..."} */
+    API_FORM_RAW,        /* little-endian bytes in the body: KServe v2 binary tensor data */
 } api_form;
 
 /* What a decoder writes into the destination buffer. */
@@ -253,6 +264,7 @@ typedef struct {
     const api_body_span *numbers; /* NESTED or FLAT read from the body instead of `items` */
     const char *b64;              /* BASE64: the text (in the body or in jansson's tree) */
     size_t b64_len;
+    const void *raw; /* RAW: count * api_dtype_size(dtype) bytes, any alignment, borrowed */
 } api_tensor;
 
 /* Reads the form, dtype and shape of the tensor `v` (field name `field`, e.g. "query") without
@@ -268,6 +280,10 @@ int api_tensor_probe(const api_body *b, const json_t *v, const char *field, size
 int api_shape_parse(const json_t *v, const char *field, size_t max_elements, int64_t *shape,
                     int *rank, size_t *count, api_error *err);
 
+/* Whether tensor `t` can be used where it is, as `elem` elements, without a decoded copy: raw
+ * bytes of the destination's type, aligned for it (float32 on a 4-byte boundary, bool). */
+bool api_tensor_in_place(const api_tensor *t, api_elem elem);
+
 /* Decodes tensor `t` into dst: t->count elements of the type `elem` says, contiguous row-major.
  * Checks every value: numbers finite as float32 (after narrowing; -inf too with
  * API_DECODE_NEG_INF), booleans where BOOL is asked, rectangular nesting, data length equal to
@@ -279,7 +295,9 @@ int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, uns
 
 /* Converts `count` little-endian elements of `dtype` at `src` into dst as `elem` (the binary
  * path: base64 after decoding, and KServe binary tensor data), with the checks above. `first`
- * is the index of src[0] in the whole tensor, for messages. */
+ * is the index of src[0] in the whole tensor, for messages. INT64 takes int32 and int64 (the
+ * raw form only); FLOAT takes float32, float16 and bfloat16; BOOL takes bool bytes 0 and 1.
+ * dst may be src when the widths match (then nothing is written: a check in place). */
 int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t first, api_elem elem,
                        unsigned flags, void *dst, const char *field, api_error *err);
 
@@ -295,7 +313,8 @@ typedef enum {
 /* Bytes that api_tensor_encode writes at most for `count` elements of this shape and form. */
 size_t api_tensor_encoded_bound(api_form form, int rank, const int64_t *shape, size_t count);
 
-/* Appends the float32 tensor data[shape] to `w` in `form` (base64 as float32). On NONFINITE,
+/* Appends the float32 tensor data[shape] to `w` in `form` (base64 as float32; RAW as its
+ * little-endian bytes, for KServe v2 binary outputs). On NONFINITE,
  * *bad_index is the flat index of the first offending value and nothing is written. With a
  * `pool` (may be NULL), base64 of more than a megabyte is encoded by all its workers. */
 api_encode_status api_tensor_encode(api_jsonw *w, const float *data, int rank, const int64_t *shape,
@@ -314,5 +333,229 @@ size_t api_aligned_size(size_t n);
 
 /* A 64-byte-aligned buffer of n > 0 bytes (free with free()); NULL when out of memory. */
 void *api_aligned_alloc(size_t n);
+
+/* ---- Models (models.c) ------------------------------------------------------------------- */
+
+#define API_MODEL_NAME_MAX 63
+
+/* [A-Za-z0-9_.-], 1 to API_MODEL_NAME_MAX bytes. */
+bool api_model_name_ok(const char *name);
+/* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
+void api_model_describe(api_jsonw *w, const eng_layer *l);
+
+/* ---- One request in flight (request.c) --------------------------------------------------- */
+
+/* What every route holds for one request, so that one function frees it all on every path:
+ * its limits and deadline, the parsed body, its reservations in the memory budget, and the
+ * buffers it allocated. A route fills an api_error on failure and calls api_req_free last. */
+#define API_REQ_MAX_OWNED 24
+
+typedef struct {
+    const api_call *call;
+    api_limits limits; /* call->limits or the defaults; max_elements capped at SIZE_MAX / 32 so
+                          that element counts times 16 bytes never overflow */
+    eng_ctl own_ctl, *ctl;
+    int64_t start_ns; /* arrival: deadlines count from it */
+    int64_t call_ns;  /* when the route began: stage timings count from it */
+    api_body body;
+    size_t parse_reserved, reserved; /* bytes held in the budget: the parse, and the rest */
+    void *owned[API_REQ_MAX_OWNED];  /* buffers from api_req_alloc */
+    size_t n_owned;
+} api_req;
+
+/* Starts a request: limits, the control block (call->ctl or a private one) and the deadline
+ * cap (--request-timeout-ms). Allocates nothing. */
+void api_req_init(api_req *rq, const api_call *call);
+
+/* Frees the body tree and every owned buffer and returns every reservation. */
+void api_req_free(api_req *rq);
+
+/* Reserves `bytes` more in the budget (into parse_reserved when `parse`): 413 naming
+ * --max-memory-bytes when the request's total (with call->budget_held) could never fit, 429 when
+ * it cannot fit now. `what` says what the bytes are for, in the 413 message. */
+int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api_error *err);
+
+/* Scans `json` (len bytes), reserves what parsing it holds, and parses it into rq->body. */
+int api_req_parse(api_req *rq, const char *json, size_t len, api_error *err);
+
+/* Frees the body tree and gives its reservation back (once the tensors are decoded). */
+void api_req_parse_done(api_req *rq);
+
+/* A 64-byte-aligned buffer of `bytes` > 0 owned by the request; 503 when memory runs out. */
+void *api_req_alloc(api_req *rq, size_t bytes, api_error *err);
+
+/* 0 while the request may go on; else 504 (deadline) or API_STATUS_CLIENT_CLOSED (cancelled). */
+int api_req_check_ctl(api_req *rq, api_error *err);
+
+/* Sets the deadline: `timeout_ms` (0: none given) capped by --request-timeout-ms. */
+void api_req_set_deadline(api_req *rq, int64_t timeout_ms);
+
+/* An engine failure as an error: 422 invalid, 413 too big, 503 out of memory, 504 / cancelled,
+ * 500 for the rest. `field` is the request's name for the engine's field (may be NULL). */
+int api_req_engine_error(api_req *rq, eng_status st, const eng_error *e, const char *field,
+                         api_error *err);
+
+/* The closest of `names[0..n)` to `key` within an edit distance of 2, or NULL: for "did you
+ * mean" in messages about unknown fields. */
+const char *api_closest_name(const char *key, const char *const *names, size_t n);
+
+/* ---- Scaled dot-product attention requests (sdpa.c) -------------------------------------- */
+
+/* One path from a decoded request to eng_sdpa, shared by the native JSON route and the KServe
+ * v2 route: a route fills an api_sdpa_req from its wire format (tensors probed, not decoded),
+ * then calls api_sdpa_check, api_sdpa_bytes (to reserve), api_sdpa_decode and api_sdpa_run,
+ * and encodes s->out, s->weights and s->lse in its own format. Tensor names in messages are the
+ * request's: query, key, value, attn_mask, key_padding_mask, kv_lengths, alibi, num_heads... */
+
+typedef enum {
+    API_CAUSAL_OFF = 0,
+    API_CAUSAL_ON,
+    API_CAUSAL_TOP_LEFT,
+    API_CAUSAL_BOTTOM_RIGHT,
+} api_causal;
+
+/* Bounds that keep the engine's position arithmetic (i + query_offset - left, ...) far from
+ * int64 overflow. A window side beyond API_WINDOW_MAX reaches past any position and is the
+ * same as none. */
+#define API_QUERY_OFFSET_MAX ((int64_t)1 << 48)
+#define API_WINDOW_MAX       ((int64_t)1 << 50)
+
+typedef struct {
+    api_tensor q, k, v, mask, kpm, kvlen, slopes, wq, wk, ww;
+    bool has_q, has_k, has_v, has_mask, has_kpm, has_kvlen, has_slopes, has_wq, has_wk, has_ww;
+    bool additive, has_additive_weights;
+
+    int64_t num_heads, num_kv_heads; /* 0: not given */
+    bool scale_set;
+    float scale, softcap;
+    api_causal causal;
+    bool offset_set;
+    int64_t query_offset;
+    bool window_left_set, window_right_set;
+    int64_t window_left, window_right;
+    bool alibi;
+    eng_weights_mode weights;
+    bool return_lse;
+    int64_t timeout_ms; /* 0: not given */
+
+    /* Derived by api_sdpa_check. */
+    int64_t B, H, Hkv, L, S, D, Dv;
+} api_sdpa_req;
+
+/* The shape of an output: its rank follows the query's; a rank-2 query drops the batch axis. */
+typedef struct {
+    int rank;
+    int64_t shape[4];
+    size_t count;
+} api_out_shape;
+
+typedef struct {
+    api_req *rq;
+    api_sdpa_req r;
+    api_out_shape os, ws, ls; /* output, weights, lse: filled by api_sdpa_check */
+    /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
+    float *q, *k, *v, *slopes, *mask_f, *wq, *wk, *ww;
+    uint8_t *mask_b, *kpm;
+    int64_t *kvlen;
+    /* Outputs: a route may point them into its reply before api_sdpa_decode (which allocates
+     * those still NULL); weights and lse only when requested. */
+    float *out, *weights, *lse;
+    eng_sdpa_args args;
+} api_sdpa;
+
+/* Derives B, H, Hkv, L, S, D, Dv, checks every tensor against them, the element limit over
+ * inputs and outputs (413, --max-elements), sets the deadline (timeout_ms) and the output
+ * shapes. 422 names the field. */
+int api_sdpa_check(api_sdpa *s, api_error *err);
+
+/* Bytes the call will allocate beyond the body: decoded inputs (none for raw tensors used in
+ * place), the outputs when `outputs` (a route that places them in its reply counts them there),
+ * and the engine's scratch. False when a sum overflows. */
+bool api_sdpa_bytes(api_sdpa *s, bool outputs, size_t *tensors, size_t *scratch);
+
+/* Allocates and decodes every input (in place where api_tensor_in_place allows), checks
+ * kv_lengths against S, allocates the outputs the route did not place, and frees the body tree
+ * (its reservation goes back to the budget). */
+int api_sdpa_decode(api_sdpa *s, api_error *err);
+
+/* Runs eng_sdpa (checking the deadline and the cancel flag first); *compute_ns gets its time. */
+int api_sdpa_run(api_sdpa *s, int64_t *compute_ns, api_error *err);
+
+/* ---- Content codings (encoding.c) -------------------------------------------------------- */
+
+typedef enum {
+    API_CODING_IDENTITY = 0,
+    API_CODING_GZIP,    /* RFC 1952 (one or more members) */
+    API_CODING_DEFLATE, /* HTTP's "deflate": a zlib stream (RFC 1950); raw RFC 1951 accepted */
+    API_CODING_UNKNOWN,
+} api_coding;
+
+/* The coding a Content-Encoding value names (NULL or empty: identity). One coding only: a list
+ * ("gzip, gzip") is UNKNOWN. */
+api_coding api_coding_parse(const char *value);
+
+/* The coding to answer with under an Accept-Encoding value (RFC 9110 section 12.5.3): gzip or
+ * deflate when its q (or that of "*") is above 0, the higher q winning and gzip on a tie;
+ * identity when neither is acceptable, the header is absent (NULL) or unparsable. */
+api_coding api_accept_encoding_pick(const char *value);
+
+/* Decompresses src[0..n) of `coding` (gzip or deflate) into a malloc'd buffer (*out, *out_len,
+ * NUL-terminated past its end), never growing it beyond `max` bytes: 413 naming
+ * --max-body-bytes past it. Every growth is reserved in `budget` first (may be NULL), after
+ * `held` bytes the request holds already; *reserved gets the total to release later, also on
+ * failure. 400 for a corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
+int api_inflate(api_coding coding, const char *src, size_t n, size_t max, api_budget *budget,
+                size_t held, char **out, size_t *out_len, size_t *reserved, api_error *err);
+
+/* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a malloc'd
+ * buffer; false when memory runs out. */
+bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_t *out_len);
+
+/* ---- KServe v2 (v2.c) --------------------------------------------------------------------- */
+
+/* Turns `err` into a v2 error reply {"error": "message"}. */
+void api_v2_reply_from_error(api_reply *reply, const api_error *err);
+
+/* ---- Fields the JSON attention routes share (fields.c) ----------------------------------- */
+
+/* Fills `err` with a 422 naming `field` and returns -1. */
+int api_field_invalid(api_error *err, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A JSON integer in [lo, hi], or a 422 naming `name`. */
+int api_field_int(const json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                  api_error *err);
+/* A JSON number finite as float32, or a 422 naming `name`. */
+int api_field_float(const json_t *v, const char *name, float *out, api_error *err);
+/* false | null | true | "top_left" | "bottom_right". */
+int api_field_causal(const json_t *v, const char *name, api_causal *out, api_error *err);
+
+typedef struct {
+    bool left_set, right_set;
+    int64_t left, right;
+} api_field_window_t;
+
+/* [left, right], each a non-negative integer or null (unbounded); null is no window. */
+int api_field_window(const json_t *v, const char *name, api_field_window_t *w, api_error *err);
+/* "per_head" | "mean" | false | null. */
+int api_field_weights(const json_t *v, const char *name, eng_weights_mode *out, api_error *err);
+/* "nested" | "flat" | "base64" (sets *set) | null. */
+int api_field_encoding(const json_t *v, const char *name, bool *set, api_form *out, api_error *err);
+/* Writes "[2, 3]" for t's shape into buf; returns buf. */
+const char *api_field_shape_str(const api_tensor *t, char *buf, size_t size);
+/* attn_mask must broadcast to [B, H, L, S] from [L, S] or a rank-4 shape (422 otherwise). */
+int api_field_attn_mask(const api_tensor *m, int64_t B, int64_t H, int64_t L, int64_t S,
+                        api_error *err);
+/* key_padding_mask must be booleans of shape [B, S] or [S] (422 otherwise). */
+int api_field_key_padding(const api_tensor *m, int64_t B, int64_t S, api_error *err);
+/* The engine's view of a decoded attn_mask (bool bytes or floats, contiguous). */
+eng_mask api_field_mask_view(const api_tensor *m, const void *data);
+/* application/json, any case; a charset parameter must be UTF-8. NULL (no header) is JSON. */
+bool api_field_json_type(const char *ct);
+/* The failure of a reply writer: 503 out of memory, or 500 when the estimate was wrong. */
+int api_field_writer_error(const api_jsonw *w, api_error *err);
+/* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
+int api_field_encode(api_jsonw *w, const char *name, const float *data, int rank,
+                     const int64_t *shape, api_form form, unsigned flags, eng_pool *pool,
+                     api_error *err);
 
 #endif

@@ -89,10 +89,46 @@ void api_jsonw_char(api_jsonw *w, char c)
     }
 }
 
+/* The length (2 to 4) of the well-formed UTF-8 sequence that starts s[0] (of n bytes), or 0
+ * when there is none there: a stray continuation byte, a truncated sequence, an overlong form,
+ * a surrogate, or a code point beyond U+10FFFF (RFC 3629). */
+static size_t utf8_sequence_len(const unsigned char *s, size_t n)
+{
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF; /* the range of the second byte */
+    if (s[0] >= 0xC2 && s[0] <= 0xDF)
+        len = 2;
+    else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+        len = 3;
+        if (s[0] == 0xE0)
+            lo = 0xA0; /* overlong */
+        else if (s[0] == 0xED)
+            hi = 0x9F; /* surrogates */
+    } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+        len = 4;
+        if (s[0] == 0xF0)
+            lo = 0x90; /* overlong */
+        else if (s[0] == 0xF4)
+            hi = 0x8F; /* beyond U+10FFFF */
+    } else
+        return 0;
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++) {
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    }
+    return len;
+}
+
+/* Error messages quote request text (jansson's "near '...'", an unknown key cut to 40 bytes),
+ * which need not be UTF-8, and JSON must be (RFC 8259): a byte that does not start a
+ * well-formed sequence is written as U+FFFD, as a UTF-8 decoder replacing errors would. */
 void api_jsonw_string(api_jsonw *w, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    /* Worst case every byte becomes \u00XX: reserve it once, then write without checks. */
+    /* Worst case every byte becomes \u00XX or \ufffd: reserve it once, then write without
+     * checks. */
     if (n > (SIZE_MAX - 2) / 6) {
         w->state = API_JSONW_FULL;
         return;
@@ -119,8 +155,18 @@ void api_jsonw_string(api_jsonw *w, const char *s, size_t n)
             *p++ = '0';
             *p++ = hex[c >> 4];
             *p++ = hex[c & 15];
-        } else {
+        } else if (c < 0x80) {
             *p++ = (char)c;
+        } else {
+            size_t k = utf8_sequence_len((const unsigned char *)s + i, n - i);
+            if (k == 0) {
+                memcpy(p, "\\ufffd", 6);
+                p += 6;
+            } else {
+                memcpy(p, s + i, k);
+                p += k;
+                i += k - 1;
+            }
         }
     }
     *p++ = '"';

@@ -61,6 +61,8 @@ static bool dtype_parse(const char *s, size_t n, api_dtype *out)
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         const char *name = api_dtype_name(all[i]);
+        if (all[i] == API_DTYPE_INT32 || all[i] == API_DTYPE_INT64)
+            continue; /* raw bytes only (KServe v2): the native forms take JSON integers */
         if (strlen(name) == n && memcmp(name, s, n) == 0) {
             *out = all[i];
             return true;
@@ -507,12 +509,38 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
             memcpy(dst, src, count);
         return 0;
     }
-    if (elem != API_ELEM_FLOAT || dtype == API_DTYPE_BOOL)
+    if (elem == API_ELEM_INT64 && (dtype == API_DTYPE_INT64 || dtype == API_DTYPE_INT32)) {
+        const uint8_t *s = src;
+        for (size_t i = 0; dst != src && i < count; i++) {
+            int64_t v;
+            if (dtype == API_DTYPE_INT64) {
+                memcpy(&v, s + 8 * i, 8);
+            } else {
+                int32_t v32;
+                memcpy(&v32, s + 4 * i, 4);
+                v = v32;
+            }
+            ((int64_t *)dst)[i] = v;
+        }
+        return 0;
+    }
+    if (elem != API_ELEM_FLOAT || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT32 ||
+        dtype == API_DTYPE_INT64)
         return api_error_set(
             err, 422, API_REASON_BAD_REQUEST, field, "%s must hold %s, found dtype \"%s\"", field,
             elem == API_ELEM_INT64 ? "integers as JSON numbers" : "numbers", api_dtype_name(dtype));
     float *d = dst;
     const uint8_t *s = src;
+    if (dtype == API_DTYPE_FLOAT32 && dst == src) {
+        /* In place: check only (the caller uses the bytes where they are). */
+        for (size_t i = 0; i < count; i++) {
+            float v;
+            memcpy(&v, s + 4 * i, 4);
+            if (!isfinite(v) && !(neg_inf_ok && v == -INFINITY))
+                return nonfinite_error(field, first + i, v, err);
+        }
+        return 0;
+    }
     for (size_t i = 0; i < count; i++) {
         float v;
         if (dtype == API_DTYPE_FLOAT32) {
@@ -661,9 +689,22 @@ static int decode_base64(const api_tensor *t, api_elem elem, unsigned flags, voi
     return decode_base64_range(t, 0, t->b64_len, elem, flags, dst, name, err);
 }
 
+bool api_tensor_in_place(const api_tensor *t, api_elem elem)
+{
+    if (t->form != API_FORM_RAW)
+        return false;
+    if (elem == API_ELEM_BOOL)
+        return t->dtype == API_DTYPE_BOOL;
+    if (elem == API_ELEM_FLOAT)
+        return t->dtype == API_DTYPE_FLOAT32 && ((uintptr_t)t->raw & (sizeof(float) - 1)) == 0;
+    return t->dtype == API_DTYPE_INT64 && ((uintptr_t)t->raw & (sizeof(int64_t) - 1)) == 0;
+}
+
 int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, unsigned flags,
                       void *dst, const char *field, eng_pool *pool, api_error *err)
 {
+    if (t->form == API_FORM_RAW)
+        return api_tensor_convert(t->raw, t->dtype, t->count, 0, elem, flags, dst, field, err);
     if (t->form == API_FORM_BASE64) {
         if (elem == API_ELEM_INT64)
             return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
@@ -727,6 +768,8 @@ size_t api_tensor_encoded_bound(api_form form, int rank, const int64_t *shape, s
         if (count > SIZE_MAX / 8)
             return SIZE_MAX;
         return add_sat(api_base64_encoded_len(count * 4), header + 32);
+    case API_FORM_RAW:
+        return mul_sat(count, 4);
     }
     return SIZE_MAX;
 }
@@ -862,6 +905,9 @@ api_encode_status api_tensor_encode(api_jsonw *w, const float *data, int rank, c
         api_jsonw_cstr(w, "\"}");
         break;
     }
+    case API_FORM_RAW:
+        api_jsonw_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
+        break;
     }
     return w->state == API_JSONW_OK ? API_ENCODE_OK : API_ENCODE_FULL;
 }

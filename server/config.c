@@ -71,9 +71,13 @@ static const srv_option options[] = {
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",
      "S", "on SIGTERM/SIGINT, time in-flight requests get to finish before they are "
      "cancelled (answered 503)"},
-    {"model", "ATTND_MODEL", OPT_MODEL, OFF(models), 0, 0, NULL, "NAME=PATH",
-     "register a safetensors layer (repeatable; the variable takes a comma-separated list); "
-     "loading is not supported yet"},
+    {"model", "ATTND_MODEL", OPT_MODEL, OFF(models), 0, 0, NULL,
+     "NAME=PATH[:heads=N[:kv_heads=M]]",
+     "serve the safetensors layer at PATH (F32, F16 or BF16; nn.MultiheadAttention, "
+     "q_proj/k_proj/v_proj/o_proj or W_Q/W_K/W_V/W_O names) as model NAME, loaded at "
+     "start-up; heads and kv_heads override the file's __metadata__ num_heads and "
+     "num_kv_heads; a file that cannot be loaded stops the start (exit 2); repeatable (the "
+     "variable takes a comma-separated list)"},
     {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
      "error, warn, info or debug"},
 };
@@ -168,7 +172,7 @@ static char *dup_n(const char *s, size_t n)
 
 static bool model_name_ok(const char *s, size_t n)
 {
-    if (n == 0 || n > 64)
+    if (n == 0 || n > 63)
         return false;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -178,17 +182,61 @@ static bool model_name_ok(const char *s, size_t n)
     return true;
 }
 
-/* Appends one NAME=PATH (the first `n` bytes of `text`) to cfg->models. */
+/* Strips a trailing ":KEY=N" from text[0..*n) into *value (a positive integer up to 2^20).
+ * Returns 1 when stripped, 0 when there is no such suffix, -1 for a ":KEY=" suffix whose value
+ * is not such a number (a ":KEY=" followed by a '/' belongs to the path instead). */
+static int strip_suffix(const char *text, size_t *n, const char *key, int64_t *value)
+{
+    size_t klen = strlen(key), at = SIZE_MAX, digits = 0;
+    char num[16];
+    for (size_t i = 0; i + klen + 2 <= *n; i++) {
+        if (text[i] == ':' && memcmp(text + i + 1, key, klen) == 0 && text[i + klen + 1] == '=')
+            at = i;
+    }
+    if (at == SIZE_MAX)
+        return 0;
+    const char *v = text + at + klen + 2;
+    size_t vlen = *n - (at + klen + 2);
+    if (memchr(v, '/', vlen))
+        return 0;
+    while (digits < vlen && v[digits] >= '0' && v[digits] <= '9')
+        digits++;
+    if (vlen == 0 || digits != vlen || vlen >= sizeof num)
+        return -1;
+    memcpy(num, v, vlen);
+    num[vlen] = '\0';
+    if (parse_int(num, value) != SRV_OK || *value < 1 || *value > (1 << 20))
+        return -1;
+    *n = at;
+    return 1;
+}
+
+/* Appends one NAME=PATH[:heads=N[:kv_heads=M]] (the first `n` bytes of `text`) to
+ * cfg->models. The suffixes are read from the end, so a PATH may itself contain ':'. */
 static srv_status add_model(srv_config *cfg, const char *text, size_t n, const char *who, char *err,
                             size_t errlen)
 {
     const char *eq = memchr(text, '=', n);
     srv_model *grown;
-    size_t name_len;
-    if (!eq || !model_name_ok(text, (size_t)(eq - text)) || eq + 1 == text + n) {
+    size_t name_len, path_end = n;
+    int64_t heads = 0, kv_heads = 0;
+    int has_kv = 0, has_heads = 0;
+    if (eq) {
+        has_kv = strip_suffix(text, &path_end, "kv_heads", &kv_heads);
+        if (has_kv >= 0)
+            has_heads = strip_suffix(text, &path_end, "heads", &heads);
+    }
+    if (has_kv < 0 || has_heads < 0 || (has_kv > 0 && has_heads == 0)) {
         snprintf(err, errlen,
-                 "%s: \"%.*s\" is not NAME=PATH (NAME: 1 to 64 of A-Z a-z 0-9 _ - .; PATH: "
-                 "not empty)",
+                 "%s: \"%.*s\": the suffixes are :heads=N or :heads=N:kv_heads=M, each a "
+                 "positive integer",
+                 who, (int)(n > 200 ? 200 : n), text);
+        return SRV_EINVAL;
+    }
+    if (!eq || !model_name_ok(text, (size_t)(eq - text)) || eq + 1 >= text + path_end) {
+        snprintf(err, errlen,
+                 "%s: \"%.*s\" is not NAME=PATH[:heads=N[:kv_heads=M]] (NAME: 1 to 63 of A-Z "
+                 "a-z 0-9 _ - .; PATH: not empty)",
                  who, (int)(n > 200 ? 200 : n), text);
         return SRV_EINVAL;
     }
@@ -205,7 +253,9 @@ static srv_status add_model(srv_config *cfg, const char *text, size_t n, const c
         return SRV_ENOMEM;
     cfg->models = grown;
     grown[cfg->n_models].name = dup_n(text, name_len);
-    grown[cfg->n_models].path = dup_n(eq + 1, n - name_len - 1);
+    grown[cfg->n_models].path = dup_n(eq + 1, path_end - name_len - 1);
+    grown[cfg->n_models].heads = heads;
+    grown[cfg->n_models].kv_heads = kv_heads;
     if (!grown[cfg->n_models].name || !grown[cfg->n_models].path) {
         free(grown[cfg->n_models].name);
         free(grown[cfg->n_models].path);

@@ -3,9 +3,10 @@
  * the handoff to an engine worker, replies, and the per-request log line and metrics.
  *
  * Everything here runs on the MHD thread except job_run (an engine worker) and
- * srv__req_unref / srv__req_fail (any thread). The MHD thread answers only cheap things itself:
- * health, metrics, and errors found from the headers or the body size; decoding and encoding a
- * request happen on a worker. See internal.h for who owns a request when.
+ * srv__req_unref / srv__req_fail (any thread). Which paths exist, with which methods, and who
+ * answers them is the route table in routes.c: the MHD thread answers only cheap things itself
+ * (health, metrics, listings, and errors found from the headers or the body size); decoding and
+ * encoding a request happen on a worker. See internal.h for who owns a request when.
  */
 #include "server/internal.h"
 
@@ -21,33 +22,18 @@
  * connection is closed. The receive timeout bounds the time it may take. */
 #define DRAIN_FACTOR 2
 
-typedef struct {
-    const char *path;
-    srv_route route;
-    const char *allow;
-} route_def;
+typedef srv_resp_opts resp_opts;
 
-static const route_def routes[] = {
-    {"/v1/attention", SRV_ROUTE_ATTENTION, "POST"},
-    {"/v2/health/live", SRV_ROUTE_LIVE, "GET, HEAD"},
-    {"/v2/health/ready", SRV_ROUTE_READY, "GET, HEAD"},
-    {"/metrics", SRV_ROUTE_METRICS, "GET, HEAD"},
-};
-
-static srv_route route_of(const char *path)
+/* Routes the request by its path (routes.c); a path too long to store matches nothing. */
+static void route(srv_req *req)
 {
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(path, routes[i].path) == 0)
-            return routes[i].route;
+    if (req->path_too_long) {
+        memset(&req->params, 0, sizeof req->params);
+        req->route = SRV_ROUTE_OTHER;
+        return;
     }
-    return SRV_ROUTE_OTHER;
+    req->route = srv__route_find(req->path, &req->params);
 }
-
-typedef struct {
-    const char *allow; /* Allow header, for 405 */
-    int retry_after_s; /* > 0: Retry-After header */
-    bool close;        /* Connection: close */
-} resp_opts;
 
 /* ---- Request life cycle ------------------------------------------------------------------- */
 
@@ -89,7 +75,19 @@ void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt,
     va_end(ap);
     api_reply_free(&req->reply);
     memset(&req->reply, 0, sizeof req->reply);
-    api_reply_error(&req->reply, status, reason, NULL, "%s", msg);
+    if (strncmp(req->path, "/v2", 3) == 0 && (req->path[3] == '/' || req->path[3] == '\0')) {
+        /* The Open Inference Protocol's error form, as respond_error writes it. */
+        srv_buf b;
+        srv__buf_init(&b, 4096);
+        srv__buf_puts(&b, "{\"error\":");
+        srv__buf_json_str(&b, msg, strlen(msg));
+        srv__buf_puts(&b, "}");
+        req->reply.body = srv__buf_take(&b, &req->reply.body_len);
+        req->reply.content_type = "application/json";
+        req->reply.retry_after_s = status == 429 || status == 503 ? 1 : 0;
+    } else {
+        api_reply_error(&req->reply, status, reason, NULL, "%s", msg);
+    }
     req->reply.status = status;
     req->reply.reason = reason;
 }
@@ -157,6 +155,8 @@ static enum MHD_Result respond(srv_req *req, int status, const char *content_typ
     MHD_add_response_header(r, "X-Request-Id", req->id);
     if (o && o->allow)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, o->allow);
+    for (const char *const *h = o ? o->headers : NULL; h && h[0] && h[1]; h += 2)
+        MHD_add_response_header(r, h[0], h[1]);
     if (o && o->retry_after_s > 0) {
         snprintf(num, sizeof num, "%d", o->retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, num);
@@ -228,28 +228,27 @@ static enum MHD_Result respond_text(srv_req *req, int status, const char *conten
     return respond(req, status, content_type, body, n, o);
 }
 
-static enum MHD_Result respond_metrics(srv_server *s, srv_req *req)
+enum MHD_Result srv__respond(srv_req *req, int status, const char *content_type, char *body,
+                             size_t len, const srv_resp_opts *o)
 {
-    srv_gauges g;
-    srv_buf b;
-    char *body;
-    size_t len = 0;
-    g.queued = atomic_load(&s->queued);
-    g.running = atomic_load(&s->running);
-    g.inflight = atomic_load(&s->active);
-    g.suspended = atomic_load(&s->suspended);
-    g.memory_in_use = (int64_t)api_budget_in_use(s->budget);
-    g.memory_budget = (int64_t)s->max_memory_bytes;
-    g.max_queue = s->max_queue;
-    g.threads = s->threads;
-    g.ready = !atomic_load(&s->draining);
+    return respond(req, status, content_type, body, len, o);
+}
 
-    srv__buf_init(&b, (size_t)4 << 20);
-    srv__metrics_render(&s->metrics, &g, &b);
-    body = srv__buf_take(&b, &len);
-    if (!body)
-        return respond_error(req, 503, API_REASON_INTERNAL, NULL, "out of memory");
-    return respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
+enum MHD_Result srv__respond_text(srv_req *req, int status, const char *content_type,
+                                  const char *text, const srv_resp_opts *o)
+{
+    return respond_text(req, status, content_type, text, o);
+}
+
+enum MHD_Result srv__respond_error(srv_req *req, int status, api_reason reason,
+                                   const srv_resp_opts *o, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return respond_error(req, status, reason, o, "%s", msg);
 }
 
 /* The reply a worker (or the watcher) prepared, after the connection was resumed. */
@@ -258,7 +257,10 @@ static enum MHD_Result respond_reply(srv_req *req)
     api_reply *r = &req->reply;
     size_t len = 0;
     char *body = api_reply_take_body(r, &len);
-    resp_opts o = {.retry_after_s = r->retry_after_s};
+    const char *headers[8];
+    char num[24];
+    srv__reply_headers(r, headers, num);
+    resp_opts o = {.retry_after_s = r->retry_after_s, .headers = headers};
 
     req->reason = r->reason;
     if (atomic_load(&req->client_gone)) {
@@ -351,11 +353,12 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
     }
     if (f.n_transfer == 1)
         req->body_expected = true;
-    if (f.n_encoding > 0 && !token_is(f.encoding, "identity"))
+    /* gzip and deflate are undone on the worker (api_call_encoded); anything else now. */
+    if (f.n_encoding > 1 || (f.n_encoding == 1 && !api_content_encoding_known(f.encoding)))
         return respond_error(req, 415, API_REASON_BAD_REQUEST, NULL,
-                             "unsupported Content-Encoding \"%.64s\": send the body "
-                             "uncompressed",
-                             f.encoding ? f.encoding : "");
+                             "unsupported Content-Encoding \"%.64s\": send gzip, deflate or "
+                             "identity",
+                             f.n_encoding == 1 && f.encoding ? f.encoding : "(several headers)");
     *answered = false;
     return MHD_YES;
 }
@@ -405,9 +408,15 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         snprintf(req->id, sizeof req->id, "%s", hdr);
     else
         make_request_id(s, req->id, sizeof req->id);
-    if (url && strcmp(url, req->path) != 0)
-        snprintf(req->path, sizeof req->path, "%s", url);
-    req->route = route_of(req->path);
+    if (url && strcmp(url, req->path) != 0) {
+        size_t n = strlen(url);
+        req->path_too_long = n >= sizeof req->path;
+        if (req->path_too_long)
+            n = sizeof req->path - 1;
+        memcpy(req->path, url, n);
+        req->path[n] = '\0';
+    }
+    route(req);
     return check_framing(s, req, answered);
 }
 
@@ -417,44 +426,36 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
  * the request was complete, and health checks and scrapes should keep theirs. */
 static enum MHD_Result on_headers(srv_server *s, srv_req *req)
 {
-    const route_def *rd = NULL;
+    const srv_route_def *rd = srv__route_def(req->route);
     const char *hdr;
     bool is_get;
 
     req->seen_headers = true;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (routes[i].route == req->route)
-            rd = &routes[i];
-    }
     if (!rd) {
         return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
                              req->method, req->path);
     }
-    is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-    if ((rd->route == SRV_ROUTE_ATTENTION && strcmp(req->method, "POST") != 0) ||
-        (rd->route != SRV_ROUTE_ATTENTION && !is_get)) {
+    if (!srv__route_allows(rd, req->method)) {
         resp_opts o = {.allow = rd->allow};
         return respond_error(req, 405, API_REASON_BAD_REQUEST, &o,
                              "method %.32s is not allowed on %s (allowed: %s)", req->method,
-                             rd->path, rd->allow);
+                             rd->pattern, rd->allow);
+    }
+    if (req->params.bad[0]) {
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, NULL,
+                             "the {%s} part of the path must be 1 to %d characters from "
+                             "[A-Za-z0-9_.-]",
+                             req->params.bad, SRV_PARAM_MAX);
+    }
+    is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
+    if (!rd->work || is_get) {
+        if (!rd->answer) /* defensive: a row without a handler for this method */
+            return respond_error(req, 500, API_REASON_INTERNAL, NULL, "no handler for %.32s %s",
+                                 req->method, rd->pattern);
+        return rd->answer(s, req);
     }
 
-    switch (rd->route) {
-    case SRV_ROUTE_LIVE:
-        return respond_text(req, 200, "application/json", "{\"live\":true}", NULL);
-    case SRV_ROUTE_READY:
-        if (atomic_load(&s->draining))
-            return respond_error(req, 503, API_REASON_NONE, NULL, "draining");
-        return respond_text(req, 200, "application/json", "{\"ready\":true}", NULL);
-    case SRV_ROUTE_METRICS:
-        return respond_metrics(s, req);
-    case SRV_ROUTE_ATTENTION:
-    case SRV_ROUTE_OTHER:
-    case SRV_ROUTE_COUNT:
-        break;
-    }
-
-    /* POST /v1/attention: everything that can be decided before the body is read. */
+    /* A worker route: everything that can be decided before the body is read. */
     hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     if (hdr) {
         if (strlen(hdr) >= sizeof req->content_type)
@@ -463,13 +464,37 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
         snprintf(req->content_type, sizeof req->content_type, "%s", hdr);
         req->has_content_type = true;
     }
+    {
+        bool answered = false;
+        enum MHD_Result rc = srv__capture_headers(s, req, &answered);
+        if (answered)
+            return rc;
+    }
+    /* These two refusals wait for the body when one is on its way, reading and discarding it
+     * (on_body_chunk) and answering in on_body_complete: libmicrohttpd 0.9.75 stops reading a
+     * POST body once a response is queued and closes the connection after it, so a client
+     * still sending its body (a long sequence) would get a reset instead of the 503 or 429. */
     if (atomic_load(&s->draining)) {
         resp_opts o = {.close = true};
+        if (req->body_expected) {
+            req->pending_status = 503;
+            req->pending_reason = API_REASON_DRAINING;
+            snprintf(req->pending_msg, sizeof req->pending_msg,
+                     "the server is shutting down; retry on another replica");
+            return MHD_YES;
+        }
         return respond_error(req, 503, API_REASON_DRAINING, &o,
                              "the server is shutting down; retry on another replica");
     }
     if (atomic_load(&s->admitted) >= s->max_queue) {
         resp_opts o = {.retry_after_s = 1};
+        if (req->body_expected) {
+            req->pending_status = 429;
+            req->pending_reason = API_REASON_QUEUE_FULL;
+            snprintf(req->pending_msg, sizeof req->pending_msg,
+                     "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
+            return MHD_YES;
+        }
         return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
                              "the queue is full (--max-queue %lld); retry later",
                              (long long)s->max_queue);
@@ -561,7 +586,10 @@ static void job_run(void *arg, int64_t index)
     call.limits = &s->limits;
     call.budget = s->budget;
     call.budget_held = req->reserved; /* the body's share: a request that can never fit is 413 */
-    api_attention(&call, &req->reply);
+    call.models = s->models;
+    srv__call_headers(req, &call);
+    srv__v2_started(s, req);
+    srv__route_def(req->route)->work(req, &call, &req->reply);
 
     if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
         int64_t dec = req->reply.decode_ns, comp = req->reply.compute_ns;
@@ -619,6 +647,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     req->submit_ns = now;
     atomic_store(&req->state, REQ_QUEUED);
     atomic_fetch_add(&s->queued, 1);
+    srv__v2_admitted(s, req);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
     MHD_suspend_connection(req->conn);
@@ -660,12 +689,13 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     srv__buf_init(&req->body, s->max_body_bytes);
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
     n = uri ? strcspn(uri, "?") : 0;
-    if (n >= sizeof req->path)
+    req->path_too_long = n >= sizeof req->path;
+    if (req->path_too_long)
         n = sizeof req->path - 1;
     if (n > 0)
         memcpy(req->path, uri, n);
     req->path[n] = '\0';
-    req->route = route_of(req->path);
+    route(req);
 
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     pthread_mutex_lock(&s->watch_mu);
@@ -813,6 +843,7 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     srv__metrics_request(&s->metrics, req->route, status, now - req->start_ns, req->bytes_in,
                          req->bytes_out);
     srv__metrics_rejected(&s->metrics, reason);
+    srv__v2_completed(s, req, status, reason, now - req->start_ns, queue_ns);
     log_request(req, status, reason, now - req->start_ns, queue_ns);
 
     release_body(req);

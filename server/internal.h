@@ -68,14 +68,12 @@ void srv__log_mhd(void *cls, const char *fmt, va_list ap) __attribute__((format(
 
 /* ---- Metrics (metrics.c) ----------------------------------------------------------------- */
 
-typedef enum {
-    SRV_ROUTE_ATTENTION = 0,
-    SRV_ROUTE_LIVE,
-    SRV_ROUTE_READY,
-    SRV_ROUTE_METRICS,
-    SRV_ROUTE_OTHER,
-    SRV_ROUTE_COUNT
-} srv_route;
+/* A route is the index of its row in the route table (routes.c). Metrics keep one series per
+ * row, labelled with the row's pattern (never the raw path), plus SRV_ROUTE_OTHER for requests
+ * that match no row. The table holds fewer than SRV_ROUTE_OTHER rows (checked at compile time). */
+typedef int srv_route;
+#define SRV_ROUTE_COUNT 48
+#define SRV_ROUTE_OTHER (SRV_ROUTE_COUNT - 1)
 
 typedef enum {
     SRV_STAGE_QUEUE = 0,
@@ -99,6 +97,26 @@ typedef struct {
 
 /* Counters of the whole daemon. Every field is atomic: any thread may update it, and /metrics
  * reads it without a lock (each value is exact; values may be a few requests apart). */
+/* The Triton (nv_inference_*) counters of one model of the KServe v2 routes, which also
+ * answer GET /v2/models/{m}/stats. Slot 0 is "sdpa", slot i + 1 the i-th registered layer;
+ * models beyond SRV_MODELS_MAX are not counted. Durations in nanoseconds. */
+#define SRV_MODELS_MAX 64
+
+typedef enum {
+    SRV_FAIL_REJECTED = 0, /* queue or memory full, draining, past the deadline */
+    SRV_FAIL_CANCELED,     /* the client went away */
+    SRV_FAIL_BACKEND,      /* the engine failed (500, out of memory) */
+    SRV_FAIL_OTHER,        /* the request was invalid */
+    SRV_FAIL_COUNT
+} srv_fail_reason;
+
+typedef struct {
+    atomic_uint_fast64_t success, success_ns, fail, fail_ns, failure[SRV_FAIL_COUNT];
+    atomic_uint_fast64_t inferences, executions, last_ms;
+    atomic_uint_fast64_t queue_count, queue_ns, input_ns, infer_ns, output_ns;
+    atomic_int_fast64_t pending; /* admitted, not yet running */
+} srv_model_stats;
+
 typedef struct {
     atomic_uint_fast64_t requests[SRV_ROUTE_COUNT][SRV_CODE_SLOTS];
     srv_hist duration[SRV_ROUTE_COUNT];
@@ -106,6 +124,7 @@ typedef struct {
     atomic_uint_fast64_t rejected[SRV_REASON_COUNT];
     atomic_uint_fast64_t bytes_in, bytes_out;
     atomic_uint_fast64_t slow_clients, hangups;
+    srv_model_stats model[SRV_MODELS_MAX];
 } srv_metrics;
 
 /* Values sampled at scrape time. */
@@ -123,6 +142,17 @@ void srv__metrics_stage(srv_metrics *m, srv_stage stage, int64_t ns);
 void srv__metrics_rejected(srv_metrics *m, api_reason reason);
 /* Appends the Prometheus text exposition of `m` and `g` to `b`. */
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b);
+
+/* The stats slot of a v2 model (0 "sdpa", i + 1 the i-th layer of `models`), or -1. */
+int srv__metrics_model_slot(const api_models *models, const char *name);
+/* Counts one finished v2 inference of the model in `slot`: success (status 200) with the
+ * reply's stage timings and batch, or a failure by reason. */
+void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t total_ns,
+                        int64_t queue_ns, const api_reply *reply);
+/* Appends Triton's nv_inference_* families, labelled model and version, for every model. */
+void srv__metrics_render_models(const srv_metrics *m, const api_models *models, srv_buf *b);
+/* Appends GET /v2/models[/{m}]/stats's {"model_stats": [...]} for one slot, or all (-1). */
+void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, srv_buf *b);
 
 /* ---- Requests and connections ------------------------------------------------------------ */
 
@@ -155,6 +185,23 @@ typedef struct srv_conn {
 } srv_conn;
 
 #define SRV_REQUEST_ID_MAX 128
+#define SRV_PATH_MAX       256 /* a longer path matches no route (404) */
+
+/* Path parameters extracted by the route matcher: each "{name}" segment of the route's pattern.
+ * A value is 1 to SRV_PARAM_MAX bytes of [A-Za-z0-9_.-] (a model name's alphabet). */
+#define SRV_PARAMS_MAX     4
+#define SRV_PARAM_MAX      63
+#define SRV_PARAM_NAME_MAX 15
+
+typedef struct {
+    int count;
+    struct {
+        char name[SRV_PARAM_NAME_MAX + 1];
+        char value[SRV_PARAM_MAX + 1];
+    } p[SRV_PARAMS_MAX];
+    char bad[SRV_PARAM_NAME_MAX + 1]; /* non-empty: the path had this segment, but its value
+                                         is not a valid name (answered 400) */
+} srv_params;
 
 struct srv_req {
     atomic_int refs;
@@ -167,14 +214,21 @@ struct srv_req {
     bool framing_checked; /* the first call of the access handler ran */
     bool seen_headers;    /* routing and header checks ran */
     srv_route route;
+    bool path_too_long; /* longer than SRV_PATH_MAX - 1: matches no route */
+    srv_params params;  /* filled by the route matcher */
     char method[12];
-    char path[128];
+    char path[SRV_PATH_MAX];
     char id[SRV_REQUEST_ID_MAX + 1];
     char content_type[256];
     bool has_content_type;
-    bool body_expected; /* Content-Length > 0 or chunked: an early answer closes the connection */
-    bool has_length;    /* a Content-Length header was given */
-    bool seen_body_end; /* the last upload call arrived */
+    /* Worker routes: more headers api/ needs (v2.c captures them; "" when absent). */
+    char content_encoding[32], accept_encoding[256], infer_header_len[32];
+    bool has_model_slot; /* a v2 inference of a known model: counted in its stats slot */
+    int model_slot;
+    atomic_bool pending; /* counted in the model's pending gauge (admitted, not running yet) */
+    bool body_expected;  /* Content-Length > 0 or chunked: an early answer closes the connection */
+    bool has_length;     /* a Content-Length header was given */
+    bool seen_body_end;  /* the last upload call arrived */
     size_t content_length;
     srv_buf body;
     size_t reserved;       /* bytes of the memory budget held for the body */
@@ -213,6 +267,7 @@ struct srv_server {
     int64_t request_timeout_ns, receive_timeout_ns, idle_timeout_ns, drain_timeout_ns;
     size_t max_memory_bytes;
     api_limits limits;
+    api_models *models; /* the registered layers: built before listening, read-only after */
 
     api_budget *budget;
     eng_pool *pool;
@@ -260,6 +315,99 @@ void srv__watch_wake(srv_server *s);
 void srv__watch_add(srv_server *s, srv_req *req);
 /* Stops watching it; afterwards the watcher never touches it. Any thread. */
 void srv__watch_remove(srv_server *s, srv_req *req);
+
+/* ---- Responses (http.c), for route handlers on the MHD thread --------------------------- */
+
+typedef struct {
+    const char *allow;          /* Allow header, for 405 */
+    int retry_after_s;          /* > 0: Retry-After header */
+    bool close;                 /* Connection: close */
+    const char *const *headers; /* NULL, or more headers: name, value, ..., NULL */
+} srv_resp_opts;
+
+/* Queues `body` (malloc'd, taken over even on failure; NULL: empty) as the response;
+ * `content_type` NULL means application/json; `o` may be NULL. */
+enum MHD_Result srv__respond(srv_req *req, int status, const char *content_type, char *body,
+                             size_t len, const srv_resp_opts *o);
+/* Queues a copy of the NUL-terminated `text`. */
+enum MHD_Result srv__respond_text(srv_req *req, int status, const char *content_type,
+                                  const char *text, const srv_resp_opts *o);
+/* Queues an error body: {"error": {"code", "message"}} on native routes, {"error": "message"}
+ * on /v2/ routes (the Open Inference Protocol's form). */
+enum MHD_Result srv__respond_error(srv_req *req, int status, api_reason reason,
+                                   const srv_resp_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---- Routes (routes.c) ------------------------------------------------------------------- */
+
+/* Answers a request on the MHD thread, from its headers alone (cheap work only: no engine
+ * call, nothing that blocks). Must queue a response with srv__respond*. */
+typedef enum MHD_Result (*srv_answer_fn)(srv_server *s, srv_req *req);
+/* Answers a request on an engine worker, with its whole body in `call`: fills `reply` (always,
+ * like api_attention). `req` is read-only here (its params, method, path). */
+typedef void (*srv_work_fn)(const srv_req *req, const api_call *call, api_reply *reply);
+
+/* One row of the route table. `pattern` is literal segments and "{name}" segments (one path
+ * segment each, bound into srv_req.params); it is also the metrics and log label. A GET or
+ * HEAD request runs `answer` on the MHD thread; any other allowed method runs `work` on an
+ * engine worker when the row has one (else `answer`). */
+typedef struct {
+    const char *pattern;
+    const char *allow; /* allowed methods, as sent in the Allow header of a 405: "GET, HEAD" */
+    srv_answer_fn answer;
+    srv_work_fn work;
+} srv_route_def;
+
+/* The route matching `path` (SRV_ROUTE_OTHER for none), with its parameters in *params. A path
+ * whose shape matches a row but with an invalid parameter value still returns that row, with
+ * params->bad naming the parameter. */
+srv_route srv__route_find(const char *path, srv_params *params);
+/* The row of `route`, or NULL for SRV_ROUTE_OTHER. */
+const srv_route_def *srv__route_def(srv_route route);
+/* Whether `method` is one of the row's allowed methods. */
+bool srv__route_allows(const srv_route_def *rd, const char *method);
+/* The value of path parameter `name` in `req`, or NULL. */
+const char *srv__req_param(const srv_req *req, const char *name);
+
+/* ---- The inspector page (page.c) --------------------------------------------------------- */
+
+/* GET /: the page, with its CSP, ETag (304 on If-None-Match) and caching headers. */
+enum MHD_Result srv__answer_page(srv_server *s, srv_req *req);
+
+/* Generated at build time from server/assets/inspector.html by server/assets/embed_page.c
+ * (build/gen/inspector_page.c): the page's bytes, a Content-Security-Policy allowing exactly its
+ * inline style and script by their SHA-256, and a strong ETag (quotes included). */
+extern const unsigned char srv_inspector_page[];
+extern const size_t srv_inspector_page_len;
+extern const char srv_inspector_csp[];
+extern const char srv_inspector_etag[];
+
+/* ---- KServe v2 routes (v2.c) ------------------------------------------------------------- */
+
+/* GET /v2, /v2/models/{model}[/versions/{version}], .../ready, .../stats, /v2/models/stats. */
+enum MHD_Result srv__answer_v2_server(srv_server *s, srv_req *req);
+enum MHD_Result srv__answer_v2_model(srv_server *s, srv_req *req);
+enum MHD_Result srv__answer_v2_ready(srv_server *s, srv_req *req);
+enum MHD_Result srv__answer_v2_stats(srv_server *s, srv_req *req);
+/* POST .../infer on a worker, with the body's Content-Encoding undone and the reply
+ * compressed as Accept-Encoding allows. */
+void srv__work_v2_infer(const srv_req *req, const api_call *call, api_reply *reply);
+
+/* For every worker route, on the MHD thread before the body is read: captures
+ * Content-Encoding, Accept-Encoding and Inference-Header-Content-Length (answering 415 or 400
+ * for values too long to keep) and the model's stats slot of a v2 inference. Returns MHD_YES
+ * with *answered false when the request goes on. */
+enum MHD_Result srv__capture_headers(srv_server *s, srv_req *req, bool *answered);
+/* Copies what srv__capture_headers kept into the call (worker). */
+void srv__call_headers(const srv_req *req, api_call *call);
+/* The response headers of a worker's reply: Content-Encoding, Inference-Header-Content-Length,
+ * Vary. Fills `headers` (name, value, ..., NULL; at least 7 slots) using `num` for the number. */
+void srv__reply_headers(const api_reply *reply, const char **headers, char num[24]);
+/* Model stats: admitted to the queue, started on a worker, completed (any thread). */
+void srv__v2_admitted(srv_server *s, srv_req *req);
+void srv__v2_started(srv_server *s, srv_req *req);
+void srv__v2_completed(srv_server *s, srv_req *req, int status, api_reason reason, int64_t total_ns,
+                       int64_t queue_ns);
 
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)

@@ -64,6 +64,7 @@ int main(int argc, char **argv)
     srv_config cfg;
     char err[512];
     srv_server *s;
+    struct api_models *models;
     srv_status st;
     int sig;
 
@@ -96,13 +97,18 @@ int main(int argc, char **argv)
         srv_config_free(&cfg);
         return 1;
     }
-    s = srv_server_start(&cfg, err, sizeof err);
-    if (!s) {
-        /* A --model is a configuration the daemon cannot honour yet: exit as for one. */
-        int code = cfg.n_models > 0 ? 2 : 1;
+    /* A model file that cannot be loaded is a configuration error, like a bad flag. */
+    models = srv_models_load(&cfg, err, sizeof err);
+    if (!models) {
         fprintf(stderr, "attnd: %s\n", err);
         srv_config_free(&cfg);
-        return code;
+        return 2;
+    }
+    s = srv_server_start_models(&cfg, models, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "attnd: %s\n", err);
+        srv_config_free(&cfg);
+        return 1;
     }
 
     sig = wait_for_signal();

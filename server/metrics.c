@@ -8,7 +8,9 @@
  */
 #include "server/internal.h"
 
+#include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 /* Upper bounds in seconds: half a millisecond (health checks) to a minute (long sequences). */
 static const double bucket_le[SRV_HIST_BUCKETS] = {
@@ -18,15 +20,7 @@ static const double bucket_le[SRV_HIST_BUCKETS] = {
 static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 404, 405, 408, 411, 413, 415,
                                                    422, 429, 499, 500, 501, 503, 504};
 
-static const char *const route_labels[SRV_ROUTE_COUNT] = {"/v1/attention", "/v2/health/live",
-                                                          "/v2/health/ready", "/metrics", "other"};
-
 static const char *const stage_labels[SRV_STAGE_COUNT] = {"queue", "decode", "compute", "encode"};
-
-const char *srv__route_label(srv_route route)
-{
-    return (unsigned)route < SRV_ROUTE_COUNT ? route_labels[route] : "other";
-}
 
 static size_t code_slot(int status)
 {
@@ -118,7 +112,7 @@ static uint64_t hist_count(const srv_hist *h)
 
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
 {
-    char labels[96];
+    char labels[160];
 
     family(b, "attnd_requests_total", "counter",
            "HTTP requests answered, by route and status code.");
@@ -129,19 +123,21 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
                 continue;
             if (c < SRV_CODE_SLOTS - 1)
                 srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
-                                route_labels[r], code_slots[c], (unsigned long long)v);
+                                srv__route_label(r), code_slots[c], (unsigned long long)v);
             else
                 srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"other\"} %llu\n",
-                                route_labels[r], (unsigned long long)v);
+                                srv__route_label(r), (unsigned long long)v);
         }
     }
 
     family(b, "attnd_request_duration_seconds", "histogram",
            "Time from the request line to the queued response, by route.");
     for (int r = 0; r < SRV_ROUTE_COUNT; r++) {
-        if (hist_count(&m->duration[r]) == 0 && r != SRV_ROUTE_ATTENTION)
+        /* Worker routes always show their series, so that dashboards find them at start. */
+        const srv_route_def *rd = srv__route_def(r);
+        if (hist_count(&m->duration[r]) == 0 && !(rd && rd->work))
             continue;
-        snprintf(labels, sizeof labels, "route=\"%s\",", route_labels[r]);
+        snprintf(labels, sizeof labels, "route=\"%s\",", srv__route_label(r));
         hist_render(b, "attnd_request_duration_seconds", labels, &m->duration[r]);
     }
 
@@ -191,4 +187,194 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
     family(b, "attnd_client_hangups_total", "counter",
            "Clients that hung up while their request was queued or computing.");
     srv__buf_printf(b, "attnd_client_hangups_total %llu\n", (unsigned long long)load(&m->hangups));
+}
+
+/* ---- Triton's per-model families (KServe v2 routes) ---------------------------------------- */
+
+int srv__metrics_model_slot(const api_models *models, const char *name)
+{
+    if (!name)
+        return -1;
+    if (strcmp(name, "sdpa") == 0)
+        return 0;
+    for (size_t i = 0; models && i < api_models_count(models) && i + 1 < SRV_MODELS_MAX; i++) {
+        if (strcmp(api_models_at(models, i)->name, name) == 0)
+            return (int)i + 1;
+    }
+    return -1;
+}
+
+static const char *model_name(const api_models *models, int slot)
+{
+    return slot == 0 ? "sdpa" : api_models_at(models, (size_t)slot - 1)->name;
+}
+
+static int model_count(const api_models *models)
+{
+    size_t n = 1 + (models ? api_models_count(models) : 0);
+    return n < SRV_MODELS_MAX ? (int)n : SRV_MODELS_MAX;
+}
+
+/* Triton's failure reasons: REJECTED before execution (queue or memory full, draining, the
+ * deadline), CANCELED by the client, BACKEND when the engine failed, OTHER for the rest (an
+ * invalid request). */
+static srv_fail_reason fail_reason(int status, api_reason reason)
+{
+    switch (reason) {
+    case API_REASON_QUEUE_FULL:
+    case API_REASON_DRAINING:
+    case API_REASON_DEADLINE:
+        return SRV_FAIL_REJECTED;
+    case API_REASON_MEMORY:
+        return status == 503 ? SRV_FAIL_BACKEND : SRV_FAIL_REJECTED;
+    case API_REASON_CANCELLED:
+        return SRV_FAIL_CANCELED;
+    case API_REASON_INTERNAL:
+        return SRV_FAIL_BACKEND;
+    case API_REASON_NONE:
+    case API_REASON_TOO_LARGE:
+    case API_REASON_BAD_REQUEST:
+        break;
+    }
+    return status >= 500 && status != 503 && status != 504 ? SRV_FAIL_BACKEND : SRV_FAIL_OTHER;
+}
+
+static void add(atomic_uint_fast64_t *v, int64_t x)
+{
+    atomic_fetch_add_explicit(v, x > 0 ? (uint_fast64_t)x : 0, memory_order_relaxed);
+}
+
+void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t total_ns,
+                        int64_t queue_ns, const api_reply *reply)
+{
+    srv_model_stats *st;
+    if (slot < 0 || slot >= SRV_MODELS_MAX)
+        return;
+    st = &m->model[slot];
+    if (status != 200) {
+        add(&st->fail, 1);
+        add(&st->fail_ns, total_ns);
+        add(&st->failure[fail_reason(status, reason)], 1);
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    add(&st->success, 1);
+    add(&st->success_ns, total_ns);
+    add(&st->inferences, reply->inferences > 0 ? reply->inferences : 1);
+    add(&st->executions, 1);
+    add(&st->queue_count, 1);
+    add(&st->queue_ns, queue_ns);
+    add(&st->input_ns, reply->decode_ns);
+    add(&st->infer_ns, reply->compute_ns);
+    add(&st->output_ns, reply->encode_ns);
+    atomic_store_explicit(&st->last_ms,
+                          (uint_fast64_t)ts.tv_sec * 1000 + (uint_fast64_t)(ts.tv_nsec / 1000000),
+                          memory_order_relaxed);
+}
+
+void srv__metrics_render_models(const srv_metrics *m, const api_models *models, srv_buf *b)
+{
+    static const char *const fail_labels[SRV_FAIL_COUNT] = {"REJECTED", "CANCELED", "BACKEND",
+                                                            "OTHER"};
+    static const struct {
+        const char *name, *type, *help;
+        size_t offset; /* of the counter in srv_model_stats */
+        bool micros;   /* a duration in ns shown in microseconds */
+    } families[] = {
+        {"nv_inference_request_success", "counter",
+         "Number of successful inference requests, all batch sizes",
+         offsetof(srv_model_stats, success), false},
+        {"nv_inference_count", "counter", "Number of inferences performed (a batch of n counts n)",
+         offsetof(srv_model_stats, inferences), false},
+        {"nv_inference_exec_count", "counter", "Number of model executions performed",
+         offsetof(srv_model_stats, executions), false},
+        {"nv_inference_request_duration_us", "counter",
+         "Cumulative end-to-end inference request handling time of successful requests",
+         offsetof(srv_model_stats, success_ns), true},
+        {"nv_inference_queue_duration_us", "counter",
+         "Cumulative time requests spent waiting for an engine worker",
+         offsetof(srv_model_stats, queue_ns), true},
+        {"nv_inference_compute_input_duration_us", "counter",
+         "Cumulative time requests spent decoding their inputs",
+         offsetof(srv_model_stats, input_ns), true},
+        {"nv_inference_compute_infer_duration_us", "counter",
+         "Cumulative time requests spent computing attention", offsetof(srv_model_stats, infer_ns),
+         true},
+        {"nv_inference_compute_output_duration_us", "counter",
+         "Cumulative time requests spent encoding their outputs",
+         offsetof(srv_model_stats, output_ns), true},
+    };
+    int n = model_count(models);
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        family(b, families[f].name, families[f].type, families[f].help);
+        for (int i = 0; i < n; i++) {
+            const atomic_uint_fast64_t *v =
+                (const atomic_uint_fast64_t *)(const void *)((const char *)&m->model[i] +
+                                                             families[f].offset);
+            uint64_t x = load(v);
+            srv__buf_printf(b, "%s{model=\"%s\",version=\"" API_V2_VERSION "\"} %llu\n",
+                            families[f].name, model_name(models, i),
+                            (unsigned long long)(families[f].micros ? x / 1000 : x));
+        }
+        if (f == 0) {
+            family(b, "nv_inference_request_failure", "counter",
+                   "Number of failed inference requests, all batch sizes, by reason");
+            for (int i = 0; i < n; i++)
+                for (int r = 0; r < SRV_FAIL_COUNT; r++)
+                    srv__buf_printf(b,
+                                    "nv_inference_request_failure{model=\"%s\",reason=\"%s\","
+                                    "version=\"" API_V2_VERSION "\"} %llu\n",
+                                    model_name(models, i), fail_labels[r],
+                                    (unsigned long long)load(&m->model[i].failure[r]));
+        }
+    }
+    family(b, "nv_inference_pending_request_count", "gauge",
+           "Instantaneous number of requests awaiting an engine worker");
+    for (int i = 0; i < n; i++) {
+        int64_t p = (int64_t)atomic_load_explicit(&m->model[i].pending, memory_order_relaxed);
+        srv__buf_printf(b,
+                        "nv_inference_pending_request_count{model=\"%s\",version=\"" API_V2_VERSION
+                        "\"} %lld\n",
+                        model_name(models, i), (long long)(p > 0 ? p : 0));
+    }
+}
+
+static void duration_json(srv_buf *b, const char *name, uint64_t count, uint64_t ns, bool last)
+{
+    srv__buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)count,
+                    (unsigned long long)ns, last ? "" : ",");
+}
+
+void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, srv_buf *b)
+{
+    int n = model_count(models);
+    bool first = true;
+    srv__buf_puts(b, "{\"model_stats\":[");
+    for (int i = 0; i < n; i++) {
+        const srv_model_stats *st = &m->model[i];
+        const char *name = model_name(models, i);
+        uint64_t ok = load(&st->success);
+        if (slot >= 0 && i != slot)
+            continue;
+        srv__buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
+        first = false;
+        srv__buf_json_str(b, name, strlen(name));
+        srv__buf_printf(b,
+                        ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
+                        "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
+                        (unsigned long long)load(&st->last_ms),
+                        (unsigned long long)load(&st->inferences),
+                        (unsigned long long)load(&st->executions));
+        duration_json(b, "success", ok, load(&st->success_ns), false);
+        duration_json(b, "fail", load(&st->fail), load(&st->fail_ns), false);
+        duration_json(b, "queue", load(&st->queue_count), load(&st->queue_ns), false);
+        duration_json(b, "compute_input", ok, load(&st->input_ns), false);
+        duration_json(b, "compute_infer", ok, load(&st->infer_ns), false);
+        duration_json(b, "compute_output", ok, load(&st->output_ns), false);
+        duration_json(b, "cache_hit", 0, 0, false);
+        duration_json(b, "cache_miss", 0, 0, true);
+        srv__buf_puts(b, "},\"batch_stats\":[]}");
+    }
+    srv__buf_puts(b, "]}\n");
 }

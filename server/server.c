@@ -70,7 +70,52 @@ int srv_server_port(const srv_server *s)
     return s->port;
 }
 
+api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
+{
+    api_models *models = api_models_new();
+    if (!models) {
+        snprintf(err, errlen, "out of memory for the built-in demo layer");
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const srv_model *m = &cfg->models[i];
+        eng_error eerr;
+        char why[256];
+        int64_t t0 = eng_now_ns();
+        eng_layer *layer;
+        memset(&eerr, 0, sizeof eerr);
+        layer = eng_layer_load(m->name, m->path, m->heads, m->kv_heads, &eerr);
+        if (!layer) {
+            /* The engine's message names the file and the tensor. */
+            snprintf(err, errlen, "--model %s: %s", m->name, eerr.message);
+            api_models_free(models);
+            return NULL;
+        }
+        srv_log(SRV_LOG_INFO,
+                "loaded model %s from %s: embed_dim %lld, %lld heads (%lld kv), %s, %lld "
+                "parameters in %.1f ms",
+                layer->name, m->path, (long long)layer->embed_dim, (long long)layer->num_heads,
+                (long long)layer->num_kv_heads, layer->dtype, (long long)eng_layer_params(layer),
+                (double)(eng_now_ns() - t0) / 1e6);
+        if (!api_models_add(models, layer, why, sizeof why)) {
+            snprintf(err, errlen, "--model %s=%s: %s", m->name, m->path, why);
+            api_models_free(models);
+            return NULL;
+        }
+    }
+    return models;
+}
+
 srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
+{
+    api_models *models = srv_models_load(cfg, err, errlen);
+    if (!models)
+        return NULL;
+    return srv_server_start_models(cfg, models, err, errlen);
+}
+
+srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, char *err,
+                                    size_t errlen)
 {
     srv_server *s;
     eng_error eerr;
@@ -80,16 +125,13 @@ srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
     const union MHD_DaemonInfo *di;
     int rc;
 
-    if (cfg->n_models > 0) {
-        snprintf(err, errlen, "--model %s=%s: model loading is not supported yet",
-                 cfg->models[0].name, cfg->models[0].path);
-        return NULL;
-    }
     s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
+        api_models_free(models);
         return NULL;
     }
+    s->models = models;
     s->wake_fd = -1;
     pthread_mutex_init(&s->watch_mu, NULL);
     s->host = dup_str(cfg->host);
@@ -246,6 +288,7 @@ void srv_server_free(srv_server *s)
      * their reference. */
     eng_pool_free(s->pool);
     api_budget_free(s->budget);
+    api_models_free(s->models);
     while (s->conns) {
         srv_conn *c = s->conns;
         s->conns = c->next;

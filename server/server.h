@@ -77,10 +77,11 @@ void srv_logv(srv_log_level level, const char *fmt, va_list ap)
 
 /* ---- Configuration ------------------------------------------------------------------------- */
 
-/* A model to register at start-up (--model NAME=PATH). */
+/* A model to register at start-up (--model NAME=PATH[:heads=N[:kv_heads=M]]). */
 typedef struct {
     char *name;
     char *path;
+    int64_t heads, kv_heads; /* 0: from the file's __metadata__ */
 } srv_model;
 
 /* Every option of the daemon; see the table in config.c for bounds, defaults and help. */
@@ -98,7 +99,7 @@ typedef struct {
     int64_t connection_limit;   /* --connection-limit */
     int64_t idle_timeout_s;     /* --idle-timeout-s */
     int64_t drain_timeout_s;    /* --drain-timeout-s */
-    srv_model *models;          /* --model NAME=PATH, repeatable */
+    srv_model *models;          /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
     size_t n_models;
     srv_log_level log_level; /* --log-level */
 } srv_config;
@@ -107,8 +108,8 @@ typedef struct {
  * wins over its environment mirror). Flags are "--name value" or "--name=value". On failure
  * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
  * `cfg` freed; "--help" returns SRV_HELP. Sizes accept K, M, G, T suffixes (binary: K = KiB =
- * 1024, an optional "iB" or "B" may follow). --model is parsed and stored here; the daemon
- * refuses to start with one because loading is not implemented yet. Main thread only (getenv). */
+ * 1024, an optional "iB" or "B" may follow). --model is parsed and stored here (the files are
+ * read by srv_models_load). Main thread only (getenv). */
 srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
 /* Frees the strings of `cfg`; safe on a zeroed or already freed config. */
@@ -128,10 +129,20 @@ srv_status srv_parse_size(const char *text, uint64_t *out);
 /* ---- The server ---------------------------------------------------------------------------- */
 
 typedef struct srv_server srv_server;
+struct api_models;
 
-/* Starts the engine pool, the watcher thread and libmicrohttpd on cfg->host:cfg->port, prints
- * the startup line (address and bound port) on stdout, and writes cfg->port_file if set. NULL
- * on failure with `err` filled. */
+/* Loads every --model of `cfg` (safetensors, validated in full) into a registry that also holds
+ * the built-in "demo" layer. NULL on failure, with `err` naming the flag, the file and the
+ * tensor: a configuration error (attnd exits 2). Main thread. */
+struct api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen);
+
+/* Starts the server with `models` (from srv_models_load; taken over, also on failure). */
+srv_server *srv_server_start_models(const srv_config *cfg, struct api_models *models, char *err,
+                                    size_t errlen);
+
+/* srv_models_load, then srv_server_start_models. Starts the engine pool, the watcher thread and
+ * libmicrohttpd on cfg->host:cfg->port, prints the startup line (address and bound port) on stdout,
+ * and writes cfg->port_file if set. NULL on failure with `err` filled. */
 srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen);
 
 /* The TCP port the server is bound to. */

@@ -5,6 +5,8 @@
  *    "status": 200,                   the HTTP status
  *    "reply": {...},                  the reply body, compared as JSON (see below)
  *    "tolerance": 1e-5,               for numbers: |got - want| <= tol + tol * |want| (optional)
+ *    "route": "/v1/mha",              the route to call: "/v1/attention" (default) or
+ *                                     "/v1/mha" (with a registry holding the demo layer)
  *    "call": {                        how to call (optional): "content_type" (string or null;
  *      ...}}                          default application/json), "max_body_bytes",
  *                                     "max_elements", "max_timeout_ms", "budget_bytes",
@@ -26,6 +28,7 @@
 #include "tests/support/check.h"
 
 static eng_pool *pool;
+static api_models *models;
 static const char *cases_dir;
 static char current[256];
 static double tolerance;
@@ -164,7 +167,8 @@ static bool match(const json_t *want, const json_t *got, const char *path)
 
 /* ---- One case ---------------------------------------------------------------------------- */
 
-static const char *const expected_keys[] = {"about", "status", "reply", "tolerance", "call"};
+static const char *const expected_keys[] = {"about",     "status", "reply",
+                                            "tolerance", "call",   "route"};
 static const char *const call_keys[] = {"content_type",   "max_body_bytes", "max_elements",
                                         "max_timeout_ms", "budget_bytes",   "budget_in_use",
                                         "started_ms_ago", "cancelled"};
@@ -219,6 +223,7 @@ static void run_current_case(void)
                      .pool = pool,
                      .ctl = &ctl,
                      .limits = &limits,
+                     .models = models,
                      .content_type = "application/json"};
     const json_t *v;
     if ((v = json_object_get(c, "content_type")))
@@ -242,7 +247,14 @@ static void run_current_case(void)
                     : 1e-5;
 
     api_reply r;
-    api_attention(&call, &r);
+    const char *route = json_string_value(json_object_get(expected, "route"));
+    if (route && strcmp(route, "/v1/mha") == 0) {
+        api_mha(&call, &r);
+    } else {
+        CHECKF(!route || strcmp(route, "/v1/attention") == 0, "%s: unknown route %s", current,
+               route);
+        api_attention(&call, &r);
+    }
     int want_status = (int)json_integer_value(json_object_get(expected, "status"));
     CHECKF(r.status == want_status, "%s: status %d, want %d: %.*s", current, r.status, want_status,
            (int)(r.body_len < 400 ? r.body_len : 400), r.body ? r.body : "");
@@ -291,7 +303,8 @@ int main(void)
 
     eng_error err;
     pool = eng_pool_new(2, &err);
-    if (!pool) {
+    models = api_models_new();
+    if (!pool || !models) {
         printf("eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
         return 1;
     }
@@ -301,6 +314,7 @@ int main(void)
         free(names[i]);
     }
     eng_pool_free(pool);
+    api_models_free(models);
     if (n == 0)
         printf("no cases in %s\n", cases_dir);
     return n == 0 ? 1 : check_report();

@@ -167,6 +167,25 @@ static void test_strings_are_escaped(void)
     api_jsonw_free(&w);
 }
 
+/* JSON text is UTF-8 (RFC 8259), and error messages quote request bytes that may not be:
+ * well-formed sequences pass through, every other byte becomes U+FFFD. */
+static void test_strings_are_valid_utf8_whatever_the_input(void)
+{
+    api_jsonw w;
+    api_jsonw_init(&w, 1000);
+    /* valid 2-, 3- and 4-byte sequences; a stray continuation byte; a truncated sequence; an
+     * overlong '/'; a surrogate; a code point beyond U+10FFFF; a lead byte at the very end */
+    const char s[] = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\x8a|\xe2\x82|\xc0\xaf|\xed\xa0\x80|"
+                     "\xf4\x90\x80\x80|\xd0";
+    api_jsonw_string(&w, s, sizeof s - 1);
+    const char want[] = "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\\ufffd|\\ufffd\\ufffd|"
+                        "\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd\\ufffd|"
+                        "\\ufffd\"";
+    CHECKF(w.len == sizeof want - 1 && memcmp(w.data, want, w.len) == 0, "got %.*s", (int)w.len,
+           w.data);
+    api_jsonw_free(&w);
+}
+
 int main(void)
 {
     RUN(test_writes_known_floats);
@@ -176,5 +195,6 @@ int main(void)
     RUN(test_buffer_stops_at_its_maximum);
     RUN(test_buffer_grows_to_large_sizes);
     RUN(test_strings_are_escaped);
+    RUN(test_strings_are_valid_utf8_whatever_the_input);
     return check_report();
 }

@@ -321,17 +321,64 @@ static void test_models(void)
     clear_env();
 }
 
-/* A --model is parsed, but the daemon refuses to start with it until loading exists. */
+/* A --model whose file cannot be read stops the start with a message naming flag and file. */
 static void test_model_refused_at_start(void)
 {
     srv_config cfg;
-    char err[256] = "";
-    const char *const a[] = {"--model", "enc=/nonexistent", "--port", "0", NULL};
+    char err[512] = "";
+    const char *const a[] = {"--model", "enc=/nonexistent.safetensors", "--port", "0", NULL};
     clear_env();
     CHECK_EQ_INT(parse(&cfg, a, err, sizeof err), SRV_OK);
+    CHECK(srv_models_load(&cfg, err, sizeof err) == NULL);
+    CHECKF(strstr(err, "--model") && strstr(err, "/nonexistent.safetensors"), "error: %s", err);
+    err[0] = '\0';
     CHECK(srv_server_start(&cfg, err, sizeof err) == NULL);
-    CHECKF(strstr(err, "--model") && strstr(err, "not supported"), "error: %s", err);
+    CHECKF(strstr(err, "--model") && strstr(err, "/nonexistent.safetensors"), "error: %s", err);
     srv_config_free(&cfg);
+}
+
+/* The :heads=N[:kv_heads=M] suffixes, read from the end so that a path may hold ':'. */
+static void test_model_suffixes(void)
+{
+    srv_config cfg;
+    char err[256];
+    const char *const ok[] = {
+        "--model", "a=/m/a.st:heads=8",   "--model", "b=/m/b:x.st:heads=8:kv_heads=2",
+        "--model", "c=/m/c:heads=1/f.st", NULL};
+    const char *const zero[] = {"--model", "a=/m/a:heads=0", NULL};
+    const char *const word[] = {"--model", "a=/m/a:heads=eight", NULL};
+    const char *const kv_only[] = {"--model", "a=/m/a:kv_heads=2", NULL};
+    const char *const order[] = {"--model", "a=/m/a:kv_heads=2:heads=8", NULL};
+    const char *const no_path[] = {"--model", "a=:heads=8", NULL};
+    clear_env();
+    CHECK_EQ_INT(parse(&cfg, ok, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.n_models, 3);
+    if (cfg.n_models == 3) {
+        CHECK(strcmp(cfg.models[0].path, "/m/a.st") == 0);
+        CHECK_EQ_INT(cfg.models[0].heads, 8);
+        CHECK_EQ_INT(cfg.models[0].kv_heads, 0);
+        CHECK(strcmp(cfg.models[1].path, "/m/b:x.st") == 0);
+        CHECK_EQ_INT(cfg.models[1].heads, 8);
+        CHECK_EQ_INT(cfg.models[1].kv_heads, 2);
+        CHECK(strcmp(cfg.models[2].path, "/m/c:heads=1/f.st") == 0);
+        CHECK_EQ_INT(cfg.models[2].heads, 0);
+    }
+    srv_config_free(&cfg);
+    expect_error(zero, "heads");
+    expect_error(word, "heads");
+    expect_error(kv_only, "heads");
+    expect_error(order, "heads");
+    expect_error(no_path, "NAME=PATH");
+
+    setenv("ATTND_MODEL", "x=/a:heads=4,y=/b:heads=4:kv_heads=1", 1);
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.n_models, 2);
+    if (cfg.n_models == 2) {
+        CHECK(strcmp(cfg.models[1].path, "/b") == 0);
+        CHECK_EQ_INT(cfg.models[1].kv_heads, 1);
+    }
+    srv_config_free(&cfg);
+    clear_env();
 }
 
 int main(void)
@@ -349,5 +396,6 @@ int main(void)
     RUN(test_usage_lists_everything);
     RUN(test_models);
     RUN(test_model_refused_at_start);
+    RUN(test_model_suffixes);
     return check_report();
 }

@@ -1,0 +1,177 @@
+/*
+ * models.c - the registry of named layers (the built-in "demo" and every --model), and the
+ * replies of GET /v1/models and GET /v1/models/{name}.
+ *
+ * The registry is an array in registration order, filled on the main thread at start-up and
+ * read-only afterwards, so lookups take no lock. There are a handful of models, so a lookup is
+ * a linear scan.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/internal.h"
+
+struct api_models {
+    eng_layer **layers;
+    size_t count, cap;
+};
+
+bool api_model_name_ok(const char *name)
+{
+    size_t n = 0;
+    for (; name[n]; n++) {
+        char c = name[n];
+        if (n >= API_MODEL_NAME_MAX)
+            return false;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return false;
+    }
+    return n > 0;
+}
+
+api_models *api_models_new(void)
+{
+    api_models *m = calloc(1, sizeof *m);
+    char err[128];
+    if (!m)
+        return NULL;
+    if (!api_models_add(m, eng_layer_demo(), err, sizeof err)) {
+        api_models_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void api_models_free(api_models *models)
+{
+    if (!models)
+        return;
+    for (size_t i = 0; i < models->count; i++)
+        eng_layer_free(models->layers[i]);
+    free(models->layers);
+    free(models);
+}
+
+bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errlen)
+{
+    if (!layer) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    if (!api_model_name_ok(layer->name)) {
+        snprintf(err, errlen,
+                 "model name \"%.64s\" is not valid: use 1 to %d characters from [A-Za-z0-9_.-]",
+                 layer->name, API_MODEL_NAME_MAX);
+        eng_layer_free(layer);
+        return false;
+    }
+    if (api_models_find(models, layer->name)) {
+        snprintf(err, errlen, "model name \"%s\" is taken (each --model needs its own name)",
+                 layer->name);
+        eng_layer_free(layer);
+        return false;
+    }
+    if (models->count == models->cap) {
+        size_t cap = models->cap ? models->cap * 2 : 4;
+        eng_layer **p = realloc(models->layers, cap * sizeof *p);
+        if (!p) {
+            snprintf(err, errlen, "out of memory");
+            eng_layer_free(layer);
+            return false;
+        }
+        models->layers = p;
+        models->cap = cap;
+    }
+    models->layers[models->count++] = layer;
+    return true;
+}
+
+const eng_layer *api_models_find(const api_models *models, const char *name)
+{
+    if (!models || !name)
+        return NULL;
+    for (size_t i = 0; i < models->count; i++)
+        if (strcmp(models->layers[i]->name, name) == 0)
+            return models->layers[i];
+    return NULL;
+}
+
+size_t api_models_count(const api_models *models)
+{
+    return models ? models->count : 0;
+}
+
+const eng_layer *api_models_at(const api_models *models, size_t i)
+{
+    return models && i < models->count ? models->layers[i] : NULL;
+}
+
+/* ---- Replies ------------------------------------------------------------------------------ */
+
+void api_model_describe(api_jsonw *w, const eng_layer *l)
+{
+    api_jsonw_cstr(w, "{\"name\":");
+    api_jsonw_string(w, l->name, strlen(l->name));
+    api_jsonw_printf(w,
+                     ",\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                     "\"head_dim\":%lld,\"kdim\":%lld,\"vdim\":%lld,\"bias\":%s,\"bias_kv\":%s,"
+                     "\"dtype\":",
+                     (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
+                     (long long)(l->embed_dim / l->num_heads), (long long)l->kdim,
+                     (long long)l->vdim, l->b_q ? "true" : "false", l->bias_k ? "true" : "false");
+    api_jsonw_string(w, l->dtype, strnlen(l->dtype, sizeof l->dtype));
+    api_jsonw_printf(w, ",\"parameters\":%lld}", (long long)eng_layer_params(l));
+}
+
+static void reply_json(api_reply *reply, api_jsonw *w)
+{
+    api_error err;
+    memset(&err, 0, sizeof err);
+    memset(reply, 0, sizeof *reply);
+    if (w->state != API_JSONW_OK) {
+        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
+        api_reply_from_error(reply, &err);
+        api_jsonw_free(w);
+        return;
+    }
+    reply->status = 200;
+    reply->content_type = "application/json";
+    reply->body = w->data;
+    reply->body_len = w->len;
+    w->data = NULL;
+}
+
+void api_models_list(const api_models *models, api_reply *reply)
+{
+    api_jsonw w;
+    api_jsonw_init(&w, (size_t)16 << 20);
+    api_jsonw_cstr(&w, "{\"models\":[");
+    for (size_t i = 0; i < api_models_count(models); i++) {
+        if (i > 0)
+            api_jsonw_char(&w, ',');
+        api_model_describe(&w, api_models_at(models, i));
+    }
+    api_jsonw_cstr(&w, "]}\n");
+    reply_json(reply, &w);
+}
+
+void api_models_get(const api_models *models, const char *name, api_reply *reply)
+{
+    const eng_layer *l = api_models_find(models, name);
+    api_jsonw w;
+    if (!l) {
+        api_error err;
+        memset(&err, 0, sizeof err);
+        memset(reply, 0, sizeof *reply);
+        api_error_set(&err, 404, API_REASON_BAD_REQUEST, NULL,
+                      "no model \"%.64s\"; GET /v1/models lists them", name ? name : "");
+        api_reply_from_error(reply, &err);
+        return;
+    }
+    api_jsonw_init(&w, (size_t)1 << 20);
+    api_model_describe(&w, l);
+    api_jsonw_char(&w, '\n');
+    reply_json(reply, &w);
+}

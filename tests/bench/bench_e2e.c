@@ -1,0 +1,357 @@
+/*
+ * bench_e2e.c - what the wire costs: one attention problem (default (1, 8, 8192, 64), no mask)
+ * timed side by side as
+ *
+ *   engine       eng_sdpa alone on a pool of the daemon's size (the floor);
+ *   api          the same request through api/ in this process: the KServe v2 binary body
+ *                (api_v2_infer) and the native base64 JSON body (api_attention), parse,
+ *                decode, compute, encode - no socket;
+ *   http         the same bodies POSTed to a real attnd over loopback (libcurl, one kept-alive
+ *                connection): upload, queue, api, download.
+ *
+ * Bodies are built once, before the clock starts; each case runs --reps times (default 3) after
+ * one warm-up and reports the median and the fastest, in milliseconds, with the bytes each way.
+ * The outputs of every path are compared with the engine's, bit for bit. The daemon is
+ * $ATTND_BIN (default build/attnd), started with --threads equal to this pool's.
+ *
+ *     build/tests/bench/bench_e2e [--reps N] [--shape B,H,L,D] [--threads N]
+ *
+ * Absolute times on a shared machine drift; the differences between the lines of one run are
+ * what this measures.
+ */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/internal.h"
+#include "tests/support/daemon.h"
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} sbuf;
+
+static void sb_mem(sbuf *b, const void *p, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *d = realloc(b->data, cap);
+        if (!d) {
+            fprintf(stderr, "bench_e2e: out of memory\n");
+            exit(1);
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_mem(b, s, strlen(s));
+}
+
+static float *random_floats(size_t n, unsigned seed)
+{
+    float *x = malloc(n * sizeof *x);
+    uint32_t state = seed * 2654435761u + 1;
+    if (!x) {
+        fprintf(stderr, "bench_e2e: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = (float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+    }
+    return x;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double ms_since(int64_t t0)
+{
+    return (double)(eng_now_ns() - t0) / 1e6;
+}
+
+/* ---- The problem and its bodies ------------------------------------------------------------ */
+
+static int64_t B = 1, H = 8, L = 8192, D = 64;
+static float *q, *k, *v;
+static size_t n_in; /* elements per tensor */
+
+static char *v2_body(size_t *len, size_t *header_len)
+{
+    sbuf b = {0};
+    char tmp[256];
+    const char *names[3] = {"query", "key", "value"};
+    sb_str(&b, "{\"parameters\":{\"binary_data_output\":true},\"inputs\":[");
+    for (int t = 0; t < 3; t++) {
+        snprintf(tmp, sizeof tmp,
+                 "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld,%lld,%lld],"
+                 "\"parameters\":{\"binary_data_size\":%zu}}",
+                 t ? "," : "", names[t], (long long)B, (long long)H, (long long)L, (long long)D,
+                 n_in * 4);
+        sb_str(&b, tmp);
+    }
+    sb_str(&b, "]}");
+    *header_len = b.len;
+    sb_mem(&b, q, n_in * 4);
+    sb_mem(&b, k, n_in * 4);
+    sb_mem(&b, v, n_in * 4);
+    *len = b.len;
+    return b.data;
+}
+
+static char *native_body(size_t *len)
+{
+    sbuf b = {0};
+    const int64_t shape[4] = {B, H, L, D};
+    const char *names[3] = {"query", "key", "value"};
+    const float *data[3] = {q, k, v};
+    sb_str(&b, "{\"output_encoding\":\"base64\"");
+    for (int t = 0; t < 3; t++) {
+        char *tensor = json_tensor_b64(data[t], shape, 4);
+        sb_str(&b, ",\"");
+        sb_str(&b, names[t]);
+        sb_str(&b, "\":");
+        sb_str(&b, tensor);
+        free(tensor);
+    }
+    sb_str(&b, "}");
+    *len = b.len;
+    return b.data;
+}
+
+/* The output of a reply: binary after the v2 header, or the native base64 "output". */
+static bool same_output(const char *body, size_t len, size_t header_len, bool v2, const float *want)
+{
+    size_t n = n_in * 4;
+    if (v2)
+        return len == header_len + n && memcmp(body + header_len, want, n) == 0;
+    const char *p = strstr(body, "\"output\"");
+    p = p ? strstr(p, "\"base64\":\"") : NULL;
+    if (!p)
+        return false;
+    p += 10;
+    const char *end = memchr(p, '"', len - (size_t)(p - body));
+    if (!end)
+        return false;
+    float *got = malloc(n + 4);
+    size_t got_len = 0, bad;
+    bool ok = got && api_base64_decode(p, (size_t)(end - p), got, &got_len, &bad) == API_B64_OK &&
+              got_len == n && memcmp(got, want, n) == 0;
+    free(got);
+    return ok;
+}
+
+/* ---- HTTP ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    sbuf body;
+    size_t header_len;
+} reply_buf;
+
+static size_t on_data(char *p, size_t size, size_t nmemb, void *u)
+{
+    sb_mem(&((reply_buf *)u)->body, p, size * nmemb);
+    return size * nmemb;
+}
+
+static size_t on_head(char *p, size_t size, size_t nmemb, void *u)
+{
+    static const char name[] = "Inference-Header-Content-Length:";
+    size_t n = size * nmemb;
+    if (n > sizeof name && strncasecmp(p, name, sizeof name - 1) == 0)
+        ((reply_buf *)u)->header_len = (size_t)strtoull(p + sizeof name - 1, NULL, 10);
+    return n;
+}
+
+static long post(CURL *h, int port, const char *path, const char *const *headers, const char *body,
+                 size_t len, reply_buf *r)
+{
+    struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
+    char url[256];
+    long status = 0;
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    for (int i = 0; headers[i]; i++)
+        hl = curl_slist_append(hl, headers[i]);
+    r->body.len = 0;
+    r->header_len = 0;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_head);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 600000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_slist_free_all(hl);
+    return status;
+}
+
+/* ---- Cases ---------------------------------------------------------------------------------- */
+
+static int reps = 3;
+
+static void report(const char *name, double *t, size_t up, size_t down, bool ok)
+{
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    printf("%-28s ms=%8.1f  min_ms=%8.1f  request_mb=%6.1f  reply_mb=%6.1f  output=%s\n", name,
+           t[reps / 2], t[0], (double)up / 1048576.0, (double)down / 1048576.0,
+           ok ? "exact" : "DIFFERS");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            reps = (int)strtol(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            threads = (int)strtol(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+            long long b, h, l, d;
+            if (sscanf(argv[++i], "%lld,%lld,%lld,%lld", &b, &h, &l, &d) != 4) {
+                fprintf(stderr, "bench_e2e: --shape B,H,L,D\n");
+                return 2;
+            }
+            B = b;
+            H = h;
+            L = l;
+            D = d;
+        } else {
+            fprintf(stderr, "usage: bench_e2e [--reps N] [--shape B,H,L,D] [--threads N]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 100)
+        reps = 3;
+    double *t = calloc((size_t)reps, sizeof *t);
+    eng_error eerr;
+    eng_pool *pool = eng_pool_new(threads, &eerr);
+    if (!pool || !t) {
+        fprintf(stderr, "bench_e2e: %s\n", pool ? "out of memory" : eerr.message);
+        return 1;
+    }
+    threads = eng_pool_threads(pool);
+    n_in = (size_t)(B * H * L * D);
+    q = random_floats(n_in, 1);
+    k = random_floats(n_in, 2);
+    v = random_floats(n_in, 3);
+    printf("e2e shape=(%lld,%lld,%lld,%lld) fp32 no-mask threads=%d reps=%d\n", (long long)B,
+           (long long)H, (long long)L, (long long)D, threads, reps);
+
+    /* Engine alone. */
+    float *out = api_aligned_alloc(n_in * 4), *first = api_aligned_alloc(n_in * 4);
+    eng_sdpa_args a;
+    memset(&a, 0, sizeof a);
+    a.q = eng_view_contiguous(q, B, H, L, D);
+    a.k = eng_view_contiguous(k, B, H, L, D);
+    a.v = eng_view_contiguous(v, B, H, L, D);
+    a.out = eng_view_contiguous(out, B, H, L, D);
+    if (eng_sdpa(pool, &a, NULL, &eerr) != ENG_OK) {
+        fprintf(stderr, "bench_e2e: eng_sdpa: %s\n", eerr.message);
+        return 1;
+    }
+    memcpy(first, out, n_in * 4);
+    for (int r = 0; r < reps; r++) {
+        int64_t t0 = eng_now_ns();
+        eng_sdpa(pool, &a, NULL, &eerr);
+        t[r] = ms_since(t0);
+    }
+    report("engine eng_sdpa", t, n_in * 12, n_in * 4, memcmp(out, first, n_in * 4) == 0);
+
+    size_t v2_len, v2_hlen, nat_len;
+    char *v2 = v2_body(&v2_len, &v2_hlen), *nat = native_body(&nat_len);
+    char hl_value[32], hl_header[64];
+    snprintf(hl_value, sizeof hl_value, "%zu", v2_hlen);
+    snprintf(hl_header, sizeof hl_header, "Inference-Header-Content-Length: %zu", v2_hlen);
+
+    /* api/ in this process. */
+    api_budget *budget = api_budget_new((size_t)8 << 30);
+    for (int which = 0; which < 2; which++) {
+        api_call call = {.pool = pool, .budget = budget, .model = "sdpa"};
+        api_reply reply;
+        bool ok = true;
+        size_t down = 0;
+        call.body = which == 0 ? v2 : nat;
+        call.body_len = which == 0 ? v2_len : nat_len;
+        call.inference_header_length = which == 0 ? hl_value : NULL;
+        for (int r = -1; r < reps; r++) {
+            int64_t t0 = eng_now_ns();
+            if (which == 0)
+                api_v2_infer(&call, &reply);
+            else
+                api_attention(&call, &reply);
+            if (r >= 0)
+                t[r] = ms_since(t0);
+            ok = ok && reply.status == 200 &&
+                 same_output(reply.body, reply.body_len, (size_t)reply.inference_header_len,
+                             which == 0, first);
+            down = reply.body_len;
+            api_reply_free(&reply);
+        }
+        report(which == 0 ? "api v2 binary fp32" : "api native base64 json", t, call.body_len, down,
+               ok);
+    }
+
+    /* A real daemon over loopback. */
+    daemon_proc d;
+    char nthreads[16];
+    snprintf(nthreads, sizeof nthreads, "%d", threads);
+    const char *const args[] = {
+        "--threads", nthreads, "--max-body-bytes", "1GiB", "--max-memory-bytes", "8GiB", NULL};
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (daemon_start(&d, args) != 0) {
+        fprintf(stderr, "bench_e2e: cannot start attnd ($ATTND_BIN)\n");
+        return 1;
+    }
+    CURL *h = curl_easy_init();
+    const char *v2_headers[] = {"Content-Type: application/octet-stream", hl_header, NULL};
+    const char *nat_headers[] = {"Content-Type: application/json", NULL};
+    for (int which = 0; which < 2; which++) {
+        reply_buf r = {{0}, 0};
+        bool ok = true;
+        for (int i = -1; i < reps; i++) {
+            int64_t t0 = eng_now_ns();
+            long status = which == 0
+                              ? post(h, d.port, "/v2/models/sdpa/infer", v2_headers, v2, v2_len, &r)
+                              : post(h, d.port, "/v1/attention", nat_headers, nat, nat_len, &r);
+            if (i >= 0)
+                t[i] = ms_since(t0);
+            ok = ok && status == 200 &&
+                 same_output(r.body.data, r.body.len, r.header_len, which == 0, first);
+        }
+        report(which == 0 ? "http v2 binary fp32" : "http native base64 json", t,
+               which == 0 ? v2_len : nat_len, r.body.len, ok);
+        free(r.body.data);
+    }
+    curl_easy_cleanup(h);
+    daemon_stop(&d);
+    curl_global_cleanup();
+
+    api_budget_free(budget);
+    free(v2);
+    free(nat);
+    free(out);
+    free(first);
+    free(q);
+    free(k);
+    free(v);
+    free(t);
+    eng_pool_free(pool);
+    return 0;
+}

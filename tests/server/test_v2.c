@@ -1,0 +1,745 @@
+/*
+ * test_v2.c - the KServe v2 routes of a real attnd over HTTP (libcurl): metadata and readiness
+ * in the spec's shapes, inference with JSON and binary tensors (FP32 and FP16 in, FP32 out)
+ * against the float64 reference, Inference-Header-Content-Length on both sides, gzip and
+ * deflate bodies and replies, the protocol's error form, the statistics extension, and Triton's
+ * nv_inference_* metric families with their model and version labels. One daemon serves every
+ * test.
+ */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <zlib.h>
+
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+#include "tests/support/ref.h"
+
+static daemon_proc d;
+
+/* ---- HTTP ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    long status;
+    char *body;
+    size_t len;
+    char headers[4096]; /* every response header line, as received */
+} resp;
+
+static size_t on_data(char *p, size_t size, size_t n, void *u)
+{
+    resp *r = u;
+    size_t k = size * n;
+    char *b = realloc(r->body, r->len + k + 1);
+    if (!b)
+        return 0;
+    memcpy(b + r->len, p, k);
+    r->len += k;
+    b[r->len] = '\0';
+    r->body = b;
+    return k;
+}
+
+static size_t on_head(char *p, size_t size, size_t n, void *u)
+{
+    resp *r = u;
+    size_t k = size * n, used = strlen(r->headers);
+    if (used + k + 1 < sizeof r->headers) {
+        memcpy(r->headers + used, p, k);
+        r->headers[used + k] = '\0';
+    }
+    return k;
+}
+
+/* The value of response header `name` (trimmed) into out, or "" when absent. */
+static const char *header(const resp *r, const char *name, char *out, size_t size)
+{
+    size_t n = strlen(name);
+    const char *p = r->headers;
+    out[0] = '\0';
+    while (p && *p) {
+        if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+            const char *v = p + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t len = strcspn(v, "\r\n");
+            if (len >= size)
+                len = size - 1;
+            memcpy(out, v, len);
+            out[len] = '\0';
+            break;
+        }
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return out;
+}
+
+/* One request; `headers` NULL-terminated. curl is not asked to decode the reply. */
+static long request(const char *method, const char *path, const char *const *headers,
+                    const char *body, size_t len, resp *r)
+{
+    CURL *h = curl_easy_init();
+    struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
+    char url[512];
+    memset(r, 0, sizeof *r);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", d.port, path);
+    for (int i = 0; headers && headers[i]; i++)
+        hl = curl_slist_append(hl, headers[i]);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_head);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(h);
+    if (!r->body)
+        r->body = calloc(1, 1);
+    return r->status;
+}
+
+static void resp_free(resp *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+static json_t *json_of(const char *p, size_t n)
+{
+    json_error_t e;
+    json_t *j = json_loadb(p, n, 0, &e);
+    CHECKF(j != NULL, "not JSON: %s: %.200s", e.text, p);
+    return j;
+}
+
+/* A v2 error: the status and {"error": "..."} containing `needle`. */
+static void check_v2_error(const resp *r, long status, const char *needle)
+{
+    CHECKF(r->status == status, "status %ld, want %ld: %.300s", r->status, status, r->body);
+    json_t *j = json_of(r->body, r->len);
+    if (!j)
+        return;
+    json_t *e = json_object_get(j, "error");
+    CHECKF(json_is_string(e) && json_object_size(j) == 1, "not {\"error\": string}: %.300s",
+           r->body);
+    if (needle && json_is_string(e))
+        CHECKF(strstr(json_string_value(e), needle) != NULL, "\"%s\" lacks \"%s\"",
+               json_string_value(e), needle);
+    json_decref(j);
+}
+
+/* ---- Bodies -------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} sbuf;
+
+static void sb_mem(sbuf *b, const void *p, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->data = realloc(b->data, b->cap);
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_mem(b, s, strlen(s));
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Du;
+
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static uint16_t to_half(float f)
+{
+    /* Round to nearest even for normal values in range (the test's values are in [-1, 1]). */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t m = x & 0x7fffffu;
+    if (e <= 0) {
+        if (e < -10)
+            return (uint16_t)sign;
+        m |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static float from_half(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 0) {
+        float f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    x = sign | ((e - 15 + 127) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+typedef struct {
+    int64_t B, H, L, S, D;
+    float *q, *k, *v;
+} problem;
+
+static void problem_new(problem *p, int64_t B, int64_t H, int64_t L, int64_t S, int64_t D)
+{
+    *p = (problem){B, H, L, S, D, NULL, NULL, NULL};
+    size_t nq = (size_t)(B * H * L * D), nk = (size_t)(B * H * S * D);
+    p->q = malloc(nq * 4);
+    p->k = malloc(nk * 4);
+    p->v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++)
+        p->q[i] = frand();
+    for (size_t i = 0; i < nk; i++) {
+        p->k[i] = frand();
+        p->v[i] = frand();
+    }
+}
+
+static void problem_free(problem *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->v);
+}
+
+/* A v2 inference body for the problem: JSON data, or binary (`dtype` "FP32"/"FP16"); the
+ * output binary or not. *header_len is the JSON's length. */
+static char *infer_body(const problem *p, const char *dtype, bool binary_in, bool binary_out,
+                        const char *id, size_t *len, size_t *header_len)
+{
+    sbuf b = {0}, bin = {0};
+    const char *names[3] = {"query", "key", "value"};
+    const float *data[3] = {p->q, p->k, p->v};
+    int64_t rows[3] = {p->L, p->S, p->S};
+    char tmp[256];
+    sb_str(&b, "{");
+    if (id) {
+        snprintf(tmp, sizeof tmp, "\"id\":\"%s\",", id);
+        sb_str(&b, tmp);
+    }
+    snprintf(tmp, sizeof tmp, "\"parameters\":{\"causal\":true,\"binary_data_output\":%s},",
+             binary_out ? "true" : "false");
+    sb_str(&b, tmp);
+    sb_str(&b, "\"inputs\":[");
+    for (int t = 0; t < 3; t++) {
+        size_t n = (size_t)(p->B * p->H * rows[t] * p->D);
+        snprintf(tmp, sizeof tmp,
+                 "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld]",
+                 t ? "," : "", names[t], dtype, (long long)p->B, (long long)p->H,
+                 (long long)rows[t], (long long)p->D);
+        sb_str(&b, tmp);
+        if (binary_in) {
+            size_t esize = strcmp(dtype, "FP16") == 0 ? 2 : 4;
+            snprintf(tmp, sizeof tmp, ",\"parameters\":{\"binary_data_size\":%zu}}", n * esize);
+            sb_str(&b, tmp);
+            for (size_t i = 0; i < n; i++) {
+                if (esize == 2) {
+                    uint16_t h = to_half(data[t][i]);
+                    sb_mem(&bin, &h, 2);
+                } else {
+                    sb_mem(&bin, &data[t][i], 4);
+                }
+            }
+        } else {
+            sb_str(&b, ",\"data\":[");
+            for (size_t i = 0; i < n; i++) {
+                snprintf(tmp, sizeof tmp, "%s%.9g", i ? "," : "", (double)data[t][i]);
+                sb_str(&b, tmp);
+            }
+            sb_str(&b, "]}");
+        }
+    }
+    sb_str(&b, "]}");
+    *header_len = b.len;
+    if (bin.len)
+        sb_mem(&b, bin.data, bin.len);
+    free(bin.data);
+    *len = b.len;
+    return b.data;
+}
+
+/* The reference output [B, H, L, D] of the causal problem (inputs rounded to FP16 if asked). */
+static double *reference(const problem *p, bool half)
+{
+    size_t nq = (size_t)(p->B * p->H * p->L * p->D), nk = (size_t)(p->B * p->H * p->S * p->D);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = half ? from_half(to_half(p->q[i])) : p->q[i];
+    for (size_t i = 0; i < nk; i++) {
+        k[i] = half ? from_half(to_half(p->k[i])) : p->k[i];
+        v[i] = half ? from_half(to_half(p->v[i])) : p->v[i];
+    }
+    eng_sdpa_args a = {.causal = true};
+    a.q = eng_view_contiguous(q, p->B, p->H, p->L, p->D);
+    a.k = eng_view_contiguous(k, p->B, p->H, p->S, p->D);
+    a.v = eng_view_contiguous(v, p->B, p->H, p->S, p->D);
+    a.out = eng_view_contiguous(NULL, p->B, p->H, p->L, p->D);
+    ref_result res;
+    double *out = NULL;
+    if (ref_sdpa(&a, &res)) {
+        out = malloc(nq * sizeof *out);
+        memcpy(out, res.out, nq * sizeof *out);
+        ref_result_free(&res);
+    }
+    free(q);
+    free(k);
+    free(v);
+    return out;
+}
+
+/* The "output" of a 200 reply (JSON data or binary after the header); malloc'd floats. */
+static float *output_of(const resp *r, size_t header_len, size_t n, bool *binary)
+{
+    json_t *j = json_of(r->body, header_len ? header_len : r->len), *o;
+    float *out = NULL;
+    size_t i;
+    if (!j)
+        return NULL;
+    json_array_foreach(json_object_get(j, "outputs"), i, o)
+    {
+        if (strcmp(json_string_value(json_object_get(o, "name")), "output") != 0)
+            continue;
+        CHECK(strcmp(json_string_value(json_object_get(o, "datatype")), "FP32") == 0);
+        out = malloc(n * 4);
+        json_t *data = json_object_get(o, "data");
+        *binary = data == NULL;
+        if (data) {
+            CHECK(json_array_size(data) == n);
+            for (size_t k = 0; k < n && k < json_array_size(data); k++)
+                out[k] = (float)json_number_value(json_array_get(data, k));
+        } else {
+            json_t *size = json_object_get(json_object_get(o, "parameters"), "binary_data_size");
+            CHECK((size_t)json_integer_value(size) == n * 4);
+            CHECK(r->len == header_len + n * 4);
+            if (r->len >= header_len + n * 4)
+                memcpy(out, r->body + header_len, n * 4);
+        }
+    }
+    json_decref(j);
+    CHECK(out != NULL);
+    return out;
+}
+
+static void check_close(const float *got, const double *want, size_t n, double tol)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += !(fabs((double)got[i] - want[i]) <= tol);
+    CHECKF(bad == 0, "%zu of %zu values differ from the reference", bad, n);
+}
+
+/* ---- Tests --------------------------------------------------------------------------------- */
+
+static void test_metadata(void)
+{
+    resp r;
+    char ct[128];
+    CHECK_EQ_INT(request("GET", "/v2", NULL, NULL, 0, &r), 200);
+    CHECK(strstr(header(&r, "Content-Type", ct, sizeof ct), "application/json") != NULL);
+    json_t *j = json_of(r.body, r.len);
+    if (j) {
+        CHECK(strcmp(json_string_value(json_object_get(j, "name")), "attnd") == 0);
+        CHECK(strstr(r.body, "\"binary_tensor_data\"") && strstr(r.body, "\"statistics\""));
+        json_decref(j);
+    }
+    resp_free(&r);
+
+    const char *paths[] = {"/v2/models/sdpa", "/v2/models/sdpa/versions/1"};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(request("GET", paths[i], NULL, NULL, 0, &r), 200);
+        j = json_of(r.body, r.len);
+        if (j) {
+            json_t *in = json_object_get(j, "inputs");
+            CHECK(strcmp(json_string_value(json_object_get(j, "name")), "sdpa") == 0);
+            CHECK(json_array_size(in) == 6);
+            json_t *q = json_array_get(in, 0);
+            CHECK(strcmp(json_string_value(json_object_get(q, "name")), "query") == 0);
+            CHECK(strcmp(json_string_value(json_object_get(q, "datatype")), "FP32") == 0);
+            CHECK(json_integer_value(json_array_get(json_object_get(q, "shape"), 0)) == -1);
+            CHECK(json_array_size(json_object_get(j, "outputs")) == 3);
+            json_decref(j);
+        }
+        resp_free(&r);
+    }
+    CHECK_EQ_INT(request("GET", "/v2/models/demo", NULL, NULL, 0, &r), 200);
+    CHECK(strstr(r.body, "\"input\"") && strstr(r.body, "\"memory\""));
+    resp_free(&r);
+
+    CHECK_EQ_INT(request("GET", "/v2/models/sdpa/ready", NULL, NULL, 0, &r), 200);
+    j = json_of(r.body, r.len);
+    CHECK(j && json_is_true(json_object_get(j, "ready")));
+    json_decref(j);
+    resp_free(&r);
+    CHECK_EQ_INT(request("GET", "/v2/models/sdpa/versions/1/ready", NULL, NULL, 0, &r), 200);
+    resp_free(&r);
+
+    request("GET", "/v2/models/nosuch", NULL, NULL, 0, &r);
+    check_v2_error(&r, 404, "nosuch");
+    resp_free(&r);
+    request("GET", "/v2/models/sdpa/versions/7/ready", NULL, NULL, 0, &r);
+    check_v2_error(&r, 404, "version");
+    resp_free(&r);
+    request("POST", "/v2/models/sdpa/infer/x", NULL, "{}", 2, &r);
+    check_v2_error(&r, 404, NULL);
+    resp_free(&r);
+    char allow[64];
+    request("POST", "/v2/models/sdpa", NULL, "{}", 2, &r);
+    check_v2_error(&r, 405, NULL);
+    CHECK(strstr(header(&r, "Allow", allow, sizeof allow), "GET") != NULL);
+    resp_free(&r);
+    request("GET", "/v2/models/sdpa/infer", NULL, NULL, 0, &r);
+    check_v2_error(&r, 405, NULL);
+    resp_free(&r);
+}
+
+/* The spec's JSON request and response, then the same through the binary extension: equal
+ * numbers, Inference-Header-Content-Length and application/octet-stream on the reply. */
+static void test_infer_json_and_binary(void)
+{
+    static const char *const json_h[] = {"Content-Type: application/json", NULL};
+    problem p;
+    problem_new(&p, 1, 2, 5, 7, 8);
+    size_t n = 2 * 5 * 8, len, hlen;
+    double *ref = reference(&p, false);
+    float *outs[2] = {NULL, NULL};
+    for (int binary = 0; binary < 2; binary++) {
+        char *body = infer_body(&p, "FP32", binary, binary, "abc", &len, &hlen);
+        char hl[64], got[64], ct[128];
+        snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", hlen);
+        const char *bin_h[] = {"Content-Type: application/octet-stream", hl, NULL};
+        resp r;
+        request("POST", binary ? "/v2/models/sdpa/versions/1/infer" : "/v2/models/sdpa/infer",
+                binary ? bin_h : json_h, body, len, &r);
+        CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
+        size_t reply_hlen = 0;
+        if (binary) {
+            reply_hlen = (size_t)strtoull(
+                header(&r, "Inference-Header-Content-Length", got, sizeof got), NULL, 10);
+            CHECK(reply_hlen > 0 && reply_hlen < r.len);
+            CHECK(strcmp(header(&r, "Content-Type", ct, sizeof ct), "application/octet-stream") ==
+                  0);
+        } else {
+            CHECK(header(&r, "Inference-Header-Content-Length", got, sizeof got)[0] == '\0');
+        }
+        json_t *j = json_of(r.body, binary ? reply_hlen : r.len);
+        if (j) {
+            CHECK(strcmp(json_string_value(json_object_get(j, "id")), "abc") == 0);
+            CHECK(strcmp(json_string_value(json_object_get(j, "model_name")), "sdpa") == 0);
+            json_decref(j);
+        }
+        bool is_bin = false;
+        outs[binary] = output_of(&r, reply_hlen, n, &is_bin);
+        CHECK(is_bin == (binary != 0));
+        if (outs[binary] && ref)
+            check_close(outs[binary], ref, n, 2e-6);
+        resp_free(&r);
+        free(body);
+    }
+    if (outs[0] && outs[1])
+        CHECK(memcmp(outs[0], outs[1], n * 4) == 0);
+    free(outs[0]);
+    free(outs[1]);
+    free(ref);
+    problem_free(&p);
+}
+
+/* FP16 binary inputs, FP32 outputs (JSON), against the reference on the rounded inputs. */
+static void test_infer_fp16(void)
+{
+    problem p;
+    problem_new(&p, 2, 2, 4, 6, 4);
+    size_t n = 2 * 2 * 4 * 4, len, hlen;
+    char *body = infer_body(&p, "FP16", true, false, NULL, &len, &hlen);
+    char hl[64];
+    snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", hlen);
+    const char *h[] = {"Content-Type: application/octet-stream", hl, NULL};
+    resp r;
+    request("POST", "/v2/models/sdpa/infer", h, body, len, &r);
+    CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
+    double *ref = reference(&p, true);
+    bool binary = true;
+    float *out = output_of(&r, 0, n, &binary);
+    CHECK(!binary);
+    if (out && ref)
+        check_close(out, ref, n, 2e-6);
+    free(out);
+    free(ref);
+    resp_free(&r);
+    free(body);
+    problem_free(&p);
+}
+
+static char *gzip_pack(const char *src, size_t n, int wbits, size_t *out_len)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    deflateInit2(&zs, 6, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY);
+    size_t cap = deflateBound(&zs, (uLong)n) + 64;
+    char *out = malloc(cap);
+    zs.next_in = (Bytef *)(uintptr_t)src;
+    zs.avail_in = (uInt)n;
+    zs.next_out = (Bytef *)out;
+    zs.avail_out = (uInt)cap;
+    deflate(&zs, Z_FINISH);
+    *out_len = zs.total_out;
+    deflateEnd(&zs);
+    return out;
+}
+
+static char *gunzip(const char *src, size_t n, int wbits, size_t *out_len)
+{
+    z_stream zs;
+    size_t cap = 1 << 20;
+    char *out = malloc(cap);
+    memset(&zs, 0, sizeof zs);
+    inflateInit2(&zs, wbits);
+    zs.next_in = (Bytef *)(uintptr_t)src;
+    zs.avail_in = (uInt)n;
+    zs.next_out = (Bytef *)out;
+    zs.avail_out = (uInt)cap;
+    int rc = inflate(&zs, Z_FINISH);
+    *out_len = zs.total_out;
+    inflateEnd(&zs);
+    if (rc != Z_STREAM_END) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* A gzip request with binary tensors and a gzip reply: the header lengths count the JSON
+ * uncompressed, on both sides; deflate likewise; and the native route takes gzip too. */
+static void test_compression(void)
+{
+    problem p;
+    problem_new(&p, 1, 1, 16, 16, 16);
+    size_t n = 16 * 16, len, hlen;
+    double *ref = reference(&p, false);
+    const struct {
+        const char *name;
+        int wbits;
+    } codings[] = {{"gzip", 31}, {"deflate", 15}};
+    for (int c = 0; c < 2; c++) {
+        char *body = infer_body(&p, "FP32", true, true, NULL, &len, &hlen);
+        size_t packed_len;
+        char *packed = gzip_pack(body, len, codings[c].wbits, &packed_len);
+        char hl[64], ce[64], ae[64], got[64];
+        snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", hlen);
+        snprintf(ce, sizeof ce, "Content-Encoding: %s", codings[c].name);
+        snprintf(ae, sizeof ae, "Accept-Encoding: %s", codings[c].name);
+        const char *h[] = {"Content-Type: application/octet-stream", hl, ce, ae, NULL};
+        resp r;
+        request("POST", "/v2/models/sdpa/infer", h, packed, packed_len, &r);
+        CHECKF(r.status == 200, "%s: %ld %.200s", codings[c].name, r.status, r.body);
+        CHECK(strcmp(header(&r, "Content-Encoding", got, sizeof got), codings[c].name) == 0);
+        CHECK(strstr(header(&r, "Vary", got, sizeof got), "Accept-Encoding") != NULL);
+        size_t reply_hlen = (size_t)strtoull(
+            header(&r, "Inference-Header-Content-Length", got, sizeof got), NULL, 10);
+        size_t plain_len = 0;
+        char *plain = gunzip(r.body, r.len, codings[c].wbits, &plain_len);
+        CHECK(plain != NULL);
+        if (plain) {
+            resp u = {.status = 200, .body = plain, .len = plain_len};
+            bool binary = false;
+            float *out = output_of(&u, reply_hlen, n, &binary);
+            CHECK(binary);
+            if (out && ref)
+                check_close(out, ref, n, 2e-6);
+            free(out);
+        }
+        free(plain);
+        resp_free(&r);
+        free(packed);
+        free(body);
+    }
+
+    /* The native route: a gzip body, an uncompressed reply (no Accept-Encoding). */
+    const char *native = "{\"query\": [[1, 0]], \"key\": [[1, 0], [0, 1]], "
+                         "\"value\": [[1, 2], [3, 4]]}";
+    size_t packed_len;
+    char *packed = gzip_pack(native, strlen(native), 31, &packed_len);
+    const char *h[] = {"Content-Type: application/json", "Content-Encoding: gzip", NULL};
+    resp r;
+    char got[64];
+    CHECK_EQ_INT(request("POST", "/v1/attention", h, packed, packed_len, &r), 200);
+    CHECK(header(&r, "Content-Encoding", got, sizeof got)[0] == '\0');
+    CHECK(strstr(r.body, "\"output\"") != NULL);
+    resp_free(&r);
+    free(packed);
+
+    /* Unknown codings: 415 before the body is read; a bomb: 413 (--max-body-bytes 4MiB). */
+    const char *br[] = {"Content-Type: application/json", "Content-Encoding: br", NULL};
+    request("POST", "/v2/models/sdpa/infer", br, "{}", 2, &r);
+    check_v2_error(&r, 415, "Content-Encoding");
+    resp_free(&r);
+    size_t zn = (size_t)16 << 20;
+    char *zeros = calloc(zn, 1);
+    packed = gzip_pack(zeros, zn, 31, &packed_len);
+    free(zeros);
+    const char *gz[] = {"Content-Type: application/json", "Content-Encoding: gzip", NULL};
+    request("POST", "/v2/models/sdpa/infer", gz, packed, packed_len, &r);
+    check_v2_error(&r, 413, "--max-body-bytes");
+    resp_free(&r);
+    request("POST", "/v2/models/sdpa/infer", gz, "not gzip", 8, &r);
+    check_v2_error(&r, 400, "gzip");
+    resp_free(&r);
+    free(packed);
+    free(ref);
+    problem_free(&p);
+}
+
+/* Errors over HTTP, each in the protocol's form. */
+static void test_errors(void)
+{
+    const char *json = "{\"inputs\":["
+                       "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+                       "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+                       "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],"
+                       "\"parameters\":{\"binary_data_size\":8}}]}";
+    size_t jl = strlen(json);
+    char body[1024], hl[64];
+    float v[2] = {3, 4};
+    memcpy(body, json, jl);
+    memcpy(body + jl, v, 8);
+    resp r;
+
+    snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", jl + 100);
+    const char *beyond[] = {hl, NULL};
+    request("POST", "/v2/models/sdpa/infer", beyond, body, jl + 8, &r);
+    check_v2_error(&r, 400, "Inference-Header-Content-Length");
+    resp_free(&r);
+
+    snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", jl);
+    const char *ok[] = {hl, NULL};
+    request("POST", "/v2/models/sdpa/infer", ok, body, jl + 4, &r);
+    check_v2_error(&r, 400, "truncated");
+    resp_free(&r);
+    request("POST", "/v2/models/sdpa/infer", ok, body, jl + 8, &r);
+    CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
+    resp_free(&r);
+
+    const char *bad_json = "{\"inputs\": [";
+    request("POST", "/v2/models/sdpa/infer", NULL, bad_json, strlen(bad_json), &r);
+    check_v2_error(&r, 400, NULL);
+    resp_free(&r);
+    const char *typo = "{\"parameters\":{\"casual\":true},\"inputs\":[]}";
+    request("POST", "/v2/models/sdpa/infer", NULL, typo, strlen(typo), &r);
+    check_v2_error(&r, 422, "causal");
+    resp_free(&r);
+    request("POST", "/v2/models/nosuch/infer", NULL, typo, strlen(typo), &r);
+    check_v2_error(&r, 404, "nosuch");
+    resp_free(&r);
+    const char *text[] = {"Content-Type: text/plain", NULL};
+    request("POST", "/v2/models/sdpa/infer", text, typo, strlen(typo), &r);
+    check_v2_error(&r, 415, "Content-Type");
+    resp_free(&r);
+}
+
+/* The statistics extension and Triton's metric families count what the tests above sent. */
+static void test_stats_and_metrics(void)
+{
+    static const char *const families[] = {
+        "nv_inference_request_success{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_count{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_exec_count{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_request_duration_us{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_queue_duration_us{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_compute_input_duration_us{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_compute_infer_duration_us{model=\"sdpa\",version=\"1\"}",
+        "nv_inference_compute_output_duration_us{model=\"sdpa\",version=\"1\"}",
+    };
+    /* At least the 2 + 1 + 2 + 1 successful inferences above; their compute took time. */
+    CHECK(metric_wait(d.port, families[0], 6, 5000));
+    for (size_t i = 1; i < sizeof families / sizeof families[0]; i++) {
+        double v = metric_value(d.port, families[i]);
+        CHECKF(v >= (i == 4 ? 0 : 1), "%s = %g", families[i], v);
+    }
+    /* The batch of the FP16 request counted 2 inferences in one execution. */
+    CHECK(metric_value(d.port, families[1]) > metric_value(d.port, families[2]));
+    CHECK(metric_value(d.port, "nv_inference_request_failure{model=\"sdpa\",reason=\"OTHER\","
+                               "version=\"1\"}") >= 3);
+    CHECK(metric_value(d.port,
+                       "nv_inference_pending_request_count{model=\"sdpa\",version=\"1\"}") == 0);
+    CHECK(metric_value(d.port, "nv_inference_request_success{model=\"demo\",version=\"1\"}") == 0);
+
+    resp r;
+    CHECK_EQ_INT(request("GET", "/v2/models/sdpa/stats", NULL, NULL, 0, &r), 200);
+    json_t *j = json_of(r.body, r.len);
+    if (j) {
+        json_t *st = json_array_get(json_object_get(j, "model_stats"), 0);
+        json_t *is = json_object_get(st, "inference_stats");
+        CHECK(strcmp(json_string_value(json_object_get(st, "name")), "sdpa") == 0);
+        CHECK(strcmp(json_string_value(json_object_get(st, "version")), "1") == 0);
+        CHECK(json_integer_value(json_object_get(json_object_get(is, "success"), "count")) >= 6);
+        CHECK(json_integer_value(json_object_get(json_object_get(is, "compute_infer"), "ns")) > 0);
+        CHECK(json_integer_value(json_object_get(json_object_get(is, "fail"), "count")) >= 3);
+        CHECK(json_integer_value(json_object_get(st, "last_inference")) > 1600000000000LL);
+        CHECK(json_integer_value(json_object_get(st, "inference_count")) >=
+              json_integer_value(json_object_get(st, "execution_count")));
+        json_decref(j);
+    }
+    resp_free(&r);
+    CHECK_EQ_INT(request("GET", "/v2/models/stats", NULL, NULL, 0, &r), 200);
+    CHECK(strstr(r.body, "\"sdpa\"") && strstr(r.body, "\"demo\""));
+    resp_free(&r);
+    request("GET", "/v2/models/nosuch/stats", NULL, NULL, 0, &r);
+    check_v2_error(&r, 404, "nosuch");
+    resp_free(&r);
+}
+
+int main(void)
+{
+    const char *const args[] = {"--threads", "2", "--max-body-bytes", "4MiB", NULL};
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (daemon_start(&d, args) != 0) {
+        printf("FAIL cannot start attnd\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(test_metadata);
+    RUN(test_infer_json_and_binary);
+    RUN(test_infer_fp16);
+    RUN(test_compression);
+    RUN(test_errors);
+    RUN(test_stats_and_metrics);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+    curl_global_cleanup();
+    return check_report();
+}
