@@ -27,6 +27,8 @@ typedef struct {
     float (*max)(const float *x, int64_t n);
     /* x[i] = exp(x[i] - shift) in place; returns the sum. shift must be finite. */
     float (*exp_sum)(float *x, int64_t n, float shift);
+    /* exp_sum, and *max = the maximum of x before the call (NaN if any is NaN), in one pass. */
+    float (*exp_sum_max)(float *x, int64_t n, float shift, float *max);
     /* dst[i] = exp(x[i] - shift) * mul, or dst[i] += that when `accumulate`. */
     void (*exp_store)(const float *x, float *dst, int64_t n, float shift, float mul,
                       bool accumulate);

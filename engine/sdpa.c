@@ -28,6 +28,9 @@
 #define BC_MAX 1024
 #define GEMV_ROWS 2       /* at most this many query rows: matrix-vector products instead */
 #define STRIP 64          /* keys per strip where a block crosses a causal or window boundary */
+/* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
+ * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
+#define RESCALE_SLACK 8.0f
 #define TASKS_PER_THREAD 4 /* below this many tasks per worker, split decode-shaped keys */
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)
@@ -474,43 +477,69 @@ static key_span rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, in
     return k;
 }
 
+/* Stops the request on a non-finite score (NaN or +inf from q, k or a mask). */
+static eng_status nonfinite(plan *p)
+{
+    atomic_store(&p->nonfinite, true);
+    return ENG_ENONFINITE;
+}
+
+/* A row that has seen no key before this block: two passes, the maximum then the
+ * exponentials, which set the row's reference maximum m and its sum l. */
+static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, float *l)
+{
+    float mb = p->vec->max(row, cols);
+    if (mb == -INFINITY) { /* still nothing visible: this row adds nothing */
+        memset(row, 0, (size_t)cols * sizeof(float));
+        return ENG_OK;
+    }
+    if (!isfinite(mb))
+        return nonfinite(p);
+    *l = p->vec->exp_sum(row, cols, mb);
+    *m = mb;
+    return ENG_OK;
+}
+
 /* One key block [j0, j0+cols) for rows [i0, i0+rows): the scores, the online-softmax update
- * of the rows' maxima m, sums l and accumulators o (row stride ldo), then o += P V. */
+ * of the rows' reference maxima m, sums l and accumulators o (row stride ldo), then o += P V.
+ *
+ * After a row's first visible block, the exponentials and the block maximum come from one
+ * pass, shifted by the row's reference m instead of its true running maximum: exactness only
+ * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
+ * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
+ * arrives late) recomputes that row's scores and rebases it on the new maximum. */
 static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                int64_t j0, int64_t cols, key_kind kind, float *o, int64_t ldo,
                                float *m, float *l, float *s)
 {
     const eng_sdpa_args *a = p->a;
+    eng_status st;
     score_block(p, b, h, i0, rows, j0, cols, kind, s);
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
-        float mb = p->vec->max(row, cols);
-        if (isnan(mb)) { /* NaN in q or k (the api refuses them; a direct caller may not) */
-            atomic_store(&p->nonfinite, true);
-            return ENG_ENONFINITE;
-        }
-        float mnew = mb > m[r] ? mb : m[r];
-        if (mnew == -INFINITY) { /* nothing visible yet: this row adds nothing */
-            memset(row, 0, (size_t)cols * sizeof(float));
+        if (m[r] == -INFINITY) {
+            if ((st = first_block_row(p, row, cols, &m[r], &l[r])) != ENG_OK)
+                return st;
             continue;
         }
-        if (!isfinite(mnew)) {
-            atomic_store(&p->nonfinite, true);
-            return ENG_ENONFINITE;
-        }
-        float sum = p->vec->exp_sum(row, cols, mnew);
-        if (mnew > m[r]) {
-            float alpha = expf(m[r] - mnew); /* 0 when m was -inf */
-            if (l[r] > 0.0f) {
-                float *orow = o + r * ldo;
-                for (int64_t d = 0; d < p->Dv; d++)
-                    orow[d] *= alpha;
-            }
-            l[r] = l[r] * alpha + sum;
-            m[r] = mnew;
-        } else {
+        float bmax;
+        float sum = p->vec->exp_sum_max(row, cols, m[r], &bmax);
+        if (isnan(bmax))
+            return nonfinite(p);
+        if (bmax <= m[r] + RESCALE_SLACK) {
             l[r] += sum;
+            continue;
         }
+        if (!isfinite(bmax))
+            return nonfinite(p);
+        /* Rebase: recompute this row's scores and rescale what it has gathered so far. */
+        score_block(p, b, h, i0 + r, 1, j0, cols, kind, row);
+        float alpha = expf(m[r] - bmax);
+        float *orow = o + r * ldo;
+        for (int64_t d = 0; d < p->Dv; d++)
+            orow[d] *= alpha;
+        l[r] = l[r] * alpha + p->vec->exp_sum(row, cols, bmax);
+        m[r] = bmax;
     }
     values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v), o, ldo);
     return ENG_OK;

@@ -81,6 +81,21 @@ static float exp_sum_scalar(float *x, int64_t n, float shift)
     return sum;
 }
 
+static float exp_sum_max_scalar(float *x, int64_t n, float shift, float *max)
+{
+    float sum = 0.0f, m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            m = NAN;
+        else if (x[i] > m)
+            m = x[i];
+        x[i] = exp_scalar(x[i] - shift);
+        sum += x[i];
+    }
+    *max = m;
+    return sum;
+}
+
 static void exp_store_scalar(const float *x, float *dst, int64_t n, float shift, float mul,
                              bool accumulate)
 {
@@ -104,7 +119,8 @@ static float tanh_dot_scalar(const float *x, const float *y, const float *v, int
     return sum;
 }
 
-static const eng__vec_ops scalar_ops = {"scalar", max_scalar, exp_sum_scalar, exp_store_scalar,
+static const eng__vec_ops scalar_ops = {"scalar", max_scalar, exp_sum_scalar, exp_sum_max_scalar,
+                                        exp_store_scalar,
                                         softcap_scalar, tanh_dot_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
@@ -184,6 +200,27 @@ AVX2 static float exp_sum_avx2(float *x, int64_t n, float shift)
     return hsum8(acc);
 }
 
+AVX2 static float exp_sum_max_avx2(float *x, int64_t n, float shift, float *max)
+{
+    __m256 s = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + i, mask),
+                                    _mm256_castsi256_ps(mask));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, v);
+        __m256 e = exp8(_mm256_sub_ps(v, s)); /* -inf in the tail lanes gives 0 */
+        _mm256_maskstore_ps(x + i, mask, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    *max = _mm256_movemask_ps(nan) ? NAN : _mm_cvtss_f32(h);
+    return hsum8(acc);
+}
+
 AVX2 static void exp_store_avx2(const float *x, float *dst, int64_t n, float shift, float mul,
                                 bool accumulate)
 {
@@ -234,7 +271,7 @@ AVX2 static float tanh_dot_avx2(const float *x, const float *y, const float *v, 
     return hsum8(acc);
 }
 
-static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_store_avx2,
+static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_sum_max_avx2, exp_store_avx2,
                                       softcap_avx2, tanh_dot_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
@@ -294,6 +331,32 @@ AVX512 static float exp_sum_avx512(float *x, int64_t n, float shift)
     return _mm512_reduce_add_ps(acc);
 }
 
+AVX512 static float exp_sum_max_avx512(float *x, int64_t n, float shift, float *max)
+{
+    __m512 s = _mm512_set1_ps(shift), acc = _mm512_setzero_ps(), m = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, v);
+        __m512 e = exp16(_mm512_sub_ps(v, s));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (i < n) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mask, x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, v);
+        __m512 e = exp16(_mm512_sub_ps(v, s));
+        _mm512_mask_storeu_ps(x + i, mask, e);
+        acc = _mm512_mask_add_ps(acc, mask, acc, e);
+    }
+    *max = nan ? NAN : _mm512_reduce_max_ps(m);
+    return _mm512_reduce_add_ps(acc);
+}
+
 AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float shift,
                                     float mul, bool accumulate)
 {
@@ -345,7 +408,8 @@ AVX512 static float tanh_dot_avx512(const float *x, const float *y, const float 
     return _mm512_reduce_add_ps(acc);
 }
 
-static const eng__vec_ops avx512_ops = {"avx512", max_avx512, exp_sum_avx512, exp_store_avx512,
+static const eng__vec_ops avx512_ops = {"avx512", max_avx512, exp_sum_avx512, exp_sum_max_avx512,
+                                        exp_store_avx512,
                                         softcap_avx512, tanh_dot_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
