@@ -60,43 +60,34 @@ typedef struct {
 
 typedef int (*field_parser)(attn_job *job, const json_t *v, const char *name, api_error *err);
 
-static int parse_tensor(attn_job *job, const json_t *v, const char *name, api_tensor *t, bool *has,
-                        api_error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    *has = true;
-    return api_tensor_probe(&job->rq.body, v, name, job->rq.limits.max_elements, t, err);
-}
-
 static int f_query(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.q, &job->s.r.has_q, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
 }
 
 static int f_key(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.k, &job->s.r.has_k, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
 }
 
 static int f_value(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.v, &job->s.r.has_v, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
 }
 
 static int f_attn_mask(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
 }
 
 static int f_key_padding_mask(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
 }
 
 static int f_kv_lengths(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return parse_tensor(job, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
 }
 
 static int f_num_heads(attn_job *job, const json_t *v, const char *name, api_error *err)
@@ -168,7 +159,7 @@ static int f_additive_weights(attn_job *job, const json_t *v, const char *name, 
         if (i == 3)
             return api_field_invalid(err, field, "unknown key \"%.40s\"; %s has w_q, w_k and w",
                                      key, name);
-        if (parse_tensor(job, val, field, tensors[i], has[i], err) != 0)
+        if (api_field_tensor(&job->rq, val, field, tensors[i], has[i], err) != 0)
             return -1;
     }
     for (size_t i = 0; i < 3; i++) {
@@ -216,7 +207,7 @@ static int f_alibi(attn_job *job, const json_t *v, const char *name, api_error *
     if (!json_is_array(v) && !json_is_object(v))
         return api_field_invalid(err, name,
                                  "%s must be true, false or an array of one slope per head", name);
-    return parse_tensor(job, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
+    return api_field_tensor(&job->rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
 }
 
 static int f_return_weights(attn_job *job, const json_t *v, const char *name, api_error *err)
@@ -228,10 +219,7 @@ static int f_return_lse(attn_job *job, const json_t *v, const char *name, api_er
 {
     if (json_is_null(v))
         return 0;
-    if (!json_is_boolean(v))
-        return api_field_invalid(err, name, "%s must be true or false", name);
-    job->s.r.return_lse = json_is_true(v);
-    return 0;
+    return api_field_bool(v, name, &job->s.r.return_lse, err);
 }
 
 static int f_output_encoding(attn_job *job, const json_t *v, const char *name, api_error *err)
@@ -394,17 +382,8 @@ static int run(attn_job *job, api_reply *reply, api_error *err)
     api_req *rq = &job->rq;
     const api_call *call = rq->call;
 
-    if (api_req_check_ctl(rq, err) != 0)
+    if (api_req_check_ctl(rq, err) != 0 || api_field_json_body(rq, err) != 0)
         return -1;
-    if (!api_field_json_type(call->content_type))
-        return api_error_set(err, 415, API_REASON_BAD_REQUEST, NULL,
-                             "Content-Type \"%.80s\" is not supported; send application/json",
-                             call->content_type);
-    if (call->body_len > rq->limits.max_body_bytes)
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
-                             "the body has %zu bytes, more than the %zu that --max-body-bytes "
-                             "allows",
-                             call->body_len, rq->limits.max_body_bytes);
     if (api_req_parse(rq, call->body ? call->body : "", call->body_len, err) != 0 ||
         parse_fields(job, err) != 0 || api_sdpa_check(&job->s, err) != 0)
         return -1;

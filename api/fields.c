@@ -2,8 +2,9 @@
  * fields.c - request fields that the JSON attention routes spell the same way, so that they
  * answer the same mistake with the same status and message: scalar fields with their bounds,
  * causal / window / return_weights / output_encoding, the mask shape checks and their engine
- * views, the Content-Type check, and a reply tensor with the non-finite check. /v1/mha uses
- * them; the texts are those of /v1/attention.
+ * views, the Content-Type check, and a reply tensor with the non-finite check; tensor fields,
+ * booleans and the positional options of a layer. /v1/attention, /v1/mha and the KServe v2
+ * route use them, so that their texts agree.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -273,4 +274,88 @@ int api_field_encode(api_jsonw *w, const char *name, const float *data, int rank
         break;
     }
     return api_field_writer_error(w, err);
+}
+
+/* ---- Fields several routes spell alike --------------------------------------------------- */
+
+int api_field_tensor(const api_req *rq, const json_t *v, const char *name, api_tensor *t, bool *has,
+                     api_error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    *has = true;
+    return api_tensor_probe(&rq->body, v, name, rq->limits.max_elements, t, err);
+}
+
+int api_field_bool(const json_t *v, const char *name, bool *out, api_error *err)
+{
+    if (!json_is_boolean(v))
+        return api_field_invalid(err, name, "%s must be true or false", name);
+    *out = json_is_true(v);
+    return 0;
+}
+
+int api_field_positional(const json_t *v, const char *name, eng_positional *out, api_error *err)
+{
+    static const struct {
+        const char *name;
+        eng_positional p;
+    } kinds[] = {{"none", ENG_POSITIONAL_NONE},
+                 {"sinusoidal", ENG_POSITIONAL_SINUSOIDAL},
+                 {"rope", ENG_POSITIONAL_ROPE},
+                 {"alibi", ENG_POSITIONAL_ALIBI}};
+    const char *s = json_string_value(v);
+    if (json_is_null(v))
+        return 0;
+    for (size_t i = 0; s && i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (strcmp(s, kinds[i].name) == 0) {
+            *out = kinds[i].p;
+            return 0;
+        }
+    }
+    return api_field_invalid(err, name,
+                             "%s must be \"sinusoidal\", \"rope\", \"alibi\" or \"none\"", name);
+}
+
+int api_field_rope_base(const json_t *v, const char *name, bool *set, float *out, api_error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    if (api_field_float(v, name, out, err) != 0)
+        return -1;
+    if (!(*out > 0.0f))
+        return api_field_invalid(err, name, "%s must be > 0, found %g", name, (double)*out);
+    *set = true;
+    return 0;
+}
+
+int api_field_rope_style(const json_t *v, const char *name, bool *set, eng_rope_style *out,
+                         api_error *err)
+{
+    const char *s = json_string_value(v);
+    if (json_is_null(v))
+        return 0;
+    if (s && strcmp(s, "half") == 0)
+        *out = ENG_ROPE_HALF;
+    else if (s && strcmp(s, "interleaved") == 0)
+        *out = ENG_ROPE_INTERLEAVED;
+    else
+        return api_field_invalid(err, name, "%s must be \"half\" or \"interleaved\"", name);
+    *set = true;
+    return 0;
+}
+
+int api_field_json_body(const api_req *rq, api_error *err)
+{
+    const api_call *call = rq->call;
+    if (!api_field_json_type(call->content_type))
+        return api_error_set(err, 415, API_REASON_BAD_REQUEST, NULL,
+                             "Content-Type \"%.80s\" is not supported; send application/json",
+                             call->content_type);
+    if (call->body_len > rq->limits.max_body_bytes)
+        return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+                             "the body has %zu bytes, more than the %zu that --max-body-bytes "
+                             "allows",
+                             call->body_len, rq->limits.max_body_bytes);
+    return 0;
 }

@@ -557,5 +557,100 @@ int api_field_writer_error(const api_jsonw *w, api_error *err);
 int api_field_encode(api_jsonw *w, const char *name, const float *data, int rank,
                      const int64_t *shape, api_form form, unsigned flags, eng_pool *pool,
                      api_error *err);
+/* A tensor field: null leaves it absent; otherwise *has is set and the tensor probed (not
+ * decoded) with the request's element limit. */
+int api_field_tensor(const api_req *rq, const json_t *v, const char *name, api_tensor *t, bool *has,
+                     api_error *err);
+/* true | false (null is the caller's to handle). */
+int api_field_bool(const json_t *v, const char *name, bool *out, api_error *err);
+/* "sinusoidal" | "rope" | "alibi" | "none" | null (unchanged). */
+int api_field_positional(const json_t *v, const char *name, eng_positional *out, api_error *err);
+/* A number > 0, finite as float32 (sets *set) | null. */
+int api_field_rope_base(const json_t *v, const char *name, bool *set, float *out, api_error *err);
+/* "half" | "interleaved" (sets *set) | null. */
+int api_field_rope_style(const json_t *v, const char *name, bool *set, eng_rope_style *out,
+                         api_error *err);
+/* The checks of a native JSON route before parsing: 415 for a Content-Type other than JSON,
+ * 413 for a body past --max-body-bytes. */
+int api_field_json_body(const api_req *rq, api_error *err);
+
+/* ---- Multi-head attention layer requests (layer.c) --------------------------------------- */
+
+/* One path from a decoded layer request to eng_mha, shared by POST /v1/mha and the KServe v2
+ * route of a layer model: a route fills an api_layer_req from its wire format (tensors probed,
+ * not decoded; s->layer set when the route already knows the layer), then calls
+ * api_layer_check, api_layer_bytes (to reserve), api_layer_decode and api_layer_run, encodes
+ * s->out and s->weights in its own format, and ends with api_layer_free. Tensor names in
+ * messages are the request's: input, memory, key, value, attn_mask, key_padding_mask,
+ * weights.*; options: query_offset, rope_base, rope_style, num_heads, num_kv_heads. */
+
+#define API_LAYER_MAX_WEIGHTS 16
+
+typedef struct {
+    const char *model; /* a registered layer's name (borrowed), or NULL */
+    /* Inline weights under a model file's tensor names (/v1/mha only). */
+    bool has_weights;
+    size_t n_weights;
+    api_tensor wt[API_LAYER_MAX_WEIGHTS];
+    char wt_name[API_LAYER_MAX_WEIGHTS][80];
+    char wt_field[API_LAYER_MAX_WEIGHTS][96]; /* "weights.<name>", for messages */
+    int64_t num_heads, num_kv_heads;          /* 0: not given (must match a model's) */
+
+    api_tensor input, memory, key, value, mask, kpm;
+    bool has_input, has_memory, has_key, has_value, has_mask, has_kpm;
+    api_causal causal;
+    bool offset_set;
+    int64_t query_offset;
+    api_field_window_t window;
+    eng_positional positional;
+    bool rope_base_set, rope_style_set;
+    float rope_base;
+    eng_rope_style rope_style;
+    bool add_zero_attn;
+    eng_weights_mode weights;
+    int64_t timeout_ms; /* 0: not given */
+} api_layer_req;
+
+typedef struct {
+    api_req *rq;
+    api_layer_req r;
+    const eng_layer *layer;  /* borrowed from the registry, or inline_layer; set by check */
+    eng_layer *inline_layer; /* built from r.wt; owned, freed by api_layer_free */
+    int64_t B, L, S, Sx;     /* Sx: S plus the keys the layer appends */
+    api_out_shape os, ws;    /* output and weights: filled by api_layer_check */
+    /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
+    float *x, *k_in, *v_in, *mask_f;
+    uint8_t *mask_b, *kpm;
+    /* Outputs: a route may point them into its reply before api_layer_decode (which allocates
+     * those still NULL); weights only when requested. */
+    float *out, *weights;
+    float placeholder; /* stands in for buffers not allocated yet when sizing */
+    eng_mha_args args;
+} api_layer;
+
+/* Checks the options that exclude each other, the element limit over the inputs (413,
+ * --max-elements), sets the deadline (timeout_ms), finds the layer (s->layer if the route set
+ * it, else r.model in call->models: 404; or builds it from inline weights, reserving them in
+ * the budget), checks every tensor against it and the element limit over inputs and outputs,
+ * and fills the output shapes. 422 names the field. */
+int api_layer_check(api_layer *s, api_error *err);
+
+/* Bytes the call will allocate beyond the body: decoded inputs (none for raw tensors used in
+ * place), the outputs when `outputs` (a route that places them in its reply counts them there),
+ * and the engine's scratch. False when a sum overflows. */
+bool api_layer_bytes(api_layer *s, bool outputs, size_t *tensors, size_t *scratch);
+
+/* Allocates and decodes every input (in place where api_tensor_in_place allows), allocates the
+ * outputs the route did not place, and frees the body tree (its reservation goes back). */
+int api_layer_decode(api_layer *s, api_error *err);
+
+/* Runs eng_mha (checking the deadline and the cancel flag first); *compute_ns gets its time. */
+int api_layer_run(api_layer *s, int64_t *compute_ns, api_error *err);
+
+/* Frees what the request owns beyond rq (the inline layer). Safe to call twice. */
+void api_layer_free(api_layer *s);
+
+/* "none", "sinusoidal", "rope" or "alibi". */
+const char *api_layer_positional_name(eng_positional p);
 
 #endif

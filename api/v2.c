@@ -3,7 +3,8 @@
  * extension, so that KServe, tritonclient and perf_analyzer talk to attnd unchanged.
  *
  * Models: "sdpa" is the bare operation (the same request as /v1/attention, through the same
- * path in sdpa.c); every registered layer is a model too. Each has the one version "1".
+ * path in sdpa.c); every registered layer is a model too (the same layer as /v1/mha, through
+ * the same path in layer.c). Each has the one version "1".
  *
  * GET /v2 -> {"name": "attnd", "version", "extensions": ["binary_tensor_data", "parameters",
  * "statistics"]}. GET /v2/models/{m}[/versions/1] -> {"name", "versions": ["1"], "platform",
@@ -33,6 +34,22 @@
  *             [B, L, S], lse [B, H, L] (-inf as JSON null). Without "outputs", output is
  *             returned plus weights / lse when return_weights / return_lse ask for them; with
  *             it, exactly the ones listed (listing weights alone means per_head).
+ *
+ * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
+ * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
+ * path in layer.c:
+ *
+ *   inputs    input: FP32 (JSON or binary), FP16 or BF16 (binary only), [L, E] or [B, L, E]
+ *             with E the layer's embed_dim. memory (cross-attention; keys and values from these
+ *             tokens): [S, kdim] or [B, S, kdim], same rank and batch as input; layers whose
+ *             kdim differs from their vdim need /v1/mha (key and value). attn_mask and
+ *             key_padding_mask as for sdpa, with H the layer's heads.
+ *   parameters causal, query_offset, window_left, window_right, positional ("sinusoidal",
+ *             "rope", "alibi", "none"), rope_base, rope_style ("half", "interleaved"),
+ *             add_zero_attn (bool), return_weights, timeout_ms; binary_data_output, timeout
+ *             and priority as above.
+ *   outputs   output [B, L, E] (after the input's rank), weights [B, H, L, S'] or mean
+ *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above.
  *
  * The reply is {"model_name", "model_version": "1", "id"?, "outputs": [{"name", "datatype":
  * "FP32", "shape", "data": [flat]}]}; an output asked for as binary has "parameters":
@@ -230,11 +247,14 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
         write_meta_tensor(&w, false, "weights", "FP32", 4, var);
         write_meta_tensor(&w, false, "lse", "FP32", 3, var);
     } else {
+        /* Rank 2 ([L, E], no batch axis) is accepted too; the widths are the layer's. */
         const eng_layer *l = m.layer;
         const int64_t x[3] = {-1, -1, l->embed_dim}, mem[3] = {-1, -1, l->kdim};
         api_jsonw_cstr(&w, "\"platform\":\"attnd_mha\",\"inputs\":[");
         write_meta_tensor(&w, true, "input", "FP32", 3, x);
         write_meta_tensor(&w, false, "memory", "FP32", 3, mem);
+        write_meta_tensor(&w, false, "attn_mask", "BOOL", 4, var);
+        write_meta_tensor(&w, false, "key_padding_mask", "BOOL", 2, var);
         api_jsonw_cstr(&w, "],\"outputs\":[");
         write_meta_tensor(&w, true, "output", "FP32", 3, x);
         write_meta_tensor(&w, false, "weights", "FP32", 4, var);
@@ -280,7 +300,8 @@ static const char *const output_names[N_OUTPUTS] = {"output", "weights", "lse"};
 
 typedef struct {
     api_req rq;
-    api_sdpa s;
+    api_sdpa s;  /* model sdpa */
+    api_layer l; /* a layer model */
     model_ref model;
     char *id; /* NUL-terminated copy (the tree is freed before the reply is written) */
     size_t id_len;
@@ -299,20 +320,37 @@ typedef struct {
     int64_t timeout_us; /* Triton's "timeout" parameter; 0: none */
 } v2_job;
 
+static bool is_layer(const v2_job *job)
+{
+    return job->model.kind == MODEL_LAYER;
+}
+
+/* The options both kinds of model have, wherever the model keeps them. */
+static eng_weights_mode *weights_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.weights : &job->s.r.weights;
+}
+
+static int64_t *timeout_ms_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.timeout_ms : &job->s.r.timeout_ms;
+}
+
 /* ---- Parameters ----------------------------------------------------------------------------- */
 
 typedef int (*param_fn)(v2_job *job, const json_t *v, const char *name, api_error *err);
 
 static int p_causal(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return api_field_causal(v, name, &job->s.r.causal, err);
+    return api_field_causal(v, name, is_layer(job) ? &job->l.r.causal : &job->s.r.causal, err);
 }
 
 static int p_query_offset(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    job->s.r.offset_set = true;
+    bool *set = is_layer(job) ? &job->l.r.offset_set : &job->s.r.offset_set;
+    *set = true;
     return api_field_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
-                         &job->s.r.query_offset, err);
+                         is_layer(job) ? &job->l.r.query_offset : &job->s.r.query_offset, err);
 }
 
 static int p_scale(v2_job *job, const json_t *v, const char *name, api_error *err)
@@ -358,51 +396,68 @@ static int window_side(const json_t *v, const char *name, bool *set, int64_t *ou
 
 static int p_window_left(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
+    if (is_layer(job))
+        return window_side(v, name, &job->l.r.window.left_set, &job->l.r.window.left, err);
     return window_side(v, name, &job->s.r.window_left_set, &job->s.r.window_left, err);
 }
 
 static int p_window_right(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
+    if (is_layer(job))
+        return window_side(v, name, &job->l.r.window.right_set, &job->l.r.window.right, err);
     return window_side(v, name, &job->s.r.window_right_set, &job->s.r.window_right, err);
-}
-
-static int get_bool(const json_t *v, const char *name, bool *out, api_error *err)
-{
-    if (!json_is_boolean(v))
-        return api_field_invalid(err, name, "%s must be true or false", name);
-    *out = json_is_true(v);
-    return 0;
 }
 
 static int p_alibi(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return get_bool(v, name, &job->s.r.alibi, err);
+    return api_field_bool(v, name, &job->s.r.alibi, err);
 }
 
 static int p_return_weights(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
     const char *s = json_string_value(v);
+    eng_weights_mode *w = weights_of(job);
     job->weights_param_set = true;
     if (s && strcmp(s, "none") == 0) {
-        job->s.r.weights = ENG_WEIGHTS_NONE;
+        *w = ENG_WEIGHTS_NONE;
     } else if (json_is_true(v)) {
-        job->s.r.weights = ENG_WEIGHTS_PER_HEAD;
-    } else if (api_field_weights(v, name, &job->s.r.weights, err) != 0) {
+        *w = ENG_WEIGHTS_PER_HEAD;
+    } else if (api_field_weights(v, name, w, err) != 0) {
         return -1;
     }
-    job->weights_param_off = job->s.r.weights == ENG_WEIGHTS_NONE;
+    job->weights_param_off = *w == ENG_WEIGHTS_NONE;
     return 0;
 }
 
 static int p_return_lse(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
     job->lse_param_set = true;
-    return get_bool(v, name, &job->s.r.return_lse, err);
+    return api_field_bool(v, name, &job->s.r.return_lse, err);
 }
 
 static int p_timeout_ms(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return api_field_int(v, name, 1, (int64_t)1 << 40, &job->s.r.timeout_ms, err);
+    return api_field_int(v, name, 1, (int64_t)1 << 40, timeout_ms_of(job), err);
+}
+
+static int p_positional(v2_job *job, const json_t *v, const char *name, api_error *err)
+{
+    return api_field_positional(v, name, &job->l.r.positional, err);
+}
+
+static int p_rope_base(v2_job *job, const json_t *v, const char *name, api_error *err)
+{
+    return api_field_rope_base(v, name, &job->l.r.rope_base_set, &job->l.r.rope_base, err);
+}
+
+static int p_rope_style(v2_job *job, const json_t *v, const char *name, api_error *err)
+{
+    return api_field_rope_style(v, name, &job->l.r.rope_style_set, &job->l.r.rope_style, err);
+}
+
+static int p_add_zero_attn(v2_job *job, const json_t *v, const char *name, api_error *err)
+{
+    return api_field_bool(v, name, &job->l.r.add_zero_attn, err);
 }
 
 static int p_timeout(v2_job *job, const json_t *v, const char *name, api_error *err)
@@ -419,13 +474,15 @@ static int p_priority(v2_job *job, const json_t *v, const char *name, api_error 
 
 static int p_binary_data_output(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return get_bool(v, name, &job->binary_default, err);
+    return api_field_bool(v, name, &job->binary_default, err);
 }
 
-static const struct {
+typedef struct {
     const char *name;
     param_fn parse;
-} sdpa_params[] = {
+} param_def;
+
+static const param_def sdpa_params[] = {
     {"causal", p_causal},
     {"query_offset", p_query_offset},
     {"scale", p_scale},
@@ -443,10 +500,31 @@ static const struct {
     {"priority", p_priority},
 };
 
-#define N_PARAMS (sizeof sdpa_params / sizeof sdpa_params[0])
+/* Those of a layer model: the options of /v1/mha that a registered layer leaves open. */
+static const param_def layer_params[] = {
+    {"causal", p_causal},
+    {"query_offset", p_query_offset},
+    {"window_left", p_window_left},
+    {"window_right", p_window_right},
+    {"positional", p_positional},
+    {"rope_base", p_rope_base},
+    {"rope_style", p_rope_style},
+    {"add_zero_attn", p_add_zero_attn},
+    {"return_weights", p_return_weights},
+    {"timeout_ms", p_timeout_ms},
+    {"binary_data_output", p_binary_data_output},
+    {"timeout", p_timeout},
+    {"priority", p_priority},
+};
+
+#define N_SDPA_PARAMS  (sizeof sdpa_params / sizeof sdpa_params[0])
+#define N_LAYER_PARAMS (sizeof layer_params / sizeof layer_params[0])
+#define N_PARAMS_MAX   (N_SDPA_PARAMS > N_LAYER_PARAMS ? N_SDPA_PARAMS : N_LAYER_PARAMS)
 
 static int parse_parameters(v2_job *job, const json_t *params, api_error *err)
 {
+    const param_def *defs = is_layer(job) ? layer_params : sdpa_params;
+    size_t n_params = is_layer(job) ? N_LAYER_PARAMS : N_SDPA_PARAMS;
     const char *key;
     json_t *val;
     char field[96];
@@ -456,17 +534,24 @@ static int parse_parameters(v2_job *job, const json_t *params, api_error *err)
     json_object_foreach((json_t *)params, key, val)
     {
         size_t i = 0;
-        while (i < N_PARAMS && strcmp(sdpa_params[i].name, key) != 0)
+        while (i < n_params && strcmp(defs[i].name, key) != 0)
             i++;
         snprintf(field, sizeof field, "parameters.%.60s", key);
-        if (i == N_PARAMS) {
-            const char *names[N_PARAMS];
-            for (size_t j = 0; j < N_PARAMS; j++)
-                names[j] = sdpa_params[j].name;
-            const char *best = api_closest_name(key, names, N_PARAMS);
+        if (i == n_params) {
+            const char *names[N_PARAMS_MAX];
+            for (size_t j = 0; j < n_params; j++)
+                names[j] = defs[j].name;
+            const char *best = api_closest_name(key, names, n_params);
             if (best)
                 return api_field_invalid(
                     err, field, "unknown parameter \"%.60s\"; did you mean \"%s\"?", key, best);
+            if (is_layer(job))
+                return api_field_invalid(err, field,
+                                         "unknown parameter \"%.60s\"; model %.64s takes causal, "
+                                         "query_offset, window_left, window_right, positional, "
+                                         "rope_base, rope_style, add_zero_attn, return_weights, "
+                                         "timeout_ms, binary_data_output, timeout and priority",
+                                         key, job->model.name);
             return api_field_invalid(err, field,
                                      "unknown parameter \"%.60s\"; model sdpa takes causal, "
                                      "query_offset, scale, softcap, num_heads, num_kv_heads, "
@@ -475,7 +560,7 @@ static int parse_parameters(v2_job *job, const json_t *params, api_error *err)
                                      "priority",
                                      key);
         }
-        if (sdpa_params[i].parse(job, val, field, err) != 0)
+        if (defs[i].parse(job, val, field, err) != 0)
             return -1;
     }
     return 0;
@@ -488,17 +573,28 @@ static const char *const input_names[] = {
 
 #define N_INPUT_NAMES (sizeof input_names / sizeof input_names[0])
 
-/* The tensor slot of input `name`, or NULL. */
+static const char *const layer_input_names[] = {"input", "memory", "attn_mask", "key_padding_mask"};
+
+#define N_LAYER_INPUT_NAMES (sizeof layer_input_names / sizeof layer_input_names[0])
+
+/* The tensor slot of input `name` of the job's model, or NULL. */
 static api_tensor *input_slot(v2_job *job, const char *name, bool **has)
 {
     api_sdpa_req *r = &job->s.r;
+    api_layer_req *lr = &job->l.r;
     api_tensor *slots[N_INPUT_NAMES] = {&r->q, &r->k, &r->v, &r->mask, &r->kpm, &r->kvlen};
     bool *flags[N_INPUT_NAMES] = {&r->has_q,    &r->has_k,   &r->has_v,
                                   &r->has_mask, &r->has_kpm, &r->has_kvlen};
-    for (size_t i = 0; i < N_INPUT_NAMES; i++) {
-        if (strcmp(name, input_names[i]) == 0) {
-            *has = flags[i];
-            return slots[i];
+    api_tensor *lslots[N_LAYER_INPUT_NAMES] = {&lr->input, &lr->memory, &lr->mask, &lr->kpm};
+    bool *lflags[N_LAYER_INPUT_NAMES] = {&lr->has_input, &lr->has_memory, &lr->has_mask,
+                                         &lr->has_kpm};
+    bool layer = is_layer(job);
+    const char *const *names = layer ? layer_input_names : input_names;
+    size_t n = layer ? N_LAYER_INPUT_NAMES : N_INPUT_NAMES;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(name, names[i]) == 0) {
+            *has = layer ? lflags[i] : flags[i];
+            return layer ? lslots[i] : slots[i];
         }
     }
     return NULL;
@@ -507,7 +603,9 @@ static api_tensor *input_slot(v2_job *job, const char *name, bool **has)
 /* Whether input `name` takes `dtype`, and whether as JSON data too (false: binary only). */
 static bool input_takes(const char *name, api_dtype dtype, bool *json_ok)
 {
-    bool qkv = strcmp(name, "query") == 0 || strcmp(name, "key") == 0 || strcmp(name, "value") == 0;
+    bool qkv = strcmp(name, "query") == 0 || strcmp(name, "key") == 0 ||
+               strcmp(name, "value") == 0 || strcmp(name, "input") == 0 ||
+               strcmp(name, "memory") == 0;
     *json_ok = dtype == API_DTYPE_FLOAT32 || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT64 ||
                dtype == API_DTYPE_INT32;
     if (qkv)
@@ -654,6 +752,14 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api_error *e
         return api_field_invalid(err, field, "%s needs a \"name\" (a string)", field);
     bool *has = NULL;
     api_tensor *t = input_slot(job, name, &has);
+    if (!t && is_layer(job)) {
+        const char *best = api_closest_name(name, layer_input_names, N_LAYER_INPUT_NAMES);
+        return api_field_invalid(err, field,
+                                 "unknown input \"%.60s\"%s%s%s; model %.64s takes input, memory, "
+                                 "attn_mask and key_padding_mask",
+                                 name, best ? " (did you mean \"" : "", best ? best : "",
+                                 best ? "\"?)" : "", job->model.name);
+    }
     if (!t) {
         const char *best = api_closest_name(name, input_names, N_INPUT_NAMES);
         return api_field_invalid(err, field,
@@ -755,10 +861,14 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api_error 
     }
     if (!name)
         return api_field_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    size_t o = 0;
-    while (o < N_OUTPUTS && strcmp(name, output_names[o]) != 0)
+    size_t o = 0, n_outputs = is_layer(job) ? OUT_LSE : N_OUTPUTS; /* a layer has no lse */
+    while (o < n_outputs && strcmp(name, output_names[o]) != 0)
         o++;
-    if (o == N_OUTPUTS)
+    if (o == n_outputs && is_layer(job))
+        return api_field_invalid(err, field,
+                                 "unknown output \"%.60s\"; model %.64s has output and weights",
+                                 name, job->model.name);
+    if (o == n_outputs)
         return api_field_invalid(
             err, field, "unknown output \"%.60s\"; model sdpa has output, weights and lse", name);
     if (job->want[o])
@@ -776,7 +886,7 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api_error 
                                      "unknown output parameter \"%.40s\"; an output takes "
                                      "binary_data",
                                      key);
-        if (get_bool(val, sub, &job->binary[o], err) != 0)
+        if (api_field_bool(val, sub, &job->binary[o], err) != 0)
             return -1;
         job->binary_set[o] = true;
     }
@@ -913,7 +1023,10 @@ static int parse_request(v2_job *job, api_error *err)
                              "%zu bytes follow the JSON but the inputs' binary_data_size add up "
                              "to %zu",
                              job->bin_len, job->bin_used);
-    if (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v) {
+    if (is_layer(job) && !job->l.r.has_input)
+        return api_field_invalid(err, "input",
+                                 "input \"input\" is required (the tokens, [L, E] or [B, L, E])");
+    if (!is_layer(job) && (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v)) {
         const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
         return api_field_invalid(err, missing, "input %s is required", missing);
     }
@@ -931,23 +1044,25 @@ static int parse_request(v2_job *job, api_error *err)
 /* What the outputs say to compute: weights and lse only when returned. */
 static int settle_outputs(v2_job *job, api_error *err)
 {
-    api_sdpa_req *r = &job->s.r;
+    eng_weights_mode *weights = weights_of(job);
+    bool no_lse = false, *return_lse = is_layer(job) ? &no_lse : &job->s.r.return_lse;
+    int64_t *timeout_ms = timeout_ms_of(job);
     if (!job->outputs_given) {
         job->want[OUT_OUTPUT] = true;
-        job->want[OUT_WEIGHTS] = r->weights != ENG_WEIGHTS_NONE;
-        job->want[OUT_LSE] = r->return_lse;
+        job->want[OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
+        job->want[OUT_LSE] = *return_lse;
     } else {
         if (job->want[OUT_WEIGHTS] && job->weights_param_off)
             return api_field_invalid(err, "return_weights",
                                      "output weights is asked for but return_weights is false");
-        if (job->want[OUT_LSE] && job->lse_param_set && !r->return_lse)
+        if (job->want[OUT_LSE] && job->lse_param_set && !*return_lse)
             return api_field_invalid(err, "return_lse",
                                      "output lse is asked for but return_lse is false");
-        if (job->want[OUT_WEIGHTS] && r->weights == ENG_WEIGHTS_NONE)
-            r->weights = ENG_WEIGHTS_PER_HEAD;
+        if (job->want[OUT_WEIGHTS] && *weights == ENG_WEIGHTS_NONE)
+            *weights = ENG_WEIGHTS_PER_HEAD;
         if (!job->want[OUT_WEIGHTS])
-            r->weights = ENG_WEIGHTS_NONE;
-        r->return_lse = job->want[OUT_LSE];
+            *weights = ENG_WEIGHTS_NONE;
+        *return_lse = job->want[OUT_LSE];
     }
     for (int o = 0; o < N_OUTPUTS; o++)
         if (!job->binary_set[o])
@@ -955,8 +1070,8 @@ static int settle_outputs(v2_job *job, api_error *err)
     if (job->timeout_us > 0) {
         /* Triton's timeout, in microseconds: the tighter of it and timeout_ms applies. */
         int64_t ms = (job->timeout_us + 999) / 1000;
-        if (r->timeout_ms == 0 || ms < r->timeout_ms)
-            r->timeout_ms = ms;
+        if (*timeout_ms == 0 || ms < *timeout_ms)
+            *timeout_ms = ms;
     }
     return 0;
 }
@@ -965,12 +1080,68 @@ static int settle_outputs(v2_job *job, api_error *err)
 
 static const api_out_shape *output_shape(const v2_job *job, int o)
 {
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? &job->l.os : &job->l.ws;
     return o == OUT_OUTPUT ? &job->s.os : o == OUT_WEIGHTS ? &job->s.ws : &job->s.ls;
+}
+
+/* Where output o is (or will be) written. */
+static float **output_slot(v2_job *job, int o)
+{
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? &job->l.out : &job->l.weights;
+    return o == OUT_OUTPUT ? &job->s.out : o == OUT_WEIGHTS ? &job->s.weights : &job->s.lse;
 }
 
 static float *output_data(const v2_job *job, int o)
 {
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? job->l.out : job->l.weights;
     return o == OUT_OUTPUT ? job->s.out : o == OUT_WEIGHTS ? job->s.weights : job->s.lse;
+}
+
+/* ---- The model's path (sdpa.c or layer.c) --------------------------------------------------- */
+
+static int model_check(v2_job *job, api_error *err)
+{
+    const eng_layer *l = job->model.layer;
+    if (!is_layer(job))
+        return api_sdpa_check(&job->s, err);
+    if (l->kdim != l->vdim)
+        return api_field_invalid(err, "memory",
+                                 "model %.64s has kdim %lld and vdim %lld: its keys and values "
+                                 "come from different tokens, which the v2 inputs cannot carry; "
+                                 "use POST /v1/mha with key and value",
+                                 job->model.name, (long long)l->kdim, (long long)l->vdim);
+    job->l.layer = l;
+    return api_layer_check(&job->l, err);
+}
+
+static bool model_bytes(v2_job *job, size_t *tensors, size_t *scratch)
+{
+    return is_layer(job) ? api_layer_bytes(&job->l, false, tensors, scratch)
+                         : api_sdpa_bytes(&job->s, false, tensors, scratch);
+}
+
+/* Whether output o is computed (whether or not it is returned). */
+static bool model_computes(v2_job *job, int o)
+{
+    if (o == OUT_OUTPUT)
+        return true;
+    if (o == OUT_WEIGHTS)
+        return *weights_of(job) != ENG_WEIGHTS_NONE;
+    return !is_layer(job) && job->s.r.return_lse;
+}
+
+static int model_decode(v2_job *job, api_error *err)
+{
+    return is_layer(job) ? api_layer_decode(&job->l, err) : api_sdpa_decode(&job->s, err);
+}
+
+static int model_run(v2_job *job, int64_t *compute_ns, api_error *err)
+{
+    return is_layer(job) ? api_layer_run(&job->l, compute_ns, err)
+                         : api_sdpa_run(&job->s, compute_ns, err);
 }
 
 /* The JSON up to the first output's data: names, shapes and, for binary outputs, sizes. An
@@ -1076,15 +1247,14 @@ static double mib(size_t bytes)
     return (double)bytes / (1024.0 * 1024.0);
 }
 
-static int infer_sdpa(v2_job *job, api_reply *reply, api_error *err)
+static int infer(v2_job *job, api_reply *reply, api_error *err)
 {
-    api_sdpa *s = &job->s;
     bool all_binary = true, any_binary = false;
     size_t binary_bytes = 0, json_text = 0;
-    s->rq = &job->rq;
+    job->s.rq = &job->rq;
+    job->l.rq = &job->rq;
 
-    if (parse_request(job, err) != 0 || settle_outputs(job, err) != 0 ||
-        api_sdpa_check(s, err) != 0)
+    if (parse_request(job, err) != 0 || settle_outputs(job, err) != 0 || model_check(job, err) != 0)
         return -1;
     for (int o = 0; o < N_OUTPUTS; o++) {
         if (!job->want[o])
@@ -1104,10 +1274,9 @@ static int infer_sdpa(v2_job *job, api_reply *reply, api_error *err)
     /* Size everything, reserve it, then allocate and decode. When every output is binary the
      * engine writes into the reply itself, so the outputs count once, as part of the reply. */
     size_t tensors, scratch, header = header_bound(job), reply_bytes;
-    bool ok = api_sdpa_bytes(s, false, &tensors, &scratch);
-    const bool computed[N_OUTPUTS] = {true, s->r.weights != ENG_WEIGHTS_NONE, s->r.return_lse};
+    bool ok = model_bytes(job, &tensors, &scratch);
     for (int o = 0; o < N_OUTPUTS; o++)
-        if (computed[o] && !(all_binary && job->want[o]))
+        if (model_computes(job, o) && !(all_binary && job->want[o]))
             ok = ok && add_size(&tensors, api_aligned_size(output_shape(job, o)->count * 4));
     reply_bytes = header + V2_BINARY_ALIGN;
     ok = ok && add_size(&reply_bytes, json_text) && add_size(&reply_bytes, binary_bytes);
@@ -1149,20 +1318,14 @@ static int infer_sdpa(v2_job *job, api_reply *reply, api_error *err)
         for (int o = 0; o < N_OUTPUTS; o++) {
             if (!job->want[o])
                 continue;
-            float *p = (float *)(void *)(blob + at);
-            if (o == OUT_OUTPUT)
-                s->out = p;
-            else if (o == OUT_WEIGHTS)
-                s->weights = p;
-            else
-                s->lse = p;
+            *output_slot(job, o) = (float *)(void *)(blob + at);
             at += output_shape(job, o)->count * 4;
         }
     }
 
-    int rc = api_sdpa_decode(s, err);
+    int rc = model_decode(job, err);
     reply->decode_ns = eng_now_ns() - job->rq.call_ns;
-    rc = rc != 0 ? rc : api_sdpa_run(s, &reply->compute_ns, err);
+    rc = rc != 0 ? rc : model_run(job, &reply->compute_ns, err);
     int64_t t_encode = eng_now_ns();
     for (int o = 0; rc == 0 && o < N_OUTPUTS; o++)
         if (job->want[o] && job->binary[o])
@@ -1196,7 +1359,7 @@ static int infer_sdpa(v2_job *job, api_reply *reply, api_error *err)
     reply->body = blob;
     reply->body_len = json_len + binary_bytes;
     reply->inference_header_len = any_binary ? (int64_t)json_len : 0;
-    reply->inferences = s->r.B;
+    reply->inferences = is_layer(job) ? job->l.B : job->s.r.B;
     reply->encode_ns = eng_now_ns() - t_encode;
     return 0;
 }
@@ -1217,19 +1380,12 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         return;
     }
     api_req_init(&job->rq, call);
-    int rc = -1;
-    if (job->model.kind == MODEL_SDPA)
-        rc = infer_sdpa(job, reply, &err);
-    else
-        api_error_set(&err, 501, API_REASON_BAD_REQUEST, NULL,
-                      "inference on layer model \"%.64s\" is not available yet over the v2 "
-                      "protocol; use POST /v1/mha with \"model\": \"%.64s\"",
-                      job->model.name, job->model.name);
-    if (rc != 0) {
+    if (infer(job, reply, &err) != 0) {
         api_v2_reply_from_error(reply, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - job->rq.call_ns;
     }
+    api_layer_free(&job->l);
     api_req_free(&job->rq);
     free(job);
 }

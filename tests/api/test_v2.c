@@ -2,7 +2,9 @@
  * model readiness, and inference in every shape the Open Inference Protocol and Triton's binary
  * tensor extension define - JSON tensors flat and nested, binary FP32 / FP16 / BF16 / BOOL /
  * INT32 inputs, binary and JSON outputs, selected outputs, the echoed id - each checked against
- * the float64 reference; then every error case with its status and {"error": "..."} body. */
+ * the float64 reference; then every error case with its status and {"error": "..."} body.
+ * Layer models ("demo", and a cross-attention layer registered here) run against the float64
+ * reference of nn.MultiheadAttention (tests/support/ref_mha.h). */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 #include "api/internal.h"
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
+#include "tests/support/ref_mha.h"
 
 static eng_pool *pool;
 static api_budget *budget;
@@ -494,12 +497,20 @@ static void test_model_metadata(void)
     CHECK_EQ_INT(r.status, 200);
     json_t *root = reply_json(&r);
     if (root) {
-        json_t *in = json_object_get(root, "inputs");
+        json_t *in = json_object_get(root, "inputs"), *out = json_object_get(root, "outputs");
+        CHECK_EQ_INT(json_array_size(in), 4);
         check_meta_tensor(in, "input", "FP32", 3);
         check_meta_tensor(in, "memory", "FP32", 3);
+        check_meta_tensor(in, "attn_mask", "BOOL", 4);
+        check_meta_tensor(in, "key_padding_mask", "BOOL", 2);
         json_t *x = find_named(in, "input");
+        CHECK(x && json_integer_value(json_array_get(json_object_get(x, "shape"), 0)) == -1);
         CHECK(x && json_integer_value(json_array_get(json_object_get(x, "shape"), 2)) == 64);
-        check_meta_tensor(json_object_get(root, "outputs"), "output", "FP32", 3);
+        CHECK_EQ_INT(json_array_size(out), 2);
+        check_meta_tensor(out, "output", "FP32", 3);
+        check_meta_tensor(out, "weights", "FP32", 4);
+        json_t *o = find_named(out, "output");
+        CHECK(o && json_integer_value(json_array_get(json_object_get(o, "shape"), 2)) == 64);
         json_decref(root);
     }
     api_reply_free(&r);
@@ -1230,17 +1241,332 @@ static void test_infer_limits(void)
     api_reply_free(&r);
 }
 
-/* Layer models answer until their inference exists: a clear status, not a crash. */
-static void test_infer_layer_model(void)
+/* ---- Layer models -------------------------------------------------------------------------- */
+
+/* The cross-attention layer registered by main: E = 16, 2 heads, kdim = vdim = 24, separate
+ * projections with biases. */
+#define CROSS_E    16
+#define CROSS_KDIM 24
+
+/* Every value within 1e-4 of the reference, relative to the tensor's largest magnitude. */
+static void check_rel(const float *got, const double *want, size_t n, const char *what)
 {
-    const char *body = "{\"inputs\":[]}";
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (size_t i = 0; got && i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= worst))
+            worst = isnan(d) ? INFINITY : d;
+    }
+    CHECKF(got && worst <= 1e-4 * fmax(scale, 1e-6), "%s: off by %g (scale %g)", what, worst,
+           scale);
+}
+
+/* The reference forward pass of layer `name` on x [B, L, E] (memory m [B, S, kdim] or NULL). */
+static void layer_reference(const char *name, const eng_mha_args *args, ref_mha_result *res)
+{
+    const eng_layer *l = api_models_find(models, name);
+    ref_mha_weights w = ref_mha_weights_of_layer(l);
+    memset(res, 0, sizeof *res);
+    if (!ref_mha(&w, args, res))
+        abort();
+}
+
+/* Self-attention on the demo layer with JSON FP32 tensors, flat and nested, rank 3 and rank 2;
+ * causal; the echoed id; JSON outputs. */
+static void test_infer_layer_json(void)
+{
+    const int64_t B = 2, L = 5, E = 64;
+    float *x = randoms((size_t)(B * L * E));
+    for (int rank = 2; rank <= 3; rank++) {
+        int64_t b = rank == 3 ? B : 1;
+        input in = {"input", "FP32", rank, {0}, x, NULL, NULL, false, rank == 3};
+        if (rank == 3)
+            memcpy(in.shape, (int64_t[]){B, L, E}, sizeof(int64_t) * 3);
+        else
+            memcpy(in.shape, (int64_t[]){L, E}, sizeof(int64_t) * 2);
+        size_t len, hlen;
+        char *body = build(&in, 1, "layer-1", "{\"causal\":true}", NULL, &len, &hlen);
+        api_reply r;
+        infer(body, len, &(call_opts){.model = "demo"}, &r);
+        free(body);
+        CHECKF(r.status == 200, "rank %d: %d %.300s", rank, r.status, snippet(&r));
+        json_t *root = reply_json(&r);
+        if (root) {
+            CHECK(strcmp(json_string_value(json_object_get(root, "model_name")), "demo") == 0);
+            CHECK(strcmp(json_string_value(json_object_get(root, "id")), "layer-1") == 0);
+            CHECK_EQ_INT(json_array_size(json_object_get(root, "outputs")), 1);
+            json_decref(root);
+        }
+        eng_mha_args a = {.B = b, .L = L, .x = x, .S = L, .causal = true};
+        ref_mha_result ref;
+        layer_reference("demo", &a, &ref);
+        int64_t shape[4];
+        int orank = 0;
+        bool binary = true;
+        float *out = reply_output(&r, "output", shape, &orank, &binary);
+        CHECK(!binary && orank == rank && shape[orank - 1] == E && shape[orank - 2] == L);
+        check_rel(out, ref.out, (size_t)(b * L * E), "demo output");
+        free(out);
+        ref_mha_result_free(&ref);
+        api_reply_free(&r);
+    }
+    free(x);
+}
+
+/* FP16 and BF16 binary inputs, FP32 binary outputs (binary_data_output), both outputs. */
+static void test_infer_layer_binary_half(void)
+{
+    const int64_t B = 1, L = 7, E = 64;
+    const char *dts[2] = {"FP16", "BF16"};
+    float *x = randoms((size_t)(B * L * E));
+    for (int t = 0; t < 2; t++) {
+        input in = {"input", dts[t], 3, {B, L, E}, x, NULL, NULL, true, false};
+        api_reply r;
+        size_t len, hlen;
+        char *body = build(&in, 1, NULL,
+                           "{\"binary_data_output\":true,\"return_weights\":\"mean\","
+                           "\"positional\":\"rope\",\"window_left\":2}",
+                           NULL, &len, &hlen);
+        char hl[32];
+        snprintf(hl, sizeof hl, "%zu", hlen);
+        infer(body, len, &(call_opts){.model = "demo", .header_len = hl}, &r);
+        free(body);
+        CHECKF(r.status == 200, "%s: %d %.300s", dts[t], r.status, snippet(&r));
+        CHECK(r.inference_header_len > 0);
+        CHECK(strcmp(r.content_type, "application/octet-stream") == 0);
+
+        float *xr = rounded(x, (size_t)(B * L * E), dts[t]);
+        eng_mha_args a = {.B = B,
+                          .L = L,
+                          .x = xr,
+                          .S = L,
+                          .window_left_set = true,
+                          .window_left = 2,
+                          .positional = ENG_POSITIONAL_ROPE,
+                          .weights_mode = ENG_WEIGHTS_MEAN};
+        ref_mha_result ref;
+        layer_reference("demo", &a, &ref);
+        int64_t shape[4];
+        int rank = 0;
+        bool binary = false;
+        float *out = reply_output(&r, "output", shape, &rank, &binary);
+        CHECK(binary && rank == 3 && shape[0] == B && shape[1] == L && shape[2] == E);
+        check_rel(out, ref.out, (size_t)(B * L * E), dts[t]);
+        free(out);
+        float *w = reply_output(&r, "weights", shape, &rank, &binary);
+        CHECK(binary && rank == 3 && shape[0] == B && shape[1] == L && shape[2] == L);
+        check_rel(w, ref.weights_mean, (size_t)(B * L * L), "weights (mean)");
+        free(w);
+        free(xr);
+        ref_mha_result_free(&ref);
+        api_reply_free(&r);
+    }
+    free(x);
+}
+
+/* Cross-attention through "memory" on a layer whose kdim differs from E, with a boolean
+ * key_padding_mask and per-head weights asked for through "outputs" alone. */
+static void test_infer_layer_memory(void)
+{
+    const int64_t B = 2, L = 3, S = 6, E = CROSS_E, K = CROSS_KDIM, H = 2;
+    float *x = randoms((size_t)(B * L * E)), *m = randoms((size_t)(B * S * K));
+    uint8_t kpm[12] = {0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1};
+    input ins[3] = {
+        {"input", "FP32", 3, {B, L, E}, x, NULL, NULL, false, false},
+        {"memory", "FP32", 3, {B, S, K}, m, NULL, NULL, true, false},
+        {"key_padding_mask", "BOOL", 2, {B, S}, NULL, kpm, NULL, false, true},
+    };
+    size_t len, hlen;
+    char *body = build(ins, 3, NULL, NULL,
+                       "[{\"name\":\"output\"},{\"name\":\"weights\",\"parameters\":"
+                       "{\"binary_data\":true}}]",
+                       &len, &hlen);
+    char hl[32];
+    snprintf(hl, sizeof hl, "%zu", hlen);
     api_reply r;
-    infer(body, strlen(body), &(call_opts){.model = "demo"}, &r);
-    CHECK(r.status != 200 && r.status != 500);
+    infer(body, len, &(call_opts){.model = "cross", .header_len = hl}, &r);
+    free(body);
+    CHECKF(r.status == 200, "%d %.300s", r.status, snippet(&r));
+
+    eng_mha_args a = {.B = B,
+                      .L = L,
+                      .x = x,
+                      .S = S,
+                      .key_in = m,
+                      .value_in = m,
+                      .key_padding = kpm,
+                      .key_padding_stride = S,
+                      .weights_mode = ENG_WEIGHTS_PER_HEAD};
+    ref_mha_result ref;
+    layer_reference("cross", &a, &ref);
+    int64_t shape[4];
+    int rank = 0;
+    bool binary = true;
+    float *out = reply_output(&r, "output", shape, &rank, &binary);
+    CHECK(!binary && rank == 3 && shape[0] == B && shape[1] == L && shape[2] == E);
+    check_rel(out, ref.out, (size_t)(B * L * E), "cross output");
+    free(out);
+    float *w = reply_output(&r, "weights", shape, &rank, &binary);
+    CHECK(binary && rank == 4 && shape[0] == B && shape[1] == H && shape[2] == L && shape[3] == S);
+    check_rel(w, ref.weights, (size_t)(B * H * L * S), "cross weights");
+    for (int64_t b = 0; w && b < B; b++) /* padding gets no weight */
+        for (int64_t i = 0; i < H * L; i++)
+            for (int64_t j = 0; j < S; j++)
+                if (kpm[b * S + j])
+                    CHECK(w[(b * H * L + i) * S + j] == 0.0f);
+    free(w);
+    ref_mha_result_free(&ref);
+    api_reply_free(&r);
+
+    /* Its metadata shows the memory's width. */
+    api_call call = {.models = models, .model = "cross"};
+    api_v2_model_metadata(&call, &r);
     json_t *root = reply_json(&r);
-    CHECK(root && json_is_string(json_object_get(root, "error")));
+    json_t *mem = root ? find_named(json_object_get(root, "inputs"), "memory") : NULL;
+    CHECK(mem && json_integer_value(json_array_get(json_object_get(mem, "shape"), 2)) == K);
     json_decref(root);
     api_reply_free(&r);
+    free(x);
+    free(m);
+}
+
+#define LX(shape, data)                                                                            \
+    "{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":" shape ",\"data\":" data "}"
+#define LX1 LX("[1,64]", "[" Z64 "]")
+#define Z8  "0,0,0,0,0,0,0,0"
+#define Z64 Z8 "," Z8 "," Z8 "," Z8 "," Z8 "," Z8 "," Z8 "," Z8
+
+/* Every way a layer request can be wrong, with its status and message. */
+static void test_infer_layer_errors(void)
+{
+    static const json_case cases[] = {
+        {"{\"inputs\":[" LX1 "]}", 200, NULL},
+        {"{\"inputs\":[]}", 422, "\"input\" is required"},
+        {"{\"inputs\":[{\"name\":\"memory\",\"datatype\":\"FP32\",\"shape\":[1,64],\"data\":[" Z64
+         "]}]}",
+         422, "\"input\" is required"},
+        {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"INT64\",\"shape\":[1,64],\"data\":[" Z64
+         "]}]}",
+         422, "does not take datatype INT64"},
+        {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"BOOL\",\"shape\":[1,2],\"data\":[true,"
+         "false]}]}",
+         422, "does not take datatype BOOL"},
+        {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP16\",\"shape\":[1,64],\"data\":[" Z64
+         "]}]}",
+         422, "JSON cannot carry"},
+        {"{\"inputs\":[" LX("[1,2]", "[1,2]") "]}", 422, "embed_dim (64)"},
+        {"{\"inputs\":[" LX("[64]", "[" Z64 "]") "]}", 422, "[L, E] or [B, L, E]"},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"memory\",\"datatype\":\"FP32\",\"shape\":[1,2],"
+         "\"data\":[1,2]}]}",
+         422, "kdim (64)"},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],"
+         "\"data\":[1,2]}]}",
+         422, "model demo takes input, memory"},
+        {"{\"inputs\":[" LX1 "," LX1 "]}", 422, "twice"},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"key_padding_mask\",\"datatype\":\"FP32\",\"shape\":[1],"
+         "\"data\":[1]}]}",
+         422, "does not take datatype FP32"},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"key_padding_mask\",\"datatype\":\"BOOL\",\"shape\":[2],"
+         "\"data\":[true,false]}]}",
+         422, "key_padding_mask"},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,1],"
+         "\"data\":[[true]]}]}",
+         200, NULL},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"attn_mask\",\"datatype\":\"FP32\",\"shape\":[1,1],"
+         "\"data\":[null]}]}",
+         200, NULL},
+        {"{\"inputs\":[" LX1 ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,2],"
+         "\"data\":[true,true]}]}",
+         422, "attn_mask"},
+        {"{\"parameters\":{\"scale\":1},\"inputs\":[" LX1 "]}", 422, "unknown parameter \"scale\""},
+        {"{\"parameters\":{\"casual\":true},\"inputs\":[" LX1 "]}", 422, "did you mean \"causal\""},
+        {"{\"parameters\":{\"positional\":\"learned\"},\"inputs\":[" LX1 "]}", 422, "positional"},
+        {"{\"parameters\":{\"rope_base\":500},\"inputs\":[" LX1 "]}", 422,
+         "only with positional \"rope\""},
+        {"{\"parameters\":{\"positional\":\"rope\",\"rope_base\":0},\"inputs\":[" LX1 "]}", 422,
+         "> 0"},
+        {"{\"parameters\":{\"positional\":\"rope\",\"rope_style\":\"x\"},\"inputs\":[" LX1 "]}",
+         422, "interleaved"},
+        {"{\"parameters\":{\"positional\":\"alibi\",\"rope_style\":\"half\"},\"inputs\":[" LX1 "]}",
+         422, "rope_style"},
+        {"{\"parameters\":{\"add_zero_attn\":1},\"inputs\":[" LX1 "]}", 422, "add_zero_attn"},
+        {"{\"parameters\":{\"causal\":\"bottom_right\",\"query_offset\":1},\"inputs\":[" LX1 "]}",
+         422, "query_offset"},
+        {"{\"parameters\":{\"window_left\":-2},\"inputs\":[" LX1 "]}", 422, "window_left"},
+        {"{\"parameters\":{\"timeout_ms\":0},\"inputs\":[" LX1 "]}", 422, "timeout_ms"},
+        {"{\"parameters\":{\"return_weights\":false},\"inputs\":[" LX1
+         "],\"outputs\":[{\"name\":\"weights\"}]}",
+         422, "return_weights"},
+        {"{\"inputs\":[" LX1 "],\"outputs\":[{\"name\":\"lse\"}]}", 422,
+         "model demo has output and weights"},
+        {"{\"model_name\":\"sdpa\",\"inputs\":[" LX1 "]}", 422, "model_name"},
+        {"{\"parameters\":{\"positional\":\"sinusoidal\",\"add_zero_attn\":true,\"causal\":true,"
+         "\"timeout\":5000000,\"priority\":1},\"inputs\":[" LX1 "]}",
+         200, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const json_case *c = &cases[i];
+        api_reply r;
+        infer(c->body, strlen(c->body), &(call_opts){.model = "demo"}, &r);
+        if (c->status == 200)
+            CHECKF(r.status == 200, "case %zu: %d %.300s", i, r.status, snippet(&r));
+        else
+            check_error(&r, c->status, c->needle);
+        if (r.status != c->status)
+            printf("  (case %zu: %s)\n", i, c->body);
+        api_reply_free(&r);
+    }
+
+    /* The layer's limits are the route's: elements, deadline. */
+    const char *body = "{\"inputs\":[" LX1 "]}";
+    api_limits limits = api_limits_default();
+    limits.max_elements = 64;
+    api_reply r;
+    infer(body, strlen(body), &(call_opts){.model = "demo", .limits = &limits}, &r);
+    check_error(&r, 413, "--max-elements");
+    api_reply_free(&r);
+    eng_ctl ctl = {0};
+    limits = api_limits_default();
+    limits.max_timeout_ms = 1;
+    infer(
+        body, strlen(body),
+        &(call_opts){
+            .model = "demo", .limits = &limits, .ctl = &ctl, .start_ns = eng_now_ns() - 1000000000},
+        &r);
+    check_error(&r, 504, "deadline");
+    api_reply_free(&r);
+}
+
+/* A layer with kdim = vdim = 24 != E = 16, from separate projections with biases. */
+static bool register_cross_layer(void)
+{
+    const int64_t E = CROSS_E, K = CROSS_KDIM;
+    float *wq = randoms((size_t)(E * E)), *wk = randoms((size_t)(E * K)),
+          *wv = randoms((size_t)(E * K)), *wo = randoms((size_t)(E * E)), *bq = randoms((size_t)E),
+          *bk = randoms((size_t)E), *bv = randoms((size_t)E), *bo = randoms((size_t)E);
+    eng_tensor_ref refs[8] = {
+        {"q_proj_weight", ENG_DTYPE_F32, wq, 2, {E, E}},
+        {"k_proj_weight", ENG_DTYPE_F32, wk, 2, {E, K}},
+        {"v_proj_weight", ENG_DTYPE_F32, wv, 2, {E, K}},
+        {"out_proj.weight", ENG_DTYPE_F32, wo, 2, {E, E}},
+        {"q_proj.bias", ENG_DTYPE_F32, bq, 1, {E}},
+        {"k_proj.bias", ENG_DTYPE_F32, bk, 1, {E}},
+        {"v_proj.bias", ENG_DTYPE_F32, bv, 1, {E}},
+        {"out_proj.bias", ENG_DTYPE_F32, bo, 1, {E}},
+    };
+    eng_error e;
+    char msg[256];
+    memset(&e, 0, sizeof e);
+    eng_layer *l = eng_layer_from_tensors("cross", refs, 8, 2, 0, &e);
+    if (!l)
+        fprintf(stderr, "cross layer: %s (%s)\n", e.message, e.field);
+    bool ok = l && api_models_add(models, l, msg, sizeof msg);
+    void *all[] = {wq, wk, wv, wo, bq, bk, bv, bo};
+    for (size_t i = 0; i < 8; i++)
+        free(all[i]);
+    return ok;
 }
 
 int main(void)
@@ -1249,7 +1575,7 @@ int main(void)
     pool = eng_pool_new(2, &err);
     budget = api_budget_new((size_t)1 << 30);
     models = api_models_new();
-    if (!pool || !budget || !models) {
+    if (!pool || !budget || !models || !register_cross_layer()) {
         fprintf(stderr, "set-up failed\n");
         return 1;
     }
@@ -1269,7 +1595,10 @@ int main(void)
     RUN(test_infer_json_errors);
     RUN(test_infer_binary_errors);
     RUN(test_infer_limits);
-    RUN(test_infer_layer_model);
+    RUN(test_infer_layer_json);
+    RUN(test_infer_layer_binary_half);
+    RUN(test_infer_layer_memory);
+    RUN(test_infer_layer_errors);
     api_models_free(models);
     api_budget_free(budget);
     eng_pool_free(pool);

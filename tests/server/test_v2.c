@@ -2,7 +2,8 @@
  * test_v2.c - the KServe v2 routes of a real attnd over HTTP (libcurl): metadata and readiness
  * in the spec's shapes, inference with JSON and binary tensors (FP32 and FP16 in, FP32 out)
  * against the float64 reference, Inference-Header-Content-Length on both sides, gzip and
- * deflate bodies and replies, the protocol's error form, the statistics extension, and Triton's
+ * deflate bodies and replies, the protocol's error form, the statistics extension, the layer
+ * model "demo" (JSON and binary, against the float64 nn.MultiheadAttention reference), and Triton's
  * nv_inference_* metric families with their model and version labels. One daemon serves every
  * test.
  */
@@ -18,6 +19,7 @@
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/ref.h"
+#include "tests/support/ref_mha.h"
 
 static daemon_proc d;
 
@@ -507,6 +509,123 @@ static void test_infer_fp16(void)
     problem_free(&p);
 }
 
+/* The demo layer as a model: its metadata in full, then POST /v2/models/demo/infer with JSON
+ * FP32 and with binary FP16 in / FP32 out, each against the reference of the same layer built
+ * here (the demo's weights come from a fixed seed). */
+static void test_layer_model(void)
+{
+    static const char *const json_h[] = {"Content-Type: application/json", NULL};
+    resp r;
+    CHECK_EQ_INT(request("GET", "/v2/models/demo/versions/1", NULL, NULL, 0, &r), 200);
+    json_t *j = json_of(r.body, r.len);
+    if (j) {
+        static const struct {
+            const char *name, *datatype;
+            int rank;
+            int64_t last;
+        } want_in[4] = {{"input", "FP32", 3, 64},
+                        {"memory", "FP32", 3, 64},
+                        {"attn_mask", "BOOL", 4, -1},
+                        {"key_padding_mask", "BOOL", 2, -1}},
+          want_out[2] = {{"output", "FP32", 3, 64}, {"weights", "FP32", 4, -1}};
+        json_t *in = json_object_get(j, "inputs"), *out = json_object_get(j, "outputs");
+        CHECK(strcmp(json_string_value(json_object_get(j, "name")), "demo") == 0);
+        CHECK_EQ_INT(json_array_size(in), 4);
+        CHECK_EQ_INT(json_array_size(out), 2);
+        for (size_t i = 0; i < 6; i++) {
+            json_t *t = i < 4 ? json_array_get(in, i) : json_array_get(out, i - 4);
+            const char *name = i < 4 ? want_in[i].name : want_out[i - 4].name;
+            const char *dt = i < 4 ? want_in[i].datatype : want_out[i - 4].datatype;
+            int rank = i < 4 ? want_in[i].rank : want_out[i - 4].rank;
+            int64_t last = i < 4 ? want_in[i].last : want_out[i - 4].last;
+            json_t *sh = json_object_get(t, "shape");
+            CHECKF(t && strcmp(json_string_value(json_object_get(t, "name")), name) == 0 &&
+                       strcmp(json_string_value(json_object_get(t, "datatype")), dt) == 0 &&
+                       (int)json_array_size(sh) == rank,
+                   "metadata tensor %zu (%s)", i, name);
+            CHECK(json_integer_value(json_array_get(sh, 0)) == -1);
+            CHECK(json_integer_value(json_array_get(sh, (size_t)rank - 1)) == last);
+        }
+        json_decref(j);
+    }
+    resp_free(&r);
+
+    const int64_t B = 2, L = 5, E = 64;
+    size_t n = (size_t)(B * L * E);
+    float *x = malloc(n * sizeof *x), *xh = malloc(n * sizeof *xh);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = frand();
+        xh[i] = from_half(to_half(x[i]));
+    }
+    eng_layer *demo = eng_layer_demo();
+    ref_mha_weights w = ref_mha_weights_of_layer(demo);
+    for (int binary = 0; binary < 2; binary++) {
+        sbuf b = {0};
+        char tmp[64], hl[80], got[64];
+        sb_str(&b, "{\"id\":\"L\",\"parameters\":{\"causal\":true");
+        sb_str(&b, binary ? ",\"binary_data_output\":true}" : "}");
+        sb_str(&b, ",\"inputs\":[{\"name\":\"input\",\"shape\":[2,5,64],\"datatype\":");
+        if (binary) {
+            snprintf(tmp, sizeof tmp, "\"FP16\",\"parameters\":{\"binary_data_size\":%zu}}]}",
+                     n * 2);
+            sb_str(&b, tmp);
+        } else {
+            sb_str(&b, "\"FP32\",\"data\":[");
+            for (size_t i = 0; i < n; i++) {
+                snprintf(tmp, sizeof tmp, "%s%.9g", i ? "," : "", (double)x[i]);
+                sb_str(&b, tmp);
+            }
+            sb_str(&b, "]}]}");
+        }
+        size_t hlen = b.len;
+        for (size_t i = 0; binary && i < n; i++) {
+            uint16_t h = to_half(x[i]);
+            sb_mem(&b, &h, 2);
+        }
+        snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", hlen);
+        const char *bin_h[] = {"Content-Type: application/octet-stream", hl, NULL};
+        request("POST", "/v2/models/demo/infer", binary ? bin_h : json_h, b.data, b.len, &r);
+        free(b.data);
+        CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
+        size_t reply_hlen = 0;
+        if (binary)
+            reply_hlen = (size_t)strtoull(
+                header(&r, "Inference-Header-Content-Length", got, sizeof got), NULL, 10);
+        j = json_of(r.body, binary ? reply_hlen : r.len);
+        if (j) {
+            CHECK(strcmp(json_string_value(json_object_get(j, "model_name")), "demo") == 0);
+            CHECK(strcmp(json_string_value(json_object_get(j, "id")), "L") == 0);
+            json_decref(j);
+        }
+        bool is_bin = false;
+        float *out = r.status == 200 ? output_of(&r, reply_hlen, n, &is_bin) : NULL;
+        CHECK(is_bin == (binary != 0));
+        eng_mha_args a = {.B = B, .L = L, .x = binary ? xh : x, .S = L, .causal = true};
+        ref_mha_result ref;
+        memset(&ref, 0, sizeof ref);
+        CHECK(demo && ref_mha(&w, &a, &ref));
+        if (out && ref.out) {
+            double scale = 0;
+            for (size_t i = 0; i < n; i++)
+                scale = fmax(scale, fabs(ref.out[i]));
+            check_close(out, ref.out, n, 1e-4 * scale);
+        }
+        ref_mha_result_free(&ref);
+        free(out);
+        resp_free(&r);
+    }
+    eng_layer_free(demo);
+    free(x);
+    free(xh);
+
+    /* The protocol's error form for a layer request. */
+    const char *bad = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":"
+                      "[1,2],\"data\":[1,2]}]}";
+    request("POST", "/v2/models/demo/infer", json_h, bad, strlen(bad), &r);
+    check_v2_error(&r, 422, "embed_dim");
+    resp_free(&r);
+}
+
 static char *gzip_pack(const char *src, size_t n, int wbits, size_t *out_len)
 {
     z_stream zs;
@@ -698,7 +817,11 @@ static void test_stats_and_metrics(void)
                                "version=\"1\"}") >= 3);
     CHECK(metric_value(d.port,
                        "nv_inference_pending_request_count{model=\"sdpa\",version=\"1\"}") == 0);
-    CHECK(metric_value(d.port, "nv_inference_request_success{model=\"demo\",version=\"1\"}") == 0);
+    /* The layer model's own series: its 2 successful requests of batch 2 (test_layer_model). */
+    CHECK(
+        metric_wait(d.port, "nv_inference_request_success{model=\"demo\",version=\"1\"}", 2, 5000));
+    CHECK(metric_value(d.port, "nv_inference_request_success{model=\"demo\",version=\"1\"}") == 2);
+    CHECK(metric_value(d.port, "nv_inference_count{model=\"demo\",version=\"1\"}") == 4);
 
     resp r;
     CHECK_EQ_INT(request("GET", "/v2/models/sdpa/stats", NULL, NULL, 0, &r), 200);
@@ -736,6 +859,7 @@ int main(void)
     RUN(test_metadata);
     RUN(test_infer_json_and_binary);
     RUN(test_infer_fp16);
+    RUN(test_layer_model);
     RUN(test_compression);
     RUN(test_errors);
     RUN(test_stats_and_metrics);
