@@ -7,7 +7,7 @@
  *
  *   api_error    a failure on its way to becoming a reply: HTTP status, metric reason, field
  *                path ("query.shape[1]") and message. Functions return 0 or -1 and fill one.
- *   base64, half byte-level codecs: RFC 4648 base64 and IEEE fp16 / bfloat16 <-> fp32.
+ *   base64       the byte-level codec of RFC 4648 (fp16/bf16 conversions are the engine's).
  *   api_jsonw    a growable output buffer with a hard maximum, and a float writer that gives
  *                9 significant digits (exact float32 round trip) without a json_t per number.
  *   api_body     the request body parsed by jansson, with long plain strings (base64 tensors)
@@ -90,13 +90,6 @@ api_b64_status api_base64_validate(const char *src, size_t len, size_t *bad_offs
 
 /* ---- Half precision ---------------------------------------------------------------------- */
 
-/* IEEE 754 binary16 and bfloat16 <-> binary32. Widening is exact (subnormals, infinities and
- * NaN payloads included); narrowing rounds to nearest, ties to even, overflows to infinity and
- * keeps NaN a (quiet) NaN. */
-float api_half_to_float(uint16_t h);
-uint16_t api_float_to_half(float f);
-float api_bf16_to_float(uint16_t b);
-uint16_t api_float_to_bf16(float f);
 
 /* ---- JSON output ------------------------------------------------------------------------- */
 

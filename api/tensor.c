@@ -548,7 +548,7 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
         } else {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            v = dtype == API_DTYPE_FLOAT16 ? api_half_to_float(h) : api_bf16_to_float(h);
+            v = dtype == API_DTYPE_FLOAT16 ? eng_f16_to_f32(h) : eng_bf16_to_f32(h);
         }
         if (!isfinite(v) && !(neg_inf_ok && v == -INFINITY))
             return nonfinite_error(field, first + i, v, err);

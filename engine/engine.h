@@ -275,9 +275,12 @@ typedef struct {
     int64_t shape[4];
 } eng_tensor_ref;
 
-/* Half-precision conversions (round-trip exact for every fp16/bf16 value, NaN preserved). */
+/* Half-precision conversions: widening is exact for every fp16/bf16 value (NaN and -0 kept);
+ * narrowing rounds to nearest, ties to even (overflow gives infinity, NaN stays NaN). */
 float eng_f16_to_f32(uint16_t h);
 float eng_bf16_to_f32(uint16_t h);
+uint16_t eng_f32_to_f16(float f);
+uint16_t eng_f32_to_bf16(float f);
 
 /* Frees the layer's weights and the layer. NULL is a no-op. */
 void eng_layer_free(eng_layer *layer);

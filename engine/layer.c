@@ -51,39 +51,6 @@ static const struct {
 /* Parameters above this many are refused: 2^34 floats is 64 GiB. */
 #define MAX_LAYER_PARAMS (INT64_C(1) << 34)
 
-/* ---- Half precision ----------------------------------------------------------------------- */
-
-float eng_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    uint32_t bits;
-    if (exp == 0x1F) { /* inf or NaN, payload kept */
-        bits = sign | 0x7F800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int shift = 0;
-        while (!(man & 0x400u)) {
-            man <<= 1;
-            shift++;
-        }
-        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3FFu) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-float eng_bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static float load_element(const void *data, eng_dtype dtype, int64_t i)
 {
     const unsigned char *p = data;

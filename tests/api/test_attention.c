@@ -246,9 +246,9 @@ typedef struct {
 static float wire_round(float x, api_dtype dtype)
 {
     if (dtype == API_DTYPE_FLOAT16)
-        return api_half_to_float(api_float_to_half(x));
+        return eng_f16_to_f32(eng_f32_to_f16(x));
     if (dtype == API_DTYPE_BFLOAT16)
-        return api_bf16_to_float(api_float_to_bf16(x));
+        return eng_bf16_to_f32(eng_f32_to_bf16(x));
     return x;
 }
 
@@ -389,7 +389,7 @@ static void write_floats(api_jsonw *w, const char *name, const float *x, int ran
     if (form == API_FORM_BASE64 && dtype != API_DTYPE_FLOAT32) {
         uint16_t *h = malloc(count * 2);
         for (size_t i = 0; i < count; i++)
-            h[i] = dtype == API_DTYPE_FLOAT16 ? api_float_to_half(x[i]) : api_float_to_bf16(x[i]);
+            h[i] = dtype == API_DTYPE_FLOAT16 ? eng_f32_to_f16(x[i]) : eng_f32_to_bf16(x[i]);
         api_jsonw_cstr(w, "{\"shape\":[");
         for (int d = 0; d < rank; d++)
             api_jsonw_printf(w, "%s%lld", d ? "," : "", (long long)shape[d]);

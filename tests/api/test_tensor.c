@@ -312,7 +312,7 @@ static void test_big_float16_tensors_widen_across_chunks(void)
     static uint16_t halves[N];
     static float out[N];
     for (int i = 0; i < N; i++)
-        halves[i] = api_float_to_half((float)(i % 2000 - 1000) * 0.25f); /* exact in fp16 */
+        halves[i] = eng_f32_to_f16((float)(i % 2000 - 1000) * 0.25f); /* exact in fp16 */
     size_t len = base64_request("float16", halves, sizeof halves, N, false);
     api_body b;
     api_tensor t;
@@ -474,7 +474,7 @@ static void test_big_base64_is_the_same_on_a_pool(void)
     uint16_t *halves = malloc(N * sizeof *halves);
     for (int i = 0; i < N; i++) {
         in[i] = (float)(i % 4099) * 0.125f - 100.0f;
-        halves[i] = api_float_to_half(in[i]);
+        halves[i] = eng_f32_to_f16(in[i]);
     }
     eng_error eerr;
     eng_pool *pool = eng_pool_new(2, &eerr);
@@ -508,7 +508,7 @@ static void test_big_base64_is_the_same_on_a_pool(void)
         CHECK_EQ_INT(api_tensor_decode(&b, &t, API_ELEM_FLOAT, 0, out, "t", pool, &err), 0);
         int wrong = 0;
         for (int i = 0; i < N; i++)
-            wrong += out[i] != (dt == 0 ? in[i] : api_half_to_float(halves[i]));
+            wrong += out[i] != (dt == 0 ? in[i] : eng_f16_to_f32(halves[i]));
         CHECK_EQ_INT(wrong, 0);
         /* A bad character in the third task's range: the same message as decoding in order. */
         ((char *)t.b64)[(2 << 20) + 1001] = '*';

@@ -85,10 +85,10 @@ static void binary_bytes(const input *in, sbuf *out)
         if (strcmp(in->datatype, "FP32") == 0) {
             sb_mem(out, &in->f[k], 4);
         } else if (strcmp(in->datatype, "FP16") == 0) {
-            uint16_t h = api_float_to_half(in->f[k]);
+            uint16_t h = eng_f32_to_f16(in->f[k]);
             sb_mem(out, &h, 2);
         } else if (strcmp(in->datatype, "BF16") == 0) {
-            uint16_t h = api_float_to_bf16(in->f[k]);
+            uint16_t h = eng_f32_to_bf16(in->f[k]);
             sb_mem(out, &h, 2);
         } else if (strcmp(in->datatype, "BOOL") == 0) {
             sb_mem(out, &in->b[k], 1);
@@ -365,8 +365,8 @@ static float *rounded(const float *x, size_t n, const char *dt)
 {
     float *y = malloc(n * sizeof *y);
     for (size_t i = 0; i < n; i++)
-        y[i] = strcmp(dt, "FP16") == 0   ? api_half_to_float(api_float_to_half(x[i]))
-               : strcmp(dt, "BF16") == 0 ? api_bf16_to_float(api_float_to_bf16(x[i]))
+        y[i] = strcmp(dt, "FP16") == 0   ? eng_f16_to_f32(eng_f32_to_f16(x[i]))
+               : strcmp(dt, "BF16") == 0 ? eng_bf16_to_f32(eng_f32_to_bf16(x[i]))
                                          : x[i];
     return y;
 }

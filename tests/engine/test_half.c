@@ -1,4 +1,4 @@
-/* test_half.c - api/half.c: float16 and bfloat16 conversions, exact where they must be and
+/* test_half.c - engine/half.c: float16 and bfloat16 conversions, exact where they must be and
  * rounded to nearest even where they narrow. GCC's _Float16 (libgcc's soft conversion) is the
  * independent reference for float16 rounding. */
 #include <math.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/internal.h"
+#include "engine/engine.h"
 #include "tests/support/check.h"
 
 static uint32_t bits(float f)
@@ -40,18 +40,18 @@ static void test_half_widens_known_values_exactly(void)
         {0x0000, 0.0f},     {0x7C00, INFINITY}, {0xFC00, -INFINITY},       {0x4248, 3.140625f},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        CHECKF(bits(api_half_to_float(known[i].h)) == bits(known[i].f), "half %04x -> %.9g",
-               known[i].h, (double)api_half_to_float(known[i].h));
-    CHECK(bits(api_half_to_float(0x8000)) == 0x80000000u); /* -0 keeps its sign */
-    CHECK(isnan(api_half_to_float(0x7E00)));
-    CHECK(isnan(api_half_to_float(0xFC01)));
+        CHECKF(bits(eng_f16_to_f32(known[i].h)) == bits(known[i].f), "half %04x -> %.9g",
+               known[i].h, (double)eng_f16_to_f32(known[i].h));
+    CHECK(bits(eng_f16_to_f32(0x8000)) == 0x80000000u); /* -0 keeps its sign */
+    CHECK(isnan(eng_f16_to_f32(0x7E00)));
+    CHECK(isnan(eng_f16_to_f32(0xFC01)));
 }
 
 static void test_every_half_survives_a_round_trip(void)
 {
     for (uint32_t h = 0; h <= 0xFFFF; h++) {
-        float f = api_half_to_float((uint16_t)h);
-        uint16_t back = api_float_to_half(f);
+        float f = eng_f16_to_f32((uint16_t)h);
+        uint16_t back = eng_f32_to_f16(f);
         if (isnan(f))
             CHECKF((back & 0x7E00) == 0x7E00 && (back & 0x8000) == (h & 0x8000),
                    "NaN %04x came back as %04x", h, back);
@@ -83,9 +83,9 @@ static void test_half_narrowing_rounds_to_nearest_even(void)
         {-INFINITY, 0xFC00},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        CHECKF(api_float_to_half(cases[i].f) == cases[i].h, "%.9g -> %04x, want %04x",
-               (double)cases[i].f, api_float_to_half(cases[i].f), cases[i].h);
-    CHECK((api_float_to_half(NAN) & 0x7E00) == 0x7E00);
+        CHECKF(eng_f32_to_f16(cases[i].f) == cases[i].h, "%.9g -> %04x, want %04x",
+               (double)cases[i].f, eng_f32_to_f16(cases[i].f), cases[i].h);
+    CHECK((eng_f32_to_f16(NAN) & 0x7E00) == 0x7E00);
 }
 
 static void test_half_narrowing_matches_the_compiler_over_a_sweep(void)
@@ -99,7 +99,7 @@ static void test_half_narrowing_matches_the_compiler_over_a_sweep(void)
         _Float16 ref = (_Float16)f;
         uint16_t want;
         memcpy(&want, &ref, 2);
-        uint16_t got = api_float_to_half(f);
+        uint16_t got = eng_f32_to_f16(f);
         CHECKF(got == want, "%08x (%.9g) -> %04x, compiler says %04x", (uint32_t)x, (double)f, got,
                want);
         if (check__failures_in_test > 5)
@@ -109,23 +109,23 @@ static void test_half_narrowing_matches_the_compiler_over_a_sweep(void)
 
 static void test_bfloat16_widens_and_rounds(void)
 {
-    CHECK(bits(api_bf16_to_float(0x3F80)) == bits(1.0f));
-    CHECK(bits(api_bf16_to_float(0xC040)) == bits(-3.0f));
-    CHECK(bits(api_bf16_to_float(0x0001)) == 0x00010000u); /* a subnormal, exactly */
-    CHECK(api_bf16_to_float(0x7F80) == INFINITY);
-    CHECK(isnan(api_bf16_to_float(0x7FC0)));
-    CHECK_EQ_INT(api_float_to_bf16(1.0f), 0x3F80);
-    CHECK_EQ_INT(api_float_to_bf16(1.0f + 0x1p-8f), 0x3F80); /* tie: even is 1 */
-    CHECK_EQ_INT(api_float_to_bf16(1.0f + 0x3p-8f), 0x3F82); /* tie: even is 1+2^-6 */
-    CHECK_EQ_INT(api_float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
-    CHECK_EQ_INT(api_float_to_bf16(3.40282347e38f), 0x7F80); /* FLT_MAX rounds up to inf */
-    CHECK_EQ_INT(api_float_to_bf16(-0.0f), 0x8000);
-    uint16_t nan = api_float_to_bf16(from_bits(0x7F800001u)); /* a NaN that truncates to inf */
+    CHECK(bits(eng_bf16_to_f32(0x3F80)) == bits(1.0f));
+    CHECK(bits(eng_bf16_to_f32(0xC040)) == bits(-3.0f));
+    CHECK(bits(eng_bf16_to_f32(0x0001)) == 0x00010000u); /* a subnormal, exactly */
+    CHECK(eng_bf16_to_f32(0x7F80) == INFINITY);
+    CHECK(isnan(eng_bf16_to_f32(0x7FC0)));
+    CHECK_EQ_INT(eng_f32_to_bf16(1.0f), 0x3F80);
+    CHECK_EQ_INT(eng_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80); /* tie: even is 1 */
+    CHECK_EQ_INT(eng_f32_to_bf16(1.0f + 0x3p-8f), 0x3F82); /* tie: even is 1+2^-6 */
+    CHECK_EQ_INT(eng_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
+    CHECK_EQ_INT(eng_f32_to_bf16(3.40282347e38f), 0x7F80); /* FLT_MAX rounds up to inf */
+    CHECK_EQ_INT(eng_f32_to_bf16(-0.0f), 0x8000);
+    uint16_t nan = eng_f32_to_bf16(from_bits(0x7F800001u)); /* a NaN that truncates to inf */
     CHECKF((nan & 0x7F80) == 0x7F80 && (nan & 0x7F) != 0, "NaN -> %04x", nan);
     for (uint32_t b = 0; b <= 0xFFFF; b++) {
-        float f = api_bf16_to_float((uint16_t)b);
+        float f = eng_bf16_to_f32((uint16_t)b);
         if (!isnan(f))
-            CHECKF(api_float_to_bf16(f) == b, "bf16 %04x does not round-trip", b);
+            CHECKF(eng_f32_to_bf16(f) == b, "bf16 %04x does not round-trip", b);
     }
 }
 

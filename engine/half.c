@@ -1,15 +1,14 @@
 /*
  * half.c - IEEE binary16 (float16) and bfloat16 <-> binary32 conversions.
  *
- * Clients send float16 and bfloat16 tensors in base64 to halve their bodies; we widen them to
- * float32 on decode (exactly) and could narrow replies (round to nearest, ties to even, as
- * numpy and PyTorch do). Bit manipulation only, so the result does not depend on F16C being
- * there; the widening of a float16 subnormal uses one exact float multiply.
+ * Model files and clients send float16 and bfloat16 to halve their size; the engine computes in
+ * float32. Widening is exact (NaN payloads and signed zeros kept); narrowing rounds to nearest,
+ * ties to even, as numpy and PyTorch do. Bit manipulation only, so the results do not depend
+ * on F16C being there.
  */
-#include <stdint.h>
 #include <string.h>
 
-#include "api/internal.h"
+#include "engine/internal.h"
 
 static uint32_t float_bits(float f)
 {
@@ -25,21 +24,38 @@ static float bits_float(uint32_t x)
     return f;
 }
 
-float api_half_to_float(uint16_t h)
+float eng_f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-
-    if (exp == 0x1F) /* infinity, or NaN with its payload kept */
-        return bits_float(sign | 0x7F800000u | mant << 13);
-    if (exp != 0) /* normal: rebias the exponent from 15 to 127 */
-        return bits_float(sign | (exp + 112) << 23 | mant << 13);
-    /* Zero or subnormal: mant * 2^-24, which is exact in float32. */
-    float f = (float)mant * 0x1p-24f;
-    return bits_float(sign | float_bits(f));
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0x1F) { /* inf or NaN, payload kept */
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int shift = 0;
+        while (!(man & 0x400u)) {
+            man <<= 1;
+            shift++;
+        }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
-uint16_t api_float_to_half(float f)
+float eng_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t eng_f32_to_f16(float f)
 {
     uint32_t x = float_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
@@ -65,12 +81,7 @@ uint16_t api_float_to_half(float f)
     return (uint16_t)(sign | (float_bits(t) - float_bits(0.5f)));
 }
 
-float api_bf16_to_float(uint16_t b)
-{
-    return bits_float((uint32_t)b << 16);
-}
-
-uint16_t api_float_to_bf16(float f)
+uint16_t eng_f32_to_bf16(float f)
 {
     uint32_t x = float_bits(f);
     if ((x & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: keep it one, quiet */
