@@ -344,12 +344,26 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
         unsigned long long n = strtoull(f.length, &end, 10);
         if (n > 0)
             req->body_expected = true;
-        if (n > (unsigned long long)s->max_body_bytes)
-            return respond_error(req, 413, API_REASON_TOO_LARGE, &close,
-                                 "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
-                                 s->max_body_bytes);
-        req->content_length = (size_t)n;
-        req->has_length = true;
+        if (n > (unsigned long long)s->max_body_bytes) {
+            /* Decided from the header, before a byte is read. A client waiting for "100
+             * Continue" gets the answer now and never sends the body; so does one announcing
+             * more than we would read. Any other client is already sending: libmicrohttpd
+             * closes a connection answered mid-body, and the client would see a reset instead
+             * of the 413, so its body is read and discarded first (as for chunked bodies). */
+            const char *expect = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect");
+            if (token_is(expect, "100-continue") || n / DRAIN_FACTOR > s->max_body_bytes)
+                return respond_error(req, 413, API_REASON_TOO_LARGE, &close,
+                                     "the body of %llu bytes is larger than --max-body-bytes (%zu)",
+                                     n, s->max_body_bytes);
+            req->pending_status = 413;
+            req->pending_reason = API_REASON_TOO_LARGE;
+            snprintf(req->pending_msg, sizeof req->pending_msg,
+                     "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
+                     s->max_body_bytes);
+        } else {
+            req->content_length = (size_t)n;
+            req->has_length = true;
+        }
     }
     if (f.n_transfer == 1)
         req->body_expected = true;
@@ -454,6 +468,8 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
                                  req->method, rd->pattern);
         return rd->answer(s, req);
     }
+    if (req->pending_status) /* refused from the headers: discard the body, then answer */
+        return MHD_YES;
 
     /* A worker route: everything that can be decided before the body is read. */
     hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
