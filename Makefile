@@ -8,6 +8,8 @@
 #   make tsan       the engine suites under TSan only
 #   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
 #   make fuzz       every libFuzzer harness for FUZZ_SECONDS (300) each
+#   make load       the load (LOAD_SECONDS at twice capacity) and fault suites; make soak: 30 min
+#   make bench-wrk  wrk throughput of small requests at 32 connections
 #   make format-check
 #
 # BUILD selects the output folder and SAN a sanitizer (address,undefined | thread), so that
@@ -42,7 +44,7 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
-        format-check clean browser-deps browser-test
+        format-check clean browser-deps browser-test load soak bench-wrk
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -102,7 +104,8 @@ $(BUILD)/tests/bench/bench_e2e: $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/libtes
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
-                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core
+                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
+                wrk
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
@@ -138,11 +141,11 @@ tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
 FUZZ_SMOKE_SECONDS ?= 30
 
 test: deps deploy-deps browser-deps
-	$(MAKE) tests $(DEPLOY_CLIENT)
+	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) $(deploy_suites) $(load_suites) \
 	    $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
@@ -191,6 +194,30 @@ deploy-deps:
 deploy-check: deps deploy-deps
 	$(MAKE) all $(DEPLOY_CLIENT)
 	@tests/run.sh $(deploy_suites)
+
+# ---- Load and fault suites (tests/load: a real daemon on 127.0.0.1; plain build only) -----
+
+LOAD_GEN := $(BUILD)/tests/load/loadgen
+LOAD_SECONDS ?= 20
+load_suites = "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --duration $(LOAD_SECONDS)" \
+    "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --faults"
+
+load: deps
+	$(MAKE) all $(LOAD_GEN)
+	@tests/run.sh $(load_suites)
+
+# Thirty minutes at twice capacity, RSS and descriptors printed every minute; not in make test.
+soak: deps
+	$(MAKE) all $(LOAD_GEN)
+	@TEST_TIMEOUT=2400 tests/run.sh "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --soak"
+
+# The wrk figure of the closing notes (a benchmark, not a test): small requests, 32 connections.
+bench-wrk: all
+	@rm -f $(BUILD)/wrk.port; \
+	$(BUILD)/attnd --port 0 --port-file $(BUILD)/wrk.port --log-level warn >/dev/null & pid=$$!; \
+	while [ ! -s $(BUILD)/wrk.port ]; do sleep 0.1; done; \
+	wrk -t2 -c32 -d10s -s tests/load/wrk_small.lua http://127.0.0.1:$$(cat $(BUILD)/wrk.port); \
+	kill $$pid; wait $$pid
 
 # ---- Browser tests of the inspector page (tests/browser; see inspector.test.mjs) ----------
 

@@ -7,7 +7,8 @@
  * per number (about 160 ns and 40 bytes each: most of the cost of a small nested request). So
  * a first pass over the body finds the bulk:
  *
- *   - string values of API_BODY_LONG_STRING bytes or more without escapes (base64 tensors),
+ *   - string values of API_BODY_LONG_STRING bytes or more of printable ASCII without escapes
+ *     (base64 tensors),
  *     found at memory speed with memchr;
  *   - arrays of API_BODY_MANY_NUMBERS numbers or more, nested rectangularly at most
  *     API_MAX_RANK deep, checked by a strict scanner that accepts exactly JSON's number
@@ -288,6 +289,19 @@ static bool scan_numbers(const char *s, size_t i, size_t len, api_body_span *sp)
 
 /* The offset of the quote that closes the string whose first character is at `i`, or len
  * when the body ends first. A quote closes when an even number of backslashes precede it. */
+/* True when a string's bytes are printable ASCII without escapes: such a string (a base64
+ * tensor) means exactly its bytes, so it may bypass jansson. Anything else (escapes, control
+ * characters that JSON forbids raw, UTF-8 to validate) is left to jansson to judge. */
+static bool plain_printable(const char *p, size_t n)
+{
+    unsigned char bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        bad |= (unsigned char)(c < 0x20 || c >= 0x7F || c == '\\');
+    }
+    return !bad;
+}
+
 static size_t string_end(const char *s, size_t i, size_t len)
 {
     size_t from = i;
@@ -370,7 +384,7 @@ void api_body_scan_run(const char *body, size_t len, api_body_scan *scan)
         while (j < len && is_json_space(body[j]))
             j++;
         bool key = j < len && body[j] == ':'; /* jansson must see keys */
-        if (!elide || key || n < API_BODY_LONG_STRING || memchr(body + start, '\\', n)) {
+        if (!elide || key || n < API_BODY_LONG_STRING || !plain_printable(body + start, n)) {
             string_bytes += n;
             continue;
         }

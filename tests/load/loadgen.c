@@ -1,0 +1,1421 @@
+/*
+ * loadgen.c - the load and fault suites of attnd (tests/load): a libcurl-multi load generator
+ * that drives a real daemon on 127.0.0.1 beyond its capacity, and the faults it must survive.
+ *
+ *   loadgen [--duration S] [--overload X] [--long-fraction F] [--max-tokens N] [--rate R]
+ *   loadgen --soak            the same for 30 minutes, with a progress line every minute
+ *   loadgen --faults          the fault suite
+ *
+ * The load suite starts attnd ($ATTND_BIN, as every suite does) and measures its capacity for
+ * the request mix: every long size once on an idle daemon, then small requests with a few
+ * in flight. It then offers X (default 2) times that rate, open loop, for S seconds (default
+ * 20): small requests (one head, 16x64 query/key/value as nested JSON) and, a fraction F
+ * (default 1%) of the time, long sequences (causal self-attention over 2k to N tokens, default
+ * 16k, as base64 float32). It asserts that only 200 and 429 come back, every 429 with
+ * Retry-After, no reset or other transport error, both classes served; it reports the offered
+ * and achieved rates and p50/p99 latency per class, and checks that the daemon's RSS and
+ * descriptor count are flat once the load is over and that it exits 0.
+ *
+ * The fault suite runs each fault against its own daemon while background load keeps it busy:
+ * clients hanging up mid-compute, SIGTERM (every request admitted before it answered 200, exit
+ * 0), requests beyond the memory budget (413, or 429 with Retry-After), queue saturation (429
+ * with Retry-After, the queue never beyond --max-queue) and deadline misses (504, promptly).
+ *
+ * Both end with "N passed, N failed". Traffic goes to 127.0.0.1 only; every run is bounded in
+ * time (its duration plus a drain limit) and in requests in flight (--max-inflight, 256).
+ */
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+
+/* ---- Options ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double duration_s;
+    double overload;      /* offered rate / measured capacity */
+    double rate;          /* > 0: offer exactly this many requests per second instead */
+    double long_fraction; /* share of long requests, by count */
+    int max_tokens;       /* longest long sequence */
+    int max_inflight;     /* requests in flight at once (one connection each) */
+    bool soak, faults;
+} options;
+
+static options opt = {.duration_s = 20,
+                      .overload = 2,
+                      .long_fraction = 0.01,
+                      .max_tokens = 16384,
+                      .max_inflight = 256};
+
+static bool parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end = NULL;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: loadgen [--duration S] [--overload X] [--rate R] [--long-fraction F]\n"
+                    "               [--max-tokens N] [--max-inflight N] [--soak] [--faults]\n");
+}
+
+static bool parse_options(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (strcmp(a, "--soak") == 0) {
+            opt.soak = true;
+            opt.duration_s = 1800;
+            continue;
+        }
+        if (strcmp(a, "--faults") == 0) {
+            opt.faults = true;
+            continue;
+        }
+        if (!v) {
+            usage();
+            return false;
+        }
+        if (strcmp(a, "--duration") == 0)
+            ok = parse_double(v, 1, 86400, &opt.duration_s);
+        else if (strcmp(a, "--overload") == 0)
+            ok = parse_double(v, 0.1, 100, &opt.overload);
+        else if (strcmp(a, "--rate") == 0)
+            ok = parse_double(v, 1, 1e6, &opt.rate);
+        else if (strcmp(a, "--long-fraction") == 0)
+            ok = parse_double(v, 0, 1, &opt.long_fraction);
+        else if (strcmp(a, "--max-tokens") == 0)
+            ok = parse_int(v, 2048, 65536, &opt.max_tokens);
+        else if (strcmp(a, "--max-inflight") == 0)
+            ok = parse_int(v, 1, 4096, &opt.max_inflight);
+        else
+            ok = false;
+        if (!ok) {
+            fprintf(stderr, "loadgen: bad argument %s %s\n", a, v);
+            usage();
+            return false;
+        }
+        i++;
+    }
+    return true;
+}
+
+/* ---- Request bodies ------------------------------------------------------------------------- */
+
+enum { CLASS_SMALL = 0, CLASS_LONG, N_CLASSES };
+static const char *const class_names[N_CLASSES] = {"small", "long"};
+
+typedef struct {
+    char *text;
+    size_t len;
+    int cls;
+    int tokens;
+} body_t;
+
+#define N_SMALL   8
+#define N_LONG    4
+#define SMALL_L   16
+#define SMALL_D   64
+#define LONG_D    64
+#define MAX_DRAIN 120.0 /* seconds the loader waits for requests in flight once it stops */
+
+static body_t small_bodies[N_SMALL], long_bodies[N_LONG];
+static int n_long_bodies;
+
+/* splitmix64: fixed seeds, so every run sends the same bodies in the same order. */
+static uint64_t rng_next64(uint64_t *state)
+{
+    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(uint64_t *state)
+{
+    return (double)(rng_next64(state) >> 11) / 9007199254740992.0;
+}
+
+static uint64_t body_rng = 1; /* the main thread's, for making bodies */
+
+/* A [rows, cols] nested JSON array of numbers in [-1, 1) with 4 decimals. */
+static size_t write_nested(char *out, size_t cap, int rows, int cols)
+{
+    size_t n = 0;
+    out[n++] = '[';
+    for (int i = 0; i < rows; i++) {
+        out[n++] = '[';
+        for (int j = 0; j < cols; j++) {
+            int w =
+                snprintf(out + n, cap - n, "%s%.4f", j ? "," : "", rng_uniform(&body_rng) * 2 - 1);
+            n += w > 0 ? (size_t)w : 0;
+        }
+        out[n++] = ']';
+        if (i + 1 < rows)
+            out[n++] = ',';
+    }
+    out[n++] = ']';
+    return n;
+}
+
+/* One head, 16x64 query, key and value as nested JSON (about 25 KB). */
+static bool make_small(body_t *b)
+{
+    size_t cap = (size_t)3 * SMALL_L * SMALL_D * 10 + 256, n = 0;
+    static const char *const names[3] = {"query", "key", "value"};
+    b->text = malloc(cap);
+    if (!b->text)
+        return false;
+    b->text[n++] = '{';
+    for (int t = 0; t < 3; t++) {
+        int w = snprintf(b->text + n, cap - n, "%s\"%s\":", t ? "," : "", names[t]);
+        n += (size_t)w;
+        n += write_nested(b->text + n, cap - n, SMALL_L, SMALL_D);
+    }
+    b->text[n++] = '}';
+    b->text[n] = '\0';
+    b->len = n;
+    b->cls = CLASS_SMALL;
+    b->tokens = SMALL_L;
+    return true;
+}
+
+/* Causal self-attention over `tokens` tokens, one head of 64, base64 float32 (3 x 4/3 x
+ * tokens x 256 bytes: 16 MB at 16k tokens). */
+static bool make_long(body_t *b, int tokens)
+{
+    int64_t shape[2] = {tokens, LONG_D};
+    size_t count = (size_t)tokens * LONG_D, n;
+    float *x = malloc(count * sizeof *x);
+    char *t[3] = {NULL, NULL, NULL};
+    bool ok = false;
+    if (!x)
+        return false;
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < count; i++)
+            x[i] = (float)(rng_uniform(&body_rng) * 2 - 1);
+        t[k] = json_tensor_b64(x, shape, 2);
+        if (!t[k])
+            goto done;
+    }
+    n = strlen(t[0]) + strlen(t[1]) + strlen(t[2]) + 128;
+    b->text = malloc(n);
+    if (!b->text)
+        goto done;
+    b->len = (size_t)snprintf(b->text, n, "{\"query\":%s,\"key\":%s,\"value\":%s,\"causal\":true}",
+                              t[0], t[1], t[2]);
+    b->cls = CLASS_LONG;
+    b->tokens = tokens;
+    ok = true;
+done:
+    for (int k = 0; k < 3; k++)
+        free(t[k]);
+    free(x);
+    return ok;
+}
+
+static bool make_bodies(void)
+{
+    for (int i = 0; i < N_SMALL; i++) {
+        if (!make_small(&small_bodies[i]))
+            return false;
+    }
+    n_long_bodies = 0;
+    for (int tokens = 2048; tokens <= opt.max_tokens && n_long_bodies < N_LONG; tokens *= 2) {
+        if (!make_long(&long_bodies[n_long_bodies], tokens))
+            return false;
+        n_long_bodies++;
+    }
+    return true;
+}
+
+static void free_bodies(void)
+{
+    for (int i = 0; i < N_SMALL; i++)
+        free(small_bodies[i].text);
+    for (int i = 0; i < n_long_bodies; i++)
+        free(long_bodies[i].text);
+}
+
+/* ---- The daemon's process ---------------------------------------------------------------------
+ */
+
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long kib = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "VmRSS:", 6) == 0) {
+            char *end = NULL;
+            errno = 0;
+            kib = strtol(line + 6, &end, 10);
+            if (errno != 0 || end == line + 6)
+                kib = -1;
+            break;
+        }
+    }
+    fclose(f);
+    return kib;
+}
+
+static int fd_count(pid_t pid)
+{
+    char path[64];
+    struct dirent *e;
+    int n = 0;
+    DIR *dir;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    dir = opendir(path);
+    if (!dir)
+        return -1;
+    while ((e = readdir(dir)) != NULL) {
+        if (e->d_name[0] != '.')
+            n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+/* The descriptor count once it has stopped changing (sockets close a moment after the client
+ * closes its end): `want` when it gets there within 5 s, else the last value seen. */
+static int fds_settled(pid_t pid, int want)
+{
+    double deadline = now_s() + 5;
+    int last = fd_count(pid), stable = 0;
+    while (now_s() < deadline) {
+        int n;
+        sleep_ms(50);
+        n = fd_count(pid);
+        if (n == want)
+            return n;
+        stable = n == last ? stable + 1 : 0;
+        last = n;
+        if (want < 0 && stable >= 6)
+            break;
+    }
+    return last;
+}
+
+/* ---- The loader: open-loop traffic from one thread with libcurl multi ----------------------- */
+
+typedef struct {
+    float sent;    /* seconds since the loader started */
+    float latency; /* seconds */
+    int16_t status;
+    int16_t curl_rc;
+    uint8_t cls;
+    bool retry_after, body_ok;
+} result;
+
+typedef struct transfer transfer;
+
+typedef struct {
+    /* Set before loader_start. */
+    int port;
+    double rate;      /* requests per second; <= 0: closed loop (keep max_inflight busy) */
+    int max_inflight; /* requests in flight at once */
+    double long_fraction;
+    const body_t *smalls, *longs; /* the bodies it picks from (NULL: the global sets) */
+    int n_smalls, n_longs;
+    uint64_t rng; /* its own random sequence */
+
+    /* The thread's, readable after loader_stop. */
+    pthread_t thread;
+    atomic_bool stop;
+    CURLM *multi;
+    struct curl_slist *headers;
+    int inflight, inflight_peak;
+    double t0, stopped_at, next_send;
+    size_t behind; /* send slots skipped because max_inflight requests were in flight */
+    result *res;
+    size_t n_res, cap_res;
+    size_t unfinished; /* still in flight after MAX_DRAIN: abandoned */
+    transfer *live;    /* the transfers in flight */
+} loader;
+
+/* One request in flight. */
+struct transfer {
+    loader *l;
+    CURL *easy;
+    int cls;
+    double sent;
+    bool retry_after;
+    char head[16]; /* the start of the reply body */
+    size_t head_len;
+    transfer *prev, *next;
+};
+
+static void transfer_free(loader *l, transfer *t)
+{
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        l->live = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    curl_multi_remove_handle(l->multi, t->easy);
+    curl_easy_cleanup(t->easy);
+    free(t);
+    l->inflight--;
+}
+
+static size_t on_data(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    transfer *t = userdata;
+    size_t n = size * nmemb;
+    if (t->head_len < sizeof t->head) {
+        size_t k = sizeof t->head - t->head_len < n ? sizeof t->head - t->head_len : n;
+        memcpy(t->head + t->head_len, ptr, k);
+        t->head_len += k;
+    }
+    return n;
+}
+
+static size_t on_header_line(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    transfer *t = userdata;
+    size_t n = size * nmemb;
+    if (n > 12 && strncasecmp(ptr, "Retry-After:", 12) == 0)
+        t->retry_after = true;
+    return n;
+}
+
+static const body_t *pick_body(loader *l)
+{
+    if (l->n_longs > 0 && rng_uniform(&l->rng) < l->long_fraction)
+        return &l->longs[rng_next64(&l->rng) % (uint64_t)l->n_longs];
+    return &l->smalls[rng_next64(&l->rng) % (uint64_t)l->n_smalls];
+}
+
+static void add_request(loader *l, double now)
+{
+    const body_t *b = pick_body(l);
+    transfer *t = calloc(1, sizeof *t);
+    char url[64];
+    if (!t)
+        return;
+    t->l = l;
+    t->cls = b->cls;
+    t->sent = now;
+    t->easy = curl_easy_init();
+    if (!t->easy) {
+        free(t);
+        return;
+    }
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/attention", l->port);
+    curl_easy_setopt(t->easy, CURLOPT_URL, url);
+    curl_easy_setopt(t->easy, CURLOPT_POSTFIELDS, b->text);
+    curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->len);
+    curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, l->headers);
+    curl_easy_setopt(t->easy, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(t->easy, CURLOPT_WRITEDATA, t);
+    curl_easy_setopt(t->easy, CURLOPT_HEADERFUNCTION, on_header_line);
+    curl_easy_setopt(t->easy, CURLOPT_HEADERDATA, t);
+    curl_easy_setopt(t->easy, CURLOPT_PRIVATE, t);
+    curl_easy_setopt(t->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, 110000L);
+    curl_easy_setopt(t->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    if (curl_multi_add_handle(l->multi, t->easy) != CURLM_OK) {
+        curl_easy_cleanup(t->easy);
+        free(t);
+        return;
+    }
+    t->next = l->live;
+    if (l->live)
+        l->live->prev = t;
+    l->live = t;
+    l->inflight++;
+    if (l->inflight > l->inflight_peak)
+        l->inflight_peak = l->inflight;
+}
+
+static void record(loader *l, transfer *t, CURLcode rc, double now)
+{
+    result *r;
+    long status = 0;
+    if (l->n_res == l->cap_res) {
+        size_t cap = l->cap_res ? l->cap_res * 2 : 65536;
+        result *grown = realloc(l->res, cap * sizeof *grown);
+        if (!grown)
+            return;
+        l->res = grown;
+        l->cap_res = cap;
+    }
+    r = &l->res[l->n_res++];
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    r->sent = (float)(t->sent - l->t0);
+    r->latency = (float)(now - t->sent);
+    r->status = (int16_t)status;
+    r->curl_rc = (int16_t)rc;
+    r->cls = (uint8_t)t->cls;
+    r->retry_after = t->retry_after;
+    /* 200: {"output": ...}; an error: {"error": ...}. */
+    r->body_ok = status == 200 ? t->head_len >= 10 && memcmp(t->head, "{\"output\":", 10) == 0
+                               : t->head_len >= 9 && memcmp(t->head, "{\"error\":", 9) == 0;
+}
+
+static void reap(loader *l)
+{
+    CURLMsg *m;
+    int left;
+    double now = now_s();
+    while ((m = curl_multi_info_read(l->multi, &left)) != NULL) {
+        transfer *t = NULL;
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&t);
+        record(l, t, m->data.result, now);
+        transfer_free(l, t);
+    }
+}
+
+static void *loader_main(void *arg)
+{
+    loader *l = arg;
+    int running = 0;
+    l->next_send = l->t0;
+    for (;;) {
+        double now = now_s();
+        int wait_ms = 5;
+        if (!atomic_load(&l->stop)) {
+            if (l->rate <= 0) {
+                while (l->inflight < l->max_inflight)
+                    add_request(l, now);
+            } else {
+                while (l->next_send <= now && l->inflight < l->max_inflight) {
+                    add_request(l, now);
+                    l->next_send += 1.0 / l->rate;
+                }
+                if (l->next_send < now - 0.05) {
+                    /* Every connection is busy: skip the slots rather than burst later. */
+                    l->behind += (size_t)((now - l->next_send) * l->rate);
+                    l->next_send = now;
+                }
+                wait_ms = (int)((l->next_send - now) * 1000);
+                wait_ms = wait_ms < 0 ? 0 : wait_ms > 5 ? 5 : wait_ms;
+            }
+        } else {
+            if (l->stopped_at == 0)
+                l->stopped_at = now;
+            if (l->inflight == 0)
+                break;
+            if (now - l->stopped_at > MAX_DRAIN) {
+                l->unfinished = (size_t)l->inflight;
+                while (l->live)
+                    transfer_free(l, l->live);
+                break;
+            }
+        }
+        curl_multi_perform(l->multi, &running);
+        reap(l);
+        curl_multi_poll(l->multi, NULL, 0, wait_ms, NULL);
+    }
+    return NULL;
+}
+
+static bool loader_start(loader *l)
+{
+    if (!l->smalls) {
+        l->smalls = small_bodies;
+        l->n_smalls = N_SMALL;
+    }
+    if (!l->longs) {
+        l->longs = long_bodies;
+        l->n_longs = n_long_bodies;
+    }
+    l->rng = l->rng ? l->rng : (uint64_t)l->port;
+    l->multi = curl_multi_init();
+    l->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    l->headers = curl_slist_append(l->headers, "Expect:");
+    if (!l->multi || !l->headers)
+        return false;
+    curl_multi_setopt(l->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)l->max_inflight);
+    curl_multi_setopt(l->multi, CURLMOPT_MAXCONNECTS, (long)l->max_inflight);
+    atomic_init(&l->stop, false);
+    l->t0 = now_s();
+    return pthread_create(&l->thread, NULL, loader_main, l) == 0;
+}
+
+/* Stops sending, waits for what is in flight (up to MAX_DRAIN), closes every connection. */
+static void loader_stop(loader *l)
+{
+    atomic_store(&l->stop, true);
+    curl_multi_wakeup(l->multi);
+    pthread_join(l->thread, NULL);
+    curl_multi_cleanup(l->multi);
+    curl_slist_free_all(l->headers);
+    l->multi = NULL;
+    l->headers = NULL;
+}
+
+static void loader_free(loader *l)
+{
+    free(l->res);
+    l->res = NULL;
+    l->n_res = l->cap_res = 0;
+}
+
+/* ---- Statistics ---------------------------------------------------------------------------- */
+
+typedef struct {
+    size_t n, ok, rejected, unavailable, deadline, other_status, transport, no_retry_after,
+        bad_body;
+    double p50, p99, max; /* latency of the 200s, seconds */
+    double p50_429, p99_429;
+    double max_504; /* the longest wait for a 504, seconds */
+    int first_other_status, first_transport;
+} class_stats;
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(float *v, size_t n, double p)
+{
+    size_t i;
+    if (n == 0)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_float);
+    i = (size_t)ceil(p * (double)n);
+    i = i == 0 ? 0 : i - 1;
+    return v[i < n ? i : n - 1];
+}
+
+/* Statistics of the results of class `cls` (-1: all) sent in [from, to) seconds. */
+static class_stats summarize(const loader *l, int cls, double from, double to)
+{
+    class_stats s;
+    float *ok = malloc((l->n_res + 1) * sizeof *ok), *rej = malloc((l->n_res + 1) * sizeof *rej);
+    size_t n_ok = 0, n_rej = 0;
+    memset(&s, 0, sizeof s);
+    for (size_t i = 0; ok && rej && i < l->n_res; i++) {
+        const result *r = &l->res[i];
+        if ((cls >= 0 && r->cls != cls) || r->sent < from || r->sent >= to)
+            continue;
+        s.n++;
+        if (r->curl_rc != CURLE_OK) {
+            if (s.transport++ == 0)
+                s.first_transport = r->curl_rc;
+            continue;
+        }
+        if (!r->body_ok)
+            s.bad_body++;
+        switch (r->status) {
+        case 200:
+            s.ok++;
+            ok[n_ok++] = r->latency;
+            if (r->latency > s.max)
+                s.max = r->latency;
+            break;
+        case 429:
+            s.rejected++;
+            rej[n_rej++] = r->latency;
+            if (!r->retry_after)
+                s.no_retry_after++;
+            break;
+        case 503:
+            s.unavailable++;
+            break;
+        case 504:
+            s.deadline++;
+            if (r->latency > s.max_504)
+                s.max_504 = r->latency;
+            break;
+        default:
+            if (s.other_status++ == 0)
+                s.first_other_status = r->status;
+        }
+    }
+    if (ok && rej) {
+        s.p50 = percentile(ok, n_ok, 0.50);
+        s.p99 = percentile(ok, n_ok, 0.99);
+        s.p50_429 = percentile(rej, n_rej, 0.50);
+        s.p99_429 = percentile(rej, n_rej, 0.99);
+    }
+    free(ok);
+    free(rej);
+    return s;
+}
+
+static void print_stats(const char *label, const class_stats *s, double seconds)
+{
+    printf("  %-6s sent %zu (%.1f/s): 200 %zu (%.1f/s), 429 %zu, 503 %zu, 504 %zu, other %zu, "
+           "transport errors %zu; 200 latency p50 %.1f ms p99 %.1f ms max %.1f ms; 429 p50 %.2f "
+           "ms p99 %.2f ms\n",
+           label, s->n, (double)s->n / seconds, s->ok, (double)s->ok / seconds, s->rejected,
+           s->unavailable, s->deadline, s->other_status, s->transport, s->p50 * 1e3, s->p99 * 1e3,
+           s->max * 1e3, s->p50_429 * 1e3, s->p99_429 * 1e3);
+}
+
+/* Only 200 and 429 (with Retry-After), no transport error, every body what its status says. */
+static void check_only_200_and_429(const char *what, const class_stats *s)
+{
+    CHECKF(s->transport == 0, "%s: %zu transport errors (first: %s)", what, s->transport,
+           curl_easy_strerror((CURLcode)s->first_transport));
+    CHECKF(s->other_status + s->unavailable + s->deadline == 0,
+           "%s: statuses other than 200 and 429: %zu 503, %zu 504, %zu other (first %d)", what,
+           s->unavailable, s->deadline, s->other_status, s->first_other_status);
+    CHECKF(s->no_retry_after == 0, "%s: %zu 429s without Retry-After", what, s->no_retry_after);
+    CHECKF(s->bad_body == 0, "%s: %zu replies whose body does not match the status", what,
+           s->bad_body);
+}
+
+/* ---- Helpers for single requests ------------------------------------------------------------ */
+
+static long post(int port, const body_t *b, http_resp *r)
+{
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    return http_do(NULL, port, "POST", "/v1/attention", json, b->text, b->len, r);
+}
+
+/* The value of a sample line `name value` in a /metrics text, or -1. */
+static double sample_of(const char *text, const char *name)
+{
+    size_t k = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, name, k) == 0 && p[k] == ' ')
+            return strtod(p + k + 1, NULL);
+    }
+    return -1;
+}
+
+/* Two samples from one scrape of /metrics. */
+static bool scrape2(int port, const char *a, double *va, const char *b, double *vb)
+{
+    http_resp r;
+    bool ok = http_do(NULL, port, "GET", "/metrics", NULL, NULL, 0, &r) == 200;
+    if (ok) {
+        *va = sample_of(r.body, a);
+        *vb = sample_of(r.body, b);
+        ok = *va >= 0 && *vb >= 0;
+    }
+    http_resp_free(&r);
+    return ok;
+}
+
+static bool start_daemon(daemon_proc *d, const char *const *args)
+{
+    if (daemon_start(d, args) != 0) {
+        CHECKF(0, "attnd did not start");
+        return false;
+    }
+    return true;
+}
+
+/* Small requests with `concurrency` in flight for `seconds`: 200s per second. */
+static double small_capacity(int port, int concurrency, double seconds)
+{
+    loader l = {.port = port, .rate = 0, .max_inflight = concurrency, .long_fraction = 0};
+    class_stats s;
+    double elapsed;
+    if (!loader_start(&l))
+        return 0;
+    sleep_ms((int)(seconds * 1000));
+    loader_stop(&l);
+    elapsed = l.stopped_at - l.t0;
+    s = summarize(&l, -1, 0, 1e9);
+    check_only_200_and_429("calibration", &s);
+    loader_free(&l);
+    return elapsed > 0 ? (double)s.ok / elapsed : 0;
+}
+
+/* ---- The load suite ------------------------------------------------------------------------ */
+
+static daemon_proc daemon_;
+static bool daemon_up;
+static double capacity; /* requests per second of the mix */
+static int idle_fds;
+static long idle_rss_kib;
+
+/* Requests per second the daemon on `port` can serve for the mix with `long_fraction` long
+ * requests: each long size alone on the idle daemon (which also warms up the allocator with
+ * the biggest bodies), small requests with twice as many in flight as workers for `seconds`,
+ * then the harmonic mix of the two. Prints what it measured when `verbose`. */
+static double mix_capacity(int port, double long_fraction, double seconds, bool verbose)
+{
+    double small_rate, mean_long = 0;
+    int threads = (int)metric_value(port, "attnd_worker_threads");
+    http_resp r;
+    if (threads <= 0)
+        threads = 2;
+    for (int i = 0; i < n_long_bodies; i++) {
+        double t0 = now_s(), secs;
+        long status = post(port, &long_bodies[i], &r);
+        secs = now_s() - t0;
+        CHECKF(status == 200, "a long request of %d tokens alone got %ld", long_bodies[i].tokens,
+               status);
+        http_resp_free(&r);
+        mean_long += secs / n_long_bodies;
+        if (verbose)
+            printf("  long %5d tokens alone: %.0f ms (%.1f MB body)\n", long_bodies[i].tokens,
+                   secs * 1e3, (double)long_bodies[i].len / 1e6);
+    }
+    small_rate = small_capacity(port, 2 * threads, seconds);
+    CHECK(small_rate > 0);
+    if (small_rate <= 0)
+        return 0;
+    if (verbose)
+        printf("  capacity: %.0f small requests/s with %d in flight; %.0f/s for the mix with "
+               "%.1f%% long (%d engine workers)\n",
+               small_rate, 2 * threads,
+               1.0 / ((1 - long_fraction) / small_rate + long_fraction * mean_long),
+               long_fraction * 100, threads);
+    return 1.0 / ((1 - long_fraction) / small_rate + long_fraction * mean_long);
+}
+
+static void test_measure_capacity(void)
+{
+    if (!daemon_up)
+        return;
+    capacity = mix_capacity(daemon_.port, opt.long_fraction, opt.soak ? 5 : 2, true);
+}
+
+static void test_load_at_twice_capacity(void)
+{
+    loader l = {.port = daemon_.port, .max_inflight = opt.max_inflight};
+    class_stats all, per[N_CLASSES];
+    double elapsed, t_end, next_note, rss_peak = 0, fds_peak = 0;
+    long first_minute_rss = -1;
+    if (!daemon_up || capacity <= 0) {
+        CHECK(0);
+        return;
+    }
+    idle_fds = fds_settled(daemon_.pid, -1);
+    idle_rss_kib = rss_kib(daemon_.pid);
+    l.rate = opt.rate > 0 ? opt.rate : opt.overload * capacity;
+    l.long_fraction = opt.long_fraction;
+    printf("  offering %.0f requests/s (%.1f x capacity) for %.0f s, at most %d in flight; daemon "
+           "idle: VmRSS %ld KiB, %d descriptors\n",
+           l.rate, l.rate / capacity, opt.duration_s, l.max_inflight, idle_rss_kib, idle_fds);
+    fflush(stdout);
+    if (!loader_start(&l)) {
+        CHECK(0);
+        return;
+    }
+    t_end = l.t0 + opt.duration_s;
+    next_note = l.t0 + 60;
+    while (now_s() < t_end) {
+        long rss = rss_kib(daemon_.pid);
+        int fds = fd_count(daemon_.pid);
+        if ((double)rss > rss_peak)
+            rss_peak = (double)rss;
+        if (fds > fds_peak)
+            fds_peak = fds;
+        if (opt.soak && now_s() >= next_note) {
+            if (first_minute_rss < 0)
+                first_minute_rss = rss;
+            printf("  %4.0f s: VmRSS %ld KiB, %d descriptors, %zu replies so far\n", now_s() - l.t0,
+                   rss, fds, l.n_res);
+            fflush(stdout);
+            next_note += 60;
+        }
+        sleep_ms(250);
+    }
+    loader_stop(&l);
+    elapsed = l.stopped_at - l.t0;
+    all = summarize(&l, -1, 0, 1e9);
+    for (int c = 0; c < N_CLASSES; c++)
+        per[c] = summarize(&l, c, 0, 1e9);
+    printf("  load: %.1f s, offered %.0f/s, sent %zu (%.0f/s, %zu slots skipped with every "
+           "connection busy), in flight at most %d, drained in %.1f s\n",
+           elapsed, l.rate, all.n, (double)all.n / elapsed, l.behind, l.inflight_peak,
+           now_s() - l.stopped_at);
+    print_stats("all", &all, elapsed);
+    for (int c = 0; c < N_CLASSES; c++)
+        print_stats(class_names[c], &per[c], elapsed);
+    printf("  daemon under load: VmRSS peak %.0f KiB, descriptors peak %.0f\n", rss_peak, fds_peak);
+    check_only_200_and_429("load", &all);
+    CHECKF(l.unfinished == 0, "%zu requests unanswered %.0f s after the load stopped", l.unfinished,
+           MAX_DRAIN);
+    CHECKF(per[CLASS_SMALL].ok > 0 && per[CLASS_SMALL].rejected > 0,
+           "small requests: %zu served, %zu refused: the load was not beyond capacity",
+           per[CLASS_SMALL].ok, per[CLASS_SMALL].rejected);
+    if (opt.long_fraction > 0)
+        CHECKF(per[CLASS_LONG].ok > 0, "no long request was served");
+    CHECKF((double)all.n > 0.8 * l.rate * elapsed, "sent %zu of the %.0f offered", all.n,
+           l.rate * elapsed);
+    loader_free(&l);
+}
+
+/* Once the load is over and its connections closed: as many descriptors as before it, and
+ * RSS within 16 MiB of the idle RSS before it. The allowance is for glibc's arenas: small
+ * freed chunks stay in the arena of the thread that used them (one per worker and the I/O
+ * thread), and their layout after a run depends on which thread served what; it does not grow
+ * with the length of the run. Large blocks (bodies, tensors) are mmapped and returned on free
+ * because the daemon runs with MALLOC_MMAP_THRESHOLD_ fixed (see main), so what remains is
+ * live memory plus that slack; a leak of small requests alone (25 KB bodies at hundreds per
+ * second) would pass it within a second. In --soak mode the RSS is also printed every minute. */
+static void test_rss_and_fds_flat_after_load(void)
+{
+    int fds;
+    long rss;
+    if (!daemon_up)
+        return;
+    fds = fds_settled(daemon_.pid, idle_fds);
+    sleep_ms(500);
+    rss = rss_kib(daemon_.pid);
+    printf("  after the load: VmRSS %ld KiB (%+ld KiB), %d descriptors (%+d)\n", rss,
+           rss - idle_rss_kib, fds, fds - idle_fds);
+    CHECKF(fds == idle_fds, "descriptors: %d after the load, %d before", fds, idle_fds);
+    CHECKF(rss - idle_rss_kib <= 16 * 1024, "VmRSS grew by %ld KiB", rss - idle_rss_kib);
+    CHECK(metric_wait_le(daemon_.port, "attnd_memory_reserved_bytes", 0, 2000));
+    CHECK(metric_wait_le(daemon_.port, "attnd_queue_depth", 0, 2000));
+}
+
+static void test_daemon_exits_cleanly(void)
+{
+    if (!daemon_up)
+        return;
+    CHECK_EQ_INT(daemon_stop(&daemon_), 0);
+    daemon_up = false;
+}
+
+static int load_suite(void)
+{
+    const char *const args[] = {"--log-level", "warn", NULL};
+    daemon_up = start_daemon(&daemon_, args);
+    RUN(test_measure_capacity);
+    RUN_WITHIN(test_load_at_twice_capacity, (unsigned)(opt.duration_s + MAX_DRAIN + 60));
+    RUN(test_rss_and_fds_flat_after_load);
+    RUN(test_daemon_exits_cleanly);
+    return check_report();
+}
+
+/* ---- The fault suite ----------------------------------------------------------------------- */
+
+/* A raw POST of `b` (Connection: close) whose connection the caller can hang up; -1 when it
+ * cannot connect or the server cuts the upload off. */
+static int raw_post(int port, const body_t *b)
+{
+    char head[256];
+    int fd = raw_connect(port);
+    if (fd < 0)
+        return -1;
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+             b->len);
+    if (raw_send(fd, head, strlen(head)) != 0 || raw_send(fd, b->text, b->len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static const body_t *longest(void)
+{
+    return &long_bodies[n_long_bodies - 1];
+}
+
+/* Background load at `rate` (small requests, plus `long_fraction` long ones). */
+static bool background(loader *l, int port, double rate, double long_fraction)
+{
+    memset(l, 0, sizeof *l);
+    l->port = port;
+    l->rate = rate;
+    l->max_inflight = opt.max_inflight;
+    l->long_fraction = long_fraction;
+    return loader_start(l);
+}
+
+/* Clients that hang up while their long requests compute or wait free the workers at once,
+ * while other clients keep the daemon busy: the cancellations are counted within half a
+ * second, the background traffic sees only 200 and 429, and a long request sent afterwards
+ * takes its usual time. */
+static void test_hangups_mid_compute_under_load(void)
+{
+    enum { HANGUPS = 4 };
+    const char *const args[] = {"--max-queue", "32", "--log-level", "warn", NULL};
+    daemon_proc d;
+    loader bg;
+    class_stats s;
+    int fds[HANGUPS];
+    double before, t0, waited, alone, again;
+    http_resp r;
+
+    if (!start_daemon(&d, args))
+        return;
+    t0 = now_s();
+    CHECK_EQ_INT(post(d.port, longest(), &r), 200);
+    alone = now_s() - t0;
+    http_resp_free(&r);
+    before = metric_value(d.port, "attnd_rejected_total{reason=\"cancelled\"}");
+    CHECK(background(&bg, d.port, 100, 0));
+    for (int i = 0; i < HANGUPS; i++)
+        fds[i] = raw_post(d.port, longest());
+    CHECK(metric_wait(d.port, "attnd_running_requests", 1, 10000));
+    sleep_ms(100);
+    for (int i = 0; i < HANGUPS; i++) {
+        if (fds[i] >= 0)
+            close(fds[i]);
+    }
+    t0 = now_s();
+    CHECK(
+        metric_wait(d.port, "attnd_rejected_total{reason=\"cancelled\"}", before + HANGUPS, 5000));
+    waited = now_s() - t0;
+    printf("  %d long requests (%.0f ms each alone) hung up: all cancelled within %.0f ms\n",
+           HANGUPS, alone * 1e3, waited * 1e3);
+    CHECKF(waited < 0.5, "the hang-ups were noticed after %.3f s", waited);
+    t0 = now_s();
+    CHECK_EQ_INT(post(d.port, longest(), &r), 200);
+    again = now_s() - t0;
+    http_resp_free(&r);
+    CHECKF(again < 2 * alone + 0.5, "a long request after the hang-ups took %.0f ms (%.0f alone)",
+           again * 1e3, alone * 1e3);
+    loader_stop(&bg);
+    s = summarize(&bg, -1, 0, 1e9);
+    print_stats("bg", &s, bg.stopped_at - bg.t0);
+    check_only_200_and_429("background", &s);
+    CHECK(s.ok > 0);
+    loader_free(&bg);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* SIGTERM under load (twice capacity, long requests among the small): every request sent
+ * before the signal is answered 200 (or 429 if the queue was full when it arrived), none is
+ * cut off; requests after it get 503 or a refused connection; the daemon exits 0 once the
+ * work in flight is done. */
+/* A request made on its own thread. */
+typedef struct {
+    int port;
+    const char *body;
+    size_t len;
+    long status;
+    atomic_bool done;
+} bg_post;
+
+static void *bg_post_main(void *arg)
+{
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    bg_post *b = arg;
+    http_resp r;
+    b->status = http_do(NULL, b->port, "POST", "/v1/attention", json, b->body, b->len, &r);
+    http_resp_free(&r);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+static void test_sigterm_under_load(void)
+{
+    const char *const args[] = {"--max-queue", "32", "--drain-timeout-s", "60", NULL};
+    const double margin = 0.05; /* requests sent this close to the signal may see either */
+    daemon_proc d;
+    loader bg;
+    bg_post slow = {0};
+    pthread_t thread;
+    class_stats before, after;
+    double rate, t_signal, drained;
+    size_t admitted_in_flight = 0, long_in_flight = 0;
+    int code;
+    char *log;
+
+    slow.body = slow_attention_body(65536, 65536, &slow.len);
+    if (!slow.body || !start_daemon(&d, args)) {
+        free((char *)slow.body);
+        CHECK(0);
+        return;
+    }
+    rate = 2 * mix_capacity(d.port, opt.long_fraction, 1, false);
+    /* One request that computes for seconds, admitted before the load fills the queue: it is
+     * certainly in flight when the signal comes. */
+    slow.port = d.port;
+    atomic_init(&slow.done, false);
+    pthread_create(&thread, NULL, bg_post_main, &slow);
+    CHECK(metric_wait(d.port, "attnd_running_requests", 1, 10000));
+    CHECK(background(&bg, d.port, rate, opt.long_fraction));
+    sleep_ms(1500);
+    /* Signal when others wait behind it, too. */
+    for (double until = now_s() + 5; now_s() < until;) {
+        double q = 0, run = 0;
+        if (scrape2(d.port, "attnd_queue_depth", &q, "attnd_running_requests", &run) && q >= 1 &&
+            run >= 1)
+            break;
+        sleep_ms(2);
+    }
+    t_signal = now_s() - bg.t0;
+    CHECKF(!atomic_load(&slow.done), "the slow request ended before the signal");
+    daemon_signal(&d, SIGTERM);
+    sleep_ms(500);
+    loader_stop(&bg);
+    pthread_join(thread, NULL);
+    code = daemon_wait(&d, 60000);
+    drained = now_s() - bg.t0 - t_signal;
+
+    before = summarize(&bg, -1, 0, (double)t_signal - margin);
+    after = summarize(&bg, -1, t_signal + margin, 1e9);
+    for (size_t i = 0; i < bg.n_res; i++) {
+        const result *x = &bg.res[i];
+        if (x->sent < t_signal - margin && x->sent + x->latency > t_signal && x->status == 200) {
+            admitted_in_flight++;
+            long_in_flight += x->cls == CLASS_LONG;
+        }
+    }
+    printf("  SIGTERM at %.1f s with %.0f requests/s offered: the slow request and %zu more "
+           "(%zu long) in flight then, answered 200; %zu sent after it got 503 or a refused "
+           "connection; exit %d within %.1f s of the signal\n",
+           t_signal, rate, admitted_in_flight, long_in_flight, after.n, code, drained);
+    print_stats("before", &before, t_signal);
+    CHECK_EQ_INT(slow.status, 200);
+    check_only_200_and_429("before the signal", &before);
+    /* After the signal: 503 (draining) or refused (the listener is closed). */
+    for (size_t i = 0; i < bg.n_res; i++) {
+        const result *x = &bg.res[i];
+        bool ok = x->status == 503 || x->curl_rc == CURLE_COULDNT_CONNECT;
+        if (x->sent < t_signal + margin || ok)
+            continue;
+        CHECKF(ok, "a request %.3f s after the signal got status %d (%s)", x->sent - t_signal,
+               x->status, curl_easy_strerror((CURLcode)x->curl_rc));
+        break;
+    }
+    CHECK(after.n > 0);
+    CHECK_EQ_INT(code, 0);
+    log = daemon_log(&d);
+    CHECK(log && strstr(log, "drained") != NULL);
+    free(log);
+    daemon_stop(&d);
+    loader_free(&bg);
+    free((char *)slow.body);
+}
+
+/* Beyond the memory budget under load: a body larger than the budget and a request whose
+ * weights matrix alone exceeds it get 413 naming --max-memory-bytes; a burst of requests that
+ * each fit but not together get 200 or 429 with Retry-After (reason memory); the budget is
+ * all returned afterwards. */
+static void test_memory_budget_under_load(void)
+{
+    enum { BURST = 8 };
+    const char *const args[] = {"--max-memory-bytes", "64MiB", "--max-queue", "64",
+                                "--log-level",        "warn",  NULL};
+    daemon_proc d;
+    loader bg, burst;
+    class_stats s, b;
+    char head[256], *resp, *weights_body;
+    double memory_before;
+    http_resp r;
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    const body_t *mid = &long_bodies[0]; /* 2048 tokens: ~6 MB of body, ~20 MB with weights */
+    char *mid_weights;
+    size_t n;
+
+    if (!start_daemon(&d, args))
+        return;
+    CHECK(background(&bg, d.port, 200, 0));
+
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Content-Length: %d\r\n\r\n",
+             100 << 20);
+    resp = raw_exchange(d.port, head, strlen(head), 5000);
+    CHECK_EQ_INT(raw_status(resp), 413);
+    CHECK(resp && strstr(resp, "--max-memory-bytes") != NULL);
+    free(resp);
+
+    /* 4096 x 4096 per-head weights: 64 MiB of output alone. */
+    n = long_bodies[1].len + 64;
+    weights_body = malloc(n);
+    CHECK(weights_body != NULL);
+    if (weights_body) {
+        memcpy(weights_body, long_bodies[1].text, long_bodies[1].len - 1);
+        snprintf(weights_body + long_bodies[1].len - 1, n - long_bodies[1].len + 1,
+                 ",\"return_weights\":\"per_head\"}");
+        http_do(NULL, d.port, "POST", "/v1/attention", json, weights_body, strlen(weights_body),
+                &r);
+        CHECK_EQ_INT(r.status, 413);
+        CHECKF(strstr(r.body, "--max-memory-bytes") != NULL, "body: %.200s", r.body);
+        http_resp_free(&r);
+    }
+    free(weights_body);
+
+    /* A burst of requests needing ~20 MB each: a few fit at a time. */
+    memory_before = metric_value(d.port, "attnd_rejected_total{reason=\"memory\"}");
+    n = mid->len + 64;
+    mid_weights = malloc(n);
+    CHECK(mid_weights != NULL);
+    if (mid_weights) {
+        body_t one;
+        memcpy(mid_weights, mid->text, mid->len - 1);
+        snprintf(mid_weights + mid->len - 1, n - mid->len + 1, ",\"return_weights\":\"mean\"}");
+        one = (body_t){mid_weights, strlen(mid_weights), CLASS_LONG, mid->tokens};
+        memset(&burst, 0, sizeof burst);
+        burst.port = d.port;
+        burst.rate = 0; /* closed loop: BURST in flight all the time */
+        burst.max_inflight = BURST;
+        burst.smalls = &one;
+        burst.n_smalls = 1;
+        burst.longs = &one;
+        burst.n_longs = 0;
+        CHECK(loader_start(&burst));
+        sleep_ms(2000);
+        loader_stop(&burst);
+        b = summarize(&burst, -1, 0, 1e9);
+        print_stats("burst", &b, burst.stopped_at - burst.t0);
+        check_only_200_and_429("memory burst", &b);
+        CHECKF(b.ok > 0 && b.rejected > 0, "burst: %zu served, %zu refused", b.ok, b.rejected);
+        CHECK(metric_value(d.port, "attnd_rejected_total{reason=\"memory\"}") > memory_before);
+        loader_free(&burst);
+    }
+    free(mid_weights);
+    loader_stop(&bg);
+    s = summarize(&bg, -1, 0, 1e9);
+    print_stats("bg", &s, bg.stopped_at - bg.t0);
+    check_only_200_and_429("background", &s);
+    loader_free(&bg);
+    CHECK(metric_wait_le(d.port, "attnd_memory_reserved_bytes", 0, 3000));
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* Queue saturation: with one worker and --max-queue 4, a closed loop of 64 clients. The
+ * queue plus the running request never exceed 4, everything beyond is 429 with Retry-After
+ * at once, each counted as reason="queue_full", and everything admitted is served. */
+static void test_queue_saturation(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "4", "--log-level", "warn", NULL};
+    daemon_proc d;
+    loader l;
+    class_stats s;
+    double t_end, admitted_peak = 0, queued_peak = 0, counted;
+
+    if (!start_daemon(&d, args))
+        return;
+    memset(&l, 0, sizeof l);
+    l.port = d.port;
+    l.rate = 0;
+    l.max_inflight = 64;
+    l.long_fraction = 0.05;
+    l.n_longs = 2; /* 2k and 4k tokens: long enough to fill the queue, short enough to end */
+    l.longs = long_bodies;
+    CHECK(loader_start(&l));
+    t_end = now_s() + 3;
+    while (now_s() < t_end) {
+        double q, run;
+        if (scrape2(d.port, "attnd_queue_depth", &q, "attnd_running_requests", &run)) {
+            queued_peak = q > queued_peak ? q : queued_peak;
+            admitted_peak = q + run > admitted_peak ? q + run : admitted_peak;
+        }
+        sleep_ms(10);
+    }
+    loader_stop(&l);
+    s = summarize(&l, -1, 0, 1e9);
+    print_stats("all", &s, l.stopped_at - l.t0);
+    check_only_200_and_429("saturation", &s);
+    CHECKF(s.ok > 0 && s.rejected > s.ok, "%zu served, %zu refused", s.ok, s.rejected);
+    /* The two gauges are read one after the other, so a request moving from the queue to the
+     * worker in between can count twice: the queue alone is the exact bound. */
+    CHECKF(queued_peak <= 4, "the queue reached %.0f (--max-queue 4)", queued_peak);
+    metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}", (double)s.rejected, 2000);
+    counted = metric_value(d.port, "attnd_rejected_total{reason=\"queue_full\"}");
+    CHECKF(counted == (double)s.rejected, "queue_full counted %.0f, clients saw %zu 429s", counted,
+           s.rejected);
+    printf("  queued at most %.0f, queued plus running at most %.0f; %zu refused and counted\n",
+           queued_peak, admitted_peak, s.rejected);
+    loader_free(&l);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* Deadline misses under load: long requests at twice the rate the daemon can finish them,
+ * with --request-timeout-ms 1000. Those that wait too long get 504 at their deadline (not when
+ * a worker would have reached them), the rest 200; a request with "timeout_ms": 50 behind them
+ * gets 504 within its own deadline; when it is over nothing is left running. */
+static void test_deadline_misses_under_load(void)
+{
+    const char *const args[] = {"--request-timeout-ms", "1000", "--max-queue", "16",
+                                "--log-level",          "warn", NULL};
+    static const char *const json[] = {"Content-Type: application/json", NULL};
+    daemon_proc d;
+    loader l;
+    class_stats s;
+    http_resp r;
+    double alone, t0, counted;
+    char quick[64 * 1024];
+    bool quick_504 = false;
+
+    if (!start_daemon(&d, args))
+        return;
+    t0 = now_s();
+    CHECK_EQ_INT(post(d.port, longest(), &r), 200);
+    alone = now_s() - t0;
+    http_resp_free(&r);
+    memset(&l, 0, sizeof l);
+    l.port = d.port;
+    l.rate = 2 / alone;
+    l.max_inflight = 64;
+    l.long_fraction = 1;
+    l.longs = longest();
+    l.n_longs = 1;
+    CHECK(loader_start(&l));
+    /* Once requests wait, one with a 50 ms deadline of its own. Behind a long request it
+     * waits longer than that, unless the worker frees up just as it arrives: then it is
+     * served, and sent again. Its 504 comes when a worker reads its timeout_ms, not at 50 ms:
+     * the body is parsed on a worker, so while it waits in the queue only
+     * --request-timeout-ms holds (the watcher's deadline). Hence no bound on its latency. */
+    snprintf(quick, sizeof quick, "{\"timeout_ms\":50,%s", small_bodies[0].text + 1);
+    for (int attempt = 0; attempt < 10 && !quick_504; attempt++) {
+        double q = 0, run = 0;
+        for (double until = now_s() + 5; now_s() < until;) {
+            if (scrape2(d.port, "attnd_queue_depth", &q, "attnd_running_requests", &run) &&
+                q >= 1 && run >= 1)
+                break;
+            sleep_ms(2);
+        }
+        http_do(NULL, d.port, "POST", "/v1/attention", json, quick, strlen(quick), &r);
+        CHECKF(r.status == 504 || r.status == 200, "a 50 ms deadline got %ld", r.status);
+        if (r.status == 504) {
+            quick_504 = true;
+            printf("  a request with \"timeout_ms\": 50 behind them: 504 after %.0f ms\n",
+                   r.seconds * 1e3);
+            CHECKF(strstr(r.body, "deadline") != NULL, "body: %.200s", r.body);
+        }
+        http_resp_free(&r);
+    }
+    CHECKF(quick_504, "a request with a 50 ms deadline was never late behind long requests");
+    sleep_ms(4000);
+    loader_stop(&l);
+    s = summarize(&l, -1, 0, 1e9);
+    printf("  long requests (%.0f ms alone) at %.1f/s, --request-timeout-ms 1000:\n", alone * 1e3,
+           l.rate);
+    print_stats("long", &s, l.stopped_at - l.t0);
+    CHECKF(s.transport == 0 && s.other_status == 0 && s.unavailable == 0 && s.no_retry_after == 0,
+           "transport errors %zu, other statuses %zu, 503 %zu, 429 without Retry-After %zu",
+           s.transport, s.other_status, s.unavailable, s.no_retry_after);
+    CHECKF(s.deadline > 0 && s.ok > 0, "%zu served, %zu past their deadline", s.ok, s.deadline);
+    CHECKF(s.max_504 < 1.5, "a 504 came %.0f ms after its request (deadline 1000 ms)",
+           s.max_504 * 1e3);
+    CHECKF(s.max < 1.5, "a 200 came %.0f ms after its request (deadline 1000 ms)", s.max * 1e3);
+    metric_wait(d.port, "attnd_rejected_total{reason=\"deadline\"}", (double)s.deadline + 1, 2000);
+    counted = metric_value(d.port, "attnd_rejected_total{reason=\"deadline\"}");
+    CHECKF(counted == (double)s.deadline + 1, "deadline counted %.0f, clients saw %zu 504s",
+           counted, s.deadline + 1);
+    CHECK(metric_value(d.port, "attnd_running_requests") == 0);
+    CHECK(metric_value(d.port, "attnd_queue_depth") == 0);
+    loader_free(&l);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* A refusal decided from the headers (queue full, draining) still reads the body before it
+ * answers: a client in the middle of uploading a 16 MB long sequence gets its 429 (with
+ * Retry-After) or 503, not a reset. libmicrohttpd stops reading a body once a response is
+ * queued, so answering at once would close the connection under the client's upload. */
+static void test_refusals_reach_clients_still_uploading(void)
+{
+    const char *const args[] = {"--threads", "1", "--max-queue", "1", "--log-level", "warn", NULL};
+    daemon_proc d;
+    bg_post busy = {0};
+    pthread_t thread;
+    void *keep = http_handle_new();
+    size_t slow_len = 0;
+    char *slow = slow_attention_body(65536, 65536, &slow_len);
+    http_resp r;
+
+    if (!slow || !start_daemon(&d, args)) {
+        free(slow);
+        http_handle_free(keep);
+        CHECK(slow != NULL);
+        return;
+    }
+    CHECK_EQ_INT(http_do(keep, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 200);
+    http_resp_free(&r);
+    busy.port = d.port;
+    busy.body = slow;
+    busy.len = slow_len;
+    pthread_create(&thread, NULL, bg_post_main, &busy);
+    CHECK(metric_wait(d.port, "attnd_running_requests", 1, 10000));
+    for (int i = 0; i < 3; i++) {
+        /* Blocking sends of the whole body, as a plain HTTP client does, then the reply. */
+        int fd = raw_post(d.port, longest());
+        bool closed = false;
+        char *resp = fd >= 0 ? raw_read_all(fd, 10000, &closed) : NULL;
+        CHECKF(fd >= 0, "the upload of a 16 MB body to a full queue was cut off");
+        CHECKF(raw_status(resp) == 429, "a 16 MB upload to a full queue got %.60s",
+               resp ? resp : "nothing");
+        CHECKF(resp && strstr(resp, "Retry-After: 1"), "a 429 without Retry-After");
+        free(resp);
+        if (fd >= 0)
+            close(fd);
+    }
+    daemon_signal(&d, SIGTERM);
+    sleep_ms(50);
+    {
+        static const char *const json[] = {"Content-Type: application/json", NULL};
+        long status = http_do(keep, d.port, "POST", "/v1/attention", json, longest()->text,
+                              longest()->len, &r);
+        CHECKF(status == 503, "a 16 MB upload while draining got %ld (%s)", status,
+               status ? r.body : r.error);
+        http_resp_free(&r);
+    }
+    pthread_join(thread, NULL);
+    CHECK_EQ_INT(busy.status, 200);
+    CHECK_EQ_INT(daemon_wait(&d, 30000), 0);
+    daemon_stop(&d);
+    http_handle_free(keep);
+    free(slow);
+}
+
+static int fault_suite(void)
+{
+    RUN_WITHIN(test_hangups_mid_compute_under_load, 90);
+    RUN_WITHIN(test_sigterm_under_load, 150);
+    RUN_WITHIN(test_memory_budget_under_load, 90);
+    RUN_WITHIN(test_queue_saturation, 90);
+    RUN_WITHIN(test_refusals_reach_clients_still_uploading, 90);
+    RUN_WITHIN(test_deadline_misses_under_load, 90);
+    return check_report();
+}
+
+int main(int argc, char **argv)
+{
+    int rc;
+    if (!parse_options(argc, argv))
+        return 2;
+    /* Large blocks straight from mmap and back on free, in the daemon (inherited through
+     * exec): its RSS is then live memory plus small-chunk arenas, and can be compared before
+     * and after a load whose 16 MB bodies would otherwise stay cached in glibc's heap. */
+    setenv("MALLOC_MMAP_THRESHOLD_", "262144", 1);
+    curl_global_init(CURL_GLOBAL_ALL);
+    if (!make_bodies()) {
+        printf("out of memory making the request bodies\n0 passed, 1 failed\n");
+        return 1;
+    }
+    rc = opt.faults ? fault_suite() : load_suite();
+    free_bodies();
+    curl_global_cleanup();
+    return rc;
+}
