@@ -608,6 +608,10 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
     if (k.lo < k.hi) {
         int64_t mid_lo = clamp64(k.full_lo, k.lo, k.hi);
         int64_t mid_hi = clamp64(k.full_hi, mid_lo, k.hi);
+        /* Whole strips only in the middle: its ragged end (a single key for the first query
+         * block under causal masking) joins the boundary, which handles any row range, and
+         * the boundary's strips then line up with the diagonal. */
+        mid_hi = mid_lo + (mid_hi - mid_lo) / STRIP * STRIP;
         st = attend_keys(p, b, h, i0, rows, k.lo, mid_lo, KEYS_BOUNDARY, o, ldo, m, l, s);
         if (st == ENG_OK)
             st = attend_keys(p, b, h, i0, rows, mid_lo, mid_hi, KEYS_INSIDE, o, ldo, m, l, s);
