@@ -22,7 +22,7 @@ OPT ?= -O2
 
 WARNINGS := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes \
             -Wformat=2 -Wvla -Werror
-# No -ffast-math, ever: it breaks the -inf handling of masked scores (DESIGN.md section 7).
+# Never a fast-math flag: it breaks the -inf handling of masked scores (DESIGN.md section 7).
 CFLAGS_ALL := -std=c11 $(OPT) -g $(WARNINGS) -D_GNU_SOURCE -pthread -MMD -MP -I. $(CFLAGS)
 LDFLAGS_ALL := -pthread $(LDFLAGS)
 ifneq ($(SAN),)

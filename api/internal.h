@@ -90,7 +90,6 @@ api_b64_status api_base64_validate(const char *src, size_t len, size_t *bad_offs
 
 /* ---- Half precision ---------------------------------------------------------------------- */
 
-
 /* ---- JSON output ------------------------------------------------------------------------- */
 
 /* Most characters api_float_format writes: "-1.23456789e-38" is 15. */

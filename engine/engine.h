@@ -42,15 +42,15 @@
 /* ---- Errors ------------------------------------------------------------------------------ */
 
 /* X(name, description). One list so that codes and their strings cannot drift apart. */
-#define ENG_STATUS_LIST(X)                                                                     \
-    X(ENG_OK, "ok")                                                                            \
-    X(ENG_EINVAL, "invalid argument")                                                          \
-    X(ENG_ETOOBIG, "size beyond what the engine or BLAS accepts")                              \
-    X(ENG_ENOMEM, "out of memory")                                                             \
-    X(ENG_ECANCELLED, "cancelled")                                                             \
-    X(ENG_EDEADLINE, "deadline exceeded")                                                      \
-    X(ENG_ENONFINITE, "result is not finite")                                                  \
-    X(ENG_EIO, "input/output error")                                                           \
+#define ENG_STATUS_LIST(X)                                                                         \
+    X(ENG_OK, "ok")                                                                                \
+    X(ENG_EINVAL, "invalid argument")                                                              \
+    X(ENG_ETOOBIG, "size beyond what the engine or BLAS accepts")                                  \
+    X(ENG_ENOMEM, "out of memory")                                                                 \
+    X(ENG_ECANCELLED, "cancelled")                                                                 \
+    X(ENG_EDEADLINE, "deadline exceeded")                                                          \
+    X(ENG_ENONFINITE, "result is not finite")                                                      \
+    X(ENG_EIO, "input/output error")                                                               \
     X(ENG_EFORMAT, "malformed file")
 
 typedef enum {
@@ -141,9 +141,9 @@ eng_view eng_view_contiguous(float *data, int64_t n0, int64_t n1, int64_t n2, in
 /* ---- Scaled dot-product attention -------------------------------------------------------- */
 
 typedef enum {
-    ENG_ALIGN_TOP_LEFT = 0,  /* query i sits at position i (PyTorch is_causal)              */
-    ENG_ALIGN_BOTTOM_RIGHT,  /* query i sits at i + S - L (flash-attn, KV-cache decoding)   */
-    ENG_ALIGN_OFFSET,        /* query i sits at i + query_offset                             */
+    ENG_ALIGN_TOP_LEFT = 0, /* query i sits at position i (PyTorch is_causal)              */
+    ENG_ALIGN_BOTTOM_RIGHT, /* query i sits at i + S - L (flash-attn, KV-cache decoding)   */
+    ENG_ALIGN_OFFSET,       /* query i sits at i + query_offset                             */
 } eng_align;
 
 typedef enum {
@@ -178,16 +178,16 @@ typedef struct {
     float scale;    /* any finite value */
     float softcap;  /* > 0: s = softcap * tanh(s / softcap), before masks and biases; 0: off */
 
-    bool causal;       /* key j visible to query i only if j <= p_i */
-    eng_align align;   /* where queries sit: p_i = i + offset */
+    bool causal;          /* key j visible to query i only if j <= p_i */
+    eng_align align;      /* where queries sit: p_i = i + offset */
     int64_t query_offset; /* used with ENG_ALIGN_OFFSET; may be negative */
 
     bool window_left_set, window_right_set; /* unset side: unbounded */
     int64_t window_left, window_right;      /* p_i - left <= j <= p_i + right; each >= 0 */
 
-    const uint8_t *key_padding;      /* [B, S] (or [S] with stride 0): nonzero = ignore key */
-    int64_t key_padding_stride;      /* elements between batches */
-    const int64_t *kv_lengths;       /* [B]: keys j >= kv_lengths[b] ignored; each in [0, S] */
+    const uint8_t *key_padding; /* [B, S] (or [S] with stride 0): nonzero = ignore key */
+    int64_t key_padding_stride; /* elements between batches */
+    const int64_t *kv_lengths;  /* [B]: keys j >= kv_lengths[b] ignored; each in [0, S] */
 
     eng_mask attn_mask;
 
@@ -250,15 +250,15 @@ void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64
  * [out_features, in_features] as torch stores them, all in one block owned by the layer. */
 typedef struct {
     char name[64];
-    char dtype[8];        /* the weights' dtype in their file ("F32", "F16", "BF16") */
-    int64_t embed_dim;    /* E */
-    int64_t num_heads;    /* H; head_dim D = E / H */
-    int64_t num_kv_heads; /* Hkv; H is a multiple of it; the k/v width is W = Hkv * D */
-    int64_t kdim, vdim;   /* widths of the key and value inputs (E for self-attention) */
-    float *w_q;           /* [E, E] */
-    float *w_k;           /* [W, kdim] */
-    float *w_v;           /* [W, vdim] */
-    float *w_o;           /* [E, E] */
+    char dtype[8];                /* the weights' dtype in their file ("F32", "F16", "BF16") */
+    int64_t embed_dim;            /* E */
+    int64_t num_heads;            /* H; head_dim D = E / H */
+    int64_t num_kv_heads;         /* Hkv; H is a multiple of it; the k/v width is W = Hkv * D */
+    int64_t kdim, vdim;           /* widths of the key and value inputs (E for self-attention) */
+    float *w_q;                   /* [E, E] */
+    float *w_k;                   /* [W, kdim] */
+    float *w_v;                   /* [W, vdim] */
+    float *w_o;                   /* [E, E] */
     float *b_q, *b_k, *b_v, *b_o; /* [E], [W], [W], [E]; each NULL when the layer has none */
     float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
     float *params;                /* the block every pointer above points into */
@@ -320,12 +320,12 @@ typedef enum {
 /* One forward pass. Zero-initialise, then set what is needed. */
 typedef struct {
     const eng_layer *layer;
-    int64_t B, L;         /* x is [B, L, E] contiguous */
+    int64_t B, L; /* x is [B, L, E] contiguous */
     const float *x;
-    int64_t S;            /* key/value inputs are [B, S, kdim] and [B, S, vdim] */
-    const float *key_in;  /* NULL: self-attention (keys and values come from x, S = L) */
+    int64_t S;           /* key/value inputs are [B, S, kdim] and [B, S, vdim] */
+    const float *key_in; /* NULL: self-attention (keys and values come from x, S = L) */
     const float *value_in;
-    float *out;           /* [B, L, E], written */
+    float *out; /* [B, L, E], written */
 
     /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). */
     bool causal;
@@ -335,11 +335,11 @@ typedef struct {
     int64_t window_left, window_right;
     const uint8_t *key_padding; /* [B, S] or [S] (stride 0): nonzero = ignore */
     int64_t key_padding_stride;
-    eng_mask attn_mask;         /* broadcast to [B, H, L, S] */
-    bool add_zero_attn;         /* append a zero key and value, as torch's add_zero_attn */
+    eng_mask attn_mask; /* broadcast to [B, H, L, S] */
+    bool add_zero_attn; /* append a zero key and value, as torch's add_zero_attn */
 
     eng_positional positional;
-    float rope_base;            /* 0: 10000 */
+    float rope_base; /* 0: 10000 */
     eng_rope_style rope_style;
 
     eng_weights_mode weights_mode; /* as eng_sdpa_args, with S' = S + extra keys */

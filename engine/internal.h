@@ -52,8 +52,8 @@ eng_status eng__sdpa_validate(const eng_sdpa_args *args, eng_error *err);
 /* A layer from the bytes of a safetensors file (what eng_layer_load does after mapping the
  * file; `file` names it in messages). Separate so that fuzzers can call it on any bytes. */
 eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
-                                       const unsigned char *bytes, size_t size,
-                                       int64_t num_heads, int64_t num_kv_heads, eng_error *err);
+                                       const unsigned char *bytes, size_t size, int64_t num_heads,
+                                       int64_t num_kv_heads, eng_error *err);
 
 /* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
 size_t eng__l2_bytes(void);

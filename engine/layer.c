@@ -33,18 +33,14 @@ static const struct {
     const char *name;
     role role;
 } known_names[] = {
-    {"in_proj_weight", ROLE_IN_W}, {"in_proj_bias", ROLE_IN_B},
-    {"q_proj_weight", ROLE_Q_W},   {"k_proj_weight", ROLE_K_W},
-    {"v_proj_weight", ROLE_V_W},   {"out_proj.weight", ROLE_O_W},
-    {"out_proj.bias", ROLE_O_B},   {"bias_k", ROLE_BIAS_K},
-    {"bias_v", ROLE_BIAS_V},       {"q_proj.weight", ROLE_Q_W},
-    {"q_proj.bias", ROLE_Q_B},     {"k_proj.weight", ROLE_K_W},
-    {"k_proj.bias", ROLE_K_B},     {"v_proj.weight", ROLE_V_W},
-    {"v_proj.bias", ROLE_V_B},     {"o_proj.weight", ROLE_O_W},
-    {"o_proj.bias", ROLE_O_B},     {"W_Q.weight", ROLE_Q_W},
-    {"W_Q.bias", ROLE_Q_B},        {"W_K.weight", ROLE_K_W},
-    {"W_K.bias", ROLE_K_B},        {"W_V.weight", ROLE_V_W},
-    {"W_V.bias", ROLE_V_B},        {"W_O.weight", ROLE_O_W},
+    {"in_proj_weight", ROLE_IN_W}, {"in_proj_bias", ROLE_IN_B}, {"q_proj_weight", ROLE_Q_W},
+    {"k_proj_weight", ROLE_K_W},   {"v_proj_weight", ROLE_V_W}, {"out_proj.weight", ROLE_O_W},
+    {"out_proj.bias", ROLE_O_B},   {"bias_k", ROLE_BIAS_K},     {"bias_v", ROLE_BIAS_V},
+    {"q_proj.weight", ROLE_Q_W},   {"q_proj.bias", ROLE_Q_B},   {"k_proj.weight", ROLE_K_W},
+    {"k_proj.bias", ROLE_K_B},     {"v_proj.weight", ROLE_V_W}, {"v_proj.bias", ROLE_V_B},
+    {"o_proj.weight", ROLE_O_W},   {"o_proj.bias", ROLE_O_B},   {"W_Q.weight", ROLE_Q_W},
+    {"W_Q.bias", ROLE_Q_B},        {"W_K.weight", ROLE_K_W},    {"W_K.bias", ROLE_K_B},
+    {"W_V.weight", ROLE_V_W},      {"W_V.bias", ROLE_V_B},      {"W_O.weight", ROLE_O_W},
     {"W_O.bias", ROLE_O_B},
 };
 
@@ -147,8 +143,10 @@ static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, si
         for (int i = 0; i < 3; i++)
             if (!r[needed[i]]) {
                 const char *name = missing_weight_name(lp, needed[i]);
-                return eng__fail(err, ENG_EFORMAT, name, "no tensor '%s': the query, key and "
-                                 "value projection weights are incomplete", name);
+                return eng__fail(err, ENG_EFORMAT, name,
+                                 "no tensor '%s': the query, key and "
+                                 "value projection weights are incomplete",
+                                 name);
             }
     }
     if (!lp->by_role[ROLE_BIAS_K] != !lp->by_role[ROLE_BIAS_V])
@@ -341,9 +339,9 @@ int64_t eng_layer_params(const eng_layer *l)
 
 /* ---- The demo layer ----------------------------------------------------------------------- */
 
-#define DEMO_E 64
+#define DEMO_E     64
 #define DEMO_HEADS 4
-#define DEMO_SEED UINT64_C(0x5eed0a77e47104)
+#define DEMO_SEED  UINT64_C(0x5eed0a77e47104)
 
 /* splitmix64: a fixed, portable sequence, so the demo layer is the same everywhere. */
 static double demo_uniform(uint64_t *state)

@@ -56,15 +56,15 @@ static void linear_task(void *arg, int64_t index)
     int64_t n = j->rows - t0 < CHUNK_ROWS ? j->rows - t0 : CHUNK_ROWS;
     const float *in = j->in + b * j->in_bstride + t0 * j->in_ld;
     float *out = j->out + b * j->out_bstride + t0 * j->out_ld;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->out_f, (int)j->in_f,
-                1.0f, in, (int)j->in_ld, j->w, (int)j->in_f, 0.0f, out, (int)j->out_ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->out_f, (int)j->in_f, 1.0f,
+                in, (int)j->in_ld, j->w, (int)j->in_f, 0.0f, out, (int)j->out_ld);
     if (j->bias)
         for (int64_t t = 0; t < n; t++)
             for (int64_t f = 0; f < j->out_f; f++)
                 out[t * j->out_ld + f] += j->bias[f];
     if (j->rope)
-        eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0,
-                       lb->rope_base, lb->a->rope_style);
+        eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
+                       lb->a->rope_style);
 }
 
 static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
@@ -108,8 +108,9 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     if (!a->x || !a->out)
         return eng__fail(err, ENG_EINVAL, a->x ? "out" : "input", "no input or output buffer");
     if (a->B <= 0 || a->L <= 0 || a->B > INT_MAX || a->L > INT_MAX)
-        return eng__fail(err, ENG_EINVAL, "input", "batch %lld and length %lld must be in [1, 2^31)",
-                         (long long)a->B, (long long)a->L);
+        return eng__fail(err, ENG_EINVAL, "input",
+                         "batch %lld and length %lld must be in [1, 2^31)", (long long)a->B,
+                         (long long)a->L);
     if (!a->key_in != !a->value_in)
         return eng__fail(err, ENG_EINVAL, "memory", "key and value inputs come together");
     memset(sh, 0, sizeof *sh);
@@ -135,8 +136,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
         return eng__fail(err, ENG_EINVAL, "positional", "unknown positional encoding");
     if (a->positional == ENG_POSITIONAL_ROPE) {
         if (sh->D % 2 != 0)
-            return eng__fail(err, ENG_EINVAL, "positional", "rope needs an even head size, not %lld",
-                             (long long)sh->D);
+            return eng__fail(err, ENG_EINVAL, "positional",
+                             "rope needs an even head size, not %lld", (long long)sh->D);
         if (a->rope_base < 0.0f || !isfinite(a->rope_base))
             return eng__fail(err, ENG_EINVAL, "rope_base", "rope_base must be finite and > 0");
         if (a->rope_style != ENG_ROPE_HALF && a->rope_style != ENG_ROPE_INTERLEAVED)
@@ -220,8 +221,8 @@ static void sinusoid_task(void *arg, int64_t b)
     eng_sinusoidal_add(j->out + (size_t)b * n, j->rows, j->dim, j->dim, j->pos0);
 }
 
-static eng_status add_sinusoid(eng_pool *pool, const float *x, float *out, int64_t B,
-                               int64_t rows, int64_t dim, int64_t pos0, eng_ctl *ctl)
+static eng_status add_sinusoid(eng_pool *pool, const float *x, float *out, int64_t B, int64_t rows,
+                               int64_t dim, int64_t pos0, eng_ctl *ctl)
 {
     sinusoid_job j = {x, out, rows, dim, pos0};
     return eng_pool_run(pool, sinusoid_task, &j, B, ctl);
@@ -248,14 +249,19 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
 {
     const eng_layer *ly = a->layer;
     bool rope = a->positional == ENG_POSITIONAL_ROPE;
-    linear_batch lb = {.a = a, .njobs = 3, .B = sh->B, .head_dim = sh->D,
+    linear_batch lb = {.a = a,
+                       .njobs = 3,
+                       .B = sh->B,
+                       .head_dim = sh->D,
                        .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f};
-    lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E, q,
-                              sh->L * sh->E, sh->E, sh->L, rope, sh->H, sh->q_offset};
-    lb.jobs[1] = (linear_job){xk, sh->S * ly->kdim, ly->kdim, ly->w_k, ly->b_k, sh->W, ly->kdim,
-                              kv, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S, rope, sh->Hkv, 0};
-    lb.jobs[2] = (linear_job){xv, sh->S * ly->vdim, ly->vdim, ly->w_v, ly->b_v, sh->W, ly->vdim,
-                              kv + sh->W, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S, false, 0, 0};
+    lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E,
+                              q,  sh->L * sh->E, sh->E, sh->L,   rope,    sh->H, sh->q_offset};
+    lb.jobs[1] =
+        (linear_job){xk, sh->S * ly->kdim,   ly->kdim,  ly->w_k, ly->b_k, sh->W,   ly->kdim,
+                     kv, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S,   rope,    sh->Hkv, 0};
+    lb.jobs[2] =
+        (linear_job){xv,         sh->S * ly->vdim,   ly->vdim,  ly->w_v, ly->b_v, sh->W, ly->vdim,
+                     kv + sh->W, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S,   false,   0,     0};
     return run_linear(pool, &lb, ctl);
 }
 
@@ -264,8 +270,8 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
 {
     const eng_layer *ly = a->layer;
     linear_batch lb = {.a = a, .njobs = 1, .B = sh->B, .head_dim = sh->D};
-    lb.jobs[0] = (linear_job){o, sh->L * sh->E, sh->E, ly->w_o, ly->b_o, sh->E, sh->E, a->out,
-                              sh->L * sh->E, sh->E, sh->L, false, 0, 0};
+    lb.jobs[0] = (linear_job){o,      sh->L * sh->E, sh->E, ly->w_o, ly->b_o, sh->E, sh->E,
+                              a->out, sh->L * sh->E, sh->E, sh->L,   false,   0,     0};
     return run_linear(pool, &lb, ctl);
 }
 

@@ -20,9 +20,9 @@
 #include "engine/internal.h"
 
 #define MAX_HEADER_BYTES 100000000u /* the format's own limit */
-#define MAX_TENSORS 64                /* a layer has at most 12 */
-#define MAX_NAME 256
-#define MAX_RANK 8
+#define MAX_TENSORS      64         /* a layer has at most 12 */
+#define MAX_NAME         256
+#define MAX_RANK         8
 
 typedef struct {
     char name[MAX_NAME];
@@ -88,7 +88,8 @@ static bool accept(reader *r, char c)
 
 static int hex_digit(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
            : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                   : -1;
 }
@@ -142,9 +143,11 @@ static bool read_hex4(reader *r, uint32_t *v)
 /* Length of the valid UTF-8 sequence at p (1 to 4), or 0 when it is not valid. */
 static size_t utf8_length(const unsigned char *p, const unsigned char *end)
 {
-    size_t n = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-                             : (p[0] & 0xF8) == 0xF0 ? 4
-                                                     : 0;
+    size_t n = p[0] < 0x80             ? 1
+               : (p[0] & 0xE0) == 0xC0 ? 2
+               : (p[0] & 0xF0) == 0xE0 ? 3
+               : (p[0] & 0xF8) == 0xF0 ? 4
+                                       : 0;
     if (n == 0 || (size_t)(end - p) < n)
         return 0;
     uint32_t cp = n == 1 ? p[0] : n == 2 ? p[0] & 0x1Fu : n == 3 ? p[0] & 0x0Fu : p[0] & 0x07u;
@@ -397,8 +400,8 @@ static bool check_entries(reader *r, header *h, uint64_t data_len, eng_tensor_re
             if (e->begin < o->end && o->begin < e->end && e->begin != e->end)
                 return fail(r, e->name, "data_offsets overlap another tensor");
         }
-        refs[i] = (eng_tensor_ref){.name = e->name, .dtype = dtype, .data = data + e->begin,
-                                   .rank = e->rank};
+        refs[i] = (eng_tensor_ref){
+            .name = e->name, .dtype = dtype, .data = data + e->begin, .rank = e->rank};
         for (int d = 0; d < e->rank; d++)
             refs[i].shape[d] = (int64_t)e->shape[d];
     }
@@ -406,8 +409,8 @@ static bool check_entries(reader *r, header *h, uint64_t data_len, eng_tensor_re
 }
 
 eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
-                                       const unsigned char *bytes, size_t size,
-                                       int64_t num_heads, int64_t num_kv_heads, eng_error *err)
+                                       const unsigned char *bytes, size_t size, int64_t num_heads,
+                                       int64_t num_kv_heads, eng_error *err)
 {
     header *h = calloc(1, sizeof *h);
     eng_tensor_ref *refs = calloc(MAX_TENSORS, sizeof *refs);
@@ -432,8 +435,7 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
     r.end = r.p + n;
     if (!parse_header(&r, h) || !check_entries(&r, h, size - 8 - n, refs, bytes + 8 + n))
         goto done;
-    layer = eng_layer_from_tensors(name, refs, h->count,
-                                   num_heads > 0 ? num_heads : h->num_heads,
+    layer = eng_layer_from_tensors(name, refs, h->count, num_heads > 0 ? num_heads : h->num_heads,
                                    num_kv_heads > 0 ? num_kv_heads : h->num_kv_heads, err);
     if (!layer && err) {
         char inner[sizeof err->message];

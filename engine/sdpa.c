@@ -22,15 +22,15 @@
 
 #include "engine/internal.h"
 
-#define BR_MAX 256        /* query rows per task */
-#define BR_MIN 16         /* smallest block worth a GEMM when shrinking for parallelism */
-#define BC_MIN 64         /* keys per block, bounds of the L2-derived size */
-#define BC_MAX 1024
-#define GEMV_ROWS 2       /* at most this many query rows: matrix-vector products instead */
-#define STRIP 64          /* keys per strip where a block crosses a causal or window boundary */
+#define BR_MAX    256 /* query rows per task */
+#define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
+#define BC_MIN    64  /* keys per block, bounds of the L2-derived size */
+#define BC_MAX    1024
+#define GEMV_ROWS 2  /* at most this many query rows: matrix-vector products instead */
+#define STRIP     64 /* keys per strip where a block crosses a causal or window boundary */
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
-#define RESCALE_SLACK 8.0f
+#define RESCALE_SLACK    8.0f
 #define TASKS_PER_THREAD 4 /* below this many tasks per worker, split decode-shaped keys */
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)
@@ -48,15 +48,16 @@ typedef struct {
     int64_t br, bc, nqb; /* rows per task, keys per block, query blocks per head */
     int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
     int64_t chunk_len;
-    float *part_o;  /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
-    float *part_ml; /* and [B, H, chunks, 2, L] row maxima then sums */
-    float *lse; /* the caller's, or NULL */
-    float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
-    atomic_bool nonfinite; /* some row overflowed */
+    float *part_o;          /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
+    float *part_ml;         /* and [B, H, chunks, 2, L] row maxima then sums */
+    float *lse;             /* the caller's, or NULL */
+    float *add_q, *add_k;   /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
+    atomic_bool nonfinite;  /* some row overflowed */
     atomic_bool no_scratch; /* some task could not get its scratch block */
 } plan;
 
-/* ---- Views ------------------------------------------------------------------------------------ */
+/* ---- Views ------------------------------------------------------------------------------------
+ */
 
 eng_view eng_view_contiguous(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t n3)
 {
@@ -80,7 +81,8 @@ static inline int ld_of(const eng_view *v)
     return (int)(v->ne[2] > 1 ? v->nb[2] : v->ne[3]);
 }
 
-/* ---- Validation ------------------------------------------------------------------------------- */
+/* ---- Validation -------------------------------------------------------------------------------
+ */
 
 static eng_status check_view(const eng_view *v, const char *name, eng_error *err)
 {
@@ -134,8 +136,8 @@ static eng_status check_shapes(const eng_sdpa_args *a, eng_error *err)
                          "batch sizes differ: q %lld, k %lld, v %lld", (long long)q[0],
                          (long long)k[0], (long long)v[0]);
     if (v[1] != k[1])
-        return eng__fail(err, ENG_EINVAL, "v", "v has %lld heads but k has %lld",
-                         (long long)v[1], (long long)k[1]);
+        return eng__fail(err, ENG_EINVAL, "v", "v has %lld heads but k has %lld", (long long)v[1],
+                         (long long)k[1]);
     if (q[1] % k[1] != 0)
         return eng__fail(err, ENG_EINVAL, "k",
                          "query heads (%lld) must be a multiple of key/value heads (%lld)",
@@ -223,11 +225,13 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
             return eng__fail(err, ENG_EINVAL, "additive",
                              "additive scoring needs w_q, w_k and v together");
         if (a->additive_dim <= 0 || a->additive_dim > INT_MAX)
-            return eng__fail(err, ENG_EINVAL, "additive", "additive dimension %lld must be positive",
+            return eng__fail(err, ENG_EINVAL, "additive",
+                             "additive dimension %lld must be positive",
                              (long long)a->additive_dim);
         if (__builtin_mul_overflow(B * H * L + B * a->k.ne[1] * S, a->additive_dim, &n) ||
             (uint64_t)n > SIZE_MAX / sizeof(float))
-            return eng__fail(err, ENG_ETOOBIG, "additive", "the additive projections are too large");
+            return eng__fail(err, ENG_ETOOBIG, "additive",
+                             "the additive projections are too large");
     }
     if (a->weights_mode != ENG_WEIGHTS_NONE) {
         if (a->weights_mode != ENG_WEIGHTS_PER_HEAD && a->weights_mode != ENG_WEIGHTS_MEAN)
@@ -244,7 +248,8 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
     return check_mask(a, err);
 }
 
-/* ---- Planning --------------------------------------------------------------------------------- */
+/* ---- Planning ---------------------------------------------------------------------------------
+ */
 
 static int64_t ceil_div(int64_t a, int64_t b)
 {
@@ -290,7 +295,8 @@ static size_t task_scratch_floats(const plan *p)
     return (size_t)(p->br * p->bc + 2 * p->br);
 }
 
-/* ---- Visibility ------------------------------------------------------------------------------- */
+/* ---- Visibility -------------------------------------------------------------------------------
+ */
 
 /* Keys [lo, hi) that query row i of batch b may see by position and length (masks and padding
  * come on top). Both bounds never decrease as i grows, which block skipping relies on. */
@@ -319,7 +325,8 @@ static bool all_padding(const plan *p, int64_t b, int64_t j0, int64_t j1)
     return true;
 }
 
-/* ---- Score block ------------------------------------------------------------------------------ */
+/* ---- Score block ------------------------------------------------------------------------------
+ */
 
 /* s[rows x cols] = scale * q k^T on strided rows. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
@@ -331,13 +338,13 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, co
                         q + r * ldq, 1, 0.0f, s + r * cols, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, (int)p->D,
-                p->scale, q, ldq, k, ldk, 0.0f, s, (int)cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, (int)p->D, p->scale,
+                q, ldq, k, ldk, 0.0f, s, (int)cols);
 }
 
 /* o[rows x Dv] += s[rows x cols] v[cols x Dv]. */
-static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols,
-                        const float *v, int ldv, float *o, int64_t ldo)
+static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols, const float *v,
+                        int ldv, float *o, int64_t ldo)
 {
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
@@ -345,8 +352,8 @@ static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t col
                         s + r * cols, 1, 1.0f, o + r * ldo, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)p->Dv, (int)cols,
-                1.0f, s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)p->Dv, (int)cols, 1.0f,
+                s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
 }
 
 /* s[rows x cols] = v . tanh(W_q q_i + W_k k_j) from the projected queries and keys. */
@@ -361,8 +368,8 @@ static void additive_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int
             s[r * cols + c] = p->vec->tanh_dot(qa + r * A, ka + c * A, p->a->additive_v, A);
 }
 
-static void add_alibi(const plan *p, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                      int64_t cols, float *s)
+static void add_alibi(const plan *p, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                      float *s)
 {
     float slope = p->slopes[h];
     for (int64_t r = 0; r < rows; r++) {
@@ -434,8 +441,8 @@ typedef enum {
 
 /* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
  * modifies scores applied; invisible entries are -inf. */
-static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                        int64_t j0, int64_t cols, key_kind kind, float *s)
+static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                        int64_t cols, key_kind kind, float *s)
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
@@ -459,11 +466,12 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         apply_ranges(p, b, i0, rows, j0, cols, s);
 }
 
-/* ---- Attention over a key range --------------------------------------------------------------- */
+/* ---- Attention over a key range ---------------------------------------------------------------
+ */
 
 /* The keys that rows [i0, i0+rows) may see by position, within [kbeg, kend). */
 typedef struct {
-    int64_t lo, hi;         /* keys any row may see */
+    int64_t lo, hi;           /* keys any row may see */
     int64_t full_lo, full_hi; /* keys every row sees */
 } key_span;
 
@@ -508,9 +516,9 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
  * arrives late) recomputes that row's scores and rebases it on the new maximum. */
-static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                               int64_t j0, int64_t cols, key_kind kind, float *o, int64_t ldo,
-                               float *m, float *l, float *s)
+static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                               int64_t cols, key_kind kind, float *o, int64_t ldo, float *m,
+                               float *l, float *s)
 {
     const eng_sdpa_args *a = p->a;
     eng_status st;
@@ -547,9 +555,8 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
 
 /* Keys [j0, j0+cols) on a causal or window boundary, for the rows that see some of them only:
  * the part of the triangle that no row sees is never multiplied. */
-static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                               int64_t j0, int64_t cols, float *o, int64_t ldo, float *m,
-                               float *l, float *s)
+static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                               int64_t cols, float *o, int64_t ldo, float *m, float *l, float *s)
 {
     int64_t rs = 0, re = rows, lo, hi;
     for (; rs < rows; rs++) { /* the first row that sees a key at or after j0 */
@@ -569,9 +576,9 @@ static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_
 }
 
 /* Keys [from, to) in blocks of Bc, or in strips of STRIP on a boundary. */
-static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                              int64_t from, int64_t to, key_kind kind, float *o, int64_t ldo,
-                              float *m, float *l, float *s)
+static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t from,
+                              int64_t to, key_kind kind, float *o, int64_t ldo, float *m, float *l,
+                              float *s)
 {
     int64_t width = kind == KEYS_BOUNDARY ? STRIP : p->bc;
     for (int64_t j0 = from; j0 < to; j0 += width) {
@@ -653,8 +660,8 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
 /* Writes exp(s - m) * mul / l for keys [from, to) into the weights rows (row stride S). */
 static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                int64_t from, int64_t to, const key_span *span, bool tail,
-                               const float *m, const float *l, float *w, float mul,
-                               bool accumulate, float *s)
+                               const float *m, const float *l, float *w, float mul, bool accumulate,
+                               float *s)
 {
     for (int64_t j0 = from; j0 < to; j0 += p->bc) {
         eng_status st = eng_ctl_check(p->ctl);
@@ -672,8 +679,7 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         for (int64_t r = 0; r < rows; r++) {
             if (!(l[r] > 0.0f)) /* no visible key: the row stays 0 */
                 continue;
-            p->vec->exp_store(s + r * cols, w + r * p->S + j0, cols, m[r], mul / l[r],
-                              accumulate);
+            p->vec->exp_store(s + r * cols, w + r * p->S + j0, cols, m[r], mul / l[r], accumulate);
         }
     }
     return ENG_OK;
@@ -686,15 +692,16 @@ static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64
                                 bool accumulate, float *s)
 {
     key_span span = rows_span(p, b, i0, rows, 0, p->S_main);
-    eng_status st = weights_keys(p, b, h, i0, rows, span.lo, span.hi, &span, false, m, l, w,
-                                 mul, accumulate, s);
+    eng_status st = weights_keys(p, b, h, i0, rows, span.lo, span.hi, &span, false, m, l, w, mul,
+                                 accumulate, s);
     if (st == ENG_OK)
-        st = weights_keys(p, b, h, i0, rows, p->S_main, p->S, &span, true, m, l, w, mul,
-                          accumulate, s);
+        st = weights_keys(p, b, h, i0, rows, p->S_main, p->S, &span, true, m, l, w, mul, accumulate,
+                          s);
     return st;
 }
 
-/* ---- Tasks ------------------------------------------------------------------------------------ */
+/* ---- Tasks ------------------------------------------------------------------------------------
+ */
 
 /* Task index -> (b, h, query block). Later blocks first: under causal masking they are the
  * largest, and starting them early evens out the finish. */
@@ -818,7 +825,8 @@ static void merge_task(void *arg, int64_t index)
     }
 }
 
-/* ---- Entry points ----------------------------------------------------------------------------- */
+/* ---- Entry points -----------------------------------------------------------------------------
+ */
 
 static int64_t resolve_offset(const eng_sdpa_args *a)
 {
@@ -886,10 +894,11 @@ static void additive_project_task(void *arg, int64_t index)
     int64_t heads = query ? p->H : p->Hkv, i = query ? index : index - p->B * p->H;
     int64_t b = i / heads, h = i % heads;
     const eng_view *x = query ? &a->q : &a->k;
-    float *out = query ? p->add_q + (b * p->H + h) * p->L * A : p->add_k + (b * p->Hkv + h) * p->S * A;
+    float *out =
+        query ? p->add_q + (b * p->H + h) * p->L * A : p->add_k + (b * p->Hkv + h) * p->S * A;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->ne[2], (int)A, (int)p->D, 1.0f,
-                row_ptr(x, b, h, 0), ld_of(x), query ? a->additive_w_q : a->additive_w_k,
-                (int)p->D, 0.0f, out, (int)A);
+                row_ptr(x, b, h, 0), ld_of(x), query ? a->additive_w_q : a->additive_w_k, (int)p->D,
+                0.0f, out, (int)A);
 }
 
 /* The attention passes for the plan's shape of work. */
@@ -976,8 +985,7 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         p.add_q = additive;
         p.add_k = additive ? additive + nq : NULL;
     }
-    if ((a->alibi && !p.slopes) ||
-        (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
+    if ((a->alibi && !p.slopes) || (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
                        plan_heap_bytes(&p));
     } else {

@@ -5,8 +5,8 @@
  * evaluate exp the same way (Cody-Waite reduction by ln 2, a degree-7 polynomial on
  * |r| <= ln2/2 with Cephes' minimax coefficients, ~1 ulp), clamp the argument, return
  * exactly 0 below -87 so that a masked score (-inf) contributes nothing, and pass NaN through
- * so that a NaN input surfaces as an error instead of vanishing like a masked key. Vector loops finish
- * with masked loads instead of scalar tails, so every element of a row goes through the same
+ * so that a NaN input surfaces as an error instead of vanishing like a masked key. Vector loops
+ * finish with masked loads instead of scalar tails, so every element of a row goes through the same
  * arithmetic. The build never uses -ffast-math: these kernels rely on IEEE -inf.
  */
 #include <immintrin.h>
@@ -19,15 +19,15 @@
 
 #define EXP_LO (-87.0f) /* below this exp underflows to 0 (FLT_MIN is ~exp(-87.3)) */
 #define EXP_HI 88.0f    /* above this exp would overflow 2^127 */
-#define LOG2E 1.44269504088896341f
+#define LOG2E  1.44269504088896341f
 #define LN2_HI 0.693359375f /* ln 2 split so that n * LN2_HI is exact */
 #define LN2_LO (-2.12194440e-4f)
-#define P0 1.9875691500e-4f
-#define P1 1.3981999507e-3f
-#define P2 8.3334519073e-3f
-#define P3 4.1665795894e-2f
-#define P4 1.6666665459e-1f
-#define P5 5.0000001201e-1f
+#define P0     1.9875691500e-4f
+#define P1     1.3981999507e-3f
+#define P2     8.3334519073e-3f
+#define P3     4.1665795894e-2f
+#define P4     1.6666665459e-1f
+#define P5     5.0000001201e-1f
 /* tanh below this magnitude comes from its Taylor series: 1 - 2/(e^2t + 1) cancels there. */
 #define TANH_SERIES_BELOW 0.25f
 
@@ -53,8 +53,8 @@ static float tanh_scalar(float t)
     float a = fabsf(t);
     if (a < TANH_SERIES_BELOW) {
         float t2 = t * t;
-        return t * (1.0f + t2 * (-1.0f / 3 + t2 * (2.0f / 15 + t2 * (-17.0f / 315 +
-                                                                       t2 * (62.0f / 2835)))));
+        return t * (1.0f + t2 * (-1.0f / 3 +
+                                 t2 * (2.0f / 15 + t2 * (-17.0f / 315 + t2 * (62.0f / 2835)))));
     }
     float y = 1.0f - 2.0f / (exp_scalar(2.0f * a) + 1.0f);
     return t < 0 ? -y : y;
@@ -119,9 +119,9 @@ static float tanh_dot_scalar(const float *x, const float *y, const float *v, int
     return sum;
 }
 
-static const eng__vec_ops scalar_ops = {"scalar", max_scalar, exp_sum_scalar, exp_sum_max_scalar,
-                                        exp_store_scalar,
-                                        softcap_scalar, tanh_dot_scalar};
+static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
+                                        exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
+                                        tanh_dot_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -149,8 +149,8 @@ AVX2 static inline __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
     __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-                                  23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(under, y);
 }
@@ -271,8 +271,8 @@ AVX2 static float tanh_dot_avx2(const float *x, const float *y, const float *v, 
     return hsum8(acc);
 }
 
-static const eng__vec_ops avx2_ops = {"avx2", max_avx2, exp_sum_avx2, exp_sum_max_avx2, exp_store_avx2,
-                                      softcap_avx2, tanh_dot_avx2};
+static const eng__vec_ops avx2_ops = {"avx2",         max_avx2,     exp_sum_avx2, exp_sum_max_avx2,
+                                      exp_store_avx2, softcap_avx2, tanh_dot_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -357,8 +357,8 @@ AVX512 static float exp_sum_max_avx512(float *x, int64_t n, float shift, float *
     return _mm512_reduce_add_ps(acc);
 }
 
-AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float shift,
-                                    float mul, bool accumulate)
+AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float shift, float mul,
+                                    bool accumulate)
 {
     __m512 s = _mm512_set1_ps(shift), m = _mm512_set1_ps(mul);
     for (int64_t i = 0; i < n; i += 16) {
@@ -402,15 +402,16 @@ AVX512 static float tanh_dot_avx512(const float *x, const float *y, const float 
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 mask = tail_mask16(n - i);
-        __m512 t = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i));
+        __m512 t =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i));
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, v + i), tanh16(t), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
 
-static const eng__vec_ops avx512_ops = {"avx512", max_avx512, exp_sum_avx512, exp_sum_max_avx512,
-                                        exp_store_avx512,
-                                        softcap_avx512, tanh_dot_avx512};
+static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
+                                        exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
+                                        tanh_dot_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 
@@ -419,8 +420,7 @@ const eng__vec_ops *eng__vec_variant(const char *name)
     if (strcmp(name, "scalar") == 0)
         return &scalar_ops;
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &avx2_ops
-                                                                                : NULL;
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &avx2_ops : NULL;
     if (strcmp(name, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") ? &avx512_ops : NULL;
     return NULL;

@@ -6,7 +6,8 @@
  * process (this program re-executes itself with --case N) so that its peak RSS is its own.
  * One line per case, in the fixed form tools read:
  *
- *   sdpa b=1 h=8 l=8192 s=8192 d=64 causal=0 ms=612.3 gflops=224.5 sgemm_gflops=246.0 ratio=0.91 rss_mb=140
+ *   sdpa b=1 h=8 l=8192 s=8192 d=64 causal=0 ms=612.3 gflops=224.5 sgemm_gflops=246.0 ratio=0.91
+ * rss_mb=140
  *
  * gflops counts useful work: 4*B*H*L*S*D, halved for causal self-attention (L = S). Decode
  * cases add the rate at which K and V are read, against a streaming read of memory measured
@@ -31,12 +32,12 @@ typedef struct {
 } bench_case;
 
 static const bench_case cases[] = {
-    {1, 8, 2048, 2048, 64, false},    {1, 8, 2048, 2048, 64, true},
-    {1, 8, 8192, 8192, 64, false},    {1, 8, 8192, 8192, 64, true},
-    {1, 1, 16384, 16384, 64, false},  {1, 1, 16384, 16384, 64, true},
-    {4, 16, 1024, 1024, 64, false},   {4, 16, 1024, 1024, 64, true},
-    {1, 8, 256, 8192, 64, false},     /* cross-attention */
-    {1, 32, 1, 32768, 128, false},    /* decode: one new token against a long cache */
+    {1, 8, 2048, 2048, 64, false},   {1, 8, 2048, 2048, 64, true},
+    {1, 8, 8192, 8192, 64, false},   {1, 8, 8192, 8192, 64, true},
+    {1, 1, 16384, 16384, 64, false}, {1, 1, 16384, 16384, 64, true},
+    {4, 16, 1024, 1024, 64, false},  {4, 16, 1024, 1024, 64, true},
+    {1, 8, 256, 8192, 64, false},  /* cross-attention */
+    {1, 32, 1, 32768, 128, false}, /* decode: one new token against a long cache */
     {1, 1, 65536, 65536, 64, true},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
@@ -80,7 +81,8 @@ static double best_seconds(timed_fn fn, void *ctx, double min_total)
     return best;
 }
 
-/* ---- Baselines -------------------------------------------------------------------------------- */
+/* ---- Baselines --------------------------------------------------------------------------------
+ */
 
 typedef struct {
     float *a, *b, *c;
@@ -90,8 +92,8 @@ typedef struct {
 static eng_status run_sgemm(void *p)
 {
     sgemm_ctx *g = p;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n,
-                g->b, g->n, 0.0f, g->c, g->n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n, g->b,
+                g->n, 0.0f, g->c, g->n);
     return ENG_OK;
 }
 
@@ -126,8 +128,8 @@ __attribute__((target("avx2"))) static void *stream_read(void *p)
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_add_ps(acc[k], _mm256_loadu_ps(s->data + i + 8 * (size_t)k));
     float lanes[8];
-    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
-                                          _mm256_add_ps(acc[2], acc[3])));
+    _mm256_storeu_ps(lanes,
+                     _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (int k = 0; k < 8; k++)
         s->sum += lanes[k];
     return NULL;
@@ -158,7 +160,8 @@ static double memory_gbps(int threads)
     return (double)(n * sizeof(float)) / best * 1e-9;
 }
 
-/* ---- One case (in a child process) ------------------------------------------------------------ */
+/* ---- One case (in a child process) ------------------------------------------------------------
+ */
 
 typedef struct {
     eng_pool *pool;
@@ -184,7 +187,8 @@ static int run_case(const bench_case *bc)
         fprintf(stderr, "bench: %s\n", err.message);
         return 1;
     }
-    size_t nq = (size_t)(bc->b * bc->h * bc->l * bc->d), nk = (size_t)(bc->b * bc->h * bc->s * bc->d);
+    size_t nq = (size_t)(bc->b * bc->h * bc->l * bc->d),
+           nk = (size_t)(bc->b * bc->h * bc->s * bc->d);
     sdpa_ctx c = {.pool = pool};
     float *q = random_floats(nq, 5), *k = random_floats(nk, 6), *v = random_floats(nk, 7);
     float *out = random_floats(nq, 8);
@@ -246,8 +250,8 @@ int main(int argc, char **argv)
     int threads = eng_cpu_count();
     double base = sgemm_gflops(threads);
     double mem = memory_gbps(threads);
-    printf("baseline sgemm n=2048 threads=%d gflops=%.1f; memory read gbps=%.1f\n", threads,
-           base, mem);
+    printf("baseline sgemm n=2048 threads=%d gflops=%.1f; memory read gbps=%.1f\n", threads, base,
+           mem);
     fflush(stdout);
     int failures = 0;
     for (int i = 0; i < NCASES; i++) {
@@ -258,7 +262,8 @@ int main(int argc, char **argv)
             failures++;
             continue;
         }
-        double flops = 4.0 * (double)(bc->b * bc->h) * (double)bc->l * (double)bc->s * (double)bc->d;
+        double flops =
+            4.0 * (double)(bc->b * bc->h) * (double)bc->l * (double)bc->s * (double)bc->d;
         if (bc->causal && bc->l == bc->s)
             flops /= 2;
         double gflops = flops / t * 1e-9;

@@ -15,9 +15,9 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
-#include "tests/support/util.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/safetensors_writer.h"
+#include "tests/support/util.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -25,8 +25,8 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
-#include "tests/support/util.h"
 #include "tests/support/ref_mha.h"
+#include "tests/support/util.h"
 
 #include <math.h>
 #include <stdatomic.h>

@@ -38,7 +38,6 @@ static double seconds_since(int64_t start_ns)
     return (double)(eng_now_ns() - start_ns) / 1e9;
 }
 
-
 static eng_pool *new_pool(int threads)
 {
     eng_error err;

@@ -15,8 +15,8 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
-#include "tests/support/util.h"
 #include "tests/support/ref.h"
+#include "tests/support/util.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -12,8 +12,8 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
-#include "tests/support/util.h"
 #include "tests/support/safetensors_writer.h"
+#include "tests/support/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -23,8 +23,8 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
-#include "tests/support/util.h"
 #include "tests/support/ref.h"
+#include "tests/support/util.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -105,7 +105,6 @@ static double view_max_abs(const eng_view *v)
                     m = fmax(m, fabs((double)*view_ptr(v, a, b, c, d)));
     return m;
 }
-
 
 /* ---- A problem: one eng_sdpa_args with the buffers it points into -------------------------- */
 

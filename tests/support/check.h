@@ -36,37 +36,36 @@ void check__run_within(const char *name, void (*fn)(void), unsigned seconds);
 /* Prints "N passed, N failed" and returns the exit status (0 when nothing failed). */
 int check_report(void);
 
-#define RUN(fn) check__run(#fn, fn)
+#define RUN(fn)                 check__run(#fn, fn)
 #define RUN_WITHIN(fn, seconds) check__run_within(#fn, fn, seconds)
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond))                                                                           \
-            check__fail(__FILE__, __LINE__, "%s", #cond);                                      \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            check__fail(__FILE__, __LINE__, "%s", #cond);                                          \
     } while (0)
 
 /* Like CHECK, with a printf-style explanation of the failure. */
-#define CHECKF(cond, ...)                                                                      \
-    do {                                                                                       \
-        if (!(cond))                                                                           \
-            check__fail(__FILE__, __LINE__, __VA_ARGS__);                                      \
+#define CHECKF(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            check__fail(__FILE__, __LINE__, __VA_ARGS__);                                          \
     } while (0)
 
-#define CHECK_EQ_INT(a, b)                                                                     \
-    do {                                                                                       \
-        long long check__a = (long long)(a), check__b = (long long)(b);                        \
-        if (check__a != check__b)                                                              \
-            check__fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, check__a,        \
-                        check__b);                                                             \
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long check__a = (long long)(a), check__b = (long long)(b);                            \
+        if (check__a != check__b)                                                                  \
+            check__fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, check__a, check__b); \
     } while (0)
 
 /* |a - b| <= tol, and NaN never passes. */
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        double check__a = (double)(a), check__b = (double)(b);                                 \
-        if (!(fabs(check__a - check__b) <= (double)(tol)))                                     \
-            check__fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b,          \
-                        check__a, check__b, (double)(tol));                                    \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        double check__a = (double)(a), check__b = (double)(b);                                     \
+        if (!(fabs(check__a - check__b) <= (double)(tol)))                                         \
+            check__fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b, check__a,    \
+                        check__b, (double)(tol));                                                  \
     } while (0)
 
 #endif
