@@ -37,7 +37,7 @@ SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 SUPPORT_SRC := $(wildcard tests/support/*.c)
 TEST_SRC := $(sort $(wildcard tests/engine/test_*.c tests/api/test_*.c tests/server/test_*.c \
                               tests/robustness/test_*.c))
-BENCH_SRC := $(wildcard tests/bench/*.c)
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
@@ -93,8 +93,14 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 
 # Benchmarks measure the engine alone...
-$(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o $(BUILD)/libengine.a
+BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
+$(filter-out %/bench_e2e,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
+                                          $(BENCH_HARNESS) $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
+
+$(BENCH_HARNESS): tests/bench/harness/harness.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 # ... except bench_e2e, which times api/ and a real daemon too.
 $(BUILD)/tests/bench/bench_e2e: $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/libtestsupport.a \
@@ -255,7 +261,8 @@ fuzz: deps
 
 # ---- Style --------------------------------------------------------------------------------
 
-FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch])
+FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch] \
+                            tests/bench/harness/*.[ch])
 
 format:
 	clang-format -i $(FORMAT_FILES)

@@ -1,0 +1,41 @@
+/*
+ * harness.h - what every benchmark in tests/bench shares: random inputs, best-of-N timing, the
+ * OpenBLAS sgemm baseline measured in the same run, and one child process per case so that each
+ * case's peak RSS is its own.
+ *
+ *     int i = bench_child_case(argc, argv, NCASES);   // in a child: run case i, print seconds
+ *     if (i >= 0) return run_case(i);
+ *     double base = bench_sgemm_gflops(eng_cpu_count());
+ *     double secs, rss_mb;
+ *     if (bench_measure_case(0, &secs, &rss_mb) == 0) ...
+ */
+#ifndef ATTND_BENCH_HARNESS_H
+#define ATTND_BENCH_HARNESS_H
+
+#include <stddef.h>
+
+#include "engine/engine.h"
+
+/* CLOCK_MONOTONIC seconds. */
+double bench_seconds(void);
+
+/* n uniform floats in [-amp, amp) from a fixed seed; exits when memory runs out. */
+float *bench_random_floats(size_t n, unsigned seed, float amp);
+
+/* The best of at least three runs (and of at least `min_total` seconds of runs, at most 20),
+ * after one warm-up; -1 when a run fails. */
+typedef eng_status (*bench_fn)(void *ctx);
+double bench_best_seconds(bench_fn fn, void *ctx, double min_total);
+
+/* GFLOPS of a 2048^3 OpenBLAS sgemm on `threads` threads. */
+double bench_sgemm_gflops(int threads);
+
+/* When argv is "--case N" (this program run as a child): N, or -2 when N is not a case.
+ * Otherwise -1. */
+int bench_child_case(int argc, char **argv, int ncases);
+
+/* Runs this program as "--case i" in a fresh process, which prints its seconds on stdout;
+ * returns 0 with the seconds and the child's peak RSS in MiB, or -1. */
+int bench_measure_case(int i, double *secs, double *rss_mb);
+
+#endif
