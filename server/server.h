@@ -46,7 +46,6 @@
     X(SRV_ENOMEM, "out of memory")                                                                 \
     X(SRV_ETOOBIG, "beyond a limit")                                                               \
     X(SRV_EIO, "system call failed")                                                               \
-    X(SRV_EUNSUPPORTED, "not supported yet")                                                       \
     X(SRV_HELP, "help requested")
 
 typedef enum {
