@@ -372,11 +372,6 @@ static int encode_reply(attn_job *job, int64_t decode_ns, int64_t compute_ns, ap
 
 /* ---- The call ---------------------------------------------------------------------------- */
 
-static double mib(size_t bytes)
-{
-    return (double)bytes / (1024.0 * 1024.0);
-}
-
 static int run(attn_job *job, api_reply *reply, api_error *err)
 {
     api_req *rq = &job->rq;
@@ -390,15 +385,9 @@ static int run(attn_job *job, api_reply *reply, api_error *err)
 
     /* Size everything, reserve it, then allocate and decode. */
     size_t tensors = 0, scratch = 0, text = 0;
-    bool ok = api_sdpa_bytes(&job->s, true, &tensors, &scratch);
-    ok = reply_bound(job, &text) && ok;
-    size_t need = tensors;
-    ok = ok && !__builtin_add_overflow(need, text, &need) &&
-         !__builtin_add_overflow(need, scratch, &need);
-    char what[160];
-    snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
-             mib(tensors), mib(text), mib(scratch));
-    if (api_req_reserve(rq, ok ? need : SIZE_MAX, false, what, err) != 0)
+    bool sized = api_sdpa_bytes(&job->s, true, &tensors, &scratch);
+    sized = reply_bound(job, &text) && sized;
+    if (api_req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
         return -1;
     api_jsonw_init(&job->w, text);
 
@@ -410,14 +399,8 @@ static int run(attn_job *job, api_reply *reply, api_error *err)
     int64_t t_computed = eng_now_ns();
     if (encode_reply(job, reply->decode_ns, reply->compute_ns, err) != 0)
         return -1;
-    reply->status = 200;
-    reply->content_type = "application/json";
-    reply->reason = API_REASON_NONE;
-    reply->body = job->w.data;
-    reply->body_len = job->w.len;
+    api_reply_json(reply, &job->w, t_computed);
     reply->inferences = job->s.r.B;
-    job->w.data = NULL;
-    reply->encode_ns = eng_now_ns() - t_computed;
     return 0;
 }
 

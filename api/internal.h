@@ -367,6 +367,16 @@ void api_req_free(api_req *rq);
  * it cannot fit now. `what` says what the bytes are for, in the 413 message. */
 int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api_error *err);
 
+/* Reserves the decoded tensors, the reply text and the engine scratch of a request together,
+ * naming the three in a 413 message; `sized` false (a size overflowed) reserves everything,
+ * which is a 413. */
+int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
+                        api_error *err);
+
+/* Fills a 200 application/json reply with the text of `w`, taking its buffer, and the encode
+ * time since `encode_start_ns`. */
+void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns);
+
 /* Scans `json` (len bytes), reserves what parsing it holds, and parses it into rq->body. */
 int api_req_parse(api_req *rq, const char *json, size_t len, api_error *err);
 

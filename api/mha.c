@@ -361,15 +361,9 @@ static int run(mha_job *job, api_reply *reply, api_error *err)
 
     /* Size everything, reserve it, then allocate and decode. */
     size_t tensors = 0, scratch = 0, text = 0;
-    bool ok = api_layer_bytes(&job->s, true, &tensors, &scratch);
-    ok = reply_bound(job, &text) && ok;
-    size_t need = tensors;
-    ok = ok && !__builtin_add_overflow(need, text, &need) &&
-         !__builtin_add_overflow(need, scratch, &need);
-    char what[160];
-    snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
-             (double)tensors / 1048576.0, (double)text / 1048576.0, (double)scratch / 1048576.0);
-    if (api_req_reserve(rq, ok ? need : SIZE_MAX, false, what, err) != 0)
+    bool sized = api_layer_bytes(&job->s, true, &tensors, &scratch);
+    sized = reply_bound(job, &text) && sized;
+    if (api_req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
         return -1;
     api_jsonw_init(&job->w, text);
 
@@ -381,13 +375,7 @@ static int run(mha_job *job, api_reply *reply, api_error *err)
     int64_t t_computed = eng_now_ns();
     if (encode_reply(job, reply->decode_ns, reply->compute_ns, err) != 0)
         return -1;
-    reply->status = 200;
-    reply->content_type = "application/json";
-    reply->reason = API_REASON_NONE;
-    reply->body = job->w.data;
-    reply->body_len = job->w.len;
-    job->w.data = NULL;
-    reply->encode_ns = eng_now_ns() - t_computed;
+    api_reply_json(reply, &job->w, t_computed);
     return 0;
 }
 

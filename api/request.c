@@ -74,6 +74,29 @@ int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api
     return api_error_set(err, 500, API_REASON_INTERNAL, NULL, "memory budget inconsistent");
 }
 
+int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
+                        api_error *err)
+{
+    size_t need = tensors;
+    sized = sized && !__builtin_add_overflow(need, text, &need) &&
+            !__builtin_add_overflow(need, scratch, &need);
+    char what[160];
+    snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
+             mib(tensors), mib(text), mib(scratch));
+    return api_req_reserve(rq, sized ? need : SIZE_MAX, false, what, err);
+}
+
+void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns)
+{
+    reply->status = 200;
+    reply->content_type = "application/json";
+    reply->reason = API_REASON_NONE;
+    reply->body = w->data;
+    reply->body_len = w->len;
+    w->data = NULL;
+    reply->encode_ns = eng_now_ns() - encode_start_ns;
+}
+
 int api_req_parse(api_req *rq, const char *json, size_t len, api_error *err)
 {
     /* The tree's memory is reserved before jansson allocates it. */
