@@ -30,7 +30,7 @@ void api_req_free(api_req *rq)
 {
     api_body_free(&rq->body);
     for (size_t i = 0; i < rq->n_owned; i++)
-        free(rq->owned[i]);
+        eng_buf_free(rq->owned[i]);
     rq->n_owned = 0;
     if (rq->call->budget && rq->parse_reserved + rq->reserved > 0)
         api_budget_release(rq->call->budget, rq->parse_reserved + rq->reserved);
@@ -125,7 +125,7 @@ void *api_req_alloc(api_req *rq, size_t bytes, api_error *err)
         api_error_set(err, 500, API_REASON_INTERNAL, NULL, "too many buffers for one request");
         return NULL;
     }
-    p = api_aligned_alloc(bytes);
+    p = eng_buf_alloc(bytes); /* big ones reuse the pages of an earlier request */
     if (!p) {
         api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for a buffer of %zu bytes",
                       bytes);

@@ -122,6 +122,29 @@ eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg);
  * cfs_quota) quota rounded up; at least 1. */
 int eng_cpu_count(void);
 
+/* ---- Big buffers -------------------------------------------------------------------------- */
+
+/* Buffers for request-sized data (bodies, tensors, outputs) that keep their pages: a freed
+ * buffer of 1 MiB or more stays mapped in a process-wide cache while it fits the limit, and
+ * the next similar request reuses it without page faults. Any thread; never blocks on I/O. */
+
+/* `bytes` of uninitialised, 64-byte-aligned memory; NULL when out of memory. */
+void *eng_buf_alloc(size_t bytes);
+
+/* Returns a buffer from eng_buf_alloc (NULL: no-op) to the cache, or to the system when the
+ * cache is full. */
+void eng_buf_free(void *p);
+
+/* How many bytes freed buffers may keep mapped; 0 (the default) keeps none. Lowering it
+ * releases the excess at once. */
+void eng_buf_cache_limit(size_t bytes);
+
+/* Releases cached buffers freed at least `idle_ns` ago; returns the bytes released. */
+size_t eng_buf_trim(int64_t idle_ns);
+
+/* Bytes the cache holds now. */
+size_t eng_buf_cached(void);
+
 /* ---- Tensor views ------------------------------------------------------------------------- */
 
 /* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes), so that [B,L,H,D]

@@ -289,10 +289,11 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     if ((st = eng__sdpa_validate(&probe, err)) != ENG_OK)
         return st;
 
-    float *q = malloc(sh.q_floats * sizeof(float));
-    float *kv = malloc(sh.kv_floats * sizeof(float));
-    float *o = malloc(sh.o_floats * sizeof(float));
-    float *copies = sh.copy_floats ? malloc(sh.copy_floats * sizeof(float)) : NULL;
+    /* Request-sized buffers: eng_buf's cache spares them the page faults of fresh memory. */
+    float *q = eng_buf_alloc(sh.q_floats * sizeof(float));
+    float *kv = eng_buf_alloc(sh.kv_floats * sizeof(float));
+    float *o = eng_buf_alloc(sh.o_floats * sizeof(float));
+    float *copies = sh.copy_floats ? eng_buf_alloc(sh.copy_floats * sizeof(float)) : NULL;
     if (!q || !kv || !o || (sh.copy_floats && !copies)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate the layer's buffers");
         goto done;
@@ -335,9 +336,9 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
 stopped:
     eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
 done:
-    free(q);
-    free(kv);
-    free(o);
-    free(copies);
+    eng_buf_free(q);
+    eng_buf_free(kv);
+    eng_buf_free(o);
+    eng_buf_free(copies);
     return st;
 }

@@ -631,6 +631,30 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
     return st;
 }
 
+/* Elements per step of scale_row: a fixed count, so that the compiler vectorises the step. */
+#define SCALE_BLOCK 16
+
+/* x[0..n) *= mul; true when some result is not finite. */
+static bool scale_row(float *x, int64_t n, float mul)
+{
+    int bad = 0; /* an int reduction, which vectorises where a float one may not */
+    int64_t d = 0;
+    for (; n - d >= SCALE_BLOCK; d += SCALE_BLOCK) {
+        int block = 0;
+        for (int k = 0; k < SCALE_BLOCK; k++) {
+            float y = x[d + k] * mul;
+            x[d + k] = y;
+            block |= !(fabsf(y) <= FLT_MAX);
+        }
+        bad |= block;
+    }
+    for (; d < n; d++) {
+        x[d] *= mul;
+        bad |= !(fabsf(x[d]) <= FLT_MAX);
+    }
+    return bad != 0;
+}
+
 /* Divides o by l and writes lse (when wanted); a row that saw no key becomes 0 / -inf. Flags a
  * non-finite result. */
 static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const float *m,
@@ -644,13 +668,7 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
                 lse[r] = -INFINITY;
             continue;
         }
-        float inv = 1.0f / l[r];
-        int overflow = 0; /* an int reduction, which vectorises where a float one may not */
-        for (int64_t d = 0; d < p->Dv; d++) {
-            orow[d] *= inv;
-            overflow |= !(fabsf(orow[d]) <= FLT_MAX);
-        }
-        if (overflow)
+        if (scale_row(orow, p->Dv, 1.0f / l[r]))
             atomic_store(&p->nonfinite, true);
         if (lse)
             lse[r] = m[r] + logf(l[r]);

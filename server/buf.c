@@ -6,6 +6,7 @@
  */
 #include "server/internal.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,20 +18,50 @@ void srv__buf_init(srv_buf *b, size_t limit)
     b->cap = 0;
     b->limit = limit;
     b->failed = false;
+    b->pooled = false;
 }
 
 void srv__buf_free(srv_buf *b)
 {
     if (!b)
         return;
-    free(b->data);
+    if (b->pooled)
+        eng_buf_free(b->data);
+    else
+        free(b->data);
     srv__buf_init(b, b->limit);
+}
+
+/* Moves the data to an allocation of `cap` bytes, from eng_buf_alloc when `pooled`. */
+static srv_status resize(srv_buf *b, size_t cap, bool pooled)
+{
+    char *grown;
+    if (!pooled && !b->pooled) {
+        grown = realloc(b->data, cap);
+    } else {
+        grown = eng_buf_alloc(cap);
+        if (grown) {
+            if (b->len > 0)
+                memcpy(grown, b->data, b->len);
+            if (b->pooled)
+                eng_buf_free(b->data);
+            else
+                free(b->data);
+        }
+    }
+    if (!grown) {
+        b->failed = true;
+        return SRV_ENOMEM;
+    }
+    b->data = grown;
+    b->cap = cap;
+    b->pooled = pooled || b->pooled;
+    return SRV_OK;
 }
 
 srv_status srv__buf_reserve(srv_buf *b, size_t extra)
 {
     size_t want, cap;
-    char *grown;
     if (extra > b->limit - b->len) {
         b->failed = true;
         return SRV_ETOOBIG;
@@ -44,33 +75,18 @@ srv_status srv__buf_reserve(srv_buf *b, size_t extra)
     /* +1 for the NUL, which the limit does not count. */
     if (cap > b->limit)
         cap = b->limit + 1;
-    grown = realloc(b->data, cap);
-    if (!grown) {
-        b->failed = true;
-        return SRV_ENOMEM;
-    }
-    b->data = grown;
-    b->cap = cap;
-    return SRV_OK;
+    return resize(b, cap, b->pooled);
 }
 
 srv_status srv__buf_grow_to(srv_buf *b, size_t cap)
 {
-    char *grown;
     if (cap <= b->cap)
         return SRV_OK;
     if (cap - 1 > b->limit) {
         b->failed = true;
         return SRV_ETOOBIG;
     }
-    grown = realloc(b->data, cap);
-    if (!grown) {
-        b->failed = true;
-        return SRV_ENOMEM;
-    }
-    b->data = grown;
-    b->cap = cap;
-    return SRV_OK;
+    return resize(b, cap, true);
 }
 
 srv_status srv__buf_append(srv_buf *b, const void *data, size_t n)
@@ -171,6 +187,7 @@ srv_status srv__buf_json_str(srv_buf *b, const char *s, size_t n)
 char *srv__buf_take(srv_buf *b, size_t *len)
 {
     char *data;
+    assert(!b->pooled); /* its data is not malloc's: our bug */
     if (b->failed) {
         srv__buf_free(b);
         return NULL;

@@ -773,9 +773,13 @@ static double ms(int64_t ns)
     return ns > 0 ? (double)ns / 1e6 : 0.0;
 }
 
-static void log_request(const srv_req *req, int status, api_reason reason, int64_t total_ns,
+static void log_request(const srv_req *req, int status, api_reason reason, int64_t now,
                         int64_t queue_ns)
 {
+    /* receive: first byte of the request to its last; send: the reply's handoff to the
+     * connection until libmicrohttpd has written it all. */
+    int64_t receive_ns = req->submit_ns > 0 ? req->submit_ns - req->start_ns : 0;
+    int64_t send_ns = req->done_ns > 0 ? now - req->done_ns : 0;
     srv_buf b;
     if (!srv_log_enabled(SRV_LOG_INFO))
         return;
@@ -788,12 +792,13 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
     srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_label(req->route));
     srv__buf_json_str(&b, req->path, strlen(req->path));
     srv__buf_printf(&b,
-                    ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"queue_ms\":%.3f,"
-                    "\"decode_ms\":%.3f,\"compute_ms\":%.3f,\"encode_ms\":%.3f,"
-                    "\"total_ms\":%.3f",
+                    ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
+                    "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
+                    "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
                     status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
-                    ms(queue_ns), ms(req->reply.decode_ns), ms(req->reply.compute_ns),
-                    ms(req->reply.encode_ns), ms(total_ns));
+                    ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
+                    ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
+                    ms(now - req->start_ns));
     if (reason != API_REASON_NONE)
         srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
     srv__buf_puts(&b, "}\n");
@@ -860,7 +865,7 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          req->bytes_out);
     srv__metrics_rejected(&s->metrics, reason);
     srv__v2_completed(s, req, status, reason, now - req->start_ns, queue_ns);
-    log_request(req, status, reason, now - req->start_ns, queue_ns);
+    log_request(req, status, reason, now, queue_ns);
 
     release_body(req);
     release_reply(req);

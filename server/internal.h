@@ -36,6 +36,7 @@ typedef struct {
     char *data;
     size_t len, cap, limit;
     bool failed;
+    bool pooled; /* data is from eng_buf_alloc (request bodies, see srv__buf_grow_to) */
 } srv_buf;
 
 void srv__buf_init(srv_buf *b, size_t limit);
@@ -43,7 +44,9 @@ void srv__buf_free(srv_buf *b);
 /* Ensures room for `extra` more bytes: SRV_OK, SRV_ETOOBIG (past the limit) or SRV_ENOMEM. */
 srv_status srv__buf_reserve(srv_buf *b, size_t extra);
 /* Grows the allocation to exactly `cap` bytes (data plus the NUL), for callers that account
- * for every allocated byte (request bodies against the memory budget). */
+ * for every allocated byte (request bodies against the memory budget). The storage comes from
+ * eng_buf_alloc, whose cache keeps the pages of big bodies for the next request; such a buffer
+ * is never taken (srv__buf_take). */
 srv_status srv__buf_grow_to(srv_buf *b, size_t cap);
 srv_status srv__buf_append(srv_buf *b, const void *data, size_t n);
 srv_status srv__buf_puts(srv_buf *b, const char *s);
@@ -130,7 +133,7 @@ typedef struct {
 /* Values sampled at scrape time. */
 typedef struct {
     int64_t queued, running, inflight, suspended;
-    int64_t memory_in_use, memory_budget, max_queue;
+    int64_t memory_in_use, memory_budget, max_queue, buffer_cache;
     int threads;
     bool ready;
 } srv_gauges;

@@ -172,6 +172,9 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
     srv__buf_printf(b, "attnd_memory_reserved_bytes %lld\n", (long long)g->memory_in_use);
     family(b, "attnd_memory_budget_bytes", "gauge", "The memory budget (--max-memory-bytes).");
     srv__buf_printf(b, "attnd_memory_budget_bytes %lld\n", (long long)g->memory_budget);
+    family(b, "attnd_buffer_cache_bytes", "gauge",
+           "Freed request buffers kept mapped for reuse (--buffer-cache-bytes).");
+    srv__buf_printf(b, "attnd_buffer_cache_bytes %lld\n", (long long)g->buffer_cache);
     family(b, "attnd_ready", "gauge", "1 when /v2/health/ready answers 200, 0 while draining.");
     srv__buf_printf(b, "attnd_ready %d\n", g->ready ? 1 : 0);
 

@@ -50,6 +50,7 @@ static enum MHD_Result answer_metrics(srv_server *s, srv_req *req)
     g.inflight = atomic_load(&s->active);
     g.suspended = atomic_load(&s->suspended);
     g.memory_in_use = (int64_t)api_budget_in_use(s->budget);
+    g.buffer_cache = (int64_t)eng_buf_cached();
     g.memory_budget = (int64_t)s->max_memory_bytes;
     g.max_queue = s->max_queue;
     g.threads = s->threads;

@@ -152,6 +152,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
 
+    eng_buf_cache_limit(cfg->buffer_cache_bytes);
     s->budget = api_budget_new(cfg->max_memory_bytes);
     if (!s->budget) {
         snprintf(err, errlen, "cannot create the memory budget (--max-memory-bytes)");
@@ -287,6 +288,7 @@ void srv_server_free(srv_server *s)
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
+    eng_buf_cache_limit(0);
     api_budget_free(s->budget);
     api_models_free(s->models);
     while (s->conns) {

@@ -92,6 +92,7 @@ typedef struct {
     size_t max_body_bytes;      /* --max-body-bytes */
     int64_t max_elements;       /* --max-elements */
     size_t max_memory_bytes;    /* --max-memory-bytes: the global budget */
+    size_t buffer_cache_bytes;  /* --buffer-cache-bytes: freed big buffers kept mapped */
     int64_t max_queue;          /* --max-queue: requests queued or running on workers */
     int64_t request_timeout_ms; /* --request-timeout-ms */
     int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */

@@ -34,6 +34,8 @@
 
 /* The longest the watcher sleeps when nothing is due; it is woken for anything new. */
 #define WATCH_MAX_SLEEP_MS 1000
+/* Cached request buffers unused this long are given back (--buffer-cache-bytes). */
+#define BUFFER_IDLE_NS INT64_C(10000000000)
 /* MHD's own idle timeout normally closes an idle connection first; ours, a little later,
  * catches a request line trickled slowly enough to keep resetting MHD's timer. */
 #define IDLE_GRACE_NS INT64_C(1000000000)
@@ -276,6 +278,7 @@ static void *watch_main(void *arg)
             srv__req_unref(req);
         }
         resume.n = 0;
+        eng_buf_trim(BUFFER_IDLE_NS);
 
         rc = poll(pfd, (nfds_t)n, timeout);
         if (rc > 0 && (pfd[0].revents & POLLIN)) {

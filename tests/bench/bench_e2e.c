@@ -5,7 +5,7 @@
  *   engine       eng_sdpa alone on a pool of the daemon's size (the floor);
  *   api          the same request through api/ in this process: the KServe v2 binary body
  *                (api_v2_infer) and the native base64 JSON body (api_attention), parse,
- *                decode, compute, encode - no socket;
+ *                decode, compute, encode - no socket; buffers are cached as in the daemon;
  *   http         the same bodies POSTed to a real attnd over loopback (libcurl, one kept-alive
  *                connection): upload, queue, api, download.
  *
@@ -247,6 +247,7 @@ int main(int argc, char **argv)
         return 1;
     }
     threads = eng_pool_threads(pool);
+    eng_buf_cache_limit((size_t)256 << 20); /* as the daemon's default --buffer-cache-bytes */
     n_in = (size_t)(B * H * L * D);
     q = random_floats(n_in, 1);
     k = random_floats(n_in, 2);

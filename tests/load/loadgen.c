@@ -766,6 +766,10 @@ static double capacity; /* requests per second of the mix */
 static int idle_fds;
 static long idle_rss_kib;
 
+#define BUFFER_CACHE "attnd_buffer_cache_bytes"
+/* The daemon releases cached buffers 10 s after their last use; its watcher looks each second. */
+#define CACHE_RELEASE_MS 13000
+
 /* Requests per second the daemon on `port` can serve for the mix with `long_fraction` long
  * requests: each long size alone on the idle daemon (which also warms up the allocator with
  * the biggest bodies), small requests with twice as many in flight as workers for `seconds`,
@@ -820,6 +824,7 @@ static void test_load_at_twice_capacity(void)
         return;
     }
     idle_fds = fds_settled(daemon_.pid, -1);
+    CHECK(metric_wait_le(daemon_.port, BUFFER_CACHE, 0, CACHE_RELEASE_MS));
     idle_rss_kib = rss_kib(daemon_.pid);
     l.rate = opt.rate > 0 ? opt.rate : opt.overload * capacity;
     l.long_fraction = opt.long_fraction;
@@ -877,11 +882,13 @@ static void test_load_at_twice_capacity(void)
 }
 
 /* Once the load is over and its connections closed: as many descriptors as before it, and
- * RSS within 16 MiB of the idle RSS before it. The allowance is for glibc's arenas: small
- * freed chunks stay in the arena of the thread that used them (one per worker and the I/O
- * thread), and their layout after a run depends on which thread served what; it does not grow
- * with the length of the run. Large blocks (bodies, tensors) are mmapped and returned on free
- * because the daemon runs with MALLOC_MMAP_THRESHOLD_ fixed (see main), so what remains is
+ * RSS within 16 MiB of the idle RSS before it. Both RSS readings wait until the daemon has
+ * released its cache of request buffers (--buffer-cache-bytes: kept 10 s after last use), so
+ * the comparison sees memory in use, not pages kept on purpose for the next request. The allowance
+ * is for glibc's arenas: small freed chunks stay in the arena of the thread that used them (one per
+ * worker and the I/O thread), and their layout after a run depends on which thread served what; it
+ * does not grow with the length of the run. Large blocks (bodies, tensors) are mmapped and returned
+ * on free because the daemon runs with MALLOC_MMAP_THRESHOLD_ fixed (see main), so what remains is
  * live memory plus that slack; a leak of small requests alone (25 KB bodies at hundreds per
  * second) would pass it within a second. In --soak mode the RSS is also printed every minute. */
 static void test_rss_and_fds_flat_after_load(void)
@@ -891,6 +898,7 @@ static void test_rss_and_fds_flat_after_load(void)
     if (!daemon_up)
         return;
     fds = fds_settled(daemon_.pid, idle_fds);
+    CHECK(metric_wait_le(daemon_.port, BUFFER_CACHE, 0, CACHE_RELEASE_MS));
     sleep_ms(500);
     rss = rss_kib(daemon_.pid);
     printf("  after the load: VmRSS %ld KiB (%+ld KiB), %d descriptors (%+d)\n", rss,
