@@ -262,4 +262,25 @@ typedef enum {
 void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
                       api_reply *reply);
 
+/* ---- A request's own timeout, before decoding --------------------------------------------- */
+
+/* The timeout in milliseconds a request sets for itself, read from call->body without parsing
+ * it, so that the server can hold a request's deadline while it waits for a worker (the route
+ * applies the same timeout once a worker decodes the body). Reads call->body, body_len,
+ * content_type, content_encoding and (v2) inference_header_length; nothing else.
+ *
+ * api_timeout_peek is for /v1/attention and /v1/mha: the top-level "timeout_ms".
+ * api_v2_timeout_peek is for KServe v2 inference: the top-level "parameters" object's
+ * "timeout_ms" and Triton's "timeout" (microseconds), the tighter of the two, looking only at
+ * the JSON before the binary tensor data.
+ *
+ * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
+ * Returns 0 when the body sets no timeout, or one that is not an integer in the route's range,
+ * and when it cannot be read cheaply: a gzip or deflate body is not inflated here. Never an
+ * error: the route validates the body and reports what is wrong. Cheap: a body without the
+ * text "timeout" costs one memmem; otherwise one pass over the top level, which skips
+ * strings with memchr. Allocates nothing; any thread. */
+int64_t api_timeout_peek(const api_call *call);
+int64_t api_v2_timeout_peek(const api_call *call);
+
 #endif

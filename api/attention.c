@@ -231,7 +231,7 @@ static int f_timeout_ms(attn_job *job, const json_t *v, const char *name, api_er
 {
     if (json_is_null(v))
         return 0;
-    return api_field_int(v, name, 1, (int64_t)1 << 40, &job->s.r.timeout_ms, err);
+    return api_field_int(v, name, 1, API_TIMEOUT_MS_MAX, &job->s.r.timeout_ms, err);
 }
 
 /* Every field of the request, in the order the reference above lists them. */

@@ -392,6 +392,11 @@ int api_req_check_ctl(api_req *rq, api_error *err);
 /* Sets the deadline: `timeout_ms` (0: none given) capped by --request-timeout-ms. */
 void api_req_set_deadline(api_req *rq, int64_t timeout_ms);
 
+/* The ranges of a request's own timeout: "timeout_ms" on every route, and Triton's "timeout"
+ * in microseconds on KServe v2 (where 0 means none). api_timeout_peek reads the same ranges. */
+#define API_TIMEOUT_MS_MAX ((int64_t)1 << 40)
+#define API_TIMEOUT_US_MAX ((int64_t)1 << 50)
+
 /* An engine failure as an error: 422 invalid, 413 too big, 503 out of memory, 504 / cancelled,
  * 500 for the rest. `field` is the request's name for the engine's field (may be NULL). */
 int api_req_engine_error(api_req *rq, eng_status st, const eng_error *e, const char *field,
@@ -517,6 +522,17 @@ bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_
 
 /* Turns `err` into a v2 error reply {"error": "message"}. */
 void api_v2_reply_from_error(api_reply *reply, const api_error *err);
+
+/* Whether a v2 inference takes a body of Content-Type `ct` (NULL: none given). */
+bool api_v2_content_type_ok(const char *ct);
+
+/* Reads an Inference-Header-Content-Length value (decimal digits, optionally surrounded by
+ * blanks) into *out; false when it is not one. */
+bool api_v2_header_len_parse(const char *s, size_t *out);
+
+/* The timeout a v2 inference asks for: the tighter of "timeout_ms" and Triton's "timeout"
+ * (microseconds, rounded up to whole milliseconds), where 0 means not given; 0 when neither is. */
+int64_t api_v2_timeout_ms(int64_t timeout_ms, int64_t timeout_us);
 
 /* ---- Fields the JSON attention routes share (fields.c) ----------------------------------- */
 

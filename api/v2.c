@@ -437,7 +437,7 @@ static int p_return_lse(v2_job *job, const json_t *v, const char *name, api_erro
 
 static int p_timeout_ms(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return api_field_int(v, name, 1, (int64_t)1 << 40, timeout_ms_of(job), err);
+    return api_field_int(v, name, 1, API_TIMEOUT_MS_MAX, timeout_ms_of(job), err);
 }
 
 static int p_positional(v2_job *job, const json_t *v, const char *name, api_error *err)
@@ -462,7 +462,7 @@ static int p_add_zero_attn(v2_job *job, const json_t *v, const char *name, api_e
 
 static int p_timeout(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    return api_field_int(v, name, 0, (int64_t)1 << 50, &job->timeout_us, err);
+    return api_field_int(v, name, 0, API_TIMEOUT_US_MAX, &job->timeout_us, err);
 }
 
 static int p_priority(v2_job *job, const json_t *v, const char *name, api_error *err)
@@ -912,14 +912,14 @@ static bool media_type_is(const char *ct, const char *type)
 /* JSON; application/octet-stream, which the binary extension's clients send; and
  * application/x-www-form-urlencoded, which `curl -d` sends unless told otherwise and which
  * KServe's own examples rely on (Triton does not look at the Content-Type at all). */
-static bool content_type_ok(const char *ct)
+bool api_v2_content_type_ok(const char *ct)
 {
     return !ct || api_field_json_type(ct) || media_type_is(ct, "application/octet-stream") ||
            media_type_is(ct, "application/x-www-form-urlencoded");
 }
 
 /* Inference-Header-Content-Length: decimal digits, optionally surrounded by blanks. */
-static bool parse_header_len(const char *s, size_t *out)
+bool api_v2_header_len_parse(const char *s, size_t *out)
 {
     size_t n = 0;
     int digits = 0;
@@ -947,7 +947,7 @@ static int parse_request(v2_job *job, api_error *err)
     const char *key;
     json_t *val;
 
-    if (!content_type_ok(call->content_type))
+    if (!api_v2_content_type_ok(call->content_type))
         return api_error_set(err, 415, API_REASON_BAD_REQUEST, NULL,
                              "Content-Type \"%.80s\" is not supported; send application/json "
                              "(or application/octet-stream with binary tensor data)",
@@ -958,7 +958,7 @@ static int parse_request(v2_job *job, api_error *err)
                              "allows",
                              call->body_len, job->rq.limits.max_body_bytes);
     if (call->inference_header_length) {
-        if (!parse_header_len(call->inference_header_length, &header_len))
+        if (!api_v2_header_len_parse(call->inference_header_length, &header_len))
             return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
                                  "Inference-Header-Content-Length \"%.40s\" is not a byte count",
                                  call->inference_header_length);
@@ -1067,13 +1067,16 @@ static int settle_outputs(v2_job *job, api_error *err)
     for (int o = 0; o < N_OUTPUTS; o++)
         if (!job->binary_set[o])
             job->binary[o] = job->binary_default;
-    if (job->timeout_us > 0) {
-        /* Triton's timeout, in microseconds: the tighter of it and timeout_ms applies. */
-        int64_t ms = (job->timeout_us + 999) / 1000;
-        if (*timeout_ms == 0 || ms < *timeout_ms)
-            *timeout_ms = ms;
-    }
+    *timeout_ms = api_v2_timeout_ms(*timeout_ms, job->timeout_us);
     return 0;
+}
+
+int64_t api_v2_timeout_ms(int64_t timeout_ms, int64_t timeout_us)
+{
+    int64_t ms = (timeout_us + 999) / 1000;
+    if (timeout_us > 0 && (timeout_ms == 0 || ms < timeout_ms))
+        return ms;
+    return timeout_ms;
 }
 
 /* ---- Reply ---------------------------------------------------------------------------------- */

@@ -92,6 +92,15 @@ void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt,
     req->reply.reason = reason;
 }
 
+void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size)
+{
+    if (req->own_timeout_ms > 0)
+        snprintf(buf, size, "the request's timeout of %lld ms", (long long)req->own_timeout_ms);
+    else
+        snprintf(buf, size, "--request-timeout-ms %lld",
+                 (long long)(s->request_timeout_ns / 1000000));
+}
+
 static void set_phase(srv_req *req, srv_conn_phase phase)
 {
     srv_server *s = req->srv;
@@ -316,6 +325,13 @@ static bool token_is(const char *value, const char *word)
     return *value == '\0';
 }
 
+/* The client sent "Expect: 100-continue": it waits for a go-ahead before sending its body. */
+static bool expects_continue(const srv_req *req)
+{
+    return token_is(MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect"),
+                    "100-continue");
+}
+
 /* Checks the message framing before any body byte is read: libmicrohttpd 0.9.75 uses the first
  * of two Content-Length headers, lets chunked win over Content-Length, and reads a body with an
  * unknown transfer coding as raw bytes until the connection closes. Each is a way to make a
@@ -350,8 +366,7 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
              * more than we would read. Any other client is already sending: libmicrohttpd
              * closes a connection answered mid-body, and the client would see a reset instead
              * of the 413, so its body is read and discarded first (as for chunked bodies). */
-            const char *expect = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect");
-            if (token_is(expect, "100-continue") || n / DRAIN_FACTOR > s->max_body_bytes)
+            if (expects_continue(req) || n / DRAIN_FACTOR > s->max_body_bytes)
                 return respond_error(req, 413, API_REASON_TOO_LARGE, &close,
                                      "the body of %llu bytes is larger than --max-body-bytes (%zu)",
                                      n, s->max_body_bytes);
@@ -406,6 +421,18 @@ static enum MHD_Result respond_pending(srv_req *req)
 {
     resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
     return respond_error(req, req->pending_status, req->pending_reason, &o, "%s", req->pending_msg);
+}
+
+/* Answers a refusal decided from the headers (pending_* filled) as the client allows: one
+ * waiting for "100 Continue" gets it now and never sends the body. Any other is already
+ * sending it, and libmicrohttpd would close a connection answered mid-body, so that the client
+ * sees a reset instead of the answer: its body is read and discarded (on_body_chunk) and the
+ * answer waits for its end (on_body_complete). Nothing is reserved or allocated for it. */
+static enum MHD_Result refuse_from_headers(srv_req *req)
+{
+    if (expects_continue(req))
+        return respond_pending(req);
+    return MHD_YES;
 }
 
 /* First call of the access handler: what every answer needs (id, method, path), then the
@@ -486,10 +513,10 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
         if (answered)
             return rc;
     }
-    /* These two refusals wait for the body when one is on its way, reading and discarding it
-     * (on_body_chunk) and answering in on_body_complete: libmicrohttpd 0.9.75 stops reading a
-     * POST body once a response is queued and closes the connection after it, so a client
-     * still sending its body (a long sequence) would get a reset instead of the 503 or 429. */
+    /* These refusals wait for a body that is on its way (refuse_from_headers): libmicrohttpd
+     * 0.9.75 stops reading a POST body once a response is queued and closes the connection
+     * after it, so a client still sending its body (a long sequence) would get a reset instead
+     * of the 503 or 429. */
     if (atomic_load(&s->draining)) {
         resp_opts o = {.close = true};
         if (req->body_expected) {
@@ -497,7 +524,7 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
             req->pending_reason = API_REASON_DRAINING;
             snprintf(req->pending_msg, sizeof req->pending_msg,
                      "the server is shutting down; retry on another replica");
-            return MHD_YES;
+            return refuse_from_headers(req);
         }
         return respond_error(req, 503, API_REASON_DRAINING, &o,
                              "the server is shutting down; retry on another replica");
@@ -509,7 +536,7 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
             req->pending_reason = API_REASON_QUEUE_FULL;
             snprintf(req->pending_msg, sizeof req->pending_msg,
                      "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
-            return MHD_YES;
+            return refuse_from_headers(req);
         }
         return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
                              "the queue is full (--max-queue %lld); retry later",
@@ -517,11 +544,8 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     }
     if (req->has_length && req->content_length > 0) {
         /* The whole body at once: one allocation, reserved before a byte is read. */
-        if (!reserve_body(s, req, req->content_length + 1)) {
-            resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
-            return respond_error(req, req->pending_status, req->pending_reason, &o, "%s",
-                                 req->pending_msg);
-        }
+        if (!reserve_body(s, req, req->content_length + 1))
+            return refuse_from_headers(req);
         if (srv__buf_grow_to(&req->body, req->content_length + 1) != SRV_OK)
             return respond_error(req, 503, API_REASON_MEMORY, NULL,
                                  "out of memory for a body of %zu bytes", req->content_length);
@@ -630,10 +654,32 @@ static void job_run(void *arg, int64_t index)
     srv__req_unref(req);
 }
 
+/* The deadline of a request about to be queued: --request-timeout-ms from its arrival, or its
+ * body's own timeout when that is tighter (then kept in req->own_timeout_ms). A worker reads
+ * the body's timeout only once it reaches the request; read here (cheaply: api/peek.c), it
+ * holds while the request waits behind others, and the watcher answers 504 on time. */
+static int64_t request_deadline(const srv_server *s, srv_req *req)
+{
+    const srv_route_def *rd = srv__route_def(req->route);
+    api_call call = {.body = req->body.data, .body_len = req->body.len};
+    int64_t ms = 0;
+
+    if (rd && rd->timeout) {
+        call.content_type = req->has_content_type ? req->content_type : NULL;
+        srv__call_headers(req, &call);
+        ms = rd->timeout(&call);
+    }
+    req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
+    if (req->own_timeout_ms > 0)
+        return req->start_ns + req->own_timeout_ms * 1000000;
+    return req->start_ns + s->request_timeout_ns;
+}
+
 static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
 {
-    int64_t now = eng_now_ns(), deadline = req->start_ns + s->request_timeout_ns;
+    int64_t now = eng_now_ns(), deadline;
     int_fast64_t admitted;
+    char origin[64];
 
     req->seen_body_end = true;
     set_phase(req, CONN_BUSY);
@@ -642,11 +688,12 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     if (atomic_load(&s->drain_expired))
         return respond_error(req, 503, API_REASON_DRAINING, NULL,
                              "the server is shutting down; retry on another replica");
-    if (now >= deadline)
+    deadline = request_deadline(s, req);
+    if (now >= deadline) {
+        srv__deadline_origin(s, req, origin, sizeof origin);
         return respond_error(req, 504, API_REASON_DEADLINE, NULL,
-                             "deadline exceeded while receiving the request "
-                             "(--request-timeout-ms %lld)",
-                             (long long)(s->request_timeout_ns / 1000000));
+                             "deadline exceeded while receiving the request (%s)", origin);
+    }
     admitted = atomic_load(&s->admitted);
     do {
         if (admitted >= s->max_queue) {

@@ -242,6 +242,8 @@ struct srv_req {
     char pending_msg[200];
     int64_t start_ns, submit_ns, run_ns, done_ns;
     int64_t queue_deadline_ns; /* written before the handoff, then only read (watcher) */
+    int64_t own_timeout_ms;    /* the body's own timeout when it is tighter than
+                                  --request-timeout-ms, else 0; set with queue_deadline_ns */
 
     /* Handed between threads as the state machine says. */
     eng_ctl ctl;
@@ -353,12 +355,15 @@ typedef void (*srv_work_fn)(const srv_req *req, const api_call *call, api_reply 
 /* One row of the route table. `pattern` is literal segments and "{name}" segments (one path
  * segment each, bound into srv_req.params); it is also the metrics and log label. A GET or
  * HEAD request runs `answer` on the MHD thread; any other allowed method runs `work` on an
- * engine worker when the row has one (else `answer`). */
+ * engine worker when the row has one (else `answer`). A worker route whose body may set its
+ * own timeout has `timeout`, which reads it on the MHD thread before the request is queued
+ * (api_timeout_peek), so that the deadline holds while the request waits for a worker. */
 typedef struct {
     const char *pattern;
     const char *allow; /* allowed methods, as sent in the Allow header of a 405: "GET, HEAD" */
     srv_answer_fn answer;
     srv_work_fn work;
+    int64_t (*timeout)(const api_call *call); /* NULL: the body sets no timeout */
 } srv_route_def;
 
 /* The route matching `path` (SRV_ROUTE_OTHER for none), with its parameters in *params. A path
@@ -415,5 +420,10 @@ void srv__v2_completed(srv_server *s, srv_req *req, int status, api_reason reaso
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* What set the deadline of a queued request, for the message of its 504 (buf: 64 bytes is
+ * enough): "--request-timeout-ms 60000", or "the request's timeout of 100 ms" when its body's
+ * own timeout was tighter. */
+void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size);
 
 #endif

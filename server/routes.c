@@ -9,8 +9,10 @@
  * GET (health, listings, static pages) gets an `answer` function (srv_answer_fn, runs on the
  * MHD thread, must queue a response with srv__respond*, must not block); a POST that computes
  * gets a `work` function (srv_work_fn, runs on an engine worker with the body in the api_call
- * and fills the api_reply, like api_attention). Write the handler in your own file and declare
- * it in internal.h next to the ones below. Everything else is shared: 404 for unknown paths,
+ * and fills the api_reply, like api_attention), and when its body may set its own timeout, a
+ * `timeout` reader (api_timeout_peek) so that the deadline holds while the request is queued.
+ * Write the handler in your own file and declare it in internal.h next to the ones below.
+ * Everything else is shared: 404 for unknown paths,
  * 405 with Allow for other methods, 400 for a parameter outside [A-Za-z0-9_.-]{1,63} (read one
  * with srv__req_param(req, "name")), and for worker routes the Content-Type capture, draining,
  * --max-queue admission, the body cap and budget, deadlines and cancellation. Errors on paths
@@ -106,24 +108,25 @@ static void work_mha(const srv_req *req, const api_call *call, api_reply *reply)
 /* ---- The table ---------------------------------------------------------------------------- */
 
 static const srv_route_def routes[] = {
-    {"/v1/attention", "POST", NULL, work_attention},
-    {"/v1/mha", "POST", NULL, work_mha},
-    {"/v1/models", "GET, HEAD", answer_models, NULL},
-    {"/v1/models/{name}", "GET, HEAD", answer_model, NULL},
-    {"/v2/health/live", "GET, HEAD", answer_live, NULL},
-    {"/v2/health/ready", "GET, HEAD", answer_ready, NULL},
-    {"/v2", "GET, HEAD", srv__answer_v2_server, NULL},
-    {"/v2/models/stats", "GET, HEAD", srv__answer_v2_stats, NULL},
-    {"/v2/models/{model}", "GET, HEAD", srv__answer_v2_model, NULL},
-    {"/v2/models/{model}/ready", "GET, HEAD", srv__answer_v2_ready, NULL},
-    {"/v2/models/{model}/stats", "GET, HEAD", srv__answer_v2_stats, NULL},
-    {"/v2/models/{model}/infer", "POST", NULL, srv__work_v2_infer},
-    {"/v2/models/{model}/versions/{version}", "GET, HEAD", srv__answer_v2_model, NULL},
-    {"/v2/models/{model}/versions/{version}/ready", "GET, HEAD", srv__answer_v2_ready, NULL},
-    {"/v2/models/{model}/versions/{version}/stats", "GET, HEAD", srv__answer_v2_stats, NULL},
-    {"/v2/models/{model}/versions/{version}/infer", "POST", NULL, srv__work_v2_infer},
-    {"/metrics", "GET, HEAD", answer_metrics, NULL},
-    {"/", "GET, HEAD", srv__answer_page, NULL},
+    {"/v1/attention", "POST", NULL, work_attention, api_timeout_peek},
+    {"/v1/mha", "POST", NULL, work_mha, api_timeout_peek},
+    {"/v1/models", "GET, HEAD", answer_models, NULL, NULL},
+    {"/v1/models/{name}", "GET, HEAD", answer_model, NULL, NULL},
+    {"/v2/health/live", "GET, HEAD", answer_live, NULL, NULL},
+    {"/v2/health/ready", "GET, HEAD", answer_ready, NULL, NULL},
+    {"/v2", "GET, HEAD", srv__answer_v2_server, NULL, NULL},
+    {"/v2/models/stats", "GET, HEAD", srv__answer_v2_stats, NULL, NULL},
+    {"/v2/models/{model}", "GET, HEAD", srv__answer_v2_model, NULL, NULL},
+    {"/v2/models/{model}/ready", "GET, HEAD", srv__answer_v2_ready, NULL, NULL},
+    {"/v2/models/{model}/stats", "GET, HEAD", srv__answer_v2_stats, NULL, NULL},
+    {"/v2/models/{model}/infer", "POST", NULL, srv__work_v2_infer, api_v2_timeout_peek},
+    {"/v2/models/{model}/versions/{version}", "GET, HEAD", srv__answer_v2_model, NULL, NULL},
+    {"/v2/models/{model}/versions/{version}/ready", "GET, HEAD", srv__answer_v2_ready, NULL, NULL},
+    {"/v2/models/{model}/versions/{version}/stats", "GET, HEAD", srv__answer_v2_stats, NULL, NULL},
+    {"/v2/models/{model}/versions/{version}/infer", "POST", NULL, srv__work_v2_infer,
+     api_v2_timeout_peek},
+    {"/metrics", "GET, HEAD", answer_metrics, NULL, NULL},
+    {"/", "GET, HEAD", srv__answer_page, NULL, NULL},
 };
 
 #define N_ROUTES (sizeof routes / sizeof routes[0])

@@ -7,15 +7,17 @@
  *    queue is finished at once (its worker will skip it), a running one gets ctl.cancel set,
  *    which the engine checks between blocks. poll() wakes on the event, so this takes
  *    microseconds, well within the 100 ms the issue asks for.
- * 2. Queue deadlines. A request whose deadline (--request-timeout-ms from its arrival) passes
- *    while it still waits for a worker is answered 504 at that moment, not when a worker
- *    finally reaches it.
+ * 2. Queue deadlines. A request whose deadline (--request-timeout-ms from its arrival, or the
+ *    tighter timeout its body sets, read before it was queued) passes while it still waits for
+ *    a worker is answered 504 at that moment, not when a worker finally reaches it.
  * 3. Slow clients. libmicrohttpd's timeout only measures idleness, so a client trickling a byte
  *    a second keeps a connection forever. Each connection has a phase (see srv_conn_phase) and
  *    a deadline per phase; past it, the watcher shuts the socket down, and libmicrohttpd then
  *    sees end-of-file and closes the connection on its own thread.
  * 4. The drain timeout: once srv_server.drain_expired is set, queued requests are answered 503
  *    and running ones cancelled (their worker then answers 503).
+ * 5. Idle buffers: request buffers kept for reuse (eng_buf_alloc) go back to the system once
+ *    nobody has needed them for BUFFER_IDLE_NS; the watcher wakes at least once a second.
  *
  * Locking: watch_mu guards the connection list, the watched-request list and their watcher
  * fields. libmicrohttpd's callbacks take watch_mu, so the watcher never calls into
@@ -136,7 +138,7 @@ static bool abandon_queued(srv_server *s, srv_req *req, req_list *resume, int st
 static void check_requests(srv_server *s, int64_t now, req_list *resume)
 {
     bool expired = atomic_load(&s->drain_expired);
-    char msg[160];
+    char msg[160], origin[64];
     srv_req *next;
     for (srv_req *req = s->watched; req; req = next) {
         next = req->wnext;
@@ -151,9 +153,8 @@ static void check_requests(srv_server *s, int64_t now, req_list *resume)
         }
         if (req->queue_deadline_ns > 0 && now >= req->queue_deadline_ns &&
             atomic_load(&req->state) == REQ_QUEUED) {
-            snprintf(msg, sizeof msg,
-                     "deadline exceeded while waiting for a worker (--request-timeout-ms %lld)",
-                     (long long)(s->request_timeout_ns / 1000000));
+            srv__deadline_origin(s, req, origin, sizeof origin);
+            snprintf(msg, sizeof msg, "deadline exceeded while waiting for a worker (%s)", origin);
             abandon_queued(s, req, resume, 504, API_REASON_DEADLINE, msg);
         }
     }

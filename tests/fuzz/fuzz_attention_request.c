@@ -1,7 +1,7 @@
 /*
  * fuzz_attention_request.c - libFuzzer harness for the native request of POST /v1/attention
  * (api_attention: body scan, jansson parse, tensor probes and decoders, validation, the engine
- * call and the reply encoder).
+ * call and the reply encoder), and for the server's timeout peek on the same bytes.
  *
  * Any bytes go in as the body; the call must answer with a well-formed reply, never crash,
  * hang, leak or read out of bounds. Beyond what the sanitizers catch, the harness aborts on
@@ -96,6 +96,25 @@ static void check_reply(const api_reply *r)
     json_decref(root);
 }
 
+/* The server's timeout peek (api_timeout_peek, run on its I/O thread) on the same bytes: it
+ * stays in bounds (the sanitizers), and on a well-formed body it finds no timeout but the one
+ * at the body's top level, which the route applies. */
+static void check_peek(const api_call *call)
+{
+    int64_t ms = api_timeout_peek(call);
+    json_t *root, *t;
+    if (ms == 0)
+        return;
+    root = json_loadb(call->body, call->body_len, JSON_REJECT_DUPLICATES, NULL);
+    t = json_object_get(root, "timeout_ms");
+    if (root && !(json_is_integer(t) && json_integer_value(t) == ms)) {
+        fprintf(stderr, "fuzz_attention_request: the peek found timeout %lld in %.*s\n",
+                (long long)ms, (int)(call->body_len < 300 ? call->body_len : 300), call->body);
+        abort();
+    }
+    json_decref(root);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     api_reply reply;
@@ -107,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .limits = &limits,
         .budget = budget,
     };
+    check_peek(&call);
     api_attention(&call, &reply);
     if (verbose)
         fprintf(stderr, "status %d: %.*s\n", reply.status,

@@ -1,7 +1,8 @@
 /*
  * fuzz_v2_infer.c - libFuzzer harness for the KServe v2 inference request (api_v2_infer: the
  * JSON header, Triton's binary tensor section after Inference-Header-Content-Length bytes,
- * validation, the engine call and the reply, JSON or binary).
+ * validation, the engine call and the reply, JSON or binary), and for the server's timeout peek
+ * (api_v2_timeout_peek) on the same request.
  *
  * An input is laid out as
  *
@@ -149,6 +150,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     call.inference_header_length = header_value;
     call.model = (flags & FLAG_UNKNOWN) ? "nope" : (flags & FLAG_DEMO) ? "demo" : "sdpa";
     call.version = (flags & FLAG_VERSION) ? "1" : NULL;
+    /* The server's timeout peek on the same request: in bounds, and never negative. */
+    if (api_v2_timeout_peek(&call) < 0) {
+        fprintf(stderr, "fuzz_v2_infer: a negative timeout from the peek\n");
+        abort();
+    }
     api_v2_infer(&call, &reply);
     if (verbose)
         fprintf(stderr, "status %d: %.*s\n", reply.status,

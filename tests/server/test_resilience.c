@@ -1,13 +1,15 @@
 /*
- * test_resilience.c - attnd under pressure: a full queue (429), deadlines (504), clients that
- * hang up while their request waits or computes, SIGTERM with requests in flight (drain, 503
- * while draining, exit 0), the drain timeout, and slow clients.
+ * test_resilience.c - attnd under pressure: a full queue (429), the memory budget (413 or 429,
+ * with or without "Expect: 100-continue"), deadlines (504; the flag's and a request's own, also
+ * while queued), clients that hang up while their request waits or computes, SIGTERM with
+ * requests in flight (drain, 503 while draining, exit 0), the drain timeout, and slow clients.
  *
  * "Slow" requests are real attention calls sized to take about a second ("medium") or a few
  * seconds ("long") on one worker, with a small base64 body; tests observe the daemon through
  * /metrics (attnd_running_requests, attnd_queue_depth) rather than sleeping and hoping.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -76,6 +78,57 @@ static int raw_post(int port, const char *body, size_t len)
     return fd;
 }
 
+/* The head of a POST /v1/attention with a body of `len` bytes and the `extra` header lines
+ * ("Name: value\r\n"...; "" for none). */
+static void post_head(char *head, size_t size, size_t len, const char *extra)
+{
+    snprintf(head, size,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "%sContent-Length: %zu\r\n\r\n",
+             extra, len);
+}
+
+/* A body of exactly `len` bytes (at least 16) that looks like JSON: {"filler": "xx...x"}. */
+static char *filler_body(size_t len)
+{
+    char *body = malloc(len);
+    if (!body)
+        return NULL;
+    memset(body, 'x', len);
+    memcpy(body, "{\"filler\": \"", 12);
+    memcpy(body + len - 2, "\"}", 2);
+    return body;
+}
+
+/* Reads one response from a keep-alive connection: the head and Content-Length bytes of body
+ * (malloc'd, NUL-terminated; what arrived if the peer closes first or timeout_ms passes). */
+static char *read_response(int fd, int timeout_ms)
+{
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap + 1);
+    double deadline = now_s() + timeout_ms / 1000.0;
+    if (!buf)
+        return NULL;
+    buf[0] = '\0';
+    while (now_s() < deadline) {
+        const char *end = strstr(buf, "\r\n\r\n"), *cl = strcasestr(buf, "\r\nContent-Length:");
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+        if (end && cl && cl < end && len >= (size_t)(end + 4 - buf) + strtoull(cl + 17, NULL, 10))
+            break;
+        if (len == cap)
+            break;
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        n = recv(fd, buf + len, cap - len, 0);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    return buf;
+}
+
 /* A copy of `body` with "timeout_ms": ms as its first field. */
 static char *with_timeout(const char *body, int ms)
 {
@@ -105,6 +158,15 @@ static void test_queue_full_gets_429(void)
     CHECK(strcmp(r.retry_after, "1") == 0);
     CHECKF(strstr(r.body, "--max-queue") != NULL, "body: %s", r.body);
     http_resp_free(&r);
+    {
+        /* A client waiting for "100 Continue" gets the 429 before it sends its body. */
+        char head[256], *resp;
+        post_head(head, sizeof head, (size_t)8 << 20, "Expect: 100-continue\r\n");
+        resp = raw_exchange(d.port, head, strlen(head), 3000);
+        CHECK_EQ_INT(raw_status(resp), 429);
+        CHECK(resp && strstr(resp, "Retry-After: 1") != NULL);
+        free(resp);
+    }
     /* Health is answered on the I/O thread, whatever the queue. */
     CHECK_EQ_INT(http_do(NULL, d.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 200);
     http_resp_free(&r);
@@ -161,46 +223,96 @@ static void test_hangup_mid_compute_frees_the_worker(void)
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+/* A request refused from its headers by the memory budget, with `len` bytes of body, on a
+ * connection to `port`: a client sending "Expect: 100-continue" gets the answer at once, never
+ * sends its body, and the connection closes. Returns the response (malloc'd). */
+static char *budget_refusal_expecting_continue(int port, size_t len)
+{
+    char head[256];
+    post_head(head, sizeof head, len, "Expect: 100-continue\r\n");
+    return raw_exchange(port, head, strlen(head), 3000);
+}
+
+/* The same refusal for a client that sends its whole body at once (`body`, `len` bytes) on
+ * `fd`: the body is read and discarded, and the answer comes after it on a connection that
+ * stays open. Returns the response (malloc'd), or NULL when the upload itself failed. */
+static char *budget_refusal_after_the_body(int fd, const char *body, size_t len)
+{
+    char head[256];
+    post_head(head, sizeof head, len, "");
+    if (raw_send(fd, head, strlen(head)) != 0 || raw_send(fd, body, len) != 0)
+        return NULL;
+    return read_response(fd, 10000);
+}
+
+/* A small request on a connection that answered a refusal: it is still usable. */
+static void check_connection_serves_the_next_request(int fd)
+{
+    char head[256], *resp;
+    post_head(head, sizeof head, strlen(seed), "");
+    CHECK(raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, seed, strlen(seed)) == 0);
+    resp = read_response(fd, 10000);
+    CHECKF(raw_status(resp) == 200, "next request: %.200s", resp ? resp : "(nothing)");
+    free(resp);
+}
+
 /* Bodies count against --max-memory-bytes from their Content-Length: one that can never fit
- * gets 413 naming the flag, one that cannot fit while other work holds memory gets 429. */
+ * gets 413 naming the flag, one that cannot fit while other work holds memory gets 429 with
+ * Retry-After. A client waiting for "100 Continue" gets the answer before sending its body; any
+ * other is already sending it, so the body is read and discarded and the answer follows it (not
+ * a reset mid-upload), on a connection that then serves the next request. Nothing is reserved
+ * for a refused body, and every reservation is returned. */
 static void test_memory_budget(void)
 {
     const char *const args[] = {"--threads", "1", "--max-memory-bytes", "64MiB", NULL};
+    const size_t never = (size_t)65 << 20, not_now = (size_t)62 << 20;
     daemon_proc d;
     bg_request slow;
-    char head[256];
-    char *resp;
+    char *filler = filler_body(never), *resp;
+    int fd;
 
-    if (daemon_start(&d, args) != 0) {
+    if (!filler || daemon_start(&d, args) != 0) {
         CHECK(0);
+        free(filler);
         return;
     }
-    snprintf(head, sizeof head,
-             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-             "Content-Length: %d\r\n\r\n",
-             65 << 20);
-    resp = raw_exchange(d.port, head, strlen(head), 3000);
+    resp = budget_refusal_expecting_continue(d.port, never);
     CHECK_EQ_INT(raw_status(resp), 413);
     CHECK(resp && strstr(resp, "--max-memory-bytes") != NULL);
     free(resp);
 
+    fd = raw_connect(d.port);
+    resp = budget_refusal_after_the_body(fd, filler, never);
+    CHECKF(raw_status(resp) == 413, "%.200s", resp ? resp : "(the upload failed)");
+    CHECK(resp && strstr(resp, "--max-memory-bytes") != NULL);
+    free(resp);
+    check_connection_serves_the_next_request(fd);
+    close(fd);
+
     bg_start(&slow, d.port, medium_body);
     CHECK(metric_wait(d.port, RUNNING, 1, 10000));
-    snprintf(head, sizeof head,
-             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-             "Content-Length: %d\r\n\r\n",
-             62 << 20);
-    resp = raw_exchange(d.port, head, strlen(head), 3000);
+    resp = budget_refusal_expecting_continue(d.port, not_now);
     CHECK_EQ_INT(raw_status(resp), 429);
     CHECK(resp && strstr(resp, "Retry-After: 1") != NULL);
     free(resp);
+
+    fd = raw_connect(d.port);
+    resp = budget_refusal_after_the_body(fd, filler, not_now); /* its first 62 MiB */
+    CHECKF(raw_status(resp) == 429, "%.200s", resp ? resp : "(the upload failed)");
+    CHECK(resp && strstr(resp, "Retry-After: 1") != NULL);
+    free(resp);
+    CHECK(metric_value(d.port, RUNNING) == 1); /* the refusal did not wait for memory */
     bg_join(&slow);
     CHECK_EQ_INT(slow.resp.status, 200);
     http_resp_free(&slow.resp);
-    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"memory\"}", 2, 2000));
-    CHECK(metric_value(d.port, "attnd_rejected_total{reason=\"memory\"}") == 2);
+    check_connection_serves_the_next_request(fd);
+    close(fd);
+
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"memory\"}", 4, 2000));
+    CHECK(metric_value(d.port, "attnd_rejected_total{reason=\"memory\"}") == 4);
     CHECK(metric_wait_le(d.port, "attnd_memory_reserved_bytes", 0, 2000));
     CHECK_EQ_INT(daemon_stop(&d), 0);
+    free(filler);
 }
 
 /* A request that waits in the queue when its client hangs up is dropped at once. */
@@ -327,6 +439,66 @@ static void test_queue_deadline_answered_in_time(void)
     CHECK_EQ_INT(b.resp.status, 504);
     http_resp_free(&b.resp);
     CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* A small KServe v2 "sdpa" inference with the given "parameters" object. */
+static char *v2_body(const char *parameters)
+{
+    static const char fmt[] =
+        "{\"parameters\": %s, \"inputs\": ["
+        "{\"name\": \"query\", \"datatype\": \"FP32\", \"shape\": [1, 2], \"data\": [1, 0]},"
+        "{\"name\": \"key\", \"datatype\": \"FP32\", \"shape\": [1, 2], \"data\": [1, 0]},"
+        "{\"name\": \"value\", \"datatype\": \"FP32\", \"shape\": [1, 2], \"data\": [3, 4]}]}";
+    size_t n = sizeof fmt + strlen(parameters);
+    char *out = malloc(n);
+    if (out)
+        snprintf(out, n, fmt, parameters);
+    return out;
+}
+
+/* A request's own timeout holds while it waits for a worker: behind a long request on the only
+ * worker, requests that set 100 ms (native "timeout_ms"; v2 "parameters" "timeout_ms", or
+ * Triton's "timeout" in microseconds when it is the tighter) are answered 504 by the watcher
+ * once their 100 ms have passed, not when the worker reaches them. */
+static void test_own_timeout_holds_in_the_queue(void)
+{
+    const char *const args[] = {"--threads", "1", NULL};
+    const char *const json[] = {"Content-Type: application/json", NULL};
+    char *bodies[] = {with_timeout(seed, 100), v2_body("{\"timeout_ms\": 100}"),
+                      v2_body("{\"timeout_ms\": 30000, \"timeout\": 100000}")};
+    const char *paths[] = {"/v1/attention", "/v2/models/sdpa/infer", "/v2/models/sdpa/infer"};
+    /* The watcher answers within milliseconds of the deadline; the bound leaves room for a
+     * loaded machine (and a sanitizer build), far below the seconds the long request takes. */
+    double late = daemon_quick() ? 0.5 : 0.25;
+    daemon_proc d;
+    int fd;
+
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        goto done;
+    }
+    fd = raw_post(d.port, long_body, long_len);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    for (int i = 0; i < 3; i++) {
+        http_resp r;
+        double t0 = now_s(), took;
+        CHECK(bodies[i] != NULL);
+        if (!bodies[i])
+            continue;
+        http_do(NULL, d.port, "POST", paths[i], json, bodies[i], strlen(bodies[i]), &r);
+        took = now_s() - t0;
+        CHECKF(r.status == 504, "%s: %ld %s", paths[i], r.status, r.body);
+        CHECKF(took >= 0.095 && took < late, "%s: answered after %.3f s", paths[i], took);
+        CHECKF(strstr(r.body, "the request's timeout of 100 ms") != NULL, "body: %s", r.body);
+        http_resp_free(&r);
+    }
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"deadline\"}", 3, 2000));
+    CHECK(metric_value(d.port, RUNNING) == 1); /* the long request is still computing */
+    close(fd);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+done:
+    for (int i = 0; i < 3; i++)
+        free(bodies[i]);
 }
 
 /* SIGTERM with a request computing: readiness 503 at once, new work 503, no new
@@ -522,6 +694,7 @@ int main(void)
     RUN(test_memory_budget);
     RUN(test_deadlines_get_504);
     RUN(test_queue_deadline_answered_in_time);
+    RUN(test_own_timeout_holds_in_the_queue);
     RUN(test_sigterm_drains_in_flight_requests);
     RUN(test_drain_timeout_cancels_the_rest);
     RUN(test_second_signal_cancels_at_once);
