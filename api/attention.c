@@ -49,12 +49,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api_req rq;
+    api_req rq; /* first: api_req_serve finds it there */
     api_sdpa s;
     bool encoding_set;
     api_form encoding;
-    api_jsonw w;
 } attn_job;
+
+_Static_assert(offsetof(attn_job, rq) == 0, "api_req_serve takes the job for its api_req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -333,12 +334,13 @@ static double ms(int64_t ns)
     return (double)ns / 1e6;
 }
 
-static int encode_reply(attn_job *job, int64_t decode_ns, int64_t compute_ns, api_error *err)
+static int encode_reply(void *p, api_jsonw *w, int64_t decode_ns, int64_t compute_ns,
+                        api_error *err)
 {
+    const attn_job *job = p;
     const api_sdpa *s = &job->s;
     const api_sdpa_req *r = &s->r;
     api_form form = reply_form(job);
-    api_jsonw *w = &job->w;
     eng_pool *pool = job->rq.call->pool;
     api_jsonw_char(w, '{');
     if (api_field_encode(w, "output", s->out, s->os.rank, s->os.shape, form, 0, pool, err) != 0)
@@ -370,62 +372,52 @@ static int encode_reply(attn_job *job, int64_t decode_ns, int64_t compute_ns, ap
     return 0;
 }
 
-/* ---- The call ---------------------------------------------------------------------------- */
+/* ---- The call: this route's steps of api_req_serve --------------------------------------- */
 
-static int run(attn_job *job, api_reply *reply, api_error *err)
+static int parse(void *p, api_error *err)
 {
-    api_req *rq = &job->rq;
-    const api_call *call = rq->call;
-
-    if (api_req_check_ctl(rq, err) != 0 || api_field_json_body(rq, err) != 0)
+    attn_job *job = p;
+    if (parse_fields(job, err) != 0 || api_sdpa_check(&job->s, err) != 0)
         return -1;
-    if (api_req_parse(rq, call->body ? call->body : "", call->body_len, err) != 0 ||
-        parse_fields(job, err) != 0 || api_sdpa_check(&job->s, err) != 0)
-        return -1;
-
-    /* Size everything, reserve it, then allocate and decode. */
-    size_t tensors = 0, scratch = 0, text = 0;
-    bool sized = api_sdpa_bytes(&job->s, true, &tensors, &scratch);
-    sized = reply_bound(job, &text) && sized;
-    if (api_req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
-        return -1;
-    api_jsonw_init(&job->w, text);
-
-    if (api_sdpa_decode(&job->s, err) != 0)
-        return -1;
-    reply->decode_ns = eng_now_ns() - rq->call_ns;
-    if (api_sdpa_run(&job->s, &reply->compute_ns, err) != 0)
-        return -1;
-    int64_t t_computed = eng_now_ns();
-    if (encode_reply(job, reply->decode_ns, reply->compute_ns, err) != 0)
-        return -1;
-    api_reply_json(reply, &job->w, t_computed);
-    reply->inferences = job->s.r.B;
     return 0;
 }
+
+static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
+{
+    attn_job *job = p;
+    bool sized = api_sdpa_bytes(&job->s, true, tensors, scratch);
+    return reply_bound(job, text) && sized;
+}
+
+static int decode(void *p, api_error *err)
+{
+    return api_sdpa_decode(&((attn_job *)p)->s, err);
+}
+
+static int compute(void *p, int64_t *compute_ns, api_error *err)
+{
+    return api_sdpa_run(&((attn_job *)p)->s, compute_ns, err);
+}
+
+static int64_t inferences(const void *p)
+{
+    return ((const attn_job *)p)->s.r.B;
+}
+
+static const api_req_steps attn_steps = {
+    .parse = parse,
+    .size = sizes,
+    .decode = decode,
+    .compute = compute,
+    .encode = encode_reply,
+    .inferences = inferences,
+};
 
 void api_attention(const api_call *call, api_reply *reply)
 {
     attn_job *job = calloc(1, sizeof *job);
-    api_error err;
-    memset(&err, 0, sizeof err);
-    memset(reply, 0, sizeof *reply);
-    if (!job) {
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
-        api_reply_from_error(reply, &err);
-        return;
-    }
-    api_req_init(&job->rq, call);
-    job->s.rq = &job->rq;
-    api_jsonw_init(&job->w, 0);
-
-    if (run(job, reply, &err) != 0) {
-        api_reply_from_error(reply, &err);
-        if (reply->decode_ns == 0)
-            reply->decode_ns = eng_now_ns() - job->rq.call_ns;
-    }
-
-    api_jsonw_free(&job->w);
-    api_req_free(&job->rq);
+    if (job)
+        job->s.rq = &job->rq;
+    api_req_serve(&attn_steps, job, call, reply);
     free(job);
 }

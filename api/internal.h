@@ -18,7 +18,9 @@
  *                shape; nothing allocated), then decoded straight into a caller's aligned
  *                buffer (or used in place), and encoded from a float buffer and a shape.
  *   api_req      one request in flight: limits, deadline, the parsed body, budget
- *                reservations and owned buffers, all freed by one call (request.c).
+ *                reservations and owned buffers, all freed by one call; its inputs decoded
+ *                into owned buffers; and api_req_serve, the stages every native JSON route
+ *                runs, around the route's own steps (request.c).
  *   api_sdpa     the one path from a parsed attention request to eng_sdpa, shared by
  *                /v1/attention and the v2 "sdpa" model (sdpa.c).
  *   codings      gzip / deflate bodies and replies (encoding.c).
@@ -377,6 +379,43 @@ int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, si
  * time since `encode_start_ns`. */
 void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns);
 
+/* The steps of a native JSON route (POST /v1/attention, /v1/mha) between the stages that
+ * api_req_serve runs for every one of them. Each step takes the route's job (see
+ * api_req_serve) and returns 0, or -1 with `err` filled. */
+typedef struct {
+    /* Reads rq->body (parsed, an object) into the job and checks it: fields, shapes, limits,
+     * the deadline. */
+    int (*parse)(void *job, api_error *err);
+    /* Bytes of the decoded tensors, the engine's scratch and an upper bound of the reply's
+     * text (also its writer's maximum); false when a sum overflowed. */
+    bool (*size)(void *job, size_t *tensors, size_t *scratch, size_t *text);
+    /* Allocates and decodes the inputs and frees the body tree. */
+    int (*decode)(void *job, api_error *err);
+    /* Runs the engine; *compute_ns gets its time. */
+    int (*compute)(void *job, int64_t *compute_ns, api_error *err);
+    /* Writes the reply into `w`, with the stage timings in its meta. */
+    int (*encode)(void *job, api_jsonw *w, int64_t decode_ns, int64_t compute_ns, api_error *err);
+    /* The batch the reply counts in reply->inferences; NULL: none counted. */
+    int64_t (*inferences)(const void *job);
+    /* Frees what the job owns beyond its api_req, on every path; NULL: nothing. */
+    void (*free)(void *job);
+} api_req_steps;
+
+/* Serves one native JSON request with `steps`, so that every route runs the same stages in
+ * the same order and fails the same way: the cancel flag and deadline, the Content-Type and
+ * body size (api_field_json_body), the JSON parse (api_req_parse), then steps->parse; sizes
+ * from steps->size reserved at once (api_req_reserve_run) before anything is allocated;
+ * steps->decode, whose end is reply->decode_ns (from rq->call_ns); steps->compute; and
+ * steps->encode into a writer capped at the reply bound, timed from the end of the compute
+ * (api_reply_json). A failure at any stage becomes a native error reply, with decode_ns
+ * measured up to the failure when decoding never finished.
+ *
+ * `job` is the route's zeroed job, whose first member is its api_req (initialised here from
+ * `call`); NULL (its allocation failed) is answered 503. The job's own pointers to that
+ * api_req are the route's to set. Frees the reply writer, then steps->free(job), then the
+ * api_req; the job itself stays the caller's. Always fills `reply`. */
+void api_req_serve(const api_req_steps *steps, void *job, const api_call *call, api_reply *reply);
+
 /* Scans `json` (len bytes), reserves what parsing it holds, and parses it into rq->body. */
 int api_req_parse(api_req *rq, const char *json, size_t len, api_error *err);
 
@@ -385,6 +424,31 @@ void api_req_parse_done(api_req *rq);
 
 /* A 64-byte-aligned buffer of `bytes` > 0 owned by the request; 503 when memory runs out. */
 void *api_req_alloc(api_req *rq, size_t bytes, api_error *err);
+
+/* One input tensor of a request and what it decodes to. sdpa.c and layer.c each list theirs,
+ * then size, decode and place them with the three functions below. */
+typedef struct {
+    const api_tensor *t; /* probed */
+    bool present;        /* false: the request has no such input; it is skipped */
+    api_elem elem;
+    unsigned flags; /* API_DECODE_* */
+    void **dst;     /* gets the address of the decoded values */
+    const char *field;
+} api_input;
+
+/* Adds to *bytes the buffers api_req_decode_input will allocate for in[0..n): none for absent
+ * or empty inputs, nor for those used in place. False when a sum overflows (the inputs after
+ * it are then not added). */
+bool api_input_bytes(const api_input *in, size_t n, size_t *bytes);
+
+/* Decodes the present input `in` into a buffer owned by rq, or, when api_tensor_in_place
+ * allows, checks it where it lies in the body (the engine only reads its inputs) and uses it
+ * there; sets *in->dst either way. Errors as api_tensor_decode and api_req_alloc. */
+int api_req_decode_input(api_req *rq, const api_input *in, api_error *err);
+
+/* Points *out at a float buffer of `count` elements owned by rq, unless the route already
+ * placed the output (*out not NULL: in its reply). 503 when memory runs out. */
+int api_req_alloc_output(api_req *rq, float **out, size_t count, api_error *err);
 
 /* 0 while the request may go on; else 504 (deadline) or API_STATUS_CLIENT_CLOSED (cancelled). */
 int api_req_check_ctl(api_req *rq, api_error *err);

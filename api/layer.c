@@ -377,23 +377,14 @@ int api_layer_check(api_layer *s, api_error *err)
 
 /* ---- Memory and decoding ----------------------------------------------------------------- */
 
-/* What each input decodes to. */
-typedef struct {
-    const api_tensor *t;
-    bool present;
-    api_elem elem;
-    unsigned flags;
-    void **dst;
-    const char *field;
-} input_def;
-
 enum { N_INPUTS = 6 };
 
-static void input_defs(api_layer *s, input_def in[N_INPUTS])
+/* Every input a request may have, in decoding order: what it decodes to, and where. */
+static void input_defs(api_layer *s, api_input in[N_INPUTS])
 {
     api_layer_req *r = &s->r;
     bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
-    const input_def defs[N_INPUTS] = {
+    const api_input defs[N_INPUTS] = {
         {&r->input, true, API_ELEM_FLOAT, 0, (void **)&s->x, "input"},
         {&r->memory, r->has_memory, API_ELEM_FLOAT, 0, (void **)&s->k_in, "memory"},
         {&r->key, r->has_key, API_ELEM_FLOAT, 0, (void **)&s->k_in, "key"},
@@ -406,22 +397,12 @@ static void input_defs(api_layer *s, input_def in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-static size_t elem_size(api_elem elem)
-{
-    return elem == API_ELEM_BOOL ? 1 : 4;
-}
-
 bool api_layer_bytes(api_layer *s, bool outputs, size_t *tensors, size_t *scratch)
 {
-    input_def in[N_INPUTS];
-    bool ok = true;
+    api_input in[N_INPUTS];
     input_defs(s, in);
     *tensors = 0;
-    for (size_t i = 0; i < N_INPUTS; i++) {
-        if (!in[i].present || in[i].t->count == 0 || api_tensor_in_place(in[i].t, in[i].elem))
-            continue;
-        ok = ok && add_size(tensors, api_aligned_size(in[i].t->count * elem_size(in[i].elem)));
-    }
+    bool ok = api_input_bytes(in, N_INPUTS, tensors);
     if (outputs) {
         ok = ok && add_size(tensors, api_aligned_size(s->os.count * 4));
         if (s->r.weights != ENG_WEIGHTS_NONE)
@@ -432,42 +413,18 @@ bool api_layer_bytes(api_layer *s, bool outputs, size_t *tensors, size_t *scratc
     return ok;
 }
 
-static int decode_input(api_layer *s, const input_def *d, api_error *err)
-{
-    if (api_tensor_in_place(d->t, d->elem)) {
-        /* Used where it lies (the engine only reads its inputs): checked, not copied. */
-        if (api_tensor_convert(d->t->raw, d->t->dtype, d->t->count, 0, d->elem, d->flags,
-                               (void *)(uintptr_t)d->t->raw, d->field, err) != 0)
-            return -1;
-        *d->dst = (void *)(uintptr_t)d->t->raw;
-        return 0;
-    }
-    *d->dst = api_req_alloc(s->rq, d->t->count * elem_size(d->elem), err);
-    if (!*d->dst)
-        return -1;
-    return api_tensor_decode(&s->rq->body, d->t, d->elem, d->flags, *d->dst, d->field,
-                             s->rq->call->pool, err);
-}
-
-static int alloc_output(api_layer *s, float **p, size_t count, api_error *err)
-{
-    if (*p)
-        return 0; /* placed by the route */
-    *p = api_req_alloc(s->rq, count * 4, err);
-    return *p ? 0 : -1;
-}
-
 int api_layer_decode(api_layer *s, api_error *err)
 {
-    input_def in[N_INPUTS];
+    api_input in[N_INPUTS];
     input_defs(s, in);
     for (size_t i = 0; i < N_INPUTS; i++)
-        if (in[i].present && decode_input(s, &in[i], err) != 0)
+        if (in[i].present && api_req_decode_input(s->rq, &in[i], err) != 0)
             return -1;
     if (s->r.has_memory)
         s->v_in = s->k_in; /* keys and values from the same tokens */
-    if (alloc_output(s, &s->out, s->os.count, err) != 0 ||
-        (s->r.weights != ENG_WEIGHTS_NONE && alloc_output(s, &s->weights, s->ws.count, err) != 0))
+    if (api_req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
+        (s->r.weights != ENG_WEIGHTS_NONE &&
+         api_req_alloc_output(s->rq, &s->weights, s->ws.count, err) != 0))
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
     api_req_parse_done(s->rq);

@@ -56,12 +56,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api_req rq;
+    api_req rq; /* first: api_req_serve finds it there */
     api_layer s;
     bool encoding_set;
     api_form encoding;
-    api_jsonw w;
 } mha_job;
+
+_Static_assert(offsetof(mha_job, rq) == 0, "api_req_serve takes the job for its api_req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -310,11 +311,12 @@ static bool reply_bound(const mha_job *job, size_t *text)
     return true;
 }
 
-static int encode_reply(mha_job *job, int64_t decode_ns, int64_t compute_ns, api_error *err)
+static int encode_reply(void *p, api_jsonw *w, int64_t decode_ns, int64_t compute_ns,
+                        api_error *err)
 {
+    const mha_job *job = p;
     const api_layer *s = &job->s;
     const eng_layer *l = s->layer;
-    api_jsonw *w = &job->w;
     api_form form = reply_form(job);
     eng_pool *pool = job->rq.call->pool;
     api_jsonw_char(w, '{');
@@ -346,61 +348,54 @@ static int encode_reply(mha_job *job, int64_t decode_ns, int64_t compute_ns, api
     return 0;
 }
 
-/* ---- The call ---------------------------------------------------------------------------- */
+/* ---- The call: this route's steps of api_req_serve --------------------------------------- */
 
-static int run(mha_job *job, api_reply *reply, api_error *err)
+static int parse(void *p, api_error *err)
 {
-    api_req *rq = &job->rq;
-    const api_call *call = rq->call;
-
-    if (api_req_check_ctl(rq, err) != 0 || api_field_json_body(rq, err) != 0)
+    mha_job *job = p;
+    if (parse_fields(job, err) != 0 || api_layer_check(&job->s, err) != 0)
         return -1;
-    if (api_req_parse(rq, call->body ? call->body : "", call->body_len, err) != 0 ||
-        parse_fields(job, err) != 0 || api_layer_check(&job->s, err) != 0)
-        return -1;
-
-    /* Size everything, reserve it, then allocate and decode. */
-    size_t tensors = 0, scratch = 0, text = 0;
-    bool sized = api_layer_bytes(&job->s, true, &tensors, &scratch);
-    sized = reply_bound(job, &text) && sized;
-    if (api_req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
-        return -1;
-    api_jsonw_init(&job->w, text);
-
-    if (api_layer_decode(&job->s, err) != 0)
-        return -1;
-    reply->decode_ns = eng_now_ns() - rq->call_ns;
-    if (api_layer_run(&job->s, &reply->compute_ns, err) != 0)
-        return -1;
-    int64_t t_computed = eng_now_ns();
-    if (encode_reply(job, reply->decode_ns, reply->compute_ns, err) != 0)
-        return -1;
-    api_reply_json(reply, &job->w, t_computed);
     return 0;
 }
+
+static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
+{
+    mha_job *job = p;
+    bool sized = api_layer_bytes(&job->s, true, tensors, scratch);
+    return reply_bound(job, text) && sized;
+}
+
+static int decode(void *p, api_error *err)
+{
+    return api_layer_decode(&((mha_job *)p)->s, err);
+}
+
+static int compute(void *p, int64_t *compute_ns, api_error *err)
+{
+    return api_layer_run(&((mha_job *)p)->s, compute_ns, err);
+}
+
+/* The inline layer, if the request built one. */
+static void free_layer(void *p)
+{
+    api_layer_free(&((mha_job *)p)->s);
+}
+
+/* No inferences step: reply->inferences feeds only the KServe v2 models' metrics. */
+static const api_req_steps mha_steps = {
+    .parse = parse,
+    .size = sizes,
+    .decode = decode,
+    .compute = compute,
+    .encode = encode_reply,
+    .free = free_layer,
+};
 
 void api_mha(const api_call *call, api_reply *reply)
 {
     mha_job *job = calloc(1, sizeof *job);
-    api_error err;
-    memset(&err, 0, sizeof err);
-    memset(reply, 0, sizeof *reply);
-    if (!job) {
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
-        api_reply_from_error(reply, &err);
-        return;
-    }
-    api_req_init(&job->rq, call);
-    job->s.rq = &job->rq;
-    api_jsonw_init(&job->w, 0);
-
-    if (run(job, reply, &err) != 0) {
-        api_reply_from_error(reply, &err);
-        if (reply->decode_ns == 0)
-            reply->decode_ns = eng_now_ns() - job->rq.call_ns;
-    }
-    api_jsonw_free(&job->w);
-    api_layer_free(&job->s);
-    api_req_free(&job->rq);
+    if (job)
+        job->s.rq = &job->rq;
+    api_req_serve(&mha_steps, job, call, reply);
     free(job);
 }

@@ -1,10 +1,15 @@
 /*
  * request.c - what every route of api/ holds for one request, and frees on every path.
  *
- * A route (POST /v1/attention, the KServe v2 infer route) starts an api_req, parses its JSON
- * into it, reserves memory in the shared budget before allocating, allocates its buffers through
- * it, checks the deadline and the cancel flag between stages, and ends with api_req_free, which
- * frees the tree and the buffers and returns every reserved byte whatever happened on the way.
+ * A route (POST /v1/attention, /v1/mha, the KServe v2 infer route) starts an api_req, parses its
+ * JSON into it, reserves memory in the shared budget before allocating, allocates its buffers
+ * through it, checks the deadline and the cancel flag between stages, and ends with
+ * api_req_free, which frees the tree and the buffers and returns every reserved byte whatever
+ * happened on the way.
+ *
+ * The native JSON routes run the same stages in the same order and differ only in their steps
+ * (their fields, their engine call, their reply), so api_req_serve runs the stages once for
+ * both: a status, a message or a timing never differs between them by accident.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +102,65 @@ void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns)
     reply->encode_ns = eng_now_ns() - encode_start_ns;
 }
 
+/* The stages of api_req_serve up to a 200 reply; -1 with `err` filled at the first that fails. */
+static int serve_stages(const api_req_steps *steps, void *job, api_req *rq, api_jsonw *w,
+                        api_reply *reply, api_error *err)
+{
+    const api_call *call = rq->call;
+
+    if (api_req_check_ctl(rq, err) != 0 || api_field_json_body(rq, err) != 0)
+        return -1;
+    if (api_req_parse(rq, call->body ? call->body : "", call->body_len, err) != 0 ||
+        steps->parse(job, err) != 0)
+        return -1;
+
+    /* Size everything, reserve it, then allocate and decode. */
+    size_t tensors = 0, scratch = 0, text = 0;
+    bool sized = steps->size(job, &tensors, &scratch, &text);
+    if (api_req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
+        return -1;
+    api_jsonw_init(w, text);
+
+    if (steps->decode(job, err) != 0)
+        return -1;
+    reply->decode_ns = eng_now_ns() - rq->call_ns;
+    if (steps->compute(job, &reply->compute_ns, err) != 0)
+        return -1;
+    int64_t t_computed = eng_now_ns();
+    if (steps->encode(job, w, reply->decode_ns, reply->compute_ns, err) != 0)
+        return -1;
+    api_reply_json(reply, w, t_computed);
+    if (steps->inferences)
+        reply->inferences = steps->inferences(job);
+    return 0;
+}
+
+void api_req_serve(const api_req_steps *steps, void *job, const api_call *call, api_reply *reply)
+{
+    api_req *rq = job; /* its first member */
+    api_error err;
+    api_jsonw w;
+    memset(&err, 0, sizeof err);
+    memset(reply, 0, sizeof *reply);
+    if (!job) {
+        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
+        api_reply_from_error(reply, &err);
+        return;
+    }
+    api_req_init(rq, call);
+    api_jsonw_init(&w, 0);
+
+    if (serve_stages(steps, job, rq, &w, reply, &err) != 0) {
+        api_reply_from_error(reply, &err);
+        if (reply->decode_ns == 0)
+            reply->decode_ns = eng_now_ns() - rq->call_ns;
+    }
+    api_jsonw_free(&w);
+    if (steps->free)
+        steps->free(job);
+    api_req_free(rq);
+}
+
 int api_req_parse(api_req *rq, const char *json, size_t len, api_error *err)
 {
     /* The tree's memory is reserved before jansson allocates it. */
@@ -133,6 +197,50 @@ void *api_req_alloc(api_req *rq, size_t bytes, api_error *err)
     }
     rq->owned[rq->n_owned++] = p;
     return p;
+}
+
+/* Bytes of one decoded element. */
+static size_t elem_size(api_elem elem)
+{
+    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : 4;
+}
+
+bool api_input_bytes(const api_input *in, size_t n, size_t *bytes)
+{
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) {
+        if (!in[i].present || in[i].t->count == 0 || api_tensor_in_place(in[i].t, in[i].elem))
+            continue;
+        ok = ok && !__builtin_add_overflow(
+                       *bytes, api_aligned_size(in[i].t->count * elem_size(in[i].elem)), bytes);
+    }
+    return ok;
+}
+
+int api_req_decode_input(api_req *rq, const api_input *in, api_error *err)
+{
+    const api_tensor *t = in->t;
+    if (api_tensor_in_place(t, in->elem)) {
+        /* Used where it lies (the engine only reads its inputs): checked, not copied. */
+        if (api_tensor_convert(t->raw, t->dtype, t->count, 0, in->elem, in->flags,
+                               (void *)(uintptr_t)t->raw, in->field, err) != 0)
+            return -1;
+        *in->dst = (void *)(uintptr_t)t->raw;
+        return 0;
+    }
+    *in->dst = api_req_alloc(rq, t->count * elem_size(in->elem), err);
+    if (!*in->dst)
+        return -1;
+    return api_tensor_decode(&rq->body, t, in->elem, in->flags, *in->dst, in->field, rq->call->pool,
+                             err);
+}
+
+int api_req_alloc_output(api_req *rq, float **out, size_t count, api_error *err)
+{
+    if (*out)
+        return 0; /* placed by the route */
+    *out = api_req_alloc(rq, count * 4, err);
+    return *out ? 0 : -1;
 }
 
 int api_req_check_ctl(api_req *rq, api_error *err)

@@ -306,23 +306,14 @@ static void build_args(api_sdpa *s)
 
 /* ---- Memory ------------------------------------------------------------------------------ */
 
-/* What each input decodes to: its element kind and flags. */
-typedef struct {
-    const api_tensor *t;
-    bool present;
-    api_elem elem;
-    unsigned flags;
-    void **dst;
-    const char *field;
-} input_def;
-
 enum { N_INPUTS = 10 };
 
-static void input_defs(api_sdpa *s, input_def in[N_INPUTS])
+/* Every input a request may have, in decoding order: what it decodes to, and where. */
+static void input_defs(api_sdpa *s, api_input in[N_INPUTS])
 {
     api_sdpa_req *r = &s->r;
     bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
-    const input_def defs[N_INPUTS] = {
+    const api_input defs[N_INPUTS] = {
         {&r->q, r->has_q, API_ELEM_FLOAT, 0, (void **)&s->q, "query"},
         {&r->k, r->has_k, API_ELEM_FLOAT, 0, (void **)&s->k, "key"},
         {&r->v, r->has_v, API_ELEM_FLOAT, 0, (void **)&s->v, "value"},
@@ -339,23 +330,13 @@ static void input_defs(api_sdpa *s, input_def in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-static size_t elem_size(api_elem elem)
-{
-    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : 4;
-}
-
 bool api_sdpa_bytes(api_sdpa *s, bool outputs, size_t *tensors, size_t *scratch)
 {
     const api_sdpa_req *r = &s->r;
-    input_def in[N_INPUTS];
-    bool ok = true;
+    api_input in[N_INPUTS];
     input_defs(s, in);
     *tensors = 0;
-    for (size_t i = 0; i < N_INPUTS; i++) {
-        if (!in[i].present || in[i].t->count == 0 || api_tensor_in_place(in[i].t, in[i].elem))
-            continue;
-        ok = ok && add_size(tensors, api_aligned_size(in[i].t->count * elem_size(in[i].elem)));
-    }
+    bool ok = api_input_bytes(in, N_INPUTS, tensors);
     if (outputs) {
         ok = ok && add_size(tensors, api_aligned_size(s->os.count * 4));
         if (r->weights != ENG_WEIGHTS_NONE)
@@ -370,40 +351,15 @@ bool api_sdpa_bytes(api_sdpa *s, bool outputs, size_t *tensors, size_t *scratch)
 
 /* ---- Decoding ---------------------------------------------------------------------------- */
 
-static int decode_input(api_sdpa *s, const input_def *d, api_error *err)
-{
-    if (api_tensor_in_place(d->t, d->elem)) {
-        /* Used where it lies (the engine only reads its inputs): checked, not copied. */
-        if (api_tensor_convert(d->t->raw, d->t->dtype, d->t->count, 0, d->elem, d->flags,
-                               (void *)(uintptr_t)d->t->raw, d->field, err) != 0)
-            return -1;
-        *d->dst = (void *)(uintptr_t)d->t->raw;
-        return 0;
-    }
-    *d->dst = api_req_alloc(s->rq, d->t->count * elem_size(d->elem), err);
-    if (!*d->dst)
-        return -1;
-    return api_tensor_decode(&s->rq->body, d->t, d->elem, d->flags, *d->dst, d->field,
-                             s->rq->call->pool, err);
-}
-
-static int alloc_output(api_sdpa *s, float **p, size_t count, api_error *err)
-{
-    if (*p)
-        return 0; /* placed by the route */
-    *p = api_req_alloc(s->rq, count * 4, err);
-    return *p ? 0 : -1;
-}
-
 int api_sdpa_decode(api_sdpa *s, api_error *err)
 {
     api_sdpa_req *r = &s->r;
-    input_def in[N_INPUTS];
+    api_input in[N_INPUTS];
     input_defs(s, in);
     for (size_t i = 0; i < N_INPUTS; i++) {
         if (!in[i].present)
             continue;
-        if (decode_input(s, &in[i], err) != 0)
+        if (api_req_decode_input(s->rq, &in[i], err) != 0)
             return -1;
         for (size_t j = 0; in[i].dst == (void **)&s->kvlen && j < r->kvlen.count; j++) {
             if (s->kvlen[j] < 0 || s->kvlen[j] > r->S) {
@@ -414,9 +370,10 @@ int api_sdpa_decode(api_sdpa *s, api_error *err)
             }
         }
     }
-    if (alloc_output(s, &s->out, s->os.count, err) != 0 ||
-        (r->weights != ENG_WEIGHTS_NONE && alloc_output(s, &s->weights, s->ws.count, err) != 0) ||
-        (r->return_lse && alloc_output(s, &s->lse, s->ls.count, err) != 0))
+    if (api_req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
+        (r->weights != ENG_WEIGHTS_NONE &&
+         api_req_alloc_output(s->rq, &s->weights, s->ws.count, err) != 0) ||
+        (r->return_lse && api_req_alloc_output(s->rq, &s->lse, s->ls.count, err) != 0))
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
     api_req_parse_done(s->rq);

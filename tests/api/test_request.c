@@ -1,6 +1,7 @@
 /* test_request.c - POST /v1/attention request validation: every field's errors, each with the
  * status and the "field" of its JSON error, and the statuses that come from the call around
- * the body (content type, limits, memory budget, deadline, cancellation). */
+ * the body (content type, limits, memory budget, deadline, cancellation); and api_req_serve,
+ * the stages every native JSON route runs, with stub steps. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -604,6 +605,111 @@ static void test_random_mutations_never_crash(void)
     }
 }
 
+/* ---- api_req_serve, with stub steps ------------------------------------------------------ */
+
+/* A route whose steps only record that they ran (one letter each, in `trace`); the step named
+ * by `fail` fails with a 422. */
+typedef struct {
+    api_req rq;
+    char trace[16];
+    size_t n;
+    char fail;
+} stub_job;
+
+static int stub_step(void *p, char step, api_error *err)
+{
+    stub_job *job = p;
+    job->trace[job->n++] = step;
+    if (job->fail == step)
+        return api_error_set(err, 422, API_REASON_BAD_REQUEST, "stub", "step %c failed", step);
+    return 0;
+}
+
+static int stub_parse(void *p, api_error *err)
+{
+    return stub_step(p, 'p', err);
+}
+
+static bool stub_size(void *p, size_t *tensors, size_t *scratch, size_t *text)
+{
+    api_error err = {0};
+    *tensors = *scratch = 0;
+    *text = 64;
+    return stub_step(p, 's', &err) == 0;
+}
+
+static int stub_decode(void *p, api_error *err)
+{
+    return stub_step(p, 'd', err);
+}
+
+static int stub_compute(void *p, int64_t *compute_ns, api_error *err)
+{
+    *compute_ns = 5;
+    return stub_step(p, 'c', err);
+}
+
+static int stub_encode(void *p, api_jsonw *w, int64_t decode_ns, int64_t compute_ns, api_error *err)
+{
+    (void)decode_ns;
+    api_jsonw_printf(w, "{\"compute_ns\":%lld}\n", (long long)compute_ns);
+    return stub_step(p, 'e', err);
+}
+
+static int64_t stub_inferences(const void *p)
+{
+    (void)p;
+    return 3;
+}
+
+static void stub_free(void *p)
+{
+    stub_job *job = p;
+    job->trace[job->n++] = 'f';
+}
+
+static const api_req_steps stub_steps = {
+    .parse = stub_parse,
+    .size = stub_size,
+    .decode = stub_decode,
+    .compute = stub_compute,
+    .encode = stub_encode,
+    .inferences = stub_inferences,
+    .free = stub_free,
+};
+
+static void test_serve_runs_the_steps_in_order_and_frees_on_every_path(void)
+{
+    static const struct {
+        const char *content_type;
+        char fail;
+        int status;
+        const char *trace;
+    } serves[] = {
+        {NULL, 0, 200, "psdcef"},  {NULL, 'p', 422, "pf"},     {NULL, 'd', 422, "psdf"},
+        {NULL, 'c', 422, "psdcf"}, {NULL, 'e', 422, "psdcef"}, {"text/plain", 0, 415, "f"},
+    };
+    for (size_t i = 0; i < sizeof serves / sizeof serves[0]; i++) {
+        api_call call = {
+            .body = "{}", .body_len = 2, .pool = pool, .content_type = serves[i].content_type};
+        stub_job job = {.fail = serves[i].fail};
+        api_reply r;
+        api_req_serve(&stub_steps, &job, &call, &r);
+        CHECKF(r.status == serves[i].status, "case %zu: %d", i, r.status);
+        CHECKF(strcmp(job.trace, serves[i].trace) == 0, "case %zu ran \"%s\"", i, job.trace);
+        CHECK(r.decode_ns > 0); /* up to the failure when decoding never finished */
+        CHECK_EQ_INT(r.inferences, serves[i].status == 200 ? 3 : 0);
+        if (serves[i].status == 200)
+            CHECK(r.body_len == 17 && memcmp(r.body, "{\"compute_ns\":5}\n", 17) == 0);
+        api_reply_free(&r);
+    }
+    api_call call = {.body = "{}", .body_len = 2, .pool = pool};
+    api_reply r;
+    api_req_serve(&stub_steps, NULL, &call, &r); /* the route's job could not be allocated */
+    CHECK_EQ_INT(r.status, 503);
+    api_reply_free(&r);
+}
+
 int main(void)
 {
     eng_error err;
@@ -621,6 +727,7 @@ int main(void)
     RUN(test_replies_carry_timings_and_metadata);
     RUN(test_hostile_bodies_get_an_answer);
     RUN(test_random_mutations_never_crash);
+    RUN(test_serve_runs_the_steps_in_order_and_frees_on_every_path);
     eng_pool_free(pool);
     return check_report();
 }
