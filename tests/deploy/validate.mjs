@@ -38,6 +38,8 @@ const HEALTH_LIVE = "/v2/health/live";
 const HEALTH_READY = "/v2/health/ready";
 // Room above ATTND_MAX_MEMORY_BYTES for the binary, OpenBLAS' buffers and connections.
 const MEMORY_HEADROOM = 512 * 2 ** 20;
+// Freed request buffers attnd keeps mapped on top of the budget (ATTND_BUFFER_CACHE_BYTES).
+const attndCache = (env) => attndSize(env.ATTND_BUFFER_CACHE_BYTES || "256MiB");
 // YAML files that are not Kubernetes objects, and what they are.
 const HELM_VALUES = new Set(["deploy/k8s/prometheus-adapter/values.yaml"]);
 
@@ -258,12 +260,12 @@ async function policyChecks(label, docs) {
         assert(facts.expose.includes(port), `the Dockerfile EXPOSEs ${facts.expose}, not ${port}`);
     });
 
-    await check(`${label}: resources: requests equal limits; memory limit >= ATTND_MAX_MEMORY_BYTES + 512 MiB`, () => {
+    await check(`${label}: resources: requests equal limits; memory limit >= ATTND_MAX_MEMORY_BYTES + ATTND_BUFFER_CACHE_BYTES + 512 MiB`, () => {
         const c = attnd();
         const mem = guaranteed(c.resources, "attnd");
         const env = effectiveEnv(docs, c);
         const budget = attndSize(env.ATTND_MAX_MEMORY_BYTES || "4GiB");
-        assert(mem >= budget + MEMORY_HEADROOM, `memory limit ${c.resources.limits.memory} < budget ${env.ATTND_MAX_MEMORY_BYTES} + 512 MiB`);
+        assert(mem >= budget + attndCache(env) + MEMORY_HEADROOM, `memory limit ${c.resources.limits.memory} < budget ${env.ATTND_MAX_MEMORY_BYTES} + buffer cache + 512 MiB`);
         const body = attndSize(env.ATTND_MAX_BODY_BYTES || "256MiB");
         assert(body <= budget, `ATTND_MAX_BODY_BYTES ${env.ATTND_MAX_BODY_BYTES} > ATTND_MAX_MEMORY_BYTES: no body that large could be admitted`);
         return `cpu ${c.resources.limits.cpu}, memory ${c.resources.limits.memory}, budget ${env.ATTND_MAX_MEMORY_BYTES}`;
@@ -531,7 +533,7 @@ await check("compose: two attnd replicas with healthchecks behind nginx, which w
         const drain = Number(s.environment.ATTND_DRAIN_TIMEOUT_S || 30);
         assert(durationSeconds(s.stop_grace_period || "10s") > drain, `${name}: stop_grace_period ${s.stop_grace_period} <= drain ${drain}s`);
         const budget = attndSize(s.environment.ATTND_MAX_MEMORY_BYTES || "4GiB");
-        assert(nginxSize(String(s.mem_limit).replace(/b$/i, "")) >= budget + MEMORY_HEADROOM, `${name}: mem_limit ${s.mem_limit} < budget + 512 MiB`);
+        assert(nginxSize(String(s.mem_limit).replace(/b$/i, "")) >= budget + attndCache(s.environment) + MEMORY_HEADROOM, `${name}: mem_limit ${s.mem_limit} < budget + buffer cache + 512 MiB`);
         assert(Number(s.environment.ATTND_PORT || facts.port) === facts.port, `${name}: ATTND_PORT differs from the image's`);
         assert(s.stop_signal === undefined || s.stop_signal === "SIGTERM", `${name}: stop_signal ${s.stop_signal}`);
     }
