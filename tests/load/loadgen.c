@@ -25,7 +25,6 @@
  * time (its duration plus a drain limit) and in requests in flight (--max-inflight, 256).
  */
 #include <curl/curl.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -271,57 +270,16 @@ static void free_bodies(void)
 /* ---- The daemon's process ---------------------------------------------------------------------
  */
 
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "VmRSS:", 6) == 0) {
-            char *end = NULL;
-            errno = 0;
-            kib = strtol(line + 6, &end, 10);
-            if (errno != 0 || end == line + 6)
-                kib = -1;
-            break;
-        }
-    }
-    fclose(f);
-    return kib;
-}
-
-static int fd_count(pid_t pid)
-{
-    char path[64];
-    struct dirent *e;
-    int n = 0;
-    DIR *dir;
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    dir = opendir(path);
-    if (!dir)
-        return -1;
-    while ((e = readdir(dir)) != NULL) {
-        if (e->d_name[0] != '.')
-            n++;
-    }
-    closedir(dir);
-    return n;
-}
-
 /* The descriptor count once it has stopped changing (sockets close a moment after the client
  * closes its end): `want` when it gets there within 5 s, else the last value seen. */
-static int fds_settled(pid_t pid, int want)
+static int fds_settled(const daemon_proc *d, int want)
 {
     double deadline = now_s() + 5;
-    int last = fd_count(pid), stable = 0;
+    int last = daemon_fd_count(d), stable = 0;
     while (now_s() < deadline) {
         int n;
         sleep_ms(50);
-        n = fd_count(pid);
+        n = daemon_fd_count(d);
         if (n == want)
             return n;
         stable = n == last ? stable + 1 : 0;
@@ -823,9 +781,9 @@ static void test_load_at_twice_capacity(void)
         CHECK(0);
         return;
     }
-    idle_fds = fds_settled(daemon_.pid, -1);
+    idle_fds = fds_settled(&daemon_, -1);
     CHECK(metric_wait_le(daemon_.port, BUFFER_CACHE, 0, CACHE_RELEASE_MS));
-    idle_rss_kib = rss_kib(daemon_.pid);
+    idle_rss_kib = daemon_rss_kib(&daemon_);
     l.rate = opt.rate > 0 ? opt.rate : opt.overload * capacity;
     l.long_fraction = opt.long_fraction;
     printf("  offering %.0f requests/s (%.1f x capacity) for %.0f s, at most %d in flight; daemon "
@@ -839,8 +797,8 @@ static void test_load_at_twice_capacity(void)
     t_end = l.t0 + opt.duration_s;
     next_note = l.t0 + 60;
     while (now_s() < t_end) {
-        long rss = rss_kib(daemon_.pid);
-        int fds = fd_count(daemon_.pid);
+        long rss = daemon_rss_kib(&daemon_);
+        int fds = daemon_fd_count(&daemon_);
         if ((double)rss > rss_peak)
             rss_peak = (double)rss;
         if (fds > fds_peak)
@@ -897,10 +855,10 @@ static void test_rss_and_fds_flat_after_load(void)
     long rss;
     if (!daemon_up)
         return;
-    fds = fds_settled(daemon_.pid, idle_fds);
+    fds = fds_settled(&daemon_, idle_fds);
     CHECK(metric_wait_le(daemon_.port, BUFFER_CACHE, 0, CACHE_RELEASE_MS));
     sleep_ms(500);
-    rss = rss_kib(daemon_.pid);
+    rss = daemon_rss_kib(&daemon_);
     printf("  after the load: VmRSS %ld KiB (%+ld KiB), %d descriptors (%+d)\n", rss,
            rss - idle_rss_kib, fds, fds - idle_fds);
     CHECKF(fds == idle_fds, "descriptors: %d after the load, %d before", fds, idle_fds);

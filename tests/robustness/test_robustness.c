@@ -21,8 +21,6 @@
  * last test shows that rejections while draining are counted as reason="draining", the one
  * reason the other suites produce but do not count.
  */
-#include <dirent.h>
-#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
@@ -695,47 +693,6 @@ static void test_content_length_promises_more(void)
 
 /* ---- Flat RSS and descriptors ---------------------------------------------------------------- */
 
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "VmRSS:", 6) == 0) {
-            char *end = NULL;
-            errno = 0;
-            kib = strtol(line + 6, &end, 10);
-            if (errno != 0 || end == line + 6)
-                kib = -1;
-            break;
-        }
-    }
-    fclose(f);
-    return kib;
-}
-
-static int fd_count(pid_t pid)
-{
-    char path[64];
-    struct dirent *e;
-    int n = 0;
-    DIR *dir;
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    dir = opendir(path);
-    if (!dir)
-        return -1;
-    while ((e = readdir(dir)) != NULL) {
-        if (e->d_name[0] != '.')
-            n++;
-    }
-    closedir(dir);
-    return n;
-}
-
 /* Every connection of the tests is closed: the daemon's descriptors are back to `want`
  * (libmicrohttpd closes a socket a moment after the client does). */
 static int fds_settled(int want)
@@ -743,7 +700,7 @@ static int fds_settled(int want)
     double deadline = now_s() + 5;
     int n;
     do {
-        n = fd_count(d.pid);
+        n = daemon_fd_count(&d);
         if (n == want)
             break;
         sleep_ms(20);
@@ -762,8 +719,8 @@ static void test_warm_up_then_baseline(void)
     run_every_case();
     baseline_fds = fds_settled(-1); /* whatever it is once the sockets have closed */
     sleep_ms(200);
-    baseline_fds = fd_count(d.pid);
-    baseline_rss_kib = rss_kib(d.pid);
+    baseline_fds = daemon_fd_count(&d);
+    baseline_rss_kib = daemon_rss_kib(&d);
     CHECK(baseline_fds > 0);
     CHECK(baseline_rss_kib > 0);
     printf("baseline after the warm-up: VmRSS %ld KiB, %d open descriptors\n", baseline_rss_kib,
@@ -781,7 +738,7 @@ static void test_warm_up_then_baseline(void)
 static void test_rss_and_fds_are_flat(void)
 {
     int fds = fds_settled(baseline_fds);
-    long rss = rss_kib(d.pid);
+    long rss = daemon_rss_kib(&d);
     const long slack_kib = 8 * 1024;
     printf("after round two: VmRSS %ld KiB (%+ld), %d open descriptors (%+d)\n", rss,
            rss - baseline_rss_kib, fds, fds - baseline_fds);

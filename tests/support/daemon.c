@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -253,6 +254,47 @@ int daemon_stop(daemon_proc *d)
     }
     remove_dir(d);
     return code;
+}
+
+long daemon_rss_kib(const daemon_proc *d)
+{
+    char path[64], line[256];
+    long kib = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)d->pid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "VmRSS:", 6) == 0) {
+            char *end = NULL;
+            errno = 0;
+            kib = strtol(line + 6, &end, 10);
+            if (errno != 0 || end == line + 6)
+                kib = -1;
+            break;
+        }
+    }
+    fclose(f);
+    return kib;
+}
+
+int daemon_fd_count(const daemon_proc *d)
+{
+    char path[64];
+    struct dirent *e;
+    int n = 0;
+    DIR *dir;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
+    dir = opendir(path);
+    if (!dir)
+        return -1;
+    while ((e = readdir(dir)) != NULL) {
+        if (e->d_name[0] != '.')
+            n++;
+    }
+    closedir(dir);
+    return n;
 }
 
 char *daemon_log(const daemon_proc *d)

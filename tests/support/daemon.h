@@ -56,6 +56,10 @@ int daemon_stop(daemon_proc *d);
 /* The daemon's stderr so far (its JSON log), malloc'd and NUL-terminated; NULL on error. */
 char *daemon_log(const daemon_proc *d);
 
+/* Its resident memory (VmRSS) in KiB, and its open descriptors; -1 when /proc cannot say. */
+long daemon_rss_kib(const daemon_proc *d);
+int daemon_fd_count(const daemon_proc *d);
+
 /* ---- HTTP with libcurl -------------------------------------------------------------------- */
 
 typedef struct {
