@@ -1245,11 +1245,6 @@ static bool add_size(size_t *acc, size_t n)
     return !__builtin_add_overflow(*acc, n, acc);
 }
 
-static double mib(size_t bytes)
-{
-    return (double)bytes / (1024.0 * 1024.0);
-}
-
 static int infer(v2_job *job, api_reply *reply, api_error *err)
 {
     bool all_binary = true, any_binary = false;
@@ -1283,12 +1278,7 @@ static int infer(v2_job *job, api_reply *reply, api_error *err)
             ok = ok && add_size(&tensors, api_aligned_size(output_shape(job, o)->count * 4));
     reply_bytes = header + V2_BINARY_ALIGN;
     ok = ok && add_size(&reply_bytes, json_text) && add_size(&reply_bytes, binary_bytes);
-    size_t need = tensors;
-    ok = ok && add_size(&need, reply_bytes) && add_size(&need, scratch);
-    char what[160];
-    snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
-             mib(tensors), mib(reply_bytes), mib(scratch));
-    if (api_req_reserve(&job->rq, ok ? need : SIZE_MAX, false, what, err) != 0)
+    if (api_req_reserve_run(&job->rq, ok, tensors, reply_bytes, scratch, err) != 0)
         return -1;
 
     api_jsonw w;
