@@ -146,7 +146,7 @@ const char *api_reason_str(api_reason reason);
 typedef struct {
     int status;               /* HTTP status code */
     const char *content_type; /* static string */
-    char *body;               /* malloc'd; owned by the reply */
+    char *body;               /* from eng_buf_alloc (reused pages); owned by the reply */
     size_t body_len;
     int retry_after_s; /* > 0: send Retry-After with this value (429 and 503 get 1) */
     api_reason reason; /* API_REASON_NONE on success */
@@ -162,8 +162,9 @@ typedef struct {
 /* Frees the body (if still owned); NULL is a no-op, and so is a second call. */
 void api_reply_free(api_reply *reply);
 
-/* Hands the body over to the caller (free it with free(); NULL if there is none) and stores
- * its length in *len (when len is not NULL): for a zero-copy response with a free callback. */
+/* Hands the body over to the caller (free it with eng_buf_free; NULL if there is none) and
+ * stores its length in *len (when len is not NULL): for a zero-copy response with a free
+ * callback. */
 char *api_reply_take_body(api_reply *reply, size_t *len);
 
 /* POST /v1/attention: decodes, validates, reserves memory, runs eng_sdpa and encodes the
@@ -261,6 +262,11 @@ typedef enum {
  * directions are CPU work. */
 void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
                       api_reply *reply);
+
+/* api_reply_error (no field) in the error form of `style`: the server's refusals on /v2 paths
+ * take the KServe form. */
+void api_reply_error_styled(api_reply *reply, api_error_style style, int status, api_reason reason,
+                            const char *message);
 
 /* ---- A request's own timeout, before decoding --------------------------------------------- */
 

@@ -339,7 +339,7 @@ bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_
         return false;
     /* deflateBound takes a uLong: exact on LP64. The gzip header and trailer are 18 bytes. */
     size_t cap = (size_t)deflateBound(&zs, (uLong)n) + 32;
-    char *buf = malloc(cap);
+    char *buf = eng_buf_alloc(cap); /* a reply body, as the text it replaces */
     if (!buf) {
         deflateEnd(&zs);
         return false;
@@ -361,7 +361,7 @@ bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_
     } while ((rc == Z_OK || rc == Z_BUF_ERROR) && len < cap);
     deflateEnd(&zs);
     if (rc != Z_STREAM_END) {
-        free(buf); /* defensive: deflateBound guarantees the room */
+        eng_buf_free(buf); /* defensive: deflateBound guarantees the room */
         return false;
     }
     *out = buf;
@@ -401,10 +401,10 @@ static void compress_reply(const api_call *call, api_reply *reply)
     if (!ok)
         return;
     if (packed_len >= reply->body_len) {
-        free(packed);
+        eng_buf_free(packed);
         return;
     }
-    free(reply->body);
+    eng_buf_free(reply->body);
     reply->body = packed;
     reply->body_len = packed_len;
     reply->content_encoding = coding_name(coding);

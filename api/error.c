@@ -112,7 +112,7 @@ static void reply_fill(api_reply *reply, const api_error *err)
         api_jsonw_cstr(&w, "null");
     api_jsonw_cstr(&w, "}}\n");
 
-    free(reply->body);
+    eng_buf_free(reply->body);
     reply->status = err->status;
     reply->content_type = "application/json";
     reply->retry_after_s = err->retry_after_s;
@@ -145,11 +145,23 @@ void api_reply_error(api_reply *reply, int status, api_reason reason, const char
     reply_fill(reply, &err);
 }
 
+void api_reply_error_styled(api_reply *reply, api_error_style style, int status, api_reason reason,
+                            const char *message)
+{
+    api_error err = {0};
+    api_error_set(&err, status, reason, NULL, "%s", message);
+    memset(reply, 0, sizeof *reply);
+    if (style == API_ERRORS_V2)
+        api_v2_reply_from_error(reply, &err);
+    else
+        reply_fill(reply, &err);
+}
+
 void api_reply_free(api_reply *reply)
 {
     if (!reply)
         return;
-    free(reply->body);
+    eng_buf_free(reply->body);
     reply->body = NULL;
     reply->body_len = 0;
 }

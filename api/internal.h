@@ -578,8 +578,8 @@ api_coding api_accept_encoding_pick(const char *value);
 int api_inflate(api_coding coding, const char *src, size_t n, size_t max, api_budget *budget,
                 size_t held, char **out, size_t *out_len, size_t *reserved, api_error *err);
 
-/* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a malloc'd
- * buffer; false when memory runs out. */
+/* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a buffer from
+ * eng_buf_alloc (it becomes a reply body); false when memory runs out. */
 bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_t *out_len);
 
 /* ---- KServe v2 (v2.c) --------------------------------------------------------------------- */

@@ -23,6 +23,8 @@
 
 /* ---- The buffer -------------------------------------------------------------------------- */
 
+#define JSONW_PRESIZE_FROM ((size_t)1 << 20)
+
 void api_jsonw_init(api_jsonw *w, size_t max)
 {
     w->data = NULL;
@@ -34,7 +36,7 @@ void api_jsonw_init(api_jsonw *w, size_t max)
 
 void api_jsonw_free(api_jsonw *w)
 {
-    free(w->data);
+    eng_buf_free(w->data);
     w->data = NULL;
     w->len = w->cap = 0;
 }
@@ -49,18 +51,27 @@ char *api_jsonw_reserve(api_jsonw *w, size_t n)
         w->state = API_JSONW_FULL;
         return NULL;
     }
-    /* Grow geometrically, but never past max: the caller budgeted for max, not for 2 max. */
-    size_t want = w->len + n;
-    size_t cap = w->cap < 4096 ? 4096 : w->cap;
-    while (cap < want && cap <= w->max / 2)
-        cap *= 2;
-    if (cap < want || cap > w->max)
-        cap = want > w->max / 2 ? w->max : want;
-    char *p = realloc(w->data, cap);
+    /* Grow geometrically up to a megabyte, then take max at once: it is budgeted anyway, and a
+     * big reply (a base64 tensor) would otherwise be copied at every doubling. Never past max:
+     * the caller budgeted for max, not for 2 max. */
+    size_t want = w->len + n; /* <= max */
+    size_t cap = w->max;
+    if (want <= JSONW_PRESIZE_FROM) {
+        cap = w->cap < 4096 ? 4096 : w->cap;
+        while (cap < want)
+            cap *= 2;
+        if (cap > w->max)
+            cap = w->max;
+    }
+    /* eng_buf: a reply's pages are reused by the next one (see engine/buffers.c). */
+    char *p = eng_buf_alloc(cap);
     if (!p) {
         w->state = API_JSONW_NOMEM;
         return NULL;
     }
+    if (w->len > 0)
+        memcpy(p, w->data, w->len);
+    eng_buf_free(w->data);
     w->data = p;
     w->cap = cap;
     return w->data + w->len;

@@ -92,7 +92,7 @@ void api_v2_reply_from_error(api_reply *reply, const api_error *err)
     api_jsonw_cstr(&w, "{\"error\":");
     api_jsonw_string(&w, err->message, strlen(err->message));
     api_jsonw_cstr(&w, "}\n");
-    free(reply->body);
+    eng_buf_free(reply->body);
     reply->status = err->status;
     reply->content_type = "application/json";
     reply->retry_after_s = err->retry_after_s;
@@ -1299,7 +1299,7 @@ static int infer(v2_job *job, api_reply *reply, api_error *err)
         /* Pad with spaces (JSON allows them after the value) so that the first output starts
          * on a 64-byte boundary of a 64-byte-aligned buffer. */
         json_len = (w.len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
-        blob = api_aligned_alloc(json_len + binary_bytes);
+        blob = eng_buf_alloc(json_len + binary_bytes); /* 64-byte aligned */
         if (!blob) {
             api_jsonw_free(&w);
             return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
@@ -1343,7 +1343,7 @@ static int infer(v2_job *job, api_reply *reply, api_error *err)
         api_jsonw_free(&w);
     }
     if (rc != 0) {
-        free(blob);
+        eng_buf_free(blob);
         return -1;
     }
     reply->status = 200;

@@ -66,6 +66,12 @@ void srv__req_unref(srv_req *req)
     free(req);
 }
 
+/* True for the Open Inference Protocol routes, whose errors are {"error": "message"}. */
+static bool is_v2_path(const srv_req *req)
+{
+    return strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
+}
+
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)
 {
     char msg[256];
@@ -74,22 +80,8 @@ void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt,
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     api_reply_free(&req->reply);
-    memset(&req->reply, 0, sizeof req->reply);
-    if (strncmp(req->path, "/v2", 3) == 0 && (req->path[3] == '/' || req->path[3] == '\0')) {
-        /* The Open Inference Protocol's error form, as respond_error writes it. */
-        srv_buf b;
-        srv__buf_init(&b, 4096);
-        srv__buf_puts(&b, "{\"error\":");
-        srv__buf_json_str(&b, msg, strlen(msg));
-        srv__buf_puts(&b, "}");
-        req->reply.body = srv__buf_take(&b, &req->reply.body_len);
-        req->reply.content_type = "application/json";
-        req->reply.retry_after_s = status == 429 || status == 503 ? 1 : 0;
-    } else {
-        api_reply_error(&req->reply, status, reason, NULL, "%s", msg);
-    }
-    req->reply.status = status;
-    req->reply.reason = reason;
+    api_reply_error_styled(&req->reply, is_v2_path(req) ? API_ERRORS_V2 : API_ERRORS_NATIVE, status,
+                           reason, msg);
 }
 
 void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size)
@@ -143,20 +135,23 @@ static void make_request_id(srv_server *s, char *out, size_t outlen)
 
 /* ---- Responses ---------------------------------------------------------------------------- */
 
-/* Queues `body` (malloc'd, taken over even on failure) as the response. */
-static enum MHD_Result respond(srv_req *req, int status, const char *content_type, char *body,
-                               size_t len, const resp_opts *o)
+/* Queues `body` (taken over even on failure and freed with `release`; NULL: empty) as the
+ * response. */
+static enum MHD_Result respond_with(srv_req *req, int status, const char *content_type, char *body,
+                                    size_t len, MHD_ContentReaderFreeCallback release,
+                                    const resp_opts *o)
 {
     struct MHD_Response *r;
     enum MHD_Result rc;
     char num[24];
 
     if (body)
-        r = MHD_create_response_from_buffer_with_free_callback(len, body, free);
+        r = MHD_create_response_from_buffer_with_free_callback(len, body, release);
     else
         r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) {
-        free(body);
+        if (body)
+            release(body);
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
@@ -183,10 +178,23 @@ static enum MHD_Result respond(srv_req *req, int status, const char *content_typ
     return rc;
 }
 
-/* True for the Open Inference Protocol routes, whose errors are {"error": "message"}. */
-static bool is_v2_path(const srv_req *req)
+/* Queues `body` (malloc'd, taken over even on failure) as the response. */
+static enum MHD_Result respond(srv_req *req, int status, const char *content_type, char *body,
+                               size_t len, const resp_opts *o)
 {
-    return strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
+    return respond_with(req, status, content_type, body, len, free, o);
+}
+
+/* Queues an api/ reply as the response: its status, type and body (eng_buf memory, see
+ * api_reply_take_body), with `o` (may be NULL). */
+static enum MHD_Result respond_api(srv_req *req, api_reply *reply, const resp_opts *o)
+{
+    size_t len = 0;
+    int status = reply->status > 0 ? reply->status : 500;
+    const char *content_type = reply->content_type;
+    char *body = api_reply_take_body(reply, &len);
+    req->reason = reply->reason;
+    return respond_with(req, status, content_type, body, len, eng_buf_free, o);
 }
 
 static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason,
@@ -198,8 +206,7 @@ static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason
 {
     char msg[256];
     va_list ap;
-    char *body;
-    size_t len = 0;
+    api_reply reply;
     resp_opts opts = o ? *o : (resp_opts){0};
 
     va_start(ap, fmt);
@@ -210,20 +217,9 @@ static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason
         !req->seen_body_end)
         opts.close = true;
 
-    if (is_v2_path(req)) {
-        srv_buf b;
-        srv__buf_init(&b, 4096);
-        srv__buf_puts(&b, "{\"error\":");
-        srv__buf_json_str(&b, msg, strlen(msg));
-        srv__buf_puts(&b, "}");
-        body = srv__buf_take(&b, &len);
-    } else {
-        api_reply reply;
-        api_reply_error(&reply, status, reason, NULL, "%s", msg);
-        body = api_reply_take_body(&reply, &len);
-        api_reply_free(&reply);
-    }
-    return respond(req, status, "application/json", body, len, &opts);
+    api_reply_error_styled(&reply, is_v2_path(req) ? API_ERRORS_V2 : API_ERRORS_NATIVE, status,
+                           reason, msg);
+    return respond_api(req, &reply, &opts);
 }
 
 static enum MHD_Result respond_text(srv_req *req, int status, const char *content_type,
@@ -264,22 +260,25 @@ enum MHD_Result srv__respond_error(srv_req *req, int status, api_reason reason,
 static enum MHD_Result respond_reply(srv_req *req)
 {
     api_reply *r = &req->reply;
-    size_t len = 0;
-    char *body = api_reply_take_body(r, &len);
     const char *headers[8];
     char num[24];
     srv__reply_headers(r, headers, num);
     resp_opts o = {.retry_after_s = r->retry_after_s, .headers = headers};
 
-    req->reason = r->reason;
     if (atomic_load(&req->client_gone)) {
         /* Nobody is listening: close instead of writing into a dead socket. */
-        free(body);
+        api_reply_free(r);
+        req->reason = r->reason;
         req->status = r->status;
         req->responded = true;
         return MHD_NO;
     }
-    return respond(req, r->status > 0 ? r->status : 500, r->content_type, body, len, &o);
+    return respond_api(req, r, &o);
+}
+
+enum MHD_Result srv__respond_api(srv_req *req, api_reply *reply)
+{
+    return respond_api(req, reply, NULL);
 }
 
 /* ---- Headers ------------------------------------------------------------------------------ */

@@ -334,6 +334,8 @@ typedef struct {
  * `content_type` NULL means application/json; `o` may be NULL. */
 enum MHD_Result srv__respond(srv_req *req, int status, const char *content_type, char *body,
                              size_t len, const srv_resp_opts *o);
+/* Queues a reply built by api/ (status, Content-Type, body and rejection reason). */
+enum MHD_Result srv__respond_api(srv_req *req, api_reply *reply);
 /* Queues a copy of the NUL-terminated `text`. */
 enum MHD_Result srv__respond_text(srv_req *req, int status, const char *content_type,
                                   const char *text, const srv_resp_opts *o);

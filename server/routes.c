@@ -67,30 +67,18 @@ static enum MHD_Result answer_metrics(srv_server *s, srv_req *req)
     return srv__respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
 }
 
-/* Sends a reply api/ built on this thread. */
-static enum MHD_Result respond_api(srv_req *req, api_reply *reply)
-{
-    size_t len = 0;
-    int status = reply->status > 0 ? reply->status : 500;
-    const char *content_type = reply->content_type;
-    char *body = api_reply_take_body(reply, &len);
-    req->reason = reply->reason;
-    api_reply_free(reply);
-    return srv__respond(req, status, content_type, body, len, NULL);
-}
-
 static enum MHD_Result answer_models(srv_server *s, srv_req *req)
 {
     api_reply reply;
     api_models_list(s->models, &reply);
-    return respond_api(req, &reply);
+    return srv__respond_api(req, &reply);
 }
 
 static enum MHD_Result answer_model(srv_server *s, srv_req *req)
 {
     api_reply reply;
     api_models_get(s->models, srv__req_param(req, "name"), &reply);
-    return respond_api(req, &reply);
+    return srv__respond_api(req, &reply);
 }
 
 static void work_attention(const srv_req *req, const api_call *call, api_reply *reply)

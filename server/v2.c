@@ -15,18 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Sends a reply api/ built on this thread. */
-static enum MHD_Result respond_api(srv_req *req, api_reply *reply)
-{
-    size_t len = 0;
-    int status = reply->status > 0 ? reply->status : 500;
-    const char *content_type = reply->content_type;
-    char *body = api_reply_take_body(reply, &len);
-    req->reason = reply->reason;
-    api_reply_free(reply);
-    return srv__respond(req, status, content_type, body, len, NULL);
-}
-
 static api_call path_call(const srv_server *s, const srv_req *req)
 {
     api_call call;
@@ -42,7 +30,7 @@ enum MHD_Result srv__answer_v2_server(srv_server *s, srv_req *req)
     api_reply reply;
     (void)s;
     api_v2_server_metadata(&reply);
-    return respond_api(req, &reply);
+    return srv__respond_api(req, &reply);
 }
 
 enum MHD_Result srv__answer_v2_model(srv_server *s, srv_req *req)
@@ -50,7 +38,7 @@ enum MHD_Result srv__answer_v2_model(srv_server *s, srv_req *req)
     api_call call = path_call(s, req);
     api_reply reply;
     api_v2_model_metadata(&call, &reply);
-    return respond_api(req, &reply);
+    return srv__respond_api(req, &reply);
 }
 
 enum MHD_Result srv__answer_v2_ready(srv_server *s, srv_req *req)
@@ -60,7 +48,7 @@ enum MHD_Result srv__answer_v2_ready(srv_server *s, srv_req *req)
     if (atomic_load(&s->draining) && api_v2_model_known(s->models, call.model, call.version))
         return srv__respond_error(req, 503, API_REASON_NONE, NULL, "draining");
     api_v2_model_ready(&call, &reply);
-    return respond_api(req, &reply);
+    return srv__respond_api(req, &reply);
 }
 
 enum MHD_Result srv__answer_v2_stats(srv_server *s, srv_req *req)
@@ -74,7 +62,7 @@ enum MHD_Result srv__answer_v2_stats(srv_server *s, srv_req *req)
         if (!api_v2_model_known(s->models, call.model, call.version)) {
             api_reply reply;
             api_v2_model_ready(&call, &reply); /* the 404 that names what is unknown */
-            return respond_api(req, &reply);
+            return srv__respond_api(req, &reply);
         }
         slot = srv__metrics_model_slot(s->models, call.model);
     }

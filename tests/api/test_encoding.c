@@ -132,7 +132,7 @@ static void test_roundtrip(void)
             CHECK(plain && plain[plain_len] == '\0');
             if (sizes[s] > 1000) /* 17 symbols: about 4.1 bits of 8 per byte */
                 CHECKF(packed_len < sizes[s] / 10 * 7, "%zu -> %zu", sizes[s], packed_len);
-            free(packed);
+            eng_buf_free(packed);
             free(plain);
         }
         free(text);
@@ -200,7 +200,7 @@ static void test_bomb(void)
 
     /* Exactly the cap is fine; one byte more is not. */
     char *text = sample(1000);
-    free(packed);
+    eng_buf_free(packed);
     CHECK(api_deflate(API_CODING_DEFLATE, text, 1000, &packed, &packed_len));
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_DEFLATE, packed, packed_len, 1000, budget, 0, &plain, &plain_len,
@@ -216,7 +216,7 @@ static void test_bomb(void)
     api_budget_release(budget, reserved);
     CHECK_EQ_INT(api_budget_in_use(budget), 0);
     api_budget_free(budget);
-    free(packed);
+    eng_buf_free(packed);
     free(text);
 }
 
@@ -245,7 +245,7 @@ static void test_corrupt_and_truncated(void)
                       &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, 400);
     CHECKF(strstr(err.message, "gzip") != NULL, "%s", err.message);
-    free(packed);
+    eng_buf_free(packed);
 
     /* A deflate stream followed by garbage. */
     CHECK(api_deflate(API_CODING_DEFLATE, text, 20000, &packed, &packed_len));
@@ -259,7 +259,7 @@ static void test_corrupt_and_truncated(void)
     CHECKF(strstr(err.message, "extra") != NULL, "%s", err.message);
     CHECK(plain == NULL);
     free(extra);
-    free(packed);
+    eng_buf_free(packed);
     free(text);
 }
 
@@ -289,7 +289,7 @@ static void test_budget(void)
     api_budget_release(busy, reserved);
     api_budget_release(busy, ((size_t)16 << 20) - 1000);
     api_budget_free(busy);
-    free(packed);
+    eng_buf_free(packed);
     free(text);
 }
 
@@ -306,7 +306,7 @@ static void echo_route(const api_call *call, api_reply *reply)
     seen_body = call->body;
     reply->status = 200;
     reply->content_type = "application/json";
-    reply->body = malloc(call->body_len + 1);
+    reply->body = eng_buf_alloc(call->body_len + 1); /* as every route's reply body */
     memcpy(reply->body, call->body, call->body_len);
     reply->body_len = call->body_len;
 }
@@ -401,7 +401,7 @@ static void test_call_encoded(void)
     CHECK_EQ_INT(r.status, 400);
     api_reply_free(&r);
 
-    free(packed);
+    eng_buf_free(packed);
     free(text);
     api_budget_free(budget);
 }
@@ -422,7 +422,7 @@ static void test_call_encoded_routes(void)
     CHECKF(r.status == 200, "%d", r.status);
     CHECK(r.body && strstr(r.body, "\"output\"") != NULL);
     api_reply_free(&r);
-    free(packed);
+    eng_buf_free(packed);
 
     const char *json = "{\"inputs\":["
                        "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
@@ -457,7 +457,7 @@ static void test_call_encoded_routes(void)
     }
     free(plain);
     api_reply_free(&r);
-    free(packed);
+    eng_buf_free(packed);
 }
 
 int main(void)

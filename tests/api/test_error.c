@@ -49,7 +49,7 @@ static void test_an_error_without_a_field_says_null(void)
     size_t len = 0;
     char *body = api_reply_take_body(&r, &len);
     CHECK(body != NULL && len > 0 && r.body == NULL && r.body_len == 0);
-    free(body);
+    eng_buf_free(body);
     api_reply_free(&r);
 }
 

@@ -529,7 +529,7 @@ static void test_sigterm_drains_in_flight_requests(void)
 
     CHECK_EQ_INT(http_do(h_ready, d.port, "GET", "/v2/health/ready", NULL, NULL, 0, &r), 503);
     CHECK_EQ_INT(r.new_connections, 0);
-    CHECKF(strcmp(r.body, "{\"error\":\"draining\"}") == 0, "body: %s", r.body);
+    CHECKF(strcmp(r.body, "{\"error\":\"draining\"}\n") == 0, "body: %s", r.body);
     http_resp_free(&r);
     http_post_json(h_post, d.port, seed, &r);
     CHECK_EQ_INT(r.status, 503);
