@@ -98,8 +98,10 @@ static void test_many_buffers_cycle_through_the_slots(void)
         p[i] = eng_buf_alloc(MiB);
     for (int i = 0; i < 40; i++)
         eng_buf_free(p[i]);
-    CHECK(eng_buf_cached() > 0);
-    CHECK(eng_buf_cached() <= 40 * 2 * MiB);
+    /* A 1 MiB buffer maps 2 MiB (its header tips it over); at most 16 are kept, however many
+     * come back and however high the limit. */
+    CHECK(eng_buf_cached() >= 2 * MiB);
+    CHECK(eng_buf_cached() <= 16 * 2 * MiB);
     reset(0);
 }
 
