@@ -198,12 +198,18 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
  * an unknown model. */
 void api_mha(const api_call *call, api_reply *reply);
 
-/* Fills `reply` (which need not be initialised) with a native error body for failures found
- * outside api_attention (unknown route, wrong method, body over the cap, queue full...).
- * `field` may be NULL. The "code" of the body follows from `status` ("too_large" for 413,
- * "overloaded" for 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
-void api_reply_error(api_reply *reply, int status, api_reason reason, const char *field,
-                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+typedef enum {
+    API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
+    API_ERRORS_V2,         /* {"error": "message"} */
+} api_error_style;
+
+/* Fills `reply` (which need not be initialised) with an error body in `style` for failures
+ * found outside the routes (unknown route, wrong method, body over the cap, queue full...):
+ * the server's refusals on /v2 paths take the KServe form. `field` may be NULL (the v2 form has
+ * none). The native "code" follows from `status` ("too_large" for 413, "overloaded" for
+ * 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
+void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
+                     const char *field, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
 
@@ -248,11 +254,6 @@ bool api_content_encoding_known(const char *value);
 
 typedef void (*api_route_fn)(const api_call *call, api_reply *reply);
 
-typedef enum {
-    API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
-    API_ERRORS_V2,         /* {"error": "message"} */
-} api_error_style;
-
 /* Runs `route` on the body with its Content-Encoding undone (gzip or deflate, by zlib), then
  * compresses the reply when call->accept_encoding allows gzip or deflate (q > 0) and that makes
  * it smaller (reply->content_encoding says which). The decompressed size counts against
@@ -262,11 +263,6 @@ typedef enum {
  * directions are CPU work. */
 void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
                       api_reply *reply);
-
-/* api_reply_error (no field) in the error form of `style`: the server's refusals on /v2 paths
- * take the KServe form. */
-void api_reply_error_styled(api_reply *reply, api_error_style style, int status, api_reason reason,
-                            const char *message);
 
 /* ---- A request's own timeout, before decoding --------------------------------------------- */
 

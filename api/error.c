@@ -132,8 +132,8 @@ void api_reply_from_error(api_reply *reply, const api_error *err)
     reply_fill(reply, err);
 }
 
-void api_reply_error(api_reply *reply, int status, api_reason reason, const char *field,
-                     const char *fmt, ...)
+void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
+                     const char *field, const char *fmt, ...)
 {
     api_error err = {0};
     va_list ap;
@@ -141,15 +141,6 @@ void api_reply_error(api_reply *reply, int status, api_reason reason, const char
     error_vset(&err, status, reason, field, fmt, ap);
     va_end(ap);
     /* The reply may be uninitialised: the caller hands us a fresh struct. */
-    memset(reply, 0, sizeof *reply);
-    reply_fill(reply, &err);
-}
-
-void api_reply_error_styled(api_reply *reply, api_error_style style, int status, api_reason reason,
-                            const char *message)
-{
-    api_error err = {0};
-    api_error_set(&err, status, reason, NULL, "%s", message);
     memset(reply, 0, sizeof *reply);
     if (style == API_ERRORS_V2)
         api_v2_reply_from_error(reply, &err);

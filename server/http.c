@@ -66,10 +66,11 @@ void srv__req_unref(srv_req *req)
     free(req);
 }
 
-/* True for the Open Inference Protocol routes, whose errors are {"error": "message"}. */
-static bool is_v2_path(const srv_req *req)
+/* The Open Inference Protocol's routes answer errors as {"error": "message"}. */
+static api_error_style error_style(const srv_req *req)
 {
-    return strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
+    bool v2 = strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
+    return v2 ? API_ERRORS_V2 : API_ERRORS_NATIVE;
 }
 
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)
@@ -80,8 +81,7 @@ void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt,
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     api_reply_free(&req->reply);
-    api_reply_error_styled(&req->reply, is_v2_path(req) ? API_ERRORS_V2 : API_ERRORS_NATIVE, status,
-                           reason, msg);
+    api_reply_error(&req->reply, error_style(req), status, reason, NULL, "%s", msg);
 }
 
 void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size)
@@ -217,8 +217,7 @@ static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason
         !req->seen_body_end)
         opts.close = true;
 
-    api_reply_error_styled(&reply, is_v2_path(req) ? API_ERRORS_V2 : API_ERRORS_NATIVE, status,
-                           reason, msg);
+    api_reply_error(&reply, error_style(req), status, reason, NULL, "%s", msg);
     return respond_api(req, &reply, &opts);
 }
 

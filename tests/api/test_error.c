@@ -19,7 +19,8 @@ static json_t *parse_reply(const api_reply *r)
 static void test_error_reply_has_code_message_and_field(void)
 {
     api_reply r;
-    api_reply_error(&r, 422, API_REASON_BAD_REQUEST, "query.shape[1]", "bad %s \"%d\"", "dim", 0);
+    api_reply_error(&r, API_ERRORS_NATIVE, 422, API_REASON_BAD_REQUEST, "query.shape[1]",
+                    "bad %s \"%d\"", "dim", 0);
     CHECK_EQ_INT(r.status, 422);
     CHECK(strcmp(r.content_type, "application/json") == 0);
     CHECK_EQ_INT(r.reason, API_REASON_BAD_REQUEST);
@@ -39,7 +40,7 @@ static void test_error_reply_has_code_message_and_field(void)
 static void test_an_error_without_a_field_says_null(void)
 {
     api_reply r;
-    api_reply_error(&r, 429, API_REASON_QUEUE_FULL, NULL, "queue full");
+    api_reply_error(&r, API_ERRORS_NATIVE, 429, API_REASON_QUEUE_FULL, NULL, "queue full");
     CHECK_EQ_INT(r.retry_after_s, 1);
     json_t *j = parse_reply(&r);
     CHECK(json_is_null(json_object_get(json_object_get(j, "error"), "field")));
@@ -50,6 +51,22 @@ static void test_an_error_without_a_field_says_null(void)
     char *body = api_reply_take_body(&r, &len);
     CHECK(body != NULL && len > 0 && r.body == NULL && r.body_len == 0);
     eng_buf_free(body);
+    api_reply_free(&r);
+}
+
+/* The KServe v2 form is {"error": "message"}, with the same status, reason and Retry-After. */
+static void test_a_v2_error_is_a_bare_message(void)
+{
+    api_reply r;
+    api_reply_error(&r, API_ERRORS_V2, 503, API_REASON_DRAINING, "ignored", "%s", "draining");
+    CHECK_EQ_INT(r.status, 503);
+    CHECK_EQ_INT(r.reason, API_REASON_DRAINING);
+    CHECK_EQ_INT(r.retry_after_s, 1);
+    json_t *j = parse_reply(&r);
+    CHECK(json_object_size(j) == 1);
+    CHECK(json_is_string(json_object_get(j, "error")) &&
+          strcmp(json_string_value(json_object_get(j, "error")), "draining") == 0);
+    json_decref(j);
     api_reply_free(&r);
 }
 
@@ -95,8 +112,8 @@ static void test_messages_are_escaped_and_bounded(void)
     memset(long_text, 'x', sizeof long_text - 1);
     long_text[sizeof long_text - 1] = '\0';
     api_reply r;
-    api_reply_error(&r, 400, API_REASON_BAD_REQUEST, "a\"b", "quote \" backslash \\ newline \n %s",
-                    long_text);
+    api_reply_error(&r, API_ERRORS_NATIVE, 400, API_REASON_BAD_REQUEST, "a\"b",
+                    "quote \" backslash \\ newline \n %s", long_text);
     json_t *j = parse_reply(&r);
     const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
     CHECK(msg && strncmp(msg, "quote \" backslash \\ newline \n x", 31) == 0);
@@ -127,6 +144,7 @@ int main(void)
 {
     RUN(test_error_reply_has_code_message_and_field);
     RUN(test_an_error_without_a_field_says_null);
+    RUN(test_a_v2_error_is_a_bare_message);
     RUN(test_every_design_status_has_a_code);
     RUN(test_reasons_have_their_metric_names);
     RUN(test_messages_are_escaped_and_bounded);
