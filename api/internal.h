@@ -90,8 +90,6 @@ api_b64_status api_base64_decode(const char *src, size_t len, void *dst, size_t 
 /* The checks of api_base64_decode without the output: for error messages. */
 api_b64_status api_base64_validate(const char *src, size_t len, size_t *bad_offset);
 
-/* ---- Half precision ---------------------------------------------------------------------- */
-
 /* ---- JSON output ------------------------------------------------------------------------- */
 
 /* Most characters api_float_format writes: "-1.23456789e-38" is 15. */
@@ -582,7 +580,7 @@ int api_inflate(api_coding coding, const char *src, size_t n, size_t max, api_bu
  * eng_buf_alloc (it becomes a reply body); false when memory runs out. */
 bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_t *out_len);
 
-/* ---- KServe v2 (v2.c) --------------------------------------------------------------------- */
+/* ---- KServe v2 (v2.c, v2_request.c) ------------------------------------------------------- */
 
 /* Turns `err` into a v2 error reply {"error": "message"}. */
 void api_v2_reply_from_error(api_reply *reply, const api_error *err);
