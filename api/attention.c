@@ -115,14 +115,7 @@ static int f_scale(attn_job *job, const json_t *v, const char *name, api_error *
 
 static int f_softcap(attn_job *job, const json_t *v, const char *name, api_error *err)
 {
-    if (json_is_null(v))
-        return 0;
-    if (api_field_float(v, name, &job->s.r.softcap, err) != 0)
-        return -1;
-    if (job->s.r.softcap < 0)
-        return api_field_invalid(err, name, "%s must be > 0 (or 0 for none), found %g", name,
-                                 (double)job->s.r.softcap);
-    return 0;
+    return json_is_null(v) ? 0 : api_field_softcap(v, name, &job->s.r.softcap, err);
 }
 
 static int f_score(attn_job *job, const json_t *v, const char *name, api_error *err)

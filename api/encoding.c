@@ -374,10 +374,7 @@ bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_
 static void reply_from_error(api_reply *reply, api_error_style style, const api_error *err)
 {
     memset(reply, 0, sizeof *reply);
-    if (style == API_ERRORS_V2)
-        api_v2_reply_from_error(reply, err);
-    else
-        api_reply_from_error(reply, err);
+    api_reply_from_error(reply, style, err);
 }
 
 /* Compresses the reply's body in place when the client accepts it and it gets smaller. */

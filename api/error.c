@@ -96,27 +96,34 @@ int api_error_set(api_error *err, int status, api_reason reason, const char *fie
 
 /* Builds the body into `reply`. When even that allocation fails the body stays NULL (the
  * server then sends the status with an empty body): there is nothing better left to do. */
-static void reply_fill(api_reply *reply, const api_error *err)
+void api_reply_from_error(api_reply *reply, api_error_style style, const api_error *err)
 {
     api_jsonw w;
     api_jsonw_init(&w, 4096);
-    api_jsonw_cstr(&w, "{\"error\":{\"code\":");
-    const char *code = api_status_code(err->status);
-    api_jsonw_string(&w, code, strlen(code));
-    api_jsonw_cstr(&w, ",\"message\":");
-    api_jsonw_string(&w, err->message, strlen(err->message));
-    api_jsonw_cstr(&w, ",\"field\":");
-    if (err->field[0])
-        api_jsonw_string(&w, err->field, strlen(err->field));
-    else
-        api_jsonw_cstr(&w, "null");
-    api_jsonw_cstr(&w, "}}\n");
+    if (style == API_ERRORS_V2) {
+        api_jsonw_cstr(&w, "{\"error\":");
+        api_jsonw_string(&w, err->message, strlen(err->message));
+        api_jsonw_cstr(&w, "}\n");
+    } else {
+        api_jsonw_cstr(&w, "{\"error\":{\"code\":");
+        const char *code = api_status_code(err->status);
+        api_jsonw_string(&w, code, strlen(code));
+        api_jsonw_cstr(&w, ",\"message\":");
+        api_jsonw_string(&w, err->message, strlen(err->message));
+        api_jsonw_cstr(&w, ",\"field\":");
+        if (err->field[0])
+            api_jsonw_string(&w, err->field, strlen(err->field));
+        else
+            api_jsonw_cstr(&w, "null");
+        api_jsonw_cstr(&w, "}}\n");
+    }
 
     eng_buf_free(reply->body);
     reply->status = err->status;
     reply->content_type = "application/json";
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;
+    reply->inference_header_len = 0;
     if (w.state == API_JSONW_OK) {
         reply->body = w.data;
         reply->body_len = w.len;
@@ -125,11 +132,6 @@ static void reply_fill(api_reply *reply, const api_error *err)
         reply->body = NULL;
         reply->body_len = 0;
     }
-}
-
-void api_reply_from_error(api_reply *reply, const api_error *err)
-{
-    reply_fill(reply, err);
 }
 
 void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
@@ -142,10 +144,7 @@ void api_reply_error(api_reply *reply, api_error_style style, int status, api_re
     va_end(ap);
     /* The reply may be uninitialised: the caller hands us a fresh struct. */
     memset(reply, 0, sizeof *reply);
-    if (style == API_ERRORS_V2)
-        api_v2_reply_from_error(reply, &err);
-    else
-        reply_fill(reply, &err);
+    api_reply_from_error(reply, style, &err);
 }
 
 void api_reply_free(api_reply *reply)

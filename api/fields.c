@@ -53,6 +53,16 @@ int api_field_float(const json_t *v, const char *name, float *out, api_error *er
     return 0;
 }
 
+int api_field_softcap(const json_t *v, const char *name, float *out, api_error *err)
+{
+    if (api_field_float(v, name, out, err) != 0)
+        return -1;
+    if (*out < 0)
+        return api_field_invalid(err, name, "%s must be > 0 (or 0 for none), found %g", name,
+                                 (double)*out);
+    return 0;
+}
+
 int api_field_causal(const json_t *v, const char *name, api_causal *out, api_error *err)
 {
     const char *s = json_string_value(v);

@@ -57,8 +57,9 @@ int api_error_set(api_error *err, int status, api_reason reason, const char *fie
  * ("invalid_argument" for 422, ...); never NULL. */
 const char *api_status_code(int status);
 
-/* Turns `err` into a native error reply {"error": {"code", "message", "field"}}. */
-void api_reply_from_error(api_reply *reply, const api_error *err);
+/* Turns `err` into an error reply in `style` (api.h), freeing any body `reply` held; its other
+ * fields must be initialised. */
+void api_reply_from_error(api_reply *reply, api_error_style style, const api_error *err);
 
 /* ---- Base64 (RFC 4648, standard alphabet) ------------------------------------------------ */
 
@@ -373,9 +374,9 @@ int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api
 int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
                         api_error *err);
 
-/* Fills a 200 application/json reply with the text of `w`, taking its buffer, and the encode
- * time since `encode_start_ns`. */
-void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns);
+/* Fills a 200 application/json reply with the text of `w`, taking its buffer; a 503 in `style`
+ * when the writer ran out of memory. */
+void api_reply_json(api_reply *reply, api_jsonw *w, api_error_style style);
 
 /* The steps of a native JSON route (POST /v1/attention, /v1/mha) between the stages that
  * api_req_serve runs for every one of them. Each step takes the route's job (see
@@ -582,9 +583,6 @@ bool api_deflate(api_coding coding, const char *src, size_t n, char **out, size_
 
 /* ---- KServe v2 (v2.c, v2_request.c) ------------------------------------------------------- */
 
-/* Turns `err` into a v2 error reply {"error": "message"}. */
-void api_v2_reply_from_error(api_reply *reply, const api_error *err);
-
 /* Whether a v2 inference takes a body of Content-Type `ct` (NULL: none given). */
 bool api_v2_content_type_ok(const char *ct);
 
@@ -606,6 +604,8 @@ int api_field_int(const json_t *v, const char *name, int64_t lo, int64_t hi, int
                   api_error *err);
 /* A JSON number finite as float32, or a 422 naming `name`. */
 int api_field_float(const json_t *v, const char *name, float *out, api_error *err);
+/* A softcap: a number >= 0 finite as float32, 0 meaning none. */
+int api_field_softcap(const json_t *v, const char *name, float *out, api_error *err);
 /* false | null | true | "top_left" | "bottom_right". */
 int api_field_causal(const json_t *v, const char *name, api_causal *out, api_error *err);
 

@@ -125,27 +125,10 @@ void api_model_describe(api_jsonw *w, const eng_layer *l)
     api_jsonw_printf(w, ",\"parameters\":%lld}", (long long)eng_layer_params(l));
 }
 
-static void reply_json(api_reply *reply, api_jsonw *w)
-{
-    api_error err;
-    memset(&err, 0, sizeof err);
-    memset(reply, 0, sizeof *reply);
-    if (w->state != API_JSONW_OK) {
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
-        api_reply_from_error(reply, &err);
-        api_jsonw_free(w);
-        return;
-    }
-    reply->status = 200;
-    reply->content_type = "application/json";
-    reply->body = w->data;
-    reply->body_len = w->len;
-    w->data = NULL;
-}
-
 void api_models_list(const api_models *models, api_reply *reply)
 {
     api_jsonw w;
+    memset(reply, 0, sizeof *reply);
     api_jsonw_init(&w, (size_t)16 << 20);
     api_jsonw_cstr(&w, "{\"models\":[");
     for (size_t i = 0; i < api_models_count(models); i++) {
@@ -154,24 +137,24 @@ void api_models_list(const api_models *models, api_reply *reply)
         api_model_describe(&w, api_models_at(models, i));
     }
     api_jsonw_cstr(&w, "]}\n");
-    reply_json(reply, &w);
+    api_reply_json(reply, &w, API_ERRORS_NATIVE);
 }
 
 void api_models_get(const api_models *models, const char *name, api_reply *reply)
 {
     const eng_layer *l = api_models_find(models, name);
     api_jsonw w;
+    memset(reply, 0, sizeof *reply);
     if (!l) {
         api_error err;
         memset(&err, 0, sizeof err);
-        memset(reply, 0, sizeof *reply);
         api_error_set(&err, 404, API_REASON_BAD_REQUEST, NULL,
                       "no model \"%.64s\"; GET /v1/models lists them", name ? name : "");
-        api_reply_from_error(reply, &err);
+        api_reply_from_error(reply, API_ERRORS_NATIVE, &err);
         return;
     }
     api_jsonw_init(&w, (size_t)1 << 20);
     api_model_describe(&w, l);
     api_jsonw_char(&w, '\n');
-    reply_json(reply, &w);
+    api_reply_json(reply, &w, API_ERRORS_NATIVE);
 }

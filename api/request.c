@@ -91,15 +91,21 @@ int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, si
     return api_req_reserve(rq, sized ? need : SIZE_MAX, false, what, err);
 }
 
-void api_reply_json(api_reply *reply, api_jsonw *w, int64_t encode_start_ns)
+void api_reply_json(api_reply *reply, api_jsonw *w, api_error_style style)
 {
+    if (w->state != API_JSONW_OK) {
+        api_error err = {0};
+        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
+        api_reply_from_error(reply, style, &err);
+        api_jsonw_free(w);
+        return;
+    }
     reply->status = 200;
     reply->content_type = "application/json";
     reply->reason = API_REASON_NONE;
     reply->body = w->data;
     reply->body_len = w->len;
     w->data = NULL;
-    reply->encode_ns = eng_now_ns() - encode_start_ns;
 }
 
 /* The stages of api_req_serve up to a 200 reply; -1 with `err` filled at the first that fails. */
@@ -129,7 +135,8 @@ static int serve_stages(const api_req_steps *steps, void *job, api_req *rq, api_
     int64_t t_computed = eng_now_ns();
     if (steps->encode(job, w, reply->decode_ns, reply->compute_ns, err) != 0)
         return -1;
-    api_reply_json(reply, w, t_computed);
+    api_reply_json(reply, w, API_ERRORS_NATIVE);
+    reply->encode_ns = eng_now_ns() - t_computed;
     if (steps->inferences)
         reply->inferences = steps->inferences(job);
     return 0;
@@ -144,14 +151,14 @@ void api_req_serve(const api_req_steps *steps, void *job, const api_call *call, 
     memset(reply, 0, sizeof *reply);
     if (!job) {
         api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
-        api_reply_from_error(reply, &err);
+        api_reply_from_error(reply, API_ERRORS_NATIVE, &err);
         return;
     }
     api_req_init(rq, call);
     api_jsonw_init(&w, 0);
 
     if (serve_stages(steps, job, rq, &w, reply, &err) != 0) {
-        api_reply_from_error(reply, &err);
+        api_reply_from_error(reply, API_ERRORS_NATIVE, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - rq->call_ns;
     }

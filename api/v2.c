@@ -67,7 +67,6 @@
  * the reply: no output is ever copied.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,63 +80,6 @@
 #define V2_BINARY_ALIGN 64
 
 static const char *const v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
-
-/* ---- Errors and small replies ------------------------------------------------------------- */
-
-void api_v2_reply_from_error(api_reply *reply, const api_error *err)
-{
-    api_jsonw w;
-    api_jsonw_init(&w, 4096);
-    api_jsonw_cstr(&w, "{\"error\":");
-    api_jsonw_string(&w, err->message, strlen(err->message));
-    api_jsonw_cstr(&w, "}\n");
-    eng_buf_free(reply->body);
-    reply->status = err->status;
-    reply->content_type = "application/json";
-    reply->retry_after_s = err->retry_after_s;
-    reply->reason = err->reason;
-    reply->inference_header_len = 0;
-    if (w.state == API_JSONW_OK) {
-        reply->body = w.data;
-        reply->body_len = w.len;
-    } else {
-        api_jsonw_free(&w);
-        reply->body = NULL;
-        reply->body_len = 0;
-    }
-}
-
-static void reply_error(api_reply *reply, int status, api_reason reason, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void reply_error(api_reply *reply, int status, api_reason reason, const char *fmt, ...)
-{
-    api_error err;
-    char msg[sizeof err.message];
-    va_list ap;
-    memset(&err, 0, sizeof err);
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    api_error_set(&err, status, reason, NULL, "%s", msg);
-    api_v2_reply_from_error(reply, &err);
-}
-
-/* Makes `w` the 200 JSON body of `reply`, or a 503 when the writer failed. */
-static void reply_json(api_reply *reply, api_jsonw *w)
-{
-    api_jsonw_cstr(w, "\n");
-    if (w->state != API_JSONW_OK) {
-        api_jsonw_free(w);
-        reply_error(reply, 503, API_REASON_MEMORY, "out of memory for the reply");
-        return;
-    }
-    reply->status = 200;
-    reply->content_type = "application/json";
-    reply->body = w->data;
-    reply->body_len = w->len;
-    w->data = NULL;
-}
 
 /* ---- Models --------------------------------------------------------------------------------- */
 
@@ -158,15 +100,16 @@ static bool model_find(const api_call *call, model_ref *m, api_reply *reply)
             api_jsonw_cstr(&w, ", ");
             api_jsonw_cstr(&w, api_models_at(call->models, i)->name);
         }
-        reply_error(reply, 404, API_REASON_BAD_REQUEST, "unknown model \"%.64s\"; models: sdpa%.*s",
-                    name, w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
-                    w.data ? w.data : "");
+        api_reply_error(reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
+                        "unknown model \"%.64s\"; models: sdpa%.*s", name,
+                        w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                        w.data ? w.data : "");
         api_jsonw_free(&w);
         return false;
     }
     if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
-        reply_error(
-            reply, 404, API_REASON_BAD_REQUEST,
+        api_reply_error(
+            reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
             "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
             name, call->version);
         return false;
@@ -193,8 +136,8 @@ void api_v2_server_metadata(api_reply *reply)
             api_jsonw_char(&w, ',');
         api_jsonw_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
     }
-    api_jsonw_cstr(&w, "]}");
-    reply_json(reply, &w);
+    api_jsonw_cstr(&w, "]}\n");
+    api_reply_json(reply, &w, API_ERRORS_V2);
 }
 
 /* One $metadata_tensor; dims of -1 are variable, others fixed. */
@@ -250,8 +193,8 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
         write_meta_tensor(&w, true, "output", "FP32", 3, x);
         write_meta_tensor(&w, false, "weights", "FP32", 4, var);
     }
-    api_jsonw_cstr(&w, "]}");
-    reply_json(reply, &w);
+    api_jsonw_cstr(&w, "]}\n");
+    api_reply_json(reply, &w, API_ERRORS_V2);
 }
 
 void api_v2_model_ready(const api_call *call, api_reply *reply)
@@ -264,8 +207,8 @@ void api_v2_model_ready(const api_call *call, api_reply *reply)
     api_jsonw_init(&w, 1024);
     api_jsonw_cstr(&w, "{\"name\":");
     api_jsonw_string(&w, m.name, strlen(m.name));
-    api_jsonw_cstr(&w, ",\"ready\":true}");
-    reply_json(reply, &w);
+    api_jsonw_cstr(&w, ",\"ready\":true}\n");
+    api_reply_json(reply, &w, API_ERRORS_V2);
 }
 
 /* ---- Reply ---------------------------------------------------------------------------------- */
@@ -555,7 +498,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     memset(reply, 0, sizeof *reply);
     if (!job) {
         api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
-        api_v2_reply_from_error(reply, &err);
+        api_reply_from_error(reply, API_ERRORS_V2, &err);
         return;
     }
     if (!model_find(call, &job->model, reply)) {
@@ -564,7 +507,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     }
     api_req_init(&job->rq, call);
     if (infer(job, reply, &err) != 0) {
-        api_v2_reply_from_error(reply, &err);
+        api_reply_from_error(reply, API_ERRORS_V2, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - job->rq.call_ns;
     }

@@ -55,12 +55,7 @@ static int p_scale(v2_job *job, const json_t *v, const char *name, api_error *er
 
 static int p_softcap(v2_job *job, const json_t *v, const char *name, api_error *err)
 {
-    if (api_field_float(v, name, &job->s.r.softcap, err) != 0)
-        return -1;
-    if (job->s.r.softcap < 0)
-        return api_field_invalid(err, name, "%s must be > 0 (or 0 for none), found %g", name,
-                                 (double)job->s.r.softcap);
-    return 0;
+    return api_field_softcap(v, name, &job->s.r.softcap, err);
 }
 
 static int p_num_heads(v2_job *job, const json_t *v, const char *name, api_error *err)
