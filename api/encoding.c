@@ -377,14 +377,17 @@ static void reply_from_error(api_reply *reply, api_error_style style, const api_
     api_reply_from_error(reply, style, err);
 }
 
-/* Compresses the reply's body in place when the client accepts it and it gets smaller. */
+/* Compresses the reply's body in place when the client accepts it and it gets smaller. Only
+ * successful replies: error bodies are small, and clients read them on paths that do not
+ * decompress (tritonclient's error path decodes the raw bytes as UTF-8, and aiohttp always
+ * sends Accept-Encoding), so Triton, too, compresses only successful inference replies. */
 static void compress_reply(const api_call *call, api_reply *reply)
 {
     api_coding coding = api_accept_encoding_pick(call->accept_encoding);
     char *packed;
     size_t packed_len;
     if (coding == API_CODING_IDENTITY || !reply->body || reply->body_len == 0 ||
-        reply->status == API_STATUS_CLIENT_CLOSED)
+        reply->status != 200)
         return;
     /* Both bodies exist for a moment: reserve the compressed one's worst case, or send the
      * reply as it is (compression is a favour, not a reason to fail). */

@@ -311,6 +311,12 @@ static void echo_route(const api_call *call, api_reply *reply)
     reply->body_len = call->body_len;
 }
 
+/* The status a body starts with ("422 ..."). */
+static int status_of_body(const char *body)
+{
+    return (body[0] - '0') * 100 + (body[1] - '0') * 10 + (body[2] - '0');
+}
+
 static char *unpack(const api_reply *r, api_coding coding, size_t *len)
 {
     char *plain = NULL;
@@ -406,6 +412,44 @@ static void test_call_encoded(void)
     api_budget_free(budget);
 }
 
+/* The echo route's body, under the status the body's first three digits name. */
+static void status_echo_route(const api_call *call, api_reply *reply)
+{
+    echo_route(call, reply);
+    reply->status = status_of_body(call->body);
+}
+
+/* Only successful replies are compressed: an error body, however compressible, reaches a
+ * client that accepts gzip as plain JSON (tritonclient's error path does not decompress). */
+static void test_errors_are_never_compressed(void)
+{
+    static const int statuses[] = {200, 400, 413, 422, 429, 500, 503, 504};
+    size_t n = 4000;
+    char *text = malloc(n);
+    CHECK(text != NULL);
+    if (!text)
+        return;
+    for (size_t s = 0; s < sizeof statuses / sizeof statuses[0]; s++) {
+        api_call call = {.body = text, .body_len = n, .accept_encoding = "gzip, deflate"};
+        api_reply r;
+        memset(text, 'e', n);
+        snprintf(text, n, "%d", statuses[s]);
+        text[3] = ' ';
+        api_call_encoded(status_echo_route, API_ERRORS_V2, &call, &r);
+        CHECK_EQ_INT(r.status, statuses[s]);
+        if (statuses[s] == 200) {
+            CHECK(r.content_encoding && strcmp(r.content_encoding, "gzip") == 0);
+            CHECK(r.body_len < n);
+        } else {
+            CHECKF(r.content_encoding == NULL, "a %d reply was sent as %s", statuses[s],
+                   r.content_encoding);
+            CHECK(r.body_len == n && memcmp(r.body, text, n) == 0);
+        }
+        api_reply_free(&r);
+    }
+    free(text);
+}
+
 /* A real route behind the wrapper: a gzip /v1/attention body, and a v2 inference with binary
  * tensors (whose header length counts the uncompressed JSON) answered in gzip. */
 static void test_call_encoded_routes(void)
@@ -475,6 +519,7 @@ int main(void)
     RUN(test_budget);
     RUN(test_call_encoded);
     RUN(test_call_encoded_routes);
+    RUN(test_errors_are_never_compressed);
     eng_pool_free(pool);
     return check_report();
 }

@@ -740,6 +740,25 @@ static void test_compression(void)
     request("POST", "/v2/models/sdpa/infer", gz, "not gzip", 8, &r);
     check_v2_error(&r, 400, "gzip");
     resp_free(&r);
+
+    /* A client that accepts gzip (as aiohttp always does) reads error replies as plain JSON:
+     * only successful replies are compressed, as Triton does. */
+    const char *accepts[] = {"Content-Type: application/json", "Accept-Encoding: gzip, deflate",
+                             NULL};
+    /* Errors whose messages compress (a repetitive name, a long shape message). */
+    const char *bad[][2] = {
+        {"/v2/models/sdpa/infer",
+         "{\"inputs\": [{\"name\": \"queryqueryqueryqueryqueryqueryqueryquery\", "
+         "\"datatype\": \"FP32\", \"shape\": [1, 2], \"data\": [1, 0]}]}"},
+        {"/v1/attention", "{\"query\": [[1, 0]], \"key\": [[1, 0, 0]], \"value\": [[1, 2]]}"}};
+    for (int i = 0; i < 2; i++) {
+        request("POST", bad[i][0], accepts, bad[i][1], strlen(bad[i][1]), &r);
+        CHECKF(r.status >= 400 && r.status < 500, "%s: %ld", bad[i][0], r.status);
+        CHECKF(header(&r, "Content-Encoding", got, sizeof got)[0] == '\0',
+               "%s: a %ld reply sent as %s", bad[i][0], r.status, got);
+        CHECKF(r.body && strstr(r.body, "\"error\"") != NULL, "%s: %.200s", bad[i][0], r.body);
+        resp_free(&r);
+    }
     free(packed);
     free(ref);
     problem_free(&p);
