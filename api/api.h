@@ -113,8 +113,10 @@ typedef struct {
     const char *accept_encoding;  /* Accept-Encoding: api_call_encoded compresses the reply */
     const char *inference_header_length; /* Inference-Header-Content-Length (KServe v2 binary
                                             tensors): the length of the JSON part of the body */
-    const char *model;   /* path parameters of /v2/models/{model}[/versions/{version}]/... */
-    const char *version; /* NULL: no /versions/ segment */
+    const char *request_id; /* X-Request-Id, the client's or one the server made up: the id of a
+                               v2 reply whose request has none */
+    const char *model;      /* path parameters of /v2/models/{model}[/versions/{version}]/... */
+    const char *version;    /* NULL: no /versions/ segment */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */

@@ -699,6 +699,15 @@ int api_v2_request_parse(v2_job *job, api_error *err)
         job->id[n] = '\0';
         job->id_len = n;
         job->has_id = true;
+    } else if (call->request_id) {
+        /* KServe's InferenceResponse requires an id: the request's X-Request-Id stands in. */
+        size_t n = strlen(call->request_id);
+        job->id = api_req_alloc(&job->rq, n + 1, err);
+        if (!job->id)
+            return -1;
+        memcpy(job->id, call->request_id, n + 1);
+        job->id_len = n;
+        job->has_id = true;
     }
     if (params && !json_is_null(params) && parse_parameters(job, params, err) != 0)
         return -1;

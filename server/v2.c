@@ -129,6 +129,7 @@ void srv__call_headers(const srv_req *req, api_call *call)
     call->content_encoding = req->content_encoding[0] ? req->content_encoding : NULL;
     call->accept_encoding = req->accept_encoding[0] ? req->accept_encoding : NULL;
     call->inference_header_length = req->infer_header_len[0] ? req->infer_header_len : NULL;
+    call->request_id = req->id[0] ? req->id : NULL;
 }
 
 void srv__reply_headers(const api_reply *reply, const char **headers, char num[24])

@@ -182,6 +182,7 @@ typedef struct {
     const char *content_type;
     const char *header_len; /* Inference-Header-Content-Length, NULL: none */
     const char *model, *version;
+    const char *request_id; /* X-Request-Id, NULL: none */
     const api_limits *limits;
     api_budget *budget;
     eng_ctl *ctl;
@@ -211,6 +212,7 @@ static void infer(const char *body, size_t len, const call_opts *o, api_reply *r
                      .budget = o && o->budget ? o->budget : budget,
                      .models = models,
                      .inference_header_length = o ? o->header_len : NULL,
+                     .request_id = o ? o->request_id : NULL,
                      .model = o && o->model ? o->model : "sdpa",
                      .version = o ? o->version : NULL};
     size_t before = api_budget_in_use(call.budget);
@@ -747,7 +749,8 @@ static void test_infer_selected_outputs(void)
     problem_free(&p);
 }
 
-/* The id comes back as given, escapes and all; no id, no "id". */
+/* The id comes back as given, escapes and all; a request without one gets its X-Request-Id
+ * (KServe's InferenceResponse requires an id); without either, no "id". */
 static void test_infer_id_echo(void)
 {
     const char *body =
@@ -772,6 +775,23 @@ static void test_infer_id_echo(void)
     root = reply_json(&r);
     if (root) {
         CHECK(json_object_get(root, "id") == NULL);
+        json_decref(root);
+    }
+    api_reply_free(&r);
+    call_opts with_request_id = {.request_id = "req-7f3a"};
+    infer(b2, strlen(b2), &with_request_id, &r);
+    CHECK_EQ_INT(r.status, 200);
+    root = reply_json(&r);
+    if (root) {
+        CHECK(json_is_string(json_object_get(root, "id")) &&
+              strcmp(json_string_value(json_object_get(root, "id")), "req-7f3a") == 0);
+        json_decref(root);
+    }
+    api_reply_free(&r);
+    infer(body, strlen(body), &with_request_id, &r);
+    root = reply_json(&r);
+    if (root) {
+        CHECK(strcmp(json_string_value(json_object_get(root, "id")), "a\"b\xc3\xa9\n") == 0);
         json_decref(root);
     }
     api_reply_free(&r);

@@ -764,6 +764,37 @@ static void test_compression(void)
     problem_free(&p);
 }
 
+/* Every reply has an id (KServe's InferenceResponse requires one): a request without one gets
+ * its X-Request-Id, the client's or the one the server made up and sent back in the header. */
+static void test_reply_id_without_request_id(void)
+{
+    const char *body =
+        "{\"inputs\":["
+        "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+        "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+        "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[3,4]}]}";
+    const char *given[] = {"Content-Type: application/json", "X-Request-Id: trace-0042", NULL};
+    const char *none[] = {"Content-Type: application/json", NULL};
+    for (int i = 0; i < 2; i++) {
+        resp r;
+        char header_id[128];
+        CHECK_EQ_INT(
+            request("POST", "/v2/models/sdpa/infer", i == 0 ? given : none, body, strlen(body), &r),
+            200);
+        header(&r, "X-Request-Id", header_id, sizeof header_id);
+        CHECK(header_id[0] != '\0');
+        if (i == 0)
+            CHECK(strcmp(header_id, "trace-0042") == 0);
+        json_t *j = json_of(r.body, r.len);
+        json_t *id = j ? json_object_get(j, "id") : NULL;
+        CHECKF(json_is_string(id) && strcmp(json_string_value(id), header_id) == 0,
+               "id %s, X-Request-Id %s", json_is_string(id) ? json_string_value(id) : "(none)",
+               header_id);
+        json_decref(j);
+        resp_free(&r);
+    }
+}
+
 /* Errors over HTTP, each in the protocol's form. */
 static void test_errors(void)
 {
@@ -881,6 +912,7 @@ int main(void)
     RUN(test_layer_model);
     RUN(test_compression);
     RUN(test_errors);
+    RUN(test_reply_id_without_request_id);
     RUN(test_stats_and_metrics);
     CHECK_EQ_INT(daemon_stop(&d), 0);
     curl_global_cleanup();
