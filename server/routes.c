@@ -103,6 +103,8 @@ static const srv_route_def routes[] = {
     {"/v2/health/live", "GET, HEAD", answer_live, NULL, NULL},
     {"/v2/health/ready", "GET, HEAD", answer_ready, NULL, NULL},
     {"/v2", "GET, HEAD", srv__answer_v2_server, NULL, NULL},
+    /* The path open_inference_rest.yaml writes for server metadata. */
+    {"/v2/", "GET, HEAD", srv__answer_v2_server, NULL, NULL},
     {"/v2/models/stats", "GET, HEAD", srv__answer_v2_stats, NULL, NULL},
     {"/v2/models/{model}", "GET, HEAD", srv__answer_v2_model, NULL, NULL},
     {"/v2/models/{model}/ready", "GET, HEAD", srv__answer_v2_ready, NULL, NULL},
