@@ -202,7 +202,8 @@ void api_mha(const api_call *call, api_reply *reply);
 
 typedef enum {
     API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
-    API_ERRORS_V2,         /* {"error": "message"} */
+    API_ERRORS_V2,         /* {"error": "message"}; an invalid request (422 natively) is 400, as
+                              Triton and KServe answer INVALID_ARG */
 } api_error_style;
 
 /* Fills `reply` (which need not be initialised) with an error body in `style` for failures

@@ -94,6 +94,14 @@ int api_error_set(api_error *err, int status, api_reason reason, const char *fie
     return -1;
 }
 
+/* The HTTP status of `status` in a protocol's style: the native API tells a well-formed but
+ * invalid request (422) from one it could not read (400); the Open Inference Protocol has
+ * one INVALID_ARG, which Triton and KServe send as 400, and v2 clients expect that. */
+static int styled_status(api_error_style style, int status)
+{
+    return style == API_ERRORS_V2 && status == 422 ? 400 : status;
+}
+
 /* Builds the body into `reply`. When even that allocation fails the body stays NULL (the
  * server then sends the status with an empty body): there is nothing better left to do. */
 void api_reply_from_error(api_reply *reply, api_error_style style, const api_error *err)
@@ -119,7 +127,7 @@ void api_reply_from_error(api_reply *reply, api_error_style style, const api_err
     }
 
     eng_buf_free(reply->body);
-    reply->status = err->status;
+    reply->status = styled_status(style, err->status);
     reply->content_type = "application/json";
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;

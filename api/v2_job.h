@@ -62,7 +62,8 @@ static inline eng_weights_mode *weights_of(v2_job *job)
  * and Inference-Header-Content-Length checked first, then id, parameters, inputs (tensors
  * probed, not decoded; binary ones pointing into the body) and outputs. job->model and job->rq
  * must be set, the rest zeroed. Errors: 415 Content-Type, 413 size, 400 framing or malformed
- * JSON, 422 naming the field, and what api_req_parse and api_req_alloc fail with (429, 503).
+ * JSON, 422 naming the field (sent as 400 in the v2 style), and what api_req_parse and
+ * api_req_alloc fail with (429, 503).
  * Whatever it allocates belongs to job->rq. */
 int api_v2_request_parse(v2_job *job, api_error *err);
 

@@ -680,7 +680,7 @@ static void test_infer_half_json_refused(void)
     api_reply r;
     problem_inputs(&p, ins, "FP16", false, false);
     infer_inputs(ins, 3, NULL, NULL, NULL, &r);
-    check_error(&r, 422, "binary");
+    check_error(&r, 400, "binary");
     api_reply_free(&r);
     problem_free(&p);
 }
@@ -975,119 +975,119 @@ static const json_case json_cases[] = {
     {"{\"inputs\":[" QKV "]}", 200, NULL},
     {"", 400, NULL},
     {"{\"inputs\":[" QKV "]", 400, NULL},
-    {"[1]", 422, NULL},
-    {"{}", 422, "inputs"},
-    {"{\"inputs\":{}}", 422, "inputs"},
-    {"{\"inputs\":[" IN_Q "," IN_K "]}", 422, "value"},
-    {"{\"inputs\":[" QKV "," IN_Q "]}", 422, "twice"},
+    {"[1]", 400, NULL},
+    {"{}", 400, "inputs"},
+    {"{\"inputs\":{}}", 400, "inputs"},
+    {"{\"inputs\":[" IN_Q "," IN_K "]}", 400, "value"},
+    {"{\"inputs\":[" QKV "," IN_Q "]}", 400, "twice"},
     {"{\"inputs\":[" QKV ",{\"name\":\"quary\",\"datatype\":\"FP32\",\"shape\":[1],"
      "\"data\":[1]}]}",
-     422, "did you mean \"query\""},
-    {"{\"inputs\":[" QKV "],\"extra\":1}", 422, "unknown field"},
-    {"{\"model_name\":\"other\",\"inputs\":[" QKV "]}", 422, "model_name"},
+     400, "did you mean \"query\""},
+    {"{\"inputs\":[" QKV "],\"extra\":1}", 400, "unknown field"},
+    {"{\"model_name\":\"other\",\"inputs\":[" QKV "]}", 400, "model_name"},
     {"{\"model_name\":\"sdpa\",\"model_version\":\"1\",\"inputs\":[" QKV "]}", 200, NULL},
-    {"{\"id\":7,\"inputs\":[" QKV "]}", 422, "id"},
+    {"{\"id\":7,\"inputs\":[" QKV "]}", 400, "id"},
     /* Parameters. */
-    {"{\"parameters\":{\"casual\":true},\"inputs\":[" QKV "]}", 422, "did you mean \"causal\""},
-    {"{\"parameters\":{\"zzz\":1},\"inputs\":[" QKV "]}", 422, "unknown parameter"},
-    {"{\"parameters\":[],\"inputs\":[" QKV "]}", 422, "parameters"},
-    {"{\"parameters\":{\"causal\":\"yes\"},\"inputs\":[" QKV "]}", 422, "causal"},
-    {"{\"parameters\":{\"scale\":\"x\"},\"inputs\":[" QKV "]}", 422, "scale"},
-    {"{\"parameters\":{\"num_heads\":0},\"inputs\":[" QKV "]}", 422, "num_heads"},
+    {"{\"parameters\":{\"casual\":true},\"inputs\":[" QKV "]}", 400, "did you mean \"causal\""},
+    {"{\"parameters\":{\"zzz\":1},\"inputs\":[" QKV "]}", 400, "unknown parameter"},
+    {"{\"parameters\":[],\"inputs\":[" QKV "]}", 400, "parameters"},
+    {"{\"parameters\":{\"causal\":\"yes\"},\"inputs\":[" QKV "]}", 400, "causal"},
+    {"{\"parameters\":{\"scale\":\"x\"},\"inputs\":[" QKV "]}", 400, "scale"},
+    {"{\"parameters\":{\"num_heads\":0},\"inputs\":[" QKV "]}", 400, "num_heads"},
     {"{\"parameters\":{\"num_heads\":2},\"inputs\":[" QKV "]}", 200, NULL},
-    {"{\"parameters\":{\"num_heads\":3},\"inputs\":[" QKV "]}", 422, "multiple"},
-    {"{\"parameters\":{\"window_left\":-2},\"inputs\":[" QKV "]}", 422, "window_left"},
-    {"{\"parameters\":{\"softcap\":-1},\"inputs\":[" QKV "]}", 422, "softcap"},
-    {"{\"parameters\":{\"return_weights\":\"all\"},\"inputs\":[" QKV "]}", 422, "return_weights"},
-    {"{\"parameters\":{\"return_lse\":1},\"inputs\":[" QKV "]}", 422, "return_lse"},
-    {"{\"parameters\":{\"timeout_ms\":0},\"inputs\":[" QKV "]}", 422, "timeout_ms"},
-    {"{\"parameters\":{\"binary_data_output\":\"yes\"},\"inputs\":[" QKV "]}", 422,
+    {"{\"parameters\":{\"num_heads\":3},\"inputs\":[" QKV "]}", 400, "multiple"},
+    {"{\"parameters\":{\"window_left\":-2},\"inputs\":[" QKV "]}", 400, "window_left"},
+    {"{\"parameters\":{\"softcap\":-1},\"inputs\":[" QKV "]}", 400, "softcap"},
+    {"{\"parameters\":{\"return_weights\":\"all\"},\"inputs\":[" QKV "]}", 400, "return_weights"},
+    {"{\"parameters\":{\"return_lse\":1},\"inputs\":[" QKV "]}", 400, "return_lse"},
+    {"{\"parameters\":{\"timeout_ms\":0},\"inputs\":[" QKV "]}", 400, "timeout_ms"},
+    {"{\"parameters\":{\"binary_data_output\":\"yes\"},\"inputs\":[" QKV "]}", 400,
      "binary_data_output"},
-    {"{\"parameters\":{\"causal\":\"top_left\",\"query_offset\":1},\"inputs\":[" QKV "]}", 422,
+    {"{\"parameters\":{\"causal\":\"top_left\",\"query_offset\":1},\"inputs\":[" QKV "]}", 400,
      "query_offset"},
     /* Inputs. */
     {"{\"inputs\":[" IN_Q "," IN_K ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2]}]}",
-     422, "needs \"data\""},
-    {"{\"inputs\":[" IN_Q "," IN_K ",{\"name\":\"value\",\"shape\":[1,2],\"data\":[1,2]}]}", 422,
+     400, "needs \"data\""},
+    {"{\"inputs\":[" IN_Q "," IN_K ",{\"name\":\"value\",\"shape\":[1,2],\"data\":[1,2]}]}", 400,
      "datatype"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP64\",\"shape\":[1,2],\"data\":[1,2]}]}",
-     422, "does not take datatype FP64"},
+     400, "does not take datatype FP64"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FLOAT\",\"shape\":[1,2],\"data\":[1,2]}]}",
-     422, "not a datatype"},
+     400, "not a datatype"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"BOOL\",\"shape\":[1,2],\"data\":[true,false]}]}",
-     422, "does not take datatype BOOL"},
+     400, "does not take datatype BOOL"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,3],\"data\":[1,2]}]}",
-     422, "holds 3"},
+     400, "holds 3"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[2,1],\"data\":[[1,2]]}]}",
-     422, "nested as"},
+     400, "nested as"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[[1,2]]}]}",
      200, NULL},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[true,false]}]}",
-     422, "booleans"},
+     400, "booleans"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,0],\"data\":[]}]}",
-     422, "positive"},
+     400, "positive"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":{\"shape\":[1,2],"
      "\"data\":[1,2]}}]}",
-     422, "array"},
+     400, "array"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,\"2\"]}]}",
-     422, "number"},
+     400, "number"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,1e39]}]}",
-     422, "float32"},
+     400, "float32"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,2],\"x\":1}]}",
-     422, "unknown key"},
+     400, "unknown key"},
     {"{\"inputs\":[" IN_Q "," IN_K
      ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,2],"
      "\"parameters\":{\"foo\":1}}]}",
-     422, "binary_data_size"},
+     400, "binary_data_size"},
     {"{\"inputs\":[" IN_Q "," IN_K ",{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],"
      "\"parameters\":{\"binary_data_size\":8}}]}",
      400, "Inference-Header-Content-Length"},
     {"{\"inputs\":[" QKV ",{\"name\":\"key_padding_mask\",\"datatype\":\"BOOL\",\"shape\":[1],"
      "\"data\":[1]}]}",
-     422, "numbers"},
+     400, "numbers"},
     {"{\"inputs\":[" QKV ",{\"name\":\"key_padding_mask\",\"datatype\":\"BOOL\",\"shape\":[2],"
      "\"data\":[true,false]}]}",
-     422, "key_padding_mask"},
+     400, "key_padding_mask"},
     {"{\"inputs\":[" QKV ",{\"name\":\"kv_lengths\",\"datatype\":\"INT64\",\"shape\":[1],"
      "\"data\":[2]}]}",
-     422, "kv_lengths"},
+     400, "kv_lengths"},
     {"{\"inputs\":[" QKV ",{\"name\":\"kv_lengths\",\"datatype\":\"INT64\",\"shape\":[1],"
      "\"data\":[0.5]}]}",
-     422, "integer"},
+     400, "integer"},
     {"{\"inputs\":[" QKV ",{\"name\":\"kv_lengths\",\"datatype\":\"FP32\",\"shape\":[1],"
      "\"data\":[1]}]}",
-     422, "INT64"},
+     400, "INT64"},
     {"{\"inputs\":[" QKV ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,1],"
      "\"data\":[[true]]}]}",
      200, NULL},
     {"{\"inputs\":[" QKV ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,3],"
      "\"data\":[true,false,true]}]}",
-     422, "attn_mask"},
+     400, "attn_mask"},
     /* Outputs. */
-    {"{\"inputs\":[" QKV "],\"outputs\":[{\"name\":\"out\"}]}", 422, "unknown output"},
-    {"{\"inputs\":[" QKV "],\"outputs\":[{\"name\":\"lse\"},{\"name\":\"lse\"}]}", 422, "twice"},
-    {"{\"inputs\":[" QKV "],\"outputs\":{}}", 422, "outputs"},
+    {"{\"inputs\":[" QKV "],\"outputs\":[{\"name\":\"out\"}]}", 400, "unknown output"},
+    {"{\"inputs\":[" QKV "],\"outputs\":[{\"name\":\"lse\"},{\"name\":\"lse\"}]}", 400, "twice"},
+    {"{\"inputs\":[" QKV "],\"outputs\":{}}", 400, "outputs"},
     {"{\"inputs\":[" QKV "],\"outputs\":[{\"name\":\"lse\",\"parameters\":{\"classification\":"
      "2}}]}",
-     422, "binary_data"},
+     400, "binary_data"},
     {"{\"parameters\":{\"return_weights\":false},\"inputs\":[" QKV
      "],\"outputs\":[{\"name\":\"weights\"}]}",
-     422, "return_weights"},
+     400, "return_weights"},
     {"{\"parameters\":{\"return_lse\":false},\"inputs\":[" QKV
      "],\"outputs\":[{\"name\":\"lse\"}]}",
-     422, "return_lse"},
+     400, "return_lse"},
 };
 
 static void test_infer_json_errors(void)
@@ -1163,7 +1163,7 @@ static void test_infer_binary_errors(void)
     snprintf(hl, sizeof hl, "%zu", jl);
     api_reply r;
     infer(body, jl + 8, &(call_opts){.header_len = hl}, &r);
-    check_error(&r, 422, "binary_data_size 8");
+    check_error(&r, 400, "binary_data_size 8");
     api_reply_free(&r);
 
     /* Binary data with both a size and "data". */
@@ -1175,7 +1175,7 @@ static void test_infer_binary_errors(void)
     memcpy(body + jl, v, 8);
     snprintf(hl, sizeof hl, "%zu", jl);
     infer(body, jl + 8, &(call_opts){.header_len = hl}, &r);
-    check_error(&r, 422, "both");
+    check_error(&r, 400, "both");
     api_reply_free(&r);
 
     /* Non-finite binary values, and a bool byte that is not 0 or 1. */
@@ -1191,13 +1191,13 @@ static void test_infer_binary_errors(void)
     body[jl + 8] = 0;
     snprintf(hl, sizeof hl, "%zu", jl);
     infer(body, jl + 9, &(call_opts){.header_len = hl}, &r);
-    check_error(&r, 422, "NaN");
+    check_error(&r, 400, "NaN");
     api_reply_free(&r);
     bad[1] = 2;
     memcpy(body + jl, bad, 8);
     body[jl + 8] = 2;
     infer(body, jl + 9, &(call_opts){.header_len = hl}, &r);
-    check_error(&r, 422, "bytes 0 and 1");
+    check_error(&r, 400, "bytes 0 and 1");
     api_reply_free(&r);
 }
 
@@ -1463,34 +1463,34 @@ static void test_infer_layer_errors(void)
 {
     static const json_case cases[] = {
         {"{\"inputs\":[" LX1 "]}", 200, NULL},
-        {"{\"inputs\":[]}", 422, "\"input\" is required"},
+        {"{\"inputs\":[]}", 400, "\"input\" is required"},
         {"{\"inputs\":[{\"name\":\"memory\",\"datatype\":\"FP32\",\"shape\":[1,64],\"data\":[" Z64
          "]}]}",
-         422, "\"input\" is required"},
+         400, "\"input\" is required"},
         {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"INT64\",\"shape\":[1,64],\"data\":[" Z64
          "]}]}",
-         422, "does not take datatype INT64"},
+         400, "does not take datatype INT64"},
         {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"BOOL\",\"shape\":[1,2],\"data\":[true,"
          "false]}]}",
-         422, "does not take datatype BOOL"},
+         400, "does not take datatype BOOL"},
         {"{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP16\",\"shape\":[1,64],\"data\":[" Z64
          "]}]}",
-         422, "JSON cannot carry"},
-        {"{\"inputs\":[" LX("[1,2]", "[1,2]") "]}", 422, "embed_dim (64)"},
-        {"{\"inputs\":[" LX("[64]", "[" Z64 "]") "]}", 422, "[L, E] or [B, L, E]"},
+         400, "JSON cannot carry"},
+        {"{\"inputs\":[" LX("[1,2]", "[1,2]") "]}", 400, "embed_dim (64)"},
+        {"{\"inputs\":[" LX("[64]", "[" Z64 "]") "]}", 400, "[L, E] or [B, L, E]"},
         {"{\"inputs\":[" LX1 ",{\"name\":\"memory\",\"datatype\":\"FP32\",\"shape\":[1,2],"
          "\"data\":[1,2]}]}",
-         422, "kdim (64)"},
+         400, "kdim (64)"},
         {"{\"inputs\":[" LX1 ",{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],"
          "\"data\":[1,2]}]}",
-         422, "model demo takes input, memory"},
-        {"{\"inputs\":[" LX1 "," LX1 "]}", 422, "twice"},
+         400, "model demo takes input, memory"},
+        {"{\"inputs\":[" LX1 "," LX1 "]}", 400, "twice"},
         {"{\"inputs\":[" LX1 ",{\"name\":\"key_padding_mask\",\"datatype\":\"FP32\",\"shape\":[1],"
          "\"data\":[1]}]}",
-         422, "does not take datatype FP32"},
+         400, "does not take datatype FP32"},
         {"{\"inputs\":[" LX1 ",{\"name\":\"key_padding_mask\",\"datatype\":\"BOOL\",\"shape\":[2],"
          "\"data\":[true,false]}]}",
-         422, "key_padding_mask"},
+         400, "key_padding_mask"},
         {"{\"inputs\":[" LX1 ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,1],"
          "\"data\":[[true]]}]}",
          200, NULL},
@@ -1499,29 +1499,29 @@ static void test_infer_layer_errors(void)
          200, NULL},
         {"{\"inputs\":[" LX1 ",{\"name\":\"attn_mask\",\"datatype\":\"BOOL\",\"shape\":[1,2],"
          "\"data\":[true,true]}]}",
-         422, "attn_mask"},
-        {"{\"parameters\":{\"scale\":1},\"inputs\":[" LX1 "]}", 422, "unknown parameter \"scale\""},
-        {"{\"parameters\":{\"casual\":true},\"inputs\":[" LX1 "]}", 422, "did you mean \"causal\""},
-        {"{\"parameters\":{\"positional\":\"learned\"},\"inputs\":[" LX1 "]}", 422, "positional"},
-        {"{\"parameters\":{\"rope_base\":500},\"inputs\":[" LX1 "]}", 422,
+         400, "attn_mask"},
+        {"{\"parameters\":{\"scale\":1},\"inputs\":[" LX1 "]}", 400, "unknown parameter \"scale\""},
+        {"{\"parameters\":{\"casual\":true},\"inputs\":[" LX1 "]}", 400, "did you mean \"causal\""},
+        {"{\"parameters\":{\"positional\":\"learned\"},\"inputs\":[" LX1 "]}", 400, "positional"},
+        {"{\"parameters\":{\"rope_base\":500},\"inputs\":[" LX1 "]}", 400,
          "only with positional \"rope\""},
-        {"{\"parameters\":{\"positional\":\"rope\",\"rope_base\":0},\"inputs\":[" LX1 "]}", 422,
+        {"{\"parameters\":{\"positional\":\"rope\",\"rope_base\":0},\"inputs\":[" LX1 "]}", 400,
          "> 0"},
         {"{\"parameters\":{\"positional\":\"rope\",\"rope_style\":\"x\"},\"inputs\":[" LX1 "]}",
-         422, "interleaved"},
+         400, "interleaved"},
         {"{\"parameters\":{\"positional\":\"alibi\",\"rope_style\":\"half\"},\"inputs\":[" LX1 "]}",
-         422, "rope_style"},
-        {"{\"parameters\":{\"add_zero_attn\":1},\"inputs\":[" LX1 "]}", 422, "add_zero_attn"},
+         400, "rope_style"},
+        {"{\"parameters\":{\"add_zero_attn\":1},\"inputs\":[" LX1 "]}", 400, "add_zero_attn"},
         {"{\"parameters\":{\"causal\":\"bottom_right\",\"query_offset\":1},\"inputs\":[" LX1 "]}",
-         422, "query_offset"},
-        {"{\"parameters\":{\"window_left\":-2},\"inputs\":[" LX1 "]}", 422, "window_left"},
-        {"{\"parameters\":{\"timeout_ms\":0},\"inputs\":[" LX1 "]}", 422, "timeout_ms"},
+         400, "query_offset"},
+        {"{\"parameters\":{\"window_left\":-2},\"inputs\":[" LX1 "]}", 400, "window_left"},
+        {"{\"parameters\":{\"timeout_ms\":0},\"inputs\":[" LX1 "]}", 400, "timeout_ms"},
         {"{\"parameters\":{\"return_weights\":false},\"inputs\":[" LX1
          "],\"outputs\":[{\"name\":\"weights\"}]}",
-         422, "return_weights"},
-        {"{\"inputs\":[" LX1 "],\"outputs\":[{\"name\":\"lse\"}]}", 422,
+         400, "return_weights"},
+        {"{\"inputs\":[" LX1 "],\"outputs\":[{\"name\":\"lse\"}]}", 400,
          "model demo has output and weights"},
-        {"{\"model_name\":\"sdpa\",\"inputs\":[" LX1 "]}", 422, "model_name"},
+        {"{\"model_name\":\"sdpa\",\"inputs\":[" LX1 "]}", 400, "model_name"},
         {"{\"parameters\":{\"positional\":\"sinusoidal\",\"add_zero_attn\":true,\"causal\":true,"
          "\"timeout\":5000000,\"priority\":1},\"inputs\":[" LX1 "]}",
          200, NULL},

@@ -626,7 +626,7 @@ static void test_layer_model(void)
     const char *bad = "{\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":"
                       "[1,2],\"data\":[1,2]}]}";
     request("POST", "/v2/models/demo/infer", json_h, bad, strlen(bad), &r);
-    check_v2_error(&r, 422, "embed_dim");
+    check_v2_error(&r, 400, "embed_dim");
     resp_free(&r);
 }
 
@@ -835,7 +835,7 @@ static void test_errors(void)
     resp_free(&r);
     const char *typo = "{\"parameters\":{\"casual\":true},\"inputs\":[]}";
     request("POST", "/v2/models/sdpa/infer", NULL, typo, strlen(typo), &r);
-    check_v2_error(&r, 422, "causal");
+    check_v2_error(&r, 400, "causal");
     resp_free(&r);
     request("POST", "/v2/models/nosuch/infer", NULL, typo, strlen(typo), &r);
     check_v2_error(&r, 404, "nosuch");
