@@ -210,6 +210,29 @@ static const param_def layer_params[] = {
 #define N_LAYER_PARAMS (sizeof layer_params / sizeof layer_params[0])
 #define N_PARAMS_MAX   (N_SDPA_PARAMS > N_LAYER_PARAMS ? N_SDPA_PARAMS : N_LAYER_PARAMS)
 
+/* Triton's reserved request parameters that attnd's models have no use for, accepted as
+ * Triton accepts them on a model without a sequence batcher: the sequence flags (checked for
+ * their types; every request of a sequence is then served on its own), "headers" (which its
+ * HTTP front end fills with forwarded headers) and anything named triton_*. 1 when `key` is one
+ * (and well-formed), 0 when it is not reserved, -1 with `err` set when it is ill-formed. */
+static int reserved_parameter(const char *key, const json_t *v, const char *field, api_error *err)
+{
+    bool flag;
+    if (strncmp(key, "triton_", 7) == 0 || strcmp(key, "headers") == 0)
+        return 1;
+    if (strcmp(key, "sequence_start") == 0 || strcmp(key, "sequence_end") == 0)
+        return api_field_bool(v, field, &flag, err) == 0 ? 1 : -1;
+    if (strcmp(key, "sequence_id") == 0) {
+        if (json_is_string(v) || (json_is_integer(v) && json_integer_value(v) >= 0))
+            return 1;
+        return api_field_invalid(err, field,
+                                 "%s must be an unsigned integer or a string (Triton's "
+                                 "correlation id)",
+                                 field);
+    }
+    return 0;
+}
+
 static int parse_parameters(v2_job *job, const json_t *params, api_error *err)
 {
     const param_def *defs = is_layer(job) ? layer_params : sdpa_params;
@@ -227,6 +250,11 @@ static int parse_parameters(v2_job *job, const json_t *params, api_error *err)
             i++;
         snprintf(field, sizeof field, "parameters.%.60s", key);
         if (i == n_params) {
+            int reserved = reserved_parameter(key, val, field, err);
+            if (reserved < 0)
+                return -1;
+            if (reserved)
+                continue;
             const char *names[N_PARAMS_MAX];
             for (size_t j = 0; j < n_params; j++)
                 names[j] = defs[j].name;
@@ -355,10 +383,20 @@ static int input_parameters(const json_t *params, const char *field, int64_t *si
     json_object_foreach((json_t *)params, key, val)
     {
         snprintf(name, sizeof name, "%.120s.%.40s", field, key);
+        if (strcmp(key, "content_type") == 0) {
+            /* MLServer's codec name: every input of attnd's models is a tensor ("np"). */
+            const char *ct = json_string_value(val);
+            if (!ct || strcmp(ct, "np") != 0)
+                return api_field_invalid(err, name,
+                                         "%s must be \"np\": the inputs of attnd's models are "
+                                         "tensors",
+                                         name);
+            continue;
+        }
         if (strcmp(key, "binary_data_size") != 0)
             return api_field_invalid(err, name,
                                      "unknown input parameter \"%.40s\"; an input takes "
-                                     "binary_data_size",
+                                     "binary_data_size and content_type",
                                      key);
         if (api_field_int(val, name, 0, INT64_MAX, size, err) != 0)
             return -1;

@@ -971,8 +971,27 @@ typedef struct {
     const char *needle;
 } json_case;
 
+#define IN_V_NP(ct)                                                                                \
+    "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[3,4],"                    \
+    "\"parameters\":{\"content_type\":" ct "}}"
+
 static const json_case json_cases[] = {
     {"{\"inputs\":[" QKV "]}", 200, NULL},
+    /* Triton's reserved parameters: honoured (timeout, binary_data_output) or, as Triton does on
+     * a model without a sequence batcher, accepted and ignored, once well-formed. */
+    {"{\"parameters\":{\"sequence_id\":7,\"sequence_start\":true,\"sequence_end\":false,"
+     "\"priority\":1,\"timeout\":1000000,\"headers\":{\"x-trace\":\"1\"},"
+     "\"triton_enable_empty_final_response\":true,\"binary_data_output\":false},"
+     "\"inputs\":[" QKV "]}",
+     200, NULL},
+    {"{\"parameters\":{\"sequence_id\":\"conversation-9\"},\"inputs\":[" QKV "]}", 200, NULL},
+    {"{\"parameters\":{\"sequence_id\":-1},\"inputs\":[" QKV "]}", 400, "correlation id"},
+    {"{\"parameters\":{\"sequence_id\":1.5},\"inputs\":[" QKV "]}", 400, "sequence_id"},
+    {"{\"parameters\":{\"sequence_start\":\"yes\"},\"inputs\":[" QKV "]}", 400, "sequence_start"},
+    /* MLServer's content_type on an input: "np" (a tensor) is what every input is. */
+    {"{\"inputs\":[" IN_Q "," IN_K "," IN_V_NP("\"np\"") "]}", 200, NULL},
+    {"{\"inputs\":[" IN_Q "," IN_K "," IN_V_NP("\"str\"") "]}", 400, "content_type"},
+    {"{\"inputs\":[" IN_Q "," IN_K "," IN_V_NP("1") "]}", 400, "must be \"np\""},
     {"", 400, NULL},
     {"{\"inputs\":[" QKV "]", 400, NULL},
     {"[1]", 400, NULL},
