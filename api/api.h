@@ -228,8 +228,12 @@ void api_reply_error(api_reply *reply, api_error_style style, int status, api_re
 void api_v2_server_metadata(api_reply *reply);
 
 /* GET /v2/models/{m}[/versions/{v}]: name, versions, platform, inputs and outputs (name,
- * datatype, shape with -1 for variable dimensions), parameters. */
+ * datatype, shape with -1 for variable dimensions). */
 void api_v2_model_metadata(const api_call *call, api_reply *reply);
+
+/* GET /v2/models/{m}[/versions/{v}]/config: Triton's model configuration of the same tensors
+ * (data_type, dims, optional inputs), max_batch_size 0, no batching, not decoupled. */
+void api_v2_model_config(const api_call *call, api_reply *reply);
 
 /* GET /v2/models/{m}[/versions/{v}]/ready: {"name", "ready": true} (404 for no such model). */
 void api_v2_model_ready(const api_call *call, api_reply *reply);

@@ -4,12 +4,8 @@
  *
  * Models: "sdpa" is the bare operation (the same request as /v1/attention, through the same
  * path in sdpa.c); every registered layer is a model too (the same layer as /v1/mha, through
- * the same path in layer.c). Each has the one version "1".
- *
- * GET /v2 -> {"name": "attnd", "version", "extensions": ["binary_tensor_data", "parameters",
- * "statistics"]}. GET /v2/models/{m}[/versions/1] -> {"name", "versions": ["1"], "platform",
- * "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}, -1 for variable dimensions.
- * GET .../ready -> {"name", "ready": true}.
+ * the same path in layer.c). Each has the one version "1". Their metadata, configuration and
+ * readiness are v2_model.c's.
  *
  * POST /v2/models/sdpa[/versions/1]/infer, the inference request:
  *
@@ -73,143 +69,8 @@
 
 #include "api/v2_job.h"
 
-/* The version GET /v2 reports. */
-#define V2_SERVER_VERSION "0.1.0"
-
 /* Binary outputs start on this boundary of the reply (the JSON is padded with spaces). */
 #define V2_BINARY_ALIGN 64
-
-static const char *const v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
-
-/* ---- Models --------------------------------------------------------------------------------- */
-
-/* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
-static bool model_find(const api_call *call, model_ref *m, api_reply *reply)
-{
-    const char *name = call->model ? call->model : "";
-    memset(m, 0, sizeof *m);
-    m->name = name;
-    if (strcmp(name, "sdpa") == 0) {
-        m->kind = MODEL_SDPA;
-    } else if (call->models && (m->layer = api_models_find(call->models, name)) != NULL) {
-        m->kind = MODEL_LAYER;
-    } else {
-        api_jsonw w;
-        api_jsonw_init(&w, 1024);
-        for (size_t i = 0; call->models && i < api_models_count(call->models); i++) {
-            api_jsonw_cstr(&w, ", ");
-            api_jsonw_cstr(&w, api_models_at(call->models, i)->name);
-        }
-        api_reply_error(reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
-                        "unknown model \"%.64s\"; models: sdpa%.*s", name,
-                        w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
-                        w.data ? w.data : "");
-        api_jsonw_free(&w);
-        return false;
-    }
-    if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
-        api_reply_error(
-            reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
-            "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
-            name, call->version);
-        return false;
-    }
-    return true;
-}
-
-bool api_v2_model_known(const api_models *models, const char *model, const char *version)
-{
-    if (!model || (version && strcmp(version, API_V2_VERSION) != 0))
-        return false;
-    return strcmp(model, "sdpa") == 0 || (models && api_models_find(models, model) != NULL);
-}
-
-void api_v2_server_metadata(api_reply *reply)
-{
-    api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    api_jsonw_init(&w, 4096);
-    api_jsonw_cstr(&w,
-                   "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
-    for (size_t i = 0; i < sizeof v2_extensions / sizeof v2_extensions[0]; i++) {
-        if (i > 0)
-            api_jsonw_char(&w, ',');
-        api_jsonw_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
-    }
-    api_jsonw_cstr(&w, "]}\n");
-    api_reply_json(reply, &w, API_ERRORS_V2);
-}
-
-/* One $metadata_tensor; dims of -1 are variable, others fixed. */
-static void write_meta_tensor(api_jsonw *w, bool first, const char *name, const char *datatype,
-                              int rank, const int64_t *dims)
-{
-    if (!first)
-        api_jsonw_char(w, ',');
-    api_jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", name, datatype);
-    for (int d = 0; d < rank; d++) {
-        if (d > 0)
-            api_jsonw_char(w, ',');
-        api_jsonw_int(w, dims[d]);
-    }
-    api_jsonw_cstr(w, "]}");
-}
-
-void api_v2_model_metadata(const api_call *call, api_reply *reply)
-{
-    static const int64_t var[4] = {-1, -1, -1, -1};
-    model_ref m;
-    api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    if (!model_find(call, &m, reply))
-        return;
-    api_jsonw_init(&w, 8192);
-    api_jsonw_cstr(&w, "{\"name\":");
-    api_jsonw_string(&w, m.name, strlen(m.name));
-    api_jsonw_cstr(&w, ",\"versions\":[\"" API_V2_VERSION "\"],");
-    if (m.kind == MODEL_SDPA) {
-        /* Ranks 2 and 3 are accepted too; the metadata shows the PyTorch layout. */
-        api_jsonw_cstr(&w, "\"platform\":\"attnd_sdpa\",\"inputs\":[");
-        write_meta_tensor(&w, true, "query", "FP32", 4, var);
-        write_meta_tensor(&w, false, "key", "FP32", 4, var);
-        write_meta_tensor(&w, false, "value", "FP32", 4, var);
-        write_meta_tensor(&w, false, "attn_mask", "BOOL", 4, var);
-        write_meta_tensor(&w, false, "key_padding_mask", "BOOL", 2, var);
-        write_meta_tensor(&w, false, "kv_lengths", "INT64", 1, var);
-        api_jsonw_cstr(&w, "],\"outputs\":[");
-        write_meta_tensor(&w, true, "output", "FP32", 4, var);
-        write_meta_tensor(&w, false, "weights", "FP32", 4, var);
-        write_meta_tensor(&w, false, "lse", "FP32", 3, var);
-    } else {
-        /* Rank 2 ([L, E], no batch axis) is accepted too; the widths are the layer's. */
-        const eng_layer *l = m.layer;
-        const int64_t x[3] = {-1, -1, l->embed_dim}, mem[3] = {-1, -1, l->kdim};
-        api_jsonw_cstr(&w, "\"platform\":\"attnd_mha\",\"inputs\":[");
-        write_meta_tensor(&w, true, "input", "FP32", 3, x);
-        write_meta_tensor(&w, false, "memory", "FP32", 3, mem);
-        write_meta_tensor(&w, false, "attn_mask", "BOOL", 4, var);
-        write_meta_tensor(&w, false, "key_padding_mask", "BOOL", 2, var);
-        api_jsonw_cstr(&w, "],\"outputs\":[");
-        write_meta_tensor(&w, true, "output", "FP32", 3, x);
-        write_meta_tensor(&w, false, "weights", "FP32", 4, var);
-    }
-    api_jsonw_cstr(&w, "]}\n");
-    api_reply_json(reply, &w, API_ERRORS_V2);
-}
-
-void api_v2_model_ready(const api_call *call, api_reply *reply)
-{
-    model_ref m;
-    api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    if (!model_find(call, &m, reply))
-        return;
-    api_jsonw_init(&w, 1024);
-    api_jsonw_cstr(&w, "{\"name\":");
-    api_jsonw_string(&w, m.name, strlen(m.name));
-    api_jsonw_cstr(&w, ",\"ready\":true}\n");
-    api_reply_json(reply, &w, API_ERRORS_V2);
-}
 
 /* ---- Reply ---------------------------------------------------------------------------------- */
 
@@ -501,7 +362,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         api_reply_from_error(reply, API_ERRORS_V2, &err);
         return;
     }
-    if (!model_find(call, &job->model, reply)) {
+    if (!api_v2_model_find(call, &job->model, reply)) {
         free(job);
         return;
     }

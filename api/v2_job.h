@@ -1,7 +1,8 @@
 /*
  * v2_job.h - the KServe v2 inference job that api/v2.c and api/v2_request.c share: what
- * v2_request.c parses a request into and v2.c runs and answers. Nothing else includes it; the
- * protocol itself is described at the top of v2.c.
+ * v2_request.c parses a request into and v2.c runs and answers, and the model lookup of
+ * v2_model.c. Nothing else includes it; the protocol itself is described at the top of v2.c
+ * (inference) and v2_model.c (metadata and configuration).
  *
  * The type names are unprefixed because they never leave these two files; the functions, which
  * the linker sees, carry api_v2_.
@@ -46,6 +47,9 @@ typedef struct {
     bool lse_param_set;
     int64_t timeout_us; /* Triton's "timeout" parameter; 0: none */
 } v2_job;
+
+/* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
+bool api_v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
 
 static inline bool is_layer(const v2_job *job)
 {

@@ -394,10 +394,12 @@ extern const char srv_inspector_etag[];
 
 /* ---- KServe v2 routes (v2.c) ------------------------------------------------------------- */
 
-/* GET /v2, /v2/models/{model}[/versions/{version}], .../ready, .../stats, /v2/models/stats. */
+/* GET /v2, /v2/models/{model}[/versions/{version}], .../ready, .../config, .../stats,
+ * /v2/models/stats. */
 enum MHD_Result srv__answer_v2_server(srv_server *s, srv_req *req);
 enum MHD_Result srv__answer_v2_model(srv_server *s, srv_req *req);
 enum MHD_Result srv__answer_v2_ready(srv_server *s, srv_req *req);
+enum MHD_Result srv__answer_v2_config(srv_server *s, srv_req *req);
 enum MHD_Result srv__answer_v2_stats(srv_server *s, srv_req *req);
 /* POST .../infer on a worker, with the body's Content-Encoding undone and the reply
  * compressed as Accept-Encoding allows. */

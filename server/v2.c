@@ -41,6 +41,14 @@ enum MHD_Result srv__answer_v2_model(srv_server *s, srv_req *req)
     return srv__respond_api(req, &reply);
 }
 
+enum MHD_Result srv__answer_v2_config(srv_server *s, srv_req *req)
+{
+    api_call call = path_call(s, req);
+    api_reply reply;
+    api_v2_model_config(&call, &reply);
+    return srv__respond_api(req, &reply);
+}
+
 enum MHD_Result srv__answer_v2_ready(srv_server *s, srv_req *req)
 {
     api_call call = path_call(s, req);

@@ -483,10 +483,12 @@ static void test_model_metadata(void)
             check_meta_tensor(in, "attn_mask", "BOOL", 4);
             check_meta_tensor(in, "key_padding_mask", "BOOL", 2);
             check_meta_tensor(in, "kv_lengths", "INT64", 1);
-            CHECK_EQ_INT(json_array_size(out), 3);
+            /* The weights are no listed output: a client that asks for every output listed
+             * (perf_analyzer) would measure the L x S weights rather than attention. */
+            CHECK_EQ_INT(json_array_size(out), 2);
             check_meta_tensor(out, "output", "FP32", 4);
-            check_meta_tensor(out, "weights", "FP32", 4);
             check_meta_tensor(out, "lse", "FP32", 3);
+            CHECK(find_named(out, "weights") == NULL);
             json_decref(root);
         }
         api_reply_free(&r);
@@ -508,13 +510,102 @@ static void test_model_metadata(void)
         json_t *x = find_named(in, "input");
         CHECK(x && json_integer_value(json_array_get(json_object_get(x, "shape"), 0)) == -1);
         CHECK(x && json_integer_value(json_array_get(json_object_get(x, "shape"), 2)) == 64);
-        CHECK_EQ_INT(json_array_size(out), 2);
+        CHECK_EQ_INT(json_array_size(out), 1);
         check_meta_tensor(out, "output", "FP32", 3);
-        check_meta_tensor(out, "weights", "FP32", 4);
         json_t *o = find_named(out, "output");
         CHECK(o && json_integer_value(json_array_get(json_object_get(o, "shape"), 2)) == 64);
         json_decref(root);
     }
+    api_reply_free(&r);
+}
+
+/* One of Triton's ModelInput / ModelOutput entries: data_type, dims and, for inputs, optional. */
+static void check_config_tensor(json_t *list, const char *name, const char *data_type,
+                                const int64_t *dims, int rank, int optional)
+{
+    json_t *t = find_named(list, name);
+    CHECKF(t != NULL, "no tensor %s in the config", name);
+    if (!t)
+        return;
+    CHECKF(strcmp(json_string_value(json_object_get(t, "data_type")), data_type) == 0,
+           "%s data_type", name);
+    json_t *d = json_object_get(t, "dims");
+    CHECKF((int)json_array_size(d) == rank, "%s has %zu dims", name, json_array_size(d));
+    for (int i = 0; i < rank && i < (int)json_array_size(d); i++)
+        CHECKF(json_integer_value(json_array_get(d, (size_t)i)) == dims[i], "%s dims[%d]", name, i);
+    CHECK(json_is_false(json_object_get(t, "is_shape_tensor")));
+    if (optional >= 0)
+        CHECKF(json_is_boolean(json_object_get(t, "optional")) &&
+                   json_is_true(json_object_get(t, "optional")) == (optional == 1),
+               "%s optional", name);
+}
+
+/* Triton's model configuration, as perf_analyzer's model parser reads it: max_batch_size 0 (the
+ * shapes keep their batch axis), the metadata's tensors with TYPE_ data types and the optional
+ * inputs marked, no batching, not decoupled, no response cache. */
+static void test_model_config(void)
+{
+    static const int64_t v4[4] = {-1, -1, -1, -1}, v3[3] = {-1, -1, -1}, v2[2] = {-1, -1};
+    static const int64_t v1[1] = {-1}, x[3] = {-1, -1, 64};
+    const char *versions[] = {NULL, "1"};
+    for (int i = 0; i < 2; i++) {
+        api_call call = {.models = models, .model = "sdpa", .version = versions[i]};
+        api_reply r;
+        api_v2_model_config(&call, &r);
+        CHECK_EQ_INT(r.status, 200);
+        json_t *root = reply_json(&r);
+        if (root) {
+            CHECK(strcmp(json_string_value(json_object_get(root, "name")), "sdpa") == 0);
+            CHECK(json_is_string(json_object_get(root, "platform")));
+            CHECK(json_integer_value(json_object_get(root, "max_batch_size")) == 0 &&
+                  json_is_integer(json_object_get(root, "max_batch_size")));
+            CHECK(json_object_get(root, "dynamic_batching") == NULL);
+            CHECK(json_object_get(root, "sequence_batching") == NULL);
+            CHECK(json_is_false(
+                json_object_get(json_object_get(root, "model_transaction_policy"), "decoupled")));
+            CHECK(
+                json_is_false(json_object_get(json_object_get(root, "response_cache"), "enable")));
+            json_t *in = json_object_get(root, "input"), *out = json_object_get(root, "output");
+            CHECK_EQ_INT(json_array_size(in), 6);
+            check_config_tensor(in, "query", "TYPE_FP32", v4, 4, 0);
+            check_config_tensor(in, "key", "TYPE_FP32", v4, 4, 0);
+            check_config_tensor(in, "value", "TYPE_FP32", v4, 4, 0);
+            check_config_tensor(in, "attn_mask", "TYPE_BOOL", v4, 4, 1);
+            check_config_tensor(in, "key_padding_mask", "TYPE_BOOL", v2, 2, 1);
+            check_config_tensor(in, "kv_lengths", "TYPE_INT64", v1, 1, 1);
+            CHECK_EQ_INT(json_array_size(out), 2);
+            check_config_tensor(out, "output", "TYPE_FP32", v4, 4, -1);
+            check_config_tensor(out, "lse", "TYPE_FP32", v3, 3, -1);
+            json_decref(root);
+        }
+        api_reply_free(&r);
+    }
+
+    api_call call = {.models = models, .model = "demo"};
+    api_reply r;
+    api_v2_model_config(&call, &r);
+    CHECK_EQ_INT(r.status, 200);
+    json_t *root = reply_json(&r);
+    if (root) {
+        json_t *in = json_object_get(root, "input"), *out = json_object_get(root, "output");
+        CHECK_EQ_INT(json_array_size(in), 4);
+        check_config_tensor(in, "input", "TYPE_FP32", x, 3, 0);
+        check_config_tensor(in, "memory", "TYPE_FP32", x, 3, 1);
+        check_config_tensor(in, "attn_mask", "TYPE_BOOL", v4, 4, 1);
+        check_config_tensor(in, "key_padding_mask", "TYPE_BOOL", v2, 2, 1);
+        CHECK_EQ_INT(json_array_size(out), 1);
+        check_config_tensor(out, "output", "TYPE_FP32", x, 3, -1);
+        json_decref(root);
+    }
+    api_reply_free(&r);
+
+    api_call unknown = {.models = models, .model = "nosuch"};
+    api_v2_model_config(&unknown, &r);
+    check_error(&r, 404, "unknown model");
+    api_reply_free(&r);
+    api_call version = {.models = models, .model = "sdpa", .version = "2"};
+    api_v2_model_config(&version, &r);
+    check_error(&r, 404, "no version");
     api_reply_free(&r);
 }
 
@@ -1619,6 +1710,7 @@ int main(void)
         return 1;
     }
     RUN(test_server_metadata);
+    RUN(test_model_config);
     RUN(test_model_metadata);
     RUN(test_model_unknown);
     RUN(test_model_ready);

@@ -400,13 +400,32 @@ static void test_metadata(void)
             CHECK(strcmp(json_string_value(json_object_get(q, "name")), "query") == 0);
             CHECK(strcmp(json_string_value(json_object_get(q, "datatype")), "FP32") == 0);
             CHECK(json_integer_value(json_array_get(json_object_get(q, "shape"), 0)) == -1);
-            CHECK(json_array_size(json_object_get(j, "outputs")) == 3);
+            CHECK(json_array_size(json_object_get(j, "outputs")) == 2);
             json_decref(j);
         }
         resp_free(&r);
     }
     CHECK_EQ_INT(request("GET", "/v2/models/demo", NULL, NULL, 0, &r), 200);
     CHECK(strstr(r.body, "\"input\"") && strstr(r.body, "\"memory\""));
+    resp_free(&r);
+
+    /* Triton's model configuration, which tritonclient's get_model_config and perf_analyzer
+     * read before anything else. */
+    const char *configs[] = {"/v2/models/sdpa/config", "/v2/models/sdpa/versions/1/config",
+                             "/v2/models/demo/config"};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(request("GET", configs[i], NULL, NULL, 0, &r), 200);
+        j = json_of(r.body, r.len);
+        if (j) {
+            CHECK(json_is_integer(json_object_get(j, "max_batch_size")));
+            CHECK(json_array_size(json_object_get(j, "input")) >= 4);
+            CHECK(json_array_size(json_object_get(j, "output")) >= 1);
+            json_decref(j);
+        }
+        resp_free(&r);
+    }
+    request("GET", "/v2/models/nosuch/config", NULL, NULL, 0, &r);
+    check_v2_error(&r, 404, "nosuch");
     resp_free(&r);
 
     CHECK_EQ_INT(request("GET", "/v2/models/sdpa/ready", NULL, NULL, 0, &r), 200);
@@ -531,12 +550,12 @@ static void test_layer_model(void)
                         {"memory", "FP32", 3, 64},
                         {"attn_mask", "BOOL", 4, -1},
                         {"key_padding_mask", "BOOL", 2, -1}},
-          want_out[2] = {{"output", "FP32", 3, 64}, {"weights", "FP32", 4, -1}};
+          want_out[1] = {{"output", "FP32", 3, 64}}; /* weights: by return_weights */
         json_t *in = json_object_get(j, "inputs"), *out = json_object_get(j, "outputs");
         CHECK(strcmp(json_string_value(json_object_get(j, "name")), "demo") == 0);
         CHECK_EQ_INT(json_array_size(in), 4);
-        CHECK_EQ_INT(json_array_size(out), 2);
-        for (size_t i = 0; i < 6; i++) {
+        CHECK_EQ_INT(json_array_size(out), 1);
+        for (size_t i = 0; i < 5; i++) {
             json_t *t = i < 4 ? json_array_get(in, i) : json_array_get(out, i - 4);
             const char *name = i < 4 ? want_in[i].name : want_out[i - 4].name;
             const char *dt = i < 4 ? want_in[i].datatype : want_out[i - 4].datatype;
