@@ -13,7 +13,12 @@
  *   - arrays of API_BODY_MANY_NUMBERS numbers or more, nested rectangularly at most
  *     API_MAX_RANK deep, checked by a strict scanner that accepts exactly JSON's number
  *     grammar, and only numbers jansson would also accept (it refuses doubles that overflow
- *     and integers beyond int64).
+ *     and integers beyond int64);
+ *   - the tokens NaN, Infinity and -Infinity, wherever a value may stand. They are not JSON,
+ *     but Python's json module writes them (tritonclient sends a float mask's -inf as
+ *     -Infinity), so they are read as the numbers they name, inside the arrays above or, one
+ *     by one, as spans of their own; the tensor decoder then decides where a non-finite
+ *     value may stand (-inf in a float mask, nothing else).
  *
  * jansson then parses a copy of the body in which each of these spans is a placeholder string:
  * the escape \u0000 (a NUL, allowed with JSON_ALLOW_NUL) followed by the span's index. The
@@ -63,6 +68,35 @@ static bool is_json_space(char c)
 static bool is_digit(char c)
 {
     return c >= '0' && c <= '9';
+}
+
+/* The length of the token NaN, Infinity or -Infinity at s[i] (its value in *v), or 0 when
+ * there is none: the token must end where the body does or at a character that cannot
+ * continue a JSON token. */
+static size_t nonfinite_read(const char *s, size_t i, size_t len, double *v)
+{
+    static const struct {
+        const char *text;
+        size_t len;
+        double value;
+    } tokens[] = {{"NaN", 3, NAN}, {"Infinity", 8, INFINITY}, {"-Infinity", 9, -INFINITY}};
+    for (size_t k = 0; k < sizeof tokens / sizeof tokens[0]; k++) {
+        size_t n = tokens[k].len;
+        if (len - i < n || memcmp(s + i, tokens[k].text, n) != 0)
+            continue;
+        if (i + n < len && !is_json_space(s[i + n]) && s[i + n] != ',' && s[i + n] != ']' &&
+            s[i + n] != '}')
+            return 0;
+        *v = tokens[k].value;
+        return n;
+    }
+    return 0;
+}
+
+/* Whether s[i] may start one of those tokens (a cheap test before nonfinite_read). */
+static bool nonfinite_start(const char *s, size_t i, size_t len)
+{
+    return s[i] == 'N' || s[i] == 'I' || (s[i] == '-' && i + 1 < len && s[i + 1] == 'I');
 }
 
 /* ---- Numbers ----------------------------------------------------------------------------- */
@@ -264,14 +298,20 @@ static bool scan_numbers(const char *s, size_t i, size_t len, api_body_span *sp)
             continue;
         } else {
             number_token t;
-            if (!want_value || !number_read(s, i, len, &t))
+            double nonfinite;
+            size_t n = 0;
+            if (!want_value)
+                return false;
+            if (number_read(s, i, len, &t))
+                n = t.end - i;
+            else if ((n = nonfinite_read(s, i, len, &nonfinite)) == 0)
                 return false;
             if (rank == 0)
                 rank = depth;
             else if (depth != rank)
                 return false;
             count[depth - 1]++;
-            i = t.end;
+            i += n;
         }
         want_value = c == '[';
     }
@@ -358,6 +398,28 @@ static bool scan_add(api_body_scan *scan, size_t *cap, const api_body_span *sp)
     return true;
 }
 
+/* After punctuation at s[*i - 1]: when a non-finite token is the value that follows (not a key:
+ * no ':' after it), records it as a span and moves *i past it. False only when the span list
+ * could not grow (then nothing is elided). */
+static bool scan_nonfinite(const char *s, size_t *i, size_t len, api_body_scan *scan, size_t *cap)
+{
+    size_t j = *i, n, k;
+    double v;
+    while (j < len && is_json_space(s[j]))
+        j++;
+    if (j >= len || !nonfinite_start(s, j, len) || (n = nonfinite_read(s, j, len, &v)) == 0)
+        return true;
+    for (k = j + n; k < len && is_json_space(s[k]);)
+        k++;
+    if (k < len && s[k] == ':')
+        return true; /* jansson's "string or '}' expected" */
+    api_body_span sp = {.kind = API_SPAN_NONFINITE, .offset = j, .len = n, .value = v};
+    if (!scan_add(scan, cap, &sp))
+        return false;
+    *i = j + n;
+    return true;
+}
+
 void api_body_scan_run(const char *body, size_t len, api_body_scan *scan)
 {
     size_t values = 1, string_bytes = 0, elided = 0, cap = 0;
@@ -392,6 +454,8 @@ void api_body_scan_run(const char *body, size_t len, api_body_scan *scan)
         if (s[i] != '"') {
             values++;
             i++;
+            if (elide)
+                elide = scan_nonfinite(body, &i, len, scan, &cap);
             continue;
         }
         size_t start = i + 1, end = string_end(body, start, len), n = end - start;
@@ -538,10 +602,19 @@ const api_body_span *api_body_span_of(const api_body *b, const json_t *v)
     return k < b->n_spans ? &b->spans[k] : NULL;
 }
 
+bool api_body_nonfinite(const api_body *b, const json_t *v, double *out)
+{
+    const api_body_span *sp = api_body_span_of(b, v);
+    if (!sp || sp->kind != API_SPAN_NONFINITE)
+        return false;
+    *out = sp->value;
+    return true;
+}
+
 bool api_body_string_get(const api_body *b, const json_t *s, const char **p, size_t *n)
 {
     const api_body_span *sp = api_body_span_of(b, s);
-    if (sp && sp->kind == API_SPAN_NUMBERS)
+    if (sp && sp->kind != API_SPAN_STRING)
         return false;
     if (sp) {
         *p = b->body + sp->offset;
@@ -558,13 +631,32 @@ bool api_body_string_get(const api_body *b, const json_t *s, const char **p, siz
 /* Doubles of at least this magnitude round to infinity as float32 (see tensor.c). */
 #define FLOAT32_OVERFLOW 0x1.ffffffp127
 
-int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool integers, void *dst,
-                            size_t *bad, char *why, size_t why_size)
+int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool integers,
+                            bool neg_inf_ok, void *dst, size_t *bad, char *why, size_t why_size)
 {
     const char *s = b->body;
     size_t i = sp->offset, end = sp->offset + sp->len, k = 0;
     while (i < end && k < sp->count) {
         char c = s[i];
+        if (nonfinite_start(s, i, end)) {
+            double v;
+            size_t n = nonfinite_read(s, i, end, &v);
+            if (n == 0) { /* defensive: the scan let no other word into the span */
+                i++;
+                continue;
+            }
+            if (integers || !(v == -INFINITY && neg_inf_ok)) {
+                *bad = k;
+                snprintf(why, why_size,
+                         integers ? "must be an integer, found %.*s"
+                                  : "is %.*s; values must be finite",
+                         (int)n, s + i);
+                return -1;
+            }
+            ((float *)dst)[k++] = (float)v;
+            i += n;
+            continue;
+        }
         if (c != '-' && !is_digit(c)) { /* brackets, commas, whitespace */
             i++;
             continue;

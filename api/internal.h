@@ -134,16 +134,19 @@ void api_jsonw_printf(api_jsonw *w, const char *fmt, ...) __attribute__((format(
 
 #define API_MAX_RANK 8
 
-/* A part of the body that jansson does not parse: a long string value, or a big array of
- * numbers. The compact copy that jansson parses holds a placeholder string instead. */
-typedef enum { API_SPAN_STRING = 0, API_SPAN_NUMBERS } api_span_kind;
+/* A part of the body that jansson does not parse: a long string value, a big array of
+ * numbers, or one of the tokens NaN, Infinity and -Infinity, which JSON lacks. The compact copy
+ * that jansson parses holds a placeholder string instead. */
+typedef enum { API_SPAN_STRING = 0, API_SPAN_NUMBERS, API_SPAN_NONFINITE } api_span_kind;
 
 typedef struct {
     api_span_kind kind;
-    size_t offset, len; /* STRING: the characters between the quotes; NUMBERS: '[' to ']' */
+    size_t offset, len; /* STRING: the characters between the quotes; NUMBERS: '[' to ']';
+                           NONFINITE: the token */
+    double value;       /* NONFINITE: NaN, inf or -inf */
     /* NUMBERS only, checked by the scan: rectangular nesting of this shape, rank <= 8, every
      * leaf a JSON number that jansson would also accept (as a double, or as an int64 when it
-     * has no fraction or exponent). */
+     * has no fraction or exponent), or one of the non-finite tokens. */
     int rank;
     int64_t shape[API_MAX_RANK];
     size_t count;
@@ -196,15 +199,18 @@ void api_body_free(api_body *b);
 const api_body_span *api_body_span_of(const api_body *b, const json_t *v);
 
 /* The bytes of string `s`, long strings in place; false if `s` is not a string (an elided
- * array of numbers is not one). */
+ * array of numbers or a non-finite token is not one). */
 bool api_body_string_get(const api_body *b, const json_t *s, const char **p, size_t *n);
 
 /* Decodes the numbers of span `sp` in order. FLOAT: float, checked finite as float32 after
- * narrowing, as for jansson's values. INT64: int64_t; every number must be an integer. On an
- * error, *bad is the index of the offending number. Returns 0, or -1 with a reason in `why`
- * (at least 64 bytes). */
-int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool integers, void *dst,
-                            size_t *bad, char *why, size_t why_size);
+ * narrowing, as for jansson's values; a non-finite token only when it is -Infinity and
+ * `neg_inf_ok`. INT64: int64_t; every number must be an integer. On an error, *bad is the
+ * index of the offending number. Returns 0, or -1 with a reason in `why` (at least 64 bytes). */
+int api_body_numbers_decode(const api_body *b, const api_body_span *sp, bool integers,
+                            bool neg_inf_ok, void *dst, size_t *bad, char *why, size_t why_size);
+
+/* Whether `v` is a NaN, Infinity or -Infinity token of the body; its value in *out. */
+bool api_body_nonfinite(const api_body *b, const json_t *v, double *out);
 
 /* ---- Tensors ----------------------------------------------------------------------------- */
 
@@ -295,7 +301,10 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
                        unsigned flags, void *dst, const char *field, api_error *err);
 
 /* Encode flags. */
-#define API_ENCODE_NEG_INF_NULL 1u /* write -inf as null (text) / keep it (base64): for lse */
+/* -inf is allowed (lse): written -Infinity in text, as Python's json module reads and writes
+ * it (tritonclient and KServe's client decode it as -inf; null, as before, became NaN), kept in
+ * base64 and binary. Strict JSON parsers need a base64 or binary output instead. */
+#define API_ENCODE_NEG_INF 1u
 
 typedef enum {
     API_ENCODE_OK = 0,

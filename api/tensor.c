@@ -112,11 +112,15 @@ char *api_index_format(char *buf, size_t size, size_t flat, int rank, const int6
     return buf;
 }
 
-/* json_kind, knowing that a placeholder of the body stands for an array. */
+/* json_kind, knowing what the body's placeholders stand for. */
 static const char *value_kind(const api_body *b, const json_t *v)
 {
     const api_body_span *sp = api_body_span_of(b, v);
-    return sp && sp->kind == API_SPAN_NUMBERS ? "an array" : json_kind(v);
+    if (sp && sp->kind == API_SPAN_NUMBERS)
+        return "an array";
+    if (sp && sp->kind == API_SPAN_NONFINITE)
+        return "a non-finite number";
+    return json_kind(v);
 }
 
 /* ---- Shapes ------------------------------------------------------------------------------ */
@@ -177,11 +181,13 @@ int api_shape_parse(const json_t *v, const char *field, size_t max_elements, int
 /* ---- Probe ------------------------------------------------------------------------------- */
 
 /* The dtype of a text tensor from one of its elements. */
-static int text_dtype(const json_t *x, const char *where, api_dtype *dtype, api_error *err)
+static int text_dtype(const api_body *b, const json_t *x, const char *where, api_dtype *dtype,
+                      api_error *err)
 {
+    double ignored;
     if (json_is_boolean(x))
         *dtype = API_DTYPE_BOOL;
-    else if (json_is_number(x) || json_is_null(x))
+    else if (json_is_number(x) || json_is_null(x) || api_body_nonfinite(b, x, &ignored))
         *dtype = API_DTYPE_FLOAT32;
     else
         return api_error_set(err, 422, API_REASON_BAD_REQUEST, where,
@@ -189,8 +195,8 @@ static int text_dtype(const json_t *x, const char *where, api_dtype *dtype, api_
     return 0;
 }
 
-static int probe_nested(const json_t *v, const char *field, size_t max_elements, api_tensor *t,
-                        api_error *err)
+static int probe_nested(const api_body *b, const json_t *v, const char *field, size_t max_elements,
+                        api_tensor *t, api_error *err)
 {
     char where[192];
     const json_t *cur = v;
@@ -212,7 +218,7 @@ static int probe_nested(const json_t *v, const char *field, size_t max_elements,
     t->form = API_FORM_NESTED;
     t->rank = rank;
     t->items = v;
-    if (text_dtype(cur, where, &t->dtype, err) != 0)
+    if (text_dtype(b, cur, where, &t->dtype, err) != 0)
         return -1;
     return shape_count(t->shape, rank, field, max_elements, &t->count, err);
 }
@@ -337,7 +343,7 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
     if (json_is_array(first))
         return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
                              "%s is an array: \"data\" is flat, in row-major order", name);
-    if (text_dtype(first, name, &t->dtype, err) != 0)
+    if (text_dtype(b, first, name, &t->dtype, err) != 0)
         return -1;
     return dtype_given ? dtype_match(given, t->dtype, field, err) : 0;
 }
@@ -357,7 +363,7 @@ int api_tensor_probe(const api_body *b, const json_t *v, const char *field, size
         return shape_count(t->shape, t->rank, field, max_elements, &t->count, err);
     }
     if (json_is_array(v))
-        return probe_nested(v, field, max_elements, t, err);
+        return probe_nested(b, v, field, max_elements, t, err);
     if (json_is_object(v))
         return probe_object(b, v, field, max_elements, t, err);
     return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
@@ -376,6 +382,7 @@ typedef struct {
     unsigned flags;
     void *dst;
     api_error *err;
+    const api_body *body; /* for the NaN, Infinity and -Infinity tokens it holds */
 } decode_ctx;
 
 /* The name of element (or sub-array at depth `dims`) whose first element is flat index i. */
@@ -396,19 +403,30 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
     switch (c->elem) {
     case API_ELEM_FLOAT: {
         double v;
+        bool neg_inf_ok = (c->flags & API_DECODE_NEG_INF) != 0, token = false;
         if (json_is_real(x))
             v = json_real_value(x);
         else if (json_is_integer(x))
             v = (double)json_integer_value(x);
-        else if (json_is_null(x) && (c->flags & API_DECODE_NEG_INF))
+        else if (json_is_null(x) && neg_inf_ok)
             v = -INFINITY;
-        else
+        else if (!(token = api_body_nonfinite(c->body, x, &v)))
             return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s must be a number%s, found %s", name,
-                                 (c->flags & API_DECODE_NEG_INF) ? " or null (-inf)" : "",
-                                 json_kind(x));
-        if (!(fabs(v) < FLOAT32_OVERFLOW) && !(v == -INFINITY))
+                                 neg_inf_ok ? " or -Infinity (or null)" : "",
+                                 value_kind(c->body, x));
+        if (v == -INFINITY && neg_inf_ok) {
+            ((float *)c->dst)[i] = -INFINITY;
+            return 0;
+        }
+        if (token)
+            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+                                 element_name(c, i, c->t->rank, name, sizeof name),
+                                 "%s is %s; values must be finite%s", name,
+                                 isnan(v) ? "NaN" : (v < 0 ? "-Infinity" : "Infinity"),
+                                 neg_inf_ok ? " or -Infinity" : "");
+        if (!(fabs(v) < FLOAT32_OVERFLOW))
             return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s is %g, beyond the float32 range (+-3.40282347e38)", name, v);
@@ -421,14 +439,14 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s must be true or false, found %s (boolean masks do not "
                                  "take 0/1 numbers)",
-                                 name, json_kind(x));
+                                 name, value_kind(c->body, x));
         ((uint8_t *)c->dst)[i] = json_is_true(x) ? 1 : 0;
         return 0;
     case API_ELEM_INT64:
         if (!json_is_integer(x))
             return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
-                                 "%s must be an integer, found %s", name, json_kind(x));
+                                 "%s must be an integer, found %s", name, value_kind(c->body, x));
         ((int64_t *)c->dst)[i] = (int64_t)json_integer_value(x);
         return 0;
     }
@@ -719,11 +737,13 @@ int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, uns
     if (elem != API_ELEM_BOOL && t->dtype == API_DTYPE_BOOL)
         return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
                              "%s must hold numbers, found booleans", field);
-    decode_ctx c = {.t = t, .field = field, .elem = elem, .flags = flags, .dst = dst, .err = err};
+    decode_ctx c = {
+        .t = t, .field = field, .elem = elem, .flags = flags, .dst = dst, .err = err, .body = b};
     if (t->numbers) {
         char why[96], name[192];
         size_t bad = 0;
-        if (api_body_numbers_decode(b, t->numbers, elem == API_ELEM_INT64, dst, &bad, why,
+        if (api_body_numbers_decode(b, t->numbers, elem == API_ELEM_INT64,
+                                    (flags & API_DECODE_NEG_INF) != 0, dst, &bad, why,
                                     sizeof why) == 0)
             return 0;
         element_name(&c, bad, t->rank, name, sizeof name);
@@ -787,9 +807,9 @@ static void write_floats(api_jsonw *w, const float *data, size_t n, unsigned fla
             float v = data[i + k];
             if (i + k > 0)
                 *p++ = ',';
-            if ((flags & API_ENCODE_NEG_INF_NULL) && v == -INFINITY) {
-                memcpy(p, "null", 4);
-                p += 4;
+            if ((flags & API_ENCODE_NEG_INF) && v == -INFINITY) {
+                memcpy(p, "-Infinity", 9);
+                p += 9;
             } else {
                 p += api_float_format(v, p);
             }
@@ -876,7 +896,7 @@ api_encode_status api_tensor_encode(api_jsonw *w, const float *data, int rank, c
     size_t count = 1;
     for (int d = 0; d < rank; d++)
         count *= (size_t)shape[d];
-    bool neg_inf_ok = (flags & API_ENCODE_NEG_INF_NULL) != 0;
+    bool neg_inf_ok = (flags & API_ENCODE_NEG_INF) != 0;
     for (size_t i = 0; i < count; i++) {
         if (!isfinite(data[i]) && !(neg_inf_ok && data[i] == -INFINITY)) {
             *bad_index = i;

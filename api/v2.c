@@ -18,7 +18,8 @@
  *   inputs    query, key, value: FP32 (JSON or binary), FP16 or BF16 (binary only: JSON has no
  *             16-bit floats); rank 4 [B, H, L, D], rank 3 [B, L, E] or rank 2 [L, E], as in
  *             DESIGN.md section 5. attn_mask: BOOL (true = may attend) or FP32 added to the
- *             scores (FP16/BF16 binary; -inf as JSON null). key_padding_mask: BOOL [B, S] or
+ *             scores (FP16/BF16 binary; -inf as JSON -Infinity, as tritonclient writes it, or
+ *             null). key_padding_mask: BOOL [B, S] or
  *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
  *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
  *             num_heads, num_kv_heads, window_left, window_right (-1 or absent: unbounded),
@@ -27,7 +28,7 @@
  *             priority (accepted, ignored). Any other name is refused (a typo such as
  *             "casual" silently ignored would return a plausible wrong answer).
  *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
- *             [B, L, S], lse [B, H, L] (-inf as JSON null). Without "outputs", output is
+ *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
  *             returned plus weights / lse when return_weights / return_lse ask for them; with
  *             it, exactly the ones listed (listing weights alone means per_head).
  *
@@ -179,7 +180,7 @@ static int write_outputs(v2_job *job, api_jsonw *w, api_error *err)
         const int64_t flat[1] = {(int64_t)sh->count};
         api_jsonw_cstr(w, ",\"data\":");
         switch (api_tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
-                                  o == OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0, NULL, &bad)) {
+                                  o == OUT_LSE ? API_ENCODE_NEG_INF : 0, NULL, &bad)) {
         case API_ENCODE_OK:
             break;
         case API_ENCODE_NONFINITE: {

@@ -401,8 +401,9 @@ static void test_malformed_bodies_are_400_with_a_position(void)
         "",
         "{",
         "{\"a\": 1,}",
-        "{\"a\": NaN}",
-        "{\"a\": Infinity}",
+        "{\"a\": NaNa}",
+        "{\"a\": -Inf}",
+        "{\"a\": 1, Infinity: 2}",
         "{\"a\": 1e999}",
         "{\"a\": 1, \"a\": 2}",
         "{\"a\": \"\xff\"}",
@@ -417,6 +418,91 @@ static void test_malformed_bodies_are_400_with_a_position(void)
                bodies[i]);
         CHECKF(err.status == 400, "%s: status %d", bodies[i], err.status);
         CHECKF(strstr(err.message, "line 1") != NULL, "%s: %s", bodies[i], err.message);
+    }
+}
+
+/* NaN, Infinity and -Infinity (not JSON, but what Python's json module writes: tritonclient sends
+ * a float mask's -inf so) are read wherever a value may stand, alone or in big arrays, and never
+ * inside strings; a tensor takes only -Infinity, and only where -inf is allowed (float masks). */
+static void test_nonfinite_tokens_are_read(void)
+{
+    static const struct {
+        const char *text;
+        double want;
+    } alone[] = {{"{\"a\": NaN}", NAN},
+                 {"{\"a\": Infinity}", INFINITY},
+                 {"{\"a\" :\n-Infinity }", -INFINITY},
+                 {"{\"b\": [1, -Infinity, 2], \"a\": -Infinity}", -INFINITY}};
+    for (size_t i = 0; i < sizeof alone / sizeof alone[0]; i++) {
+        api_body b;
+        api_error err = {0};
+        double v = 0;
+        CHECKF(api_body_parse(&b, alone[i].text, strlen(alone[i].text), NULL, &err) == 0, "%s: %s",
+               alone[i].text, err.message);
+        CHECKF(api_body_nonfinite(&b, json_object_get(b.root, "a"), &v) &&
+                   (isnan(alone[i].want) ? isnan(v) : v == alone[i].want),
+               "%s: read as %g", alone[i].text, v);
+        api_body_free(&b);
+    }
+    /* Inside a string it is text. */
+    api_body b;
+    api_error err = {0};
+    const char *quoted = "{\"a\": \"-Infinity\"}";
+    double v;
+    CHECK(api_body_parse(&b, quoted, strlen(quoted), NULL, &err) == 0);
+    CHECK(!api_body_nonfinite(&b, json_object_get(b.root, "a"), &v));
+    CHECK(strcmp(json_string_value(json_object_get(b.root, "a")), "-Infinity") == 0);
+    api_body_free(&b);
+
+    /* In tensors, short (jansson's tree) and long (the fast path). */
+    static const struct {
+        const char *tensor;
+        unsigned flags;
+        int status;       /* 0: decodes */
+        const char *what; /* in the message */
+    } tensors[] = {
+        {"[[0, -Infinity]]", API_DECODE_NEG_INF, 0, NULL},
+        {"[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, -Infinity]", API_DECODE_NEG_INF, 0,
+         NULL},
+        {"[[0, -Infinity]]", 0, 422, "is -Infinity; values must be finite"},
+        {"[[0, Infinity]]", API_DECODE_NEG_INF, 422, "is Infinity"},
+        {"[[NaN, 1]]", API_DECODE_NEG_INF, 422, "is NaN"},
+        {"[NaN, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]", 0, 422, "is NaN"},
+        {"[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, Infinity]", API_DECODE_NEG_INF, 422,
+         "is Infinity"},
+        {"{\"shape\": [2], \"data\": [-Infinity, 0]}", API_DECODE_NEG_INF, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
+        float out[16];
+        api_tensor t;
+        char doc[256];
+        snprintf(doc, sizeof doc, "{\"t\": %s}", tensors[i].tensor);
+        memset(&err, 0, sizeof err);
+        CHECKF(api_body_parse(&b, doc, strlen(doc), NULL, &err) == 0, "%s: %s", doc, err.message);
+        int rc = api_tensor_probe(&b, json_object_get(b.root, "t"), "t", MAX_ELEMENTS, &t, &err);
+        if (rc == 0)
+            rc = api_tensor_decode(&b, &t, API_ELEM_FLOAT, tensors[i].flags, out, "t", NULL, &err);
+        if (tensors[i].status == 0) {
+            CHECKF(rc == 0, "%s: %s", tensors[i].tensor, err.message);
+            CHECK(rc != 0 || out[0] == -INFINITY || out[t.count - 1] == -INFINITY);
+        } else {
+            CHECKF(rc != 0 && err.status == tensors[i].status &&
+                       strstr(err.message, tensors[i].what) != NULL,
+                   "%s: %d %s", tensors[i].tensor, err.status, err.message);
+        }
+        api_body_free(&b);
+    }
+    /* Integers never take one. */
+    {
+        int64_t out[16];
+        api_tensor t;
+        const char *doc = "{\"t\": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, Infinity]}";
+        CHECK(api_body_parse(&b, doc, strlen(doc), NULL, &err) == 0);
+        int rc = api_tensor_probe(&b, json_object_get(b.root, "t"), "t", MAX_ELEMENTS, &t, &err);
+        if (rc == 0)
+            rc = api_tensor_decode(&b, &t, API_ELEM_INT64, 0, out, "t", NULL, &err);
+        CHECKF(rc != 0 && strstr(err.message, "must be an integer"), "%s", err.message);
+        api_body_free(&b);
     }
 }
 
@@ -621,7 +707,6 @@ static void test_number_arrays_fail_as_through_jansson(void)
         "[-, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]",
         "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,]",
         "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 16]",
-        "[NaN, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]",
         "[1e999, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]",
         "[99999999999999999999, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]",
         "[0x10, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]",
@@ -731,7 +816,7 @@ static void test_encodes_flat_and_base64(void)
                "{\"shape\":[1],\"dtype\":\"float32\",\"base64\":\"AACAPw==\"}");
 }
 
-static void test_non_finite_values_are_refused_or_null(void)
+static void test_non_finite_values_are_refused_or_minus_infinity(void)
 {
     const float v[] = {1, 2, -INFINITY, 4, INFINITY, NAN};
     api_jsonw w;
@@ -741,15 +826,15 @@ static void test_non_finite_values_are_refused_or_null(void)
                  API_ENCODE_NONFINITE);
     CHECK_EQ_INT(bad, 2);
     CHECK_EQ_INT(api_tensor_encode(&w, v, 1, (const int64_t[]){6}, API_FORM_FLAT,
-                                   API_ENCODE_NEG_INF_NULL, NULL, &bad),
+                                   API_ENCODE_NEG_INF, NULL, &bad),
                  API_ENCODE_NONFINITE);
     CHECK_EQ_INT(bad, 4);
     CHECK_EQ_INT(api_tensor_encode(&w, v + 5, 1, (const int64_t[]){1}, API_FORM_BASE64,
-                                   API_ENCODE_NEG_INF_NULL, NULL, &bad),
+                                   API_ENCODE_NEG_INF, NULL, &bad),
                  API_ENCODE_NONFINITE);
     api_jsonw_free(&w);
-    encodes_to(v, 1, (const int64_t[]){4}, API_FORM_NESTED, API_ENCODE_NEG_INF_NULL,
-               "[1,2,null,4]");
+    encodes_to(v, 1, (const int64_t[]){4}, API_FORM_NESTED, API_ENCODE_NEG_INF,
+               "[1,2,-Infinity,4]");
 }
 
 static void test_every_form_round_trips_bit_exactly(void)
@@ -821,13 +906,14 @@ int main(void)
     RUN(test_random_numbers_read_the_same_both_ways);
     RUN(test_long_keys_and_escaped_strings_stay_with_jansson);
     RUN(test_malformed_bodies_are_400_with_a_position);
+    RUN(test_nonfinite_tokens_are_read);
     RUN(test_errors_after_a_long_string_point_into_the_original_body);
     RUN(test_deep_nesting_is_refused_not_recursed);
     RUN(test_a_body_must_be_an_object);
     RUN(test_the_scan_estimates_parse_memory);
     RUN(test_encodes_nested_arrays_of_any_rank);
     RUN(test_encodes_flat_and_base64);
-    RUN(test_non_finite_values_are_refused_or_null);
+    RUN(test_non_finite_values_are_refused_or_minus_infinity);
     RUN(test_every_form_round_trips_bit_exactly);
     RUN(test_index_format_names_elements);
     return check_report();

@@ -840,6 +840,38 @@ static void test_infer_selected_outputs(void)
     problem_free(&p);
 }
 
+/* tritonclient writes a float mask's -inf as -Infinity (Python's json module): it is read as
+ * -inf, and an lse of -inf (a row that sees no key) is written back the same way, which
+ * tritonclient and KServe's client decode as -inf (null, which the OIP schema refuses, became
+ * NaN). Other non-finite inputs are refused naming the element. */
+static void test_infer_nonfinite_json(void)
+{
+    const char *body =
+        "{\"parameters\":{\"return_lse\":true},\"inputs\":["
+        "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[2,2],"
+        "\"data\":[1,0,0,1]},"
+        "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[2,2],\"data\":[1,0,0,1]},"
+        "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[2,2],"
+        "\"data\":[1,2,3,4]},"
+        "{\"name\":\"attn_mask\",\"datatype\":\"FP32\",\"shape\":[2,2],"
+        "\"data\":[-Infinity,-Infinity,0,-Infinity]}]}";
+    api_reply r;
+    infer(body, strlen(body), NULL, &r);
+    CHECKF(r.status == 200, "%d %.300s", r.status, snippet(&r));
+    CHECKF(r.body && strstr(r.body, "[-Infinity,0") != NULL, "lse: %.400s", snippet(&r));
+    CHECKF(r.body && strstr(r.body, "\"data\":[0,0,1,2]") != NULL, "output: %.400s", snippet(&r));
+    api_reply_free(&r);
+
+    const char *bad = "{\"inputs\":["
+                      "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],"
+                      "\"data\":[1,NaN]},"
+                      "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+                      "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[3,4]}]}";
+    infer(bad, strlen(bad), NULL, &r);
+    check_error(&r, 400, "is NaN; values must be finite");
+    api_reply_free(&r);
+}
+
 /* The id comes back as given, escapes and all; a request without one gets its X-Request-Id
  * (KServe's InferenceResponse requires an id); without either, no "id". */
 static void test_infer_id_echo(void)
@@ -1710,6 +1742,7 @@ int main(void)
         return 1;
     }
     RUN(test_server_metadata);
+    RUN(test_infer_nonfinite_json);
     RUN(test_model_config);
     RUN(test_model_metadata);
     RUN(test_model_unknown);
