@@ -10,6 +10,7 @@
 #   make fuzz       every libFuzzer harness for FUZZ_SECONDS (300) each
 #   make load       the load (LOAD_SECONDS at twice capacity) and fault suites; make soak: 30 min
 #   make bench-wrk  wrk throughput of small requests at 32 connections
+#   make bench-perf-analyzer  Triton's perf_analyzer on model sdpa and a layer (PA_SEQ tokens)
 #   make format-check
 #
 # BUILD selects the output folder and SAN a sanitizer (address,undefined | thread), so that
@@ -44,7 +45,7 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
-        format-check clean browser-deps browser-test load soak bench-wrk
+        format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -224,6 +225,16 @@ bench-wrk: all
 	while [ ! -s $(BUILD)/wrk.port ]; do sleep 0.1; done; \
 	wrk -t2 -c32 -d10s -s tests/load/wrk_small.lua http://127.0.0.1:$$(cat $(BUILD)/wrk.port); \
 	kill $$pid; wait $$pid
+
+# Triton's perf_analyzer (built from ../shared/peers/perf_analyzer into build/pa) against a local
+# daemon: model sdpa at (1, PA_HEADS, PA_SEQ, 64) and the demo layer at (1, PA_SEQ, 64), over
+# PA_CONCURRENCY. A benchmark (minutes), not part of make test.
+PA_SEQ ?= 2048
+PA_HEADS ?= 8
+PA_CONCURRENCY ?= 1:4
+bench-perf-analyzer: deps
+	$(MAKE) all
+	tests/bench/perf_analyzer.sh $(BUILD)/attnd $(PA_SEQ) $(PA_HEADS) $(PA_CONCURRENCY)
 
 # ---- Browser tests of the inspector page (tests/browser; see inspector.test.mjs) ----------
 

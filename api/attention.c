@@ -34,7 +34,8 @@
  * The reply is {"output": T, "weights"?: T, "lse"?: T, "meta": {shapes, scale, timings}}, with
  * output [B, H, L, Dv], [B, L, H*Dv] or [L, H*Dv] after the query's rank, weights [B, H, L, S]
  * or (mean) [B, L, S], lse [B, H, L] (leading B dropped for a rank-2 query); an lse of -inf (a
- * query row that sees no key) is -Infinity in JSON, as Python's json module writes it.
+ * query row that sees no key) is null in JSON, which has no -inf: the native API's replies stay
+ * strict JSON for every parser (v2, whose clients are Python's, writes -Infinity).
  *
  * The tokens NaN, Infinity and -Infinity are read wherever a number may stand (body.c); only a
  * float mask may hold one, -Infinity. Anywhere else a non-finite value is a 422 naming it.
@@ -350,7 +351,7 @@ static int encode_reply(void *p, api_jsonw *w, int64_t decode_ns, int64_t comput
     if (r->return_lse) {
         api_jsonw_char(w, ',');
         if (api_field_encode(w, "lse", s->lse, s->ls.rank, s->ls.shape, form,
-                             API_ENCODE_NEG_INF, pool, err) != 0)
+                             API_ENCODE_NEG_INF_NULL, pool, err) != 0)
             return -1;
     }
     float scale = r->additive ? 1.0f : r->scale_set ? r->scale : (float)(1.0 / sqrt((double)r->D));

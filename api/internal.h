@@ -301,10 +301,13 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
                        unsigned flags, void *dst, const char *field, api_error *err);
 
 /* Encode flags. */
-/* -inf is allowed (lse): written -Infinity in text, as Python's json module reads and writes
- * it (tritonclient and KServe's client decode it as -inf; null, as before, became NaN), kept in
- * base64 and binary. Strict JSON parsers need a base64 or binary output instead. */
-#define API_ENCODE_NEG_INF 1u
+/* -inf is allowed (lse), and kept as it is in base64 and binary. In text the two protocols'
+ * clients differ, so each route says how: the native API's callers parse strict JSON (Go, JS,
+ * jansson in the shard client), which has no -inf, so null stands for it; v2's clients are
+ * tritonclient and KServe's, which read JSON with Python's json module: there -Infinity is -inf
+ * and null became NaN (and the OIP schema refuses null in tensor data). */
+#define API_ENCODE_NEG_INF_NULL  1u /* -inf in text as null */
+#define API_ENCODE_NEG_INF_TOKEN 2u /* -inf in text as -Infinity */
 
 typedef enum {
     API_ENCODE_OK = 0,

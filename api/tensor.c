@@ -807,7 +807,10 @@ static void write_floats(api_jsonw *w, const float *data, size_t n, unsigned fla
             float v = data[i + k];
             if (i + k > 0)
                 *p++ = ',';
-            if ((flags & API_ENCODE_NEG_INF) && v == -INFINITY) {
+            if ((flags & API_ENCODE_NEG_INF_NULL) && v == -INFINITY) {
+                memcpy(p, "null", 4);
+                p += 4;
+            } else if ((flags & API_ENCODE_NEG_INF_TOKEN) && v == -INFINITY) {
                 memcpy(p, "-Infinity", 9);
                 p += 9;
             } else {
@@ -896,7 +899,7 @@ api_encode_status api_tensor_encode(api_jsonw *w, const float *data, int rank, c
     size_t count = 1;
     for (int d = 0; d < rank; d++)
         count *= (size_t)shape[d];
-    bool neg_inf_ok = (flags & API_ENCODE_NEG_INF) != 0;
+    bool neg_inf_ok = (flags & (API_ENCODE_NEG_INF_NULL | API_ENCODE_NEG_INF_TOKEN)) != 0;
     for (size_t i = 0; i < count; i++) {
         if (!isfinite(data[i]) && !(neg_inf_ok && data[i] == -INFINITY)) {
             *bad_index = i;

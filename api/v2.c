@@ -180,7 +180,7 @@ static int write_outputs(v2_job *job, api_jsonw *w, api_error *err)
         const int64_t flat[1] = {(int64_t)sh->count};
         api_jsonw_cstr(w, ",\"data\":");
         switch (api_tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
-                                  o == OUT_LSE ? API_ENCODE_NEG_INF : 0, NULL, &bad)) {
+                                  o == OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
         case API_ENCODE_OK:
             break;
         case API_ENCODE_NONFINITE: {

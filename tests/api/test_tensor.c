@@ -816,7 +816,7 @@ static void test_encodes_flat_and_base64(void)
                "{\"shape\":[1],\"dtype\":\"float32\",\"base64\":\"AACAPw==\"}");
 }
 
-static void test_non_finite_values_are_refused_or_minus_infinity(void)
+static void test_non_finite_values_are_refused_or_written_as_asked(void)
 {
     const float v[] = {1, 2, -INFINITY, 4, INFINITY, NAN};
     api_jsonw w;
@@ -826,15 +826,17 @@ static void test_non_finite_values_are_refused_or_minus_infinity(void)
                  API_ENCODE_NONFINITE);
     CHECK_EQ_INT(bad, 2);
     CHECK_EQ_INT(api_tensor_encode(&w, v, 1, (const int64_t[]){6}, API_FORM_FLAT,
-                                   API_ENCODE_NEG_INF, NULL, &bad),
+                                   API_ENCODE_NEG_INF_NULL, NULL, &bad),
                  API_ENCODE_NONFINITE);
     CHECK_EQ_INT(bad, 4);
     CHECK_EQ_INT(api_tensor_encode(&w, v + 5, 1, (const int64_t[]){1}, API_FORM_BASE64,
-                                   API_ENCODE_NEG_INF, NULL, &bad),
+                                   API_ENCODE_NEG_INF_NULL, NULL, &bad),
                  API_ENCODE_NONFINITE);
     api_jsonw_free(&w);
-    encodes_to(v, 1, (const int64_t[]){4}, API_FORM_NESTED, API_ENCODE_NEG_INF,
-               "[1,2,-Infinity,4]");
+    encodes_to(v, 1, (const int64_t[]){4}, API_FORM_NESTED, API_ENCODE_NEG_INF_NULL,
+               "[1,2,null,4]");
+    encodes_to(v, 1, (const int64_t[]){4}, API_FORM_FLAT, API_ENCODE_NEG_INF_TOKEN,
+               "{\"shape\":[4],\"data\":[1,2,-Infinity,4]}");
 }
 
 static void test_every_form_round_trips_bit_exactly(void)
@@ -913,7 +915,7 @@ int main(void)
     RUN(test_the_scan_estimates_parse_memory);
     RUN(test_encodes_nested_arrays_of_any_rank);
     RUN(test_encodes_flat_and_base64);
-    RUN(test_non_finite_values_are_refused_or_minus_infinity);
+    RUN(test_non_finite_values_are_refused_or_written_as_asked);
     RUN(test_every_form_round_trips_bit_exactly);
     RUN(test_index_format_names_elements);
     return check_report();

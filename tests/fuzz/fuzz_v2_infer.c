@@ -67,7 +67,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* The statuses api/api.h documents for api_v2_infer. */
 static bool status_documented(int status)
 {
-    static const int ok[] = {200, 400, 404, 413, 415, 422, 429, 503, 504};
+    static const int ok[] = {200, 400, 404, 413, 415, 429, 503, 504}; /* no 422 in v2 */
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         if (status == ok[i])
             return true;
@@ -82,12 +82,40 @@ static void fail(const char *why, const api_reply *r)
     abort();
 }
 
-/* The reply is JSON (RFC 8259: \u0000 included, which jansson refuses by default). */
+/* A copy of the JSON text[0..len) in which each -Infinity outside a string (how v2 writes an
+ * lse of -inf, as Python's json module does) is the string "-inf", so that jansson reads it;
+ * NULL when out of memory. */
+static char *quote_minus_infinity(const char *text, size_t len, size_t *out_len)
+{
+    static const char token[] = "-Infinity", quoted[] = "\"-inf\"";
+    char *out = malloc(len + 1), *p = out;
+    bool in_string = false;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < len;) {
+        if (!in_string && len - i >= sizeof token - 1 && memcmp(text + i, token, 9) == 0) {
+            memcpy(p, quoted, sizeof quoted - 1); /* 6 bytes for 9: the copy never grows */
+            p += sizeof quoted - 1;
+            i += sizeof token - 1;
+            continue;
+        }
+        if (in_string && text[i] == '\\' && i + 1 < len)
+            *p++ = text[i++];
+        else if (text[i] == '"')
+            in_string = !in_string;
+        *p++ = text[i++];
+    }
+    *out_len = (size_t)(p - out);
+    return out;
+}
+
+/* The reply is JSON (RFC 8259: \u0000 included, which jansson refuses by default), but for the
+ * -Infinity of an lse. */
 static void check_reply(const api_reply *r)
 {
     json_error_t jerr;
     json_t *root;
-    size_t json_len;
+    size_t json_len, quoted_len = 0;
     if (!status_documented(r->status))
         fail("undocumented status", r);
     if (!r->body || r->body_len == 0)
@@ -98,7 +126,11 @@ static void check_reply(const api_reply *r)
             fail("a bad Inference-Header-Content-Length in the reply", r);
         json_len = (size_t)r->inference_header_len;
     }
-    root = json_loadb(r->body, json_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    char *quoted = quote_minus_infinity(r->body, json_len, &quoted_len);
+    if (!quoted)
+        fail("out of memory checking the reply", r);
+    root = json_loadb(quoted, quoted_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    free(quoted);
     if (!json_is_object(root))
         fail("the JSON part is not a JSON object", r);
     if (r->status == 200) {

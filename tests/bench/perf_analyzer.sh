@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Profiles attnd with Triton's load tester, perf_analyzer (HTTP, binary tensors), as KServe and
+# Triton users do: model sdpa on (1, H, L, 64) self-attention and a registered layer (the
+# built-in demo, E = 64) on (1, L, E), each over a concurrency sweep. A benchmark, not a test
+# (make bench-perf-analyzer); the README's "Load testing with perf_analyzer" explains the flags.
+#
+#   tests/bench/perf_analyzer.sh ATTND_BIN [SEQ_LEN] [HEADS] [CONCURRENCY]
+#
+# perf_analyzer is built once from ../shared/peers/perf_analyzer into build/pa (its build.sh
+# installs what it needs with apt-get, as root). The input data files are made here: the
+# optional inputs (masks, lengths, a layer's memory) are left out, which the models' configs
+# allow; attnd listens on an ephemeral port of 127.0.0.1 and is stopped at the end.
+set -euo pipefail
+bin=${1:?usage: perf_analyzer.sh ATTND_BIN [SEQ_LEN] [HEADS] [CONCURRENCY]}
+seq_len=${2:-2048}
+heads=${3:-8}
+concurrency=${4:-1:4}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+peer=$here/../shared/peers/perf_analyzer
+work=$here/build/pa
+pa=$work/build/perf_analyzer
+
+if [ ! -x "$pa" ]; then
+    [ -d "$peer" ] || { echo "perf_analyzer: $peer is missing"; exit 2; }
+    WORK=$work bash "$peer/build.sh"
+fi
+
+# {"data": [{NAME: {"shape": [...], "content": [...]}, ...}]}: perf_analyzer's --input-data.
+# Values in [-1, 1) from awk's generator with a fixed seed, three decimals each.
+tensors_json() { # out, then name:shape-with-x pairs, e.g. query:1x8x2048x64
+    local out=$1
+    shift
+    awk -v specs="$*" 'BEGIN {
+        srand(7); n = split(specs, spec, " "); printf "{\"data\":[{"
+        for (t = 1; t <= n; t++) {
+            split(spec[t], parts, ":"); rank = split(parts[2], dims, "x"); count = 1
+            printf "%s\"%s\":{\"shape\":[", (t > 1 ? "," : ""), parts[1]
+            for (d = 1; d <= rank; d++) { printf "%s%d", (d > 1 ? "," : ""), dims[d]; count *= dims[d] }
+            printf "],\"content\":["
+            for (i = 0; i < count; i++) printf "%s%.3f", (i ? "," : ""), rand() * 2 - 1
+            printf "]}"
+        }
+        printf "}]}\n" }' >"$out"
+}
+mkdir -p "$work/data"
+sdpa=$work/data/sdpa_${heads}x${seq_len}.json
+layer=$work/data/demo_${seq_len}.json
+shape=1x${heads}x${seq_len}x64
+[ -s "$sdpa" ] || tensors_json "$sdpa" "query:$shape" "key:$shape" "value:$shape"
+[ -s "$layer" ] || tensors_json "$layer" "input:1x${seq_len}x64"
+
+port_file=$work/attnd.port
+rm -f "$port_file"
+"$bin" --host 127.0.0.1 --port 0 --port-file "$port_file" --log-level warn >"$work/attnd.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null' EXIT
+for _ in $(seq 100); do
+    [ -s "$port_file" ] && break
+    sleep 0.1
+done
+url=127.0.0.1:$(cat "$port_file")
+
+# A shared machine's throughput drifts: windows of 5 s, stable within 30%.
+for model in sdpa demo; do
+    data=$sdpa
+    [ "$model" = demo ] && data=$layer
+    echo "== perf_analyzer -m $model ($(basename "$data" .json)), concurrency $concurrency"
+    "$pa" -m "$model" -u "$url" -i http --input-data "$data" --concurrency-range "$concurrency" \
+        --measurement-interval 5000 --stability-percentage 30 --max-trials 6
+done
