@@ -56,11 +56,12 @@ RUN apt-get update \
 
 COPY --from=build /src/build/attnd /usr/local/bin/attnd
 
-# ATTND_PORT rather than a --port flag, so that `attnd --healthcheck`, which Docker starts as a
-# separate process, probes the same port the server listens on. Change the port with
-# `-e ATTND_PORT=...`, not with a flag.
+# `attnd --healthcheck`, which Docker starts as a separate process with the same environment but
+# not the container's command line, probes the port the server wrote to ATTND_PORT_FILE: the
+# port can be changed with `-e ATTND_PORT=...` or with a `--port` flag alike.
 ENV OPENBLAS_NUM_THREADS=1 \
-    ATTND_PORT=8080
+    ATTND_PORT=8080 \
+    ATTND_PORT_FILE=/tmp/attnd.port
 
 # Model files are mounted here read-only and named with --model NAME=/models/FILE or
 # ATTND_MODEL=NAME=/models/FILE[,NAME=/models/FILE...].

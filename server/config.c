@@ -444,11 +444,17 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
 
 void srv_config_usage(FILE *out)
 {
-    fprintf(out, "usage: attnd [--option value | --option=value]...\n\n"
-                 "Serves scaled dot-product attention over HTTP (POST /v1/attention).\n"
-                 "Each option may also be set by its environment variable; a flag wins.\n\n"
-                 "  --healthcheck\n      probe the daemon these options describe (GET "
-                 "/v2/health/ready on --host, --port) and exit 0 if it is ready, else 1\n\n");
+    fprintf(
+        out,
+        "usage: attnd [--option value | --option=value]...\n\n"
+        "Serves transformer attention over HTTP: scaled dot-product attention (POST\n"
+        "/v1/attention), multi-head attention layers from safetensors files (POST /v1/mha,\n"
+        "GET /v1/models), the Open Inference Protocol / KServe v2 with Triton's binary\n"
+        "tensors (/v2/...), Prometheus metrics (/metrics) and an inspector page (GET /).\n"
+        "Each option may also be set by its environment variable; a flag wins.\n\n"
+        "  --healthcheck\n      probe the daemon these options describe (GET /v2/health/ready on "
+        "--host and the port the daemon wrote to --port-file, else --port) and exit 0 if it is "
+        "ready, else 1\n\n");
     for (size_t i = 0; i < N_OPTIONS; i++) {
         const srv_option *o = &options[i];
         fprintf(out, "  --%s %s\n      %s\n      default: %s", o->name, o->arg, o->help,

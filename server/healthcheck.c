@@ -1,15 +1,19 @@
 /*
  * healthcheck.c - `attnd --healthcheck`: is the daemon configured like this one ready?
  *
- * A container's HEALTHCHECK runs a second process from the same image, with the same flags
- * and ATTND_* variables, so the image needs no curl: this asks GET /v2/health/ready on the
- * configured address over plain TCP and turns the answer into an exit status.
+ * A container's HEALTHCHECK runs a second process from the same image, with the same ATTND_*
+ * variables but not the container's command line, so the image needs no curl: this asks GET
+ * /v2/health/ready over plain TCP and turns the answer into an exit status. The port is the one
+ * the daemon wrote to its --port-file (the image sets ATTND_PORT_FILE), so `docker run image
+ * --port 9000` is probed on 9000; without that file, the configured --port.
  */
 #include "server/server.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -66,16 +70,37 @@ static int connect_within(const char *host, int64_t port, int64_t deadline_ms)
     return fd;
 }
 
+/* The port in a --port-file ("8080\n"), or -1 when there is no such file or it holds no port. */
+static int64_t port_from_file(const char *path)
+{
+    char text[32];
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return -1;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *end = NULL;
+    errno = 0;
+    long long port = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || (*end != '\n' && *end != '\0') || port < 1 || port > 65535)
+        return -1;
+    return (int64_t)port;
+}
+
 int srv_healthcheck(const srv_config *cfg, int timeout_ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     int64_t deadline = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + timeout_ms;
     const char *host = probe_host(cfg->host);
-    int fd = connect_within(host, cfg->port, deadline);
+    int64_t port = port_from_file(cfg->port_file);
+    if (port < 0)
+        port = cfg->port;
+    int fd = connect_within(host, port, deadline);
     if (fd < 0) {
         fprintf(stderr, "attnd: healthcheck: cannot connect to %s port %lld\n", host,
-                (long long)cfg->port);
+                (long long)port);
         return 1;
     }
     char req[320];
@@ -98,7 +123,6 @@ int srv_healthcheck(const srv_config *cfg, int timeout_ms)
     bool ready =
         got >= 12 && strncmp(status, "HTTP/1.", 7) == 0 && strncmp(status + 9, "200", 3) == 0;
     if (!ready)
-        fprintf(stderr, "attnd: healthcheck: %s port %lld is not ready\n", host,
-                (long long)cfg->port);
+        fprintf(stderr, "attnd: healthcheck: %s port %lld is not ready\n", host, (long long)port);
     return ready ? 0 : 1;
 }

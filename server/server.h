@@ -119,8 +119,10 @@ void srv_config_free(srv_config *cfg);
 void srv_config_usage(FILE *out);
 
 /* `attnd --healthcheck`: GET /v2/health/ready on the configured host (a wildcard address is
- * probed on loopback) and port within `timeout_ms`; returns the exit status: 0 when the daemon
- * answers 200, 1 otherwise (with a line on stderr). */
+ * probed on loopback) within `timeout_ms`, on the port the daemon wrote to cfg->port_file when
+ * that file holds one (so that a container's HEALTHCHECK, which shares the environment but not
+ * the command line, follows a --port flag), else on cfg->port; returns the exit status: 0
+ * when the daemon answers 200, 1 otherwise (with a line on stderr). */
 int srv_healthcheck(const srv_config *cfg, int timeout_ms);
 
 /* Parses a size such as "256MiB", "64k" or "1048576" into *out. SRV_OK or SRV_EINVAL. */

@@ -235,6 +235,19 @@ if "$bin" --help 2>&1 | grep -qE '^ *--healthcheck'; then
     else
         ok "attnd --healthcheck exits non-zero with nothing listening"
     fi
+    # A container started with `--port N`: its HEALTHCHECK shares the environment (the image's
+    # ATTND_PORT=8080 and ATTND_PORT_FILE), not the flag, and follows the port file.
+    if ATTND_PORT=1 ATTND_PORT_FILE="$tmp/port" timeout 10 "$bin" --healthcheck >/dev/null 2>&1; then
+        ok "attnd --healthcheck follows the port the daemon wrote to ATTND_PORT_FILE, not ATTND_PORT"
+    else
+        fail "attnd --healthcheck did not follow ATTND_PORT_FILE ($(cat "$tmp/port"))"
+    fi
+    if ATTND_PORT=$port ATTND_PORT_FILE="$tmp/no-such-file" timeout 10 "$bin" --healthcheck \
+        >/dev/null 2>&1; then
+        ok "attnd --healthcheck falls back to ATTND_PORT while no port file exists"
+    else
+        fail "attnd --healthcheck without its port file did not probe ATTND_PORT"
+    fi
 else
     skip "attnd --healthcheck: not in --help yet (the server must add it for the image's HEALTHCHECK)"
 fi
