@@ -921,7 +921,8 @@ static bool background(loader *l, int port, double rate, double long_fraction)
 }
 
 /* Clients that hang up while their requests compute or wait free the workers at once, while
- * other clients keep the daemon busy: the cancellations are counted within half a second, the
+ * other clients keep the daemon busy: the cancellations are counted within half a second (or,
+ * on a slow machine, a quarter of one long request alone), the
  * background traffic sees only 200 and 429, and a long request sent afterwards takes its usual
  * time. The requests hung up compute for seconds, so none of them can have finished first. */
 static void test_hangups_mid_compute_under_load(void)
@@ -963,7 +964,10 @@ static void test_hangups_mid_compute_under_load(void)
     waited = now_s() - t0;
     printf("  %d requests computing or queued for seconds hung up: all cancelled within %.0f ms\n",
            HANGUPS, waited * 1e3);
-    CHECKF(waited < 0.5, "the hang-ups were noticed after %.3f s", waited);
+    /* Half a second, or a quarter of one long request alone on a machine slow enough that an
+     * engine block takes longer: each hung-up request stops at its next block. */
+    CHECKF(waited < fmax(0.5, alone / 4), "the hang-ups were noticed after %.3f s (%.3f s alone)",
+           waited, alone);
     t0 = now_s();
     CHECK_EQ_INT(post(d.port, longest(), &r), 200);
     again = now_s() - t0;
