@@ -29,6 +29,7 @@
  *
  * A placeholder cannot be confused with a client's string: elision happens only when the rest
  * of the body has no "\u0000" escape, and without one a parsed string cannot start with NUL.
+ * (A body that has one is parsed by jansson alone, where a non-finite token is malformed JSON.)
  * The same pass counts values, to estimate the memory jansson will hold (the first item of a
  * request's memory budget).
  */
