@@ -390,6 +390,25 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
     return MHD_YES;
 }
 
+/* Arranges a 413 for a body that needs more than the whole budget. */
+static void set_never_fits(const srv_server *s, srv_req *req)
+{
+    req->pending_status = 413;
+    req->pending_reason = API_REASON_MEMORY;
+    snprintf(req->pending_msg, sizeof req->pending_msg,
+             "the request body needs more memory than --max-memory-bytes (%zu) allows",
+             s->max_memory_bytes);
+}
+
+/* Arranges a 429 for a body that does not fit in the budget while other requests hold it. */
+static void set_budget_busy(srv_req *req)
+{
+    req->pending_status = 429;
+    req->pending_reason = API_REASON_MEMORY;
+    snprintf(req->pending_msg, sizeof req->pending_msg,
+             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+}
+
 /* Reserves `bytes` of the budget for the body; on failure answers (or arranges to answer once
  * the body is in) and returns false. */
 static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
@@ -399,19 +418,12 @@ static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
         req->reserved += bytes;
         return true;
     case API_BUDGET_NEVER:
-        req->pending_status = 413;
-        req->pending_reason = API_REASON_MEMORY;
-        snprintf(req->pending_msg, sizeof req->pending_msg,
-                 "the request body needs more memory than --max-memory-bytes (%zu) allows",
-                 s->max_memory_bytes);
+        set_never_fits(s, req);
         return false;
     case API_BUDGET_NOT_NOW:
         break;
     }
-    req->pending_status = 429;
-    req->pending_reason = API_REASON_MEMORY;
-    snprintf(req->pending_msg, sizeof req->pending_msg,
-             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+    set_budget_busy(req);
     return false;
 }
 
@@ -540,13 +552,21 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
                              "the queue is full (--max-queue %lld); retry later",
                              (long long)s->max_queue);
     }
+    /* Nothing is reserved for the announced length: a Content-Length is a promise, not bytes,
+     * and reserving it up front let sixteen clients that announce 256 MiB and send nothing
+     * hold the whole budget. The reservation grows with the bytes that arrive (on_body_chunk);
+     * a body that could never fit, or that does not fit in what is free right now, is
+     * refused from the header (checking holds nothing). */
     if (req->has_length && req->content_length > 0) {
-        /* The whole body at once: one allocation, reserved before a byte is read. */
-        if (!reserve_body(s, req, req->content_length + 1))
+        size_t total = api_budget_total(s->budget), used = api_budget_in_use(s->budget);
+        if (req->content_length >= total) {
+            set_never_fits(s, req);
             return refuse_from_headers(req);
-        if (srv__buf_grow_to(&req->body, req->content_length + 1) != SRV_OK)
-            return respond_error(req, 503, API_REASON_MEMORY, NULL,
-                                 "out of memory for a body of %zu bytes", req->content_length);
+        }
+        if (used > total || req->content_length >= total - used) {
+            set_budget_busy(req);
+            return refuse_from_headers(req);
+        }
     }
     return MHD_YES;
 }
@@ -570,13 +590,16 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         return MHD_YES;
     }
     if (n >= req->body.cap - req->body.len) {
-        /* Grow (doubling, capped) and reserve what the allocation grows by. */
+        /* Grow (doubling, capped by the announced length or the body cap) and reserve what the
+         * allocation grows by, so that the reservation is never more than about twice the
+         * bytes received. */
         size_t need = req->body.len + n + 1;
+        size_t limit = req->has_length ? req->content_length + 1 : s->max_body_bytes + 1;
         size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
         while (cap < need)
             cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        if (cap > s->max_body_bytes + 1)
-            cap = s->max_body_bytes + 1;
+        if (cap > limit)
+            cap = limit;
         if (!reserve_body(s, req, cap - req->body.cap)) {
             release_body(req);
             return MHD_YES;

@@ -182,8 +182,10 @@ typedef struct srv_conn {
     int fd;
     srv_conn_phase phase;
     int64_t since_ns;
-    bool shut;    /* the watcher shut it down (slow client) */
-    srv_req *req; /* the request being received on it, if any */
+    bool shut;            /* the watcher shut it down (slow client, or end-of-file missed) */
+    bool eof_seen;        /* the watcher saw end-of-file with no unread byte (see watch.c, 6) */
+    int64_t eof_since_ns; /* since_ns when it was seen: unchanged means no progress since */
+    srv_req *req;         /* the request being received on it, if any */
     struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -295,8 +297,9 @@ struct srv_server {
     pthread_mutex_t watch_mu;
     int wake_fd; /* eventfd: wakes the watcher's poll */
     bool watch_stop;
-    srv_conn *conns;  /* every open connection */
-    srv_req *watched; /* every suspended request */
+    srv_conn *conns;     /* every open connection */
+    srv_req *watched;    /* every suspended request */
+    int64_t eof_scan_ns; /* when the watcher last looked for missed end-of-file */
 };
 
 /* Drops one reference; the last one frees the request. Any thread. */

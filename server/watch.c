@@ -18,6 +18,16 @@
  *    and running ones cancelled (their worker then answers 503).
  * 5. Idle buffers: request buffers kept for reuse (eng_buf_alloc) go back to the system once
  *    nobody has needed them for BUFFER_IDLE_NS; the watcher wakes at least once a second.
+ * 6. Missed end-of-file. libmicrohttpd 0.9.75's epoll mode is edge-triggered, and its recv
+ *    wrapper (recv_param_adapter in connection.c) clears the connection's read-ready flag as
+ *    soon as recv returns fewer bytes than asked for. When a FIN arrives together with the last
+ *    bytes of a partial request (send "GET /v2/heal", close), the one epoll edge is spent on
+ *    the bytes, the FIN raises no new edge, and the connection sits in CLOSE-WAIT, holding its
+ *    slot and any body reservation, until a timeout. Every EOF_SCAN_NS the watcher peeks at
+ *    each connection that is not busy: recv(MSG_PEEK) returning 0 means the peer closed and
+ *    libmicrohttpd has consumed every byte. Seen twice with no phase change in between (so
+ *    that bytes libmicrohttpd has read but not yet parsed are never cut off), the connection
+ *    is shut down, which wakes libmicrohttpd to read the end-of-file and close it.
  *
  * Locking: watch_mu guards the connection list, the watched-request list and their watcher
  * fields. libmicrohttpd's callbacks take watch_mu, so the watcher never calls into
@@ -38,6 +48,9 @@
 #define WATCH_MAX_SLEEP_MS 1000
 /* Cached request buffers unused this long are given back (--buffer-cache-bytes). */
 #define BUFFER_IDLE_NS INT64_C(10000000000)
+/* How often connections that are not busy are checked for an end-of-file that libmicrohttpd
+ * missed (6. above); one recv per such connection per scan. */
+#define EOF_SCAN_NS INT64_C(200000000)
 /* MHD's own idle timeout normally closes an idle connection first; ours, a little later,
  * catches a request line trickled slowly enough to keep resetting MHD's timer. */
 #define IDLE_GRACE_NS INT64_C(1000000000)
@@ -184,6 +197,42 @@ static void check_connections(srv_server *s, int64_t now)
     }
 }
 
+/* Whether the peer of `fd` has closed its side and no unread byte is left: recv with MSG_PEEK
+ * returns 0 at end-of-file, data when bytes wait (libmicrohttpd will read them), EAGAIN when
+ * the connection is merely quiet. A reset counts as closed. */
+static bool peer_closed(int fd)
+{
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && (errno == ECONNRESET || errno == ENOTCONN));
+}
+
+/* Shuts down connections whose client closed while libmicrohttpd did not notice (6. above).
+ * watch_mu held. */
+static void check_missed_eof(srv_server *s, int64_t now)
+{
+    if (now - s->eof_scan_ns < EOF_SCAN_NS)
+        return;
+    s->eof_scan_ns = now;
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        if (c->shut || c->phase == CONN_BUSY || c->fd < 0 || !peer_closed(c->fd)) {
+            c->eof_seen = false;
+            continue;
+        }
+        if (!c->eof_seen || c->eof_since_ns != c->since_ns) {
+            c->eof_seen = true;
+            c->eof_since_ns = c->since_ns;
+            continue;
+        }
+        /* As in check_connections, `fd` is still this connection's while we hold the lock. */
+        shutdown(c->fd, SHUT_RDWR);
+        c->shut = true;
+        atomic_fetch_add_explicit(&s->metrics.hangups, 1, memory_order_relaxed);
+        srv_log(SRV_LOG_DEBUG, "closed a connection whose client had closed it (%s)",
+                c->phase == CONN_IDLE ? "between requests" : "with its request incomplete");
+    }
+}
+
 /* Milliseconds until the next deadline, capped. watch_mu held. */
 static int next_timeout_ms(srv_server *s, int64_t now)
 {
@@ -192,6 +241,8 @@ static int next_timeout_ms(srv_server *s, int64_t now)
         int64_t due;
         if (c->shut || c->phase == CONN_BUSY)
             continue;
+        if (s->eof_scan_ns + EOF_SCAN_NS < next)
+            next = s->eof_scan_ns + EOF_SCAN_NS;
         due = c->since_ns +
               (c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns);
         if (due < next)
@@ -234,6 +285,7 @@ static void *watch_main(void *arg)
 
         check_requests(s, now, &resume);
         check_connections(s, now);
+        check_missed_eof(s, now);
 
         for (srv_req *r = s->watched; r; r = r->wnext)
             watched++;
