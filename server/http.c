@@ -348,6 +348,15 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
     if (f.n_transfer > 0 && f.n_length > 0)
         return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
                              "both Transfer-Encoding and Content-Length are set");
+    /* libmicrohttpd 0.9.75 frames a body as chunked only when the value is exactly "chunked"
+     * (any case): with a trailing blank it reads the body until the connection closes and
+     * swallows the requests behind it, so such a value is malformed here, as a Content-Length
+     * with one is for libmicrohttpd. */
+    if (f.n_transfer == 1 && token_is(f.transfer, "chunked") &&
+        strcasecmp(f.transfer, "chunked") != 0)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
+                             f.transfer);
     if (f.n_transfer > 1 || (f.n_transfer == 1 && !token_is(f.transfer, "chunked")))
         return respond_error(req, 501, API_REASON_BAD_REQUEST, &close,
                              "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
@@ -445,13 +454,42 @@ static enum MHD_Result refuse_from_headers(srv_req *req)
     return MHD_YES;
 }
 
+/* Checks of the request line and header block that come before framing (request_check.c):
+ * each is a way for a proxy and this server to read a different request. Every refusal
+ * closes the connection, since what follows the headers cannot be trusted either. */
+static enum MHD_Result check_request(srv_req *req, const char *version, bool *answered)
+{
+    resp_opts close = {.close = true};
+    srv_header_scan scan;
+
+    *answered = true;
+    if (req->bad_target)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close, "%s", req->bad_target);
+    srv__headers_scan(req->conn, &scan);
+    if (scan.bad_name)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "malformed header field \"%.64s\": whitespace before the colon, "
+                             "line folding and other non-token characters are not accepted",
+                             scan.bad_name);
+    if (scan.n_host > 1 || (scan.n_host == 0 && version && strcmp(version, "HTTP/1.1") == 0))
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "an HTTP/1.1 request needs exactly one Host header (it has %d)",
+                             scan.n_host);
+    if (scan.n_infer_len > 1)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "more than one Inference-Header-Content-Length header");
+    *answered = false;
+    return MHD_YES;
+}
+
 /* First call of the access handler: what every answer needs (id, method, path), then the
  * framing checks, which must come before any body byte is read. *answered tells whether a
  * response was queued. */
 static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *url,
-                                     const char *method, bool *answered)
+                                     const char *method, const char *version, bool *answered)
 {
     const char *hdr;
+    enum MHD_Result rc;
     req->framing_checked = true;
     snprintf(req->method, sizeof req->method, "%s", method ? method : "");
     hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
@@ -459,6 +497,8 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         snprintf(req->id, sizeof req->id, "%s", hdr);
     else
         make_request_id(s, req->id, sizeof req->id);
+    if (url)
+        url = srv__origin_path(url);
     if (url && strcmp(url, req->path) != 0) {
         size_t n = strlen(url);
         req->path_too_long = n >= sizeof req->path;
@@ -468,6 +508,9 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         req->path[n] = '\0';
     }
     route(req);
+    rc = check_request(req, version, answered);
+    if (*answered)
+        return rc;
     return check_framing(s, req, answered);
 }
 
@@ -778,6 +821,9 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->start_ns = eng_now_ns();
     srv__buf_init(&req->body, s->max_body_bytes);
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
+    req->bad_target = srv__target_check(uri);
+    if (uri)
+        uri = srv__origin_path(uri);
     n = uri ? strcspn(uri, "?") : 0;
     req->path_too_long = n >= sizeof req->path;
     if (req->path_too_long)
@@ -807,13 +853,12 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
     srv_server *s = cls;
     srv_req *req = *con_cls;
     (void)conn;
-    (void)version;
 
     if (!req)
         return MHD_NO; /* the URI callback ran out of memory: drop the connection */
     if (!req->framing_checked) {
         bool answered = false;
-        enum MHD_Result rc = on_first_call(s, req, url, method, &answered);
+        enum MHD_Result rc = on_first_call(s, req, url, method, version, &answered);
         if (answered || !req->body_expected)
             return rc; /* no body: route on the next call, when the request is complete */
         return on_headers(s, req);

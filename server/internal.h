@@ -219,8 +219,9 @@ struct srv_req {
     bool framing_checked; /* the first call of the access handler ran */
     bool seen_headers;    /* routing and header checks ran */
     srv_route route;
-    bool path_too_long; /* longer than SRV_PATH_MAX - 1: matches no route */
-    srv_params params;  /* filled by the route matcher */
+    bool path_too_long;     /* longer than SRV_PATH_MAX - 1: matches no route */
+    const char *bad_target; /* srv__target_check's finding, answered 400 (static text) */
+    srv_params params;      /* filled by the route matcher */
     char method[12];
     char path[SRV_PATH_MAX];
     char id[SRV_REQUEST_ID_MAX + 1];
@@ -421,6 +422,24 @@ void srv__v2_admitted(srv_server *s, srv_req *req);
 void srv__v2_started(srv_server *s, srv_req *req);
 void srv__v2_completed(srv_server *s, srv_req *req, int status, api_reason reason, int64_t total_ns,
                        int64_t queue_ns);
+
+/* ---- Request line and header checks (request_check.c) ---------------------------------- */
+
+/* What srv__headers_scan found in a header block. */
+typedef struct {
+    const char *bad_name;    /* the first field name that is not a token, or that extends a framing
+                                field (obs-fold glued on by libmicrohttpd); NULL: none */
+    int n_host, n_infer_len; /* Host and Inference-Header-Content-Length fields */
+} srv_header_scan;
+
+/* Scans the request headers of `conn` (MHD thread, from the access handler). */
+void srv__headers_scan(struct MHD_Connection *conn, srv_header_scan *scan);
+/* Checks the raw request target as the URI callback receives it: NULL when sound, else what is
+ * wrong (a static sentence for the 400). */
+const char *srv__target_check(const char *uri);
+/* The path of a request target in origin form: `target` itself, or for the absolute form
+ * ("http://host:port/path?q") the part from the path on ("/" when empty). */
+const char *srv__origin_path(const char *target);
 
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)

@@ -216,6 +216,200 @@ static void test_many_fins_behind_partial_data(void)
            close_wait_count());
 }
 
+/* ---- Framing and header checks (4, 5, 7, 9, 11) ------------------------------------------ */
+
+#define POST_HEAD "POST /v1/attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+#define SMUGGLED  "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+/* Responses in a raw reply text: status lines at the start or right after a blank line. */
+static int count_responses(const char *resp)
+{
+    int n = 0;
+    for (const char *p = resp; p && (p = strstr(p, "HTTP/1.")) != NULL; p++)
+        if (p == resp || (p - resp >= 4 && strncmp(p - 4, "\r\n\r\n", 4) == 0))
+            n++;
+    return n;
+}
+
+typedef struct {
+    const char *name;
+    const char *request;
+    size_t len; /* 0: strlen(request) */
+    int status;
+} raw_case;
+
+/* Sends the request (and whatever the case puts behind it), reads until the daemon closes, and
+ * checks that exactly one response came back, with `status`, a JSON error and "Connection:
+ * close": nothing smuggled behind it was served, and the connection did not wait for a
+ * timeout. */
+static void check_one_refusal(const raw_case *c)
+{
+    size_t len = c->len ? c->len : strlen(c->request);
+    double t0 = now_s();
+    int fd = raw_connect(d.port);
+    bool closed = false;
+    char *resp;
+    if (fd < 0) {
+        CHECK(0);
+        return;
+    }
+    raw_send(fd, c->request, len);
+    resp = raw_read_all(fd, (int)(prompt_s() * 1000), &closed);
+    close(fd);
+    CHECKF(raw_status(resp) == c->status, "%s: status %d, want %d (%.300s)", c->name,
+           raw_status(resp), c->status, resp ? resp : "");
+    CHECKF(count_responses(resp) == 1, "%s: %d responses: %.400s", c->name, count_responses(resp),
+           resp ? resp : "");
+    CHECKF(resp && strstr(resp, "\r\n\r\n{\"error\"") != NULL, "%s: no JSON error: %.300s", c->name,
+           resp ? resp : "");
+    CHECKF(closed, "%s: the connection stayed open for %.1f s", c->name, now_s() - t0);
+    free(resp);
+    check_serving(c->name);
+}
+
+static void run_raw_cases(const raw_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        check_one_refusal(&cases[i]);
+}
+
+/* 4. A Transfer-Encoding of "chunked" with a trailing blank is refused, not read to the end of
+ * the connection (libmicrohttpd does not frame it as chunked); the request behind it is not
+ * served on that connection. */
+static void test_transfer_encoding_with_trailing_blank(void)
+{
+    static const raw_case cases[] = {
+        {"chunked + space",
+         POST_HEAD "Transfer-Encoding: chunked \r\n\r\n3\r\n{}\n\r\n0\r\n\r\n" SMUGGLED, 0, 400},
+        {"chunked + tab",
+         POST_HEAD "Transfer-Encoding: chunked\t\r\n\r\n3\r\n{}\n\r\n0\r\n\r\n" SMUGGLED, 0, 400},
+    };
+    run_raw_cases(cases, sizeof cases / sizeof *cases);
+}
+
+/* 5. A Transfer-Encoding disguised by whitespace before the colon or by line folding, beside a
+ * Content-Length, is refused: framing by the Content-Length would serve the smuggled GET. */
+static void test_disguised_transfer_encoding(void)
+{
+    static const raw_case cases[] = {
+        {"space before the colon",
+         POST_HEAD "Transfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" SMUGGLED, 0,
+         400},
+        {"tab before the colon",
+         POST_HEAD "Transfer-Encoding\t: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" SMUGGLED, 0,
+         400},
+        {"folded value",
+         POST_HEAD "Transfer-Encoding:\r\n chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" SMUGGLED,
+         0, 400},
+        {"folded Content-Length", POST_HEAD "Content-Length:\r\n 5\r\n\r\n0\r\n\r\n" SMUGGLED, 0,
+         400},
+        {"space before the colon of another field",
+         POST_HEAD "X-Thing : 1\r\nContent-Length: 2\r\n\r\n{}", 0, 400},
+    };
+    run_raw_cases(cases, sizeof cases / sizeof *cases);
+}
+
+/* 7. A Content-Length libmicrohttpd cannot parse is refused and the connection closed at
+ * once. What is not checked: that the reply is a single JSON one. libmicrohttpd 0.9.75 answers
+ * these itself from parse_connection_headers and then carries on as if the headers were fine,
+ * which builds its header block twice (the first reply's body is the second block); none of
+ * attnd's callbacks runs between that refusal and its reply (call_connection_handler returns
+ * early once a response is queued), so attnd cannot replace it. 0.9.76 rewrote that state
+ * machine. The connection always closes, so no later request is misframed. */
+static void check_refused_and_closed(const raw_case *c)
+{
+    size_t len = strlen(c->request);
+    double t0 = now_s();
+    int fd = raw_connect(d.port);
+    bool closed = false;
+    char *resp;
+    if (fd < 0) {
+        CHECK(0);
+        return;
+    }
+    raw_send(fd, c->request, len);
+    resp = raw_read_all(fd, (int)(prompt_s() * 1000), &closed);
+    close(fd);
+    CHECKF(raw_status(resp) == c->status, "%s: status %d, want %d (%.300s)", c->name,
+           raw_status(resp), c->status, resp ? resp : "");
+    CHECKF(closed, "%s: the connection stayed open for %.1f s", c->name, now_s() - t0);
+    free(resp);
+    check_serving(c->name);
+}
+
+static void test_bad_content_length_is_refused(void)
+{
+    static const raw_case cases[] = {
+        {"Content-Length: -1", POST_HEAD "Content-Length: -1\r\n\r\n{}", 0, 400},
+        {"Content-Length: 5, 5", POST_HEAD "Content-Length: 5, 5\r\n\r\n{}", 0, 400},
+        {"Content-Length: +5", POST_HEAD "Content-Length: +5\r\n\r\n{}", 0, 400},
+        {"Content-Length: 0x5", POST_HEAD "Content-Length: 0x5\r\n\r\n{}", 0, 400},
+        {"Content-Length: 5abc", POST_HEAD "Content-Length: 5abc\r\n\r\n{}", 0, 400},
+        {"Content-Length: (empty)", POST_HEAD "Content-Length:\r\n\r\n{}", 0, 400},
+        {"Content-Length: 119 (trailing blank)", POST_HEAD "Content-Length: 119 \r\n\r\n{}", 0,
+         400},
+        {"Content-Length: 2^64 + 5", POST_HEAD "Content-Length: 18446744073709551621\r\n\r\n{}", 0,
+         413},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_refused_and_closed(&cases[i]);
+}
+
+/* 9. A NUL in the request line, and %00 or %2F in the path, are refused instead of routing a
+ * path other than the one sent. */
+static void test_nul_and_encoded_paths(void)
+{
+    static const char nul_line[] = "POST /v1/attention\0x HTTP/1.1\r\nHost: x\r\n"
+                                   "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+    static const raw_case cases[] = {
+        {"NUL in the request line", nul_line, sizeof nul_line - 1, 400},
+        {"%00 and dot segments",
+         "POST /v1/attention%00/../../etc/passwd HTTP/1.1\r\nHost: x\r\n"
+         "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+         0, 400},
+        {"%00 in a model name", "GET /v2/models/sdpa%00x HTTP/1.1\r\nHost: x\r\n\r\n", 0, 400},
+        {"%2F in the path",
+         "POST /v1%2Fattention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         "Content-Length: 2\r\n\r\n{}",
+         0, 400},
+    };
+    run_raw_cases(cases, sizeof cases / sizeof *cases);
+}
+
+/* 11. HTTP/1.1 without Host (or with two) and two Inference-Header-Content-Length headers get
+ * 400; an absolute-form target is served like its path. */
+static void test_host_and_duplicate_headers(void)
+{
+    static const raw_case cases[] = {
+        {"HTTP/1.1 without Host", "GET /v2/health/live HTTP/1.1\r\n\r\n", 0, 400},
+        {"two Host headers", "GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 0, 400},
+        {"two Inference-Header-Content-Length",
+         "POST /v2/models/sdpa/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         "Inference-Header-Content-Length: 2\r\nInference-Header-Content-Length: 0\r\n"
+         "Content-Length: 2\r\n\r\n{}",
+         0, 400},
+    };
+    run_raw_cases(cases, sizeof cases / sizeof *cases);
+}
+
+static void test_absolute_form_target(void)
+{
+    char req[1024];
+    char *resp;
+    snprintf(req, sizeof req,
+             "POST http://127.0.0.1:%d/v1/attention HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+             d.port, strlen(seed), seed);
+    resp = raw_exchange(d.port, req, strlen(req), (int)(prompt_s() * 1000));
+    CHECKF(raw_status(resp) == 200, "absolute form: %.300s", resp ? resp : "");
+    CHECK(resp && strstr(resp, "\"output\"") != NULL);
+    free(resp);
+    snprintf(req, sizeof req, "GET http://x/v2/health/live HTTP/1.0\r\n\r\n");
+    resp = raw_exchange(d.port, req, strlen(req), (int)(prompt_s() * 1000));
+    CHECKF(raw_status(resp) == 200, "absolute form, HTTP/1.0: %.300s", resp ? resp : "");
+    free(resp);
+}
+
 /* ---- Driver ------------------------------------------------------------------------------- */
 
 static void test_start(void)
@@ -250,6 +444,12 @@ int main(void)
     RUN_WITHIN(test_reservation_follows_the_bytes, 60);
     RUN_WITHIN(test_fin_behind_partial_data, 180);
     RUN_WITHIN(test_many_fins_behind_partial_data, 120);
+    RUN_WITHIN(test_transfer_encoding_with_trailing_blank, 60);
+    RUN_WITHIN(test_disguised_transfer_encoding, 60);
+    RUN_WITHIN(test_bad_content_length_is_refused, 60);
+    RUN_WITHIN(test_nul_and_encoded_paths, 60);
+    RUN_WITHIN(test_host_and_duplicate_headers, 60);
+    RUN_WITHIN(test_absolute_form_target, 60);
     RUN_WITHIN(test_stop, 90);
     return check_report();
 }
