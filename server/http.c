@@ -491,6 +491,7 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
     const char *hdr;
     enum MHD_Result rc;
     req->framing_checked = true;
+    req->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
     snprintf(req->method, sizeof req->method, "%s", method ? method : "");
     hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
     if (hdr && request_id_ok(hdr))

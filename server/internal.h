@@ -260,8 +260,11 @@ struct srv_req {
     uint64_t bytes_out;
     bool responded;
 
+    bool http11; /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
+
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
     bool watched, hup, dropped_slow;
+    bool probed; /* the watcher sent a "100 Continue" to tell a half-close from a hang-up */
     srv_req *wprev, *wnext;
 };
 

@@ -7,6 +7,13 @@
  *    queue is finished at once (its worker will skip it), a running one gets ctl.cancel set,
  *    which the engine checks between blocks. poll() wakes on the event, so this takes
  *    microseconds, well within the 100 ms the issue asks for.
+ *    A FIN alone (POLLRDHUP) does not say whether the client closed its socket or only its
+ *    sending side (shutdown(SHUT_WR), `nc -N`), still waiting for the reply. Only a write can
+ *    tell: an HTTP/1.1 request gets an interim "100 Continue" (RFC 9110 section 15.2: a client
+ *    must accept unexpected 1xx replies; libmicrohttpd writes nothing while the connection is
+ *    suspended, so the bytes cannot interleave with its reply). A closed socket answers it with
+ *    a reset, seen as POLLERR/POLLHUP; a half-closed one reads it and waits on. An HTTP/1.0
+ *    request may not get a 1xx reply, so its FIN counts as a hang-up.
  * 2. Queue deadlines. A request whose deadline (--request-timeout-ms from its arrival, or the
  *    tighter timeout its body sets, read before it was queued) passes while it still waits for
  *    a worker is answered 504 at that moment, not when a worker finally reaches it.
@@ -258,6 +265,18 @@ static int next_timeout_ms(srv_server *s, int64_t now)
     return (int)((next - now + 999999) / 1000000);
 }
 
+/* The peer of a suspended request sent a FIN (POLLRDHUP without POLLHUP/POLLERR): whether it
+ * is gone is still open (1. above). Returns true when it counts as gone now. watch_mu held. */
+static bool fin_means_gone(srv_req *req)
+{
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (!req->http11 || req->probed || !req->sc)
+        return true;
+    req->probed = true;
+    return send(req->sc->fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+           (ssize_t)(sizeof probe - 1);
+}
+
 /* A client is gone: cancel its request. watch_mu held. */
 static void on_hangup(srv_server *s, srv_req *req, req_list *resume)
 {
@@ -315,7 +334,9 @@ static void *watch_main(void *arg)
             if (r->hup)
                 continue;
             pfd[n].fd = r->sc ? r->sc->fd : -1;
-            pfd[n].events = POLLRDHUP;
+            /* Once probed, only the reset (POLLERR/POLLHUP, always reported) matters: the FIN
+             * stays readable and would wake the poll at once, over and over. */
+            pfd[n].events = r->probed ? 0 : POLLRDHUP;
             pfd[n].revents = 0;
             polled[n] = r;
             atomic_fetch_add(&r->refs, 1);
@@ -343,8 +364,10 @@ static void *watch_main(void *arg)
         pthread_mutex_lock(&s->watch_mu);
         for (size_t i = 1; i < n; i++) {
             srv_req *r = polled[i];
-            if (rc > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) && r->watched &&
-                !r->hup)
+            short ev = rc > 0 ? pfd[i].revents : 0;
+            if (!r->watched || r->hup)
+                continue;
+            if ((ev & (POLLHUP | POLLERR)) || ((ev & POLLRDHUP) && fin_means_gone(r)))
                 on_hangup(s, r, &resume);
         }
         pthread_mutex_unlock(&s->watch_mu);

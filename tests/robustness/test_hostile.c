@@ -9,6 +9,7 @@
  * timeouts (--receive-timeout-s, --idle-timeout-s: 60 s) that used to be the only way out.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -410,6 +411,92 @@ static void test_absolute_form_target(void)
     free(resp);
 }
 
+/* ---- Signals and half-closed clients (6, 8) ----------------------------------------------- */
+
+/* A request that computes for a while (hundreds of milliseconds here), sent raw on `fd`. */
+static bool send_slow_request(int fd)
+{
+    size_t len = 0;
+    char head[256];
+    char *body = slow_attention_body(daemon_quick() ? 8192 : 16384, 16384, &len);
+    bool ok;
+    snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", len);
+    ok = body && raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, body, len) == 0;
+    free(body);
+    return ok;
+}
+
+/* The final status of a raw reply text, after any interim 1xx replies. */
+static int final_status(const char *resp)
+{
+    const char *p = resp;
+    while (p && raw_status(p) >= 100 && raw_status(p) < 200) {
+        p = strstr(p, "\r\n\r\n");
+        p = p ? p + 4 : NULL;
+    }
+    return p ? raw_status(p) : 0;
+}
+
+/* 6. SIGHUP and SIGUSR1 neither kill the daemon nor cut the request in flight. */
+static void test_sighup_and_sigusr1_are_ignored(void)
+{
+    int fd = raw_connect(d.port);
+    bool closed = false;
+    char *resp;
+    CHECK(fd >= 0 && send_slow_request(fd));
+    CHECK(metric_wait(d.port, "attnd_running_requests", 1, (int)(prompt_s() * 1000)));
+    CHECK(daemon_signal(&d, SIGHUP) == 0);
+    CHECK(daemon_signal(&d, SIGUSR1) == 0);
+    resp = raw_read_all(fd, 60000, &closed);
+    close(fd);
+    CHECKF(final_status(resp) == 200, "the request in flight: %.200s", resp ? resp : "");
+    free(resp);
+    CHECKF(daemon_wait(&d, 0) < 0, "the daemon exited with %d", d.exit_code);
+    check_serving("SIGHUP and SIGUSR1");
+}
+
+/* 8. A client that half-closes after its request (shutdown(SHUT_WR), as `nc -N` does) still
+ * gets its reply: for a request answered at once and for one that computes first. */
+static void test_half_closed_client_gets_its_reply(void)
+{
+    char req[1024];
+    bool closed = false;
+    char *resp;
+    int fd = raw_connect(d.port);
+    snprintf(req, sizeof req, POST_HEAD "Content-Length: %zu\r\n\r\n%s", strlen(seed), seed);
+    CHECK(fd >= 0 && raw_send(fd, req, strlen(req)) == 0 && shutdown(fd, SHUT_WR) == 0);
+    resp = raw_read_all(fd, (int)(prompt_s() * 1000), &closed);
+    close(fd);
+    CHECKF(final_status(resp) == 200 && strstr(resp, "\"output\""), "small request: %.300s",
+           resp ? resp : "");
+    CHECK(closed);
+    free(resp);
+
+    fd = raw_connect(d.port);
+    CHECK(fd >= 0 && send_slow_request(fd) && shutdown(fd, SHUT_WR) == 0);
+    resp = raw_read_all(fd, 60000, &closed);
+    close(fd);
+    CHECKF(final_status(resp) == 200 && strstr(resp, "\"output\""), "slow request: %.300s",
+           resp ? resp : "");
+    CHECK(closed);
+    free(resp);
+    CHECKF(wait_no_close_wait(prompt_s()) == 0, "%d sockets stuck in CLOSE-WAIT",
+           close_wait_count());
+}
+
+/* A client that closes for good while its request computes is still noticed: the work is
+ * cancelled (the interim reply that tells it from a half-close is answered with a reset). */
+static void test_closed_client_is_cancelled(void)
+{
+    double before = metric_value(d.port, "attnd_client_hangups_total");
+    int fd = raw_connect(d.port);
+    CHECK(fd >= 0 && send_slow_request(fd));
+    CHECK(metric_wait(d.port, "attnd_running_requests", 1, (int)(prompt_s() * 1000)));
+    close(fd);
+    CHECK(metric_wait(d.port, "attnd_client_hangups_total", before + 1, (int)(prompt_s() * 1000)));
+    CHECK(metric_wait_le(d.port, "attnd_running_requests", 0, (int)(prompt_s() * 1000)));
+}
+
 /* ---- Driver ------------------------------------------------------------------------------- */
 
 static void test_start(void)
@@ -431,7 +518,8 @@ static void test_start(void)
 
 static void test_stop(void)
 {
-    CHECKF(close_wait_count() == 0, "%d sockets in CLOSE-WAIT at the end", close_wait_count());
+    CHECKF(wait_no_close_wait(prompt_s()) == 0, "%d sockets in CLOSE-WAIT at the end",
+           close_wait_count());
     CHECK(metric_wait_le(d.port, BUDGET, 0, 2000));
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
@@ -450,6 +538,9 @@ int main(void)
     RUN_WITHIN(test_nul_and_encoded_paths, 60);
     RUN_WITHIN(test_host_and_duplicate_headers, 60);
     RUN_WITHIN(test_absolute_form_target, 60);
+    RUN_WITHIN(test_sighup_and_sigusr1_are_ignored, 120);
+    RUN_WITHIN(test_half_closed_client_gets_its_reply, 120);
+    RUN_WITHIN(test_closed_client_is_cancelled, 120);
     RUN_WITHIN(test_stop, 90);
     return check_report();
 }
