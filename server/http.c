@@ -705,13 +705,17 @@ static void job_run(void *arg, int64_t index)
     }
     req->done_ns = eng_now_ns();
     release_body(req);
+    /* A client that half-closed would lose the reply on resume (half_close.c): write it now,
+     * once the watcher can no longer write its probe (watch.c) to the socket. */
+    srv__watch_remove(s, req);
+    if (srv__peer_sent_fin(req))
+        srv__reply_direct(req);
     /* api released its reservation; the reply text stays in memory until it is sent, so it
      * is accounted for until the request completes (best effort: it exists already). */
     if (req->reply.body_len > 0 &&
         api_budget_reserve(s->budget, req->reply.body_len) == API_BUDGET_OK)
         req->reply_reserved = req->reply.body_len;
     atomic_store(&req->state, REQ_DONE);
-    srv__watch_remove(s, req);
     atomic_fetch_sub(&s->running, 1);
     atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
     MHD_resume_connection(req->conn);
@@ -870,6 +874,8 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
             return rc;
         /* A POST without a body: it is complete already. */
     }
+    if (req->sent_directly)
+        return MHD_NO; /* a worker wrote the reply (half_close.c): only the close is left */
     if (req->responded) {
         /* Answered early; whatever body libmicrohttpd still hands over is discarded. */
         *upload_data_size = 0;

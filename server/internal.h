@@ -260,7 +260,8 @@ struct srv_req {
     uint64_t bytes_out;
     bool responded;
 
-    bool http11; /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
+    bool http11;        /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
+    bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
 
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
     bool watched, hup, dropped_slow;
@@ -443,6 +444,15 @@ const char *srv__target_check(const char *uri);
 /* The path of a request target in origin form: `target` itself, or for the absolute form
  * ("http://host:port/path?q") the part from the path on ("/" when empty). */
 const char *srv__origin_path(const char *target);
+
+/* ---- Half-closed clients (half_close.c) -------------------------------------------------- */
+
+/* Whether the peer of a suspended request has sent its FIN and nothing else is unread. */
+bool srv__peer_sent_fin(srv_req *req);
+/* Writes req->reply to the socket of the suspended request and records it as the response
+ * (status, bytes, sent_directly; client_gone when the write failed). The worker that owns the
+ * request calls it, before resuming the connection; it may block up to --idle-timeout-s. */
+void srv__reply_direct(srv_req *req);
 
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)

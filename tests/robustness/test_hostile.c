@@ -9,6 +9,7 @@
  * timeouts (--receive-timeout-s, --idle-timeout-s: 60 s) that used to be the only way out.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
 #include "tests/support/daemon.h"
 
 #define BUDGET "attnd_memory_reserved_bytes"
+/* In flight: at least 1, the scrape that reads it. */
+#define INFLIGHT "attnd_inflight_requests"
 
 static daemon_proc d;
 /* Seconds a normal request took at the start (the measured scale of this run). */
@@ -497,6 +500,225 @@ static void test_closed_client_is_cancelled(void)
     CHECK(metric_wait_le(d.port, "attnd_running_requests", 0, (int)(prompt_s() * 1000)));
 }
 
+/* ---- The chaos run ------------------------------------------------------------------------ */
+
+#define CHAOS_THREADS 6
+
+typedef struct {
+    unsigned seed;
+    double until;
+    int done, unexpected, half_closed, half_closed_lost;
+    char first_problem[256];
+} chaos_worker;
+
+static void chaos_note(chaos_worker *w, const char *what, const char *resp)
+{
+    if (w->unexpected++ == 0)
+        snprintf(w->first_problem, sizeof w->first_problem, "%s: %.180s", what,
+                 resp ? resp : "(nothing)");
+}
+
+/* Sends `req`, optionally half-closes, reads the reply and checks its final status is one of
+ * `a` or `b`. */
+static void chaos_exchange(chaos_worker *w, const char *what, const char *req, size_t len,
+                           bool half_close, int a, int b)
+{
+    bool closed;
+    char *resp;
+    int st, fd = raw_connect(d.port);
+    if (fd < 0) {
+        chaos_note(w, what, "connect failed");
+        return;
+    }
+    raw_send(fd, req, len);
+    if (half_close)
+        shutdown(fd, SHUT_WR);
+    resp = raw_read_all(fd, 30000, &closed);
+    close(fd);
+    st = final_status(resp);
+    if (st != a && st != b)
+        chaos_note(w, what, resp);
+    free(resp);
+}
+
+/* A good request half-closed at once. Its reply is written even when the FIN reaches the
+ * daemon while the request computes, except in one narrow window that attnd cannot close:
+ * a FIN arriving between the worker's last look at the socket and libmicrohttpd's read on
+ * resuming (half_close.c). Such a loss (no reply at all) is counted, not failed, and the
+ * caller checks that it stays rare. */
+static void chaos_half_closed(chaos_worker *w, const char *good)
+{
+    bool closed;
+    char *resp;
+    int fd = raw_connect(d.port);
+    if (fd < 0) {
+        chaos_note(w, "half-closed", "connect failed");
+        return;
+    }
+    raw_send(fd, good, strlen(good));
+    shutdown(fd, SHUT_WR);
+    resp = raw_read_all(fd, 30000, &closed);
+    close(fd);
+    w->half_closed++;
+    if (closed && resp && !resp[0])
+        w->half_closed_lost++;
+    else if (final_status(resp) != 200 && final_status(resp) != 429)
+        chaos_note(w, "half-closed", resp);
+    free(resp);
+}
+
+/* One randomly chosen client behaviour. */
+static void chaos_step(chaos_worker *w, const char *good, const char *slow, size_t slow_len)
+{
+    static const char bad_json[] =
+        POST_HEAD "Connection: close\r\nContent-Length: 5\r\n\r\n{\"q\":";
+    static const char bad_header[] = POST_HEAD "Transfer-Encoding : chunked\r\n\r\n";
+    int fd;
+    switch (rand_r(&w->seed) % 8) {
+    case 0: /* good, keep-alive answered and closed by us */
+    case 1:
+        chaos_exchange(w, "good", good, strlen(good), false, 200, 429);
+        break;
+    case 2: /* good, half-closed */
+        chaos_half_closed(w, good);
+        break;
+    case 3: /* bad: malformed JSON, and a malformed header */
+        chaos_exchange(w, "bad JSON", bad_json, strlen(bad_json), false, 400, 400);
+        chaos_exchange(w, "bad header", bad_header, strlen(bad_header), false, 400, 400);
+        break;
+    case 4: /* aborted somewhere in the request */
+        fd = raw_connect(d.port);
+        if (fd >= 0) {
+            size_t cut = (size_t)rand_r(&w->seed) % strlen(good);
+            raw_send(fd, good, cut);
+            close(fd);
+        }
+        break;
+    case 5: /* slow: the request in small pieces */
+        fd = raw_connect(d.port);
+        if (fd >= 0) {
+            size_t len = strlen(good), at = 0;
+            bool closed;
+            char *resp;
+            while (at < len) {
+                size_t n = 1 + (size_t)rand_r(&w->seed) % 64;
+                n = n < len - at ? n : len - at;
+                raw_send(fd, good + at, n);
+                at += n;
+                sleep_ms(rand_r(&w->seed) % 5);
+            }
+            resp = raw_read_all(fd, 30000, &closed);
+            if (final_status(resp) != 200 && final_status(resp) != 429)
+                chaos_note(w, "slow", resp);
+            free(resp);
+            close(fd);
+        }
+        break;
+    case 6: /* a computing request, hung up on or half-closed */
+        fd = raw_connect(d.port);
+        if (fd >= 0) {
+            char head[256];
+            snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", slow_len);
+            raw_send(fd, head, strlen(head));
+            raw_send(fd, slow, slow_len);
+            sleep_ms(rand_r(&w->seed) % 50);
+            close(fd);
+        }
+        break;
+    default: /* headers announcing a big body, then gone */
+        fd = raw_connect(d.port);
+        if (fd >= 0) {
+            raw_send(fd, HUGE_HEAD, strlen(HUGE_HEAD));
+            close(fd);
+        }
+        break;
+    }
+    w->done++;
+}
+
+static char *chaos_good, *chaos_slow;
+static size_t chaos_slow_len;
+
+static void *chaos_main(void *arg)
+{
+    chaos_worker *w = arg;
+    while (now_s() < w->until)
+        chaos_step(w, chaos_good, chaos_slow, chaos_slow_len);
+    return NULL;
+}
+
+/* Runs CHAOS_THREADS clients of random behaviour for `seconds`; returns the steps done. */
+static int chaos_run(double seconds, unsigned first_seed)
+{
+    pthread_t t[CHAOS_THREADS];
+    chaos_worker w[CHAOS_THREADS];
+    int done = 0, half = 0, lost = 0;
+    for (int i = 0; i < CHAOS_THREADS; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].seed = first_seed + (unsigned)i;
+        w[i].until = now_s() + seconds;
+        pthread_create(&t[i], NULL, chaos_main, &w[i]);
+    }
+    for (int i = 0; i < CHAOS_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        done += w[i].done;
+        half += w[i].half_closed;
+        lost += w[i].half_closed_lost;
+        CHECKF(w[i].unexpected == 0, "chaos (seed %u): %d unexpected replies, first: %s", w[i].seed,
+               w[i].unexpected, w[i].first_problem);
+    }
+    printf("chaos: %d of %d half-closed requests lost their reply\n", lost, half);
+    CHECKF(lost * 10 <= half, "%d of %d half-closed requests lost their reply", lost, half);
+    return done;
+}
+
+/* Good, bad, aborted, half-closed and slow requests from several threads for a few seconds:
+ * afterwards no socket is stuck, descriptors and RSS are back at the baseline measured after
+ * a first round, the budget reads 0, and the daemon still serves. */
+static void test_chaos(void)
+{
+    unsigned rseed = (unsigned)getpid();
+    double seconds = daemon_quick() ? 3 : 4;
+    long rss0, rss1;
+    int fds0, fds1, steps;
+    char head[256];
+    size_t good_len;
+
+    snprintf(head, sizeof head, POST_HEAD "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+             strlen(seed));
+    good_len = strlen(head) + strlen(seed);
+    chaos_good = malloc(good_len + 1);
+    chaos_slow = slow_attention_body(daemon_quick() ? 4096 : 8192, 8192, &chaos_slow_len);
+    if (!chaos_good || !chaos_slow) {
+        CHECK(0);
+        return;
+    }
+    snprintf(chaos_good, good_len + 1, "%s%s", head, seed);
+    printf("chaos: seed %u, %d threads, 2 rounds of %.0f s\n", rseed, CHAOS_THREADS, seconds);
+
+    chaos_run(seconds, rseed); /* warm-up: caches and pools reach their working size */
+    CHECKF(wait_no_close_wait(prompt_s()) == 0, "warm-up: %d sockets stuck in CLOSE-WAIT",
+           close_wait_count());
+    CHECK(metric_wait_le(d.port, INFLIGHT, 1, (int)(prompt_s() * 1000)));
+    rss0 = daemon_rss_kib(&d);
+    fds0 = daemon_fd_count(&d);
+
+    steps = chaos_run(seconds, rseed + 100);
+    CHECKF(wait_no_close_wait(prompt_s()) == 0, "%d sockets stuck in CLOSE-WAIT after chaos",
+           close_wait_count());
+    CHECK(metric_wait_le(d.port, INFLIGHT, 1, (int)(prompt_s() * 1000)));
+    CHECK(metric_wait_le(d.port, BUDGET, 0, (int)(prompt_s() * 1000)));
+    rss1 = daemon_rss_kib(&d);
+    fds1 = daemon_fd_count(&d);
+    printf("chaos: %d steps; RSS %ld -> %ld KiB, descriptors %d -> %d\n", steps, rss0, rss1, fds0,
+           fds1);
+    CHECKF(fds1 <= fds0 + 2, "descriptors grew from %d to %d", fds0, fds1);
+    CHECKF(rss1 <= rss0 + rss0 / 4 + 16 * 1024, "RSS grew from %ld to %ld KiB", rss0, rss1);
+    check_serving("the chaos run");
+    free(chaos_good);
+    free(chaos_slow);
+}
+
 /* ---- Driver ------------------------------------------------------------------------------- */
 
 static void test_start(void)
@@ -516,12 +738,17 @@ static void test_start(void)
     http_resp_free(&r);
 }
 
+/* SIGTERM drains at once: nothing is stuck in flight after all of the above. */
 static void test_stop(void)
 {
+    double t0;
     CHECKF(wait_no_close_wait(prompt_s()) == 0, "%d sockets in CLOSE-WAIT at the end",
            close_wait_count());
     CHECK(metric_wait_le(d.port, BUDGET, 0, 2000));
+    t0 = now_s();
     CHECK_EQ_INT(daemon_stop(&d), 0);
+    CHECKF(now_s() - t0 < prompt_s(), "the drain took %.1f s (--drain-timeout-s is 30)",
+           now_s() - t0);
 }
 
 int main(void)
@@ -541,6 +768,7 @@ int main(void)
     RUN_WITHIN(test_sighup_and_sigusr1_are_ignored, 120);
     RUN_WITHIN(test_half_closed_client_gets_its_reply, 120);
     RUN_WITHIN(test_closed_client_is_cancelled, 120);
+    RUN_WITHIN(test_chaos, 180);
     RUN_WITHIN(test_stop, 90);
     return check_report();
 }
