@@ -927,6 +927,8 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
                     ms(now - req->start_ns));
     if (reason != API_REASON_NONE)
         srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+    if (req->cut_status > 0)
+        srv__buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
     srv__buf_puts(&b, "}\n");
     if (!b.failed)
         srv__log_write(b.data, b.len);
@@ -964,6 +966,14 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     reason = req->reason;
     if (atomic_load(&req->client_gone)) {
         status = 499; /* nginx's "client closed request": the reply was never delivered */
+        reason = API_REASON_CANCELLED;
+    } else if (req->responded && !req->sent_directly && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* The reply was queued but not all of it was sent: the client stopped reading (cut at
+         * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
+         * all go out. */
+        req->cut_status = status;
+        req->bytes_out = 0;
+        status = 499;
         reason = API_REASON_CANCELLED;
     } else if (!req->responded) {
         if (slow) {

@@ -262,6 +262,7 @@ struct srv_req {
 
     bool http11;        /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
     bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
+    int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
 
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
     bool watched, hup, dropped_slow;

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -500,6 +502,67 @@ static void test_closed_client_is_cancelled(void)
     CHECK(metric_wait_le(d.port, "attnd_running_requests", 0, (int)(prompt_s() * 1000)));
 }
 
+/* ---- 10. Cut-off downloads ---------------------------------------------------------------- */
+
+/* A connection to `port` whose receive buffer is 4 KiB, so that a big reply cannot hide in
+ * the kernel's buffers while nobody reads. */
+static int small_window_connect(int port)
+{
+    struct sockaddr_in a;
+    int rcvbuf = 4096;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A client that never reads its 11 MB reply is cut at --idle-timeout-s (2 s here), and the
+ * log says so: status 499 with reply_cut_off, not 200; the reply's memory is given back. */
+static void test_cut_off_download_is_logged_as_such(void)
+{
+    const char *const args[] = {"--idle-timeout-s", "2", NULL};
+    daemon_proc d2;
+    size_t len = 0;
+    char head[256], *body = slow_attention_body(262144, 8, &len), *log = NULL;
+    double until;
+    int fd;
+    if (!body || daemon_start(&d2, args) != 0) {
+        CHECK(0);
+        free(body);
+        return;
+    }
+    fd = small_window_connect(d2.port);
+    snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", len);
+    CHECK(fd >= 0 && raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, body, len) == 0);
+    until = now_s() + 60; /* decode, compute and encode of 2M floats, then the 2 s timeout */
+    while (now_s() < until) {
+        free(log);
+        log = daemon_log(&d2);
+        if (log && strstr(log, "\"msg\":\"request\""))
+            break;
+        sleep_ms(50);
+    }
+    CHECKF(log && strstr(log, "\"status\":499") && strstr(log, "\"reply_cut_off\":true") &&
+               strstr(log, "\"reply_status\":200"),
+           "the log: %.600s", log ? log : "");
+    CHECK(metric_wait_le(d2.port, BUDGET, 0, (int)(prompt_s() * 1000)));
+    CHECK(metric_value(d2.port, "attnd_requests_total{route=\"/v1/attention\",code=\"200\"}") <= 0);
+    if (fd >= 0)
+        close(fd);
+    free(log);
+    free(body);
+    CHECK_EQ_INT(daemon_stop(&d2), 0);
+}
+
 /* ---- The chaos run ------------------------------------------------------------------------ */
 
 #define CHAOS_THREADS 6
@@ -768,6 +831,7 @@ int main(void)
     RUN_WITHIN(test_sighup_and_sigusr1_are_ignored, 120);
     RUN_WITHIN(test_half_closed_client_gets_its_reply, 120);
     RUN_WITHIN(test_closed_client_is_cancelled, 120);
+    RUN_WITHIN(test_cut_off_download_is_logged_as_such, 120);
     RUN_WITHIN(test_chaos, 180);
     RUN_WITHIN(test_stop, 90);
     return check_report();
