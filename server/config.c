@@ -69,7 +69,15 @@ static const srv_option options[] = {
      "60", "S", "time a client has to send the whole request (headers and body) once its "
      "request line arrives; slower clients are disconnected"},
     {"connection-limit", "ATTND_CONNECTION_LIMIT", OPT_INT, OFF(connection_limit), 1, 1000000,
-     "1024", "N", "open client connections at once; more are refused"},
+     "4096", "N", "open client connections on --port at once (attnd raises its descriptor "
+     "limit to fit); beyond it new connections are not refused: they wait in the kernel's "
+     "listen backlog until one closes, and are refused only once the backlog is full"},
+    {"admin-port", "ATTND_ADMIN_PORT", OPT_INT, OFF(admin_port), -1, 65535, "-1", "N",
+     "a second listener serving only /v2/health/live, /v2/health/ready and /metrics, with its "
+     "own 64 connections, so that probes and scrapes answer while --port is saturated; 0 picks "
+     "an ephemeral port (see --admin-port-file); -1: none"},
+    {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
+     "PATH", "once listening, write the bound --admin-port to this file"},
     {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPT_INT, OFF(idle_timeout_s), 1, 86400, "60",
      "S", "close a connection with no traffic (or no complete request line) for this long"},
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",
@@ -358,6 +366,7 @@ void srv_config_free(srv_config *cfg)
         return;
     free(cfg->host);
     free(cfg->port_file);
+    free(cfg->admin_port_file);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
         free(cfg->models[i].path);

@@ -515,6 +515,15 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
     return check_framing(s, req, answered);
 }
 
+/* The routes --admin-port serves: what probes and scrapers need, all answered on this thread
+ * from the headers, so that a saturated --port (or engine) cannot hold them up. */
+static bool admin_route(const srv_route_def *rd)
+{
+    return rd &&
+           (strcmp(rd->pattern, "/v2/health/live") == 0 ||
+            strcmp(rd->pattern, "/v2/health/ready") == 0 || strcmp(rd->pattern, "/metrics") == 0);
+}
+
 /* Routing and the checks that can be decided from the headers. Runs before the body is read
  * when one is expected; for a request without a body it runs on the handler's second call,
  * because libmicrohttpd 0.9.75 closes a connection whose response was queued before it knew
@@ -526,6 +535,13 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     bool is_get;
 
     req->seen_headers = true;
+    if (req->admin && !admin_route(rd)) {
+        resp_opts close = {.close = req->body_expected};
+        return respond_error(req, 404, API_REASON_BAD_REQUEST, &close,
+                             "--admin-port serves only /v2/health/live, /v2/health/ready and "
+                             "/metrics; %.100s is on --port",
+                             req->path);
+    }
     if (!rd) {
         return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
                              req->method, req->path);
@@ -838,6 +854,8 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->path[n] = '\0';
     route(req);
 
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    req->admin = ci && s->admin_mhd && ci->daemon == s->admin_mhd;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     pthread_mutex_lock(&s->watch_mu);
     req->sc = ci ? ci->socket_context : NULL;
@@ -967,7 +985,8 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (atomic_load(&req->client_gone)) {
         status = 499; /* nginx's "client closed request": the reply was never delivered */
         reason = API_REASON_CANCELLED;
-    } else if (req->responded && !req->sent_directly && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+    } else if (req->responded && !req->sent_directly &&
+               toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         /* The reply was queued but not all of it was sent: the client stopped reading (cut at
          * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
          * all go out. */

@@ -262,6 +262,7 @@ struct srv_req {
 
     bool http11;        /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
     bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
+    bool admin;         /* arrived on --admin-port: only health and metrics are served */
     int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
 
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
@@ -285,6 +286,8 @@ struct srv_server {
     api_budget *budget;
     eng_pool *pool;
     struct MHD_Daemon *mhd;
+    struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
+    int admin_port;
     srv_metrics metrics;
 
     atomic_bool draining;          /* readiness 503, new requests 503 */

@@ -97,6 +97,8 @@ typedef struct {
     int64_t request_timeout_ms; /* --request-timeout-ms */
     int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */
     int64_t connection_limit;   /* --connection-limit */
+    int64_t admin_port;         /* --admin-port: -1 = none, 0 = an ephemeral port */
+    char *admin_port_file;      /* --admin-port-file */
     int64_t idle_timeout_s;     /* --idle-timeout-s */
     int64_t drain_timeout_s;    /* --drain-timeout-s */
     srv_model *models;          /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */

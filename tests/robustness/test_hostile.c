@@ -8,15 +8,15 @@
  * the same run (the machine is shared), with a generous floor, and are always far below the
  * timeouts (--receive-timeout-s, --idle-timeout-s: 60 s) that used to be the only way out.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -563,6 +563,73 @@ static void test_cut_off_download_is_logged_as_such(void)
     CHECK_EQ_INT(daemon_stop(&d2), 0);
 }
 
+/* ---- 3. Slowloris ------------------------------------------------------------------------- */
+
+/* The port written to `path` by the daemon, or 0. */
+static int read_port_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int port = 0;
+    if (f) {
+        if (fscanf(f, "%d", &port) != 1)
+            port = 0;
+        fclose(f);
+    }
+    return port;
+}
+
+static int get_status(int port, const char *path)
+{
+    http_resp r;
+    long st = http_do(NULL, port, "GET", path, NULL, NULL, 0, &r);
+    http_resp_free(&r);
+    return (int)st;
+}
+
+/* 1,100 connections trickling a request line (a byte per connection per second) at the default
+ * limits: valid requests are still answered on --port, and --admin-port answers its probes and
+ * scrapes (and nothing else). */
+static void test_trickling_connections_do_not_starve(void)
+{
+    enum { SLOW = 1100 }; /* more than the old default --connection-limit of 1024 */
+    static int fds[SLOW];
+    char admin_file[96];
+    const char *args[] = {"--admin-port", "0", "--admin-port-file", admin_file, NULL};
+    daemon_proc main_d = d;
+    int admin, opened = 0;
+    snprintf(admin_file, sizeof admin_file, "/tmp/attnd-hostile-admin-%d", (int)getpid());
+    if (daemon_start(&d, args) != 0) {
+        d = main_d;
+        CHECK(0);
+        return;
+    }
+    admin = read_port_file(admin_file);
+    CHECK(admin > 0);
+    for (int i = 0; i < SLOW; i++) {
+        fds[i] = raw_connect(d.port);
+        if (fds[i] >= 0 && raw_send(fds[i], "GET /v2/heal", 12) == 0)
+            opened++;
+    }
+    CHECKF(opened == SLOW, "only %d of %d slow connections opened", opened, SLOW);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < SLOW; i++)
+            if (fds[i] >= 0)
+                raw_send(fds[i], "t", 1);
+        check_serving("1,100 trickling connections");
+        CHECK_EQ_INT(get_status(admin, "/v2/health/live"), 200);
+        CHECK_EQ_INT(get_status(admin, "/v2/health/ready"), 200);
+        CHECK_EQ_INT(get_status(admin, "/metrics"), 200);
+        sleep_ms(1000);
+    }
+    CHECK_EQ_INT(get_status(admin, "/v1/models"), 404);
+    close_all(fds, SLOW);
+    CHECKF(wait_no_close_wait(prompt_s()) == 0, "%d sockets stuck in CLOSE-WAIT",
+           close_wait_count());
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+    unlink(admin_file);
+    d = main_d;
+}
+
 /* ---- The chaos run ------------------------------------------------------------------------ */
 
 #define CHAOS_THREADS 6
@@ -832,6 +899,7 @@ int main(void)
     RUN_WITHIN(test_half_closed_client_gets_its_reply, 120);
     RUN_WITHIN(test_closed_client_is_cancelled, 120);
     RUN_WITHIN(test_cut_off_download_is_logged_as_such, 120);
+    RUN_WITHIN(test_trickling_connections_do_not_starve, 180);
     RUN_WITHIN(test_chaos, 180);
     RUN_WITHIN(test_stop, 90);
     return check_report();
