@@ -65,6 +65,10 @@ static const srv_option options[] = {
     {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
      "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
+    {"header-timeout-s", "ATTND_HEADER_TIMEOUT_S", OPT_INT, OFF(header_timeout_s), 1, 86400,
+     "10", "S", "time a client has to send its headers once its request line arrives; slower "
+     "clients are disconnected (a connection trickling its headers holds a slot only this "
+     "long)"},
     {"receive-timeout-s", "ATTND_RECEIVE_TIMEOUT_S", OPT_INT, OFF(receive_timeout_s), 1, 86400,
      "60", "S", "time a client has to send the whole request (headers and body) once its "
      "request line arrives; slower clients are disconnected"},

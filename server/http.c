@@ -93,6 +93,17 @@ void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, si
                  (long long)(s->request_timeout_ns / 1000000));
 }
 
+/* The headers are in: from here the receive timeout applies, still counted from the request
+ * line (--receive-timeout-s covers headers and body). */
+static void headers_arrived(srv_req *req)
+{
+    srv_server *s = req->srv;
+    pthread_mutex_lock(&s->watch_mu);
+    if (req->sc && req->sc->phase == CONN_HEADERS)
+        req->sc->phase = CONN_RECEIVING;
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
 static void set_phase(srv_req *req, srv_conn_phase phase)
 {
     srv_server *s = req->srv;
@@ -509,6 +520,7 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         req->path[n] = '\0';
     }
     route(req);
+    headers_arrived(req);
     rc = check_request(req, version, answered);
     if (*answered)
         return rc;
@@ -860,7 +872,7 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     pthread_mutex_lock(&s->watch_mu);
     req->sc = ci ? ci->socket_context : NULL;
     if (req->sc) {
-        req->sc->phase = CONN_RECEIVING;
+        req->sc->phase = CONN_HEADERS;
         req->sc->since_ns = req->start_ns;
         req->sc->req = req;
     }

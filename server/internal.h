@@ -168,7 +168,8 @@ typedef enum {
 
 typedef enum {
     CONN_IDLE = 0,  /* between requests: a request line must arrive within the idle timeout */
-    CONN_RECEIVING, /* request line seen: headers and body within the receive timeout */
+    CONN_HEADERS,   /* request line seen: headers within the header timeout */
+    CONN_RECEIVING, /* headers seen: the body within the receive timeout (from the request line) */
     CONN_BUSY,      /* request complete: computing or answering; no deadline of ours */
 } srv_conn_phase;
 
@@ -182,10 +183,11 @@ typedef struct srv_conn {
     int fd;
     srv_conn_phase phase;
     int64_t since_ns;
-    bool shut;            /* the watcher shut it down (slow client, or end-of-file missed) */
-    bool eof_seen;        /* the watcher saw end-of-file with no unread byte (see watch.c, 6) */
-    int64_t eof_since_ns; /* since_ns when it was seen: unchanged means no progress since */
-    srv_req *req;         /* the request being received on it, if any */
+    bool shut;                /* the watcher shut it down (slow client, or end-of-file missed) */
+    bool eof_seen;            /* the watcher saw end-of-file with no unread byte (see watch.c, 6) */
+    int64_t eof_since_ns;     /* since_ns when it was seen: unchanged means no progress since */
+    srv_conn_phase eof_phase; /* and the phase then */
+    srv_req *req;             /* the request being received on it, if any */
     struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -278,7 +280,8 @@ struct srv_server {
     int threads;
     size_t max_body_bytes;
     int64_t max_queue;
-    int64_t request_timeout_ns, receive_timeout_ns, idle_timeout_ns, drain_timeout_ns;
+    int64_t request_timeout_ns, header_timeout_ns, receive_timeout_ns, idle_timeout_ns;
+    int64_t drain_timeout_ns;
     size_t max_memory_bytes;
     api_limits limits;
     api_models *models; /* the registered layers: built before listening, read-only after */

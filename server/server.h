@@ -95,6 +95,7 @@ typedef struct {
     size_t buffer_cache_bytes;  /* --buffer-cache-bytes: freed big buffers kept mapped */
     int64_t max_queue;          /* --max-queue: requests queued or running on workers */
     int64_t request_timeout_ms; /* --request-timeout-ms */
+    int64_t header_timeout_s;   /* --header-timeout-s: request line to the end of the headers */
     int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */
     int64_t connection_limit;   /* --connection-limit */
     int64_t admin_port;         /* --admin-port: -1 = none, 0 = an ephemeral port */

@@ -180,15 +180,36 @@ static void check_requests(srv_server *s, int64_t now, req_list *resume)
     }
 }
 
+/* How long a connection may stay in `phase` (not CONN_BUSY, which has none of ours). */
+static int64_t phase_limit(const srv_server *s, srv_conn_phase phase)
+{
+    switch (phase) {
+    case CONN_IDLE:
+        return s->idle_timeout_ns + IDLE_GRACE_NS;
+    case CONN_HEADERS:
+        return s->header_timeout_ns < s->receive_timeout_ns ? s->header_timeout_ns
+                                                            : s->receive_timeout_ns;
+    case CONN_RECEIVING:
+    case CONN_BUSY:
+        break;
+    }
+    return s->receive_timeout_ns;
+}
+
+static const char *phase_flag(srv_conn_phase phase)
+{
+    if (phase == CONN_IDLE)
+        return "--idle-timeout-s";
+    return phase == CONN_HEADERS ? "--header-timeout-s" : "--receive-timeout-s";
+}
+
 /* Shuts down connections past their phase deadline. watch_mu held. */
 static void check_connections(srv_server *s, int64_t now)
 {
     for (srv_conn *c = s->conns; c; c = c->next) {
-        int64_t limit;
         if (c->shut || c->phase == CONN_BUSY)
             continue;
-        limit = c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns;
-        if (now - c->since_ns < limit)
+        if (now - c->since_ns < phase_limit(s, c->phase))
             continue;
         /* libmicrohttpd closes the socket only after our CLOSED callback, which needs this
          * lock, so `fd` is still this connection's. */
@@ -200,7 +221,7 @@ static void check_connections(srv_server *s, int64_t now)
         srv_log(SRV_LOG_INFO,
                 "closed a connection whose client did not send its request in "
                 "time (%s)",
-                c->phase == CONN_IDLE ? "--idle-timeout-s" : "--receive-timeout-s");
+                phase_flag(c->phase));
     }
 }
 
@@ -226,9 +247,10 @@ static void check_missed_eof(srv_server *s, int64_t now)
             c->eof_seen = false;
             continue;
         }
-        if (!c->eof_seen || c->eof_since_ns != c->since_ns) {
+        if (!c->eof_seen || c->eof_since_ns != c->since_ns || c->eof_phase != c->phase) {
             c->eof_seen = true;
             c->eof_since_ns = c->since_ns;
+            c->eof_phase = c->phase;
             continue;
         }
         /* As in check_connections, `fd` is still this connection's while we hold the lock. */
@@ -250,8 +272,7 @@ static int next_timeout_ms(srv_server *s, int64_t now)
             continue;
         if (s->eof_scan_ns + EOF_SCAN_NS < next)
             next = s->eof_scan_ns + EOF_SCAN_NS;
-        due = c->since_ns +
-              (c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns);
+        due = c->since_ns + phase_limit(s, c->phase);
         if (due < next)
             next = due;
     }

@@ -525,11 +525,33 @@ static int small_window_connect(int port)
     return fd;
 }
 
+/* 3. A client trickling its headers is disconnected at --header-timeout-s (1 s on `port`),
+ * long before --receive-timeout-s (60 s). */
+static void check_header_deadline(int port)
+{
+    int fd = raw_connect(port);
+    double t0 = now_s(), until = t0 + 10 + prompt_s();
+    bool closed = false;
+    char *resp = NULL;
+    static const char head[] = "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n";
+    CHECK(fd >= 0 && raw_send(fd, head, sizeof head - 1) == 0);
+    while (!closed && now_s() < until) {
+        raw_send(fd, "X", 1); /* a byte every 200 ms: never idle, never done */
+        free(resp);
+        resp = raw_read_all(fd, 200, &closed);
+    }
+    CHECKF(closed && now_s() - t0 < 1 + prompt_s(), "the trickling client was closed after %.1f s",
+           now_s() - t0);
+    free(resp);
+    if (fd >= 0)
+        close(fd);
+}
+
 /* A client that never reads its 11 MB reply is cut at --idle-timeout-s (2 s here), and the
  * log says so: status 499 with reply_cut_off, not 200; the reply's memory is given back. */
 static void test_cut_off_download_is_logged_as_such(void)
 {
-    const char *const args[] = {"--idle-timeout-s", "2", NULL};
+    const char *const args[] = {"--idle-timeout-s", "2", "--header-timeout-s", "1", NULL};
     daemon_proc d2;
     size_t len = 0;
     char head[256], *body = slow_attention_body(262144, 8, &len), *log = NULL;
@@ -540,6 +562,7 @@ static void test_cut_off_download_is_logged_as_such(void)
         free(body);
         return;
     }
+    check_header_deadline(d2.port);
     fd = small_window_connect(d2.port);
     snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", len);
     CHECK(fd >= 0 && raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, body, len) == 0);
@@ -547,7 +570,7 @@ static void test_cut_off_download_is_logged_as_such(void)
     while (now_s() < until) {
         free(log);
         log = daemon_log(&d2);
-        if (log && strstr(log, "\"msg\":\"request\""))
+        if (log && strstr(log, "\"route\":\"/v1/attention\""))
             break;
         sleep_ms(50);
     }
