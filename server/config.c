@@ -82,6 +82,9 @@ static const srv_option options[] = {
      "an ephemeral port (see --admin-port-file); -1: none"},
     {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
      "PATH", "once listening, write the bound --admin-port to this file"},
+    {"send-timeout-s", "ATTND_SEND_TIMEOUT_S", OPT_INT, OFF(send_timeout_s), 1, 86400, "10", "S",
+     "time a reply may go without the client accepting a byte; then the connection is cut "
+     "(logged as 499 with reply_cut_off) and the reply's memory freed"},
     {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPT_INT, OFF(idle_timeout_s), 1, 86400, "60",
      "S", "close a connection with no traffic (or no complete request line) for this long"},
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",

@@ -182,6 +182,14 @@ static enum MHD_Result respond_with(srv_req *req, int status, const char *conten
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     rc = MHD_queue_response(req->conn, (unsigned)status, r);
     MHD_destroy_response(r);
+    if (rc == MHD_YES && req->srv->send_timeout_s < req->srv->idle_timeout_s) {
+        /* libmicrohttpd's timer measures idleness, and a client that stops reading is idle:
+         * while its reply is written it gets --send-timeout-s, not --idle-timeout-s, so that a
+         * non-reader pins the reply's memory that long at most. Completion restores it. */
+        MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  req->srv->send_timeout_s);
+        req->send_timer = true;
+    }
     req->status = status;
     req->bytes_out = body ? len : 0;
     req->responded = true;
@@ -974,11 +982,14 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     bool slow;
     int status;
     api_reason reason;
-    (void)conn;
 
     if (!req)
         return;
     *con_cls = NULL;
+    /* Safe here: libmicrohttpd takes a connection off its timeout list only later, in
+     * cleanup_connection, by the timeout it has then. */
+    if (req->send_timer)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
     if (!req->id[0])
         make_request_id(s, req->id, sizeof req->id); /* libmicrohttpd answered it itself */
     pthread_mutex_lock(&s->watch_mu);

@@ -265,6 +265,7 @@ struct srv_req {
     bool http11;        /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
     bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
     bool admin;         /* arrived on --admin-port: only health and metrics are served */
+    bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
     int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
 
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
@@ -282,6 +283,8 @@ struct srv_server {
     int64_t max_queue;
     int64_t request_timeout_ns, header_timeout_ns, receive_timeout_ns, idle_timeout_ns;
     int64_t drain_timeout_ns;
+    unsigned send_timeout_s, idle_timeout_s; /* libmicrohttpd's idle timer while a reply is
+                                                written, and otherwise */
     size_t max_memory_bytes;
     api_limits limits;
     api_models *models; /* the registered layers: built before listening, read-only after */

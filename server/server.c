@@ -205,6 +205,8 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->max_memory_bytes = cfg->max_memory_bytes;
     s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
     s->header_timeout_ns = cfg->header_timeout_s * 1000000000;
+    s->send_timeout_s = (unsigned)cfg->send_timeout_s;
+    s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
     s->receive_timeout_ns = cfg->receive_timeout_s * 1000000000;
     s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
     s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;

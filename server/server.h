@@ -100,6 +100,7 @@ typedef struct {
     int64_t connection_limit;   /* --connection-limit */
     int64_t admin_port;         /* --admin-port: -1 = none, 0 = an ephemeral port */
     char *admin_port_file;      /* --admin-port-file */
+    int64_t send_timeout_s;     /* --send-timeout-s: a reply stalled this long is cut */
     int64_t idle_timeout_s;     /* --idle-timeout-s */
     int64_t drain_timeout_s;    /* --drain-timeout-s */
     srv_model *models;          /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */

@@ -547,11 +547,12 @@ static void check_header_deadline(int port)
         close(fd);
 }
 
-/* A client that never reads its 11 MB reply is cut at --idle-timeout-s (2 s here), and the
- * log says so: status 499 with reply_cut_off, not 200; the reply's memory is given back. */
+/* 10. A client that never reads its 11 MB reply is cut at --send-timeout-s (2 s here, while
+ * --idle-timeout-s stays 60 s), and the log says so: status 499 with reply_cut_off, not 200;
+ * the reply's memory is given back. */
 static void test_cut_off_download_is_logged_as_such(void)
 {
-    const char *const args[] = {"--idle-timeout-s", "2", "--header-timeout-s", "1", NULL};
+    const char *const args[] = {"--send-timeout-s", "2", "--header-timeout-s", "1", NULL};
     daemon_proc d2;
     size_t len = 0;
     char head[256], *body = slow_attention_body(262144, 8, &len), *log = NULL;
