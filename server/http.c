@@ -656,6 +656,19 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
 static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
 {
     req->bytes_in += n;
+    if (atomic_load(&s->drain_expired)) {
+        /* The drain is over and this body is still arriving: answer now, or the client would
+         * only see the connection torn down when the daemon stops. A response queued
+         * mid-body is never sent by libmicrohttpd 0.9.75 (it closes the connection instead),
+         * so the small 503 is written to the socket here, where nothing else is in flight,
+         * and MHD_NO closes the connection. */
+        release_body(req);
+        srv__req_fail(req, 503, API_REASON_DRAINING,
+                      "the server is shutting down (--drain-timeout-s passed) while the body "
+                      "was arriving; retry on another replica");
+        srv__reply_direct(req);
+        return MHD_NO;
+    }
     if (req->pending_status) {
         if (req->bytes_in / DRAIN_FACTOR > s->max_body_bytes)
             return MHD_NO; /* enough draining: close */

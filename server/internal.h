@@ -459,9 +459,11 @@ const char *srv__origin_path(const char *target);
 
 /* Whether the peer of a suspended request has sent its FIN and nothing else is unread. */
 bool srv__peer_sent_fin(srv_req *req);
-/* Writes req->reply to the socket of the suspended request and records it as the response
- * (status, bytes, sent_directly; client_gone when the write failed). The worker that owns the
- * request calls it, before resuming the connection; it may block up to --idle-timeout-s. */
+/* Writes req->reply to the socket of the request and records it as the response (status,
+ * bytes, sent_directly; client_gone when the write failed); the connection must then close.
+ * Called by the worker that owns a suspended request, before resuming it (it may block up to
+ * --idle-timeout-s), or on the MHD thread for a small error reply (it then fits the empty
+ * socket buffer at once). */
 void srv__reply_direct(srv_req *req);
 
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */

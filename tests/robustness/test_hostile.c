@@ -502,6 +502,44 @@ static void test_closed_client_is_cancelled(void)
     CHECK(metric_wait_le(d.port, "attnd_running_requests", 0, (int)(prompt_s() * 1000)));
 }
 
+/* 11. An upload still arriving when the drain timeout passes gets 503, not a torn-down
+ * connection. */
+static void test_upload_cut_by_the_drain_gets_503(void)
+{
+    const char *const args[] = {"--drain-timeout-s", "1", NULL};
+    daemon_proc d2;
+    char head[256], *resp = NULL;
+    bool closed = false;
+    double until;
+    int fd;
+    if (daemon_start(&d2, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    fd = raw_connect(d2.port);
+    snprintf(head, sizeof head, POST_HEAD "Content-Length: 100000\r\n\r\n");
+    CHECK(fd >= 0 && raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, "{", 1) == 0);
+    CHECK(metric_wait(d2.port, INFLIGHT, 2, (int)(prompt_s() * 1000))); /* it, and the scrape */
+    CHECK(daemon_signal(&d2, SIGTERM) == 0);
+    until = now_s() + 1 + prompt_s();
+    while (!closed && now_s() < until) {
+        char *part;
+        raw_send(fd, "          ", 10); /* a trickle of body bytes */
+        part = raw_read_all(fd, 100, &closed);
+        if (part && part[0] && !resp)
+            resp = part;
+        else
+            free(part);
+    }
+    CHECKF(raw_status(resp) == 503 && strstr(resp, "--drain-timeout-s"), "the upload got: %.300s",
+           resp ? resp : "(nothing)");
+    free(resp);
+    if (fd >= 0)
+        close(fd);
+    CHECK_EQ_INT(daemon_wait(&d2, (int)(prompt_s() * 1000)), 0);
+    CHECK_EQ_INT(daemon_stop(&d2), 0);
+}
+
 /* ---- 10. Cut-off downloads ---------------------------------------------------------------- */
 
 /* A connection to `port` whose receive buffer is 4 KiB, so that a big reply cannot hide in
@@ -923,6 +961,7 @@ int main(void)
     RUN_WITHIN(test_half_closed_client_gets_its_reply, 120);
     RUN_WITHIN(test_closed_client_is_cancelled, 120);
     RUN_WITHIN(test_cut_off_download_is_logged_as_such, 120);
+    RUN_WITHIN(test_upload_cut_by_the_drain_gets_503, 120);
     RUN_WITHIN(test_trickling_connections_do_not_starve, 180);
     RUN_WITHIN(test_chaos, 180);
     RUN_WITHIN(test_stop, 90);
