@@ -69,6 +69,9 @@ static const srv_option options[] = {
      "10", "S", "time a client has to send its headers once its request line arrives; slower "
      "clients are disconnected (a connection trickling its headers holds a slot only this "
      "long)"},
+    {"min-upload-rate", "ATTND_MIN_UPLOAD_RATE", OPT_SIZE, OFF(min_upload_rate), 0,
+     INT64_C(1) << 40, "1KiB", "BYTES", "bytes per second a body must average, counted from "
+     "--header-timeout-s after its request line; slower uploads are disconnected; 0: none"},
     {"receive-timeout-s", "ATTND_RECEIVE_TIMEOUT_S", OPT_INT, OFF(receive_timeout_s), 1, 86400,
      "60", "S", "time a client has to send the whole request (headers and body) once its "
      "request line arrives; slower clients are disconnected"},

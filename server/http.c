@@ -656,6 +656,8 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
 static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
 {
     req->bytes_in += n;
+    if (req->sc) /* the watcher's --min-upload-rate check reads it */
+        atomic_fetch_add_explicit(&req->sc->received, n, memory_order_relaxed);
     if (atomic_load(&s->drain_expired)) {
         /* The drain is over and this body is still arriving: answer now, or the client would
          * only see the connection torn down when the daemon stops. A response queued
@@ -894,6 +896,7 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->sc = ci ? ci->socket_context : NULL;
     if (req->sc) {
         req->sc->phase = CONN_HEADERS;
+        atomic_store_explicit(&req->sc->received, 0, memory_order_relaxed);
         req->sc->since_ns = req->start_ns;
         req->sc->req = req;
     }

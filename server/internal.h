@@ -187,7 +187,8 @@ typedef struct srv_conn {
     bool eof_seen;            /* the watcher saw end-of-file with no unread byte (see watch.c, 6) */
     int64_t eof_since_ns;     /* since_ns when it was seen: unchanged means no progress since */
     srv_conn_phase eof_phase; /* and the phase then */
-    srv_req *req;             /* the request being received on it, if any */
+    atomic_uint_fast64_t received; /* body bytes of the current request (MHD thread adds) */
+    srv_req *req;                  /* the request being received on it, if any */
     struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -285,6 +286,7 @@ struct srv_server {
     int64_t drain_timeout_ns;
     unsigned send_timeout_s, idle_timeout_s; /* libmicrohttpd's idle timer while a reply is
                                                 written, and otherwise */
+    size_t min_upload_rate;                  /* --min-upload-rate */
     size_t max_memory_bytes;
     api_limits limits;
     api_models *models; /* the registered layers: built before listening, read-only after */

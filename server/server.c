@@ -206,6 +206,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
     s->header_timeout_ns = cfg->header_timeout_s * 1000000000;
     s->send_timeout_s = (unsigned)cfg->send_timeout_s;
+    s->min_upload_rate = cfg->min_upload_rate;
     s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
     s->receive_timeout_ns = cfg->receive_timeout_s * 1000000000;
     s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;

@@ -96,6 +96,7 @@ typedef struct {
     int64_t max_queue;          /* --max-queue: requests queued or running on workers */
     int64_t request_timeout_ms; /* --request-timeout-ms */
     int64_t header_timeout_s;   /* --header-timeout-s: request line to the end of the headers */
+    size_t min_upload_rate;     /* --min-upload-rate: body bytes per second, 0 = none */
     int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */
     int64_t connection_limit;   /* --connection-limit */
     int64_t admin_port;         /* --admin-port: -1 = none, 0 = an ephemeral port */

@@ -203,13 +203,28 @@ static const char *phase_flag(srv_conn_phase phase)
     return phase == CONN_HEADERS ? "--header-timeout-s" : "--receive-timeout-s";
 }
 
+/* A body arriving slower than --min-upload-rate on average, counted from --header-timeout-s
+ * after the request line: each trickling upload would otherwise hold its slot (and what it
+ * has reserved) for the whole --receive-timeout-s. */
+static bool upload_too_slow(const srv_server *s, srv_conn *c, int64_t now)
+{
+    int64_t counted = now - c->since_ns - s->header_timeout_ns;
+    uint64_t got = atomic_load_explicit(&c->received, memory_order_relaxed);
+    if (c->phase != CONN_RECEIVING || s->min_upload_rate == 0 || counted <= 0)
+        return false;
+    /* counted < 86400 s and the rate < 2^40, so the product fits in a double exactly enough */
+    return (double)got < (double)counted / 1e9 * (double)s->min_upload_rate;
+}
+
 /* Shuts down connections past their phase deadline. watch_mu held. */
 static void check_connections(srv_server *s, int64_t now)
 {
     for (srv_conn *c = s->conns; c; c = c->next) {
+        bool slow_upload;
         if (c->shut || c->phase == CONN_BUSY)
             continue;
-        if (now - c->since_ns < phase_limit(s, c->phase))
+        slow_upload = upload_too_slow(s, c, now);
+        if (!slow_upload && now - c->since_ns < phase_limit(s, c->phase))
             continue;
         /* libmicrohttpd closes the socket only after our CLOSED callback, which needs this
          * lock, so `fd` is still this connection's. */
@@ -221,7 +236,7 @@ static void check_connections(srv_server *s, int64_t now)
         srv_log(SRV_LOG_INFO,
                 "closed a connection whose client did not send its request in "
                 "time (%s)",
-                phase_flag(c->phase));
+                slow_upload ? "--min-upload-rate" : phase_flag(c->phase));
     }
 }
 
