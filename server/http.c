@@ -643,7 +643,7 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
             set_never_fits(s, req);
             return refuse_from_headers(req);
         }
-        if (used > total || req->content_length >= total - used) {
+        if (req->content_length >= total - used) { /* used <= total: reserve checks it */
             set_budget_busy(req);
             return refuse_from_headers(req);
         }

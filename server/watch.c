@@ -19,8 +19,10 @@
  *    a worker is answered 504 at that moment, not when a worker finally reaches it.
  * 3. Slow clients. libmicrohttpd's timeout only measures idleness, so a client trickling a byte
  *    a second keeps a connection forever. Each connection has a phase (see srv_conn_phase) and
- *    a deadline per phase; past it, the watcher shuts the socket down, and libmicrohttpd then
- *    sees end-of-file and closes the connection on its own thread.
+ *    a deadline per phase (--idle-timeout-s, --header-timeout-s, --receive-timeout-s), and a
+ *    body must also average --min-upload-rate; past either, the watcher shuts the socket
+ *    down, and libmicrohttpd then sees end-of-file and closes the connection on its own
+ *    thread.
  * 4. The drain timeout: once srv_server.drain_expired is set, queued requests are answered 503
  *    and running ones cancelled (their worker then answers 503).
  * 5. Idle buffers: request buffers kept for reuse (eng_buf_alloc) go back to the system once
