@@ -526,11 +526,85 @@ static char *compact_body(const char *body, size_t len, const api_body_scan *sca
     return out;
 }
 
-static int parse_error(const json_error_t *jerr, api_error *err)
+/* Nesting levels json_path_at follows; deeper values are named by their first levels. */
+#define PATH_DEPTH 16
+
+typedef struct {
+    bool array;
+    size_t index;
+    char key[48]; /* a key's raw bytes, cut to fit */
+} path_level;
+
+/* Copies the raw bytes of the string starting at body[*i] (its opening quote) into key (cut to
+ * fit) and moves *i to its closing quote (or to `end`). */
+static void skip_string(const char *body, size_t end, size_t *i, char *key, size_t keylen)
+{
+    size_t n = 0;
+    for (*i += 1; *i < end && body[*i] != '"'; *i += 1) {
+        if (body[*i] == '\\' && *i + 1 < end)
+            *i += 1;
+        if (key && n + 1 < keylen)
+            key[n++] = body[*i];
+    }
+    if (key)
+        key[n] = '\0';
+}
+
+/* The field path ("window[0]", "query.shape[1]") of the value that ends at byte `pos` of a
+ * JSON text that is well-formed up to there: jansson reports where an out-of-range number is,
+ * not whose it is. Writes "" for a top-level value. */
+static void json_path_at(const char *body, size_t pos, char *out, size_t outlen)
+{
+    path_level lv[PATH_DEPTH];
+    size_t depth = 0, n = 0; /* depth may exceed PATH_DEPTH; only the first levels are kept */
+    bool want_key = false;
+    for (size_t i = 0; i < pos; i++) {
+        char c = body[i];
+        path_level *top = depth > 0 && depth <= PATH_DEPTH ? &lv[depth - 1] : NULL;
+        if (c == '"') {
+            bool is_key = want_key && top && !top->array;
+            skip_string(body, pos, &i, is_key ? top->key : NULL, sizeof top->key);
+            want_key = false;
+        } else if (c == '{' || c == '[') {
+            if (depth < PATH_DEPTH) {
+                lv[depth].array = c == '[';
+                lv[depth].index = 0;
+                lv[depth].key[0] = '\0';
+            }
+            depth++;
+            want_key = c == '{';
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        } else if (c == ',' && top) {
+            top->index++;
+            want_key = !top->array;
+        }
+    }
+    out[0] = '\0';
+    for (size_t d = 0; d < depth && d < PATH_DEPTH && n < outlen; d++) {
+        int w = lv[d].array ? snprintf(out + n, outlen - n, "[%zu]", lv[d].index)
+                            : snprintf(out + n, outlen - n, "%s%s", n ? "." : "", lv[d].key);
+        if (w < 0)
+            break;
+        n += (size_t)w;
+    }
+}
+
+static int parse_error(const char *body, const json_error_t *jerr, api_error *err)
 {
     if (json_error_code(jerr) == json_error_out_of_memory)
         return api_error_set(err, 503, API_REASON_MEMORY, NULL,
                              "out of memory while parsing the request body");
+    if (json_error_code(jerr) == json_error_numeric_overflow && jerr->position >= 0) {
+        /* JSON itself sets no range on numbers (RFC 8259 section 6): the text is well-formed,
+         * the value is out of range, as for any other field (DESIGN.md section 3). */
+        char field[128];
+        json_path_at(body, (size_t)jerr->position, field, sizeof field);
+        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field[0] ? field : NULL,
+                             "the number at line %d, column %d is beyond the range of a 64-bit "
+                             "integer (integers) or of a double (others): %s",
+                             jerr->line, jerr->column, jerr->text);
+    }
     return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
                          "malformed JSON: %s at line %d, column %d (byte %d)", jerr->text,
                          jerr->line, jerr->column, jerr->position);
@@ -567,7 +641,7 @@ int api_body_parse(api_body *b, const char *body, size_t len, api_body_scan *sca
     if (!b->root) {
         b->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
         if (!b->root)
-            return parse_error(&jerr, err);
+            return parse_error(body, &jerr, err);
     }
     if (!json_is_object(b->root)) {
         api_body_free(b);

@@ -65,11 +65,29 @@ static const srv_option options[] = {
     {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
      "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
+    {"header-timeout-s", "ATTND_HEADER_TIMEOUT_S", OPT_INT, OFF(header_timeout_s), 1, 86400,
+     "10", "S", "time a client has to send its headers once its request line arrives; slower "
+     "clients are disconnected (a connection trickling its headers holds a slot only this "
+     "long)"},
+    {"min-upload-rate", "ATTND_MIN_UPLOAD_RATE", OPT_SIZE, OFF(min_upload_rate), 0,
+     INT64_C(1) << 40, "1KiB", "BYTES", "bytes per second a body must average, counted from "
+     "--header-timeout-s after its request line; slower uploads are disconnected; 0: none"},
     {"receive-timeout-s", "ATTND_RECEIVE_TIMEOUT_S", OPT_INT, OFF(receive_timeout_s), 1, 86400,
      "60", "S", "time a client has to send the whole request (headers and body) once its "
      "request line arrives; slower clients are disconnected"},
     {"connection-limit", "ATTND_CONNECTION_LIMIT", OPT_INT, OFF(connection_limit), 1, 1000000,
-     "1024", "N", "open client connections at once; more are refused"},
+     "4096", "N", "open client connections on --port at once (attnd raises its descriptor "
+     "limit to fit); beyond it new connections are not refused: they wait in the kernel's "
+     "listen backlog until one closes, and are refused only once the backlog is full"},
+    {"admin-port", "ATTND_ADMIN_PORT", OPT_INT, OFF(admin_port), -1, 65535, "-1", "N",
+     "a second listener serving only /v2/health/live, /v2/health/ready and /metrics, with its "
+     "own 64 connections, so that probes and scrapes answer while --port is saturated; 0 picks "
+     "an ephemeral port (see --admin-port-file); -1: none"},
+    {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
+     "PATH", "once listening, write the bound --admin-port to this file"},
+    {"send-timeout-s", "ATTND_SEND_TIMEOUT_S", OPT_INT, OFF(send_timeout_s), 1, 86400, "10", "S",
+     "time a reply may go without the client accepting a byte; then the connection is cut "
+     "(logged as 499 with reply_cut_off) and the reply's memory freed"},
     {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPT_INT, OFF(idle_timeout_s), 1, 86400, "60",
      "S", "close a connection with no traffic (or no complete request line) for this long"},
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",
@@ -358,6 +376,7 @@ void srv_config_free(srv_config *cfg)
         return;
     free(cfg->host);
     free(cfg->port_file);
+    free(cfg->admin_port_file);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
         free(cfg->models[i].path);

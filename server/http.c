@@ -93,6 +93,17 @@ void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, si
                  (long long)(s->request_timeout_ns / 1000000));
 }
 
+/* The headers are in: from here the receive timeout applies, still counted from the request
+ * line (--receive-timeout-s covers headers and body). */
+static void headers_arrived(srv_req *req)
+{
+    srv_server *s = req->srv;
+    pthread_mutex_lock(&s->watch_mu);
+    if (req->sc && req->sc->phase == CONN_HEADERS)
+        req->sc->phase = CONN_RECEIVING;
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
 static void set_phase(srv_req *req, srv_conn_phase phase)
 {
     srv_server *s = req->srv;
@@ -171,6 +182,14 @@ static enum MHD_Result respond_with(srv_req *req, int status, const char *conten
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     rc = MHD_queue_response(req->conn, (unsigned)status, r);
     MHD_destroy_response(r);
+    if (rc == MHD_YES && req->srv->send_timeout_s < req->srv->idle_timeout_s) {
+        /* libmicrohttpd's timer measures idleness, and a client that stops reading is idle:
+         * while its reply is written it gets --send-timeout-s, not --idle-timeout-s, so that a
+         * non-reader pins the reply's memory that long at most. Completion restores it. */
+        MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  req->srv->send_timeout_s);
+        req->send_timer = true;
+    }
     req->status = status;
     req->bytes_out = body ? len : 0;
     req->responded = true;
@@ -348,6 +367,15 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
     if (f.n_transfer > 0 && f.n_length > 0)
         return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
                              "both Transfer-Encoding and Content-Length are set");
+    /* libmicrohttpd 0.9.75 frames a body as chunked only when the value is exactly "chunked"
+     * (any case): with a trailing blank it reads the body until the connection closes and
+     * swallows the requests behind it, so such a value is malformed here, as a Content-Length
+     * with one is for libmicrohttpd. */
+    if (f.n_transfer == 1 && token_is(f.transfer, "chunked") &&
+        strcasecmp(f.transfer, "chunked") != 0)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
+                             f.transfer);
     if (f.n_transfer > 1 || (f.n_transfer == 1 && !token_is(f.transfer, "chunked")))
         return respond_error(req, 501, API_REASON_BAD_REQUEST, &close,
                              "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
@@ -390,6 +418,25 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
     return MHD_YES;
 }
 
+/* Arranges a 413 for a body that needs more than the whole budget. */
+static void set_never_fits(const srv_server *s, srv_req *req)
+{
+    req->pending_status = 413;
+    req->pending_reason = API_REASON_MEMORY;
+    snprintf(req->pending_msg, sizeof req->pending_msg,
+             "the request body needs more memory than --max-memory-bytes (%zu) allows",
+             s->max_memory_bytes);
+}
+
+/* Arranges a 429 for a body that does not fit in the budget while other requests hold it. */
+static void set_budget_busy(srv_req *req)
+{
+    req->pending_status = 429;
+    req->pending_reason = API_REASON_MEMORY;
+    snprintf(req->pending_msg, sizeof req->pending_msg,
+             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+}
+
 /* Reserves `bytes` of the budget for the body; on failure answers (or arranges to answer once
  * the body is in) and returns false. */
 static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
@@ -399,19 +446,12 @@ static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
         req->reserved += bytes;
         return true;
     case API_BUDGET_NEVER:
-        req->pending_status = 413;
-        req->pending_reason = API_REASON_MEMORY;
-        snprintf(req->pending_msg, sizeof req->pending_msg,
-                 "the request body needs more memory than --max-memory-bytes (%zu) allows",
-                 s->max_memory_bytes);
+        set_never_fits(s, req);
         return false;
     case API_BUDGET_NOT_NOW:
         break;
     }
-    req->pending_status = 429;
-    req->pending_reason = API_REASON_MEMORY;
-    snprintf(req->pending_msg, sizeof req->pending_msg,
-             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+    set_budget_busy(req);
     return false;
 }
 
@@ -433,20 +473,52 @@ static enum MHD_Result refuse_from_headers(srv_req *req)
     return MHD_YES;
 }
 
+/* Checks of the request line and header block that come before framing (request_check.c):
+ * each is a way for a proxy and this server to read a different request. Every refusal
+ * closes the connection, since what follows the headers cannot be trusted either. */
+static enum MHD_Result check_request(srv_req *req, const char *version, bool *answered)
+{
+    resp_opts close = {.close = true};
+    srv_header_scan scan;
+
+    *answered = true;
+    if (req->bad_target)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close, "%s", req->bad_target);
+    srv__headers_scan(req->conn, &scan);
+    if (scan.bad_name)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "malformed header field \"%.64s\": whitespace before the colon, "
+                             "line folding and other non-token characters are not accepted",
+                             scan.bad_name);
+    if (scan.n_host > 1 || (scan.n_host == 0 && version && strcmp(version, "HTTP/1.1") == 0))
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "an HTTP/1.1 request needs exactly one Host header (it has %d)",
+                             scan.n_host);
+    if (scan.n_infer_len > 1)
+        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
+                             "more than one Inference-Header-Content-Length header");
+    *answered = false;
+    return MHD_YES;
+}
+
 /* First call of the access handler: what every answer needs (id, method, path), then the
  * framing checks, which must come before any body byte is read. *answered tells whether a
  * response was queued. */
 static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *url,
-                                     const char *method, bool *answered)
+                                     const char *method, const char *version, bool *answered)
 {
     const char *hdr;
+    enum MHD_Result rc;
     req->framing_checked = true;
+    req->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
     snprintf(req->method, sizeof req->method, "%s", method ? method : "");
     hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
     if (hdr && request_id_ok(hdr))
         snprintf(req->id, sizeof req->id, "%s", hdr);
     else
         make_request_id(s, req->id, sizeof req->id);
+    if (url)
+        url = srv__origin_path(url);
     if (url && strcmp(url, req->path) != 0) {
         size_t n = strlen(url);
         req->path_too_long = n >= sizeof req->path;
@@ -456,7 +528,20 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         req->path[n] = '\0';
     }
     route(req);
+    headers_arrived(req);
+    rc = check_request(req, version, answered);
+    if (*answered)
+        return rc;
     return check_framing(s, req, answered);
+}
+
+/* The routes --admin-port serves: what probes and scrapers need, all answered on this thread
+ * from the headers, so that a saturated --port (or engine) cannot hold them up. */
+static bool admin_route(const srv_route_def *rd)
+{
+    return rd &&
+           (strcmp(rd->pattern, "/v2/health/live") == 0 ||
+            strcmp(rd->pattern, "/v2/health/ready") == 0 || strcmp(rd->pattern, "/metrics") == 0);
 }
 
 /* Routing and the checks that can be decided from the headers. Runs before the body is read
@@ -470,6 +555,13 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     bool is_get;
 
     req->seen_headers = true;
+    if (req->admin && !admin_route(rd)) {
+        resp_opts close = {.close = req->body_expected};
+        return respond_error(req, 404, API_REASON_BAD_REQUEST, &close,
+                             "--admin-port serves only /v2/health/live, /v2/health/ready and "
+                             "/metrics; %.100s is on --port",
+                             req->path);
+    }
     if (!rd) {
         return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
                              req->method, req->path);
@@ -540,13 +632,21 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
                              "the queue is full (--max-queue %lld); retry later",
                              (long long)s->max_queue);
     }
+    /* Nothing is reserved for the announced length: a Content-Length is a promise, not bytes,
+     * and reserving it up front let sixteen clients that announce 256 MiB and send nothing
+     * hold the whole budget. The reservation grows with the bytes that arrive (on_body_chunk);
+     * a body that could never fit, or that does not fit in what is free right now, is
+     * refused from the header (checking holds nothing). */
     if (req->has_length && req->content_length > 0) {
-        /* The whole body at once: one allocation, reserved before a byte is read. */
-        if (!reserve_body(s, req, req->content_length + 1))
+        size_t total = api_budget_total(s->budget), used = api_budget_in_use(s->budget);
+        if (req->content_length >= total) {
+            set_never_fits(s, req);
             return refuse_from_headers(req);
-        if (srv__buf_grow_to(&req->body, req->content_length + 1) != SRV_OK)
-            return respond_error(req, 503, API_REASON_MEMORY, NULL,
-                                 "out of memory for a body of %zu bytes", req->content_length);
+        }
+        if (req->content_length >= total - used) { /* used <= total: reserve checks it */
+            set_budget_busy(req);
+            return refuse_from_headers(req);
+        }
     }
     return MHD_YES;
 }
@@ -556,6 +656,21 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
 static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
 {
     req->bytes_in += n;
+    if (req->sc) /* the watcher's --min-upload-rate check reads it */
+        atomic_fetch_add_explicit(&req->sc->received, n, memory_order_relaxed);
+    if (atomic_load(&s->drain_expired)) {
+        /* The drain is over and this body is still arriving: answer now, or the client would
+         * only see the connection torn down when the daemon stops. A response queued
+         * mid-body is never sent by libmicrohttpd 0.9.75 (it closes the connection instead),
+         * so the small 503 is written to the socket here, where nothing else is in flight,
+         * and MHD_NO closes the connection. */
+        release_body(req);
+        srv__req_fail(req, 503, API_REASON_DRAINING,
+                      "the server is shutting down (--drain-timeout-s passed) while the body "
+                      "was arriving; retry on another replica");
+        srv__reply_direct(req);
+        return MHD_NO;
+    }
     if (req->pending_status) {
         if (req->bytes_in / DRAIN_FACTOR > s->max_body_bytes)
             return MHD_NO; /* enough draining: close */
@@ -570,13 +685,16 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         return MHD_YES;
     }
     if (n >= req->body.cap - req->body.len) {
-        /* Grow (doubling, capped) and reserve what the allocation grows by. */
+        /* Grow (doubling, capped by the announced length or the body cap) and reserve what the
+         * allocation grows by, so that the reservation is never more than about twice the
+         * bytes received. */
         size_t need = req->body.len + n + 1;
+        size_t limit = req->has_length ? req->content_length + 1 : s->max_body_bytes + 1;
         size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
         while (cap < need)
             cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        if (cap > s->max_body_bytes + 1)
-            cap = s->max_body_bytes + 1;
+        if (cap > limit)
+            cap = limit;
         if (!reserve_body(s, req, cap - req->body.cap)) {
             release_body(req);
             return MHD_YES;
@@ -638,13 +756,17 @@ static void job_run(void *arg, int64_t index)
     }
     req->done_ns = eng_now_ns();
     release_body(req);
+    /* A client that half-closed would lose the reply on resume (half_close.c): write it now,
+     * once the watcher can no longer write its probe (watch.c) to the socket. */
+    srv__watch_remove(s, req);
+    if (srv__peer_sent_fin(req))
+        srv__reply_direct(req);
     /* api released its reservation; the reply text stays in memory until it is sent, so it
      * is accounted for until the request completes (best effort: it exists already). */
     if (req->reply.body_len > 0 &&
         api_budget_reserve(s->budget, req->reply.body_len) == API_BUDGET_OK)
         req->reply_reserved = req->reply.body_len;
     atomic_store(&req->state, REQ_DONE);
-    srv__watch_remove(s, req);
     atomic_fetch_sub(&s->running, 1);
     atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
     MHD_resume_connection(req->conn);
@@ -755,6 +877,9 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->start_ns = eng_now_ns();
     srv__buf_init(&req->body, s->max_body_bytes);
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
+    req->bad_target = srv__target_check(uri);
+    if (uri)
+        uri = srv__origin_path(uri);
     n = uri ? strcspn(uri, "?") : 0;
     req->path_too_long = n >= sizeof req->path;
     if (req->path_too_long)
@@ -764,11 +889,14 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->path[n] = '\0';
     route(req);
 
+    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    req->admin = ci && s->admin_mhd && ci->daemon == s->admin_mhd;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     pthread_mutex_lock(&s->watch_mu);
     req->sc = ci ? ci->socket_context : NULL;
     if (req->sc) {
-        req->sc->phase = CONN_RECEIVING;
+        req->sc->phase = CONN_HEADERS;
+        atomic_store_explicit(&req->sc->received, 0, memory_order_relaxed);
         req->sc->since_ns = req->start_ns;
         req->sc->req = req;
     }
@@ -784,13 +912,12 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
     srv_server *s = cls;
     srv_req *req = *con_cls;
     (void)conn;
-    (void)version;
 
     if (!req)
         return MHD_NO; /* the URI callback ran out of memory: drop the connection */
     if (!req->framing_checked) {
         bool answered = false;
-        enum MHD_Result rc = on_first_call(s, req, url, method, &answered);
+        enum MHD_Result rc = on_first_call(s, req, url, method, version, &answered);
         if (answered || !req->body_expected)
             return rc; /* no body: route on the next call, when the request is complete */
         return on_headers(s, req);
@@ -801,6 +928,8 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
             return rc;
         /* A POST without a body: it is complete already. */
     }
+    if (req->sent_directly)
+        return MHD_NO; /* a worker wrote the reply (half_close.c): only the close is left */
     if (req->responded) {
         /* Answered early; whatever body libmicrohttpd still hands over is discarded. */
         *upload_data_size = 0;
@@ -852,6 +981,8 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
                     ms(now - req->start_ns));
     if (reason != API_REASON_NONE)
         srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+    if (req->cut_status > 0)
+        srv__buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
     srv__buf_puts(&b, "}\n");
     if (!b.failed)
         srv__log_write(b.data, b.len);
@@ -867,11 +998,14 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     bool slow;
     int status;
     api_reason reason;
-    (void)conn;
 
     if (!req)
         return;
     *con_cls = NULL;
+    /* Safe here: libmicrohttpd takes a connection off its timeout list only later, in
+     * cleanup_connection, by the timeout it has then. */
+    if (req->send_timer)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
     if (!req->id[0])
         make_request_id(s, req->id, sizeof req->id); /* libmicrohttpd answered it itself */
     pthread_mutex_lock(&s->watch_mu);
@@ -889,6 +1023,15 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     reason = req->reason;
     if (atomic_load(&req->client_gone)) {
         status = 499; /* nginx's "client closed request": the reply was never delivered */
+        reason = API_REASON_CANCELLED;
+    } else if (req->responded && !req->sent_directly &&
+               toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* The reply was queued but not all of it was sent: the client stopped reading (cut at
+         * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
+         * all go out. */
+        req->cut_status = status;
+        req->bytes_out = 0;
+        status = 499;
         reason = API_REASON_CANCELLED;
     } else if (!req->responded) {
         if (slow) {

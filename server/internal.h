@@ -168,7 +168,8 @@ typedef enum {
 
 typedef enum {
     CONN_IDLE = 0,  /* between requests: a request line must arrive within the idle timeout */
-    CONN_RECEIVING, /* request line seen: headers and body within the receive timeout */
+    CONN_HEADERS,   /* request line seen: headers within the header timeout */
+    CONN_RECEIVING, /* headers seen: the body within the receive timeout (from the request line) */
     CONN_BUSY,      /* request complete: computing or answering; no deadline of ours */
 } srv_conn_phase;
 
@@ -182,8 +183,12 @@ typedef struct srv_conn {
     int fd;
     srv_conn_phase phase;
     int64_t since_ns;
-    bool shut;    /* the watcher shut it down (slow client) */
-    srv_req *req; /* the request being received on it, if any */
+    bool shut;                /* the watcher shut it down (slow client, or end-of-file missed) */
+    bool eof_seen;            /* the watcher saw end-of-file with no unread byte (see watch.c, 6) */
+    int64_t eof_since_ns;     /* since_ns when it was seen: unchanged means no progress since */
+    srv_conn_phase eof_phase; /* and the phase then */
+    atomic_uint_fast64_t received; /* body bytes of the current request (MHD thread adds) */
+    srv_req *req;                  /* the request being received on it, if any */
     struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -217,8 +222,9 @@ struct srv_req {
     bool framing_checked; /* the first call of the access handler ran */
     bool seen_headers;    /* routing and header checks ran */
     srv_route route;
-    bool path_too_long; /* longer than SRV_PATH_MAX - 1: matches no route */
-    srv_params params;  /* filled by the route matcher */
+    bool path_too_long;     /* longer than SRV_PATH_MAX - 1: matches no route */
+    const char *bad_target; /* srv__target_check's finding, answered 400 (static text) */
+    srv_params params;      /* filled by the route matcher */
     char method[12];
     char path[SRV_PATH_MAX];
     char id[SRV_REQUEST_ID_MAX + 1];
@@ -257,8 +263,15 @@ struct srv_req {
     uint64_t bytes_out;
     bool responded;
 
+    bool http11;        /* the request line says HTTP/1.1: an interim 1xx reply may be sent */
+    bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
+    bool admin;         /* arrived on --admin-port: only health and metrics are served */
+    bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
+    int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
+
     /* Watcher bookkeeping, guarded by srv_server.watch_mu. */
     bool watched, hup, dropped_slow;
+    bool probed; /* the watcher sent a "100 Continue" to tell a half-close from a hang-up */
     srv_req *wprev, *wnext;
 };
 
@@ -269,7 +282,11 @@ struct srv_server {
     int threads;
     size_t max_body_bytes;
     int64_t max_queue;
-    int64_t request_timeout_ns, receive_timeout_ns, idle_timeout_ns, drain_timeout_ns;
+    int64_t request_timeout_ns, header_timeout_ns, receive_timeout_ns, idle_timeout_ns;
+    int64_t drain_timeout_ns;
+    unsigned send_timeout_s, idle_timeout_s; /* libmicrohttpd's idle timer while a reply is
+                                                written, and otherwise */
+    size_t min_upload_rate;                  /* --min-upload-rate */
     size_t max_memory_bytes;
     api_limits limits;
     api_models *models; /* the registered layers: built before listening, read-only after */
@@ -277,6 +294,8 @@ struct srv_server {
     api_budget *budget;
     eng_pool *pool;
     struct MHD_Daemon *mhd;
+    struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
+    int admin_port;
     srv_metrics metrics;
 
     atomic_bool draining;          /* readiness 503, new requests 503 */
@@ -295,8 +314,9 @@ struct srv_server {
     pthread_mutex_t watch_mu;
     int wake_fd; /* eventfd: wakes the watcher's poll */
     bool watch_stop;
-    srv_conn *conns;  /* every open connection */
-    srv_req *watched; /* every suspended request */
+    srv_conn *conns;     /* every open connection */
+    srv_req *watched;    /* every suspended request */
+    int64_t eof_scan_ns; /* when the watcher last looked for missed end-of-file */
 };
 
 /* Drops one reference; the last one frees the request. Any thread. */
@@ -420,6 +440,35 @@ void srv__v2_admitted(srv_server *s, srv_req *req);
 void srv__v2_started(srv_server *s, srv_req *req);
 void srv__v2_completed(srv_server *s, srv_req *req, int status, api_reason reason, int64_t total_ns,
                        int64_t queue_ns);
+
+/* ---- Request line and header checks (request_check.c) ---------------------------------- */
+
+/* What srv__headers_scan found in a header block. */
+typedef struct {
+    const char *bad_name;    /* the first field name that is not a token, or that extends a framing
+                                field (obs-fold glued on by libmicrohttpd); NULL: none */
+    int n_host, n_infer_len; /* Host and Inference-Header-Content-Length fields */
+} srv_header_scan;
+
+/* Scans the request headers of `conn` (MHD thread, from the access handler). */
+void srv__headers_scan(struct MHD_Connection *conn, srv_header_scan *scan);
+/* Checks the raw request target as the URI callback receives it: NULL when sound, else what is
+ * wrong (a static sentence for the 400). */
+const char *srv__target_check(const char *uri);
+/* The path of a request target in origin form: `target` itself, or for the absolute form
+ * ("http://host:port/path?q") the part from the path on ("/" when empty). */
+const char *srv__origin_path(const char *target);
+
+/* ---- Half-closed clients (half_close.c) -------------------------------------------------- */
+
+/* Whether the peer of a suspended request has sent its FIN and nothing else is unread. */
+bool srv__peer_sent_fin(srv_req *req);
+/* Writes req->reply to the socket of the request and records it as the response (status,
+ * bytes, sent_directly; client_gone when the write failed); the connection must then close.
+ * Called by the worker that owns a suspended request, before resuming it (it may block up to
+ * --idle-timeout-s), or on the MHD thread for a small error reply (it then fits the empty
+ * socket buffer at once). */
+void srv__reply_direct(srv_req *req);
 
 /* Fills req->reply with an error for a request that ends without running (watcher, worker). */
 void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)

@@ -3,7 +3,8 @@
  *
  * Signal handlers only write one byte to a self-pipe; the main thread sleeps on the pipe and
  * runs the drain itself, so nothing unsafe ever runs inside a handler. A second SIGTERM or
- * SIGINT during the drain ends its grace period at once.
+ * SIGINT during the drain ends its grace period at once. SIGHUP, SIGUSR1 and SIGUSR2 are
+ * ignored, and SIGPIPE too.
  *
  * Exit status: 0 after a drain, 1 when the server cannot start, 2 for a bad configuration.
  * `attnd --healthcheck [options]` instead probes a running daemon with those options.
@@ -43,6 +44,12 @@ static int install_signals(void)
         return -1;
     /* Writes to a closed socket must fail with EPIPE, not kill the process. */
     signal(SIGPIPE, SIG_IGN);
+    /* Their default action ends the process at once, without a drain: a stray `kill -HUP`
+     * (a supervisor asking for a reload, a terminal going away) or SIGUSR1/2 would drop every
+     * request in flight. attnd has nothing to reload, so they are ignored. */
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
     return 0;
 }
 

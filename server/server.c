@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -106,6 +107,75 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
     return models;
 }
 
+/* Connections --admin-port takes at once: a few probes and scrapers, never the traffic. */
+#define ADMIN_CONNECTIONS 64u
+
+/* Raises the soft descriptor limit (RLIMIT_NOFILE) to the hard one when it is too low for
+ * --connection-limit: containers often start with 1024, and a connection beyond the
+ * descriptors would fail at accept() instead of waiting for a slot. Best effort: a limit that
+ * stays too low is logged. */
+static void raise_fd_limit(const srv_config *cfg)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)cfg->connection_limit + ADMIN_CONNECTIONS + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need)
+        srv_log(SRV_LOG_WARN,
+                "the descriptor limit (%llu) is below --connection-limit %lld plus a margin: "
+                "raise ulimit -n",
+                (unsigned long long)rl.rlim_cur, (long long)cfg->connection_limit);
+}
+
+/* Starts a libmicrohttpd listener on cfg->host, `port` (0: ephemeral) taking `limit`
+ * connections, and stores its bound port in *bound. `flag` names the port's option in errors.
+ * NULL on failure, with `err` filled. */
+static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, int port,
+                                         unsigned limit, const char *flag, int *bound, char *err,
+                                         size_t errlen)
+{
+    struct addrinfo hints, *ai = NULL;
+    char port_str[16];
+    unsigned flags;
+    const union MHD_DaemonInfo *di;
+    struct MHD_Daemon *mhd;
+    int rc;
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(port_str, sizeof port_str, "%d", port);
+    rc = getaddrinfo(cfg->host, port_str, &hints, &ai);
+    if (rc != 0 || !ai) {
+        snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(rc));
+        return NULL;
+    }
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    /* The logger must be the first option, or libmicrohttpd prints the messages about the
+     * options before it on its own. */
+    mhd = MHD_start_daemon(
+        flags, (uint16_t)port, NULL, NULL, srv__mhd_access, s, MHD_OPTION_EXTERNAL_LOGGER,
+        srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
+        srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!mhd) {
+        snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port, flag,
+                 errno ? strerror(errno) : "see the log");
+        return NULL;
+    }
+    di = MHD_get_daemon_info(mhd, MHD_DAEMON_INFO_BIND_PORT);
+    *bound = di ? (int)di->port : port;
+    return mhd;
+}
+
 srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
 {
     api_models *models = srv_models_load(cfg, err, errlen);
@@ -119,11 +189,6 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
 {
     srv_server *s;
     eng_error eerr;
-    struct addrinfo hints, *ai = NULL;
-    char port_str[16];
-    unsigned flags;
-    const union MHD_DaemonInfo *di;
-    int rc;
 
     s = calloc(1, sizeof *s);
     if (!s) {
@@ -139,6 +204,10 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->max_queue = cfg->max_queue;
     s->max_memory_bytes = cfg->max_memory_bytes;
     s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
+    s->header_timeout_ns = cfg->header_timeout_s * 1000000000;
+    s->send_timeout_s = (unsigned)cfg->send_timeout_s;
+    s->min_upload_rate = cfg->min_upload_rate;
+    s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
     s->receive_timeout_ns = cfg->receive_timeout_s * 1000000000;
     s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
     s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;
@@ -170,44 +239,31 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
 
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    snprintf(port_str, sizeof port_str, "%d", (int)cfg->port);
-    rc = getaddrinfo(cfg->host, port_str, &hints, &ai);
-    if (rc != 0 || !ai) {
-        snprintf(err, errlen, "--host %s: %s", cfg->host, gai_strerror(rc));
+    raise_fd_limit(cfg);
+    s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, "--port",
+                            &s->port, err, errlen);
+    if (!s->mhd)
         goto fail;
+    if (cfg->admin_port >= 0) {
+        s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS,
+                                      "--admin-port", &s->admin_port, err, errlen);
+        if (!s->admin_mhd)
+            goto fail;
     }
-    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-            MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    /* The logger must be the first option, or libmicrohttpd prints the messages about the
-     * options before it on its own. */
-    s->mhd = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv__mhd_access, s,
-                              MHD_OPTION_EXTERNAL_LOGGER, srv__log_mhd, s, MHD_OPTION_SOCK_ADDR,
-                              ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)cfg->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                              (unsigned)cfg->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                              (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK, srv__mhd_uri, s,
-                              MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
-                              MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->mhd) {
-        snprintf(err, errlen, "cannot listen on %s port %lld (--host, --port): %s", cfg->host,
-                 (long long)cfg->port, errno ? strerror(errno) : "see the log");
-        goto fail;
-    }
-    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? (int)di->port : (int)cfg->port;
-
     if (cfg->port_file && write_port_file(cfg->port_file, s->port) != SRV_OK) {
         snprintf(err, errlen, "--port-file %s: cannot write it: %s", cfg->port_file,
                  strerror(errno));
         goto fail;
     }
+    if (s->admin_mhd && cfg->admin_port_file &&
+        write_port_file(cfg->admin_port_file, s->admin_port) != SRV_OK) {
+        snprintf(err, errlen, "--admin-port-file %s: cannot write it: %s", cfg->admin_port_file,
+                 strerror(errno));
+        goto fail;
+    }
+    if (s->admin_mhd)
+        srv_log(SRV_LOG_INFO, "admin listener (health, metrics) on %s port %d", s->host,
+                s->admin_port);
     srv_log(SRV_LOG_INFO,
             "listening on %s port %d with %d engine workers (max queue %lld, max body %zu "
             "bytes, memory budget %zu bytes)",
@@ -284,6 +340,9 @@ void srv_server_free(srv_server *s)
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    if (s->admin_mhd)
+        MHD_stop_daemon(s->admin_mhd);
+    s->admin_mhd = NULL;
     srv__watch_stop(s);
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */

@@ -95,8 +95,13 @@ typedef struct {
     size_t buffer_cache_bytes;  /* --buffer-cache-bytes: freed big buffers kept mapped */
     int64_t max_queue;          /* --max-queue: requests queued or running on workers */
     int64_t request_timeout_ms; /* --request-timeout-ms */
+    int64_t header_timeout_s;   /* --header-timeout-s: request line to the end of the headers */
+    size_t min_upload_rate;     /* --min-upload-rate: body bytes per second, 0 = none */
     int64_t receive_timeout_s;  /* --receive-timeout-s: whole header and body */
     int64_t connection_limit;   /* --connection-limit */
+    int64_t admin_port;         /* --admin-port: -1 = none, 0 = an ephemeral port */
+    char *admin_port_file;      /* --admin-port-file */
+    int64_t send_timeout_s;     /* --send-timeout-s: a reply stalled this long is cut */
     int64_t idle_timeout_s;     /* --idle-timeout-s */
     int64_t drain_timeout_s;    /* --drain-timeout-s */
     srv_model *models;          /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */

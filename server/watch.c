@@ -7,17 +7,36 @@
  *    queue is finished at once (its worker will skip it), a running one gets ctl.cancel set,
  *    which the engine checks between blocks. poll() wakes on the event, so this takes
  *    microseconds, well within the 100 ms the issue asks for.
+ *    A FIN alone (POLLRDHUP) does not say whether the client closed its socket or only its
+ *    sending side (shutdown(SHUT_WR), `nc -N`), still waiting for the reply. Only a write can
+ *    tell: an HTTP/1.1 request gets an interim "100 Continue" (RFC 9110 section 15.2: a client
+ *    must accept unexpected 1xx replies; libmicrohttpd writes nothing while the connection is
+ *    suspended, so the bytes cannot interleave with its reply). A closed socket answers it with
+ *    a reset, seen as POLLERR/POLLHUP; a half-closed one reads it and waits on. An HTTP/1.0
+ *    request may not get a 1xx reply, so its FIN counts as a hang-up.
  * 2. Queue deadlines. A request whose deadline (--request-timeout-ms from its arrival, or the
  *    tighter timeout its body sets, read before it was queued) passes while it still waits for
  *    a worker is answered 504 at that moment, not when a worker finally reaches it.
  * 3. Slow clients. libmicrohttpd's timeout only measures idleness, so a client trickling a byte
  *    a second keeps a connection forever. Each connection has a phase (see srv_conn_phase) and
- *    a deadline per phase; past it, the watcher shuts the socket down, and libmicrohttpd then
- *    sees end-of-file and closes the connection on its own thread.
+ *    a deadline per phase (--idle-timeout-s, --header-timeout-s, --receive-timeout-s), and a
+ *    body must also average --min-upload-rate; past either, the watcher shuts the socket
+ *    down, and libmicrohttpd then sees end-of-file and closes the connection on its own
+ *    thread.
  * 4. The drain timeout: once srv_server.drain_expired is set, queued requests are answered 503
  *    and running ones cancelled (their worker then answers 503).
  * 5. Idle buffers: request buffers kept for reuse (eng_buf_alloc) go back to the system once
  *    nobody has needed them for BUFFER_IDLE_NS; the watcher wakes at least once a second.
+ * 6. Missed end-of-file. libmicrohttpd 0.9.75's epoll mode is edge-triggered, and its recv
+ *    wrapper (recv_param_adapter in connection.c) clears the connection's read-ready flag as
+ *    soon as recv returns fewer bytes than asked for. When a FIN arrives together with the last
+ *    bytes of a partial request (send "GET /v2/heal", close), the one epoll edge is spent on
+ *    the bytes, the FIN raises no new edge, and the connection sits in CLOSE-WAIT, holding its
+ *    slot and any body reservation, until a timeout. Every EOF_SCAN_NS the watcher peeks at
+ *    each connection that is not busy: recv(MSG_PEEK) returning 0 means the peer closed and
+ *    libmicrohttpd has consumed every byte. Seen twice with no phase change in between (so
+ *    that bytes libmicrohttpd has read but not yet parsed are never cut off), the connection
+ *    is shut down, which wakes libmicrohttpd to read the end-of-file and close it.
  *
  * Locking: watch_mu guards the connection list, the watched-request list and their watcher
  * fields. libmicrohttpd's callbacks take watch_mu, so the watcher never calls into
@@ -38,6 +57,9 @@
 #define WATCH_MAX_SLEEP_MS 1000
 /* Cached request buffers unused this long are given back (--buffer-cache-bytes). */
 #define BUFFER_IDLE_NS INT64_C(10000000000)
+/* How often connections that are not busy are checked for an end-of-file that libmicrohttpd
+ * missed (6. above); one recv per such connection per scan. */
+#define EOF_SCAN_NS INT64_C(200000000)
 /* MHD's own idle timeout normally closes an idle connection first; ours, a little later,
  * catches a request line trickled slowly enough to keep resetting MHD's timer. */
 #define IDLE_GRACE_NS INT64_C(1000000000)
@@ -160,15 +182,51 @@ static void check_requests(srv_server *s, int64_t now, req_list *resume)
     }
 }
 
+/* How long a connection may stay in `phase` (not CONN_BUSY, which has none of ours). */
+static int64_t phase_limit(const srv_server *s, srv_conn_phase phase)
+{
+    switch (phase) {
+    case CONN_IDLE:
+        return s->idle_timeout_ns + IDLE_GRACE_NS;
+    case CONN_HEADERS:
+        return s->header_timeout_ns < s->receive_timeout_ns ? s->header_timeout_ns
+                                                            : s->receive_timeout_ns;
+    case CONN_RECEIVING:
+    case CONN_BUSY:
+        break;
+    }
+    return s->receive_timeout_ns;
+}
+
+static const char *phase_flag(srv_conn_phase phase)
+{
+    if (phase == CONN_IDLE)
+        return "--idle-timeout-s";
+    return phase == CONN_HEADERS ? "--header-timeout-s" : "--receive-timeout-s";
+}
+
+/* A body arriving slower than --min-upload-rate on average, counted from --header-timeout-s
+ * after the request line: each trickling upload would otherwise hold its slot (and what it
+ * has reserved) for the whole --receive-timeout-s. */
+static bool upload_too_slow(const srv_server *s, srv_conn *c, int64_t now)
+{
+    int64_t counted = now - c->since_ns - s->header_timeout_ns;
+    uint64_t got = atomic_load_explicit(&c->received, memory_order_relaxed);
+    if (c->phase != CONN_RECEIVING || s->min_upload_rate == 0 || counted <= 0)
+        return false;
+    /* counted < 86400 s and the rate < 2^40, so the product fits in a double exactly enough */
+    return (double)got < (double)counted / 1e9 * (double)s->min_upload_rate;
+}
+
 /* Shuts down connections past their phase deadline. watch_mu held. */
 static void check_connections(srv_server *s, int64_t now)
 {
     for (srv_conn *c = s->conns; c; c = c->next) {
-        int64_t limit;
+        bool slow_upload;
         if (c->shut || c->phase == CONN_BUSY)
             continue;
-        limit = c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns;
-        if (now - c->since_ns < limit)
+        slow_upload = upload_too_slow(s, c, now);
+        if (!slow_upload && now - c->since_ns < phase_limit(s, c->phase))
             continue;
         /* libmicrohttpd closes the socket only after our CLOSED callback, which needs this
          * lock, so `fd` is still this connection's. */
@@ -180,7 +238,44 @@ static void check_connections(srv_server *s, int64_t now)
         srv_log(SRV_LOG_INFO,
                 "closed a connection whose client did not send its request in "
                 "time (%s)",
-                c->phase == CONN_IDLE ? "--idle-timeout-s" : "--receive-timeout-s");
+                slow_upload ? "--min-upload-rate" : phase_flag(c->phase));
+    }
+}
+
+/* Whether the peer of `fd` has closed its side and no unread byte is left: recv with MSG_PEEK
+ * returns 0 at end-of-file, data when bytes wait (libmicrohttpd will read them), EAGAIN when
+ * the connection is merely quiet. A reset counts as closed. */
+static bool peer_closed(int fd)
+{
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && (errno == ECONNRESET || errno == ENOTCONN));
+}
+
+/* Shuts down connections whose client closed while libmicrohttpd did not notice (6. above).
+ * watch_mu held. */
+static void check_missed_eof(srv_server *s, int64_t now)
+{
+    if (now - s->eof_scan_ns < EOF_SCAN_NS)
+        return;
+    s->eof_scan_ns = now;
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        if (c->shut || c->phase == CONN_BUSY || c->fd < 0 || !peer_closed(c->fd)) {
+            c->eof_seen = false;
+            continue;
+        }
+        if (!c->eof_seen || c->eof_since_ns != c->since_ns || c->eof_phase != c->phase) {
+            c->eof_seen = true;
+            c->eof_since_ns = c->since_ns;
+            c->eof_phase = c->phase;
+            continue;
+        }
+        /* As in check_connections, `fd` is still this connection's while we hold the lock. */
+        shutdown(c->fd, SHUT_RDWR);
+        c->shut = true;
+        atomic_fetch_add_explicit(&s->metrics.hangups, 1, memory_order_relaxed);
+        srv_log(SRV_LOG_DEBUG, "closed a connection whose client had closed it (%s)",
+                c->phase == CONN_IDLE ? "between requests" : "with its request incomplete");
     }
 }
 
@@ -192,8 +287,9 @@ static int next_timeout_ms(srv_server *s, int64_t now)
         int64_t due;
         if (c->shut || c->phase == CONN_BUSY)
             continue;
-        due = c->since_ns +
-              (c->phase == CONN_IDLE ? s->idle_timeout_ns + IDLE_GRACE_NS : s->receive_timeout_ns);
+        if (s->eof_scan_ns + EOF_SCAN_NS < next)
+            next = s->eof_scan_ns + EOF_SCAN_NS;
+        due = c->since_ns + phase_limit(s, c->phase);
         if (due < next)
             next = due;
     }
@@ -205,6 +301,18 @@ static int next_timeout_ms(srv_server *s, int64_t now)
     if (next <= now)
         return 0;
     return (int)((next - now + 999999) / 1000000);
+}
+
+/* The peer of a suspended request sent a FIN (POLLRDHUP without POLLHUP/POLLERR): whether it
+ * is gone is still open (1. above). Returns true when it counts as gone now. watch_mu held. */
+static bool fin_means_gone(srv_req *req)
+{
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (!req->http11 || req->probed || !req->sc)
+        return true;
+    req->probed = true;
+    return send(req->sc->fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+           (ssize_t)(sizeof probe - 1);
 }
 
 /* A client is gone: cancel its request. watch_mu held. */
@@ -234,6 +342,7 @@ static void *watch_main(void *arg)
 
         check_requests(s, now, &resume);
         check_connections(s, now);
+        check_missed_eof(s, now);
 
         for (srv_req *r = s->watched; r; r = r->wnext)
             watched++;
@@ -263,7 +372,9 @@ static void *watch_main(void *arg)
             if (r->hup)
                 continue;
             pfd[n].fd = r->sc ? r->sc->fd : -1;
-            pfd[n].events = POLLRDHUP;
+            /* Once probed, only the reset (POLLERR/POLLHUP, always reported) matters: the FIN
+             * stays readable and would wake the poll at once, over and over. */
+            pfd[n].events = r->probed ? 0 : POLLRDHUP;
             pfd[n].revents = 0;
             polled[n] = r;
             atomic_fetch_add(&r->refs, 1);
@@ -291,8 +402,10 @@ static void *watch_main(void *arg)
         pthread_mutex_lock(&s->watch_mu);
         for (size_t i = 1; i < n; i++) {
             srv_req *r = polled[i];
-            if (rc > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) && r->watched &&
-                !r->hup)
+            short ev = rc > 0 ? pfd[i].revents : 0;
+            if (!r->watched || r->hup)
+                continue;
+            if ((ev & (POLLHUP | POLLERR)) || ((ev & POLLRDHUP) && fin_means_gone(r)))
                 on_hangup(s, r, &resume);
         }
         pthread_mutex_unlock(&s->watch_mu);

@@ -89,9 +89,10 @@ else
             esac
         done
         rm -f "$tmp/cport"
-        # The configuration's own flags first: the test's --host and --port come later and win.
+        # The configuration's own flags first: the test's --host and ports come later and win
+        # (an --admin-port of the configuration becomes an ephemeral one, too).
         "${clean_env[@]}" "${cfg_env[@]}" "$bin" "${cfg_args[@]}" --host 127.0.0.1 --port 0 \
-            --port-file "$tmp/cport" >"$tmp/cout" 2>"$tmp/cerr" &
+            --admin-port 0 --port-file "$tmp/cport" >"$tmp/cout" 2>"$tmp/cerr" &
         cpid=$!
         for _ in $(seq 100); do
             [ -s "$tmp/cport" ] && break
