@@ -417,7 +417,8 @@ static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
 
 static enum MHD_Result respond_pending(srv_req *req)
 {
-    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
+    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0,
+                   .headers = req->pending_status == 401 ? srv__auth_challenge : NULL};
     return respond_error(req, req->pending_status, req->pending_reason, &o, "%s", req->pending_msg);
 }
 
@@ -470,6 +471,10 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     bool is_get;
 
     req->seen_headers = true;
+    if (!srv__auth_allows(s->auth, req)) { /* before anything that tells routes apart */
+        srv__auth_refuse(req);
+        return req->body_expected ? refuse_from_headers(req) : respond_pending(req);
+    }
     if (!rd) {
         return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
                              req->method, req->path);

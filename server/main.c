@@ -39,7 +39,8 @@ static int install_signals(void)
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+        sigaction(SIGHUP, &sa, NULL) != 0)
         return -1;
     /* Writes to a closed socket must fail with EPIPE, not kill the process. */
     signal(SIGPIPE, SIG_IGN);
@@ -97,7 +98,13 @@ int main(int argc, char **argv)
         srv_config_free(&cfg);
         return 1;
     }
-    /* A model file that cannot be loaded is a configuration error, like a bad flag. */
+    /* So are a certificate, key or token file that cannot be used, and a model file that
+     * cannot be loaded. */
+    if (srv_security_check(&cfg, err, sizeof err) != SRV_OK) {
+        fprintf(stderr, "attnd: %s\n", err);
+        srv_config_free(&cfg);
+        return 2;
+    }
     models = srv_models_load(&cfg, err, sizeof err);
     if (!models) {
         fprintf(stderr, "attnd: %s\n", err);
@@ -111,7 +118,8 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    sig = wait_for_signal();
+    while ((sig = wait_for_signal()) == SIGHUP)
+        srv_server_reload(s);
     srv_log(SRV_LOG_INFO, "received %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv_server_drain(s, signal_pipe[0]);
     srv_server_free(s);

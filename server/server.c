@@ -123,6 +123,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     char port_str[16];
     unsigned flags;
     const union MHD_DaemonInfo *di;
+    const struct MHD_OptionItem *tls_opts;
     int rc;
 
     s = calloc(1, sizeof *s);
@@ -169,6 +170,8 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
         goto fail;
     }
+    if (srv__security_start(s, cfg, err, errlen) != SRV_OK)
+        goto fail;
 
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
@@ -184,16 +187,21 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
             MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    tls_opts = srv__tls_options(s->tls, &flags, err, errlen);
+    if (!tls_opts) {
+        freeaddrinfo(ai);
+        goto fail;
+    }
     /* The logger must be the first option, or libmicrohttpd prints the messages about the
      * options before it on its own. */
-    s->mhd = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv__mhd_access, s,
-                              MHD_OPTION_EXTERNAL_LOGGER, srv__log_mhd, s, MHD_OPTION_SOCK_ADDR,
-                              ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)cfg->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                              (unsigned)cfg->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                              (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK, srv__mhd_uri, s,
-                              MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
-                              MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_END);
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, srv__mhd_access, s, MHD_OPTION_EXTERNAL_LOGGER,
+        srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
+        MHD_OPTION_URI_LOG_CALLBACK, srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
+        srv__mhd_completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s,
+        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->mhd) {
         snprintf(err, errlen, "cannot listen on %s port %lld (--host, --port): %s", cfg->host,
@@ -214,9 +222,9 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
             s->host, s->port, s->threads, (long long)s->max_queue, s->max_body_bytes,
             s->max_memory_bytes);
     if (strchr(s->host, ':'))
-        printf("attnd listening on http://[%s]:%d\n", s->host, s->port);
+        printf("attnd listening on %s://[%s]:%d\n", s->tls ? "https" : "http", s->host, s->port);
     else
-        printf("attnd listening on http://%s:%d\n", s->host, s->port);
+        printf("attnd listening on %s://%s:%d\n", s->tls ? "https" : "http", s->host, s->port);
     fflush(stdout);
     return s;
 
@@ -291,6 +299,8 @@ void srv_server_free(srv_server *s)
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);
     api_models_free(s->models);
+    srv__tls_free(s->tls);
+    srv__auth_free(s->auth);
     while (s->conns) {
         srv_conn *c = s->conns;
         s->conns = c->next;
