@@ -94,7 +94,7 @@ enum { SRV_REASON_COUNT = 0 API_REASON_LIST(SRV__REASON_COUNT_ONE) };
 #undef SRV__REASON_COUNT_ONE
 
 #define SRV_HIST_BUCKETS 16
-#define SRV_CODE_SLOTS   16
+#define SRV_CODE_SLOTS   17
 
 typedef struct {
     atomic_uint_fast64_t bucket[SRV_HIST_BUCKETS + 1]; /* last: above the largest bound */

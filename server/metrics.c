@@ -17,8 +17,8 @@ static const double bucket_le[SRV_HIST_BUCKETS] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
 /* Status codes with their own series; anything else is counted as code="other". */
-static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 404, 405, 408, 411, 413, 415,
-                                                   422, 429, 499, 500, 501, 503, 504};
+static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 411, 413,
+                                                   415, 422, 429, 499, 500, 501, 503, 504};
 
 static const char *const stage_labels[SRV_STAGE_COUNT] = {"queue", "decode", "compute", "encode"};
 
