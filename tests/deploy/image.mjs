@@ -108,7 +108,7 @@ async function lint() {
         const runs = all[0].instrs.filter((i) => i.keyword === "RUN").map((i) => i.rest);
         assert(runs.some((r) => /\bmake\b[^&;]*\bbuild\/attnd\b/.test(r)), "no `make ... build/attnd`");
         const pkgs = all[0].instrs.filter((i) => i.keyword === "RUN").flatMap((i) => aptInstallPackages(i.rest));
-        for (const p of ["build-essential", "pkg-config", "libmicrohttpd-dev", "libjansson-dev", "libopenblas-dev", "zlib1g-dev"])
+        for (const p of ["build-essential", "pkg-config", "libmicrohttpd-dev", "libgnutls28-dev", "libjansson-dev", "libopenblas-dev", "zlib1g-dev"])
             assert(pkgs.includes(p), `the builder does not install ${p}`);
     });
 
