@@ -454,6 +454,13 @@ const struct MHD_OptionItem *srv__tls_options(srv_tls *t, unsigned *flags, char 
 /* "CN=...,O=... (chain of N, expires 2027-01-01T00:00:00Z)" for the start and reload lines. */
 void srv__tls_describe(srv_tls *t, char *out, size_t outlen);
 
+/* attnd --healthcheck over TLS: a handshake on the connected socket `fd` (nothing verified;
+ * with --tls-client-ca the daemon's own certificate is presented), `req` sent, and up to
+ * `out_len` bytes of the answer read into `out` before `deadline_ms` (CLOCK_MONOTONIC).
+ * Returns the bytes read; 0 when the handshake or the exchange failed. */
+size_t srv__tls_exchange(const srv_config *cfg, int fd, const char *req, size_t req_len, char *out,
+                         size_t out_len, int64_t deadline_ms);
+
 /* Loads --auth-token-file: SRV_OK with *out NULL when it is not set. Main thread. */
 srv_status srv__auth_new(const srv_config *cfg, srv_auth **out, char *err, size_t errlen);
 /* Reads the file again (*count: its tokens); on failure the previous tokens stay. */

@@ -24,11 +24,14 @@
 #include "server/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gnutls/abstract.h>
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 
 /* Longest chain accepted in --tls-cert (leaf plus intermediates). */
@@ -413,4 +416,59 @@ void srv__tls_describe(srv_tls *t, char *out, size_t outlen)
                  tm.tm_sec, t->client_ca ? ", client certificates required" : "");
     }
     gnutls_x509_crt_deinit(crt);
+}
+
+/* Makes `fd` blocking with send and receive timeouts of what is left until `deadline_ms`
+ * (CLOCK_MONOTONIC), so that GnuTLS' blocking calls cannot outlive the probe. */
+static bool block_until(int fd, int64_t deadline_ms)
+{
+    struct timespec ts;
+    struct timeval tv;
+    int64_t left;
+    int flags = fcntl(fd, F_GETFL);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    left = deadline_ms - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    if (left <= 0 || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+        return false;
+    tv.tv_sec = (time_t)(left / 1000);
+    tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+    return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+           setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0;
+}
+
+size_t srv__tls_exchange(const srv_config *cfg, int fd, const char *req, size_t req_len, char *out,
+                         size_t out_len, int64_t deadline_ms)
+{
+    gnutls_certificate_credentials_t cred;
+    gnutls_session_t session;
+    size_t got = 0;
+    int rc;
+    if (!block_until(fd, deadline_ms) || gnutls_certificate_allocate_credentials(&cred) < 0)
+        return 0;
+    /* The daemon's own certificate doubles as the client's when client certificates are
+     * required (it then needs the client-auth usage too). Nothing is verified: this process
+     * probes the daemon of its own container over loopback. */
+    if (cfg->tls_client_ca && !cfg->tls_key_password_file)
+        gnutls_certificate_set_x509_key_file(cred, cfg->tls_cert, cfg->tls_key,
+                                             GNUTLS_X509_FMT_PEM);
+    rc = gnutls_init(&session, GNUTLS_CLIENT);
+    if (rc < 0) {
+        gnutls_certificate_free_credentials(cred);
+        return 0;
+    }
+    if (gnutls_priority_set_direct(session, cfg->tls_priorities, NULL) >= 0 &&
+        gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, cred) >= 0) {
+        gnutls_transport_set_int(session, fd);
+        do
+            rc = gnutls_handshake(session);
+        while (rc < 0 && !gnutls_error_is_fatal(rc));
+        if (rc >= 0 && gnutls_record_send(session, req, req_len) == (ssize_t)req_len) {
+            ssize_t n;
+            while (got < out_len && (n = gnutls_record_recv(session, out + got, out_len - got)) > 0)
+                got += (size_t)n;
+        }
+    }
+    gnutls_deinit(session);
+    gnutls_certificate_free_credentials(cred);
+    return got;
 }

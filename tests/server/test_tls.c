@@ -5,8 +5,10 @@
  * over TLS.
  */
 #include <signal.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/support/check.h"
@@ -311,6 +313,47 @@ static void test_certificate_reload(void)
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+/* `attnd --healthcheck` with the daemon's TLS flags (as a container's HEALTHCHECK has them,
+ * through the environment): its exit status. */
+static int healthcheck(const daemon_proc *d, const char *cert, const char *key, bool client_ca)
+{
+    const char *bin = getenv("ATTND_BIN");
+    char cmd[1024];
+    int rc;
+    snprintf(cmd, sizeof cmd, "'%s' --healthcheck --port-file '%s/port'", bin ? bin : "build/attnd",
+             d->dir);
+    if (cert) {
+        size_t n = strlen(cmd);
+        snprintf(cmd + n, sizeof cmd - n, " --tls-cert '%s' --tls-key '%s'%s%s", cert, key,
+                 client_ca ? " --tls-client-ca " : "", client_ca ? pki.ca : "");
+    }
+    rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_healthcheck_over_tls(void)
+{
+    daemon_proc d;
+    const char *mtls[] = {"--tls-cert",      pki.dual_cert, "--tls-key", pki.dual_key,
+                          "--tls-client-ca", pki.ca,        NULL};
+    if (start_tls(&d, NULL) != 0) {
+        CHECK(false);
+        return;
+    }
+    CHECK_EQ_INT(healthcheck(&d, pki.server_cert, pki.server_key, false), 0);
+    CHECK_EQ_INT(healthcheck(&d, NULL, NULL, false), 1); /* plain HTTP gets no answer */
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+    /* With client certificates required, the probe presents the daemon's own certificate,
+     * which then needs the client-auth usage as well. */
+    if (daemon_start(&d, mtls) != 0) {
+        CHECK(false);
+        return;
+    }
+    CHECK_EQ_INT(healthcheck(&d, pki.dual_cert, pki.dual_key, true), 0);
+    CHECK_EQ_INT(healthcheck(&d, pki.dual_cert, pki.dual_key, false), 1);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
 /* Tokens and TLS together: 401 then 200 over https, probes open. */
 static void test_tokens_over_tls(void)
 {
@@ -363,6 +406,7 @@ int main(void)
     RUN_WITHIN(test_mutual_tls, 300);
     RUN_WITHIN(test_certificate_reload, 300);
     RUN_WITHIN(test_tokens_over_tls, 300);
+    RUN_WITHIN(test_healthcheck_over_tls, 300);
     tls_files_remove(&pki);
     return check_report();
 }

@@ -71,11 +71,15 @@ int tls_files_make(tls_files *f)
     path_in(f, "client.key", f->client_key, sizeof f->client_key);
     path_in(f, "rogue.pem", f->rogue_cert, sizeof f->rogue_cert);
     path_in(f, "rogue.key", f->rogue_key, sizeof f->rogue_key);
+    path_in(f, "dual.pem", f->dual_cert, sizeof f->dual_cert);
+    path_in(f, "dual.key", f->dual_key, sizeof f->dual_key);
     if (run(f, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "
                "ca.key -out ca.pem -days 2 -subj '/CN=attnd test CA'") != 0 ||
         issue(f, "server", TLS_SERVER_CN, server_ext) != 0 ||
         issue(f, "renewed", TLS_RENEWED_CN, server_ext) != 0 ||
         issue(f, "client", "attnd-test-client", "extendedKeyUsage=clientAuth\\n") != 0 ||
+        issue(f, "dual", TLS_SERVER_CN,
+              "subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n") != 0 ||
         run(f, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "
                "rogue.key -out rogue.pem -days 2 -subj '/CN=attnd-test-rogue' -addext "
                "extendedKeyUsage=clientAuth") != 0 ||

@@ -29,6 +29,7 @@ typedef struct {
     char encrypted_key[128], key_password[128]; /* server_key under a password, and that */
     char client_cert[128], client_key[128];
     char rogue_cert[128], rogue_key[128];
+    char dual_cert[128], dual_key[128]; /* a server certificate good for client auth too */
 } tls_files;
 
 /* The common names of the two server certificates. */
