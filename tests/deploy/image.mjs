@@ -352,6 +352,7 @@ function configs() {
             for (const e of g.envs || []) Object.assign(env, readEnvFile(path.join(dir, e)));
             for (const lit of g.literals || []) env[lit.slice(0, lit.indexOf("="))] = lit.slice(lit.indexOf("=") + 1);
         }
+        for (const c of k.components || []) Object.assign(env, kustomizeEnv(path.resolve(dir, c)));
         return env;
     };
     const k8s = path.join(ROOT, "deploy", "k8s");

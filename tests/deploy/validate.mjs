@@ -535,6 +535,16 @@ await check("kserve: the runtime speaks v2 from kserve-container on 8080 with Pr
     assert(model && /^--model=\{\{\.Name\}\}=\/mnt\/models\//.test(model), `--model does not name {{.Name}} under /mnt/models: ${model}`);
     const port = (c.args || []).find((x) => x.startsWith("--port="));
     assert(!port || port === "--port=8080", `${port} differs from the container port`);
+    // Token (and certificate) files come from read-only Secret volumes of the runtime's pod.
+    for (const e of (c.env || []).filter((x) => SECRET_FILES.includes(x.name))) {
+        const m = (c.volumeMounts || []).find((vm) => e.value.startsWith(vm.mountPath.replace(/\/?$/, "/")));
+        assert(m && m.readOnly === true && !m.subPath, `${e.name}=${e.value} is not under a read-only mount without subPath`);
+        const v = (rt.spec.volumes || []).find((x) => x.name === m.name);
+        assert(v && v.secret, `${e.name}: volume ${m.name} is not a Secret`);
+        const file = e.value.slice(m.mountPath.replace(/\/?$/, "/").length);
+        assert(!v.secret.items || v.secret.items.some((it) => it.path === file), `${e.name}: Secret ${v.secret.secretName} does not project ${file}`);
+    }
+    assert((c.env || []).some((x) => x.name === "ATTND_AUTH_TOKEN_FILE"), "the runtime does not pass a token file (ATTND_AUTH_TOKEN_FILE)");
 });
 
 await check("kserve: the InferenceService selects the runtime by name and model format, v2, Guaranteed", () => {
