@@ -7,7 +7,12 @@
  *                (api_v2_infer) and the native base64 JSON body (api_attention), parse,
  *                decode, compute, encode - no socket; buffers are cached as in the daemon;
  *   http         the same bodies POSTed to a real attnd over loopback (libcurl, one kept-alive
- *                connection): upload, queue, api, download.
+ *                connection): upload, queue, api, download;
+ *   https        the base64 body again, to a second attnd serving TLS (--tls-cert, a P-256
+ *                certificate made with openssl at run time, default priorities: TLS 1.3 with
+ *                AES-GCM here), over one kept-alive connection;
+ *   small        a 3-token request (the README's example) over http and https: milliseconds
+ *                per request on one kept-alive connection, over batches of SMALL_BATCH.
  *
  * Bodies are built once, before the clock starts; each case runs --reps times (default 3) after
  * one warm-up and reports the median and the fastest, in milliseconds, with the bytes each way.
@@ -26,6 +31,10 @@
 
 #include "api/internal.h"
 #include "tests/support/daemon.h"
+#include "tests/support/tls.h"
+
+/* Requests per timed batch of the small case: one is too short for the clock. */
+#define SMALL_BATCH 200
 
 typedef struct {
     char *data;
@@ -173,13 +182,13 @@ static size_t on_head(char *p, size_t size, size_t nmemb, void *u)
     return n;
 }
 
-static long post(CURL *h, int port, const char *path, const char *const *headers, const char *body,
-                 size_t len, reply_buf *r)
+static long post(CURL *h, const char *scheme, int port, const char *path,
+                 const char *const *headers, const char *body, size_t len, reply_buf *r)
 {
     struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
     char url[256];
     long status = 0;
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    snprintf(url, sizeof url, "%s://127.0.0.1:%d%s", scheme, port, path);
     for (int i = 0; headers[i]; i++)
         hl = curl_slist_append(hl, headers[i]);
     r->body.len = 0;
@@ -205,13 +214,61 @@ static long post(CURL *h, int port, const char *path, const char *const *headers
 
 static int reps = 3;
 
-static void report(const char *name, double *t, size_t up, size_t down, bool ok)
+/* Prints one line and returns the median. */
+static double report(const char *name, double *t, size_t up, size_t down, bool ok)
 {
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    printf("%-28s ms=%8.1f  min_ms=%8.1f  request_mb=%6.1f  reply_mb=%6.1f  output=%s\n", name,
+    printf("%-28s ms=%8.3f  min_ms=%8.3f  request_mb=%6.1f  reply_mb=%6.1f  output=%s\n", name,
            t[reps / 2], t[0], (double)up / 1048576.0, (double)down / 1048576.0,
            ok ? "exact" : "DIFFERS");
     fflush(stdout);
+    return t[reps / 2];
+}
+
+/* The native base64 case over one connection: the median in ms (its line printed). */
+static double http_native(CURL *h, const char *scheme, int port, const char *body, size_t len,
+                          const float *want, double *t)
+{
+    static const char *const headers[] = {"Content-Type: application/json", NULL};
+    reply_buf r = {{0}, 0};
+    bool ok = true;
+    double median;
+    for (int i = -1; i < reps; i++) {
+        int64_t t0 = eng_now_ns();
+        long status = post(h, scheme, port, "/v1/attention", headers, body, len, &r);
+        if (i >= 0)
+            t[i] = ms_since(t0);
+        ok = ok && status == 200 && same_output(r.body.data, r.body.len, 0, false, want);
+    }
+    median = report(strcmp(scheme, "https") == 0 ? "https native base64 json"
+                                                 : "http native base64 json",
+                    t, len, r.body.len, ok);
+    free(r.body.data);
+    return median;
+}
+
+/* The small request, SMALL_BATCH times per timed batch: the median ms per request. */
+static double http_small(CURL *h, const char *scheme, int port, double *t)
+{
+    static const char body[] = "{\"query\": [[1, 0], [0, 1], [1, 1]], \"key\": [[1, 0], [0, 1], "
+                               "[1, 1]], \"value\": [[1, 0], [0, 2], [3, 1]], \"causal\": true}";
+    static const char *const headers[] = {"Content-Type: application/json", NULL};
+    reply_buf r = {{0}, 0};
+    bool ok = true;
+    double median;
+    for (int i = -1; i < reps; i++) {
+        int64_t t0 = eng_now_ns();
+        for (int j = 0; j < SMALL_BATCH; j++)
+            ok = ok &&
+                 post(h, scheme, port, "/v1/attention", headers, body, sizeof body - 1, &r) == 200;
+        if (i >= 0)
+            t[i] = ms_since(t0) / SMALL_BATCH;
+    }
+    median = report(strcmp(scheme, "https") == 0 ? "https small json (per req)"
+                                                 : "http small json (per req)",
+                    t, sizeof body - 1, r.body.len, ok);
+    free(r.body.data);
+    return median;
 }
 
 int main(int argc, char **argv)
@@ -309,39 +366,58 @@ int main(int argc, char **argv)
                ok);
     }
 
-    /* A real daemon over loopback. */
-    daemon_proc d;
+    /* Real daemons over loopback: plain, and TLS with a certificate made now. */
+    daemon_proc d, ds;
+    tls_files pki;
+    bool tls = tls_files_make(&pki) == 0;
     char nthreads[16];
     snprintf(nthreads, sizeof nthreads, "%d", threads);
     const char *const args[] = {
         "--threads", nthreads, "--max-body-bytes", "1GiB", "--max-memory-bytes", "8GiB", NULL};
+    const char *const tls_args[] = {
+        "--threads", nthreads,     "--max-body-bytes", "1GiB",      "--max-memory-bytes",
+        "8GiB",      "--tls-cert", pki.server_cert,    "--tls-key", pki.server_key,
+        NULL};
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (daemon_start(&d, args) != 0) {
+    if (daemon_start(&d, args) != 0 || (tls && daemon_start(&ds, tls_args) != 0)) {
         fprintf(stderr, "bench_e2e: cannot start attnd ($ATTND_BIN)\n");
         return 1;
     }
     CURL *h = curl_easy_init();
+    CURL *hs = tls ? https_handle_new(&pki, TLS_CLIENT_NONE) : NULL;
     const char *v2_headers[] = {"Content-Type: application/octet-stream", hl_header, NULL};
-    const char *nat_headers[] = {"Content-Type: application/json", NULL};
-    for (int which = 0; which < 2; which++) {
+    {
         reply_buf r = {{0}, 0};
         bool ok = true;
         for (int i = -1; i < reps; i++) {
             int64_t t0 = eng_now_ns();
-            long status = which == 0
-                              ? post(h, d.port, "/v2/models/sdpa/infer", v2_headers, v2, v2_len, &r)
-                              : post(h, d.port, "/v1/attention", nat_headers, nat, nat_len, &r);
+            long status =
+                post(h, "http", d.port, "/v2/models/sdpa/infer", v2_headers, v2, v2_len, &r);
             if (i >= 0)
                 t[i] = ms_since(t0);
             ok = ok && status == 200 &&
-                 same_output(r.body.data, r.body.len, r.header_len, which == 0, first);
+                 same_output(r.body.data, r.body.len, r.header_len, true, first);
         }
-        report(which == 0 ? "http v2 binary fp32" : "http native base64 json", t,
-               which == 0 ? v2_len : nat_len, r.body.len, ok);
+        report("http v2 binary fp32", t, v2_len, r.body.len, ok);
         free(r.body.data);
     }
+    double plain_big = http_native(h, "http", d.port, nat, nat_len, first, t);
+    double tls_big = tls ? http_native(hs, "https", ds.port, nat, nat_len, first, t) : 0;
+    double plain_small = http_small(h, "http", d.port, t);
+    double tls_small = tls ? http_small(hs, "https", ds.port, t) : 0;
+    if (tls)
+        printf("tls cost (median https / http - 1): base64 json %+.1f%%, small json %+.1f%%\n",
+               (tls_big / plain_big - 1) * 100, (tls_small / plain_small - 1) * 100);
+    else
+        printf("https lines skipped: no test certificate (openssl)\n");
     curl_easy_cleanup(h);
+    if (hs)
+        curl_easy_cleanup(hs);
     daemon_stop(&d);
+    if (tls) {
+        daemon_stop(&ds);
+        tls_files_remove(&pki);
+    }
     curl_global_cleanup();
 
     api_budget_free(budget);
