@@ -13,6 +13,8 @@
  *                AES-GCM here), over one kept-alive connection;
  *   small        a 3-token request (the README's example) over http and https: milliseconds
  *                per request on one kept-alive connection, over batches of SMALL_BATCH.
+ * The http and https runs of a case alternate (http, https, http, ...), so that the machine's
+ * drift weighs on both alike; "tls cost" compares their medians.
  *
  * Bodies are built once, before the clock starts; each case runs --reps times (default 3) after
  * one warm-up and reports the median and the fastest, in milliseconds, with the bytes each way.
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/internal.h"
 #include "tests/support/daemon.h"
@@ -35,6 +38,9 @@
 
 /* Requests per timed batch of the small case: one is too short for the clock. */
 #define SMALL_BATCH 200
+/* The small case: the README's example request. */
+static const char small_body[] = "{\"query\": [[1, 0], [0, 1], [1, 1]], \"key\": [[1, 0], [0, 1], "
+                                 "[1, 1]], \"value\": [[1, 0], [0, 2], [3, 1]], \"causal\": true}";
 
 typedef struct {
     char *data;
@@ -225,50 +231,99 @@ static double report(const char *name, double *t, size_t up, size_t down, bool o
     return t[reps / 2];
 }
 
-/* The native base64 case over one connection: the median in ms (its line printed). */
-static double http_native(CURL *h, const char *scheme, int port, const char *body, size_t len,
-                          const float *want, double *t)
+/* One connection's case: a scheme, a port, the handle, and what it measured. */
+typedef struct {
+    const char *scheme;
+    int port;
+    pid_t pid;        /* the daemon's, for its CPU time */
+    double cpu_s;     /* the daemon's CPU seconds over the timed runs */
+    int64_t requests; /* requests in the timed runs */
+    CURL *h;
+    reply_buf r;
+    bool ok;
+    double *t;
+} conn_case;
+
+/* User plus system CPU seconds of process `pid` so far (/proc/PID/stat); 0 if unknown. */
+static double cpu_seconds(pid_t pid)
 {
-    static const char *const headers[] = {"Content-Type: application/json", NULL};
-    reply_buf r = {{0}, 0};
-    bool ok = true;
-    double median;
-    for (int i = -1; i < reps; i++) {
-        int64_t t0 = eng_now_ns();
-        long status = post(h, scheme, port, "/v1/attention", headers, body, len, &r);
-        if (i >= 0)
-            t[i] = ms_since(t0);
-        ok = ok && status == 200 && same_output(r.body.data, r.body.len, 0, false, want);
-    }
-    median = report(strcmp(scheme, "https") == 0 ? "https native base64 json"
-                                                 : "http native base64 json",
-                    t, len, r.body.len, ok);
-    free(r.body.data);
-    return median;
+    char path[64], text[1024];
+    unsigned long long utime = 0, stime = 0;
+    const char *p;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    p = strrchr(text, ')'); /* the command name may hold spaces */
+    if (!p ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+        return 0;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
 }
 
-/* The small request, SMALL_BATCH times per timed batch: the median ms per request. */
-static double http_small(CURL *h, const char *scheme, int port, double *t)
+/* One native base64 request: its time in ms. */
+static double native_once(conn_case *c, const char *body, size_t len, const float *want)
 {
-    static const char body[] = "{\"query\": [[1, 0], [0, 1], [1, 1]], \"key\": [[1, 0], [0, 1], "
-                               "[1, 1]], \"value\": [[1, 0], [0, 2], [3, 1]], \"causal\": true}";
     static const char *const headers[] = {"Content-Type: application/json", NULL};
-    reply_buf r = {{0}, 0};
-    bool ok = true;
-    double median;
-    for (int i = -1; i < reps; i++) {
-        int64_t t0 = eng_now_ns();
-        for (int j = 0; j < SMALL_BATCH; j++)
-            ok = ok &&
-                 post(h, scheme, port, "/v1/attention", headers, body, sizeof body - 1, &r) == 200;
-        if (i >= 0)
-            t[i] = ms_since(t0) / SMALL_BATCH;
+    int64_t t0 = eng_now_ns();
+    long status = post(c->h, c->scheme, c->port, "/v1/attention", headers, body, len, &c->r);
+    double ms = ms_since(t0);
+    c->ok = c->ok && status == 200 && same_output(c->r.body.data, c->r.body.len, 0, false, want);
+    return ms;
+}
+
+/* A batch of SMALL_BATCH small requests: the time per request in ms. */
+static double small_once(conn_case *c)
+{
+    static const char *const headers[] = {"Content-Type: application/json", NULL};
+    int64_t t0 = eng_now_ns();
+    for (int j = 0; j < SMALL_BATCH; j++)
+        c->ok = c->ok && post(c->h, c->scheme, c->port, "/v1/attention", headers, small_body,
+                              sizeof small_body - 1, &c->r) == 200;
+    return ms_since(t0) / SMALL_BATCH;
+}
+
+/* Runs a case on the plain and the TLS daemon in turns (plain, TLS, plain, ...: the machine's
+ * drift hits both alike), prints both lines and the TLS cost. `len` is the request size. */
+static void plain_and_tls(const char *what, conn_case *c, int n, const char *body, size_t len,
+                          const float *want)
+{
+    double median[2], cpu_per_req[2];
+    char name[64];
+    for (int i = 0; i < n; i++) {
+        c[i].ok = true;
+        c[i].r.body.len = 0;
+        c[i].cpu_s = 0;
+        c[i].requests = 0;
     }
-    median = report(strcmp(scheme, "https") == 0 ? "https small json (per req)"
-                                                 : "http small json (per req)",
-                    t, sizeof body - 1, r.body.len, ok);
-    free(r.body.data);
-    return median;
+    for (int r = -1; r < reps; r++) {
+        for (int i = 0; i < n; i++) {
+            double cpu0 = cpu_seconds(c[i].pid);
+            double ms = body ? native_once(&c[i], body, len, want) : small_once(&c[i]);
+            if (r >= 0) {
+                c[i].t[r] = ms;
+                c[i].cpu_s += cpu_seconds(c[i].pid) - cpu0;
+                c[i].requests += body ? 1 : SMALL_BATCH;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "%s %s", c[i].scheme, what);
+        median[i] = report(name, c[i].t, len, c[i].r.body.len, c[i].ok);
+        cpu_per_req[i] = c[i].cpu_s / (double)c[i].requests;
+    }
+    /* The daemon's own CPU per request is what TLS takes from the server's throughput; the
+     * wall time also holds the client's share (both run on the same cores here). */
+    if (n == 2)
+        printf("%-28s time %+.1f%% (median https / http - 1), daemon cpu per request %.3f -> "
+               "%.3f ms (%+.1f%%)\n",
+               "tls cost", (median[1] / median[0] - 1) * 100, cpu_per_req[0] * 1e3,
+               cpu_per_req[1] * 1e3, (cpu_per_req[1] / cpu_per_req[0] - 1) * 100);
 }
 
 int main(int argc, char **argv)
@@ -401,15 +456,25 @@ int main(int argc, char **argv)
         report("http v2 binary fp32", t, v2_len, r.body.len, ok);
         free(r.body.data);
     }
-    double plain_big = http_native(h, "http", d.port, nat, nat_len, first, t);
-    double tls_big = tls ? http_native(hs, "https", ds.port, nat, nat_len, first, t) : 0;
-    double plain_small = http_small(h, "http", d.port, t);
-    double tls_small = tls ? http_small(hs, "https", ds.port, t) : 0;
-    if (tls)
-        printf("tls cost (median https / http - 1): base64 json %+.1f%%, small json %+.1f%%\n",
-               (tls_big / plain_big - 1) * 100, (tls_small / plain_small - 1) * 100);
-    else
-        printf("https lines skipped: no test certificate (openssl)\n");
+    {
+        double *ts = calloc((size_t)reps, sizeof *ts);
+        conn_case c[2] = {{.scheme = "http", .port = d.port, .pid = d.pid, .h = h, .t = t},
+                          {.scheme = "https",
+                           .port = tls ? ds.port : 0,
+                           .pid = tls ? ds.pid : 0,
+                           .h = hs,
+                           .t = ts}};
+        int n = tls ? 2 : 1;
+        if (!ts)
+            return 1;
+        if (!tls)
+            printf("https lines skipped: no test certificate (openssl)\n");
+        plain_and_tls("native base64 json", c, n, nat, nat_len, first);
+        plain_and_tls("small json (per req)", c, n, NULL, sizeof small_body - 1, NULL);
+        free(c[0].r.body.data);
+        free(c[1].r.body.data);
+        free(ts);
+    }
     curl_easy_cleanup(h);
     if (hs)
         curl_easy_cleanup(hs);
