@@ -98,8 +98,8 @@ int main(int argc, char **argv)
         srv_config_free(&cfg);
         return 1;
     }
-    /* So are a certificate, key or token file that cannot be used, and a model file that
-     * cannot be loaded. */
+    /* A certificate, key or token file that cannot be used, like a model file that cannot be
+     * loaded, is a configuration error, as a bad flag is. */
     if (srv_security_check(&cfg, err, sizeof err) != SRV_OK) {
         fprintf(stderr, "attnd: %s\n", err);
         srv_config_free(&cfg);
