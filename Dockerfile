@@ -20,6 +20,7 @@ RUN apt-get update \
         build-essential \
         pkg-config \
         libmicrohttpd-dev \
+        libgnutls28-dev \
         libjansson-dev \
         libopenblas-dev \
         zlib1g-dev \
@@ -38,13 +39,15 @@ RUN make -j"$(nproc)" build/attnd \
 FROM debian:bookworm-20250520-slim AS runtime
 
 # One package per library that build/attnd links (readelf NEEDED); their own dependencies
-# (GnuTLS for libmicrohttpd, libgfortran for OpenBLAS) come with them. libc6 and libgcc-s1 are
-# in the base image. libopenblas0-pthread is the package that provides libopenblas.so.0 through
-# the libopenblas.so.0-<arch> alternative; OpenBLAS runs single-threaded inside each engine
+# (libgfortran for OpenBLAS) come with them. libgnutls30 is linked directly (TLS certificates
+# are loaded by attnd, so they can be reloaded). libc6 and libgcc-s1 are in the base image.
+# libopenblas0-pthread is the package that provides libopenblas.so.0 through the
+# libopenblas.so.0-<arch> alternative; OpenBLAS runs single-threaded inside each engine
 # worker (OPENBLAS_NUM_THREADS below, read when the library loads).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libmicrohttpd12 \
+        libgnutls30 \
         libjansson4 \
         libopenblas0-pthread \
         zlib1g \

@@ -30,7 +30,7 @@ ifneq ($(SAN),)
 CFLAGS_ALL += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS_ALL += -fsanitize=$(SAN)
 endif
-LIBS := -lmicrohttpd -ljansson -lopenblas -lz -lm
+LIBS := -lmicrohttpd -lgnutls -ljansson -lopenblas -lz -lm
 
 ENGINE_SRC := $(wildcard engine/*.c)
 API_SRC := $(wildcard api/*.c)
@@ -112,7 +112,7 @@ $(BUILD)/tests/bench/bench_e2e: $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/libtes
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
                 libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
-                wrk
+                wrk libgnutls28-dev openssl
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \

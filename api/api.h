@@ -129,7 +129,8 @@ typedef struct {
     X(API_REASON_DRAINING, "draining")                                                             \
     X(API_REASON_TOO_LARGE, "too_large")                                                           \
     X(API_REASON_BAD_REQUEST, "bad_request")                                                       \
-    X(API_REASON_INTERNAL, "internal")
+    X(API_REASON_INTERNAL, "internal")                                                             \
+    X(API_REASON_UNAUTHORIZED, "unauthorized")
 
 typedef enum {
 #define API_REASON_ENUM(name, text) name,

@@ -45,6 +45,7 @@ static const struct {
     const char *code;
 } status_codes[] = {
     {400, "malformed_request"},
+    {401, "unauthenticated"},
     {404, "not_found"},
     {405, "method_not_allowed"},
     {408, "request_timeout"},

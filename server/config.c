@@ -102,6 +102,29 @@ static const srv_option options[] = {
      "variable takes a comma-separated list)"},
     {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
      "error, warn, info or debug"},
+    {"tls-cert", "ATTND_TLS_CERT", OPT_STR, OFF(tls_cert), 0, 0, NULL, "FILE",
+     "serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key; re-read on "
+     "SIGHUP (new handshakes get the new one); a file that cannot be loaded stops the start "
+     "(exit 2)"},
+    {"tls-key", "ATTND_TLS_KEY", OPT_STR, OFF(tls_key), 0, 0, NULL, "FILE",
+     "the PEM private key of --tls-cert (PKCS#1, PKCS#8, encrypted with "
+     "--tls-key-password-file); re-read on SIGHUP"},
+    {"tls-key-password-file", "ATTND_TLS_KEY_PASSWORD_FILE", OPT_STR,
+     OFF(tls_key_password_file), 0, 0, NULL, "FILE",
+     "file holding the password of an encrypted --tls-key (a final line break is ignored)"},
+    {"tls-priorities", "ATTND_TLS_PRIORITIES", OPT_STR, OFF(tls_priorities), 0, 0,
+     "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:"
+     "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:%SERVER_PRECEDENCE",
+     "STRING", "GnuTLS priority string of --tls-cert; the default allows TLS 1.2 and 1.3 only, "
+     "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only"},
+    {"tls-client-ca", "ATTND_TLS_CLIENT_CA", OPT_STR, OFF(tls_client_ca), 0, 0, NULL, "FILE",
+     "mutual TLS: clients must present a certificate that chains to a CA in this PEM file, "
+     "or the handshake fails (read at start-up only)"},
+    {"auth-token-file", "ATTND_AUTH_TOKEN_FILE", OPT_STR, OFF(auth_token_file), 0, 0, NULL,
+     "FILE", "require \"Authorization: Bearer TOKEN\" on every route but /v2/health/live, "
+     "/v2/health/ready and the page shell at /, TOKEN being a line of this file (at least 16 "
+     "of A-Z a-z 0-9 - . _ ~ + / =; blank and # lines skipped; several allow rotation); "
+     "others get 401; re-read on SIGHUP"},
 };
 /* clang-format on */
 
@@ -382,6 +405,12 @@ void srv_config_free(srv_config *cfg)
         free(cfg->models[i].path);
     }
     free(cfg->models);
+    free(cfg->tls_cert);
+    free(cfg->tls_key);
+    free(cfg->tls_key_password_file);
+    free(cfg->tls_priorities);
+    free(cfg->tls_client_ca);
+    free(cfg->auth_token_file);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -5,9 +5,10 @@
  * variables but not the container's command line, so the image needs no curl: this asks GET
  * /v2/health/ready over plain TCP and turns the answer into an exit status. The port is the one
  * the daemon wrote to its --port-file (the image sets ATTND_PORT_FILE), so `docker run image
- * --port 9000` is probed on 9000; without that file, the configured --port.
+ * --port 9000` is probed on 9000; without that file, the configured --port. With --tls-cert
+ * the probe speaks TLS (tls.c).
  */
-#include "server/server.h"
+#include "server/internal.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -109,7 +110,9 @@ int srv_healthcheck(const srv_config *cfg, int timeout_ms)
                      host);
     char status[16] = "";
     size_t got = 0;
-    if (n > 0 && send(fd, req, (size_t)n, MSG_NOSIGNAL) == n) {
+    if (n > 0 && cfg->tls_cert) {
+        got = srv__tls_exchange(cfg, fd, req, (size_t)n, status, sizeof status - 1, deadline);
+    } else if (n > 0 && send(fd, req, (size_t)n, MSG_NOSIGNAL) == n) {
         while (got < sizeof status - 1 && wait_fd(fd, POLLIN, deadline)) {
             ssize_t r = recv(fd, status + got, sizeof status - 1 - got, 0);
             if (r <= 0)

@@ -457,7 +457,8 @@ static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
 
 static enum MHD_Result respond_pending(srv_req *req)
 {
-    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0};
+    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0,
+                   .headers = req->pending_status == 401 ? srv__auth_challenge : NULL};
     return respond_error(req, req->pending_status, req->pending_reason, &o, "%s", req->pending_msg);
 }
 
@@ -561,6 +562,12 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
                              "--admin-port serves only /v2/health/live, /v2/health/ready and "
                              "/metrics; %.100s is on --port",
                              req->path);
+    }
+    /* Before anything that tells routes apart; the admin port (probes, /metrics) needs no
+     * token. */
+    if (!req->admin && !srv__auth_allows(s->auth, req)) {
+        srv__auth_refuse(req);
+        return req->body_expected ? refuse_from_headers(req) : respond_pending(req);
     }
     if (!rd) {
         return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",

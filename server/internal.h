@@ -28,6 +28,9 @@
 #include "engine/engine.h"
 #include "server/server.h"
 
+typedef struct srv_tls srv_tls;
+typedef struct srv_auth srv_auth;
+
 /* ---- Growable buffers (buf.c) ------------------------------------------------------------ */
 
 /* A byte buffer that grows up to `limit`. A failed append sets `failed` and leaves the buffer
@@ -91,7 +94,7 @@ enum { SRV_REASON_COUNT = 0 API_REASON_LIST(SRV__REASON_COUNT_ONE) };
 #undef SRV__REASON_COUNT_ONE
 
 #define SRV_HIST_BUCKETS 16
-#define SRV_CODE_SLOTS   16
+#define SRV_CODE_SLOTS   17
 
 typedef struct {
     atomic_uint_fast64_t bucket[SRV_HIST_BUCKETS + 1]; /* last: above the largest bound */
@@ -317,6 +320,9 @@ struct srv_server {
     srv_conn *conns;     /* every open connection */
     srv_req *watched;    /* every suspended request */
     int64_t eof_scan_ns; /* when the watcher last looked for missed end-of-file */
+
+    srv_tls *tls;   /* NULL: plain HTTP (tls.c) */
+    srv_auth *auth; /* NULL: no bearer tokens (auth.c) */
 };
 
 /* Drops one reference; the last one frees the request. Any thread. */
@@ -478,5 +484,45 @@ void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt,
  * enough): "--request-timeout-ms 60000", or "the request's timeout of 100 ms" when its body's
  * own timeout was tighter. */
 void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size);
+
+/* ---- TLS (tls.c) and bearer tokens (auth.c) ---------------------------------------------- */
+
+/* Loads --tls-cert/--tls-key (and --tls-key-password-file, --tls-client-ca) and checks
+ * --tls-priorities: SRV_OK with *out NULL when TLS is off, SRV_EINVAL with `err` naming the
+ * flag and the file when something cannot be loaded. Main thread. */
+srv_status srv__tls_new(const srv_config *cfg, srv_tls **out, char *err, size_t errlen);
+/* Reads the certificate and key again; new handshakes get them, open connections keep theirs.
+ * On failure the previous ones stay in use. Main thread. */
+srv_status srv__tls_reload(srv_tls *t, char *err, size_t errlen);
+void srv__tls_free(srv_tls *t);
+/* The libmicrohttpd options that serve `t` (for MHD_OPTION_ARRAY; an empty list when `t` is
+ * NULL), adding MHD_USE_TLS to *flags; NULL with `err` when another server already serves
+ * TLS in this process. */
+const struct MHD_OptionItem *srv__tls_options(srv_tls *t, unsigned *flags, char *err,
+                                              size_t errlen);
+/* "CN=...,O=... (chain of N, expires 2027-01-01T00:00:00Z)" for the start and reload lines. */
+void srv__tls_describe(srv_tls *t, char *out, size_t outlen);
+
+/* attnd --healthcheck over TLS: a handshake on the connected socket `fd` (nothing verified;
+ * with --tls-client-ca the daemon's own certificate is presented), `req` sent, and up to
+ * `out_len` bytes of the answer read into `out` before `deadline_ms` (CLOCK_MONOTONIC).
+ * Returns the bytes read; 0 when the handshake or the exchange failed. */
+size_t srv__tls_exchange(const srv_config *cfg, int fd, const char *req, size_t req_len, char *out,
+                         size_t out_len, int64_t deadline_ms);
+
+/* Loads --auth-token-file: SRV_OK with *out NULL when it is not set. Main thread. */
+srv_status srv__auth_new(const srv_config *cfg, srv_auth **out, char *err, size_t errlen);
+/* Reads the file again (*count: its tokens); on failure the previous tokens stay. */
+srv_status srv__auth_reload(srv_auth *a, size_t *count, char *err, size_t errlen);
+void srv__auth_free(srv_auth *a);
+/* Whether `req` may go on: true without tokens, for the health probes and the page, and with
+ * "Authorization: Bearer" and a configured token (compared in constant time). MHD thread. */
+bool srv__auth_allows(srv_auth *a, const srv_req *req);
+/* Sets req->pending_* to the 401 (the message never holds the token). */
+void srv__auth_refuse(srv_req *req);
+/* Loads s->tls and s->auth (security.c), logging what they serve. Main thread. */
+srv_status srv__security_start(srv_server *s, const srv_config *cfg, char *err, size_t errlen);
+/* The header of a 401: name, value, NULL (for srv_resp_opts.headers). */
+extern const char *const srv__auth_challenge[];
 
 #endif

@@ -3,8 +3,8 @@
  *
  * Signal handlers only write one byte to a self-pipe; the main thread sleeps on the pipe and
  * runs the drain itself, so nothing unsafe ever runs inside a handler. A second SIGTERM or
- * SIGINT during the drain ends its grace period at once. SIGHUP, SIGUSR1 and SIGUSR2 are
- * ignored, and SIGPIPE too.
+ * SIGINT during the drain ends its grace period at once. SIGHUP reloads the TLS certificate and
+ * the token file; SIGUSR1, SIGUSR2 and SIGPIPE are ignored.
  *
  * Exit status: 0 after a drain, 1 when the server cannot start, 2 for a bad configuration.
  * `attnd --healthcheck [options]` instead probes a running daemon with those options.
@@ -40,14 +40,15 @@ static int install_signals(void)
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+        sigaction(SIGHUP, &sa, NULL) != 0)
         return -1;
     /* Writes to a closed socket must fail with EPIPE, not kill the process. */
     signal(SIGPIPE, SIG_IGN);
-    /* Their default action ends the process at once, without a drain: a stray `kill -HUP`
-     * (a supervisor asking for a reload, a terminal going away) or SIGUSR1/2 would drop every
-     * request in flight. attnd has nothing to reload, so they are ignored. */
-    signal(SIGHUP, SIG_IGN);
+    /* Their default action ends the process at once, without a drain: a stray SIGUSR1/2 would
+     * drop every request in flight, so they are ignored. SIGHUP (a supervisor asking for a
+     * reload, a terminal going away) has the handler above: it reloads the certificate and
+     * the token file, and nothing else. */
     signal(SIGUSR1, SIG_IGN);
     signal(SIGUSR2, SIG_IGN);
     return 0;
@@ -104,7 +105,13 @@ int main(int argc, char **argv)
         srv_config_free(&cfg);
         return 1;
     }
-    /* A model file that cannot be loaded is a configuration error, like a bad flag. */
+    /* A certificate, key or token file that cannot be used, like a model file that cannot be
+     * loaded, is a configuration error, as a bad flag is. */
+    if (srv_security_check(&cfg, err, sizeof err) != SRV_OK) {
+        fprintf(stderr, "attnd: %s\n", err);
+        srv_config_free(&cfg);
+        return 2;
+    }
     models = srv_models_load(&cfg, err, sizeof err);
     if (!models) {
         fprintf(stderr, "attnd: %s\n", err);
@@ -118,7 +125,8 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    sig = wait_for_signal();
+    while ((sig = wait_for_signal()) == SIGHUP)
+        srv_server_reload(s);
     srv_log(SRV_LOG_INFO, "received %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv_server_drain(s, signal_pipe[0]);
     srv_server_free(s);

@@ -17,8 +17,8 @@ static const double bucket_le[SRV_HIST_BUCKETS] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
 /* Status codes with their own series; anything else is counted as code="other". */
-static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 404, 405, 408, 411, 413, 415,
-                                                   422, 429, 499, 500, 501, 503, 504};
+static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 411, 413,
+                                                   415, 422, 429, 499, 500, 501, 503, 504};
 
 static const char *const stage_labels[SRV_STAGE_COUNT] = {"queue", "decode", "compute", "encode"};
 
@@ -151,7 +151,7 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
 
     family(b, "attnd_rejected_total", "counter",
            "Requests that failed, by reason (queue_full, memory, deadline, cancelled, draining, "
-           "too_large, bad_request, internal).");
+           "too_large, bad_request, internal, unauthorized).");
     for (int r = 1; r < SRV_REASON_COUNT; r++)
         srv__buf_printf(b, "attnd_rejected_total{reason=\"%s\"} %llu\n",
                         api_reason_str((api_reason)r), (unsigned long long)load(&m->rejected[r]));
@@ -237,6 +237,7 @@ static srv_fail_reason fail_reason(int status, api_reason reason)
     case API_REASON_NONE:
     case API_REASON_TOO_LARGE:
     case API_REASON_BAD_REQUEST:
+    case API_REASON_UNAUTHORIZED:
         break;
     }
     return status >= 500 && status != 503 && status != 504 ? SRV_FAIL_BACKEND : SRV_FAIL_OTHER;

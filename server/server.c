@@ -132,13 +132,14 @@ static void raise_fd_limit(const srv_config *cfg)
  * connections, and stores its bound port in *bound. `flag` names the port's option in errors.
  * NULL on failure, with `err` filled. */
 static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, int port,
-                                         unsigned limit, const char *flag, int *bound, char *err,
-                                         size_t errlen)
+                                         unsigned limit, srv_tls *tls, const char *flag, int *bound,
+                                         char *err, size_t errlen)
 {
     struct addrinfo hints, *ai = NULL;
     char port_str[16];
     unsigned flags;
     const union MHD_DaemonInfo *di;
+    const struct MHD_OptionItem *tls_opts;
     struct MHD_Daemon *mhd;
     int rc;
 
@@ -156,6 +157,11 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
             MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    tls_opts = srv__tls_options(tls, &flags, err, errlen);
+    if (!tls_opts) {
+        freeaddrinfo(ai);
+        return NULL;
+    }
     /* The logger must be the first option, or libmicrohttpd prints the messages about the
      * options before it on its own. */
     mhd = MHD_start_daemon(
@@ -164,7 +170,8 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
         srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_ARRAY, tls_opts,
+        MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!mhd) {
         snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port, flag,
@@ -238,14 +245,17 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
         goto fail;
     }
+    if (srv__security_start(s, cfg, err, errlen) != SRV_OK)
+        goto fail;
 
     raise_fd_limit(cfg);
-    s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, "--port",
-                            &s->port, err, errlen);
+    /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
+    s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, s->tls,
+                            "--port", &s->port, err, errlen);
     if (!s->mhd)
         goto fail;
     if (cfg->admin_port >= 0) {
-        s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS,
+        s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS, NULL,
                                       "--admin-port", &s->admin_port, err, errlen);
         if (!s->admin_mhd)
             goto fail;
@@ -270,9 +280,9 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
             s->host, s->port, s->threads, (long long)s->max_queue, s->max_body_bytes,
             s->max_memory_bytes);
     if (strchr(s->host, ':'))
-        printf("attnd listening on http://[%s]:%d\n", s->host, s->port);
+        printf("attnd listening on %s://[%s]:%d\n", s->tls ? "https" : "http", s->host, s->port);
     else
-        printf("attnd listening on http://%s:%d\n", s->host, s->port);
+        printf("attnd listening on %s://%s:%d\n", s->tls ? "https" : "http", s->host, s->port);
     fflush(stdout);
     return s;
 
@@ -350,6 +360,8 @@ void srv_server_free(srv_server *s)
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);
     api_models_free(s->models);
+    srv__tls_free(s->tls);
+    srv__auth_free(s->auth);
     while (s->conns) {
         srv_conn *c = s->conns;
         s->conns = c->next;

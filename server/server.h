@@ -106,7 +106,13 @@ typedef struct {
     int64_t drain_timeout_s;    /* --drain-timeout-s */
     srv_model *models;          /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
     size_t n_models;
-    srv_log_level log_level; /* --log-level */
+    srv_log_level log_level;     /* --log-level */
+    char *tls_cert;              /* --tls-cert: PEM chain, leaf first; with --tls-key: HTTPS */
+    char *tls_key;               /* --tls-key: PEM private key */
+    char *tls_key_password_file; /* --tls-key-password-file: the key's password */
+    char *tls_priorities;        /* --tls-priorities: GnuTLS priority string */
+    char *tls_client_ca;         /* --tls-client-ca: PEM CA(s) client certificates must chain to */
+    char *auth_token_file;       /* --auth-token-file: bearer tokens, one per line */
 } srv_config;
 
 /* Fills `cfg` from defaults, then the ATTND_<NAME> environment variables, then argv (a flag
@@ -151,6 +157,16 @@ srv_server *srv_server_start_models(const srv_config *cfg, struct api_models *mo
  * libmicrohttpd on cfg->host:cfg->port, prints the startup line (address and bound port) on stdout,
  * and writes cfg->port_file if set. NULL on failure with `err` filled. */
 srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen);
+
+/* Loads what --tls-* and --auth-token-file name and lets it go again, so that a certificate,
+ * key or token file that cannot be used is a configuration error (attnd exits 2) found before
+ * the server starts. SRV_OK, or SRV_EINVAL with `err` naming the flag and the file. */
+srv_status srv_security_check(const srv_config *cfg, char *err, size_t errlen);
+
+/* SIGHUP: reads --auth-token-file and the TLS certificate and key again. New requests and
+ * handshakes use them; a file that cannot be used is logged and its previous content stays in
+ * force. Main thread. */
+void srv_server_reload(srv_server *s);
 
 /* The TCP port the server is bound to. */
 int srv_server_port(const srv_server *s);

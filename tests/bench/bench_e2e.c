@@ -7,7 +7,14 @@
  *                (api_v2_infer) and the native base64 JSON body (api_attention), parse,
  *                decode, compute, encode - no socket; buffers are cached as in the daemon;
  *   http         the same bodies POSTed to a real attnd over loopback (libcurl, one kept-alive
- *                connection): upload, queue, api, download.
+ *                connection): upload, queue, api, download;
+ *   https        the base64 body again, to a second attnd serving TLS (--tls-cert, a P-256
+ *                certificate made with openssl at run time, default priorities: TLS 1.3 with
+ *                AES-GCM here), over one kept-alive connection;
+ *   small        a 3-token request (the README's example) over http and https: milliseconds
+ *                per request on one kept-alive connection, over batches of SMALL_BATCH.
+ * The http and https runs of a case alternate (http, https, http, ...), so that the machine's
+ * drift weighs on both alike; "tls cost" compares their medians.
  *
  * Bodies are built once, before the clock starts; each case runs --reps times (default 3) after
  * one warm-up and reports the median and the fastest, in milliseconds, with the bytes each way.
@@ -23,9 +30,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/internal.h"
 #include "tests/support/daemon.h"
+#include "tests/support/tls.h"
+
+/* Requests per timed batch of the small case: one is too short for the clock. */
+#define SMALL_BATCH 200
+/* The small case: the README's example request. */
+static const char small_body[] = "{\"query\": [[1, 0], [0, 1], [1, 1]], \"key\": [[1, 0], [0, 1], "
+                                 "[1, 1]], \"value\": [[1, 0], [0, 2], [3, 1]], \"causal\": true}";
 
 typedef struct {
     char *data;
@@ -173,13 +188,13 @@ static size_t on_head(char *p, size_t size, size_t nmemb, void *u)
     return n;
 }
 
-static long post(CURL *h, int port, const char *path, const char *const *headers, const char *body,
-                 size_t len, reply_buf *r)
+static long post(CURL *h, const char *scheme, int port, const char *path,
+                 const char *const *headers, const char *body, size_t len, reply_buf *r)
 {
     struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
     char url[256];
     long status = 0;
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    snprintf(url, sizeof url, "%s://127.0.0.1:%d%s", scheme, port, path);
     for (int i = 0; headers[i]; i++)
         hl = curl_slist_append(hl, headers[i]);
     r->body.len = 0;
@@ -205,13 +220,110 @@ static long post(CURL *h, int port, const char *path, const char *const *headers
 
 static int reps = 3;
 
-static void report(const char *name, double *t, size_t up, size_t down, bool ok)
+/* Prints one line and returns the median. */
+static double report(const char *name, double *t, size_t up, size_t down, bool ok)
 {
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    printf("%-28s ms=%8.1f  min_ms=%8.1f  request_mb=%6.1f  reply_mb=%6.1f  output=%s\n", name,
+    printf("%-28s ms=%8.3f  min_ms=%8.3f  request_mb=%6.1f  reply_mb=%6.1f  output=%s\n", name,
            t[reps / 2], t[0], (double)up / 1048576.0, (double)down / 1048576.0,
            ok ? "exact" : "DIFFERS");
     fflush(stdout);
+    return t[reps / 2];
+}
+
+/* One connection's case: a scheme, a port, the handle, and what it measured. */
+typedef struct {
+    const char *scheme;
+    int port;
+    pid_t pid;        /* the daemon's, for its CPU time */
+    double cpu_s;     /* the daemon's CPU seconds over the timed runs */
+    int64_t requests; /* requests in the timed runs */
+    CURL *h;
+    reply_buf r;
+    bool ok;
+    double *t;
+} conn_case;
+
+/* User plus system CPU seconds of process `pid` so far (/proc/PID/stat); 0 if unknown. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], text[1024];
+    unsigned long long utime = 0, stime = 0;
+    const char *p;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    p = strrchr(text, ')'); /* the command name may hold spaces */
+    if (!p ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+        return 0;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* One native base64 request: its time in ms. */
+static double native_once(conn_case *c, const char *body, size_t len, const float *want)
+{
+    static const char *const headers[] = {"Content-Type: application/json", NULL};
+    int64_t t0 = eng_now_ns();
+    long status = post(c->h, c->scheme, c->port, "/v1/attention", headers, body, len, &c->r);
+    double ms = ms_since(t0);
+    c->ok = c->ok && status == 200 && same_output(c->r.body.data, c->r.body.len, 0, false, want);
+    return ms;
+}
+
+/* A batch of SMALL_BATCH small requests: the time per request in ms. */
+static double small_once(conn_case *c)
+{
+    static const char *const headers[] = {"Content-Type: application/json", NULL};
+    int64_t t0 = eng_now_ns();
+    for (int j = 0; j < SMALL_BATCH; j++)
+        c->ok = c->ok && post(c->h, c->scheme, c->port, "/v1/attention", headers, small_body,
+                              sizeof small_body - 1, &c->r) == 200;
+    return ms_since(t0) / SMALL_BATCH;
+}
+
+/* Runs a case on the plain and the TLS daemon in turns (plain, TLS, plain, ...: the machine's
+ * drift hits both alike), prints both lines and the TLS cost. `len` is the request size. */
+static void plain_and_tls(const char *what, conn_case *c, int n, const char *body, size_t len,
+                          const float *want)
+{
+    double median[2], cpu_per_req[2];
+    char name[64];
+    for (int i = 0; i < n; i++) {
+        c[i].ok = true;
+        c[i].r.body.len = 0;
+        c[i].cpu_s = 0;
+        c[i].requests = 0;
+    }
+    for (int r = -1; r < reps; r++) {
+        for (int i = 0; i < n; i++) {
+            double cpu0 = cpu_seconds(c[i].pid);
+            double ms = body ? native_once(&c[i], body, len, want) : small_once(&c[i]);
+            if (r >= 0) {
+                c[i].t[r] = ms;
+                c[i].cpu_s += cpu_seconds(c[i].pid) - cpu0;
+                c[i].requests += body ? 1 : SMALL_BATCH;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "%s %s", c[i].scheme, what);
+        median[i] = report(name, c[i].t, len, c[i].r.body.len, c[i].ok);
+        cpu_per_req[i] = c[i].cpu_s / (double)c[i].requests;
+    }
+    /* The daemon's own CPU per request is what TLS takes from the server's throughput; the
+     * wall time also holds the client's share (both run on the same cores here). */
+    if (n == 2)
+        printf("%-28s time %+.1f%% (median https / http - 1), daemon cpu per request %.3f -> "
+               "%.3f ms (%+.1f%%)\n",
+               "tls cost", (median[1] / median[0] - 1) * 100, cpu_per_req[0] * 1e3,
+               cpu_per_req[1] * 1e3, (cpu_per_req[1] / cpu_per_req[0] - 1) * 100);
 }
 
 int main(int argc, char **argv)
@@ -309,39 +421,68 @@ int main(int argc, char **argv)
                ok);
     }
 
-    /* A real daemon over loopback. */
-    daemon_proc d;
+    /* Real daemons over loopback: plain, and TLS with a certificate made now. */
+    daemon_proc d, ds;
+    tls_files pki;
+    bool tls = tls_files_make(&pki) == 0;
     char nthreads[16];
     snprintf(nthreads, sizeof nthreads, "%d", threads);
     const char *const args[] = {
         "--threads", nthreads, "--max-body-bytes", "1GiB", "--max-memory-bytes", "8GiB", NULL};
+    const char *const tls_args[] = {
+        "--threads", nthreads,     "--max-body-bytes", "1GiB",      "--max-memory-bytes",
+        "8GiB",      "--tls-cert", pki.server_cert,    "--tls-key", pki.server_key,
+        NULL};
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (daemon_start(&d, args) != 0) {
+    if (daemon_start(&d, args) != 0 || (tls && daemon_start(&ds, tls_args) != 0)) {
         fprintf(stderr, "bench_e2e: cannot start attnd ($ATTND_BIN)\n");
         return 1;
     }
     CURL *h = curl_easy_init();
+    CURL *hs = tls ? https_handle_new(&pki, TLS_CLIENT_NONE) : NULL;
     const char *v2_headers[] = {"Content-Type: application/octet-stream", hl_header, NULL};
-    const char *nat_headers[] = {"Content-Type: application/json", NULL};
-    for (int which = 0; which < 2; which++) {
+    {
         reply_buf r = {{0}, 0};
         bool ok = true;
         for (int i = -1; i < reps; i++) {
             int64_t t0 = eng_now_ns();
-            long status = which == 0
-                              ? post(h, d.port, "/v2/models/sdpa/infer", v2_headers, v2, v2_len, &r)
-                              : post(h, d.port, "/v1/attention", nat_headers, nat, nat_len, &r);
+            long status =
+                post(h, "http", d.port, "/v2/models/sdpa/infer", v2_headers, v2, v2_len, &r);
             if (i >= 0)
                 t[i] = ms_since(t0);
             ok = ok && status == 200 &&
-                 same_output(r.body.data, r.body.len, r.header_len, which == 0, first);
+                 same_output(r.body.data, r.body.len, r.header_len, true, first);
         }
-        report(which == 0 ? "http v2 binary fp32" : "http native base64 json", t,
-               which == 0 ? v2_len : nat_len, r.body.len, ok);
+        report("http v2 binary fp32", t, v2_len, r.body.len, ok);
         free(r.body.data);
     }
+    {
+        double *ts = calloc((size_t)reps, sizeof *ts);
+        conn_case c[2] = {{.scheme = "http", .port = d.port, .pid = d.pid, .h = h, .t = t},
+                          {.scheme = "https",
+                           .port = tls ? ds.port : 0,
+                           .pid = tls ? ds.pid : 0,
+                           .h = hs,
+                           .t = ts}};
+        int n = tls ? 2 : 1;
+        if (!ts)
+            return 1;
+        if (!tls)
+            printf("https lines skipped: no test certificate (openssl)\n");
+        plain_and_tls("native base64 json", c, n, nat, nat_len, first);
+        plain_and_tls("small json (per req)", c, n, NULL, sizeof small_body - 1, NULL);
+        free(c[0].r.body.data);
+        free(c[1].r.body.data);
+        free(ts);
+    }
     curl_easy_cleanup(h);
+    if (hs)
+        curl_easy_cleanup(hs);
     daemon_stop(&d);
+    if (tls) {
+        daemon_stop(&ds);
+        tls_files_remove(&pki);
+    }
     curl_global_cleanup();
 
     api_budget_free(budget);

@@ -80,14 +80,14 @@ function tinyLayer(file) {
   }, { num_heads: String(TINY.num_heads) });
 }
 
-async function startDaemon() {
+async function startDaemon(extra = []) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attnd-browser-'));
   const portFile = path.join(dir, 'port');
   const layer = path.join(dir, 'tiny.safetensors');
   tinyLayer(layer);
   const log = [];
   const child = spawn(ATTND, ['--host', '127.0.0.1', '--port', '0', '--port-file', portFile,
-    '--model', `${TINY.name}=${layer}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--model', `${TINY.name}=${layer}`, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
   child.stderr.on('data', (d) => log.push(d.toString()));
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
   for (let i = 0; i < 200; i++) {
@@ -483,3 +483,62 @@ function documentedEmbedding(token, width) {
   }
   return v.map((x) => Math.round(x * 1000) / 1000 || 0);
 }
+
+// With --auth-token-file the page meets 401s: it asks for the token, keeps it in memory only,
+// and sends it with every later call.
+describe('attention inspector with bearer tokens', { timeout: 120000 }, () => {
+  const TOKEN = 'browser-test-token-0123456789';
+  let authDaemon;
+  let authProfile;
+  let authContext;
+  let authPage;
+  const sent = []; // the Authorization header of each API call the page made
+
+  before(async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attnd-browser-tokens-'));
+    fs.writeFileSync(path.join(dir, 'tokens'), `# test\n${TOKEN}\n`);
+    authDaemon = await startDaemon(['--auth-token-file', path.join(dir, 'tokens')]);
+    authDaemon.tokenDir = dir;
+    authProfile = fs.mkdtempSync(path.join(os.tmpdir(), 'attnd-chromium-'));
+    authContext = await chromium.launchPersistentContext(authProfile, {
+      executablePath: CHROMIUM, headless: true, args: FLAGS, viewport: { width: 1280, height: 900 },
+    });
+    authPage = authContext.pages()[0] || (await authContext.newPage());
+    authPage.on('request', (r) => {
+      if (new URL(r.url()).pathname.startsWith('/v1/')) sent.push(r.headers().authorization || '');
+    });
+  });
+
+  after(async () => {
+    await authContext?.close().catch(() => {});
+    if (authProfile) fs.rmSync(authProfile, { recursive: true, force: true });
+    if (authDaemon) {
+      if (authDaemon.child.exitCode === null && authDaemon.child.signalCode === null) authDaemon.child.kill('SIGTERM');
+      await authDaemon.exited;
+      fs.rmSync(authDaemon.dir, { recursive: true, force: true });
+      fs.rmSync(authDaemon.tokenDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a 401 asks for the token; with it the page computes and keeps it nowhere but memory', async () => {
+    await authPage.goto(`http://127.0.0.1:${authDaemon.port}/`);
+    await authPage.waitForSelector('#auth:not([hidden])', { timeout: 15000 });
+    assert.match(await authPage.textContent('#error'), /401/);
+    assert.ok(sent.length > 0 && sent.every((h) => h === ''), `before the token: ${sent}`);
+    const n = await authPage.$eval('#results', (r) => Number(r.dataset.run));
+    await authPage.fill('#token', TOKEN);
+    await authPage.click('#auth button[type=submit]');
+    await authPage.waitForFunction((k) => {
+      const r = document.getElementById('results');
+      return Number(r.dataset.run) > k && r.dataset.state === 'ready';
+    }, n, { timeout: 15000 });
+    assert.equal(await authPage.$eval('#auth', (f) => f.hidden), true);
+    assert.equal(await authPage.inputValue('#token'), '');
+    assert.equal(sent[sent.length - 1], `Bearer ${TOKEN}`);
+    const stored = await authPage.evaluate(() => JSON.stringify([{ ...localStorage }, { ...sessionStorage }, document.cookie, location.href]));
+    assert.doesNotMatch(stored, new RegExp(TOKEN));
+    const cookies = await authContext.cookies();
+    assert.equal(cookies.length, 0);
+    assert.doesNotMatch(authDaemon.log.join(''), new RegExp(TOKEN));
+  });
+});

@@ -71,6 +71,31 @@ attnd_size() {
         printf "%.0f", n * m }'
 }
 
+# Files a configuration names (certificate, key, token file) come from Secrets on a cluster;
+# here stand-ins made for the check take their place, under the same variables.
+live_token=live-check-token-0123456789
+printf '%s\n' "$live_token" >"$tmp/tokens"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=attnd \
+    -addext subjectAltName=IP:127.0.0.1 -addext extendedKeyUsage=serverAuth,clientAuth \
+    -keyout "$tmp/tls.key" -out "$tmp/tls.crt" >/dev/null 2>&1 || : >"$tmp/tls.crt"
+# Rewrites cfg_env in place and sets scheme and curl_opts for the checks of that daemon.
+stand_in_files() {
+    local i
+    scheme=http
+    curl_opts=()
+    for i in "${!cfg_env[@]}"; do
+        case "${cfg_env[$i]%%=*}" in
+        ATTND_TLS_CERT) cfg_env[i]="ATTND_TLS_CERT=$tmp/tls.crt" scheme=https
+            curl_opts+=(--cacert "$tmp/tls.crt") ;;
+        ATTND_TLS_KEY) cfg_env[i]="ATTND_TLS_KEY=$tmp/tls.key" ;;
+        ATTND_TLS_CLIENT_CA) cfg_env[i]="ATTND_TLS_CLIENT_CA=$tmp/tls.crt"
+            curl_opts+=(--cert "$tmp/tls.crt" --key "$tmp/tls.key") ;;
+        ATTND_AUTH_TOKEN_FILE) cfg_env[i]="ATTND_AUTH_TOKEN_FILE=$tmp/tokens"
+            curl_opts+=(-H "Authorization: Bearer $live_token") ;;
+        esac
+    done
+}
+
 # ---- every configuration of deploy/ -----------------------------------------------------------
 if ! command -v node >/dev/null 2>&1; then
     skip "configurations of deploy/: image.mjs needs Node.js"
@@ -88,6 +113,7 @@ else
             *) cfg_env+=("$w") ;;
             esac
         done
+        stand_in_files
         rm -f "$tmp/cport"
         # The configuration's own flags first: the test's --host and ports come later and win
         # (an --admin-port of the configuration becomes an ephemeral one, too).
@@ -109,12 +135,12 @@ else
         problems=""
         code=000
         for _ in $(seq 50); do
-            code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$cport/v2/health/ready")
+            code=$(curl -s "${curl_opts[@]}" -o /dev/null -w '%{http_code}' "$scheme://127.0.0.1:$cport/v2/health/ready")
             [ "$code" = 200 ] && break
             sleep 0.1
         done
         [ "$code" = 200 ] || problems="$problems /v2/health/ready answers $code."
-        curl -s "http://127.0.0.1:$cport/metrics" >"$tmp/cmetrics"
+        curl -s "${curl_opts[@]}" "$scheme://127.0.0.1:$cport/metrics" >"$tmp/cmetrics"
         for kv in "${cfg_env[@]}"; do
             case "${kv%%=*}" in
             ATTND_MAX_QUEUE) series=attnd_max_queue want=${kv#*=} ;;

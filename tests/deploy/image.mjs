@@ -108,7 +108,7 @@ async function lint() {
         const runs = all[0].instrs.filter((i) => i.keyword === "RUN").map((i) => i.rest);
         assert(runs.some((r) => /\bmake\b[^&;]*\bbuild\/attnd\b/.test(r)), "no `make ... build/attnd`");
         const pkgs = all[0].instrs.filter((i) => i.keyword === "RUN").flatMap((i) => aptInstallPackages(i.rest));
-        for (const p of ["build-essential", "pkg-config", "libmicrohttpd-dev", "libjansson-dev", "libopenblas-dev", "zlib1g-dev"])
+        for (const p of ["build-essential", "pkg-config", "libmicrohttpd-dev", "libgnutls28-dev", "libjansson-dev", "libopenblas-dev", "zlib1g-dev"])
             assert(pkgs.includes(p), `the builder does not install ${p}`);
     });
 
@@ -352,6 +352,7 @@ function configs() {
             for (const e of g.envs || []) Object.assign(env, readEnvFile(path.join(dir, e)));
             for (const lit of g.literals || []) env[lit.slice(0, lit.indexOf("="))] = lit.slice(lit.indexOf("=") + 1);
         }
+        for (const c of k.components || []) Object.assign(env, kustomizeEnv(path.resolve(dir, c)));
         return env;
     };
     const k8s = path.join(ROOT, "deploy", "k8s");

@@ -227,6 +227,18 @@ function adapterRules() {
     return { fromCm, fromValues };
 }
 
+/* Whether a NetworkPolicy peer selects something narrower than "every pod" (of this namespace,
+ * or of every namespace): a pod label, or a namespace label. */
+function peerIsNarrow(peer) {
+    const count = (sel) => (sel ? Object.keys(sel.matchLabels || {}).length + (sel.matchExpressions || []).length : 0);
+    return !peer.ipBlock && (count(peer.podSelector) > 0 || count(peer.namespaceSelector) > 0);
+}
+const peerNamespace = (peer) => peer.namespaceSelector && (peer.namespaceSelector.matchLabels || {})["kubernetes.io/metadata.name"];
+const MONITORING_NAMESPACE = "monitoring";
+const CLIENT_LABEL = "attnd.io/client";
+// attnd's file flags: with them set, the files must come from read-only Secret mounts.
+const SECRET_FILES = ["ATTND_TLS_CERT", "ATTND_TLS_KEY", "ATTND_TLS_KEY_PASSWORD_FILE", "ATTND_TLS_CLIENT_CA", "ATTND_AUTH_TOKEN_FILE"];
+
 async function policyChecks(label, docs) {
     const facts = imageFacts();
     const dep = () => one(docs, "Deployment");
@@ -318,6 +330,74 @@ async function policyChecks(label, docs) {
         assert(ns.size === 1, `objects are spread over namespaces ${[...ns].join(", ")}`);
     });
 
+    await check(`${label}: network: a NetworkPolicy admits the serving port from ${CLIENT_LABEL}=true pods and the ingress namespace only, the scraped port from ${MONITORING_NAMESPACE}`, () => {
+        const np = one(docs, "NetworkPolicy");
+        const c = attnd();
+        assert(selects(np.spec.podSelector, dep().spec.template.metadata.labels), "the NetworkPolicy does not select the pods");
+        assert((np.spec.policyTypes || []).includes("Ingress"), "policyTypes lacks Ingress");
+        const portName = (p) => {
+            const cp = (c.ports || []).find((x) => x.name === p.port || x.containerPort === p.port);
+            assert(cp, `NetworkPolicy port ${p.port} is not a container port`);
+            return cp.name;
+        };
+        const rules = np.spec.ingress || [];
+        assert(rules.length > 0, "no ingress rule: nothing could reach attnd");
+        for (const [i, r] of rules.entries()) {
+            assert(r.ports && r.ports.length > 0, `rule ${i} has no ports: it would open every port`);
+            r.ports.forEach(portName);
+            assert(r.from && r.from.length > 0, `rule ${i} has no from: it would admit every source`);
+            for (const peer of r.from) assert(peerIsNarrow(peer), `rule ${i}: peer ${JSON.stringify(peer)} admits every pod or address`);
+        }
+        const on = (name) => rules.filter((r) => r.ports.some((p) => portName(p) === name));
+        const serving = on("http");
+        assert(serving.some((r) => r.from.some((p) => p.podSelector && (p.podSelector.matchLabels || {})[CLIENT_LABEL] === "true")), `no rule admits pods labelled ${CLIENT_LABEL}=true on the serving port`);
+        assert(serving.some((r) => r.from.some((p) => peerNamespace(p) && peerNamespace(p) !== MONITORING_NAMESPACE && !p.podSelector)), "no ingress namespace may reach the serving port");
+        const svc = one(docs, "Service");
+        for (const e of one(docs, "ServiceMonitor").spec.endpoints) {
+            const sp = svc.spec.ports.find((p) => p.name === e.port);
+            const target = portName({ port: sp.targetPort });
+            assert(on(target).some((r) => r.from.some((p) => peerNamespace(p) === MONITORING_NAMESPACE)), `the ${MONITORING_NAMESPACE} namespace cannot reach port ${target}, which the ServiceMonitor scrapes`);
+        }
+        return `${rules.length} rules`;
+    });
+
+    await check(`${label}: TLS and tokens: files from read-only Secret volumes, probes and scrape speak the scheme of the port they use (the admin port is plain and needs no token; the serving port is HTTPS with TLS on and needs a token with tokens on)`, () => {
+        const c = attnd();
+        const env = effectiveEnv(docs, c);
+        const set = SECRET_FILES.filter((k) => env[k]);
+        const tls = Boolean(env.ATTND_TLS_CERT);
+        for (const k of set) {
+            const m = (c.volumeMounts || []).find((vm) => env[k].startsWith(vm.mountPath.replace(/\/?$/, "/")));
+            assert(m, `${k}=${env[k]} is under no volume mount`);
+            assert(m.readOnly === true, `${k}: the mount ${m.mountPath} is not readOnly`);
+            assert(!m.subPath, `${k}: the mount ${m.mountPath} uses subPath, which the kubelet never updates on rotation`);
+            const v = (podSpec().volumes || []).find((x) => x.name === m.name);
+            assert(v && v.secret, `${k}: volume ${m.name} is not a Secret`);
+            const file = env[k].slice(m.mountPath.replace(/\/?$/, "/").length);
+            assert(!v.secret.items || v.secret.items.some((it) => it.path === file), `${k}: Secret ${v.secret.secretName} does not project ${file}`);
+            const mode = v.secret.defaultMode;
+            assert(mode === undefined || (mode & 0o007) === 0, `${k}: the Secret's files are readable by others (defaultMode ${mode !== undefined ? mode.toString(8) : ""})`);
+        }
+        // A container port's name from a name or a number.
+        const named = (port) => ((c.ports || []).find((x) => x.name === port || x.containerPort === port) || {}).name;
+        const probes = [c.startupProbe, c.livenessProbe, c.readinessProbe];
+        for (const p of probes) {
+            const plain = named(p.httpGet.port) === "admin" || !tls;
+            assert((p.httpGet.scheme || "HTTP") === (plain ? "HTTP" : "HTTPS"), `a probe on port ${p.httpGet.port} uses ${p.httpGet.scheme || "HTTP"} (TLS ${tls ? "on" : "off"})`);
+        }
+        const svc = one(docs, "Service");
+        for (const e of one(docs, "ServiceMonitor").spec.endpoints) {
+            const sp = svc.spec.ports.find((p) => p.name === e.port);
+            const onAdmin = named(sp && sp.targetPort) === "admin";
+            assert((e.scheme || "http") === (onAdmin || !tls ? "http" : "https"), `the ServiceMonitor scrapes port ${e.port} over ${e.scheme || "http"} (TLS ${tls ? "on" : "off"})`);
+            if (env.ATTND_AUTH_TOKEN_FILE && !onAdmin)
+                assert((e.authorization && e.authorization.credentials) || e.bearerTokenSecret, "the ServiceMonitor sends no token: /metrics would answer 401");
+        }
+        // The kubelet presents no client certificate: with mTLS the probes must use the plain port.
+        assert(!env.ATTND_TLS_CLIENT_CA || probes.every((p) => named(p.httpGet.port) === "admin"), "ATTND_TLS_CLIENT_CA is set while a probe uses the TLS port");
+        return set.length ? set.join(", ") : "off: plain HTTP, no tokens";
+    });
+
     await check(`${label}: autoscaling: HPA on CPU and on the adapter's queue-time metric; the PDB leaves pods up`, () => {
         const hpa = one(docs, "HorizontalPodAutoscaler");
         const d = dep();
@@ -344,6 +424,7 @@ async function policyChecks(label, docs) {
 const files = [...walk(DEPLOY)].filter((f) => /\.ya?ml$/.test(f));
 const kustomizations = files.filter((f) => path.basename(f) === "kustomization.yaml");
 const patchFiles = new Set();
+const components = new Set(); // folders of kustomize Components: rendered through the overlays using them
 const rendered = new Map(); // label -> docs
 
 await check("deploy/ holds the expected files", () => {
@@ -359,7 +440,10 @@ for (const k of kustomizations) {
     await check(`kustomization: ${rel(k)} parses and every file it names exists`, () => {
         const [doc] = loadYamlFile(k);
         const dir = path.dirname(k);
-        assert(doc.apiVersion === "kustomize.config.k8s.io/v1beta1" && doc.kind === "Kustomization", "not a Kustomization");
+        const component = doc.apiVersion === "kustomize.config.k8s.io/v1alpha1" && doc.kind === "Component";
+        assert(component || (doc.apiVersion === "kustomize.config.k8s.io/v1beta1" && doc.kind === "Kustomization"), "not a Kustomization or a Component");
+        if (component) components.add(dir);
+        for (const c of doc.components || []) assert(fs.existsSync(path.resolve(dir, c, "kustomization.yaml")), `component ${c} does not exist`);
         const named = [...(doc.resources || [])];
         for (const p of doc.patches || []) if (p.path) { named.push(p.path); patchFiles.add(path.resolve(dir, p.path)); }
         for (const g of doc.configMapGenerator || []) named.push(...(g.envs || []), ...(g.files || []));
@@ -389,9 +473,17 @@ for (const f of files) {
 }
 
 const tool = kustomizeCommand();
+for (const c of components) {
+    await check(`kustomize: component ${rel(c)} is used by an overlay (and rendered through it)`, () => {
+        const users = kustomizations.filter((k) => (loadYamlFile(k)[0].components || []).some((x) => path.resolve(path.dirname(k), x) === c));
+        assert(users.length > 0, "no kustomization lists it in components");
+        return users.map((k) => rel(path.dirname(k))).join(", ");
+    });
+}
 for (const k of kustomizations) {
     const dir = path.dirname(k);
     const label = rel(dir);
+    if (components.has(dir)) continue;
     await check(`kustomize: ${label} renders and every object validates (strict)`, async () => {
         if (!tool) throw new Skip("neither kustomize nor kubectl is installed (kubectl is on the project's machine image; Debian's kubernetes-client 1.20 lacks kustomize v5)");
         const docs = render(tool, dir);
@@ -442,8 +534,11 @@ await check("kserve: the runtime speaks v2 from kserve-container on 8080 with Pr
     assert(c.ports.length === 1 && c.ports[0].containerPort === 8080, "the container port is not 8080 alone");
     assert(facts.expose.includes(8080), "the image does not EXPOSE 8080");
     const a = rt.spec.annotations || {};
-    assert(a["prometheus.kserve.io/port"] === "8080" && a["prometheus.kserve.io/path"] === "/metrics", "prometheus.kserve.io annotations");
-    assert(a["prometheus.io/scrape"] === "true" && a["prometheus.io/port"] === "8080" && a["prometheus.io/path"] === "/metrics", "prometheus.io annotations");
+    // /metrics is scraped where it needs no token: the admin port, when the runtime sets one.
+    const admin = (c.args || []).find((x) => x.startsWith("--admin-port="));
+    const metricsPort = admin ? admin.slice("--admin-port=".length) : "8080";
+    assert(a["prometheus.kserve.io/port"] === metricsPort && a["prometheus.kserve.io/path"] === "/metrics", `prometheus.kserve.io annotations (want port ${metricsPort})`);
+    assert(a["prometheus.io/scrape"] === "true" && a["prometheus.io/port"] === metricsPort && a["prometheus.io/path"] === "/metrics", `prometheus.io annotations (want port ${metricsPort})`);
     assert(probePath(c.readinessProbe) === HEALTH_READY && probePath(c.livenessProbe) === HEALTH_LIVE, "probe paths");
     guaranteed(c.resources, "kserve-container");
     restricted({}, c.securityContext, "kserve-container", facts.uid);
@@ -451,6 +546,16 @@ await check("kserve: the runtime speaks v2 from kserve-container on 8080 with Pr
     assert(model && /^--model=\{\{\.Name\}\}=\/mnt\/models\//.test(model), `--model does not name {{.Name}} under /mnt/models: ${model}`);
     const port = (c.args || []).find((x) => x.startsWith("--port="));
     assert(!port || port === "--port=8080", `${port} differs from the container port`);
+    // Token (and certificate) files come from read-only Secret volumes of the runtime's pod.
+    for (const e of (c.env || []).filter((x) => SECRET_FILES.includes(x.name))) {
+        const m = (c.volumeMounts || []).find((vm) => e.value.startsWith(vm.mountPath.replace(/\/?$/, "/")));
+        assert(m && m.readOnly === true && !m.subPath, `${e.name}=${e.value} is not under a read-only mount without subPath`);
+        const v = (rt.spec.volumes || []).find((x) => x.name === m.name);
+        assert(v && v.secret, `${e.name}: volume ${m.name} is not a Secret`);
+        const file = e.value.slice(m.mountPath.replace(/\/?$/, "/").length);
+        assert(!v.secret.items || v.secret.items.some((it) => it.path === file), `${e.name}: Secret ${v.secret.secretName} does not project ${file}`);
+    }
+    assert((c.env || []).some((x) => x.name === "ATTND_AUTH_TOKEN_FILE"), "the runtime does not pass a token file (ATTND_AUTH_TOKEN_FILE)");
 });
 
 await check("kserve: the InferenceService selects the runtime by name and model format, v2, Guaranteed", () => {

@@ -374,8 +374,11 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata)
     header_value(ptr, n, "Allow", r->allow, sizeof r->allow);
     header_value(ptr, n, "Content-Type", r->content_type, sizeof r->content_type);
     header_value(ptr, n, "Connection", r->connection, sizeof r->connection);
+    header_value(ptr, n, "WWW-Authenticate", r->www_authenticate, sizeof r->www_authenticate);
     return n;
 }
+
+const char *http_scheme = "http";
 
 long http_do(void *handle, int port, const char *method, const char *path,
              const char *const *headers, const char *body, size_t body_len, http_resp *r)
@@ -392,7 +395,7 @@ long http_do(void *handle, int port, const char *method, const char *path,
         snprintf(r->error, sizeof r->error, "curl_easy_init failed");
         return 0;
     }
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    snprintf(url, sizeof url, "%s://127.0.0.1:%d%s", http_scheme, port, path);
     hl = curl_slist_append(hl, "Expect:");
     for (int i = 0; headers && headers[i]; i++)
         hl = curl_slist_append(hl, headers[i]);

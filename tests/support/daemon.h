@@ -67,10 +67,15 @@ typedef struct {
     char *body;  /* NUL-terminated */
     size_t body_len;
     char request_id[160], retry_after[32], allow[64], content_type[128], connection[32];
+    char www_authenticate[128];
     double seconds;
     long new_connections; /* connections curl opened for this request (0: reused) */
     char error[256];      /* curl's message when status is 0 */
 } http_resp;
+
+/* The scheme of http_do's URLs: "http", or "https" for a TLS daemon (the handle then carries
+ * the CA and any client certificate: tests/support/tls.h). */
+extern const char *http_scheme;
 
 /* One request to 127.0.0.1:port. `handle` is a CURL* to reuse (keep-alive), or NULL for a fresh
  * one. `headers` is NULL-terminated ("Name: value") or NULL; "Expect:" is always added so that
