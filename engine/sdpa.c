@@ -2,16 +2,17 @@
  * sdpa.c - scaled dot-product attention: argument checks, work planning and the flash kernel.
  *
  * One task computes a block of Br query rows of one (batch, head) against the keys they can
- * see, Bc keys at a time: S = scale * Q K^T by cblas_sgemm straight on the strided inputs,
- * then softcap, ALiBi, masks and padding on S, then the online softmax (running row maximum m
- * and sum l; the accumulator is rescaled when m grows), then O += P V by cblas_sgemm straight
- * into the output rows. Memory per worker is one Br x Bc block. Key blocks that no row of the
- * task can see (causal, window, kv_lengths, all-padding) are never computed, so causal work
- * halves. When few (batch, head, query block) tasks exist but the keys are many (decoding),
- * the keys are split into chunks computed in parallel and merged by their log-sum-exp.
- * Weights, when asked for, are a second pass that recomputes S and writes exp(s - m) / l with
- * each row's final maximum m and sum l (not exp(s - lse): lse rounded to float loses log(l)
- * next to scores of 1e9).
+ * see, Bc keys at a time: S = scale * Q K^T by the kernel set's GEMM (kernels.h: Q read in
+ * place, K packed), then softcap, ALiBi, masks and padding on S, then the online softmax
+ * (running row maximum m and sum l; the accumulator is rescaled when m grows), then O += P V by
+ * the same GEMM, P read where the softmax wrote it, straight into the output rows (beta = 1:
+ * no zeroing pass per block). The openblas kernel set does both with cblas_sgemm instead. Memory
+ * per worker is one Br x Bc block. Key blocks that no row of the task can see (causal, window,
+ * kv_lengths, all-padding) are never computed, so causal work halves. When few (batch, head, query
+ * block) tasks exist but the keys are many (decoding), the keys are split into chunks computed in
+ * parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass that
+ * recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s -
+ * lse): lse rounded to float loses log(l) next to scores of 1e9).
  */
 #include <cblas.h>
 #include <float.h>
@@ -20,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/kernels.h"
 
 #define BR_MAX    256 /* query rows per task */
 #define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
@@ -38,6 +39,7 @@
 /* Everything a task needs, resolved once per call. */
 typedef struct {
     const eng_sdpa_args *a;
+    const eng__kernels *ks; /* read once per call: a call keeps the set it started with */
     const eng__vec_ops *vec;
     eng_ctl *ctl;
     int64_t B, H, Hkv, L, S, D, Dv, group;
@@ -289,10 +291,22 @@ static void plan_blocks(plan *p, int threads)
     }
 }
 
-/* Scratch of one task: the score block and the running max and sum of each row. */
+/* Scratch of one task: the score block, the running max and sum of each row, then the GEMM's
+ * packing space (for K^T blocks of D x Bc and V blocks of Bc x Dv). */
 static size_t task_scratch_floats(const plan *p)
 {
-    return (size_t)(p->br * p->bc + 2 * p->br);
+    size_t pack_k = eng__sgemm_pack_floats(p->ks, p->bc, p->D);
+    size_t pack_v = eng__sgemm_pack_floats(p->ks, p->Dv, p->bc);
+    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
+    /* The pack area starts 64-byte aligned, as the micro-kernels' panel loads need. */
+    return (head + 15) / 16 * 16 + (pack_k > pack_v ? pack_k : pack_v);
+}
+
+/* The GEMM packing space inside a task's scratch block s. */
+static float *task_pack(const plan *p, const float *s)
+{
+    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
+    return (float *)s + (head + 15) / 16 * 16;
 }
 
 /* ---- Visibility -------------------------------------------------------------------------------
@@ -328,32 +342,68 @@ static bool all_padding(const plan *p, int64_t b, int64_t j0, int64_t j1)
 /* ---- Score block ------------------------------------------------------------------------------
  */
 
-/* s[rows x cols] = scale * q k^T on strided rows. */
+/* s[rows x cols] = scale * q k^T on strided rows. A row or two (decoding, and the one-row
+ * rebase in attend_block, whose s is not a block start) streams the keys through dot products;
+ * more rows go through the kernel set's GEMM, packing into the scratch block that s starts. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
                         int ldk, int64_t cols, float *s)
 {
+    if (rows <= GEMV_ROWS && p->ks->tile) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                s[r * cols + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
+        return;
+    }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
                         q + r * ldq, 1, 0.0f, s + r * cols, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, (int)p->D, p->scale,
-                q, ldq, k, ldk, 0.0f, s, (int)cols);
+    eng__gemm g = {.m = rows,
+                   .n = cols,
+                   .k = p->D,
+                   .alpha = p->scale,
+                   .beta = 0.0f,
+                   .a = q,
+                   .lda = ldq,
+                   .b = k,
+                   .ldb = ldk,
+                   .b_trans = true,
+                   .c = s,
+                   .ldc = cols};
+    eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
-/* o[rows x Dv] += s[rows x cols] v[cols x Dv]. */
+/* o[rows x Dv] += s[rows x cols] v[cols x Dv]: P is read where the softmax left it. */
 static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols, const float *v,
                         int ldv, float *o, int64_t ldo)
 {
+    if (rows <= GEMV_ROWS && p->ks->tile) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                p->vec->axpy(o + r * ldo, s[r * cols + c], v + c * ldv, p->Dv);
+        return;
+    }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
                         s + r * cols, 1, 1.0f, o + r * ldo, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)p->Dv, (int)cols, 1.0f,
-                s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
+    eng__gemm g = {.m = rows,
+                   .n = p->Dv,
+                   .k = cols,
+                   .alpha = 1.0f,
+                   .beta = 1.0f,
+                   .a = s,
+                   .lda = cols,
+                   .b = v,
+                   .ldb = ldv,
+                   .b_trans = false,
+                   .c = o,
+                   .ldc = ldo};
+    eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
 /* s[rows x cols] = v . tanh(W_q q_i + W_k k_j) from the projected queries and keys. */
@@ -865,7 +915,8 @@ static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
     atomic_init(&p->nonfinite, false);
     atomic_init(&p->no_scratch, false);
     p->a = a;
-    p->vec = eng__vec();
+    p->ks = eng__kernels_current();
+    p->vec = p->ks->vec;
     p->B = a->q.ne[0];
     p->H = a->q.ne[1];
     p->L = a->q.ne[2];
@@ -914,9 +965,24 @@ static void additive_project_task(void *arg, int64_t index)
     const eng_view *x = query ? &a->q : &a->k;
     float *out =
         query ? p->add_q + (b * p->H + h) * p->L * A : p->add_k + (b * p->Hkv + h) * p->S * A;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->ne[2], (int)A, (int)p->D, 1.0f,
-                row_ptr(x, b, h, 0), ld_of(x), query ? a->additive_w_q : a->additive_w_k, (int)p->D,
-                0.0f, out, (int)A);
+    eng__gemm g = {.m = x->ne[2],
+                   .n = A,
+                   .k = p->D,
+                   .alpha = 1.0f,
+                   .beta = 0.0f,
+                   .a = row_ptr(x, b, h, 0),
+                   .lda = ld_of(x),
+                   .b = query ? a->additive_w_q : a->additive_w_k,
+                   .ldb = p->D,
+                   .b_trans = true,
+                   .c = out,
+                   .ldc = A};
+    float *pack = eng__scratch(eng__sgemm_pack_floats(p->ks, A, p->D) * sizeof(float));
+    if (!pack && p->ks->tile) {
+        atomic_store(&p->no_scratch, true);
+        return;
+    }
+    eng__sgemm(p->ks, &g, pack);
 }
 
 /* The attention passes for the plan's shape of work. */
