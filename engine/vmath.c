@@ -17,7 +17,9 @@
 #include "engine/kernels.h"
 
 #define EXP_LO (-87.0f) /* below this exp underflows to 0 (FLT_MIN is ~exp(-87.3)) */
-#define EXP_HI 88.0f    /* above this exp would overflow 2^127 */
+/* Arguments are clamped here, above ln(FLT_MAX) = 88.72, so that large ones overflow to +inf
+ * like expf while n stays at most 128 (one above the largest finite exponent, 127). */
+#define EXP_HI 89.0f
 #define LOG2E  1.44269504088896341f
 #define LN2_HI 0.693359375f /* ln 2 split so that n * LN2_HI is exact */
 #define LN2_LO (-2.12194440e-4f)
@@ -162,6 +164,11 @@ AVX2 static inline __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
     __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n from its bit pattern holds n <= 127; n = 128 (x in [88.38, 89]) scales y by 2 first,
+     * so that exp(88.7) stays finite and exp(89) overflows to +inf, as expf does. */
+    __m256 top = _mm256_cmp_ps(n, _mm256_set1_ps(127.5f), _CMP_GT_OQ);
+    y = _mm256_blendv_ps(y, _mm256_add_ps(y, y), top);
+    n = _mm256_min_ps(n, _mm256_set1_ps(127.0f));
     __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
@@ -327,9 +334,11 @@ static inline __mmask16 tail_mask16(int64_t left)
 
 AVX512 static inline __m512 exp16(__m512 x)
 {
-    /* No clamping needed: scalef saturates to 0 or inf for any n, -inf and values below EXP_LO
-     * are zeroed by the mask, and NaN flows through as NaN. */
+    /* scalef saturates to 0 or inf for any n; -inf and values below EXP_LO are zeroed by the
+     * mask. The upper clamp keeps +inf from becoming inf - inf = NaN in the reduction; min
+     * returns its second operand for a NaN, so NaN flows through as NaN. */
     __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
