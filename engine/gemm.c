@@ -61,9 +61,10 @@ static void pack_b(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64
     }
 }
 
-/* The micro-kernel over every tile of rows x the packed block. */
+/* The micro-kernel over every tile of rows x the packed block (panel q at packed + q/NR *
+ * panel_stride). */
 static void tiles(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
-                  int64_t nc, float beta, const float *packed, float *edge)
+                  int64_t nc, float beta, const float *packed, int64_t panel_stride, float *edge)
 {
     const int64_t mr = ks->mr, nr = ks->nr;
     for (int64_t i = 0; i < g->m; i += mr) {
@@ -79,10 +80,22 @@ static void tiles(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_
         }
         for (int64_t q = 0; q < nc; q += nr) {
             int cols = (int)min64(nr, nc - q);
-            ks->tile(kc, a, lda, packed + q * kc, g->c + i * g->ldc + j0 + q, g->ldc, g->alpha,
-                     beta, rows, cols);
+            ks->tile(kc, a, lda, packed + q / nr * panel_stride, g->c + i * g->ldc + j0 + q, g->ldc,
+                     g->alpha, beta, rows, cols);
         }
     }
+}
+
+size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k)
+{
+    return (size_t)(round_up(n, ks->nr) * k);
+}
+
+void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
+                            int64_t k, int64_t n, float *dst)
+{
+    eng__gemm g = {.b = b, .ldb = ldb, .b_trans = b_trans};
+    pack_b(ks, &g, 0, k, 0, n, dst);
 }
 
 static void sgemm_blas(const eng__gemm *g)
@@ -100,15 +113,20 @@ void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
     }
     const int64_t kc_max = min64(g->k, ks->kc);
     const int64_t nc_max = round_up(min64(g->n, ks->nc), ks->nr);
-    float *edge = pack + kc_max * nc_max;
+    float *edge = g->b_packed ? pack : pack + kc_max * nc_max;
     for (int64_t j0 = 0; j0 < g->n; j0 += ks->nc) {
         int64_t nc = min64(ks->nc, g->n - j0);
         for (int64_t p0 = 0; p0 < g->k; p0 += ks->kc) {
             int64_t kc = min64(ks->kc, g->k - p0);
             /* Later depth blocks add to what the first one wrote. */
             float beta = p0 == 0 ? g->beta : 1.0f;
-            pack_b(ks, g, p0, kc, j0, nc, pack);
-            tiles(ks, g, p0, kc, j0, nc, beta, pack, edge);
+            if (g->b_packed) {
+                const float *block = g->b_packed + j0 / ks->nr * g->b_panel_stride + p0 * ks->nr;
+                tiles(ks, g, p0, kc, j0, nc, beta, block, g->b_panel_stride, edge);
+            } else {
+                pack_b(ks, g, p0, kc, j0, nc, pack);
+                tiles(ks, g, p0, kc, j0, nc, beta, pack, kc * ks->nr, edge);
+            }
         }
     }
 }

@@ -40,7 +40,9 @@ const eng__kernels *eng__kernels_named(const char *name);
 
 /* One product C = alpha * A op(B) + beta * C, all row-major with positive row strides:
  * A is [m x k]; B is [k x n], or [n x k] when b_trans (rows of B^T: keys for Q K^T). beta == 0
- * never reads C. */
+ * never reads C. B may instead come packed already (b_packed, for operands that several
+ * products share): panel q, columns [q NR, q NR + NR), at b_packed + q * b_panel_stride, its
+ * row p (depth p of this product) at + p * NR, zero past column n; b is then unused. */
 typedef struct {
     int64_t m, n, k;
     float alpha, beta;
@@ -51,14 +53,26 @@ typedef struct {
     bool b_trans;
     float *c;
     int64_t ldc;
+    const float *b_packed;
+    int64_t b_panel_stride;
 } eng__gemm;
+
+/* Packs all of B ([k x n], or [n x k] when b_trans) into the b_packed layout with panel stride
+ * k * NR, zero-padded to a whole panel: eng__sgemm_panels_floats(ks, n, k) floats at dst,
+ * 64-byte aligned. Not for openblas. */
+void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
+                            int64_t k, int64_t n, float *dst);
+
+/* Floats of eng__sgemm_pack_panels's output for B of n columns and depth k. */
+size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k);
 
 /* Floats of packing space eng__sgemm needs for products of at most n columns and depth k. */
 size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k);
 
-/* Computes g on the calling thread with the set's micro-kernel (or cblas_sgemm for openblas).
- * `pack` is caller memory of eng__sgemm_pack_floats(ks, g->n, g->k) floats, 64-byte aligned
- * (unused by openblas). Every dimension must be positive and, for openblas, below 2^31. */
+/* Computes g on the calling thread with the set's micro-kernel (or cblas_sgemm for openblas,
+ * which never takes b_packed). `pack` is caller memory of eng__sgemm_pack_floats(ks, g->n,
+ * g->k) floats, 64-byte aligned (unused by openblas). Every dimension must be positive and,
+ * for openblas, below 2^31. */
 void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack);
 
 /* The micro-kernels, one per file and instruction set (gemm_avx512.c, gemm_avx2.c, gemm.c). */

@@ -31,8 +31,9 @@
 #define STRIP     64 /* keys per strip where a block crosses a causal or window boundary */
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
-#define RESCALE_SLACK    8.0f
-#define TASKS_PER_THREAD 4 /* below this many tasks per worker, split decode-shaped keys */
+#define RESCALE_SLACK     8.0f
+#define TASKS_PER_THREAD  4 /* below this many tasks per worker, split decode-shaped keys */
+#define PREPACK_MAX_BYTES ((uint64_t)64 << 20) /* shared K and V panels, at most */
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)
 
@@ -50,12 +51,15 @@ typedef struct {
     int64_t br, bc, nqb; /* rows per task, keys per block, query blocks per head */
     int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
     int64_t chunk_len;
-    float *part_o;          /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
-    float *part_ml;         /* and [B, H, chunks, 2, L] row maxima then sums */
-    float *lse;             /* the caller's, or NULL */
-    float *add_q, *add_k;   /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
-    atomic_bool nonfinite;  /* some row overflowed */
-    atomic_bool no_scratch; /* some task could not get its scratch block */
+    float *part_o;        /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
+    float *part_ml;       /* and [B, H, chunks, 2, L] row maxima then sums */
+    float *lse;           /* the caller's, or NULL */
+    float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
+    bool prepack;         /* K and V are packed once, before the attention, and shared */
+    float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
+    int64_t kpack_head, vpack_head; /* floats per (b, kv head) */
+    atomic_bool nonfinite;          /* some row overflowed */
+    atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
 
 /* ---- Views ------------------------------------------------------------------------------------
@@ -349,11 +353,28 @@ static bool all_padding(const plan *p, int64_t b, int64_t j0, int64_t j1)
 /* ---- Score block ------------------------------------------------------------------------------
  */
 
+/* The prepacked K^T panels of keys [j0, ...) of (b, kv head hk), or NULL when K is packed per
+ * block (no prepacking, or j0 not on a panel boundary, as a window's left edge may be). */
+static const float *key_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
+{
+    if (!p->kpack || j0 % p->ks->nr != 0)
+        return NULL;
+    return p->kpack + (b * p->Hkv + hk) * p->kpack_head + j0 / p->ks->nr * p->D * p->ks->nr;
+}
+
+/* The prepacked V panels from key j0 (its depth rows) of (b, kv head hk), or NULL. */
+static const float *value_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
+{
+    if (!p->vpack)
+        return NULL;
+    return p->vpack + (b * p->Hkv + hk) * p->vpack_head + j0 * p->ks->nr;
+}
+
 /* s[rows x cols] = scale * q k^T on strided rows. A row or two (decoding, and the one-row
  * rebase in attend_block, whose s is not a block start) streams the keys through dot products;
  * more rows go through the kernel set's GEMM, packing into the scratch block that s starts. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
-                        int ldk, int64_t cols, float *s)
+                        int ldk, int64_t cols, const float *kpanels, float *s)
 {
     if (rows <= GEMV_ROWS && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
@@ -378,13 +399,15 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, co
                    .ldb = ldk,
                    .b_trans = true,
                    .c = s,
-                   .ldc = cols};
+                   .ldc = cols,
+                   .b_packed = kpanels,
+                   .b_panel_stride = p->D * p->ks->nr};
     eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
 /* o[rows x Dv] += s[rows x cols] v[cols x Dv]: P is read where the softmax left it. */
 static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols, const float *v,
-                        int ldv, float *o, int64_t ldo)
+                        int ldv, const float *vpanels, float *o, int64_t ldo)
 {
     if (rows <= GEMV_ROWS && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
@@ -409,7 +432,9 @@ static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t col
                    .ldb = ldv,
                    .b_trans = false,
                    .c = o,
-                   .ldc = ldo};
+                   .ldc = ldo,
+                   .b_packed = vpanels,
+                   .b_panel_stride = p->S * p->ks->nr};
     eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
@@ -507,7 +532,7 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         additive_scores(p, b, h, i0, rows, j0, cols, s);
     else
         scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
-                    ld_of(&a->k), cols, s);
+                    ld_of(&a->k), cols, key_panels(p, b, hk, j0), s);
     if (a->softcap > 0.0f)
         for (int64_t r = 0; r < rows; r++)
             p->vec->softcap(s + r * cols, cols, a->softcap);
@@ -606,7 +631,8 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         l[r] = l[r] * alpha + p->vec->exp_sum(row, cols, bmax);
         m[r] = bmax;
     }
-    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v), o, ldo);
+    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v),
+                value_panels(p, b, h / p->group, j0), o, ldo);
     return ENG_OK;
 }
 
@@ -916,6 +942,45 @@ static int64_t resolve_offset(const eng_sdpa_args *a)
     }
 }
 
+/* Packing K and V once per (b, kv head) pays when more than one task multiplies them (query
+ * blocks, the query heads of a grouped-query group) with the kernel set's GEMM: the per-block
+ * packing it replaces cost ~9% of the time at L = 2048. Its memory is about that of K and V,
+ * so it is capped: beyond PREPACK_MAX_BYTES, scratch stays O(block) and tasks pack per block. */
+static void plan_prepack(plan *p)
+{
+    p->prepack = false;
+    if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= GEMV_ROWS ||
+        p->nqb * p->group < 2)
+        return;
+    int64_t heads = p->B * p->Hkv, total;
+    p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
+    p->vpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+    if (__builtin_mul_overflow(heads, p->kpack_head + p->vpack_head, &total) ||
+        (uint64_t)total > PREPACK_MAX_BYTES / sizeof(float))
+        return; /* then each task packs its blocks as it goes */
+    p->prepack = true;
+}
+
+/* Bytes of the prepacked K and V. */
+static size_t prepack_bytes(const plan *p)
+{
+    if (!p->prepack)
+        return 0;
+    return (size_t)(p->B * p->Hkv * (p->kpack_head + p->vpack_head)) * sizeof(float);
+}
+
+/* Packing step: K^T and V panels of one (b, kv head). */
+static void prepack_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    const eng_sdpa_args *a = p->a;
+    int64_t b = index / p->Hkv, hk = index % p->Hkv;
+    eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
+                           p->kpack + index * p->kpack_head);
+    eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
+                           p->vpack + index * p->vpack_head);
+}
+
 static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
 {
     memset(p, 0, sizeof *p);
@@ -936,6 +1001,7 @@ static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
     p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
     p->offset = resolve_offset(a);
     plan_blocks(p, threads);
+    plan_prepack(p);
 }
 
 /* Bytes eng_sdpa allocates on the heap for one call (besides per-thread scratch). */
@@ -949,7 +1015,7 @@ static size_t plan_heap_bytes(const plan *p)
     if (p->a->additive_w_q)
         bytes += (size_t)((p->B * p->H * p->L + p->B * p->Hkv * p->S) * p->a->additive_dim) *
                  sizeof(float);
-    return bytes;
+    return bytes + prepack_bytes(p);
 }
 
 size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
@@ -1013,6 +1079,8 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
     eng_status st = ENG_OK;
     if (p->add_q)
         st = eng_pool_run(pool, additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
+    if (st == ENG_OK && p->kpack)
+        st = eng_pool_run(pool, prepack_task, p, p->B * p->Hkv, p->ctl);
     if (st == ENG_OK)
         st = run_attention(pool, p);
     if (st == ENG_OK && atomic_load(&p->no_scratch))
@@ -1076,6 +1144,12 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         p.add_q = additive;
         p.add_k = additive ? additive + nq : NULL;
     }
+    /* Without the memory for shared K and V panels, each task packs its own blocks. */
+    float *packed = p.prepack ? eng_buf_alloc(prepack_bytes(&p)) : NULL;
+    if (packed) {
+        p.kpack = packed;
+        p.vpack = packed + p.B * p.Hkv * p.kpack_head;
+    }
     if ((a->alibi && !p.slopes) || (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
                        plan_heap_bytes(&p));
@@ -1085,5 +1159,6 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
     free(slopes);
     free(parts);
     free(additive);
+    eng_buf_free(packed);
     return st;
 }
