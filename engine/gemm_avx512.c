@@ -20,7 +20,8 @@ enum { MR = ENG__AVX512_MR, NR = ENG__AVX512_NR };
 
 AVX512 static inline __mmask16 lanes(int n)
 {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+    unsigned bits = n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
+    return (__mmask16)bits;
 }
 
 AVX512 static inline void store_row(float *c, __m512 x0, __m512 x1, __m512 alpha, float beta,
