@@ -521,10 +521,9 @@ typedef enum {
     KEYS_TAIL,     /* appended keys that every row sees: no positions, no masks */
 } key_kind;
 
-/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
- * modifies scores applied; invisible entries are -inf. */
-static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                        int64_t cols, key_kind kind, float *s)
+/* The products of rows [i0, i0+rows) x keys [j0, j0+cols), before anything modifies them. */
+static void score_products(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                           int64_t j0, int64_t cols, float *s)
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
@@ -533,19 +532,37 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
     else
         scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
                     ld_of(&a->k), cols, key_panels(p, b, hk, j0), s);
+}
+
+/* Everything that modifies the scores of query row i after the product: softcap, ALiBi, the
+ * attention mask, padding and the position range; invisible entries become -inf. One row at a
+ * time, so that the row is still in L1 for the softmax that follows. */
+static void bias_row(const plan *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t cols,
+                     key_kind kind, float *row)
+{
+    const eng_sdpa_args *a = p->a;
     if (a->softcap > 0.0f)
-        for (int64_t r = 0; r < rows; r++)
-            p->vec->softcap(s + r * cols, cols, a->softcap);
+        p->vec->softcap(row, cols, a->softcap);
     if (kind == KEYS_TAIL)
         return;
     if (a->alibi)
-        add_alibi(p, h, i0, rows, j0, cols, s);
+        add_alibi(p, h, i, 1, j0, cols, row);
     if (a->attn_mask.kind != ENG_MASK_NONE)
-        apply_attn_mask(p, b, h, i0, rows, j0, cols, s);
+        apply_attn_mask(p, b, h, i, 1, j0, cols, row);
     if (a->key_padding)
-        apply_padding(p, b, rows, j0, cols, s);
+        apply_padding(p, b, 1, j0, cols, row);
     if (kind == KEYS_BOUNDARY)
-        apply_ranges(p, b, i0, rows, j0, cols, s);
+        apply_ranges(p, b, i, 1, j0, cols, row);
+}
+
+/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
+ * modifies scores applied; invisible entries are -inf. */
+static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                        int64_t cols, key_kind kind, float *s)
+{
+    score_products(p, b, h, i0, rows, j0, cols, s);
+    for (int64_t r = 0; r < rows; r++)
+        bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
 }
 
 /* ---- Attention over a key range ---------------------------------------------------------------
@@ -604,9 +621,11 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
 {
     const eng_sdpa_args *a = p->a;
     eng_status st;
-    score_block(p, b, h, i0, rows, j0, cols, kind, s);
+    score_products(p, b, h, i0, rows, j0, cols, s);
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
+        /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
+        bias_row(p, b, h, i0 + r, j0, cols, kind, row);
         if (m[r] == -INFINITY) {
             if ((st = first_block_row(p, row, cols, &m[r], &l[r])) != ENG_OK)
                 return st;
