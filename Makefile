@@ -139,7 +139,12 @@ TSAN_BUILD := build/tsan
 # TSan runs the suites that exercise the pool; the rest gain nothing from it.
 TSAN_TESTS := $(filter tests/engine/%,$(TEST_SRC))
 
-plain_suites = $(foreach t,$(TEST_BINS),"ATTND_BIN=$(BUILD)/attnd $(t)")
+# The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
+# line. The other suites, and the sanitizer runs, use the set the engine picks (auto).
+KERNEL_SETS := avx512 avx2 generic openblas
+ENGINE_TEST_BINS := $(filter $(BUILD)/tests/engine/%,$(TEST_BINS))
+plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND_BIN=$(BUILD)/attnd $(t)") \
+    $(foreach k,$(KERNEL_SETS),$(foreach t,$(ENGINE_TEST_BINS),"ATTND_KERNELS=$(k) $(t)"))
 asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\

@@ -2,9 +2,14 @@
  * engine.h - the compute core of attnd: scaled dot-product attention on a thread pool.
  *
  * The engine knows nothing of HTTP or JSON. It takes fp32 tensors as strided views, runs a
- * flash-style kernel (two cblas_sgemm calls per block, fused masks, online softmax) whose
+ * flash-style kernel (two block products per key block, fused masks, online softmax) whose
  * tasks fan out over one pool of workers, and reports failures as eng_status values with a
  * message naming the offending field. Semantics follow ../shared/DESIGN.md section 5.
+ *
+ * The engine owns its hot kernels: the block products and projections run on attnd's own
+ * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels.h), chosen once
+ * per process from cpuid and xgetbv, whatever CPU OpenBLAS's tables know. OpenBLAS remains as
+ * the `openblas` kernel set: fallback, test reference and benchmark baseline.
  *
  * Usage:
  *
@@ -121,6 +126,37 @@ eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg);
 /* The CPUs this process may use: the affinity mask, capped by a cgroup v2 cpu.max (or v1
  * cfs_quota) quota rounded up; at least 1. */
 int eng_cpu_count(void);
+
+/* ---- Kernels ------------------------------------------------------------------------------ */
+
+/* The engine's products and exponentials run on one kernel set per process: "avx512" (AVX-512F
+ * micro-kernels), "avx2" (AVX2 + FMA), "generic" (portable C) or "openblas" (cblas_sgemm, the
+ * fallback and reference). Until selected, the set is ATTND_KERNELS from the environment when
+ * the CPU supports it, else the best one the CPU and OS support (auto). */
+
+/* Selects a set by name ("auto" or NULL: ATTND_KERNELS, else the best). A set this CPU or OS
+ * cannot run, or an unknown name, is ENG_EINVAL with a message naming what is missing; the
+ * set in use then stays. Call it at start-up, before engine calls: a call in flight keeps the
+ * set it started with, so switching between calls (as tests do) is safe. */
+eng_status eng_kernels_select(const char *name, eng_error *err);
+
+/* The name of the set in use ("avx512", "avx2", "generic" or "openblas"). */
+const char *eng_kernels_name(void);
+
+/* True when this CPU and OS can run the named set. */
+bool eng_kernels_supported(const char *name);
+
+/* What the engine runs on, for the start-up log line and the info metric. */
+typedef struct {
+    char kernels[16];           /* the set in use */
+    char cpu[64];               /* the CPU's brand string */
+    char features[160];         /* the vector features found usable ("avx2 fma avx512f ...") */
+    char openblas_core[32];     /* openblas_get_corename(): the kernel OpenBLAS picked */
+    size_t l1d_bytes, l2_bytes; /* per core, from cpuid; 0 when it does not say */
+    int64_t kc, nc;             /* the GEMM blocking derived from them */
+} eng_engine_info;
+
+void eng_engine_info_get(eng_engine_info *info);
 
 /* ---- Big buffers -------------------------------------------------------------------------- */
 

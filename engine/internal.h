@@ -36,10 +36,14 @@ typedef struct {
     void (*softcap)(float *x, int64_t n, float cap);
     /* sum of v[i] * tanh(x[i] + y[i]): one additive (Bahdanau) score. */
     float (*tanh_dot)(const float *x, const float *y, const float *v, int64_t n);
+    /* sum of x[i] * y[i]: one decoding score. */
+    float (*dot)(const float *x, const float *y, int64_t n);
+    /* y[i] += a * x[i]: one decoding value row. */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
 } eng__vec_ops;
 
-/* The variant for this CPU; ATTND_ISA=avx512|avx2|scalar in the environment forces one (when
- * the CPU has it), so that every variant can be tested and measured on one machine. */
+/* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic
+ * set, scalar; the openblas set uses the best one the CPU has. */
 const eng__vec_ops *eng__vec(void);
 
 /* The named variant, or NULL when this CPU lacks it (for tests). */

@@ -1,24 +1,24 @@
 /*
  * mha.c - the forward pass of a multi-head attention layer, as torch's nn.MultiheadAttention.
  *
- *   q = x Wq^T + bq          [B, L, E]        one sgemm per row chunk, chunks over the pool
+ *   q = x Wq^T + bq          [B, L, E]        one GEMM per row chunk, chunks over the pool
  *   k = m Wk^T + bk, v = m Wv^T + bv          into one [B, S', 2W] buffer (K | V per token)
  *   (RoPE turns q and k per head; bias_kv and a zero key/value are appended as rows S..S'-1)
  *   o = sdpa(q, k, v)        heads are strided views of those buffers: no per-head copies
  *   out = o Wo^T + bo
  *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
- * are added to copies of the inputs before the projections.
+ * are added to copies of the inputs before the projections. The projections run on the kernel
+ * set's GEMM (kernels.h), the same one as the attention's block products.
  */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/kernels.h"
 
-/* Tokens per projection task, at most: each task's sgemm packs the whole weight matrix again,
+/* Tokens per projection task, at most: each task's GEMM packs the whole weight matrix again,
  * so tasks should be long (512 rows: E=512 layer ratio 0.87-0.89 causal, 128 rows: 0.83-0.86). */
 #define CHUNK_ROWS 512
 
@@ -38,6 +38,8 @@ typedef struct {
 
 typedef struct {
     const eng_mha_args *a;
+    const eng__kernels *ks; /* read once per call */
+    atomic_bool no_scratch; /* some task could not get its packing space */
     linear_job jobs[3];
     int njobs;
     int64_t B, chunks; /* chunks per batch of the longest job */
@@ -60,15 +62,31 @@ static void linear_task(void *arg, int64_t index)
     const float *in = j->in + b * j->in_bstride + t0 * j->in_ld;
     float *out = j->out + b * j->out_bstride + t0 * j->out_ld;
     /* The bias goes in first and the product is added to it (beta = 1): one pass over the
-     * output instead of BLAS zeroing it (beta = 0) and a second pass adding the bias. */
+     * output instead of zeroing it (beta = 0) and a second pass adding the bias. */
     float beta = 0.0f;
     if (j->bias) {
         for (int64_t t = 0; t < n; t++)
             memcpy(out + t * j->out_ld, j->bias, (size_t)j->out_f * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)j->out_f, (int)j->in_f, 1.0f,
-                in, (int)j->in_ld, j->w, (int)j->in_f, beta, out, (int)j->out_ld);
+    float *pack = eng__scratch(eng__sgemm_pack_floats(lb->ks, j->out_f, j->in_f) * sizeof(float));
+    if (!pack && lb->ks->tile) {
+        atomic_store(&lb->no_scratch, true);
+        return;
+    }
+    eng__gemm g = {.m = n,
+                   .n = j->out_f,
+                   .k = j->in_f,
+                   .alpha = 1.0f,
+                   .beta = beta,
+                   .a = in,
+                   .lda = j->in_ld,
+                   .b = j->w,
+                   .ldb = j->in_f,
+                   .b_trans = true,
+                   .c = out,
+                   .ldc = j->out_ld};
+    eng__sgemm(lb->ks, &g, pack);
     if (j->rope)
         eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
                        lb->a->rope_style);
@@ -92,7 +110,10 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
         chunks = most;
     lb->chunk_rows = (most + chunks - 1) / chunks;
     lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
-    return eng_pool_run(pool, linear_task, lb, lb->njobs * lb->B * lb->chunks, ctl);
+    lb->ks = eng__kernels_current();
+    atomic_init(&lb->no_scratch, false);
+    eng_status st = eng_pool_run(pool, linear_task, lb, lb->njobs * lb->B * lb->chunks, ctl);
+    return st == ENG_OK && atomic_load(&lb->no_scratch) ? ENG_ENOMEM : st;
 }
 
 /* ---- Shapes and checks -------------------------------------------------------------------- */
@@ -219,8 +240,14 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
         return 0;
     float placeholder;
     eng_sdpa_args s = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+    /* Projection tasks pack a weight block into per-thread scratch (the workers and the
+     * caller), at most this much for the widest projection. */
+    const eng__kernels *ks = eng__kernels_current();
+    int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
+    in_most = in_most > a->layer->vdim ? in_most : a->layer->vdim;
+    size_t pack = eng__sgemm_pack_floats(ks, sh.E, in_most) * sizeof(float);
     return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) +
-           eng_sdpa_scratch_bytes(&s, threads);
+           eng_sdpa_scratch_bytes(&s, threads) + (size_t)(threads + 1) * pack;
 }
 
 /* ---- Forward ------------------------------------------------------------------------------ */

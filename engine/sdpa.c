@@ -2,16 +2,17 @@
  * sdpa.c - scaled dot-product attention: argument checks, work planning and the flash kernel.
  *
  * One task computes a block of Br query rows of one (batch, head) against the keys they can
- * see, Bc keys at a time: S = scale * Q K^T by cblas_sgemm straight on the strided inputs,
- * then softcap, ALiBi, masks and padding on S, then the online softmax (running row maximum m
- * and sum l; the accumulator is rescaled when m grows), then O += P V by cblas_sgemm straight
- * into the output rows. Memory per worker is one Br x Bc block. Key blocks that no row of the
- * task can see (causal, window, kv_lengths, all-padding) are never computed, so causal work
- * halves. When few (batch, head, query block) tasks exist but the keys are many (decoding),
- * the keys are split into chunks computed in parallel and merged by their log-sum-exp.
- * Weights, when asked for, are a second pass that recomputes S and writes exp(s - m) / l with
- * each row's final maximum m and sum l (not exp(s - lse): lse rounded to float loses log(l)
- * next to scores of 1e9).
+ * see, Bc keys at a time: S = scale * Q K^T by the kernel set's GEMM (kernels.h: Q read in
+ * place, K packed), then softcap, ALiBi, masks and padding on S, then the online softmax
+ * (running row maximum m and sum l; the accumulator is rescaled when m grows), then O += P V by
+ * the same GEMM, P read where the softmax wrote it, straight into the output rows (beta = 1:
+ * no zeroing pass per block). The openblas kernel set does both with cblas_sgemm instead. Memory
+ * per worker is one Br x Bc block. Key blocks that no row of the task can see (causal, window,
+ * kv_lengths, all-padding) are never computed, so causal work halves. When few (batch, head, query
+ * block) tasks exist but the keys are many (decoding), the keys are split into chunks computed in
+ * parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass that
+ * recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s -
+ * lse): lse rounded to float loses log(l) next to scores of 1e9).
  */
 #include <cblas.h>
 #include <float.h>
@@ -20,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/kernels.h"
 
 #define BR_MAX    256 /* query rows per task */
 #define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
@@ -30,14 +31,16 @@
 #define STRIP     64 /* keys per strip where a block crosses a causal or window boundary */
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
-#define RESCALE_SLACK    8.0f
-#define TASKS_PER_THREAD 4 /* below this many tasks per worker, split decode-shaped keys */
+#define RESCALE_SLACK     8.0f
+#define TASKS_PER_THREAD  4 /* below this many tasks per worker, split decode-shaped keys */
+#define PREPACK_MAX_BYTES ((uint64_t)64 << 20) /* shared K and V panels, at most */
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)
 
 /* Everything a task needs, resolved once per call. */
 typedef struct {
     const eng_sdpa_args *a;
+    const eng__kernels *ks; /* read once per call: a call keeps the set it started with */
     const eng__vec_ops *vec;
     eng_ctl *ctl;
     int64_t B, H, Hkv, L, S, D, Dv, group;
@@ -48,12 +51,15 @@ typedef struct {
     int64_t br, bc, nqb; /* rows per task, keys per block, query blocks per head */
     int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
     int64_t chunk_len;
-    float *part_o;          /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
-    float *part_ml;         /* and [B, H, chunks, 2, L] row maxima then sums */
-    float *lse;             /* the caller's, or NULL */
-    float *add_q, *add_k;   /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
-    atomic_bool nonfinite;  /* some row overflowed */
-    atomic_bool no_scratch; /* some task could not get its scratch block */
+    float *part_o;        /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
+    float *part_ml;       /* and [B, H, chunks, 2, L] row maxima then sums */
+    float *lse;           /* the caller's, or NULL */
+    float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
+    bool prepack;         /* K and V are packed once, before the attention, and shared */
+    float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
+    int64_t kpack_head, vpack_head; /* floats per (b, kv head) */
+    atomic_bool nonfinite;          /* some row overflowed */
+    atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
 
 /* ---- Views ------------------------------------------------------------------------------------
@@ -263,7 +269,14 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
 
 static void plan_blocks(plan *p, int threads)
 {
-    int64_t bc = (int64_t)eng__l2_bytes() / (16 * (p->D + p->Dv));
+    /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
+     * BR_MAX rows an eighth, so that the scores the first product writes are still in L2 when
+     * the softmax and the second product read them (measured on a 2 MiB L2: 256 keys ran
+     * clearly faster than 1024, whose 1 MiB score block spilled). */
+    int64_t l2 = (int64_t)eng__l2_bytes();
+    int64_t bc = l2 / (16 * (p->D + p->Dv));
+    int64_t bc_scores = l2 / (8 * BR_MAX * (int64_t)sizeof(float));
+    bc = bc < bc_scores ? bc : bc_scores;
     bc = bc < BC_MIN ? BC_MIN : bc > BC_MAX ? BC_MAX : bc;
     p->bc = bc / 16 * 16;
 
@@ -289,10 +302,22 @@ static void plan_blocks(plan *p, int threads)
     }
 }
 
-/* Scratch of one task: the score block and the running max and sum of each row. */
+/* Scratch of one task: the score block, the running max and sum of each row, then the GEMM's
+ * packing space (for K^T blocks of D x Bc and V blocks of Bc x Dv). */
 static size_t task_scratch_floats(const plan *p)
 {
-    return (size_t)(p->br * p->bc + 2 * p->br);
+    size_t pack_k = eng__sgemm_pack_floats(p->ks, p->bc, p->D);
+    size_t pack_v = eng__sgemm_pack_floats(p->ks, p->Dv, p->bc);
+    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
+    /* The pack area starts 64-byte aligned, as the micro-kernels' panel loads need. */
+    return (head + 15) / 16 * 16 + (pack_k > pack_v ? pack_k : pack_v);
+}
+
+/* The GEMM packing space inside a task's scratch block s. */
+static float *task_pack(const plan *p, const float *s)
+{
+    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
+    return (float *)s + (head + 15) / 16 * 16;
 }
 
 /* ---- Visibility -------------------------------------------------------------------------------
@@ -328,32 +353,89 @@ static bool all_padding(const plan *p, int64_t b, int64_t j0, int64_t j1)
 /* ---- Score block ------------------------------------------------------------------------------
  */
 
-/* s[rows x cols] = scale * q k^T on strided rows. */
-static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
-                        int ldk, int64_t cols, float *s)
+/* The prepacked K^T panels of keys [j0, ...) of (b, kv head hk), or NULL when K is packed per
+ * block (no prepacking, or j0 not on a panel boundary, as a window's left edge may be). */
+static const float *key_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
 {
+    if (!p->kpack || j0 % p->ks->nr != 0)
+        return NULL;
+    return p->kpack + (b * p->Hkv + hk) * p->kpack_head + j0 / p->ks->nr * p->D * p->ks->nr;
+}
+
+/* The prepacked V panels from key j0 (its depth rows) of (b, kv head hk), or NULL. */
+static const float *value_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
+{
+    if (!p->vpack)
+        return NULL;
+    return p->vpack + (b * p->Hkv + hk) * p->vpack_head + j0 * p->ks->nr;
+}
+
+/* s[rows x cols] = scale * q k^T on strided rows. A row or two (decoding, and the one-row
+ * rebase in attend_block, whose s is not a block start) streams the keys through dot products;
+ * more rows go through the kernel set's GEMM, packing into the scratch block that s starts. */
+static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
+                        int ldk, int64_t cols, const float *kpanels, float *s)
+{
+    if (rows <= GEMV_ROWS && p->ks->tile) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                s[r * cols + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
+        return;
+    }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
                         q + r * ldq, 1, 0.0f, s + r * cols, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, (int)p->D, p->scale,
-                q, ldq, k, ldk, 0.0f, s, (int)cols);
+    eng__gemm g = {.m = rows,
+                   .n = cols,
+                   .k = p->D,
+                   .alpha = p->scale,
+                   .beta = 0.0f,
+                   .a = q,
+                   .lda = ldq,
+                   .b = k,
+                   .ldb = ldk,
+                   .b_trans = true,
+                   .c = s,
+                   .ldc = cols,
+                   .b_packed = kpanels,
+                   .b_panel_stride = p->D * p->ks->nr};
+    eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
-/* o[rows x Dv] += s[rows x cols] v[cols x Dv]. */
+/* o[rows x Dv] += s[rows x cols] v[cols x Dv]: P is read where the softmax left it. */
 static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols, const float *v,
-                        int ldv, float *o, int64_t ldo)
+                        int ldv, const float *vpanels, float *o, int64_t ldo)
 {
+    if (rows <= GEMV_ROWS && p->ks->tile) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                p->vec->axpy(o + r * ldo, s[r * cols + c], v + c * ldv, p->Dv);
+        return;
+    }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
                         s + r * cols, 1, 1.0f, o + r * ldo, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)p->Dv, (int)cols, 1.0f,
-                s, (int)cols, v, ldv, 1.0f, o, (int)ldo);
+    eng__gemm g = {.m = rows,
+                   .n = p->Dv,
+                   .k = cols,
+                   .alpha = 1.0f,
+                   .beta = 1.0f,
+                   .a = s,
+                   .lda = cols,
+                   .b = v,
+                   .ldb = ldv,
+                   .b_trans = false,
+                   .c = o,
+                   .ldc = ldo,
+                   .b_packed = vpanels,
+                   .b_panel_stride = p->S * p->ks->nr};
+    eng__sgemm(p->ks, &g, task_pack(p, s));
 }
 
 /* s[rows x cols] = v . tanh(W_q q_i + W_k k_j) from the projected queries and keys. */
@@ -439,10 +521,9 @@ typedef enum {
     KEYS_TAIL,     /* appended keys that every row sees: no positions, no masks */
 } key_kind;
 
-/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
- * modifies scores applied; invisible entries are -inf. */
-static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                        int64_t cols, key_kind kind, float *s)
+/* The products of rows [i0, i0+rows) x keys [j0, j0+cols), before anything modifies them. */
+static void score_products(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                           int64_t j0, int64_t cols, float *s)
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
@@ -450,20 +531,38 @@ static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         additive_scores(p, b, h, i0, rows, j0, cols, s);
     else
         scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
-                    ld_of(&a->k), cols, s);
+                    ld_of(&a->k), cols, key_panels(p, b, hk, j0), s);
+}
+
+/* Everything that modifies the scores of query row i after the product: softcap, ALiBi, the
+ * attention mask, padding and the position range; invisible entries become -inf. One row at a
+ * time, so that the row is still in L1 for the softmax that follows. */
+static void bias_row(const plan *p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t cols,
+                     key_kind kind, float *row)
+{
+    const eng_sdpa_args *a = p->a;
     if (a->softcap > 0.0f)
-        for (int64_t r = 0; r < rows; r++)
-            p->vec->softcap(s + r * cols, cols, a->softcap);
+        p->vec->softcap(row, cols, a->softcap);
     if (kind == KEYS_TAIL)
         return;
     if (a->alibi)
-        add_alibi(p, h, i0, rows, j0, cols, s);
+        add_alibi(p, h, i, 1, j0, cols, row);
     if (a->attn_mask.kind != ENG_MASK_NONE)
-        apply_attn_mask(p, b, h, i0, rows, j0, cols, s);
+        apply_attn_mask(p, b, h, i, 1, j0, cols, row);
     if (a->key_padding)
-        apply_padding(p, b, rows, j0, cols, s);
+        apply_padding(p, b, 1, j0, cols, row);
     if (kind == KEYS_BOUNDARY)
-        apply_ranges(p, b, i0, rows, j0, cols, s);
+        apply_ranges(p, b, i, 1, j0, cols, row);
+}
+
+/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
+ * modifies scores applied; invisible entries are -inf. */
+static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                        int64_t cols, key_kind kind, float *s)
+{
+    score_products(p, b, h, i0, rows, j0, cols, s);
+    for (int64_t r = 0; r < rows; r++)
+        bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
 }
 
 /* ---- Attention over a key range ---------------------------------------------------------------
@@ -522,9 +621,11 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
 {
     const eng_sdpa_args *a = p->a;
     eng_status st;
-    score_block(p, b, h, i0, rows, j0, cols, kind, s);
+    score_products(p, b, h, i0, rows, j0, cols, s);
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
+        /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
+        bias_row(p, b, h, i0 + r, j0, cols, kind, row);
         if (m[r] == -INFINITY) {
             if ((st = first_block_row(p, row, cols, &m[r], &l[r])) != ENG_OK)
                 return st;
@@ -549,7 +650,8 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         l[r] = l[r] * alpha + p->vec->exp_sum(row, cols, bmax);
         m[r] = bmax;
     }
-    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v), o, ldo);
+    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v),
+                value_panels(p, b, h / p->group, j0), o, ldo);
     return ENG_OK;
 }
 
@@ -859,13 +961,53 @@ static int64_t resolve_offset(const eng_sdpa_args *a)
     }
 }
 
+/* Packing K and V once per (b, kv head) pays when more than one task multiplies them (query
+ * blocks, the query heads of a grouped-query group) with the kernel set's GEMM: the per-block
+ * packing it replaces cost ~9% of the time at L = 2048. Its memory is about that of K and V,
+ * so it is capped: beyond PREPACK_MAX_BYTES, scratch stays O(block) and tasks pack per block. */
+static void plan_prepack(plan *p)
+{
+    p->prepack = false;
+    if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= GEMV_ROWS ||
+        p->nqb * p->group < 2)
+        return;
+    int64_t heads = p->B * p->Hkv, total;
+    p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
+    p->vpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+    if (__builtin_mul_overflow(heads, p->kpack_head + p->vpack_head, &total) ||
+        (uint64_t)total > PREPACK_MAX_BYTES / sizeof(float))
+        return; /* then each task packs its blocks as it goes */
+    p->prepack = true;
+}
+
+/* Bytes of the prepacked K and V. */
+static size_t prepack_bytes(const plan *p)
+{
+    if (!p->prepack)
+        return 0;
+    return (size_t)(p->B * p->Hkv * (p->kpack_head + p->vpack_head)) * sizeof(float);
+}
+
+/* Packing step: K^T and V panels of one (b, kv head). */
+static void prepack_task(void *arg, int64_t index)
+{
+    plan *p = arg;
+    const eng_sdpa_args *a = p->a;
+    int64_t b = index / p->Hkv, hk = index % p->Hkv;
+    eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
+                           p->kpack + index * p->kpack_head);
+    eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
+                           p->vpack + index * p->vpack_head);
+}
+
 static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
 {
     memset(p, 0, sizeof *p);
     atomic_init(&p->nonfinite, false);
     atomic_init(&p->no_scratch, false);
     p->a = a;
-    p->vec = eng__vec();
+    p->ks = eng__kernels_current();
+    p->vec = p->ks->vec;
     p->B = a->q.ne[0];
     p->H = a->q.ne[1];
     p->L = a->q.ne[2];
@@ -878,6 +1020,7 @@ static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
     p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
     p->offset = resolve_offset(a);
     plan_blocks(p, threads);
+    plan_prepack(p);
 }
 
 /* Bytes eng_sdpa allocates on the heap for one call (besides per-thread scratch). */
@@ -891,7 +1034,7 @@ static size_t plan_heap_bytes(const plan *p)
     if (p->a->additive_w_q)
         bytes += (size_t)((p->B * p->H * p->L + p->B * p->Hkv * p->S) * p->a->additive_dim) *
                  sizeof(float);
-    return bytes;
+    return bytes + prepack_bytes(p);
 }
 
 size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
@@ -914,9 +1057,24 @@ static void additive_project_task(void *arg, int64_t index)
     const eng_view *x = query ? &a->q : &a->k;
     float *out =
         query ? p->add_q + (b * p->H + h) * p->L * A : p->add_k + (b * p->Hkv + h) * p->S * A;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->ne[2], (int)A, (int)p->D, 1.0f,
-                row_ptr(x, b, h, 0), ld_of(x), query ? a->additive_w_q : a->additive_w_k, (int)p->D,
-                0.0f, out, (int)A);
+    eng__gemm g = {.m = x->ne[2],
+                   .n = A,
+                   .k = p->D,
+                   .alpha = 1.0f,
+                   .beta = 0.0f,
+                   .a = row_ptr(x, b, h, 0),
+                   .lda = ld_of(x),
+                   .b = query ? a->additive_w_q : a->additive_w_k,
+                   .ldb = p->D,
+                   .b_trans = true,
+                   .c = out,
+                   .ldc = A};
+    float *pack = eng__scratch(eng__sgemm_pack_floats(p->ks, A, p->D) * sizeof(float));
+    if (!pack && p->ks->tile) {
+        atomic_store(&p->no_scratch, true);
+        return;
+    }
+    eng__sgemm(p->ks, &g, pack);
 }
 
 /* The attention passes for the plan's shape of work. */
@@ -940,6 +1098,8 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
     eng_status st = ENG_OK;
     if (p->add_q)
         st = eng_pool_run(pool, additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
+    if (st == ENG_OK && p->kpack)
+        st = eng_pool_run(pool, prepack_task, p, p->B * p->Hkv, p->ctl);
     if (st == ENG_OK)
         st = run_attention(pool, p);
     if (st == ENG_OK && atomic_load(&p->no_scratch))
@@ -1003,6 +1163,12 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
         p.add_q = additive;
         p.add_k = additive ? additive + nq : NULL;
     }
+    /* Without the memory for shared K and V panels, each task packs its own blocks. */
+    float *packed = p.prepack ? eng_buf_alloc(prepack_bytes(&p)) : NULL;
+    if (packed) {
+        p.kpack = packed;
+        p.vpack = packed + p.B * p.Hkv * p.kpack_head;
+    }
     if ((a->alibi && !p.slopes) || (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
                        plan_heap_bytes(&p));
@@ -1012,5 +1178,6 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
     free(slopes);
     free(parts);
     free(additive);
+    eng_buf_free(packed);
     return st;
 }

@@ -11,14 +11,15 @@
  */
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/kernels.h"
 
 #define EXP_LO (-87.0f) /* below this exp underflows to 0 (FLT_MIN is ~exp(-87.3)) */
-#define EXP_HI 88.0f    /* above this exp would overflow 2^127 */
+/* Arguments are clamped here, above ln(FLT_MAX) = 88.72, so that large ones overflow to +inf
+ * like expf while n stays at most 128 (one above the largest finite exponent, 127). */
+#define EXP_HI 89.0f
 #define LOG2E  1.44269504088896341f
 #define LN2_HI 0.693359375f /* ln 2 split so that n * LN2_HI is exact */
 #define LN2_LO (-2.12194440e-4f)
@@ -119,9 +120,23 @@ static float tanh_dot_scalar(const float *x, const float *y, const float *v, int
     return sum;
 }
 
+static float dot_scalar(const float *x, const float *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * y[i];
+    return sum;
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
 static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
                                         exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
-                                        tanh_dot_scalar};
+                                        tanh_dot_scalar,    dot_scalar,       axpy_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -149,6 +164,11 @@ AVX2 static inline __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
     __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n from its bit pattern holds n <= 127; n = 128 (x in [88.38, 89]) scales y by 2 first,
+     * so that exp(88.7) stays finite and exp(89) overflows to +inf, as expf does. */
+    __m256 top = _mm256_cmp_ps(n, _mm256_set1_ps(127.5f), _CMP_GT_OQ);
+    y = _mm256_blendv_ps(y, _mm256_add_ps(y, y), top);
+    n = _mm256_min_ps(n, _mm256_set1_ps(127.0f));
     __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
@@ -271,8 +291,37 @@ AVX2 static float tanh_dot_avx2(const float *x, const float *y, const float *v, 
     return hsum8(acc);
 }
 
-static const eng__vec_ops avx2_ops = {"avx2",         max_avx2,     exp_sum_avx2, exp_sum_max_avx2,
-                                      exp_store_avx2, softcap_avx2, tanh_dot_avx2};
+/* Two accumulators: the FMA latency would otherwise bound a 128-long dot product. */
+AVX2 static float dot_avx2(const float *x, const float *y, int64_t n)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    }
+    for (; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        acc0 =
+            _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mask), _mm256_maskload_ps(y + i, mask), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mask = tail_mask8(n - i);
+        __m256 r =
+            _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, mask), _mm256_maskload_ps(y + i, mask));
+        _mm256_maskstore_ps(y + i, mask, r);
+    }
+}
+
+static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
+                                      exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
+                                      tanh_dot_avx2,    dot_avx2,       axpy_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -285,9 +334,11 @@ static inline __mmask16 tail_mask16(int64_t left)
 
 AVX512 static inline __m512 exp16(__m512 x)
 {
-    /* No clamping needed: scalef saturates to 0 or inf for any n, -inf and values below EXP_LO
-     * are zeroed by the mask, and NaN flows through as NaN. */
+    /* scalef saturates to 0 or inf for any n; -inf and values below EXP_LO are zeroed by the
+     * mask. The upper clamp keeps +inf from becoming inf - inf = NaN in the reduction; min
+     * returns its second operand for a NaN, so NaN flows through as NaN. */
     __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
@@ -409,9 +460,37 @@ AVX512 static float tanh_dot_avx512(const float *x, const float *y, const float 
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Two accumulators: the FMA latency would otherwise bound a 128-long dot product. */
+AVX512 static float dot_avx512(const float *x, const float *y, int64_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 mask = tail_mask16(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i),
+                               _mm512_maskz_loadu_ps(mask, y + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mask = tail_mask16(n - i);
+        __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mask, x + i),
+                                   _mm512_maskz_loadu_ps(mask, y + i));
+        _mm512_mask_storeu_ps(y + i, mask, r);
+    }
+}
+
 static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
                                         exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
-                                        tanh_dot_avx512};
+                                        tanh_dot_avx512,    dot_avx512,       axpy_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 
@@ -426,25 +505,8 @@ const eng__vec_ops *eng__vec_variant(const char *name)
     return NULL;
 }
 
-static const eng__vec_ops *chosen;
-static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
-
-static void choose_ops(void)
-{
-    __builtin_cpu_init();
-    const char *forced = getenv("ATTND_ISA");
-    if (forced && (chosen = eng__vec_variant(forced)) != NULL)
-        return;
-    if (__builtin_cpu_supports("avx512f"))
-        chosen = &avx512_ops;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        chosen = &avx2_ops;
-    else
-        chosen = &scalar_ops;
-}
-
+/* The vector kernels of the kernel set in use (kernels.c): one choice for the whole engine. */
 const eng__vec_ops *eng__vec(void)
 {
-    pthread_once(&chosen_once, choose_ops);
-    return chosen;
+    return eng__kernels_current()->vec;
 }

@@ -48,6 +48,9 @@ static const srv_option options[] = {
      "once listening, write the bound port to this file (for tests and supervisors)"},
     {"threads", "ATTND_THREADS", OPT_INT, OFF(threads), 0, 1024, "0", "N",
      "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)"},
+    {"kernels", "ATTND_KERNELS", OPT_STR, OFF(kernels), 0, 0, "auto", "SET",
+     "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
+     "(portable C) or openblas; a set the CPU lacks stops the start"},
     {"max-body-bytes", "ATTND_MAX_BODY_BYTES", OPT_SIZE, OFF(max_body_bytes), 1, 16 * GiB,
      "256MiB", "SIZE", "largest request body; larger ones get 413 (from Content-Length, or "
      "once a chunked body passes it)"},
@@ -400,6 +403,7 @@ void srv_config_free(srv_config *cfg)
     free(cfg->host);
     free(cfg->port_file);
     free(cfg->admin_port_file);
+    free(cfg->kernels);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
         free(cfg->models[i].path);

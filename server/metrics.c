@@ -110,9 +110,35 @@ static uint64_t hist_count(const srv_hist *h)
     return n;
 }
 
+/* A label value with the characters the exposition format escapes (\\, " and newline)
+ * dropped: CPU brand strings never hold them, and a metric must parse whatever cpuid says. */
+static void label_clean(char *dst, size_t n, const char *src)
+{
+    size_t o = 0;
+    for (; *src && o + 1 < n; src++)
+        if (*src != '\\' && *src != '"' && *src != '\n')
+            dst[o++] = *src;
+    dst[o] = '\0';
+}
+
+static void engine_info_render(srv_buf *b)
+{
+    eng_engine_info info;
+    char cpu[sizeof info.cpu], core[sizeof info.openblas_core];
+    eng_engine_info_get(&info);
+    label_clean(cpu, sizeof cpu, info.cpu);
+    label_clean(core, sizeof core, info.openblas_core);
+    family(b, "attnd_engine_info", "gauge",
+           "What the engine computes with: its kernel set, OpenBLAS's own core and the CPU.");
+    srv__buf_printf(b, "attnd_engine_info{kernels=\"%s\",openblas_core=\"%s\",cpu=\"%s\"} 1\n",
+                    info.kernels, core, cpu);
+}
+
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
 {
     char labels[160];
+
+    engine_info_render(b);
 
     family(b, "attnd_requests_total", "counter",
            "HTTP requests answered, by route and status code.");

@@ -191,6 +191,19 @@ srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
     return srv_server_start_models(cfg, models, err, errlen);
 }
 
+/* What the engine computes with, once at start: the kernel set, the CPU, and the kernel
+ * OpenBLAS chose for itself (the `openblas` set's, and a hint when it is a slow one). */
+static void log_engine(void)
+{
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    srv_log(SRV_LOG_INFO,
+            "engine kernels %s on %s (%s; L1d %zu KiB, L2 %zu KiB, blocks kc=%lld nc=%lld); "
+            "OpenBLAS core %s",
+            info.kernels, info.cpu, info.features, info.l1d_bytes / 1024, info.l2_bytes / 1024,
+            (long long)info.kc, (long long)info.nc, info.openblas_core);
+}
+
 srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, char *err,
                                     size_t errlen)
 {
@@ -234,6 +247,12 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot create the memory budget (--max-memory-bytes)");
         goto fail;
     }
+    if (eng_kernels_select(cfg->kernels, &eerr) != ENG_OK) {
+        snprintf(err, errlen, "--kernels %s: %s", cfg->kernels ? cfg->kernels : "auto",
+                 eerr.message);
+        goto fail;
+    }
+    log_engine();
     s->pool = eng_pool_new((int)cfg->threads, &eerr);
     if (!s->pool) {
         snprintf(err, errlen, "cannot start %lld engine workers (--threads): %s",

@@ -89,6 +89,7 @@ typedef struct {
     int64_t port;               /* --port: 0 = an ephemeral port */
     char *port_file;            /* --port-file: write the bound port here once listening */
     int64_t threads;            /* --threads: engine workers, 0 = CPUs this process may use */
+    char *kernels;              /* --kernels: auto, avx512, avx2, generic or openblas */
     size_t max_body_bytes;      /* --max-body-bytes */
     int64_t max_elements;       /* --max-elements */
     size_t max_memory_bytes;    /* --max-memory-bytes: the global budget */

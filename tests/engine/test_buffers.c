@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -159,6 +160,8 @@ static void test_threads_share_the_cache_safely(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     RUN(test_buffers_are_aligned_and_writable_small_and_big);
     RUN(test_a_freed_big_buffer_serves_the_next_similar_request);
     RUN(test_small_buffers_and_a_zero_limit_keep_nothing);

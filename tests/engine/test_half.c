@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/util.h"
 
 static uint32_t bits(float f)
 {
@@ -131,6 +132,8 @@ static void test_bfloat16_widens_and_rounds(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     RUN(test_half_widens_known_values_exactly);
     RUN(test_every_half_survives_a_round_trip);
     RUN(test_half_narrowing_rounds_to_nearest_even);

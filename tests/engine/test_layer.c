@@ -783,6 +783,8 @@ static void test_golden_multi_head_arithmetic(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     eng_error err;
     pool = eng_pool_new(0, &err);
     if (!pool) {

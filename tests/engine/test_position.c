@@ -454,6 +454,8 @@ static void test_bf16_every_pattern_is_exact(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     RUN(test_rope_rotates_the_documented_pairs);
     RUN(test_rope_matches_rotation_formula);
     RUN(test_rope_preserves_norms);

@@ -1,8 +1,11 @@
-/* util.c - allocation and random numbers for the tests (see util.h). */
+/* util.c - allocation, random numbers and the kernel-set skip for the tests (see util.h). */
 #include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
 
 void *xcalloc(size_t n, size_t size)
 {
@@ -35,4 +38,16 @@ float rng_sym(uint64_t *s, double amp)
 int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi)
 {
     return lo + (int64_t)(rng_next(s) % (uint64_t)(hi - lo + 1));
+}
+
+bool test_kernels_skip(void)
+{
+    const char *name = getenv("ATTND_KERNELS");
+    if (name && strcmp(name, "auto") != 0 && !eng_kernels_supported(name)) {
+        printf("skip: kernel set %s: this CPU or OS does not support it\n0 passed, 0 failed\n",
+               name);
+        return true;
+    }
+    printf("kernels: %s\n", eng_kernels_name());
+    return false;
 }

@@ -10,8 +10,14 @@
 #ifndef ATTND_TESTS_UTIL_H
 #define ATTND_TESTS_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* For the engine suites, which the Makefile runs once per kernel set with ATTND_KERNELS set:
+ * true (after printing a skip line naming the set and "0 passed, 0 failed") when this CPU or
+ * OS cannot run the set, so that the binary ends at once; otherwise prints the set in use. */
+bool test_kernels_skip(void);
 
 /* calloc that aborts with a message when memory runs out (a test cannot go on without it). */
 void *xcalloc(size_t n, size_t size);

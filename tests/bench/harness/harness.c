@@ -3,6 +3,9 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +75,203 @@ double bench_sgemm_gflops(int threads)
     free(g.b);
     free(g.c);
     return 2.0 * g.n * (double)g.n * g.n / t * 1e-9;
+}
+
+/* ---- Peak of the instruction set ---------------------------------------------------------- */
+
+/* Sixteen independent chains: more than the FMA latency times the ports, so the loop runs at
+ * the ports' throughput. The multiplier keeps the values bounded over billions of steps. */
+#define PEAK_CHAINS 16
+#define PEAK_STEPS  (INT64_C(1) << 24)
+
+/* Where each loop leaves its sum, so that the compiler must compute it. */
+static volatile float peak_sink;
+
+__attribute__((target("avx512f"))) static double peak_avx512(void)
+{
+    __m512 acc[PEAK_CHAINS], x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-4f);
+    for (int j = 0; j < PEAK_CHAINS; j++)
+        acc[j] = _mm512_set1_ps((float)j);
+    for (int64_t i = 0; i < PEAK_STEPS; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < PEAK_CHAINS; j++)
+            acc[j] = _mm512_fmadd_ps(acc[j], x, y);
+    __m512 s = acc[0];
+    for (int j = 1; j < PEAK_CHAINS; j++)
+        s = _mm512_add_ps(s, acc[j]);
+    peak_sink = _mm512_reduce_add_ps(s);
+    return 2.0 * 16 * PEAK_CHAINS * (double)PEAK_STEPS;
+}
+
+__attribute__((target("avx2,fma"))) static double peak_avx2(void)
+{
+    __m256 acc[PEAK_CHAINS], x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-4f);
+    for (int j = 0; j < PEAK_CHAINS; j++)
+        acc[j] = _mm256_set1_ps((float)j);
+    for (int64_t i = 0; i < PEAK_STEPS; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < PEAK_CHAINS; j++)
+            acc[j] = _mm256_fmadd_ps(acc[j], x, y);
+    float lanes[8];
+    __m256 s = acc[0];
+    for (int j = 1; j < PEAK_CHAINS; j++)
+        s = _mm256_add_ps(s, acc[j]);
+    _mm256_storeu_ps(lanes, s);
+    peak_sink = lanes[0];
+    return 2.0 * 8 * PEAK_CHAINS * (double)PEAK_STEPS;
+}
+
+static double peak_sse2(void)
+{
+    __m128 acc[PEAK_CHAINS], x = _mm_set1_ps(0.999f), y = _mm_set1_ps(1e-4f);
+    for (int j = 0; j < PEAK_CHAINS; j++)
+        acc[j] = _mm_set1_ps((float)j);
+    for (int64_t i = 0; i < PEAK_STEPS; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < PEAK_CHAINS; j++)
+            acc[j] = _mm_add_ps(_mm_mul_ps(acc[j], x), y);
+    float lanes[4];
+    __m128 s = acc[0];
+    for (int j = 1; j < PEAK_CHAINS; j++)
+        s = _mm_add_ps(s, acc[j]);
+    _mm_storeu_ps(lanes, s);
+    peak_sink = lanes[0];
+    return 2.0 * 4 * PEAK_CHAINS * (double)PEAK_STEPS;
+}
+
+typedef struct {
+    double (*loop)(void);
+    double flops;
+} peak_part;
+
+static void *peak_thread(void *p)
+{
+    peak_part *part = p;
+    part->flops = part->loop();
+    return NULL;
+}
+
+double bench_peak_gflops(const char *kernels, int threads)
+{
+    double (*loop)(void) = peak_sse2;
+    bool avx512 = eng_kernels_supported("avx512"), avx2 = eng_kernels_supported("avx2");
+    if (strcmp(kernels, "avx512") == 0 || (strcmp(kernels, "openblas") == 0 && avx512))
+        loop = peak_avx512;
+    else if (strcmp(kernels, "avx2") == 0 || (strcmp(kernels, "openblas") == 0 && avx2))
+        loop = peak_avx2;
+    pthread_t tid[64];
+    peak_part parts[64];
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = bench_seconds(), flops = 0;
+        for (int i = 0; i < threads; i++) {
+            parts[i] = (peak_part){loop, 0};
+            pthread_create(&tid[i], NULL, peak_thread, &parts[i]);
+        }
+        for (int i = 0; i < threads; i++) {
+            pthread_join(tid[i], NULL);
+            flops += parts[i].flops;
+        }
+        double gflops = flops / (bench_seconds() - t0) * 1e-9;
+        best = gflops > best ? gflops : best;
+    }
+    return best;
+}
+
+/* ---- The best OpenBLAS core ----------------------------------------------------------------- */
+
+/* OpenBLAS 0.3.21's x86-64 cores that a DYNAMIC_ARCH build may run, oldest first. */
+static const char *const blas_cores[] = {"Prescott", "Nehalem",  "Sandybridge", "Haswell",
+                                         "Zen",      "SkylakeX", "Cooperlake"};
+#define N_BLAS_CORES ((int)(sizeof blas_cores / sizeof blas_cores[0]))
+
+/* 256 sampled elements of C = A B against float64: a core whose kernel faults or miscomputes
+ * on this CPU must not count as the fastest. */
+static bool sgemm_correct(const sgemm_ctx *g)
+{
+    uint32_t state = 12345;
+    for (int s = 0; s < 256; s++) {
+        state = state * 1664525u + 1013904223u;
+        int i = (int)(state >> 8) % g->n;
+        state = state * 1664525u + 1013904223u;
+        int j = (int)(state >> 8) % g->n;
+        double ref = 0, mag = 0;
+        for (int k = 0; k < g->n; k++) {
+            double t = (double)g->a[(size_t)i * (size_t)g->n + (size_t)k] *
+                       g->b[(size_t)k * (size_t)g->n + (size_t)j];
+            ref += t;
+            mag += fabs(t);
+        }
+        if (!(fabs(g->c[(size_t)i * (size_t)g->n + (size_t)j] - ref) <= 1e-5 * mag))
+            return false;
+    }
+    return true;
+}
+
+int bench_child_blas(int argc, char **argv, int threads)
+{
+    if (argc != 3 || strcmp(argv[1], "--blas-core") != 0)
+        return -1;
+    sgemm_ctx g = {.n = 2048};
+    size_t n2 = (size_t)g.n * (size_t)g.n;
+    g.a = bench_random_floats(n2, 1, 1.0f);
+    g.b = bench_random_floats(n2, 2, 1.0f);
+    g.c = bench_random_floats(n2, 3, 1.0f);
+    openblas_set_num_threads(threads);
+    double t = bench_best_seconds(run_sgemm, &g, 1.0);
+    bool ok = t > 0 && sgemm_correct(&g);
+    const char *core = openblas_get_corename();
+    printf("%.3f %s\n", ok ? 2.0 * g.n * (double)g.n * g.n / t * 1e-9 : 0.0, core ? core : "?");
+    free(g.a);
+    free(g.b);
+    free(g.c);
+    return 0;
+}
+
+/* Runs this program as "--blas-core NAME" with OPENBLAS_CORETYPE=NAME; its GFLOPS or 0. */
+static double blas_core_gflops(const char *name, char *got, size_t got_len)
+{
+    int fd[2];
+    if (pipe(fd) != 0)
+        return 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("OPENBLAS_CORETYPE", name, 1);
+        dup2(fd[1], STDOUT_FILENO);
+        close(fd[0]);
+        execl("/proc/self/exe", "bench", "--blas-core", name, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char buf[96] = "";
+    FILE *f = fdopen(fd[0], "r");
+    int read_ok = f && fgets(buf, sizeof buf, f) != NULL;
+    if (f)
+        fclose(f);
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !read_ok)
+        return 0;
+    char *end;
+    double gflops = strtod(buf, &end);
+    /* The core OpenBLAS actually ran: a name it does not know falls back to its own pick. */
+    snprintf(got, got_len, "%.*s", (int)strcspn(end + (*end == ' '), "\n"), end + (*end == ' '));
+    return gflops;
+}
+
+double bench_blas_best_gflops(char *core, size_t core_len)
+{
+    double best = 0;
+    snprintf(core, core_len, "none");
+    for (int i = 0; i < N_BLAS_CORES; i++) {
+        char got[32] = "";
+        double gflops = blas_core_gflops(blas_cores[i], got, sizeof got);
+        if (gflops > best) {
+            best = gflops;
+            snprintf(core, core_len, "%s", got);
+        }
+    }
+    return best;
 }
 
 int bench_child_case(int argc, char **argv, int ncases)

@@ -12,6 +12,7 @@
 #ifndef ATTND_BENCH_HARNESS_H
 #define ATTND_BENCH_HARNESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "engine/engine.h"
@@ -29,6 +30,24 @@ double bench_best_seconds(bench_fn fn, void *ctx, double min_total);
 
 /* GFLOPS of a 2048^3 OpenBLAS sgemm on `threads` threads. */
 double bench_sgemm_gflops(int threads);
+
+/* GFLOPS of an in-register multiply-add loop (no memory traffic) of the instruction set the
+ * kernel set `kernels` computes with (avx512: zmm FMA; avx2: ymm FMA; generic: SSE2 multiply
+ * and add, what portable C compiles to; openblas: the widest this CPU has), on `threads`
+ * threads at once: the silicon's peak for that set, which the benchmarks divide by. */
+double bench_peak_gflops(const char *kernels, int threads);
+
+/* The fastest OpenBLAS core that computes a correct 2048^3 sgemm here, on the threads that
+ * bench_child_blas is given:
+ * each core is tried in a child process (this program re-executed with --blas-core NAME)
+ * with OPENBLAS_CORETYPE=NAME, since OpenBLAS reads the variable once, when it loads. Writes
+ * the core's name; returns its GFLOPS, 0 when none worked. Benchmarks only: tests and the
+ * daemon leave OPENBLAS_CORETYPE as the environment sets it. */
+double bench_blas_best_gflops(char *core, size_t core_len);
+
+/* When argv is "--blas-core NAME" (this program run by bench_blas_best_gflops): measures the
+ * sgemm, prints its GFLOPS (0 when its result is wrong) and returns the exit status; else -1. */
+int bench_child_blas(int argc, char **argv, int threads);
 
 /* When argv is "--case N" (this program run as a child): N, or -2 when N is not a case.
  * Otherwise -1. */

@@ -1,0 +1,154 @@
+/*
+ * gemm.c - the GEMM driver around the micro-kernels, the packing of B, and the portable C
+ * micro-kernel (the reference the vector ones are tested against).
+ *
+ * Blocking (after Goto and van de Geijn, "Anatomy of high-performance matrix multiplication"):
+ * B is packed kc x nc at a time into panels of NR columns, which then stay in L2 while every
+ * MR-row tile of A passes over them. A is not packed: the micro-kernel broadcasts its elements
+ * straight from the row-major rows, so the attention's P block is read where the softmax
+ * wrote it and Q where the caller keeps it. Only a last tile of fewer than MR rows is copied
+ * into zero-padded rows, so that the kernel may always read MR rows.
+ */
+#include <cblas.h>
+#include <string.h>
+
+#include "engine/kernels.h"
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+static int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k)
+{
+    if (!ks->tile)
+        return 0;
+    int64_t kc = min64(k, ks->kc), nc = round_up(min64(n, ks->nc), ks->nr);
+    /* B panels, then the zero-padded rows of a ragged last tile of A. */
+    return (size_t)(kc * nc + ks->mr * kc);
+}
+
+/* Packs B[p0..p0+kc) x [j0..j0+nc) into panels of NR columns: panel q holds rows p of NR
+ * consecutive columns, zero past column n. */
+static void pack_b(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
+                   int64_t nc, float *dst)
+{
+    const int64_t nr = ks->nr;
+    for (int64_t q = 0; q < nc; q += nr, dst += kc * nr) {
+        int64_t cols = min64(nr, nc - q);
+        if (g->b_trans) {
+            /* B^T rows: column j of B is row j of the input, read along its length. */
+            if (cols < nr)
+                memset(dst, 0, (size_t)(kc * nr) * sizeof(float));
+            for (int64_t j = 0; j < cols; j++) {
+                const float *src = g->b + (j0 + q + j) * g->ldb + p0;
+                for (int64_t p = 0; p < kc; p++)
+                    dst[p * nr + j] = src[p];
+            }
+        } else {
+            for (int64_t p = 0; p < kc; p++) {
+                const float *src = g->b + (p0 + p) * g->ldb + j0 + q;
+                memcpy(dst + p * nr, src, (size_t)cols * sizeof(float));
+                if (cols < nr)
+                    memset(dst + p * nr + cols, 0, (size_t)(nr - cols) * sizeof(float));
+            }
+        }
+    }
+}
+
+/* The micro-kernel over every tile of rows x the packed block (panel q at packed + q/NR *
+ * panel_stride). */
+static void tiles(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
+                  int64_t nc, float beta, const float *packed, int64_t panel_stride, float *edge)
+{
+    const int64_t mr = ks->mr, nr = ks->nr;
+    for (int64_t i = 0; i < g->m; i += mr) {
+        int rows = (int)min64(mr, g->m - i);
+        const float *a = g->a + i * g->lda + p0;
+        int64_t lda = g->lda;
+        if (rows < mr) {
+            memset(edge, 0, (size_t)(mr * kc) * sizeof(float));
+            for (int r = 0; r < rows; r++)
+                memcpy(edge + r * kc, a + r * g->lda, (size_t)kc * sizeof(float));
+            a = edge;
+            lda = kc;
+        }
+        for (int64_t q = 0; q < nc; q += nr) {
+            int cols = (int)min64(nr, nc - q);
+            ks->tile(kc, a, lda, packed + q / nr * panel_stride, g->c + i * g->ldc + j0 + q, g->ldc,
+                     g->alpha, beta, rows, cols);
+        }
+    }
+}
+
+size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k)
+{
+    return (size_t)(round_up(n, ks->nr) * k);
+}
+
+void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
+                            int64_t k, int64_t n, float *dst)
+{
+    eng__gemm g = {.b = b, .ldb = ldb, .b_trans = b_trans};
+    pack_b(ks, &g, 0, k, 0, n, dst);
+}
+
+static void sgemm_blas(const eng__gemm *g)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_trans ? CblasTrans : CblasNoTrans, (int)g->m,
+                (int)g->n, (int)g->k, g->alpha, g->a, (int)g->lda, g->b, (int)g->ldb, g->beta, g->c,
+                (int)g->ldc);
+}
+
+void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
+{
+    if (!ks->tile) {
+        sgemm_blas(g);
+        return;
+    }
+    const int64_t kc_max = min64(g->k, ks->kc);
+    const int64_t nc_max = round_up(min64(g->n, ks->nc), ks->nr);
+    float *edge = g->b_packed ? pack : pack + kc_max * nc_max;
+    for (int64_t j0 = 0; j0 < g->n; j0 += ks->nc) {
+        int64_t nc = min64(ks->nc, g->n - j0);
+        for (int64_t p0 = 0; p0 < g->k; p0 += ks->kc) {
+            int64_t kc = min64(ks->kc, g->k - p0);
+            /* Later depth blocks add to what the first one wrote. */
+            float beta = p0 == 0 ? g->beta : 1.0f;
+            if (g->b_packed) {
+                const float *block = g->b_packed + j0 / ks->nr * g->b_panel_stride + p0 * ks->nr;
+                tiles(ks, g, p0, kc, j0, nc, beta, block, g->b_panel_stride, edge);
+            } else {
+                pack_b(ks, g, p0, kc, j0, nc, pack);
+                tiles(ks, g, p0, kc, j0, nc, beta, pack, kc * ks->nr, edge);
+            }
+        }
+    }
+}
+
+/* ---- Portable micro-kernel -------------------------------------------------------------- */
+
+void eng__tile_generic(int64_t k, const float *a, int64_t lda, const float *b, float *c,
+                       int64_t ldc, float alpha, float beta, int m, int n)
+{
+    enum { MR = ENG__GENERIC_MR, NR = ENG__GENERIC_NR };
+    float acc[MR][NR] = {{0}};
+    for (int64_t p = 0; p < k; p++) {
+        const float *bp = b + p * NR;
+        for (int r = 0; r < MR; r++) {
+            float av = a[r * lda + p];
+            for (int j = 0; j < NR; j++)
+                acc[r][j] += av * bp[j];
+        }
+    }
+    for (int r = 0; r < m; r++) {
+        float *cr = c + r * ldc;
+        for (int j = 0; j < n; j++)
+            cr[j] = beta == 0.0f ? alpha * acc[r][j] : alpha * acc[r][j] + beta * cr[j];
+    }
+}

@@ -1,0 +1,269 @@
+/*
+ * kernels.c - which kernel set the engine runs: what the CPU and the OS support (cpuid,
+ * xgetbv), the cache blocking each set gets from the cache sizes cpuid reports, the choice made
+ * once per process (forced by name or automatic), and the description the daemon logs.
+ *
+ * cpuid alone is not enough for AVX: the OS must also save the wider registers on a context
+ * switch, which XCR0 (read with xgetbv) says. A CPU with AVX-512F under an OS that does not
+ * enable the zmm state gets the AVX2 set, never a kernel that would fault.
+ */
+#include <cblas.h>
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels.h"
+
+/* XCR0 bits: SSE and AVX state (1, 2), then the AVX-512 opmask and zmm state (5, 6, 7). */
+#define XCR0_AVX    0x6u
+#define XCR0_AVX512 0xE0u
+/* Blocking bounds, whatever the caches claim (a virtual machine may report nonsense). */
+#define KC_MIN 64
+#define KC_MAX 512
+#define NC_MIN 256
+#define NC_MAX 4096
+
+typedef struct {
+    bool avx2_fma, avx512f;
+    char features[160];
+    char model[64];
+    size_t l1d, l2; /* bytes per core; 0 when cpuid does not say */
+} cpu_info;
+
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static void append_feature(cpu_info *c, bool has, const char *name)
+{
+    size_t len = strlen(c->features);
+    if (has && len + strlen(name) + 2 < sizeof c->features)
+        snprintf(c->features + len, sizeof c->features - len, "%s%s", len ? " " : "", name);
+}
+
+/* The brand string of cpuid leaves 0x80000002-4, spaces trimmed. */
+static void read_model(cpu_info *c)
+{
+    unsigned regs[12] = {0};
+    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000004u) {
+        snprintf(c->model, sizeof c->model, "unknown x86-64");
+        return;
+    }
+    for (unsigned i = 0; i < 3; i++)
+        __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2],
+                    &regs[4 * i + 3]);
+    char brand[49];
+    memcpy(brand, regs, 48);
+    brand[48] = '\0';
+    const char *s = brand;
+    while (*s == ' ')
+        s++;
+    snprintf(c->model, sizeof c->model, "%s", s);
+    for (size_t n = strlen(c->model); n > 0 && c->model[n - 1] == ' '; n--)
+        c->model[n - 1] = '\0';
+}
+
+/* Data and unified cache sizes from the deterministic cache leaf: 4 on Intel, 0x8000001D on
+ * AMD (the same layout). */
+static void read_caches(cpu_info *c)
+{
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0, leaf = 4;
+    __get_cpuid(0, &eax, &ebx, &ecx, &edx);
+    bool amd = ebx == 0x68747541u; /* "Auth"enticAMD */
+    if (amd)
+        leaf = 0x8000001Du;
+    if ((amd ? __get_cpuid_max(0x80000000u, NULL) : eax) < leaf)
+        return;
+    for (unsigned i = 0; i < 16; i++) {
+        __cpuid_count(leaf, i, eax, ebx, ecx, edx);
+        unsigned type = eax & 0x1Fu, level = (eax >> 5) & 0x7u;
+        if (type == 0)
+            break;
+        if (type == 2) /* instruction cache */
+            continue;
+        size_t ways = ((ebx >> 22) & 0x3FFu) + 1, parts = ((ebx >> 12) & 0x3FFu) + 1;
+        size_t line = (ebx & 0xFFFu) + 1, sets = (size_t)ecx + 1;
+        size_t bytes = ways * parts * line * sets;
+        if (level == 1)
+            c->l1d = bytes;
+        else if (level == 2)
+            c->l2 = bytes;
+    }
+}
+
+static void read_cpu(cpu_info *c)
+{
+    memset(c, 0, sizeof *c);
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    read_model(c);
+    read_caches(c);
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
+        return;
+    bool fma = ecx & bit_FMA, osxsave = ecx & bit_OSXSAVE;
+    uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    bool os_avx = (xcr0 & XCR0_AVX) == XCR0_AVX, os_avx512 = (xcr0 & XCR0_AVX512) == XCR0_AVX512;
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, eax, b7, c7, d7);
+        __cpuid_count(7, 1, a71, ebx, ecx, edx);
+    }
+    c->avx2_fma = os_avx && fma && (b7 & bit_AVX2);
+    c->avx512f = c->avx2_fma && os_avx512 && (b7 & bit_AVX512F);
+    append_feature(c, c->avx2_fma, "avx2 fma");
+    append_feature(c, c->avx512f, "avx512f");
+    append_feature(c, os_avx512 && (b7 & bit_AVX512BW), "avx512bw");
+    append_feature(c, os_avx512 && (b7 & bit_AVX512VL), "avx512vl");
+    append_feature(c, os_avx512 && (a71 & (1u << 5)), "avx512bf16");
+    append_feature(c, os_avx512 && (d7 & (1u << 23)), "avx512fp16");
+    /* AMX needs XCR0's tile bits (17, 18) and the kernel's permission on top; only listed. */
+    append_feature(c, (d7 & (1u << 24)) && (xcr0 & 0x60000u) == 0x60000u, "amx-tile");
+    append_feature(c, (d7 & (1u << 22)) && (xcr0 & 0x60000u) == 0x60000u, "amx-bf16");
+    if (!c->features[0])
+        snprintf(c->features, sizeof c->features, "sse2");
+}
+
+/* ---- Sets ------------------------------------------------------------------------------- */
+
+typedef enum { SET_AVX512, SET_AVX2, SET_GENERIC, SET_OPENBLAS, SET_COUNT } set_id;
+
+static const char *const set_names[SET_COUNT] = {"avx512", "avx2", "generic", "openblas"};
+
+static cpu_info cpu;
+static eng__kernels sets[SET_COUNT];
+static bool set_supported[SET_COUNT];
+static pthread_once_t sets_once = PTHREAD_ONCE_INIT;
+static _Atomic(const eng__kernels *) current;
+
+static int set_index(const char *name)
+{
+    for (int i = 0; i < SET_COUNT; i++)
+        if (strcmp(name, set_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static int64_t clamp_block(int64_t x, int64_t lo, int64_t hi, int64_t multiple)
+{
+    x = x < lo ? lo : x > hi ? hi : x;
+    return x / multiple * multiple;
+}
+
+/* One tile's A rows (MR x kc) and the B panel it multiplies (kc x NR) share ~60% of L1, so
+ * both stay there for the whole tile (measured on the 48 KiB L1 of a Xeon model 207: kc 128-192
+ * ran 140-150 GFLOPS per core, kc 512 ran 107); a packed B block (kc x nc) takes half of L2,
+ * where it stays while every row tile passes over it. */
+static void set_blocking(eng__kernels *k)
+{
+    size_t l1 = cpu.l1d >= 16384 ? cpu.l1d : 32768, l2 = cpu.l2 >= 131072 ? cpu.l2 : 1 << 20;
+    int64_t l1_floats = (int64_t)(l1 / sizeof(float)) * 3 / 5;
+    k->kc = clamp_block(l1_floats / (k->mr + k->nr), KC_MIN, KC_MAX, 16);
+    k->nc = clamp_block((int64_t)(l2 / 2 / sizeof(float)) / k->kc, NC_MIN, NC_MAX, k->nr);
+}
+
+static void init_sets(void)
+{
+    read_cpu(&cpu);
+    sets[SET_AVX512] = (eng__kernels){
+        "avx512", eng__tile_avx512, ENG__AVX512_MR, ENG__AVX512_NR, eng__vec_variant("avx512"), 0,
+        0};
+    sets[SET_AVX2] = (eng__kernels){
+        "avx2", eng__tile_avx2, ENG__AVX2_MR, ENG__AVX2_NR, eng__vec_variant("avx2"), 0, 0};
+    sets[SET_GENERIC] = (eng__kernels){"generic",
+                                       eng__tile_generic,
+                                       ENG__GENERIC_MR,
+                                       ENG__GENERIC_NR,
+                                       eng__vec_variant("scalar"),
+                                       0,
+                                       0};
+    /* OpenBLAS runs its own products; the softmax still uses the best vector kernels. */
+    const eng__vec_ops *best = cpu.avx512f    ? eng__vec_variant("avx512")
+                               : cpu.avx2_fma ? eng__vec_variant("avx2")
+                                              : eng__vec_variant("scalar");
+    sets[SET_OPENBLAS] = (eng__kernels){"openblas", NULL, 1, 1, best, 0, 0};
+    set_supported[SET_AVX512] = cpu.avx512f && sets[SET_AVX512].vec;
+    set_supported[SET_AVX2] = cpu.avx2_fma && sets[SET_AVX2].vec;
+    set_supported[SET_GENERIC] = set_supported[SET_OPENBLAS] = true;
+    for (int i = 0; i < SET_COUNT; i++)
+        set_blocking(&sets[i]);
+    const eng__kernels *chosen = set_supported[SET_AVX512] ? &sets[SET_AVX512]
+                                 : set_supported[SET_AVX2] ? &sets[SET_AVX2]
+                                                           : &sets[SET_OPENBLAS];
+    /* The environment may force a set for processes that never call eng_kernels_select
+     * (tests, benchmarks); a name this CPU cannot run is left to eng_kernels_select to report. */
+    const char *forced = getenv("ATTND_KERNELS");
+    int i = forced ? set_index(forced) : -1;
+    atomic_store(&current, i >= 0 && set_supported[i] ? &sets[i] : chosen);
+}
+
+const eng__kernels *eng__kernels_named(const char *name)
+{
+    pthread_once(&sets_once, init_sets);
+    int i = set_index(name);
+    return i >= 0 && set_supported[i] ? &sets[i] : NULL;
+}
+
+const eng__kernels *eng__kernels_current(void)
+{
+    pthread_once(&sets_once, init_sets);
+    return atomic_load(&current);
+}
+
+/* ---- Public ----------------------------------------------------------------------------- */
+
+bool eng_kernels_supported(const char *name)
+{
+    return name && eng__kernels_named(name) != NULL;
+}
+
+eng_status eng_kernels_select(const char *name, eng_error *err)
+{
+    pthread_once(&sets_once, init_sets);
+    if (!name)
+        name = getenv("ATTND_KERNELS");
+    if (!name || strcmp(name, "auto") == 0) {
+        const eng__kernels *best = set_supported[SET_AVX512] ? &sets[SET_AVX512]
+                                   : set_supported[SET_AVX2] ? &sets[SET_AVX2]
+                                                             : &sets[SET_OPENBLAS];
+        atomic_store(&current, best);
+        return ENG_OK;
+    }
+    int i = set_index(name);
+    if (i < 0)
+        return eng__fail(err, ENG_EINVAL, "kernels",
+                         "unknown kernel set '%s': use auto, avx512, avx2, generic or openblas",
+                         name);
+    if (!set_supported[i])
+        return eng__fail(err, ENG_EINVAL, "kernels",
+                         "kernel set '%s' needs %s, which this CPU or OS does not provide "
+                         "(it has: %s)",
+                         name,
+                         i == SET_AVX512 ? "AVX-512F with the zmm state enabled" : "AVX2 and FMA",
+                         cpu.features);
+    atomic_store(&current, &sets[i]);
+    return ENG_OK;
+}
+
+const char *eng_kernels_name(void)
+{
+    return eng__kernels_current()->name;
+}
+
+void eng_engine_info_get(eng_engine_info *info)
+{
+    const eng__kernels *k = eng__kernels_current();
+    memset(info, 0, sizeof *info);
+    snprintf(info->kernels, sizeof info->kernels, "%s", k->name);
+    snprintf(info->cpu, sizeof info->cpu, "%s", cpu.model);
+    snprintf(info->features, sizeof info->features, "%s", cpu.features);
+    const char *core = openblas_get_corename();
+    snprintf(info->openblas_core, sizeof info->openblas_core, "%s", core ? core : "unknown");
+    info->l1d_bytes = cpu.l1d;
+    info->l2_bytes = cpu.l2;
+    info->kc = k->kc;
+    info->nc = k->nc;
+}

@@ -1,0 +1,92 @@
+/*
+ * kernels.h - the engine's own compute kernels: packed single-precision GEMM micro-kernels per
+ * instruction set, the GEMM driver around them, and the choice of one set for the process.
+ *
+ * Only engine/ includes this header. A kernel set bundles a register-tile micro-kernel (C[MR x
+ * NR] += A[MR x k] B[k x NR], A read in place with a row stride, B packed), the softmax's vector
+ * kernels of the same instruction set, and the cache blocking derived from the sizes cpuid
+ * reports. The `openblas` set has no micro-kernel: eng__sgemm hands its products to
+ * cblas_sgemm, which keeps OpenBLAS available as fallback, test reference and baseline.
+ *
+ * The set is chosen once (eng_kernels_select, or on first use from ATTND_KERNELS, else the
+ * best the CPU and the OS support); every engine call reads it once at its start, so a call in
+ * flight keeps the set it began with.
+ */
+#ifndef ATTND_ENGINE_KERNELS_H
+#define ATTND_ENGINE_KERNELS_H
+
+#include "engine/internal.h"
+
+/* C[m x n] = alpha * A[MR x k] * B[k x NR] + beta * C, for the top-left m x n of the tile
+ * (1 <= m <= MR, 1 <= n <= NR). A is row-major with row stride lda and all MR rows readable;
+ * B is a packed panel, k rows of NR floats, 64-byte aligned. beta == 0 never reads C (it may
+ * hold NaN); any other beta scales it. No alignment of A or C is needed. */
+typedef void (*eng__tile_fn)(int64_t k, const float *a, int64_t lda, const float *b, float *c,
+                             int64_t ldc, float alpha, float beta, int m, int n);
+
+typedef struct {
+    const char *name;        /* "avx512", "avx2", "generic" or "openblas" */
+    eng__tile_fn tile;       /* NULL for openblas */
+    int mr, nr;              /* the micro-kernel's register tile */
+    const eng__vec_ops *vec; /* the softmax's vector kernels */
+    int64_t kc, nc;          /* blocking: depth per packed panel, columns per packed block */
+} eng__kernels;
+
+/* The set every engine call of this process uses now (never NULL). */
+const eng__kernels *eng__kernels_current(void);
+
+/* The named set with its blocking, or NULL when the name is unknown or the CPU lacks it. */
+const eng__kernels *eng__kernels_named(const char *name);
+
+/* One product C = alpha * A op(B) + beta * C, all row-major with positive row strides:
+ * A is [m x k]; B is [k x n], or [n x k] when b_trans (rows of B^T: keys for Q K^T). beta == 0
+ * never reads C. B may instead come packed already (b_packed, for operands that several
+ * products share): panel q, columns [q NR, q NR + NR), at b_packed + q * b_panel_stride, its
+ * row p (depth p of this product) at + p * NR, zero past column n; b is then unused. */
+typedef struct {
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a;
+    int64_t lda;
+    const float *b;
+    int64_t ldb;
+    bool b_trans;
+    float *c;
+    int64_t ldc;
+    const float *b_packed;
+    int64_t b_panel_stride;
+} eng__gemm;
+
+/* Packs all of B ([k x n], or [n x k] when b_trans) into the b_packed layout with panel stride
+ * k * NR, zero-padded to a whole panel: eng__sgemm_panels_floats(ks, n, k) floats at dst,
+ * 64-byte aligned. Not for openblas. */
+void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
+                            int64_t k, int64_t n, float *dst);
+
+/* Floats of eng__sgemm_pack_panels's output for B of n columns and depth k. */
+size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k);
+
+/* Floats of packing space eng__sgemm needs for products of at most n columns and depth k. */
+size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k);
+
+/* Computes g on the calling thread with the set's micro-kernel (or cblas_sgemm for openblas,
+ * which never takes b_packed). `pack` is caller memory of eng__sgemm_pack_floats(ks, g->n,
+ * g->k) floats, 64-byte aligned (unused by openblas). Every dimension must be positive and,
+ * for openblas, below 2^31. */
+void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack);
+
+/* The micro-kernels, one per file and instruction set (gemm_avx512.c, gemm_avx2.c, gemm.c). */
+#define ENG__AVX512_MR  12
+#define ENG__AVX512_NR  32
+#define ENG__AVX2_MR    6
+#define ENG__AVX2_NR    16
+#define ENG__GENERIC_MR 4
+#define ENG__GENERIC_NR 16
+void eng__tile_avx512(int64_t k, const float *a, int64_t lda, const float *b, float *c, int64_t ldc,
+                      float alpha, float beta, int m, int n);
+void eng__tile_avx2(int64_t k, const float *a, int64_t lda, const float *b, float *c, int64_t ldc,
+                    float alpha, float beta, int m, int n);
+void eng__tile_generic(int64_t k, const float *a, int64_t lda, const float *b, float *c,
+                       int64_t ldc, float alpha, float beta, int m, int n);
+
+#endif

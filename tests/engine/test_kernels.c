@@ -1,0 +1,339 @@
+/*
+ * test_kernels.c - the specification of the engine's own kernels (engine/kernels.h): every
+ * kernel set this CPU supports computes the same products as a float64 reference, on ragged
+ * sizes and unaligned strides, and every vector exponential agrees with the scalar one on the
+ * edge cases the softmax relies on. A set this CPU lacks is skipped with a line naming it.
+ *
+ * Products: |C - reference| <= 4 K eps max|A| max|B| + eps |reference| per element (fp32
+ * accumulation of K terms, each rounded once, plus the final scaling): a dropped or doubled
+ * term of magnitude ~1/4 would exceed it by far.
+ */
+#include "engine/kernels.h"
+#include "tests/support/check.h"
+#include "tests/support/util.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const set_names[] = {"avx512", "avx2", "generic", "openblas"};
+#define N_SETS ((int)(sizeof set_names / sizeof set_names[0]))
+
+static bool quick;
+
+/* ---- Selection ----------------------------------------------------------------------------- */
+
+static void test_unknown_set_is_refused_by_name(void)
+{
+    const char *before = eng_kernels_name();
+    eng_error err;
+    memset(&err, 0, sizeof err);
+    CHECK_EQ_INT(eng_kernels_select("avx9000", &err), ENG_EINVAL);
+    CHECK(strstr(err.message, "avx9000") != NULL);
+    CHECK(strcmp(err.field, "kernels") == 0);
+    CHECK(strcmp(eng_kernels_name(), before) == 0); /* the set in use stays */
+}
+
+static void test_each_supported_set_can_be_selected(void)
+{
+    const char *before = eng_kernels_name();
+    for (int i = 0; i < N_SETS; i++) {
+        eng_error err;
+        memset(&err, 0, sizeof err);
+        eng_status st = eng_kernels_select(set_names[i], &err);
+        if (eng_kernels_supported(set_names[i])) {
+            CHECK_EQ_INT(st, ENG_OK);
+            CHECK(strcmp(eng_kernels_name(), set_names[i]) == 0);
+        } else {
+            /* The message says what the CPU lacks and what it has. */
+            CHECK_EQ_INT(st, ENG_EINVAL);
+            CHECK(strstr(err.message, set_names[i]) != NULL);
+            CHECK(strstr(err.message, "it has") != NULL);
+        }
+    }
+    /* generic and openblas run anywhere. */
+    CHECK(eng_kernels_supported("generic"));
+    CHECK(eng_kernels_supported("openblas"));
+    CHECK_EQ_INT(eng_kernels_select(before, NULL), ENG_OK);
+}
+
+static void test_auto_picks_the_widest_supported_set(void)
+{
+    const char *before = eng_kernels_name();
+    CHECK_EQ_INT(eng_kernels_select("auto", NULL), ENG_OK);
+    const char *want = eng_kernels_supported("avx512") ? "avx512"
+                       : eng_kernels_supported("avx2") ? "avx2"
+                                                       : "openblas";
+    CHECK(strcmp(eng_kernels_name(), want) == 0);
+    CHECK_EQ_INT(eng_kernels_select(before, NULL), ENG_OK);
+}
+
+static void test_engine_info_names_set_cpu_and_openblas(void)
+{
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    CHECK(strcmp(info.kernels, eng_kernels_name()) == 0);
+    CHECK(info.cpu[0] != '\0');
+    CHECK(info.openblas_core[0] != '\0');
+    CHECK(info.kc > 0 && info.nc > 0);
+}
+
+/* ---- Products ------------------------------------------------------------------------------ */
+
+/* One product with its own buffers, offset by one float so that no row starts aligned. */
+typedef struct {
+    int64_t m, n, k, lda, ldb, ldc;
+    bool b_trans;
+    float *a, *b, *c, *a_mem, *b_mem, *c_mem;
+} product;
+
+static product product_new(int64_t m, int64_t n, int64_t k, bool b_trans, uint64_t *rng)
+{
+    product p = {.m = m, .n = n, .k = k, .b_trans = b_trans};
+    p.lda = k + 3;
+    p.ldb = (b_trans ? k : n) + 5;
+    p.ldc = n + 1;
+    int64_t brows = b_trans ? n : k;
+    p.a_mem = xcalloc((size_t)(m * p.lda + 1), sizeof(float));
+    p.b_mem = xcalloc((size_t)(brows * p.ldb + 1), sizeof(float));
+    p.c_mem = xcalloc((size_t)(m * p.ldc + 1), sizeof(float));
+    p.a = p.a_mem + 1;
+    p.b = p.b_mem + 1;
+    p.c = p.c_mem + 1;
+    for (int64_t i = 0; i < m * p.lda; i++)
+        p.a[i] = rng_sym(rng, 1.0);
+    for (int64_t i = 0; i < brows * p.ldb; i++)
+        p.b[i] = rng_sym(rng, 1.0);
+    return p;
+}
+
+static void product_free(product *p)
+{
+    free(p->a_mem);
+    free(p->b_mem);
+    free(p->c_mem);
+}
+
+static double b_at(const product *p, int64_t kk, int64_t j)
+{
+    return p->b_trans ? p->b[j * p->ldb + kk] : p->b[kk * p->ldb + j];
+}
+
+/* Runs C = alpha A op(B) + beta C0 on set `ks` and compares with float64; C0 is NaN when beta
+ * is 0 (the kernels must not read it) and random otherwise. Returns the failures. */
+static int product_check(const eng__kernels *ks, product *p, float alpha, float beta, uint64_t *rng)
+{
+    float *c0 = xcalloc((size_t)(p->m * p->ldc), sizeof(float));
+    for (int64_t i = 0; i < p->m * p->ldc; i++) {
+        c0[i] = beta == 0.0f ? NAN : rng_sym(rng, 1.0);
+        p->c[i] = c0[i];
+    }
+    float *pack = NULL;
+    size_t pack_floats = eng__sgemm_pack_floats(ks, p->n, p->k);
+    if (pack_floats && posix_memalign((void **)&pack, 64, pack_floats * sizeof(float)) != 0)
+        pack = NULL;
+    if (pack_floats && !pack) {
+        free(c0);
+        return 1;
+    }
+    eng__gemm g = {.m = p->m,
+                   .n = p->n,
+                   .k = p->k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = p->a,
+                   .lda = p->lda,
+                   .b = p->b,
+                   .ldb = p->ldb,
+                   .b_trans = p->b_trans,
+                   .c = p->c,
+                   .ldc = p->ldc};
+    eng__sgemm(ks, &g, pack);
+    int bad = 0;
+    double tol_k = 4.0 * (double)p->k * FLT_EPSILON;
+    for (int64_t i = 0; i < p->m && bad < 3; i++) {
+        for (int64_t j = 0; j < p->ldc && bad < 3; j++) {
+            float got = p->c[i * p->ldc + j];
+            if (j >= p->n) { /* the gap between rows is never written */
+                if (!(got == c0[i * p->ldc + j] || (isnan(got) && isnan(c0[i * p->ldc + j])))) {
+                    CHECKF(false, "%s: m=%lld n=%lld k=%lld: gap element (%lld, %lld) written",
+                           ks->name, (long long)p->m, (long long)p->n, (long long)p->k,
+                           (long long)i, (long long)j);
+                    bad++;
+                }
+                continue;
+            }
+            double ref = 0;
+            for (int64_t kk = 0; kk < p->k; kk++)
+                ref += (double)p->a[i * p->lda + kk] * b_at(p, kk, j);
+            ref = alpha * ref + (beta == 0.0f ? 0.0 : beta * (double)c0[i * p->ldc + j]);
+            double tol = tol_k * fabs((double)alpha) + FLT_EPSILON * (fabs(ref) + 1.0);
+            if (!(fabs((double)got - ref) <= tol)) {
+                CHECKF(false,
+                       "%s: m=%lld n=%lld k=%lld trans=%d alpha=%g beta=%g: C(%lld,%lld) = %.9g, "
+                       "reference %.9g",
+                       ks->name, (long long)p->m, (long long)p->n, (long long)p->k, p->b_trans,
+                       (double)alpha, (double)beta, (long long)i, (long long)j, (double)got, ref);
+                bad++;
+            }
+        }
+    }
+    free(pack);
+    free(c0);
+    return bad;
+}
+
+static const int64_t ragged[] = {1, 7, 15, 16, 17, 63, 65, 257};
+#define N_RAGGED ((int)(sizeof ragged / sizeof ragged[0]))
+
+/* Every M, N, K of the ragged list, both layouts of B, beta 0 and 1, on every set. */
+static void test_sgemm_ragged_sizes_unaligned_strides(void)
+{
+    for (int s = 0; s < N_SETS; s++) {
+        const eng__kernels *ks = eng__kernels_named(set_names[s]);
+        if (!ks) {
+            printf("skip: kernel set %s: this CPU or OS does not support it\n", set_names[s]);
+            continue;
+        }
+        uint64_t rng = 1000 + (uint64_t)s;
+        int failures = 0;
+        for (int im = 0; im < N_RAGGED && failures < 3; im++)
+            for (int in = 0; in < N_RAGGED && failures < 3; in++)
+                for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
+                    /* Quick runs (sanitizers) skip the largest cubes, not the ragged edges. */
+                    if (quick && ragged[im] * ragged[in] * ragged[ik] > 300000)
+                        continue;
+                    bool trans = (im + in + ik) % 2 == 0;
+                    product p = product_new(ragged[im], ragged[in], ragged[ik], trans, &rng);
+                    failures += product_check(ks, &p, (ik % 3) == 0 ? 0.125f : 1.0f,
+                                              (in % 2) ? 1.0f : 0.0f, &rng);
+                    product_free(&p);
+                }
+    }
+}
+
+/* More columns than one packed block and more depth than one panel, so that the driver's
+ * outer loops and the beta of later depth blocks are exercised. */
+static void test_sgemm_beyond_one_block(void)
+{
+    for (int s = 0; s < N_SETS; s++) {
+        const eng__kernels *ks = eng__kernels_named(set_names[s]);
+        if (!ks || !ks->tile)
+            continue;
+        uint64_t rng = 77;
+        product p = product_new(ks->mr + 1, ks->nc + 7, 2 * ks->kc + 3, true, &rng);
+        product_check(ks, &p, 0.5f, 1.0f, &rng);
+        product_free(&p);
+        product q = product_new(2, ks->nc + 7, ks->kc + 1, false, &rng);
+        product_check(ks, &q, 1.0f, 0.0f, &rng);
+        product_free(&q);
+    }
+}
+
+/* ---- Vector exponential -------------------------------------------------------------------- */
+
+static bool same_exp(float got, float want)
+{
+    if (isnan(want))
+        return isnan(got);
+    if (want == 0.0f || isinf(want))
+        return got == want;
+    return fabsf(got - want) <= 4.0f * FLT_EPSILON * want;
+}
+
+/* Every variant against the scalar one and against expf's meaning: -inf and anything below
+ * -87 give exactly 0, denormal arguments give 1, +-88.7 stay finite or tiny as expf says, 104
+ * and +inf overflow to +inf, NaN stays NaN. */
+static void test_vector_exp_edge_cases(void)
+{
+    const float x[] = {-INFINITY, -104.0f,      -88.7f,        -87.5f, -87.0f,   -86.9f, -1.0e-40f,
+                       1.0e-40f,  FLT_TRUE_MIN, -FLT_TRUE_MIN, 0.0f,   -0.0f,    -1.0f,  1.0f,
+                       -20.5f,    8.0f,         80.0f,         88.3f,  88.7f,    88.72f, 104.0f,
+                       INFINITY,  NAN,          -NAN,          3.25f,  -0.6931f, 0.25f};
+    const int64_t n = (int64_t)(sizeof x / sizeof x[0]);
+    const eng__vec_ops *scalar = eng__vec_variant("scalar");
+    float want[sizeof x / sizeof x[0]];
+    scalar->exp_store(x, want, n, 0.0f, 1.0f, false);
+    for (int64_t i = 0; i < n; i++) {
+        double e = exp((double)x[i]);
+        if (isnan(x[i]))
+            CHECKF(isnan(want[i]), "scalar exp(NaN) = %g", (double)want[i]);
+        else if (x[i] < -87.0f)
+            CHECKF(want[i] == 0.0f, "scalar exp(%g) = %g, not 0", (double)x[i], (double)want[i]);
+        else if (e > FLT_MAX)
+            CHECKF(isinf(want[i]) && want[i] > 0, "scalar exp(%g) = %g, not +inf", (double)x[i],
+                   (double)want[i]);
+        else
+            CHECKF(fabs((double)want[i] - e) <= 4.0 * FLT_EPSILON * e, "scalar exp(%g) = %.9g",
+                   (double)x[i], (double)want[i]);
+    }
+    static const char *const variants[] = {"avx2", "avx512"};
+    for (int v = 0; v < 2; v++) {
+        const eng__vec_ops *ops = eng__vec_variant(variants[v]);
+        if (!ops) {
+            printf("skip: vector exp %s: this CPU does not support it\n", variants[v]);
+            continue;
+        }
+        /* Every length up to n, so that full vectors and masked tails both see each value. */
+        for (int64_t len = 1; len <= n; len++) {
+            float got[sizeof x / sizeof x[0]];
+            ops->exp_store(x, got, len, 0.0f, 1.0f, false);
+            for (int64_t i = 0; i < len; i++)
+                CHECKF(same_exp(got[i], want[i]), "%s exp(%g) = %.9g, scalar %.9g (length %lld)",
+                       variants[v], (double)x[i], (double)got[i], (double)want[i], (long long)len);
+        }
+        /* exp_sum over the finite part: the same sum as the scalar variant. */
+        float a[8] = {-1, -2, -3, 0, -INFINITY, -90, -0.5f, -7}, b[8];
+        memcpy(b, a, sizeof a);
+        float sa = ops->exp_sum(a, 8, 0.0f), sb = scalar->exp_sum(b, 8, 0.0f);
+        CHECK_NEAR(sa, sb, 8 * FLT_EPSILON * sb);
+        CHECK(a[4] == 0.0f && a[5] == 0.0f);
+    }
+}
+
+/* dot and axpy (the decoding path) agree with float64 on every length up to 70. */
+static void test_vector_dot_and_axpy(void)
+{
+    static const char *const variants[] = {"scalar", "avx2", "avx512"};
+    uint64_t rng = 5;
+    float x[70], y[70], z[70];
+    for (int i = 0; i < 70; i++) {
+        x[i] = rng_sym(&rng, 1.0);
+        y[i] = rng_sym(&rng, 1.0);
+    }
+    for (int v = 0; v < 3; v++) {
+        const eng__vec_ops *ops = eng__vec_variant(variants[v]);
+        if (!ops)
+            continue;
+        for (int64_t n = 0; n <= 70; n++) {
+            double ref = 0;
+            for (int64_t i = 0; i < n; i++)
+                ref += (double)x[i] * y[i];
+            CHECK_NEAR(ops->dot(x, y, n), ref, 4 * (double)(n + 1) * FLT_EPSILON);
+            memcpy(z, y, sizeof z);
+            ops->axpy(z, 0.5f, x, n);
+            for (int64_t i = 0; i < 70; i++) {
+                double want = i < n ? (double)y[i] + 0.5 * x[i] : (double)y[i];
+                CHECK_NEAR(z[i], want, 2 * FLT_EPSILON);
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    if (test_kernels_skip())
+        return 0;
+    const char *q = getenv("ATTND_TEST_QUICK");
+    quick = q && strcmp(q, "1") == 0;
+    RUN_WITHIN(test_unknown_set_is_refused_by_name, 30);
+    RUN_WITHIN(test_each_supported_set_can_be_selected, 30);
+    RUN_WITHIN(test_auto_picks_the_widest_supported_set, 30);
+    RUN_WITHIN(test_engine_info_names_set_cpu_and_openblas, 30);
+    RUN_WITHIN(test_sgemm_ragged_sizes_unaligned_strides, 300);
+    RUN_WITHIN(test_sgemm_beyond_one_block, 120);
+    RUN_WITHIN(test_vector_exp_edge_cases, 30);
+    RUN_WITHIN(test_vector_dot_and_axpy, 30);
+    return check_report();
+}
