@@ -196,17 +196,26 @@ static void write_config_tensors(api_jsonw *w, const tensor_desc *t, int n, bool
     api_jsonw_char(w, ']');
 }
 
+/* Starts a reply about call's model, {"name": ..., in *w; false, with the 404 in `reply`, when
+ * there is no such model or version. */
+static bool model_reply_start(const api_call *call, api_reply *reply, model_ref *m, api_jsonw *w)
+{
+    memset(reply, 0, sizeof *reply);
+    if (!api_v2_model_find(call, m, reply))
+        return false;
+    api_jsonw_init(w, 8192);
+    api_jsonw_cstr(w, "{\"name\":");
+    api_jsonw_string(w, m->name, strlen(m->name));
+    return true;
+}
+
 void api_v2_model_metadata(const api_call *call, api_reply *reply)
 {
     model_ref m;
     api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    if (!api_v2_model_find(call, &m, reply))
+    if (!model_reply_start(call, reply, &m, &w))
         return;
     model_desc d = describe(&m);
-    api_jsonw_init(&w, 8192);
-    api_jsonw_cstr(&w, "{\"name\":");
-    api_jsonw_string(&w, m.name, strlen(m.name));
     api_jsonw_printf(
         &w, ",\"versions\":[\"" API_V2_VERSION "\"],\"platform\":\"%s\",\"inputs\":", d.platform);
     write_meta_tensors(&w, d.in, d.n_in);
@@ -220,13 +229,9 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
 {
     model_ref m;
     api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    if (!api_v2_model_find(call, &m, reply))
+    if (!model_reply_start(call, reply, &m, &w))
         return;
     model_desc d = describe(&m);
-    api_jsonw_init(&w, 8192);
-    api_jsonw_cstr(&w, "{\"name\":");
-    api_jsonw_string(&w, m.name, strlen(m.name));
     api_jsonw_printf(&w,
                      ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
                      "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",
@@ -243,12 +248,8 @@ void api_v2_model_ready(const api_call *call, api_reply *reply)
 {
     model_ref m;
     api_jsonw w;
-    memset(reply, 0, sizeof *reply);
-    if (!api_v2_model_find(call, &m, reply))
+    if (!model_reply_start(call, reply, &m, &w))
         return;
-    api_jsonw_init(&w, 1024);
-    api_jsonw_cstr(&w, "{\"name\":");
-    api_jsonw_string(&w, m.name, strlen(m.name));
     api_jsonw_cstr(&w, ",\"ready\":true}\n");
     api_reply_json(reply, &w, API_ERRORS_V2);
 }
