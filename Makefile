@@ -2,6 +2,7 @@
 #
 #   make            build build/attnd
 #   make run        install missing packages (as root), build, serve on 127.0.0.1:8080
+#   make check      the engine and api unit suites only (fast, offline)
 #   make test       install missing packages (as root), build, run every suite (plain, ASan+UBSan,
 #                   TSan) and end with "N passed, N failed"
 #   make asan       the unit and integration suites under ASan+UBSan only
@@ -44,7 +45,7 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
+.PHONY: all tests run check test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
         format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
@@ -151,6 +152,14 @@ tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
 FUZZ_SMOKE_SECONDS ?= 30
+
+# The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
+# build, the kernel set the engine picks, no daemon, no network, no sanitizers.
+CHECK_BINS := $(filter $(BUILD)/tests/engine/% $(BUILD)/tests/api/%,$(TEST_BINS))
+
+check: deps
+	$(MAKE) $(CHECK_BINS)
+	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS)
 
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
