@@ -28,7 +28,9 @@
 #define BC_MIN    64  /* keys per block, bounds of the L2-derived size */
 #define BC_MAX    1024
 #define GEMV_ROWS 2  /* at most this many query rows: matrix-vector products instead */
-#define STRIP     64 /* keys per strip where a block crosses a causal or window boundary */
+/* Query rows per product with the openblas set, which has no register tile: the causal
+ * diagonal is trimmed per panel of this many rows (the kernel sets use their tile's MR). */
+#define BLAS_PANEL_ROWS 32
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
 #define RESCALE_SLACK     8.0f
@@ -278,15 +280,21 @@ static void plan_blocks(plan *p, int threads)
     int64_t bc_scores = l2 / (8 * BR_MAX * (int64_t)sizeof(float));
     bc = bc < bc_scores ? bc : bc_scores;
     bc = bc < BC_MIN ? BC_MIN : bc > BC_MAX ? BC_MAX : bc;
-    p->bc = bc / 16 * 16;
+    p->bc = bc / 64 * 64; /* whole panels of every kernel set (NR divides 64) */
 
-    /* Rows: at most BR_MAX, spread evenly; smaller when that is what it takes to give every
+    /* Rows: about BR_MAX, spread evenly; smaller when that is what it takes to give every
      * worker a task. */
     int64_t nqb = ceil_div(p->L, BR_MAX);
     while (p->B * p->H * nqb < threads && ceil_div(p->L, nqb + 1) >= BR_MIN)
         nqb++;
-    p->nqb = nqb;
     p->br = ceil_div(p->L, nqb);
+    /* Whole register tiles: a ragged tile in every block would run the micro-kernel on padding
+     * rows once per block (1/22 of the work at Br = 256 with 12-row tiles); rounded up, only
+     * the last block of a head may be ragged. */
+    int64_t tile = p->ks->tile ? p->ks->mr : 1;
+    if (p->br > tile)
+        p->br = ceil_div(p->br, tile) * tile;
+    p->nqb = ceil_div(p->L, p->br);
 
     /* Decoding: too few tasks for the pool and many keys: split the keys. */
     p->chunks = 1;
@@ -302,22 +310,51 @@ static void plan_blocks(plan *p, int threads)
     }
 }
 
-/* Scratch of one task: the score block, the running max and sum of each row, then the GEMM's
- * packing space (for K^T blocks of D x Bc and V blocks of Bc x Dv). */
-static size_t task_scratch_floats(const plan *p)
+/* Scratch of one task: the score block and the running max and sum of each row; then the
+ * GEMM's packing space (for K^T blocks of D x Bc and V blocks of Bc x Dv, when a product packs
+ * its own B); then one key block's K^T and V panels, for the query panels of attend_block to
+ * share when K and V were not packed before the call. Every part starts 64-byte aligned, as the
+ * micro-kernels' panel loads need. */
+static size_t align16(size_t floats)
+{
+    return (floats + 15) / 16 * 16;
+}
+
+static size_t task_head_floats(const plan *p)
+{
+    return align16((size_t)(p->br * p->bc + 2 * p->br));
+}
+
+static size_t task_pack_floats(const plan *p)
 {
     size_t pack_k = eng__sgemm_pack_floats(p->ks, p->bc, p->D);
     size_t pack_v = eng__sgemm_pack_floats(p->ks, p->Dv, p->bc);
-    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
-    /* The pack area starts 64-byte aligned, as the micro-kernels' panel loads need. */
-    return (head + 15) / 16 * 16 + (pack_k > pack_v ? pack_k : pack_v);
+    return align16(pack_k > pack_v ? pack_k : pack_v);
+}
+
+static size_t task_panels_floats(const plan *p)
+{
+    if (!p->ks->tile)
+        return 0;
+    return align16(eng__sgemm_panels_floats(p->ks, p->bc, p->D)) +
+           eng__sgemm_panels_floats(p->ks, p->Dv, p->bc);
+}
+
+static size_t task_scratch_floats(const plan *p)
+{
+    return task_head_floats(p) + task_pack_floats(p) + task_panels_floats(p);
 }
 
 /* The GEMM packing space inside a task's scratch block s. */
 static float *task_pack(const plan *p, const float *s)
 {
-    size_t head = (size_t)(p->br * p->bc + 2 * p->br);
-    return (float *)s + (head + 15) / 16 * 16;
+    return (float *)s + task_head_floats(p);
+}
+
+/* The key block panels' space inside a task's scratch block s. */
+static float *task_panels(const plan *p, const float *s)
+{
+    return task_pack(p, s) + task_pack_floats(p);
 }
 
 /* ---- Visibility -------------------------------------------------------------------------------
@@ -370,22 +407,24 @@ static const float *value_panels(const plan *p, int64_t b, int64_t hk, int64_t j
     return p->vpack + (b * p->Hkv + hk) * p->vpack_head + j0 * p->ks->nr;
 }
 
-/* s[rows x cols] = scale * q k^T on strided rows. A row or two (decoding, and the one-row
- * rebase in attend_block, whose s is not a block start) streams the keys through dot products;
- * more rows go through the kernel set's GEMM, packing into the scratch block that s starts. */
+/* s[rows x cols] (row stride lds) = scale * q k^T on strided rows. A row or two (decoding, and
+ * the one-row rebase in attend_panel) streams the keys through dot products; more rows go
+ * through the kernel set's GEMM, reading K^T from kpanels when given (the micro-kernels' packed
+ * layout) or else packing it into `pack`. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
-                        int ldk, int64_t cols, const float *kpanels, float *s)
+                        int ldk, int64_t cols, const float *kpanels, float *s, int64_t lds,
+                        float *pack)
 {
     if (rows <= GEMV_ROWS && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
-                s[r * cols + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
+                s[r * lds + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
         return;
     }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
-                        q + r * ldq, 1, 0.0f, s + r * cols, 1);
+                        q + r * ldq, 1, 0.0f, s + r * lds, 1);
         return;
     }
     eng__gemm g = {.m = rows,
@@ -399,26 +438,28 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, co
                    .ldb = ldk,
                    .b_trans = true,
                    .c = s,
-                   .ldc = cols,
+                   .ldc = lds,
                    .b_packed = kpanels,
                    .b_panel_stride = p->D * p->ks->nr};
-    eng__sgemm(p->ks, &g, task_pack(p, s));
+    eng__sgemm(p->ks, &g, pack);
 }
 
-/* o[rows x Dv] += s[rows x cols] v[cols x Dv]: P is read where the softmax left it. */
-static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t cols, const float *v,
-                        int ldv, const float *vpanels, float *o, int64_t ldo)
+/* o[rows x Dv] += s[rows x cols] v[cols x Dv], P (row stride lds) read where the softmax left
+ * it; V from vpanels (panel stride v_stride) when given, else packed into `pack`. */
+static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows, int64_t cols,
+                        const float *v, int ldv, const float *vpanels, int64_t v_stride, float *o,
+                        int64_t ldo, float *pack)
 {
     if (rows <= GEMV_ROWS && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
-                p->vec->axpy(o + r * ldo, s[r * cols + c], v + c * ldv, p->Dv);
+                p->vec->axpy(o + r * ldo, s[r * lds + c], v + c * ldv, p->Dv);
         return;
     }
     if (rows <= GEMV_ROWS) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
-                        s + r * cols, 1, 1.0f, o + r * ldo, 1);
+                        s + r * lds, 1, 1.0f, o + r * ldo, 1);
         return;
     }
     eng__gemm g = {.m = rows,
@@ -427,27 +468,27 @@ static void values_gemm(const plan *p, const float *s, int64_t rows, int64_t col
                    .alpha = 1.0f,
                    .beta = 1.0f,
                    .a = s,
-                   .lda = cols,
+                   .lda = lds,
                    .b = v,
                    .ldb = ldv,
                    .b_trans = false,
                    .c = o,
                    .ldc = ldo,
                    .b_packed = vpanels,
-                   .b_panel_stride = p->S * p->ks->nr};
-    eng__sgemm(p->ks, &g, task_pack(p, s));
+                   .b_panel_stride = v_stride};
+    eng__sgemm(p->ks, &g, pack);
 }
 
 /* s[rows x cols] = v . tanh(W_q q_i + W_k k_j) from the projected queries and keys. */
 static void additive_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                            int64_t j0, int64_t cols, float *s)
+                            int64_t j0, int64_t cols, float *s, int64_t lds)
 {
     int64_t A = p->a->additive_dim;
     const float *qa = p->add_q + ((b * p->H + h) * p->L + i0) * A;
     const float *ka = p->add_k + ((b * p->Hkv + h / p->group) * p->S + j0) * A;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
-            s[r * cols + c] = p->vec->tanh_dot(qa + r * A, ka + c * A, p->a->additive_v, A);
+            s[r * lds + c] = p->vec->tanh_dot(qa + r * A, ka + c * A, p->a->additive_v, A);
 }
 
 static void add_alibi(const plan *p, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
@@ -523,15 +564,15 @@ typedef enum {
 
 /* The products of rows [i0, i0+rows) x keys [j0, j0+cols), before anything modifies them. */
 static void score_products(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, float *s)
+                           int64_t j0, int64_t cols, float *s, float *pack)
 {
     const eng_sdpa_args *a = p->a;
     int64_t hk = h / p->group;
     if (p->add_q)
-        additive_scores(p, b, h, i0, rows, j0, cols, s);
+        additive_scores(p, b, h, i0, rows, j0, cols, s, cols);
     else
         scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
-                    ld_of(&a->k), cols, key_panels(p, b, hk, j0), s);
+                    ld_of(&a->k), cols, key_panels(p, b, hk, j0), s, cols, pack);
 }
 
 /* Everything that modifies the scores of query row i after the product: softcap, ALiBi, the
@@ -556,11 +597,12 @@ static void bias_row(const plan *p, int64_t b, int64_t h, int64_t i, int64_t j0,
 }
 
 /* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
- * modifies scores applied; invisible entries are -inf. */
+ * modifies scores applied; invisible entries are -inf. `pack` is GEMM packing space (unused for
+ * one or two rows). */
 static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                        int64_t cols, key_kind kind, float *s)
+                        int64_t cols, key_kind kind, float *s, float *pack)
 {
-    score_products(p, b, h, i0, rows, j0, cols, s);
+    score_products(p, b, h, i0, rows, j0, cols, s, pack);
     for (int64_t r = 0; r < rows; r++)
         bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
 }
@@ -607,32 +649,99 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
     return ENG_OK;
 }
 
-/* One key block [j0, j0+cols) for rows [i0, i0+rows): the scores, the online-softmax update
- * of the rows' reference maxima m, sums l and accumulators o (row stride ldo), then o += P V.
+/* One key block's operands for the products, as every query panel of the block reads them:
+ * K^T panels (NR keys each, D deep, panel stride D NR) and V panels (NR columns of Dv each,
+ * one row per key, panel stride v_stride). NULL for the openblas set, which reads K and V in
+ * place. */
+typedef struct {
+    const float *k, *v;
+    int64_t v_stride;
+} block_panels;
+
+/* The panels of keys [j0, j0+cols) of (b, kv head hk): the call's prepacked ones where it has
+ * them, else packed once here into `area`, the task's block panel space. */
+static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                               float *area)
+{
+    block_panels bp = {NULL, NULL, 0};
+    if (!p->ks->tile)
+        return bp;
+    const eng_sdpa_args *a = p->a;
+    bp.k = key_panels(p, b, hk, j0);
+    if (!bp.k && !p->add_q) { /* additive scoring never multiplies K */
+        eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols,
+                               area);
+        bp.k = area;
+        area += align16(eng__sgemm_panels_floats(p->ks, cols, p->D));
+    }
+    bp.v = value_panels(p, b, hk, j0);
+    bp.v_stride = p->S * p->ks->nr;
+    if (!bp.v) {
+        eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
+                               area);
+        bp.v = area;
+        bp.v_stride = cols * p->ks->nr;
+    }
+    return bp;
+}
+
+/* Query rows per panel: the micro-kernel's tile height, so that a panel's scores stay in L1
+ * from the first product through the softmax to the second, and the causal diagonal is cut
+ * at tile granularity. */
+static int64_t panel_rows(const plan *p)
+{
+    return p->ks->tile ? p->ks->mr : BLAS_PANEL_ROWS;
+}
+
+/* The keys [*c0, *c1) of a block of cols keys from j0 that some row of [i, i+rows) may see by
+ * position, *c0 rounded down to a whole panel of NR keys (rows that cannot see the extra keys
+ * mask them). False when no row sees any. Row ranges never shrink as i grows, so the first
+ * row bounds the start and the last row the end. */
+static bool panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, int64_t j0, int64_t cols,
+                       int64_t *c0, int64_t *c1)
+{
+    int64_t lo, hi, lo_last, hi_last;
+    row_range(p, b, i, &lo, &hi);
+    row_range(p, b, i + rows - 1, &lo_last, &hi_last);
+    int64_t first = clamp64(lo - j0, 0, cols), end = clamp64(hi_last - j0, 0, cols);
+    *c0 = first / p->ks->nr * p->ks->nr;
+    *c1 = end;
+    return first < end;
+}
+
+/* Query rows [i, i+rows) of head (b, h) against keys [j0 + c0, j0 + c0 + n) of a block whose
+ * panels are bp: the scores into s (row stride lds), the online-softmax update of the rows'
+ * reference maxima m, sums l and accumulators o (row stride ldo), then o += P V.
  *
  * After a row's first visible block, the exponentials and the block maximum come from one
  * pass, shifted by the row's reference m instead of its true running maximum: exactness only
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
  * arrives late) recomputes that row's scores and rebases it on the new maximum. */
-static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                               int64_t cols, key_kind kind, float *o, int64_t ldo, float *m,
-                               float *l, float *s)
+static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows, int64_t j0,
+                               int64_t c0, int64_t n, key_kind kind, const block_panels *bp,
+                               float *o, int64_t ldo, float *m, float *l, float *s, int64_t lds,
+                               float *pack)
 {
     const eng_sdpa_args *a = p->a;
+    const int64_t hk = h / p->group, nr = p->ks->nr;
     eng_status st;
-    score_products(p, b, h, i0, rows, j0, cols, s);
+    if (p->add_q)
+        additive_scores(p, b, h, i, rows, j0 + c0, n, s, lds);
+    else
+        scores_gemm(p, row_ptr(&a->q, b, h, i), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0 + c0),
+                    ld_of(&a->k), n, bp->k ? bp->k + c0 / nr * p->D * nr : NULL, s, lds, pack);
     for (int64_t r = 0; r < rows; r++) {
-        float *row = s + r * cols;
+        float *row = s + r * lds;
         /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
-        bias_row(p, b, h, i0 + r, j0, cols, kind, row);
+        bias_row(p, b, h, i + r, j0 + c0, n, kind, row);
         if (m[r] == -INFINITY) {
-            if ((st = first_block_row(p, row, cols, &m[r], &l[r])) != ENG_OK)
+            if ((st = first_block_row(p, row, n, &m[r], &l[r])) != ENG_OK)
                 return st;
             continue;
         }
         float bmax;
-        float sum = p->vec->exp_sum_max(row, cols, m[r], &bmax);
+        float sum = p->vec->exp_sum_max(row, n, m[r], &bmax);
         if (isnan(bmax))
             return nonfinite(p);
         if (bmax <= m[r] + RESCALE_SLACK) {
@@ -642,58 +751,62 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         if (!isfinite(bmax))
             return nonfinite(p);
         /* Rebase: recompute this row's scores and rescale what it has gathered so far. */
-        score_block(p, b, h, i0 + r, 1, j0, cols, kind, row);
+        score_block(p, b, h, i + r, 1, j0 + c0, n, kind, row, pack);
         float alpha = expf(m[r] - bmax);
         float *orow = o + r * ldo;
         for (int64_t d = 0; d < p->Dv; d++)
             orow[d] *= alpha;
-        l[r] = l[r] * alpha + p->vec->exp_sum(row, cols, bmax);
+        l[r] = l[r] * alpha + p->vec->exp_sum(row, n, bmax);
         m[r] = bmax;
     }
-    values_gemm(p, s, rows, cols, row_ptr(&a->v, b, h / p->group, j0), ld_of(&a->v),
-                value_panels(p, b, h / p->group, j0), o, ldo);
+    values_gemm(p, s, lds, rows, n, row_ptr(&a->v, b, hk, j0 + c0), ld_of(&a->v),
+                bp->v ? bp->v + c0 * nr : NULL, bp->v_stride, o, ldo, pack);
     return ENG_OK;
 }
 
-/* Keys [j0, j0+cols) on a causal or window boundary, for the rows that see some of them only:
- * the part of the triangle that no row sees is never multiplied. */
-static eng_status attend_strip(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                               int64_t cols, float *o, int64_t ldo, float *m, float *l, float *s)
+/* One key block [j0, j0+cols) for rows [i0, i0+rows), a panel of rows at a time. On a
+ * causal or window boundary each panel computes only the keys its rows may see, so the part
+ * of the triangle that no row sees is never multiplied. */
+static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                               int64_t cols, key_kind kind, float *o, int64_t ldo, float *m,
+                               float *l, float *s)
 {
-    int64_t rs = 0, re = rows, lo, hi;
-    for (; rs < rows; rs++) { /* the first row that sees a key at or after j0 */
-        row_range(p, b, i0 + rs, &lo, &hi);
-        if (hi > j0)
-            break;
+    /* A row or two stream K and V through dot products: nothing to pack for them. */
+    block_panels bp = {NULL, NULL, 0};
+    if (rows > GEMV_ROWS)
+        bp = pack_block(p, b, h / p->group, j0, cols, task_panels(p, s));
+    const int64_t height = panel_rows(p);
+    for (int64_t r0 = 0; r0 < rows; r0 += height) {
+        int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
+        if (kind == KEYS_BOUNDARY && !panel_keys(p, b, i0 + r0, pr, j0, cols, &c0, &c1))
+            continue;
+        eng_status st = attend_panel(p, b, h, i0 + r0, pr, j0, c0, c1 - c0, kind, &bp,
+                                     o + r0 * ldo, ldo, m + r0, l + r0, s, cols, task_pack(p, s));
+        if (st != ENG_OK)
+            return st;
     }
-    for (; re > rs; re--) { /* past the last row that sees a key before j0 + cols */
-        row_range(p, b, i0 + re - 1, &lo, &hi);
-        if (lo < j0 + cols)
-            break;
-    }
-    if (rs == re)
-        return ENG_OK;
-    return attend_block(p, b, h, i0 + rs, re - rs, j0, cols, KEYS_BOUNDARY, o + rs * ldo, ldo,
-                        m + rs, l + rs, s);
+    return ENG_OK;
 }
 
-/* Keys [from, to) in blocks of Bc, or in strips of STRIP on a boundary. */
+/* Keys [from, to) in blocks of Bc; under position rules (not the open tail) a block is inside
+ * when every row may see all of it, else on a boundary. */
 static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t from,
-                              int64_t to, key_kind kind, float *o, int64_t ldo, float *m, float *l,
-                              float *s)
+                              int64_t to, const key_span *span, bool tail, float *o, int64_t ldo,
+                              float *m, float *l, float *s)
 {
-    int64_t width = kind == KEYS_BOUNDARY ? STRIP : p->bc;
-    for (int64_t j0 = from; j0 < to; j0 += width) {
+    for (int64_t j0 = from; j0 < to; j0 += p->bc) {
         eng_status st = eng_ctl_check(p->ctl);
         if (st != ENG_OK)
             return st;
-        int64_t cols = to - j0 < width ? to - j0 : width;
-        if (kind != KEYS_TAIL && p->a->key_padding && all_padding(p, b, j0, j0 + cols))
-            continue;
-        if (kind == KEYS_BOUNDARY)
-            st = attend_strip(p, b, h, i0, rows, j0, cols, o, ldo, m, l, s);
-        else
-            st = attend_block(p, b, h, i0, rows, j0, cols, kind, o, ldo, m, l, s);
+        int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
+        key_kind kind = KEYS_TAIL;
+        if (!tail) {
+            if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
+                continue;
+            bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
+            kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
+        }
+        st = attend_block(p, b, h, i0, rows, j0, cols, kind, o, ldo, m, l, s);
         if (st != ENG_OK)
             return st;
     }
@@ -702,8 +815,9 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
 
 /* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of head (b, h):
  * o (row stride ldo) gets the unnormalised sum of exp(s - m) v, m the row maxima and l the
- * sums. The keys split into a left boundary, a middle that every row sees, a right boundary
- * (the causal diagonal) and the open tail. Returns ENG_OK or why it stopped. */
+ * sums. Blocks start on whole panels of NR keys from the first visible one (or kbeg), so that
+ * they find their K panels among the prepacked ones; then come the open tail's keys. Returns
+ * ENG_OK or why it stopped. */
 static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t kbeg,
                          int64_t kend, float *o, int64_t ldo, float *m, float *l, float *s)
 {
@@ -715,21 +829,13 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
     eng_status st = ENG_OK;
     key_span k = rows_span(p, b, i0, rows, kbeg, kend);
     if (k.lo < k.hi) {
-        int64_t mid_lo = clamp64(k.full_lo, k.lo, k.hi);
-        int64_t mid_hi = clamp64(k.full_hi, mid_lo, k.hi);
-        /* Whole strips only in the middle: its ragged end (a single key for the first query
-         * block under causal masking) joins the boundary, which handles any row range, and
-         * the boundary's strips then line up with the diagonal. */
-        mid_hi = mid_lo + (mid_hi - mid_lo) / STRIP * STRIP;
-        st = attend_keys(p, b, h, i0, rows, k.lo, mid_lo, KEYS_BOUNDARY, o, ldo, m, l, s);
-        if (st == ENG_OK)
-            st = attend_keys(p, b, h, i0, rows, mid_lo, mid_hi, KEYS_INSIDE, o, ldo, m, l, s);
-        if (st == ENG_OK)
-            st = attend_keys(p, b, h, i0, rows, mid_hi, k.hi, KEYS_BOUNDARY, o, ldo, m, l, s);
+        int64_t from = k.lo / p->ks->nr * p->ks->nr;
+        st = attend_keys(p, b, h, i0, rows, from > kbeg ? from : kbeg, k.hi, &k, false, o, ldo, m,
+                         l, s);
     }
     int64_t tail_lo = kbeg > p->S_main ? kbeg : p->S_main;
     if (st == ENG_OK && tail_lo < kend)
-        st = attend_keys(p, b, h, i0, rows, tail_lo, kend, KEYS_TAIL, o, ldo, m, l, s);
+        st = attend_keys(p, b, h, i0, rows, tail_lo, kend, &k, true, o, ldo, m, l, s);
     return st;
 }
 
@@ -795,7 +901,7 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
             bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
             kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
         }
-        score_block(p, b, h, i0, rows, j0, cols, kind, s);
+        score_block(p, b, h, i0, rows, j0, cols, kind, s, task_pack(p, s));
         for (int64_t r = 0; r < rows; r++) {
             if (!(l[r] > 0.0f)) /* no visible key: the row stays 0 */
                 continue;

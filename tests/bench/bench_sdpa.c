@@ -119,6 +119,7 @@ static int run_case(const bench_case *bc)
         fprintf(stderr, "bench: %s\n", err.message);
         return 1;
     }
+    eng_buf_cache_limit((size_t)256 << 20); /* as the daemon's default --buffer-cache-bytes */
     size_t nq = (size_t)(bc->b * bc->h * bc->l * bc->d),
            nk = (size_t)(bc->b * bc->h * bc->s * bc->d);
     sdpa_ctx c = {.pool = pool};
