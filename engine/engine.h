@@ -149,6 +149,7 @@ bool eng_kernels_supported(const char *name);
 /* What the engine runs on, for the start-up log line and the info metric. */
 typedef struct {
     char kernels[16];           /* the set in use */
+    char bf16[16];              /* bf16 products: "avx512bf16", "emulated" or "float32" (none) */
     char cpu[64];               /* the CPU's brand string */
     char features[160];         /* the vector features found usable ("avx2 fma avx512f ...") */
     char openblas_core[32];     /* openblas_get_corename(): the kernel OpenBLAS picked */
@@ -226,6 +227,14 @@ typedef enum {
     ENG_WEIGHTS_MEAN,     /* weights is [B, L, S], the mean over heads */
 } eng_weights_mode;
 
+/* The precision of the two products. BFLOAT16 rounds Q, K, V (to nearest even) and the
+ * probabilities P to bf16 for Q K^T and P V and accumulates in fp32; the scores, masks and
+ * biases, the softmax and the output stay fp32. The avx512, avx2 and generic sets compute it
+ * (with VDPBF16PS where that is fast, else by rounding the operands for the fp32 kernel: the
+ * same products); the openblas set, and additive scoring, compute FLOAT32 instead, which
+ * eng_sdpa_precision tells beforehand. */
+typedef enum { ENG_PRECISION_FLOAT32 = 0, ENG_PRECISION_BFLOAT16 } eng_precision;
+
 /* One SDPA call. Zero-initialise, then set what is needed: every zero field is the default. */
 typedef struct {
     eng_view q;   /* [B, H, L, D]    */
@@ -264,6 +273,8 @@ typedef struct {
      * masks say; masks and key_padding then cover only the first S - open_tail_keys keys. */
     int64_t open_tail_keys;
 
+    eng_precision precision;
+
     eng_weights_mode weights_mode;
     float *weights; /* see eng_weights_mode; zeros where a key is invisible */
     float *lse;     /* [B, H, L] natural-log sum of exp; -inf for a row with no visible key */
@@ -275,6 +286,9 @@ typedef struct {
  * status with `err` naming the field, and leaves the outputs unspecified. Scratch memory is
  * O(block size) per worker unless weights are requested. `ctl` may be NULL. */
 eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *args, eng_ctl *ctl, eng_error *err);
+
+/* The precision eng_sdpa computes `args` in with the kernel set in use now. */
+eng_precision eng_sdpa_precision(const eng_sdpa_args *args);
 
 /* Bytes of scratch (beyond the caller's inputs and outputs) that eng_sdpa may allocate for
  * `args` on a pool of `threads` workers: for admission control. Valid only for arguments that

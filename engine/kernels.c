@@ -26,7 +26,7 @@
 #define NC_MAX 4096
 
 typedef struct {
-    bool avx2_fma, avx512f;
+    bool avx2_fma, avx512f, avx512bf16, amd;
     char features[160];
     char model[64];
     size_t l1d, l2; /* bytes per core; 0 when cpuid does not say */
@@ -75,6 +75,7 @@ static void read_caches(cpu_info *c)
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0, leaf = 4;
     __get_cpuid(0, &eax, &ebx, &ecx, &edx);
     bool amd = ebx == 0x68747541u; /* "Auth"enticAMD */
+    c->amd = amd;
     if (amd)
         leaf = 0x8000001Du;
     if ((amd ? __get_cpuid_max(0x80000000u, NULL) : eax) < leaf)
@@ -118,6 +119,7 @@ static void read_cpu(cpu_info *c)
     append_feature(c, c->avx512f, "avx512f");
     append_feature(c, os_avx512 && (b7 & bit_AVX512BW), "avx512bw");
     append_feature(c, os_avx512 && (b7 & bit_AVX512VL), "avx512vl");
+    c->avx512bf16 = c->avx512f && (b7 & bit_AVX512BW) && (a71 & (1u << 5));
     append_feature(c, os_avx512 && (a71 & (1u << 5)), "avx512bf16");
     append_feature(c, os_avx512 && (d7 & (1u << 23)), "avx512fp16");
     /* AMX needs XCR0's tile bits (17, 18) and the kernel's permission on top; only listed. */
@@ -165,26 +167,48 @@ static void set_blocking(eng__kernels *k)
     k->nc = clamp_block((int64_t)(l2 / 2 / sizeof(float)) / k->kc, NC_MIN, NC_MAX, k->nr);
 }
 
+/* Whether bf16 requests use VDPBF16PS (where the CPU has it) or round their operands and run
+ * the fp32 micro-kernel. Zen 4 and 5 retire VDPBF16PS at the FMA rate, twice the fp32 work;
+ * the Xeons this project runs on retire it at about a third of their fp32 FMA rate (measured:
+ * 54-73 GFLOPS against 165 on one core of a model 207), so there rounding and fp32 FMA are
+ * faster for the same result. ATTND_BF16=native|emulated overrides (tests, benchmarks). */
+static bool bf16_native_wanted(void)
+{
+    const char *forced = getenv("ATTND_BF16");
+    if (forced && strcmp(forced, "emulated") == 0)
+        return false;
+    if (forced && strcmp(forced, "native") == 0)
+        return cpu.avx512bf16;
+    return cpu.avx512bf16 && cpu.amd;
+}
+
 static void init_sets(void)
 {
     read_cpu(&cpu);
-    sets[SET_AVX512] = (eng__kernels){
-        "avx512", eng__tile_avx512, ENG__AVX512_MR, ENG__AVX512_NR, eng__vec_variant("avx512"), 0,
-        0};
-    sets[SET_AVX2] = (eng__kernels){
-        "avx2", eng__tile_avx2, ENG__AVX2_MR, ENG__AVX2_NR, eng__vec_variant("avx2"), 0, 0};
-    sets[SET_GENERIC] = (eng__kernels){"generic",
-                                       eng__tile_generic,
-                                       ENG__GENERIC_MR,
-                                       ENG__GENERIC_NR,
-                                       eng__vec_variant("scalar"),
-                                       0,
-                                       0};
+    sets[SET_AVX512] = (eng__kernels){.name = "avx512",
+                                      .tile = eng__tile_avx512,
+                                      .mr = ENG__AVX512_MR,
+                                      .nr = ENG__AVX512_NR,
+                                      .vec = eng__vec_variant("avx512")};
+    if (bf16_native_wanted()) {
+        sets[SET_AVX512].tile_bf16 = eng__tile_bf16_avx512;
+        sets[SET_AVX512].to_bf16 = eng__to_bf16_avx512;
+    }
+    sets[SET_AVX2] = (eng__kernels){.name = "avx2",
+                                    .tile = eng__tile_avx2,
+                                    .mr = ENG__AVX2_MR,
+                                    .nr = ENG__AVX2_NR,
+                                    .vec = eng__vec_variant("avx2")};
+    sets[SET_GENERIC] = (eng__kernels){.name = "generic",
+                                       .tile = eng__tile_generic,
+                                       .mr = ENG__GENERIC_MR,
+                                       .nr = ENG__GENERIC_NR,
+                                       .vec = eng__vec_variant("scalar")};
     /* OpenBLAS runs its own products; the softmax still uses the best vector kernels. */
     const eng__vec_ops *best = cpu.avx512f    ? eng__vec_variant("avx512")
                                : cpu.avx2_fma ? eng__vec_variant("avx2")
                                               : eng__vec_variant("scalar");
-    sets[SET_OPENBLAS] = (eng__kernels){"openblas", NULL, 1, 1, best, 0, 0};
+    sets[SET_OPENBLAS] = (eng__kernels){.name = "openblas", .mr = 1, .nr = 1, .vec = best};
     set_supported[SET_AVX512] = cpu.avx512f && sets[SET_AVX512].vec;
     set_supported[SET_AVX2] = cpu.avx2_fma && sets[SET_AVX2].vec;
     set_supported[SET_GENERIC] = set_supported[SET_OPENBLAS] = true;
@@ -258,6 +282,8 @@ void eng_engine_info_get(eng_engine_info *info)
     const eng__kernels *k = eng__kernels_current();
     memset(info, 0, sizeof *info);
     snprintf(info->kernels, sizeof info->kernels, "%s", k->name);
+    snprintf(info->bf16, sizeof info->bf16, "%s",
+             k->tile_bf16 ? "avx512bf16" : k->tile ? "emulated" : "float32");
     snprintf(info->cpu, sizeof info->cpu, "%s", cpu.model);
     snprintf(info->features, sizeof info->features, "%s", cpu.features);
     const char *core = openblas_get_corename();

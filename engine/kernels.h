@@ -24,9 +24,23 @@
 typedef void (*eng__tile_fn)(int64_t k, const float *a, int64_t lda, const float *b, float *c,
                              int64_t ldc, float alpha, float beta, int m, int n);
 
+/* The bf16 micro-kernel: C[m x n] = alpha * A B + beta * C as eng__tile_fn, with A [MR x 2 kp]
+ * bf16 row-major (row stride lda elements, even; all MR rows readable) and B a bf16 pair panel
+ * (eng__bf16_pack_panels), fp32 products and sums. */
+typedef void (*eng__tile_bf16_fn)(int64_t kp, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                  float *c, int64_t ldc, float alpha, float beta, int m, int n);
+
+/* n fp32 values to bf16 (round to nearest even); dst[n] is set to 0 when n is odd, so that the
+ * row may be read in pairs. */
+typedef void (*eng__to_bf16_fn)(const float *x, int64_t n, uint16_t *dst);
+
 typedef struct {
     const char *name;        /* "avx512", "avx2", "generic" or "openblas" */
     eng__tile_fn tile;       /* NULL for openblas */
+    /* bf16 products (VDPBF16PS), NULL where the CPU lacks them or they are slow: bf16
+     * requests then round their operands for `tile`. Same MR and NR as `tile`. */
+    eng__tile_bf16_fn tile_bf16;
+    eng__to_bf16_fn to_bf16;
     int mr, nr;              /* the micro-kernel's register tile */
     const eng__vec_ops *vec; /* the softmax's vector kernels */
     int64_t kc, nc;          /* blocking: depth per packed panel, columns per packed block */
@@ -74,6 +88,46 @@ size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k);
  * g->k) floats, 64-byte aligned (unused by openblas). Every dimension must be positive and,
  * for openblas, below 2^31. */
 void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack);
+
+/* ---- bf16 products (gemm_bf16.c, gemm_bf16_avx512.c) ---------------------------------------
+ *
+ * B operands are packed into the pair layout VDPBF16PS reads: panel q holds columns
+ * [q NR, q NR + NR) of B; its pair row t (depths 2t and 2t+1) is 2 NR bf16 at + t * 2 NR,
+ * element (depth 2t + e, column j) at + 2 j + e; zero past depth k and column n. A panel is
+ * eng__bf16_panel_stride(nr, k) elements long. */
+int64_t eng__bf16_panel_stride(int64_t nr, int64_t k);
+
+/* Elements of eng__bf16_pack_panels's output for B of n columns and depth k. */
+size_t eng__bf16_panels_elems(int64_t nr, int64_t n, int64_t k);
+
+/* Packs B ([k x n], or [n x k] when b_trans: rows of B^T) rounded to bf16 into pair panels at
+ * dst (64-byte aligned). */
+void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans, int64_t k,
+                           int64_t n, uint16_t *dst);
+
+/* C[m x n] = alpha * A B + beta * C with the set's bf16 micro-kernel: A is [m x 2 kp] bf16 with
+ * row stride lda (even) and MR readable rows past every row it starts a tile at (the caller
+ * pads to whole tiles); B is pair-packed, panel q at b + q * b_panel_stride. */
+typedef struct {
+    int64_t m, n, kp;
+    float alpha, beta;
+    const uint16_t *a;
+    int64_t lda;
+    const uint16_t *b;
+    int64_t b_panel_stride;
+    float *c;
+    int64_t ldc;
+} eng__gemm_bf16;
+
+void eng__sgemm_bf16(const eng__kernels *ks, const eng__gemm_bf16 *g);
+
+/* x[0..n) rounded to bf16 values (nearest even, NaN kept), in place: the operands of the
+ * emulated bf16 products. */
+void eng__bf16_round_floats(float *x, int64_t n);
+
+void eng__tile_bf16_avx512(int64_t kp, const uint16_t *a, int64_t lda, const uint16_t *b, float *c,
+                           int64_t ldc, float alpha, float beta, int m, int n);
+void eng__to_bf16_avx512(const float *x, int64_t n, uint16_t *dst);
 
 /* The micro-kernels, one per file and instruction set (gemm_avx512.c, gemm_avx2.c, gemm.c). */
 #define ENG__AVX512_MR  12

@@ -57,9 +57,14 @@ typedef struct {
     float *part_ml;       /* and [B, H, chunks, 2, L] row maxima then sums */
     float *lse;           /* the caller's, or NULL */
     float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
+    bool bf16;            /* the products take bf16 operands (eng_sdpa_precision) ... */
+    bool bf16_native;     /* ... multiplied by VDPBF16PS; else rounded for the fp32 kernel */
+    int64_t gemv_rows;    /* at most this many rows: dot products instead of the micro-kernel */
+    int64_t dp;           /* bf16 rows of Q: D rounded up to a whole pair */
     bool prepack;         /* K and V are packed once, before the attention, and shared */
     float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
-    int64_t kpack_head, vpack_head; /* floats per (b, kv head) */
+    uint16_t *kpack16, *vpack16;    /* the same in bf16 pair panels, when bf16_native */
+    int64_t kpack_head, vpack_head; /* elements per (b, kv head) */
     atomic_bool nonfinite;          /* some row overflowed */
     atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
@@ -201,6 +206,8 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
     const int64_t S_main = S - a->open_tail_keys;
     if (a->scale_set && !isfinite(a->scale))
         return eng__fail(err, ENG_EINVAL, "scale", "scale must be finite");
+    if (a->precision != ENG_PRECISION_FLOAT32 && a->precision != ENG_PRECISION_BFLOAT16)
+        return eng__fail(err, ENG_EINVAL, "precision", "precision must be float32 or bfloat16");
     if (!(a->softcap >= 0.0f) || !isfinite(a->softcap))
         return eng__fail(err, ENG_EINVAL, "softcap", "softcap must be finite and >= 0");
     if (a->align != ENG_ALIGN_TOP_LEFT && a->align != ENG_ALIGN_BOTTOM_RIGHT &&
@@ -332,12 +339,53 @@ static size_t task_pack_floats(const plan *p)
     return align16(pack_k > pack_v ? pack_k : pack_v);
 }
 
+/* bf16 elements rounded up to whole 64-byte lines, as the micro-kernel's panel loads need. */
+static size_t align32(size_t elems)
+{
+    return (elems + 31) / 32 * 32;
+}
+
+/* bf16 areas, in elements: Q rows of a task (whole tiles, and one more tile so that a tile
+ * may start at any row), one panel of P, and one block's K and V pair panels. */
+static size_t q16_elems(const plan *p)
+{
+    int64_t mr = p->ks->mr;
+    return align32((size_t)(((p->br + mr - 1) / mr * mr + mr) * p->dp));
+}
+
+static size_t p16_elems(const plan *p)
+{
+    return align32((size_t)(p->ks->mr * (p->bc + 1) / 2 * 2));
+}
+
+static size_t k16_elems(const plan *p)
+{
+    return align32(eng__bf16_panels_elems(p->ks->nr, p->bc, p->D));
+}
+
+static size_t fp32_panels_floats(const plan *p)
+{
+    return align16(eng__sgemm_panels_floats(p->ks, p->bc, p->D)) +
+           align16(eng__sgemm_panels_floats(p->ks, p->Dv, p->bc));
+}
+
+/* Emulated bf16: the task's Q rows rounded, in fp32 (whole tiles, and one more tile). */
+static size_t qf_floats(const plan *p)
+{
+    int64_t mr = p->ks->mr;
+    return align16((size_t)(((p->br + mr - 1) / mr * mr + mr) * p->D));
+}
+
 static size_t task_panels_floats(const plan *p)
 {
     if (!p->ks->tile)
         return 0;
-    return align16(eng__sgemm_panels_floats(p->ks, p->bc, p->D)) +
-           eng__sgemm_panels_floats(p->ks, p->Dv, p->bc);
+    if (p->bf16_native) {
+        size_t elems = q16_elems(p) + p16_elems(p) + k16_elems(p) +
+                       eng__bf16_panels_elems(p->ks->nr, p->Dv, p->bc);
+        return align16((elems + 1) / 2);
+    }
+    return fp32_panels_floats(p) + (p->bf16 ? qf_floats(p) : 0);
 }
 
 static size_t task_scratch_floats(const plan *p)
@@ -355,6 +403,29 @@ static float *task_pack(const plan *p, const float *s)
 static float *task_panels(const plan *p, const float *s)
 {
     return task_pack(p, s) + task_pack_floats(p);
+}
+
+/* Emulated bf16: the task's rounded Q rows follow the fp32 block panels. */
+static float *task_qf(const plan *p, const float *s)
+{
+    return task_panels(p, s) + fp32_panels_floats(p);
+}
+
+/* With native bf16, the panel space holds the task's Q rows, a P panel, then the block's K and
+ * V panels. */
+static uint16_t *task_q16(const plan *p, const float *s)
+{
+    return (uint16_t *)task_panels(p, s);
+}
+
+static uint16_t *task_p16(const plan *p, const float *s)
+{
+    return task_q16(p, s) + q16_elems(p);
+}
+
+static uint16_t *task_kv16(const plan *p, const float *s)
+{
+    return task_p16(p, s) + p16_elems(p);
 }
 
 /* ---- Visibility -------------------------------------------------------------------------------
@@ -399,6 +470,22 @@ static const float *key_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
     return p->kpack + (b * p->Hkv + hk) * p->kpack_head + j0 / p->ks->nr * p->D * p->ks->nr;
 }
 
+/* The same for bf16 pair panels; V's must start on a whole pair. */
+static const uint16_t *key_panels16(const plan *p, int64_t b, int64_t hk, int64_t j0)
+{
+    if (!p->kpack16 || j0 % p->ks->nr != 0)
+        return NULL;
+    return p->kpack16 + (b * p->Hkv + hk) * p->kpack_head +
+           j0 / p->ks->nr * eng__bf16_panel_stride(p->ks->nr, p->D);
+}
+
+static const uint16_t *value_panels16(const plan *p, int64_t b, int64_t hk, int64_t j0)
+{
+    if (!p->vpack16 || j0 % 2 != 0)
+        return NULL;
+    return p->vpack16 + (b * p->Hkv + hk) * p->vpack_head + j0 * p->ks->nr;
+}
+
 /* The prepacked V panels from key j0 (its depth rows) of (b, kv head hk), or NULL. */
 static const float *value_panels(const plan *p, int64_t b, int64_t hk, int64_t j0)
 {
@@ -415,13 +502,13 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, co
                         int ldk, int64_t cols, const float *kpanels, float *s, int64_t lds,
                         float *pack)
 {
-    if (rows <= GEMV_ROWS && p->ks->tile) {
+    if (rows <= p->gemv_rows && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
                 s[r * lds + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
         return;
     }
-    if (rows <= GEMV_ROWS) {
+    if (rows <= p->gemv_rows) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
                         q + r * ldq, 1, 0.0f, s + r * lds, 1);
@@ -450,13 +537,13 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
                         const float *v, int ldv, const float *vpanels, int64_t v_stride, float *o,
                         int64_t ldo, float *pack)
 {
-    if (rows <= GEMV_ROWS && p->ks->tile) {
+    if (rows <= p->gemv_rows && p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
                 p->vec->axpy(o + r * ldo, s[r * lds + c], v + c * ldv, p->Dv);
         return;
     }
-    if (rows <= GEMV_ROWS) {
+    if (rows <= p->gemv_rows) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
                         s + r * lds, 1, 1.0f, o + r * ldo, 1);
@@ -656,21 +743,53 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
 typedef struct {
     const float *k, *v;
     int64_t v_stride;
+    const uint16_t *k16, *v16; /* bf16 pair panels instead, when bf16 */
+    int64_t k16_stride, v16_stride;
 } block_panels;
 
-/* The panels of keys [j0, j0+cols) of (b, kv head hk): the call's prepacked ones where it has
- * them, else packed once here into `area`, the task's block panel space. */
-static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
-                               float *area)
+/* The bf16 pair panels of the block, prepacked or packed into `area`. */
+static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                         uint16_t *area, block_panels *bp)
 {
-    block_panels bp = {NULL, NULL, 0};
+    const eng_sdpa_args *a = p->a;
+    const int64_t nr = p->ks->nr;
+    bp->k16_stride = eng__bf16_panel_stride(nr, p->D);
+    bp->k16 = key_panels16(p, b, hk, j0);
+    if (!bp->k16) {
+        eng__bf16_pack_panels(nr, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols, area);
+        bp->k16 = area;
+    }
+    bp->v16 = value_panels16(p, b, hk, j0);
+    bp->v16_stride = eng__bf16_panel_stride(nr, p->S);
+    if (!bp->v16) {
+        uint16_t *v_area = area + k16_elems(p);
+        eng__bf16_pack_panels(nr, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
+                              v_area);
+        bp->v16 = v_area;
+        bp->v16_stride = eng__bf16_panel_stride(nr, cols);
+    }
+}
+
+/* The panels of keys [j0, j0+cols) of (b, kv head hk): the call's prepacked ones where it has
+ * them, else packed once here into the block panel space of the task's scratch s. */
+static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                               const float *s)
+{
+    block_panels bp = {0};
     if (!p->ks->tile)
         return bp;
+    if (p->bf16_native) {
+        pack_block16(p, b, hk, j0, cols, task_kv16(p, s), &bp);
+        return bp;
+    }
+    float *area = task_panels(p, s);
     const eng_sdpa_args *a = p->a;
     bp.k = key_panels(p, b, hk, j0);
     if (!bp.k && !p->add_q) { /* additive scoring never multiplies K */
         eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols,
                                area);
+        if (p->bf16)
+            eng__bf16_round_floats(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
         bp.k = area;
         area += align16(eng__sgemm_panels_floats(p->ks, cols, p->D));
     }
@@ -679,6 +798,8 @@ static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0,
     if (!bp.v) {
         eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
                                area);
+        if (p->bf16)
+            eng__bf16_round_floats(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
         bp.v = area;
         bp.v_stride = cols * p->ks->nr;
     }
@@ -709,6 +830,76 @@ static bool panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, int64_
     return first < end;
 }
 
+/* s[rows x n] (row stride lds) = the products of query rows [i, i+rows) of head (b, h) and keys
+ * [j0 + c0, j0 + c0 + n) of a block whose panels are bp, before anything modifies them. Row i
+ * is row ti of the task whose scratch is `scratch`, where its rounded copy lives with bf16. */
+static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t rows, int64_t ti,
+                         int64_t j0, int64_t c0, int64_t n, const block_panels *bp, float *s,
+                         int64_t lds, const float *scratch)
+{
+    const eng_sdpa_args *a = p->a;
+    const int64_t hk = h / p->group, nr = p->ks->nr;
+    float *pack = task_pack(p, scratch);
+    if (p->add_q) {
+        additive_scores(p, b, h, i, rows, j0 + c0, n, s, lds);
+    } else if (p->bf16 && !p->bf16_native) {
+        scores_gemm(p, task_qf(p, scratch) + ti * p->D, (int)p->D, rows, NULL, 0, n,
+                    bp->k + c0 / nr * p->D * nr, s, lds, pack);
+    } else if (p->bf16) {
+        const uint16_t *q16 = task_q16(p, scratch) + ti * p->dp;
+        eng__gemm_bf16 g = {.m = rows,
+                            .n = n,
+                            .kp = p->dp / 2,
+                            .alpha = p->scale,
+                            .beta = 0.0f,
+                            .a = q16,
+                            .lda = p->dp,
+                            .b = bp->k16 + c0 / nr * bp->k16_stride,
+                            .b_panel_stride = bp->k16_stride,
+                            .c = s,
+                            .ldc = lds};
+        eng__sgemm_bf16(p->ks, &g);
+    } else {
+        scores_gemm(p, row_ptr(&a->q, b, h, i), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0 + c0),
+                    ld_of(&a->k), n, bp->k ? bp->k + c0 / nr * p->D * nr : NULL, s, lds, pack);
+    }
+}
+
+/* o[rows x Dv] += P V for the panel's probabilities in s (row stride lds) and keys
+ * [j0 + c0, j0 + c0 + n). With bf16, P is rounded first: in place for the fp32 kernel, or into
+ * the task's P panel for VDPBF16PS. */
+static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int64_t j0,
+                         int64_t c0, int64_t n, const block_panels *bp, float *s, int64_t lds,
+                         float *o, int64_t ldo, const float *scratch)
+{
+    const eng_sdpa_args *a = p->a;
+    const int64_t hk = h / p->group, nr = p->ks->nr;
+    if (!p->bf16_native) {
+        if (p->bf16)
+            for (int64_t r = 0; r < rows; r++)
+                eng__bf16_round_floats(s + r * lds, n);
+        values_gemm(p, s, lds, rows, n, row_ptr(&a->v, b, hk, j0 + c0), ld_of(&a->v),
+                    bp->v ? bp->v + c0 * nr : NULL, bp->v_stride, o, ldo, task_pack(p, scratch));
+        return;
+    }
+    uint16_t *p16 = task_p16(p, scratch);
+    const int64_t np = (n + 1) / 2 * 2;
+    for (int64_t r = 0; r < rows; r++)
+        p->ks->to_bf16(s + r * lds, n, p16 + r * np);
+    eng__gemm_bf16 g = {.m = rows,
+                        .n = p->Dv,
+                        .kp = np / 2,
+                        .alpha = 1.0f,
+                        .beta = 1.0f,
+                        .a = p16,
+                        .lda = np,
+                        .b = bp->v16 + c0 * nr,
+                        .b_panel_stride = bp->v16_stride,
+                        .c = o,
+                        .ldc = ldo};
+    eng__sgemm_bf16(p->ks, &g);
+}
+
 /* Query rows [i, i+rows) of head (b, h) against keys [j0 + c0, j0 + c0 + n) of a block whose
  * panels are bp: the scores into s (row stride lds), the online-softmax update of the rows'
  * reference maxima m, sums l and accumulators o (row stride ldo), then o += P V.
@@ -718,19 +909,13 @@ static bool panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, int64_
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
  * arrives late) recomputes that row's scores and rebases it on the new maximum. */
-static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows, int64_t j0,
-                               int64_t c0, int64_t n, key_kind kind, const block_panels *bp,
-                               float *o, int64_t ldo, float *m, float *l, float *s, int64_t lds,
-                               float *pack)
+static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows,
+                               int64_t ti, int64_t j0, int64_t c0, int64_t n, key_kind kind,
+                               const block_panels *bp, float *o, int64_t ldo, float *m, float *l,
+                               float *s, int64_t lds, float *scratch)
 {
-    const eng_sdpa_args *a = p->a;
-    const int64_t hk = h / p->group, nr = p->ks->nr;
     eng_status st;
-    if (p->add_q)
-        additive_scores(p, b, h, i, rows, j0 + c0, n, s, lds);
-    else
-        scores_gemm(p, row_ptr(&a->q, b, h, i), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0 + c0),
-                    ld_of(&a->k), n, bp->k ? bp->k + c0 / nr * p->D * nr : NULL, s, lds, pack);
+    panel_scores(p, b, h, i, rows, ti, j0, c0, n, bp, s, lds, scratch);
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
         /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
@@ -751,7 +936,8 @@ static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t
         if (!isfinite(bmax))
             return nonfinite(p);
         /* Rebase: recompute this row's scores and rescale what it has gathered so far. */
-        score_block(p, b, h, i + r, 1, j0 + c0, n, kind, row, pack);
+        panel_scores(p, b, h, i + r, 1, ti + r, j0, c0, n, bp, row, lds, scratch);
+        bias_row(p, b, h, i + r, j0 + c0, n, kind, row);
         float alpha = expf(m[r] - bmax);
         float *orow = o + r * ldo;
         for (int64_t d = 0; d < p->Dv; d++)
@@ -759,8 +945,7 @@ static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t
         l[r] = l[r] * alpha + p->vec->exp_sum(row, n, bmax);
         m[r] = bmax;
     }
-    values_gemm(p, s, lds, rows, n, row_ptr(&a->v, b, hk, j0 + c0), ld_of(&a->v),
-                bp->v ? bp->v + c0 * nr : NULL, bp->v_stride, o, ldo, pack);
+    panel_values(p, b, h, rows, j0, c0, n, bp, s, lds, o, ldo, scratch);
     return ENG_OK;
 }
 
@@ -772,16 +957,16 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
                                float *l, float *s)
 {
     /* A row or two stream K and V through dot products: nothing to pack for them. */
-    block_panels bp = {NULL, NULL, 0};
-    if (rows > GEMV_ROWS)
-        bp = pack_block(p, b, h / p->group, j0, cols, task_panels(p, s));
+    block_panels bp = {0};
+    if (rows > p->gemv_rows)
+        bp = pack_block(p, b, h / p->group, j0, cols, s);
     const int64_t height = panel_rows(p);
     for (int64_t r0 = 0; r0 < rows; r0 += height) {
         int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
         if (kind == KEYS_BOUNDARY && !panel_keys(p, b, i0 + r0, pr, j0, cols, &c0, &c1))
             continue;
-        eng_status st = attend_panel(p, b, h, i0 + r0, pr, j0, c0, c1 - c0, kind, &bp,
-                                     o + r0 * ldo, ldo, m + r0, l + r0, s, cols, task_pack(p, s));
+        eng_status st = attend_panel(p, b, h, i0 + r0, pr, r0, j0, c0, c1 - c0, kind, &bp,
+                                     o + r0 * ldo, ldo, m + r0, l + r0, s, cols, s);
         if (st != ENG_OK)
             return st;
     }
@@ -813,6 +998,26 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
     return ENG_OK;
 }
 
+/* With bf16: the task's query rows rounded into its Q rows (the rows past them, which the
+ * micro-kernel reads but never stores, and the P panel are zeroed). */
+static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, float *s)
+{
+    if (!p->bf16_native) {
+        float *qf = task_qf(p, s);
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(qf + r * p->D, row_ptr(&p->a->q, b, h, i0 + r), (size_t)p->D * sizeof(float));
+            eng__bf16_round_floats(qf + r * p->D, p->D);
+        }
+        memset(qf + rows * p->D, 0, (qf_floats(p) - (size_t)(rows * p->D)) * sizeof(float));
+        return;
+    }
+    uint16_t *q16 = task_q16(p, s);
+    for (int64_t r = 0; r < rows; r++)
+        p->ks->to_bf16(row_ptr(&p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
+    memset(q16 + rows * p->dp, 0, (q16_elems(p) - (size_t)(rows * p->dp)) * sizeof *q16);
+    memset(task_p16(p, s), 0, p16_elems(p) * sizeof(uint16_t));
+}
+
 /* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of head (b, h):
  * o (row stride ldo) gets the unnormalised sum of exp(s - m) v, m the row maxima and l the
  * sums. Blocks start on whole panels of NR keys from the first visible one (or kbeg), so that
@@ -826,6 +1031,8 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
         l[r] = 0.0f;
         memset(o + r * ldo, 0, (size_t)p->Dv * sizeof(float));
     }
+    if (p->bf16)
+        round_queries(p, b, h, i0, rows, s);
     eng_status st = ENG_OK;
     key_span k = rows_span(p, b, i0, rows, kbeg, kend);
     if (k.lo < k.hi) {
@@ -883,6 +1090,25 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
     }
 }
 
+/* The score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything applied, as the
+ * attention computed it (with bf16: from the task's rounded Q rows and the block's panels). */
+static void block_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
+                         int64_t cols, key_kind kind, float *s)
+{
+    if (!p->bf16) {
+        score_block(p, b, h, i0, rows, j0, cols, kind, s, task_pack(p, s));
+        return;
+    }
+    block_panels bp = pack_block(p, b, h / p->group, j0, cols, s);
+    const int64_t height = panel_rows(p);
+    for (int64_t r0 = 0; r0 < rows; r0 += height) {
+        int64_t pr = rows - r0 < height ? rows - r0 : height;
+        panel_scores(p, b, h, i0 + r0, pr, r0, j0, 0, cols, &bp, s + r0 * cols, cols, s);
+    }
+    for (int64_t r = 0; r < rows; r++)
+        bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
+}
+
 /* Writes exp(s - m) * mul / l for keys [from, to) into the weights rows (row stride S). */
 static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                                int64_t from, int64_t to, const key_span *span, bool tail,
@@ -901,7 +1127,7 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
             bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
             kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
         }
-        score_block(p, b, h, i0, rows, j0, cols, kind, s, task_pack(p, s));
+        block_scores(p, b, h, i0, rows, j0, cols, kind, s);
         for (int64_t r = 0; r < rows; r++) {
             if (!(l[r] > 0.0f)) /* no visible key: the row stays 0 */
                 continue;
@@ -1067,6 +1293,12 @@ static int64_t resolve_offset(const eng_sdpa_args *a)
     }
 }
 
+/* Bytes of one prepacked element. */
+static size_t prepack_elem_bytes(const plan *p)
+{
+    return p->bf16_native ? sizeof(uint16_t) : sizeof(float);
+}
+
 /* Packing K and V once per (b, kv head) pays when more than one task multiplies them (query
  * blocks, the query heads of a grouped-query group) with the kernel set's GEMM: the per-block
  * packing it replaces cost ~9% of the time at L = 2048. Its memory is about that of K and V,
@@ -1074,14 +1306,19 @@ static int64_t resolve_offset(const eng_sdpa_args *a)
 static void plan_prepack(plan *p)
 {
     p->prepack = false;
-    if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= GEMV_ROWS ||
+    if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= p->gemv_rows ||
         p->nqb * p->group < 2)
         return;
     int64_t heads = p->B * p->Hkv, total;
-    p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
-    p->vpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+    if (p->bf16_native) {
+        p->kpack_head = (int64_t)align32(eng__bf16_panels_elems(p->ks->nr, p->S, p->D));
+        p->vpack_head = (int64_t)eng__bf16_panels_elems(p->ks->nr, p->Dv, p->S);
+    } else {
+        p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
+        p->vpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+    }
     if (__builtin_mul_overflow(heads, p->kpack_head + p->vpack_head, &total) ||
-        (uint64_t)total > PREPACK_MAX_BYTES / sizeof(float))
+        (uint64_t)total > PREPACK_MAX_BYTES / prepack_elem_bytes(p))
         return; /* then each task packs its blocks as it goes */
     p->prepack = true;
 }
@@ -1091,7 +1328,7 @@ static size_t prepack_bytes(const plan *p)
 {
     if (!p->prepack)
         return 0;
-    return (size_t)(p->B * p->Hkv * (p->kpack_head + p->vpack_head)) * sizeof(float);
+    return (size_t)(p->B * p->Hkv * (p->kpack_head + p->vpack_head)) * prepack_elem_bytes(p);
 }
 
 /* Packing step: K^T and V panels of one (b, kv head). */
@@ -1100,10 +1337,21 @@ static void prepack_task(void *arg, int64_t index)
     plan *p = arg;
     const eng_sdpa_args *a = p->a;
     int64_t b = index / p->Hkv, hk = index % p->Hkv;
+    if (p->bf16_native) {
+        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
+                              p->kpack16 + index * p->kpack_head);
+        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S,
+                              p->Dv, p->vpack16 + index * p->vpack_head);
+        return;
+    }
     eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
                            p->kpack + index * p->kpack_head);
     eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
                            p->vpack + index * p->vpack_head);
+    if (p->bf16) {
+        eng__bf16_round_floats(p->kpack + index * p->kpack_head, p->kpack_head);
+        eng__bf16_round_floats(p->vpack + index * p->vpack_head, p->vpack_head);
+    }
 }
 
 static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
@@ -1125,6 +1373,12 @@ static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
     p->group = p->H / p->Hkv;
     p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
     p->offset = resolve_offset(a);
+    p->bf16 = eng_sdpa_precision(a) == ENG_PRECISION_BFLOAT16;
+    p->bf16_native = p->bf16 && p->ks->tile_bf16;
+    /* bf16 products always go through the micro-kernel, so that a single row is rounded as
+     * every other is. */
+    p->gemv_rows = p->bf16 ? 0 : GEMV_ROWS;
+    p->dp = (p->D + 1) / 2 * 2;
     plan_blocks(p, threads);
     plan_prepack(p);
 }
@@ -1204,7 +1458,7 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
     eng_status st = ENG_OK;
     if (p->add_q)
         st = eng_pool_run(pool, additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
-    if (st == ENG_OK && p->kpack)
+    if (st == ENG_OK && (p->kpack || p->kpack16))
         st = eng_pool_run(pool, prepack_task, p, p->B * p->Hkv, p->ctl);
     if (st == ENG_OK)
         st = run_attention(pool, p);
@@ -1227,6 +1481,14 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
     default:
         return eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
     }
+}
+
+eng_precision eng_sdpa_precision(const eng_sdpa_args *a)
+{
+    if (a->precision == ENG_PRECISION_BFLOAT16 && !a->additive_w_q &&
+        eng__kernels_current()->tile)
+        return ENG_PRECISION_BFLOAT16;
+    return ENG_PRECISION_FLOAT32;
 }
 
 eng_status eng__sdpa_validate(const eng_sdpa_args *a, eng_error *err)
@@ -1271,7 +1533,10 @@ eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_er
     }
     /* Without the memory for shared K and V panels, each task packs its own blocks. */
     float *packed = p.prepack ? eng_buf_alloc(prepack_bytes(&p)) : NULL;
-    if (packed) {
+    if (packed && p.bf16_native) {
+        p.kpack16 = (uint16_t *)packed;
+        p.vpack16 = p.kpack16 + p.B * p.Hkv * p.kpack_head;
+    } else if (packed) {
         p.kpack = packed;
         p.vpack = packed + p.B * p.Hkv * p.kpack_head;
     }

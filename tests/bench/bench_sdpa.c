@@ -31,16 +31,21 @@
 typedef struct {
     int64_t b, h, l, s, d;
     bool causal;
+    bool bf16; /* "precision": bfloat16; its line follows the same case's float32 line */
 } bench_case;
 
 static const bench_case cases[] = {
-    {1, 8, 2048, 2048, 64, false},   {1, 8, 2048, 2048, 64, true},
-    {1, 8, 8192, 8192, 64, false},   {1, 8, 8192, 8192, 64, true},
-    {1, 1, 16384, 16384, 64, false}, {1, 1, 16384, 16384, 64, true},
-    {4, 16, 1024, 1024, 64, false},  {4, 16, 1024, 1024, 64, true},
-    {1, 8, 256, 8192, 64, false},  /* cross-attention */
-    {1, 32, 1, 32768, 128, false}, /* decode: one new token against a long cache */
-    {1, 1, 65536, 65536, 64, true},
+    {1, 8, 2048, 2048, 64, false, false},   {1, 8, 2048, 2048, 64, true, false},
+    {1, 8, 8192, 8192, 64, false, false},   {1, 8, 8192, 8192, 64, true, false},
+    {1, 1, 16384, 16384, 64, false, false}, {1, 1, 16384, 16384, 64, true, false},
+    {4, 16, 1024, 1024, 64, false, false},  {4, 16, 1024, 1024, 64, true, false},
+    {1, 8, 256, 8192, 64, false, false},  /* cross-attention */
+    {1, 32, 1, 32768, 128, false, false}, /* decode: one new token against a long cache */
+    {1, 1, 65536, 65536, 64, true, false},
+    {1, 8, 8192, 8192, 64, false, true},
+    {1, 8, 2048, 2048, 128, false, false},  {1, 8, 2048, 2048, 128, false, true},
+    {1, 8, 8192, 8192, 128, false, false},  {1, 8, 8192, 8192, 128, false, true},
+    {1, 8, 8192, 8192, 128, true, false},   {1, 8, 8192, 8192, 128, true, true},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -131,6 +136,7 @@ static int run_case(const bench_case *bc)
     c.args.v = eng_view_contiguous(v, bc->b, bc->h, bc->s, bc->d);
     c.args.out = eng_view_contiguous(out, bc->b, bc->h, bc->l, bc->d);
     c.args.causal = bc->causal;
+    c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
     double t = bench_best_seconds(run_sdpa, &c, 2.0);
     printf("%.9f\n", t);
     free(q);
@@ -139,6 +145,18 @@ static int run_case(const bench_case *bc)
     free(out);
     eng_pool_free(pool);
     return t > 0 ? 0 : 1;
+}
+
+/* The float32 figure of the same shape measured earlier in this run, or 0. */
+static double fp32_gflops(const bench_case *bc, const double *gflops)
+{
+    for (int i = 0; i < NCASES; i++) {
+        const bench_case *c = &cases[i];
+        if (!c->bf16 && c->b == bc->b && c->h == bc->h && c->l == bc->l && c->s == bc->s &&
+            c->d == bc->d && c->causal == bc->causal)
+            return gflops[i];
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -161,12 +179,22 @@ int main(int argc, char **argv)
            threads, base, mem, kernels, peak, best_core, blas_best);
     fflush(stdout);
     int failures = 0;
+    double case_gflops[NCASES] = {0};
     for (int i = 0; i < NCASES; i++) {
         const bench_case *bc = &cases[i];
         double t, rss;
         /* The machine is shared: the peak (and for decoding the memory rate) is measured
-         * again right before each case, so that the ratio compares like with like. */
-        double peak_now = bench_peak_gflops(kernels, threads);
+         * again right before each case, so that the ratio compares like with like. bf16 cases
+         * divide by the bf16 peak of the products they run. */
+        double peak_now =
+            bc->bf16 ? bench_peak_bf16_gflops(threads) : bench_peak_gflops(kernels, threads);
+        if (bc->bf16 && peak_now == 0) {
+            printf("sdpa b=%lld h=%lld l=%lld s=%lld d=%lld causal=%d precision=bf16 skipped: "
+                   "kernel set %s has no bf16 products (AVX512-BF16)\n",
+                   (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->s,
+                   (long long)bc->d, bc->causal, kernels);
+            continue;
+        }
         double mem_now = bc->l <= 4 ? memory_gbps(threads) : mem;
         if (bench_measure_case(i, &t, &rss) != 0) {
             printf("sdpa case %d failed\n", i);
@@ -178,12 +206,19 @@ int main(int argc, char **argv)
         if (bc->causal && bc->l == bc->s)
             flops /= 2;
         double gflops = flops / t * 1e-9;
+        case_gflops[i] = gflops;
         printf("sdpa b=%lld h=%lld l=%lld s=%lld d=%lld causal=%d ms=%.1f gflops=%.1f "
                "sgemm_gflops=%.1f ratio=%.2f rss_mb=%.0f kernels=%s peak_gflops=%.1f "
                "peak_ratio=%.2f blas_best_gflops=%.1f",
                (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->s,
                (long long)bc->d, bc->causal, t * 1e3, gflops, base, gflops / base, rss, kernels,
                peak_now, gflops / peak_now, blas_best);
+        if (bc->bf16) {
+            double fp32 = fp32_gflops(bc, case_gflops);
+            printf(" precision=bf16");
+            if (fp32 > 0)
+                printf(" fp32_ratio=%.2f", gflops / fp32);
+        }
         if (bc->l <= 4) {
             double kv = 2.0 * (double)(bc->b * bc->h * bc->s * bc->d) * sizeof(float);
             printf(" kv_gbps=%.1f mem_gbps=%.1f bw_ratio=%.2f", kv / t * 1e-9, mem_now,

@@ -139,6 +139,25 @@ static double peak_sse2(void)
     return 2.0 * 4 * PEAK_CHAINS * (double)PEAK_STEPS;
 }
 
+/* VDPBF16PS: each instruction adds 16 lanes of two bf16 products (64 flops). The operands stay
+ * fixed, so the accumulators only grow by a bounded step. */
+__attribute__((target("avx512f,avx512bf16"))) static double peak_avx512bf16(void)
+{
+    __m512 acc[PEAK_CHAINS];
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x38003800);
+    for (int j = 0; j < PEAK_CHAINS; j++)
+        acc[j] = _mm512_set1_ps((float)j);
+    for (int64_t i = 0; i < PEAK_STEPS; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < PEAK_CHAINS; j++)
+            acc[j] = _mm512_dpbf16_ps(acc[j], x, y);
+    __m512 s = acc[0];
+    for (int j = 1; j < PEAK_CHAINS; j++)
+        s = _mm512_add_ps(s, acc[j]);
+    peak_sink = _mm512_reduce_add_ps(s);
+    return 4.0 * 16 * PEAK_CHAINS * (double)PEAK_STEPS;
+}
+
 typedef struct {
     double (*loop)(void);
     double flops;
@@ -151,6 +170,8 @@ static void *peak_thread(void *p)
     return NULL;
 }
 
+static double peak_of(double (*loop)(void), int threads);
+
 double bench_peak_gflops(const char *kernels, int threads)
 {
     double (*loop)(void) = peak_sse2;
@@ -159,6 +180,20 @@ double bench_peak_gflops(const char *kernels, int threads)
         loop = peak_avx512;
     else if (strcmp(kernels, "avx2") == 0 || (strcmp(kernels, "openblas") == 0 && avx2))
         loop = peak_avx2;
+    return peak_of(loop, threads);
+}
+
+double bench_peak_bf16_gflops(int threads)
+{
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    if (strcmp(info.bf16, "avx512bf16") != 0)
+        return 0.0;
+    return peak_of(peak_avx512bf16, threads);
+}
+
+static double peak_of(double (*loop)(void), int threads)
+{
     pthread_t tid[64];
     peak_part parts[64];
     threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;

@@ -37,6 +37,10 @@ double bench_sgemm_gflops(int threads);
  * threads at once: the silicon's peak for that set, which the benchmarks divide by. */
 double bench_peak_gflops(const char *kernels, int threads);
 
+/* The same for the bf16 products the engine runs (a register VDPBF16PS loop), or 0 when the
+ * kernel set in use has none. */
+double bench_peak_bf16_gflops(int threads);
+
 /* The fastest OpenBLAS core that computes a correct 2048^3 sgemm here, on the threads that
  * bench_child_blas is given:
  * each core is tried in a child process (this program re-executed with --blas-core NAME)

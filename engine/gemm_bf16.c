@@ -1,0 +1,68 @@
+/*
+ * gemm_bf16.c - bf16 products with fp32 accumulation: the pair packing of B and the driver
+ * around the bf16 micro-kernel (gemm_bf16_avx512.c).
+ *
+ * VDPBF16PS multiplies pairs: lane j of the accumulator gains a[2i] b[2i][j] + a[2i+1]
+ * b[2i+1][j]. So B is packed with two consecutive depths of one column side by side, and A
+ * (row-major bf16, the attention's Q block or P panel, converted by the caller) is read as one
+ * 32-bit pair per broadcast. The products are short (depth D for the scores, at most one key
+ * block for P V), so there is no depth blocking: a panel of B is at most a block's keys deep.
+ */
+#include <string.h>
+
+#include "engine/kernels.h"
+
+int64_t eng__bf16_panel_stride(int64_t nr, int64_t k)
+{
+    return (k + 1) / 2 * 2 * nr;
+}
+
+size_t eng__bf16_panels_elems(int64_t nr, int64_t n, int64_t k)
+{
+    return (size_t)((n + nr - 1) / nr * eng__bf16_panel_stride(nr, k));
+}
+
+void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans, int64_t k,
+                           int64_t n, uint16_t *dst)
+{
+    const int64_t stride = eng__bf16_panel_stride(nr, k);
+    for (int64_t q = 0; q < n; q += nr, dst += stride) {
+        int64_t cols = n - q < nr ? n - q : nr;
+        if (cols < nr || k % 2)
+            memset(dst, 0, (size_t)stride * sizeof *dst);
+        for (int64_t p = 0; p < k; p++) {
+            uint16_t *row = dst + p / 2 * 2 * nr + p % 2;
+            for (int64_t j = 0; j < cols; j++) {
+                float x = b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j];
+                row[2 * j] = eng_f32_to_bf16(x);
+            }
+        }
+    }
+}
+
+void eng__sgemm_bf16(const eng__kernels *ks, const eng__gemm_bf16 *g)
+{
+    const int64_t mr = ks->mr, nr = ks->nr;
+    for (int64_t i = 0; i < g->m; i += mr) {
+        int rows = (int)(g->m - i < mr ? g->m - i : mr);
+        for (int64_t q = 0; q < g->n; q += nr) {
+            int cols = (int)(g->n - q < nr ? g->n - q : nr);
+            ks->tile_bf16(g->kp, g->a + i * g->lda, g->lda, g->b + q / nr * g->b_panel_stride,
+                          g->c + i * g->ldc + q, g->ldc, g->alpha, g->beta, rows, cols);
+        }
+    }
+}
+
+/* Bit operations only, in a loop the compiler vectorises: the emulated path rounds every
+ * probability it multiplies. */
+void eng__bf16_round_floats(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        uint32_t nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+        u = nan ? (u | 0x00400000u) & 0xFFFF0000u : rounded;
+        memcpy(&x[i], &u, sizeof u);
+    }
+}
