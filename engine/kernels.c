@@ -283,7 +283,9 @@ void eng_engine_info_get(eng_engine_info *info)
     memset(info, 0, sizeof *info);
     snprintf(info->kernels, sizeof info->kernels, "%s", k->name);
     snprintf(info->bf16, sizeof info->bf16, "%s",
-             k->tile_bf16 ? "avx512bf16" : k->tile ? "emulated" : "float32");
+             k->tile_bf16 ? "avx512bf16"
+             : k->tile    ? "emulated"
+                          : "float32");
     snprintf(info->cpu, sizeof info->cpu, "%s", cpu.model);
     snprintf(info->features, sizeof info->features, "%s", cpu.features);
     const char *core = openblas_get_corename();

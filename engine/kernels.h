@@ -35,8 +35,8 @@ typedef void (*eng__tile_bf16_fn)(int64_t kp, const uint16_t *a, int64_t lda, co
 typedef void (*eng__to_bf16_fn)(const float *x, int64_t n, uint16_t *dst);
 
 typedef struct {
-    const char *name;        /* "avx512", "avx2", "generic" or "openblas" */
-    eng__tile_fn tile;       /* NULL for openblas */
+    const char *name;  /* "avx512", "avx2", "generic" or "openblas" */
+    eng__tile_fn tile; /* NULL for openblas */
     /* bf16 products (VDPBF16PS), NULL where the CPU lacks them or they are slow: bf16
      * requests then round their operands for `tile`. Same MR and NR as `tile`. */
     eng__tile_bf16_fn tile_bf16;

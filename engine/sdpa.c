@@ -27,7 +27,7 @@
 #define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
 #define BC_MIN    64  /* keys per block, bounds of the L2-derived size */
 #define BC_MAX    1024
-#define GEMV_ROWS 2  /* at most this many query rows: matrix-vector products instead */
+#define GEMV_ROWS 2 /* at most this many query rows: matrix-vector products instead */
 /* Query rows per product with the openblas set, which has no register tile: the causal
  * diagonal is trimmed per panel of this many rows (the kernel sets use their tile's MR). */
 #define BLAS_PANEL_ROWS 32
@@ -545,8 +545,8 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
     }
     if (rows <= p->gemv_rows) {
         for (int64_t r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv,
-                        s + r * lds, 1, 1.0f, o + r * ldo, 1);
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv, s + r * lds,
+                        1, 1.0f, o + r * ldo, 1);
         return;
     }
     eng__gemm g = {.m = rows,
@@ -868,9 +868,9 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
 /* o[rows x Dv] += P V for the panel's probabilities in s (row stride lds) and keys
  * [j0 + c0, j0 + c0 + n). With bf16, P is rounded first: in place for the fp32 kernel, or into
  * the task's P panel for VDPBF16PS. */
-static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int64_t j0,
-                         int64_t c0, int64_t n, const block_panels *bp, float *s, int64_t lds,
-                         float *o, int64_t ldo, const float *scratch)
+static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int64_t j0, int64_t c0,
+                         int64_t n, const block_panels *bp, float *s, int64_t lds, float *o,
+                         int64_t ldo, const float *scratch)
 {
     const eng_sdpa_args *a = p->a;
     const int64_t hk = h / p->group, nr = p->ks->nr;
@@ -909,8 +909,8 @@ static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int6
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
  * arrives late) recomputes that row's scores and rebases it on the new maximum. */
-static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows,
-                               int64_t ti, int64_t j0, int64_t c0, int64_t n, key_kind kind,
+static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows, int64_t ti,
+                               int64_t j0, int64_t c0, int64_t n, key_kind kind,
                                const block_panels *bp, float *o, int64_t ldo, float *m, float *l,
                                float *s, int64_t lds, float *scratch)
 {
@@ -1340,8 +1340,8 @@ static void prepack_task(void *arg, int64_t index)
     if (p->bf16_native) {
         eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
                               p->kpack16 + index * p->kpack_head);
-        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S,
-                              p->Dv, p->vpack16 + index * p->vpack_head);
+        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
+                              p->vpack16 + index * p->vpack_head);
         return;
     }
     eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
@@ -1485,8 +1485,7 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
 
 eng_precision eng_sdpa_precision(const eng_sdpa_args *a)
 {
-    if (a->precision == ENG_PRECISION_BFLOAT16 && !a->additive_w_q &&
-        eng__kernels_current()->tile)
+    if (a->precision == ENG_PRECISION_BFLOAT16 && !a->additive_w_q && eng__kernels_current()->tile)
         return ENG_PRECISION_BFLOAT16;
     return ENG_PRECISION_FLOAT32;
 }

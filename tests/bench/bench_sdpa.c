@@ -41,8 +41,7 @@ static const bench_case cases[] = {
     {4, 16, 1024, 1024, 64, false, false},  {4, 16, 1024, 1024, 64, true, false},
     {1, 8, 256, 8192, 64, false, false},  /* cross-attention */
     {1, 32, 1, 32768, 128, false, false}, /* decode: one new token against a long cache */
-    {1, 1, 65536, 65536, 64, true, false},
-    {1, 8, 8192, 8192, 64, false, true},
+    {1, 1, 65536, 65536, 64, true, false},  {1, 8, 8192, 8192, 64, false, true},
     {1, 8, 2048, 2048, 128, false, false},  {1, 8, 2048, 2048, 128, false, true},
     {1, 8, 8192, 8192, 128, false, false},  {1, 8, 8192, 8192, 128, false, true},
     {1, 8, 8192, 8192, 128, true, false},   {1, 8, 8192, 8192, 128, true, true},

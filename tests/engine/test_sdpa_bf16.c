@@ -196,12 +196,11 @@ static void check_case(const bf16_case *c, uint64_t seed)
     for (int64_t i = 0; i < c->B * c->H * c->L; i++) {
         double e = want->lse[i], g = d.lse[i];
         if (isinf(e)) {
-            CHECKF(isinf(g) && g < 0, "[%s] lse row %lld: %g, want -inf", c->name, (long long)i,
-                   g);
+            CHECKF(isinf(g) && g < 0, "[%s] lse row %lld: %g, want -inf", c->name, (long long)i, g);
             continue;
         }
-        CHECKF(fabs(g - e) <= 1e-4 * (1.0 + fabs(e)), "[%s] lse row %lld: %.7g, want %.7g",
-               c->name, (long long)i, g, e);
+        CHECKF(fabs(g - e) <= 1e-4 * (1.0 + fabs(e)), "[%s] lse row %lld: %.7g, want %.7g", c->name,
+               (long long)i, g, e);
     }
     if (c->weights) {
         double worst = 0.0;
@@ -290,8 +289,8 @@ static void test_bf16_products_on_ragged_sizes(void)
                 int64_t rows = (m + ks->mr - 1) / ks->mr * ks->mr;
                 uint16_t *a = xcalloc((size_t)(rows * lda), sizeof *a);
                 float *bf = xcalloc((size_t)(k * n), sizeof *bf);
-                uint16_t *bp = aligned_alloc(64, (eng__bf16_panels_elems(ks->nr, n, k) * 2 + 63) /
-                                                     64 * 64);
+                uint16_t *bp =
+                    aligned_alloc(64, (eng__bf16_panels_elems(ks->nr, n, k) * 2 + 63) / 64 * 64);
                 float *c = xcalloc((size_t)(m * ldc), sizeof *c);
                 for (int64_t i = 0; i < m; i++)
                     for (int64_t p = 0; p < k; p++)
@@ -299,8 +298,8 @@ static void test_bf16_products_on_ragged_sizes(void)
                 for (int64_t i = 0; i < k * n; i++)
                     bf[i] = rng_sym(&rng, 1.0);
                 eng__bf16_pack_panels(ks->nr, bf, n, false, k, n, bp);
-                eng__gemm_bf16 g = {m, n, kp, 0.5f, 0.0f, a, lda, bp,
-                                    eng__bf16_panel_stride(ks->nr, k), c, ldc};
+                eng__gemm_bf16 g = {
+                    m, n, kp, 0.5f, 0.0f, a, lda, bp, eng__bf16_panel_stride(ks->nr, k), c, ldc};
                 eng__sgemm_bf16(ks, &g);
                 double worst = 0.0;
                 for (int64_t i = 0; i < m; i++)

@@ -144,7 +144,8 @@ static double peak_sse2(void)
 __attribute__((target("avx512f,avx512bf16"))) static double peak_avx512bf16(void)
 {
     __m512 acc[PEAK_CHAINS];
-    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x38003800);
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80),
+             y = (__m512bh)_mm512_set1_epi32(0x38003800);
     for (int j = 0; j < PEAK_CHAINS; j++)
         acc[j] = _mm512_set1_ps((float)j);
     for (int64_t i = 0; i < PEAK_STEPS; i++)
