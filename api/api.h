@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/status.h"
 #include "engine/engine.h"
 
 /* ---- Limits and the memory budget --------------------------------------------------------- */
@@ -201,18 +202,19 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
  * an unknown model. */
 void api_mha(const api_call *call, api_reply *reply);
 
-typedef enum {
-    API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
-    API_ERRORS_V2,         /* {"error": "message"}; an invalid request (422 natively) is 400, as
-                              Triton and KServe answer INVALID_ARG */
-} api_error_style;
-
 /* Fills `reply` (which need not be initialised) with an error body in `style` for failures
  * found outside the routes (unknown route, wrong method, body over the cap, queue full...):
  * the server's refusals on /v2 paths take the KServe form. `field` may be NULL (the v2 form has
- * none). The native "code" follows from `status` ("too_large" for 413, "overloaded" for
- * 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
-void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
+ * none). The reply's HTTP code is api_status_http(style, status) and the native "code" is
+ * api_status_name(status); 429 and 503 get retry_after_s = 1, which the caller may change. */
+void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,
+                            api_reason reason, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* api_reply_error_status for a native HTTP code `http`, as server/ passes them: the status of
+ * status.h with that native code (sent as that status is in `style`), or, for a code with no
+ * status, `http` itself with the code word "internal" (5xx) or "bad_request". */
+void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
                      const char *field, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */

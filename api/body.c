@@ -593,19 +593,20 @@ static void json_path_at(const char *body, size_t pos, char *out, size_t outlen)
 static int parse_error(const char *body, const json_error_t *jerr, api_error *err)
 {
     if (json_error_code(jerr) == json_error_out_of_memory)
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL,
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
                              "out of memory while parsing the request body");
     if (json_error_code(jerr) == json_error_numeric_overflow && jerr->position >= 0) {
         /* JSON itself sets no range on numbers (RFC 8259 section 6): the text is well-formed,
          * the value is out of range, as for any other field (DESIGN.md section 3). */
         char field[128];
         json_path_at(body, (size_t)jerr->position, field, sizeof field);
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field[0] ? field : NULL,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+                             field[0] ? field : NULL,
                              "the number at line %d, column %d is beyond the range of a 64-bit "
                              "integer (integers) or of a double (others): %s",
                              jerr->line, jerr->column, jerr->text);
     }
-    return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
+    return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
                          "malformed JSON: %s at line %d, column %d (byte %d)", jerr->text,
                          jerr->line, jerr->column, jerr->position);
 }
@@ -645,7 +646,7 @@ int api_body_parse(api_body *b, const char *body, size_t len, api_body_scan *sca
     }
     if (!json_is_object(b->root)) {
         api_body_free(b);
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, NULL,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, NULL,
                              "the request body must be a JSON object");
     }
     return 0;

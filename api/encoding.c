@@ -150,7 +150,7 @@ static int grow(char **buf, size_t *cap, size_t want, api_budget *budget, size_t
         size_t total = api_budget_total(budget);
         size_t holding = held > SIZE_MAX - *reserved ? SIZE_MAX : held + *reserved;
         if (extra > total || holding > total - extra)
-            return api_error_set(err, 413, API_REASON_MEMORY, NULL,
+            return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
                                  "the decompressed body needs more memory than "
                                  "--max-memory-bytes (%zu) allows",
                                  total);
@@ -159,19 +159,19 @@ static int grow(char **buf, size_t *cap, size_t want, api_budget *budget, size_t
             *reserved += extra;
             break;
         case API_BUDGET_NEVER:
-            return api_error_set(err, 413, API_REASON_MEMORY, NULL,
+            return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
                                  "the decompressed body needs more memory than "
                                  "--max-memory-bytes (%zu) allows",
                                  total);
         case API_BUDGET_NOT_NOW:
-            return api_error_set(err, 429, API_REASON_MEMORY, NULL,
+            return api_error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
                                  "the memory budget (--max-memory-bytes) is in use by other "
                                  "requests; retry shortly");
         }
     }
     char *p = realloc(*buf, want);
     if (!p)
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL,
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
                              "out of memory for a decompressed body of %zu bytes", want);
     *buf = p;
     *cap = want;
@@ -180,7 +180,7 @@ static int grow(char **buf, size_t *cap, size_t want, api_budget *budget, size_t
 
 static int stream_error(api_coding coding, const z_stream *zs, const char *what, api_error *err)
 {
-    return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
+    return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
                          "the %s body is %s (at compressed byte %lu%s%s)", coding_name(coding),
                          what, (unsigned long)zs->total_in, zs->msg ? ": " : "",
                          zs->msg ? zs->msg : "");
@@ -212,7 +212,8 @@ static int inflate_pass(api_coding coding, int wbits, const char *src, size_t n,
     *header_bad = false;
     memset(&zs, 0, sizeof zs);
     if (inflateInit2(&zs, wbits) != Z_OK)
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for inflate");
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                             "out of memory for inflate");
     for (;;) {
         if (len == cap) {
             /* The cap plus one byte: a stream that fills it is beyond the limit. */
@@ -220,7 +221,7 @@ static int inflate_pass(api_coding coding, int wbits, const char *src, size_t n,
             if (len > max) {
                 inflateEnd(&zs);
                 free(buf);
-                return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+                return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                                      "the body decompresses to more than the %zu bytes that "
                                      "--max-body-bytes allows",
                                      max);
@@ -256,7 +257,7 @@ static int inflate_pass(api_coding coding, int wbits, const char *src, size_t n,
             inflateEnd(&zs);
             if (len > max) {
                 free(buf);
-                return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+                return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                                      "the body decompresses to more than the %zu bytes that "
                                      "--max-body-bytes allows",
                                      max);
@@ -276,7 +277,8 @@ static int inflate_pass(api_coding coding, int wbits, const char *src, size_t n,
             break;
         }
         if (rc == Z_MEM_ERROR) {
-            api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for inflate");
+            api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                          "out of memory for inflate");
             break;
         }
         if (rc != Z_OK && rc != Z_BUF_ERROR) {
@@ -298,7 +300,8 @@ int api_inflate(api_coding coding, const char *src, size_t n, size_t max, api_bu
     *out_len = 0;
     *reserved = 0;
     if (coding != API_CODING_GZIP && coding != API_CODING_DEFLATE)
-        return api_error_set(err, 500, API_REASON_INTERNAL, NULL, "api_inflate: not a coding");
+        return api_error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
+                             "api_inflate: not a coding");
     if (max >= SIZE_MAX - 1)
         max = SIZE_MAX - 2;
     /* HTTP's deflate is the zlib format, but some clients send raw deflate: try that when the
@@ -318,7 +321,8 @@ int api_inflate(api_coding coding, const char *src, size_t n, size_t max, api_bu
             memset(err, 0, sizeof *err);
             return 0;
         }
-        if (raw_err.status == 413 || raw_err.status == 429 || raw_err.status == 503) {
+        if (raw_err.status == API_STATUS_TOO_LARGE || raw_err.status == API_STATUS_OVERLOADED ||
+            raw_err.status == API_STATUS_UNAVAILABLE) {
             memset(err, 0, sizeof *err);
             *err = raw_err;
         }
@@ -381,13 +385,13 @@ static void reply_from_error(api_reply *reply, api_error_style style, const api_
  * successful replies: error bodies are small, and clients read them on paths that do not
  * decompress (tritonclient's error path decodes the raw bytes as UTF-8, and aiohttp always
  * sends Accept-Encoding), so Triton, too, compresses only successful inference replies. */
-static void compress_reply(const api_call *call, api_reply *reply)
+static void compress_reply(const api_call *call, api_error_style style, api_reply *reply)
 {
     api_coding coding = api_accept_encoding_pick(call->accept_encoding);
     char *packed;
     size_t packed_len;
     if (coding == API_CODING_IDENTITY || !reply->body || reply->body_len == 0 ||
-        reply->status != 200)
+        reply->status != api_status_http(style, API_STATUS_OK))
         return;
     /* Both bodies exist for a moment: reserve the compressed one's worst case, or send the
      * reply as it is (compression is a favour, not a reason to fail). */
@@ -418,7 +422,7 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
     api_error err;
     memset(&err, 0, sizeof err);
     if (coding == API_CODING_UNKNOWN) {
-        api_error_set(&err, 415, API_REASON_BAD_REQUEST, NULL,
+        api_error_set(&err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
                       "unsupported Content-Encoding \"%.64s\": send gzip, deflate or identity",
                       call->content_encoding);
         reply_from_error(reply, style, &err);
@@ -426,7 +430,7 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
     }
     if (coding == API_CODING_IDENTITY) {
         route(call, reply);
-        compress_reply(call, reply);
+        compress_reply(call, style, reply);
         return;
     }
 
@@ -454,5 +458,5 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
     free(plain);
     if (call->budget && reserved)
         api_budget_release(call->budget, reserved);
-    compress_reply(call, reply);
+    compress_reply(call, style, reply);
 }

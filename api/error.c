@@ -1,8 +1,9 @@
 /*
  * error.c - failures as values (api_error) and as native error replies.
  *
- * Every failure the API reports becomes {"error": {"code", "message", "field"}}: "code" is a
- * stable machine-readable word derived from the HTTP status, "message" one sentence for a
+ * Every failure the API reports becomes {"error": {"code", "message", "field"}} (v2:
+ * {"error": "message"}), sent with the HTTP code its status (status.h) has in the protocol's
+ * style: "code" is the status's stable machine-readable word, "message" one sentence for a
  * person (naming the flag when a limit was hit), "field" the JSON path of the offending part
  * of the request, or null. This file is also where the reasons of the rejection metric get
  * their names and where the default limits live.
@@ -39,54 +40,59 @@ const char *api_reason_str(api_reason reason)
     return "unknown";
 }
 
-/* Status -> the "code" word of the error body. */
 static const struct {
-    int status;
-    const char *code;
-} status_codes[] = {
-    {400, "malformed_request"},
-    {401, "unauthenticated"},
-    {404, "not_found"},
-    {405, "method_not_allowed"},
-    {408, "request_timeout"},
-    {411, "length_required"},
-    {413, "too_large"},
-    {415, "unsupported_media_type"},
-    {422, "invalid_argument"},
-    {429, "overloaded"},
-    {API_STATUS_CLIENT_CLOSED, "cancelled"},
-    {500, "internal"},
-    {501, "not_implemented"},
-    {503, "unavailable"},
-    {504, "deadline_exceeded"},
+    int http[2]; /* by api_error_style */
+    const char *name;
+    bool retry;
+} statuses[] = {
+#define API_STATUS_ROW(name, native, v2, code, retry) {{native, v2}, code, retry},
+    API_STATUS_LIST(API_STATUS_ROW)
+#undef API_STATUS_ROW
 };
 
-const char *api_status_code(int status)
+int api_status_http(api_error_style style, api_status status)
 {
-    for (size_t i = 0; i < sizeof status_codes / sizeof status_codes[0]; i++)
-        if (status_codes[i].status == status)
-            return status_codes[i].code;
-    return status >= 500 ? "internal" : "bad_request";
+    return statuses[status].http[style == API_ERRORS_V2];
 }
 
-static int error_vset(api_error *err, int status, api_reason reason, const char *field,
+const char *api_status_name(api_status status)
+{
+    return statuses[status].name;
+}
+
+bool api_status_retry(api_status status)
+{
+    return statuses[status].retry;
+}
+
+bool api_status_from_http(int http, api_status *out)
+{
+    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+        if (statuses[i].http[API_ERRORS_NATIVE] == http) {
+            *out = (api_status)i;
+            return true;
+        }
+    return false;
+}
+
+static int error_vset(api_error *err, api_status status, api_reason reason, const char *field,
                       const char *fmt, va_list ap) __attribute__((format(printf, 5, 0)));
 
-static int error_vset(api_error *err, int status, api_reason reason, const char *field,
+static int error_vset(api_error *err, api_status status, api_reason reason, const char *field,
                       const char *fmt, va_list ap)
 {
-    if (err->status != 0)
+    if (err->status != API_STATUS_OK)
         return -1;
     err->status = status;
     err->reason = reason;
-    err->retry_after_s = (status == 429 || status == 503) ? 1 : 0;
+    err->retry_after_s = api_status_retry(status) ? 1 : 0;
     snprintf(err->field, sizeof err->field, "%s", field ? field : "");
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     return -1;
 }
 
-int api_error_set(api_error *err, int status, api_reason reason, const char *field, const char *fmt,
-                  ...)
+int api_error_set(api_error *err, api_status status, api_reason reason, const char *field,
+                  const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -95,17 +101,11 @@ int api_error_set(api_error *err, int status, api_reason reason, const char *fie
     return -1;
 }
 
-/* The HTTP status of `status` in a protocol's style: the native API tells a well-formed but
- * invalid request (422) from one it could not read (400); the Open Inference Protocol has
- * one INVALID_ARG, which Triton and KServe send as 400, and v2 clients expect that. */
-static int styled_status(api_error_style style, int status)
-{
-    return style == API_ERRORS_V2 && status == 422 ? 400 : status;
-}
-
-/* Builds the body into `reply`. When even that allocation fails the body stays NULL (the
- * server then sends the status with an empty body): there is nothing better left to do. */
-void api_reply_from_error(api_reply *reply, api_error_style style, const api_error *err)
+/* Builds the body of `err` into `reply`, sent as `http` with the native code word `code`. When
+ * even that allocation fails the body stays NULL (the server then sends the status with an
+ * empty body): there is nothing better left to do. */
+static void reply_write(api_reply *reply, api_error_style style, int http, const char *code,
+                        const api_error *err)
 {
     api_jsonw w;
     api_jsonw_init(&w, 4096);
@@ -115,7 +115,6 @@ void api_reply_from_error(api_reply *reply, api_error_style style, const api_err
         api_jsonw_cstr(&w, "}\n");
     } else {
         api_jsonw_cstr(&w, "{\"error\":{\"code\":");
-        const char *code = api_status_code(err->status);
         api_jsonw_string(&w, code, strlen(code));
         api_jsonw_cstr(&w, ",\"message\":");
         api_jsonw_string(&w, err->message, strlen(err->message));
@@ -128,7 +127,7 @@ void api_reply_from_error(api_reply *reply, api_error_style style, const api_err
     }
 
     eng_buf_free(reply->body);
-    reply->status = styled_status(style, err->status);
+    reply->status = http;
     reply->content_type = "application/json";
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;
@@ -143,8 +142,14 @@ void api_reply_from_error(api_reply *reply, api_error_style style, const api_err
     }
 }
 
-void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
-                     const char *field, const char *fmt, ...)
+void api_reply_from_error(api_reply *reply, api_error_style style, const api_error *err)
+{
+    reply_write(reply, style, api_status_http(style, err->status), api_status_name(err->status),
+                err);
+}
+
+void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,
+                            api_reason reason, const char *field, const char *fmt, ...)
 {
     api_error err = {0};
     va_list ap;
@@ -154,6 +159,25 @@ void api_reply_error(api_reply *reply, api_error_style style, int status, api_re
     /* The reply may be uninitialised: the caller hands us a fresh struct. */
     memset(reply, 0, sizeof *reply);
     api_reply_from_error(reply, style, &err);
+}
+
+void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
+                     const char *field, const char *fmt, ...)
+{
+    /* A code outside the list keeps its number and gets the code word of its class; the status
+     * stored for it (no Retry-After) is a placeholder that only marks `err` as filled. */
+    api_status status = API_STATUS_INTERNAL;
+    bool known = api_status_from_http(http, &status);
+    api_error err = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(&err, status, reason, field, fmt, ap);
+    va_end(ap);
+    memset(reply, 0, sizeof *reply);
+    if (known)
+        api_reply_from_error(reply, style, &err);
+    else
+        reply_write(reply, style, http, http >= 500 ? "internal" : "bad_request", &err);
 }
 
 void api_reply_free(api_reply *reply)

@@ -22,7 +22,8 @@ int api_field_invalid(api_error *err, const char *field, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return api_error_set(err, 422, API_REASON_BAD_REQUEST, field, "%s", msg);
+    return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                         msg);
 }
 
 int api_field_int(const json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
@@ -256,8 +257,9 @@ bool api_field_json_type(const char *ct)
 int api_field_writer_error(const api_jsonw *w, api_error *err)
 {
     if (w->state == API_JSONW_NOMEM)
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
-    return api_error_set(err, 500, API_REASON_INTERNAL, NULL,
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                             "out of memory for the reply");
+    return api_error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
                          "the reply outgrew its estimated size (%zu bytes)", w->max);
 }
 
@@ -359,11 +361,11 @@ int api_field_json_body(const api_req *rq, api_error *err)
 {
     const api_call *call = rq->call;
     if (!api_field_json_type(call->content_type))
-        return api_error_set(err, 415, API_REASON_BAD_REQUEST, NULL,
+        return api_error_set(err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
                              "Content-Type \"%.80s\" is not supported; send application/json",
                              call->content_type);
     if (call->body_len > rq->limits.max_body_bytes)
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
                              "allows",
                              call->body_len, rq->limits.max_body_bytes);

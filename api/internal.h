@@ -41,7 +41,7 @@
 /* ---- Errors ------------------------------------------------------------------------------ */
 
 typedef struct {
-    int status;        /* HTTP status; 0 while there is no error */
+    api_status status; /* API_STATUS_OK while there is no error */
     api_reason reason; /* for the rejection metric */
     int retry_after_s; /* > 0: the reply carries Retry-After */
     char field[128];   /* JSON-path-like name of the offending field, "" for none */
@@ -50,12 +50,8 @@ typedef struct {
 
 /* Fills `err` and returns -1, so that a check reads `return api_error_set(err, ...)`. `field`
  * may be NULL. The first error wins: a second call on a filled `err` changes nothing. */
-int api_error_set(api_error *err, int status, api_reason reason, const char *field, const char *fmt,
-                  ...) __attribute__((format(printf, 5, 6)));
-
-/* The machine-readable "code" of the native error body for an HTTP status
- * ("invalid_argument" for 422, ...); never NULL. */
-const char *api_status_code(int status);
+int api_error_set(api_error *err, api_status status, api_reason reason, const char *field,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Turns `err` into an error reply in `style` (api.h), freeing any body `reply` held; its other
  * fields must be initialised. */

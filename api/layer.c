@@ -54,7 +54,7 @@ static size_t input_count(const api_layer_req *r, bool *overflow)
 
 static int too_many(const api_layer *s, size_t in, size_t out, bool overflow, api_error *err)
 {
-    return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+    return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                          "the request has %zu input (inline weights included) and %s%zu output "
                          "elements, more than the %zu that --max-elements allows",
                          in, overflow ? "over " : "", overflow ? SIZE_MAX : out,
@@ -98,11 +98,14 @@ static int layer_error(eng_status st, const eng_error *e, api_error *err)
         snprintf(field, sizeof field, "weights");
     switch (st) {
     case ENG_ETOOBIG:
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, field, "%s", e->message);
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
+                             e->message);
     case ENG_ENOMEM:
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory: %s", e->message);
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                             "out of memory: %s", e->message);
     default:
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field, "%s", e->message);
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                             e->message);
     }
 }
 
@@ -132,8 +135,8 @@ static int build_inline_layer(api_layer *s, api_error *err)
         const api_tensor *t = &r->wt[i];
         bufs[i] = api_aligned_alloc(t->count * sizeof(float));
         if (!bufs[i]) {
-            api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for %s",
-                          r->wt_field[i]);
+            api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                          "out of memory for %s", r->wt_field[i]);
             goto done;
         }
         if (api_tensor_decode(&s->rq->body, t, API_ELEM_FLOAT, 0, bufs[i], r->wt_field[i],
@@ -172,7 +175,7 @@ static int find_layer(api_layer *s, api_error *err)
         l = s->rq->call->models ? api_models_find(s->rq->call->models, r->model ? r->model : "")
                                 : NULL;
         if (!l)
-            return api_error_set(err, 404, API_REASON_BAD_REQUEST, "model",
+            return api_error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
                                  "no model \"%.64s\"; GET /v1/models lists them",
                                  r->model ? r->model : "");
     }

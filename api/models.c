@@ -148,7 +148,7 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
     if (!l) {
         api_error err;
         memset(&err, 0, sizeof err);
-        api_error_set(&err, 404, API_REASON_BAD_REQUEST, NULL,
+        api_error_set(&err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
                       "no model \"%.64s\"; GET /v1/models lists them", name ? name : "");
         api_reply_from_error(reply, API_ERRORS_NATIVE, &err);
         return;

@@ -57,7 +57,7 @@ int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api
     holding =
         holding > SIZE_MAX - rq->call->budget_held ? SIZE_MAX : holding + rq->call->budget_held;
     if (bytes > total || holding > total - bytes)
-        return api_error_set(err, 413, API_REASON_MEMORY, NULL,
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
                              "the request needs about %.1f MiB (%s), more than the %.1f MiB "
                              "that --max-memory-bytes allows",
                              mib(holding > SIZE_MAX - bytes ? SIZE_MAX : holding + bytes), what,
@@ -72,11 +72,12 @@ int api_req_reserve(api_req *rq, size_t bytes, bool parse, const char *what, api
     case API_BUDGET_NEVER:
         break;
     case API_BUDGET_NOT_NOW:
-        return api_error_set(err, 429, API_REASON_MEMORY, NULL,
+        return api_error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
                              "the memory budget (--max-memory-bytes) is in use by other "
                              "requests; retry shortly");
     }
-    return api_error_set(err, 500, API_REASON_INTERNAL, NULL, "memory budget inconsistent");
+    return api_error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
+                         "memory budget inconsistent");
 }
 
 int api_req_reserve_run(api_req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
@@ -95,12 +96,13 @@ void api_reply_json(api_reply *reply, api_jsonw *w, api_error_style style)
 {
     if (w->state != API_JSONW_OK) {
         api_error err = {0};
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
+        api_error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                      "out of memory for the reply");
         api_reply_from_error(reply, style, &err);
         api_jsonw_free(w);
         return;
     }
-    reply->status = 200;
+    reply->status = api_status_http(style, API_STATUS_OK);
     reply->content_type = "application/json";
     reply->reason = API_REASON_NONE;
     reply->body = w->data;
@@ -150,7 +152,7 @@ void api_req_serve(const api_req_steps *steps, void *job, const api_call *call, 
     memset(&err, 0, sizeof err);
     memset(reply, 0, sizeof *reply);
     if (!job) {
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
+        api_error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL, "out of memory");
         api_reply_from_error(reply, API_ERRORS_NATIVE, &err);
         return;
     }
@@ -193,13 +195,14 @@ void *api_req_alloc(api_req *rq, size_t bytes, api_error *err)
 {
     void *p;
     if (rq->n_owned == API_REQ_MAX_OWNED) {
-        api_error_set(err, 500, API_REASON_INTERNAL, NULL, "too many buffers for one request");
+        api_error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
+                      "too many buffers for one request");
         return NULL;
     }
     p = eng_buf_alloc(bytes); /* big ones reuse the pages of an earlier request */
     if (!p) {
-        api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for a buffer of %zu bytes",
-                      bytes);
+        api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                      "out of memory for a buffer of %zu bytes", bytes);
         return NULL;
     }
     rq->owned[rq->n_owned++] = p;
@@ -256,10 +259,10 @@ int api_req_check_ctl(api_req *rq, api_error *err)
     case ENG_OK:
         return 0;
     case ENG_ECANCELLED:
-        return api_error_set(err, API_STATUS_CLIENT_CLOSED, API_REASON_CANCELLED, NULL,
+        return api_error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
                              "the request was cancelled");
     default:
-        return api_error_set(err, 504, API_REASON_DEADLINE, NULL,
+        return api_error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
                              "the request did not finish within its deadline of %lld ms "
                              "(--request-timeout-ms, or timeout_ms)",
                              (long long)((rq->ctl->deadline_ns - rq->start_ns) / 1000000));
@@ -282,30 +285,34 @@ int api_req_engine_error(api_req *rq, eng_status st, const eng_error *e, const c
     case ENG_OK:
         return 0;
     case ENG_EINVAL:
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field, "%s", e->message);
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                             e->message);
     case ENG_ENONFINITE:
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field ? field : "output",
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+                             field ? field : "output",
                              "%s (inputs too large for float32 arithmetic?)", e->message);
     case ENG_ETOOBIG:
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, field, "%s", e->message);
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
+                             e->message);
     case ENG_ENOMEM:
-        return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory: %s", e->message);
+        return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                             "out of memory: %s", e->message);
     case ENG_ECANCELLED:
     case ENG_EDEADLINE:
         if (api_req_check_ctl(rq, err) != 0)
             return -1;
         /* The engine saw what eng_ctl_check no longer does: trust the engine. */
         return st == ENG_ECANCELLED
-                   ? api_error_set(err, API_STATUS_CLIENT_CLOSED, API_REASON_CANCELLED, NULL,
+                   ? api_error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
                                    "the request was cancelled")
-                   : api_error_set(err, 504, API_REASON_DEADLINE, NULL,
+                   : api_error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
                                    "the request did not finish within its deadline");
     case ENG_EIO:
     case ENG_EFORMAT:
         break;
     }
-    return api_error_set(err, 500, API_REASON_INTERNAL, field, "engine: %s: %s", eng_status_str(st),
-                         e->message);
+    return api_error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, field, "engine: %s: %s",
+                         eng_status_str(st), e->message);
 }
 
 /* Edit distance: names are short, so the quadratic table is fine. */

@@ -193,7 +193,7 @@ static int check_elements(const api_sdpa *s, api_error *err)
     size_t total = in;
     overflow |= !add_size(&total, out);
     if (overflow || total > max)
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                              "the request has %zu input and %s%zu output elements (weights "
                              "included), more than the %zu that --max-elements allows",
                              in, overflow ? "over " : "", overflow ? SIZE_MAX : out, max);

@@ -134,7 +134,7 @@ static int shape_count(const int64_t *shape, int rank, const char *field, size_t
     for (int d = 0; d < rank; d++) {
         if ((uint64_t)shape[d] > SIZE_MAX || __builtin_mul_overflow(n, (size_t)shape[d], &n) ||
             n > max_elements)
-            return api_error_set(err, 413, API_REASON_TOO_LARGE, field,
+            return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
                                  "%s has more than %zu elements, the limit set by "
                                  "--max-elements",
                                  field, max_elements);
@@ -148,29 +148,29 @@ int api_shape_parse(const json_t *v, const char *field, size_t max_elements, int
 {
     char name[160];
     if (!json_is_array(v))
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s must be an array of positive integers, found %s", field,
                              json_kind(v));
     size_t n = json_array_size(v);
     if (n == 0)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s is empty: scalars are not tensors here, use [1]", field);
     if (n > API_MAX_RANK)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s has %zu dimensions; at most %d are supported", field, n,
                              API_MAX_RANK);
     for (size_t i = 0; i < n; i++) {
         const json_t *d = json_array_get(v, i);
         snprintf(name, sizeof name, "%s[%zu]", field, i);
         if (json_is_real(d))
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be an integer, found %.17g", name, json_real_value(d));
         if (!json_is_integer(d))
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be a positive integer, found %s", name, json_kind(d));
         json_int_t x = json_integer_value(d);
         if (x <= 0)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be a positive integer, found %lld", name, (long long)x);
         shape[i] = (int64_t)x;
     }
@@ -190,7 +190,7 @@ static int text_dtype(const api_body *b, const json_t *x, const char *where, api
     else if (json_is_number(x) || json_is_null(x) || api_body_nonfinite(b, x, &ignored))
         *dtype = API_DTYPE_FLOAT32;
     else
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, where,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, where,
                              "%s must be a number or a boolean, found %s", where, json_kind(x));
     return 0;
 }
@@ -204,11 +204,11 @@ static int probe_nested(const api_body *b, const json_t *v, const char *field, s
     snprintf(where, sizeof where, "%s", field);
     while (json_is_array(cur)) {
         if (rank == API_MAX_RANK)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                                  "%s is nested more than %d levels deep", field, API_MAX_RANK);
         size_t n = json_array_size(cur);
         if (n == 0)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, where,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, where,
                                  "%s is an empty array: every dimension must be positive", where);
         t->shape[rank++] = (int64_t)n;
         cur = json_array_get(cur, 0);
@@ -231,11 +231,11 @@ static int dtype_match(api_dtype given, api_dtype found, const char *field, api_
         return 0;
     snprintf(name, sizeof name, "%s.dtype", field);
     if (given == API_DTYPE_FLOAT16 || given == API_DTYPE_BFLOAT16)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s \"%s\" applies to base64 data; \"data\" holds JSON numbers, "
                              "read as float32",
                              name, api_dtype_name(given));
-    return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+    return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                          "%s is \"%s\" but \"data\" holds %s", name, api_dtype_name(given),
                          found == API_DTYPE_BOOL ? "booleans" : "numbers");
 }
@@ -260,7 +260,7 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
             b64 = val;
         else {
             snprintf(name, sizeof name, "%s.%s", field, key);
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "unknown key \"%.40s\" in tensor %s: a tensor object has "
                                  "\"shape\" and either \"data\" or \"dtype\" and \"base64\"",
                                  key, field);
@@ -268,20 +268,20 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
     }
     snprintf(name, sizeof name, "%s.shape", field);
     if (!shape)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s is missing: a tensor object needs a shape", name);
     const api_body_span *shape_span = api_body_span_of(b, shape);
     if (shape_span && shape_span->kind == API_SPAN_NUMBERS)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s has %zu dimensions; at most %d are supported", name,
                              shape_span->count, API_MAX_RANK);
     if (api_shape_parse(shape, name, max_elements, t->shape, &t->rank, &t->count, err) != 0)
         return -1;
     if (data && b64)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s has both \"data\" and \"base64\"; give one", field);
     if (!data && !b64)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s needs \"data\" (numbers) or \"base64\" (with \"dtype\")", field);
 
     bool dtype_given = dtype != NULL;
@@ -290,7 +290,7 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
         const char *s;
         size_t n;
         if (!api_body_string_get(b, dtype, &s, &n) || !dtype_parse(s, n, &t->dtype))
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be one of \"float32\", \"float16\", \"bfloat16\", "
                                  "\"bool\"",
                                  name);
@@ -299,13 +299,13 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
     if (b64) {
         t->form = API_FORM_BASE64;
         if (!dtype_given)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s is missing: base64 data needs a dtype (\"float32\", "
                                  "\"float16\", \"bfloat16\" or \"bool\")",
                                  name);
         snprintf(name, sizeof name, "%s.base64", field);
         if (!api_body_string_get(b, b64, &t->b64, &t->b64_len))
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be a string, found %s", name, value_kind(b, b64));
         return 0;
     }
@@ -321,27 +321,27 @@ static int probe_object(const api_body *b, const json_t *v, const char *field, s
         t->numbers = sp;
         t->dtype = API_DTYPE_FLOAT32;
         if (sp->count != t->count)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s has %zu elements but the shape holds %zu", name,
                                  (size_t)sp->shape[0], t->count);
         if (sp->rank != 1) {
             snprintf(name, sizeof name, "%s.data[0]", field);
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s is an array: \"data\" is flat, in row-major order", name);
         }
         return dtype_given ? dtype_match(given, t->dtype, field, err) : 0;
     }
     if (!json_is_array(data))
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s must be a flat array of numbers, found %s", name, json_kind(data));
     size_t n = json_array_size(data);
     if (n != t->count)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s has %zu elements but the shape holds %zu", name, n, t->count);
     snprintf(name, sizeof name, "%s.data[0]", field);
     const json_t *first = json_array_get(data, 0);
     if (json_is_array(first))
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s is an array: \"data\" is flat, in row-major order", name);
     if (text_dtype(b, first, name, &t->dtype, err) != 0)
         return -1;
@@ -366,7 +366,7 @@ int api_tensor_probe(const api_body *b, const json_t *v, const char *field, size
         return probe_nested(b, v, field, max_elements, t, err);
     if (json_is_object(v))
         return probe_object(b, v, field, max_elements, t, err);
-    return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+    return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                          "%s must be a tensor (nested arrays, {\"shape\", \"data\"} or "
                          "{\"shape\", \"dtype\", \"base64\"}), found %s",
                          field, value_kind(b, v));
@@ -411,7 +411,7 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
         else if (json_is_null(x) && neg_inf_ok)
             v = -INFINITY;
         else if (!(token = api_body_nonfinite(c->body, x, &v)))
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s must be a number%s, found %s", name,
                                  neg_inf_ok ? " or -Infinity (or null)" : "",
@@ -421,13 +421,13 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
             return 0;
         }
         if (token)
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s is %s; values must be finite%s", name,
                                  isnan(v) ? "NaN" : (v < 0 ? "-Infinity" : "Infinity"),
                                  neg_inf_ok ? " or -Infinity" : "");
         if (!(fabs(v) < FLOAT32_OVERFLOW))
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s is %g, beyond the float32 range (+-3.40282347e38)", name, v);
         ((float *)c->dst)[i] = (float)v;
@@ -435,7 +435,7 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
     }
     case API_ELEM_BOOL:
         if (!json_is_boolean(x))
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s must be true or false, found %s (boolean masks do not "
                                  "take 0/1 numbers)",
@@ -444,7 +444,7 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
         return 0;
     case API_ELEM_INT64:
         if (!json_is_integer(x))
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                  element_name(c, i, c->t->rank, name, sizeof name),
                                  "%s must be an integer, found %s", name, value_kind(c->body, x));
         ((int64_t *)c->dst)[i] = (int64_t)json_integer_value(x);
@@ -462,11 +462,11 @@ static int decode_nested(const decode_ctx *c, const json_t *a, int dim, size_t *
     if (!json_is_array(a) || json_array_size(a) != n) {
         element_name(c, *pos, dim, name, sizeof name);
         if (!json_is_array(a))
-            return api_error_set(c->err, 422, API_REASON_BAD_REQUEST, name,
+            return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                  "%s must be an array of %zu, found %s (nested arrays must be "
                                  "rectangular)",
                                  name, n, json_kind(a));
-        return api_error_set(c->err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s has %zu elements where the first array at its depth has %zu "
                              "(nested arrays must be rectangular)",
                              name, json_array_size(a), n);
@@ -475,7 +475,7 @@ static int decode_nested(const decode_ctx *c, const json_t *a, int dim, size_t *
         for (size_t i = 0; i < n; i++) {
             const json_t *x = json_array_get(a, i);
             if (json_is_array(x))
-                return api_error_set(c->err, 422, API_REASON_BAD_REQUEST,
+                return api_error_set(c->err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
                                      element_name(c, *pos, t->rank, name, sizeof name),
                                      "%s is an array, but %s has %d dimensions (nested arrays "
                                      "must be rectangular)",
@@ -503,7 +503,7 @@ static int decode_flat(const decode_ctx *c)
 
 static int nonfinite_error(const char *field, size_t index, float v, api_error *err)
 {
-    return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+    return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                          "%s element %zu is %s; values must be finite", field, index,
                          isnan(v) ? "NaN" : (v < 0 ? "-inf" : "inf"));
 }
@@ -514,15 +514,15 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
     bool neg_inf_ok = (flags & API_DECODE_NEG_INF) != 0;
     if (elem == API_ELEM_BOOL) {
         if (dtype != API_DTYPE_BOOL)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                                  "%s must be booleans (dtype \"bool\"), found dtype \"%s\"", field,
                                  api_dtype_name(dtype));
         const uint8_t *s = src;
         for (size_t i = 0; i < count; i++)
             if (s[i] > 1)
-                return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
-                                     "%s byte %zu is %u; a bool tensor holds bytes 0 and 1", field,
-                                     first + i, (unsigned)s[i]);
+                return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+                                     field, "%s byte %zu is %u; a bool tensor holds bytes 0 and 1",
+                                     field, first + i, (unsigned)s[i]);
         if (dst != src)
             memcpy(dst, src, count);
         return 0;
@@ -544,9 +544,10 @@ int api_tensor_convert(const void *src, api_dtype dtype, size_t count, size_t fi
     }
     if (elem != API_ELEM_FLOAT || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT32 ||
         dtype == API_DTYPE_INT64)
-        return api_error_set(
-            err, 422, API_REASON_BAD_REQUEST, field, "%s must hold %s, found dtype \"%s\"", field,
-            elem == API_ELEM_INT64 ? "integers as JSON numbers" : "numbers", api_dtype_name(dtype));
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
+                             "%s must hold %s, found dtype \"%s\"", field,
+                             elem == API_ELEM_INT64 ? "integers as JSON numbers" : "numbers",
+                             api_dtype_name(dtype));
     float *d = dst;
     const uint8_t *s = src;
     if (dtype == API_DTYPE_FLOAT32 && dst == src) {
@@ -581,23 +582,23 @@ static int b64_error(const char *field, const char *src, api_b64_status st, size
     unsigned char c = (unsigned char)src[at];
     switch (st) {
     case API_B64_BAD_LENGTH:
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s has %zu characters, not a valid base64 length", field, at);
     case API_B64_BAD_CHAR:
         if (c == '=')
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                                  "%s has '=' padding at offset %zu, before its end", field, at);
         if (c > 0x20 && c < 0x7F)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                                  "%s has the character '%c' at offset %zu; base64 uses "
                                  "A-Z a-z 0-9 + / and '=' padding",
                                  field, c, at);
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s has the byte 0x%02x at offset %zu; base64 uses A-Z a-z 0-9 "
                              "+ / and '=' padding (no whitespace)",
                              field, (unsigned)c, at);
     case API_B64_BAD_PADDING:
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s does not end canonically: the unused bits of its last "
                              "character (offset %zu) must be zero",
                              field, at);
@@ -686,7 +687,7 @@ static int decode_base64(const api_tensor *t, api_elem elem, unsigned flags, voi
         api_b64_status vst = api_base64_validate(t->b64, t->b64_len, &bad);
         if (vst != API_B64_OK)
             return b64_error(name, t->b64, vst, bad, err);
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                              "%s decodes to %zu bytes, but %zu %s elements take %zu", name, have,
                              t->count, api_dtype_name(t->dtype), want);
     }
@@ -725,17 +726,17 @@ int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, uns
         return api_tensor_convert(t->raw, t->dtype, t->count, 0, elem, flags, dst, field, err);
     if (t->form == API_FORM_BASE64) {
         if (elem == API_ELEM_INT64)
-            return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+            return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                                  "%s takes integers as JSON numbers (nested arrays or "
                                  "{\"shape\", \"data\"}), not base64",
                                  field);
         return decode_base64(t, elem, flags, dst, field, pool, err);
     }
     if (elem == API_ELEM_BOOL && t->dtype != API_DTYPE_BOOL)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s must hold booleans (true/false), found numbers", field);
     if (elem != API_ELEM_BOOL && t->dtype == API_DTYPE_BOOL)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, field,
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                              "%s must hold numbers, found booleans", field);
     decode_ctx c = {
         .t = t, .field = field, .elem = elem, .flags = flags, .dst = dst, .err = err, .body = b};
@@ -747,7 +748,8 @@ int api_tensor_decode(const api_body *b, const api_tensor *t, api_elem elem, uns
                                     sizeof why) == 0)
             return 0;
         element_name(&c, bad, t->rank, name, sizeof name);
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, name, "%s %s", name, why);
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
+                             "%s %s", name, why);
     }
     if (t->form == API_FORM_FLAT)
         return decode_flat(&c);

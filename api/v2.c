@@ -297,7 +297,8 @@ static int infer(v2_job *job, api_reply *reply, api_error *err)
         blob = eng_buf_alloc(json_len + binary_bytes); /* 64-byte aligned */
         if (!blob) {
             api_jsonw_free(&w);
-            return api_error_set(err, 503, API_REASON_MEMORY, NULL, "out of memory for the reply");
+            return api_error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                                 "out of memory for the reply");
         }
         memcpy(blob, w.data, w.len);
         memset(blob + w.len, ' ', json_len - w.len);
@@ -341,7 +342,7 @@ static int infer(v2_job *job, api_reply *reply, api_error *err)
         eng_buf_free(blob);
         return -1;
     }
-    reply->status = 200;
+    reply->status = api_status_http(API_ERRORS_V2, API_STATUS_OK);
     reply->reason = API_REASON_NONE;
     reply->content_type = any_binary ? "application/octet-stream" : "application/json";
     reply->body = blob;
@@ -359,7 +360,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     memset(&err, 0, sizeof err);
     memset(reply, 0, sizeof *reply);
     if (!job) {
-        api_error_set(&err, 503, API_REASON_MEMORY, NULL, "out of memory");
+        api_error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL, "out of memory");
         api_reply_from_error(reply, API_ERRORS_V2, &err);
         return;
     }

@@ -102,16 +102,16 @@ bool api_v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
             api_jsonw_cstr(&w, ", ");
             api_jsonw_cstr(&w, api_models_at(call->models, i)->name);
         }
-        api_reply_error(reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
-                        "unknown model \"%.64s\"; models: sdpa%.*s", name,
-                        w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
-                        w.data ? w.data : "");
+        api_reply_error_status(reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST,
+                               NULL, "unknown model \"%.64s\"; models: sdpa%.*s", name,
+                               w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                               w.data ? w.data : "");
         api_jsonw_free(&w);
         return false;
     }
     if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
-        api_reply_error(
-            reply, API_ERRORS_V2, 404, API_REASON_BAD_REQUEST, NULL,
+        api_reply_error_status(
+            reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
             "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
             name, call->version);
         return false;

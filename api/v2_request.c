@@ -525,7 +525,7 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api_error *e
             return api_field_invalid(
                 err, name, "input %s has both \"data\" and binary_data_size; give one", name);
         if (!job->has_header_len)
-            return api_error_set(err, 400, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, name,
                                  "input %s has binary_data_size but the request has no "
                                  "Inference-Header-Content-Length header to say where its JSON "
                                  "ends",
@@ -537,7 +537,7 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api_error *e
                                      name, (long long)size, t->count, json_string_value(datatype),
                                      want);
         if (want > job->bin_len - job->bin_used)
-            return api_error_set(err, 400, API_REASON_BAD_REQUEST, name,
+            return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, name,
                                  "the binary data is truncated: input %s needs bytes %zu to %zu "
                                  "after the JSON, but only %zu follow it",
                                  name, job->bin_used, job->bin_used + want, job->bin_len);
@@ -675,22 +675,22 @@ int api_v2_request_parse(v2_job *job, api_error *err)
     json_t *val;
 
     if (!api_v2_content_type_ok(call->content_type))
-        return api_error_set(err, 415, API_REASON_BAD_REQUEST, NULL,
+        return api_error_set(err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
                              "Content-Type \"%.80s\" is not supported; send application/json "
                              "(or application/octet-stream with binary tensor data)",
                              call->content_type);
     if (call->body_len > job->rq.limits.max_body_bytes)
-        return api_error_set(err, 413, API_REASON_TOO_LARGE, NULL,
+        return api_error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
                              "allows",
                              call->body_len, job->rq.limits.max_body_bytes);
     if (call->inference_header_length) {
         if (!api_v2_header_len_parse(call->inference_header_length, &header_len))
-            return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
+            return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
                                  "Inference-Header-Content-Length \"%.40s\" is not a byte count",
                                  call->inference_header_length);
         if (header_len > call->body_len)
-            return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
+            return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
                                  "Inference-Header-Content-Length is %zu but the body has only "
                                  "%zu bytes",
                                  header_len, call->body_len);
@@ -755,7 +755,7 @@ int api_v2_request_parse(v2_job *job, api_error *err)
         if (parse_input(job, json_array_get(inputs, i), i, err) != 0)
             return -1;
     if (job->bin_used != job->bin_len)
-        return api_error_set(err, 400, API_REASON_BAD_REQUEST, NULL,
+        return api_error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
                              "%zu bytes follow the JSON but the inputs' binary_data_size add up "
                              "to %zu",
                              job->bin_len, job->bin_used);

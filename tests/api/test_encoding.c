@@ -192,7 +192,7 @@ static void test_bomb(void)
     int rc = api_inflate(API_CODING_GZIP, packed, packed_len, max, budget, 0, &plain, &plain_len,
                          &reserved, &err);
     CHECK(rc != 0 && plain == NULL);
-    CHECK_EQ_INT(err.status, 413);
+    CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-body-bytes") != NULL, "%s", err.message);
     CHECKF(reserved <= max + 2, "reserved %zu for a cap of %zu", reserved, max);
     CHECK_EQ_INT(api_budget_in_use(budget), reserved);
@@ -212,7 +212,7 @@ static void test_bomb(void)
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_DEFLATE, packed, packed_len, 999, budget, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 413);
+    CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     api_budget_release(budget, reserved);
     CHECK_EQ_INT(api_budget_in_use(budget), 0);
     api_budget_free(budget);
@@ -230,7 +230,7 @@ static void test_corrupt_and_truncated(void)
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_GZIP, packed, packed_len / 2, 1 << 20, NULL, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 400);
+    CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "truncated") != NULL, "%s", err.message);
 
     memset(&err, 0, sizeof err);
@@ -238,12 +238,12 @@ static void test_corrupt_and_truncated(void)
     packed[packed_len / 2 + 1] ^= 0x33;
     CHECK(api_inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, NULL, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 400);
+    CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
 
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_GZIP, "not gzip at all", 15, 1 << 20, NULL, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 400);
+    CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "gzip") != NULL, "%s", err.message);
     eng_buf_free(packed);
 
@@ -255,7 +255,7 @@ static void test_corrupt_and_truncated(void)
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_DEFLATE, extra, packed_len + 4, 1 << 20, NULL, 0, &plain,
                       &plain_len, &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 400);
+    CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "extra") != NULL, "%s", err.message);
     CHECK(plain == NULL);
     free(extra);
@@ -274,7 +274,7 @@ static void test_budget(void)
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, tiny, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 413);
+    CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-memory-bytes") != NULL, "%s", err.message);
     api_budget_release(tiny, reserved);
     CHECK_EQ_INT(api_budget_in_use(tiny), 0);
@@ -285,7 +285,7 @@ static void test_budget(void)
     memset(&err, 0, sizeof err);
     CHECK(api_inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, busy, 0, &plain, &plain_len,
                       &reserved, &err) != 0);
-    CHECK_EQ_INT(err.status, 429);
+    CHECK_EQ_INT(err.status, API_STATUS_OVERLOADED);
     api_budget_release(busy, reserved);
     api_budget_release(busy, ((size_t)16 << 20) - 1000);
     api_budget_free(busy);

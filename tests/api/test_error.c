@@ -88,9 +88,13 @@ static void test_every_design_status_has_a_code(void)
         {503, "unavailable"},
         {504, "deadline_exceeded"},
     };
-    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
-        CHECKF(strcmp(api_status_code(codes[i].status), codes[i].code) == 0, "%d -> %s",
-               codes[i].status, api_status_code(codes[i].status));
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        api_status status = API_STATUS_OK;
+        CHECKF(api_status_from_http(codes[i].status, &status), "%d has no status", codes[i].status);
+        CHECKF(strcmp(api_status_name(status), codes[i].code) == 0, "%d -> %s", codes[i].status,
+               api_status_name(status));
+        CHECK_EQ_INT(api_status_http(API_ERRORS_NATIVE, status), codes[i].status);
+    }
 }
 
 static void test_reasons_have_their_metric_names(void)
@@ -126,9 +130,10 @@ static void test_messages_are_escaped_and_bounded(void)
 static void test_the_first_error_wins(void)
 {
     api_error err = {0};
-    CHECK_EQ_INT(api_error_set(&err, 422, API_REASON_BAD_REQUEST, "a", "first"), -1);
-    CHECK_EQ_INT(api_error_set(&err, 500, API_REASON_INTERNAL, "b", "second"), -1);
-    CHECK_EQ_INT(err.status, 422);
+    CHECK_EQ_INT(
+        api_error_set(&err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, "a", "first"), -1);
+    CHECK_EQ_INT(api_error_set(&err, API_STATUS_INTERNAL, API_REASON_INTERNAL, "b", "second"), -1);
+    CHECK_EQ_INT(err.status, API_STATUS_INVALID_ARGUMENT);
     CHECK(strcmp(err.field, "a") == 0 && strcmp(err.message, "first") == 0);
 }
 

@@ -624,7 +624,8 @@ static int stub_step(void *p, char step, api_error *err)
     stub_job *job = p;
     job->trace[job->n++] = step;
     if (job->fail == step)
-        return api_error_set(err, 422, API_REASON_BAD_REQUEST, "stub", "step %c failed", step);
+        return api_error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, "stub",
+                             "step %c failed", step);
     return 0;
 }
 
