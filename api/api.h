@@ -176,7 +176,8 @@ char *api_reply_take_body(api_reply *reply, size_t *len);
  * body is NULL only if even that could not be allocated). Runs on an engine worker; the engine
  * call fans out over `pool` and returns when done, so this blocks for the request's compute.
  *
- * The request format is DESIGN.md section 5; attention.c opens with the exact field list.
+ * The request format is DESIGN.md section 5; api/proto/native_attention.c opens
+ * with the exact field list.
  * Statuses: 200; 400 malformed JSON (jansson's message with line, column and byte; this
  * includes numbers too large for a double, like 1e999, and nesting deeper than 2048); 413 body,
  * elements or memory past a limit (the message names --max-body-bytes, --max-elements or
@@ -198,8 +199,8 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
 
 /* POST /v1/mha: a multi-head attention layer (call->models by "model", or inline "weights")
  * on token embeddings, self- or cross-attention. The request format is DESIGN.md section 6;
- * mha.c opens with the exact field list. Statuses and behaviour as api_attention, plus 404 for
- * an unknown model. */
+ * api/proto/native_mha.c opens with the exact field list. Statuses and behaviour as api_attention,
+ * plus 404 for an unknown model. */
 void api_mha(const api_call *call, api_reply *reply);
 
 /* Fills `reply` (which need not be initialised) with an error body in `style` for failures
@@ -219,9 +220,9 @@ void api_reply_error(api_reply *reply, api_error_style style, int http, api_reas
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
 
-/* The route functions of the v2 protocol (v2.c opens with the exact formats). Every reply is
- * JSON; errors are {"error": "message"}. Models: "sdpa" (the bare operation) and every layer of
- * call->models, each with the one version "1". call->model and call->version are the path
+/* The route functions of the v2 protocol (api/proto/v2_infer.c opens with the exact formats). Every
+ * reply is JSON; errors are {"error": "message"}. Models: "sdpa" (the bare operation) and every
+ * layer of call->models, each with the one version "1". call->model and call->version are the path
  * parameters; an unknown model or version is 404. Cheap ones (metadata, ready) may run on the
  * server's own thread; api_v2_infer runs on an engine worker like api_attention. */
 

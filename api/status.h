@@ -33,7 +33,7 @@
     X(API_STATUS_UNAVAILABLE, 503, 503, "unavailable", true)                                       \
     X(API_STATUS_DEADLINE_EXCEEDED, 504, 504, "deadline_exceeded", false)
 
-/* API_STATUS_OK is 0, so that a zeroed api_error holds no error. */
+/* API_STATUS_OK is 0, so that a zeroed error value holds no error. */
 typedef enum {
 #define API_STATUS_ENUM(name, native, v2, code, retry) name,
     API_STATUS_LIST(API_STATUS_ENUM)

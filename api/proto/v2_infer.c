@@ -1,0 +1,382 @@
+/*
+ * v2_infer.c - the Open Inference Protocol (KServe v2) REST API, with Triton's binary tensor data
+ * extension, so that KServe, tritonclient and perf_analyzer talk to attnd unchanged.
+ *
+ * Models: "sdpa" is the bare operation (the same request as /v1/attention, through the same
+ * path in sdpa.c); every registered layer is a model too (the same layer as /v1/mha, through
+ * the same path in layer.c). Each has the one version "1". Their metadata, configuration and
+ * readiness are v2_model.c's.
+ *
+ * POST /v2/models/sdpa[/versions/1]/infer, the inference request:
+ *
+ *   {"id": "42",                                   optional, echoed
+ *    "parameters": {...},                          optional, see below
+ *    "inputs": [{"name": "query", "datatype": "FP32", "shape": [1, 8, 128, 64],
+ *                "data": [...]}, ...],             flat or nested, row-major
+ *    "outputs": [{"name": "output", "parameters": {"binary_data": true}}]}   optional
+ *
+ *   inputs    query, key, value: FP32 (JSON or binary), FP16 or BF16 (binary only: JSON has no
+ *             16-bit floats); rank 4 [B, H, L, D], rank 3 [B, L, E] or rank 2 [L, E], as in
+ *             DESIGN.md section 5. attn_mask: BOOL (true = may attend) or FP32 added to the
+ *             scores (FP16/BF16 binary; -inf as JSON -Infinity, as tritonclient writes it, or
+ *             null). key_padding_mask: BOOL [B, S] or
+ *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
+ *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
+ *             num_heads, num_kv_heads, window_left, window_right (-1 or absent: unbounded),
+ *             alibi (bool), return_weights ("per_head", "mean", false), return_lse (bool),
+ *             timeout_ms; Triton's binary_data_output (bool), timeout (microseconds) and
+ *             priority (accepted, ignored). Any other name is refused (a typo such as
+ *             "casual" silently ignored would return a plausible wrong answer).
+ *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
+ *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
+ *             returned plus weights / lse when return_weights / return_lse ask for them; with
+ *             it, exactly the ones listed (listing weights alone means per_head).
+ *
+ * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
+ * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
+ * path in layer.c:
+ *
+ *   inputs    input: FP32 (JSON or binary), FP16 or BF16 (binary only), [L, E] or [B, L, E]
+ *             with E the layer's embed_dim. memory (cross-attention; keys and values from these
+ *             tokens): [S, kdim] or [B, S, kdim], same rank and batch as input; layers whose
+ *             kdim differs from their vdim need /v1/mha (key and value). attn_mask and
+ *             key_padding_mask as for sdpa, with H the layer's heads.
+ *   parameters causal, query_offset, window_left, window_right, positional ("sinusoidal",
+ *             "rope", "alibi", "none"), rope_base, rope_style ("half", "interleaved"),
+ *             add_zero_attn (bool), return_weights, timeout_ms; binary_data_output, timeout
+ *             and priority as above.
+ *   outputs   output [B, L, E] (after the input's rank), weights [B, H, L, S'] or mean
+ *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above.
+ *
+ * The reply is {"model_name", "model_version": "1", "id"?, "outputs": [{"name", "datatype":
+ * "FP32", "shape", "data": [flat]}]}; an output asked for as binary has "parameters":
+ * {"binary_data_size": n} instead of "data", its bytes follow the JSON in the order of the
+ * outputs, reply->inference_header_len gives the JSON's length and the content type is
+ * application/octet-stream.
+ *
+ * Binary tensor data (the body after Inference-Header-Content-Length bytes of JSON): each input
+ * with "binary_data_size" takes that many bytes, in the order the inputs are listed; the sizes
+ * must equal shape x datatype and add up to exactly the bytes after the JSON. All of this is
+ * checked against the shapes and the limits before anything is allocated. Float32 and bool
+ * bytes on their natural alignment are used where they lie (no copy); others are converted
+ * into aligned buffers. When every output is binary, the JSON is written before the compute,
+ * padded with spaces to a 64-byte boundary, and the engine writes its results straight into
+ * the reply: no output is ever copied.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/core/memory.h"
+#include "api/proto/v2.h"
+#include "api/wire/reply.h"
+
+/* Binary outputs start on this boundary of the reply (the JSON is padded with spaces). */
+#define V2_BINARY_ALIGN 64
+
+/* ---- Reply ---------------------------------------------------------------------------------- */
+
+static const api__out_shape *output_shape(const v2_job *job, int o)
+{
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? &job->l.os : &job->l.ws;
+    return o == OUT_OUTPUT ? &job->s.os : o == OUT_WEIGHTS ? &job->s.ws : &job->s.ls;
+}
+
+/* Where output o is (or will be) written. */
+static float **output_slot(v2_job *job, int o)
+{
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? &job->l.out : &job->l.weights;
+    return o == OUT_OUTPUT ? &job->s.out : o == OUT_WEIGHTS ? &job->s.weights : &job->s.lse;
+}
+
+static float *output_data(const v2_job *job, int o)
+{
+    if (is_layer(job))
+        return o == OUT_OUTPUT ? job->l.out : job->l.weights;
+    return o == OUT_OUTPUT ? job->s.out : o == OUT_WEIGHTS ? job->s.weights : job->s.lse;
+}
+
+/* ---- The model's path (sdpa.c or layer.c) --------------------------------------------------- */
+
+static int model_check(v2_job *job, api__error *err)
+{
+    const eng_layer *l = job->model.layer;
+    if (!is_layer(job))
+        return api__sdpa_check(&job->s, err);
+    if (l->kdim != l->vdim)
+        return api__error_invalid(err, "memory",
+                                  "model %.64s has kdim %lld and vdim %lld: its keys and values "
+                                  "come from different tokens, which the v2 inputs cannot carry; "
+                                  "use POST /v1/mha with key and value",
+                                  job->model.name, (long long)l->kdim, (long long)l->vdim);
+    job->l.layer = l;
+    return api__layer_check(&job->l, err);
+}
+
+static bool model_bytes(v2_job *job, size_t *tensors, size_t *scratch)
+{
+    return is_layer(job) ? api__layer_bytes(&job->l, false, tensors, scratch)
+                         : api__sdpa_bytes(&job->s, false, tensors, scratch);
+}
+
+/* Whether output o is computed (whether or not it is returned). */
+static bool model_computes(v2_job *job, int o)
+{
+    if (o == OUT_OUTPUT)
+        return true;
+    if (o == OUT_WEIGHTS)
+        return *weights_of(job) != ENG_WEIGHTS_NONE;
+    return !is_layer(job) && job->s.r.return_lse;
+}
+
+static int model_decode(v2_job *job, api__error *err)
+{
+    return is_layer(job) ? api__layer_decode(&job->l, err) : api__sdpa_decode(&job->s, err);
+}
+
+static int model_run(v2_job *job, int64_t *compute_ns, api__error *err)
+{
+    return is_layer(job) ? api__layer_run(&job->l, compute_ns, err)
+                         : api__sdpa_run(&job->s, compute_ns, err);
+}
+
+/* The JSON up to the first output's data: names, shapes and, for binary outputs, sizes. An
+ * upper bound of its length: ids are escaped at most 6 bytes per byte. */
+static size_t header_bound(const v2_job *job)
+{
+    size_t n = 512 + strlen(job->model.name) * 6;
+    if (job->has_id)
+        n += job->id_len * 6;
+    for (int o = 0; o < N_OUTPUTS; o++)
+        if (job->want[o])
+            n += 256;
+    return n;
+}
+
+/* Appends the output entries; JSON outputs with their data (after the compute), binary ones
+ * with their sizes only. */
+static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
+{
+    bool first = true;
+    for (int o = 0; o < N_OUTPUTS; o++) {
+        const api__out_shape *sh = output_shape(job, o);
+        if (!job->want[o])
+            continue;
+        api__jsonw_cstr(w, first ? "" : ",");
+        first = false;
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[", output_names[o]);
+        for (int d = 0; d < sh->rank; d++) {
+            if (d > 0)
+                api__jsonw_char(w, ',');
+            api__jsonw_int(w, sh->shape[d]);
+        }
+        api__jsonw_char(w, ']');
+        if (job->binary[o]) {
+            api__jsonw_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}", sh->count * 4);
+            continue;
+        }
+        size_t bad = 0;
+        const int64_t flat[1] = {(int64_t)sh->count};
+        api__jsonw_cstr(w, ",\"data\":");
+        switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
+                                   o == OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
+        case API_ENCODE_OK:
+            break;
+        case API_ENCODE_NONFINITE: {
+            char idx[128];
+            return api__error_invalid(
+                err, output_names[o],
+                "the result %s%s is %s: it does not fit in float32 (inputs too large for "
+                "float32 arithmetic?)",
+                output_names[o],
+                api__index_format(idx, sizeof idx, bad, sh->rank, sh->shape, sh->rank),
+                isnan(output_data(job, o)[bad]) ? "NaN" : "infinite");
+        }
+        case API_ENCODE_FULL:
+            return api__jsonw_error(w, err);
+        }
+        api__jsonw_char(w, '}');
+    }
+    return 0;
+}
+
+static void write_header_start(v2_job *job, api__jsonw *w)
+{
+    api__jsonw_cstr(w, "{\"model_name\":");
+    api__jsonw_string(w, job->model.name, strlen(job->model.name));
+    api__jsonw_cstr(w, ",\"model_version\":\"" API_V2_VERSION "\"");
+    if (job->has_id) {
+        api__jsonw_cstr(w, ",\"id\":");
+        api__jsonw_string(w, job->id, job->id_len);
+    }
+    api__jsonw_cstr(w, ",\"outputs\":[");
+}
+
+/* Checks a binary output for values the protocol's JSON could not carry either: the engine
+ * never returns them, so one is an error, never silently sent. */
+static int check_finite(v2_job *job, int o, api__error *err)
+{
+    const api__out_shape *sh = output_shape(job, o);
+    const float *data = output_data(job, o);
+    for (size_t i = 0; i < sh->count; i++) {
+        if (!isfinite(data[i]) && !(o == OUT_LSE && data[i] == -INFINITY)) {
+            char idx[128];
+            return api__error_invalid(
+                err, output_names[o],
+                "the result %s%s is %s: it does not fit in float32 (inputs too large for "
+                "float32 arithmetic?)",
+                output_names[o],
+                api__index_format(idx, sizeof idx, i, sh->rank, sh->shape, sh->rank),
+                isnan(data[i]) ? "NaN" : "infinite");
+        }
+    }
+    return 0;
+}
+
+static bool add_size(size_t *acc, size_t n)
+{
+    return !__builtin_add_overflow(*acc, n, acc);
+}
+
+static int infer(v2_job *job, api_reply *reply, api__error *err)
+{
+    bool all_binary = true, any_binary = false;
+    size_t binary_bytes = 0, json_text = 0;
+    job->s.rq = &job->rq;
+    job->l.rq = &job->rq;
+
+    if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0 ||
+        model_check(job, err) != 0)
+        return -1;
+    for (int o = 0; o < N_OUTPUTS; o++) {
+        if (!job->want[o])
+            continue;
+        const api__out_shape *sh = output_shape(job, o);
+        if (job->binary[o]) {
+            any_binary = true;
+            binary_bytes += sh->count * 4; /* within --max-elements */
+        } else {
+            all_binary = false;
+            json_text += api__tensor_encoded_bound(
+                             API_FORM_NESTED, 1, (const int64_t[]){(int64_t)sh->count}, sh->count) +
+                         64;
+        }
+    }
+
+    /* Size everything, reserve it, then allocate and decode. When every output is binary the
+     * engine writes into the reply itself, so the outputs count once, as part of the reply. */
+    size_t tensors, scratch, header = header_bound(job), reply_bytes;
+    bool ok = model_bytes(job, &tensors, &scratch);
+    for (int o = 0; o < N_OUTPUTS; o++)
+        if (model_computes(job, o) && !(all_binary && job->want[o]))
+            ok = ok && add_size(&tensors, api__aligned_size(output_shape(job, o)->count * 4));
+    reply_bytes = header + V2_BINARY_ALIGN;
+    ok = ok && add_size(&reply_bytes, json_text) && add_size(&reply_bytes, binary_bytes);
+    if (api__req_reserve_run(&job->rq, ok, tensors, reply_bytes, scratch, err) != 0)
+        return -1;
+
+    api__jsonw w;
+    api__jsonw_init(&w, reply_bytes);
+    char *blob = NULL; /* all binary: the whole reply, JSON then outputs */
+    size_t json_len = 0;
+    if (all_binary) {
+        write_header_start(job, &w);
+        if (write_outputs(job, &w, err) != 0) {
+            api__jsonw_free(&w);
+            return -1;
+        }
+        api__jsonw_cstr(&w, "]}");
+        if (w.state != API_JSONW_OK) {
+            api__jsonw_free(&w);
+            return api__jsonw_error(&w, err);
+        }
+        /* Pad with spaces (JSON allows them after the value) so that the first output starts
+         * on a 64-byte boundary of a 64-byte-aligned buffer. */
+        json_len = (w.len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
+        blob = eng_buf_alloc(json_len + binary_bytes); /* 64-byte aligned */
+        if (!blob) {
+            api__jsonw_free(&w);
+            return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                                  "out of memory for the reply");
+        }
+        memcpy(blob, w.data, w.len);
+        memset(blob + w.len, ' ', json_len - w.len);
+        api__jsonw_free(&w);
+        size_t at = json_len;
+        for (int o = 0; o < N_OUTPUTS; o++) {
+            if (!job->want[o])
+                continue;
+            *output_slot(job, o) = (float *)(void *)(blob + at);
+            at += output_shape(job, o)->count * 4;
+        }
+    }
+
+    int rc = model_decode(job, err);
+    reply->decode_ns = eng_now_ns() - job->rq.call_ns;
+    rc = rc != 0 ? rc : model_run(job, &reply->compute_ns, err);
+    int64_t t_encode = eng_now_ns();
+    for (int o = 0; rc == 0 && o < N_OUTPUTS; o++)
+        if (job->want[o] && job->binary[o])
+            rc = check_finite(job, o, err);
+    if (rc == 0 && !all_binary) {
+        /* JSON outputs: the text after the compute, binary ones appended in order. */
+        write_header_start(job, &w);
+        rc = write_outputs(job, &w, err);
+        api__jsonw_cstr(&w, "]}");
+        if (rc == 0 && !any_binary)
+            api__jsonw_char(&w, '\n');
+        json_len = w.len;
+        for (int o = 0; rc == 0 && o < N_OUTPUTS; o++)
+            if (job->want[o] && job->binary[o])
+                api__jsonw_mem(&w, output_data(job, o), output_shape(job, o)->count * 4);
+        if (rc == 0 && w.state != API_JSONW_OK)
+            rc = api__jsonw_error(&w, err);
+        if (rc == 0) {
+            blob = w.data;
+            w.data = NULL;
+        }
+        api__jsonw_free(&w);
+    }
+    if (rc != 0) {
+        eng_buf_free(blob);
+        return -1;
+    }
+    reply->status = api_status_http(API_ERRORS_V2, API_STATUS_OK);
+    reply->reason = API_REASON_NONE;
+    reply->content_type = any_binary ? "application/octet-stream" : "application/json";
+    reply->body = blob;
+    reply->body_len = json_len + binary_bytes;
+    reply->inference_header_len = any_binary ? (int64_t)json_len : 0;
+    reply->inferences = is_layer(job) ? job->l.B : job->s.r.B;
+    reply->encode_ns = eng_now_ns() - t_encode;
+    return 0;
+}
+
+void api_v2_infer(const api_call *call, api_reply *reply)
+{
+    v2_job *job = calloc(1, sizeof *job);
+    api__error err;
+    memset(&err, 0, sizeof err);
+    memset(reply, 0, sizeof *reply);
+    if (!job) {
+        api__error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL, "out of memory");
+        api__reply_from_error(reply, API_ERRORS_V2, &err);
+        return;
+    }
+    if (!api__v2_model_find(call, &job->model, reply)) {
+        free(job);
+        return;
+    }
+    api__req_init(&job->rq, call);
+    if (infer(job, reply, &err) != 0) {
+        api__reply_from_error(reply, API_ERRORS_V2, &err);
+        if (reply->decode_ns == 0)
+            reply->decode_ns = eng_now_ns() - job->rq.call_ns;
+    }
+    api__layer_free(&job->l);
+    api__req_free(&job->rq);
+    free(job);
+}
