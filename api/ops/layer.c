@@ -32,16 +32,11 @@
 
 /* ---- Sizes ------------------------------------------------------------------------------- */
 
-static bool add_size(size_t *acc, size_t n)
-{
-    return !__builtin_add_overflow(*acc, n, acc);
-}
-
 static size_t weights_count(const api__layer_req *r, bool *overflow)
 {
     size_t n = 0;
     for (size_t i = 0; i < r->n_weights; i++)
-        *overflow |= !add_size(&n, r->wt[i].count);
+        *overflow |= !api__size_add(&n, r->wt[i].count);
     return n;
 }
 
@@ -51,7 +46,7 @@ static size_t input_count(const api__layer_req *r, bool *overflow)
     size_t n = weights_count(r, overflow);
     const api__tensor *in[] = {&r->input, &r->memory, &r->key, &r->value, &r->mask, &r->kpm};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
-        *overflow |= !add_size(&n, in[i]->count); /* absent tensors count 0 */
+        *overflow |= !api__size_add(&n, in[i]->count); /* absent tensors count 0 */
     return n;
 }
 
@@ -357,11 +352,11 @@ static int out_shapes(api__layer *s, api__error *err)
             overflow |= __builtin_mul_overflow(c, (size_t)o->shape[d], &c);
         o->count = c;
     }
-    overflow |= !add_size(&out, s->os.count);
+    overflow |= !api__size_add(&out, s->os.count);
     if (r->weights != ENG_WEIGHTS_NONE)
-        overflow |= !add_size(&out, s->ws.count);
+        overflow |= !api__size_add(&out, s->ws.count);
     size_t total = in;
-    overflow |= !add_size(&total, out);
+    overflow |= !api__size_add(&total, out);
     if (overflow || total > s->rq->limits.max_elements)
         return too_many(s, in, out, overflow, err);
     return 0;
@@ -410,9 +405,9 @@ bool api__layer_bytes(api__layer *s, bool outputs, size_t *tensors, size_t *scra
     *tensors = 0;
     bool ok = api__input_bytes(in, N_INPUTS, tensors);
     if (outputs) {
-        ok = ok && add_size(tensors, api__aligned_size(s->os.count * 4));
+        ok = ok && api__req_output_bytes(s->os.count, tensors);
         if (s->r.weights != ENG_WEIGHTS_NONE)
-            ok = ok && add_size(tensors, api__aligned_size(s->ws.count * 4));
+            ok = ok && api__req_output_bytes(s->ws.count, tensors);
     }
     build_args(s);
     *scratch = eng_mha_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));

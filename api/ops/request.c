@@ -81,8 +81,7 @@ int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, 
                          api__error *err)
 {
     size_t need = tensors;
-    sized = sized && !__builtin_add_overflow(need, text, &need) &&
-            !__builtin_add_overflow(need, scratch, &need);
+    sized = sized && api__size_add(&need, text) && api__size_add(&need, scratch);
     char what[160];
     snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
              mib(tensors), mib(text), mib(scratch));
@@ -140,8 +139,7 @@ bool api__input_bytes(const api__input *in, size_t n, size_t *bytes)
     for (size_t i = 0; i < n; i++) {
         if (!in[i].present || in[i].t->count == 0 || api__tensor_in_place(in[i].t, in[i].elem))
             continue;
-        ok = ok && !__builtin_add_overflow(
-                       *bytes, api__aligned_size(in[i].t->count * elem_size(in[i].elem)), bytes);
+        ok = ok && api__size_add(bytes, api__aligned_size(in[i].t->count * elem_size(in[i].elem)));
     }
     return ok;
 }
@@ -164,11 +162,16 @@ int api__req_decode_input(api__req *rq, const api__input *in, api__error *err)
                               rq->call->pool, err);
 }
 
+bool api__req_output_bytes(size_t count, size_t *bytes)
+{
+    return api__size_add(bytes, api__aligned_size(count * sizeof(float)));
+}
+
 int api__req_alloc_output(api__req *rq, float **out, size_t count, api__error *err)
 {
     if (*out)
         return 0; /* placed by the route */
-    *out = api__req_alloc(rq, count * 4, err);
+    *out = api__req_alloc(rq, count * sizeof(float), err);
     return *out ? 0 : -1;
 }
 

@@ -81,6 +81,10 @@ bool api__input_bytes(const api__input *in, size_t n, size_t *bytes);
  * there; sets *in->dst either way. Errors as api__tensor_decode and api__req_alloc. */
 int api__req_decode_input(api__req *rq, const api__input *in, api__error *err);
 
+/* Adds to *bytes the buffer api__req_alloc_output allocates for `count` floats; false when the
+ * sum overflows. */
+bool api__req_output_bytes(size_t count, size_t *bytes);
+
 /* Points *out at a float buffer of `count` elements owned by rq, unless the route already
  * placed the output (*out not NULL: in its reply). 503 when memory runs out. */
 int api__req_alloc_output(api__req *rq, float **out, size_t count, api__error *err);

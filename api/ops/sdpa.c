@@ -162,11 +162,6 @@ static int check_shapes(api__sdpa_req *r, api__error *err)
 
 /* ---- Sizes ------------------------------------------------------------------------------- */
 
-static bool add_size(size_t *acc, size_t n)
-{
-    return !__builtin_add_overflow(*acc, n, acc);
-}
-
 static size_t count_product(int64_t a, int64_t b, int64_t c, int64_t d, bool *overflow)
 {
     size_t r = 1;
@@ -185,16 +180,16 @@ static int check_elements(const api__sdpa *s, api__error *err)
     const api__tensor *inputs[] = {&r->q,     &r->k,      &r->v,  &r->mask, &r->kpm,
                                    &r->kvlen, &r->slopes, &r->wq, &r->wk,   &r->ww};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
-        overflow |= !add_size(&in, inputs[i]->count); /* absent tensors count 0 */
+        overflow |= !api__size_add(&in, inputs[i]->count); /* absent tensors count 0 */
     out = count_product(r->B, r->H, r->L, r->Dv, &overflow);
     if (r->weights == ENG_WEIGHTS_PER_HEAD)
-        overflow |= !add_size(&out, count_product(r->B, r->H, r->L, r->S, &overflow));
+        overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, r->S, &overflow));
     else if (r->weights == ENG_WEIGHTS_MEAN)
-        overflow |= !add_size(&out, count_product(r->B, 1, r->L, r->S, &overflow));
+        overflow |= !api__size_add(&out, count_product(r->B, 1, r->L, r->S, &overflow));
     if (r->return_lse)
-        overflow |= !add_size(&out, count_product(r->B, r->H, r->L, 1, &overflow));
+        overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, 1, &overflow));
     size_t total = in;
-    overflow |= !add_size(&total, out);
+    overflow |= !api__size_add(&total, out);
     if (overflow || total > max)
         return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                               "the request has %zu input and %s%zu output elements (weights "
@@ -341,11 +336,11 @@ bool api__sdpa_bytes(api__sdpa *s, bool outputs, size_t *tensors, size_t *scratc
     *tensors = 0;
     bool ok = api__input_bytes(in, N_INPUTS, tensors);
     if (outputs) {
-        ok = ok && add_size(tensors, api__aligned_size(s->os.count * 4));
+        ok = ok && api__req_output_bytes(s->os.count, tensors);
         if (r->weights != ENG_WEIGHTS_NONE)
-            ok = ok && add_size(tensors, api__aligned_size(s->ws.count * 4));
+            ok = ok && api__req_output_bytes(s->ws.count, tensors);
         if (r->return_lse)
-            ok = ok && add_size(tensors, api__aligned_size(s->ls.count * 4));
+            ok = ok && api__req_output_bytes(s->ls.count, tensors);
     }
     build_args(s);
     *scratch = eng_sdpa_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "api/ops/request.h"
+#include "api/ops/sdpa.h"
 #include "api/wire/jsonw.h"
 #include "api/wire/tensor.h"
 
@@ -21,6 +22,11 @@ int api__native_body_check(const api__req *rq, api__error *err);
 int api__native_tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
                              const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
                              api__error *err);
+
+/* An upper bound of the text of a native reply with the outputs out[0..n) (NULL entries: not
+ * returned) in `form`: its braces, keys and meta, and each tensor; false on overflow. */
+bool api__native_reply_bound(api__form form, const api__out_shape *const *out, size_t n,
+                             size_t *text);
 
 /* The steps of a native JSON route (POST /v1/attention, /v1/mha) between the stages that
  * api__native_serve runs for every one of them. Each step takes the route's job (see

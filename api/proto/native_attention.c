@@ -317,16 +317,7 @@ static bool reply_bound(const attn_job *job, size_t *text)
     const api__sdpa *s = &job->s;
     const api__out_shape *out[3] = {&s->os, s->r.weights != ENG_WEIGHTS_NONE ? &s->ws : NULL,
                                     s->r.return_lse ? &s->ls : NULL};
-    api__form form = reply_form(job);
-    *text = 1024; /* the reply's braces, keys and meta */
-    for (size_t i = 0; i < 3; i++) {
-        if (out[i] &&
-            __builtin_add_overflow(
-                *text, api__tensor_encoded_bound(form, out[i]->rank, out[i]->shape, out[i]->count),
-                text))
-            return false;
-    }
-    return true;
+    return api__native_reply_bound(reply_form(job), out, 3, text);
 }
 
 static double ms(int64_t ns)

@@ -301,17 +301,8 @@ static api__form reply_form(const mha_job *job)
 static bool reply_bound(const mha_job *job, size_t *text)
 {
     const api__layer *s = &job->s;
-    const api__out_shape *outs[2] = {&s->os, s->r.weights != ENG_WEIGHTS_NONE ? &s->ws : NULL};
-    api__form form = reply_form(job);
-    *text = 1024; /* braces, keys and meta */
-    for (int i = 0; i < 2; i++)
-        if (outs[i] &&
-            __builtin_add_overflow(
-                *text,
-                api__tensor_encoded_bound(form, outs[i]->rank, outs[i]->shape, outs[i]->count),
-                text))
-            return false;
-    return true;
+    const api__out_shape *out[2] = {&s->os, s->r.weights != ENG_WEIGHTS_NONE ? &s->ws : NULL};
+    return api__native_reply_bound(reply_form(job), out, 2, text);
 }
 
 static int encode_reply(void *p, api__jsonw *w, int64_t decode_ns, int64_t compute_ns,

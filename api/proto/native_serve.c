@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "api/core/memory.h"
 #include "api/proto/native.h"
 #include "api/wire/http_header.h"
 #include "api/wire/reply.h"
@@ -110,4 +111,15 @@ void api__native_serve(const api__native_steps *steps, void *job, const api_call
     if (steps->free)
         steps->free(job);
     api__req_free(rq);
+}
+
+bool api__native_reply_bound(api__form form, const api__out_shape *const *out, size_t n,
+                             size_t *text)
+{
+    *text = 1024; /* the reply's braces, keys and meta */
+    for (size_t i = 0; i < n; i++)
+        if (out[i] && !api__size_add(text, api__tensor_encoded_bound(form, out[i]->rank,
+                                                                     out[i]->shape, out[i]->count)))
+            return false;
+    return true;
 }

@@ -236,11 +236,6 @@ static int check_finite(v2_job *job, int o, api__error *err)
     return 0;
 }
 
-static bool add_size(size_t *acc, size_t n)
-{
-    return !__builtin_add_overflow(*acc, n, acc);
-}
-
 static int infer(v2_job *job, api_reply *reply, api__error *err)
 {
     bool all_binary = true, any_binary = false;
@@ -272,9 +267,9 @@ static int infer(v2_job *job, api_reply *reply, api__error *err)
     bool ok = model_bytes(job, &tensors, &scratch);
     for (int o = 0; o < N_OUTPUTS; o++)
         if (model_computes(job, o) && !(all_binary && job->want[o]))
-            ok = ok && add_size(&tensors, api__aligned_size(output_shape(job, o)->count * 4));
+            ok = ok && api__req_output_bytes(output_shape(job, o)->count, &tensors);
     reply_bytes = header + V2_BINARY_ALIGN;
-    ok = ok && add_size(&reply_bytes, json_text) && add_size(&reply_bytes, binary_bytes);
+    ok = ok && api__size_add(&reply_bytes, json_text) && api__size_add(&reply_bytes, binary_bytes);
     if (api__req_reserve_run(&job->rq, ok, tensors, reply_bytes, scratch, err) != 0)
         return -1;
 

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/core/memory.h"
 #include "api/wire/body.h"
 
 /* Bytes jansson may hold per JSON value: a json_t of 24 to 48 bytes as a malloc chunk, a slot
@@ -49,17 +50,6 @@
 static const unsigned char body_special[256] = {
     ['"'] = 1, [','] = 2, [':'] = 2, ['['] = 3, ['{'] = 2,
 };
-
-static size_t add_sat(size_t a, size_t b)
-{
-    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
-}
-
-static size_t mul_sat(size_t a, size_t b)
-{
-    size_t r;
-    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
-}
 
 static bool is_json_space(char c)
 {
@@ -357,9 +347,7 @@ static bool plain_printable(const char *p, size_t n)
     return !bad;
 }
 
-/* The offset of the quote that closes the string whose first character is at `i`, or len
- * when the body ends first. A quote closes when an even number of backslashes precede it. */
-static size_t string_end(const char *s, size_t i, size_t len)
+size_t api__json_string_end(const char *s, size_t i, size_t len)
 {
     size_t from = i;
     for (;;) {
@@ -459,7 +447,7 @@ void api__body_scan_run(const char *body, size_t len, api__body_scan *scan)
                 elide = scan_nonfinite(body, &i, len, scan, &cap);
             continue;
         }
-        size_t start = i + 1, end = string_end(body, start, len), n = end - start;
+        size_t start = i + 1, end = api__json_string_end(body, start, len), n = end - start;
         i = end + 1;
         size_t j = i;
         while (j < len && is_json_space(body[j]))
@@ -481,11 +469,11 @@ void api__body_scan_run(const char *body, size_t len, api__body_scan *scan)
 
     /* jansson holds each string twice at its peak (lexer buffer, grown by doubling, and the
      * value), plus the compact copy of the body that it parses. */
-    size_t est = mul_sat(values, BODY_BYTES_PER_VALUE);
-    est = add_sat(est, mul_sat(string_bytes, 3));
-    est = add_sat(est, len - elided);
-    est = add_sat(est, mul_sat(scan->n_spans, sizeof(api__body_span) + 32));
-    scan->parse_bytes = add_sat(est, 4096);
+    size_t est = api__size_mul_sat(values, BODY_BYTES_PER_VALUE);
+    est = api__size_add_sat(est, api__size_mul_sat(string_bytes, 3));
+    est = api__size_add_sat(est, len - elided);
+    est = api__size_add_sat(est, api__size_mul_sat(scan->n_spans, sizeof(api__body_span) + 32));
+    scan->parse_bytes = api__size_add_sat(est, 4096);
 }
 
 /* ---- The parse --------------------------------------------------------------------------- */

@@ -53,6 +53,13 @@ typedef struct {
     size_t n_spans;
 } api__body;
 
+/* The offset in s[0..len) of the quote that closes the JSON string whose first character (the
+ * one after its opening quote) is at `i`, or len when the text ends first. A quote closes the
+ * string unless an odd number of backslashes precede it; quotes are found with memchr and each
+ * run of backslashes is counted once, by the quote after it, so the scan stays linear. The one
+ * string scanner of the body scan and the timeout peek. */
+size_t api__json_string_end(const char *s, size_t i, size_t len);
+
 /* Scans `body` (not NUL-terminated) in one pass at close to memory speed: counts values to
  * estimate what jansson will allocate (~64 bytes per value; it is the budget's first item),
  * lists long string values, and checks big arrays of numbers with a strict scanner (JSON's

@@ -25,6 +25,7 @@
 #include <zlib.h>
 
 #include "api/wire/content_coding.h"
+#include "api/wire/http_header.h"
 #include "api/wire/reply.h"
 
 /* First output buffer of an inflate: four times the input (typical for JSON), at least 64 KiB,
@@ -34,33 +35,16 @@
 /* zlib takes uInt sizes: feed it at most this much per call. */
 #define ZLIB_CHUNK ((size_t)1 << 30)
 
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t';
-}
-
-/* The token s[0..n) trimmed of blanks equals `word`, ignoring case. */
-static bool token_eq(const char *s, size_t n, const char *word)
-{
-    while (n > 0 && is_space(*s)) {
-        s++;
-        n--;
-    }
-    while (n > 0 && is_space(s[n - 1]))
-        n--;
-    return strlen(word) == n && strncasecmp(s, word, n) == 0;
-}
-
 api__coding api__coding_parse(const char *value)
 {
     if (!value)
         return API_CODING_IDENTITY;
     size_t n = strlen(value);
-    if (token_eq(value, n, "") || token_eq(value, n, "identity"))
+    if (api__http_token_is(value, n, "") || api__http_token_is(value, n, "identity"))
         return API_CODING_IDENTITY;
-    if (token_eq(value, n, "gzip") || token_eq(value, n, "x-gzip"))
+    if (api__http_token_is(value, n, "gzip") || api__http_token_is(value, n, "x-gzip"))
         return API_CODING_GZIP;
-    if (token_eq(value, n, "deflate"))
+    if (api__http_token_is(value, n, "deflate"))
         return API_CODING_DEFLATE;
     return API_CODING_UNKNOWN;
 }
@@ -104,23 +88,22 @@ api__coding api__accept_encoding_pick(const char *value)
         /* Parameters: only q matters; anything malformed drops the whole entry. */
         const char *param = p + name_len;
         while (q >= 0 && param < p + len && *param == ';') {
-            param++;
-            while (is_space(*param))
-                param++;
+            param = api__http_skip_blanks(param + 1);
             size_t plen = strcspn(param, ";,");
             const char *end = param + plen;
-            while (end > param && is_space(end[-1]))
+            while (end > param && (end[-1] == ' ' || end[-1] == '\t'))
                 end--;
             if (end - param >= 2 && (param[0] == 'q' || param[0] == 'Q') && param[1] == '=')
                 q = parse_qvalue(param + 2, (size_t)(end - param - 2));
             param += plen;
         }
         if (q >= 0) {
-            if (token_eq(p, name_len, "gzip") || token_eq(p, name_len, "x-gzip"))
+            if (api__http_token_is(p, name_len, "gzip") ||
+                api__http_token_is(p, name_len, "x-gzip"))
                 q_gzip = q;
-            else if (token_eq(p, name_len, "deflate"))
+            else if (api__http_token_is(p, name_len, "deflate"))
                 q_deflate = q;
-            else if (token_eq(p, name_len, "*"))
+            else if (api__http_token_is(p, name_len, "*"))
                 q_star = q;
         }
         p += len;

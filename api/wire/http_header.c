@@ -9,27 +9,51 @@
 
 #include "api/wire/http_header.h"
 
-bool api__content_type_json(const char *ct)
+const char *api__http_skip_blanks(const char *p)
 {
-    static const char json[] = "application/json";
-    if (!ct)
-        return true;
-    while (*ct == ' ' || *ct == '\t')
-        ct++;
-    if (strncasecmp(ct, json, sizeof json - 1) != 0)
-        return false;
-    const char *p = ct + sizeof json - 1;
     while (*p == ' ' || *p == '\t')
         p++;
+    return p;
+}
+
+bool api__http_token_is(const char *s, size_t n, const char *word)
+{
+    while (n > 0 && (*s == ' ' || *s == '\t')) {
+        s++;
+        n--;
+    }
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        n--;
+    return strlen(word) == n && strncasecmp(s, word, n) == 0;
+}
+
+/* Where the parameters of `ct` begin (at its first ';', or at its end) when its media type is
+ * `type`, any case, blanks around it skipped; NULL for another media type. */
+static const char *media_type_params(const char *ct, const char *type)
+{
+    size_t n = strlen(type);
+    ct = api__http_skip_blanks(ct);
+    if (strncasecmp(ct, type, n) != 0)
+        return NULL;
+    ct = api__http_skip_blanks(ct + n);
+    return *ct == '\0' || *ct == ';' ? ct : NULL;
+}
+
+bool api__content_type_json(const char *ct)
+{
+    if (!ct)
+        return true;
+    const char *p = media_type_params(ct, "application/json");
+    if (!p)
+        return false;
     while (*p == ';') {
-        p++;
-        while (*p == ' ' || *p == '\t')
-            p++;
+        p = api__http_skip_blanks(p + 1);
         const char *name = p;
         while (*p && *p != '=' && *p != ';')
             p++;
         if (*p != '=')
             return false;
+        /* The name as written: "charset " with a blank before '=' is not charset. */
         bool charset = (size_t)(p - name) == 7 && strncasecmp(name, "charset", 7) == 0;
         const char *val = ++p;
         while (*p && *p != ';' && *p != ' ' && *p != '\t')
@@ -39,27 +63,11 @@ bool api__content_type_json(const char *ct)
             val++;
             n -= 2;
         }
-        if (charset && !((n == 5 && strncasecmp(val, "utf-8", 5) == 0) ||
-                         (n == 4 && strncasecmp(val, "utf8", 4) == 0)))
+        if (charset && !api__http_token_is(val, n, "utf-8") && !api__http_token_is(val, n, "utf8"))
             return false;
-        while (*p == ' ' || *p == '\t')
-            p++;
+        p = api__http_skip_blanks(p);
     }
     return *p == '\0';
-}
-
-/* `ct` is the media type `type`, any case, with any parameters. */
-static bool media_type_is(const char *ct, const char *type)
-{
-    size_t n = strlen(type);
-    while (*ct == ' ' || *ct == '\t')
-        ct++;
-    if (strncasecmp(ct, type, n) != 0)
-        return false;
-    ct += n;
-    while (*ct == ' ' || *ct == '\t')
-        ct++;
-    return *ct == '\0' || *ct == ';';
 }
 
 /* JSON; application/octet-stream, which the binary extension's clients send; and
@@ -67,8 +75,8 @@ static bool media_type_is(const char *ct, const char *type)
  * KServe's own examples rely on (Triton does not look at the Content-Type at all). */
 bool api__content_type_v2(const char *ct)
 {
-    return !ct || api__content_type_json(ct) || media_type_is(ct, "application/octet-stream") ||
-           media_type_is(ct, "application/x-www-form-urlencoded");
+    return !ct || api__content_type_json(ct) || media_type_params(ct, "application/octet-stream") ||
+           media_type_params(ct, "application/x-www-form-urlencoded");
 }
 
 /* Inference-Header-Content-Length: decimal digits, optionally surrounded by blanks. */
@@ -76,15 +84,13 @@ bool api__header_len_parse(const char *s, size_t *out)
 {
     size_t n = 0;
     int digits = 0;
-    while (*s == ' ' || *s == '\t')
-        s++;
+    s = api__http_skip_blanks(s);
     for (; *s >= '0' && *s <= '9'; s++, digits++) {
         if (n > (SIZE_MAX - 9) / 10)
             return false;
         n = n * 10 + (size_t)(*s - '0');
     }
-    while (*s == ' ' || *s == '\t')
-        s++;
+    s = api__http_skip_blanks(s);
     if (digits == 0 || *s != '\0')
         return false;
     *out = n;

@@ -763,17 +763,6 @@ int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem,
 
 /* ---- Encode ------------------------------------------------------------------------------ */
 
-static size_t add_sat(size_t a, size_t b)
-{
-    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
-}
-
-static size_t mul_sat(size_t a, size_t b)
-{
-    size_t r;
-    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
-}
-
 size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape, size_t count)
 {
     /* {"shape":[...], with each dimension at most 20 digits and a comma. */
@@ -783,19 +772,20 @@ size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape,
         /* Every array costs its brackets and the comma after it. */
         size_t arrays = 0, outer = 1;
         for (int d = 0; d < rank; d++) {
-            arrays = add_sat(arrays, outer);
-            outer = mul_sat(outer, (size_t)shape[d]);
+            arrays = api__size_add_sat(arrays, outer);
+            outer = api__size_mul_sat(outer, (size_t)shape[d]);
         }
-        return add_sat(mul_sat(count, API_FLOAT_MAX_CHARS), add_sat(mul_sat(arrays, 3), 16));
+        return api__size_add_sat(api__size_mul_sat(count, API_FLOAT_MAX_CHARS),
+                                 api__size_add_sat(api__size_mul_sat(arrays, 3), 16));
     }
     case API_FORM_FLAT:
-        return add_sat(mul_sat(count, API_FLOAT_MAX_CHARS), header);
+        return api__size_add_sat(api__size_mul_sat(count, API_FLOAT_MAX_CHARS), header);
     case API_FORM_BASE64:
         if (count > SIZE_MAX / 8)
             return SIZE_MAX;
-        return add_sat(api__base64_encoded_len(count * 4), header + 32);
+        return api__size_add_sat(api__base64_encoded_len(count * 4), header + 32);
     case API_FORM_RAW:
-        return mul_sat(count, 4);
+        return api__size_mul_sat(count, 4);
     }
     return SIZE_MAX;
 }

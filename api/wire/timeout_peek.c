@@ -27,6 +27,7 @@
  */
 #include <string.h>
 
+#include "api/wire/body.h"
 #include "api/wire/content_coding.h"
 #include "api/wire/http_header.h"
 #include "api/wire/timeout.h"
@@ -58,25 +59,15 @@ static bool ends_scalar(const cursor *c)
     return c->p == c->end || is_space(*c->p) || *c->p == ',' || *c->p == '}' || *c->p == ']';
 }
 
-/* Skips the string starting at c->p (its opening quote). A quote closes it unless an odd
- * number of backslashes precede it; each run of backslashes is counted once, by the quote
- * that follows it, so the walk stays linear. False for an unterminated string. */
+/* Skips the string starting at c->p (its opening quote), as the body scan reads strings. False
+ * for an unterminated string. */
 static bool skip_string(cursor *c)
 {
-    const char *open = c->p, *q = c->p + 1;
-    for (;;) {
-        const char *run;
-        q = memchr(q, '"', (size_t)(c->end - q));
-        if (!q)
-            return false;
-        for (run = q; run - 1 > open && run[-1] == '\\'; run--)
-            ;
-        q++;
-        if ((q - 1 - run) % 2 == 0) {
-            c->p = q;
-            return true;
-        }
-    }
+    size_t len = (size_t)(c->end - c->p), close = api__json_string_end(c->p, 1, len);
+    if (close == len)
+        return false;
+    c->p += close + 1;
+    return true;
 }
 
 /* What the bracket walk stops at: a quote, or a bracket that opens or closes a level. */
