@@ -55,13 +55,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api__req rq; /* first: api__native_serve finds it there */
+    api__req rq; /* first: api__serve finds it there */
     api__sdpa s;
     bool encoding_set;
     api__form encoding;
 } attn_job;
 
-_Static_assert(offsetof(attn_job, rq) == 0, "api__native_serve takes the job for its api__req");
+_Static_assert(offsetof(attn_job, rq) == 0, "api__serve takes the job for its api__req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -325,9 +325,9 @@ static double ms(int64_t ns)
     return (double)ns / 1e6;
 }
 
-static int encode_reply(void *p, api__jsonw *w, int64_t decode_ns, int64_t compute_ns,
-                        api__error *err)
+static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 {
+    int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const attn_job *job = p;
     const api__sdpa *s = &job->s;
     const api__sdpa_req *r = &s->r;
@@ -359,12 +359,10 @@ static int encode_reply(void *p, api__jsonw *w, int64_t decode_ns, int64_t compu
     api__jsonw_float(w, scale);
     api__jsonw_printf(w, ",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n", ms(decode_ns),
                       ms(compute_ns));
-    if (w->state != API_JSONW_OK)
-        return api__jsonw_error(w, err);
-    return 0;
+    return api__native_reply(w, reply, err);
 }
 
-/* ---- The call: this route's steps of api__native_serve --------------------------------------- */
+/* ---- The call: this route's steps of api__serve --------------------------------------- */
 
 static int parse(void *p, api__error *err)
 {
@@ -396,7 +394,9 @@ static int64_t inferences(const void *p)
     return ((const attn_job *)p)->s.r.B;
 }
 
-static const api__native_steps attn_steps = {
+static const api__route attn_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = api__native_read,
     .parse = parse,
     .size = sizes,
     .decode = decode,
@@ -410,6 +410,6 @@ void api_attention(const api_call *call, api_reply *reply)
     attn_job *job = calloc(1, sizeof *job);
     if (job)
         job->s.rq = &job->rq;
-    api__native_serve(&attn_steps, job, call, reply);
+    api__serve(&attn_steps, job, call, reply);
     free(job);
 }

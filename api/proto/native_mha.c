@@ -59,13 +59,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api__req rq; /* first: api__native_serve finds it there */
+    api__req rq; /* first: api__serve finds it there */
     api__layer s;
     bool encoding_set;
     api__form encoding;
 } mha_job;
 
-_Static_assert(offsetof(mha_job, rq) == 0, "api__native_serve takes the job for its api__req");
+_Static_assert(offsetof(mha_job, rq) == 0, "api__serve takes the job for its api__req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -305,9 +305,9 @@ static bool reply_bound(const mha_job *job, size_t *text)
     return api__native_reply_bound(reply_form(job), out, 2, text);
 }
 
-static int encode_reply(void *p, api__jsonw *w, int64_t decode_ns, int64_t compute_ns,
-                        api__error *err)
+static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 {
+    int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const mha_job *job = p;
     const api__layer *s = &job->s;
     const eng_layer *l = s->layer;
@@ -338,12 +338,10 @@ static int encode_reply(void *p, api__jsonw *w, int64_t decode_ns, int64_t compu
                       (long long)(l->embed_dim / l->num_heads),
                       api__layer_positional_name(s->r.positional), (double)decode_ns / 1e6,
                       (double)compute_ns / 1e6);
-    if (w->state != API_JSONW_OK)
-        return api__jsonw_error(w, err);
-    return 0;
+    return api__native_reply(w, reply, err);
 }
 
-/* ---- The call: this route's steps of api__native_serve --------------------------------------- */
+/* ---- The call: this route's steps of api__serve --------------------------------------- */
 
 static int parse(void *p, api__error *err)
 {
@@ -377,7 +375,9 @@ static void free_layer(void *p)
 }
 
 /* No inferences step: reply->inferences feeds only the KServe v2 models' metrics. */
-static const api__native_steps mha_steps = {
+static const api__route mha_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = api__native_read,
     .parse = parse,
     .size = sizes,
     .decode = decode,
@@ -391,6 +391,6 @@ void api_mha(const api_call *call, api_reply *reply)
     mha_job *job = calloc(1, sizeof *job);
     if (job)
         job->s.rq = &job->rq;
-    api__native_serve(&mha_steps, job, call, reply);
+    api__serve(&mha_steps, job, call, reply);
     free(job);
 }

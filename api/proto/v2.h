@@ -28,7 +28,7 @@ enum { OUT_OUTPUT = 0, OUT_WEIGHTS, OUT_LSE, N_OUTPUTS };
 static const char *const output_names[N_OUTPUTS] = {"output", "weights", "lse"};
 
 typedef struct {
-    api__req rq;
+    api__req rq;  /* first: api__serve finds it there */
     api__sdpa s;  /* model sdpa */
     api__layer l; /* a layer model */
     model_ref model;
@@ -47,6 +47,13 @@ typedef struct {
     bool weights_param_off; /* ... as false */
     bool lse_param_set;
     int64_t timeout_us; /* Triton's "timeout" parameter; 0: none */
+
+    /* The reply, as v2_infer.c sizes and writes it. */
+    bool all_binary, any_binary; /* of the outputs returned */
+    size_t binary_bytes;         /* the binary outputs' bytes after the JSON */
+    size_t json_text;            /* a bound of the JSON outputs' text */
+    char *blob;                  /* the body once made (owned until the reply takes it) */
+    size_t json_len;             /* the JSON part of blob */
 } v2_job;
 
 /* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */

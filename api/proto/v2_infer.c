@@ -69,6 +69,7 @@
 #include <string.h>
 
 #include "api/core/memory.h"
+#include "api/proto/serve.h"
 #include "api/proto/v2.h"
 #include "api/wire/reply.h"
 
@@ -236,142 +237,165 @@ static int check_finite(v2_job *job, int o, api__error *err)
     return 0;
 }
 
-static int infer(v2_job *job, api_reply *reply, api__error *err)
-{
-    bool all_binary = true, any_binary = false;
-    size_t binary_bytes = 0, json_text = 0;
-    job->s.rq = &job->rq;
-    job->l.rq = &job->rq;
+/* ---- The route: its steps of api__serve ---------------------------------------------------- */
 
-    if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0 ||
-        model_check(job, err) != 0)
+_Static_assert(offsetof(v2_job, rq) == 0, "api__serve takes the job for its api__req");
+
+static int parse(void *p, api__error *err)
+{
+    v2_job *job = p;
+    if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0)
         return -1;
+    return model_check(job, err);
+}
+
+/* Sizes everything before anything is allocated. When every output is binary the engine
+ * writes into the reply itself, so the outputs count once, as part of the reply. */
+static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
+{
+    v2_job *job = p;
+    job->all_binary = true;
     for (int o = 0; o < N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
         const api__out_shape *sh = output_shape(job, o);
         if (job->binary[o]) {
-            any_binary = true;
-            binary_bytes += sh->count * 4; /* within --max-elements */
+            job->any_binary = true;
+            job->binary_bytes += sh->count * 4; /* within --max-elements */
         } else {
-            all_binary = false;
-            json_text += api__tensor_encoded_bound(
-                             API_FORM_NESTED, 1, (const int64_t[]){(int64_t)sh->count}, sh->count) +
-                         64;
+            job->all_binary = false;
+            job->json_text +=
+                api__tensor_encoded_bound(API_FORM_NESTED, 1, (const int64_t[]){(int64_t)sh->count},
+                                          sh->count) +
+                64;
         }
     }
-
-    /* Size everything, reserve it, then allocate and decode. When every output is binary the
-     * engine writes into the reply itself, so the outputs count once, as part of the reply. */
-    size_t tensors, scratch, header = header_bound(job), reply_bytes;
-    bool ok = model_bytes(job, &tensors, &scratch);
+    bool ok = model_bytes(job, tensors, scratch);
     for (int o = 0; o < N_OUTPUTS; o++)
-        if (model_computes(job, o) && !(all_binary && job->want[o]))
-            ok = ok && api__req_output_bytes(output_shape(job, o)->count, &tensors);
-    reply_bytes = header + V2_BINARY_ALIGN;
-    ok = ok && api__size_add(&reply_bytes, json_text) && api__size_add(&reply_bytes, binary_bytes);
-    if (api__req_reserve_run(&job->rq, ok, tensors, reply_bytes, scratch, err) != 0)
-        return -1;
+        if (model_computes(job, o) && !(job->all_binary && job->want[o]))
+            ok = ok && api__req_output_bytes(output_shape(job, o)->count, tensors);
+    *text = header_bound(job) + V2_BINARY_ALIGN;
+    return ok && api__size_add(text, job->json_text) && api__size_add(text, job->binary_bytes);
+}
 
-    api__jsonw w;
-    api__jsonw_init(&w, reply_bytes);
-    char *blob = NULL; /* all binary: the whole reply, JSON then outputs */
-    size_t json_len = 0;
-    if (all_binary) {
-        write_header_start(job, &w);
-        if (write_outputs(job, &w, err) != 0) {
-            api__jsonw_free(&w);
-            return -1;
-        }
-        api__jsonw_cstr(&w, "]}");
-        if (w.state != API_JSONW_OK) {
-            api__jsonw_free(&w);
-            return api__jsonw_error(&w, err);
-        }
-        /* Pad with spaces (JSON allows them after the value) so that the first output starts
-         * on a 64-byte boundary of a 64-byte-aligned buffer. */
-        json_len = (w.len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
-        blob = eng_buf_alloc(json_len + binary_bytes); /* 64-byte aligned */
-        if (!blob) {
-            api__jsonw_free(&w);
-            return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
-                                  "out of memory for the reply");
-        }
-        memcpy(blob, w.data, w.len);
-        memset(blob + w.len, ' ', json_len - w.len);
-        api__jsonw_free(&w);
-        size_t at = json_len;
-        for (int o = 0; o < N_OUTPUTS; o++) {
-            if (!job->want[o])
-                continue;
-            *output_slot(job, o) = (float *)(void *)(blob + at);
-            at += output_shape(job, o)->count * 4;
-        }
-    }
-
-    int rc = model_decode(job, err);
-    reply->decode_ns = eng_now_ns() - job->rq.call_ns;
-    rc = rc != 0 ? rc : model_run(job, &reply->compute_ns, err);
-    int64_t t_encode = eng_now_ns();
-    for (int o = 0; rc == 0 && o < N_OUTPUTS; o++)
-        if (job->want[o] && job->binary[o])
-            rc = check_finite(job, o, err);
-    if (rc == 0 && !all_binary) {
-        /* JSON outputs: the text after the compute, binary ones appended in order. */
-        write_header_start(job, &w);
-        rc = write_outputs(job, &w, err);
-        api__jsonw_cstr(&w, "]}");
-        if (rc == 0 && !any_binary)
-            api__jsonw_char(&w, '\n');
-        json_len = w.len;
-        for (int o = 0; rc == 0 && o < N_OUTPUTS; o++)
-            if (job->want[o] && job->binary[o])
-                api__jsonw_mem(&w, output_data(job, o), output_shape(job, o)->count * 4);
-        if (rc == 0 && w.state != API_JSONW_OK)
-            rc = api__jsonw_error(&w, err);
-        if (rc == 0) {
-            blob = w.data;
-            w.data = NULL;
-        }
-        api__jsonw_free(&w);
-    }
-    if (rc != 0) {
-        eng_buf_free(blob);
+/* All binary: the whole reply is made now, JSON then outputs, and the engine writes the outputs
+ * where they are sent from. */
+static int place(void *p, api__jsonw *w, api__error *err)
+{
+    v2_job *job = p;
+    if (!job->all_binary)
+        return 0;
+    write_header_start(job, w);
+    if (write_outputs(job, w, err) != 0)
         return -1;
+    api__jsonw_cstr(w, "]}");
+    if (w->state != API_JSONW_OK)
+        return api__jsonw_error(w, err);
+    /* Pad with spaces (JSON allows them after the value) so that the first output starts on a
+     * 64-byte boundary of a 64-byte-aligned buffer. */
+    job->json_len = (w->len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
+    job->blob = eng_buf_alloc(job->json_len + job->binary_bytes); /* 64-byte aligned */
+    if (!job->blob)
+        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                              "out of memory for the reply");
+    memcpy(job->blob, w->data, w->len);
+    memset(job->blob + w->len, ' ', job->json_len - w->len);
+    api__jsonw_free(w);
+    size_t at = job->json_len;
+    for (int o = 0; o < N_OUTPUTS; o++) {
+        if (!job->want[o])
+            continue;
+        *output_slot(job, o) = (float *)(void *)(job->blob + at);
+        at += output_shape(job, o)->count * 4;
     }
-    reply->status = api_status_http(API_ERRORS_V2, API_STATUS_OK);
-    reply->reason = API_REASON_NONE;
-    reply->content_type = any_binary ? "application/octet-stream" : "application/json";
-    reply->body = blob;
-    reply->body_len = json_len + binary_bytes;
-    reply->inference_header_len = any_binary ? (int64_t)json_len : 0;
-    reply->inferences = is_layer(job) ? job->l.B : job->s.r.B;
-    reply->encode_ns = eng_now_ns() - t_encode;
     return 0;
 }
+
+static int decode(void *p, api__error *err)
+{
+    return model_decode(p, err);
+}
+
+static int compute(void *p, int64_t *compute_ns, api__error *err)
+{
+    return model_run(p, compute_ns, err);
+}
+
+/* JSON outputs: the text after the compute, binary ones appended in order. */
+static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
+{
+    write_header_start(job, w);
+    if (write_outputs(job, w, err) != 0)
+        return -1;
+    api__jsonw_cstr(w, "]}");
+    if (!job->any_binary)
+        api__jsonw_char(w, '\n');
+    job->json_len = w->len;
+    for (int o = 0; o < N_OUTPUTS; o++)
+        if (job->want[o] && job->binary[o])
+            api__jsonw_mem(w, output_data(job, o), output_shape(job, o)->count * 4);
+    if (w->state != API_JSONW_OK)
+        return api__jsonw_error(w, err);
+    job->blob = w->data;
+    w->data = NULL;
+    return 0;
+}
+
+static int encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+{
+    v2_job *job = p;
+    for (int o = 0; o < N_OUTPUTS; o++)
+        if (job->want[o] && job->binary[o] && check_finite(job, o, err) != 0)
+            return -1;
+    if (!job->all_binary && write_reply(job, w, err) != 0)
+        return -1;
+    reply->status = api_status_http(API_ERRORS_V2, API_STATUS_OK);
+    reply->reason = API_REASON_NONE;
+    reply->content_type = job->any_binary ? "application/octet-stream" : "application/json";
+    reply->body = job->blob;
+    reply->body_len = job->json_len + job->binary_bytes;
+    reply->inference_header_len = job->any_binary ? (int64_t)job->json_len : 0;
+    job->blob = NULL;
+    return 0;
+}
+
+static int64_t inferences(const void *p)
+{
+    const v2_job *job = p;
+    return is_layer(job) ? job->l.B : job->s.r.B;
+}
+
+static void free_job(void *p)
+{
+    v2_job *job = p;
+    api__layer_free(&job->l);
+    eng_buf_free(job->blob);
+    job->blob = NULL;
+}
+
+static const api__route v2_route = {
+    .style = API_ERRORS_V2,
+    .parse = parse,
+    .size = sizes,
+    .place = place,
+    .decode = decode,
+    .compute = compute,
+    .encode = encode,
+    .inferences = inferences,
+    .free = free_job,
+};
 
 void api_v2_infer(const api_call *call, api_reply *reply)
 {
     v2_job *job = calloc(1, sizeof *job);
-    api__error err;
-    memset(&err, 0, sizeof err);
-    memset(reply, 0, sizeof *reply);
-    if (!job) {
-        api__error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL, "out of memory");
-        api__reply_from_error(reply, API_ERRORS_V2, &err);
-        return;
-    }
-    if (!api__v2_model_find(call, &job->model, reply)) {
+    if (job && !api__v2_model_find(call, &job->model, reply)) {
         free(job);
         return;
     }
-    api__req_init(&job->rq, call);
-    if (infer(job, reply, &err) != 0) {
-        api__reply_from_error(reply, API_ERRORS_V2, &err);
-        if (reply->decode_ns == 0)
-            reply->decode_ns = eng_now_ns() - job->rq.call_ns;
+    if (job) {
+        job->s.rq = &job->rq;
+        job->l.rq = &job->rq;
     }
-    api__layer_free(&job->l);
-    api__req_free(&job->rq);
+    api__serve(&v2_route, job, call, reply);
     free(job);
 }

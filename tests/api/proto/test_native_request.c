@@ -1,6 +1,6 @@
 /* test_native_request.c - POST /v1/attention request validation: every field's errors, each with
  * the status and the "field" of its JSON error, and the statuses that come from the call around the
- * body (content type, limits, memory budget, deadline, cancellation); and api__native_serve, the
+ * body (content type, limits, memory budget, deadline, cancellation); and api__serve, the
  * stages every native JSON route runs, with stub steps. */
 #include <jansson.h>
 #include <stdio.h>
@@ -608,7 +608,8 @@ static void test_random_mutations_never_crash(void)
     }
 }
 
-/* ---- api__native_serve, with stub steps ------------------------------------------------------ */
+/* ---- api__serve, with stub steps of a native route
+ * ------------------------------------------------------ */
 
 /* A route whose steps only record that they ran (one letter each, in `trace`); the step named
  * by `fail` fails with a 422. */
@@ -653,12 +654,12 @@ static int stub_compute(void *p, int64_t *compute_ns, api__error *err)
     return stub_step(p, 'c', err);
 }
 
-static int stub_encode(void *p, api__jsonw *w, int64_t decode_ns, int64_t compute_ns,
-                       api__error *err)
+static int stub_encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 {
-    (void)decode_ns;
-    api__jsonw_printf(w, "{\"compute_ns\":%lld}\n", (long long)compute_ns);
-    return stub_step(p, 'e', err);
+    api__jsonw_printf(w, "{\"compute_ns\":%lld}\n", (long long)reply->compute_ns);
+    if (stub_step(p, 'e', err) != 0)
+        return -1;
+    return api__native_reply(w, reply, err);
 }
 
 static int64_t stub_inferences(const void *p)
@@ -673,7 +674,9 @@ static void stub_free(void *p)
     job->trace[job->n++] = 'f';
 }
 
-static const api__native_steps stub_steps = {
+static const api__route stub_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = api__native_read,
     .parse = stub_parse,
     .size = stub_size,
     .decode = stub_decode,
@@ -699,7 +702,7 @@ static void test_serve_runs_the_steps_in_order_and_frees_on_every_path(void)
             .body = "{}", .body_len = 2, .pool = pool, .content_type = serves[i].content_type};
         stub_job job = {.fail = serves[i].fail};
         api_reply r;
-        api__native_serve(&stub_steps, &job, &call, &r);
+        api__serve(&stub_steps, &job, &call, &r);
         CHECKF(r.status == serves[i].status, "case %zu: %d", i, r.status);
         CHECKF(strcmp(job.trace, serves[i].trace) == 0, "case %zu ran \"%s\"", i, job.trace);
         CHECK(r.decode_ns > 0); /* up to the failure when decoding never finished */
@@ -710,7 +713,7 @@ static void test_serve_runs_the_steps_in_order_and_frees_on_every_path(void)
     }
     api_call call = {.body = "{}", .body_len = 2, .pool = pool};
     api_reply r;
-    api__native_serve(&stub_steps, NULL, &call, &r); /* the route's job could not be allocated */
+    api__serve(&stub_steps, NULL, &call, &r); /* the route's job could not be allocated */
     CHECK_EQ_INT(r.status, 503);
     api_reply_free(&r);
 }
