@@ -6,16 +6,16 @@
  * decoded, options with their defaults. From there everything is here, so both routes
  * validate, budget, decode and compute a layer request identically:
  *
- *   api__layer_check   the options that conflict, the element limit over the inputs, the
- *                     deadline, the layer (registered, or built from inline weights), every
- *                     tensor against it, and the output shapes with the element limit over
- *                     inputs and outputs;
- *   api__layer_bytes   what decoding and computing will allocate, for the budget (reserved by
- *                     the route together with its reply);
- *   api__layer_decode  allocate and decode the inputs (raw float32 and bool tensors of the v2
- *                     binary extension are used where they lie in the body when aligned), and
- *                     allocate the outputs a route did not place in its reply;
- *   api__layer_run     eng_mha, with the deadline and cancellation.
+ *   check         the options that conflict, the element limit over the inputs, the
+ *                 deadline, the layer (registered, or built from inline weights), every
+ *                 tensor against it, and the output shapes with the element limit over
+ *                 inputs and outputs;
+ *   bytes         what decoding and computing will allocate, for the budget (reserved by
+ *                 the route together with its reply);
+ *   decode        allocate and decode the inputs (raw float32 and bool tensors of the v2
+ *                 binary extension are used where they lie in the body when aligned), and
+ *                 allocate the outputs a route did not place in its reply;
+ *   run           eng_mha, with the deadline and cancellation.
  *
  * Messages name the request's fields (input, memory, key, value, attn_mask, key_padding_mask,
  * weights.*), which both formats share.
@@ -362,8 +362,9 @@ static int out_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
-int api__layer_check(api__layer *s, api__error *err)
+static int layer_check(void *op, api__error *err)
 {
+    api__layer *s = op;
     bool overflow = false;
     if (check_options(&s->r, err) != 0)
         return -1;
@@ -398,8 +399,9 @@ static void input_defs(api__layer *s, api__input in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-bool api__layer_bytes(api__layer *s, bool outputs, size_t *tensors, size_t *scratch)
+static bool layer_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
 {
+    api__layer *s = op;
     api__input in[N_INPUTS];
     input_defs(s, in);
     *tensors = 0;
@@ -414,8 +416,9 @@ bool api__layer_bytes(api__layer *s, bool outputs, size_t *tensors, size_t *scra
     return ok;
 }
 
-int api__layer_decode(api__layer *s, api__error *err)
+static int layer_decode(void *op, api__error *err)
 {
+    api__layer *s = op;
     api__input in[N_INPUTS];
     input_defs(s, in);
     for (size_t i = 0; i < N_INPUTS; i++)
@@ -459,8 +462,9 @@ static const char *request_field(const api__layer_req *r, const char *engine_fie
     return engine_field;
 }
 
-int api__layer_run(api__layer *s, int64_t *compute_ns, api__error *err)
+static int layer_run(void *op, int64_t *compute_ns, api__error *err)
 {
+    api__layer *s = op;
     eng_error e;
     if (api__req_check_ctl(s->rq, err) != 0)
         return -1;
@@ -473,8 +477,9 @@ int api__layer_run(api__layer *s, int64_t *compute_ns, api__error *err)
     return 0;
 }
 
-void api__layer_free(api__layer *s)
+static void layer_free(void *op)
 {
+    api__layer *s = op;
     eng_layer_free(s->inline_layer);
     s->inline_layer = NULL;
 }
@@ -493,3 +498,37 @@ const char *api__layer_positional_name(eng_positional p)
     }
     return "none";
 }
+
+/* ---- The operation ------------------------------------------------------------------------ */
+
+static const api__out_shape *layer_output(void *op, int o, float ***slot)
+{
+    api__layer *s = op;
+    float **data = NULL;
+    const api__out_shape *shape = NULL;
+    if (o == API__OUT_OUTPUT) {
+        data = &s->out;
+        shape = &s->os;
+    } else if (o == API__OUT_WEIGHTS && s->r.weights != ENG_WEIGHTS_NONE) {
+        data = &s->weights;
+        shape = &s->ws;
+    }
+    if (slot)
+        *slot = data;
+    return shape;
+}
+
+static int64_t layer_batch(const void *op)
+{
+    return ((const api__layer *)op)->B;
+}
+
+const api__op api__layer_op = {
+    .check = layer_check,
+    .bytes = layer_bytes,
+    .decode = layer_decode,
+    .run = layer_run,
+    .output = layer_output,
+    .batch = layer_batch,
+    .free = layer_free,
+};

@@ -8,14 +8,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/ops/operation.h"
 #include "api/ops/options.h"
-#include "api/ops/sdpa.h"
 
 /* One path from a decoded layer request to eng_mha, shared by POST /v1/mha and the KServe v2
  * route of a layer model: a route fills an api__layer_req from its wire format (tensors probed,
- * not decoded; s->layer set when the route already knows the layer), then calls
- * api__layer_check, api__layer_bytes (to reserve), api__layer_decode and api__layer_run, encodes
- * s->out and s->weights in its own format, and ends with api__layer_free. Tensor names in
+ * not decoded), then runs api__layer_op, ending with its free. Tensor names in
  * messages are the request's: input, memory, key, value, attn_mask, key_padding_mask,
  * weights.*; options: query_offset, rope_base, rope_style, num_heads, num_kv_heads. */
 
@@ -50,40 +48,26 @@ typedef struct {
     api__req *rq;
     api__layer_req r;
     const eng_layer *layer;  /* borrowed from the registry, or inline_layer; set by check */
-    eng_layer *inline_layer; /* built from r.wt; owned, freed by api__layer_free */
+    eng_layer *inline_layer; /* built from r.wt; owned, freed by free */
     int64_t B, L, S, Sx;     /* Sx: S plus the keys the layer appends */
-    api__out_shape os, ws;   /* output and weights: filled by api__layer_check */
+    api__out_shape os, ws;   /* output and weights: filled by check */
     /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
     float *x, *k_in, *v_in, *mask_f;
     uint8_t *mask_b, *kpm;
-    /* Outputs: a route may point them into its reply before api__layer_decode (which allocates
+    /* Outputs: a route may point them into its reply before decode (which allocates
      * those still NULL); weights only when requested. */
     float *out, *weights;
     float placeholder; /* stands in for buffers not allocated yet when sizing */
     eng_mha_args args;
 } api__layer;
 
-/* Checks the options that exclude each other, the element limit over the inputs (413,
- * --max-elements), sets the deadline (timeout_ms), finds the layer (s->layer if the route set
- * it, else r.model in call->models: 404; or builds it from inline weights, reserving them in
- * the budget), checks every tensor against it and the element limit over inputs and outputs,
- * and fills the output shapes. 422 names the field. */
-int api__layer_check(api__layer *s, api__error *err);
-
-/* Bytes the call will allocate beyond the body: decoded inputs (none for raw tensors used in
- * place), the outputs when `outputs` (a route that places them in its reply counts them there),
- * and the engine's scratch. False when a sum overflows. */
-bool api__layer_bytes(api__layer *s, bool outputs, size_t *tensors, size_t *scratch);
-
-/* Allocates and decodes every input (in place where api__tensor_in_place allows), allocates the
- * outputs the route did not place, and frees the body tree (its reservation goes back). */
-int api__layer_decode(api__layer *s, api__error *err);
-
-/* Runs eng_mha (checking the deadline and the cancel flag first); *compute_ns gets its time. */
-int api__layer_run(api__layer *s, int64_t *compute_ns, api__error *err);
-
-/* Frees what the request owns beyond rq (the inline layer). Safe to call twice. */
-void api__layer_free(api__layer *s);
+/* The operation (operation.h) on an api__layer whose rq is set and whose request r a route
+ * filled (and s->layer, when the route already knows the layer). check tests the options that
+ * exclude each other and the element limit over the inputs, sets the deadline, finds the layer
+ * (s->layer, else r.model in call->models: 404; or builds it from inline weights, reserving
+ * them in the budget), checks every tensor against it and the element limit over inputs and
+ * outputs. Its outputs are output and weights; free frees the inline layer. */
+extern const api__op api__layer_op;
 
 /* "none", "sinusoidal", "rope" or "alibi". */
 const char *api__layer_positional_name(eng_positional p);

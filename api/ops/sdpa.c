@@ -6,15 +6,15 @@
  * options with their defaults. From there everything is here, so both routes validate, budget,
  * decode and compute a request identically:
  *
- *   api__sdpa_check   derive B, H, Hkv, L, S, D, Dv from the ranks (DESIGN.md section 5), check
- *                    every tensor against them, the element limit over inputs and outputs, the
- *                    deadline, and the output shapes;
- *   api__sdpa_bytes   what decoding and computing will allocate, for the budget (reserved by
- *                    the route together with its reply);
- *   api__sdpa_decode  allocate and decode the inputs (raw float32 and bool tensors of the v2
- *                    binary extension are used where they lie in the body when aligned), and
- *                    allocate the outputs a route did not place in its reply;
- *   api__sdpa_run     eng_sdpa, with the deadline and cancellation.
+ *   check        derive B, H, Hkv, L, S, D, Dv from the ranks (DESIGN.md section 5), check
+ *                every tensor against them, the element limit over inputs and outputs, the
+ *                deadline, and the output shapes;
+ *   bytes        what decoding and computing will allocate, for the budget (reserved by
+ *                the route together with its reply);
+ *   decode       allocate and decode the inputs (raw float32 and bool tensors of the v2
+ *                binary extension are used where they lie in the body when aligned), and
+ *                allocate the outputs a route did not place in its reply;
+ *   run          eng_sdpa, with the deadline and cancellation.
  *
  * Rank 2 and 3 tensors are handed to the engine as strided views of the decoded buffers
  * ([B, L, H, D] memory seen as [B, H, L, D]): no head is ever copied.
@@ -229,8 +229,9 @@ static void out_shapes(const api__sdpa_req *r, api__out_shape *out, api__out_sha
     }
 }
 
-int api__sdpa_check(api__sdpa *s, api__error *err)
+static int sdpa_check(void *op, api__error *err)
 {
+    api__sdpa *s = op;
     if (check_shapes(&s->r, err) != 0 || check_elements(s, err) != 0)
         return -1;
     api__req_set_deadline(s->rq, s->r.timeout_ms);
@@ -328,8 +329,9 @@ static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-bool api__sdpa_bytes(api__sdpa *s, bool outputs, size_t *tensors, size_t *scratch)
+static bool sdpa_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
 {
+    api__sdpa *s = op;
     const api__sdpa_req *r = &s->r;
     api__input in[N_INPUTS];
     input_defs(s, in);
@@ -349,8 +351,9 @@ bool api__sdpa_bytes(api__sdpa *s, bool outputs, size_t *tensors, size_t *scratc
 
 /* ---- Decoding ---------------------------------------------------------------------------- */
 
-int api__sdpa_decode(api__sdpa *s, api__error *err)
+static int sdpa_decode(void *op, api__error *err)
 {
+    api__sdpa *s = op;
     api__sdpa_req *r = &s->r;
     api__input in[N_INPUTS];
     input_defs(s, in);
@@ -402,8 +405,9 @@ static const char *request_field(const char *engine_field)
     return engine_field;
 }
 
-int api__sdpa_run(api__sdpa *s, int64_t *compute_ns, api__error *err)
+static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
 {
+    api__sdpa *s = op;
     eng_error eerr;
     if (api__req_check_ctl(s->rq, err) != 0)
         return -1;
@@ -416,3 +420,39 @@ int api__sdpa_run(api__sdpa *s, int64_t *compute_ns, api__error *err)
                                      eerr.field[0] ? request_field(eerr.field) : NULL, err);
     return 0;
 }
+
+/* ---- The operation ------------------------------------------------------------------------ */
+
+static const api__out_shape *sdpa_output(void *op, int o, float ***slot)
+{
+    api__sdpa *s = op;
+    float **data = NULL;
+    const api__out_shape *shape = NULL;
+    if (o == API__OUT_OUTPUT) {
+        data = &s->out;
+        shape = &s->os;
+    } else if (o == API__OUT_WEIGHTS && s->r.weights != ENG_WEIGHTS_NONE) {
+        data = &s->weights;
+        shape = &s->ws;
+    } else if (o == API__OUT_LSE && s->r.return_lse) {
+        data = &s->lse;
+        shape = &s->ls;
+    }
+    if (slot)
+        *slot = data;
+    return shape;
+}
+
+static int64_t sdpa_batch(const void *op)
+{
+    return ((const api__sdpa *)op)->r.B;
+}
+
+const api__op api__sdpa_op = {
+    .check = sdpa_check,
+    .bytes = sdpa_bytes,
+    .decode = sdpa_decode,
+    .run = sdpa_run,
+    .output = sdpa_output,
+    .batch = sdpa_batch,
+};

@@ -43,9 +43,10 @@ int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err)
     return 0;
 }
 
-int api__native_tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
-                             const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
-                             api__error *err)
+/* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
+static int tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
+                        const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
+                        api__error *err)
 {
     size_t bad = 0;
     api__jsonw_char(w, '"');
@@ -68,13 +69,59 @@ int api__native_tensor_field(api__jsonw *w, const char *name, const float *data,
     return api__jsonw_error(w, err);
 }
 
-bool api__native_reply_bound(api__form form, const api__out_shape *const *out, size_t n,
-                             size_t *text)
+bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text)
 {
+    api__native_job *nj = job;
+    bool sized = nj->op->bytes(nj->state, true, tensors, scratch);
     *text = 1024; /* the reply's braces, keys and meta */
-    for (size_t i = 0; i < n; i++)
-        if (out[i] && !api__size_add(text, api__tensor_encoded_bound(form, out[i]->rank,
-                                                                     out[i]->shape, out[i]->count)))
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        const api__out_shape *sh = nj->op->output(nj->state, o, NULL);
+        if (sh && !api__size_add(
+                      text, api__tensor_encoded_bound(nj->form, sh->rank, sh->shape, sh->count)))
             return false;
-    return true;
+    }
+    return sized;
+}
+
+int api__native_decode(void *job, api__error *err)
+{
+    api__native_job *nj = job;
+    return nj->op->decode(nj->state, err);
+}
+
+int api__native_compute(void *job, int64_t *compute_ns, api__error *err)
+{
+    api__native_job *nj = job;
+    return nj->op->run(nj->state, compute_ns, err);
+}
+
+int64_t api__native_inferences(const void *job)
+{
+    const api__native_job *nj = job;
+    return nj->op->batch(nj->state);
+}
+
+void api__native_free(void *job)
+{
+    api__native_job *nj = job;
+    if (nj->op->free)
+        nj->op->free(nj->state);
+}
+
+int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err)
+{
+    api__jsonw_char(w, '{');
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        float **data;
+        const api__out_shape *sh = nj->op->output(nj->state, o, &data);
+        if (!sh)
+            continue;
+        if (o != API__OUT_OUTPUT) /* the output comes first, always */
+            api__jsonw_char(w, ',');
+        if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form,
+                         o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0, nj->rq.call->pool,
+                         err) != 0)
+            return -1;
+    }
+    return 0;
 }

@@ -9,8 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/ops/operation.h"
 #include "api/ops/request.h"
-#include "api/ops/sdpa.h"
 #include "api/proto/serve.h"
 #include "api/wire/jsonw.h"
 #include "api/wire/tensor.h"
@@ -24,15 +24,29 @@ int api__native_read(void *job, api__error *err);
  * failure (api__jsonw_error). */
 int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err);
 
-/* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
-int api__native_tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
-                             const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
-                             api__error *err);
+/* The head of a native route's job: its request and the operation it runs, so that the steps
+ * below serve every native route. */
+typedef struct {
+    api__req rq;       /* first: api__serve finds it there */
+    const api__op *op; /* api__sdpa_op, api__layer_op */
+    void *state;       /* the operation's state, in the route's job; its rq is &rq */
+    api__form form;    /* of the reply's tensors: set by the route's parse step */
+} api__native_job;
 
-/* An upper bound of the text of a native reply with the outputs out[0..n) (NULL entries: not
- * returned) in `form`: its braces, keys and meta, and each tensor; false on overflow. */
-bool api__native_reply_bound(api__form form, const api__out_shape *const *out, size_t n,
-                             size_t *text);
+/* Steps of api__route for a job that starts with an api__native_job. size: the operation's
+ * bytes with its outputs, and an upper bound of the reply (its braces, keys and meta, and each
+ * output the operation computes, in `form`). decode, compute: the operation's. inferences:
+ * its batch. free: its free. */
+bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text);
+int api__native_decode(void *job, api__error *err);
+int api__native_compute(void *job, int64_t *compute_ns, api__error *err);
+int64_t api__native_inferences(const void *job);
+void api__native_free(void *job);
+
+/* The start of a native reply: '{' and "name": tensor for each output the operation computed,
+ * in nj->form ("lse" with -inf as null, as strict JSON has no -inf); a non-finite value is a
+ * 422 naming its index. */
+int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err);
 
 /* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
 void api__model_describe(api__jsonw *w, const eng_layer *l);

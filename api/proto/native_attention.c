@@ -55,13 +55,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api__req rq; /* first: api__serve finds it there */
+    api__native_job head; /* first: api__serve and the native steps find it there */
     api__sdpa s;
     bool encoding_set;
     api__form encoding;
 } attn_job;
 
-_Static_assert(offsetof(attn_job, rq) == 0, "api__serve takes the job for its api__req");
+_Static_assert(offsetof(attn_job, head) == 0, "api__serve takes the job for its api__req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -69,32 +69,32 @@ typedef int (*field_parser)(attn_job *job, const json_t *v, const char *name, ap
 
 static int f_query(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
 }
 
 static int f_key(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
 }
 
 static int f_value(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
 }
 
 static int f_attn_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
 }
 
 static int f_key_padding_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
 }
 
 static int f_kv_lengths(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
 }
 
 static int f_num_heads(attn_job *job, const json_t *v, const char *name, api__error *err)
@@ -160,7 +160,7 @@ static int f_additive_weights(attn_job *job, const json_t *v, const char *name, 
         if (i == 3)
             return api__error_invalid(err, field, "unknown key \"%.40s\"; %s has w_q, w_k and w",
                                       key, name);
-        if (api__req_tensor(&job->rq, val, field, tensors[i], has[i], err) != 0)
+        if (api__req_tensor(&job->head.rq, val, field, tensors[i], has[i], err) != 0)
             return -1;
     }
     for (size_t i = 0; i < 3; i++) {
@@ -208,7 +208,7 @@ static int f_alibi(attn_job *job, const json_t *v, const char *name, api__error 
     if (!json_is_array(v) && !json_is_object(v))
         return api__error_invalid(err, name,
                                   "%s must be true, false or an array of one slope per head", name);
-    return api__req_tensor(&job->rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
 }
 
 static int f_return_weights(attn_job *job, const json_t *v, const char *name, api__error *err)
@@ -286,7 +286,7 @@ static int parse_fields(attn_job *job, api__error *err)
 {
     const char *key;
     json_t *val;
-    json_object_foreach(job->rq.body.root, key, val)
+    json_object_foreach(job->head.rq.body.root, key, val)
     {
         size_t i = 0;
         while (i < N_FIELDS && strcmp(attn_fields[i].name, key) != 0)
@@ -311,15 +311,6 @@ static api__form reply_form(const attn_job *job)
     return job->encoding_set ? job->encoding : job->s.r.q.form;
 }
 
-/* An upper bound of the reply's text, which is also its writer's maximum; false on overflow. */
-static bool reply_bound(const attn_job *job, size_t *text)
-{
-    const api__sdpa *s = &job->s;
-    const api__out_shape *out[3] = {&s->os, s->r.weights != ENG_WEIGHTS_NONE ? &s->ws : NULL,
-                                    s->r.return_lse ? &s->ls : NULL};
-    return api__native_reply_bound(reply_form(job), out, 3, text);
-}
-
 static double ms(int64_t ns)
 {
     return (double)ns / 1e6;
@@ -331,24 +322,8 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     const attn_job *job = p;
     const api__sdpa *s = &job->s;
     const api__sdpa_req *r = &s->r;
-    api__form form = reply_form(job);
-    eng_pool *pool = job->rq.call->pool;
-    api__jsonw_char(w, '{');
-    if (api__native_tensor_field(w, "output", s->out, s->os.rank, s->os.shape, form, 0, pool,
-                                 err) != 0)
+    if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    if (r->weights != ENG_WEIGHTS_NONE) {
-        api__jsonw_char(w, ',');
-        if (api__native_tensor_field(w, "weights", s->weights, s->ws.rank, s->ws.shape, form, 0,
-                                     pool, err) != 0)
-            return -1;
-    }
-    if (r->return_lse) {
-        api__jsonw_char(w, ',');
-        if (api__native_tensor_field(w, "lse", s->lse, s->ls.rank, s->ls.shape, form,
-                                     API_ENCODE_NEG_INF_NULL, pool, err) != 0)
-            return -1;
-    }
     float scale = r->additive ? 1.0f : r->scale_set ? r->scale : (float)(1.0 / sqrt((double)r->D));
     api__jsonw_printf(w,
                       ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
@@ -362,54 +337,37 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     return api__native_reply(w, reply, err);
 }
 
-/* ---- The call: this route's steps of api__serve --------------------------------------- */
+/* ---- The call: this route's steps of api__serve ----------------------------------------- */
 
 static int parse(void *p, api__error *err)
 {
     attn_job *job = p;
-    if (parse_fields(job, err) != 0 || api__sdpa_check(&job->s, err) != 0)
+    if (parse_fields(job, err) != 0)
         return -1;
-    return 0;
-}
-
-static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
-{
-    attn_job *job = p;
-    bool sized = api__sdpa_bytes(&job->s, true, tensors, scratch);
-    return reply_bound(job, text) && sized;
-}
-
-static int decode(void *p, api__error *err)
-{
-    return api__sdpa_decode(&((attn_job *)p)->s, err);
-}
-
-static int compute(void *p, int64_t *compute_ns, api__error *err)
-{
-    return api__sdpa_run(&((attn_job *)p)->s, compute_ns, err);
-}
-
-static int64_t inferences(const void *p)
-{
-    return ((const attn_job *)p)->s.r.B;
+    job->head.form = reply_form(job);
+    return job->head.op->check(job->head.state, err);
 }
 
 static const api__route attn_steps = {
     .style = API_ERRORS_NATIVE,
     .read = api__native_read,
     .parse = parse,
-    .size = sizes,
-    .decode = decode,
-    .compute = compute,
+    .size = api__native_size,
+    .decode = api__native_decode,
+    .compute = api__native_compute,
     .encode = encode_reply,
-    .inferences = inferences,
+    .inferences = api__native_inferences,
+    .free = api__native_free,
 };
 
 void api_attention(const api_call *call, api_reply *reply)
 {
     attn_job *job = calloc(1, sizeof *job);
-    if (job)
-        job->s.rq = &job->rq;
+    if (job) {
+        job->head.op = &api__sdpa_op;
+        job->head.state = &job->s;
+        job->s.rq = &job->head.rq;
+    }
     api__serve(&attn_steps, job, call, reply);
     free(job);
 }

@@ -59,13 +59,13 @@
 
 /* One request in flight: what it owns, so that one function frees it all on every path. */
 typedef struct {
-    api__req rq; /* first: api__serve finds it there */
+    api__native_job head; /* first: api__serve and the native steps find it there */
     api__layer s;
     bool encoding_set;
     api__form encoding;
 } mha_job;
 
-_Static_assert(offsetof(mha_job, rq) == 0, "api__serve takes the job for its api__req");
+_Static_assert(offsetof(mha_job, head) == 0, "api__serve takes the job for its api__req");
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
@@ -106,7 +106,7 @@ static int f_weights(mha_job *job, const json_t *v, const char *name, api__error
         snprintf(r->wt_field[i], sizeof r->wt_field[i], "%s.%.60s", name, key);
         if (json_is_null(val))
             return api__error_invalid(err, r->wt_field[i], "%s must be a tensor", r->wt_field[i]);
-        if (api__req_tensor(&job->rq, val, r->wt_field[i], &r->wt[i], &has, err) != 0)
+        if (api__req_tensor(&job->head.rq, val, r->wt_field[i], &r->wt[i], &has, err) != 0)
             return -1;
         if (r->wt[i].dtype == API_DTYPE_BOOL || r->wt[i].rank > 4)
             return api__error_invalid(err, r->wt_field[i], "%s must hold numbers, of rank 1 to 4",
@@ -131,32 +131,32 @@ static int f_num_kv_heads(mha_job *job, const json_t *v, const char *name, api__
 
 static int f_input(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.input, &job->s.r.has_input, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.input, &job->s.r.has_input, err);
 }
 
 static int f_memory(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.memory, &job->s.r.has_memory, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.memory, &job->s.r.has_memory, err);
 }
 
 static int f_key(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.key, &job->s.r.has_key, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.key, &job->s.r.has_key, err);
 }
 
 static int f_value(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.value, &job->s.r.has_value, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.value, &job->s.r.has_value, err);
 }
 
 static int f_attn_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
 }
 
 static int f_key_padding_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return api__req_tensor(&job->rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
 }
 
 static int f_causal(mha_job *job, const json_t *v, const char *name, api__error *err)
@@ -246,13 +246,13 @@ static const struct {
 #define N_FIELDS (sizeof mha_fields / sizeof mha_fields[0])
 
 /* The fields, and what only the native format can get wrong: no input, no layer or two.
- * The options that exclude each other are api__layer_check's. */
+ * The options that exclude each other are the layer's check. */
 static int parse_fields(mha_job *job, api__error *err)
 {
     const api__layer_req *r = &job->s.r;
     const char *key;
     json_t *val;
-    json_object_foreach(job->rq.body.root, key, val)
+    json_object_foreach(job->head.rq.body.root, key, val)
     {
         size_t i = 0;
         while (i < N_FIELDS && strcmp(mha_fields[i].name, key) != 0)
@@ -297,32 +297,14 @@ static api__form reply_form(const mha_job *job)
     return job->encoding_set ? job->encoding : job->s.r.input.form;
 }
 
-/* An upper bound of the reply's text, which is also its writer's maximum; false on overflow. */
-static bool reply_bound(const mha_job *job, size_t *text)
-{
-    const api__layer *s = &job->s;
-    const api__out_shape *out[2] = {&s->os, s->r.weights != ENG_WEIGHTS_NONE ? &s->ws : NULL};
-    return api__native_reply_bound(reply_form(job), out, 2, text);
-}
-
 static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 {
     int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const mha_job *job = p;
     const api__layer *s = &job->s;
     const eng_layer *l = s->layer;
-    api__form form = reply_form(job);
-    eng_pool *pool = job->rq.call->pool;
-    api__jsonw_char(w, '{');
-    if (api__native_tensor_field(w, "output", s->out, s->os.rank, s->os.shape, form, 0, pool,
-                                 err) != 0)
+    if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    if (s->r.weights != ENG_WEIGHTS_NONE) {
-        api__jsonw_char(w, ',');
-        if (api__native_tensor_field(w, "weights", s->weights, s->ws.rank, s->ws.shape, form, 0,
-                                     pool, err) != 0)
-            return -1;
-    }
     api__jsonw_cstr(w, ",\"meta\":{\"model\":");
     if (s->inline_layer)
         api__jsonw_cstr(w, "null");
@@ -341,37 +323,15 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     return api__native_reply(w, reply, err);
 }
 
-/* ---- The call: this route's steps of api__serve --------------------------------------- */
+/* ---- The call: this route's steps of api__serve ----------------------------------------- */
 
 static int parse(void *p, api__error *err)
 {
     mha_job *job = p;
-    if (parse_fields(job, err) != 0 || api__layer_check(&job->s, err) != 0)
+    if (parse_fields(job, err) != 0)
         return -1;
-    return 0;
-}
-
-static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
-{
-    mha_job *job = p;
-    bool sized = api__layer_bytes(&job->s, true, tensors, scratch);
-    return reply_bound(job, text) && sized;
-}
-
-static int decode(void *p, api__error *err)
-{
-    return api__layer_decode(&((mha_job *)p)->s, err);
-}
-
-static int compute(void *p, int64_t *compute_ns, api__error *err)
-{
-    return api__layer_run(&((mha_job *)p)->s, compute_ns, err);
-}
-
-/* The inline layer, if the request built one. */
-static void free_layer(void *p)
-{
-    api__layer_free(&((mha_job *)p)->s);
+    job->head.form = reply_form(job);
+    return job->head.op->check(job->head.state, err);
 }
 
 /* No inferences step: reply->inferences feeds only the KServe v2 models' metrics. */
@@ -379,18 +339,21 @@ static const api__route mha_steps = {
     .style = API_ERRORS_NATIVE,
     .read = api__native_read,
     .parse = parse,
-    .size = sizes,
-    .decode = decode,
-    .compute = compute,
+    .size = api__native_size,
+    .decode = api__native_decode,
+    .compute = api__native_compute,
     .encode = encode_reply,
-    .free = free_layer,
+    .free = api__native_free,
 };
 
 void api_mha(const api_call *call, api_reply *reply)
 {
     mha_job *job = calloc(1, sizeof *job);
-    if (job)
-        job->s.rq = &job->rq;
+    if (job) {
+        job->head.op = &api__layer_op;
+        job->head.state = &job->s;
+        job->s.rq = &job->head.rq;
+    }
     api__serve(&mha_steps, job, call, reply);
     free(job);
 }

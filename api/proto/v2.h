@@ -21,16 +21,12 @@ typedef struct {
     const eng_layer *layer;
 } model_ref;
 
-/* The outputs, in the order of the reply; a layer model has no lse. Both files name them in
- * messages, so the table is here (three pointers per includer). */
-enum { OUT_OUTPUT = 0, OUT_WEIGHTS, OUT_LSE, N_OUTPUTS };
-
-static const char *const output_names[N_OUTPUTS] = {"output", "weights", "lse"};
-
 typedef struct {
-    api__req rq;  /* first: api__serve finds it there */
-    api__sdpa s;  /* model sdpa */
-    api__layer l; /* a layer model */
+    api__req rq;       /* first: api__serve finds it there */
+    api__sdpa s;       /* model sdpa */
+    api__layer l;      /* a layer model */
+    const api__op *op; /* the model's operation: api__sdpa_op on s, or api__layer_op on l */
+    void *op_state;
     model_ref model;
     char *id; /* NUL-terminated copy (the tree is freed before the reply is written) */
     size_t id_len;
@@ -42,7 +38,7 @@ typedef struct {
 
     bool binary_default; /* binary_data_output */
     bool outputs_given;
-    bool want[N_OUTPUTS], binary[N_OUTPUTS], binary_set[N_OUTPUTS];
+    bool want[API__N_OUTPUTS], binary[API__N_OUTPUTS], binary_set[API__N_OUTPUTS];
     bool weights_param_set; /* return_weights given */
     bool weights_param_off; /* ... as false */
     bool lse_param_set;

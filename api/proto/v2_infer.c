@@ -78,70 +78,40 @@
 
 /* ---- Reply ---------------------------------------------------------------------------------- */
 
+/* Output o, which the request returns or computes. */
 static const api__out_shape *output_shape(const v2_job *job, int o)
 {
-    if (is_layer(job))
-        return o == OUT_OUTPUT ? &job->l.os : &job->l.ws;
-    return o == OUT_OUTPUT ? &job->s.os : o == OUT_WEIGHTS ? &job->s.ws : &job->s.ls;
+    return job->op->output(job->op_state, o, NULL);
 }
 
 /* Where output o is (or will be) written. */
 static float **output_slot(v2_job *job, int o)
 {
-    if (is_layer(job))
-        return o == OUT_OUTPUT ? &job->l.out : &job->l.weights;
-    return o == OUT_OUTPUT ? &job->s.out : o == OUT_WEIGHTS ? &job->s.weights : &job->s.lse;
+    float **slot = NULL;
+    job->op->output(job->op_state, o, &slot);
+    return slot;
 }
 
-static float *output_data(const v2_job *job, int o)
+static float *output_data(v2_job *job, int o)
 {
-    if (is_layer(job))
-        return o == OUT_OUTPUT ? job->l.out : job->l.weights;
-    return o == OUT_OUTPUT ? job->s.out : o == OUT_WEIGHTS ? job->s.weights : job->s.lse;
+    return *output_slot(job, o);
 }
 
-/* ---- The model's path (sdpa.c or layer.c) --------------------------------------------------- */
+/* ---- The model's operation (sdpa.c or layer.c) ---------------------------------------------- */
 
 static int model_check(v2_job *job, api__error *err)
 {
     const eng_layer *l = job->model.layer;
-    if (!is_layer(job))
-        return api__sdpa_check(&job->s, err);
-    if (l->kdim != l->vdim)
-        return api__error_invalid(err, "memory",
-                                  "model %.64s has kdim %lld and vdim %lld: its keys and values "
-                                  "come from different tokens, which the v2 inputs cannot carry; "
-                                  "use POST /v1/mha with key and value",
-                                  job->model.name, (long long)l->kdim, (long long)l->vdim);
-    job->l.layer = l;
-    return api__layer_check(&job->l, err);
-}
-
-static bool model_bytes(v2_job *job, size_t *tensors, size_t *scratch)
-{
-    return is_layer(job) ? api__layer_bytes(&job->l, false, tensors, scratch)
-                         : api__sdpa_bytes(&job->s, false, tensors, scratch);
-}
-
-/* Whether output o is computed (whether or not it is returned). */
-static bool model_computes(v2_job *job, int o)
-{
-    if (o == OUT_OUTPUT)
-        return true;
-    if (o == OUT_WEIGHTS)
-        return *weights_of(job) != ENG_WEIGHTS_NONE;
-    return !is_layer(job) && job->s.r.return_lse;
-}
-
-static int model_decode(v2_job *job, api__error *err)
-{
-    return is_layer(job) ? api__layer_decode(&job->l, err) : api__sdpa_decode(&job->s, err);
-}
-
-static int model_run(v2_job *job, int64_t *compute_ns, api__error *err)
-{
-    return is_layer(job) ? api__layer_run(&job->l, compute_ns, err)
-                         : api__sdpa_run(&job->s, compute_ns, err);
+    if (is_layer(job)) {
+        if (l->kdim != l->vdim)
+            return api__error_invalid(err, "memory",
+                                      "model %.64s has kdim %lld and vdim %lld: its keys and "
+                                      "values come from different tokens, which the v2 inputs "
+                                      "cannot carry; use POST /v1/mha with key and value",
+                                      job->model.name, (long long)l->kdim, (long long)l->vdim);
+        job->l.layer = l;
+    }
+    return job->op->check(job->op_state, err);
 }
 
 /* The JSON up to the first output's data: names, shapes and, for binary outputs, sizes. An
@@ -151,7 +121,7 @@ static size_t header_bound(const v2_job *job)
     size_t n = 512 + strlen(job->model.name) * 6;
     if (job->has_id)
         n += job->id_len * 6;
-    for (int o = 0; o < N_OUTPUTS; o++)
+    for (int o = 0; o < API__N_OUTPUTS; o++)
         if (job->want[o])
             n += 256;
     return n;
@@ -162,13 +132,14 @@ static size_t header_bound(const v2_job *job)
 static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
 {
     bool first = true;
-    for (int o = 0; o < N_OUTPUTS; o++) {
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
         const api__out_shape *sh = output_shape(job, o);
         if (!job->want[o])
             continue;
         api__jsonw_cstr(w, first ? "" : ",");
         first = false;
-        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[", output_names[o]);
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[",
+                          api__out_names[o]);
         for (int d = 0; d < sh->rank; d++) {
             if (d > 0)
                 api__jsonw_char(w, ',');
@@ -183,16 +154,16 @@ static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
         const int64_t flat[1] = {(int64_t)sh->count};
         api__jsonw_cstr(w, ",\"data\":");
         switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
-                                   o == OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
+                                   o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
         case API_ENCODE_OK:
             break;
         case API_ENCODE_NONFINITE: {
             char idx[128];
             return api__error_invalid(
-                err, output_names[o],
+                err, api__out_names[o],
                 "the result %s%s is %s: it does not fit in float32 (inputs too large for "
                 "float32 arithmetic?)",
-                output_names[o],
+                api__out_names[o],
                 api__index_format(idx, sizeof idx, bad, sh->rank, sh->shape, sh->rank),
                 isnan(output_data(job, o)[bad]) ? "NaN" : "infinite");
         }
@@ -223,13 +194,13 @@ static int check_finite(v2_job *job, int o, api__error *err)
     const api__out_shape *sh = output_shape(job, o);
     const float *data = output_data(job, o);
     for (size_t i = 0; i < sh->count; i++) {
-        if (!isfinite(data[i]) && !(o == OUT_LSE && data[i] == -INFINITY)) {
+        if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY)) {
             char idx[128];
             return api__error_invalid(
-                err, output_names[o],
+                err, api__out_names[o],
                 "the result %s%s is %s: it does not fit in float32 (inputs too large for "
                 "float32 arithmetic?)",
-                output_names[o],
+                api__out_names[o],
                 api__index_format(idx, sizeof idx, i, sh->rank, sh->shape, sh->rank),
                 isnan(data[i]) ? "NaN" : "infinite");
         }
@@ -255,7 +226,7 @@ static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
 {
     v2_job *job = p;
     job->all_binary = true;
-    for (int o = 0; o < N_OUTPUTS; o++) {
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
         const api__out_shape *sh = output_shape(job, o);
@@ -270,9 +241,9 @@ static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
                 64;
         }
     }
-    bool ok = model_bytes(job, tensors, scratch);
-    for (int o = 0; o < N_OUTPUTS; o++)
-        if (model_computes(job, o) && !(job->all_binary && job->want[o]))
+    bool ok = job->op->bytes(job->op_state, false, tensors, scratch);
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (output_shape(job, o) && !(job->all_binary && job->want[o]))
             ok = ok && api__req_output_bytes(output_shape(job, o)->count, tensors);
     *text = header_bound(job) + V2_BINARY_ALIGN;
     return ok && api__size_add(text, job->json_text) && api__size_add(text, job->binary_bytes);
@@ -302,7 +273,7 @@ static int place(void *p, api__jsonw *w, api__error *err)
     memset(job->blob + w->len, ' ', job->json_len - w->len);
     api__jsonw_free(w);
     size_t at = job->json_len;
-    for (int o = 0; o < N_OUTPUTS; o++) {
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
         *output_slot(job, o) = (float *)(void *)(job->blob + at);
@@ -313,12 +284,14 @@ static int place(void *p, api__jsonw *w, api__error *err)
 
 static int decode(void *p, api__error *err)
 {
-    return model_decode(p, err);
+    v2_job *job = p;
+    return job->op->decode(job->op_state, err);
 }
 
 static int compute(void *p, int64_t *compute_ns, api__error *err)
 {
-    return model_run(p, compute_ns, err);
+    v2_job *job = p;
+    return job->op->run(job->op_state, compute_ns, err);
 }
 
 /* JSON outputs: the text after the compute, binary ones appended in order. */
@@ -331,7 +304,7 @@ static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
     if (!job->any_binary)
         api__jsonw_char(w, '\n');
     job->json_len = w->len;
-    for (int o = 0; o < N_OUTPUTS; o++)
+    for (int o = 0; o < API__N_OUTPUTS; o++)
         if (job->want[o] && job->binary[o])
             api__jsonw_mem(w, output_data(job, o), output_shape(job, o)->count * 4);
     if (w->state != API_JSONW_OK)
@@ -344,7 +317,7 @@ static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
 static int encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 {
     v2_job *job = p;
-    for (int o = 0; o < N_OUTPUTS; o++)
+    for (int o = 0; o < API__N_OUTPUTS; o++)
         if (job->want[o] && job->binary[o] && check_finite(job, o, err) != 0)
             return -1;
     if (!job->all_binary && write_reply(job, w, err) != 0)
@@ -362,13 +335,14 @@ static int encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
 static int64_t inferences(const void *p)
 {
     const v2_job *job = p;
-    return is_layer(job) ? job->l.B : job->s.r.B;
+    return job->op->batch(job->op_state);
 }
 
 static void free_job(void *p)
 {
     v2_job *job = p;
-    api__layer_free(&job->l);
+    if (job->op->free)
+        job->op->free(job->op_state);
     eng_buf_free(job->blob);
     job->blob = NULL;
 }
@@ -395,6 +369,8 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     if (job) {
         job->s.rq = &job->rq;
         job->l.rq = &job->rq;
+        job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
+        job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
     }
     api__serve(&v2_route, job, call, reply);
     free(job);

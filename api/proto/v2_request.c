@@ -592,8 +592,9 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api__error
     }
     if (!name)
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    size_t o = 0, n_outputs = is_layer(job) ? OUT_LSE : N_OUTPUTS; /* a layer has no lse */
-    while (o < n_outputs && strcmp(name, output_names[o]) != 0)
+    size_t o = 0,
+           n_outputs = is_layer(job) ? API__OUT_LSE : API__N_OUTPUTS; /* a layer has no lse */
+    while (o < n_outputs && strcmp(name, api__out_names[o]) != 0)
         o++;
     if (o == n_outputs && is_layer(job))
         return api__error_invalid(err, field,
@@ -745,23 +746,23 @@ int api__v2_outputs_settle(v2_job *job, api__error *err)
     bool no_lse = false, *return_lse = is_layer(job) ? &no_lse : &job->s.r.return_lse;
     int64_t *timeout_ms = timeout_ms_of(job);
     if (!job->outputs_given) {
-        job->want[OUT_OUTPUT] = true;
-        job->want[OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
-        job->want[OUT_LSE] = *return_lse;
+        job->want[API__OUT_OUTPUT] = true;
+        job->want[API__OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
+        job->want[API__OUT_LSE] = *return_lse;
     } else {
-        if (job->want[OUT_WEIGHTS] && job->weights_param_off)
+        if (job->want[API__OUT_WEIGHTS] && job->weights_param_off)
             return api__error_invalid(err, "return_weights",
                                       "output weights is asked for but return_weights is false");
-        if (job->want[OUT_LSE] && job->lse_param_set && !*return_lse)
+        if (job->want[API__OUT_LSE] && job->lse_param_set && !*return_lse)
             return api__error_invalid(err, "return_lse",
                                       "output lse is asked for but return_lse is false");
-        if (job->want[OUT_WEIGHTS] && *weights == ENG_WEIGHTS_NONE)
+        if (job->want[API__OUT_WEIGHTS] && *weights == ENG_WEIGHTS_NONE)
             *weights = ENG_WEIGHTS_PER_HEAD;
-        if (!job->want[OUT_WEIGHTS])
+        if (!job->want[API__OUT_WEIGHTS])
             *weights = ENG_WEIGHTS_NONE;
-        *return_lse = job->want[OUT_LSE];
+        *return_lse = job->want[API__OUT_LSE];
     }
-    for (int o = 0; o < N_OUTPUTS; o++)
+    for (int o = 0; o < API__N_OUTPUTS; o++)
         if (!job->binary_set[o])
             job->binary[o] = job->binary_default;
     *timeout_ms = api__v2_timeout_ms(*timeout_ms, job->timeout_us);
