@@ -88,6 +88,17 @@ int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, 
     return api__req_reserve(rq, sized ? need : SIZE_MAX, false, what, err);
 }
 
+int api__req_check_body_size(const api__req *rq, api__error *err)
+{
+    size_t len = rq->call->body_len, max = rq->limits.max_body_bytes;
+    if (len > max)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
+                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
+                              "allows",
+                              len, max);
+    return 0;
+}
+
 int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err)
 {
     /* The tree's memory is reserved before jansson allocates it. */

@@ -51,6 +51,9 @@ int api__req_reserve(api__req *rq, size_t bytes, bool parse, const char *what, a
 int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
                          api__error *err);
 
+/* 413 for a body past --max-body-bytes, in the words every route uses. */
+int api__req_check_body_size(const api__req *rq, api__error *err);
+
 /* Scans `json` (len bytes), reserves what parsing it holds, and parses it into rq->body. */
 int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err);
 

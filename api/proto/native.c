@@ -18,12 +18,7 @@ static int body_check(const api__req *rq, api__error *err)
         return api__error_set(err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
                               "Content-Type \"%.80s\" is not supported; send application/json",
                               call->content_type);
-    if (call->body_len > rq->limits.max_body_bytes)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
-                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
-                              "allows",
-                              call->body_len, rq->limits.max_body_bytes);
-    return 0;
+    return api__req_check_body_size(rq, err);
 }
 
 int api__native_read(void *job, api__error *err)

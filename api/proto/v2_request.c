@@ -641,11 +641,8 @@ int api__v2_request_parse(v2_job *job, api__error *err)
                               "Content-Type \"%.80s\" is not supported; send application/json "
                               "(or application/octet-stream with binary tensor data)",
                               call->content_type);
-    if (call->body_len > job->rq.limits.max_body_bytes)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
-                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
-                              "allows",
-                              call->body_len, job->rq.limits.max_body_bytes);
+    if (api__req_check_body_size(&job->rq, err) != 0)
+        return -1;
     if (call->inference_header_length) {
         if (!api__header_len_parse(call->inference_header_length, &header_len))
             return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
