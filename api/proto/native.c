@@ -2,7 +2,6 @@
  * native.c - the steps the native JSON routes share: reading the body before their fields, and
  * their reply tensors and bound after the engine, so that both answer alike.
  */
-#include <math.h>
 #include <string.h>
 
 #include "api/core/memory.h"
@@ -50,14 +49,8 @@ static int tensor_field(api__jsonw *w, const char *name, const float *data, int 
     switch (api__tensor_encode(w, data, rank, shape, form, flags, pool, &bad)) {
     case API_ENCODE_OK:
         return 0;
-    case API_ENCODE_NONFINITE: {
-        char idx[128];
-        return api__error_invalid(err, name,
-                                  "the result %s%s is %s: it does not fit in float32 (inputs too "
-                                  "large for float32 arithmetic?)",
-                                  name, api__index_format(idx, sizeof idx, bad, rank, shape, rank),
-                                  isnan(data[bad]) ? "NaN" : "infinite");
-    }
+    case API_ENCODE_NONFINITE:
+        return api__tensor_nonfinite_result(err, name, data, bad, rank, shape);
     case API_ENCODE_FULL:
         break;
     }

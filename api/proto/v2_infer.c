@@ -157,16 +157,9 @@ static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
                                    o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
         case API_ENCODE_OK:
             break;
-        case API_ENCODE_NONFINITE: {
-            char idx[128];
-            return api__error_invalid(
-                err, api__out_names[o],
-                "the result %s%s is %s: it does not fit in float32 (inputs too large for "
-                "float32 arithmetic?)",
-                api__out_names[o],
-                api__index_format(idx, sizeof idx, bad, sh->rank, sh->shape, sh->rank),
-                isnan(output_data(job, o)[bad]) ? "NaN" : "infinite");
-        }
+        case API_ENCODE_NONFINITE:
+            return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
+                                                sh->rank, sh->shape);
         case API_ENCODE_FULL:
             return api__jsonw_error(w, err);
         }
@@ -194,16 +187,9 @@ static int check_finite(v2_job *job, int o, api__error *err)
     const api__out_shape *sh = output_shape(job, o);
     const float *data = output_data(job, o);
     for (size_t i = 0; i < sh->count; i++) {
-        if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY)) {
-            char idx[128];
-            return api__error_invalid(
-                err, api__out_names[o],
-                "the result %s%s is %s: it does not fit in float32 (inputs too large for "
-                "float32 arithmetic?)",
-                api__out_names[o],
-                api__index_format(idx, sizeof idx, i, sh->rank, sh->shape, sh->rank),
-                isnan(data[i]) ? "NaN" : "infinite");
-        }
+        if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY))
+            return api__tensor_nonfinite_result(err, api__out_names[o], data, i, sh->rank,
+                                                sh->shape);
     }
     return 0;
 }

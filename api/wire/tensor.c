@@ -945,3 +945,14 @@ const char *api__tensor_shape_str(const api__tensor *t, char *buf, size_t size)
         snprintf(buf + at, size - at, "]");
     return buf;
 }
+
+int api__tensor_nonfinite_result(api__error *err, const char *name, const float *data, size_t index,
+                                 int rank, const int64_t *shape)
+{
+    char idx[128];
+    return api__error_invalid(err, name,
+                              "the result %s%s is %s: it does not fit in float32 (inputs too "
+                              "large for float32 arithmetic?)",
+                              name, api__index_format(idx, sizeof idx, index, rank, shape, rank),
+                              isnan(data[index]) ? "NaN" : "infinite");
+}

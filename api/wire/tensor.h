@@ -132,6 +132,11 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
 char *api__index_format(char *buf, size_t size, size_t flat, int rank, const int64_t *shape,
                         int dims);
 
+/* A 422 naming `name` for the non-finite result data[index] (flat; the message gives its
+ * multi-index in shape): the engine's float32 arithmetic overflowed. Returns -1. */
+int api__tensor_nonfinite_result(api__error *err, const char *name, const float *data, size_t index,
+                                 int rank, const int64_t *shape);
+
 /* Writes "[2, 3]" for t's shape into buf; returns buf. */
 const char *api__tensor_shape_str(const api__tensor *t, char *buf, size_t size);
 
