@@ -277,10 +277,10 @@ static void build_args(api__sdpa *s)
         a->align =
             r->causal == API_CAUSAL_BOTTOM_RIGHT ? ENG_ALIGN_BOTTOM_RIGHT : ENG_ALIGN_TOP_LEFT;
     }
-    a->window_left_set = r->window_left_set;
-    a->window_left = r->window_left;
-    a->window_right_set = r->window_right_set;
-    a->window_right = r->window_right;
+    a->window_left_set = r->window.left_set;
+    a->window_left = r->window.left;
+    a->window_right_set = r->window.right_set;
+    a->window_right = r->window.right;
     if (r->has_kpm) {
         a->key_padding = s->kpm;
         a->key_padding_stride = r->kpm.rank == 2 ? r->S : 0;

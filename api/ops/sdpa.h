@@ -27,8 +27,7 @@ typedef struct {
     api__causal causal;
     bool offset_set;
     int64_t query_offset;
-    bool window_left_set, window_right_set;
-    int64_t window_left, window_right;
+    api__window window;
     bool alibi;
     eng_weights_mode weights;
     bool return_lse;

@@ -188,14 +188,7 @@ static int f_query_offset(attn_job *job, const json_t *v, const char *name, api_
 
 static int f_window(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    api__window w = {0};
-    if (api__option_window(v, name, &w, err) != 0)
-        return -1;
-    job->s.r.window_left_set = w.left_set;
-    job->s.r.window_left = w.left;
-    job->s.r.window_right_set = w.right_set;
-    job->s.r.window_right = w.right;
-    return 0;
+    return api__option_window(v, name, &job->s.r.window, err);
 }
 
 static int f_alibi(attn_job *job, const json_t *v, const char *name, api__error *err)

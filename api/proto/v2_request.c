@@ -85,18 +85,22 @@ static int window_side(const json_t *v, const char *name, bool *set, int64_t *ou
     return 0;
 }
 
+/* Both kinds of model keep their window the same way. */
+static api__window *window_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.window : &job->s.r.window;
+}
+
 static int p_window_left(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
-    if (is_layer(job))
-        return window_side(v, name, &job->l.r.window.left_set, &job->l.r.window.left, err);
-    return window_side(v, name, &job->s.r.window_left_set, &job->s.r.window_left, err);
+    api__window *w = window_of(job);
+    return window_side(v, name, &w->left_set, &w->left, err);
 }
 
 static int p_window_right(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
-    if (is_layer(job))
-        return window_side(v, name, &job->l.r.window.right_set, &job->l.r.window.right, err);
-    return window_side(v, name, &job->s.r.window_right_set, &job->s.r.window_right, err);
+    api__window *w = window_of(job);
+    return window_side(v, name, &w->right_set, &w->right, err);
 }
 
 static int p_alibi(v2_job *job, const json_t *v, const char *name, api__error *err)
