@@ -34,10 +34,11 @@ endif
 LIBS := -lmicrohttpd -lgnutls -ljansson -lopenblas -lz -lm
 
 ENGINE_SRC := $(wildcard engine/*.c)
-API_SRC := $(wildcard api/*.c)
+API_SRC := $(wildcard api/*.c api/*/*.c)
 SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 SUPPORT_SRC := $(wildcard tests/support/*.c)
-TEST_SRC := $(sort $(wildcard tests/engine/test_*.c tests/api/test_*.c tests/server/test_*.c \
+TEST_SRC := $(sort $(wildcard tests/engine/test_*.c tests/api/test_*.c tests/api/*/test_*.c \
+                              tests/server/test_*.c \
                               tests/robustness/test_*.c))
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 
@@ -277,7 +278,7 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 300
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(wildcard engine/*.h api/*.h)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(wildcard engine/*.h api/*.h api/*/*.h)
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) $< $(ENGINE_SRC) $(API_SRC) -ljansson -lopenblas -lz -lm -o $@
 
@@ -289,7 +290,7 @@ fuzz: deps
 
 # ---- Style --------------------------------------------------------------------------------
 
-FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch] \
+FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] api/*/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch] tests/api/*/*.[ch] \
                             tests/bench/harness/*.[ch])
 
 format:

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/status.h"
 #include "engine/engine.h"
 
 /* ---- Limits and the memory budget --------------------------------------------------------- */
@@ -175,7 +176,8 @@ char *api_reply_take_body(api_reply *reply, size_t *len);
  * body is NULL only if even that could not be allocated). Runs on an engine worker; the engine
  * call fans out over `pool` and returns when done, so this blocks for the request's compute.
  *
- * The request format is DESIGN.md section 5; attention.c opens with the exact field list.
+ * The request format is DESIGN.md section 5; api/proto/native_attention.c opens
+ * with the exact field list.
  * Statuses: 200; 400 malformed JSON (jansson's message with line, column and byte; this
  * includes numbers too large for a double, like 1e999, and nesting deeper than 2048); 413 body,
  * elements or memory past a limit (the message names --max-body-bytes, --max-elements or
@@ -197,29 +199,30 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
 
 /* POST /v1/mha: a multi-head attention layer (call->models by "model", or inline "weights")
  * on token embeddings, self- or cross-attention. The request format is DESIGN.md section 6;
- * mha.c opens with the exact field list. Statuses and behaviour as api_attention, plus 404 for
- * an unknown model. */
+ * api/proto/native_mha.c opens with the exact field list. Statuses and behaviour as api_attention,
+ * plus 404 for an unknown model. */
 void api_mha(const api_call *call, api_reply *reply);
-
-typedef enum {
-    API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
-    API_ERRORS_V2,         /* {"error": "message"}; an invalid request (422 natively) is 400, as
-                              Triton and KServe answer INVALID_ARG */
-} api_error_style;
 
 /* Fills `reply` (which need not be initialised) with an error body in `style` for failures
  * found outside the routes (unknown route, wrong method, body over the cap, queue full...):
  * the server's refusals on /v2 paths take the KServe form. `field` may be NULL (the v2 form has
- * none). The native "code" follows from `status` ("too_large" for 413, "overloaded" for
- * 429...); 429 and 503 get retry_after_s = 1, which the caller may change. */
-void api_reply_error(api_reply *reply, api_error_style style, int status, api_reason reason,
+ * none). The reply's HTTP code is api_status_http(style, status) and the native "code" is
+ * api_status_name(status); 429 and 503 get retry_after_s = 1, which the caller may change. */
+void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,
+                            api_reason reason, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* api_reply_error_status for a native HTTP code `http`, as server/ passes them: the status of
+ * status.h with that native code (sent as that status is in `style`), or, for a code with no
+ * status, `http` itself with the code word "internal" (5xx) or "bad_request". */
+void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
                      const char *field, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
 
-/* The route functions of the v2 protocol (v2.c opens with the exact formats). Every reply is
- * JSON; errors are {"error": "message"}. Models: "sdpa" (the bare operation) and every layer of
- * call->models, each with the one version "1". call->model and call->version are the path
+/* The route functions of the v2 protocol (api/proto/v2_infer.c opens with the exact formats). Every
+ * reply is JSON; errors are {"error": "message"}. Models: "sdpa" (the bare operation) and every
+ * layer of call->models, each with the one version "1". call->model and call->version are the path
  * parameters; an unknown model or version is 404. Cheap ones (metadata, ready) may run on the
  * server's own thread; api_v2_infer runs on an engine worker like api_attention. */
 

@@ -24,7 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/internal.h"
+#include "api/wire/base64.h"
+#include "api/wire/body.h"
 #include "tests/support/check.h"
 
 static eng_pool *pool;
@@ -70,9 +71,9 @@ static bool match_base64(const json_t *want, const json_t *got, const char *path
         CHECKF(0, "%s: want data, got a base64 tensor of dtype %s", path, dtype ? dtype : "?");
         return false;
     }
-    size_t len = strlen(b64), n = api_base64_decoded_len(b64, len), got_len, bad;
+    size_t len = strlen(b64), n = api__base64_decoded_len(b64, len), got_len, bad;
     float *x = malloc(n + 4);
-    bool ok = api_base64_decode(b64, len, x, &got_len, &bad) == API_B64_OK &&
+    bool ok = api__base64_decode(b64, len, x, &got_len, &bad) == API_B64_OK &&
               got_len == json_array_size(data) * 4;
     CHECKF(ok, "%s: base64 of %zu bytes for %zu numbers", path, got_len, json_array_size(data));
     for (size_t i = 0; ok && i < json_array_size(data); i++) {

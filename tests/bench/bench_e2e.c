@@ -32,7 +32,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "api/internal.h"
+#include "api/api.h"
+#include "api/core/memory.h"
+#include "api/wire/base64.h"
 #include "tests/support/daemon.h"
 #include "tests/support/tls.h"
 
@@ -160,7 +162,7 @@ static bool same_output(const char *body, size_t len, size_t header_len, bool v2
         return false;
     float *got = malloc(n + 4);
     size_t got_len = 0, bad;
-    bool ok = got && api_base64_decode(p, (size_t)(end - p), got, &got_len, &bad) == API_B64_OK &&
+    bool ok = got && api__base64_decode(p, (size_t)(end - p), got, &got_len, &bad) == API_B64_OK &&
               got_len == n && memcmp(got, want, n) == 0;
     free(got);
     return ok;
@@ -368,7 +370,7 @@ int main(int argc, char **argv)
            (long long)H, (long long)L, (long long)D, threads, reps);
 
     /* Engine alone. */
-    float *out = api_aligned_alloc(n_in * 4), *first = api_aligned_alloc(n_in * 4);
+    float *out = api__aligned_alloc(n_in * 4), *first = api__aligned_alloc(n_in * 4);
     eng_sdpa_args a;
     memset(&a, 0, sizeof a);
     a.q = eng_view_contiguous(q, B, H, L, D);

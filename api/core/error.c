@@ -1,0 +1,96 @@
+/*
+ * error.c - failures as values (api__error), the status table of status.h, and the names of
+ * the rejection metric's reasons.
+ *
+ * Every failure the API reports carries a status, a reason, a message (one sentence for a
+ * person, naming the flag when a limit was hit) and a field (the JSON path of the offending
+ * part of the request). wire/reply.c turns it into a reply; the HTTP code and the native
+ * "code" word come from the status table here, and nowhere else.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/core/error.h"
+
+const char *api_reason_str(api_reason reason)
+{
+    switch (reason) {
+#define API_REASON_CASE(name, text)                                                                \
+    case name:                                                                                     \
+        return text;
+        API_REASON_LIST(API_REASON_CASE)
+#undef API_REASON_CASE
+    }
+    return "unknown";
+}
+
+static const struct {
+    int http[2]; /* by api_error_style */
+    const char *name;
+    bool retry;
+} statuses[] = {
+#define API_STATUS_ROW(name, native, v2, code, retry) {{native, v2}, code, retry},
+    API_STATUS_LIST(API_STATUS_ROW)
+#undef API_STATUS_ROW
+};
+
+int api_status_http(api_error_style style, api_status status)
+{
+    return statuses[status].http[style == API_ERRORS_V2];
+}
+
+const char *api_status_name(api_status status)
+{
+    return statuses[status].name;
+}
+
+bool api_status_retry(api_status status)
+{
+    return statuses[status].retry;
+}
+
+bool api_status_from_http(int http, api_status *out)
+{
+    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+        if (statuses[i].http[API_ERRORS_NATIVE] == http) {
+            *out = (api_status)i;
+            return true;
+        }
+    return false;
+}
+
+int api__error_vset(api__error *err, api_status status, api_reason reason, const char *field,
+                    const char *fmt, va_list ap)
+{
+    if (err->status != API_STATUS_OK)
+        return -1;
+    err->status = status;
+    err->reason = reason;
+    err->retry_after_s = api_status_retry(status) ? 1 : 0;
+    snprintf(err->field, sizeof err->field, "%s", field ? field : "");
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    return -1;
+}
+
+int api__error_set(api__error *err, api_status status, api_reason reason, const char *field,
+                   const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    api__error_vset(err, status, reason, field, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int api__error_invalid(api__error *err, const char *field, const char *fmt, ...)
+{
+    char msg[sizeof err->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                          msg);
+}

@@ -1,0 +1,37 @@
+/*
+ * error.h - api/'s failures as values: a status of status.h with a metric reason, the field it
+ * names and a message, filled by the function that finds the problem and turned into a reply
+ * by wire/reply.h. The bottom tier of api/: every other part includes it.
+ *
+ * Functions that can fail return 0, or -1 with an api__error filled; the first error wins.
+ * Any thread; nothing here allocates.
+ */
+#ifndef ATTND_API_CORE_ERROR_H
+#define ATTND_API_CORE_ERROR_H
+
+#include <stdarg.h>
+
+#include "api/api.h"
+
+typedef struct {
+    api_status status; /* API_STATUS_OK while there is no error */
+    api_reason reason; /* for the rejection metric */
+    int retry_after_s; /* > 0: the reply carries Retry-After */
+    char field[128];   /* JSON-path-like name of the offending field, "" for none */
+    char message[400]; /* one sentence; names the limit or flag where one applies */
+} api__error;
+
+/* Fills `err` and returns -1, so that a check reads `return api__error_set(err, ...)`. `field`
+ * may be NULL. The first error wins: a second call on a filled `err` changes nothing. */
+int api__error_set(api__error *err, api_status status, api_reason reason, const char *field,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* api__error_set with a va_list. */
+int api__error_vset(api__error *err, api_status status, api_reason reason, const char *field,
+                    const char *fmt, va_list ap) __attribute__((format(printf, 5, 0)));
+
+/* Fills `err` with an invalid_argument (422 natively) naming `field` and returns -1. */
+int api__error_invalid(api__error *err, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

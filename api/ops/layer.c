@@ -1,0 +1,534 @@
+/*
+ * layer.c - one path from a decoded layer request to eng_mha, for both wire formats.
+ *
+ * POST /v1/mha (native JSON) and POST /v2/models/{layer}/infer (KServe v2, JSON or binary
+ * tensors) parse their own formats into the same api__layer_req: tensors probed but not
+ * decoded, options with their defaults. From there everything is here, so both routes
+ * validate, budget, decode and compute a layer request identically:
+ *
+ *   check         the options that conflict, the element limit over the inputs, the
+ *                 deadline, the layer (registered, or built from inline weights), every
+ *                 tensor against it, and the output shapes with the element limit over
+ *                 inputs and outputs;
+ *   bytes         what decoding and computing will allocate, for the budget (reserved by
+ *                 the route together with its reply);
+ *   decode        allocate and decode the inputs (raw float32 and bool tensors of the v2
+ *                 binary extension are used where they lie in the body when aligned), and
+ *                 allocate the outputs a route did not place in its reply;
+ *   run           eng_mha, with the deadline and cancellation.
+ *
+ * Messages name the request's fields (input, memory, key, value, attn_mask, key_padding_mask,
+ * weights.*), which both formats share.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/core/memory.h"
+#include "api/ops/layer.h"
+#include "api/ops/masks.h"
+#include "api/ops/models.h"
+
+/* ---- Sizes ------------------------------------------------------------------------------- */
+
+static size_t weights_count(const api__layer_req *r, bool *overflow)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_weights; i++)
+        *overflow |= !api__size_add(&n, r->wt[i].count);
+    return n;
+}
+
+/* Elements of every input tensor, inline weights included. */
+static size_t input_count(const api__layer_req *r, bool *overflow)
+{
+    size_t n = weights_count(r, overflow);
+    const api__tensor *in[] = {&r->input, &r->memory, &r->key, &r->value, &r->mask, &r->kpm};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        *overflow |= !api__size_add(&n, in[i]->count); /* absent tensors count 0 */
+    return n;
+}
+
+static int too_many(const api__layer *s, size_t in, size_t out, bool overflow, api__error *err)
+{
+    return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
+                          "the request has %zu input (inline weights included) and %s%zu output "
+                          "elements, more than the %zu that --max-elements allows",
+                          in, overflow ? "over " : "", overflow ? SIZE_MAX : out,
+                          s->rq->limits.max_elements);
+}
+
+/* ---- Options ----------------------------------------------------------------------------- */
+
+/* The options that exclude each other, whatever the wire format. */
+static int check_options(const api__layer_req *r, api__error *err)
+{
+    if (r->has_memory && (r->has_key || r->has_value))
+        return api__error_invalid(err, r->has_key ? "key" : "value",
+                                  "give memory (keys and values from the same tokens) or key and "
+                                  "value, not both");
+    if (r->has_key != r->has_value)
+        return api__error_invalid(err, r->has_key ? "value" : "key",
+                                  "key and value come together (or use memory)");
+    if (r->offset_set && (r->causal == API_CAUSAL_TOP_LEFT || r->causal == API_CAUSAL_BOTTOM_RIGHT))
+        return api__error_invalid(err, "query_offset",
+                                  "query_offset conflicts with causal \"%s\", which sets the "
+                                  "alignment itself; use causal: true with query_offset",
+                                  r->causal == API_CAUSAL_TOP_LEFT ? "top_left" : "bottom_right");
+    if ((r->rope_base_set || r->rope_style_set) && r->positional != ENG_POSITIONAL_ROPE)
+        return api__error_invalid(err, r->rope_base_set ? "rope_base" : "rope_style",
+                                  "%s applies only with positional \"rope\"",
+                                  r->rope_base_set ? "rope_base" : "rope_style");
+    return 0;
+}
+
+/* ---- The layer --------------------------------------------------------------------------- */
+
+static int layer_error(eng_status st, const eng_error *e, api__error *err)
+{
+    char field[128];
+    if (strcmp(e->field, "num_heads") == 0 || strcmp(e->field, "num_kv_heads") == 0)
+        snprintf(field, sizeof field, "%s", e->field);
+    else if (e->field[0])
+        snprintf(field, sizeof field, "weights.%s", e->field);
+    else
+        snprintf(field, sizeof field, "weights");
+    switch (st) {
+    case ENG_ETOOBIG:
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
+                              e->message);
+    case ENG_ENOMEM:
+        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                              "out of memory: %s", e->message);
+    default:
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                              e->message);
+    }
+}
+
+/* Decodes the inline weights to float32 and builds the layer from them (the engine checks the
+ * names, that each is used once, and that the shapes make one layer). */
+static int build_inline_layer(api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    eng_tensor_ref refs[API_LAYER_MAX_WEIGHTS];
+    float *bufs[API_LAYER_MAX_WEIGHTS] = {0};
+    bool overflow = false;
+    size_t total = weights_count(r, &overflow), bytes = 0;
+    char what[96];
+    int rc = -1;
+
+    if (r->num_heads == 0)
+        return api__error_invalid(err, "num_heads",
+                                  "num_heads is required with inline weights (the shapes do not "
+                                  "say how many heads there are)");
+    /* The decoded tensors, then the layer's own fp32 copy of them. */
+    overflow |= __builtin_mul_overflow(total, (size_t)8, &bytes);
+    bytes = overflow ? SIZE_MAX : bytes + (size_t)64 * r->n_weights;
+    snprintf(what, sizeof what, "%.1f MiB of inline weights", (double)bytes / (1024.0 * 1024.0));
+    if (api__req_reserve(s->rq, bytes, false, what, err) != 0)
+        return -1;
+    for (size_t i = 0; i < r->n_weights; i++) {
+        const api__tensor *t = &r->wt[i];
+        bufs[i] = api__aligned_alloc(t->count * sizeof(float));
+        if (!bufs[i]) {
+            api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                           "out of memory for %s", r->wt_field[i]);
+            goto done;
+        }
+        if (api__tensor_decode(&s->rq->body, t, API_ELEM_FLOAT, 0, bufs[i], r->wt_field[i],
+                               s->rq->call->pool, err) != 0)
+            goto done;
+        refs[i].name = r->wt_name[i];
+        refs[i].dtype = ENG_DTYPE_F32;
+        refs[i].data = bufs[i];
+        refs[i].rank = t->rank;
+        for (int d = 0; d < 4; d++)
+            refs[i].shape[d] = d < t->rank ? t->shape[d] : 0;
+    }
+    eng_error e;
+    memset(&e, 0, sizeof e);
+    s->inline_layer =
+        eng_layer_from_tensors("inline", refs, r->n_weights, r->num_heads, r->num_kv_heads, &e);
+    if (!s->inline_layer) {
+        layer_error(e.status, &e, err);
+        goto done;
+    }
+    s->layer = s->inline_layer;
+    rc = 0;
+done:
+    for (size_t i = 0; i < r->n_weights; i++)
+        free(bufs[i]);
+    return rc;
+}
+
+static int find_layer(api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const eng_layer *l = s->layer;
+    if (r->has_weights)
+        return build_inline_layer(s, err);
+    if (!l) {
+        l = s->rq->call->models ? api_models_find(s->rq->call->models, r->model ? r->model : "")
+                                : NULL;
+        if (!l)
+            return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
+                                  "no model \"%.64s\"; GET /v1/models lists them",
+                                  r->model ? r->model : "");
+    }
+    if (r->num_heads && r->num_heads != l->num_heads)
+        return api__error_invalid(err, "num_heads",
+                                  "num_heads is %lld but model \"%s\" has %lld heads; leave it out",
+                                  (long long)r->num_heads, l->name, (long long)l->num_heads);
+    if (r->num_kv_heads && r->num_kv_heads != l->num_kv_heads)
+        return api__error_invalid(err, "num_kv_heads",
+                                  "num_kv_heads is %lld but model \"%s\" has %lld; leave it out",
+                                  (long long)r->num_kv_heads, l->name, (long long)l->num_kv_heads);
+    s->layer = l;
+    return 0;
+}
+
+/* ---- Shapes ------------------------------------------------------------------------------ */
+
+/* A token tensor `t` ([n, width] or [B, n, width] after the input's rank) with the given
+ * width; *n gets its length. */
+static int check_tokens(const api__layer_req *r, const api__tensor *t, const char *name,
+                        int64_t width, const char *width_name, int64_t *n, api__error *err)
+{
+    char ts[96], is[96];
+    int rank = r->input.rank;
+    api__tensor_shape_str(t, ts, sizeof ts);
+    api__tensor_shape_str(&r->input, is, sizeof is);
+    if (t->rank != rank)
+        return api__error_invalid(err, name, "%s has shape %s but input has rank %d (%s)", name, ts,
+                                  rank, is);
+    if (rank == 3 && t->shape[0] != r->input.shape[0])
+        return api__error_invalid(
+            err, name, "%s %s and input %s differ in batch size (dimension 0)", name, ts, is);
+    if (t->shape[rank - 1] != width)
+        return api__error_invalid(err, name,
+                                  "%s has shape %s; its last dimension must be the layer's %s "
+                                  "(%lld)",
+                                  name, ts, width_name, (long long)width);
+    *n = t->shape[rank - 2];
+    return 0;
+}
+
+static int check_shapes(api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const eng_layer *l = s->layer;
+    const api__tensor *in = &r->input;
+    char is[96];
+    int64_t H = l->num_heads;
+    api__tensor_shape_str(in, is, sizeof is);
+    if (in->rank != 2 && in->rank != 3)
+        return api__error_invalid(err, "input",
+                                  "input has shape %s; it must be [L, E] or [B, L, E]", is);
+    if (in->dtype == API_DTYPE_BOOL)
+        return api__error_invalid(err, "input", "input must hold numbers");
+    s->B = in->rank == 3 ? in->shape[0] : 1;
+    s->L = in->shape[in->rank - 2];
+    if (in->shape[in->rank - 1] != l->embed_dim)
+        return api__error_invalid(err, "input",
+                                  "input has shape %s; its last dimension must be the layer's "
+                                  "embed_dim (%lld)",
+                                  is, (long long)l->embed_dim);
+    if (r->has_memory) {
+        if (l->kdim != l->vdim)
+            return api__error_invalid(err, "memory",
+                                      "the layer has kdim %lld and vdim %lld: give key and value "
+                                      "separately instead of memory",
+                                      (long long)l->kdim, (long long)l->vdim);
+        if (check_tokens(r, &r->memory, "memory", l->kdim, "kdim", &s->S, err) != 0)
+            return -1;
+    } else if (r->has_key) {
+        int64_t Sv = 0;
+        if (check_tokens(r, &r->key, "key", l->kdim, "kdim", &s->S, err) != 0 ||
+            check_tokens(r, &r->value, "value", l->vdim, "vdim", &Sv, err) != 0)
+            return -1;
+        if (Sv != s->S)
+            return api__error_invalid(err, "value", "value has %lld tokens but key %lld",
+                                      (long long)Sv, (long long)s->S);
+    } else {
+        if (l->kdim != l->embed_dim || l->vdim != l->embed_dim)
+            return api__error_invalid(err, "memory",
+                                      "the layer has kdim %lld and vdim %lld (embed_dim %lld): it "
+                                      "attends over other tokens; give memory (or key and value)",
+                                      (long long)l->kdim, (long long)l->vdim,
+                                      (long long)l->embed_dim);
+        s->S = s->L;
+    }
+    if (r->has_memory || r->has_key) {
+        const api__tensor *m = r->has_memory ? &r->memory : &r->key;
+        const api__tensor *ts[2] = {m, r->has_key ? &r->value : NULL};
+        for (int i = 0; i < 2; i++)
+            if (ts[i] && ts[i]->dtype == API_DTYPE_BOOL)
+                return api__error_invalid(
+                    err, i == 0 ? (r->has_memory ? "memory" : "key") : "value",
+                    "%s must hold numbers", i == 0 ? (r->has_memory ? "memory" : "key") : "value");
+    }
+    if (r->has_mask && api__mask_check_attn(&r->mask, s->B, H, s->L, s->S, err) != 0)
+        return -1;
+    if (r->has_kpm && api__mask_check_key_padding(&r->kpm, s->B, s->S, err) != 0)
+        return -1;
+    return 0;
+}
+
+/* Fills s->args from the request, with the decoded buffers (a placeholder for those that do
+ * not exist yet, which is enough for eng_mha_scratch_bytes and eng_mha_extra_keys). */
+static void build_args(api__layer *s)
+{
+    const api__layer_req *r = &s->r;
+    eng_mha_args *a = &s->args;
+    float *ph = &s->placeholder;
+    bool cross = r->has_memory || r->has_key;
+    memset(a, 0, sizeof *a);
+    a->layer = s->layer;
+    a->B = s->B;
+    a->L = s->L;
+    a->x = s->x ? s->x : ph;
+    a->S = s->S;
+    if (cross) {
+        a->key_in = s->k_in ? s->k_in : ph;
+        a->value_in = s->v_in ? s->v_in : ph;
+    }
+    a->out = s->out ? s->out : ph;
+    a->causal = r->causal != API_CAUSAL_OFF;
+    if (r->offset_set) {
+        a->align = ENG_ALIGN_OFFSET;
+        a->query_offset = r->query_offset;
+    } else {
+        a->align =
+            r->causal == API_CAUSAL_BOTTOM_RIGHT ? ENG_ALIGN_BOTTOM_RIGHT : ENG_ALIGN_TOP_LEFT;
+    }
+    a->window_left_set = r->window.left_set;
+    a->window_left = r->window.left;
+    a->window_right_set = r->window.right_set;
+    a->window_right = r->window.right;
+    if (r->has_kpm) {
+        a->key_padding = s->kpm ? s->kpm : (const uint8_t *)ph;
+        a->key_padding_stride = r->kpm.rank == 2 ? s->S : 0;
+    }
+    if (r->has_mask) {
+        const void *data =
+            r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
+        a->attn_mask = api__mask_view(&r->mask, data ? data : ph);
+    }
+    a->add_zero_attn = r->add_zero_attn;
+    a->positional = r->positional;
+    a->rope_base = r->rope_base_set ? r->rope_base : 0.0f;
+    a->rope_style = r->rope_style;
+    a->weights_mode = r->weights;
+    a->weights = r->weights != ENG_WEIGHTS_NONE ? (s->weights ? s->weights : ph) : NULL;
+}
+
+/* The output shapes (rank after the input's; a rank-2 input drops B) and the element limit
+ * over inputs and outputs. */
+static int out_shapes(api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const eng_layer *l = s->layer;
+    bool overflow = false, drop = r->input.rank == 2;
+    size_t in = input_count(r, &overflow), out = 0;
+    int64_t H = l->num_heads;
+    build_args(s);
+    s->Sx = s->S + eng_mha_extra_keys(&s->args);
+    s->os = (api__out_shape){3, {s->B, s->L, l->embed_dim}, 0};
+    if (r->weights == ENG_WEIGHTS_PER_HEAD)
+        s->ws = (api__out_shape){4, {s->B, H, s->L, s->Sx}, 0};
+    else
+        s->ws = (api__out_shape){3, {s->B, s->L, s->Sx}, 0};
+    api__out_shape *all[2] = {&s->os, &s->ws};
+    for (int i = 0; i < 2; i++) {
+        api__out_shape *o = all[i];
+        size_t c = 1;
+        if (drop) {
+            o->rank--;
+            memmove(o->shape, o->shape + 1, sizeof o->shape - sizeof o->shape[0]);
+        }
+        for (int d = 0; d < o->rank; d++)
+            overflow |= __builtin_mul_overflow(c, (size_t)o->shape[d], &c);
+        o->count = c;
+    }
+    overflow |= !api__size_add(&out, s->os.count);
+    if (r->weights != ENG_WEIGHTS_NONE)
+        overflow |= !api__size_add(&out, s->ws.count);
+    size_t total = in;
+    overflow |= !api__size_add(&total, out);
+    if (overflow || total > s->rq->limits.max_elements)
+        return too_many(s, in, out, overflow, err);
+    return 0;
+}
+
+static int layer_check(void *op, api__error *err)
+{
+    api__layer *s = op;
+    bool overflow = false;
+    if (check_options(&s->r, err) != 0)
+        return -1;
+    size_t in = input_count(&s->r, &overflow);
+    if (overflow || in > s->rq->limits.max_elements)
+        return too_many(s, in, 0, overflow, err);
+    api__req_set_deadline(s->rq, s->r.timeout_ms);
+    if (find_layer(s, err) != 0 || check_shapes(s, err) != 0 || out_shapes(s, err) != 0)
+        return -1;
+    return 0;
+}
+
+/* ---- Memory and decoding ----------------------------------------------------------------- */
+
+enum { N_INPUTS = 6 };
+
+/* Every input a request may have, in decoding order: what it decodes to, and where. */
+static void input_defs(api__layer *s, api__input in[N_INPUTS])
+{
+    api__layer_req *r = &s->r;
+    bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
+    const api__input defs[N_INPUTS] = {
+        {&r->input, true, API_ELEM_FLOAT, 0, (void **)&s->x, "input"},
+        {&r->memory, r->has_memory, API_ELEM_FLOAT, 0, (void **)&s->k_in, "memory"},
+        {&r->key, r->has_key, API_ELEM_FLOAT, 0, (void **)&s->k_in, "key"},
+        {&r->value, r->has_value, API_ELEM_FLOAT, 0, (void **)&s->v_in, "value"},
+        {&r->mask, r->has_mask, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
+         mask_bool ? 0 : API_DECODE_NEG_INF, mask_bool ? (void **)&s->mask_b : (void **)&s->mask_f,
+         "attn_mask"},
+        {&r->kpm, r->has_kpm, API_ELEM_BOOL, 0, (void **)&s->kpm, "key_padding_mask"},
+    };
+    memcpy(in, defs, sizeof defs);
+}
+
+static bool layer_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
+{
+    api__layer *s = op;
+    api__input in[N_INPUTS];
+    input_defs(s, in);
+    *tensors = 0;
+    bool ok = api__input_bytes(in, N_INPUTS, tensors);
+    if (outputs) {
+        ok = ok && api__req_output_bytes(s->os.count, tensors);
+        if (s->r.weights != ENG_WEIGHTS_NONE)
+            ok = ok && api__req_output_bytes(s->ws.count, tensors);
+    }
+    build_args(s);
+    *scratch = eng_mha_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
+    return ok;
+}
+
+static int layer_decode(void *op, api__error *err)
+{
+    api__layer *s = op;
+    api__input in[N_INPUTS];
+    input_defs(s, in);
+    for (size_t i = 0; i < N_INPUTS; i++)
+        if (in[i].present && api__req_decode_input(s->rq, &in[i], err) != 0)
+            return -1;
+    if (s->r.has_memory)
+        s->v_in = s->k_in; /* keys and values from the same tokens */
+    if (api__req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
+        (s->r.weights != ENG_WEIGHTS_NONE &&
+         api__req_alloc_output(s->rq, &s->weights, s->ws.count, err) != 0))
+        return -1;
+    /* The tree is no longer needed: give its memory back before the long part. */
+    api__req_parse_done(s->rq);
+    build_args(s);
+    return 0;
+}
+
+/* ---- The call ---------------------------------------------------------------------------- */
+
+/* The engine's argument names, in the request's words. */
+static const char *request_field(const api__layer_req *r, const char *engine_field)
+{
+    static const char *const map[][2] = {
+        {"key_padding", "key_padding_mask"},
+        {"window_left", "window"},
+        {"window_right", "window"},
+        {"weights_mode", "return_weights"},
+        {"alibi_slopes", "positional"},
+        {"alibi", "positional"},
+        {"out", "output"},
+        {"q", "input"},
+    };
+    if (!engine_field[0])
+        return NULL;
+    if (strcmp(engine_field, "memory") == 0 || strcmp(engine_field, "k") == 0 ||
+        strcmp(engine_field, "v") == 0)
+        return r->has_key ? "key" : r->has_memory ? "memory" : "input";
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(engine_field, map[i][0]) == 0)
+            return map[i][1];
+    return engine_field;
+}
+
+static int layer_run(void *op, int64_t *compute_ns, api__error *err)
+{
+    api__layer *s = op;
+    eng_error e;
+    if (api__req_check_ctl(s->rq, err) != 0)
+        return -1;
+    memset(&e, 0, sizeof e);
+    int64_t t0 = eng_now_ns();
+    eng_status st = eng_mha(s->rq->call->pool, &s->args, s->rq->ctl, &e);
+    *compute_ns = eng_now_ns() - t0;
+    if (st != ENG_OK)
+        return api__req_engine_error(s->rq, st, &e, request_field(&s->r, e.field), err);
+    return 0;
+}
+
+static void layer_free(void *op)
+{
+    api__layer *s = op;
+    eng_layer_free(s->inline_layer);
+    s->inline_layer = NULL;
+}
+
+const char *api__layer_positional_name(eng_positional p)
+{
+    switch (p) {
+    case ENG_POSITIONAL_SINUSOIDAL:
+        return "sinusoidal";
+    case ENG_POSITIONAL_ROPE:
+        return "rope";
+    case ENG_POSITIONAL_ALIBI:
+        return "alibi";
+    case ENG_POSITIONAL_NONE:
+        break;
+    }
+    return "none";
+}
+
+/* ---- The operation ------------------------------------------------------------------------ */
+
+static const api__out_shape *layer_output(void *op, int o, float ***slot)
+{
+    api__layer *s = op;
+    float **data = NULL;
+    const api__out_shape *shape = NULL;
+    if (o == API__OUT_OUTPUT) {
+        data = &s->out;
+        shape = &s->os;
+    } else if (o == API__OUT_WEIGHTS && s->r.weights != ENG_WEIGHTS_NONE) {
+        data = &s->weights;
+        shape = &s->ws;
+    }
+    if (slot)
+        *slot = data;
+    return shape;
+}
+
+static int64_t layer_batch(const void *op)
+{
+    return ((const api__layer *)op)->B;
+}
+
+const api__op api__layer_op = {
+    .check = layer_check,
+    .bytes = layer_bytes,
+    .decode = layer_decode,
+    .run = layer_run,
+    .output = layer_output,
+    .batch = layer_batch,
+    .free = layer_free,
+};

@@ -1,0 +1,75 @@
+/*
+ * layer.h - the multi-head attention layer operation: from a request probed by any protocol
+ * to eng_mha and its outputs.
+ */
+#ifndef ATTND_API_OPS_LAYER_H
+#define ATTND_API_OPS_LAYER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/ops/operation.h"
+#include "api/ops/options.h"
+
+/* One path from a decoded layer request to eng_mha, shared by POST /v1/mha and the KServe v2
+ * route of a layer model: a route fills an api__layer_req from its wire format (tensors probed,
+ * not decoded), then runs api__layer_op, ending with its free. Tensor names in
+ * messages are the request's: input, memory, key, value, attn_mask, key_padding_mask,
+ * weights.*; options: query_offset, rope_base, rope_style, num_heads, num_kv_heads. */
+
+#define API_LAYER_MAX_WEIGHTS 16
+
+typedef struct {
+    const char *model; /* a registered layer's name (borrowed), or NULL */
+    /* Inline weights under a model file's tensor names (/v1/mha only). */
+    bool has_weights;
+    size_t n_weights;
+    api__tensor wt[API_LAYER_MAX_WEIGHTS];
+    char wt_name[API_LAYER_MAX_WEIGHTS][80];
+    char wt_field[API_LAYER_MAX_WEIGHTS][96]; /* "weights.<name>", for messages */
+    int64_t num_heads, num_kv_heads;          /* 0: not given (must match a model's) */
+
+    api__tensor input, memory, key, value, mask, kpm;
+    bool has_input, has_memory, has_key, has_value, has_mask, has_kpm;
+    api__causal causal;
+    bool offset_set;
+    int64_t query_offset;
+    api__window window;
+    eng_positional positional;
+    bool rope_base_set, rope_style_set;
+    float rope_base;
+    eng_rope_style rope_style;
+    bool add_zero_attn;
+    eng_weights_mode weights;
+    int64_t timeout_ms; /* 0: not given */
+} api__layer_req;
+
+typedef struct {
+    api__req *rq;
+    api__layer_req r;
+    const eng_layer *layer;  /* borrowed from the registry, or inline_layer; set by check */
+    eng_layer *inline_layer; /* built from r.wt; owned, freed by free */
+    int64_t B, L, S, Sx;     /* Sx: S plus the keys the layer appends */
+    api__out_shape os, ws;   /* output and weights: filled by check */
+    /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
+    float *x, *k_in, *v_in, *mask_f;
+    uint8_t *mask_b, *kpm;
+    /* Outputs: a route may point them into its reply before decode (which allocates
+     * those still NULL); weights only when requested. */
+    float *out, *weights;
+    float placeholder; /* stands in for buffers not allocated yet when sizing */
+    eng_mha_args args;
+} api__layer;
+
+/* The operation (operation.h) on an api__layer whose rq is set and whose request r a route
+ * filled (and s->layer, when the route already knows the layer). check tests the options that
+ * exclude each other and the element limit over the inputs, sets the deadline, finds the layer
+ * (s->layer, else r.model in call->models: 404; or builds it from inline weights, reserving
+ * them in the budget), checks every tensor against it and the element limit over inputs and
+ * outputs. Its outputs are output and weights; free frees the inline layer. */
+extern const api__op api__layer_op;
+
+/* "none", "sinusoidal", "rope" or "alibi". */
+const char *api__layer_positional_name(eng_positional p);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * options.h - the options of the operations, read from JSON values the same way by every
+ * route that takes them (native and v2), so that the same mistake gets the same status and
+ * message: bounded integers and floats, causal alignment, windows, weights modes, positional
+ * encodings, tensor fields, and the "did you mean" of unknown names. Each parser returns 0, or
+ * -1 with a 422 naming the field.
+ */
+#ifndef ATTND_API_OPS_OPTIONS_H
+#define ATTND_API_OPS_OPTIONS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/ops/request.h"
+
+typedef enum {
+    API_CAUSAL_OFF = 0,
+    API_CAUSAL_ON,
+    API_CAUSAL_TOP_LEFT,
+    API_CAUSAL_BOTTOM_RIGHT,
+} api__causal;
+
+/* Bounds that keep the engine's position arithmetic (i + query_offset - left, ...) far from
+ * int64 overflow. A window side beyond API_WINDOW_MAX reaches past any position and is the
+ * same as none. */
+#define API_QUERY_OFFSET_MAX ((int64_t)1 << 48)
+#define API_WINDOW_MAX       ((int64_t)1 << 50)
+
+typedef struct {
+    bool left_set, right_set;
+    int64_t left, right;
+} api__window;
+
+/* A JSON integer in [lo, hi], or a 422 naming `name`. */
+int api__option_int(const json_t *v, const char *name, int64_t lo, int64_t hi, int64_t *out,
+                    api__error *err);
+/* A JSON number finite as float32, or a 422 naming `name`. */
+int api__option_float(const json_t *v, const char *name, float *out, api__error *err);
+/* A softcap: a number >= 0 finite as float32, 0 meaning none. */
+int api__option_softcap(const json_t *v, const char *name, float *out, api__error *err);
+/* false | null | true | "top_left" | "bottom_right". */
+int api__option_causal(const json_t *v, const char *name, api__causal *out, api__error *err);
+
+/* [left, right], each a non-negative integer or null (unbounded); null is no window. */
+int api__option_window(const json_t *v, const char *name, api__window *w, api__error *err);
+/* "per_head" | "mean" | false | null. */
+int api__option_weights(const json_t *v, const char *name, eng_weights_mode *out, api__error *err);
+/* "nested" | "flat" | "base64" (sets *set) | null. */
+int api__option_encoding(const json_t *v, const char *name, bool *set, api__form *out,
+                         api__error *err);
+/* A tensor field: null leaves it absent; otherwise *has is set and the tensor probed (not
+ * decoded) with the request's element limit. */
+int api__req_tensor(const api__req *rq, const json_t *v, const char *name, api__tensor *t,
+                    bool *has, api__error *err);
+/* true | false (null is the caller's to handle). */
+int api__option_bool(const json_t *v, const char *name, bool *out, api__error *err);
+/* "sinusoidal" | "rope" | "alibi" | "none" | null (unchanged). */
+int api__option_positional(const json_t *v, const char *name, eng_positional *out, api__error *err);
+/* A number > 0, finite as float32 (sets *set) | null. */
+int api__option_rope_base(const json_t *v, const char *name, bool *set, float *out,
+                          api__error *err);
+/* "half" | "interleaved" (sets *set) | null. */
+int api__option_rope_style(const json_t *v, const char *name, bool *set, eng_rope_style *out,
+                           api__error *err);
+
+/* The closest of `names[0..n)` to `key` within an edit distance of 2, or NULL: for "did you
+ * mean" in messages about unknown fields. */
+const char *api__closest_name(const char *key, const char *const *names, size_t n);
+
+#endif

@@ -1,0 +1,249 @@
+/*
+ * request.c - what every route of api/ holds for one request, and frees on every path.
+ *
+ * A route (POST /v1/attention, /v1/mha, the KServe v2 infer route) starts an api__req, parses its
+ * JSON into it, reserves memory in the shared budget before allocating, allocates its buffers
+ * through it, checks the deadline and the cancel flag between stages, and ends with
+ * api__req_free, which frees the tree and the buffers and returns every reserved byte whatever
+ * happened on the way. The operations (sdpa.c, layer.c) decode their inputs through it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/core/memory.h"
+#include "api/ops/request.h"
+
+void api__req_init(api__req *rq, const api_call *call)
+{
+    memset(rq, 0, sizeof *rq);
+    rq->call = call;
+    rq->limits = call->limits ? *call->limits : api_limits_default();
+    /* Sizes are element counts times at most 16 bytes: keep them far from overflow whatever
+     * the flag says (2^59 elements is beyond any machine anyway). */
+    if (rq->limits.max_elements > SIZE_MAX / 32)
+        rq->limits.max_elements = SIZE_MAX / 32;
+    rq->ctl = call->ctl ? call->ctl : &rq->own_ctl;
+    rq->call_ns = eng_now_ns();
+    rq->start_ns = call->start_ns ? call->start_ns : rq->call_ns;
+    api__req_set_deadline(rq, 0); /* the cap for now; the request's timeout once it is parsed */
+}
+
+void api__req_free(api__req *rq)
+{
+    api__body_free(&rq->body);
+    for (size_t i = 0; i < rq->n_owned; i++)
+        eng_buf_free(rq->owned[i]);
+    rq->n_owned = 0;
+    if (rq->call->budget && rq->parse_reserved + rq->reserved > 0)
+        api_budget_release(rq->call->budget, rq->parse_reserved + rq->reserved);
+    rq->parse_reserved = rq->reserved = 0;
+}
+
+static double mib(size_t bytes)
+{
+    return (double)bytes / (1024.0 * 1024.0);
+}
+
+int api__req_reserve(api__req *rq, size_t bytes, bool parse, const char *what, api__error *err)
+{
+    api_budget *budget = rq->call->budget;
+    if (!budget)
+        return 0;
+    size_t total = api_budget_total(budget);
+    size_t holding = rq->parse_reserved + rq->reserved;
+    holding =
+        holding > SIZE_MAX - rq->call->budget_held ? SIZE_MAX : holding + rq->call->budget_held;
+    if (bytes > total || holding > total - bytes)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
+                              "the request needs about %.1f MiB (%s), more than the %.1f MiB "
+                              "that --max-memory-bytes allows",
+                              mib(holding > SIZE_MAX - bytes ? SIZE_MAX : holding + bytes), what,
+                              mib(total));
+    switch (api_budget_reserve(budget, bytes)) {
+    case API_BUDGET_OK:
+        if (parse)
+            rq->parse_reserved += bytes;
+        else
+            rq->reserved += bytes;
+        return 0;
+    case API_BUDGET_NEVER:
+        break;
+    case API_BUDGET_NOT_NOW:
+        return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
+                              "the memory budget (--max-memory-bytes) is in use by other "
+                              "requests; retry shortly");
+    }
+    return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
+                          "memory budget inconsistent");
+}
+
+int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
+                         api__error *err)
+{
+    size_t need = tensors;
+    sized = sized && api__size_add(&need, text) && api__size_add(&need, scratch);
+    char what[160];
+    snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
+             mib(tensors), mib(text), mib(scratch));
+    return api__req_reserve(rq, sized ? need : SIZE_MAX, false, what, err);
+}
+
+int api__req_check_body_size(const api__req *rq, api__error *err)
+{
+    size_t len = rq->call->body_len, max = rq->limits.max_body_bytes;
+    if (len > max)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
+                              "the body has %zu bytes, more than the %zu that --max-body-bytes "
+                              "allows",
+                              len, max);
+    return 0;
+}
+
+int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err)
+{
+    /* The tree's memory is reserved before jansson allocates it. */
+    api__body_scan scan;
+    api__body_scan_run(json, len, &scan);
+    if (api__req_reserve(rq, scan.parse_bytes, true, "to parse the body", err) != 0) {
+        api__body_scan_free(&scan);
+        return -1;
+    }
+    return api__body_parse(&rq->body, json, len, &scan, err);
+}
+
+void api__req_parse_done(api__req *rq)
+{
+    api__body_free(&rq->body);
+    if (rq->call->budget && rq->parse_reserved) {
+        api_budget_release(rq->call->budget, rq->parse_reserved);
+        rq->parse_reserved = 0;
+    }
+}
+
+void *api__req_alloc(api__req *rq, size_t bytes, api__error *err)
+{
+    void *p;
+    if (rq->n_owned == API_REQ_MAX_OWNED) {
+        api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
+                       "too many buffers for one request");
+        return NULL;
+    }
+    p = eng_buf_alloc(bytes); /* big ones reuse the pages of an earlier request */
+    if (!p) {
+        api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                       "out of memory for a buffer of %zu bytes", bytes);
+        return NULL;
+    }
+    rq->owned[rq->n_owned++] = p;
+    return p;
+}
+
+/* Bytes of one decoded element. */
+static size_t elem_size(api__elem elem)
+{
+    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : 4;
+}
+
+bool api__input_bytes(const api__input *in, size_t n, size_t *bytes)
+{
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) {
+        if (!in[i].present || in[i].t->count == 0 || api__tensor_in_place(in[i].t, in[i].elem))
+            continue;
+        ok = ok && api__size_add(bytes, api__aligned_size(in[i].t->count * elem_size(in[i].elem)));
+    }
+    return ok;
+}
+
+int api__req_decode_input(api__req *rq, const api__input *in, api__error *err)
+{
+    const api__tensor *t = in->t;
+    if (api__tensor_in_place(t, in->elem)) {
+        /* Used where it lies (the engine only reads its inputs): checked, not copied. */
+        if (api__tensor_convert(t->raw, t->dtype, t->count, 0, in->elem, in->flags,
+                                (void *)(uintptr_t)t->raw, in->field, err) != 0)
+            return -1;
+        *in->dst = (void *)(uintptr_t)t->raw;
+        return 0;
+    }
+    *in->dst = api__req_alloc(rq, t->count * elem_size(in->elem), err);
+    if (!*in->dst)
+        return -1;
+    return api__tensor_decode(&rq->body, t, in->elem, in->flags, *in->dst, in->field,
+                              rq->call->pool, err);
+}
+
+bool api__req_output_bytes(size_t count, size_t *bytes)
+{
+    return api__size_add(bytes, api__aligned_size(count * sizeof(float)));
+}
+
+int api__req_alloc_output(api__req *rq, float **out, size_t count, api__error *err)
+{
+    if (*out)
+        return 0; /* placed by the route */
+    *out = api__req_alloc(rq, count * sizeof(float), err);
+    return *out ? 0 : -1;
+}
+
+int api__req_check_ctl(api__req *rq, api__error *err)
+{
+    switch (eng_ctl_check(rq->ctl)) {
+    case ENG_OK:
+        return 0;
+    case ENG_ECANCELLED:
+        return api__error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
+                              "the request was cancelled");
+    default:
+        return api__error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
+                              "the request did not finish within its deadline of %lld ms "
+                              "(--request-timeout-ms, or timeout_ms)",
+                              (long long)((rq->ctl->deadline_ns - rq->start_ns) / 1000000));
+    }
+}
+
+void api__req_set_deadline(api__req *rq, int64_t timeout_ms)
+{
+    int64_t cap = rq->limits.max_timeout_ms, t = timeout_ms;
+    if (cap > 0 && (t == 0 || t > cap))
+        t = cap;
+    if (t > 0)
+        rq->ctl->deadline_ns = rq->start_ns + t * 1000000;
+}
+
+int api__req_engine_error(api__req *rq, eng_status st, const eng_error *e, const char *field,
+                          api__error *err)
+{
+    switch (st) {
+    case ENG_OK:
+        return 0;
+    case ENG_EINVAL:
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                              e->message);
+    case ENG_ENONFINITE:
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+                              field ? field : "output",
+                              "%s (inputs too large for float32 arithmetic?)", e->message);
+    case ENG_ETOOBIG:
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
+                              e->message);
+    case ENG_ENOMEM:
+        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                              "out of memory: %s", e->message);
+    case ENG_ECANCELLED:
+    case ENG_EDEADLINE:
+        if (api__req_check_ctl(rq, err) != 0)
+            return -1;
+        /* The engine saw what eng_ctl_check no longer does: trust the engine. */
+        return st == ENG_ECANCELLED
+                   ? api__error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
+                                    "the request was cancelled")
+                   : api__error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
+                                    "the request did not finish within its deadline");
+    case ENG_EIO:
+    case ENG_EFORMAT:
+        break;
+    }
+    return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, field, "engine: %s: %s",
+                          eng_status_str(st), e->message);
+}

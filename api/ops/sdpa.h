@@ -1,0 +1,60 @@
+/*
+ * sdpa.h - the scaled dot-product attention operation: from a request probed by any protocol
+ * to eng_sdpa and its outputs.
+ */
+#ifndef ATTND_API_OPS_SDPA_H
+#define ATTND_API_OPS_SDPA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/ops/operation.h"
+#include "api/ops/options.h"
+
+/* One path from a decoded request to eng_sdpa, shared by the native JSON route and the KServe
+ * v2 route: a route fills an api__sdpa_req from its wire format (tensors probed, not decoded),
+ * then runs api__sdpa_op. Tensor names in messages are the request's: query, key, value,
+ * attn_mask, key_padding_mask, kv_lengths, alibi, num_heads... */
+
+typedef struct {
+    api__tensor q, k, v, mask, kpm, kvlen, slopes, wq, wk, ww;
+    bool has_q, has_k, has_v, has_mask, has_kpm, has_kvlen, has_slopes, has_wq, has_wk, has_ww;
+    bool additive, has_additive_weights;
+
+    int64_t num_heads, num_kv_heads; /* 0: not given */
+    bool scale_set;
+    float scale, softcap;
+    api__causal causal;
+    bool offset_set;
+    int64_t query_offset;
+    api__window window;
+    bool alibi;
+    eng_weights_mode weights;
+    bool return_lse;
+    int64_t timeout_ms; /* 0: not given */
+
+    /* Derived by check. */
+    int64_t B, H, Hkv, L, S, D, Dv;
+} api__sdpa_req;
+
+typedef struct {
+    api__req *rq;
+    api__sdpa_req r;
+    api__out_shape os, ws, ls; /* output, weights, lse: filled by check */
+    /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
+    float *q, *k, *v, *slopes, *mask_f, *wq, *wk, *ww;
+    uint8_t *mask_b, *kpm;
+    int64_t *kvlen;
+    /* Outputs: a route may point them into its reply before decode (which allocates
+     * those still NULL); weights and lse only when requested. */
+    float *out, *weights, *lse;
+    eng_sdpa_args args;
+} api__sdpa;
+
+/* The operation (operation.h) on an api__sdpa whose rq is set and whose request r a route
+ * filled. check derives B, H, Hkv, L, S, D, Dv from the ranks (DESIGN.md section 5) and checks
+ * every tensor against them and the element limit over inputs and outputs; decode also checks
+ * kv_lengths against S. Its outputs are output, weights and lse. */
+extern const api__op api__sdpa_op;
+
+#endif

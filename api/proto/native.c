@@ -1,0 +1,115 @@
+/*
+ * native.c - the steps the native JSON routes share: reading the body before their fields, and
+ * their reply tensors and bound after the engine, so that both answer alike.
+ */
+#include <string.h>
+
+#include "api/core/memory.h"
+#include "api/proto/native.h"
+#include "api/wire/http_header.h"
+#include "api/wire/reply.h"
+
+/* 415 for a Content-Type other than JSON, 413 for a body past --max-body-bytes. */
+static int body_check(const api__req *rq, api__error *err)
+{
+    const api_call *call = rq->call;
+    if (!api__content_type_json(call->content_type))
+        return api__error_set(err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
+                              "Content-Type \"%.80s\" is not supported; send application/json",
+                              call->content_type);
+    return api__req_check_body_size(rq, err);
+}
+
+int api__native_read(void *job, api__error *err)
+{
+    api__req *rq = job; /* its first member */
+    const api_call *call = rq->call;
+    if (api__req_check_ctl(rq, err) != 0 || body_check(rq, err) != 0)
+        return -1;
+    return api__req_parse(rq, call->body ? call->body : "", call->body_len, err);
+}
+
+int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err)
+{
+    if (w->state != API_JSONW_OK)
+        return api__jsonw_error(w, err);
+    api__reply_json(reply, w, API_ERRORS_NATIVE);
+    return 0;
+}
+
+/* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
+static int tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
+                        const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
+                        api__error *err)
+{
+    size_t bad = 0;
+    api__jsonw_char(w, '"');
+    api__jsonw_cstr(w, name);
+    api__jsonw_cstr(w, "\":");
+    switch (api__tensor_encode(w, data, rank, shape, form, flags, pool, &bad)) {
+    case API_ENCODE_OK:
+        return 0;
+    case API_ENCODE_NONFINITE:
+        return api__tensor_nonfinite_result(err, name, data, bad, rank, shape);
+    case API_ENCODE_FULL:
+        break;
+    }
+    return api__jsonw_error(w, err);
+}
+
+bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text)
+{
+    api__native_job *nj = job;
+    bool sized = nj->op->bytes(nj->state, true, tensors, scratch);
+    *text = 1024; /* the reply's braces, keys and meta */
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        const api__out_shape *sh = nj->op->output(nj->state, o, NULL);
+        if (sh && !api__size_add(
+                      text, api__tensor_encoded_bound(nj->form, sh->rank, sh->shape, sh->count)))
+            return false;
+    }
+    return sized;
+}
+
+int api__native_decode(void *job, api__error *err)
+{
+    api__native_job *nj = job;
+    return nj->op->decode(nj->state, err);
+}
+
+int api__native_compute(void *job, int64_t *compute_ns, api__error *err)
+{
+    api__native_job *nj = job;
+    return nj->op->run(nj->state, compute_ns, err);
+}
+
+int64_t api__native_inferences(const void *job)
+{
+    const api__native_job *nj = job;
+    return nj->op->batch(nj->state);
+}
+
+void api__native_free(void *job)
+{
+    api__native_job *nj = job;
+    if (nj->op->free)
+        nj->op->free(nj->state);
+}
+
+int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err)
+{
+    api__jsonw_char(w, '{');
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        float **data;
+        const api__out_shape *sh = nj->op->output(nj->state, o, &data);
+        if (!sh)
+            continue;
+        if (o != API__OUT_OUTPUT) /* the output comes first, always */
+            api__jsonw_char(w, ',');
+        if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form,
+                         o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0, nj->rq.call->pool,
+                         err) != 0)
+            return -1;
+    }
+    return 0;
+}

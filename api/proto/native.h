@@ -1,0 +1,54 @@
+/*
+ * native.h - what the native JSON routes (POST /v1/attention, /v1/mha) share beyond the driver
+ * (serve.h): reading the body, the reply's tensors and its bound, and the description of a
+ * layer that GET /v1/models answers.
+ */
+#ifndef ATTND_API_PROTO_NATIVE_H
+#define ATTND_API_PROTO_NATIVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/ops/operation.h"
+#include "api/ops/request.h"
+#include "api/proto/serve.h"
+#include "api/wire/jsonw.h"
+#include "api/wire/tensor.h"
+
+/* The read step (api__route) of a native JSON route: the cancel flag and deadline, 415 for a
+ * Content-Type other than JSON, 413 for a body past --max-body-bytes, then the JSON parse
+ * (api__req_parse). `job` starts with its api__req. */
+int api__native_read(void *job, api__error *err);
+
+/* The end of a native route's encode step: the text of `w` as a 200 JSON reply, or the writer's
+ * failure (api__jsonw_error). */
+int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err);
+
+/* The head of a native route's job: its request and the operation it runs, so that the steps
+ * below serve every native route. */
+typedef struct {
+    api__req rq;       /* first: api__serve finds it there */
+    const api__op *op; /* api__sdpa_op, api__layer_op */
+    void *state;       /* the operation's state, in the route's job; its rq is &rq */
+    api__form form;    /* of the reply's tensors: set by the route's parse step */
+} api__native_job;
+
+/* Steps of api__route for a job that starts with an api__native_job. size: the operation's
+ * bytes with its outputs, and an upper bound of the reply (its braces, keys and meta, and each
+ * output the operation computes, in `form`). decode, compute: the operation's. inferences:
+ * its batch. free: its free. */
+bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text);
+int api__native_decode(void *job, api__error *err);
+int api__native_compute(void *job, int64_t *compute_ns, api__error *err);
+int64_t api__native_inferences(const void *job);
+void api__native_free(void *job);
+
+/* The start of a native reply: '{' and "name": tensor for each output the operation computed,
+ * in nj->form ("lse" with -inf as null, as strict JSON has no -inf); a non-finite value is a
+ * 422 naming its index. */
+int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err);
+
+/* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
+void api__model_describe(api__jsonw *w, const eng_layer *l);
+
+#endif

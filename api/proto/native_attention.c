@@ -1,0 +1,366 @@
+/*
+ * native_attention.c - POST /v1/attention: request body -> validated eng_sdpa call -> reply body.
+ *
+ * The request is a JSON object with these fields (DESIGN.md section 5); any other field is
+ * refused with 422 naming it, because a typo such as "casual" silently ignored would return a
+ * plausible wrong answer:
+ *
+ *   query, key, value   tensors (any wire form). Rank 4 [B, H, L, D] / [B, Hkv, S, D|Dv];
+ *                       rank 3 [B, L, E]; rank 2 [L, E] (B = 1). The three share one rank.
+ *   num_heads           H for ranks 2 and 3 (default 1): E = H * D. With rank 4, if given,
+ *                       it must match. num_kv_heads likewise (default num_heads).
+ *   scale               any finite number (default 1/sqrt(D)). softcap: > 0, or 0 for off.
+ *   score               "dot" (default) | "additive": Bahdanau scoring s = w . tanh(W_q q +
+ *                       W_k k), no scale, with additive_weights {"w_q": [A, D], "w_k": [A, D],
+ *                       "w": [A]} (tensors in any form).
+ *   causal              false | true | "top_left" | "bottom_right".
+ *   query_offset        integer: query i sits at i + query_offset (with causal true, or on its
+ *                       own for window/alibi; it conflicts with an explicit alignment string).
+ *   window              [left, right], each a non-negative integer or null (unbounded).
+ *   key_padding_mask    booleans [B, S] or [S]; true = padding, ignored. Boolean masks take
+ *                       true/false (or dtype "bool" bytes), never 0/1 numbers: tokenizers'
+ *                       attention_mask uses 1 = keep, the opposite polarity, and a silent
+ *                       reading of it would hide exactly the real tokens.
+ *   kv_lengths          integers [B], each in [0, S].
+ *   attn_mask           booleans (true = may attend) or numbers (added to the score; -inf may
+ *                       be written -Infinity or null, or -inf in base64), of shape [L, S] or
+ *                       [B|1, H|1, L|1, S|1]; size-1 dimensions broadcast.
+ *   alibi               true (default slopes), false, or a tensor of H slopes.
+ *   return_weights      "per_head" | "mean" | false. return_lse: boolean.
+ *   output_encoding     "nested" | "flat" | "base64" (float32); default: the query's form.
+ *   timeout_ms          positive integer, capped by --request-timeout-ms.
+ * Every optional field may also be null, meaning its default.
+ *
+ * The reply is {"output": T, "weights"?: T, "lse"?: T, "meta": {shapes, scale, timings}}, with
+ * output [B, H, L, Dv], [B, L, H*Dv] or [L, H*Dv] after the query's rank, weights [B, H, L, S]
+ * or (mean) [B, L, S], lse [B, H, L] (leading B dropped for a rank-2 query); an lse of -inf (a
+ * query row that sees no key) is null in JSON, which has no -inf: the native API's replies stay
+ * strict JSON for every parser (v2, whose clients are Python's, writes -Infinity).
+ *
+ * The tokens NaN, Infinity and -Infinity are read wherever a number may stand (body.c); only a
+ * float mask may hold one, -Infinity. Anywhere else a non-finite value is a 422 naming it.
+ *
+ * This file parses the native format into an api__sdpa_req and writes the native reply;
+ * everything between (shapes, limits, the budget, decoding, the engine call) is sdpa.c, which
+ * the KServe v2 route (v2_infer.c) shares.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/ops/sdpa.h"
+#include "api/proto/native.h"
+#include "api/wire/timeout.h"
+
+/* One request in flight: what it owns, so that one function frees it all on every path. */
+typedef struct {
+    api__native_job head; /* first: api__serve and the native steps find it there */
+    api__sdpa s;
+    bool encoding_set;
+    api__form encoding;
+} attn_job;
+
+_Static_assert(offsetof(attn_job, head) == 0, "api__serve takes the job for its api__req");
+
+/* ---- Field parsers ----------------------------------------------------------------------- */
+
+typedef int (*field_parser)(attn_job *job, const json_t *v, const char *name, api__error *err);
+
+static int f_query(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
+}
+
+static int f_key(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
+}
+
+static int f_value(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
+}
+
+static int f_attn_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+}
+
+static int f_key_padding_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+}
+
+static int f_kv_lengths(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
+}
+
+static int f_num_heads(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
+}
+
+static int f_num_kv_heads(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
+}
+
+static int f_scale(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    job->s.r.scale_set = true;
+    return api__option_float(v, name, &job->s.r.scale, err);
+}
+
+static int f_softcap(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return json_is_null(v) ? 0 : api__option_softcap(v, name, &job->s.r.softcap, err);
+}
+
+static int f_score(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    const char *s = json_string_value(v);
+    if (json_is_null(v) || (s && strcmp(s, "dot") == 0))
+        job->s.r.additive = false;
+    else if (s && strcmp(s, "additive") == 0)
+        job->s.r.additive = true;
+    else
+        return api__error_invalid(err, name, "%s must be \"dot\" or \"additive\"", name);
+    return 0;
+}
+
+static int f_additive_weights(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    static const char *const keys[3] = {"w_q", "w_k", "w"};
+    api__sdpa_req *r = &job->s.r;
+    api__tensor *tensors[3] = {&r->wq, &r->wk, &r->ww};
+    bool *has[3] = {&r->has_wq, &r->has_wk, &r->has_ww};
+    char field[64];
+    const char *key;
+    json_t *val;
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return api__error_invalid(err, name, "%s must be an object {\"w_q\", \"w_k\", \"w\"}",
+                                  name);
+    r->has_additive_weights = true;
+    json_object_foreach((json_t *)v, key, val)
+    {
+        size_t i = 0;
+        while (i < 3 && strcmp(key, keys[i]) != 0)
+            i++;
+        snprintf(field, sizeof field, "%s.%.40s", name, key);
+        if (i == 3)
+            return api__error_invalid(err, field, "unknown key \"%.40s\"; %s has w_q, w_k and w",
+                                      key, name);
+        if (api__req_tensor(&job->head.rq, val, field, tensors[i], has[i], err) != 0)
+            return -1;
+    }
+    for (size_t i = 0; i < 3; i++) {
+        if (!*has[i]) {
+            snprintf(field, sizeof field, "%s.%s", name, keys[i]);
+            return api__error_invalid(err, field, "%s is required", field);
+        }
+    }
+    return 0;
+}
+
+static int f_causal(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &job->s.r.causal, err);
+}
+
+static int f_query_offset(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    job->s.r.offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
+                           &job->s.r.query_offset, err);
+}
+
+static int f_window(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_window(v, name, &job->s.r.window, err);
+}
+
+static int f_alibi(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v) || json_is_false(v))
+        return 0;
+    job->s.r.alibi = true;
+    if (json_is_true(v))
+        return 0;
+    if (!json_is_array(v) && !json_is_object(v))
+        return api__error_invalid(err, name,
+                                  "%s must be true, false or an array of one slope per head", name);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
+}
+
+static int f_return_weights(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_weights(v, name, &job->s.r.weights, err);
+}
+
+static int f_return_lse(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_bool(v, name, &job->s.r.return_lse, err);
+}
+
+static int f_output_encoding(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
+}
+
+static int f_timeout_ms(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &job->s.r.timeout_ms, err);
+}
+
+/* Every field of the request, in the order the reference above lists them. */
+static const struct {
+    const char *name;
+    field_parser parse;
+} attn_fields[] = {
+    {"query", f_query},
+    {"key", f_key},
+    {"value", f_value},
+    {"num_heads", f_num_heads},
+    {"num_kv_heads", f_num_kv_heads},
+    {"scale", f_scale},
+    {"softcap", f_softcap},
+    {"score", f_score},
+    {"additive_weights", f_additive_weights},
+    {"causal", f_causal},
+    {"query_offset", f_query_offset},
+    {"window", f_window},
+    {"key_padding_mask", f_key_padding_mask},
+    {"kv_lengths", f_kv_lengths},
+    {"attn_mask", f_attn_mask},
+    {"alibi", f_alibi},
+    {"return_weights", f_return_weights},
+    {"return_lse", f_return_lse},
+    {"output_encoding", f_output_encoding},
+    {"timeout_ms", f_timeout_ms},
+};
+
+#define N_FIELDS (sizeof attn_fields / sizeof attn_fields[0])
+
+static int unknown_field(const char *key, api__error *err)
+{
+    const char *names[N_FIELDS];
+    for (size_t i = 0; i < N_FIELDS; i++)
+        names[i] = attn_fields[i].name;
+    const char *best = api__closest_name(key, names, N_FIELDS);
+    if (best)
+        return api__error_invalid(err, key, "unknown field \"%.60s\"; did you mean \"%s\"?", key,
+                                  best);
+    return api__error_invalid(err, key,
+                              "unknown field \"%.60s\"; /v1/attention takes query, key, value, "
+                              "num_heads, num_kv_heads, scale, softcap, score, additive_weights, "
+                              "causal, query_offset, window, key_padding_mask, kv_lengths, "
+                              "attn_mask, alibi, return_weights, return_lse, output_encoding and "
+                              "timeout_ms",
+                              key);
+}
+
+static int parse_fields(attn_job *job, api__error *err)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(job->head.rq.body.root, key, val)
+    {
+        size_t i = 0;
+        while (i < N_FIELDS && strcmp(attn_fields[i].name, key) != 0)
+            i++;
+        if (i == N_FIELDS)
+            return unknown_field(key, err);
+        if (attn_fields[i].parse(job, val, key, err) != 0)
+            return -1;
+    }
+    if (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v) {
+        const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
+        return api__error_invalid(err, missing, "%s is required", missing);
+    }
+    return 0;
+}
+
+/* ---- Reply ------------------------------------------------------------------------------- */
+
+/* The form of the reply's tensors: output_encoding, or else the query's. */
+static api__form reply_form(const attn_job *job)
+{
+    return job->encoding_set ? job->encoding : job->s.r.q.form;
+}
+
+static double ms(int64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+{
+    int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
+    const attn_job *job = p;
+    const api__sdpa *s = &job->s;
+    const api__sdpa_req *r = &s->r;
+    if (api__native_outputs(&job->head, w, err) != 0)
+        return -1;
+    float scale = r->additive ? 1.0f : r->scale_set ? r->scale : (float)(1.0 / sqrt((double)r->D));
+    api__jsonw_printf(w,
+                      ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                      "\"query_len\":%lld,\"key_len\":%lld,\"head_dim\":%lld,"
+                      "\"value_head_dim\":%lld,\"scale\":",
+                      (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
+                      (long long)r->S, (long long)r->D, (long long)r->Dv);
+    api__jsonw_float(w, scale);
+    api__jsonw_printf(w, ",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n", ms(decode_ns),
+                      ms(compute_ns));
+    return api__native_reply(w, reply, err);
+}
+
+/* ---- The call: this route's steps of api__serve ----------------------------------------- */
+
+static int parse(void *p, api__error *err)
+{
+    attn_job *job = p;
+    if (parse_fields(job, err) != 0)
+        return -1;
+    job->head.form = reply_form(job);
+    return job->head.op->check(job->head.state, err);
+}
+
+static const api__route attn_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = api__native_read,
+    .parse = parse,
+    .size = api__native_size,
+    .decode = api__native_decode,
+    .compute = api__native_compute,
+    .encode = encode_reply,
+    .inferences = api__native_inferences,
+    .free = api__native_free,
+};
+
+void api_attention(const api_call *call, api_reply *reply)
+{
+    attn_job *job = calloc(1, sizeof *job);
+    if (job) {
+        job->head.op = &api__sdpa_op;
+        job->head.state = &job->s;
+        job->s.rq = &job->head.rq;
+    }
+    api__serve(&attn_steps, job, call, reply);
+    free(job);
+}

@@ -1,0 +1,359 @@
+/*
+ * native_mha.c - POST /v1/mha: a multi-head attention layer on token embeddings (DESIGN.md section
+ * 6), with the weights of a registered model or given inline: request body -> validated
+ * eng_mha call -> reply body.
+ *
+ * The request is a JSON object with these fields; any other is refused with 422 naming it:
+ *
+ *   model               the name of a registered layer (GET /v1/models lists them: "demo" and
+ *                       every --model), or
+ *   weights             the layer inline: an object of tensors under the names a model file
+ *                       uses (in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias,
+ *                       q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v;
+ *                       q_proj.weight ... o_proj.bias; W_Q.weight ... W_O.weight), at most 16,
+ *                       in any wire form; their elements count toward --max-elements.
+ *   num_heads           required with weights; with a model, if given, it must match.
+ *   num_kv_heads        likewise (default: num_heads): grouped-query layers.
+ *   input               the queries' tokens [L, E] or [B, L, E] (E = the layer's embed_dim).
+ *   memory              cross-attention: the tokens keys and values come from, [S, kdim] or
+ *                       [B, S, kdim], same rank and batch as input (the layer's kdim must
+ *                       equal its vdim). Without it the layer attends over `input` itself.
+ *   key, value          cross-attention with different key and value tokens (needed when the
+ *                       layer's kdim differs from its vdim): [.., S, kdim] and [.., S, vdim],
+ *                       both or neither, never with memory.
+ *   causal              false | true | "top_left" | "bottom_right" (S - L), as /v1/attention.
+ *   query_offset        integer: query i sits at position i + query_offset.
+ *   window              [left, right], each a non-negative integer or null.
+ *   key_padding_mask    booleans [B, S] or [S]: true = padding, ignored (PyTorch polarity).
+ *   attn_mask           booleans (true = MAY attend: the polarity of /v1/attention and PyTorch
+ *                       SDPA, the opposite of nn.MultiheadAttention's boolean mask) or numbers
+ *                       added to the scores (-inf as null), broadcast to [B, H, L, S] from
+ *                       [L, S] or [B|1, H|1, L|1, S|1]. S counts the input keys only: keys the
+ *                       layer appends (bias_kv, add_zero_attn) are visible to every query.
+ *   positional          "sinusoidal" (added to the layer inputs) | "rope" (q and k per head) |
+ *                       "alibi" | "none" | null.
+ *   rope_base           > 0 (default 10000), with positional "rope" only.
+ *   rope_style          "half" (default; GPT-NeoX / Hugging Face) | "interleaved", rope only.
+ *   add_zero_attn       boolean: append a zero key and value, as torch does.
+ *   return_weights      "mean" | "per_head" | false.
+ *   output_encoding     "nested" | "flat" | "base64"; default: the input's form.
+ *   timeout_ms          positive integer, capped by --request-timeout-ms.
+ * Every optional field may also be null, meaning its default.
+ *
+ * The reply is {"output": T, "weights"?: T, "meta": {...}}: output [B, L, E] (or [L, E] for a
+ * rank-2 input), weights [B, H, L, S'] per head or [B, L, S'] as the head mean (B dropped
+ * likewise), where S' = S plus the appended keys.
+ *
+ * This file parses the native format into an api__layer_req and writes the native reply;
+ * everything between (the layer, shapes, limits, the budget, decoding, the engine call) is
+ * layer.c, which the KServe v2 route of a layer model (v2_infer.c) shares.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/ops/layer.h"
+#include "api/ops/models.h"
+#include "api/proto/native.h"
+#include "api/wire/timeout.h"
+
+/* One request in flight: what it owns, so that one function frees it all on every path. */
+typedef struct {
+    api__native_job head; /* first: api__serve and the native steps find it there */
+    api__layer s;
+    bool encoding_set;
+    api__form encoding;
+} mha_job;
+
+_Static_assert(offsetof(mha_job, head) == 0, "api__serve takes the job for its api__req");
+
+/* ---- Field parsers ----------------------------------------------------------------------- */
+
+typedef int (*mha_parser)(mha_job *job, const json_t *v, const char *name, api__error *err);
+
+static int f_model(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return api__error_invalid(err, name, "%s must be the name of a model (GET /v1/models)",
+                                  name);
+    job->s.r.model = json_string_value(v);
+    return 0;
+}
+
+static int f_weights(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = &job->s.r;
+    const char *key;
+    json_t *val;
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_object(v) || json_object_size(v) == 0)
+        return api__error_invalid(err, name,
+                                  "%s must be an object of tensors named as in a model file "
+                                  "(in_proj_weight, out_proj.weight, ...)",
+                                  name);
+    if (json_object_size(v) > API_LAYER_MAX_WEIGHTS)
+        return api__error_invalid(err, name, "%s has %zu tensors; a layer has at most %d", name,
+                                  json_object_size(v), API_LAYER_MAX_WEIGHTS);
+    r->has_weights = true;
+    json_object_foreach((json_t *)v, key, val)
+    {
+        size_t i = r->n_weights++;
+        bool has = false;
+        snprintf(r->wt_name[i], sizeof r->wt_name[i], "%.60s", key);
+        snprintf(r->wt_field[i], sizeof r->wt_field[i], "%s.%.60s", name, key);
+        if (json_is_null(val))
+            return api__error_invalid(err, r->wt_field[i], "%s must be a tensor", r->wt_field[i]);
+        if (api__req_tensor(&job->head.rq, val, r->wt_field[i], &r->wt[i], &has, err) != 0)
+            return -1;
+        if (r->wt[i].dtype == API_DTYPE_BOOL || r->wt[i].rank > 4)
+            return api__error_invalid(err, r->wt_field[i], "%s must hold numbers, of rank 1 to 4",
+                                      r->wt_field[i]);
+    }
+    return 0;
+}
+
+static int f_num_heads(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
+}
+
+static int f_num_kv_heads(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
+}
+
+static int f_input(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.input, &job->s.r.has_input, err);
+}
+
+static int f_memory(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.memory, &job->s.r.has_memory, err);
+}
+
+static int f_key(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.key, &job->s.r.has_key, err);
+}
+
+static int f_value(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.value, &job->s.r.has_value, err);
+}
+
+static int f_attn_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+}
+
+static int f_key_padding_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+}
+
+static int f_causal(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &job->s.r.causal, err);
+}
+
+static int f_query_offset(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    job->s.r.offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
+                           &job->s.r.query_offset, err);
+}
+
+static int f_window(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_window(v, name, &job->s.r.window, err);
+}
+
+static int f_positional(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_positional(v, name, &job->s.r.positional, err);
+}
+
+static int f_rope_base(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_rope_base(v, name, &job->s.r.rope_base_set, &job->s.r.rope_base, err);
+}
+
+static int f_rope_style(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_rope_style(v, name, &job->s.r.rope_style_set, &job->s.r.rope_style, err);
+}
+
+static int f_add_zero_attn(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_bool(v, name, &job->s.r.add_zero_attn, err);
+}
+
+static int f_return_weights(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_weights(v, name, &job->s.r.weights, err);
+}
+
+static int f_output_encoding(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
+}
+
+static int f_timeout_ms(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &job->s.r.timeout_ms, err);
+}
+
+static const struct {
+    const char *name;
+    mha_parser parse;
+} mha_fields[] = {
+    {"model", f_model},
+    {"weights", f_weights},
+    {"num_heads", f_num_heads},
+    {"num_kv_heads", f_num_kv_heads},
+    {"input", f_input},
+    {"memory", f_memory},
+    {"key", f_key},
+    {"value", f_value},
+    {"causal", f_causal},
+    {"query_offset", f_query_offset},
+    {"window", f_window},
+    {"key_padding_mask", f_key_padding_mask},
+    {"attn_mask", f_attn_mask},
+    {"positional", f_positional},
+    {"rope_base", f_rope_base},
+    {"rope_style", f_rope_style},
+    {"add_zero_attn", f_add_zero_attn},
+    {"return_weights", f_return_weights},
+    {"output_encoding", f_output_encoding},
+    {"timeout_ms", f_timeout_ms},
+};
+
+#define N_FIELDS (sizeof mha_fields / sizeof mha_fields[0])
+
+/* The fields, and what only the native format can get wrong: no input, no layer or two.
+ * The options that exclude each other are the layer's check. */
+static int parse_fields(mha_job *job, api__error *err)
+{
+    const api__layer_req *r = &job->s.r;
+    const char *key;
+    json_t *val;
+    json_object_foreach(job->head.rq.body.root, key, val)
+    {
+        size_t i = 0;
+        while (i < N_FIELDS && strcmp(mha_fields[i].name, key) != 0)
+            i++;
+        if (i == N_FIELDS) {
+            const char *names[N_FIELDS];
+            for (size_t j = 0; j < N_FIELDS; j++)
+                names[j] = mha_fields[j].name;
+            const char *best = api__closest_name(key, names, N_FIELDS);
+            if (best)
+                return api__error_invalid(err, key, "unknown field \"%.60s\"; did you mean \"%s\"?",
+                                          key, best);
+            return api__error_invalid(
+                err, key,
+                "unknown field \"%.60s\"; /v1/mha takes model, weights, num_heads, num_kv_heads, "
+                "input, memory, key, value, causal, query_offset, window, key_padding_mask, "
+                "attn_mask, positional, rope_base, rope_style, add_zero_attn, return_weights, "
+                "output_encoding and timeout_ms",
+                key);
+        }
+        if (mha_fields[i].parse(job, val, key, err) != 0)
+            return -1;
+    }
+    if (!r->has_input)
+        return api__error_invalid(err, "input", "input is required");
+    if (r->model && r->has_weights)
+        return api__error_invalid(err, "weights",
+                                  "give either model (a registered layer) or weights (inline), "
+                                  "not both");
+    if (!r->model && !r->has_weights)
+        return api__error_invalid(err, "model",
+                                  "model (a registered layer, see GET /v1/models) or weights "
+                                  "(inline tensors) is required");
+    return 0;
+}
+
+/* ---- Reply ------------------------------------------------------------------------------- */
+
+/* The form of the reply's tensors: output_encoding, or else the input's. */
+static api__form reply_form(const mha_job *job)
+{
+    return job->encoding_set ? job->encoding : job->s.r.input.form;
+}
+
+static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+{
+    int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
+    const mha_job *job = p;
+    const api__layer *s = &job->s;
+    const eng_layer *l = s->layer;
+    if (api__native_outputs(&job->head, w, err) != 0)
+        return -1;
+    api__jsonw_cstr(w, ",\"meta\":{\"model\":");
+    if (s->inline_layer)
+        api__jsonw_cstr(w, "null");
+    else
+        api__jsonw_string(w, l->name, strlen(l->name));
+    api__jsonw_printf(w,
+                      ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
+                      "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                      "\"head_dim\":%lld,\"positional\":\"%s\",\"decode_ms\":%.3f,"
+                      "\"compute_ms\":%.3f}}\n",
+                      (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
+                      (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
+                      (long long)(l->embed_dim / l->num_heads),
+                      api__layer_positional_name(s->r.positional), (double)decode_ns / 1e6,
+                      (double)compute_ns / 1e6);
+    return api__native_reply(w, reply, err);
+}
+
+/* ---- The call: this route's steps of api__serve ----------------------------------------- */
+
+static int parse(void *p, api__error *err)
+{
+    mha_job *job = p;
+    if (parse_fields(job, err) != 0)
+        return -1;
+    job->head.form = reply_form(job);
+    return job->head.op->check(job->head.state, err);
+}
+
+/* No inferences step: reply->inferences feeds only the KServe v2 models' metrics. */
+static const api__route mha_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = api__native_read,
+    .parse = parse,
+    .size = api__native_size,
+    .decode = api__native_decode,
+    .compute = api__native_compute,
+    .encode = encode_reply,
+    .free = api__native_free,
+};
+
+void api_mha(const api_call *call, api_reply *reply)
+{
+    mha_job *job = calloc(1, sizeof *job);
+    if (job) {
+        job->head.op = &api__layer_op;
+        job->head.state = &job->s;
+        job->s.rq = &job->head.rq;
+    }
+    api__serve(&mha_steps, job, call, reply);
+    free(job);
+}

@@ -1,0 +1,83 @@
+/*
+ * v2.h - the KServe v2 protocol's inference job, shared by proto/v2_request.c (which parses a
+ * request into it), proto/v2_infer.c (which runs it and answers) and proto/v2_model.c (the
+ * model lookup). Nothing outside proto/v2_*.c includes it; the protocol itself is described at
+ * the top of v2_infer.c (inference) and v2_model.c (metadata and configuration).
+ *
+ * The type names are unprefixed because they never leave these files; the functions, which
+ * the linker sees, carry api__v2_.
+ */
+#ifndef ATTND_API_PROTO_V2_H
+#define ATTND_API_PROTO_V2_H
+
+#include "api/ops/layer.h"
+#include "api/ops/sdpa.h"
+
+typedef enum { MODEL_NONE = 0, MODEL_SDPA, MODEL_LAYER } model_kind;
+
+typedef struct {
+    model_kind kind;
+    const char *name;
+    const eng_layer *layer;
+} model_ref;
+
+typedef struct {
+    api__req rq;       /* first: api__serve finds it there */
+    api__sdpa s;       /* model sdpa */
+    api__layer l;      /* a layer model */
+    const api__op *op; /* the model's operation: api__sdpa_op on s, or api__layer_op on l */
+    void *op_state;
+    model_ref model;
+    char *id; /* NUL-terminated copy (the tree is freed before the reply is written) */
+    size_t id_len;
+    bool has_id;
+
+    const char *bin; /* the binary part of the body, after the JSON */
+    size_t bin_len, bin_used;
+    bool has_header_len;
+
+    bool binary_default; /* binary_data_output */
+    bool outputs_given;
+    bool want[API__N_OUTPUTS], binary[API__N_OUTPUTS], binary_set[API__N_OUTPUTS];
+    bool weights_param_set; /* return_weights given */
+    bool weights_param_off; /* ... as false */
+    bool lse_param_set;
+    int64_t timeout_us; /* Triton's "timeout" parameter; 0: none */
+
+    /* The reply, as v2_infer.c sizes and writes it. */
+    bool all_binary, any_binary; /* of the outputs returned */
+    size_t binary_bytes;         /* the binary outputs' bytes after the JSON */
+    size_t json_text;            /* a bound of the JSON outputs' text */
+    char *blob;                  /* the body once made (owned until the reply takes it) */
+    size_t json_len;             /* the JSON part of blob */
+} v2_job;
+
+/* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
+bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
+
+static inline bool is_layer(const v2_job *job)
+{
+    return job->model.kind == MODEL_LAYER;
+}
+
+/* The options both kinds of model have, wherever the model keeps them. */
+static inline eng_weights_mode *weights_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.weights : &job->s.r.weights;
+}
+
+/* Reads the body of job->rq.call into the job (v2_request.c): the Content-Type, the body size
+ * and Inference-Header-Content-Length checked first, then id, parameters, inputs (tensors
+ * probed, not decoded; binary ones pointing into the body) and outputs. job->model and job->rq
+ * must be set, the rest zeroed. Errors: 415 Content-Type, 413 size, 400 framing or malformed
+ * JSON, 422 naming the field (sent as 400 in the v2 style), and what api__req_parse and
+ * api__req_alloc fail with (429, 503).
+ * Whatever it allocates belongs to job->rq. */
+int api__v2_request_parse(v2_job *job, api__error *err);
+
+/* After api__v2_request_parse: settles which outputs are returned and computed (weights and lse
+ * only when returned), which are binary, and the request's timeout (api__v2_timeout_ms). 422
+ * when the outputs listed contradict return_weights or return_lse. */
+int api__v2_outputs_settle(v2_job *job, api__error *err);
+
+#endif

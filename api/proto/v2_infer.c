@@ -1,0 +1,363 @@
+/*
+ * v2_infer.c - the Open Inference Protocol (KServe v2) REST API, with Triton's binary tensor data
+ * extension, so that KServe, tritonclient and perf_analyzer talk to attnd unchanged.
+ *
+ * Models: "sdpa" is the bare operation (the same request as /v1/attention, through the same
+ * path in sdpa.c); every registered layer is a model too (the same layer as /v1/mha, through
+ * the same path in layer.c). Each has the one version "1". Their metadata, configuration and
+ * readiness are v2_model.c's.
+ *
+ * POST /v2/models/sdpa[/versions/1]/infer, the inference request:
+ *
+ *   {"id": "42",                                   optional, echoed
+ *    "parameters": {...},                          optional, see below
+ *    "inputs": [{"name": "query", "datatype": "FP32", "shape": [1, 8, 128, 64],
+ *                "data": [...]}, ...],             flat or nested, row-major
+ *    "outputs": [{"name": "output", "parameters": {"binary_data": true}}]}   optional
+ *
+ *   inputs    query, key, value: FP32 (JSON or binary), FP16 or BF16 (binary only: JSON has no
+ *             16-bit floats); rank 4 [B, H, L, D], rank 3 [B, L, E] or rank 2 [L, E], as in
+ *             DESIGN.md section 5. attn_mask: BOOL (true = may attend) or FP32 added to the
+ *             scores (FP16/BF16 binary; -inf as JSON -Infinity, as tritonclient writes it, or
+ *             null). key_padding_mask: BOOL [B, S] or
+ *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
+ *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
+ *             num_heads, num_kv_heads, window_left, window_right (-1 or absent: unbounded),
+ *             alibi (bool), return_weights ("per_head", "mean", false), return_lse (bool),
+ *             timeout_ms; Triton's binary_data_output (bool), timeout (microseconds) and
+ *             priority (accepted, ignored). Any other name is refused (a typo such as
+ *             "casual" silently ignored would return a plausible wrong answer).
+ *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
+ *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
+ *             returned plus weights / lse when return_weights / return_lse ask for them; with
+ *             it, exactly the ones listed (listing weights alone means per_head).
+ *
+ * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
+ * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
+ * path in layer.c:
+ *
+ *   inputs    input: FP32 (JSON or binary), FP16 or BF16 (binary only), [L, E] or [B, L, E]
+ *             with E the layer's embed_dim. memory (cross-attention; keys and values from these
+ *             tokens): [S, kdim] or [B, S, kdim], same rank and batch as input; layers whose
+ *             kdim differs from their vdim need /v1/mha (key and value). attn_mask and
+ *             key_padding_mask as for sdpa, with H the layer's heads.
+ *   parameters causal, query_offset, window_left, window_right, positional ("sinusoidal",
+ *             "rope", "alibi", "none"), rope_base, rope_style ("half", "interleaved"),
+ *             add_zero_attn (bool), return_weights, timeout_ms; binary_data_output, timeout
+ *             and priority as above.
+ *   outputs   output [B, L, E] (after the input's rank), weights [B, H, L, S'] or mean
+ *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above.
+ *
+ * The reply is {"model_name", "model_version": "1", "id"?, "outputs": [{"name", "datatype":
+ * "FP32", "shape", "data": [flat]}]}; an output asked for as binary has "parameters":
+ * {"binary_data_size": n} instead of "data", its bytes follow the JSON in the order of the
+ * outputs, reply->inference_header_len gives the JSON's length and the content type is
+ * application/octet-stream.
+ *
+ * Binary tensor data (the body after Inference-Header-Content-Length bytes of JSON): each input
+ * with "binary_data_size" takes that many bytes, in the order the inputs are listed; the sizes
+ * must equal shape x datatype and add up to exactly the bytes after the JSON. All of this is
+ * checked against the shapes and the limits before anything is allocated. Float32 and bool
+ * bytes on their natural alignment are used where they lie (no copy); others are converted
+ * into aligned buffers. When every output is binary, the JSON is written before the compute,
+ * padded with spaces to a 64-byte boundary, and the engine writes its results straight into
+ * the reply: no output is ever copied.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/core/memory.h"
+#include "api/proto/serve.h"
+#include "api/proto/v2.h"
+#include "api/wire/reply.h"
+
+/* Binary outputs start on this boundary of the reply (the JSON is padded with spaces). */
+#define V2_BINARY_ALIGN 64
+
+/* ---- Reply ---------------------------------------------------------------------------------- */
+
+/* Output o, which the request returns or computes. */
+static const api__out_shape *output_shape(const v2_job *job, int o)
+{
+    return job->op->output(job->op_state, o, NULL);
+}
+
+/* Where output o is (or will be) written. */
+static float **output_slot(v2_job *job, int o)
+{
+    float **slot = NULL;
+    job->op->output(job->op_state, o, &slot);
+    return slot;
+}
+
+static float *output_data(v2_job *job, int o)
+{
+    return *output_slot(job, o);
+}
+
+/* ---- The model's operation (sdpa.c or layer.c) ---------------------------------------------- */
+
+static int model_check(v2_job *job, api__error *err)
+{
+    const eng_layer *l = job->model.layer;
+    if (is_layer(job)) {
+        if (l->kdim != l->vdim)
+            return api__error_invalid(err, "memory",
+                                      "model %.64s has kdim %lld and vdim %lld: its keys and "
+                                      "values come from different tokens, which the v2 inputs "
+                                      "cannot carry; use POST /v1/mha with key and value",
+                                      job->model.name, (long long)l->kdim, (long long)l->vdim);
+        job->l.layer = l;
+    }
+    return job->op->check(job->op_state, err);
+}
+
+/* The JSON up to the first output's data: names, shapes and, for binary outputs, sizes. An
+ * upper bound of its length: ids are escaped at most 6 bytes per byte. */
+static size_t header_bound(const v2_job *job)
+{
+    size_t n = 512 + strlen(job->model.name) * 6;
+    if (job->has_id)
+        n += job->id_len * 6;
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (job->want[o])
+            n += 256;
+    return n;
+}
+
+/* Appends the output entries; JSON outputs with their data (after the compute), binary ones
+ * with their sizes only. */
+static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
+{
+    bool first = true;
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        const api__out_shape *sh = output_shape(job, o);
+        if (!job->want[o])
+            continue;
+        api__jsonw_cstr(w, first ? "" : ",");
+        first = false;
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[",
+                          api__out_names[o]);
+        for (int d = 0; d < sh->rank; d++) {
+            if (d > 0)
+                api__jsonw_char(w, ',');
+            api__jsonw_int(w, sh->shape[d]);
+        }
+        api__jsonw_char(w, ']');
+        if (job->binary[o]) {
+            api__jsonw_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}", sh->count * 4);
+            continue;
+        }
+        size_t bad = 0;
+        const int64_t flat[1] = {(int64_t)sh->count};
+        api__jsonw_cstr(w, ",\"data\":");
+        switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
+                                   o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
+        case API_ENCODE_OK:
+            break;
+        case API_ENCODE_NONFINITE:
+            return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
+                                                sh->rank, sh->shape);
+        case API_ENCODE_FULL:
+            return api__jsonw_error(w, err);
+        }
+        api__jsonw_char(w, '}');
+    }
+    return 0;
+}
+
+static void write_header_start(v2_job *job, api__jsonw *w)
+{
+    api__jsonw_cstr(w, "{\"model_name\":");
+    api__jsonw_string(w, job->model.name, strlen(job->model.name));
+    api__jsonw_cstr(w, ",\"model_version\":\"" API_V2_VERSION "\"");
+    if (job->has_id) {
+        api__jsonw_cstr(w, ",\"id\":");
+        api__jsonw_string(w, job->id, job->id_len);
+    }
+    api__jsonw_cstr(w, ",\"outputs\":[");
+}
+
+/* Checks a binary output for values the protocol's JSON could not carry either: the engine
+ * never returns them, so one is an error, never silently sent. */
+static int check_finite(v2_job *job, int o, api__error *err)
+{
+    const api__out_shape *sh = output_shape(job, o);
+    const float *data = output_data(job, o);
+    for (size_t i = 0; i < sh->count; i++) {
+        if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY))
+            return api__tensor_nonfinite_result(err, api__out_names[o], data, i, sh->rank,
+                                                sh->shape);
+    }
+    return 0;
+}
+
+/* ---- The route: its steps of api__serve ---------------------------------------------------- */
+
+_Static_assert(offsetof(v2_job, rq) == 0, "api__serve takes the job for its api__req");
+
+static int parse(void *p, api__error *err)
+{
+    v2_job *job = p;
+    if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0)
+        return -1;
+    return model_check(job, err);
+}
+
+/* Sizes everything before anything is allocated. When every output is binary the engine
+ * writes into the reply itself, so the outputs count once, as part of the reply. */
+static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
+{
+    v2_job *job = p;
+    job->all_binary = true;
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        if (!job->want[o])
+            continue;
+        const api__out_shape *sh = output_shape(job, o);
+        if (job->binary[o]) {
+            job->any_binary = true;
+            job->binary_bytes += sh->count * 4; /* within --max-elements */
+        } else {
+            job->all_binary = false;
+            job->json_text +=
+                api__tensor_encoded_bound(API_FORM_NESTED, 1, (const int64_t[]){(int64_t)sh->count},
+                                          sh->count) +
+                64;
+        }
+    }
+    bool ok = job->op->bytes(job->op_state, false, tensors, scratch);
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (output_shape(job, o) && !(job->all_binary && job->want[o]))
+            ok = ok && api__req_output_bytes(output_shape(job, o)->count, tensors);
+    *text = header_bound(job) + V2_BINARY_ALIGN;
+    return ok && api__size_add(text, job->json_text) && api__size_add(text, job->binary_bytes);
+}
+
+/* All binary: the whole reply is made now, JSON then outputs, and the engine writes the outputs
+ * where they are sent from. */
+static int place(void *p, api__jsonw *w, api__error *err)
+{
+    v2_job *job = p;
+    if (!job->all_binary)
+        return 0;
+    write_header_start(job, w);
+    if (write_outputs(job, w, err) != 0)
+        return -1;
+    api__jsonw_cstr(w, "]}");
+    if (w->state != API_JSONW_OK)
+        return api__jsonw_error(w, err);
+    /* Pad with spaces (JSON allows them after the value) so that the first output starts on a
+     * 64-byte boundary of a 64-byte-aligned buffer. */
+    job->json_len = (w->len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
+    job->blob = eng_buf_alloc(job->json_len + job->binary_bytes); /* 64-byte aligned */
+    if (!job->blob)
+        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                              "out of memory for the reply");
+    memcpy(job->blob, w->data, w->len);
+    memset(job->blob + w->len, ' ', job->json_len - w->len);
+    api__jsonw_free(w);
+    size_t at = job->json_len;
+    for (int o = 0; o < API__N_OUTPUTS; o++) {
+        if (!job->want[o])
+            continue;
+        *output_slot(job, o) = (float *)(void *)(job->blob + at);
+        at += output_shape(job, o)->count * 4;
+    }
+    return 0;
+}
+
+static int decode(void *p, api__error *err)
+{
+    v2_job *job = p;
+    return job->op->decode(job->op_state, err);
+}
+
+static int compute(void *p, int64_t *compute_ns, api__error *err)
+{
+    v2_job *job = p;
+    return job->op->run(job->op_state, compute_ns, err);
+}
+
+/* JSON outputs: the text after the compute, binary ones appended in order. */
+static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
+{
+    write_header_start(job, w);
+    if (write_outputs(job, w, err) != 0)
+        return -1;
+    api__jsonw_cstr(w, "]}");
+    if (!job->any_binary)
+        api__jsonw_char(w, '\n');
+    job->json_len = w->len;
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (job->want[o] && job->binary[o])
+            api__jsonw_mem(w, output_data(job, o), output_shape(job, o)->count * 4);
+    if (w->state != API_JSONW_OK)
+        return api__jsonw_error(w, err);
+    job->blob = w->data;
+    w->data = NULL;
+    return 0;
+}
+
+static int encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+{
+    v2_job *job = p;
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (job->want[o] && job->binary[o] && check_finite(job, o, err) != 0)
+            return -1;
+    if (!job->all_binary && write_reply(job, w, err) != 0)
+        return -1;
+    reply->status = api_status_http(API_ERRORS_V2, API_STATUS_OK);
+    reply->reason = API_REASON_NONE;
+    reply->content_type = job->any_binary ? "application/octet-stream" : "application/json";
+    reply->body = job->blob;
+    reply->body_len = job->json_len + job->binary_bytes;
+    reply->inference_header_len = job->any_binary ? (int64_t)job->json_len : 0;
+    job->blob = NULL;
+    return 0;
+}
+
+static int64_t inferences(const void *p)
+{
+    const v2_job *job = p;
+    return job->op->batch(job->op_state);
+}
+
+static void free_job(void *p)
+{
+    v2_job *job = p;
+    if (job->op->free)
+        job->op->free(job->op_state);
+    eng_buf_free(job->blob);
+    job->blob = NULL;
+}
+
+static const api__route v2_route = {
+    .style = API_ERRORS_V2,
+    .parse = parse,
+    .size = sizes,
+    .place = place,
+    .decode = decode,
+    .compute = compute,
+    .encode = encode,
+    .inferences = inferences,
+    .free = free_job,
+};
+
+void api_v2_infer(const api_call *call, api_reply *reply)
+{
+    v2_job *job = calloc(1, sizeof *job);
+    if (job && !api__v2_model_find(call, &job->model, reply)) {
+        free(job);
+        return;
+    }
+    if (job) {
+        job->s.rq = &job->rq;
+        job->l.rq = &job->rq;
+        job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
+        job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
+    }
+    api__serve(&v2_route, job, call, reply);
+    free(job);
+}

@@ -1,0 +1,256 @@
+/*
+ * v2_model.c - what each KServe v2 model is: its tensors, told to clients three ways from one
+ * table, so that the metadata, Triton's model configuration and readiness never disagree.
+ *
+ * GET /v2 -> {"name": "attnd", "version", "extensions": ["binary_tensor_data", "parameters",
+ * "statistics"]}.
+ *
+ * GET /v2/models/{m}[/versions/1] -> {"name", "versions": ["1"], "platform", "inputs": [{"name",
+ * "datatype", "shape"}], "outputs": [...]}, -1 for variable dimensions.
+ *
+ * GET /v2/models/{m}[/versions/1]/config -> Triton's model configuration, as tritonclient's
+ * get_model_config and perf_analyzer read it: {"name", "platform", "backend", "max_batch_size":
+ * 0 (the batch axis is part of each shape), "input": [{"name", "data_type": "TYPE_FP32", "dims",
+ * "optional", ...}], "output": [...], "model_transaction_policy": {"decoupled": false},
+ * "response_cache": {"enable": false}}; no dynamic or sequence batching.
+ *
+ * GET .../ready -> {"name", "ready": true}.
+ *
+ * The tensors listed are those every request may send and what a request gets back when it
+ * asks for nothing else. Each shape is the canonical layout (PyTorch's [B, H, L, D] for sdpa,
+ * [B, L, E] for a layer); the protocol has one rank and one datatype per tensor, so the other
+ * forms the infer route takes (ranks 2 and 3, FP16/BF16 binary, FP32 masks, INT32 lengths; see
+ * v2_infer.c) are documented there and in api/openapi.yaml. The attention weights are not a listed
+ * output: they are L x S per head, and clients that request every listed output (perf_analyzer
+ * does) would otherwise measure the weights rather than attention. A request gets them with
+ * the parameter return_weights or by naming "weights" in its outputs.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "api/proto/v2.h"
+#include "api/wire/reply.h"
+
+/* The version GET /v2 reports. */
+#define V2_SERVER_VERSION "0.1.0"
+
+static const char *const v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
+
+/* One tensor of a model: dims of -1 are variable. */
+typedef struct {
+    const char *name;
+    const char *datatype; /* the protocol's name ("FP32"); Triton's is "TYPE_" and this */
+    int rank;
+    int64_t dims[4];
+    bool optional; /* an input a request may leave out */
+} tensor_desc;
+
+enum { MAX_TENSORS = 8 };
+
+typedef struct {
+    const char *platform;
+    tensor_desc in[MAX_TENSORS], out[MAX_TENSORS];
+    int n_in, n_out;
+} model_desc;
+
+#define VAR4                                                                                       \
+    {                                                                                              \
+        -1, -1, -1, -1                                                                             \
+    }
+
+static const model_desc sdpa_desc = {
+    .platform = "attnd_sdpa",
+    .in = {{"query", "FP32", 4, VAR4, false},
+           {"key", "FP32", 4, VAR4, false},
+           {"value", "FP32", 4, VAR4, false},
+           {"attn_mask", "BOOL", 4, VAR4, true},
+           {"key_padding_mask", "BOOL", 2, VAR4, true},
+           {"kv_lengths", "INT64", 1, VAR4, true}},
+    .n_in = 6,
+    .out = {{"output", "FP32", 4, VAR4, false}, {"lse", "FP32", 3, VAR4, false}},
+    .n_out = 2,
+};
+
+/* A layer's tensors, with its widths as fixed dimensions. */
+static model_desc layer_desc(const eng_layer *l)
+{
+    model_desc d = {
+        .platform = "attnd_mha",
+        .in = {{"input", "FP32", 3, {-1, -1, l->embed_dim}, false},
+               {"memory", "FP32", 3, {-1, -1, l->kdim}, true},
+               {"attn_mask", "BOOL", 4, VAR4, true},
+               {"key_padding_mask", "BOOL", 2, VAR4, true}},
+        .n_in = 4,
+        .out = {{"output", "FP32", 3, {-1, -1, l->embed_dim}, false}},
+        .n_out = 1,
+    };
+    return d;
+}
+
+bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
+{
+    const char *name = call->model ? call->model : "";
+    memset(m, 0, sizeof *m);
+    m->name = name;
+    if (strcmp(name, "sdpa") == 0) {
+        m->kind = MODEL_SDPA;
+    } else if (call->models && (m->layer = api_models_find(call->models, name)) != NULL) {
+        m->kind = MODEL_LAYER;
+    } else {
+        api__jsonw w;
+        api__jsonw_init(&w, 1024);
+        for (size_t i = 0; call->models && i < api_models_count(call->models); i++) {
+            api__jsonw_cstr(&w, ", ");
+            api__jsonw_cstr(&w, api_models_at(call->models, i)->name);
+        }
+        api_reply_error_status(reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST,
+                               NULL, "unknown model \"%.64s\"; models: sdpa%.*s", name,
+                               w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                               w.data ? w.data : "");
+        api__jsonw_free(&w);
+        return false;
+    }
+    if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
+        api_reply_error_status(
+            reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
+            "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
+            name, call->version);
+        return false;
+    }
+    return true;
+}
+
+bool api_v2_model_known(const api_models *models, const char *model, const char *version)
+{
+    if (!model || (version && strcmp(version, API_V2_VERSION) != 0))
+        return false;
+    return strcmp(model, "sdpa") == 0 || (models && api_models_find(models, model) != NULL);
+}
+
+/* The description of a model found by api__v2_model_find. */
+static model_desc describe(const model_ref *m)
+{
+    return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->layer);
+}
+
+void api_v2_server_metadata(api_reply *reply)
+{
+    api__jsonw w;
+    memset(reply, 0, sizeof *reply);
+    api__jsonw_init(&w, 4096);
+    api__jsonw_cstr(&w,
+                    "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
+    for (size_t i = 0; i < sizeof v2_extensions / sizeof v2_extensions[0]; i++) {
+        if (i > 0)
+            api__jsonw_char(&w, ',');
+        api__jsonw_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
+    }
+    api__jsonw_cstr(&w, "]}\n");
+    api__reply_json(reply, &w, API_ERRORS_V2);
+}
+
+static void write_dims(api__jsonw *w, const tensor_desc *t)
+{
+    api__jsonw_char(w, '[');
+    for (int d = 0; d < t->rank; d++) {
+        if (d > 0)
+            api__jsonw_char(w, ',');
+        api__jsonw_int(w, t->dims[d]);
+    }
+    api__jsonw_char(w, ']');
+}
+
+/* A list of $metadata_tensor. */
+static void write_meta_tensors(api__jsonw *w, const tensor_desc *t, int n)
+{
+    api__jsonw_char(w, '[');
+    for (int i = 0; i < n; i++) {
+        if (i > 0)
+            api__jsonw_char(w, ',');
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":", t[i].name,
+                          t[i].datatype);
+        write_dims(w, &t[i]);
+        api__jsonw_char(w, '}');
+    }
+    api__jsonw_char(w, ']');
+}
+
+/* A list of Triton's ModelInput (is_input) or ModelOutput. */
+static void write_config_tensors(api__jsonw *w, const tensor_desc *t, int n, bool is_input)
+{
+    api__jsonw_char(w, '[');
+    for (int i = 0; i < n; i++) {
+        if (i > 0)
+            api__jsonw_char(w, ',');
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"data_type\":\"TYPE_%s\",\"dims\":", t[i].name,
+                          t[i].datatype);
+        write_dims(w, &t[i]);
+        api__jsonw_cstr(w, ",\"is_shape_tensor\":false");
+        if (is_input)
+            api__jsonw_printf(w,
+                              ",\"format\":\"FORMAT_NONE\",\"allow_ragged_batch\":false,"
+                              "\"optional\":%s}",
+                              t[i].optional ? "true" : "false");
+        else
+            api__jsonw_cstr(w, ",\"label_filename\":\"\"}");
+    }
+    api__jsonw_char(w, ']');
+}
+
+/* Starts a reply about call's model, {"name": ..., in *w; false, with the 404 in `reply`, when
+ * there is no such model or version. */
+static bool model_reply_start(const api_call *call, api_reply *reply, model_ref *m, api__jsonw *w)
+{
+    memset(reply, 0, sizeof *reply);
+    if (!api__v2_model_find(call, m, reply))
+        return false;
+    api__jsonw_init(w, 8192);
+    api__jsonw_cstr(w, "{\"name\":");
+    api__jsonw_string(w, m->name, strlen(m->name));
+    return true;
+}
+
+void api_v2_model_metadata(const api_call *call, api_reply *reply)
+{
+    model_ref m;
+    api__jsonw w;
+    if (!model_reply_start(call, reply, &m, &w))
+        return;
+    model_desc d = describe(&m);
+    api__jsonw_printf(
+        &w, ",\"versions\":[\"" API_V2_VERSION "\"],\"platform\":\"%s\",\"inputs\":", d.platform);
+    write_meta_tensors(&w, d.in, d.n_in);
+    api__jsonw_cstr(&w, ",\"outputs\":");
+    write_meta_tensors(&w, d.out, d.n_out);
+    api__jsonw_cstr(&w, "}\n");
+    api__reply_json(reply, &w, API_ERRORS_V2);
+}
+
+void api_v2_model_config(const api_call *call, api_reply *reply)
+{
+    model_ref m;
+    api__jsonw w;
+    if (!model_reply_start(call, reply, &m, &w))
+        return;
+    model_desc d = describe(&m);
+    api__jsonw_printf(&w,
+                      ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
+                      "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",
+                      d.platform);
+    write_config_tensors(&w, d.in, d.n_in, true);
+    api__jsonw_cstr(&w, ",\"output\":");
+    write_config_tensors(&w, d.out, d.n_out, false);
+    api__jsonw_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
+                        "\"response_cache\":{\"enable\":false}}\n");
+    api__reply_json(reply, &w, API_ERRORS_V2);
+}
+
+void api_v2_model_ready(const api_call *call, api_reply *reply)
+{
+    model_ref m;
+    api__jsonw w;
+    if (!model_reply_start(call, reply, &m, &w))
+        return;
+    api__jsonw_cstr(&w, ",\"ready\":true}\n");
+    api__reply_json(reply, &w, API_ERRORS_V2);
+}

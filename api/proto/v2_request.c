@@ -1,0 +1,771 @@
+/*
+ * v2_request.c - the KServe v2 inference request turned into a job (proto/v2.h): the
+ * Content-Type and Inference-Header-Content-Length, the parameters, the inputs (JSON data or
+ * binary tensor data after the JSON) and the outputs asked for. The protocol, and what each
+ * model takes, is described at the top of v2_infer.c, which runs the job and writes the reply.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "api/proto/v2.h"
+#include "api/wire/http_header.h"
+#include "api/wire/timeout.h"
+
+/* ---- Datatypes ------------------------------------------------------------------------------ */
+
+/* The v2 datatypes attnd reads, and the wire dtype each is. */
+static const struct {
+    const char *name;
+    api__dtype dtype;
+} v2_datatypes[] = {
+    {"FP32", API_DTYPE_FLOAT32}, {"FP16", API_DTYPE_FLOAT16}, {"BF16", API_DTYPE_BFLOAT16},
+    {"BOOL", API_DTYPE_BOOL},    {"INT64", API_DTYPE_INT64},  {"INT32", API_DTYPE_INT32},
+};
+
+/* The others of the protocol (and Triton's), which no input of attnd takes. */
+static const char *const v2_other_datatypes[] = {"UINT8", "UINT16", "UINT32", "UINT64",
+                                                 "INT8",  "INT16",  "FP64",   "BYTES"};
+
+/* ---- Parameters ----------------------------------------------------------------------------- */
+
+static int64_t *timeout_ms_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.timeout_ms : &job->s.r.timeout_ms;
+}
+
+typedef int (*param_fn)(v2_job *job, const json_t *v, const char *name, api__error *err);
+
+static int p_causal(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, is_layer(job) ? &job->l.r.causal : &job->s.r.causal, err);
+}
+
+static int p_query_offset(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    bool *set = is_layer(job) ? &job->l.r.offset_set : &job->s.r.offset_set;
+    *set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
+                           is_layer(job) ? &job->l.r.query_offset : &job->s.r.query_offset, err);
+}
+
+static int p_scale(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    job->s.r.scale_set = true;
+    return api__option_float(v, name, &job->s.r.scale, err);
+}
+
+static int p_softcap(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_softcap(v, name, &job->s.r.softcap, err);
+}
+
+static int p_num_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
+}
+
+static int p_num_kv_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
+}
+
+/* A window side: a non-negative integer, or -1 for unbounded (parameters cannot be null). */
+static int window_side(const json_t *v, const char *name, bool *set, int64_t *out, api__error *err)
+{
+    int64_t n;
+    if (json_is_integer(v) && json_integer_value(v) > API_WINDOW_MAX) {
+        *set = false; /* reaches past every position: unbounded */
+        return 0;
+    }
+    if (api__option_int(v, name, -1, API_WINDOW_MAX, &n, err) != 0)
+        return -1;
+    *set = n >= 0;
+    *out = n >= 0 ? n : 0;
+    return 0;
+}
+
+/* Both kinds of model keep their window the same way. */
+static api__window *window_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.window : &job->s.r.window;
+}
+
+static int p_window_left(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    api__window *w = window_of(job);
+    return window_side(v, name, &w->left_set, &w->left, err);
+}
+
+static int p_window_right(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    api__window *w = window_of(job);
+    return window_side(v, name, &w->right_set, &w->right, err);
+}
+
+static int p_alibi(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &job->s.r.alibi, err);
+}
+
+static int p_return_weights(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    const char *s = json_string_value(v);
+    eng_weights_mode *w = weights_of(job);
+    job->weights_param_set = true;
+    if (s && strcmp(s, "none") == 0) {
+        *w = ENG_WEIGHTS_NONE;
+    } else if (json_is_true(v)) {
+        *w = ENG_WEIGHTS_PER_HEAD;
+    } else if (api__option_weights(v, name, w, err) != 0) {
+        return -1;
+    }
+    job->weights_param_off = *w == ENG_WEIGHTS_NONE;
+    return 0;
+}
+
+static int p_return_lse(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    job->lse_param_set = true;
+    return api__option_bool(v, name, &job->s.r.return_lse, err);
+}
+
+static int p_timeout_ms(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, timeout_ms_of(job), err);
+}
+
+static int p_positional(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_positional(v, name, &job->l.r.positional, err);
+}
+
+static int p_rope_base(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_rope_base(v, name, &job->l.r.rope_base_set, &job->l.r.rope_base, err);
+}
+
+static int p_rope_style(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_rope_style(v, name, &job->l.r.rope_style_set, &job->l.r.rope_style, err);
+}
+
+static int p_add_zero_attn(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &job->l.r.add_zero_attn, err);
+}
+
+static int p_timeout(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 0, API_TIMEOUT_US_MAX, &job->timeout_us, err);
+}
+
+static int p_priority(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    int64_t ignored;
+    (void)job;
+    return api__option_int(v, name, 0, INT64_MAX, &ignored, err);
+}
+
+static int p_binary_data_output(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &job->binary_default, err);
+}
+
+typedef struct {
+    const char *name;
+    param_fn parse;
+} param_def;
+
+static const param_def sdpa_params[] = {
+    {"causal", p_causal},
+    {"query_offset", p_query_offset},
+    {"scale", p_scale},
+    {"softcap", p_softcap},
+    {"num_heads", p_num_heads},
+    {"num_kv_heads", p_num_kv_heads},
+    {"window_left", p_window_left},
+    {"window_right", p_window_right},
+    {"alibi", p_alibi},
+    {"return_weights", p_return_weights},
+    {"return_lse", p_return_lse},
+    {"timeout_ms", p_timeout_ms},
+    {"binary_data_output", p_binary_data_output},
+    {"timeout", p_timeout},
+    {"priority", p_priority},
+};
+
+/* Those of a layer model: the options of /v1/mha that a registered layer leaves open. */
+static const param_def layer_params[] = {
+    {"causal", p_causal},
+    {"query_offset", p_query_offset},
+    {"window_left", p_window_left},
+    {"window_right", p_window_right},
+    {"positional", p_positional},
+    {"rope_base", p_rope_base},
+    {"rope_style", p_rope_style},
+    {"add_zero_attn", p_add_zero_attn},
+    {"return_weights", p_return_weights},
+    {"timeout_ms", p_timeout_ms},
+    {"binary_data_output", p_binary_data_output},
+    {"timeout", p_timeout},
+    {"priority", p_priority},
+};
+
+#define N_SDPA_PARAMS  (sizeof sdpa_params / sizeof sdpa_params[0])
+#define N_LAYER_PARAMS (sizeof layer_params / sizeof layer_params[0])
+#define N_PARAMS_MAX   (N_SDPA_PARAMS > N_LAYER_PARAMS ? N_SDPA_PARAMS : N_LAYER_PARAMS)
+
+/* Triton's reserved request parameters that attnd's models have no use for, accepted as
+ * Triton accepts them on a model without a sequence batcher: the sequence flags (checked for
+ * their types; every request of a sequence is then served on its own), "headers" (which its
+ * HTTP front end fills with forwarded headers) and anything named triton_*. 1 when `key` is one
+ * (and well-formed), 0 when it is not reserved, -1 with `err` set when it is ill-formed. */
+static int reserved_parameter(const char *key, const json_t *v, const char *field, api__error *err)
+{
+    bool flag;
+    if (strncmp(key, "triton_", 7) == 0 || strcmp(key, "headers") == 0)
+        return 1;
+    if (strcmp(key, "sequence_start") == 0 || strcmp(key, "sequence_end") == 0)
+        return api__option_bool(v, field, &flag, err) == 0 ? 1 : -1;
+    if (strcmp(key, "sequence_id") == 0) {
+        if (json_is_string(v) || (json_is_integer(v) && json_integer_value(v) >= 0))
+            return 1;
+        return api__error_invalid(err, field,
+                                  "%s must be an unsigned integer or a string (Triton's "
+                                  "correlation id)",
+                                  field);
+    }
+    return 0;
+}
+
+static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
+{
+    const param_def *defs = is_layer(job) ? layer_params : sdpa_params;
+    size_t n_params = is_layer(job) ? N_LAYER_PARAMS : N_SDPA_PARAMS;
+    const char *key;
+    json_t *val;
+    char field[96];
+    if (!json_is_object(params))
+        return api__error_invalid(err, "parameters",
+                                  "parameters must be an object of name: value pairs");
+    json_object_foreach((json_t *)params, key, val)
+    {
+        size_t i = 0;
+        while (i < n_params && strcmp(defs[i].name, key) != 0)
+            i++;
+        snprintf(field, sizeof field, "parameters.%.60s", key);
+        if (i == n_params) {
+            int reserved = reserved_parameter(key, val, field, err);
+            if (reserved < 0)
+                return -1;
+            if (reserved)
+                continue;
+            const char *names[N_PARAMS_MAX];
+            for (size_t j = 0; j < n_params; j++)
+                names[j] = defs[j].name;
+            const char *best = api__closest_name(key, names, n_params);
+            if (best)
+                return api__error_invalid(
+                    err, field, "unknown parameter \"%.60s\"; did you mean \"%s\"?", key, best);
+            if (is_layer(job))
+                return api__error_invalid(err, field,
+                                          "unknown parameter \"%.60s\"; model %.64s takes causal, "
+                                          "query_offset, window_left, window_right, positional, "
+                                          "rope_base, rope_style, add_zero_attn, return_weights, "
+                                          "timeout_ms, binary_data_output, timeout and priority",
+                                          key, job->model.name);
+            return api__error_invalid(err, field,
+                                      "unknown parameter \"%.60s\"; model sdpa takes causal, "
+                                      "query_offset, scale, softcap, num_heads, num_kv_heads, "
+                                      "window_left, window_right, alibi, return_weights, "
+                                      "return_lse, timeout_ms, binary_data_output, timeout and "
+                                      "priority",
+                                      key);
+        }
+        if (defs[i].parse(job, val, field, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- Inputs --------------------------------------------------------------------------------- */
+
+static const char *const input_names[] = {
+    "query", "key", "value", "attn_mask", "key_padding_mask", "kv_lengths"};
+
+#define N_INPUT_NAMES (sizeof input_names / sizeof input_names[0])
+
+static const char *const layer_input_names[] = {"input", "memory", "attn_mask", "key_padding_mask"};
+
+#define N_LAYER_INPUT_NAMES (sizeof layer_input_names / sizeof layer_input_names[0])
+
+/* The tensor slot of input `name` of the job's model, or NULL. */
+static api__tensor *input_slot(v2_job *job, const char *name, bool **has)
+{
+    api__sdpa_req *r = &job->s.r;
+    api__layer_req *lr = &job->l.r;
+    api__tensor *slots[N_INPUT_NAMES] = {&r->q, &r->k, &r->v, &r->mask, &r->kpm, &r->kvlen};
+    bool *flags[N_INPUT_NAMES] = {&r->has_q,    &r->has_k,   &r->has_v,
+                                  &r->has_mask, &r->has_kpm, &r->has_kvlen};
+    api__tensor *lslots[N_LAYER_INPUT_NAMES] = {&lr->input, &lr->memory, &lr->mask, &lr->kpm};
+    bool *lflags[N_LAYER_INPUT_NAMES] = {&lr->has_input, &lr->has_memory, &lr->has_mask,
+                                         &lr->has_kpm};
+    bool layer = is_layer(job);
+    const char *const *names = layer ? layer_input_names : input_names;
+    size_t n = layer ? N_LAYER_INPUT_NAMES : N_INPUT_NAMES;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(name, names[i]) == 0) {
+            *has = layer ? lflags[i] : flags[i];
+            return layer ? lslots[i] : slots[i];
+        }
+    }
+    return NULL;
+}
+
+/* Whether input `name` takes `dtype`, and whether as JSON data too (false: binary only). */
+static bool input_takes(const char *name, api__dtype dtype, bool *json_ok)
+{
+    bool qkv = strcmp(name, "query") == 0 || strcmp(name, "key") == 0 ||
+               strcmp(name, "value") == 0 || strcmp(name, "input") == 0 ||
+               strcmp(name, "memory") == 0;
+    *json_ok = dtype == API_DTYPE_FLOAT32 || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT64 ||
+               dtype == API_DTYPE_INT32;
+    if (qkv)
+        return dtype == API_DTYPE_FLOAT32 || dtype == API_DTYPE_FLOAT16 ||
+               dtype == API_DTYPE_BFLOAT16;
+    if (strcmp(name, "attn_mask") == 0)
+        return dtype != API_DTYPE_INT64 && dtype != API_DTYPE_INT32;
+    if (strcmp(name, "key_padding_mask") == 0)
+        return dtype == API_DTYPE_BOOL;
+    return dtype == API_DTYPE_INT64 || dtype == API_DTYPE_INT32; /* kv_lengths */
+}
+
+static const char *input_datatypes(const char *name)
+{
+    if (strcmp(name, "attn_mask") == 0)
+        return "BOOL, FP32, or FP16 / BF16 as binary data";
+    if (strcmp(name, "key_padding_mask") == 0)
+        return "BOOL";
+    if (strcmp(name, "kv_lengths") == 0)
+        return "INT64 or INT32";
+    return "FP32, or FP16 / BF16 as binary data";
+}
+
+static int parse_datatype(const json_t *v, const char *name, const char *field, api__dtype *out,
+                          api__error *err)
+{
+    const char *s = json_string_value(v);
+    if (!s)
+        return api__error_invalid(err, field, "%s must be a string such as \"FP32\"", field);
+    for (size_t i = 0; i < sizeof v2_datatypes / sizeof v2_datatypes[0]; i++) {
+        if (strcmp(s, v2_datatypes[i].name) == 0) {
+            *out = v2_datatypes[i].dtype;
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < sizeof v2_other_datatypes / sizeof v2_other_datatypes[0]; i++) {
+        if (strcmp(s, v2_other_datatypes[i]) == 0)
+            return api__error_invalid(err, field, "input %s does not take datatype %s; it takes %s",
+                                      name, s, input_datatypes(name));
+    }
+    return api__error_invalid(err, field,
+                              "%s \"%.32s\" is not a datatype of the protocol (BOOL, INT32, INT64, "
+                              "FP16, BF16, FP32, ...)",
+                              field, s);
+}
+
+/* binary_data_size, the one parameter an input takes; -1 when absent. */
+static int input_parameters(const json_t *params, const char *field, int64_t *size, api__error *err)
+{
+    const char *key;
+    json_t *val;
+    char name[192];
+    *size = -1;
+    if (!params || json_is_null(params))
+        return 0;
+    if (!json_is_object(params))
+        return api__error_invalid(err, field, "%s must be an object", field);
+    json_object_foreach((json_t *)params, key, val)
+    {
+        snprintf(name, sizeof name, "%.120s.%.40s", field, key);
+        if (strcmp(key, "content_type") == 0) {
+            /* MLServer's codec name: every input of attnd's models is a tensor ("np"). */
+            const char *ct = json_string_value(val);
+            if (!ct || strcmp(ct, "np") != 0)
+                return api__error_invalid(err, name,
+                                          "%s must be \"np\": the inputs of attnd's models are "
+                                          "tensors",
+                                          name);
+            continue;
+        }
+        if (strcmp(key, "binary_data_size") != 0)
+            return api__error_invalid(err, name,
+                                      "unknown input parameter \"%.40s\"; an input takes "
+                                      "binary_data_size and content_type",
+                                      key);
+        if (api__option_int(val, name, 0, INT64_MAX, size, err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* "data" of a JSON input: nested (whose nesting must be the shape) or flat. Fills t's form,
+ * items and numbers; t's shape is the declared one. */
+static int input_data(v2_job *job, const json_t *data, const char *name, api__dtype dtype,
+                      api__tensor *t, api__error *err)
+{
+    char field[96], want[96], got[96];
+    api__tensor probe;
+    const api__body_span *sp = api__body_span_of(&job->rq.body, data);
+    snprintf(field, sizeof field, "%s.data", name);
+    if (!json_is_array(data) && !(sp && sp->kind == API_SPAN_NUMBERS))
+        return api__error_invalid(
+            err, field, "%s must be an array of the tensor's elements, flat or nested", field);
+    if (api__tensor_probe(&job->rq.body, data, field, job->rq.limits.max_elements, &probe, err) !=
+        0)
+        return -1;
+    if (probe.count != t->count && probe.rank == 1)
+        return api__error_invalid(err, field, "%s has %zu elements but shape %s holds %zu", field,
+                                  probe.count, api__tensor_shape_str(t, want, sizeof want),
+                                  t->count);
+    bool flat = probe.rank == 1 && t->rank != 1;
+    if (!flat && (probe.rank != t->rank ||
+                  memcmp(probe.shape, t->shape, (size_t)t->rank * sizeof t->shape[0]) != 0))
+        return api__error_invalid(err, field,
+                                  "%s is nested as %s but the shape is %s; give the data flat or "
+                                  "nested as the shape",
+                                  field, api__tensor_shape_str(&probe, got, sizeof got),
+                                  api__tensor_shape_str(t, want, sizeof want));
+    bool bools = probe.dtype == API_DTYPE_BOOL;
+    if (bools != (dtype == API_DTYPE_BOOL))
+        return api__error_invalid(err, field, "%s holds %s but the datatype is %s", field,
+                                  bools ? "booleans" : "numbers",
+                                  dtype == API_DTYPE_BOOL    ? "BOOL"
+                                  : dtype == API_DTYPE_INT64 ? "INT64"
+                                  : dtype == API_DTYPE_INT32 ? "INT32"
+                                                             : "FP32");
+    t->dtype = probe.dtype;
+    t->items = probe.items;
+    t->numbers = probe.numbers;
+    t->form = flat ? API_FORM_FLAT : API_FORM_NESTED;
+    return 0;
+}
+
+static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *err)
+{
+    char field[64], sub[192];
+    const char *key, *name = NULL;
+    json_t *val, *shape = NULL, *datatype = NULL, *params = NULL, *data = NULL;
+    snprintf(field, sizeof field, "inputs[%zu]", index);
+    if (!json_is_object(in))
+        return api__error_invalid(err, field,
+                                  "%s must be an object {\"name\", \"shape\", \"datatype\", "
+                                  "\"data\"}",
+                                  field);
+    json_object_foreach((json_t *)in, key, val)
+    {
+        if (strcmp(key, "name") == 0)
+            name = json_string_value(val);
+        else if (strcmp(key, "shape") == 0)
+            shape = val;
+        else if (strcmp(key, "datatype") == 0)
+            datatype = val;
+        else if (strcmp(key, "parameters") == 0)
+            params = val;
+        else if (strcmp(key, "data") == 0)
+            data = val;
+        else {
+            snprintf(sub, sizeof sub, "%s.%.40s", field, key);
+            return api__error_invalid(err, sub,
+                                      "unknown key \"%.40s\" in %s; an input has name, shape, "
+                                      "datatype, parameters and data",
+                                      key, field);
+        }
+    }
+    if (!name)
+        return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
+    bool *has = NULL;
+    api__tensor *t = input_slot(job, name, &has);
+    if (!t && is_layer(job)) {
+        const char *best = api__closest_name(name, layer_input_names, N_LAYER_INPUT_NAMES);
+        return api__error_invalid(err, field,
+                                  "unknown input \"%.60s\"%s%s%s; model %.64s takes input, memory, "
+                                  "attn_mask and key_padding_mask",
+                                  name, best ? " (did you mean \"" : "", best ? best : "",
+                                  best ? "\"?)" : "", job->model.name);
+    }
+    if (!t) {
+        const char *best = api__closest_name(name, input_names, N_INPUT_NAMES);
+        return api__error_invalid(err, field,
+                                  "unknown input \"%.60s\"%s%s%s; model sdpa takes query, key, "
+                                  "value, attn_mask, key_padding_mask and kv_lengths",
+                                  name, best ? " (did you mean \"" : "", best ? best : "",
+                                  best ? "\"?)" : "");
+    }
+    if (*has)
+        return api__error_invalid(err, name, "input %s is given twice", name);
+    *has = true;
+    memset(t, 0, sizeof *t);
+    if (!shape || !datatype)
+        return api__error_invalid(err, name, "input %s needs \"shape\" and \"datatype\"", name);
+    snprintf(sub, sizeof sub, "%s.shape", name);
+    if (api__shape_parse(shape, sub, job->rq.limits.max_elements, t->shape, &t->rank, &t->count,
+                         err) != 0)
+        return -1;
+    snprintf(sub, sizeof sub, "%s.datatype", name);
+    api__dtype dtype = API_DTYPE_FLOAT32;
+    bool json_ok;
+    if (parse_datatype(datatype, name, sub, &dtype, err) != 0)
+        return -1;
+    if (!input_takes(name, dtype, &json_ok))
+        return api__error_invalid(err, sub, "input %s does not take datatype %s; it takes %s", name,
+                                  json_string_value(datatype), input_datatypes(name));
+    int64_t size;
+    snprintf(sub, sizeof sub, "%s.parameters", name);
+    if (input_parameters(params, sub, &size, err) != 0)
+        return -1;
+
+    if (size >= 0) {
+        /* Binary tensor data: the next `size` bytes after the JSON. */
+        size_t want = t->count * api__dtype_size(dtype); /* count <= max_elements <= 2^59 */
+        if (data)
+            return api__error_invalid(
+                err, name, "input %s has both \"data\" and binary_data_size; give one", name);
+        if (!job->has_header_len)
+            return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, name,
+                                  "input %s has binary_data_size but the request has no "
+                                  "Inference-Header-Content-Length header to say where its JSON "
+                                  "ends",
+                                  name);
+        if ((uint64_t)size != want)
+            return api__error_invalid(err, name,
+                                      "input %s has binary_data_size %lld but %zu %s elements take "
+                                      "%zu bytes",
+                                      name, (long long)size, t->count, json_string_value(datatype),
+                                      want);
+        if (want > job->bin_len - job->bin_used)
+            return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, name,
+                                  "the binary data is truncated: input %s needs bytes %zu to %zu "
+                                  "after the JSON, but only %zu follow it",
+                                  name, job->bin_used, job->bin_used + want, job->bin_len);
+        t->form = API_FORM_RAW;
+        t->dtype = dtype;
+        t->raw = job->bin + job->bin_used;
+        job->bin_used += want;
+        return 0;
+    }
+    if (!data)
+        return api__error_invalid(err, name,
+                                  "input %s needs \"data\" (or binary_data_size with the binary "
+                                  "tensor extension)",
+                                  name);
+    if (!json_ok)
+        return api__error_invalid(err, name,
+                                  "input %s has datatype %s, which JSON cannot carry: send it as "
+                                  "binary data (parameters.binary_data_size and "
+                                  "Inference-Header-Content-Length)",
+                                  name, json_string_value(datatype));
+    return input_data(job, data, name, dtype, t, err);
+}
+
+/* ---- Outputs -------------------------------------------------------------------------------- */
+
+static int parse_output(v2_job *job, const json_t *out, size_t index, api__error *err)
+{
+    char field[64], sub[128];
+    const char *key, *name = NULL;
+    json_t *val, *params = NULL;
+    snprintf(field, sizeof field, "outputs[%zu]", index);
+    if (!json_is_object(out))
+        return api__error_invalid(err, field, "%s must be an object {\"name\", \"parameters\"}",
+                                  field);
+    json_object_foreach((json_t *)out, key, val)
+    {
+        if (strcmp(key, "name") == 0)
+            name = json_string_value(val);
+        else if (strcmp(key, "parameters") == 0)
+            params = val;
+        else {
+            snprintf(sub, sizeof sub, "%s.%.40s", field, key);
+            return api__error_invalid(err, sub,
+                                      "unknown key \"%.40s\" in %s; an output has name and "
+                                      "parameters",
+                                      key, field);
+        }
+    }
+    if (!name)
+        return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
+    size_t o = 0,
+           n_outputs = is_layer(job) ? API__OUT_LSE : API__N_OUTPUTS; /* a layer has no lse */
+    while (o < n_outputs && strcmp(name, api__out_names[o]) != 0)
+        o++;
+    if (o == n_outputs && is_layer(job))
+        return api__error_invalid(err, field,
+                                  "unknown output \"%.60s\"; model %.64s has output and weights",
+                                  name, job->model.name);
+    if (o == n_outputs)
+        return api__error_invalid(
+            err, field, "unknown output \"%.60s\"; model sdpa has output, weights and lse", name);
+    if (job->want[o])
+        return api__error_invalid(err, field, "output %s is asked for twice", name);
+    job->want[o] = true;
+    if (!params || json_is_null(params))
+        return 0;
+    if (!json_is_object(params))
+        return api__error_invalid(err, field, "%s.parameters must be an object", field);
+    json_object_foreach(params, key, val)
+    {
+        snprintf(sub, sizeof sub, "%s.parameters.%.40s", field, key);
+        if (strcmp(key, "binary_data") != 0)
+            return api__error_invalid(err, sub,
+                                      "unknown output parameter \"%.40s\"; an output takes "
+                                      "binary_data",
+                                      key);
+        if (api__option_bool(val, sub, &job->binary[o], err) != 0)
+            return -1;
+        job->binary_set[o] = true;
+    }
+    return 0;
+}
+
+/* ---- Request -------------------------------------------------------------------------------- */
+
+int api__v2_request_parse(v2_job *job, api__error *err)
+{
+    const api_call *call = job->rq.call;
+    const char *body = call->body ? call->body : "";
+    size_t header_len = call->body_len;
+    const json_t *root, *inputs = NULL, *outputs = NULL, *params = NULL, *id = NULL;
+    const char *key;
+    json_t *val;
+
+    if (!api__content_type_v2(call->content_type))
+        return api__error_set(err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
+                              "Content-Type \"%.80s\" is not supported; send application/json "
+                              "(or application/octet-stream with binary tensor data)",
+                              call->content_type);
+    if (api__req_check_body_size(&job->rq, err) != 0)
+        return -1;
+    if (call->inference_header_length) {
+        if (!api__header_len_parse(call->inference_header_length, &header_len))
+            return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
+                                  "Inference-Header-Content-Length \"%.40s\" is not a byte count",
+                                  call->inference_header_length);
+        if (header_len > call->body_len)
+            return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
+                                  "Inference-Header-Content-Length is %zu but the body has only "
+                                  "%zu bytes",
+                                  header_len, call->body_len);
+        job->has_header_len = true;
+    }
+    job->bin = body + header_len;
+    job->bin_len = call->body_len - header_len;
+
+    if (api__req_parse(&job->rq, body, header_len, err) != 0)
+        return -1;
+    root = job->rq.body.root;
+    json_object_foreach((json_t *)root, key, val)
+    {
+        if (strcmp(key, "inputs") == 0)
+            inputs = val;
+        else if (strcmp(key, "outputs") == 0)
+            outputs = val;
+        else if (strcmp(key, "parameters") == 0)
+            params = val;
+        else if (strcmp(key, "id") == 0)
+            id = val;
+        else if (strcmp(key, "model_name") == 0 || strcmp(key, "model_version") == 0) {
+            /* Triton's own examples send them; they must agree with the path. */
+            const char *s = json_string_value(val);
+            const char *want = key[6] == 'n' ? job->model.name : API_V2_VERSION;
+            if (!s || strcmp(s, want) != 0)
+                return api__error_invalid(err, key, "%s must be \"%s\", as in the path", key, want);
+        } else {
+            return api__error_invalid(err, key,
+                                      "unknown field \"%.60s\"; an inference request has id, "
+                                      "parameters, inputs and outputs",
+                                      key);
+        }
+    }
+    if (id && !json_is_null(id)) {
+        const char *s;
+        size_t n;
+        if (!api__body_string_get(&job->rq.body, id, &s, &n))
+            return api__error_invalid(err, "id", "id must be a string");
+        job->id = api__req_alloc(&job->rq, n + 1, err);
+        if (!job->id)
+            return -1;
+        memcpy(job->id, s, n);
+        job->id[n] = '\0';
+        job->id_len = n;
+        job->has_id = true;
+    } else if (call->request_id) {
+        /* KServe's InferenceResponse requires an id: the request's X-Request-Id stands in. */
+        size_t n = strlen(call->request_id);
+        job->id = api__req_alloc(&job->rq, n + 1, err);
+        if (!job->id)
+            return -1;
+        memcpy(job->id, call->request_id, n + 1);
+        job->id_len = n;
+        job->has_id = true;
+    }
+    if (params && !json_is_null(params) && parse_parameters(job, params, err) != 0)
+        return -1;
+    if (!json_is_array(inputs))
+        return api__error_invalid(err, "inputs", "inputs must be an array of input tensors");
+    for (size_t i = 0; i < json_array_size(inputs); i++)
+        if (parse_input(job, json_array_get(inputs, i), i, err) != 0)
+            return -1;
+    if (job->bin_used != job->bin_len)
+        return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, NULL,
+                              "%zu bytes follow the JSON but the inputs' binary_data_size add up "
+                              "to %zu",
+                              job->bin_len, job->bin_used);
+    if (is_layer(job) && !job->l.r.has_input)
+        return api__error_invalid(err, "input",
+                                  "input \"input\" is required (the tokens, [L, E] or [B, L, E])");
+    if (!is_layer(job) && (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v)) {
+        const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
+        return api__error_invalid(err, missing, "input %s is required", missing);
+    }
+    if (outputs && !json_is_null(outputs)) {
+        if (!json_is_array(outputs))
+            return api__error_invalid(err, "outputs", "outputs must be an array");
+        job->outputs_given = true;
+        for (size_t i = 0; i < json_array_size(outputs); i++)
+            if (parse_output(job, json_array_get(outputs, i), i, err) != 0)
+                return -1;
+    }
+    return 0;
+}
+
+/* What the outputs say to compute: weights and lse only when returned. */
+int api__v2_outputs_settle(v2_job *job, api__error *err)
+{
+    eng_weights_mode *weights = weights_of(job);
+    bool no_lse = false, *return_lse = is_layer(job) ? &no_lse : &job->s.r.return_lse;
+    int64_t *timeout_ms = timeout_ms_of(job);
+    if (!job->outputs_given) {
+        job->want[API__OUT_OUTPUT] = true;
+        job->want[API__OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
+        job->want[API__OUT_LSE] = *return_lse;
+    } else {
+        if (job->want[API__OUT_WEIGHTS] && job->weights_param_off)
+            return api__error_invalid(err, "return_weights",
+                                      "output weights is asked for but return_weights is false");
+        if (job->want[API__OUT_LSE] && job->lse_param_set && !*return_lse)
+            return api__error_invalid(err, "return_lse",
+                                      "output lse is asked for but return_lse is false");
+        if (job->want[API__OUT_WEIGHTS] && *weights == ENG_WEIGHTS_NONE)
+            *weights = ENG_WEIGHTS_PER_HEAD;
+        if (!job->want[API__OUT_WEIGHTS])
+            *weights = ENG_WEIGHTS_NONE;
+        *return_lse = job->want[API__OUT_LSE];
+    }
+    for (int o = 0; o < API__N_OUTPUTS; o++)
+        if (!job->binary_set[o])
+            job->binary[o] = job->binary_default;
+    *timeout_ms = api__v2_timeout_ms(*timeout_ms, job->timeout_us);
+    return 0;
+}

@@ -1,0 +1,42 @@
+/*
+ * content_coding.h - HTTP content codings (gzip, deflate) of request bodies and replies: the
+ * header values that name them, and the inflater and deflater behind api_call_encoded (api.h).
+ * Any thread.
+ */
+#ifndef ATTND_API_WIRE_CONTENT_CODING_H
+#define ATTND_API_WIRE_CONTENT_CODING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "api/core/error.h"
+
+typedef enum {
+    API_CODING_IDENTITY = 0,
+    API_CODING_GZIP,    /* RFC 1952 (one or more members) */
+    API_CODING_DEFLATE, /* HTTP's "deflate": a zlib stream (RFC 1950); raw RFC 1951 accepted */
+    API_CODING_UNKNOWN,
+} api__coding;
+
+/* The coding a Content-Encoding value names (NULL or empty: identity). One coding only: a list
+ * ("gzip, gzip") is UNKNOWN. */
+api__coding api__coding_parse(const char *value);
+
+/* The coding to answer with under an Accept-Encoding value (RFC 9110 section 12.5.3): gzip or
+ * deflate when its q (or that of "*") is above 0, the higher q winning and gzip on a tie;
+ * identity when neither is acceptable, the header is absent (NULL) or unparsable. */
+api__coding api__accept_encoding_pick(const char *value);
+
+/* Decompresses src[0..n) of `coding` (gzip or deflate) into a malloc'd buffer (*out, *out_len,
+ * NUL-terminated past its end), never growing it beyond `max` bytes: 413 naming
+ * --max-body-bytes past it. Every growth is reserved in `budget` first (may be NULL), after
+ * `held` bytes the request holds already; *reserved gets the total to release later, also on
+ * failure. 400 for a corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
+int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_budget *budget,
+                 size_t held, char **out, size_t *out_len, size_t *reserved, api__error *err);
+
+/* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a buffer from
+ * eng_buf_alloc (it becomes a reply body); false when memory runs out. */
+bool api__deflate(api__coding coding, const char *src, size_t n, char **out, size_t *out_len);
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * timeout_peek.c - a request's own timeout, read from its body before any worker decodes it.
+ *
+ * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
+ * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
+ * beside it. A route reads it once a worker decodes the body, which is too late for a request
+ * waiting in the queue behind long ones: the server needs the deadline when it queues the
+ * request, so that its watcher can answer 504 on time. It asks here, on its I/O thread, where
+ * parsing a 64 MB body would cost everyone else what it saves one request. So this reads only
+ * what it must:
+ *
+ *   1. memmem for "timeout": a body that does not contain it (most of them) costs one pass at
+ *      memory speed, and nothing is parsed;
+ *   2. otherwise the top level is walked, skipping values without parsing them: strings with
+ *      memchr for the closing quote (one preceded by an odd number of backslashes is escaped),
+ *      arrays and objects by their bracket depth outside strings. Only a member of the top-level
+ *      object (native) or of the top-level "parameters" object (v2) counts, so a "timeout_ms"
+ *      inside a string or a nested object never does.
+ *
+ * For a valid body the answer is the timeout its route applies, or 0, which the server reads
+ * as "none" and which is never wrong, only late: a route then applies the timeout when a worker
+ * reaches the request, as before. 0 comes back for a body that names no timeout, a value that
+ * is not an integer in the route's range, a key written with escapes ("timeout\u005fms"), a
+ * Content-Type the route refuses, and a body with a Content-Encoding (gzip or deflate: inflating
+ * is a worker's job, not the I/O thread's). The walk stops at the first member that answers, so
+ * a malformed body may still give a timeout; its route then reports the error as always.
+ */
+#include <string.h>
+
+#include "api/wire/body.h"
+#include "api/wire/content_coding.h"
+#include "api/wire/http_header.h"
+#include "api/wire/timeout.h"
+
+/* The unread part of the JSON text. */
+typedef struct {
+    const char *p, *end;
+} cursor;
+
+static bool at(const cursor *c, char ch)
+{
+    return c->p < c->end && *c->p == ch;
+}
+
+static bool is_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+static void skip_space(cursor *c)
+{
+    while (c->p < c->end && is_space(*c->p))
+        c->p++;
+}
+
+/* Where a scalar ends: a separator or a blank (or the end of the text). */
+static bool ends_scalar(const cursor *c)
+{
+    return c->p == c->end || is_space(*c->p) || *c->p == ',' || *c->p == '}' || *c->p == ']';
+}
+
+/* Skips the string starting at c->p (its opening quote), as the body scan reads strings. False
+ * for an unterminated string. */
+static bool skip_string(cursor *c)
+{
+    size_t len = (size_t)(c->end - c->p), close = api__json_string_end(c->p, 1, len);
+    if (close == len)
+        return false;
+    c->p += close + 1;
+    return true;
+}
+
+/* What the bracket walk stops at: a quote, or a bracket that opens or closes a level. */
+enum { PLAIN = 0, QUOTE, OPEN, CLOSE };
+static const unsigned char nesting[256] = {
+    ['"'] = QUOTE, ['['] = OPEN, ['{'] = OPEN, [']'] = CLOSE, ['}'] = CLOSE,
+};
+
+/* Whether any of p[0..8) is a quote or a bracket. */
+static bool any_structural8(const unsigned char *p)
+{
+    return nesting[p[0]] | nesting[p[1]] | nesting[p[2]] | nesting[p[3]] | nesting[p[4]] |
+           nesting[p[5]] | nesting[p[6]] | nesting[p[7]];
+}
+
+/* Skips the array or object starting at c->p by bracket depth, strings skipped whole. Which
+ * bracket closes which is not checked: a body that mixes them is the route's to refuse. */
+static bool skip_nested(cursor *c)
+{
+    size_t depth = 0;
+    while (c->p < c->end) {
+        switch (nesting[(unsigned char)*c->p]) {
+        case PLAIN:
+            c->p++;
+            /* Most of a tensor is digits and separators: passing 8 at a time makes rows of
+             * numbers 2.5 times as fast (64 MB in about 15 ms rather than 37). */
+            while (c->end - c->p >= 8 && !any_structural8((const unsigned char *)c->p))
+                c->p += 8;
+            break;
+        case QUOTE:
+            if (!skip_string(c))
+                return false;
+            break;
+        case OPEN:
+            depth++;
+            c->p++;
+            break;
+        case CLOSE:
+            c->p++;
+            if (--depth == 0)
+                return true;
+            break;
+        }
+    }
+    return false;
+}
+
+/* Skips one value: a string, an array or object, or a scalar (number, true, false, null), which
+ * ends where a separator or blank begins. False when there is none. */
+static bool skip_value(cursor *c)
+{
+    const char *start = c->p;
+    if (at(c, '"'))
+        return skip_string(c);
+    if (at(c, '[') || at(c, '{'))
+        return skip_nested(c);
+    while (!ends_scalar(c))
+        c->p++;
+    return c->p > start;
+}
+
+/* Consumes the '{' that opens an object; false when the value is not one. */
+static bool enter_object(cursor *c)
+{
+    skip_space(c);
+    if (!at(c, '{'))
+        return false;
+    c->p++;
+    return true;
+}
+
+/* Moves to the next member of the object being walked: past the ',' after the previous member
+ * (none before the first), the key and the ':', to the value. The key's bytes as written (escapes
+ * not undone) go to *key and *key_len. False at the end of the object, or on malformed text. */
+static bool next_member(cursor *c, bool first, const char **key, size_t *key_len)
+{
+    skip_space(c);
+    if (!first) {
+        if (!at(c, ','))
+            return false;
+        c->p++;
+        skip_space(c);
+    }
+    if (!at(c, '"'))
+        return false;
+    *key = c->p + 1;
+    if (!skip_string(c))
+        return false;
+    *key_len = (size_t)(c->p - 1 - *key);
+    skip_space(c);
+    if (!at(c, ':'))
+        return false;
+    c->p++;
+    skip_space(c);
+    return true;
+}
+
+static bool key_is(const char *key, size_t key_len, const char *name)
+{
+    return key_len == strlen(name) && memcmp(key, name, key_len) == 0;
+}
+
+/* Reads the value at c->p if it is an integer in [lo, hi] (lo >= 0) as jansson reads one: JSON's
+ * grammar (no leading zeros), no fraction or exponent. False for anything else: a negative
+ * number, a real such as 100.0 (the routes refuse it), null, a string, a value out of range;
+ * the cursor is then left anywhere, and the caller gives up. */
+static bool read_int(cursor *c, int64_t lo, int64_t hi, int64_t *out)
+{
+    const char *first = c->p;
+    int64_t v = 0;
+    for (; c->p < c->end && *c->p >= '0' && *c->p <= '9'; c->p++) {
+        v = v * 10 + (*c->p - '0');
+        if (v > hi) /* also keeps the next step from overflowing: hi < INT64_MAX / 10 */
+            return false;
+    }
+    if (c->p == first || (*first == '0' && c->p - first > 1))
+        return false; /* no digits, or a leading zero */
+    if (!ends_scalar(c) || v < lo)
+        return false; /* a fraction, an exponent, junk, or too small */
+    *out = v;
+    return true;
+}
+
+/* The JSON text of the call's body that may name a timeout, with "timeout" found in it; false
+ * when there is none to read (a compressed body, no "timeout" at all). */
+static bool peek_start(const api_call *call, size_t json_len, cursor *c)
+{
+    static const char word[] = "timeout";
+    if (api__coding_parse(call->content_encoding) != API_CODING_IDENTITY || !call->body)
+        return false;
+    if (!memmem(call->body, json_len, word, sizeof word - 1))
+        return false;
+    c->p = call->body;
+    c->end = call->body + json_len;
+    return true;
+}
+
+int64_t api_timeout_peek(const api_call *call)
+{
+    const char *key;
+    size_t key_len;
+    int64_t ms;
+    cursor c;
+    if (!api__content_type_json(call->content_type) || !peek_start(call, call->body_len, &c) ||
+        !enter_object(&c))
+        return 0;
+    for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
+        if (key_is(key, key_len, "timeout_ms"))
+            return read_int(&c, 1, API_TIMEOUT_MS_MAX, &ms) ? ms : 0;
+        if (!skip_value(&c))
+            return 0;
+    }
+    return 0;
+}
+
+/* The timeout named in the "parameters" object at c->p, as api__v2_timeout_ms combines them. */
+static int64_t v2_parameters_timeout(cursor *c)
+{
+    const char *key;
+    size_t key_len;
+    int64_t ms = 0, us = 0;
+    if (!enter_object(c))
+        return 0;
+    for (bool first = true; next_member(c, first, &key, &key_len); first = false) {
+        bool ok;
+        if (key_is(key, key_len, "timeout_ms"))
+            ok = read_int(c, 1, API_TIMEOUT_MS_MAX, &ms);
+        else if (key_is(key, key_len, "timeout"))
+            ok = read_int(c, 0, API_TIMEOUT_US_MAX, &us);
+        else
+            ok = skip_value(c);
+        if (!ok)
+            return 0;
+    }
+    return api__v2_timeout_ms(ms, us);
+}
+
+int64_t api_v2_timeout_peek(const api_call *call)
+{
+    size_t json_len = call->body_len;
+    const char *key;
+    size_t key_len;
+    cursor c;
+    if (!api__content_type_v2(call->content_type))
+        return 0;
+    /* With binary tensor data, only the JSON before it can name a timeout. */
+    if (call->inference_header_length &&
+        (!api__header_len_parse(call->inference_header_length, &json_len) ||
+         json_len > call->body_len))
+        return 0;
+    if (!peek_start(call, json_len, &c) || !enter_object(&c))
+        return 0;
+    for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
+        if (key_is(key, key_len, "parameters"))
+            return v2_parameters_timeout(&c);
+        if (!skip_value(&c))
+            return 0;
+    }
+    return 0;
+}
+
+int64_t api__v2_timeout_ms(int64_t timeout_ms, int64_t timeout_us)
+{
+    int64_t ms = (timeout_us + 999) / 1000;
+    if (timeout_us > 0 && (timeout_ms == 0 || ms < timeout_ms))
+        return ms;
+    return timeout_ms;
+}

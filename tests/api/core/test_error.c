@@ -1,0 +1,160 @@
+/* test_error.c - api/core/error.c and api/wire/reply.c: the native error body, status codes and
+ * reason names, and the default limits. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/wire/reply.h"
+#include "tests/support/check.h"
+
+/* Parses a reply body; NULL (and a failed check) if it is not JSON. */
+static json_t *parse_reply(const api_reply *r)
+{
+    json_error_t jerr;
+    json_t *j = json_loadb(r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    CHECKF(j != NULL, "reply is not JSON: %s", jerr.text);
+    return j;
+}
+
+static void test_error_reply_has_code_message_and_field(void)
+{
+    api_reply r;
+    api_reply_error(&r, API_ERRORS_NATIVE, 422, API_REASON_BAD_REQUEST, "query.shape[1]",
+                    "bad %s \"%d\"", "dim", 0);
+    CHECK_EQ_INT(r.status, 422);
+    CHECK(strcmp(r.content_type, "application/json") == 0);
+    CHECK_EQ_INT(r.reason, API_REASON_BAD_REQUEST);
+    CHECK_EQ_INT(r.retry_after_s, 0);
+    json_t *j = parse_reply(&r);
+    json_t *e = json_object_get(j, "error");
+    CHECK_EQ_INT(json_object_size(j), 1);
+    CHECK_EQ_INT(json_object_size(e), 3);
+    CHECK(strcmp(json_string_value(json_object_get(e, "code")), "invalid_argument") == 0);
+    CHECK(strcmp(json_string_value(json_object_get(e, "message")), "bad dim \"0\"") == 0);
+    CHECK(strcmp(json_string_value(json_object_get(e, "field")), "query.shape[1]") == 0);
+    json_decref(j);
+    api_reply_free(&r);
+    api_reply_free(&r); /* a second free is harmless */
+}
+
+static void test_an_error_without_a_field_says_null(void)
+{
+    api_reply r;
+    api_reply_error(&r, API_ERRORS_NATIVE, 429, API_REASON_QUEUE_FULL, NULL, "queue full");
+    CHECK_EQ_INT(r.retry_after_s, 1);
+    json_t *j = parse_reply(&r);
+    CHECK(json_is_null(json_object_get(json_object_get(j, "error"), "field")));
+    CHECK(strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                 "overloaded") == 0);
+    json_decref(j);
+    size_t len = 0;
+    char *body = api_reply_take_body(&r, &len);
+    CHECK(body != NULL && len > 0 && r.body == NULL && r.body_len == 0);
+    eng_buf_free(body);
+    api_reply_free(&r);
+}
+
+/* The KServe v2 form is {"error": "message"}, with the same status, reason and Retry-After. */
+static void test_a_v2_error_is_a_bare_message(void)
+{
+    api_reply r;
+    api_reply_error(&r, API_ERRORS_V2, 503, API_REASON_DRAINING, "ignored", "%s", "draining");
+    CHECK_EQ_INT(r.status, 503);
+    CHECK_EQ_INT(r.reason, API_REASON_DRAINING);
+    CHECK_EQ_INT(r.retry_after_s, 1);
+    json_t *j = parse_reply(&r);
+    CHECK(json_object_size(j) == 1);
+    CHECK(json_is_string(json_object_get(j, "error")) &&
+          strcmp(json_string_value(json_object_get(j, "error")), "draining") == 0);
+    json_decref(j);
+    api_reply_free(&r);
+}
+
+static void test_every_design_status_has_a_code(void)
+{
+    static const struct {
+        int status;
+        const char *code;
+    } codes[] = {
+        {400, "malformed_request"},
+        {404, "not_found"},
+        {405, "method_not_allowed"},
+        {413, "too_large"},
+        {415, "unsupported_media_type"},
+        {422, "invalid_argument"},
+        {429, "overloaded"},
+        {API_STATUS_CLIENT_CLOSED, "cancelled"},
+        {500, "internal"},
+        {503, "unavailable"},
+        {504, "deadline_exceeded"},
+    };
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        api_status status = API_STATUS_OK;
+        CHECKF(api_status_from_http(codes[i].status, &status), "%d has no status", codes[i].status);
+        CHECKF(strcmp(api_status_name(status), codes[i].code) == 0, "%d -> %s", codes[i].status,
+               api_status_name(status));
+        CHECK_EQ_INT(api_status_http(API_ERRORS_NATIVE, status), codes[i].status);
+    }
+}
+
+static void test_reasons_have_their_metric_names(void)
+{
+    CHECK(strcmp(api_reason_str(API_REASON_NONE), "none") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_QUEUE_FULL), "queue_full") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_MEMORY), "memory") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_DEADLINE), "deadline") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_CANCELLED), "cancelled") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_DRAINING), "draining") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_TOO_LARGE), "too_large") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_BAD_REQUEST), "bad_request") == 0);
+    CHECK(strcmp(api_reason_str(API_REASON_INTERNAL), "internal") == 0);
+}
+
+static void test_messages_are_escaped_and_bounded(void)
+{
+    char long_text[2000];
+    memset(long_text, 'x', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    api_reply r;
+    api_reply_error(&r, API_ERRORS_NATIVE, 400, API_REASON_BAD_REQUEST, "a\"b",
+                    "quote \" backslash \\ newline \n %s", long_text);
+    json_t *j = parse_reply(&r);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    CHECK(msg && strncmp(msg, "quote \" backslash \\ newline \n x", 31) == 0);
+    CHECK(strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "field")),
+                 "a\"b") == 0);
+    json_decref(j);
+    api_reply_free(&r);
+}
+
+static void test_the_first_error_wins(void)
+{
+    api__error err = {0};
+    CHECK_EQ_INT(
+        api__error_set(&err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, "a", "first"),
+        -1);
+    CHECK_EQ_INT(api__error_set(&err, API_STATUS_INTERNAL, API_REASON_INTERNAL, "b", "second"), -1);
+    CHECK_EQ_INT(err.status, API_STATUS_INVALID_ARGUMENT);
+    CHECK(strcmp(err.field, "a") == 0 && strcmp(err.message, "first") == 0);
+}
+
+static void test_default_limits(void)
+{
+    api_limits l = api_limits_default();
+    CHECK_EQ_INT(l.max_body_bytes, 256u << 20);
+    CHECK_EQ_INT(l.max_elements, 1u << 28);
+    CHECK_EQ_INT(l.max_timeout_ms, 60000);
+}
+
+int main(void)
+{
+    RUN(test_error_reply_has_code_message_and_field);
+    RUN(test_an_error_without_a_field_says_null);
+    RUN(test_a_v2_error_is_a_bare_message);
+    RUN(test_every_design_status_has_a_code);
+    RUN(test_reasons_have_their_metric_names);
+    RUN(test_messages_are_escaped_and_bounded);
+    RUN(test_the_first_error_wins);
+    RUN(test_default_limits);
+    return check_report();
+}

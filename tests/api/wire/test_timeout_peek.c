@@ -1,0 +1,310 @@
+/* test_timeout_peek.c - a request's own timeout read from its body before decoding
+ * (api/wire/timeout_peek.c): the top-level "timeout_ms" of a native body, the top-level
+ * "parameters" of a KServe v2 one (with Triton's "timeout" in microseconds, the tighter applying),
+ * never a decoy inside a string or a nested object, only the JSON before v2 binary tensor data, and
+ * 0 for whatever the routes would not apply. Every answer is also checked against jansson: the peek
+ * may say 0 where a route applies a timeout (late, not wrong), never another number. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "api/wire/timeout.h"
+#include "tests/support/check.h"
+
+typedef enum { NATIVE, V2 } protocol;
+
+typedef struct {
+    protocol proto;
+    const char *body;
+    int64_t want;
+} peek_case;
+
+/* The route's own reading of the timeout, through jansson; -1 when the body is not valid JSON
+ * (the route answers 400 and no timeout applies). */
+static int64_t reference_timeout(protocol proto, const char *body, size_t len)
+{
+    json_error_t e;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &e), *v, *params;
+    int64_t ms = 0, us = 0;
+    if (!root)
+        return -1;
+    if (proto == NATIVE) {
+        v = json_object_get(root, "timeout_ms");
+        if (json_is_integer(v) && json_integer_value(v) >= 1 &&
+            json_integer_value(v) <= API_TIMEOUT_MS_MAX)
+            ms = json_integer_value(v);
+    } else {
+        params = json_object_get(root, "parameters");
+        v = json_object_get(params, "timeout_ms");
+        if (json_is_integer(v) && json_integer_value(v) >= 1 &&
+            json_integer_value(v) <= API_TIMEOUT_MS_MAX)
+            ms = json_integer_value(v);
+        v = json_object_get(params, "timeout");
+        if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+            json_integer_value(v) <= API_TIMEOUT_US_MAX)
+            us = json_integer_value(v);
+        ms = api__v2_timeout_ms(ms, us);
+    }
+    json_decref(root);
+    return ms;
+}
+
+static int64_t peek(protocol proto, const api_call *call)
+{
+    return proto == NATIVE ? api_timeout_peek(call) : api_v2_timeout_peek(call);
+}
+
+static int64_t peek_body(protocol proto, const char *body, size_t len)
+{
+    api_call call = {.body = body, .body_len = len};
+    return peek(proto, &call);
+}
+
+/* A peeked timeout is 0 or exactly what the route applies to a valid body. */
+static void check_never_wrong(protocol proto, const char *body, size_t len, int64_t got)
+{
+    int64_t ref = reference_timeout(proto, body, len);
+    CHECKF(got == 0 || ref < 0 || got == ref, "%.*s: peeked %lld, the route applies %lld", (int)len,
+           body, (long long)got, (long long)ref);
+}
+
+static void check_cases(const peek_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(cases[i].body);
+        int64_t got = peek_body(cases[i].proto, cases[i].body, len);
+        CHECKF(got == cases[i].want, "%s: peeked %lld, want %lld", cases[i].body, (long long)got,
+               (long long)cases[i].want);
+        check_never_wrong(cases[i].proto, cases[i].body, len, got);
+    }
+}
+
+#define N(cases) (sizeof cases / sizeof cases[0])
+
+static const peek_case native_cases[] = {
+    /* The top level, anywhere among the members, with any JSON whitespace. */
+    {NATIVE, "{\"timeout_ms\": 50, \"query\": [[1, 0]]}", 50},
+    {NATIVE, "{\"query\": [[1, 0], [0, 1]], \"causal\": true, \"timeout_ms\": 75}", 75},
+    {NATIVE, "\r\n{ \"scale\" : 0.5 ,\n\t\"timeout_ms\"\t:\r\n 40 }", 40},
+    {NATIVE, "{\"query\": {\"shape\": [1, 2], \"data\": [1, 0]}, \"timeout_ms\": 60}", 60},
+    /* Nested decoys: only the top-level member counts. */
+    {NATIVE, "{\"query\": {\"shape\": [1], \"data\": [1], \"timeout_ms\": 5}}", 0},
+    {NATIVE, "{\"weights\": {\"timeout_ms\": 5}, \"timeout_ms\": 70}", 70},
+    {NATIVE, "{\"x\": [{\"timeout_ms\": 5}, [\"]\", {\"timeout_ms\": 6}]], \"timeout_ms\": 80}",
+     80},
+    {NATIVE, "[{\"timeout_ms\": 5}]", 0},
+    /* String decoys, escaped quotes and backslashes included. */
+    {NATIVE, "{\"query\": \"timeout_ms\"}", 0},
+    {NATIVE, "{\"note\": \"say \\\"timeout_ms\\\": 5, {\", \"timeout_ms\": 90}", 90},
+    {NATIVE, "{\"note\": \"\\\\\\\"timeout_ms\\\": 5\"}", 0},
+    {NATIVE, "{\"note\": \"ends in a backslash \\\\\", \"timeout_ms\": 30}", 30},
+    {NATIVE, "{\"note\": \"\\\\\\\\\", \"timeout_ms\": 31}", 31},
+    {NATIVE, "{\"timeout_ms_note\": 5, \"a_timeout_ms\": 6}", 0},
+    /* Absent. */
+    {NATIVE, "{\"query\": [[1, 0]]}", 0},
+    {NATIVE, "{}", 0},
+    {NATIVE, "", 0},
+    {NATIVE, "{\"timeout\": 5}", 0},
+    /* Not an integer in [1, 2^40]: the route refuses it (422) or reads it as none. */
+    {NATIVE, "{\"timeout_ms\": 1.5}", 0},
+    {NATIVE, "{\"timeout_ms\": 100.0}", 0},
+    {NATIVE, "{\"timeout_ms\": 1e2}", 0},
+    {NATIVE, "{\"timeout_ms\": \"100\"}", 0},
+    {NATIVE, "{\"timeout_ms\": null}", 0},
+    {NATIVE, "{\"timeout_ms\": true}", 0},
+    {NATIVE, "{\"timeout_ms\": -5}", 0},
+    {NATIVE, "{\"timeout_ms\": 0}", 0},
+    {NATIVE, "{\"timeout_ms\": 007}", 0},
+    {NATIVE, "{\"timeout_ms\": 1099511627776}", (int64_t)1 << 40},
+    {NATIVE, "{\"timeout_ms\": 1099511627777}", 0},
+    {NATIVE, "{\"timeout_ms\": 99999999999999999999999999}", 0},
+    /* A key written with escapes is not recognised: late, not wrong. */
+    {NATIVE, "{\"timeout\\u005fms\": 5}", 0},
+};
+
+static const peek_case v2_cases[] = {
+    {V2, "{\"parameters\": {\"timeout_ms\": 100}, \"inputs\": []}", 100},
+    {V2, "{\"id\": \"1\", \"inputs\": [], \"parameters\": {\"causal\": true, \"timeout_ms\": 120}}",
+     120},
+    /* Triton's timeout is in microseconds, rounded up; the tighter of the two applies. */
+    {V2, "{\"parameters\": {\"timeout\": 50000, \"timeout_ms\": 100}}", 50},
+    {V2, "{\"parameters\": {\"timeout_ms\": 100, \"timeout\": 500000}}", 100},
+    {V2, "{\"parameters\": {\"timeout\": 1500}}", 2},
+    {V2, "{\"parameters\": {\"timeout\": 1}}", 1},
+    {V2, "{\"parameters\": {\"timeout\": 0, \"timeout_ms\": 100}}", 100},
+    /* Decoys: the top level, an input's parameters, a string. */
+    {V2, "{\"timeout_ms\": 100, \"inputs\": []}", 0},
+    {V2,
+     "{\"inputs\": [{\"name\": \"query\", \"parameters\": {\"timeout_ms\": 5}}], "
+     "\"parameters\": {\"timeout_ms\": 100}}",
+     100},
+    {V2, "{\"parameters\": {\"note\": {\"timeout_ms\": 5}}}", 0},
+    {V2, "{\"id\": \"\\\"parameters\\\": {\\\"timeout_ms\\\": 5}\"}", 0},
+    {V2, "{\"parameters\": [{\"timeout_ms\": 5}]}", 0},
+    /* Not integers in range. */
+    {V2, "{\"parameters\": {\"timeout_ms\": 1.5}}", 0},
+    {V2, "{\"parameters\": {\"timeout\": -1}}", 0},
+    {V2, "{\"parameters\": {\"timeout\": 1125899906842625}}", 0},
+    {V2, "{\"parameters\": {\"timeout_ms\": null}}", 0},
+};
+
+static void test_native_reads_the_top_level_timeout_ms_only(void)
+{
+    check_cases(native_cases, N(native_cases));
+}
+
+static void test_v2_reads_the_top_level_parameters_only(void)
+{
+    check_cases(v2_cases, N(v2_cases));
+}
+
+/* With binary tensor data, only the JSON before it is read: the bytes after it are tensors,
+ * whatever text they happen to hold. */
+static void test_v2_binary_data_is_not_read(void)
+{
+    static const char json[] = "{\"inputs\": [], \"parameters\": {\"causal\": true}}";
+    static const char json_timeout[] = "{\"inputs\": [], \"parameters\": {\"timeout_ms\": 70}}";
+    static const char bytes[] = "\"parameters\": {\"timeout_ms\": 5}}";
+    char body[256], hl[32];
+    api_call call = {
+        .body = body, .inference_header_length = hl, .content_type = "application/octet-stream"};
+
+    memcpy(body, json, sizeof json - 1);
+    memcpy(body + sizeof json - 1, bytes, sizeof bytes - 1);
+    call.body_len = sizeof json - 1 + sizeof bytes - 1;
+    snprintf(hl, sizeof hl, "%zu", sizeof json - 1);
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
+
+    memcpy(body, json_timeout, sizeof json_timeout - 1);
+    memcpy(body + sizeof json_timeout - 1, bytes, sizeof bytes - 1);
+    call.body_len = sizeof json_timeout - 1 + sizeof bytes - 1;
+    snprintf(hl, sizeof hl, " %zu ", sizeof json_timeout - 1);
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 70);
+
+    /* A header the route refuses (400): nothing is read. */
+    snprintf(hl, sizeof hl, "%zu", call.body_len + 1);
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
+    snprintf(hl, sizeof hl, "12x");
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
+}
+
+/* A compressed body is not inflated on the I/O thread, and a Content-Type the route refuses
+ * (415) has no timeout to apply. */
+static void test_encoded_and_refused_bodies_give_0(void)
+{
+    static const char native[] = "{\"timeout_ms\": 50}";
+    static const char v2[] = "{\"parameters\": {\"timeout_ms\": 50}}";
+    api_call call = {.body = native, .body_len = sizeof native - 1};
+
+    call.content_type = "application/json; charset=utf-8";
+    CHECK_EQ_INT(api_timeout_peek(&call), 50);
+    call.content_encoding = "identity";
+    CHECK_EQ_INT(api_timeout_peek(&call), 50);
+    call.content_encoding = "gzip";
+    CHECK_EQ_INT(api_timeout_peek(&call), 0);
+    call.content_encoding = "deflate";
+    CHECK_EQ_INT(api_timeout_peek(&call), 0);
+    call.content_encoding = NULL;
+    call.content_type = "text/plain";
+    CHECK_EQ_INT(api_timeout_peek(&call), 0);
+
+    call.body = v2;
+    call.body_len = sizeof v2 - 1;
+    call.content_type = "application/x-www-form-urlencoded";
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 50);
+    call.content_type = "text/plain";
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
+    call.content_type = NULL;
+    call.content_encoding = "x-gzip";
+    CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
+}
+
+/* The length is the body's: nothing past it is read, not even the text that would complete a
+ * member (the sanitizer build checks the reads). */
+static void test_reads_stop_at_the_body_length(void)
+{
+    static const char text[] = "{\"query\": \"abc\", \"timeout_ms\": 500}";
+    size_t full = sizeof text - 1;
+    for (size_t len = 0; len <= full; len++) {
+        char *body = malloc(len ? len : 1);
+        int64_t got;
+        if (!body)
+            return;
+        memcpy(body, text, len);
+        got = peek_body(NATIVE, body, len);
+        /* Cut inside the number or after it, the body is malformed (the route says 400) and
+         * may read as 5, 50 or 500. */
+        CHECKF(len == full ? got == 500 : got == 0 || len >= full - 3, "len %zu: %lld", len,
+               (long long)got);
+        free(body);
+    }
+}
+
+/* A big body: tensors as number arrays and base64 strings that hold "timeout" text, with the
+ * timeout last. */
+static void test_big_bodies_are_walked_exactly(void)
+{
+    size_t rows = 1 << 16, cap = rows * 64 + 4096, len = 0;
+    char *body = malloc(cap);
+    if (!body) {
+        CHECK(0);
+        return;
+    }
+    len += (size_t)snprintf(body + len, cap - len, "{\"query\": [");
+    for (size_t i = 0; i < rows; i++)
+        len += (size_t)snprintf(body + len, cap - len, "%s[%zu.5, -1e-3, 0]", i ? "," : "", i);
+    len += (size_t)snprintf(body + len, cap - len, "], \"key\": {\"shape\": [1], \"base64\": \"");
+    for (size_t i = 0; i < rows; i++)
+        len += (size_t)snprintf(body + len, cap - len, "timeout_ms\\\":9}");
+    len += (size_t)snprintf(body + len, cap - len, "\"}");
+    CHECK_EQ_INT(peek_body(NATIVE, body, len), 0);
+    len += (size_t)snprintf(body + len, cap - len, ", \"timeout_ms\": 250}");
+    CHECK_EQ_INT(peek_body(NATIVE, body, len), 250);
+    free(body);
+}
+
+/* Random edits of the cases above: the peek never reads outside the body and never gives a
+ * timeout other than the route's. */
+static void test_mutations_are_never_wrong(void)
+{
+    static const char alphabet[] = "\"\\{}[],: 0123456789.e-tx";
+    const peek_case *sets[] = {native_cases, v2_cases};
+    size_t counts[] = {N(native_cases), N(v2_cases)};
+    unsigned seed = 12345;
+    for (int s = 0; s < 2; s++) {
+        for (size_t i = 0; i < counts[s]; i++) {
+            size_t len = strlen(sets[s][i].body);
+            if (len == 0)
+                continue;
+            for (int round = 0; round < 300; round++) {
+                char *body = malloc(len);
+                if (!body)
+                    return;
+                memcpy(body, sets[s][i].body, len);
+                for (int edits = 1 + round % 3; edits > 0; edits--) {
+                    seed = seed * 1103515245u + 12345u;
+                    body[(seed >> 8) % len] = alphabet[(seed >> 20) % (sizeof alphabet - 1)];
+                }
+                check_never_wrong(sets[s][i].proto, body, len,
+                                  peek_body(sets[s][i].proto, body, len));
+                free(body);
+                if (check__failures_in_test > 5)
+                    return;
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    RUN(test_native_reads_the_top_level_timeout_ms_only);
+    RUN(test_v2_reads_the_top_level_parameters_only);
+    RUN(test_v2_binary_data_is_not_read);
+    RUN(test_encoded_and_refused_bodies_give_0);
+    RUN(test_reads_stop_at_the_body_length);
+    RUN(test_big_bodies_are_walked_exactly);
+    RUN(test_mutations_are_never_wrong);
+    return check_report();
+}
