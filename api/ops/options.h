@@ -39,6 +39,10 @@ int api__option_int(const json_t *v, const char *name, int64_t lo, int64_t hi, i
 int api__option_float(const json_t *v, const char *name, float *out, api__error *err);
 /* A softcap: a number >= 0 finite as float32, 0 meaning none. */
 int api__option_softcap(const json_t *v, const char *name, float *out, api__error *err);
+/* "float32" | "bfloat16": the precision of the products (engine.h eng_precision). */
+int api__option_precision(const json_t *v, const char *name, eng_precision *out, api__error *err);
+/* The name of a precision as requests spell it. */
+const char *api__precision_name(eng_precision precision);
 /* false | null | true | "top_left" | "bottom_right". */
 int api__option_causal(const json_t *v, const char *name, api__causal *out, api__error *err);
 

@@ -10,6 +10,8 @@
  *   num_heads           H for ranks 2 and 3 (default 1): E = H * D. With rank 4, if given,
  *                       it must match. num_kv_heads likewise (default num_heads).
  *   scale               any finite number (default 1/sqrt(D)). softcap: > 0, or 0 for off.
+ *   precision           "float32" (default) | "bfloat16": bf16 operands for both products,
+ *                       fp32 sums (engine.h eng_precision); meta.precision says what ran.
  *   score               "dot" (default) | "additive": Bahdanau scoring s = w . tanh(W_q q +
  *                       W_k k), no scale, with additive_weights {"w_q": [A, D], "w_k": [A, D],
  *                       "w": [A]} (tensors in any form).
@@ -122,6 +124,11 @@ static int f_scale(attn_job *job, const json_t *v, const char *name, api__error 
 static int f_softcap(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
     return json_is_null(v) ? 0 : api__option_softcap(v, name, &job->s.r.softcap, err);
+}
+
+static int f_precision(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return json_is_null(v) ? 0 : api__option_precision(v, name, &job->s.r.precision, err);
 }
 
 static int f_score(attn_job *job, const json_t *v, const char *name, api__error *err)
@@ -240,6 +247,7 @@ static const struct {
     {"num_kv_heads", f_num_kv_heads},
     {"scale", f_scale},
     {"softcap", f_softcap},
+    {"precision", f_precision},
     {"score", f_score},
     {"additive_weights", f_additive_weights},
     {"causal", f_causal},
@@ -268,7 +276,8 @@ static int unknown_field(const char *key, api__error *err)
                                   best);
     return api__error_invalid(err, key,
                               "unknown field \"%.60s\"; /v1/attention takes query, key, value, "
-                              "num_heads, num_kv_heads, scale, softcap, score, additive_weights, "
+                              "num_heads, num_kv_heads, scale, softcap, precision, score, "
+                              "additive_weights, "
                               "causal, query_offset, window, key_padding_mask, kv_lengths, "
                               "attn_mask, alibi, return_weights, return_lse, output_encoding and "
                               "timeout_ms",
@@ -325,7 +334,8 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
                       (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
                       (long long)r->S, (long long)r->D, (long long)r->Dv);
     api__jsonw_float(w, scale);
-    api__jsonw_printf(w, ",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n", ms(decode_ns),
+    api__jsonw_printf(w, ",\"precision\":\"%s\",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
+                      api__precision_name(eng_sdpa_precision(&s->args)), ms(decode_ns),
                       ms(compute_ns));
     return api__native_reply(w, reply, err);
 }

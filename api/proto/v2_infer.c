@@ -22,15 +22,14 @@
  *             null). key_padding_mask: BOOL [B, S] or
  *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
  *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
- *             num_heads, num_kv_heads, window_left, window_right (-1 or absent: unbounded),
- *             alibi (bool), return_weights ("per_head", "mean", false), return_lse (bool),
- *             timeout_ms; Triton's binary_data_output (bool), timeout (microseconds) and
- *             priority (accepted, ignored). Any other name is refused (a typo such as
- *             "casual" silently ignored would return a plausible wrong answer).
- *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
- *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
- *             returned plus weights / lse when return_weights / return_lse ask for them; with
- *             it, exactly the ones listed (listing weights alone means per_head).
+ *             precision ("float32", "bfloat16"), num_heads, num_kv_heads, window_left, window_right
+ * (-1 or absent: unbounded), alibi (bool), return_weights ("per_head", "mean", false), return_lse
+ * (bool), timeout_ms; Triton's binary_data_output (bool), timeout (microseconds) and priority
+ * (accepted, ignored). Any other name is refused (a typo such as "casual" silently ignored would
+ * return a plausible wrong answer). outputs   output [B, H, L, Dv] (after the query's rank),
+ * weights [B, H, L, S] or mean [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without
+ * "outputs", output is returned plus weights / lse when return_weights / return_lse ask for them;
+ * with it, exactly the ones listed (listing weights alone means per_head).
  *
  * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
  * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
@@ -177,6 +176,9 @@ static void write_header_start(v2_job *job, api__jsonw *w)
         api__jsonw_cstr(w, ",\"id\":");
         api__jsonw_string(w, job->id, job->id_len);
     }
+    if (!is_layer(job))
+        api__jsonw_printf(w, ",\"parameters\":{\"precision\":\"%s\"}",
+                          api__precision_name(eng_sdpa_precision(&job->s.args)));
     api__jsonw_cstr(w, ",\"outputs\":[");
 }
 

@@ -60,6 +60,11 @@ static int p_softcap(v2_job *job, const json_t *v, const char *name, api__error 
     return api__option_softcap(v, name, &job->s.r.softcap, err);
 }
 
+static int p_precision(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_precision(v, name, &job->s.r.precision, err);
+}
+
 static int p_num_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
     return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
@@ -182,6 +187,7 @@ static const param_def sdpa_params[] = {
     {"query_offset", p_query_offset},
     {"scale", p_scale},
     {"softcap", p_softcap},
+    {"precision", p_precision},
     {"num_heads", p_num_heads},
     {"num_kv_heads", p_num_kv_heads},
     {"window_left", p_window_left},
@@ -277,7 +283,8 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
                                           key, job->model.name);
             return api__error_invalid(err, field,
                                       "unknown parameter \"%.60s\"; model sdpa takes causal, "
-                                      "query_offset, scale, softcap, num_heads, num_kv_heads, "
+                                      "query_offset, scale, softcap, precision, num_heads, "
+                                      "num_kv_heads, "
                                       "window_left, window_right, alibi, return_weights, "
                                       "return_lse, timeout_ms, binary_data_output, timeout and "
                                       "priority",
