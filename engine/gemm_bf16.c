@@ -8,6 +8,7 @@
  * 32-bit pair per broadcast. The products are short (depth D for the scores, at most one key
  * block for P V), so there is no depth blocking: a panel of B is at most a block's keys deep.
  */
+#include <immintrin.h>
 #include <string.h>
 
 #include "engine/kernels.h"
@@ -53,8 +54,9 @@ void eng__sgemm_bf16(const eng__kernels *ks, const eng__gemm_bf16 *g)
     }
 }
 
-/* Bit operations only, in a loop the compiler vectorises: the emulated path rounds every
- * probability it multiplies. */
+/* Bit operations only: add half an ulp of bf16 (less one, plus the kept lowest bit, for ties
+ * to even) and cut the low half; a NaN stays a quiet NaN. The emulated path rounds every
+ * probability it multiplies, so each instruction set has its own loop. */
 void eng__bf16_round_floats(float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -65,4 +67,39 @@ void eng__bf16_round_floats(float *x, int64_t n)
         u = nan ? (u | 0x00400000u) & 0xFFFF0000u : rounded;
         memcpy(&x[i], &u, sizeof u);
     }
+}
+
+__attribute__((target("avx512f"))) void eng__bf16_round_floats_avx512(float *x, int64_t n)
+{
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF),
+                  high = _mm512_set1_epi32((int)0xFFFF0000u), quiet = _mm512_set1_epi32(0x400000);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 lanes = (__mmask16)(n - i >= 16 ? 0xFFFFu : (1u << (n - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(lanes, x + i);
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), high);
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_and_si512(_mm512_or_si512(u, quiet), high));
+        _mm512_mask_storeu_ps(x + i, lanes, _mm512_castsi512_ps(r));
+    }
+}
+
+__attribute__((target("avx2"))) void eng__bf16_round_floats_avx2(float *x, int64_t n)
+{
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF),
+                  high = _mm256_set1_epi32((int)0xFFFF0000u), quiet = _mm256_set1_epi32(0x400000);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256i u = _mm256_castps_si256(v);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, half), lsb), high);
+        __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), high);
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        r = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+        _mm256_storeu_ps(x + i, _mm256_castsi256_ps(r));
+    }
+    eng__bf16_round_floats(x + i, n - i);
 }

@@ -189,7 +189,8 @@ static void init_sets(void)
                                       .tile = eng__tile_avx512,
                                       .mr = ENG__AVX512_MR,
                                       .nr = ENG__AVX512_NR,
-                                      .vec = eng__vec_variant("avx512")};
+                                      .vec = eng__vec_variant("avx512"),
+                                      .round_bf16 = eng__bf16_round_floats_avx512};
     if (bf16_native_wanted()) {
         sets[SET_AVX512].tile_bf16 = eng__tile_bf16_avx512;
         sets[SET_AVX512].to_bf16 = eng__to_bf16_avx512;
@@ -198,12 +199,14 @@ static void init_sets(void)
                                     .tile = eng__tile_avx2,
                                     .mr = ENG__AVX2_MR,
                                     .nr = ENG__AVX2_NR,
-                                    .vec = eng__vec_variant("avx2")};
+                                    .vec = eng__vec_variant("avx2"),
+                                    .round_bf16 = eng__bf16_round_floats_avx2};
     sets[SET_GENERIC] = (eng__kernels){.name = "generic",
                                        .tile = eng__tile_generic,
                                        .mr = ENG__GENERIC_MR,
                                        .nr = ENG__GENERIC_NR,
-                                       .vec = eng__vec_variant("scalar")};
+                                       .vec = eng__vec_variant("scalar"),
+                                       .round_bf16 = eng__bf16_round_floats};
     /* OpenBLAS runs its own products; the softmax still uses the best vector kernels. */
     const eng__vec_ops *best = cpu.avx512f    ? eng__vec_variant("avx512")
                                : cpu.avx2_fma ? eng__vec_variant("avx2")

@@ -41,9 +41,10 @@ typedef struct {
      * requests then round their operands for `tile`. Same MR and NR as `tile`. */
     eng__tile_bf16_fn tile_bf16;
     eng__to_bf16_fn to_bf16;
-    int mr, nr;              /* the micro-kernel's register tile */
-    const eng__vec_ops *vec; /* the softmax's vector kernels */
-    int64_t kc, nc;          /* blocking: depth per packed panel, columns per packed block */
+    void (*round_bf16)(float *x, int64_t n); /* eng__bf16_round_floats in this set's vectors */
+    int mr, nr;                              /* the micro-kernel's register tile */
+    const eng__vec_ops *vec;                 /* the softmax's vector kernels */
+    int64_t kc, nc; /* blocking: depth per packed panel, columns per packed block */
 } eng__kernels;
 
 /* The set every engine call of this process uses now (never NULL). */
@@ -124,6 +125,8 @@ void eng__sgemm_bf16(const eng__kernels *ks, const eng__gemm_bf16 *g);
 /* x[0..n) rounded to bf16 values (nearest even, NaN kept), in place: the operands of the
  * emulated bf16 products. */
 void eng__bf16_round_floats(float *x, int64_t n);
+void eng__bf16_round_floats_avx512(float *x, int64_t n);
+void eng__bf16_round_floats_avx2(float *x, int64_t n);
 
 void eng__tile_bf16_avx512(int64_t kp, const uint16_t *a, int64_t lda, const uint16_t *b, float *c,
                            int64_t ldc, float alpha, float beta, int m, int n);

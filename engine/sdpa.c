@@ -789,7 +789,7 @@ static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0,
         eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols,
                                area);
         if (p->bf16)
-            eng__bf16_round_floats(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
+            p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
         bp.k = area;
         area += align16(eng__sgemm_panels_floats(p->ks, cols, p->D));
     }
@@ -799,7 +799,7 @@ static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0,
         eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
                                area);
         if (p->bf16)
-            eng__bf16_round_floats(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
+            p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
         bp.v = area;
         bp.v_stride = cols * p->ks->nr;
     }
@@ -877,7 +877,7 @@ static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int6
     if (!p->bf16_native) {
         if (p->bf16)
             for (int64_t r = 0; r < rows; r++)
-                eng__bf16_round_floats(s + r * lds, n);
+                p->ks->round_bf16(s + r * lds, n);
         values_gemm(p, s, lds, rows, n, row_ptr(&a->v, b, hk, j0 + c0), ld_of(&a->v),
                     bp->v ? bp->v + c0 * nr : NULL, bp->v_stride, o, ldo, task_pack(p, scratch));
         return;
@@ -1006,7 +1006,7 @@ static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64
         float *qf = task_qf(p, s);
         for (int64_t r = 0; r < rows; r++) {
             memcpy(qf + r * p->D, row_ptr(&p->a->q, b, h, i0 + r), (size_t)p->D * sizeof(float));
-            eng__bf16_round_floats(qf + r * p->D, p->D);
+            p->ks->round_bf16(qf + r * p->D, p->D);
         }
         memset(qf + rows * p->D, 0, (qf_floats(p) - (size_t)(rows * p->D)) * sizeof(float));
         return;
@@ -1349,8 +1349,8 @@ static void prepack_task(void *arg, int64_t index)
     eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
                            p->vpack + index * p->vpack_head);
     if (p->bf16) {
-        eng__bf16_round_floats(p->kpack + index * p->kpack_head, p->kpack_head);
-        eng__bf16_round_floats(p->vpack + index * p->vpack_head, p->vpack_head);
+        p->ks->round_bf16(p->kpack + index * p->kpack_head, p->kpack_head);
+        p->ks->round_bf16(p->vpack + index * p->vpack_head, p->vpack_head);
     }
 }
 

@@ -189,7 +189,7 @@ int main(int argc, char **argv)
             bc->bf16 ? bench_peak_bf16_gflops(threads) : bench_peak_gflops(kernels, threads);
         if (bc->bf16 && peak_now == 0) {
             printf("sdpa b=%lld h=%lld l=%lld s=%lld d=%lld causal=%d precision=bf16 skipped: "
-                   "kernel set %s has no bf16 products (AVX512-BF16)\n",
+                   "kernel set %s computes bf16 requests in float32\n",
                    (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->s,
                    (long long)bc->d, bc->causal, kernels);
             continue;
@@ -214,7 +214,9 @@ int main(int argc, char **argv)
                peak_now, gflops / peak_now, blas_best);
         if (bc->bf16) {
             double fp32 = fp32_gflops(bc, case_gflops);
-            printf(" precision=bf16");
+            eng_engine_info info;
+            eng_engine_info_get(&info);
+            printf(" precision=bf16 bf16_path=%s", info.bf16);
             if (fp32 > 0)
                 printf(" fp32_ratio=%.2f", gflops / fp32);
         }

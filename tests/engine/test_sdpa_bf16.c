@@ -320,6 +320,46 @@ static void test_bf16_products_on_ragged_sizes(void)
             }
 }
 
+/* Each instruction set's rounding loop against eng_f32_to_bf16, bit for bit, on ties, signs,
+ * infinities, NaN, denormals, the largest floats and random values, at ragged lengths. */
+static void test_vector_rounding_matches_scalar(void)
+{
+    static const uint32_t edges[] = {0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u,
+                                     0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xFF800000u,
+                                     0x7FC00001u, 0xFF812345u, 0x00000001u, 0x807FFFFFu,
+                                     0x00000000u, 0x80000000u, 0x3F800000u, 0xC0490FDBu};
+    enum { N = 67 };
+    struct {
+        const char *name;
+        void (*round)(float *, int64_t);
+        bool ok;
+    } variants[] = {{"scalar", eng__bf16_round_floats, true},
+                    {"avx2", eng__bf16_round_floats_avx2, eng_kernels_supported("avx2")},
+                    {"avx512", eng__bf16_round_floats_avx512, eng_kernels_supported("avx512")}};
+    uint64_t rng = 11;
+    float x[N], want[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < 16 ? edges[i] : (uint32_t)rng_next(&rng);
+        memcpy(&x[i], &u, sizeof u);
+        want[i] = eng_bf16_to_f32(eng_f32_to_bf16(x[i]));
+    }
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        if (!variants[v].ok) {
+            printf("skip: bf16 rounding %s: this CPU does not support it\n", variants[v].name);
+            continue;
+        }
+        for (int64_t len = 1; len <= N; len += 11) {
+            float got[N];
+            memcpy(got, x, sizeof got);
+            variants[v].round(got, len);
+            for (int64_t i = 0; i < len; i++)
+                CHECKF(memcmp(&got[i], &want[i], sizeof got[i]) == 0,
+                       "%s rounds %a to %a, eng_f32_to_bf16 to %a (length %lld)", variants[v].name,
+                       (double)x[i], (double)got[i], (double)want[i], (long long)len);
+        }
+    }
+}
+
 static void test_unknown_precision_is_refused(void)
 {
     float x[4] = {0};
@@ -357,6 +397,7 @@ int main(void)
         return 0;
     RUN_WITHIN(test_bf16_attention_against_both_references, 300);
     RUN(test_bf16_products_on_ragged_sizes);
+    RUN(test_vector_rounding_matches_scalar);
     RUN(test_unknown_precision_is_refused);
     RUN(test_additive_scoring_runs_in_float32);
     return check_report();

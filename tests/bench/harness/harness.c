@@ -188,9 +188,11 @@ double bench_peak_bf16_gflops(int threads)
 {
     eng_engine_info info;
     eng_engine_info_get(&info);
-    if (strcmp(info.bf16, "avx512bf16") != 0)
-        return 0.0;
-    return peak_of(peak_avx512bf16, threads);
+    if (strcmp(info.bf16, "avx512bf16") == 0)
+        return peak_of(peak_avx512bf16, threads);
+    if (strcmp(info.bf16, "emulated") == 0)
+        return bench_peak_gflops(info.kernels, threads);
+    return 0.0;
 }
 
 static double peak_of(double (*loop)(void), int threads)

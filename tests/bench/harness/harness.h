@@ -37,8 +37,9 @@ double bench_sgemm_gflops(int threads);
  * threads at once: the silicon's peak for that set, which the benchmarks divide by. */
 double bench_peak_gflops(const char *kernels, int threads);
 
-/* The same for the bf16 products the engine runs (a register VDPBF16PS loop), or 0 when the
- * kernel set in use has none. */
+/* The same for the bf16 products the engine runs: a register VDPBF16PS loop on that path, the
+ * set's fp32 FMA loop where bf16 operands are rounded for the fp32 kernel, or 0 when the set
+ * computes bf16 requests in float32 (openblas). */
 double bench_peak_bf16_gflops(int threads);
 
 /* The fastest OpenBLAS core that computes a correct 2048^3 sgemm here, on the threads that
