@@ -52,7 +52,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
