@@ -958,9 +958,9 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
 
 /* ---- libmicrohttpd callbacks --------------------------------------------------------------- */
 
-void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+/* The URI callback of both listeners: a request line arrived on `conn`. */
+static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection *conn, bool admin)
 {
-    srv_server *s = cls;
     srv_req *req = calloc(1, sizeof *req);
     const union MHD_ConnectionInfo *ci;
     size_t n;
@@ -993,12 +993,21 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->path[n] = '\0';
     route(req);
 
-    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
-    req->admin = ci && s->admin_mhd && ci->daemon == s->admin_mhd;
+    req->admin = admin;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     srv__conn_begin(s->watch, ci ? ci->socket_context : NULL, &req->watch, req->start_ns);
     atomic_fetch_add(&s->active, 1);
     return req;
+}
+
+void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    return request_begin(cls, uri, conn, false);
+}
+
+void *srv__mhd_uri_admin(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    return request_begin(cls, uri, conn, true);
 }
 
 enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const char *url,

@@ -133,11 +133,12 @@ static void raise_fd_limit(const srv_config *cfg)
 }
 
 /* Starts a libmicrohttpd listener on cfg->host, `port` (0: ephemeral) taking `limit`
- * connections, and stores its bound port in *bound. `flag` names the port's option in errors.
+ * connections, and stores its bound port in *bound. `flag` names the port's option in errors;
+ * `admin`: the listener of --admin-port.
  * NULL on failure, with `err` filled. */
 static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, int port,
-                                         unsigned limit, srv_tls *tls, const char *flag, int *bound,
-                                         char *err, size_t errlen)
+                                         unsigned limit, srv_tls *tls, const char *flag, bool admin,
+                                         int *bound, char *err, size_t errlen)
 {
     struct addrinfo hints, *ai = NULL;
     char port_str[16];
@@ -173,9 +174,9 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
         srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
-        srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_ARRAY, tls_opts,
-        MHD_OPTION_END);
+        admin ? srv__mhd_uri_admin : srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
+        srv__mhd_completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s,
+        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!mhd) {
         snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port, flag,
@@ -283,12 +284,12 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     raise_fd_limit(cfg);
     /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
     s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, s->tls,
-                            "--port", &s->port, err, errlen);
+                            "--port", false, &s->port, err, errlen);
     if (!s->mhd)
         goto fail;
     if (cfg->admin_port >= 0) {
         s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS, NULL,
-                                      "--admin-port", &s->admin_port, err, errlen);
+                                      "--admin-port", true, &s->admin_port, err, errlen);
         if (!s->admin_mhd)
             goto fail;
     }
