@@ -160,18 +160,20 @@ FUZZ_SMOKE_SECONDS ?= 30
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
 # build, the kernel set the engine picks, no daemon, no network, no sanitizers.
 CHECK_BINS := $(filter $(BUILD)/tests/engine/% $(BUILD)/tests/api/%,$(TEST_BINS))
+# No include or call cycle between the files of server/ (reads the sources and libserver.a).
+server_cycle_check = "tests/server/check_cycles.sh server $(BUILD)/libserver.a"
 
 check: deps
-	$(MAKE) $(CHECK_BINS)
-	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS)
+	$(MAKE) $(CHECK_BINS) $(BUILD)/libserver.a
+	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(server_cycle_check)
 
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(asan_suites) $(tsan_suites) $(deploy_suites) $(load_suites) \
-	    $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
+	@tests/run.sh $(plain_suites) $(server_cycle_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests

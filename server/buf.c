@@ -4,7 +4,9 @@
  * The cap is given at init (as curl's dynbuf does), so no caller can forget to bound a buffer
  * that grows with client input; the check is written `n > limit - len` so it cannot overflow.
  */
-#include "server/internal.h"
+#include "server/buf.h"
+
+#include "engine/engine.h"
 
 #include <assert.h>
 #include <stdio.h>

@@ -15,28 +15,24 @@
  * asked for). A client that closed its socket for good answers the bytes with a reset, and the
  * request counts as 499 like any hang-up.
  */
-#include "server/internal.h"
+#include "server/half_close.h"
 
 #include <errno.h>
+#include <microhttpd.h>
 #include <poll.h>
-#include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
-bool srv__peer_sent_fin(srv_req *req)
+#include "engine/engine.h"
+
+bool srv__peer_sent_fin(int fd)
 {
     char byte;
-    int fd = -1;
-    ssize_t n;
-    pthread_mutex_lock(&req->srv->watch_mu);
-    if (req->sc)
-        fd = req->sc->fd;
-    pthread_mutex_unlock(&req->srv->watch_mu);
     if (fd < 0)
         return false;
     /* 0 only at end-of-file with no byte left unread (a pipelined request would be one). */
-    n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0;
+    return recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 /* Writes all of data[0..len) to `fd` before `deadline_ns`; false on an error or the deadline. */
@@ -61,70 +57,49 @@ static bool write_all_by(int fd, const char *data, size_t len, int64_t deadline_
     return true;
 }
 
-/* The status line and headers of `reply` for a connection about to close; its length, or 0
- * when `cap` is too small. */
-static size_t reply_head(const srv_req *req, const api_reply *reply, size_t body_len, char *out,
-                         size_t cap)
+/* The header block being formatted: out[0..n) of `cap` bytes. */
+typedef struct {
+    char *out;
+    size_t n, cap;
+} head_text;
+
+static bool head_line(void *cls, const char *name, const char *value)
 {
-    const char *headers[8];
-    char num[24];
-    const char *phrase = MHD_get_reason_phrase_for((unsigned)reply->status);
-    size_t n;
-    int w =
-        snprintf(out, cap,
-                 "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                 "X-Request-Id: %s\r\nConnection: close\r\n",
-                 reply->status, phrase ? phrase : "",
-                 reply->content_type ? reply->content_type : "application/json", body_len, req->id);
-    if (w < 0 || (size_t)w >= cap)
-        return 0;
-    n = (size_t)w;
-    srv__reply_headers(reply, headers, num);
-    for (const char *const *h = headers; h[0] && h[1]; h += 2) {
-        w = snprintf(out + n, cap - n, "%s: %s\r\n", h[0], h[1]);
-        if (w < 0 || (size_t)w >= cap - n)
-            return 0;
-        n += (size_t)w;
-    }
-    if (reply->retry_after_s > 0) {
-        w = snprintf(out + n, cap - n, "Retry-After: %d\r\n", reply->retry_after_s);
-        if (w < 0 || (size_t)w >= cap - n)
-            return 0;
-        n += (size_t)w;
-    }
-    if (cap - n < 3)
-        return 0;
-    memcpy(out + n, "\r\n", 3);
-    return n + 2;
+    head_text *h = cls;
+    int w = snprintf(h->out + h->n, h->cap - h->n, "%s: %s\r\n", name, value);
+    if (w < 0 || (size_t)w >= h->cap - h->n)
+        return false;
+    h->n += (size_t)w;
+    return true;
 }
 
-void srv__reply_direct(srv_req *req)
+/* The status line and headers of `r` for a connection about to close; its length, or 0 when
+ * `cap` is too small. */
+static size_t reply_head(const srv_reply *r, const char *request_id, char *out, size_t cap)
 {
-    api_reply *reply = &req->reply;
-    char head[1024];
-    size_t len = 0, hlen;
-    int fd = -1;
-    char *body;
-    bool sent;
+    const char *phrase = MHD_get_reason_phrase_for((unsigned)r->status);
+    char num[24];
+    head_text h = {.out = out, .cap = cap};
+    int w = snprintf(out, cap,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "X-Request-Id: %s\r\nConnection: close\r\n",
+                     r->status, phrase ? phrase : "",
+                     r->content_type ? r->content_type : "application/json", r->len, request_id);
+    if (w < 0 || (size_t)w >= cap)
+        return 0;
+    h.n = (size_t)w;
+    if (!srv__reply_each_header(r, num, head_line, &h) || cap - h.n < 3)
+        return 0;
+    memcpy(out + h.n, "\r\n", 3);
+    return h.n + 2;
+}
 
-    if (reply->status <= 0)
-        reply->status = 500;
-    body = api_reply_take_body(reply, &len);
-    hlen = reply_head(req, reply, len, head, sizeof head);
-    pthread_mutex_lock(&req->srv->watch_mu);
-    if (req->sc)
-        fd = req->sc->fd;
-    pthread_mutex_unlock(&req->srv->watch_mu);
-    /* --idle-timeout-s bounds the writing as it bounds libmicrohttpd's. */
-    int64_t deadline = eng_now_ns() + req->srv->idle_timeout_ns;
-    sent = fd >= 0 && hlen > 0 && write_all_by(fd, head, hlen, deadline) &&
-           write_all_by(fd, body ? body : "", len, deadline);
-    eng_buf_free(body);
-    req->reason = reply->reason;
-    req->status = reply->status;
-    req->bytes_out = sent ? len : 0;
-    req->responded = true;
-    req->sent_directly = true;
-    if (!sent)
-        atomic_store(&req->client_gone, true);
+bool srv__reply_direct(int fd, srv_reply *r, const char *request_id, int64_t deadline_ns)
+{
+    char head[1024];
+    size_t hlen = reply_head(r, request_id, head, sizeof head);
+    bool sent = fd >= 0 && hlen > 0 && write_all_by(fd, head, hlen, deadline_ns) &&
+                write_all_by(fd, r->body ? r->body : "", r->len, deadline_ns);
+    srv__reply_free(r);
+    return sent;
 }

@@ -8,7 +8,7 @@
  * --port 9000` is probed on 9000; without that file, the configured --port. With --tls-cert
  * the probe speaks TLS (tls.c).
  */
-#include "server/internal.h"
+#include "server/tls.h"
 
 #include <errno.h>
 #include <netdb.h>

@@ -2,18 +2,38 @@
  * http.c - libmicrohttpd's callbacks: routing, header checks, body accumulation, admission,
  * the handoff to an engine worker, replies, and the per-request log line and metrics.
  *
- * Everything here runs on the MHD thread except job_run (an engine worker) and
- * srv__req_unref / srv__req_fail (any thread). Which paths exist, with which methods, and who
- * answers them is the route table in routes.c: the MHD thread answers only cheap things itself
- * (health, metrics, listings, and errors found from the headers or the body size); decoding and
- * encoding a request happen on a worker. See internal.h for who owns a request when.
+ * Everything here runs on the MHD thread except job_run (an engine worker) and the request's
+ * reference counting and srv_watch_ops (any thread). Which paths exist, with which methods, and
+ * who answers them is the route table (routes.c): the MHD thread answers only cheap things
+ * itself (health, metrics, listings, and refusals found from the headers or the body size);
+ * decoding and encoding a request happen on a worker. Handlers and refusals make reply values
+ * (reply.h); send_reply below is the one place that queues them with libmicrohttpd.
+ *
+ * Ownership of a request (srv_req, private to this file): created by the URI callback when the
+ * request line arrives, it belongs to the MHD thread until the body is complete. It is then
+ * suspended and handed to the pool with a second reference; the MHD thread does not touch it
+ * while it is suspended. Whoever finishes it (the worker, or the watcher through
+ * srv_watch_ops when it abandons a request still waiting in the queue) fills `reply`, marks it
+ * REQ_DONE and resumes the connection, and after that never touches it again except to drop
+ * its reference. The MHD thread then queues the reply and, at NOTIFY_COMPLETED, logs, counts
+ * and drops its reference; the last reference frees it.
  */
-#include "server/internal.h"
+#include "server/http.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "server/daemon.h"
+#include "server/half_close.h"
+#include "server/log.h"
+#include "server/outcome.h"
+#include "server/reply.h"
+#include "server/request_check.h"
+#include "server/routes.h"
 
 /* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. */
 #define BODY_FIRST_ALLOC ((size_t)64 * 1024)
@@ -22,7 +42,70 @@
  * connection is closed. The receive timeout bounds the time it may take. */
 #define DRAIN_FACTOR 2
 
-typedef srv_resp_opts resp_opts;
+#define REQUEST_ID_MAX 128
+#define PATH_MAX_LEN   256 /* a longer path matches no route (404) */
+
+typedef enum {
+    REQ_RECEIVING = 0, /* MHD thread: headers and body arriving */
+    REQ_QUEUED,        /* suspended, submitted to the pool, no worker yet */
+    REQ_RUNNING,       /* a worker runs the route's work function */
+    REQ_DONE,          /* reply ready, connection resumed (or about to be) */
+} srv_req_state;
+
+typedef struct srv_req {
+    atomic_int refs;
+    atomic_int state; /* srv_req_state */
+    srv_server *srv;
+    struct MHD_Connection *conn;
+    srv_watched watch; /* what the watcher sees of it (watch.h) */
+    srv_headers hdr;   /* the header block, read once on the first call */
+
+    /* Set on the MHD thread while receiving. */
+    bool framing_checked; /* the first call of the access handler ran */
+    bool seen_headers;    /* routing and header checks ran */
+    srv_route route;
+    bool path_too_long;     /* longer than PATH_MAX_LEN - 1: matches no route */
+    const char *bad_target; /* srv__target_check's finding, answered 400 (static text) */
+    srv_params params;      /* filled by the route matcher */
+    char method[12];
+    char path[PATH_MAX_LEN];
+    char id[REQUEST_ID_MAX + 1];
+    /* Worker routes: the headers api/ needs, copied for the worker ("" when absent). */
+    char content_type[256], content_encoding[32], accept_encoding[256], infer_header_len[32];
+    bool has_content_type; /* even an empty one: api/ tells "" from an absent header */
+    srv_route_stats stats; /* the route's statistics hooks' state */
+    bool body_expected; /* Content-Length > 0 or chunked: an early answer closes the connection */
+    bool has_length;    /* a Content-Length header was given */
+    bool seen_body_end; /* the last upload call arrived */
+    size_t content_length;
+    srv_buf body;
+    size_t reserved;       /* bytes of the memory budget held for the body */
+    size_t reply_reserved; /* bytes held for the reply text until it is sent */
+    uint64_t bytes_in;     /* body bytes received, including those drained after a rejection */
+    bool refused;          /* refused while receiving: answer `refusal` once the body is in */
+    srv_outcome refusal;
+    char refusal_msg[200];
+    int64_t start_ns, submit_ns, run_ns, done_ns;
+    int64_t own_timeout_ms; /* the body's own timeout when it is tighter than
+                               --request-timeout-ms, else 0; set with the queue deadline */
+
+    /* Handed between threads as the state machine says. */
+    eng_ctl ctl;
+    api_reply reply;
+    atomic_bool drain_cancelled; /* cancelled by the drain timeout: answer 503 */
+    atomic_bool client_gone;     /* the client hung up while the request was suspended */
+
+    /* Set when the response is queued (MHD thread). */
+    int status;
+    api_reason reason;
+    uint64_t bytes_out;
+    bool responded;
+
+    bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
+    bool admin;         /* arrived on --admin-port: only health and metrics are served */
+    bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
+    int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
+} srv_req;
 
 /* Routes the request by its path (routes.c); a path too long to store matches nothing. */
 static void route(srv_req *req)
@@ -35,10 +118,15 @@ static void route(srv_req *req)
     req->route = srv__route_find(req->path, &req->params);
 }
 
+static api_error_style error_style(const srv_req *req)
+{
+    return srv__route_style(req->route, req->path);
+}
+
 /* ---- Request life cycle ------------------------------------------------------------------- */
 
 /* Frees the body and returns its reservation (and the reply's) to the budget. The thread that
- * owns the request at the time calls it (see internal.h). */
+ * owns the request at the time calls it (see the top of the file). */
 static void release_body(srv_req *req)
 {
     srv__buf_free(&req->body);
@@ -56,7 +144,8 @@ static void release_reply(srv_req *req)
     }
 }
 
-void srv__req_unref(srv_req *req)
+/* Drops one reference; the last one frees the request. Any thread. */
+static void req_unref(srv_req *req)
 {
     if (!req || atomic_fetch_sub(&req->refs, 1) != 1)
         return;
@@ -66,54 +155,126 @@ void srv__req_unref(srv_req *req)
     free(req);
 }
 
-/* The Open Inference Protocol's routes answer errors as {"error": "message"}. */
-static api_error_style error_style(const srv_req *req)
-{
-    bool v2 = strncmp(req->path, "/v2/", 4) == 0 || strcmp(req->path, "/v2") == 0;
-    return v2 ? API_ERRORS_V2 : API_ERRORS_NATIVE;
-}
+/* Fills req->reply with refusal `o` for a request that ends without running (watcher,
+ * worker). */
+static void req_fail(srv_req *req, srv_outcome o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-void srv__req_fail(srv_req *req, int status, api_reason reason, const char *fmt, ...)
+static void req_fail(srv_req *req, srv_outcome o, const char *fmt, ...)
 {
+    const srv_outcome_info *info = srv__outcome(o);
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     api_reply_free(&req->reply);
-    api_reply_error(&req->reply, error_style(req), status, reason, NULL, "%s", msg);
+    api_reply_error(&req->reply, error_style(req), info->status, info->reason, NULL, "%s", msg);
 }
 
-void srv__deadline_origin(const srv_server *s, const srv_req *req, char *buf, size_t size)
+/* What set the deadline of a queued request, for the message of its 504 (64 bytes are
+ * enough): "--request-timeout-ms 60000", or "the request's timeout of 100 ms" when its body's
+ * own timeout was tighter. */
+static void deadline_origin(const srv_req *req, char *buf, size_t size)
 {
     if (req->own_timeout_ms > 0)
         snprintf(buf, size, "the request's timeout of %lld ms", (long long)req->own_timeout_ms);
     else
         snprintf(buf, size, "--request-timeout-ms %lld",
-                 (long long)(s->request_timeout_ns / 1000000));
+                 (long long)(req->srv->request_timeout_ns / 1000000));
 }
 
-/* The headers are in: from here the receive timeout applies, still counted from the request
- * line (--receive-timeout-s covers headers and body). */
-static void headers_arrived(srv_req *req)
+/* Arranges refusal `o` to be answered once the body is in (or at once, see
+ * refuse_from_headers). */
+static void set_refusal(srv_req *req, srv_outcome o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_refusal(srv_req *req, srv_outcome o, const char *fmt, ...)
 {
-    srv_server *s = req->srv;
-    pthread_mutex_lock(&s->watch_mu);
-    if (req->sc && req->sc->phase == CONN_HEADERS)
-        req->sc->phase = CONN_RECEIVING;
-    pthread_mutex_unlock(&s->watch_mu);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(req->refusal_msg, sizeof req->refusal_msg, fmt, ap);
+    va_end(ap);
+    req->refused = true;
+    req->refusal = o;
 }
 
-static void set_phase(srv_req *req, srv_conn_phase phase)
+/* ---- What the watcher may do to a suspended request (watch.h) ----------------------------- */
+
+static void watch_ref(void *arg)
 {
-    srv_server *s = req->srv;
-    pthread_mutex_lock(&s->watch_mu);
-    if (req->sc) {
-        req->sc->phase = phase;
-        req->sc->since_ns = eng_now_ns();
+    srv_req *req = arg;
+    atomic_fetch_add(&req->refs, 1);
+}
+
+static void watch_unref(void *arg)
+{
+    req_unref(arg);
+}
+
+static bool watch_queued(void *arg)
+{
+    srv_req *req = arg;
+    return atomic_load(&req->state) == REQ_QUEUED;
+}
+
+static bool watch_abandon(void *arg, srv_watch_why why)
+{
+    srv_req *req = arg;
+    int expected = REQ_QUEUED;
+    char origin[64];
+    if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
+        return false;
+    atomic_fetch_sub(&req->srv->queued, 1);
+    switch (why) {
+    case SRV_WATCH_HANGUP:
+        req_fail(req, SRV_REFUSE_CLIENT_GONE,
+                 "the client closed the connection while the request was queued");
+        break;
+    case SRV_WATCH_DEADLINE:
+        deadline_origin(req, origin, sizeof origin);
+        req_fail(req, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)",
+                 origin);
+        break;
+    case SRV_WATCH_DRAIN:
+        req_fail(req, SRV_REFUSE_DRAINING,
+                 "the server is shutting down (--drain-timeout-s passed)");
+        break;
     }
-    pthread_mutex_unlock(&s->watch_mu);
+    req->done_ns = eng_now_ns();
+    return true;
 }
+
+static void watch_cancel(void *arg, srv_watch_why why)
+{
+    srv_req *req = arg;
+    if (why == SRV_WATCH_HANGUP)
+        atomic_store(&req->client_gone, true);
+    else if (why == SRV_WATCH_DRAIN)
+        atomic_store(&req->drain_cancelled, true);
+    atomic_store(&req->ctl.cancel, true);
+}
+
+/* Gives a finished request back to libmicrohttpd, which then calls the access handler. */
+static void resume(srv_req *req)
+{
+    MHD_resume_connection(req->conn);
+    atomic_fetch_sub(&req->srv->suspended, 1);
+}
+
+static void watch_resume(void *arg)
+{
+    resume(arg);
+}
+
+static const srv_watch_ops req_watch_ops = {
+    .ref = watch_ref,
+    .unref = watch_unref,
+    .queued = watch_queued,
+    .abandon = watch_abandon,
+    .cancel = watch_cancel,
+    .resume = watch_resume,
+};
 
 /* ---- Request ids ------------------------------------------------------------------------ */
 
@@ -123,7 +284,7 @@ static bool request_id_ok(const char *id)
     size_t n = 0;
     for (; id[n]; n++) {
         unsigned char c = (unsigned char)id[n];
-        if (n >= SRV_REQUEST_ID_MAX)
+        if (n >= REQUEST_ID_MAX)
             return false;
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               strchr("-_.:/+=@", c)))
@@ -144,44 +305,48 @@ static void make_request_id(srv_server *s, char *out, size_t outlen)
     snprintf(out, outlen, "%016" PRIx64, x);
 }
 
-/* ---- Responses ---------------------------------------------------------------------------- */
+/* ---- Replies ------------------------------------------------------------------------------ */
 
-/* Queues `body` (taken over even on failure and freed with `release`; NULL: empty) as the
- * response. */
-static enum MHD_Result respond_with(srv_req *req, int status, const char *content_type, char *body,
-                                    size_t len, MHD_ContentReaderFreeCallback release,
-                                    const resp_opts *o)
+static bool add_header(void *cls, const char *name, const char *value)
 {
-    struct MHD_Response *r;
+    MHD_add_response_header(cls, name, value);
+    return true;
+}
+
+/* Queues `r` (its body taken over even on failure) as the response: the one place where a
+ * reply meets libmicrohttpd. */
+static enum MHD_Result send_reply(srv_req *req, srv_reply *r)
+{
+    struct MHD_Response *resp;
     enum MHD_Result rc;
     char num[24];
+    uint64_t bytes_out = r->body ? r->len : 0;
+    bool close = r->close;
 
-    if (body)
-        r = MHD_create_response_from_buffer_with_free_callback(len, body, release);
+    if (r->status == 0)
+        return MHD_NO; /* no reply could be made: drop the connection */
+    if (r->body)
+        resp = MHD_create_response_from_buffer_with_free_callback(r->len, r->body, r->release);
     else
-        r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        if (body)
-            release(body);
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        srv__reply_free(r);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            content_type ? content_type : "application/json");
-    MHD_add_response_header(r, "X-Request-Id", req->id);
-    if (o && o->allow)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, o->allow);
-    for (const char *const *h = o ? o->headers : NULL; h && h[0] && h[1]; h += 2)
-        MHD_add_response_header(r, h[0], h[1]);
-    if (o && o->retry_after_s > 0) {
-        snprintf(num, sizeof num, "%d", o->retry_after_s);
-        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, num);
-    }
+    r->body = NULL; /* libmicrohttpd frees it */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            r->content_type ? r->content_type : "application/json");
+    MHD_add_response_header(resp, "X-Request-Id", req->id);
+    srv__reply_each_header(r, num, add_header, resp);
     /* Close when the body was not read (a keep-alive connection would parse it as the next
      * request) and while draining (so that clients reconnect to another replica). */
-    if ((o && o->close) || atomic_load(&req->srv->draining))
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    rc = MHD_queue_response(req->conn, (unsigned)status, r);
-    MHD_destroy_response(r);
+    if (r->refusal && req->body_expected && atomic_load(&req->state) == REQ_RECEIVING &&
+        !req->seen_body_end)
+        close = true;
+    if (close || atomic_load(&req->srv->draining))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    rc = MHD_queue_response(req->conn, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
     if (rc == MHD_YES && req->srv->send_timeout_s < req->srv->idle_timeout_s) {
         /* libmicrohttpd's timer measures idleness, and a client that stops reading is idle:
          * while its reply is written it gets --send-timeout-s, not --idle-timeout-s, so that a
@@ -190,163 +355,80 @@ static enum MHD_Result respond_with(srv_req *req, int status, const char *conten
                                   req->srv->send_timeout_s);
         req->send_timer = true;
     }
-    req->status = status;
-    req->bytes_out = body ? len : 0;
+    req->status = r->status;
+    req->reason = r->reason;
+    req->bytes_out = bytes_out;
     req->responded = true;
-    set_phase(req, CONN_BUSY);
+    srv__conn_busy(req->srv->watch, &req->watch);
     return rc;
 }
 
-/* Queues `body` (malloc'd, taken over even on failure) as the response. */
-static enum MHD_Result respond(srv_req *req, int status, const char *content_type, char *body,
-                               size_t len, const resp_opts *o)
-{
-    return respond_with(req, status, content_type, body, len, free, o);
-}
+/* Answers refusal `o` now, closing the connection when `close`. */
+static enum MHD_Result refuse(srv_req *req, srv_outcome o, bool close, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
-/* Queues an api/ reply as the response: its status, type and body (eng_buf memory, see
- * api_reply_take_body), with `o` (may be NULL). */
-static enum MHD_Result respond_api(srv_req *req, api_reply *reply, const resp_opts *o)
-{
-    size_t len = 0;
-    int status = reply->status > 0 ? reply->status : 500;
-    const char *content_type = reply->content_type;
-    char *body = api_reply_take_body(reply, &len);
-    req->reason = reply->reason;
-    return respond_with(req, status, content_type, body, len, eng_buf_free, o);
-}
-
-static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason,
-                                     const resp_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static enum MHD_Result respond_error(srv_req *req, int status, api_reason reason,
-                                     const resp_opts *o, const char *fmt, ...)
+static enum MHD_Result refuse(srv_req *req, srv_outcome o, bool close, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
-    api_reply reply;
-    resp_opts opts = o ? *o : (resp_opts){0};
-
+    srv_reply r;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    req->reason = reason;
-    if (!opts.close && req->body_expected && atomic_load(&req->state) == REQ_RECEIVING &&
-        !req->seen_body_end)
-        opts.close = true;
-
-    api_reply_error(&reply, error_style(req), status, reason, NULL, "%s", msg);
-    return respond_api(req, &reply, &opts);
+    r = srv__reply_refusal(error_style(req), o, "%s", msg);
+    r.close = close;
+    return send_reply(req, &r);
 }
 
-static enum MHD_Result respond_text(srv_req *req, int status, const char *content_type,
-                                    const char *text, const resp_opts *o)
+/* Answers the refusal set_refusal arranged. */
+static enum MHD_Result refuse_pending(srv_req *req)
 {
-    size_t n = strlen(text);
-    char *body = malloc(n + 1);
-    if (!body)
-        return MHD_NO;
-    memcpy(body, text, n + 1);
-    return respond(req, status, content_type, body, n, o);
-}
-
-enum MHD_Result srv__respond(srv_req *req, int status, const char *content_type, char *body,
-                             size_t len, const srv_resp_opts *o)
-{
-    return respond(req, status, content_type, body, len, o);
-}
-
-enum MHD_Result srv__respond_text(srv_req *req, int status, const char *content_type,
-                                  const char *text, const srv_resp_opts *o)
-{
-    return respond_text(req, status, content_type, text, o);
-}
-
-enum MHD_Result srv__respond_error(srv_req *req, int status, api_reason reason,
-                                   const srv_resp_opts *o, const char *fmt, ...)
-{
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return respond_error(req, status, reason, o, "%s", msg);
+    srv_reply r = srv__reply_refusal(error_style(req), req->refusal, "%s", req->refusal_msg);
+    if (req->refusal == SRV_REFUSE_UNAUTHORIZED)
+        r.headers = srv__auth_challenge;
+    return send_reply(req, &r);
 }
 
 /* The reply a worker (or the watcher) prepared, after the connection was resumed. */
-static enum MHD_Result respond_reply(srv_req *req)
+static enum MHD_Result send_computed(srv_req *req)
 {
-    api_reply *r = &req->reply;
-    const char *headers[8];
-    char num[24];
-    srv__reply_headers(r, headers, num);
-    resp_opts o = {.retry_after_s = r->retry_after_s, .headers = headers};
-
+    srv_reply r;
     if (atomic_load(&req->client_gone)) {
         /* Nobody is listening: close instead of writing into a dead socket. */
-        api_reply_free(r);
-        req->reason = r->reason;
-        req->status = r->status;
+        api_reply_free(&req->reply);
+        req->reason = req->reply.reason;
+        req->status = req->reply.status;
         req->responded = true;
         return MHD_NO;
     }
-    return respond_api(req, r, &o);
+    r = srv__reply_computed(&req->reply);
+    return send_reply(req, &r);
 }
 
-enum MHD_Result srv__respond_api(srv_req *req, api_reply *reply)
+/* Writes req->reply straight to the socket and records it as the response (half_close.c);
+ * the connection must then close. */
+static void send_direct(srv_req *req)
 {
-    return respond_api(req, reply, NULL);
+    srv_reply r = srv__reply_computed(&req->reply);
+    size_t len = r.len;
+    int fd = srv__conn_fd(req->srv->watch, &req->watch);
+    /* --idle-timeout-s bounds the writing as it bounds libmicrohttpd's. */
+    bool sent = srv__reply_direct(fd, &r, req->id, eng_now_ns() + req->srv->idle_timeout_ns);
+    req->reason = r.reason;
+    req->status = r.status;
+    req->bytes_out = sent ? len : 0;
+    req->responded = true;
+    req->sent_directly = true;
+    if (!sent)
+        atomic_store(&req->client_gone, true);
 }
 
 /* ---- Headers ------------------------------------------------------------------------------ */
 
-typedef struct {
-    int n_length, n_transfer, n_encoding;
-    const char *length, *transfer, *encoding;
-} framing;
-
-static enum MHD_Result collect_framing(void *cls, enum MHD_ValueKind kind, const char *key,
-                                       const char *value)
-{
-    framing *f = cls;
-    (void)kind;
-    if (!key)
-        return MHD_YES;
-    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
-        f->n_length++;
-        f->length = value;
-    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
-        f->n_transfer++;
-        f->transfer = value;
-    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_ENCODING) == 0) {
-        f->n_encoding++;
-        f->encoding = value;
-    }
-    return MHD_YES;
-}
-
-/* `value` equals `word`, ignoring case and surrounding blanks. */
-static bool token_is(const char *value, const char *word)
-{
-    size_t n = strlen(word);
-    if (!value)
-        return false;
-    while (*value == ' ' || *value == '\t')
-        value++;
-    if (strncasecmp(value, word, n) != 0)
-        return false;
-    value += n;
-    while (*value == ' ' || *value == '\t')
-        value++;
-    return *value == '\0';
-}
-
 /* The client sent "Expect: 100-continue": it waits for a go-ahead before sending its body. */
 static bool expects_continue(const srv_req *req)
 {
-    return token_is(MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect"),
-                    "100-continue");
+    return srv__header_token_is(req->hdr.expect, "100-continue");
 }
 
 /* Checks the message framing before any body byte is read: libmicrohttpd 0.9.75 uses the first
@@ -356,34 +438,32 @@ static bool expects_continue(const srv_req *req)
  * error here. Returns MHD_YES with *answered false when the framing is sound. */
 static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered)
 {
-    framing f = {0};
-    resp_opts close = {.close = true};
+    const srv_headers *h = &req->hdr;
     *answered = true;
 
-    MHD_get_connection_values(req->conn, MHD_HEADER_KIND, collect_framing, &f);
-    if (f.n_length > 1)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "more than one Content-Length header");
-    if (f.n_transfer > 0 && f.n_length > 0)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "both Transfer-Encoding and Content-Length are set");
+    if (h->n_length > 1)
+        return refuse(req, SRV_REFUSE_FRAMING, true, "more than one Content-Length header");
+    if (h->n_transfer > 0 && h->n_length > 0)
+        return refuse(req, SRV_REFUSE_FRAMING, true,
+                      "both Transfer-Encoding and Content-Length are set");
     /* libmicrohttpd 0.9.75 frames a body as chunked only when the value is exactly "chunked"
      * (any case): with a trailing blank it reads the body until the connection closes and
      * swallows the requests behind it, so such a value is malformed here, as a Content-Length
      * with one is for libmicrohttpd. */
-    if (f.n_transfer == 1 && token_is(f.transfer, "chunked") &&
-        strcasecmp(f.transfer, "chunked") != 0)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
-                             f.transfer);
-    if (f.n_transfer > 1 || (f.n_transfer == 1 && !token_is(f.transfer, "chunked")))
-        return respond_error(req, 501, API_REASON_BAD_REQUEST, &close,
-                             "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
-                             f.n_transfer == 1 ? f.transfer : "(several headers)");
-    if (f.n_length == 1) {
+    if (h->n_transfer == 1 && srv__header_token_is(h->transfer_encoding, "chunked") &&
+        strcasecmp(h->transfer_encoding, "chunked") != 0)
+        return refuse(req, SRV_REFUSE_FRAMING, true,
+                      "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
+                      h->transfer_encoding);
+    if (h->n_transfer > 1 ||
+        (h->n_transfer == 1 && !srv__header_token_is(h->transfer_encoding, "chunked")))
+        return refuse(req, SRV_REFUSE_TRANSFER_CODING, true,
+                      "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
+                      h->n_transfer == 1 ? h->transfer_encoding : "(several headers)");
+    if (h->n_length == 1) {
         /* libmicrohttpd already rejected a value that is not a number. */
         char *end = NULL;
-        unsigned long long n = strtoull(f.length, &end, 10);
+        unsigned long long n = strtoull(h->content_length, &end, 10);
         if (n > 0)
             req->body_expected = true;
         if (n > (unsigned long long)s->max_body_bytes) {
@@ -393,27 +473,26 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
              * closes a connection answered mid-body, and the client would see a reset instead
              * of the 413, so its body is read and discarded first (as for chunked bodies). */
             if (expects_continue(req) || n / DRAIN_FACTOR > s->max_body_bytes)
-                return respond_error(req, 413, API_REASON_TOO_LARGE, &close,
-                                     "the body of %llu bytes is larger than --max-body-bytes (%zu)",
-                                     n, s->max_body_bytes);
-            req->pending_status = 413;
-            req->pending_reason = API_REASON_TOO_LARGE;
-            snprintf(req->pending_msg, sizeof req->pending_msg,
-                     "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
-                     s->max_body_bytes);
+                return refuse(req, SRV_REFUSE_TOO_LARGE, true,
+                              "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
+                              s->max_body_bytes);
+            set_refusal(req, SRV_REFUSE_TOO_LARGE,
+                        "the body of %llu bytes is larger than --max-body-bytes (%zu)", n,
+                        s->max_body_bytes);
         } else {
             req->content_length = (size_t)n;
             req->has_length = true;
         }
     }
-    if (f.n_transfer == 1)
+    if (h->n_transfer == 1)
         req->body_expected = true;
     /* gzip and deflate are undone on the worker (api_call_encoded); anything else now. */
-    if (f.n_encoding > 1 || (f.n_encoding == 1 && !api_content_encoding_known(f.encoding)))
-        return respond_error(req, 415, API_REASON_BAD_REQUEST, NULL,
-                             "unsupported Content-Encoding \"%.64s\": send gzip, deflate or "
-                             "identity",
-                             f.n_encoding == 1 && f.encoding ? f.encoding : "(several headers)");
+    if (h->n_encoding > 1 ||
+        (h->n_encoding == 1 && !api_content_encoding_known(h->content_encoding)))
+        return refuse(req, SRV_REFUSE_MEDIA, false,
+                      "unsupported Content-Encoding \"%.64s\": send gzip, deflate or identity",
+                      h->n_encoding == 1 && h->content_encoding ? h->content_encoding
+                                                                : "(several headers)");
     *answered = false;
     return MHD_YES;
 }
@@ -421,24 +500,20 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
 /* Arranges a 413 for a body that needs more than the whole budget. */
 static void set_never_fits(const srv_server *s, srv_req *req)
 {
-    req->pending_status = 413;
-    req->pending_reason = API_REASON_MEMORY;
-    snprintf(req->pending_msg, sizeof req->pending_msg,
-             "the request body needs more memory than --max-memory-bytes (%zu) allows",
-             s->max_memory_bytes);
+    set_refusal(req, SRV_REFUSE_MEMORY_NEVER,
+                "the request body needs more memory than --max-memory-bytes (%zu) allows",
+                s->max_memory_bytes);
 }
 
 /* Arranges a 429 for a body that does not fit in the budget while other requests hold it. */
 static void set_budget_busy(srv_req *req)
 {
-    req->pending_status = 429;
-    req->pending_reason = API_REASON_MEMORY;
-    snprintf(req->pending_msg, sizeof req->pending_msg,
-             "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
+    set_refusal(req, SRV_REFUSE_MEMORY_BUSY,
+                "the memory budget (--max-memory-bytes) is in use by other requests; retry later");
 }
 
-/* Reserves `bytes` of the budget for the body; on failure answers (or arranges to answer once
- * the body is in) and returns false. */
+/* Reserves `bytes` of the budget for the body; on failure arranges the refusal and returns
+ * false. */
 static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
 {
     switch (api_budget_reserve(s->budget, bytes)) {
@@ -455,22 +530,15 @@ static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
     return false;
 }
 
-static enum MHD_Result respond_pending(srv_req *req)
-{
-    resp_opts o = {.retry_after_s = req->pending_status == 429 ? 1 : 0,
-                   .headers = req->pending_status == 401 ? srv__auth_challenge : NULL};
-    return respond_error(req, req->pending_status, req->pending_reason, &o, "%s", req->pending_msg);
-}
-
-/* Answers a refusal decided from the headers (pending_* filled) as the client allows: one
- * waiting for "100 Continue" gets it now and never sends the body. Any other is already
- * sending it, and libmicrohttpd would close a connection answered mid-body, so that the client
- * sees a reset instead of the answer: its body is read and discarded (on_body_chunk) and the
- * answer waits for its end (on_body_complete). Nothing is reserved or allocated for it. */
+/* Answers a refusal decided from the headers (set_refusal) as the client allows: one waiting
+ * for "100 Continue" gets it now and never sends the body. Any other is already sending it,
+ * and libmicrohttpd would close a connection answered mid-body, so that the client sees a
+ * reset instead of the answer: its body is read and discarded (on_body_chunk) and the answer
+ * waits for its end (on_body_complete). Nothing is reserved or allocated for it. */
 static enum MHD_Result refuse_from_headers(srv_req *req)
 {
     if (expects_continue(req))
-        return respond_pending(req);
+        return refuse_pending(req);
     return MHD_YES;
 }
 
@@ -479,25 +547,22 @@ static enum MHD_Result refuse_from_headers(srv_req *req)
  * closes the connection, since what follows the headers cannot be trusted either. */
 static enum MHD_Result check_request(srv_req *req, const char *version, bool *answered)
 {
-    resp_opts close = {.close = true};
-    srv_header_scan scan;
+    const srv_headers *h = &req->hdr;
 
     *answered = true;
     if (req->bad_target)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close, "%s", req->bad_target);
-    srv__headers_scan(req->conn, &scan);
-    if (scan.bad_name)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "malformed header field \"%.64s\": whitespace before the colon, "
-                             "line folding and other non-token characters are not accepted",
-                             scan.bad_name);
-    if (scan.n_host > 1 || (scan.n_host == 0 && version && strcmp(version, "HTTP/1.1") == 0))
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "an HTTP/1.1 request needs exactly one Host header (it has %d)",
-                             scan.n_host);
-    if (scan.n_infer_len > 1)
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, &close,
-                             "more than one Inference-Header-Content-Length header");
+        return refuse(req, SRV_REFUSE_FRAMING, true, "%s", req->bad_target);
+    if (h->bad_name)
+        return refuse(req, SRV_REFUSE_FRAMING, true,
+                      "malformed header field \"%.64s\": whitespace before the colon, line "
+                      "folding and other non-token characters are not accepted",
+                      h->bad_name);
+    if (h->n_host > 1 || (h->n_host == 0 && version && strcmp(version, "HTTP/1.1") == 0))
+        return refuse(req, SRV_REFUSE_FRAMING, true,
+                      "an HTTP/1.1 request needs exactly one Host header (it has %d)", h->n_host);
+    if (h->n_infer_len > 1)
+        return refuse(req, SRV_REFUSE_FRAMING, true,
+                      "more than one Inference-Header-Content-Length header");
     *answered = false;
     return MHD_YES;
 }
@@ -508,14 +573,13 @@ static enum MHD_Result check_request(srv_req *req, const char *version, bool *an
 static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *url,
                                      const char *method, const char *version, bool *answered)
 {
-    const char *hdr;
     enum MHD_Result rc;
     req->framing_checked = true;
-    req->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
+    req->watch.may_probe = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
     snprintf(req->method, sizeof req->method, "%s", method ? method : "");
-    hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
-    if (hdr && request_id_ok(hdr))
-        snprintf(req->id, sizeof req->id, "%s", hdr);
+    srv__headers_read(req->conn, &req->hdr);
+    if (req->hdr.request_id && request_id_ok(req->hdr.request_id))
+        snprintf(req->id, sizeof req->id, "%s", req->hdr.request_id);
     else
         make_request_id(s, req->id, sizeof req->id);
     if (url)
@@ -529,115 +593,98 @@ static enum MHD_Result on_first_call(srv_server *s, srv_req *req, const char *ur
         req->path[n] = '\0';
     }
     route(req);
-    headers_arrived(req);
+    srv__conn_headers_done(s->watch, &req->watch);
     rc = check_request(req, version, answered);
     if (*answered)
         return rc;
     return check_framing(s, req, answered);
 }
 
-/* The routes --admin-port serves: what probes and scrapers need, all answered on this thread
- * from the headers, so that a saturated --port (or engine) cannot hold them up. */
-static bool admin_route(const srv_route_def *rd)
+/* Copies header value `v` (NULL: absent) into dst; false when it is too long to keep. */
+static bool keep_header(const char *v, char *dst, size_t size)
 {
-    return rd &&
-           (strcmp(rd->pattern, "/v2/health/live") == 0 ||
-            strcmp(rd->pattern, "/v2/health/ready") == 0 || strcmp(rd->pattern, "/metrics") == 0);
+    dst[0] = '\0';
+    if (!v)
+        return true;
+    if (strlen(v) >= size)
+        return false;
+    memcpy(dst, v, strlen(v) + 1);
+    return true;
 }
 
-/* Routing and the checks that can be decided from the headers. Runs before the body is read
- * when one is expected; for a request without a body it runs on the handler's second call,
- * because libmicrohttpd 0.9.75 closes a connection whose response was queued before it knew
- * the request was complete, and health checks and scrapes should keep theirs. */
-static enum MHD_Result on_headers(srv_server *s, srv_req *req)
+/* For a worker route, before the body is read: copies the headers api/ needs for the worker
+ * (answering 415 or 400 for values too long to keep) and starts the route's statistics.
+ * Returns MHD_YES with *answered false when the request goes on. */
+static enum MHD_Result capture_headers(srv_server *s, srv_req *req, const srv_route_def *rd,
+                                       bool *answered)
 {
-    const srv_route_def *rd = srv__route_def(req->route);
-    const char *hdr;
-    bool is_get;
+    *answered = true;
+    if (!keep_header(req->hdr.content_type, req->content_type, sizeof req->content_type))
+        return refuse(req, SRV_REFUSE_MEDIA, false, "the Content-Type header is too long");
+    req->has_content_type = req->hdr.content_type != NULL;
+    if (!keep_header(req->hdr.content_encoding, req->content_encoding,
+                     sizeof req->content_encoding))
+        return refuse(req, SRV_REFUSE_MEDIA, false,
+                      "unsupported Content-Encoding: send gzip, deflate or identity");
+    if (!keep_header(req->hdr.infer_header_len, req->infer_header_len,
+                     sizeof req->infer_header_len))
+        return refuse(req, SRV_REFUSE_BAD_HEADER, false,
+                      "Inference-Header-Content-Length is not a byte count");
+    /* An Accept-Encoding too long to keep is as good as none: the reply goes uncompressed. */
+    if (!keep_header(req->hdr.accept_encoding, req->accept_encoding, sizeof req->accept_encoding))
+        req->accept_encoding[0] = '\0';
+    if (rd->stats)
+        rd->stats->begin(s->models, &req->params, &req->stats);
+    *answered = false;
+    return MHD_YES;
+}
 
-    req->seen_headers = true;
-    if (req->admin && !admin_route(rd)) {
-        resp_opts close = {.close = req->body_expected};
-        return respond_error(req, 404, API_REASON_BAD_REQUEST, &close,
-                             "--admin-port serves only /v2/health/live, /v2/health/ready and "
-                             "/metrics; %.100s is on --port",
-                             req->path);
-    }
-    /* Before anything that tells routes apart; the admin port (probes, /metrics) needs no
-     * token. */
-    if (!req->admin && !srv__auth_allows(s->auth, req)) {
-        srv__auth_refuse(req);
-        return req->body_expected ? refuse_from_headers(req) : respond_pending(req);
-    }
-    if (!rd) {
-        return respond_error(req, 404, API_REASON_BAD_REQUEST, NULL, "no route %.100s %.100s",
-                             req->method, req->path);
-    }
-    if (!srv__route_allows(rd, req->method)) {
-        resp_opts o = {.allow = rd->allow};
-        return respond_error(req, 405, API_REASON_BAD_REQUEST, &o,
-                             "method %.32s is not allowed on %s (allowed: %s)", req->method,
-                             rd->pattern, rd->allow);
-    }
-    if (req->params.bad[0]) {
-        return respond_error(req, 400, API_REASON_BAD_REQUEST, NULL,
-                             "the {%s} part of the path must be 1 to %d characters from "
-                             "[A-Za-z0-9_.-]",
-                             req->params.bad, SRV_PARAM_MAX);
-    }
-    is_get = strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0;
-    if (!rd->work || is_get) {
-        if (!rd->answer) /* defensive: a row without a handler for this method */
-            return respond_error(req, 500, API_REASON_INTERNAL, NULL, "no handler for %.32s %s",
-                                 req->method, rd->pattern);
-        return rd->answer(s, req);
-    }
-    if (req->pending_status) /* refused from the headers: discard the body, then answer */
-        return MHD_YES;
+/* The captured headers, as api/ takes them. */
+static void call_headers(const srv_req *req, api_call *call)
+{
+    call->content_type = req->has_content_type ? req->content_type : NULL;
+    call->content_encoding = req->content_encoding[0] ? req->content_encoding : NULL;
+    call->accept_encoding = req->accept_encoding[0] ? req->accept_encoding : NULL;
+    call->inference_header_length = req->infer_header_len[0] ? req->infer_header_len : NULL;
+    call->request_id = req->id[0] ? req->id : NULL;
+}
 
-    /* A worker route: everything that can be decided before the body is read. */
-    hdr = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (hdr) {
-        if (strlen(hdr) >= sizeof req->content_type)
-            return respond_error(req, 415, API_REASON_BAD_REQUEST, NULL,
-                                 "the Content-Type header is too long");
-        snprintf(req->content_type, sizeof req->content_type, "%s", hdr);
-        req->has_content_type = true;
-    }
-    {
-        bool answered = false;
-        enum MHD_Result rc = srv__capture_headers(s, req, &answered);
-        if (answered)
-            return rc;
-    }
-    /* These refusals wait for a body that is on its way (refuse_from_headers): libmicrohttpd
-     * 0.9.75 stops reading a POST body once a response is queued and closes the connection
-     * after it, so a client still sending its body (a long sequence) would get a reset instead
-     * of the 503 or 429. */
+/* A request to a route (GET, or one without a worker) answered on this thread. */
+static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *rd)
+{
+    srv_answer_args args = {
+        .params = &req->params, .style = rd->style, .if_none_match = req->hdr.if_none_match};
+    srv_reply r;
+    if (!rd->answer) /* defensive: a row without a handler for this method */
+        return refuse(req, SRV_REFUSE_NO_HANDLER, false, "no handler for %.32s %s", req->method,
+                      rd->pattern);
+    r = rd->answer(s, &args);
+    return send_reply(req, &r);
+}
+
+/* Admission refusals that can be decided from the headers: draining, a full queue, a body that
+ * cannot fit in the budget. They wait for a body that is on its way (refuse_from_headers):
+ * libmicrohttpd 0.9.75 stops reading a POST body once a response is queued and closes the
+ * connection after it, so a client still sending its body (a long sequence) would get a reset
+ * instead of the 503 or 429. */
+static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
+{
     if (atomic_load(&s->draining)) {
-        resp_opts o = {.close = true};
-        if (req->body_expected) {
-            req->pending_status = 503;
-            req->pending_reason = API_REASON_DRAINING;
-            snprintf(req->pending_msg, sizeof req->pending_msg,
-                     "the server is shutting down; retry on another replica");
-            return refuse_from_headers(req);
-        }
-        return respond_error(req, 503, API_REASON_DRAINING, &o,
-                             "the server is shutting down; retry on another replica");
+        if (!req->body_expected)
+            return refuse(req, SRV_REFUSE_DRAINING, true,
+                          "the server is shutting down; retry on another replica");
+        set_refusal(req, SRV_REFUSE_DRAINING,
+                    "the server is shutting down; retry on another replica");
+        return refuse_from_headers(req);
     }
     if (atomic_load(&s->admitted) >= s->max_queue) {
-        resp_opts o = {.retry_after_s = 1};
-        if (req->body_expected) {
-            req->pending_status = 429;
-            req->pending_reason = API_REASON_QUEUE_FULL;
-            snprintf(req->pending_msg, sizeof req->pending_msg,
-                     "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
-            return refuse_from_headers(req);
-        }
-        return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
-                             "the queue is full (--max-queue %lld); retry later",
-                             (long long)s->max_queue);
+        if (!req->body_expected)
+            return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
+                          "the queue is full (--max-queue %lld); retry later",
+                          (long long)s->max_queue);
+        set_refusal(req, SRV_REFUSE_QUEUE_FULL, "the queue is full (--max-queue %lld); retry later",
+                    (long long)s->max_queue);
+        return refuse_from_headers(req);
     }
     /* Nothing is reserved for the announced length: a Content-Length is a promise, not bytes,
      * and reserving it up front let sixteen clients that announce 256 MiB and send nothing
@@ -658,13 +705,60 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     return MHD_YES;
 }
 
+/* Routing and the checks that can be decided from the headers. Runs before the body is read
+ * when one is expected; for a request without a body it runs on the handler's second call,
+ * because libmicrohttpd 0.9.75 closes a connection whose response was queued before it knew
+ * the request was complete, and health checks and scrapes should keep theirs. */
+static enum MHD_Result on_headers(srv_server *s, srv_req *req)
+{
+    const srv_route_def *rd = srv__route_def(req->route);
+    bool answered = false;
+    enum MHD_Result rc;
+
+    req->seen_headers = true;
+    if (req->admin && !(rd && (rd->flags & SRV_ROUTE_ADMIN)))
+        return refuse(req, SRV_REFUSE_NOT_FOUND, req->body_expected,
+                      "--admin-port serves only /v2/health/live, /v2/health/ready and "
+                      "/metrics; %.100s is on --port",
+                      req->path);
+    /* Before anything that tells routes apart; the admin port (probes, /metrics) needs no
+     * token. */
+    if (!req->admin && !(rd && (rd->flags & SRV_ROUTE_OPEN)) &&
+        !srv__auth_allows(s->auth, req->hdr.authorization)) {
+        set_refusal(req, SRV_REFUSE_UNAUTHORIZED, "%s",
+                    srv__auth_refusal(req->hdr.authorization != NULL));
+        return req->body_expected ? refuse_from_headers(req) : refuse_pending(req);
+    }
+    if (!rd)
+        return refuse(req, SRV_REFUSE_NOT_FOUND, false, "no route %.100s %.100s", req->method,
+                      req->path);
+    if (!srv__route_allows(rd, req->method)) {
+        srv_reply r = srv__reply_refusal(error_style(req), SRV_REFUSE_METHOD,
+                                         "method %.32s is not allowed on %s (allowed: %s)",
+                                         req->method, rd->pattern, rd->allow);
+        r.allow = rd->allow;
+        return send_reply(req, &r);
+    }
+    if (req->params.bad[0])
+        return refuse(req, SRV_REFUSE_BAD_PARAM, false,
+                      "the {%s} part of the path must be 1 to %d characters from [A-Za-z0-9_.-]",
+                      req->params.bad, SRV_PARAM_MAX);
+    if (!rd->work || strcmp(req->method, "GET") == 0 || strcmp(req->method, "HEAD") == 0)
+        return answer(s, req, rd);
+    if (req->refused) /* refused from the headers: discard the body, then answer */
+        return MHD_YES;
+    rc = capture_headers(s, req, rd, &answered);
+    if (answered)
+        return rc;
+    return admit_from_headers(s, req);
+}
+
 /* ---- Body --------------------------------------------------------------------------------- */
 
 static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
 {
     req->bytes_in += n;
-    if (req->sc) /* the watcher's --min-upload-rate check reads it */
-        atomic_fetch_add_explicit(&req->sc->received, n, memory_order_relaxed);
+    srv__conn_received(&req->watch, n); /* the watcher's --min-upload-rate check reads it */
     if (atomic_load(&s->drain_expired)) {
         /* The drain is over and this body is still arriving: answer now, or the client would
          * only see the connection torn down when the daemon stops. A response queued
@@ -672,22 +766,20 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
          * so the small 503 is written to the socket here, where nothing else is in flight,
          * and MHD_NO closes the connection. */
         release_body(req);
-        srv__req_fail(req, 503, API_REASON_DRAINING,
-                      "the server is shutting down (--drain-timeout-s passed) while the body "
-                      "was arriving; retry on another replica");
-        srv__reply_direct(req);
+        req_fail(req, SRV_REFUSE_DRAINING,
+                 "the server is shutting down (--drain-timeout-s passed) while the body was "
+                 "arriving; retry on another replica");
+        send_direct(req);
         return MHD_NO;
     }
-    if (req->pending_status) {
+    if (req->refused) {
         if (req->bytes_in / DRAIN_FACTOR > s->max_body_bytes)
             return MHD_NO; /* enough draining: close */
         return MHD_YES;
     }
     if (n > s->max_body_bytes - req->body.len) {
-        req->pending_status = 413;
-        req->pending_reason = API_REASON_TOO_LARGE;
-        snprintf(req->pending_msg, sizeof req->pending_msg,
-                 "the body is larger than --max-body-bytes (%zu)", s->max_body_bytes);
+        set_refusal(req, SRV_REFUSE_TOO_LARGE, "the body is larger than --max-body-bytes (%zu)",
+                    s->max_body_bytes);
         release_body(req);
         return MHD_YES;
     }
@@ -707,10 +799,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
             return MHD_YES;
         }
         if (srv__buf_grow_to(&req->body, cap) != SRV_OK) {
-            req->pending_status = 503;
-            req->pending_reason = API_REASON_MEMORY;
-            snprintf(req->pending_msg, sizeof req->pending_msg,
-                     "out of memory while receiving the body");
+            set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
             release_body(req);
             return MHD_YES;
         }
@@ -719,12 +808,13 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
     return MHD_YES;
 }
 
-/* Runs one request on an engine worker: decode, compute, encode (all inside api_attention),
- * then hands the reply back to the MHD thread by resuming the connection. */
+/* Runs one request on an engine worker: decode, compute, encode (all inside the route's work
+ * function), then hands the reply back to the MHD thread by resuming the connection. */
 static void job_run(void *arg, int64_t index)
 {
     srv_req *req = arg;
     srv_server *s = req->srv;
+    const srv_route_def *rd = srv__route_def(req->route);
     int expected = REQ_QUEUED;
     api_call call;
     (void)index;
@@ -732,7 +822,7 @@ static void job_run(void *arg, int64_t index)
     if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_RUNNING)) {
         /* The watcher answered it while it waited (hang-up, deadline, drain). */
         atomic_fetch_sub(&s->admitted, 1);
-        srv__req_unref(req);
+        req_unref(req);
         return;
     }
     atomic_fetch_sub(&s->queued, 1);
@@ -742,7 +832,6 @@ static void job_run(void *arg, int64_t index)
     memset(&call, 0, sizeof call);
     call.body = req->body.data ? req->body.data : "";
     call.body_len = req->body.len;
-    call.content_type = req->has_content_type ? req->content_type : NULL;
     call.pool = s->pool;
     call.ctl = &req->ctl;
     call.start_ns = req->start_ns;
@@ -750,14 +839,15 @@ static void job_run(void *arg, int64_t index)
     call.budget = s->budget;
     call.budget_held = req->reserved; /* the body's share: a request that can never fit is 413 */
     call.models = s->models;
-    srv__call_headers(req, &call);
-    srv__v2_started(s, req);
-    srv__route_def(req->route)->work(req, &call, &req->reply);
+    call_headers(req, &call);
+    if (rd->stats)
+        rd->stats->started(&s->metrics, &req->stats);
+    rd->work(&req->params, &call, &req->reply);
 
     if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
         int64_t dec = req->reply.decode_ns, comp = req->reply.compute_ns;
-        srv__req_fail(req, 503, API_REASON_DRAINING,
-                      "the server is shutting down (--drain-timeout-s passed)");
+        req_fail(req, SRV_REFUSE_DRAINING,
+                 "the server is shutting down (--drain-timeout-s passed)");
         req->reply.decode_ns = dec;
         req->reply.compute_ns = comp;
     }
@@ -765,9 +855,9 @@ static void job_run(void *arg, int64_t index)
     release_body(req);
     /* A client that half-closed would lose the reply on resume (half_close.c): write it now,
      * once the watcher can no longer write its probe (watch.c) to the socket. */
-    srv__watch_remove(s, req);
-    if (srv__peer_sent_fin(req))
-        srv__reply_direct(req);
+    srv__watch_remove(s->watch, &req->watch);
+    if (srv__peer_sent_fin(srv__conn_fd(s->watch, &req->watch)))
+        send_direct(req);
     /* api released its reservation; the reply text stays in memory until it is sent, so it
      * is accounted for until the request completes (best effort: it exists already). */
     if (req->reply.body_len > 0 &&
@@ -776,9 +866,8 @@ static void job_run(void *arg, int64_t index)
     atomic_store(&req->state, REQ_DONE);
     atomic_fetch_sub(&s->running, 1);
     atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
-    MHD_resume_connection(req->conn);
-    atomic_fetch_sub(&s->suspended, 1);
-    srv__req_unref(req);
+    resume(req);
+    req_unref(req);
 }
 
 /* The deadline of a request about to be queued: --request-timeout-ms from its arrival, or its
@@ -797,8 +886,7 @@ static int64_t request_deadline(const srv_server *s, srv_req *req)
     int64_t ms = 0;
 
     if (rd && rd->timeout && atomic_load(&s->admitted) > 0) {
-        call.content_type = req->has_content_type ? req->content_type : NULL;
-        srv__call_headers(req, &call);
+        call_headers(req, &call);
         ms = rd->timeout(&call);
     }
     req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
@@ -807,67 +895,72 @@ static int64_t request_deadline(const srv_server *s, srv_req *req)
     return req->start_ns + s->request_timeout_ns;
 }
 
+/* Takes one slot of --max-queue; false when the queue is full. */
+static bool admit(srv_server *s)
+{
+    int_fast64_t admitted = atomic_load(&s->admitted);
+    do {
+        if (admitted >= s->max_queue)
+            return false;
+    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+    return true;
+}
+
 static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
 {
+    const srv_route_def *rd = srv__route_def(req->route);
     int64_t now, deadline;
-    int_fast64_t admitted;
     char origin[64];
 
     req->seen_body_end = true;
-    set_phase(req, CONN_BUSY);
-    if (req->pending_status)
-        return respond_pending(req);
+    srv__conn_busy(s->watch, &req->watch);
+    if (req->refused)
+        return refuse_pending(req);
     if (atomic_load(&s->drain_expired))
-        return respond_error(req, 503, API_REASON_DRAINING, NULL,
-                             "the server is shutting down; retry on another replica");
+        return refuse(req, SRV_REFUSE_DRAINING, false,
+                      "the server is shutting down; retry on another replica");
     deadline = request_deadline(s, req);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     if (now >= deadline) {
-        srv__deadline_origin(s, req, origin, sizeof origin);
-        return respond_error(req, 504, API_REASON_DEADLINE, NULL,
-                             "deadline exceeded while receiving the request (%s)", origin);
+        deadline_origin(req, origin, sizeof origin);
+        return refuse(req, SRV_REFUSE_DEADLINE, false,
+                      "deadline exceeded while receiving the request (%s)", origin);
     }
-    admitted = atomic_load(&s->admitted);
-    do {
-        if (admitted >= s->max_queue) {
-            resp_opts o = {.retry_after_s = 1};
-            return respond_error(req, 429, API_REASON_QUEUE_FULL, &o,
-                                 "the queue is full (--max-queue %lld); retry later",
-                                 (long long)s->max_queue);
-        }
-    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+    if (!admit(s))
+        return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
+                      "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
 
     atomic_store(&req->ctl.cancel, false);
     req->ctl.deadline_ns = deadline;
-    req->queue_deadline_ns = deadline;
+    req->watch.deadline_ns = deadline;
     req->submit_ns = now;
     atomic_store(&req->state, REQ_QUEUED);
     atomic_fetch_add(&s->queued, 1);
-    srv__v2_admitted(s, req);
+    if (rd->stats)
+        rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
     MHD_suspend_connection(req->conn);
-    srv__watch_add(s, req);
+    srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit(s->pool, job_run, req) != ENG_OK) {
         int expected = REQ_QUEUED;
         atomic_fetch_sub(&s->admitted, 1);
         if (atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE)) {
             atomic_fetch_sub(&s->queued, 1);
-            srv__watch_remove(s, req);
-            srv__req_fail(req, 503, API_REASON_INTERNAL, "could not queue the request");
-            MHD_resume_connection(req->conn);
-            atomic_fetch_sub(&s->suspended, 1);
+            srv__watch_remove(s->watch, &req->watch);
+            req_fail(req, SRV_REFUSE_INTERNAL, "could not queue the request");
+            resume(req);
         }
-        srv__req_unref(req); /* the job's reference, never handed over */
+        req_unref(req); /* the job's reference, never handed over */
     }
     return MHD_YES;
 }
 
 /* ---- libmicrohttpd callbacks --------------------------------------------------------------- */
 
-void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+/* The URI callback of both listeners: a request line arrived on `conn`. */
+static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection *conn, bool admin)
 {
-    srv_server *s = cls;
     srv_req *req = calloc(1, sizeof *req);
     const union MHD_ConnectionInfo *ci;
     size_t n;
@@ -879,8 +972,12 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     atomic_init(&req->drain_cancelled, false);
     atomic_init(&req->client_gone, false);
     atomic_init(&req->ctl.cancel, false);
+    atomic_init(&req->stats.pending, false);
+    req->stats.slot = -1; /* counted nowhere until the route's hooks say otherwise */
     req->srv = s;
     req->conn = conn;
+    req->watch.ops = &req_watch_ops;
+    req->watch.req = req;
     req->start_ns = eng_now_ns();
     srv__buf_init(&req->body, s->max_body_bytes);
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
@@ -896,20 +993,21 @@ void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
     req->path[n] = '\0';
     route(req);
 
-    ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
-    req->admin = ci && s->admin_mhd && ci->daemon == s->admin_mhd;
+    req->admin = admin;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    pthread_mutex_lock(&s->watch_mu);
-    req->sc = ci ? ci->socket_context : NULL;
-    if (req->sc) {
-        req->sc->phase = CONN_HEADERS;
-        atomic_store_explicit(&req->sc->received, 0, memory_order_relaxed);
-        req->sc->since_ns = req->start_ns;
-        req->sc->req = req;
-    }
-    pthread_mutex_unlock(&s->watch_mu);
+    srv__conn_begin(s->watch, ci ? ci->socket_context : NULL, &req->watch, req->start_ns);
     atomic_fetch_add(&s->active, 1);
     return req;
+}
+
+void *srv__mhd_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    return request_begin(cls, uri, conn, false);
+}
+
+void *srv__mhd_uri_admin(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    return request_begin(cls, uri, conn, true);
 }
 
 enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const char *url,
@@ -951,7 +1049,7 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
         return on_body_complete(s, req);
     }
     if (atomic_load(&req->state) == REQ_DONE)
-        return respond_reply(req);
+        return send_computed(req);
     return MHD_YES; /* defensive: called while the request is with a worker */
 }
 
@@ -976,7 +1074,7 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
     srv__buf_json_str(&b, req->id, strlen(req->id));
     srv__buf_puts(&b, ",\"method\":");
     srv__buf_json_str(&b, req->method, strlen(req->method));
-    srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_label(req->route));
+    srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_names.label(req->route));
     srv__buf_json_str(&b, req->path, strlen(req->path));
     srv__buf_printf(&b,
                     ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
@@ -996,13 +1094,38 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
     srv__buf_free(&b);
 }
 
+/* The outcome a completed request is logged and counted with when it was not answered as
+ * queued: its client went away, or its connection was cut or never got as far as a reply. */
+static const srv_outcome_info *unanswered_outcome(srv_req *req, bool slow,
+                                                  enum MHD_RequestTerminationCode toe)
+{
+    if (atomic_load(&req->client_gone))
+        return srv__outcome(SRV_REFUSE_CLIENT_GONE); /* the reply was never delivered */
+    if (req->responded && !req->sent_directly && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        /* The reply was queued but not all of it was sent: the client stopped reading (cut at
+         * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
+         * all go out. */
+        req->cut_status = req->status;
+        req->bytes_out = 0;
+        return srv__outcome(SRV_REFUSE_CLIENT_GONE);
+    }
+    if (req->responded)
+        return NULL;
+    if (slow)
+        return srv__outcome(SRV_REFUSE_SLOW_CLIENT);
+    if (!req->framing_checked && toe == MHD_REQUEST_TERMINATED_WITH_ERROR)
+        return srv__outcome(SRV_REFUSE_MHD_PARSE);
+    return srv__outcome(SRV_REFUSE_CLIENT_GONE);
+}
+
 void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                         enum MHD_RequestTerminationCode toe)
 {
     srv_server *s = cls;
     srv_req *req = *con_cls;
     int64_t now = eng_now_ns(), queue_ns = 0;
-    bool slow;
+    const srv_outcome_info *unanswered;
+    const srv_route_def *rd;
     int status;
     api_reason reason;
 
@@ -1015,43 +1138,9 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
     if (!req->id[0])
         make_request_id(s, req->id, sizeof req->id); /* libmicrohttpd answered it itself */
-    pthread_mutex_lock(&s->watch_mu);
-    if (req->sc) {
-        req->sc->phase = CONN_IDLE;
-        req->sc->since_ns = now;
-        if (req->sc->req == req)
-            req->sc->req = NULL;
-        req->sc = NULL;
-    }
-    slow = req->dropped_slow;
-    pthread_mutex_unlock(&s->watch_mu);
-
-    status = req->status;
-    reason = req->reason;
-    if (atomic_load(&req->client_gone)) {
-        status = 499; /* nginx's "client closed request": the reply was never delivered */
-        reason = API_REASON_CANCELLED;
-    } else if (req->responded && !req->sent_directly &&
-               toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
-        /* The reply was queued but not all of it was sent: the client stopped reading (cut at
-         * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
-         * all go out. */
-        req->cut_status = status;
-        req->bytes_out = 0;
-        status = 499;
-        reason = API_REASON_CANCELLED;
-    } else if (!req->responded) {
-        if (slow) {
-            status = 408;
-            reason = API_REASON_NONE; /* counted in attnd_slow_clients_total */
-        } else if (!req->framing_checked && toe == MHD_REQUEST_TERMINATED_WITH_ERROR) {
-            status = 400; /* libmicrohttpd rejected the request line or headers itself */
-            reason = API_REASON_BAD_REQUEST;
-        } else {
-            status = 499;
-            reason = API_REASON_CANCELLED;
-        }
-    }
+    unanswered = unanswered_outcome(req, srv__conn_end(s->watch, &req->watch, now), toe);
+    status = unanswered ? unanswered->status : req->status;
+    reason = unanswered ? unanswered->reason : req->reason;
 
     if (req->submit_ns > 0) {
         queue_ns = (req->run_ns > 0 ? req->run_ns : req->done_ns) - req->submit_ns;
@@ -1065,53 +1154,30 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     srv__metrics_request(&s->metrics, req->route, status, now - req->start_ns, req->bytes_in,
                          req->bytes_out);
     srv__metrics_rejected(&s->metrics, reason);
-    srv__v2_completed(s, req, status, reason, now - req->start_ns, queue_ns);
+    rd = srv__route_def(req->route);
+    if (rd && rd->stats)
+        rd->stats->completed(&s->metrics, &req->stats, status, reason, now - req->start_ns,
+                             queue_ns, &req->reply);
     log_request(req, status, reason, now, queue_ns);
 
     release_body(req);
     release_reply(req);
     atomic_fetch_sub(&s->active, 1);
-    srv__req_unref(req);
+    req_unref(req);
 }
 
 void srv__mhd_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                          enum MHD_ConnectionNotificationCode code)
 {
     srv_server *s = cls;
-    srv_conn *c;
 
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        c = calloc(1, sizeof *c);
-        *socket_context = c;
-        if (!c)
-            return; /* the connection works, without deadlines or hang-up detection */
-        c->fd = ci ? ci->connect_fd : -1;
-        c->phase = CONN_IDLE;
-        c->since_ns = eng_now_ns();
-        pthread_mutex_lock(&s->watch_mu);
-        c->next = s->conns;
-        if (s->conns)
-            s->conns->prev = c;
-        s->conns = c;
-        pthread_mutex_unlock(&s->watch_mu);
+        *socket_context = srv__conn_open(s->watch, ci ? ci->connect_fd : -1);
         return;
     }
-
-    c = *socket_context;
-    if (!c)
-        return;
+    if (*socket_context)
+        srv__conn_close(s->watch, *socket_context);
     *socket_context = NULL;
-    pthread_mutex_lock(&s->watch_mu);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    if (c->req && c->req->sc == c)
-        c->req->sc = NULL;
-    pthread_mutex_unlock(&s->watch_mu);
-    free(c);
 }

@@ -5,9 +5,12 @@
  * Each line is built in memory and written with a single locked write loop; --log-level
  * filters by severity before anything is formatted.
  */
-#include "server/internal.h"
+#include "server/log.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>

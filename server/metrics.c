@@ -6,7 +6,9 @@
  * cumulative `le` series, `_count` and `+Inf` from the same reads, so one scrape is always
  * self-consistent even while requests finish.
  */
-#include "server/internal.h"
+#include "server/metrics.h"
+
+#include <stdio.h>
 
 #include <stddef.h>
 #include <string.h>
@@ -134,7 +136,18 @@ static void engine_info_render(srv_buf *b)
                     info.kernels, core, cpu);
 }
 
-void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
+void srv__metrics_slow_client(srv_metrics *m)
+{
+    atomic_fetch_add_explicit(&m->slow_clients, 1, memory_order_relaxed);
+}
+
+void srv__metrics_hangup(srv_metrics *m)
+{
+    atomic_fetch_add_explicit(&m->hangups, 1, memory_order_relaxed);
+}
+
+void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
+                         srv_buf *b)
 {
     char labels[160];
 
@@ -149,10 +162,10 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
                 continue;
             if (c < SRV_CODE_SLOTS - 1)
                 srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
-                                srv__route_label(r), code_slots[c], (unsigned long long)v);
+                                routes->label(r), code_slots[c], (unsigned long long)v);
             else
                 srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"other\"} %llu\n",
-                                srv__route_label(r), (unsigned long long)v);
+                                routes->label(r), (unsigned long long)v);
         }
     }
 
@@ -160,10 +173,9 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, srv_buf *b)
            "Time from the request line to the queued response, by route.");
     for (int r = 0; r < SRV_ROUTE_COUNT; r++) {
         /* Worker routes always show their series, so that dashboards find them at start. */
-        const srv_route_def *rd = srv__route_def(r);
-        if (hist_count(&m->duration[r]) == 0 && !(rd && rd->work))
+        if (hist_count(&m->duration[r]) == 0 && !routes->always_shown(r))
             continue;
-        snprintf(labels, sizeof labels, "route=\"%s\",", srv__route_label(r));
+        snprintf(labels, sizeof labels, "route=\"%s\",", routes->label(r));
         hist_render(b, "attnd_request_duration_seconds", labels, &m->duration[r]);
     }
 
@@ -231,6 +243,12 @@ int srv__metrics_model_slot(const api_models *models, const char *name)
             return (int)i + 1;
     }
     return -1;
+}
+
+void srv__metrics_model_pending(srv_metrics *m, int slot, int delta)
+{
+    if (slot >= 0 && slot < SRV_MODELS_MAX)
+        atomic_fetch_add(&m->model[slot].pending, delta);
 }
 
 static const char *model_name(const api_models *models, int slot)

@@ -4,7 +4,7 @@
  * POST /v1/mha, POST /v1/attention) from the browser.
  *
  * The page's bytes, its Content-Security-Policy and its ETag are generated at build time by
- * server/assets/embed_page.c into build/gen/inspector_page.c (declared in internal.h), so the
+ * server/assets/embed_page.c into build/gen/inspector_page.c (declared in page.h), so the
  * binary needs no asset files at run time and the policy always matches the page it guards.
  * Answered on the MHD thread: a copy of a few tens of KB, no engine work.
  *
@@ -14,8 +14,9 @@
  * page costs a 304 without a body; nosniff, no referrer, and X-Frame-Options for browsers that
  * predate frame-ancestors.
  */
-#include "server/internal.h"
+#include "server/page.h"
 
+#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,19 +58,20 @@ static bool etag_listed(const char *header, const char *etag)
     }
 }
 
-enum MHD_Result srv__answer_page(srv_server *s, srv_req *req)
+srv_reply srv__answer_page(srv_server *s, const srv_answer_args *args)
 {
-    srv_resp_opts o = {.headers = page_headers};
-    const char *inm =
-        MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    srv_reply r;
     char *body;
     (void)s;
 
-    if (inm && etag_listed(inm, srv_inspector_etag))
-        return srv__respond(req, 304, PAGE_CONTENT_TYPE, NULL, 0, &o);
-    body = malloc(srv_inspector_page_len);
-    if (!body)
-        return srv__respond_error(req, 503, API_REASON_INTERNAL, NULL, "out of memory");
-    memcpy(body, srv_inspector_page, srv_inspector_page_len);
-    return srv__respond(req, 200, PAGE_CONTENT_TYPE, body, srv_inspector_page_len, &o);
+    if (args->if_none_match && etag_listed(args->if_none_match, srv_inspector_etag)) {
+        r = srv__reply_body(SRV_ANSWER_NOT_MODIFIED, PAGE_CONTENT_TYPE, NULL, 0);
+    } else if ((body = malloc(srv_inspector_page_len)) != NULL) {
+        memcpy(body, srv_inspector_page, srv_inspector_page_len);
+        r = srv__reply_body(SRV_ANSWER_OK, PAGE_CONTENT_TYPE, body, srv_inspector_page_len);
+    } else {
+        return srv__reply_refusal(args->style, SRV_REFUSE_INTERNAL, "out of memory");
+    }
+    r.headers = page_headers;
+    return r;
 }

@@ -13,9 +13,10 @@
  *   - a NUL byte in the request line, which cuts the URI short ("/v1/attention\0x");
  *   - percent-decoding before routing: "%00" cuts the path short and "%2F" becomes a '/'.
  * The functions here spot each of these from what libmicrohttpd hands over, so that the
- * access handler can answer 400 before any body byte is read.
+ * access handler can answer 400 before any body byte is read. The same single pass over the
+ * header block keeps every other header value the daemon reads (srv_headers).
  */
-#include "server/internal.h"
+#include "server/request_check.h"
 
 #include <string.h>
 #include <strings.h>
@@ -45,30 +46,76 @@ static bool extends(const char *name, size_t n, const char *field)
     return n > f && strncasecmp(name, field, f) == 0;
 }
 
-static enum MHD_Result scan_one(void *cls, enum MHD_ValueKind kind, const char *key,
+/* Keeps the first value of a field in *slot. */
+static void keep_first(const char **slot, const char *value)
+{
+    if (!*slot)
+        *slot = value;
+}
+
+/* One field of the header block; every header the daemon reads is picked up here, so that the
+ * block is walked once per request. */
+static enum MHD_Result read_one(void *cls, enum MHD_ValueKind kind, const char *key,
                                 size_t key_size, const char *value, size_t value_size)
 {
-    srv_header_scan *scan = cls;
+    srv_headers *h = cls;
     (void)kind;
-    (void)value;
     (void)value_size;
     if (!key)
         return MHD_YES;
-    if (!scan->bad_name &&
+    if (!h->bad_name &&
         (!is_token(key, key_size) || extends(key, key_size, MHD_HTTP_HEADER_TRANSFER_ENCODING) ||
          extends(key, key_size, MHD_HTTP_HEADER_CONTENT_LENGTH)))
-        scan->bad_name = key;
-    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
-        scan->n_host++;
-    else if (strcasecmp(key, "Inference-Header-Content-Length") == 0)
-        scan->n_infer_len++;
+        h->bad_name = key;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        h->n_host++;
+    } else if (strcasecmp(key, "Inference-Header-Content-Length") == 0) {
+        h->n_infer_len++;
+        keep_first(&h->infer_header_len, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        h->n_length++;
+        keep_first(&h->content_length, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        h->n_transfer++;
+        keep_first(&h->transfer_encoding, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_ENCODING) == 0) {
+        h->n_encoding++;
+        keep_first(&h->content_encoding, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_EXPECT) == 0) {
+        keep_first(&h->expect, value);
+    } else if (strcasecmp(key, "X-Request-Id") == 0) {
+        keep_first(&h->request_id, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_TYPE) == 0) {
+        keep_first(&h->content_type, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_ACCEPT_ENCODING) == 0) {
+        keep_first(&h->accept_encoding, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) {
+        keep_first(&h->authorization, value);
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_IF_NONE_MATCH) == 0) {
+        keep_first(&h->if_none_match, value);
+    }
     return MHD_YES;
 }
 
-void srv__headers_scan(struct MHD_Connection *conn, srv_header_scan *scan)
+void srv__headers_read(struct MHD_Connection *conn, srv_headers *h)
 {
-    memset(scan, 0, sizeof *scan);
-    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, scan_one, scan);
+    memset(h, 0, sizeof *h);
+    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, read_one, h);
+}
+
+bool srv__header_token_is(const char *value, const char *word)
+{
+    size_t n = strlen(word);
+    if (!value)
+        return false;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    if (strncasecmp(value, word, n) != 0)
+        return false;
+    value += n;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    return *value == '\0';
 }
 
 /* The request line held a NUL inside its target. libmicrohttpd hands the URI callback a

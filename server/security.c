@@ -2,7 +2,11 @@
  * security.c - what TLS (tls.c) and bearer tokens (auth.c) add to the server's life cycle: the
  * check before the start, the loading at the start, and the reload on SIGHUP.
  */
-#include "server/internal.h"
+#include "server/security.h"
+
+#include <stdio.h>
+
+#include "server/daemon.h"
 
 srv_status srv_security_check(const srv_config *cfg, char *err, size_t errlen)
 {
@@ -18,21 +22,22 @@ srv_status srv_security_check(const srv_config *cfg, char *err, size_t errlen)
     return st;
 }
 
-srv_status srv__security_start(srv_server *s, const srv_config *cfg, char *err, size_t errlen)
+srv_status srv__security_start(const srv_config *cfg, srv_tls **tls, srv_auth **auth, char *err,
+                               size_t errlen)
 {
     char what[512];
-    srv_status st = srv__tls_new(cfg, &s->tls, err, errlen);
+    srv_status st = srv__tls_new(cfg, tls, err, errlen);
     if (st == SRV_OK)
-        st = srv__auth_new(cfg, &s->auth, err, errlen);
+        st = srv__auth_new(cfg, auth, err, errlen);
     if (st == SRV_ENOMEM)
         snprintf(err, errlen, "out of memory while loading --tls-* and --auth-token-file");
     if (st != SRV_OK)
         return st;
-    if (s->tls) {
-        srv__tls_describe(s->tls, what, sizeof what);
+    if (*tls) {
+        srv__tls_describe(*tls, what, sizeof what);
         srv_log(SRV_LOG_INFO, "TLS with the certificate %s", what);
     }
-    if (s->auth)
+    if (*auth)
         srv_log(SRV_LOG_INFO, "bearer tokens from %s required (--auth-token-file)",
                 cfg->auth_token_file);
     return SRV_OK;

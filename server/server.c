@@ -10,7 +10,7 @@
  * connection is suspended, so the drain returns only once every suspended connection has been
  * resumed.
  */
-#include "server/internal.h"
+#include "server/daemon.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -21,6 +21,10 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "server/http.h"
+#include "server/log.h"
+#include "server/security.h"
 
 static char *dup_str(const char *s)
 {
@@ -129,11 +133,12 @@ static void raise_fd_limit(const srv_config *cfg)
 }
 
 /* Starts a libmicrohttpd listener on cfg->host, `port` (0: ephemeral) taking `limit`
- * connections, and stores its bound port in *bound. `flag` names the port's option in errors.
+ * connections, and stores its bound port in *bound. `flag` names the port's option in errors;
+ * `admin`: the listener of --admin-port.
  * NULL on failure, with `err` filled. */
 static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, int port,
-                                         unsigned limit, srv_tls *tls, const char *flag, int *bound,
-                                         char *err, size_t errlen)
+                                         unsigned limit, srv_tls *tls, const char *flag, bool admin,
+                                         int *bound, char *err, size_t errlen)
 {
     struct addrinfo hints, *ai = NULL;
     char port_str[16];
@@ -169,9 +174,9 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
         srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
-        srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED, srv__mhd_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s, MHD_OPTION_ARRAY, tls_opts,
-        MHD_OPTION_END);
+        admin ? srv__mhd_uri_admin : srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
+        srv__mhd_completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s,
+        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!mhd) {
         snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port, flag,
@@ -204,6 +209,20 @@ static void log_engine(void)
             (long long)info.kc, (long long)info.nc, info.openblas_core);
 }
 
+/* The watcher, with the deadlines it enforces and the counters it updates. */
+static srv_status start_watcher(srv_server *s, const srv_config *cfg)
+{
+    srv_watch_config wc = {
+        .header_timeout_ns = cfg->header_timeout_s * 1000000000,
+        .receive_timeout_ns = cfg->receive_timeout_s * 1000000000,
+        .idle_timeout_ns = s->idle_timeout_ns,
+        .min_upload_rate = cfg->min_upload_rate,
+        .metrics = &s->metrics,
+        .drain_expired = &s->drain_expired,
+    };
+    return srv__watch_start(&wc, &s->watch);
+}
+
 srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, char *err,
                                     size_t errlen)
 {
@@ -217,18 +236,13 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         return NULL;
     }
     s->models = models;
-    s->wake_fd = -1;
-    pthread_mutex_init(&s->watch_mu, NULL);
     s->host = dup_str(cfg->host);
     s->max_body_bytes = cfg->max_body_bytes;
     s->max_queue = cfg->max_queue;
     s->max_memory_bytes = cfg->max_memory_bytes;
     s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
-    s->header_timeout_ns = cfg->header_timeout_s * 1000000000;
     s->send_timeout_s = (unsigned)cfg->send_timeout_s;
-    s->min_upload_rate = cfg->min_upload_rate;
     s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
-    s->receive_timeout_ns = cfg->receive_timeout_s * 1000000000;
     s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
     s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;
     s->id_seed = random_seed();
@@ -260,22 +274,22 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
     s->threads = eng_pool_threads(s->pool);
-    if (srv__watch_start(s) != SRV_OK) {
+    if (start_watcher(s, cfg) != SRV_OK) {
         snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
         goto fail;
     }
-    if (srv__security_start(s, cfg, err, errlen) != SRV_OK)
+    if (srv__security_start(cfg, &s->tls, &s->auth, err, errlen) != SRV_OK)
         goto fail;
 
     raise_fd_limit(cfg);
     /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
     s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, s->tls,
-                            "--port", &s->port, err, errlen);
+                            "--port", false, &s->port, err, errlen);
     if (!s->mhd)
         goto fail;
     if (cfg->admin_port >= 0) {
         s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS, NULL,
-                                      "--admin-port", &s->admin_port, err, errlen);
+                                      "--admin-port", true, &s->admin_port, err, errlen);
         if (!s->admin_mhd)
             goto fail;
     }
@@ -341,7 +355,7 @@ void srv_server_drain(srv_server *s, int wake_fd)
         srv_log(SRV_LOG_WARN, "drain timeout: cancelling %lld requests in flight (answered 503)",
                 (long long)atomic_load(&s->active));
         atomic_store(&s->drain_expired, true);
-        srv__watch_wake(s);
+        srv__watch_wake(s->watch);
     }
     /* Cancelled work stops at the next block boundary; a decode or encode in progress runs to
      * its end. Waiting is the only safe option: stopping libmicrohttpd with a suspended
@@ -372,7 +386,7 @@ void srv_server_free(srv_server *s)
     if (s->admin_mhd)
         MHD_stop_daemon(s->admin_mhd);
     s->admin_mhd = NULL;
-    srv__watch_stop(s);
+    srv__watch_stop(s->watch);
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
@@ -381,12 +395,6 @@ void srv_server_free(srv_server *s)
     api_models_free(s->models);
     srv__tls_free(s->tls);
     srv__auth_free(s->auth);
-    while (s->conns) {
-        srv_conn *c = s->conns;
-        s->conns = c->next;
-        free(c);
-    }
-    pthread_mutex_destroy(&s->watch_mu);
     free(s->host);
     free(s);
 }

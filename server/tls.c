@@ -21,13 +21,15 @@
  * without a valid certificate never gets to send a request. The CA itself is read at start-up
  * only (libmicrohttpd owns the trust list).
  */
-#include "server/internal.h"
+#include "server/tls.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <gnutls/abstract.h>
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>

@@ -235,7 +235,7 @@ int main(int argc, char **argv)
     }
     fprintf(out,
             "/* Generated from %s by server/assets/embed_page.c: do not edit. */\n"
-            "#include \"server/internal.h\"\n\n"
+            "#include \"server/page.h\"\n\n"
             "const unsigned char srv_inspector_page[] = {",
             argv[1]);
     for (size_t i = 0; i < len; i++)

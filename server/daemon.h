@@ -1,0 +1,63 @@
+/*
+ * daemon.h - the state of one running daemon (srv_server): its settings, fixed after the start,
+ * the shared resources (budget, pool, listeners, watcher, TLS, tokens), and the counters that
+ * admission, the handlers and /metrics read. Created and freed by server.c; http.c admits and
+ * answers requests with it; route handlers read it.
+ *
+ * Threads of a running daemon:
+ *   main     parses the config, starts everything, waits for a signal, runs the drain;
+ *   MHD      libmicrohttpd's internal epoll thread: every callback in http.c runs on it;
+ *   watcher  watch.c: polls the sockets of suspended requests for a hang-up, enforces the
+ *            receive deadline of slow clients and the queue deadline, applies the drain timeout;
+ *   workers  the engine pool: decode, compute and encode one request each (http.c's job_run).
+ */
+#ifndef ATTND_SERVER_DAEMON_H
+#define ATTND_SERVER_DAEMON_H
+
+#include <microhttpd.h>
+#include <stdatomic.h>
+
+#include "api/api.h"
+#include "engine/engine.h"
+#include "server/auth.h"
+#include "server/metrics.h"
+#include "server/tls.h"
+#include "server/watch.h"
+
+struct srv_server {
+    /* Settings, fixed after start. */
+    char *host;
+    int port;
+    int threads;
+    size_t max_body_bytes;
+    int64_t max_queue;
+    int64_t request_timeout_ns, idle_timeout_ns, drain_timeout_ns;
+    unsigned send_timeout_s, idle_timeout_s; /* libmicrohttpd's idle timer while a reply is
+                                                written, and otherwise */
+    size_t max_memory_bytes;
+    api_limits limits;
+    api_models *models; /* the registered layers: built before listening, read-only after */
+
+    api_budget *budget;
+    eng_pool *pool;
+    struct MHD_Daemon *mhd;
+    struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
+    int admin_port;
+    srv_metrics metrics;
+    srv_watch *watch; /* the watcher thread and the connection list (watch.c) */
+
+    atomic_bool draining;          /* readiness 503, new requests 503 */
+    atomic_bool drain_expired;     /* the drain timeout passed: cancel what is left */
+    atomic_int_fast64_t active;    /* requests between the URI callback and completion */
+    atomic_int_fast64_t admitted;  /* jobs in the pool's queue or running (--max-queue) */
+    atomic_int_fast64_t queued;    /* jobs waiting for a worker, not yet answered */
+    atomic_int_fast64_t running;   /* jobs a worker is running */
+    atomic_int_fast64_t suspended; /* connections suspended and not yet resumed */
+    uint64_t id_seed;
+    atomic_uint_fast64_t id_counter;
+
+    srv_tls *tls;   /* NULL: plain HTTP */
+    srv_auth *auth; /* NULL: no bearer tokens */
+};
+
+#endif

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Fails when the files of server/ depend on each other in a circle, read two ways.
+#
+# Includes: a part of server/ is a file stem (foo.c and foo.h are part "foo"; the public
+# header server.h is a part of its own, the interface of the whole module rather than
+# server.c's). Part A depends on part B when server/A.c or server/A.h includes "server/B.h".
+# Calls: in the built library, object A depends on object B when A uses a symbol B defines
+# (nm). Calls through the route table's and the watcher's function pointers are not edges,
+# which is the point of those tables. The include graph alone would miss a circle hidden
+# behind one shared header; the call graph alone would miss one between headers.
+# tsort(1) finds a circle and names its parts. Before looking at the tree the script checks
+# that it catches a planted circle of each kind, so that it cannot pass by not looking.
+#
+#   tests/server/check_cycles.sh [DIR [LIBRARY]]   (default: server build/libserver.a)
+# Ends with "N passed, N failed" like every suite (tests/run.sh).
+set -u
+
+dir=${1:-server}
+lib=${2:-build/libserver.a}
+passed=0
+failed=0
+
+# Prints "from to" for each include edge between different parts of folder $1, whose files
+# include each other as "server/NAME.h".
+include_edges() {
+    local f part dep
+    for f in "$1"/*.c "$1"/*.h; do
+        [ -e "$f" ] || continue
+        part=$(basename "$f")
+        [ "$part" = server.h ] || part=${part%.*}
+        sed -n 's|^[[:space:]]*#[[:space:]]*include[[:space:]]*"server/\([A-Za-z0-9_]*\)\.h".*|\1|p' \
+            "$f" | while read -r dep; do
+            [ "$dep" = server ] && dep=server.h
+            [ "$dep" = "$part" ] || echo "$part $dep"
+        done
+    done
+}
+
+# Prints "from to" for each object of archive $1 that uses a symbol another one defines.
+call_edges() {
+    nm -g "$1" 2>/dev/null | awk '
+        /\.o:$/ { obj = substr($1, 1, length($1) - 3); next }
+        NF == 2 && $1 == "U" { used[obj, $2] = 1; next }
+        NF == 3 && $2 ~ /^[A-Z]$/ { owner[$3] = obj }
+        END {
+            for (key in used) {
+                split(key, k, SUBSEP)
+                if ((k[2] in owner) && owner[k[2]] != k[1])
+                    print k[1], owner[k[2]]
+            }
+        }'
+}
+
+# Reads edges on stdin; exit status 0 when they hold no circle (tsort names one on stderr).
+acyclic() {
+    sort -u | tsort >/dev/null
+}
+
+# check NAME EDGES: one test line for one graph of the tree.
+check() {
+    if [ -z "$2" ]; then
+        echo "not ok - no $1 edge found: wrong folder or library?"
+        failed=$((failed + 1))
+    elif acyclic <<<"$2"; then
+        echo "ok - no $1 cycle between the files of $dir/ ($(sort -u <<<"$2" | wc -l) edges)"
+        passed=$((passed + 1))
+    else
+        echo "not ok - the files of $dir/ form a $1 cycle (its parts are named above)"
+        failed=$((failed + 1))
+    fi
+}
+
+# planted NAME EDGES: the check must fail on a graph known to hold a circle.
+planted() {
+    if acyclic <<<"$2" 2>/dev/null; then
+        echo "not ok - a planted $1 cycle went unnoticed"
+        failed=$((failed + 1))
+    else
+        echo "ok - a planted $1 cycle is caught"
+        passed=$((passed + 1))
+    fi
+}
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+printf '#include "server/b.h"\n' >"$scratch/a.c"
+printf '#include "server/c.h"\n' >"$scratch/b.c"
+printf '#include "server/a.h"\n' >"$scratch/c.h"
+: >"$scratch/a.h"
+: >"$scratch/b.h"
+planted include "$(include_edges "$scratch")"
+printf 'void b(void);\nvoid a(void) { b(); }\n' >"$scratch/x.c"
+printf 'void a(void);\nvoid b(void) { a(); }\n' >"$scratch/y.c"
+if ${CC:-cc} -c "$scratch/x.c" -o "$scratch/x.o" && ${CC:-cc} -c "$scratch/y.c" -o "$scratch/y.o" &&
+    ar rcs "$scratch/xy.a" "$scratch/x.o" "$scratch/y.o"; then
+    planted call "$(call_edges "$scratch/xy.a")"
+else
+    echo "not ok - could not build the planted call cycle"
+    failed=$((failed + 1))
+fi
+
+check include "$(include_edges "$dir")"
+if [ -f "$lib" ]; then
+    check call "$(call_edges "$lib")"
+else
+    echo "not ok - $lib is missing: build it first (make $lib)"
+    failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
