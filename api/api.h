@@ -42,6 +42,7 @@ typedef struct {
                                outputs (output, weights, lse) added up: 413 beyond it */
     int64_t max_timeout_ms; /* --request-timeout-ms: the deadline of a request, counted from
                                api_call.start_ns, and the cap of its "timeout_ms"; <= 0: none */
+    eng_precision default_precision; /* --default-precision: for requests that do not say */
 } api_limits;
 
 /* Defaults matching the daemon's flag defaults: 256 MiB of body, 2^28 elements (1 GiB as

@@ -51,6 +51,10 @@ static const srv_option options[] = {
     {"kernels", "ATTND_KERNELS", OPT_STR, OFF(kernels), 0, 0, "auto", "SET",
      "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
      "(portable C) or openblas; a set the CPU lacks stops the start"},
+    {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_STR, OFF(default_precision), 0, 0,
+     "float32", "NAME", "precision of the products for requests that do not say "
+     "(\"precision\" on /v1/attention, the v2 sdpa parameter): float32, or bfloat16 (bf16 "
+     "operands, fp32 sums and softmax; the openblas kernel set computes float32)"},
     {"max-body-bytes", "ATTND_MAX_BODY_BYTES", OPT_SIZE, OFF(max_body_bytes), 1, 16 * GiB,
      "256MiB", "SIZE", "largest request body; larger ones get 413 (from Content-Length, or "
      "once a chunked body passes it)"},
@@ -404,6 +408,7 @@ void srv_config_free(srv_config *cfg)
     free(cfg->port_file);
     free(cfg->admin_port_file);
     free(cfg->kernels);
+    free(cfg->default_precision);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
         free(cfg->models[i].path);

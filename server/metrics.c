@@ -131,9 +131,12 @@ static void engine_info_render(srv_buf *b)
     label_clean(cpu, sizeof cpu, info.cpu);
     label_clean(core, sizeof core, info.openblas_core);
     family(b, "attnd_engine_info", "gauge",
-           "What the engine computes with: its kernel set, OpenBLAS's own core and the CPU.");
-    srv__buf_printf(b, "attnd_engine_info{kernels=\"%s\",openblas_core=\"%s\",cpu=\"%s\"} 1\n",
-                    info.kernels, core, cpu);
+           "What the engine computes with: its kernel set, its bf16 products, OpenBLAS's own "
+           "core and the CPU.");
+    srv__buf_printf(b,
+                    "attnd_engine_info{kernels=\"%s\",bf16=\"%s\",openblas_core=\"%s\","
+                    "cpu=\"%s\"} 1\n",
+                    info.kernels, info.bf16, core, cpu);
 }
 
 void srv__metrics_slow_client(srv_metrics *m)

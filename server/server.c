@@ -204,9 +204,9 @@ static void log_engine(void)
     eng_engine_info_get(&info);
     srv_log(SRV_LOG_INFO,
             "engine kernels %s on %s (%s; L1d %zu KiB, L2 %zu KiB, blocks kc=%lld nc=%lld); "
-            "OpenBLAS core %s",
+            "bf16 products %s; OpenBLAS core %s",
             info.kernels, info.cpu, info.features, info.l1d_bytes / 1024, info.l2_bytes / 1024,
-            (long long)info.kc, (long long)info.nc, info.openblas_core);
+            (long long)info.kc, (long long)info.nc, info.bf16, info.openblas_core);
 }
 
 /* The watcher, with the deadlines it enforces and the counters it updates. */
@@ -250,6 +250,15 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->limits.max_body_bytes = cfg->max_body_bytes;
     s->limits.max_elements = (size_t)cfg->max_elements;
     s->limits.max_timeout_ms = cfg->request_timeout_ms;
+    if (!cfg->default_precision || strcmp(cfg->default_precision, "float32") == 0) {
+        s->limits.default_precision = ENG_PRECISION_FLOAT32;
+    } else if (strcmp(cfg->default_precision, "bfloat16") == 0) {
+        s->limits.default_precision = ENG_PRECISION_BFLOAT16;
+    } else {
+        snprintf(err, errlen, "--default-precision %.40s: use float32 or bfloat16",
+                 cfg->default_precision);
+        goto fail;
+    }
     if (!s->host) {
         snprintf(err, errlen, "out of memory");
         goto fail;

@@ -90,6 +90,7 @@ typedef struct {
     char *port_file;            /* --port-file: write the bound port here once listening */
     int64_t threads;            /* --threads: engine workers, 0 = CPUs this process may use */
     char *kernels;              /* --kernels: auto, avx512, avx2, generic or openblas */
+    char *default_precision;    /* --default-precision: float32 or bfloat16 */
     size_t max_body_bytes;      /* --max-body-bytes */
     int64_t max_elements;       /* --max-elements */
     size_t max_memory_bytes;    /* --max-memory-bytes: the global budget */

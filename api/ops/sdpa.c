@@ -269,7 +269,7 @@ static void build_args(api__sdpa *s)
     a->scale_set = r->scale_set;
     a->scale = r->scale;
     a->softcap = r->softcap;
-    a->precision = r->precision;
+    a->precision = r->precision_set ? r->precision : s->rq->limits.default_precision;
     a->causal = r->causal != API_CAUSAL_OFF;
     if (r->offset_set) {
         a->align = ENG_ALIGN_OFFSET;

@@ -24,7 +24,9 @@ typedef struct {
     int64_t num_heads, num_kv_heads; /* 0: not given */
     bool scale_set;
     float scale, softcap;
-    eng_precision precision; /* asked for; the call may compute float32 (eng_sdpa_precision) */
+    bool precision_set;
+    eng_precision precision; /* asked for (else the limits' default); the call may compute
+                                float32 (eng_sdpa_precision) */
     api__causal causal;
     bool offset_set;
     int64_t query_offset;

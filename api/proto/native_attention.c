@@ -128,7 +128,10 @@ static int f_softcap(attn_job *job, const json_t *v, const char *name, api__erro
 
 static int f_precision(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
-    return json_is_null(v) ? 0 : api__option_precision(v, name, &job->s.r.precision, err);
+    if (json_is_null(v))
+        return 0;
+    job->s.r.precision_set = true;
+    return api__option_precision(v, name, &job->s.r.precision, err);
 }
 
 static int f_score(attn_job *job, const json_t *v, const char *name, api__error *err)

@@ -62,6 +62,7 @@ static int p_softcap(v2_job *job, const json_t *v, const char *name, api__error 
 
 static int p_precision(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
+    job->s.r.precision_set = true;
     return api__option_precision(v, name, &job->s.r.precision, err);
 }
 

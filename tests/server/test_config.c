@@ -22,6 +22,7 @@ static const char *const all_env[] = {
     "ATTND_DRAIN_TIMEOUT_S",
     "ATTND_MODEL",
     "ATTND_LOG_LEVEL",
+    "ATTND_DEFAULT_PRECISION",
 };
 
 static void clear_env(void)
@@ -337,6 +338,30 @@ static void test_model_refused_at_start(void)
     srv_config_free(&cfg);
 }
 
+/* --default-precision: float32 unless set; a name other than float32 or bfloat16 stops the
+ * start with a message naming the flag and both names. */
+static void test_default_precision(void)
+{
+    srv_config cfg;
+    char err[512] = "";
+    clear_env();
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK(cfg.default_precision && strcmp(cfg.default_precision, "float32") == 0);
+    srv_config_free(&cfg);
+    setenv("ATTND_DEFAULT_PRECISION", "bfloat16", 1);
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK(cfg.default_precision && strcmp(cfg.default_precision, "bfloat16") == 0);
+    srv_config_free(&cfg);
+    clear_env();
+    const char *const a[] = {"--default-precision", "fp8", "--port", "0", NULL};
+    CHECK_EQ_INT(parse(&cfg, a, err, sizeof err), SRV_OK);
+    CHECK(srv_server_start(&cfg, err, sizeof err) == NULL);
+    CHECKF(strstr(err, "--default-precision fp8") && strstr(err, "float32") &&
+               strstr(err, "bfloat16"),
+           "error: %s", err);
+    srv_config_free(&cfg);
+}
+
 /* The :heads=N[:kv_heads=M] suffixes, read from the end so that a path may hold ':'. */
 static void test_model_suffixes(void)
 {
@@ -385,6 +410,7 @@ int main(void)
 {
     RUN(test_defaults);
     RUN(test_defaults_match_api_limits);
+    RUN(test_default_precision);
     RUN(test_flag_forms);
     RUN(test_env_mirrors_and_flag_wins);
     RUN(test_bad_integers_name_the_flag);

@@ -368,6 +368,38 @@ static void check_exposition_format(const char *text)
     CHECK(samples > 20);
 }
 
+/* The engine info metric names the bf16 path; a daemon started with --default-precision
+ * bfloat16 computes requests that do not say in bf16 (and one that says float32 in float32),
+ * and the reply's meta says so. */
+static void test_default_precision_and_engine_info(void)
+{
+    http_resp r;
+    CHECK_EQ_INT(http_do(NULL, d.port, "GET", "/metrics", NULL, NULL, 0, &r), 200);
+    CHECK(strstr(r.body, "attnd_engine_info{kernels=\"") != NULL);
+    CHECK(strstr(r.body, ",bf16=\"") != NULL);
+    http_resp_free(&r);
+
+    daemon_proc bf;
+    const char *const args[] = {"--threads", "1", "--default-precision", "bfloat16", NULL};
+    if (daemon_start(&bf, args) != 0)
+        return;
+#define PRECISION_BODY(extra)                                                                      \
+    "{\"query\": [[0, 0]], \"key\": [[1, 0], [0, 1]], \"value\": [[1.00390625, 3], [1, 5]]" extra  \
+    "}"
+    CHECK_EQ_INT(http_post_json(NULL, bf.port, PRECISION_BODY(""), &r), 200);
+    CHECKF(strstr(r.body, "\"output\":[[1,4]]") && strstr(r.body, "\"precision\":\"bfloat16\""),
+           "reply %s", r.body);
+    http_resp_free(&r);
+    CHECK_EQ_INT(http_post_json(NULL, bf.port, PRECISION_BODY(", \"precision\": \"float32\""), &r),
+                 200);
+    CHECKF(strstr(r.body, "\"output\":[[1.00195312,4]]") &&
+               strstr(r.body, "\"precision\":\"float32\""),
+           "reply %s", r.body);
+    http_resp_free(&r);
+#undef PRECISION_BODY
+    daemon_stop(&bf);
+}
+
 static void test_metrics(void)
 {
     http_resp r;
@@ -475,6 +507,7 @@ int main(void)
     RUN(test_body_cap_by_chunks);
     RUN(test_framing_errors);
     RUN(test_request_id);
+    RUN(test_default_precision_and_engine_info);
     RUN(test_metrics);
     RUN(test_log_lines);
     CHECK_EQ_INT(daemon_stop(&d), 0);
