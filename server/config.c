@@ -73,9 +73,9 @@ static const srv_option options[] = {
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
      "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
     {"header-timeout-s", "ATTND_HEADER_TIMEOUT_S", OPT_INT, OFF(header_timeout_s), 1, 86400,
-     "10", "S", "time a client has to send its headers once its request line arrives; slower "
-     "clients are disconnected (a connection trickling its headers holds a slot only this "
-     "long)"},
+     "10", "S", "time a client has to send its headers once its request line arrives, and a "
+     "new connection its first request line; slower clients are disconnected (a connection "
+     "trickling its request line or headers holds a slot only this long)"},
     {"min-upload-rate", "ATTND_MIN_UPLOAD_RATE", OPT_SIZE, OFF(min_upload_rate), 0,
      INT64_C(1) << 40, "1KiB", "BYTES", "bytes per second a body must average, counted from "
      "--header-timeout-s after its request line; slower uploads are disconnected; 0: none"},

@@ -150,7 +150,7 @@ srv_conn *srv__conn_open(srv_watch *w, int fd)
     if (!c)
         return NULL; /* the connection works, without deadlines or hang-up detection */
     c->fd = fd;
-    c->phase = CONN_IDLE;
+    c->phase = CONN_NEW;
     c->since_ns = eng_now_ns();
     pthread_mutex_lock(&w->mu);
     c->next = w->conns;
@@ -314,6 +314,15 @@ static void check_requests(srv_watch *w, int64_t now, req_list *resume)
 static int64_t phase_limit(const srv_watch_config *cfg, srv_conn_phase phase)
 {
     switch (phase) {
+    case CONN_NEW:
+        /* A new connection that trickles its request line (or sends nothing) would keep
+         * resetting libmicrohttpd's idle timer and hold its slot for --idle-timeout-s and
+         * more; the request line is part of the header, so --header-timeout-s bounds it, as
+         * nginx's client_header_timeout does. Between requests of a kept-alive connection
+         * the idle timeout applies. */
+        return cfg->header_timeout_ns < cfg->idle_timeout_ns + IDLE_GRACE_NS
+                   ? cfg->header_timeout_ns
+                   : cfg->idle_timeout_ns + IDLE_GRACE_NS;
     case CONN_IDLE:
         return cfg->idle_timeout_ns + IDLE_GRACE_NS;
     case CONN_HEADERS:
@@ -328,6 +337,8 @@ static int64_t phase_limit(const srv_watch_config *cfg, srv_conn_phase phase)
 
 static const char *phase_flag(srv_conn_phase phase)
 {
+    if (phase == CONN_NEW)
+        return "--header-timeout-s";
     if (phase == CONN_IDLE)
         return "--idle-timeout-s";
     return phase == CONN_HEADERS ? "--header-timeout-s" : "--receive-timeout-s";
@@ -403,7 +414,8 @@ static void check_missed_eof(srv_watch *w, int64_t now)
         c->shut = true;
         srv__metrics_hangup(w->cfg.metrics);
         srv_log(SRV_LOG_DEBUG, "closed a connection whose client had closed it (%s)",
-                c->phase == CONN_IDLE ? "between requests" : "with its request incomplete");
+                c->phase == CONN_IDLE || c->phase == CONN_NEW ? "between requests"
+                                                              : "with its request incomplete");
     }
 }
 

@@ -25,7 +25,8 @@ typedef struct srv_conn srv_conn; /* one client connection, owned by watch.c */
 
 /* Where a connection is in its request cycle; each phase but BUSY has a deadline. */
 typedef enum {
-    CONN_IDLE = 0,  /* between requests: a request line must arrive within the idle timeout */
+    CONN_NEW = 0,   /* connected: its first request line must arrive within the header timeout */
+    CONN_IDLE,      /* between requests: a request line must arrive within the idle timeout */
     CONN_HEADERS,   /* request line seen: headers within the header timeout */
     CONN_RECEIVING, /* headers seen: the body within the receive timeout (from the request line) */
     CONN_BUSY,      /* request complete: computing or answering; no deadline of ours */

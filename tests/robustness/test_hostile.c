@@ -585,6 +585,33 @@ static void check_header_deadline(int port)
         close(fd);
 }
 
+/* 3. A new connection trickling its request line (or sending nothing) is disconnected at
+ * --header-timeout-s (1 s on `port`), not after --idle-timeout-s (60 s): every byte would
+ * otherwise reset the idle timer and hold the slot for good. */
+static void check_request_line_deadline(int port)
+{
+    static const char *const starts[] = {"G", ""};
+    for (size_t k = 0; k < sizeof starts / sizeof starts[0]; k++) {
+        int fd = raw_connect(port);
+        double t0 = now_s(), until = t0 + 10 + prompt_s();
+        bool closed = false, trickle = starts[k][0] != '\0';
+        char *resp = NULL;
+        CHECK(fd >= 0);
+        while (!closed && now_s() < until) {
+            if (trickle)
+                raw_send(fd, "E", 1); /* "GEEEE...": never a whole request line */
+            free(resp);
+            resp = raw_read_all(fd, 200, &closed);
+        }
+        CHECKF(closed && now_s() - t0 < 1 + prompt_s(),
+               "a new connection %s was closed after %.1f s",
+               trickle ? "trickling its request line" : "sending nothing", now_s() - t0);
+        free(resp);
+        if (fd >= 0)
+            close(fd);
+    }
+}
+
 /* 3. A body trickled far below --min-upload-rate (1 KiB/s) is disconnected once
  * --header-timeout-s (1 s on `port`) has passed, long before --receive-timeout-s (60 s). */
 static void check_min_upload_rate(int port)
@@ -623,6 +650,7 @@ static void test_cut_off_download_is_logged_as_such(void)
         free(body);
         return;
     }
+    check_request_line_deadline(d2.port);
     check_header_deadline(d2.port);
     check_min_upload_rate(d2.port);
     fd = small_window_connect(d2.port);
