@@ -872,8 +872,9 @@ static void job_run(void *arg, int64_t index)
 
 /* The deadline of a request about to be queued: --request-timeout-ms from its arrival, or its
  * body's own timeout when that is tighter (then kept in req->own_timeout_ms). A worker reads
- * the body's timeout only once it reaches the request; read here (cheaply: api/peek.c), it
- * holds while the request waits behind others, and the watcher answers 504 on time.
+ * the body's timeout only once it reaches the request; read here (cheaply:
+ * api/wire/timeout_peek.c), it holds while the request waits behind others, and the watcher answers
+ * 504 on time.
  *
  * Only a request that will wait needs it now. With nothing admitted the request starts at once
  * (admissions happen on this thread only, so none can slip in before it), its route applies
