@@ -106,9 +106,10 @@ int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *er
             continue;
         if (o != API__OUT_OUTPUT) /* the output comes first, always */
             api__jsonw_char(w, ',');
-        if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form,
-                         o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0, nj->rq.call->pool,
-                         err) != 0)
+        unsigned flags = (o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0u) |
+                         (nj->bf16_out ? API_ENCODE_BF16 : 0u);
+        if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form, flags,
+                         nj->rq.call->pool, err) != 0)
             return -1;
     }
     return 0;

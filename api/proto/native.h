@@ -31,6 +31,7 @@ typedef struct {
     const api__op *op; /* api__sdpa_op, api__layer_op */
     void *state;       /* the operation's state, in the route's job; its rq is &rq */
     api__form form;    /* of the reply's tensors: set by the route's parse step */
+    bool bf16_out;     /* "output_dtype": "bfloat16": the tensors as bf16 */
 } api__native_job;
 
 /* Steps of api__route for a job that starts with an api__native_job. size: the operation's

@@ -30,6 +30,8 @@
  *   alibi               true (default slopes), false, or a tensor of H slopes.
  *   return_weights      "per_head" | "mean" | false. return_lse: boolean.
  *   output_encoding     "nested" | "flat" | "base64" (float32); default: the query's form.
+ *   output_dtype        "float32" (default) | "bfloat16": the reply's tensors rounded to bf16
+ *                       (base64 then carries two bytes per value, dtype "bfloat16").
  *   timeout_ms          positive integer, capped by --request-timeout-ms.
  * Every optional field may also be null, meaning its default.
  *
@@ -231,6 +233,15 @@ static int f_output_encoding(attn_job *job, const json_t *v, const char *name, a
     return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
 }
 
+static int f_output_dtype(attn_job *job, const json_t *v, const char *name, api__error *err)
+{
+    eng_precision p = ENG_PRECISION_FLOAT32;
+    if (!json_is_null(v) && api__option_precision(v, name, &p, err) != 0)
+        return -1;
+    job->head.bf16_out = p == ENG_PRECISION_BFLOAT16;
+    return 0;
+}
+
 static int f_timeout_ms(attn_job *job, const json_t *v, const char *name, api__error *err)
 {
     if (json_is_null(v))
@@ -263,6 +274,7 @@ static const struct {
     {"return_weights", f_return_weights},
     {"return_lse", f_return_lse},
     {"output_encoding", f_output_encoding},
+    {"output_dtype", f_output_dtype},
     {"timeout_ms", f_timeout_ms},
 };
 
@@ -282,7 +294,8 @@ static int unknown_field(const char *key, api__error *err)
                               "num_heads, num_kv_heads, scale, softcap, precision, score, "
                               "additive_weights, "
                               "causal, query_offset, window, key_padding_mask, kv_lengths, "
-                              "attn_mask, alibi, return_weights, return_lse, output_encoding and "
+                              "attn_mask, alibi, return_weights, return_lse, output_encoding, "
+                              "output_dtype and "
                               "timeout_ms",
                               key);
 }

@@ -791,6 +791,11 @@ size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape,
 }
 
 /* Writes data[0..n) as comma-separated numbers, reserving room for a block at a time. */
+static float as_written(float v, unsigned flags)
+{
+    return flags & API_ENCODE_BF16 ? eng_bf16_to_f32(eng_f32_to_bf16(v)) : v;
+}
+
 static void write_floats(api__jsonw *w, const float *data, size_t n, unsigned flags)
 {
     enum { BLOCK = 512 };
@@ -800,7 +805,7 @@ static void write_floats(api__jsonw *w, const float *data, size_t n, unsigned fl
         if (!p)
             return;
         for (size_t k = 0; k < m; k++) {
-            float v = data[i + k];
+            float v = as_written(data[i + k], flags);
             if (i + k > 0)
                 *p++ = ',';
             if ((flags & API_ENCODE_NEG_INF_NULL) && v == -INFINITY) {
@@ -888,6 +893,55 @@ static void encode_base64(char *dst, const void *src, size_t n, eng_pool *pool)
     api__base64_encode(src, n, dst);
 }
 
+/* api__tensor_encode with API_ENCODE_BF16, once the values are known to fit. */
+static api__encode_status encode_bf16(api__jsonw *w, const float *data, size_t count, int rank,
+                                      const int64_t *shape, api__form form, unsigned flags,
+                                      eng_pool *pool)
+{
+    uint16_t *h;
+    switch (form) {
+    case API_FORM_NESTED:
+        write_nested(w, data, rank, shape, flags);
+        break;
+    case API_FORM_FLAT:
+        write_shape(w, rank, shape);
+        api__jsonw_cstr(w, ",\"data\":[");
+        write_floats(w, data, count, flags);
+        api__jsonw_cstr(w, "]}");
+        break;
+    case API_FORM_BASE64:
+        h = malloc(count * sizeof *h + 1);
+        if (!h) {
+            w->state = API_JSONW_NOMEM;
+            break;
+        }
+        for (size_t i = 0; i < count; i++)
+            h[i] = eng_f32_to_bf16(data[i]);
+        write_shape(w, rank, shape);
+        api__jsonw_cstr(w, ",\"dtype\":\"bfloat16\",\"base64\":\"");
+        size_t n = api__base64_encoded_len(count * 2);
+        char *p = api__jsonw_reserve(w, n);
+        if (p) {
+            encode_base64(p, h, count * 2, pool);
+            w->len += n;
+        }
+        api__jsonw_cstr(w, "\"}");
+        free(h);
+        break;
+    case API_FORM_RAW:
+        h = (uint16_t *)(void *)api__jsonw_reserve(w, count * 2);
+        if (h) {
+            for (size_t i = 0; i < count; i++) {
+                uint16_t x = eng_f32_to_bf16(data[i]);
+                memcpy((char *)h + 2 * i, &x, 2); /* little-endian, as in memory */
+            }
+            w->len += count * 2;
+        }
+        break;
+    }
+    return w->state == API_JSONW_OK ? API_ENCODE_OK : API_ENCODE_FULL;
+}
+
 api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank,
                                       const int64_t *shape, api__form form, unsigned flags,
                                       eng_pool *pool, size_t *bad_index)
@@ -897,11 +951,14 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
         count *= (size_t)shape[d];
     bool neg_inf_ok = (flags & (API_ENCODE_NEG_INF_NULL | API_ENCODE_NEG_INF_TOKEN)) != 0;
     for (size_t i = 0; i < count; i++) {
-        if (!isfinite(data[i]) && !(neg_inf_ok && data[i] == -INFINITY)) {
+        float v = as_written(data[i], flags);
+        if (!isfinite(v) && !(neg_inf_ok && v == -INFINITY)) {
             *bad_index = i;
             return API_ENCODE_NONFINITE;
         }
     }
+    if (flags & API_ENCODE_BF16)
+        return encode_bf16(w, data, count, rank, shape, form, flags, pool);
     switch (form) {
     case API_FORM_NESTED:
         write_nested(w, data, rank, shape, flags);

@@ -109,6 +109,9 @@ int api__tensor_convert(const void *src, api__dtype dtype, size_t count, size_t 
  * and null became NaN (and the OIP schema refuses null in tensor data). */
 #define API_ENCODE_NEG_INF_NULL  1u /* -inf in text as null */
 #define API_ENCODE_NEG_INF_TOKEN 2u /* -inf in text as -Infinity */
+/* The values as bfloat16 (rounded to nearest even): bf16 numbers in text, two bytes each in
+ * base64 ("dtype": "bfloat16") and raw. A value beyond bf16's range is NONFINITE. */
+#define API_ENCODE_BF16 4u
 
 typedef enum {
     API_ENCODE_OK = 0,

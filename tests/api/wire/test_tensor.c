@@ -851,6 +851,33 @@ static void test_encodes_flat_and_base64(void)
                "{\"shape\":[1],\"dtype\":\"float32\",\"base64\":\"AACAPw==\"}");
 }
 
+/* API_ENCODE_BF16: bf16 values in text, two little-endian bytes each in base64 and raw (3.14159
+ * is 0x4049 as bf16, 3.140625), -inf kept where asked, and a value that only bf16 cannot hold
+ * (FLT_MAX rounds to +inf) refused like any non-finite one. */
+static void test_encodes_bfloat16(void)
+{
+    const float v[] = {1.00390625f, 3.14159f, -2};
+    encodes_to(v, 1, (const int64_t[]){3}, API_FORM_NESTED, API_ENCODE_BF16, "[1,3.140625,-2]");
+    encodes_to(v, 1, (const int64_t[]){2}, API_FORM_BASE64, API_ENCODE_BF16,
+               "{\"shape\":[2],\"dtype\":\"bfloat16\",\"base64\":\"gD9JQA==\"}");
+    encodes_to(v + 1, 1, (const int64_t[]){1}, API_FORM_RAW, API_ENCODE_BF16, "I@");
+    const float lse[] = {-INFINITY, 0.5f};
+    encodes_to(lse, 1, (const int64_t[]){2}, API_FORM_FLAT,
+               API_ENCODE_BF16 | API_ENCODE_NEG_INF_NULL, "{\"shape\":[2],\"data\":[null,0.5]}");
+    const float big[] = {1, FLT_MAX};
+    api__jsonw w;
+    size_t bad = 0;
+    api__jsonw_init(&w, 1000);
+    CHECK_EQ_INT(api__tensor_encode(&w, big, 1, (const int64_t[]){2}, API_FORM_BASE64,
+                                    API_ENCODE_BF16, NULL, &bad),
+                 API_ENCODE_NONFINITE);
+    CHECK_EQ_INT(bad, 1);
+    CHECK_EQ_INT(
+        api__tensor_encode(&w, big, 1, (const int64_t[]){2}, API_FORM_BASE64, 0, NULL, &bad),
+        API_ENCODE_OK);
+    api__jsonw_free(&w);
+}
+
 static void test_non_finite_values_are_refused_or_written_as_asked(void)
 {
     const float v[] = {1, 2, -INFINITY, 4, INFINITY, NAN};
@@ -952,6 +979,7 @@ int main(void)
     RUN(test_the_scan_estimates_parse_memory);
     RUN(test_encodes_nested_arrays_of_any_rank);
     RUN(test_encodes_flat_and_base64);
+    RUN(test_encodes_bfloat16);
     RUN(test_non_finite_values_are_refused_or_written_as_asked);
     RUN(test_every_form_round_trips_bit_exactly);
     RUN(test_index_format_names_elements);
