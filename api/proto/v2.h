@@ -37,6 +37,7 @@ typedef struct {
     bool has_header_len;
 
     bool binary_default; /* binary_data_output */
+    bool bf16_out;       /* "output_dtype": "bfloat16": every output BF16, as binary data */
     bool outputs_given;
     bool want[API__N_OUTPUTS], binary[API__N_OUTPUTS], binary_set[API__N_OUTPUTS];
     bool weights_param_set; /* return_weights given */

@@ -22,14 +22,16 @@
  *             null). key_padding_mask: BOOL [B, S] or
  *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
  *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
- *             precision ("float32", "bfloat16"), num_heads, num_kv_heads, window_left, window_right
- * (-1 or absent: unbounded), alibi (bool), return_weights ("per_head", "mean", false), return_lse
- * (bool), timeout_ms; Triton's binary_data_output (bool), timeout (microseconds) and priority
- * (accepted, ignored). Any other name is refused (a typo such as "casual" silently ignored would
- * return a plausible wrong answer). outputs   output [B, H, L, Dv] (after the query's rank),
- * weights [B, H, L, S] or mean [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without
- * "outputs", output is returned plus weights / lse when return_weights / return_lse ask for them;
- * with it, exactly the ones listed (listing weights alone means per_head).
+ *             precision ("float32", "bfloat16"), output_dtype ("bfloat16": every output BF16,
+ *             as binary data), num_heads, num_kv_heads, window_left, window_right (-1 or
+ *             absent: unbounded), alibi (bool), return_weights ("per_head", "mean", false),
+ *             return_lse (bool), timeout_ms; Triton's binary_data_output (bool), timeout
+ *             (microseconds) and priority (accepted, ignored). Any other name is refused (a
+ *             typo such as "casual" silently ignored would return a plausible wrong answer).
+ *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
+ *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
+ *             returned plus weights / lse when return_weights / return_lse ask for them; with
+ *             it, exactly the ones listed (listing weights alone means per_head).
  *
  * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
  * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
@@ -126,6 +128,12 @@ static size_t header_bound(const v2_job *job)
     return n;
 }
 
+/* Bytes of one output element on the wire: 4 (FP32), or 2 with output_dtype bfloat16. */
+static size_t elem_bytes(const v2_job *job)
+{
+    return job->bf16_out ? 2 : 4;
+}
+
 /* Appends the output entries; JSON outputs with their data (after the compute), binary ones
  * with their sizes only. */
 static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
@@ -137,8 +145,8 @@ static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
             continue;
         api__jsonw_cstr(w, first ? "" : ",");
         first = false;
-        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[",
-                          api__out_names[o]);
+        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", api__out_names[o],
+                          job->bf16_out ? "BF16" : "FP32");
         for (int d = 0; d < sh->rank; d++) {
             if (d > 0)
                 api__jsonw_char(w, ',');
@@ -146,7 +154,8 @@ static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
         }
         api__jsonw_char(w, ']');
         if (job->binary[o]) {
-            api__jsonw_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}", sh->count * 4);
+            api__jsonw_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}",
+                              sh->count * elem_bytes(job));
             continue;
         }
         size_t bad = 0;
@@ -213,14 +222,16 @@ static int parse(void *p, api__error *err)
 static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
 {
     v2_job *job = p;
-    job->all_binary = true;
+    /* The engine writes fp32: BF16 outputs are converted into the reply after it, never
+     * written in place. */
+    job->all_binary = !job->bf16_out;
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
         const api__out_shape *sh = output_shape(job, o);
         if (job->binary[o]) {
             job->any_binary = true;
-            job->binary_bytes += sh->count * 4; /* within --max-elements */
+            job->binary_bytes += sh->count * elem_bytes(job); /* within --max-elements */
         } else {
             job->all_binary = false;
             job->json_text +=
@@ -282,6 +293,29 @@ static int compute(void *p, int64_t *compute_ns, api__error *err)
     return job->op->run(job->op_state, compute_ns, err);
 }
 
+/* One binary output's bytes: fp32 as computed, or rounded to bf16. */
+static int write_binary(v2_job *job, int o, api__jsonw *w, api__error *err)
+{
+    const api__out_shape *sh = output_shape(job, o);
+    if (!job->bf16_out) {
+        api__jsonw_mem(w, output_data(job, o), sh->count * 4);
+        return 0;
+    }
+    size_t bad = 0;
+    const int64_t flat[1] = {(int64_t)sh->count};
+    unsigned flags = API_ENCODE_BF16 | (o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0u);
+    switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_RAW, flags, NULL, &bad)) {
+    case API_ENCODE_OK:
+        return 0;
+    case API_ENCODE_NONFINITE:
+        return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
+                                            sh->rank, sh->shape);
+    case API_ENCODE_FULL:
+        break;
+    }
+    return api__jsonw_error(w, err);
+}
+
 /* JSON outputs: the text after the compute, binary ones appended in order. */
 static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
 {
@@ -293,8 +327,8 @@ static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
         api__jsonw_char(w, '\n');
     job->json_len = w->len;
     for (int o = 0; o < API__N_OUTPUTS; o++)
-        if (job->want[o] && job->binary[o])
-            api__jsonw_mem(w, output_data(job, o), output_shape(job, o)->count * 4);
+        if (job->want[o] && job->binary[o] && write_binary(job, o, w, err) != 0)
+            return -1;
     if (w->state != API_JSONW_OK)
         return api__jsonw_error(w, err);
     job->blob = w->data;

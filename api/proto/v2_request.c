@@ -66,6 +66,15 @@ static int p_precision(v2_job *job, const json_t *v, const char *name, api__erro
     return api__option_precision(v, name, &job->s.r.precision, err);
 }
 
+static int p_output_dtype(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    eng_precision p;
+    if (api__option_precision(v, name, &p, err) != 0)
+        return -1;
+    job->bf16_out = p == ENG_PRECISION_BFLOAT16;
+    return 0;
+}
+
 static int p_num_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
     return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
@@ -189,6 +198,7 @@ static const param_def sdpa_params[] = {
     {"scale", p_scale},
     {"softcap", p_softcap},
     {"precision", p_precision},
+    {"output_dtype", p_output_dtype},
     {"num_heads", p_num_heads},
     {"num_kv_heads", p_num_kv_heads},
     {"window_left", p_window_left},
@@ -284,7 +294,8 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
                                           key, job->model.name);
             return api__error_invalid(err, field,
                                       "unknown parameter \"%.60s\"; model sdpa takes causal, "
-                                      "query_offset, scale, softcap, precision, num_heads, "
+                                      "query_offset, scale, softcap, precision, output_dtype, "
+                                      "num_heads, "
                                       "num_kv_heads, "
                                       "window_left, window_right, alibi, return_weights, "
                                       "return_lse, timeout_ms, binary_data_output, timeout and "
@@ -774,6 +785,15 @@ int api__v2_outputs_settle(v2_job *job, api__error *err)
     for (int o = 0; o < API__N_OUTPUTS; o++)
         if (!job->binary_set[o])
             job->binary[o] = job->binary_default;
+    /* Triton carries BF16 tensors as binary data only: its JSON has no bf16 numbers. */
+    for (int o = 0; o < API__N_OUTPUTS && job->bf16_out; o++) {
+        if (job->want[o] && job->binary_set[o] && !job->binary[o])
+            return api__error_invalid(err, "output_dtype",
+                                      "output %s is asked for as JSON, but BF16 outputs "
+                                      "(output_dtype bfloat16) travel as binary data only",
+                                      api__out_names[o]);
+        job->binary[o] = true;
+    }
     *timeout_ms = api__v2_timeout_ms(*timeout_ms, job->timeout_us);
     return 0;
 }

@@ -455,6 +455,42 @@ static void test_metadata(void)
     resp_free(&r);
 }
 
+/* "output_dtype": "bfloat16": the outputs come back as BF16 binary data (two little-endian
+ * bytes per value, the result rounded to nearest even), and one asked for as JSON is refused. */
+static void test_bf16_outputs_are_binary(void)
+{
+    static const char *const json_h[] = {"Content-Type: application/json", NULL};
+    static const char body[] =
+        "{\"inputs\":[{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[0,0]},"
+        "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[2,2],\"data\":[1,0,0,1]},"
+        "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[2,2],\"data\":[1.00390625,3,1,5]}],"
+        "\"parameters\":{\"output_dtype\":\"bfloat16\"}%s}";
+    char req[1024], got[64];
+    resp r;
+    snprintf(req, sizeof req, body, "");
+    request("POST", "/v2/models/sdpa/infer", json_h, req, strlen(req), &r);
+    CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
+    size_t hlen =
+        (size_t)strtoull(header(&r, "Inference-Header-Content-Length", got, sizeof got), NULL, 10);
+    CHECKF(hlen > 0 && hlen + 4 == r.len, "JSON part %zu of %zu bytes", hlen, r.len);
+    if (hlen > 0 && hlen + 4 == r.len) {
+        const unsigned char want[4] = {0x80, 0x3F, 0x80, 0x40}; /* bf16 1.0 and 4.0 */
+        CHECK(memcmp(r.body + hlen, want, 4) == 0);
+        json_t *j = json_of(r.body, hlen);
+        json_t *out = j ? json_array_get(json_object_get(j, "outputs"), 0) : NULL;
+        CHECK(out && strcmp(json_string_value(json_object_get(out, "datatype")), "BF16") == 0);
+        CHECK(out && json_integer_value(json_object_get(json_object_get(out, "parameters"),
+                                                        "binary_data_size")) == 4);
+        json_decref(j);
+    }
+    resp_free(&r);
+    snprintf(req, sizeof req, body,
+             ",\"outputs\":[{\"name\":\"output\",\"parameters\":{\"binary_data\":false}}]");
+    request("POST", "/v2/models/sdpa/infer", json_h, req, strlen(req), &r);
+    check_v2_error(&r, 400, "binary data only");
+    resp_free(&r);
+}
+
 /* The spec's JSON request and response, then the same through the binary extension: equal
  * numbers, Inference-Header-Content-Length and application/octet-stream on the reply. */
 static void test_infer_json_and_binary(void)
@@ -931,6 +967,7 @@ int main(void)
     }
     RUN(test_metadata);
     RUN(test_infer_json_and_binary);
+    RUN(test_bf16_outputs_are_binary);
     RUN(test_infer_fp16);
     RUN(test_layer_model);
     RUN(test_compression);
