@@ -417,7 +417,15 @@ typedef struct {
 
     eng_weights_mode weights_mode; /* as eng_sdpa_args, with S' = S + extra keys */
     float *weights;
+
+    /* BFLOAT16: every product of the layer (the three projections, the attention, the output
+     * projection) takes bf16-rounded operands with fp32 sums; biases, RoPE and the softmax
+     * stay fp32. As eng_sdpa_precision says, the openblas set computes FLOAT32. */
+    eng_precision precision;
 } eng_mha_args;
+
+/* The precision eng_mha computes `args` in with the kernel set in use now. */
+eng_precision eng_mha_precision(const eng_mha_args *args);
 
 /* Keys the layer appends to the S input keys (bias_kv and zero attention): S' = S + this. */
 int64_t eng_mha_extra_keys(const eng_mha_args *args);

@@ -125,6 +125,8 @@ void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
                 tiles(ks, g, p0, kc, j0, nc, beta, block, g->b_panel_stride, edge);
             } else {
                 pack_b(ks, g, p0, kc, j0, nc, pack);
+                if (g->b_round_bf16)
+                    ks->round_bf16(pack, kc * round_up(nc, ks->nr));
                 tiles(ks, g, p0, kc, j0, nc, beta, pack, kc * ks->nr, edge);
             }
         }

@@ -70,6 +70,7 @@ typedef struct {
     int64_t ldc;
     const float *b_packed;
     int64_t b_panel_stride;
+    bool b_round_bf16; /* B rounded to bf16 as it is packed (not with b_packed) */
 } eng__gemm;
 
 /* Packs all of B ([k x n], or [n x k] when b_trans) into the b_packed layout with panel stride

@@ -46,6 +46,7 @@ typedef struct {
     int64_t chunk_rows;
     int64_t head_dim;
     float rope_base;
+    bool bf16; /* weights rounded to bf16 as they are packed (the inputs come rounded) */
 } linear_batch;
 
 static void linear_task(void *arg, int64_t index)
@@ -85,7 +86,8 @@ static void linear_task(void *arg, int64_t index)
                    .ldb = j->in_f,
                    .b_trans = true,
                    .c = out,
-                   .ldc = j->out_ld};
+                   .ldc = j->out_ld,
+                   .b_round_bf16 = lb->bf16};
     eng__sgemm(lb->ks, &g, pack);
     if (j->rope)
         eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
@@ -121,9 +123,18 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 typedef struct {
     int64_t B, L, S, Sx, E, H, Hkv, D, W, extra;
     bool self;
-    int64_t q_offset; /* query positions start here (sinusoidal, RoPE) */
+    int64_t q_offset;       /* query positions start here (sinusoidal, RoPE) */
+    bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
+    const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
 } mha_shape;
+
+eng_precision eng_mha_precision(const eng_mha_args *a)
+{
+    if (a->precision == ENG_PRECISION_BFLOAT16 && eng__kernels_current()->tile)
+        return ENG_PRECISION_BFLOAT16;
+    return ENG_PRECISION_FLOAT32;
+}
 
 int64_t eng_mha_extra_keys(const eng_mha_args *a)
 {
@@ -192,11 +203,14 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
         !mul3(sh->B, sh->S, ly->vdim, &in_v))
         return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
     sh->o_floats = sh->q_floats;
-    if (a->positional == ENG_POSITIONAL_SINUSOIDAL) {
-        /* Copies with the encoding added: the queries, and keys/values unless they are the
-         * queries' tokens at the same positions. */
+    sh->sinusoid = a->positional == ENG_POSITIONAL_SINUSOIDAL;
+    sh->ks = eng__kernels_current();
+    sh->bf16 = a->precision == ENG_PRECISION_BFLOAT16 && sh->ks->tile;
+    if (sh->sinusoid || sh->bf16) {
+        /* Copies with the encoding added (or rounded to bf16): the queries, and keys/values
+         * unless they are the queries' tokens at the same positions. */
         sh->copy_floats = sh->q_floats;
-        if (!sh->self || sh->q_offset != 0) {
+        if (!sh->self || (sh->sinusoid && sh->q_offset != 0)) {
             bool shared = sh->self || a->key_in == a->value_in;
             sh->copy_floats += in_k + (shared ? 0 : in_v);
         }
@@ -230,6 +244,7 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
     s.open_tail_keys = sh->extra;
     s.weights_mode = a->weights_mode;
     s.weights = a->weights;
+    s.precision = sh->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
     return s;
 }
 
@@ -274,6 +289,22 @@ static eng_status add_sinusoid(eng_pool *pool, const float *x, float *out, int64
     return eng_pool_run(pool, sinusoid_task, &j, B, ctl);
 }
 
+/* An input copied for the projections: with the sinusoidal encoding added, and rounded to bf16
+ * when the layer computes in bf16. */
+static eng_status copy_input(eng_pool *pool, const mha_shape *sh, const float *x, float *out,
+                             int64_t rows, int64_t dim, int64_t pos0, eng_ctl *ctl)
+{
+    size_t n = (size_t)(sh->B * rows * dim);
+    eng_status st = ENG_OK;
+    if (sh->sinusoid)
+        st = add_sinusoid(pool, x, out, sh->B, rows, dim, pos0, ctl);
+    else
+        memcpy(out, x, n * sizeof(float));
+    if (st == ENG_OK && sh->bf16)
+        sh->ks->round_bf16(out, (int64_t)n);
+    return st;
+}
+
 /* Rows S..S'-1 of every batch: bias_k / bias_v, then a zero key and value. */
 static void append_keys(const eng_mha_args *a, const mha_shape *sh, float *kv)
 {
@@ -299,7 +330,8 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                        .njobs = 3,
                        .B = sh->B,
                        .head_dim = sh->D,
-                       .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f};
+                       .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f,
+                       .bf16 = sh->bf16};
     lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E,
                               q,  sh->L * sh->E, sh->E, sh->L,   rope,    sh->H, sh->q_offset};
     lb.jobs[1] =
@@ -315,7 +347,7 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
                                  const float *o, eng_ctl *ctl)
 {
     const eng_layer *ly = a->layer;
-    linear_batch lb = {.a = a, .njobs = 1, .B = sh->B, .head_dim = sh->D};
+    linear_batch lb = {.a = a, .njobs = 1, .B = sh->B, .head_dim = sh->D, .bf16 = sh->bf16};
     lb.jobs[0] = (linear_job){o,      sh->L * sh->E, sh->E, ly->w_o, ly->b_o, sh->E, sh->E,
                               a->out, sh->L * sh->E, sh->E, sh->L,   false,   0,     0};
     return run_linear(pool, &lb, ctl);
@@ -348,22 +380,22 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     if (copies) {
         const eng_layer *ly = a->layer;
         float *next = copies;
-        st = add_sinusoid(pool, a->x, next, sh.B, sh.L, sh.E, sh.q_offset, ctl);
+        st = copy_input(pool, &sh, a->x, next, sh.L, sh.E, sh.q_offset, ctl);
         xq = next;
         next += sh.q_floats;
-        if (sh.self && sh.q_offset == 0) {
+        if (sh.self && (!sh.sinusoid || sh.q_offset == 0)) {
             xk = xv = xq; /* the same tokens at the same positions */
         } else {
             bool shared = xk == xv;
             if (st == ENG_OK)
-                st = add_sinusoid(pool, xk, next, sh.B, sh.S, ly->kdim, 0, ctl);
+                st = copy_input(pool, &sh, xk, next, sh.S, ly->kdim, 0, ctl);
             xk = next;
             next += sh.B * sh.S * ly->kdim;
             if (shared) {
                 xv = xk;
             } else {
                 if (st == ENG_OK)
-                    st = add_sinusoid(pool, xv, next, sh.B, sh.S, ly->vdim, 0, ctl);
+                    st = copy_input(pool, &sh, xv, next, sh.S, ly->vdim, 0, ctl);
                 xv = next;
             }
         }
@@ -376,6 +408,8 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
     if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
         goto done;
+    if (sh.bf16) /* the output projection's operand, as the products take them */
+        sh.ks->round_bf16(o, (int64_t)sh.o_floats);
     if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK)
         goto stopped;
     goto done;

@@ -322,6 +322,7 @@ static void build_args(api__layer *s)
     a->rope_style = r->rope_style;
     a->weights_mode = r->weights;
     a->weights = r->weights != ENG_WEIGHTS_NONE ? (s->weights ? s->weights : ph) : NULL;
+    a->precision = r->precision_set ? r->precision : s->rq->limits.default_precision;
 }
 
 /* The output shapes (rank after the input's; a rank-2 input drops B) and the element limit

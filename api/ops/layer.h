@@ -41,7 +41,9 @@ typedef struct {
     eng_rope_style rope_style;
     bool add_zero_attn;
     eng_weights_mode weights;
-    int64_t timeout_ms; /* 0: not given */
+    bool precision_set;
+    eng_precision precision; /* asked for (else the limits' default); see eng_mha_precision */
+    int64_t timeout_ms;      /* 0: not given */
 } api__layer_req;
 
 typedef struct {

@@ -35,6 +35,8 @@
  *   rope_base           > 0 (default 10000), with positional "rope" only.
  *   rope_style          "half" (default; GPT-NeoX / Hugging Face) | "interleaved", rope only.
  *   add_zero_attn       boolean: append a zero key and value, as torch does.
+ *   precision           "float32" (default) | "bfloat16": bf16 operands for every product
+ *                       (projections and attention), fp32 sums; meta.precision says what ran.
  *   return_weights      "mean" | "per_head" | false.
  *   output_encoding     "nested" | "flat" | "base64"; default: the input's form.
  *   timeout_ms          positive integer, capped by --request-timeout-ms.
@@ -193,6 +195,14 @@ static int f_rope_style(mha_job *job, const json_t *v, const char *name, api__er
     return api__option_rope_style(v, name, &job->s.r.rope_style_set, &job->s.r.rope_style, err);
 }
 
+static int f_precision(mha_job *job, const json_t *v, const char *name, api__error *err)
+{
+    if (json_is_null(v))
+        return 0;
+    job->s.r.precision_set = true;
+    return api__option_precision(v, name, &job->s.r.precision, err);
+}
+
 static int f_add_zero_attn(mha_job *job, const json_t *v, const char *name, api__error *err)
 {
     if (json_is_null(v))
@@ -238,6 +248,7 @@ static const struct {
     {"rope_base", f_rope_base},
     {"rope_style", f_rope_style},
     {"add_zero_attn", f_add_zero_attn},
+    {"precision", f_precision},
     {"return_weights", f_return_weights},
     {"output_encoding", f_output_encoding},
     {"timeout_ms", f_timeout_ms},
@@ -269,8 +280,8 @@ static int parse_fields(mha_job *job, api__error *err)
                 err, key,
                 "unknown field \"%.60s\"; /v1/mha takes model, weights, num_heads, num_kv_heads, "
                 "input, memory, key, value, causal, query_offset, window, key_padding_mask, "
-                "attn_mask, positional, rope_base, rope_style, add_zero_attn, return_weights, "
-                "output_encoding and timeout_ms",
+                "attn_mask, positional, rope_base, rope_style, add_zero_attn, precision, "
+                "return_weights, output_encoding and timeout_ms",
                 key);
         }
         if (mha_fields[i].parse(job, val, key, err) != 0)
@@ -313,12 +324,13 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     api__jsonw_printf(w,
                       ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
                       "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
-                      "\"head_dim\":%lld,\"positional\":\"%s\",\"decode_ms\":%.3f,"
-                      "\"compute_ms\":%.3f}}\n",
+                      "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
+                      "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
                       (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
                       (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
                       (long long)(l->embed_dim / l->num_heads),
-                      api__layer_positional_name(s->r.positional), (double)decode_ns / 1e6,
+                      api__layer_positional_name(s->r.positional),
+                      api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
                       (double)compute_ns / 1e6);
     return api__native_reply(w, reply, err);
 }

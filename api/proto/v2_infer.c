@@ -185,9 +185,9 @@ static void write_header_start(v2_job *job, api__jsonw *w)
         api__jsonw_cstr(w, ",\"id\":");
         api__jsonw_string(w, job->id, job->id_len);
     }
-    if (!is_layer(job))
-        api__jsonw_printf(w, ",\"parameters\":{\"precision\":\"%s\"}",
-                          api__precision_name(eng_sdpa_precision(&job->s.args)));
+    eng_precision ran =
+        is_layer(job) ? eng_mha_precision(&job->l.args) : eng_sdpa_precision(&job->s.args);
+    api__jsonw_printf(w, ",\"parameters\":{\"precision\":\"%s\"}", api__precision_name(ran));
     api__jsonw_cstr(w, ",\"outputs\":[");
 }
 

@@ -66,6 +66,12 @@ static int p_precision(v2_job *job, const json_t *v, const char *name, api__erro
     return api__option_precision(v, name, &job->s.r.precision, err);
 }
 
+static int p_layer_precision(v2_job *job, const json_t *v, const char *name, api__error *err)
+{
+    job->l.r.precision_set = true;
+    return api__option_precision(v, name, &job->l.r.precision, err);
+}
+
 static int p_output_dtype(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
     eng_precision p;
@@ -222,6 +228,7 @@ static const param_def layer_params[] = {
     {"rope_base", p_rope_base},
     {"rope_style", p_rope_style},
     {"add_zero_attn", p_add_zero_attn},
+    {"precision", p_layer_precision},
     {"return_weights", p_return_weights},
     {"timeout_ms", p_timeout_ms},
     {"binary_data_output", p_binary_data_output},
@@ -289,8 +296,9 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
                 return api__error_invalid(err, field,
                                           "unknown parameter \"%.60s\"; model %.64s takes causal, "
                                           "query_offset, window_left, window_right, positional, "
-                                          "rope_base, rope_style, add_zero_attn, return_weights, "
-                                          "timeout_ms, binary_data_output, timeout and priority",
+                                          "rope_base, rope_style, add_zero_attn, precision, "
+                                          "return_weights, timeout_ms, binary_data_output, "
+                                          "timeout and priority",
                                           key, job->model.name);
             return api__error_invalid(err, field,
                                       "unknown parameter \"%.60s\"; model sdpa takes causal, "

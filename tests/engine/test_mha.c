@@ -431,6 +431,71 @@ static void test_cross_attention_with_separate_key_and_value_inputs(void)
     layer_pair_free(&lp);
 }
 
+/* With precision bfloat16 every product takes bf16 operands: the output stays within 1e-2 of
+ * the float64 reference's largest value (four roundings of about 2^-9 each, relative: the input,
+ * the weights, Q/K/V and P, and the attention output), and differs from the float32 layer's,
+ * which shows the rounding happened. Where the kernel set computes float32 (openblas), the
+ * call must match the float32 tolerance instead. Self and cross attention, causal, GQA. */
+static void check_bf16_layer(const layer_pair *lp, eng_mha_args *a, const char *note)
+{
+    float *fp32 = NULL;
+    a->precision = ENG_PRECISION_FLOAT32;
+    expect_matches_reference(lp, a, note, &fp32);
+    a->precision = ENG_PRECISION_BFLOAT16;
+    bool bf16 = eng_mha_precision(a) == ENG_PRECISION_BFLOAT16;
+    size_t n = (size_t)(a->B * a->L * lp->layer->embed_dim);
+    float *out = xcalloc(n, sizeof(float));
+    a->out = out;
+    eng_error err;
+    CHECK_EQ_INT(eng_mha(pool, a, NULL, &err), ENG_OK);
+    ref_mha_result r;
+    if (!ref_mha(&lp->w, a, &r)) {
+        fprintf(stderr, "test_mha: the reference ran out of memory\n");
+        abort();
+    }
+    double scale = 1e-3, worst = 0, moved = 0;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(r.out[i]));
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)out[i] - r.out[i]));
+        moved = fmax(moved, fabs((double)out[i] - (double)fp32[i]));
+    }
+    if (bf16) {
+        CHECKF(worst <= 1e-2 * scale, "%s: bf16 layer error %.3g > 1e-2 x %.3g", note, worst,
+               scale);
+        CHECKF(moved > 1e-6 * scale, "%s: the bf16 layer gave the float32 result (%.3g)", note,
+               moved);
+        printf("  %s: bf16 layer max error %.2e x max|out|\n", note, worst / scale);
+    } else {
+        CHECKF(worst <= OUT_RTOL * scale, "%s: float32 fallback error %.3g", note, worst);
+    }
+    ref_mha_result_free(&r);
+    a->out = NULL;
+    a->precision = ENG_PRECISION_FLOAT32;
+    free(out);
+    free(fp32);
+}
+
+static void test_bfloat16_layer_rounds_every_product(void)
+{
+    uint64_t rng = 131;
+    layer_spec sp = {.E = 64, .H = 4, .bias = true};
+    layer_pair lp = layer_make(&sp, 31);
+    io c = io_make(&lp, 2, 40, 0, false, &rng);
+    check_bf16_layer(&lp, &c.a, "bf16 self-attention");
+    c.a.causal = true;
+    check_bf16_layer(&lp, &c.a, "bf16 causal self-attention");
+    io_free(&c);
+    layer_pair_free(&lp);
+
+    layer_spec cross = {.E = 32, .H = 4, .Hkv = 2, .kdim = 20, .vdim = 28, .bias = true};
+    lp = layer_make(&cross, 32);
+    c = io_make(&lp, 2, 9, 30, false, &rng);
+    check_bf16_layer(&lp, &c.a, "bf16 cross-attention, GQA");
+    io_free(&c);
+    layer_pair_free(&lp);
+}
+
 /* kdim == vdim: one memory tensor serves as both key and value input. */
 static void test_cross_attention_with_one_memory_for_keys_and_values(void)
 {
@@ -1389,6 +1454,7 @@ int main(void)
     RUN_WITHIN(test_packed_in_proj_with_and_without_biases, 60);
     RUN_WITHIN(test_long_inputs_span_several_projection_chunks, 120);
     RUN_WITHIN(test_cross_attention_with_separate_key_and_value_inputs, 60);
+    RUN_WITHIN(test_bfloat16_layer_rounds_every_product, 60);
     RUN_WITHIN(test_cross_attention_with_one_memory_for_keys_and_values, 60);
     RUN_WITHIN(test_grouped_query_heads_match_reference, 60);
 
