@@ -31,11 +31,13 @@
 typedef struct {
     int64_t b, h, l, e;
     bool causal;
+    bool bf16; /* "precision": bfloat16, after the same case in float32 */
 } bench_case;
 
 static const bench_case cases[] = {
-    {1, 8, 2048, 512, false},
-    {1, 8, 2048, 512, true},
+    {1, 8, 2048, 512, false, false},
+    {1, 8, 2048, 512, true, false},
+    {1, 8, 2048, 512, false, true},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -91,6 +93,7 @@ static int run_case(const bench_case *bc)
     c.args.x = x;
     c.args.out = out;
     c.args.causal = bc->causal;
+    c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
     double secs = bench_best_seconds(run_mha, &c, 2.0);
     printf("%.9f\n", secs);
     free(in_w);
@@ -123,12 +126,19 @@ int main(int argc, char **argv)
            threads, base, kernels, peak, best_core, blas_best);
     fflush(stdout);
     int failures = 0;
+    double fp32_gflops = 0;
     for (int i = 0; i < NCASES; i++) {
         const bench_case *bc = &cases[i];
         double secs, rss;
         /* The machine is shared: the peak (and for decoding the memory rate) is measured
-         * again right before each case, so that the ratio compares like with like. */
-        double peak_now = bench_peak_gflops(kernels, threads);
+         * again right before each case, so that the ratio compares like with like; bf16 cases
+         * divide by the peak of the bf16 products they run. */
+        double peak_now =
+            bc->bf16 ? bench_peak_bf16_gflops(threads) : bench_peak_gflops(kernels, threads);
+        if (bc->bf16 && peak_now == 0) {
+            printf("mha precision=bf16 skipped: kernel set %s computes bf16 in float32\n", kernels);
+            continue;
+        }
         if (bench_measure_case(i, &secs, &rss) != 0) {
             printf("mha case %d failed\n", i);
             failures++;
@@ -142,10 +152,20 @@ int main(int argc, char **argv)
         double gflops = (projections + attention) / secs * 1e-9;
         printf("mha b=%lld h=%lld l=%lld s=%lld e=%lld causal=%d ms=%.1f gflops=%.1f "
                "sgemm_gflops=%.1f ratio=%.2f rss_mb=%.0f kernels=%s peak_gflops=%.1f "
-               "peak_ratio=%.2f blas_best_gflops=%.1f\n",
+               "peak_ratio=%.2f blas_best_gflops=%.1f",
                (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->l,
                (long long)bc->e, bc->causal, secs * 1e3, gflops, base, gflops / base, rss, kernels,
                peak_now, gflops / peak_now, blas_best);
+        if (bc->bf16) {
+            eng_engine_info info;
+            eng_engine_info_get(&info);
+            printf(" precision=bf16 bf16_path=%s", info.bf16);
+            if (fp32_gflops > 0)
+                printf(" fp32_ratio=%.2f", gflops / fp32_gflops);
+        } else if (!bc->causal) {
+            fp32_gflops = gflops;
+        }
+        printf("\n");
         fflush(stdout);
     }
     return failures ? 1 : 0;
