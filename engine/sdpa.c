@@ -2,17 +2,22 @@
  * sdpa.c - scaled dot-product attention: argument checks, work planning and the flash kernel.
  *
  * One task computes a block of Br query rows of one (batch, head) against the keys they can
- * see, Bc keys at a time: S = scale * Q K^T by the kernel set's GEMM (kernels.h: Q read in
- * place, K packed), then softcap, ALiBi, masks and padding on S, then the online softmax
- * (running row maximum m and sum l; the accumulator is rescaled when m grows), then O += P V by
- * the same GEMM, P read where the softmax wrote it, straight into the output rows (beta = 1:
- * no zeroing pass per block). The openblas kernel set does both with cblas_sgemm instead. Memory
- * per worker is one Br x Bc block. Key blocks that no row of the task can see (causal, window,
- * kv_lengths, all-padding) are never computed, so causal work halves. When few (batch, head, query
- * block) tasks exist but the keys are many (decoding), the keys are split into chunks computed in
- * parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass that
- * recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s -
- * lse): lse rounded to float loses log(l) next to scores of 1e9).
+ * see, Bc keys at a time, and each key block a panel of MR query rows at a time (the
+ * micro-kernel's tile): S = scale * Q K^T by the kernel set's GEMM (kernels.h: Q read in place,
+ * K packed once per block or per call), then softcap, ALiBi, masks and padding on S, then the
+ * online softmax (running row maximum m and sum l; the accumulator is rescaled when m grows),
+ * then O += P V by the same GEMM, P read where the softmax wrote it, straight into the output
+ * rows (beta = 1: no zeroing pass per block). A panel's scores stay in L1 through all three,
+ * and on a causal or window boundary a panel multiplies only the keys its rows may see. The
+ * openblas kernel set does both products with cblas_sgemm instead. With bf16 precision the
+ * products take bf16 operands (VDPBF16PS on pair-packed panels, or operands rounded for the
+ * fp32 kernel): Q, K, V and P are rounded, everything else stays fp32. Memory per worker is
+ * one Br x Bc block and one block's panels. Key blocks that no row of the task can see (causal,
+ * window, kv_lengths, all-padding) are never computed, so causal work halves. When few (batch,
+ * head, query block) tasks exist but the keys are many (decoding), the keys are split into chunks
+ * computed in parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass
+ * that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s
+ * - lse): lse rounded to float loses log(l) next to scores of 1e9).
  */
 #include <cblas.h>
 #include <float.h>
