@@ -13,30 +13,11 @@
 #include <immintrin.h>
 
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
 
 #define AVX512 __attribute__((target("avx512f")))
 
 enum { MR = ENG__AVX512_MR, NR = ENG__AVX512_NR };
-
-AVX512 static inline __mmask16 lanes(int n)
-{
-    unsigned bits = n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
-    return (__mmask16)bits;
-}
-
-AVX512 static inline void store_row(float *c, __m512 x0, __m512 x1, __m512 alpha, float beta,
-                                    __mmask16 m0, __mmask16 m1)
-{
-    x0 = _mm512_mul_ps(alpha, x0);
-    x1 = _mm512_mul_ps(alpha, x1);
-    if (beta != 0.0f) {
-        __m512 b = _mm512_set1_ps(beta);
-        x0 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m0, c), x0);
-        x1 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m1, c + 16), x1);
-    }
-    _mm512_mask_storeu_ps(c, m0, x0);
-    _mm512_mask_storeu_ps(c + 16, m1, x1);
-}
 
 AVX512 void eng__tile_avx512(int64_t k, const float *a, int64_t lda, const float *b, float *c,
                              int64_t ldc, float alpha, float beta, int m, int n)
@@ -55,10 +36,10 @@ AVX512 void eng__tile_avx512(int64_t k, const float *a, int64_t lda, const float
         }
     }
     __m512 al = _mm512_set1_ps(alpha);
-    __mmask16 m0 = lanes(n), m1 = lanes(n - 16);
+    __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
     /* Constant indices after unrolling keep the accumulators in registers. */
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++)
         if (r < m)
-            store_row(c + r * ldc, c0[r], c1[r], al, beta, m0, m1);
+            eng__store_tile_row(c + r * ldc, c0[r], c1[r], al, beta, m0, m1);
 }

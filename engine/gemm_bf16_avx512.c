@@ -15,30 +15,11 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 enum { MR = ENG__AVX512_MR, NR = ENG__AVX512_NR };
-
-BF16 static inline __mmask16 lanes(int n)
-{
-    unsigned bits = n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
-    return (__mmask16)bits;
-}
-
-BF16 static inline void store_row(float *c, __m512 x0, __m512 x1, __m512 alpha, float beta,
-                                  __mmask16 m0, __mmask16 m1)
-{
-    x0 = _mm512_mul_ps(alpha, x0);
-    x1 = _mm512_mul_ps(alpha, x1);
-    if (beta != 0.0f) {
-        __m512 b = _mm512_set1_ps(beta);
-        x0 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m0, c), x0);
-        x1 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m1, c + 16), x1);
-    }
-    _mm512_mask_storeu_ps(c, m0, x0);
-    _mm512_mask_storeu_ps(c + 16, m1, x1);
-}
 
 /* One bf16 pair of A as a 32-bit lane pattern (memcpy: A rows need no 4-byte alignment). */
 static inline int pair_at(const uint16_t *a)
@@ -65,11 +46,11 @@ BF16 void eng__tile_bf16_avx512(int64_t kp, const uint16_t *a, int64_t lda, cons
         }
     }
     __m512 al = _mm512_set1_ps(alpha);
-    __mmask16 m0 = lanes(n), m1 = lanes(n - 16);
+    __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; r++)
         if (r < m)
-            store_row(c + r * ldc, c0[r], c1[r], al, beta, m0, m1);
+            eng__store_tile_row(c + r * ldc, c0[r], c1[r], al, beta, m0, m1);
 }
 
 BF16 void eng__to_bf16_avx512(const float *x, int64_t n, uint16_t *dst)
@@ -81,8 +62,8 @@ BF16 void eng__to_bf16_avx512(const float *x, int64_t n, uint16_t *dst)
     }
     if (i < n) {
         int64_t left = n - i;
-        __m512 lo = _mm512_maskz_loadu_ps(lanes((int)left), x + i);
-        __m512 hi = _mm512_maskz_loadu_ps(lanes((int)left - 16), x + i + 16);
+        __m512 lo = _mm512_maskz_loadu_ps(eng__lanes16((int)left), x + i);
+        __m512 hi = _mm512_maskz_loadu_ps(eng__lanes16((int)left - 16), x + i + 16);
         __m512bh h = _mm512_cvtne2ps_pbh(hi, lo);
         /* The odd element's partner becomes the zero the masked load gave. */
         int64_t keep = left + (left & 1);

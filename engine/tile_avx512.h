@@ -1,0 +1,41 @@
+/*
+ * tile_avx512.h - what the AVX-512 micro-kernels (gemm_avx512.c, gemm_bf16_avx512.c) share:
+ * the lane mask of a ragged tile edge and the store of one row of the 12 x 32 tile.
+ *
+ *     __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
+ *     eng__store_tile_row(c + r * ldc, acc0[r], acc1[r], _mm512_set1_ps(alpha), beta, m0, m1);
+ *
+ * Only those two files include it; the functions carry the avx512f target, so that they inline
+ * into kernels compiled for AVX-512F (or a superset) in a binary built for any x86-64.
+ */
+#ifndef ATTND_ENGINE_TILE_AVX512_H
+#define ATTND_ENGINE_TILE_AVX512_H
+
+#include <immintrin.h>
+
+/* The first n of 16 lanes (none for n <= 0, all for n >= 16). */
+__attribute__((target("avx512f"))) static inline __mmask16 eng__lanes16(int n)
+{
+    unsigned bits = n >= 16 ? 0xFFFFu : n <= 0 ? 0u : (1u << n) - 1u;
+    return (__mmask16)bits;
+}
+
+/* c[0..32) = alpha * (x0, x1) + beta * c, masked to the lanes m0, m1; beta == 0 never reads c
+ * (it may hold NaN). */
+__attribute__((target("avx512f"))) static inline void eng__store_tile_row(float *c, __m512 x0,
+                                                                          __m512 x1, __m512 alpha,
+                                                                          float beta, __mmask16 m0,
+                                                                          __mmask16 m1)
+{
+    x0 = _mm512_mul_ps(alpha, x0);
+    x1 = _mm512_mul_ps(alpha, x1);
+    if (beta != 0.0f) {
+        __m512 b = _mm512_set1_ps(beta);
+        x0 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m0, c), x0);
+        x1 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m1, c + 16), x1);
+    }
+    _mm512_mask_storeu_ps(c, m0, x0);
+    _mm512_mask_storeu_ps(c + 16, m1, x1);
+}
+
+#endif
