@@ -978,6 +978,21 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
     return ENG_OK;
 }
 
+/* What key block [j0, j0+cols) needs: under position rules (not the open tail) it is inside
+ * when every row may see all of it, else on a boundary. False when every key is padding. */
+static bool block_kind(const plan *p, int64_t b, int64_t j0, int64_t cols, const key_span *span,
+                       bool tail, key_kind *kind)
+{
+    *kind = KEYS_TAIL;
+    if (tail)
+        return true;
+    if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
+        return false;
+    bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
+    *kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
+    return true;
+}
+
 /* Keys [from, to) in blocks of Bc; under position rules (not the open tail) a block is inside
  * when every row may see all of it, else on a boundary. */
 static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t from,
@@ -989,13 +1004,9 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         if (st != ENG_OK)
             return st;
         int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
-        key_kind kind = KEYS_TAIL;
-        if (!tail) {
-            if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
-                continue;
-            bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
-            kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
-        }
+        key_kind kind;
+        if (!block_kind(p, b, j0, cols, span, tail, &kind))
+            continue;
         st = attend_block(p, b, h, i0, rows, j0, cols, kind, o, ldo, m, l, s);
         if (st != ENG_OK)
             return st;
@@ -1125,13 +1136,9 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
         if (st != ENG_OK)
             return st;
         int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
-        key_kind kind = KEYS_TAIL;
-        if (!tail) {
-            if (p->a->key_padding && all_padding(p, b, j0, j0 + cols))
-                continue;
-            bool inside = j0 >= span->full_lo && j0 + cols <= span->full_hi;
-            kind = inside ? KEYS_INSIDE : KEYS_BOUNDARY;
-        }
+        key_kind kind;
+        if (!block_kind(p, b, j0, cols, span, tail, &kind))
+            continue;
         block_scores(p, b, h, i0, rows, j0, cols, kind, s);
         for (int64_t r = 0; r < rows; r++) {
             if (!(l[r] > 0.0f)) /* no visible key: the row stays 0 */

@@ -893,30 +893,18 @@ static void encode_base64(char *dst, const void *src, size_t n, eng_pool *pool)
     api__base64_encode(src, n, dst);
 }
 
-/* api__tensor_encode with API_ENCODE_BF16, once the values are known to fit. */
-static api__encode_status encode_bf16(api__jsonw *w, const float *data, size_t count, int rank,
-                                      const int64_t *shape, api__form form, unsigned flags,
-                                      eng_pool *pool)
+/* The bf16 bytes of data[0..count), little-endian: into base64 (dtype "bfloat16"), or raw. */
+static void write_bf16(api__jsonw *w, const float *data, size_t count, int rank,
+                       const int64_t *shape, bool base64, eng_pool *pool)
 {
-    uint16_t *h;
-    switch (form) {
-    case API_FORM_NESTED:
-        write_nested(w, data, rank, shape, flags);
-        break;
-    case API_FORM_FLAT:
-        write_shape(w, rank, shape);
-        api__jsonw_cstr(w, ",\"data\":[");
-        write_floats(w, data, count, flags);
-        api__jsonw_cstr(w, "]}");
-        break;
-    case API_FORM_BASE64:
-        h = malloc(count * sizeof *h + 1);
-        if (!h) {
-            w->state = API_JSONW_NOMEM;
-            break;
-        }
-        for (size_t i = 0; i < count; i++)
-            h[i] = eng_f32_to_bf16(data[i]);
+    uint16_t *h = malloc(count * sizeof *h + 1);
+    if (!h) {
+        w->state = API_JSONW_NOMEM;
+        return;
+    }
+    for (size_t i = 0; i < count; i++)
+        h[i] = eng_f32_to_bf16(data[i]);
+    if (base64) {
         write_shape(w, rank, shape);
         api__jsonw_cstr(w, ",\"dtype\":\"bfloat16\",\"base64\":\"");
         size_t n = api__base64_encoded_len(count * 2);
@@ -926,20 +914,10 @@ static api__encode_status encode_bf16(api__jsonw *w, const float *data, size_t c
             w->len += n;
         }
         api__jsonw_cstr(w, "\"}");
-        free(h);
-        break;
-    case API_FORM_RAW:
-        h = (uint16_t *)(void *)api__jsonw_reserve(w, count * 2);
-        if (h) {
-            for (size_t i = 0; i < count; i++) {
-                uint16_t x = eng_f32_to_bf16(data[i]);
-                memcpy((char *)h + 2 * i, &x, 2); /* little-endian, as in memory */
-            }
-            w->len += count * 2;
-        }
-        break;
+    } else {
+        api__jsonw_mem(w, h, count * 2); /* little-endian, as in memory */
     }
-    return w->state == API_JSONW_OK ? API_ENCODE_OK : API_ENCODE_FULL;
+    free(h);
 }
 
 api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank,
@@ -957,8 +935,7 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
             return API_ENCODE_NONFINITE;
         }
     }
-    if (flags & API_ENCODE_BF16)
-        return encode_bf16(w, data, count, rank, shape, form, flags, pool);
+    bool bf16 = (flags & API_ENCODE_BF16) != 0;
     switch (form) {
     case API_FORM_NESTED:
         write_nested(w, data, rank, shape, flags);
@@ -970,6 +947,10 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
         api__jsonw_cstr(w, "]}");
         break;
     case API_FORM_BASE64: {
+        if (bf16) {
+            write_bf16(w, data, count, rank, shape, true, pool);
+            break;
+        }
         write_shape(w, rank, shape);
         api__jsonw_cstr(w, ",\"dtype\":\"float32\",\"base64\":\"");
         size_t n = api__base64_encoded_len(count * 4);
@@ -982,7 +963,10 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
         break;
     }
     case API_FORM_RAW:
-        api__jsonw_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
+        if (bf16)
+            write_bf16(w, data, count, rank, shape, false, pool);
+        else
+            api__jsonw_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
         break;
     }
     return w->state == API_JSONW_OK ? API_ENCODE_OK : API_ENCODE_FULL;
