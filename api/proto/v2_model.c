@@ -3,7 +3,7 @@
  * table, so that the metadata, Triton's model configuration and readiness never disagree.
  *
  * GET /v2 -> {"name": "attnd", "version", "extensions": ["binary_tensor_data", "parameters",
- * "statistics"]}.
+ * "statistics"], "engine": {"kernels", "bf16", "cpu", "openblas_core"}}.
  *
  * GET /v2/models/{m}[/versions/1] -> {"name", "versions": ["1"], "platform", "inputs": [{"name",
  * "datatype", "shape"}], "outputs": [...]}, -1 for variable dimensions.
@@ -145,7 +145,19 @@ void api_v2_server_metadata(api_reply *reply)
             api__jsonw_char(&w, ',');
         api__jsonw_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
     }
-    api__jsonw_cstr(&w, "]}\n");
+    /* What the engine computes with, as the start-up log and attnd_engine_info say: an
+     * extra member, which v2 clients ignore and operators can read without a scrape. */
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    api__jsonw_cstr(&w, "],\"engine\":{\"kernels\":");
+    api__jsonw_string(&w, info.kernels, strlen(info.kernels));
+    api__jsonw_cstr(&w, ",\"bf16\":");
+    api__jsonw_string(&w, info.bf16, strlen(info.bf16));
+    api__jsonw_cstr(&w, ",\"cpu\":");
+    api__jsonw_string(&w, info.cpu, strlen(info.cpu));
+    api__jsonw_cstr(&w, ",\"openblas_core\":");
+    api__jsonw_string(&w, info.openblas_core, strlen(info.openblas_core));
+    api__jsonw_cstr(&w, "}}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 

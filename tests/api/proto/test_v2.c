@@ -427,6 +427,13 @@ static void test_server_metadata(void)
             stats |= strcmp(json_string_value(e), "statistics") == 0;
         }
         CHECK(binary && stats);
+        /* The engine as the start-up log names it. */
+        json_t *engine = json_object_get(root, "engine");
+        const char *kernels = json_string_value(json_object_get(engine, "kernels"));
+        CHECK(kernels && strcmp(kernels, eng_kernels_name()) == 0);
+        CHECK(json_is_string(json_object_get(engine, "bf16")));
+        CHECK(json_is_string(json_object_get(engine, "cpu")));
+        CHECK(json_is_string(json_object_get(engine, "openblas_core")));
         json_decref(root);
     }
     api_reply_free(&r);
