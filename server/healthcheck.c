@@ -6,7 +6,9 @@
  * /v2/health/ready over plain TCP and turns the answer into an exit status. The port is the one
  * the daemon wrote to its --port-file (the image sets ATTND_PORT_FILE), so `docker run image
  * --port 9000` is probed on 9000; without that file, the configured --port. With --tls-cert
- * the probe speaks TLS (tls.c).
+ * the probe speaks TLS (tls.c). With an --admin-port the probe asks that listener instead (its
+ * --admin-port-file, else the port; always plain HTTP): it keeps answering while the serving
+ * port is saturated, which is what it is for.
  */
 #include "server/tls.h"
 
@@ -95,9 +97,10 @@ int srv_healthcheck(const srv_config *cfg, int timeout_ms)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     int64_t deadline = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + timeout_ms;
     const char *host = probe_host(cfg->host);
-    int64_t port = port_from_file(cfg->port_file);
+    bool admin = cfg->admin_port >= 0;
+    int64_t port = port_from_file(admin ? cfg->admin_port_file : cfg->port_file);
     if (port < 0)
-        port = cfg->port;
+        port = admin ? cfg->admin_port : cfg->port;
     int fd = connect_within(host, port, deadline);
     if (fd < 0) {
         fprintf(stderr, "attnd: healthcheck: cannot connect to %s port %lld\n", host,
@@ -110,7 +113,7 @@ int srv_healthcheck(const srv_config *cfg, int timeout_ms)
                      host);
     char status[16] = "";
     size_t got = 0;
-    if (n > 0 && cfg->tls_cert) {
+    if (n > 0 && cfg->tls_cert && !admin) {
         got = srv__tls_exchange(cfg, fd, req, (size_t)n, status, sizeof status - 1, deadline);
     } else if (n > 0 && send(fd, req, (size_t)n, MSG_NOSIGNAL) == n) {
         while (got < sizeof status - 1 && wait_fd(fd, POLLIN, deadline)) {

@@ -88,10 +88,12 @@ if [ "${#env_args[@]}" -eq 0 ] || [ -z "$body_limit" ]; then
     finish
 fi
 
-# Starts replica $1 on an ephemeral port; its port ends up in $tmp/port.$1.
+# Starts replica $1 on ephemeral ports (the serving port ends up in $tmp/port.$1; the admin
+# listener the compose file configures moves to one too, as two replicas share this host).
 start_replica() {
     env "${env_args[@]}" "$bin" --host 127.0.0.1 --port 0 --port-file "$tmp/port.$1" \
-        --threads 1 --drain-timeout-s 5 --log-level warn >"$tmp/out.$1" 2>"$tmp/err.$1" &
+        --admin-port 0 --threads 1 --drain-timeout-s 5 --log-level warn >"$tmp/out.$1" \
+        2>"$tmp/err.$1" &
     pids+=($!)
     for _ in $(seq 100); do
         [ -s "$tmp/port.$1" ] && return 0

@@ -275,6 +275,30 @@ if "$bin" --help 2>&1 | grep -qE '^ *--healthcheck'; then
     else
         fail "attnd --healthcheck without its port file did not probe ATTND_PORT"
     fi
+    # With an admin listener (compose and the cluster set one), the probe asks it, not the
+    # serving port: here the serving port it is told (1) has nothing behind it.
+    rm -f "$tmp/hport" "$tmp/hadmin"
+    "${clean_env[@]}" "$bin" --host 127.0.0.1 --port 0 --port-file "$tmp/hport" --admin-port 0 \
+        --admin-port-file "$tmp/hadmin" >"$tmp/hout" 2>&1 &
+    hpid=$!
+    for _ in $(seq 100); do
+        [ -s "$tmp/hadmin" ] && break
+        sleep 0.1
+    done
+    if ATTND_PORT=1 ATTND_ADMIN_PORT=0 ATTND_ADMIN_PORT_FILE="$tmp/hadmin" timeout 10 "$bin" \
+        --healthcheck >/dev/null 2>&1; then
+        ok "attnd --healthcheck asks the --admin-port listener when one is configured"
+    else
+        fail "attnd --healthcheck with ATTND_ADMIN_PORT did not probe the admin listener"
+    fi
+    if ATTND_PORT="$(cat "$tmp/hport")" ATTND_ADMIN_PORT=1 timeout 10 "$bin" --healthcheck \
+        >/dev/null 2>&1; then
+        fail "attnd --healthcheck probed the serving port although ATTND_ADMIN_PORT names another"
+    else
+        ok "attnd --healthcheck probes the configured admin port, not the serving one"
+    fi
+    kill "$hpid" 2>/dev/null
+    wait "$hpid" 2>/dev/null
 else
     skip "attnd --healthcheck: not in --help yet (the server must add it for the image's HEALTHCHECK)"
 fi
