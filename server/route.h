@@ -54,7 +54,7 @@ typedef struct {
     atomic_bool pending;
 } srv_route_stats;
 
-/* Statistics a route keeps beyond the per-route series every request gets (metrics.h), called
+/* Statistics a route keeps beyond the per-route series every request has (metrics.h), called
  * by http.c at each step of a worker request: `begin` on the MHD thread before the body is
  * read (fills *st), `admitted` when it is queued, `started` when a worker takes it, and
  * `completed` once it is answered, whether or not it ran (any thread). */

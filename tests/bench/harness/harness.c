@@ -267,28 +267,42 @@ int bench_child_blas(int argc, char **argv, int threads)
     return 0;
 }
 
-/* Runs this program as "--blas-core NAME" with OPENBLAS_CORETYPE=NAME; its GFLOPS or 0. */
-static double blas_core_gflops(const char *name, char *got, size_t got_len)
+/* Runs this program again as "FLAG ARG" (with OPENBLAS_CORETYPE=coretype unless NULL) and reads
+ * the first line it prints into line; 0 when it exited 0 and printed one, with its resource use
+ * in *ru. */
+static int run_child(const char *flag, const char *arg, const char *coretype, char *line,
+                     size_t len, struct rusage *ru)
 {
     int fd[2];
     if (pipe(fd) != 0)
-        return 0;
+        return -1;
     pid_t pid = fork();
     if (pid == 0) {
-        setenv("OPENBLAS_CORETYPE", name, 1);
+        if (coretype)
+            setenv("OPENBLAS_CORETYPE", coretype, 1);
         dup2(fd[1], STDOUT_FILENO);
         close(fd[0]);
-        execl("/proc/self/exe", "bench", "--blas-core", name, (char *)NULL);
+        execl("/proc/self/exe", "bench", flag, arg, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
-    char buf[96] = "";
+    line[0] = '\0';
     FILE *f = fdopen(fd[0], "r");
-    int read_ok = f && fgets(buf, sizeof buf, f) != NULL;
+    int got = f && fgets(line, (int)len, f) != NULL;
     if (f)
         fclose(f);
     int status = 0;
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !read_ok)
+    if (wait4(pid, &status, 0, ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !got)
+        return -1;
+    return 0;
+}
+
+/* Runs this program as "--blas-core NAME" with OPENBLAS_CORETYPE=NAME; its GFLOPS or 0. */
+static double blas_core_gflops(const char *name, char *got, size_t got_len)
+{
+    char buf[96];
+    struct rusage ru;
+    if (run_child("--blas-core", name, name, buf, sizeof buf, &ru) != 0)
         return 0;
     char *end;
     double gflops = strtod(buf, &end);
@@ -326,27 +340,10 @@ int bench_child_case(int argc, char **argv, int ncases)
 
 int bench_measure_case(int i, double *secs, double *rss_mb)
 {
-    int fd[2];
-    if (pipe(fd) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        char arg[16];
-        snprintf(arg, sizeof arg, "%d", i);
-        dup2(fd[1], STDOUT_FILENO);
-        close(fd[0]);
-        execl("/proc/self/exe", "bench", "--case", arg, (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    char buf[64] = "";
-    FILE *f = fdopen(fd[0], "r");
-    int got = f && fgets(buf, sizeof buf, f) != NULL;
-    if (f)
-        fclose(f);
-    int status = 0;
+    char arg[16], buf[64];
     struct rusage ru;
-    if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !got)
+    snprintf(arg, sizeof arg, "%d", i);
+    if (run_child("--case", arg, NULL, buf, sizeof buf, &ru) != 0)
         return -1;
     *secs = strtod(buf, NULL);
     *rss_mb = (double)ru.ru_maxrss / 1024.0;
