@@ -134,9 +134,39 @@ static void axpy_scalar(float *y, float a, const float *x, int64_t n)
         y[i] += a * x[i];
 }
 
-static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
-                                        exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
-                                        tanh_dot_scalar,    dot_scalar,       axpy_scalar};
+/* The same two over 16-bit rows of a KV cache, widened exactly as they are read. */
+static float dot_bf16_scalar(const float *x, const uint16_t *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * eng_bf16_to_f32(y[i]);
+    return sum;
+}
+
+static void axpy_bf16_scalar(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * eng_bf16_to_f32(x[i]);
+}
+
+static float dot_f16_scalar(const float *x, const uint16_t *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * eng_f16_to_f32(y[i]);
+    return sum;
+}
+
+static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * eng_f16_to_f32(x[i]);
+}
+
+static const eng__vec_ops scalar_ops = {
+    "scalar",         max_scalar,      exp_sum_scalar, exp_sum_max_scalar, exp_store_scalar,
+    softcap_scalar,   tanh_dot_scalar, dot_scalar,     axpy_scalar,        dot_bf16_scalar,
+    axpy_bf16_scalar, dot_f16_scalar,  axpy_f16_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -319,9 +349,70 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n)
     }
 }
 
-static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
-                                      exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
-                                      tanh_dot_avx2,    dot_avx2,       axpy_avx2};
+/* 16-bit cache rows, 8 at a time: bf16 is the high half of a float; float16 goes through
+ * F16C, which every CPU with AVX2 and FMA has. The tail is masked on the widened floats. */
+AVX2 static inline __m256 load8_bf16(const uint16_t *x, int64_t left)
+{
+    uint16_t tmp[8] = {0};
+    const uint16_t *src = x;
+    if (left < 8) {
+        memcpy(tmp, x, (size_t)left * sizeof *x);
+        src = tmp;
+    }
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load8_f16(const uint16_t *x,
+                                                                        int64_t left)
+{
+    uint16_t tmp[8] = {0};
+    const uint16_t *src = x;
+    if (left < 8) {
+        memcpy(tmp, x, (size_t)left * sizeof *x);
+        src = tmp;
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+}
+
+#define DOT16_AVX2(name, load)                                                                     \
+    __attribute__((target("avx2,fma,f16c"))) static float name(const float *x, const uint16_t *y,  \
+                                                               int64_t n)                          \
+    {                                                                                              \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
+        int64_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16) {                                                             \
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load(y + i, 8), acc0);                  \
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load(y + i + 8, 8), acc1);          \
+        }                                                                                          \
+        for (; i < n; i += 8) {                                                                    \
+            __m256i mask = tail_mask8(n - i);                                                      \
+            acc0 = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mask), load(y + i, n - i), acc0);     \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(acc0, acc1));                                                   \
+    }
+
+#define AXPY16_AVX2(name, load)                                                                    \
+    __attribute__((target("avx2,fma,f16c"))) static void name(float *y, float a,                   \
+                                                              const uint16_t *x, int64_t n)        \
+    {                                                                                              \
+        __m256 av = _mm256_set1_ps(a);                                                             \
+        for (int64_t i = 0; i < n; i += 8) {                                                       \
+            __m256i mask = tail_mask8(n - i);                                                      \
+            __m256 r = _mm256_fmadd_ps(av, load(x + i, n - i), _mm256_maskload_ps(y + i, mask));   \
+            _mm256_maskstore_ps(y + i, mask, r);                                                   \
+        }                                                                                          \
+    }
+
+DOT16_AVX2(dot_bf16_avx2, load8_bf16)
+DOT16_AVX2(dot_f16_avx2, load8_f16)
+AXPY16_AVX2(axpy_bf16_avx2, load8_bf16)
+AXPY16_AVX2(axpy_f16_avx2, load8_f16)
+
+static const eng__vec_ops avx2_ops = {
+    "avx2",         max_avx2,      exp_sum_avx2, exp_sum_max_avx2, exp_store_avx2,
+    softcap_avx2,   tanh_dot_avx2, dot_avx2,     axpy_avx2,        dot_bf16_avx2,
+    axpy_bf16_avx2, dot_f16_avx2,  axpy_f16_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -488,9 +579,65 @@ AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n)
     }
 }
 
-static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
-                                        exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
-                                        tanh_dot_avx512,    dot_avx512,       axpy_avx512};
+/* 16-bit cache rows, 16 at a time, widened (AVX-512F alone: a short tail is copied first,
+ * since masked 16-bit loads would need AVX512BW). */
+AVX512 static inline __m256i load16_halves(const uint16_t *x, int64_t left)
+{
+    if (left >= 16)
+        return _mm256_loadu_si256((const __m256i *)x);
+    uint16_t tmp[16] = {0};
+    memcpy(tmp, x, (size_t)left * sizeof *x);
+    return _mm256_loadu_si256((const __m256i *)tmp);
+}
+
+AVX512 static inline __m512 load16_bf16(const uint16_t *x, int64_t left)
+{
+    __m512i w = _mm512_cvtepu16_epi32(load16_halves(x, left));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+AVX512 static inline __m512 load16_f16(const uint16_t *x, int64_t left)
+{
+    return _mm512_cvtph_ps(load16_halves(x, left));
+}
+
+#define DOT16_AVX512(name, load)                                                                   \
+    AVX512 static float name(const float *x, const uint16_t *y, int64_t n)                         \
+    {                                                                                              \
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                             \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= n; i += 32) {                                                             \
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load(y + i, 16), acc0);                 \
+            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load(y + i + 16, 16), acc1);       \
+        }                                                                                          \
+        for (; i < n; i += 16) {                                                                   \
+            __mmask16 mask = tail_mask16(n - i);                                                   \
+            acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), load(y + i, n - i), acc0);  \
+        }                                                                                          \
+        return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));                                    \
+    }
+
+#define AXPY16_AVX512(name, load)                                                                  \
+    AVX512 static void name(float *y, float a, const uint16_t *x, int64_t n)                       \
+    {                                                                                              \
+        __m512 av = _mm512_set1_ps(a);                                                             \
+        for (int64_t i = 0; i < n; i += 16) {                                                      \
+            __mmask16 mask = tail_mask16(n - i);                                                   \
+            __m512 r =                                                                             \
+                _mm512_fmadd_ps(av, load(x + i, n - i), _mm512_maskz_loadu_ps(mask, y + i));       \
+            _mm512_mask_storeu_ps(y + i, mask, r);                                                 \
+        }                                                                                          \
+    }
+
+DOT16_AVX512(dot_bf16_avx512, load16_bf16)
+DOT16_AVX512(dot_f16_avx512, load16_f16)
+AXPY16_AVX512(axpy_bf16_avx512, load16_bf16)
+AXPY16_AVX512(axpy_f16_avx512, load16_f16)
+
+static const eng__vec_ops avx512_ops = {
+    "avx512",         max_avx512,      exp_sum_avx512, exp_sum_max_avx512, exp_store_avx512,
+    softcap_avx512,   tanh_dot_avx512, dot_avx512,     axpy_avx512,        dot_bf16_avx512,
+    axpy_bf16_avx512, dot_f16_avx512,  axpy_f16_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 
