@@ -560,6 +560,12 @@ eng_kv_seq *eng_kv_seq_fork(const eng_kv_seq *seq, eng_error *err);
 eng_status eng_kv_attend(eng_pool *pool, const eng_kv_seq *seq, const eng_sdpa_args *args,
                          eng_ctl *ctl, eng_error *err);
 
+/* Bytes of scratch eng_kv_attend may allocate for `args` over the sequence once it holds
+ * `new_tokens` more tokens, on a pool of `threads` workers (as eng_sdpa_scratch_bytes: for
+ * admission control). Valid only for arguments that eng_kv_attend would accept. */
+size_t eng_kv_attend_scratch_bytes(const eng_kv_seq *seq, const eng_sdpa_args *args,
+                                   int64_t new_tokens, int threads);
+
 /* One step of a session: appends k and v (both, or neither: NULL) and then, when args is not
  * NULL, attends as eng_kv_attend over the sequence with them. The query is checked before the
  * append; if the attention fails the append is undone, so a failed step changes nothing. */

@@ -73,6 +73,10 @@ typedef struct {
 eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *args, const eng__kv_paged *kv,
                            eng_ctl *ctl, eng_error *err);
 
+/* eng_sdpa_scratch_bytes for eng__sdpa_paged (kv NULL: eng_sdpa's). */
+size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
+                                     int threads);
+
 /* A layer from the bytes of a safetensors file (what eng_layer_load does after mapping the
  * file; `file` names it in messages). Separate so that fuzzers can call it on any bytes. */
 eng_layer *eng__layer_from_safetensors(const char *name, const char *file,

@@ -488,6 +488,13 @@ static eng_status check_step(const eng_kv_seq *seq, const eng_sdpa_args *args, i
     return eng__sdpa_validate(&a, err);
 }
 
+static eng__kv_paged paged_of(const eng_kv_seq *seq)
+{
+    eng__kv_paged kv = {
+        .dtype = seq->shape.dtype, .block_tokens = seq->pool->block_tokens, .blocks = seq->blocks};
+    return kv;
+}
+
 eng_status eng_kv_attend(eng_pool *pool, const eng_kv_seq *seq, const eng_sdpa_args *args,
                          eng_ctl *ctl, eng_error *err)
 {
@@ -497,9 +504,16 @@ eng_status eng_kv_attend(eng_pool *pool, const eng_kv_seq *seq, const eng_sdpa_a
     if (st != ENG_OK)
         return st;
     eng_sdpa_args a = cache_args(seq, args, seq->length);
-    eng__kv_paged kv = {
-        .dtype = seq->shape.dtype, .block_tokens = seq->pool->block_tokens, .blocks = seq->blocks};
+    eng__kv_paged kv = paged_of(seq);
     return eng__sdpa_paged(pool, &a, &kv, ctl, err);
+}
+
+size_t eng_kv_attend_scratch_bytes(const eng_kv_seq *seq, const eng_sdpa_args *args,
+                                   int64_t new_tokens, int threads)
+{
+    eng_sdpa_args a = cache_args(seq, args, seq->length + new_tokens);
+    eng__kv_paged kv = paged_of(seq);
+    return eng__sdpa_paged_scratch_bytes(&a, &kv, threads);
 }
 
 eng_status eng_kv_step(eng_pool *pool, eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,

@@ -538,7 +538,9 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
                         float *pack)
 {
     const int64_t ldk = bp->ldk;
-    if (rows <= p->gemv_rows && p->ks->tile) {
+    /* With panels (a block of more rows, or prepacked), a row or two multiply them too: a
+     * prepacked block from a paged cache may span cache blocks, its rows then not in one run. */
+    if (rows <= p->gemv_rows && p->ks->tile && !bp->k) {
         float (*dot16)(const float *, const uint16_t *, int64_t) =
             p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->dot_f16 : p->vec->dot_bf16;
         for (int64_t r = 0; r < rows; r++)
@@ -548,8 +550,8 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
                                        : p->vec->dot(q + r * ldq, bp->kr + (c0 + c) * ldk, p->D));
         return;
     }
-    const float *k = bp->kr + c0 * ldk;
-    if (rows <= p->gemv_rows) {
+    const float *k = bp->kr ? bp->kr + c0 * ldk : NULL; /* NULL: the panels have them */
+    if (rows <= p->gemv_rows && !p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, (int)ldk,
                         q + r * ldq, 1, 0.0f, s + r * lds, 1);
@@ -580,7 +582,7 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
                         const block_panels *bp, int64_t c0, float *o, int64_t ldo, float *pack)
 {
     const int64_t ldv = bp->ldv;
-    if (rows <= p->gemv_rows && p->ks->tile) {
+    if (rows <= p->gemv_rows && p->ks->tile && !bp->v) {
         void (*axpy16)(float *, float, const uint16_t *, int64_t) =
             p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->axpy_f16 : p->vec->axpy_bf16;
         for (int64_t r = 0; r < rows; r++)
@@ -592,8 +594,8 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
             }
         return;
     }
-    const float *v = bp->vr + c0 * ldv;
-    if (rows <= p->gemv_rows) {
+    const float *v = bp->vr ? bp->vr + c0 * ldv : NULL;
+    if (rows <= p->gemv_rows && !p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, (int)ldv,
                         s + r * lds, 1, 1.0f, o + r * ldo, 1);
@@ -762,12 +764,21 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
     return ENG_OK;
 }
 
+/* True when block j0's panels come prepacked: a paged cache's block may then span cache
+ * blocks (block_cols), and its rows are never read. */
+static bool block_prepacked(const plan *p, int64_t j0)
+{
+    return (p->kpack || p->kpack16) && j0 % p->ks->nr == 0;
+}
+
 /* The keys from j0 that one block takes: at most Bc, up to `to`, and, from a paged cache,
- * within one cache block (rows are contiguous only inside a block). */
+ * within one cache block (rows are contiguous only inside a block), unless the block comes
+ * from the call's prepacked panels (which span the cache blocks: they are whole for any j0 on
+ * a panel boundary, and cache blocks then hold whole panels). */
 static int64_t block_cols(const plan *p, int64_t j0, int64_t to)
 {
     int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
-    if (p->kv) {
+    if (p->kv && !block_prepacked(p, j0)) {
         int64_t left = p->kv->block_tokens - j0 % p->kv->block_tokens;
         cols = cols < left ? cols : left;
     }
@@ -863,28 +874,34 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
 
 /* The operands of keys [j0, j0+cols) of (b, kv head hk) for `rows` query rows: their rows in
  * place (a 16-bit cache's widened into the task's scratch s, unless dot products read them),
- * and, when the micro-kernel multiplies them, their panels. */
+ * and, when the micro-kernel multiplies them, their panels: for more than a row or two, and
+ * for any rows when the call prepacked K and V. */
 static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
                                    int64_t rows, const float *s)
 {
     block_panels bp = {0};
-    const void *k, *v;
-    source_rows(p, b, hk, j0, &k, &bp.ldk, &v, &bp.ldv);
-    const bool gemv = rows <= p->gemv_rows, kernel = p->ks->tile != NULL;
-    if (!p->kv16) {
-        bp.kr = k;
-        bp.vr = v;
-    } else if (gemv && kernel) {
-        bp.kh = k;
-        bp.vh = v;
-    } else {
-        float *kw = task_widen(p, s), *vw = kw + align16((size_t)(p->bc * p->D));
-        widen(p->kv->dtype, k, cols * p->D, kw);
-        widen(p->kv->dtype, v, cols * p->Dv, vw);
-        bp.kr = kw;
-        bp.vr = vw;
+    const bool kernel = p->ks->tile != NULL, prepacked = block_prepacked(p, j0);
+    const bool panels = kernel && (rows > p->gemv_rows || p->kpack || p->kpack16);
+    if (!prepacked || !p->kv) {
+        const void *k, *v;
+        source_rows(p, b, hk, j0, &k, &bp.ldk, &v, &bp.ldv);
+        if (!p->kv16) {
+            bp.kr = k;
+            bp.vr = v;
+        } else if (!panels && kernel) {
+            bp.kh = k;
+            bp.vh = v;
+        } else {
+            float *kw = task_widen(p, s), *vw = kw + align16((size_t)(p->bc * p->D));
+            widen(p->kv->dtype, k, cols * p->D, kw);
+            widen(p->kv->dtype, v, cols * p->Dv, vw);
+            bp.kr = kw;
+            bp.vr = vw;
+            bp.ldk = p->D;
+            bp.ldv = p->Dv;
+        }
     }
-    if (!gemv && kernel)
+    if (panels)
         pack_block(p, b, hk, j0, cols, s, &bp);
     return bp;
 }
@@ -1521,10 +1538,20 @@ static size_t plan_heap_bytes(const plan *p)
 
 size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
 {
+    return eng__sdpa_paged_scratch_bytes(args, NULL, threads);
+}
+
+size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
+                                     int threads)
+{
     plan p;
-    plan_init(&p, args, NULL, threads > 0 ? threads : 1);
-    /* One scratch block per thread that may run a task: the workers and this caller. */
-    return plan_heap_bytes(&p) + (size_t)(threads + 1) * task_scratch_floats(&p) * sizeof(float);
+    plan_init(&p, args, kv, threads > 0 ? threads : 1);
+    /* One scratch block per thread that may run a task: the workers and this caller; a 16-bit
+     * cache's prepacking widens one cache block per thread. */
+    size_t per_thread = task_scratch_floats(&p);
+    if (p.prepack && p.kv16)
+        per_thread += (size_t)(kv->block_tokens * (p.D + p.Dv));
+    return plan_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }
 
 /* Additive scoring, step 0: W_q q for one (b, h), or W_k k for one (b, kv head). */
