@@ -45,6 +45,12 @@ typedef struct {
     void (*axpy_bf16)(float *y, float a, const uint16_t *x, int64_t n);
     float (*dot_f16)(const float *x, const uint16_t *y, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* A block of n bf16 rows (row stride ld) at once, d a multiple of 32; NULL where the set
+     * has none (then the two above run per row): s[c] = q . k_c, and o += sum_c p[c] v_c. */
+    void (*dots_bf16)(const float *q, const uint16_t *k, int64_t ldk, int64_t n, int64_t d,
+                      float *s);
+    void (*axpys_bf16)(float *o, const float *p, const uint16_t *v, int64_t ldv, int64_t n,
+                       int64_t d);
 } eng__vec_ops;
 
 /* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic

@@ -543,6 +543,15 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
     if (rows <= p->gemv_rows && p->ks->tile && !bp->k) {
         float (*dot16)(const float *, const uint16_t *, int64_t) =
             p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->dot_f16 : p->vec->dot_bf16;
+        if (bp->kh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->dots_bf16 && p->D % 32 == 0) {
+            for (int64_t r = 0; r < rows; r++) {
+                float *sr = s + r * lds;
+                p->vec->dots_bf16(q + r * ldq, bp->kh + c0 * ldk, ldk, cols, p->D, sr);
+                for (int64_t c = 0; c < cols; c++)
+                    sr[c] *= p->scale;
+            }
+            return;
+        }
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
                 s[r * lds + c] =
@@ -585,6 +594,11 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
     if (rows <= p->gemv_rows && p->ks->tile && !bp->v) {
         void (*axpy16)(float *, float, const uint16_t *, int64_t) =
             p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->axpy_f16 : p->vec->axpy_bf16;
+        if (bp->vh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->axpys_bf16 && p->Dv % 32 == 0) {
+            for (int64_t r = 0; r < rows; r++)
+                p->vec->axpys_bf16(o + r * ldo, s + r * lds, bp->vh + c0 * ldv, ldv, cols, p->Dv);
+            return;
+        }
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) {
                 if (bp->vh)

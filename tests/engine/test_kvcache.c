@@ -386,28 +386,33 @@ static void test_grouped_query_heads(void)
     }
 }
 
-/* Value heads wider than key heads, inputs in f16 and bf16 into caches of every type. */
+/* Value heads wider and narrower than key heads (one of more than 128, which the bf16 block
+ * loops take in two chunks), inputs in f16 and bf16 into caches of every type. */
 static void test_value_dims_and_input_dtypes(void)
 {
     const eng_dtype types[] = {ENG_DTYPE_F32, ENG_DTYPE_BF16, ENG_DTYPE_F16};
-    for (int c = 0; c < 3; c++)
-        for (int in = 0; in < 3; in++) {
-            uint64_t rng = (uint64_t)(77 + c * 3 + in);
-            eng_kv_pool *kvp = new_pool((size_t)64 << 20, 16);
-            hist h;
-            hist_init(&h, kvp, 2, 24, 40, types[c], 200);
-            query qq;
-            char name[64];
-            snprintf(name, sizeof name, "cache %d input %d", c, in);
-            for (int s = 0; s < 4; s++) {
-                int64_t n = s == 0 ? 37 : s;
-                query_make(&qq, 4, n, 24, 40, h.len + n, ENG_WEIGHTS_NONE, &rng);
-                step_and_check(&h, n, &qq, types[in], &rng, name);
-                query_free(&qq);
+    const int64_t dims[][2] = {{24, 40}, {160, 96}};
+    for (int sh = 0; sh < 2; sh++)
+        for (int c = 0; c < 3; c++)
+            for (int in = 0; in < 3; in++) {
+                const int64_t D = dims[sh][0], Dv = dims[sh][1];
+                uint64_t rng = (uint64_t)(77 + sh * 9 + c * 3 + in);
+                eng_kv_pool *kvp = new_pool((size_t)64 << 20, 16);
+                hist h;
+                hist_init(&h, kvp, 2, D, Dv, types[c], 200);
+                query qq;
+                char name[64];
+                snprintf(name, sizeof name, "D=%lld Dv=%lld cache %d input %d", (long long)D,
+                         (long long)Dv, c, in);
+                for (int s = 0; s < 4; s++) {
+                    int64_t n = s == 0 ? 37 : s;
+                    query_make(&qq, 4, n, D, Dv, h.len + n, ENG_WEIGHTS_NONE, &rng);
+                    step_and_check(&h, n, &qq, types[in], &rng, name);
+                    query_free(&qq);
+                }
+                hist_free(&h);
+                eng_kv_pool_free(kvp);
             }
-            hist_free(&h);
-            eng_kv_pool_free(kvp);
-        }
 }
 
 /* Every option of a step: softcap, window, ALiBi, scale, weights (per head, mean) and bf16. */
