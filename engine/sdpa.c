@@ -18,6 +18,14 @@
  * computed in parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass
  * that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s
  * - lse): lse rounded to float loses log(l) next to scores of 1e9).
+ *
+ * K and V come from a source: the caller's views (eng_sdpa), or the block table of a paged KV
+ * cache (eng__sdpa_paged, for engine/kvcache.c), whose rows are contiguous only inside a cache
+ * block and may be bf16 or f16. The loop is the same: a key block ends at a cache-block
+ * boundary when its rows are read in place (block_cols, source_rows), prepacking goes a cache
+ * block at a time into panels that then span cache blocks, a 16-bit block is widened into the
+ * task's scratch for the products, and one or two query rows (decoding) read 16-bit rows in
+ * place through the vector kernels' dot and axpy over bf16/f16.
  */
 #include <cblas.h>
 #include <float.h>

@@ -336,7 +336,7 @@ static void test_prefill_then_steps_float32_small_blocks(void)
 
 static void test_prefill_then_steps_bfloat16(void)
 {
-    prefill_then_decode(ENG_DTYPE_BF16, 64, quick ? 200 : 1000, quick ? 20 : 100, 4, 2, 64,
+    prefill_then_decode(ENG_DTYPE_BF16, 64, quick ? 200 : 1000, quick ? 20 : 200, 4, 2, 64,
                         "bf16 T=64");
 }
 
