@@ -338,8 +338,9 @@ static void write_rows(eng_kv_seq *seq, const eng_kv_rows *in, bool values)
         }
 }
 
-eng_status eng_kv_seq_append(eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,
-                             eng_error *err)
+/* The rows an append takes: k and v of the sequence's shape with as many tokens. */
+static eng_status check_append(const eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,
+                               eng_error *err)
 {
     eng_status st;
     if (!seq || !k || !v)
@@ -348,10 +349,20 @@ eng_status eng_kv_seq_append(eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv
     if ((st = check_rows(k, "k", s->num_kv_heads, s->head_dim, err)) != ENG_OK ||
         (st = check_rows(v, "v", s->num_kv_heads, s->value_head_dim, err)) != ENG_OK)
         return st;
-    const int64_t n = k->ne[2];
-    if (v->ne[2] != n)
+    if (v->ne[2] != k->ne[2])
         return eng__fail(err, ENG_EINVAL, "v", "v has %lld tokens but k has %lld",
-                         (long long)v->ne[2], (long long)n);
+                         (long long)v->ne[2], (long long)k->ne[2]);
+    return ENG_OK;
+}
+
+eng_status eng_kv_seq_append(eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,
+                             eng_error *err)
+{
+    eng_status st = check_append(seq, k, v, err);
+    if (st != ENG_OK)
+        return st;
+    const eng_kv_shape *s = &seq->shape;
+    const int64_t n = k->ne[2];
     if (s->max_tokens > 0 && n > s->max_tokens - seq->length)
         return eng__fail(err, ENG_ETOOBIG, "max_tokens",
                          "appending %lld tokens to %lld would pass max_tokens = %lld", (long long)n,
@@ -525,10 +536,14 @@ eng_status eng_kv_step(eng_pool *pool, eng_kv_seq *seq, const eng_kv_rows *k, co
         return eng__fail(err, ENG_EINVAL, k ? "v" : "k", "k and v come together");
     const int64_t before = seq->length;
     eng_status st;
-    /* The query is checked against the length after the append, before anything changes. */
-    if (args && k) {
-        int64_t n = k->ne[2] > 0 && k->ne[2] < INT64_MAX / 2 - before ? k->ne[2] : 0;
-        if ((st = check_step(seq, args, before + n, err)) != ENG_OK)
+    /* The rows, then the query against the length after the append, are checked before
+     * anything changes. */
+    if (k && args) {
+        if ((st = check_append(seq, k, v, err)) != ENG_OK)
+            return st;
+        if (k->ne[2] > INT64_MAX / 2 - before)
+            return eng__fail(err, ENG_ETOOBIG, "k", "the sequence would be too long");
+        if ((st = check_step(seq, args, before + k->ne[2], err)) != ENG_OK)
             return st;
     }
     if (k && (st = eng_kv_seq_append(seq, k, v, err)) != ENG_OK)

@@ -784,6 +784,11 @@ static void test_rejects_bad_arguments(void)
     wrong.data = NULL;
     CHECK(eng_kv_seq_append(h.seq, &wrong, &v.rows, &err) == ENG_EINVAL);
     CHECK(eng_kv_step(pool, h.seq, &k.rows, NULL, NULL, NULL, &err) == ENG_EINVAL);
+    /* A step with bad rows names them, even on an empty sequence. */
+    wrong = k.rows;
+    wrong.ne[2] = 0;
+    CHECK(eng_kv_step(pool, h.seq, &wrong, &v.rows, &qq.a, NULL, &err) == ENG_EINVAL);
+    CHECK(strcmp(err.field, "k") == 0);
     /* A query of the wrong head size fails before the append. */
     query bad_q;
     query_make(&bad_q, 2, 1, 6, 8, 5, ENG_WEIGHTS_NONE, &rng);
