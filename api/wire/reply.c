@@ -68,25 +68,6 @@ void api_reply_error_status(api_reply *reply, api_error_style style, api_status 
     api__reply_from_error(reply, style, &err);
 }
 
-void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
-                     const char *field, const char *fmt, ...)
-{
-    /* A code outside the list keeps its number and gets the code word of its class; the status
-     * stored for it (no Retry-After) is a placeholder that only marks `err` as filled. */
-    api_status status = API_STATUS_INTERNAL;
-    bool known = api_status_from_http(http, &status);
-    api__error err = {0};
-    va_list ap;
-    va_start(ap, fmt);
-    api__error_vset(&err, status, reason, field, fmt, ap);
-    va_end(ap);
-    memset(reply, 0, sizeof *reply);
-    if (known)
-        api__reply_from_error(reply, style, &err);
-    else
-        reply_write(reply, style, http, http >= 500 ? "internal" : "bad_request", &err);
-}
-
 void api_reply_free(api_reply *reply)
 {
     if (!reply)

@@ -217,12 +217,13 @@ static void run_current_case(void)
     if (c)
         known_keys(c, call_keys, sizeof call_keys / sizeof call_keys[0], "call");
     api_limits limits = api_limits_default();
-    eng_ctl ctl;
-    memset(&ctl, 0, sizeof ctl);
+    api_budget *budget = NULL;
+    int64_t start_ns = eng_now_ns();
+    api_lease lease;
     api_call call = {.body = request,
                      .body_len = req_len,
                      .pool = pool,
-                     .ctl = &ctl,
+                     .lease = &lease,
                      .limits = &limits,
                      .models = models,
                      .content_type = "application/json"};
@@ -236,13 +237,14 @@ static void run_current_case(void)
     if ((v = json_object_get(c, "max_timeout_ms")))
         limits.max_timeout_ms = json_integer_value(v);
     if ((v = json_object_get(c, "budget_bytes")))
-        call.budget = api_budget_new((size_t)json_integer_value(v));
-    if ((v = json_object_get(c, "budget_in_use")) && call.budget)
-        api_budget_reserve(call.budget, (size_t)json_integer_value(v));
+        budget = api_budget_new((size_t)json_integer_value(v));
+    if ((v = json_object_get(c, "budget_in_use")) && budget)
+        api_budget_reserve(budget, (size_t)json_integer_value(v));
     if ((v = json_object_get(c, "started_ms_ago")))
-        call.start_ns = eng_now_ns() - json_integer_value(v) * 1000000;
+        start_ns -= json_integer_value(v) * 1000000;
+    api_lease_start(&lease, budget, start_ns, 0);
     if (json_is_true(json_object_get(c, "cancelled")))
-        atomic_store(&ctl.cancel, true);
+        atomic_store(&lease.ctl.cancel, true);
     tolerance = json_is_number(json_object_get(expected, "tolerance"))
                     ? json_number_value(json_object_get(expected, "tolerance"))
                     : 1e-5;
@@ -264,11 +266,14 @@ static void run_current_case(void)
     if (got && json_object_get(expected, "reply"))
         match(json_object_get(expected, "reply"), got, "reply");
     CHECKF(json_object_get(expected, "reply") != NULL, "%s: no \"reply\" to compare", current);
-    if (call.budget) {
+    CHECKF(r.status != 200 || !budget || lease.held >= r.body_len,
+           "%s: the lease holds %zu bytes for a reply of %zu", current, lease.held, r.body_len);
+    api_lease_end(&lease);
+    if (budget) {
         v = json_object_get(c, "budget_in_use");
-        CHECKF(api_budget_in_use(call.budget) == (v ? (size_t)json_integer_value(v) : 0),
+        CHECKF(api_budget_in_use(budget) == (v ? (size_t)json_integer_value(v) : 0),
                "%s: the budget was not given back", current);
-        api_budget_free(call.budget);
+        api_budget_free(budget);
     }
     json_decref(got);
     api_reply_free(&r);

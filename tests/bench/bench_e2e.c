@@ -398,7 +398,8 @@ int main(int argc, char **argv)
     /* api/ in this process. */
     api_budget *budget = api_budget_new((size_t)8 << 30);
     for (int which = 0; which < 2; which++) {
-        api_call call = {.pool = pool, .budget = budget, .model = "sdpa"};
+        api_lease lease;
+        api_call call = {.pool = pool, .lease = &lease, .model = "sdpa"};
         api_reply reply;
         bool ok = true;
         size_t down = 0;
@@ -407,6 +408,7 @@ int main(int argc, char **argv)
         call.inference_header_length = which == 0 ? hl_value : NULL;
         for (int r = -1; r < reps; r++) {
             int64_t t0 = eng_now_ns();
+            api_lease_start(&lease, budget, t0, 0);
             if (which == 0)
                 api_v2_infer(&call, &reply);
             else
@@ -418,6 +420,7 @@ int main(int argc, char **argv)
                              which == 0, first);
             down = reply.body_len;
             api_reply_free(&reply);
+            api_lease_end(&lease);
         }
         report(which == 0 ? "api v2 binary fp32" : "api native base64 json", t, call.body_len, down,
                ok);

@@ -185,8 +185,8 @@ typedef struct {
     const char *request_id; /* X-Request-Id, NULL: none */
     const api_limits *limits;
     api_budget *budget;
-    eng_ctl *ctl;
-    int64_t start_ns;
+    int64_t arrived_ns_ago; /* the lease starts this long before the call */
+    bool cancelled;
 } call_opts;
 
 /* The start of a reply's body as a C string, for messages (bodies are not NUL-terminated). */
@@ -200,25 +200,33 @@ static const char *snippet(const api_reply *r)
     return buf;
 }
 
+/* Calls api_v2_infer under a lease on the suite's budget (or o->budget), ended after the call:
+ * every byte comes back. */
 static void infer(const char *body, size_t len, const call_opts *o, api_reply *reply)
 {
+    api_budget *b = o && o->budget ? o->budget : budget;
+    api_lease lease;
+    api_lease_start(&lease, b, eng_now_ns() - (o ? o->arrived_ns_ago : 0), 0);
+    if (o && o->cancelled)
+        atomic_store(&lease.ctl.cancel, true);
     api_call call = {.body = body,
                      .body_len = len,
                      .content_type = o ? o->content_type : NULL,
                      .pool = pool,
-                     .ctl = o ? o->ctl : NULL,
-                     .start_ns = o ? o->start_ns : 0,
+                     .lease = &lease,
                      .limits = o ? o->limits : NULL,
-                     .budget = o && o->budget ? o->budget : budget,
                      .models = models,
                      .inference_header_length = o ? o->header_len : NULL,
                      .request_id = o ? o->request_id : NULL,
                      .model = o && o->model ? o->model : "sdpa",
                      .version = o ? o->version : NULL};
-    size_t before = api_budget_in_use(call.budget);
+    size_t before = api_budget_in_use(b);
     api_v2_infer(&call, reply);
-    CHECKF(api_budget_in_use(call.budget) == before, "%zu bytes left reserved",
-           api_budget_in_use(call.budget) - before);
+    CHECKF(reply->status != 200 || lease.held >= reply->body_len,
+           "the lease holds %zu bytes for a reply of %zu", lease.held, reply->body_len);
+    api_lease_end(&lease);
+    CHECKF(api_budget_in_use(b) == before, "%zu bytes left reserved",
+           api_budget_in_use(b) - before);
 }
 
 /* Sends a request built from inputs; binary ones get the header length. */
@@ -1395,17 +1403,13 @@ static void test_infer_limits(void)
     api_budget_release(busy, ((size_t)64 << 20) - 100);
     api_budget_free(busy);
 
-    eng_ctl ctl = {0};
     limits = api_limits_default();
     limits.max_timeout_ms = 1;
-    infer(body, len,
-          &(call_opts){.limits = &limits, .ctl = &ctl, .start_ns = eng_now_ns() - 1000000000}, &r);
+    infer(body, len, &(call_opts){.limits = &limits, .arrived_ns_ago = 1000000000}, &r);
     check_error(&r, 504, "deadline");
     api_reply_free(&r);
 
-    eng_ctl cancelled = {0};
-    atomic_store(&cancelled.cancel, true);
-    infer(body, len, &(call_opts){.ctl = &cancelled}, &r);
+    infer(body, len, &(call_opts){.cancelled = true}, &r);
     CHECK_EQ_INT(r.status, API_STATUS_CLIENT_CLOSED);
     api_reply_free(&r);
 }
@@ -1696,14 +1700,10 @@ static void test_infer_layer_errors(void)
     infer(body, strlen(body), &(call_opts){.model = "demo", .limits = &limits}, &r);
     check_error(&r, 413, "--max-elements");
     api_reply_free(&r);
-    eng_ctl ctl = {0};
     limits = api_limits_default();
     limits.max_timeout_ms = 1;
-    infer(
-        body, strlen(body),
-        &(call_opts){
-            .model = "demo", .limits = &limits, .ctl = &ctl, .start_ns = eng_now_ns() - 1000000000},
-        &r);
+    infer(body, strlen(body),
+          &(call_opts){.model = "demo", .limits = &limits, .arrived_ns_ago = 1000000000}, &r);
     check_error(&r, 504, "deadline");
     api_reply_free(&r);
 }
