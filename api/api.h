@@ -36,6 +36,61 @@
 #include "api/status.h"
 #include "engine/engine.h"
 
+/* ---- Text buffers ------------------------------------------------------------------------- */
+
+/* The daemon's one growable byte buffer: reply bodies, request bodies, metrics, statistics and
+ * log lines are built in it. Its maximum is given at init (as curl's dynbuf does), so no caller
+ * can forget to bound a buffer that grows with client input. Errors are sticky: once a write
+ * fails, later writes do nothing and `state` says why, so a writer checks once at the end. The
+ * storage comes from eng_buf_alloc (big buffers keep their pages for the next request). A
+ * buffer belongs to one thread at a time.
+ *
+ *     api_buf b;
+ *     api_buf_init(&b, 4096);
+ *     api_buf_cstr(&b, "{\"path\":");
+ *     api_buf_json_string(&b, path, strlen(path));
+ *     api_buf_char(&b, '}');
+ *     if (b.state == API_BUF_OK) write(fd, b.data, b.len);
+ *     api_buf_free(&b);
+ */
+typedef enum {
+    API_BUF_OK = 0,
+    API_BUF_FULL,  /* a write would have passed the maximum size */
+    API_BUF_NOMEM, /* the allocator failed */
+} api_buf_state;
+
+typedef struct {
+    char *data; /* not NUL-terminated (api_buf_take terminates it) */
+    size_t len, cap, max;
+    api_buf_state state;
+} api_buf;
+
+/* An empty buffer that never grows beyond `max` bytes. Allocates nothing yet. */
+void api_buf_init(api_buf *w, size_t max);
+void api_buf_free(api_buf *w); /* and empty again, with the same maximum */
+
+/* Makes room for n more bytes and returns where they go (then advance w->len yourself), or
+ * NULL (state set) when that is impossible. Grows geometrically up to 1 MiB, then to the
+ * maximum at once. */
+char *api_buf_reserve(api_buf *w, size_t n);
+/* Grows the allocation to exactly `cap` bytes (at most the maximum), for a caller that
+ * accounts for every allocated byte (a request body against the memory budget). */
+bool api_buf_grow_to(api_buf *w, size_t cap);
+
+void api_buf_mem(api_buf *w, const void *src, size_t n);
+void api_buf_cstr(api_buf *w, const char *s); /* raw, not quoted */
+void api_buf_char(api_buf *w, char c);
+/* `s` (n bytes) as a JSON string with its quotes: ", \ and control characters escaped,
+ * well-formed UTF-8 kept, any other byte written as U+FFFD (JSON must be UTF-8). */
+void api_buf_json_string(api_buf *w, const char *s, size_t n);
+void api_buf_int(api_buf *w, int64_t v);
+void api_buf_float(api_buf *w, float f); /* f must be finite (checked by the caller) */
+void api_buf_printf(api_buf *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Hands the data over (NUL-terminated; free it with eng_buf_free), its length in *len, and
+ * empties the buffer; NULL when a write failed or memory ran out. */
+char *api_buf_take(api_buf *w, size_t *len);
+
 /* ---- Limits and the memory budget --------------------------------------------------------- */
 
 /* Per-request limits. Each message that reports a violation names the flag that sets it. */
@@ -283,6 +338,12 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
  * outputs sets reply->inference_header_len and is application/octet-stream. Pure function of
  * its arguments: the fuzz harness calls it with any bytes and header value. */
 void api_v2_infer(const api_call *call, api_reply *reply);
+
+/* ---- Header values ------------------------------------------------------------------------ */
+
+/* Whether the header `value` (NUL-terminated; NULL: absent) is the one token `word`, ignoring
+ * case and the blanks (SP, HTAB) around it: "Chunked " is chunked, "chunked, gzip" is not. */
+bool api_header_token_is(const char *value, const char *word);
 
 /* ---- Content codings ----------------------------------------------------------------------- */
 

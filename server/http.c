@@ -78,7 +78,7 @@ typedef struct srv_req {
     bool has_length;    /* a Content-Length header was given */
     bool seen_body_end; /* the last upload call arrived */
     size_t content_length;
-    srv_buf body;
+    api_buf body;
     size_t body_held;  /* the body buffer's share of the lease, given back when it is freed */
     uint64_t bytes_in; /* body bytes received, including those drained after a rejection */
     bool refused;      /* refused while receiving: answer `refusal` once the body is in */
@@ -128,7 +128,7 @@ static api_error_style error_style(const srv_req *req)
  * the time calls it (see the top of the file). */
 static void release_body(srv_req *req)
 {
-    srv__buf_free(&req->body);
+    api_buf_free(&req->body);
     api_lease_give_back(&req->lease, req->body_held);
     req->body_held = 0;
 }
@@ -419,7 +419,7 @@ static void send_direct(srv_req *req)
 /* The client sent "Expect: 100-continue": it waits for a go-ahead before sending its body. */
 static bool expects_continue(const srv_req *req)
 {
-    return srv__header_token_is(req->hdr.expect, "100-continue");
+    return api_header_token_is(req->hdr.expect, "100-continue");
 }
 
 /* Checks the message framing before any body byte is read: libmicrohttpd 0.9.75 uses the first
@@ -441,13 +441,13 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
      * (any case): with a trailing blank it reads the body until the connection closes and
      * swallows the requests behind it, so such a value is malformed here, as a Content-Length
      * with one is for libmicrohttpd. */
-    if (h->n_transfer == 1 && srv__header_token_is(h->transfer_encoding, "chunked") &&
+    if (h->n_transfer == 1 && api_header_token_is(h->transfer_encoding, "chunked") &&
         strcasecmp(h->transfer_encoding, "chunked") != 0)
         return refuse(req, SRV_REFUSE_FRAMING, true,
                       "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
                       h->transfer_encoding);
     if (h->n_transfer > 1 ||
-        (h->n_transfer == 1 && !srv__header_token_is(h->transfer_encoding, "chunked")))
+        (h->n_transfer == 1 && !api_header_token_is(h->transfer_encoding, "chunked")))
         return refuse(req, SRV_REFUSE_TRANSFER_CODING, true,
                       "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
                       h->n_transfer == 1 ? h->transfer_encoding : "(several headers)");
@@ -789,13 +789,13 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
             release_body(req);
             return MHD_YES;
         }
-        if (srv__buf_grow_to(&req->body, cap) != SRV_OK) {
+        if (!api_buf_grow_to(&req->body, cap)) {
             set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
             release_body(req);
             return MHD_YES;
         }
     }
-    srv__buf_append(&req->body, data, n);
+    api_buf_mem(&req->body, data, n);
     return MHD_YES;
 }
 
@@ -960,7 +960,7 @@ static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection
     req->watch.ops = &req_watch_ops;
     req->watch.req = req;
     api_lease_start(&req->lease, s->budget, eng_now_ns(), s->limits.max_timeout_ms);
-    srv__buf_init(&req->body, s->max_body_bytes);
+    api_buf_init(&req->body, s->max_body_bytes + 1); /* + its NUL (on_body_chunk) */
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
     req->bad_target = srv__target_check(uri);
     if (uri)
@@ -1046,33 +1046,33 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
      * connection until libmicrohttpd has written it all. */
     int64_t receive_ns = req->submit_ns > 0 ? req->submit_ns - req->lease.start_ns : 0;
     int64_t send_ns = req->done_ns > 0 ? now - req->done_ns : 0;
-    srv_buf b;
+    api_buf b;
     if (!srv_log_enabled(SRV_LOG_INFO))
         return;
-    srv__buf_init(&b, 8192);
+    api_buf_init(&b, 8192);
     srv__log_begin(&b, SRV_LOG_INFO);
-    srv__buf_puts(&b, ",\"msg\":\"request\",\"request_id\":");
-    srv__buf_json_str(&b, req->id, strlen(req->id));
-    srv__buf_puts(&b, ",\"method\":");
-    srv__buf_json_str(&b, req->method, strlen(req->method));
-    srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_names.label(req->route));
-    srv__buf_json_str(&b, req->path, strlen(req->path));
-    srv__buf_printf(&b,
-                    ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
-                    "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
-                    "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
-                    status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
-                    ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
-                    ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
-                    ms(now - req->lease.start_ns));
+    api_buf_cstr(&b, ",\"msg\":\"request\",\"request_id\":");
+    api_buf_json_string(&b, req->id, strlen(req->id));
+    api_buf_cstr(&b, ",\"method\":");
+    api_buf_json_string(&b, req->method, strlen(req->method));
+    api_buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_names.label(req->route));
+    api_buf_json_string(&b, req->path, strlen(req->path));
+    api_buf_printf(&b,
+                   ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
+                   "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
+                   "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
+                   status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
+                   ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
+                   ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
+                   ms(now - req->lease.start_ns));
     if (reason != API_REASON_NONE)
-        srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+        api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
     if (req->cut_status > 0)
-        srv__buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
-    srv__buf_puts(&b, "}\n");
-    if (!b.failed)
+        api_buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
+    api_buf_cstr(&b, "}\n");
+    if (b.state == API_BUF_OK)
         srv__log_write(b.data, b.len);
-    srv__buf_free(&b);
+    api_buf_free(&b);
 }
 
 /* Whether a completed request was not answered as queued (its client went away, or its

@@ -17,14 +17,14 @@ srv_reply srv__reply_body(srv_outcome o, const char *content_type, char *body, s
                        .content_type = content_type,
                        .body = body,
                        .len = body ? len : 0,
-                       .release = free,
+                       .release = eng_buf_free,
                        .retry_after_s = info->retry_after_s};
 }
 
 srv_reply srv__reply_text(srv_outcome o, const char *content_type, const char *text)
 {
     size_t n = strlen(text);
-    char *body = malloc(n + 1);
+    char *body = eng_buf_alloc(n + 1);
     if (!body)
         return (srv_reply){.status = 0};
     memcpy(body, text, n + 1);

@@ -334,7 +334,7 @@ static double ms(int64_t ns)
     return (double)ns / 1e6;
 }
 
-static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const attn_job *job = p;
@@ -343,16 +343,16 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
     float scale = r->additive ? 1.0f : r->scale_set ? r->scale : (float)(1.0 / sqrt((double)r->D));
-    api__jsonw_printf(w,
-                      ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
-                      "\"query_len\":%lld,\"key_len\":%lld,\"head_dim\":%lld,"
-                      "\"value_head_dim\":%lld,\"scale\":",
-                      (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
-                      (long long)r->S, (long long)r->D, (long long)r->Dv);
-    api__jsonw_float(w, scale);
-    api__jsonw_printf(w, ",\"precision\":\"%s\",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
-                      api__precision_name(eng_sdpa_precision(&s->args)), ms(decode_ns),
-                      ms(compute_ns));
+    api_buf_printf(w,
+                   ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                   "\"query_len\":%lld,\"key_len\":%lld,\"head_dim\":%lld,"
+                   "\"value_head_dim\":%lld,\"scale\":",
+                   (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
+                   (long long)r->S, (long long)r->D, (long long)r->Dv);
+    api_buf_float(w, scale);
+    api_buf_printf(w, ",\"precision\":\"%s\",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
+                   api__precision_name(eng_sdpa_precision(&s->args)), ms(decode_ns),
+                   ms(compute_ns));
     return api__native_reply(w, reply, err);
 }
 

@@ -308,7 +308,7 @@ static api__form reply_form(const mha_job *job)
     return job->encoding_set ? job->encoding : job->s.r.input.form;
 }
 
-static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const mha_job *job = p;
@@ -316,22 +316,22 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     const eng_layer *l = s->layer;
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    api__jsonw_cstr(w, ",\"meta\":{\"model\":");
+    api_buf_cstr(w, ",\"meta\":{\"model\":");
     if (s->inline_layer)
-        api__jsonw_cstr(w, "null");
+        api_buf_cstr(w, "null");
     else
-        api__jsonw_string(w, l->name, strlen(l->name));
-    api__jsonw_printf(w,
-                      ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
-                      "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
-                      "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
-                      "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
-                      (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
-                      (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
-                      (long long)(l->embed_dim / l->num_heads),
-                      api__layer_positional_name(s->r.positional),
-                      api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
-                      (double)compute_ns / 1e6);
+        api_buf_json_string(w, l->name, strlen(l->name));
+    api_buf_printf(w,
+                   ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
+                   "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                   "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
+                   "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
+                   (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
+                   (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
+                   (long long)(l->embed_dim / l->num_heads),
+                   api__layer_positional_name(s->r.positional),
+                   api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
+                   (double)compute_ns / 1e6);
     return api__native_reply(w, reply, err);
 }
 

@@ -678,9 +678,9 @@ static int stub_compute(void *p, int64_t *compute_ns, api__error *err)
     return stub_step(p, 'c', err);
 }
 
-static int stub_encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int stub_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
-    api__jsonw_printf(w, "{\"compute_ns\":%lld}\n", (long long)reply->compute_ns);
+    api_buf_printf(w, "{\"compute_ns\":%lld}\n", (long long)reply->compute_ns);
     if (stub_step(p, 'e', err) != 0)
         return -1;
     return api__native_reply(w, reply, err);

@@ -1,9 +1,10 @@
 /*
- * jsonw.c - building JSON replies: a capped growable buffer and a fast float writer.
+ * buf.c - the daemon's text buffer (api_buf: capped and growable) and a fast float writer.
  *
  * Replies are written straight into one buffer that becomes the HTTP body, never through a
  * json_t per number (jansson would allocate ~40 bytes and run printf for each). The buffer
- * takes its maximum size at init, so a reply can never grow past what was budgeted for it.
+ * takes its maximum size at init, so a reply can never grow past what was budgeted for it; the
+ * server builds request bodies, metrics and log lines in the same buffer.
  *
  * Floats get 9 significant digits, the fewest that make every float32 read back exactly. The
  * writer scales the value by a power of ten in double precision and rounds it to a 9-digit
@@ -19,36 +20,65 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 
 /* ---- The buffer -------------------------------------------------------------------------- */
 
-#define JSONW_PRESIZE_FROM ((size_t)1 << 20)
+#define PRESIZE_FROM ((size_t)1 << 20)
 
-void api__jsonw_init(api__jsonw *w, size_t max)
+void api_buf_init(api_buf *w, size_t max)
 {
     w->data = NULL;
     w->len = 0;
     w->cap = 0;
     w->max = max;
-    w->state = API_JSONW_OK;
+    w->state = API_BUF_OK;
 }
 
-void api__jsonw_free(api__jsonw *w)
+void api_buf_free(api_buf *w)
 {
     eng_buf_free(w->data);
-    w->data = NULL;
-    w->len = w->cap = 0;
+    api_buf_init(w, w->max);
 }
 
-char *api__jsonw_reserve(api__jsonw *w, size_t n)
+/* Moves the data to an allocation of exactly `cap` bytes (>= len). */
+static bool resize(api_buf *w, size_t cap)
 {
-    if (w->state != API_JSONW_OK)
+    /* eng_buf: a big buffer's pages are reused by the next one (see engine/buffers.c). */
+    char *p = eng_buf_alloc(cap);
+    if (!p) {
+        w->state = API_BUF_NOMEM;
+        return false;
+    }
+    if (w->len > 0)
+        memcpy(p, w->data, w->len);
+    eng_buf_free(w->data);
+    w->data = p;
+    w->cap = cap;
+    return true;
+}
+
+bool api_buf_grow_to(api_buf *w, size_t cap)
+{
+    if (w->state != API_BUF_OK)
+        return false;
+    if (cap <= w->cap)
+        return true;
+    if (cap > w->max) {
+        w->state = API_BUF_FULL;
+        return false;
+    }
+    return resize(w, cap);
+}
+
+char *api_buf_reserve(api_buf *w, size_t n)
+{
+    if (w->state != API_BUF_OK)
         return NULL;
     if (n <= w->cap - w->len)
         return w->data + w->len;
     if (n > w->max - w->len) {
-        w->state = API_JSONW_FULL;
+        w->state = API_BUF_FULL;
         return NULL;
     }
     /* Grow geometrically up to a megabyte, then take max at once: it is budgeted anyway, and a
@@ -56,44 +86,33 @@ char *api__jsonw_reserve(api__jsonw *w, size_t n)
      * the caller budgeted for max, not for 2 max. */
     size_t want = w->len + n; /* <= max */
     size_t cap = w->max;
-    if (want <= JSONW_PRESIZE_FROM) {
+    if (want <= PRESIZE_FROM) {
         cap = w->cap < 4096 ? 4096 : w->cap;
         while (cap < want)
             cap *= 2;
         if (cap > w->max)
             cap = w->max;
     }
-    /* eng_buf: a reply's pages are reused by the next one (see engine/buffers.c). */
-    char *p = eng_buf_alloc(cap);
-    if (!p) {
-        w->state = API_JSONW_NOMEM;
-        return NULL;
-    }
-    if (w->len > 0)
-        memcpy(p, w->data, w->len);
-    eng_buf_free(w->data);
-    w->data = p;
-    w->cap = cap;
-    return w->data + w->len;
+    return resize(w, cap) ? w->data + w->len : NULL;
 }
 
-void api__jsonw_mem(api__jsonw *w, const void *src, size_t n)
+void api_buf_mem(api_buf *w, const void *src, size_t n)
 {
-    char *p = api__jsonw_reserve(w, n);
+    char *p = api_buf_reserve(w, n);
     if (p && n > 0) {
         memcpy(p, src, n);
         w->len += n;
     }
 }
 
-void api__jsonw_cstr(api__jsonw *w, const char *s)
+void api_buf_cstr(api_buf *w, const char *s)
 {
-    api__jsonw_mem(w, s, strlen(s));
+    api_buf_mem(w, s, strlen(s));
 }
 
-void api__jsonw_char(api__jsonw *w, char c)
+void api_buf_char(api_buf *w, char c)
 {
-    char *p = api__jsonw_reserve(w, 1);
+    char *p = api_buf_reserve(w, 1);
     if (p) {
         *p = c;
         w->len++;
@@ -135,16 +154,16 @@ static size_t utf8_sequence_len(const unsigned char *s, size_t n)
 /* Error messages quote request text (jansson's "near '...'", an unknown key cut to 40 bytes),
  * which need not be UTF-8, and JSON must be (RFC 8259): a byte that does not start a
  * well-formed sequence is written as U+FFFD, as a UTF-8 decoder replacing errors would. */
-void api__jsonw_string(api__jsonw *w, const char *s, size_t n)
+void api_buf_json_string(api_buf *w, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     /* Worst case every byte becomes \u00XX or \ufffd: reserve it once, then write without
      * checks. */
     if (n > (SIZE_MAX - 2) / 6) {
-        w->state = API_JSONW_FULL;
+        w->state = API_BUF_FULL;
         return;
     }
-    char *p = api__jsonw_reserve(w, 6 * n + 2), *start = p;
+    char *p = api_buf_reserve(w, 6 * n + 2), *start = p;
     if (!p)
         return;
     *p++ = '"';
@@ -184,31 +203,58 @@ void api__jsonw_string(api__jsonw *w, const char *s, size_t n)
     w->len += (size_t)(p - start);
 }
 
-void api__jsonw_int(api__jsonw *w, int64_t v)
+void api_buf_int(api_buf *w, int64_t v)
 {
     char buf[24];
     int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
-    api__jsonw_mem(w, buf, (size_t)n);
+    api_buf_mem(w, buf, (size_t)n);
 }
 
-void api__jsonw_float(api__jsonw *w, float f)
+void api_buf_float(api_buf *w, float f)
 {
-    char *p = api__jsonw_reserve(w, API_FLOAT_MAX_CHARS);
+    char *p = api_buf_reserve(w, API_FLOAT_MAX_CHARS);
     if (p)
         w->len += api__float_format(f, p);
 }
 
-void api__jsonw_printf(api__jsonw *w, const char *fmt, ...)
+void api_buf_printf(api_buf *w, const char *fmt, ...)
 {
-    char buf[256];
+    char small[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    /* Callers format short things (numbers, names); a longer result is our bug. */
-    assert(n >= 0 && (size_t)n < sizeof buf);
-    if (n > 0)
-        api__jsonw_mem(w, buf, (size_t)n);
+    if (n < 0) {
+        w->state = API_BUF_FULL; /* an encoding error: nothing sensible to write */
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        api_buf_mem(w, small, (size_t)n);
+        return;
+    }
+    /* Longer than the stack buffer: format straight into the buffer (with room for the NUL
+     * vsnprintf writes, which is not counted). */
+    char *p = api_buf_reserve(w, (size_t)n + 1);
+    if (!p)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(p, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    w->len += (size_t)n;
+}
+
+char *api_buf_take(api_buf *w, size_t *len)
+{
+    if (w->state != API_BUF_OK || !api_buf_reserve(w, 1)) {
+        api_buf_free(w);
+        return NULL;
+    }
+    char *data = w->data;
+    data[w->len] = '\0';
+    if (len)
+        *len = w->len;
+    api_buf_init(w, w->max);
+    return data;
 }
 
 /* ---- The float writer -------------------------------------------------------------------- */
@@ -342,9 +388,9 @@ size_t api__float_format(float f, char *out)
     return (size_t)(p - out);
 }
 
-int api__jsonw_error(const api__jsonw *w, api__error *err)
+int api__buf_error(const api_buf *w, api__error *err)
 {
-    if (w->state == API_JSONW_NOMEM)
+    if (w->state == API_BUF_NOMEM)
         return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
                               "out of memory for the reply");
     return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,

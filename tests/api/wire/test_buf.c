@@ -1,4 +1,4 @@
-/* test_jsonw.c - api/wire/jsonw.c: the capped reply buffer and the float writer, which must print
+/* test_buf.c - api/wire/buf.c: the capped reply buffer and the float writer, which must print
  * exactly what printf("%.9g") prints, and so read back as the same float. */
 #include <float.h>
 #include <math.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 #include "tests/support/check.h"
 
 static bool quick(void)
@@ -128,62 +128,62 @@ static void test_matches_printf_on_short_decimals(void)
 
 static void test_buffer_stops_at_its_maximum(void)
 {
-    api__jsonw w;
-    api__jsonw_init(&w, 10);
-    api__jsonw_cstr(&w, "0123456789");
-    CHECK_EQ_INT(w.state, API_JSONW_OK);
+    api_buf w;
+    api_buf_init(&w, 10);
+    api_buf_cstr(&w, "0123456789");
+    CHECK_EQ_INT(w.state, API_BUF_OK);
     CHECK_EQ_INT(w.len, 10);
-    api__jsonw_char(&w, 'x');
-    CHECK_EQ_INT(w.state, API_JSONW_FULL);
-    api__jsonw_cstr(&w, ""); /* sticky: nothing more is written */
+    api_buf_char(&w, 'x');
+    CHECK_EQ_INT(w.state, API_BUF_FULL);
+    api_buf_cstr(&w, ""); /* sticky: nothing more is written */
     CHECK_EQ_INT(w.len, 10);
     CHECK(w.cap <= 10);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
 }
 
 static void test_buffer_grows_to_large_sizes(void)
 {
-    api__jsonw w;
-    api__jsonw_init(&w, (size_t)1 << 24);
+    api_buf w;
+    api_buf_init(&w, (size_t)1 << 24);
     for (int i = 0; i < 100000; i++)
-        api__jsonw_float(&w, (float)i * 0.5f);
-    CHECK_EQ_INT(w.state, API_JSONW_OK);
+        api_buf_float(&w, (float)i * 0.5f);
+    CHECK_EQ_INT(w.state, API_BUF_OK);
     CHECK(w.cap <= (size_t)1 << 24);
     CHECK(w.len > 500000);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
 }
 
 static void test_strings_are_escaped(void)
 {
-    api__jsonw w;
-    api__jsonw_init(&w, 1000);
+    api_buf w;
+    api_buf_init(&w, 1000);
     const char s[] = "a\"b\\c\nd\te\x01\x7f\xc3\xa9";
-    api__jsonw_string(&w, s, sizeof s - 1);
-    api__jsonw_char(&w, ' ');
-    api__jsonw_int(&w, INT64_MIN);
+    api_buf_json_string(&w, s, sizeof s - 1);
+    api_buf_char(&w, ' ');
+    api_buf_int(&w, INT64_MIN);
     const char want[] = "\"a\\\"b\\\\c\\nd\\te\\u0001\\u007f\xc3\xa9\" -9223372036854775808";
     CHECKF(w.len == sizeof want - 1 && memcmp(w.data, want, w.len) == 0, "got %.*s", (int)w.len,
            w.data);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
 }
 
 /* JSON text is UTF-8 (RFC 8259), and error messages quote request bytes that may not be:
  * well-formed sequences pass through, every other byte becomes U+FFFD. */
 static void test_strings_are_valid_utf8_whatever_the_input(void)
 {
-    api__jsonw w;
-    api__jsonw_init(&w, 1000);
+    api_buf w;
+    api_buf_init(&w, 1000);
     /* valid 2-, 3- and 4-byte sequences; a stray continuation byte; a truncated sequence; an
      * overlong '/'; a surrogate; a code point beyond U+10FFFF; a lead byte at the very end */
     const char s[] = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\x8a|\xe2\x82|\xc0\xaf|\xed\xa0\x80|"
                      "\xf4\x90\x80\x80|\xd0";
-    api__jsonw_string(&w, s, sizeof s - 1);
+    api_buf_json_string(&w, s, sizeof s - 1);
     const char want[] = "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\\ufffd|\\ufffd\\ufffd|"
                         "\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd\\ufffd|"
                         "\\ufffd\"";
     CHECKF(w.len == sizeof want - 1 && memcmp(w.data, want, w.len) == 0, "got %.*s", (int)w.len,
            w.data);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
 }
 
 int main(void)
