@@ -29,6 +29,7 @@
 #include "api/ops/layer.h"
 #include "api/ops/masks.h"
 #include "api/ops/models.h"
+#include "api/wire/timeout.h"
 
 /* ---- Sizes ------------------------------------------------------------------------------- */
 
@@ -275,6 +276,64 @@ static int check_shapes(api__layer *s, api__error *err)
         return -1;
     return 0;
 }
+
+/* ---- Options ---------------------------------------------------------------------------- */
+
+static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &((api__layer_req *)req)->causal, err);
+}
+
+static int o_query_offset(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    r->offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX, &r->query_offset,
+                           err);
+}
+
+static int o_positional(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_positional(v, name, &((api__layer_req *)req)->positional, err);
+}
+
+static int o_rope_base(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    return api__option_rope_base(v, name, &r->rope_base_set, &r->rope_base, err);
+}
+
+static int o_rope_style(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    return api__option_rope_style(v, name, &r->rope_style_set, &r->rope_style, err);
+}
+
+static int o_add_zero_attn(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &((api__layer_req *)req)->add_zero_attn, err);
+}
+
+static int o_precision(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    r->precision_set = true;
+    return api__option_precision(v, name, &r->precision, err);
+}
+
+static int o_timeout_ms(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &((api__layer_req *)req)->timeout_ms,
+                           err);
+}
+
+const api__option_def api__layer_options[] = {
+    {"causal", o_causal},         {"query_offset", o_query_offset},
+    {"positional", o_positional}, {"rope_base", o_rope_base},
+    {"rope_style", o_rope_style}, {"add_zero_attn", o_add_zero_attn},
+    {"precision", o_precision},   {"timeout_ms", o_timeout_ms},
+};
+const size_t api__layer_n_options = sizeof api__layer_options / sizeof api__layer_options[0];
 
 /* Fills s->args from the checked request, once, with a placeholder for every buffer (enough
  * for eng_mha_scratch_bytes and eng_mha_extra_keys); bind_buffers points them at the decoded

@@ -27,6 +27,7 @@
 #include "api/core/memory.h"
 #include "api/ops/masks.h"
 #include "api/ops/sdpa.h"
+#include "api/wire/timeout.h"
 
 /* ---- Shapes ------------------------------------------------------------------------------ */
 
@@ -228,6 +229,63 @@ static void out_shapes(const api__sdpa_req *r, api__out_shape *out, api__out_sha
         all[i]->count = c;
     }
 }
+
+/* ---- Options ---------------------------------------------------------------------------- */
+
+static int o_num_heads(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT32_MAX, &((api__sdpa_req *)req)->num_heads, err);
+}
+
+static int o_num_kv_heads(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT32_MAX, &((api__sdpa_req *)req)->num_kv_heads, err);
+}
+
+static int o_scale(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->scale_set = true;
+    return api__option_float(v, name, &r->scale, err);
+}
+
+static int o_softcap(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_softcap(v, name, &((api__sdpa_req *)req)->softcap, err);
+}
+
+static int o_precision(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->precision_set = true;
+    return api__option_precision(v, name, &r->precision, err);
+}
+
+static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &((api__sdpa_req *)req)->causal, err);
+}
+
+static int o_query_offset(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX, &r->query_offset,
+                           err);
+}
+
+static int o_timeout_ms(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &((api__sdpa_req *)req)->timeout_ms,
+                           err);
+}
+
+const api__option_def api__sdpa_options[] = {
+    {"num_heads", o_num_heads},       {"num_kv_heads", o_num_kv_heads}, {"scale", o_scale},
+    {"softcap", o_softcap},           {"precision", o_precision},       {"causal", o_causal},
+    {"query_offset", o_query_offset}, {"timeout_ms", o_timeout_ms},
+};
+const size_t api__sdpa_n_options = sizeof api__sdpa_options / sizeof api__sdpa_options[0];
 
 /* ---- Engine arguments -------------------------------------------------------------------- */
 

@@ -29,6 +29,37 @@ int api__native_read(void *job, api__error *err)
     return api__req_parse(rq, call->body ? call->body : "", call->body_len, err);
 }
 
+int api__native_fields(void *job, void *op_req, const api__native_field *fields, size_t n,
+                       const api__option_def *opts, size_t n_opts, const char *route,
+                       api__error *err)
+{
+    const api__req *rq = job; /* every native job starts with its request */
+    const char *key;
+    json_t *val;
+    json_object_foreach(rq->body.root, key, val)
+    {
+        size_t i = 0;
+        while (i < n && strcmp(fields[i].name, key) != 0)
+            i++;
+        if (i < n) {
+            if (fields[i].parse(job, val, key, err) != 0)
+                return -1;
+            continue;
+        }
+        const api__option_def *opt = api__option_find(opts, n_opts, key);
+        if (opt) {
+            if (!json_is_null(val) && opt->parse(op_req, val, key, err) != 0)
+                return -1;
+            continue;
+        }
+        const char *names[64];
+        for (i = 0; i < n && i < 64; i++)
+            names[i] = fields[i].name;
+        return api__unknown_name(key, key, "field", route, names, i, opts, n_opts, err);
+    }
+    return 0;
+}
+
 int api__native_reply(api_buf *w, api_reply *reply, api__error *err)
 {
     if (w->state != API_BUF_OK)

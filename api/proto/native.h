@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "api/ops/operation.h"
+#include "api/ops/options.h"
 #include "api/ops/request.h"
 #include "api/proto/serve.h"
 #include "api/wire/buf.h"
@@ -19,6 +20,20 @@
  * Content-Type other than JSON, 413 for a body past --max-body-bytes, then the JSON parse
  * (api__req_parse). `job` starts with its api__req. */
 int api__native_read(void *job, api__error *err);
+
+/* A field of a native route's body that is the route's own (a tensor, an output setting), not
+ * one of its operation's options: its parser gets the route's job. */
+typedef struct {
+    const char *name;
+    int (*parse)(void *job, const json_t *v, const char *name, api__error *err);
+} api__native_field;
+
+/* Reads every field of the parsed body: the route's own (fields[0..n)) with `job`, else an
+ * option of its operation (opts[0..n_opts)) into `op_req`, where null leaves the default;
+ * anything else is a 422 listing what `route` ("/v1/attention") takes. */
+int api__native_fields(void *job, void *op_req, const api__native_field *fields, size_t n,
+                       const api__option_def *opts, size_t n_opts, const char *route,
+                       api__error *err);
 
 /* The end of a native route's encode step: the text of `w` as a 200 JSON reply, or the writer's
  * failure (api__buf_error). */
