@@ -16,6 +16,7 @@
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
 #include "tests/support/ref_mha.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 static api_budget *budget;
@@ -315,10 +316,7 @@ static uint64_t rng = 0x9E3779B97F4A7C15u;
 
 static float frand(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    return rng_sym(&rng, 1.0);
 }
 
 static float *randoms(size_t n)
