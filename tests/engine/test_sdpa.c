@@ -763,6 +763,8 @@ static void test_alibi_default_slopes_match_formula(void)
 
 /* ---- Shapes ------------------------------------------------------------------------------- */
 
+/* The lengths test_random_configurations draws L and S from (sdpa_cases.json's grids list the
+ * same): block edges (63, 64, 65), several blocks, and the ragged 267, 514 and 1030. */
 static const int64_t all_lengths[] = {1, 2, 63, 64, 65, 267, 514, 1030};
 static const int64_t quick_lengths[] = {1, 2, 63, 64, 65, 267};
 
@@ -1587,22 +1589,27 @@ static void run_case_test(void)
                (long long)rows_empty, (long long)json_integer_value(json_object_get(total, "min")));
 }
 
-/* The case file could not be read: one failed test says so. */
+/* The case file reads as JSON, names only known keys and holds tests. */
 static void test_case_file_loads(void)
 {
-    CHECKF(0, "cannot load the engine cases (run from the repository root)");
+    static const char *const file_keys[] = {"about", "tolerances", "tests"};
+    const char *path = getenv("ATTND_SDPA_CASES") ? getenv("ATTND_SDPA_CASES") : SDPA_CASES_PATH;
+    json_error_t jerr;
+    snprintf(case_where, sizeof case_where, "%s", path);
+    case_file = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    CHECKF(case_file != NULL, "%s: %s (run from the repository root)", path, jerr.text);
+    CHECKF(!case_file || json_array_size(json_object_get(case_file, "tests")) > 0,
+           "%s: no \"tests\"", path);
+    if (case_file)
+        KEYS_KNOWN(case_file, file_keys, "the file");
 }
 
 /* Runs every TEST of the case file as one named test. */
 static void run_case_file(void)
 {
-    const char *path = getenv("ATTND_SDPA_CASES") ? getenv("ATTND_SDPA_CASES") : SDPA_CASES_PATH;
-    json_error_t jerr;
-    case_file = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    RUN(test_case_file_loads);
     const json_t *tests = json_object_get(case_file, "tests");
-    if (!case_file || json_array_size(tests) == 0) {
-        printf("%s: %s\n", path, case_file ? "no \"tests\"" : jerr.text);
-        RUN(test_case_file_loads);
+    if (!case_file || check__failures_in_test > 0) { /* the failures of test_case_file_loads */
         json_decref(case_file);
         return;
     }
