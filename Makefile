@@ -207,7 +207,7 @@ deploy_suites = "tests/deploy/check_image.sh $(BUILD)/attnd" \
 
 $(DEPLOY_CLIENT): tests/deploy/shard_client.c tests/support/rng.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) $^ $(LDFLAGS_ALL) -lcurl -ljansson -lm -o $@
+	$(CC) $(CFLAGS_ALL) $(filter %.c,$^) $(LDFLAGS_ALL) -lcurl -ljansson -lm -o $@
 
 $(NGINX):
 	@rm -rf $(NGINX_DIR) && mkdir -p $(NGINX_DIR)/deb

@@ -295,17 +295,20 @@ static bool append_hex(const char *hex, char *dst, size_t *len)
     return true;
 }
 
-/* The one place that builds an api_call: the request bytes, the engine pool, the registry and
- * the defaults every case starts from; the "call" fields then adjust it. */
+/* The one place that builds an api_call: the request bytes, the engine pool, the registry, the
+ * memory budget (NULL: none), the arrival time the deadline counts from, and the defaults every
+ * case starts from; the "call" fields then adjust the HTTP details. */
 static api_call case_call_init(const char *body, size_t len, eng_ctl *ctl, const api_limits *limits,
-                               const route_info *ri)
+                               api_budget *budget, int64_t start_ns, const route_info *ri)
 {
     bool v2 = ri->route >= ROUTE_V2_METADATA;
     api_call call = {.body = body,
                      .body_len = len,
                      .pool = pool,
                      .ctl = ctl,
+                     .start_ns = start_ns,
                      .limits = limits,
+                     .budget = budget,
                      .models = models,
                      .content_type = v2 ? NULL : "application/json",
                      .model = v2 ? ri->model : NULL,
@@ -352,7 +355,17 @@ static void run_current_case(void)
         request = realloc(request, req_len + strlen(tail) / 2 + 1);
         CHECKF(append_hex(tail, request, &req_len), "%s: binary_tail_hex is not hex", current);
     }
-    api_call call = case_call_init(request, req_len, &ctl, &limits, &ri);
+    api_budget *budget = NULL;
+    if ((v = json_object_get(c, "budget_bytes")))
+        budget = api_budget_new((size_t)json_integer_value(v));
+    else if (ri.route == ROUTE_V2_INFER)
+        budget = api_budget_new((size_t)1 << 30);
+    if ((v = json_object_get(c, "budget_in_use")) && budget)
+        api_budget_reserve(budget, (size_t)json_integer_value(v));
+    int64_t start_ns = 0; /* 0: the deadline counts from the call */
+    if ((v = json_object_get(c, "started_ms_ago")))
+        start_ns = eng_now_ns() - json_integer_value(v) * 1000000;
+    api_call call = case_call_init(request, req_len, &ctl, &limits, budget, start_ns, &ri);
     char header_len[32];
     if ((v = json_object_get(c, "content_type")))
         call.content_type = json_string_value(v); /* null: no header */
@@ -372,14 +385,6 @@ static void run_current_case(void)
         limits.max_elements = (size_t)json_integer_value(v);
     if ((v = json_object_get(c, "max_timeout_ms")))
         limits.max_timeout_ms = json_integer_value(v);
-    if ((v = json_object_get(c, "budget_bytes")))
-        call.budget = api_budget_new((size_t)json_integer_value(v));
-    else if (ri.route == ROUTE_V2_INFER)
-        call.budget = api_budget_new((size_t)1 << 30);
-    if ((v = json_object_get(c, "budget_in_use")) && call.budget)
-        api_budget_reserve(call.budget, (size_t)json_integer_value(v));
-    if ((v = json_object_get(c, "started_ms_ago")))
-        call.start_ns = eng_now_ns() - json_integer_value(v) * 1000000;
     if (json_is_true(json_object_get(c, "cancelled")))
         atomic_store(&ctl.cancel, true);
     tolerance = json_is_number(json_object_get(expected, "tolerance"))
@@ -433,11 +438,11 @@ static void run_current_case(void)
                "%s: the reply lacks \"%s\": %.*s", current, text ? text : "(not a string)",
                (int)(r.body_len < 400 ? r.body_len : 400), r.body ? r.body : "");
     }
-    if (call.budget) {
+    if (budget) {
         v = json_object_get(c, "budget_in_use");
-        CHECKF(api_budget_in_use(call.budget) == (v ? (size_t)json_integer_value(v) : 0),
+        CHECKF(api_budget_in_use(budget) == (v ? (size_t)json_integer_value(v) : 0),
                "%s: the budget was not given back", current);
-        api_budget_free(call.budget);
+        api_budget_free(budget);
     }
     api_reply_free(&r);
     json_decref(expected);
