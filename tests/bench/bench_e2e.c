@@ -36,6 +36,7 @@
 #include "api/core/memory.h"
 #include "api/wire/base64.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 #include "tests/support/tls.h"
 
 /* Requests per timed batch of the small case: one is too short for the clock. */
@@ -74,15 +75,13 @@ static void sb_str(sbuf *b, const char *s)
 static float *random_floats(size_t n, unsigned seed)
 {
     float *x = malloc(n * sizeof *x);
-    uint32_t state = seed * 2654435761u + 1;
+    uint64_t rng = seed;
     if (!x) {
         fprintf(stderr, "bench_e2e: out of memory\n");
         exit(1);
     }
-    for (size_t i = 0; i < n; i++) {
-        state = state * 1664525u + 1013904223u;
-        x[i] = (float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
-    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_sym(&rng, 1.0);
     return x;
 }
 

@@ -12,6 +12,7 @@
 #include "api/wire/base64.h"
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 
@@ -225,10 +226,7 @@ static uint64_t rng = 88172645463325252u;
 
 static float uniform(float lo, float hi)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return lo + (hi - lo) * (float)(rng >> 40) / (float)(1u << 24);
+    return (float)rng_range(&rng, lo, hi);
 }
 
 /* A problem in canonical layout, the engine's and the reference's. */

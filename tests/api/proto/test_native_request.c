@@ -9,6 +9,7 @@
 
 #include "api/proto/native.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 
@@ -592,7 +593,7 @@ static void test_random_mutations_never_crash(void)
         "\"kv_lengths\": [0, 1, 2, 3, 4, 3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]}",
     };
     static const char alphabet[] = "{}[],:\"0123456789.-eE truefalsnul\\AQ=";
-    uint64_t x = 0x2545F4914F6CDD1Du;
+    uint64_t rng = 0x2545F4914F6CDD1Du;
     int rounds = quick() ? 300 : 3000;
     char buf[1024];
     for (int n = 0; n < rounds; n++) {
@@ -601,7 +602,7 @@ static void test_random_mutations_never_crash(void)
         memcpy(buf, seed, len);
         int edits = 1 + n % 4;
         for (int e = 0; e < edits; e++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t x = rng_next(&rng);
             size_t at = (size_t)(x >> 8) % (len ? len : 1);
             char c = alphabet[(x >> 40) % (sizeof alphabet - 1)];
             switch ((x >> 20) % 4) {

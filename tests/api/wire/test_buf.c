@@ -9,6 +9,7 @@
 
 #include "api/wire/buf.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static bool quick(void)
 {
@@ -23,15 +24,8 @@ static float from_bits(uint32_t x)
     return f;
 }
 
-/* xorshift64*: reproducible random bit patterns. */
+/* Reproducible random bit patterns (tests/support/rng.h). */
 static uint64_t rng_state = 0x9E3779B97F4A7C15u;
-static uint32_t rng32(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Du) >> 32);
-}
 
 static const char *fmt(float f, char *buf)
 {
@@ -108,7 +102,7 @@ static void test_matches_printf_on_random_floats(void)
 {
     long n = quick() ? 100000 : 2000000;
     for (long i = 0; i < n; i++) {
-        float f = from_bits(rng32());
+        float f = from_bits(rng_u32(&rng_state));
         if (!isfinite(f))
             continue;
         if (!agrees(f) && check__failures_in_test > 5)

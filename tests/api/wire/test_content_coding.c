@@ -11,6 +11,7 @@
 
 #include "api/wire/content_coding.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 /* The lease of the calls that test no budget: it has none, so it holds nothing. */
@@ -87,11 +88,9 @@ static void test_accept_encoding_pick(void)
 static char *sample(size_t n)
 {
     char *s = malloc(n + 1);
-    uint32_t x = 12345;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1103515245u + 12345u;
-        s[i] = "0123456789.,-[] e"[(x >> 16) % 17];
-    }
+    uint64_t rng = 12345;
+    for (size_t i = 0; i < n; i++)
+        s[i] = "0123456789.,-[] e"[rng_below(&rng, 17)];
     s[n] = '\0';
     return s;
 }

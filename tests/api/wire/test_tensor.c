@@ -11,6 +11,7 @@
 #include "api/wire/base64.h"
 #include "api/wire/tensor.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 #define MAX_ELEMENTS ((size_t)1 << 20)
 
@@ -767,7 +768,7 @@ static void test_random_numbers_read_the_same_both_ways(void)
     /* Numbers in every shape the grammar allows, and some it does not. */
     static const char *const parts[] = {"0", "1", "9", "-", ".", "e", "E", "+", "5", "0"};
     static char arr[8192];
-    uint64_t x = 12345;
+    uint64_t rng = 12345;
     for (int round = 0; round < 400; round++) {
         size_t at = 0;
         arr[at++] = '[';
@@ -775,7 +776,7 @@ static void test_random_numbers_read_the_same_both_ways(void)
             if (k)
                 arr[at++] = ',';
             /* Mostly well-formed: sign, digits, fraction, exponent; sometimes a random token. */
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t x = rng_next(&rng);
             if (x % 17 == 0) {
                 for (int j = 0; j < 3; j++)
                     at += (size_t)snprintf(arr + at, 8, "%s", parts[(x >> (8 * j)) % 10]);
@@ -906,9 +907,9 @@ static void test_every_form_round_trips_bit_exactly(void)
     enum { N = 2 * 3 * 5 * 7 };
     static float v[N], back[N];
     const int64_t shape[4] = {2, 3, 5, 7};
-    srand(11);
+    uint64_t rng = 11;
     for (int i = 0; i < N; i++)
-        v[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * powf(10.0f, (float)(i % 30 - 15));
+        v[i] = rng_sym(&rng, 0.5) * powf(10.0f, (float)(i % 30 - 15));
     for (int form = API_FORM_NESTED; form <= API_FORM_BASE64; form++) {
         for (int rank = 1; rank <= 4; rank++) {
             const int64_t *sh = shape + 4 - rank;
