@@ -98,7 +98,8 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 # Benchmarks measure the engine alone...
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
 $(filter-out %/bench_e2e,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
-                                          $(BENCH_HARNESS) $(BUILD)/libengine.a
+                                          $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
+                                          $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
 
 $(BENCH_HARNESS): tests/bench/harness/harness.c
@@ -158,21 +159,24 @@ tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
 FUZZ_SMOKE_SECONDS ?= 30
 
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
-# build, the kernel set the engine picks, no daemon, no network, no sanitizers.
+# build, the kernel set the engine picks, no daemon, no network, no sanitizers; and the source
+# checks (server/ has no cycle, tests/ has one random generator).
 CHECK_BINS := $(filter $(BUILD)/tests/engine/% $(BUILD)/tests/api/%,$(TEST_BINS))
 # No include or call cycle between the files of server/ (reads the sources and libserver.a).
 server_cycle_check = "tests/server/check_cycles.sh server $(BUILD)/libserver.a"
+# One random generator in the tests (tests/support/rng.h): no test file carries its own.
+rng_check = "tests/check_rng.sh tests"
 
 check: deps
 	$(MAKE) $(CHECK_BINS) $(BUILD)/libserver.a
-	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(server_cycle_check)
+	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(server_cycle_check) $(rng_check)
 
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(server_cycle_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
@@ -201,9 +205,9 @@ deploy_suites = "tests/deploy/check_image.sh $(BUILD)/attnd" \
     "tests/deploy/check_live.sh $(BUILD)/attnd $(DEPLOY_CLIENT)" \
     "ATTND_NGINX=$(NGINX) tests/deploy/check_compose.sh $(BUILD)/attnd $(DEPLOY_CLIENT)"
 
-$(DEPLOY_CLIENT): tests/deploy/shard_client.c
+$(DEPLOY_CLIENT): tests/deploy/shard_client.c tests/support/rng.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS_ALL) $< $(LDFLAGS_ALL) -lcurl -ljansson -lm -o $@
+	$(CC) $(CFLAGS_ALL) $(filter %.c,$^) $(LDFLAGS_ALL) -lcurl -ljansson -lm -o $@
 
 $(NGINX):
 	@rm -rf $(NGINX_DIR) && mkdir -p $(NGINX_DIR)/deb

@@ -12,12 +12,15 @@
  *     api_budget *budget = api_budget_new((size_t)8 << 30); // once, at start-up
  *     api_limits limits = api_limits_default();
  *
+ *     api_lease lease;                  // when the request arrives
+ *     api_lease_start(&lease, budget, eng_now_ns(), limits.max_timeout_ms);
  *     api_call call = {.body = body, .body_len = len, .content_type = "application/json",
- *                      .pool = pool, .ctl = &ctl, .limits = &limits, .budget = budget};
+ *                      .pool = pool, .lease = &lease, .limits = &limits};
  *     api_reply reply;
  *     api_attention(&call, &reply);     // always fills reply, success or not
  *     send(reply.status, reply.content_type, reply.body, reply.body_len);
  *     api_reply_free(&reply);
+ *     api_lease_end(&lease);            // the request is complete
  *
  * Threads: every function is safe to call from any thread; api_budget is shared and
  * internally synchronised. Ownership: an api_call borrows everything it points to for the
@@ -33,6 +36,61 @@
 #include "api/status.h"
 #include "engine/engine.h"
 
+/* ---- Text buffers ------------------------------------------------------------------------- */
+
+/* The daemon's one growable byte buffer: reply bodies, request bodies, metrics, statistics and
+ * log lines are built in it. Its maximum is given at init (as curl's dynbuf does), so no caller
+ * can forget to bound a buffer that grows with client input. Errors are sticky: once a write
+ * fails, later writes do nothing and `state` says why, so a writer checks once at the end. The
+ * storage comes from eng_buf_alloc (big buffers keep their pages for the next request). A
+ * buffer belongs to one thread at a time.
+ *
+ *     api_buf b;
+ *     api_buf_init(&b, 4096);
+ *     api_buf_cstr(&b, "{\"path\":");
+ *     api_buf_json_string(&b, path, strlen(path));
+ *     api_buf_char(&b, '}');
+ *     if (b.state == API_BUF_OK) write(fd, b.data, b.len);
+ *     api_buf_free(&b);
+ */
+typedef enum {
+    API_BUF_OK = 0,
+    API_BUF_FULL,  /* a write would have passed the maximum size */
+    API_BUF_NOMEM, /* the allocator failed */
+} api_buf_state;
+
+typedef struct {
+    char *data; /* not NUL-terminated (api_buf_take terminates it) */
+    size_t len, cap, max;
+    api_buf_state state;
+} api_buf;
+
+/* An empty buffer that never grows beyond `max` bytes. Allocates nothing yet. */
+void api_buf_init(api_buf *w, size_t max);
+void api_buf_free(api_buf *w); /* and empty again, with the same maximum */
+
+/* Makes room for n more bytes and returns where they go (then advance w->len yourself), or
+ * NULL (state set) when that is impossible. Grows geometrically up to 1 MiB, then to the
+ * maximum at once. */
+char *api_buf_reserve(api_buf *w, size_t n);
+/* Grows the allocation to exactly `cap` bytes (at most the maximum), for a caller that
+ * accounts for every allocated byte (a request body against the memory budget). */
+bool api_buf_grow_to(api_buf *w, size_t cap);
+
+void api_buf_mem(api_buf *w, const void *src, size_t n);
+void api_buf_cstr(api_buf *w, const char *s); /* raw, not quoted */
+void api_buf_char(api_buf *w, char c);
+/* `s` (n bytes) as a JSON string with its quotes: ", \ and control characters escaped,
+ * well-formed UTF-8 kept, any other byte written as U+FFFD (JSON must be UTF-8). */
+void api_buf_json_string(api_buf *w, const char *s, size_t n);
+void api_buf_int(api_buf *w, int64_t v);
+void api_buf_float(api_buf *w, float f); /* f must be finite (checked by the caller) */
+void api_buf_printf(api_buf *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Hands the data over (NUL-terminated; free it with eng_buf_free), its length in *len, and
+ * empties the buffer; NULL when a write failed or memory ran out. */
+char *api_buf_take(api_buf *w, size_t *len);
+
 /* ---- Limits and the memory budget --------------------------------------------------------- */
 
 /* Per-request limits. Each message that reports a violation names the flag that sets it. */
@@ -41,7 +99,7 @@ typedef struct {
     size_t max_elements;    /* --max-elements: tensor elements in one request, inputs and
                                outputs (output, weights, lse) added up: 413 beyond it */
     int64_t max_timeout_ms; /* --request-timeout-ms: the deadline of a request, counted from
-                               api_call.start_ns, and the cap of its "timeout_ms"; <= 0: none */
+                               its lease's start, and the cap of its "timeout_ms"; <= 0: none */
     eng_precision default_precision; /* --default-precision: for requests that do not say */
 } api_limits;
 
@@ -49,11 +107,10 @@ typedef struct {
  * float32; more numbers than a 256 MiB JSON body can hold), 60 s. */
 api_limits api_limits_default(void);
 
-/* A global byte budget shared by all requests (--max-memory-bytes). A request reserves its
- * estimated peak before it allocates: what parsing the body holds (counted by a quick scan,
- * ~64 bytes per JSON value), the decoded inputs, the outputs, the reply text, and the engine's
- * scratch (eng_sdpa_scratch_bytes). The reservation is released when api_attention returns;
- * the reply body it hands over is then the server's to account for. Lock-free; never waits. */
+/* A global byte budget shared by all requests (--max-memory-bytes). A request reserves, through
+ * its lease (below), its estimated peak before it allocates: its body, what parsing the body
+ * holds (counted by a quick scan, ~64 bytes per JSON value), the decoded inputs, the outputs,
+ * the reply text, and the engine's scratch (eng_sdpa_scratch_bytes). Lock-free; never waits. */
 typedef struct api_budget api_budget;
 
 typedef enum {
@@ -70,6 +127,38 @@ api_budget_result api_budget_reserve(api_budget *budget, size_t bytes);
 void api_budget_release(api_budget *budget, size_t bytes);
 size_t api_budget_in_use(api_budget *budget);      /* for metrics */
 size_t api_budget_total(const api_budget *budget); /* the total given to api_budget_new */
+
+/* ---- One request's lease ------------------------------------------------------------------ */
+
+/* What one request holds of the daemon from its arrival to its completion: its bytes in the
+ * memory budget, its arrival time, and its control block (the cancel flag and the one
+ * deadline). The server starts it when the request arrives; every layer reserves through it
+ * the bytes it is about to allocate (body, parse tree, decoded tensors, scratch, reply text),
+ * may give back early what it has freed, and api_lease_end returns the rest once, when the
+ * request completes. The deadline is set when the lease starts; the layers below may only
+ * shorten it (a request's own timeout). A request that, with what its lease holds, could never
+ * fit in the whole budget is told so (API_BUDGET_NEVER: 413), not asked to retry.
+ *
+ * One thread at a time uses a lease (the request's owner: the I/O thread while the body
+ * arrives, a worker while it computes); any thread may set ctl.cancel. */
+typedef struct {
+    api_budget *budget; /* NULL: no budget; every reservation succeeds */
+    size_t held;        /* bytes held in `budget` now */
+    int64_t start_ns;   /* eng_now_ns() at arrival: deadlines count from it */
+    eng_ctl ctl;        /* what the engine checks: cancel, and deadline_ns (0: none) */
+} api_lease;
+
+/* Starts a lease holding nothing, not cancelled, with the deadline `timeout_ms` after
+ * `start_ns` (<= 0: none). */
+void api_lease_start(api_lease *lease, api_budget *budget, int64_t start_ns, int64_t timeout_ms);
+/* Adds `bytes` to what the lease holds if they fit now (see api_budget_reserve). */
+api_budget_result api_lease_reserve(api_lease *lease, size_t bytes);
+/* Gives back `bytes` (at most what it holds) whose memory was freed before the end. */
+void api_lease_give_back(api_lease *lease, size_t bytes);
+/* Moves the deadline to `timeout_ms` after the start when that is earlier (<= 0: no change). */
+void api_lease_shorten(api_lease *lease, int64_t timeout_ms);
+/* Returns everything the lease still holds; a second call does nothing. */
+void api_lease_end(api_lease *lease);
 
 /* ---- Registered layers --------------------------------------------------------------------- */
 
@@ -100,16 +189,13 @@ typedef struct {
     size_t body_len;
     const char *content_type; /* the Content-Type header value; NULL if absent (taken as JSON) */
     eng_pool *pool;
-    eng_ctl *ctl;             /* the request's cancel flag; its deadline is set by the call.
-                                 NULL: a private one (no cancellation) */
-    int64_t start_ns;         /* eng_now_ns() when the request arrived: deadlines count from it
-                                 (0: from the call) */
+    api_lease *lease;         /* the request's memory, deadline and cancel flag; the call reserves
+                                 through it and shortens its deadline to the request's own timeout.
+                                 What it reserved for the reply text stays held until the caller ends
+                                 the lease. NULL: a private one, ended by the call (no budget, no
+                                 cancellation, the deadline from the limits counted from the call) */
     const api_limits *limits; /* NULL: api_limits_default() */
-    api_budget *budget;       /* NULL: no memory budget */
     const api_models *models; /* the registered layers (routes that name a model) */
-    size_t budget_held;       /* bytes the caller already holds in `budget` for this request
-                                 (its body): a request whose estimate plus these exceeds the
-                                 whole budget gets 413, not a 429 that no retry could cure */
     /* HTTP details some routes need (NULL when absent), captured by the server: */
     const char *content_encoding; /* Content-Encoding: undone by api_call_encoded */
     const char *accept_encoding;  /* Accept-Encoding: api_call_encoded compresses the reply */
@@ -186,7 +272,8 @@ char *api_reply_take_body(api_reply *reply, size_t *len);
  * other than utf-8 too; a missing one is accepted); 422 well-formed but invalid, with "field"
  * naming the part ("query.shape[1]", "attn_mask[0][3]"); 429 memory budget full now
  * (Retry-After: 1); 503 out of memory despite the budget (Retry-After: 1); 504 deadline
- * (--request-timeout-ms or "timeout_ms"); API_STATUS_CLIENT_CLOSED when ctl->cancel was set;
+ * (--request-timeout-ms or "timeout_ms"); API_STATUS_CLIENT_CLOSED when lease->ctl.cancel was
+ * set;
  * 500 only for a bug. */
 void api_attention(const api_call *call, api_reply *reply);
 
@@ -212,12 +299,6 @@ void api_mha(const api_call *call, api_reply *reply);
 void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,
                             api_reason reason, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
-
-/* api_reply_error_status for a native HTTP code `http`, as server/ passes them: the status of
- * status.h with that native code (sent as that status is in `style`), or, for a code with no
- * status, `http` itself with the code word "internal" (5xx) or "bad_request". */
-void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
-                     const char *field, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
 
@@ -257,6 +338,12 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
  * outputs sets reply->inference_header_len and is application/octet-stream. Pure function of
  * its arguments: the fuzz harness calls it with any bytes and header value. */
 void api_v2_infer(const api_call *call, api_reply *reply);
+
+/* ---- Header values ------------------------------------------------------------------------ */
+
+/* Whether the header `value` (NUL-terminated; NULL: absent) is the one token `word`, ignoring
+ * case and the blanks (SP, HTAB) around it: "Chunked " is chunked, "chunked, gzip" is not. */
+bool api_header_token_is(const char *value, const char *word);
 
 /* ---- Content codings ----------------------------------------------------------------------- */
 

@@ -6,8 +6,8 @@
  * (Retry-After: 1). This table is the only place where api/ turns a status into an HTTP code:
  * the native API tells a well-formed but invalid request (422) from one it could not read
  * (400); the Open Inference Protocol has one INVALID_ARG, which Triton and KServe send as 400,
- * and v2 clients expect that. Included by api.h; the rest of api.h still speaks HTTP codes
- * where server/ passes them in (api_reply_error).
+ * and v2 clients expect that. Included by api.h; server/ names its refusals by these statuses
+ * too (server/outcome.h), so no HTTP code is chosen outside this table.
  */
 #ifndef ATTND_API_STATUS_H
 #define ATTND_API_STATUS_H
@@ -17,6 +17,7 @@
 /* X(name, native HTTP code, v2 HTTP code, code word, retry) */
 #define API_STATUS_LIST(X)                                                                         \
     X(API_STATUS_OK, 200, 200, "ok", false)                                                        \
+    X(API_STATUS_NOT_MODIFIED, 304, 304, "not_modified", false)                                    \
     X(API_STATUS_MALFORMED_REQUEST, 400, 400, "malformed_request", false)                          \
     X(API_STATUS_UNAUTHENTICATED, 401, 401, "unauthenticated", false)                              \
     X(API_STATUS_NOT_FOUND, 404, 404, "not_found", false)                                          \
@@ -54,8 +55,5 @@ const char *api_status_name(api_status status);
 
 /* Whether a reply with `status` carries Retry-After (429 and 503). */
 bool api_status_retry(api_status status);
-
-/* The status whose native HTTP code is `http`; false when there is none. */
-bool api_status_from_http(int http, api_status *out);
 
 #endif

@@ -78,19 +78,18 @@ typedef struct srv_req {
     bool has_length;    /* a Content-Length header was given */
     bool seen_body_end; /* the last upload call arrived */
     size_t content_length;
-    srv_buf body;
-    size_t reserved;       /* bytes of the memory budget held for the body */
-    size_t reply_reserved; /* bytes held for the reply text until it is sent */
-    uint64_t bytes_in;     /* body bytes received, including those drained after a rejection */
-    bool refused;          /* refused while receiving: answer `refusal` once the body is in */
+    api_buf body;
+    size_t body_held;  /* the body buffer's share of the lease, given back when it is freed */
+    uint64_t bytes_in; /* body bytes received, including those drained after a rejection */
+    bool refused;      /* refused while receiving: answer `refusal` once the body is in */
     srv_outcome refusal;
     char refusal_msg[200];
-    int64_t start_ns, submit_ns, run_ns, done_ns;
-    int64_t own_timeout_ms; /* the body's own timeout when it is tighter than
-                               --request-timeout-ms, else 0; set with the queue deadline */
+    int64_t submit_ns, run_ns, done_ns; /* the start is lease.start_ns */
+    int64_t own_timeout_ms;             /* the body's own timeout when it is tighter than
+                                           --request-timeout-ms, else 0; set with the queue deadline */
 
     /* Handed between threads as the state machine says. */
-    eng_ctl ctl;
+    api_lease lease; /* its memory, deadline and cancel flag, from arrival to the last unref */
     api_reply reply;
     atomic_bool drain_cancelled; /* cancelled by the drain timeout: answer 503 */
     atomic_bool client_gone;     /* the client hung up while the request was suspended */
@@ -125,33 +124,24 @@ static api_error_style error_style(const srv_req *req)
 
 /* ---- Request life cycle ------------------------------------------------------------------- */
 
-/* Frees the body and returns its reservation (and the reply's) to the budget. The thread that
- * owns the request at the time calls it (see the top of the file). */
+/* Frees the body and gives its share of the lease back. The thread that owns the request at
+ * the time calls it (see the top of the file). */
 static void release_body(srv_req *req)
 {
-    srv__buf_free(&req->body);
-    if (req->reserved > 0) {
-        api_budget_release(req->srv->budget, req->reserved);
-        req->reserved = 0;
-    }
+    api_buf_free(&req->body);
+    api_lease_give_back(&req->lease, req->body_held);
+    req->body_held = 0;
 }
 
-static void release_reply(srv_req *req)
-{
-    if (req->reply_reserved > 0) {
-        api_budget_release(req->srv->budget, req->reply_reserved);
-        req->reply_reserved = 0;
-    }
-}
-
-/* Drops one reference; the last one frees the request. Any thread. */
+/* Drops one reference; the last one frees the request and ends its lease, which returns
+ * whatever it still holds (the reply text, until the reply has been sent). Any thread. */
 static void req_unref(srv_req *req)
 {
     if (!req || atomic_fetch_sub(&req->refs, 1) != 1)
         return;
     release_body(req);
-    release_reply(req);
     api_reply_free(&req->reply);
+    api_lease_end(&req->lease);
     free(req);
 }
 
@@ -169,7 +159,8 @@ static void req_fail(srv_req *req, srv_outcome o, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     api_reply_free(&req->reply);
-    api_reply_error(&req->reply, error_style(req), info->status, info->reason, NULL, "%s", msg);
+    api_reply_error_status(&req->reply, error_style(req), info->status, info->reason, NULL, "%s",
+                           msg);
 }
 
 /* What set the deadline of a queued request, for the message of its 504 (64 bytes are
@@ -252,7 +243,7 @@ static void watch_cancel(void *arg, srv_watch_why why)
         atomic_store(&req->client_gone, true);
     else if (why == SRV_WATCH_DRAIN)
         atomic_store(&req->drain_cancelled, true);
-    atomic_store(&req->ctl.cancel, true);
+    atomic_store(&req->lease.ctl.cancel, true);
 }
 
 /* Gives a finished request back to libmicrohttpd, which then calls the access handler. */
@@ -428,7 +419,7 @@ static void send_direct(srv_req *req)
 /* The client sent "Expect: 100-continue": it waits for a go-ahead before sending its body. */
 static bool expects_continue(const srv_req *req)
 {
-    return srv__header_token_is(req->hdr.expect, "100-continue");
+    return api_header_token_is(req->hdr.expect, "100-continue");
 }
 
 /* Checks the message framing before any body byte is read: libmicrohttpd 0.9.75 uses the first
@@ -450,13 +441,13 @@ static enum MHD_Result check_framing(srv_server *s, srv_req *req, bool *answered
      * (any case): with a trailing blank it reads the body until the connection closes and
      * swallows the requests behind it, so such a value is malformed here, as a Content-Length
      * with one is for libmicrohttpd. */
-    if (h->n_transfer == 1 && srv__header_token_is(h->transfer_encoding, "chunked") &&
+    if (h->n_transfer == 1 && api_header_token_is(h->transfer_encoding, "chunked") &&
         strcasecmp(h->transfer_encoding, "chunked") != 0)
         return refuse(req, SRV_REFUSE_FRAMING, true,
                       "malformed Transfer-Encoding \"%.64s\": blanks around \"chunked\"",
                       h->transfer_encoding);
     if (h->n_transfer > 1 ||
-        (h->n_transfer == 1 && !srv__header_token_is(h->transfer_encoding, "chunked")))
+        (h->n_transfer == 1 && !api_header_token_is(h->transfer_encoding, "chunked")))
         return refuse(req, SRV_REFUSE_TRANSFER_CODING, true,
                       "unsupported Transfer-Encoding \"%.64s\": only chunked is accepted",
                       h->n_transfer == 1 ? h->transfer_encoding : "(several headers)");
@@ -516,9 +507,9 @@ static void set_budget_busy(srv_req *req)
  * false. */
 static bool reserve_body(srv_server *s, srv_req *req, size_t bytes)
 {
-    switch (api_budget_reserve(s->budget, bytes)) {
+    switch (api_lease_reserve(&req->lease, bytes)) {
     case API_BUDGET_OK:
-        req->reserved += bytes;
+        req->body_held += bytes;
         return true;
     case API_BUDGET_NEVER:
         set_never_fits(s, req);
@@ -798,13 +789,13 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
             release_body(req);
             return MHD_YES;
         }
-        if (srv__buf_grow_to(&req->body, cap) != SRV_OK) {
+        if (!api_buf_grow_to(&req->body, cap)) {
             set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
             release_body(req);
             return MHD_YES;
         }
     }
-    srv__buf_append(&req->body, data, n);
+    api_buf_mem(&req->body, data, n);
     return MHD_YES;
 }
 
@@ -833,11 +824,8 @@ static void job_run(void *arg, int64_t index)
     call.body = req->body.data ? req->body.data : "";
     call.body_len = req->body.len;
     call.pool = s->pool;
-    call.ctl = &req->ctl;
-    call.start_ns = req->start_ns;
+    call.lease = &req->lease;
     call.limits = &s->limits;
-    call.budget = s->budget;
-    call.budget_held = req->reserved; /* the body's share: a request that can never fit is 413 */
     call.models = s->models;
     call_headers(req, &call);
     if (rd->stats)
@@ -858,11 +846,6 @@ static void job_run(void *arg, int64_t index)
     srv__watch_remove(s->watch, &req->watch);
     if (srv__peer_sent_fin(srv__conn_fd(s->watch, &req->watch)))
         send_direct(req);
-    /* api released its reservation; the reply text stays in memory until it is sent, so it
-     * is accounted for until the request completes (best effort: it exists already). */
-    if (req->reply.body_len > 0 &&
-        api_budget_reserve(s->budget, req->reply.body_len) == API_BUDGET_OK)
-        req->reply_reserved = req->reply.body_len;
     atomic_store(&req->state, REQ_DONE);
     atomic_fetch_sub(&s->running, 1);
     atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
@@ -870,11 +853,11 @@ static void job_run(void *arg, int64_t index)
     req_unref(req);
 }
 
-/* The deadline of a request about to be queued: --request-timeout-ms from its arrival, or its
- * body's own timeout when that is tighter (then kept in req->own_timeout_ms). A worker reads
- * the body's timeout only once it reaches the request; read here (cheaply:
- * api/wire/timeout_peek.c), it holds while the request waits behind others, and the watcher answers
- * 504 on time.
+/* The deadline of a request about to be queued: its lease's (--request-timeout-ms from the
+ * arrival), shortened to the body's own timeout when that is tighter (then kept in
+ * req->own_timeout_ms). A worker reads the body's timeout only once it reaches the request;
+ * read here (cheaply: api/wire/timeout_peek.c), it holds while the request waits behind
+ * others, and the watcher answers 504 on time.
  *
  * Only a request that will wait needs it now. With nothing admitted the request starts at once
  * (admissions happen on this thread only, so none can slip in before it), its route applies
@@ -891,9 +874,8 @@ static int64_t request_deadline(const srv_server *s, srv_req *req)
         ms = rd->timeout(&call);
     }
     req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
-    if (req->own_timeout_ms > 0)
-        return req->start_ns + req->own_timeout_ms * 1000000;
-    return req->start_ns + s->request_timeout_ns;
+    api_lease_shorten(&req->lease, req->own_timeout_ms);
+    return req->lease.ctl.deadline_ns;
 }
 
 /* Takes one slot of --max-queue; false when the queue is full. */
@@ -931,9 +913,8 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
                       "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
 
-    atomic_store(&req->ctl.cancel, false);
-    req->ctl.deadline_ns = deadline;
-    req->watch.deadline_ns = deadline;
+    atomic_store(&req->lease.ctl.cancel, false);
+    req->watch.deadline_ns = deadline; /* the watcher's copy, read while the request waits */
     req->submit_ns = now;
     atomic_store(&req->state, REQ_QUEUED);
     atomic_fetch_add(&s->queued, 1);
@@ -972,15 +953,14 @@ static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection
     atomic_init(&req->state, REQ_RECEIVING);
     atomic_init(&req->drain_cancelled, false);
     atomic_init(&req->client_gone, false);
-    atomic_init(&req->ctl.cancel, false);
     atomic_init(&req->stats.pending, false);
     req->stats.slot = -1; /* counted nowhere until the route's hooks say otherwise */
     req->srv = s;
     req->conn = conn;
     req->watch.ops = &req_watch_ops;
     req->watch.req = req;
-    req->start_ns = eng_now_ns();
-    srv__buf_init(&req->body, s->max_body_bytes);
+    api_lease_start(&req->lease, s->budget, eng_now_ns(), s->limits.max_timeout_ms);
+    api_buf_init(&req->body, s->max_body_bytes + 1); /* + its NUL (on_body_chunk) */
     /* The path for logs and routing; the access handler replaces it with the decoded one. */
     req->bad_target = srv__target_check(uri);
     if (uri)
@@ -996,7 +976,7 @@ static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection
 
     req->admin = admin;
     ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    srv__conn_begin(s->watch, ci ? ci->socket_context : NULL, &req->watch, req->start_ns);
+    srv__conn_begin(s->watch, ci ? ci->socket_context : NULL, &req->watch, req->lease.start_ns);
     atomic_fetch_add(&s->active, 1);
     return req;
 }
@@ -1064,59 +1044,65 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
 {
     /* receive: first byte of the request to its last; send: the reply's handoff to the
      * connection until libmicrohttpd has written it all. */
-    int64_t receive_ns = req->submit_ns > 0 ? req->submit_ns - req->start_ns : 0;
+    int64_t receive_ns = req->submit_ns > 0 ? req->submit_ns - req->lease.start_ns : 0;
     int64_t send_ns = req->done_ns > 0 ? now - req->done_ns : 0;
-    srv_buf b;
+    api_buf b;
     if (!srv_log_enabled(SRV_LOG_INFO))
         return;
-    srv__buf_init(&b, 8192);
+    api_buf_init(&b, 8192);
     srv__log_begin(&b, SRV_LOG_INFO);
-    srv__buf_puts(&b, ",\"msg\":\"request\",\"request_id\":");
-    srv__buf_json_str(&b, req->id, strlen(req->id));
-    srv__buf_puts(&b, ",\"method\":");
-    srv__buf_json_str(&b, req->method, strlen(req->method));
-    srv__buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_names.label(req->route));
-    srv__buf_json_str(&b, req->path, strlen(req->path));
-    srv__buf_printf(&b,
-                    ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
-                    "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
-                    "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
-                    status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
-                    ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
-                    ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
-                    ms(now - req->start_ns));
+    api_buf_cstr(&b, ",\"msg\":\"request\",\"request_id\":");
+    api_buf_json_string(&b, req->id, strlen(req->id));
+    api_buf_cstr(&b, ",\"method\":");
+    api_buf_json_string(&b, req->method, strlen(req->method));
+    api_buf_printf(&b, ",\"route\":\"%s\",\"path\":", srv__route_names.label(req->route));
+    api_buf_json_string(&b, req->path, strlen(req->path));
+    api_buf_printf(&b,
+                   ",\"status\":%d,\"bytes_in\":%llu,\"bytes_out\":%llu,\"receive_ms\":%.3f,"
+                   "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
+                   "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
+                   status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
+                   ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
+                   ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
+                   ms(now - req->lease.start_ns));
     if (reason != API_REASON_NONE)
-        srv__buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+        api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
     if (req->cut_status > 0)
-        srv__buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
-    srv__buf_puts(&b, "}\n");
-    if (!b.failed)
+        api_buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
+    api_buf_cstr(&b, "}\n");
+    if (b.state == API_BUF_OK)
         srv__log_write(b.data, b.len);
-    srv__buf_free(&b);
+    api_buf_free(&b);
 }
 
-/* The outcome a completed request is logged and counted with when it was not answered as
- * queued: its client went away, or its connection was cut or never got as far as a reply. */
-static const srv_outcome_info *unanswered_outcome(srv_req *req, bool slow,
-                                                  enum MHD_RequestTerminationCode toe)
+/* Whether a completed request was not answered as queued (its client went away, or its
+ * connection was cut or never got as far as a reply), and then *o, the outcome it is logged and
+ * counted with. */
+static bool unanswered_outcome(srv_req *req, bool slow, enum MHD_RequestTerminationCode toe,
+                               srv_outcome *o)
 {
-    if (atomic_load(&req->client_gone))
-        return srv__outcome(SRV_REFUSE_CLIENT_GONE); /* the reply was never delivered */
+    if (atomic_load(&req->client_gone)) {
+        *o = SRV_REFUSE_CLIENT_GONE; /* the reply was never delivered */
+        return true;
+    }
     if (req->responded && !req->sent_directly && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
         /* The reply was queued but not all of it was sent: the client stopped reading (cut at
          * --idle-timeout-s) or went away mid-download. Not a success, and its bytes did not
          * all go out. */
         req->cut_status = req->status;
         req->bytes_out = 0;
-        return srv__outcome(SRV_REFUSE_CLIENT_GONE);
+        *o = SRV_REFUSE_CLIENT_GONE;
+        return true;
     }
     if (req->responded)
-        return NULL;
+        return false;
     if (slow)
-        return srv__outcome(SRV_REFUSE_SLOW_CLIENT);
-    if (!req->framing_checked && toe == MHD_REQUEST_TERMINATED_WITH_ERROR)
-        return srv__outcome(SRV_REFUSE_MHD_PARSE);
-    return srv__outcome(SRV_REFUSE_CLIENT_GONE);
+        *o = SRV_REFUSE_SLOW_CLIENT;
+    else if (!req->framing_checked && toe == MHD_REQUEST_TERMINATED_WITH_ERROR)
+        *o = SRV_REFUSE_MHD_PARSE;
+    else
+        *o = SRV_REFUSE_CLIENT_GONE;
+    return true;
 }
 
 void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -1125,7 +1111,7 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     srv_server *s = cls;
     srv_req *req = *con_cls;
     int64_t now = eng_now_ns(), queue_ns = 0;
-    const srv_outcome_info *unanswered;
+    srv_outcome unanswered;
     const srv_route_def *rd;
     int status;
     api_reason reason;
@@ -1139,9 +1125,12 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
     if (!req->id[0])
         make_request_id(s, req->id, sizeof req->id); /* libmicrohttpd answered it itself */
-    unanswered = unanswered_outcome(req, srv__conn_end(s->watch, &req->watch, now), toe);
-    status = unanswered ? unanswered->status : req->status;
-    reason = unanswered ? unanswered->reason : req->reason;
+    status = req->status;
+    reason = req->reason;
+    if (unanswered_outcome(req, srv__conn_end(s->watch, &req->watch, now), toe, &unanswered)) {
+        status = srv__outcome_http(unanswered, error_style(req));
+        reason = srv__outcome(unanswered)->reason;
+    }
 
     if (req->submit_ns > 0) {
         queue_ns = (req->run_ns > 0 ? req->run_ns : req->done_ns) - req->submit_ns;
@@ -1152,17 +1141,16 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
             srv__metrics_stage(&s->metrics, SRV_STAGE_ENCODE, req->reply.encode_ns);
         }
     }
-    srv__metrics_request(&s->metrics, req->route, status, now - req->start_ns, req->bytes_in,
+    srv__metrics_request(&s->metrics, req->route, status, now - req->lease.start_ns, req->bytes_in,
                          req->bytes_out);
     srv__metrics_rejected(&s->metrics, reason);
     rd = srv__route_def(req->route);
     if (rd && rd->stats)
-        rd->stats->completed(&s->metrics, &req->stats, status, reason, now - req->start_ns,
+        rd->stats->completed(&s->metrics, &req->stats, status, reason, now - req->lease.start_ns,
                              queue_ns, &req->reply);
     log_request(req, status, reason, now, queue_ns);
 
     release_body(req);
-    release_reply(req);
     atomic_fetch_sub(&s->active, 1);
     req_unref(req);
 }

@@ -46,11 +46,11 @@ void srv__log_time(char out[32])
     snprintf(out + n, 32 - n, ".%03dZ", (int)(ts.tv_nsec / 1000000));
 }
 
-void srv__log_begin(srv_buf *b, srv_log_level level)
+void srv__log_begin(api_buf *b, srv_log_level level)
 {
     char now[32];
     srv__log_time(now);
-    srv__buf_printf(b, "{\"time\":\"%s\",\"level\":\"%s\"", now, srv_log_level_str(level));
+    api_buf_printf(b, "{\"time\":\"%s\",\"level\":\"%s\"", now, srv_log_level_str(level));
 }
 
 void srv__log_write(const char *line, size_t len)
@@ -72,17 +72,17 @@ void srv__log_write(const char *line, size_t len)
 /* Writes {"time","level","msg": <text>, <extra>} where `extra` is a JSON fragment or NULL. */
 static void log_line(srv_log_level level, const char *text, size_t text_len, const char *extra)
 {
-    srv_buf b;
-    srv__buf_init(&b, 64 * 1024);
+    api_buf b;
+    api_buf_init(&b, 64 * 1024);
     srv__log_begin(&b, level);
-    srv__buf_puts(&b, ",\"msg\":");
-    srv__buf_json_str(&b, text, text_len);
+    api_buf_cstr(&b, ",\"msg\":");
+    api_buf_json_string(&b, text, text_len);
     if (extra)
-        srv__buf_puts(&b, extra);
-    srv__buf_puts(&b, "}\n");
-    if (!b.failed)
+        api_buf_cstr(&b, extra);
+    api_buf_cstr(&b, "}\n");
+    if (b.state == API_BUF_OK)
         srv__log_write(b.data, b.len);
-    srv__buf_free(&b);
+    api_buf_free(&b);
 }
 
 void srv_logv(srv_log_level level, const char *fmt, va_list ap)

@@ -74,33 +74,33 @@ static uint64_t load(const atomic_uint_fast64_t *v)
     return (uint64_t)atomic_load_explicit(v, memory_order_relaxed);
 }
 
-static void family(srv_buf *b, const char *name, const char *type, const char *help)
+static void family(api_buf *b, const char *name, const char *type, const char *help)
 {
-    srv__buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    api_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* One histogram series set; `labels` is "" or `key="value",`. */
-static void hist_render(srv_buf *b, const char *name, const char *labels, const srv_hist *h)
+static void hist_render(api_buf *b, const char *name, const char *labels, const srv_hist *h)
 {
     uint64_t counts[SRV_HIST_BUCKETS + 1], cum = 0;
     for (size_t i = 0; i <= SRV_HIST_BUCKETS; i++)
         counts[i] = load(&h->bucket[i]);
     for (size_t i = 0; i < SRV_HIST_BUCKETS; i++) {
         cum += counts[i];
-        srv__buf_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", name, labels, bucket_le[i],
-                        (unsigned long long)cum);
+        api_buf_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", name, labels, bucket_le[i],
+                       (unsigned long long)cum);
     }
     cum += counts[SRV_HIST_BUCKETS];
-    srv__buf_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
+    api_buf_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
     /* Labels end with a comma for the bucket series; _sum and _count need them without it. */
     if (labels[0]) {
         size_t n = strlen(labels) - 1;
-        srv__buf_printf(b, "%s_sum{%.*s} %.9f\n%s_count{%.*s} %llu\n", name, (int)n, labels,
-                        (double)load(&h->sum_ns) / 1e9, name, (int)n, labels,
-                        (unsigned long long)cum);
+        api_buf_printf(b, "%s_sum{%.*s} %.9f\n%s_count{%.*s} %llu\n", name, (int)n, labels,
+                       (double)load(&h->sum_ns) / 1e9, name, (int)n, labels,
+                       (unsigned long long)cum);
     } else {
-        srv__buf_printf(b, "%s_sum %.9f\n%s_count %llu\n", name, (double)load(&h->sum_ns) / 1e9,
-                        name, (unsigned long long)cum);
+        api_buf_printf(b, "%s_sum %.9f\n%s_count %llu\n", name, (double)load(&h->sum_ns) / 1e9,
+                       name, (unsigned long long)cum);
     }
 }
 
@@ -123,7 +123,7 @@ static void label_clean(char *dst, size_t n, const char *src)
     dst[o] = '\0';
 }
 
-static void engine_info_render(srv_buf *b)
+static void engine_info_render(api_buf *b)
 {
     eng_engine_info info;
     char cpu[sizeof info.cpu], core[sizeof info.openblas_core];
@@ -133,10 +133,10 @@ static void engine_info_render(srv_buf *b)
     family(b, "attnd_engine_info", "gauge",
            "What the engine computes with: its kernel set, its bf16 products, OpenBLAS's own "
            "core and the CPU.");
-    srv__buf_printf(b,
-                    "attnd_engine_info{kernels=\"%s\",bf16=\"%s\",openblas_core=\"%s\","
-                    "cpu=\"%s\"} 1\n",
-                    info.kernels, info.bf16, core, cpu);
+    api_buf_printf(b,
+                   "attnd_engine_info{kernels=\"%s\",bf16=\"%s\",openblas_core=\"%s\","
+                   "cpu=\"%s\"} 1\n",
+                   info.kernels, info.bf16, core, cpu);
 }
 
 void srv__metrics_slow_client(srv_metrics *m)
@@ -150,7 +150,7 @@ void srv__metrics_hangup(srv_metrics *m)
 }
 
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
-                         srv_buf *b)
+                         api_buf *b)
 {
     char labels[160];
 
@@ -164,11 +164,11 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
             if (v == 0)
                 continue;
             if (c < SRV_CODE_SLOTS - 1)
-                srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
-                                routes->label(r), code_slots[c], (unsigned long long)v);
+                api_buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
+                               routes->label(r), code_slots[c], (unsigned long long)v);
             else
-                srv__buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"other\"} %llu\n",
-                                routes->label(r), (unsigned long long)v);
+                api_buf_printf(b, "attnd_requests_total{route=\"%s\",code=\"other\"} %llu\n",
+                               routes->label(r), (unsigned long long)v);
         }
     }
 
@@ -194,43 +194,43 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
            "Requests that failed, by reason (queue_full, memory, deadline, cancelled, draining, "
            "too_large, bad_request, internal, unauthorized).");
     for (int r = 1; r < SRV_REASON_COUNT; r++)
-        srv__buf_printf(b, "attnd_rejected_total{reason=\"%s\"} %llu\n",
-                        api_reason_str((api_reason)r), (unsigned long long)load(&m->rejected[r]));
+        api_buf_printf(b, "attnd_rejected_total{reason=\"%s\"} %llu\n",
+                       api_reason_str((api_reason)r), (unsigned long long)load(&m->rejected[r]));
 
     family(b, "attnd_queue_depth", "gauge", "Attention requests waiting for an engine worker.");
-    srv__buf_printf(b, "attnd_queue_depth %lld\n", (long long)g->queued);
+    api_buf_printf(b, "attnd_queue_depth %lld\n", (long long)g->queued);
     family(b, "attnd_running_requests", "gauge", "Attention requests running on engine workers.");
-    srv__buf_printf(b, "attnd_running_requests %lld\n", (long long)g->running);
+    api_buf_printf(b, "attnd_running_requests %lld\n", (long long)g->running);
     family(b, "attnd_inflight_requests", "gauge",
            "HTTP requests in progress: receiving, queued, running or being answered.");
-    srv__buf_printf(b, "attnd_inflight_requests %lld\n", (long long)g->inflight);
+    api_buf_printf(b, "attnd_inflight_requests %lld\n", (long long)g->inflight);
     family(b, "attnd_max_queue", "gauge", "The admission limit (--max-queue).");
-    srv__buf_printf(b, "attnd_max_queue %lld\n", (long long)g->max_queue);
+    api_buf_printf(b, "attnd_max_queue %lld\n", (long long)g->max_queue);
     family(b, "attnd_worker_threads", "gauge", "Engine worker threads.");
-    srv__buf_printf(b, "attnd_worker_threads %d\n", g->threads);
+    api_buf_printf(b, "attnd_worker_threads %d\n", g->threads);
     family(b, "attnd_memory_reserved_bytes", "gauge",
            "Bytes of the memory budget reserved by requests in progress.");
-    srv__buf_printf(b, "attnd_memory_reserved_bytes %lld\n", (long long)g->memory_in_use);
+    api_buf_printf(b, "attnd_memory_reserved_bytes %lld\n", (long long)g->memory_in_use);
     family(b, "attnd_memory_budget_bytes", "gauge", "The memory budget (--max-memory-bytes).");
-    srv__buf_printf(b, "attnd_memory_budget_bytes %lld\n", (long long)g->memory_budget);
+    api_buf_printf(b, "attnd_memory_budget_bytes %lld\n", (long long)g->memory_budget);
     family(b, "attnd_buffer_cache_bytes", "gauge",
            "Freed request buffers kept mapped for reuse (--buffer-cache-bytes).");
-    srv__buf_printf(b, "attnd_buffer_cache_bytes %lld\n", (long long)g->buffer_cache);
+    api_buf_printf(b, "attnd_buffer_cache_bytes %lld\n", (long long)g->buffer_cache);
     family(b, "attnd_ready", "gauge", "1 when /v2/health/ready answers 200, 0 while draining.");
-    srv__buf_printf(b, "attnd_ready %d\n", g->ready ? 1 : 0);
+    api_buf_printf(b, "attnd_ready %d\n", g->ready ? 1 : 0);
 
     family(b, "attnd_received_bytes_total", "counter", "Request body bytes received.");
-    srv__buf_printf(b, "attnd_received_bytes_total %llu\n", (unsigned long long)load(&m->bytes_in));
+    api_buf_printf(b, "attnd_received_bytes_total %llu\n", (unsigned long long)load(&m->bytes_in));
     family(b, "attnd_sent_bytes_total", "counter", "Response body bytes queued for sending.");
-    srv__buf_printf(b, "attnd_sent_bytes_total %llu\n", (unsigned long long)load(&m->bytes_out));
+    api_buf_printf(b, "attnd_sent_bytes_total %llu\n", (unsigned long long)load(&m->bytes_out));
     family(b, "attnd_slow_clients_total", "counter",
            "Connections closed because the client did not send its request in time "
            "(--receive-timeout-s, --idle-timeout-s).");
-    srv__buf_printf(b, "attnd_slow_clients_total %llu\n",
-                    (unsigned long long)load(&m->slow_clients));
+    api_buf_printf(b, "attnd_slow_clients_total %llu\n",
+                   (unsigned long long)load(&m->slow_clients));
     family(b, "attnd_client_hangups_total", "counter",
            "Clients that hung up while their request was queued or computing.");
-    srv__buf_printf(b, "attnd_client_hangups_total %llu\n", (unsigned long long)load(&m->hangups));
+    api_buf_printf(b, "attnd_client_hangups_total %llu\n", (unsigned long long)load(&m->hangups));
 }
 
 /* ---- Triton's per-model families (KServe v2 routes) ---------------------------------------- */
@@ -324,7 +324,7 @@ void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason,
                           memory_order_relaxed);
 }
 
-void srv__metrics_render_models(const srv_metrics *m, const api_models *models, srv_buf *b)
+void srv__metrics_render_models(const srv_metrics *m, const api_models *models, api_buf *b)
 {
     static const char *const fail_labels[SRV_FAIL_COUNT] = {"REJECTED", "CANCELED", "BACKEND",
                                                             "OTHER"};
@@ -364,59 +364,59 @@ void srv__metrics_render_models(const srv_metrics *m, const api_models *models, 
                 (const atomic_uint_fast64_t *)(const void *)((const char *)&m->model[i] +
                                                              families[f].offset);
             uint64_t x = load(v);
-            srv__buf_printf(b, "%s{model=\"%s\",version=\"" API_V2_VERSION "\"} %llu\n",
-                            families[f].name, model_name(models, i),
-                            (unsigned long long)(families[f].micros ? x / 1000 : x));
+            api_buf_printf(b, "%s{model=\"%s\",version=\"" API_V2_VERSION "\"} %llu\n",
+                           families[f].name, model_name(models, i),
+                           (unsigned long long)(families[f].micros ? x / 1000 : x));
         }
         if (f == 0) {
             family(b, "nv_inference_request_failure", "counter",
                    "Number of failed inference requests, all batch sizes, by reason");
             for (int i = 0; i < n; i++)
                 for (int r = 0; r < SRV_FAIL_COUNT; r++)
-                    srv__buf_printf(b,
-                                    "nv_inference_request_failure{model=\"%s\",reason=\"%s\","
-                                    "version=\"" API_V2_VERSION "\"} %llu\n",
-                                    model_name(models, i), fail_labels[r],
-                                    (unsigned long long)load(&m->model[i].failure[r]));
+                    api_buf_printf(b,
+                                   "nv_inference_request_failure{model=\"%s\",reason=\"%s\","
+                                   "version=\"" API_V2_VERSION "\"} %llu\n",
+                                   model_name(models, i), fail_labels[r],
+                                   (unsigned long long)load(&m->model[i].failure[r]));
         }
     }
     family(b, "nv_inference_pending_request_count", "gauge",
            "Instantaneous number of requests awaiting an engine worker");
     for (int i = 0; i < n; i++) {
         int64_t p = (int64_t)atomic_load_explicit(&m->model[i].pending, memory_order_relaxed);
-        srv__buf_printf(b,
-                        "nv_inference_pending_request_count{model=\"%s\",version=\"" API_V2_VERSION
-                        "\"} %lld\n",
-                        model_name(models, i), (long long)(p > 0 ? p : 0));
+        api_buf_printf(b,
+                       "nv_inference_pending_request_count{model=\"%s\",version=\"" API_V2_VERSION
+                       "\"} %lld\n",
+                       model_name(models, i), (long long)(p > 0 ? p : 0));
     }
 }
 
-static void duration_json(srv_buf *b, const char *name, uint64_t count, uint64_t ns, bool last)
+static void duration_json(api_buf *b, const char *name, uint64_t count, uint64_t ns, bool last)
 {
-    srv__buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)count,
-                    (unsigned long long)ns, last ? "" : ",");
+    api_buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)count,
+                   (unsigned long long)ns, last ? "" : ",");
 }
 
-void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, srv_buf *b)
+void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, api_buf *b)
 {
     int n = model_count(models);
     bool first = true;
-    srv__buf_puts(b, "{\"model_stats\":[");
+    api_buf_cstr(b, "{\"model_stats\":[");
     for (int i = 0; i < n; i++) {
         const srv_model_stats *st = &m->model[i];
         const char *name = model_name(models, i);
         uint64_t ok = load(&st->success);
         if (slot >= 0 && i != slot)
             continue;
-        srv__buf_puts(b, first ? "{\"name\":" : ",{\"name\":");
+        api_buf_cstr(b, first ? "{\"name\":" : ",{\"name\":");
         first = false;
-        srv__buf_json_str(b, name, strlen(name));
-        srv__buf_printf(b,
-                        ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
-                        "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
-                        (unsigned long long)load(&st->last_ms),
-                        (unsigned long long)load(&st->inferences),
-                        (unsigned long long)load(&st->executions));
+        api_buf_json_string(b, name, strlen(name));
+        api_buf_printf(b,
+                       ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
+                       "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
+                       (unsigned long long)load(&st->last_ms),
+                       (unsigned long long)load(&st->inferences),
+                       (unsigned long long)load(&st->executions));
         duration_json(b, "success", ok, load(&st->success_ns), false);
         duration_json(b, "fail", load(&st->fail), load(&st->fail_ns), false);
         duration_json(b, "queue", load(&st->queue_count), load(&st->queue_ns), false);
@@ -425,7 +425,7 @@ void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int
         duration_json(b, "compute_output", ok, load(&st->output_ns), false);
         duration_json(b, "cache_hit", 0, 0, false);
         duration_json(b, "cache_miss", 0, 0, true);
-        srv__buf_puts(b, "},\"batch_stats\":[]}");
+        api_buf_cstr(b, "},\"batch_stats\":[]}");
     }
-    srv__buf_puts(b, "]}\n");
+    api_buf_cstr(b, "]}\n");
 }

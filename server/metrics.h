@@ -14,7 +14,7 @@
 #include <stdatomic.h>
 
 #include "api/api.h"
-#include "server/buf.h"
+#include "server/server.h"
 
 /* A route is the index of its row in the route table (routes.c). Metrics keep one series per
  * row, labelled with the row's pattern (never the raw path), plus SRV_ROUTE_OTHER for requests
@@ -100,7 +100,7 @@ void srv__metrics_slow_client(srv_metrics *m);
 void srv__metrics_hangup(srv_metrics *m);
 /* Appends the Prometheus text exposition of `m` and `g` to `b`. */
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
-                         srv_buf *b);
+                         api_buf *b);
 
 /* The stats slot of a v2 model (0 "sdpa", i + 1 the i-th layer of `models`), or -1. */
 int srv__metrics_model_slot(const api_models *models, const char *name);
@@ -111,8 +111,8 @@ void srv__metrics_model_pending(srv_metrics *m, int slot, int delta);
 void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t total_ns,
                         int64_t queue_ns, const api_reply *reply);
 /* Appends Triton's nv_inference_* families, labelled model and version, for every model. */
-void srv__metrics_render_models(const srv_metrics *m, const api_models *models, srv_buf *b);
+void srv__metrics_render_models(const srv_metrics *m, const api_models *models, api_buf *b);
 /* Appends GET /v2/models[/{m}]/stats's {"model_stats": [...]} for one slot, or all (-1). */
-void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, srv_buf *b);
+void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, api_buf *b);
 
 #endif

@@ -1,44 +1,49 @@
 /*
- * outcome.h - every HTTP status that server/ decides by itself, as a value: the refusals of a
- * request (framing errors, queue full, draining, deadlines, a client gone) and the two plain
- * answers server/ gives without api/ (200, 304).
+ * outcome.h - everything server/ decides about a request by itself, as a value: the refusals
+ * of a request (framing errors, queue full, draining, deadlines, a client gone) and the two
+ * plain answers server/ gives without api/ (200, 304).
  *
  * Server code names an outcome (SRV_REFUSE_QUEUE_FULL) and this one table (outcome.c) says
- * which status, which rejection reason and which Retry-After go with it, so that the statuses
- * of server/ can be read, and later mapped through api/, in one place. Statuses of replies that
- * api/ builds (a route's own 4xx and 5xx) are not here: api/ chooses those.
+ * which api/ status (api/status.h), which rejection reason and which Retry-After go with it.
+ * server/ picks no HTTP code: api_status_http turns the status into one in the route's protocol
+ * style, as it does for the replies api/ builds.
  */
 #ifndef ATTND_SERVER_OUTCOME_H
 #define ATTND_SERVER_OUTCOME_H
 
 #include "api/api.h"
 
-/* X(name, HTTP status, rejection reason, Retry-After seconds (0: none)). */
+/* X(name, api status, rejection reason, Retry-After seconds (0: none)).
+ * MHD_PARSE: libmicrohttpd refused the request itself; BAD_PARAM: a {param} outside its
+ * alphabet; BAD_HEADER: a header value we cannot keep; SLOW_CLIENT: counted in
+ * attnd_slow_clients_total; MEMORY_NEVER: more than the whole budget; MEMORY_BUSY: the budget
+ * is held by others; MEDIA: Content-Encoding, Content-Type; NO_HANDLER, NO_STATUS: our bugs;
+ * NOT_READY: readiness while draining; NO_MEMORY: allocation failed for a body. */
 #define SRV_OUTCOME_LIST(X)                                                                        \
-    X(SRV_ANSWER_OK, 200, API_REASON_NONE, 0)                                                      \
-    X(SRV_ANSWER_NOT_MODIFIED, 304, API_REASON_NONE, 0)      /* If-None-Match matched */           \
-    X(SRV_REFUSE_FRAMING, 400, API_REASON_BAD_REQUEST, 0)    /* request line, headers, framing */  \
-    X(SRV_REFUSE_MHD_PARSE, 400, API_REASON_BAD_REQUEST, 0)  /* libmicrohttpd refused it itself */ \
-    X(SRV_REFUSE_BAD_PARAM, 400, API_REASON_BAD_REQUEST, 0)  /* a {param} outside its alphabet */  \
-    X(SRV_REFUSE_BAD_HEADER, 400, API_REASON_BAD_REQUEST, 0) /* a header value we cannot keep */   \
-    X(SRV_REFUSE_UNAUTHORIZED, 401, API_REASON_UNAUTHORIZED, 0)                                    \
-    X(SRV_REFUSE_NOT_FOUND, 404, API_REASON_BAD_REQUEST, 0)                                        \
-    X(SRV_REFUSE_METHOD, 405, API_REASON_BAD_REQUEST, 0)                                           \
-    X(SRV_REFUSE_SLOW_CLIENT, 408, API_REASON_NONE, 0) /* counted in attnd_slow_clients_total */   \
-    X(SRV_REFUSE_TOO_LARGE, 413, API_REASON_TOO_LARGE, 0)                                          \
-    X(SRV_REFUSE_MEMORY_NEVER, 413, API_REASON_MEMORY, 0) /* more than the whole budget */         \
-    X(SRV_REFUSE_MEDIA, 415, API_REASON_BAD_REQUEST, 0)   /* Content-Encoding, Content-Type */     \
-    X(SRV_REFUSE_QUEUE_FULL, 429, API_REASON_QUEUE_FULL, 1)                                        \
-    X(SRV_REFUSE_MEMORY_BUSY, 429, API_REASON_MEMORY, 1) /* the budget is held by others */        \
-    X(SRV_REFUSE_CLIENT_GONE, API_STATUS_CLIENT_CLOSED, API_REASON_CANCELLED, 0)                   \
-    X(SRV_REFUSE_NO_HANDLER, 500, API_REASON_INTERNAL, 0) /* our bug */                            \
-    X(SRV_REFUSE_NO_STATUS, 500, API_REASON_INTERNAL, 0)  /* a reply without a status: our bug */  \
-    X(SRV_REFUSE_TRANSFER_CODING, 501, API_REASON_BAD_REQUEST, 0)                                  \
-    X(SRV_REFUSE_DRAINING, 503, API_REASON_DRAINING, 0)                                            \
-    X(SRV_REFUSE_NOT_READY, 503, API_REASON_NONE, 0)   /* readiness while draining */              \
-    X(SRV_REFUSE_NO_MEMORY, 503, API_REASON_MEMORY, 0) /* allocation failed for a body */          \
-    X(SRV_REFUSE_INTERNAL, 503, API_REASON_INTERNAL, 0)                                            \
-    X(SRV_REFUSE_DEADLINE, 504, API_REASON_DEADLINE, 0)
+    X(SRV_ANSWER_OK, API_STATUS_OK, API_REASON_NONE, 0)                                            \
+    X(SRV_ANSWER_NOT_MODIFIED, API_STATUS_NOT_MODIFIED, API_REASON_NONE, 0)                        \
+    X(SRV_REFUSE_FRAMING, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, 0)                 \
+    X(SRV_REFUSE_MHD_PARSE, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, 0)               \
+    X(SRV_REFUSE_BAD_PARAM, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, 0)               \
+    X(SRV_REFUSE_BAD_HEADER, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, 0)              \
+    X(SRV_REFUSE_UNAUTHORIZED, API_STATUS_UNAUTHENTICATED, API_REASON_UNAUTHORIZED, 0)             \
+    X(SRV_REFUSE_NOT_FOUND, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, 0)                       \
+    X(SRV_REFUSE_METHOD, API_STATUS_METHOD_NOT_ALLOWED, API_REASON_BAD_REQUEST, 0)                 \
+    X(SRV_REFUSE_SLOW_CLIENT, API_STATUS_REQUEST_TIMEOUT, API_REASON_NONE, 0)                      \
+    X(SRV_REFUSE_TOO_LARGE, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, 0)                         \
+    X(SRV_REFUSE_MEMORY_NEVER, API_STATUS_TOO_LARGE, API_REASON_MEMORY, 0)                         \
+    X(SRV_REFUSE_MEDIA, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, 0)              \
+    X(SRV_REFUSE_QUEUE_FULL, API_STATUS_OVERLOADED, API_REASON_QUEUE_FULL, 1)                      \
+    X(SRV_REFUSE_MEMORY_BUSY, API_STATUS_OVERLOADED, API_REASON_MEMORY, 1)                         \
+    X(SRV_REFUSE_CLIENT_GONE, API_STATUS_CANCELLED, API_REASON_CANCELLED, 0)                       \
+    X(SRV_REFUSE_NO_HANDLER, API_STATUS_INTERNAL, API_REASON_INTERNAL, 0)                          \
+    X(SRV_REFUSE_NO_STATUS, API_STATUS_INTERNAL, API_REASON_INTERNAL, 0)                           \
+    X(SRV_REFUSE_TRANSFER_CODING, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, 0)           \
+    X(SRV_REFUSE_DRAINING, API_STATUS_UNAVAILABLE, API_REASON_DRAINING, 0)                         \
+    X(SRV_REFUSE_NOT_READY, API_STATUS_UNAVAILABLE, API_REASON_NONE, 0)                            \
+    X(SRV_REFUSE_NO_MEMORY, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, 0)                          \
+    X(SRV_REFUSE_INTERNAL, API_STATUS_UNAVAILABLE, API_REASON_INTERNAL, 0)                         \
+    X(SRV_REFUSE_DEADLINE, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, 0)
 
 typedef enum {
 #define SRV_OUTCOME_ENUM(name, status, reason, retry) name,
@@ -47,7 +52,7 @@ typedef enum {
 } srv_outcome;
 
 typedef struct {
-    int status;
+    api_status status;
     api_reason reason;
     int retry_after_s;
 } srv_outcome_info;
@@ -55,5 +60,8 @@ typedef struct {
 /* The row of `o`; never NULL (an out-of-range value is our bug and gets SRV_REFUSE_NO_STATUS's
  * row). Any thread. */
 const srv_outcome_info *srv__outcome(srv_outcome o);
+
+/* The HTTP code of `o` in `style` (api_status_http of its status). Any thread. */
+int srv__outcome_http(srv_outcome o, api_error_style style);
 
 #endif

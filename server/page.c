@@ -66,7 +66,7 @@ srv_reply srv__answer_page(srv_server *s, const srv_answer_args *args)
 
     if (args->if_none_match && etag_listed(args->if_none_match, srv_inspector_etag)) {
         r = srv__reply_body(SRV_ANSWER_NOT_MODIFIED, PAGE_CONTENT_TYPE, NULL, 0);
-    } else if ((body = malloc(srv_inspector_page_len)) != NULL) {
+    } else if ((body = eng_buf_alloc(srv_inspector_page_len)) != NULL) {
         memcpy(body, srv_inspector_page, srv_inspector_page_len);
         r = srv__reply_body(SRV_ANSWER_OK, PAGE_CONTENT_TYPE, body, srv_inspector_page_len);
     } else {

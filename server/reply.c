@@ -12,19 +12,19 @@
 srv_reply srv__reply_body(srv_outcome o, const char *content_type, char *body, size_t len)
 {
     const srv_outcome_info *info = srv__outcome(o);
-    return (srv_reply){.status = info->status,
+    return (srv_reply){.status = srv__outcome_http(o, API_ERRORS_NATIVE),
                        .reason = info->reason,
                        .content_type = content_type,
                        .body = body,
                        .len = body ? len : 0,
-                       .release = free,
+                       .release = eng_buf_free,
                        .retry_after_s = info->retry_after_s};
 }
 
 srv_reply srv__reply_text(srv_outcome o, const char *content_type, const char *text)
 {
     size_t n = strlen(text);
-    char *body = malloc(n + 1);
+    char *body = eng_buf_alloc(n + 1);
     if (!body)
         return (srv_reply){.status = 0};
     memcpy(body, text, n + 1);
@@ -34,8 +34,9 @@ srv_reply srv__reply_text(srv_outcome o, const char *content_type, const char *t
 /* The fields every api/ reply carries over: status, type, body and reason. */
 static srv_reply from_api(api_reply *r)
 {
-    srv_reply out = {.status =
-                         r->status > 0 ? r->status : srv__outcome(SRV_REFUSE_NO_STATUS)->status,
+    srv_reply out = {.status = r->status > 0
+                                   ? r->status
+                                   : srv__outcome_http(SRV_REFUSE_NO_STATUS, API_ERRORS_NATIVE),
                      .reason = r->reason,
                      .content_type = r->content_type,
                      .release = eng_buf_free};
@@ -69,7 +70,7 @@ srv_reply srv__reply_refusal(api_error_style style, srv_outcome o, const char *f
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    api_reply_error(&r, style, info->status, info->reason, NULL, "%s", msg);
+    api_reply_error_status(&r, style, info->status, info->reason, NULL, "%s", msg);
     out = from_api(&r);
     /* The table's Retry-After, not api/'s: a refusal from the headers tells a client to come
      * back only when waiting can help (a full queue or budget). */

@@ -32,7 +32,7 @@ typedef struct {
     int retry_after_s;            /* > 0: Retry-After */
 } srv_reply;
 
-/* `body` (malloc'd, taken over; NULL: empty) with the status of `o`. */
+/* `body` (from eng_buf_alloc, taken over; NULL: empty) with the status of `o`. */
 srv_reply srv__reply_body(srv_outcome o, const char *content_type, char *body, size_t len);
 /* A copy of the NUL-terminated `text` with the status of `o`. */
 srv_reply srv__reply_text(srv_outcome o, const char *content_type, const char *text);

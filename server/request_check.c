@@ -103,21 +103,6 @@ void srv__headers_read(struct MHD_Connection *conn, srv_headers *h)
     MHD_get_connection_values_n(conn, MHD_HEADER_KIND, read_one, h);
 }
 
-bool srv__header_token_is(const char *value, const char *word)
-{
-    size_t n = strlen(word);
-    if (!value)
-        return false;
-    while (*value == ' ' || *value == '\t')
-        value++;
-    if (strncasecmp(value, word, n) != 0)
-        return false;
-    value += n;
-    while (*value == ' ' || *value == '\t')
-        value++;
-    return *value == '\0';
-}
-
 /* The request line held a NUL inside its target. libmicrohttpd hands the URI callback a
  * pointer into its copy of the line, where the blank before the version has been replaced
  * by the terminator, so a well-formed target is followed by exactly one NUL and "HTTP/". The

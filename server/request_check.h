@@ -25,8 +25,6 @@ typedef struct {
 /* Reads the request headers of `conn` into `h` in one pass (MHD thread, from the access
  * handler). */
 void srv__headers_read(struct MHD_Connection *conn, srv_headers *h);
-/* `value` equals `word`, ignoring case and surrounding blanks; false for NULL. */
-bool srv__header_token_is(const char *value, const char *word);
 /* Checks the raw request target as the URI callback receives it: NULL when sound, else what is
  * wrong (a static sentence for the 400). */
 const char *srv__target_check(const char *uri);

@@ -49,7 +49,7 @@ static srv_reply answer_ready(srv_server *s, const srv_answer_args *args)
 static srv_reply answer_metrics(srv_server *s, const srv_answer_args *args)
 {
     srv_gauges g;
-    srv_buf b;
+    api_buf b;
     char *body;
     size_t len = 0;
     g.queued = atomic_load(&s->queued);
@@ -63,10 +63,10 @@ static srv_reply answer_metrics(srv_server *s, const srv_answer_args *args)
     g.threads = s->threads;
     g.ready = !atomic_load(&s->draining);
 
-    srv__buf_init(&b, (size_t)4 << 20);
+    api_buf_init(&b, (size_t)4 << 20);
     srv__metrics_render(&s->metrics, &g, &srv__route_names, &b);
     srv__metrics_render_models(&s->metrics, s->models, &b);
-    body = srv__buf_take(&b, &len);
+    body = api_buf_take(&b, &len);
     if (!body)
         return srv__reply_refusal(args->style, SRV_REFUSE_INTERNAL, "out of memory");
     return srv__reply_body(SRV_ANSWER_OK, "text/plain; version=0.0.4; charset=utf-8", body, len);

@@ -62,7 +62,7 @@ srv_reply srv__answer_v2_ready(srv_server *s, const srv_answer_args *args)
 srv_reply srv__answer_v2_stats(srv_server *s, const srv_answer_args *args)
 {
     api_call call = path_call(s, args->params);
-    srv_buf b;
+    api_buf b;
     char *body;
     size_t len = 0;
     int slot = -1;
@@ -74,9 +74,9 @@ srv_reply srv__answer_v2_stats(srv_server *s, const srv_answer_args *args)
         }
         slot = srv__metrics_model_slot(s->models, call.model);
     }
-    srv__buf_init(&b, (size_t)1 << 20);
+    api_buf_init(&b, (size_t)1 << 20);
     srv__metrics_stats_json(&s->metrics, s->models, slot, &b);
-    body = srv__buf_take(&b, &len);
+    body = api_buf_take(&b, &len);
     if (!body)
         return srv__reply_refusal(args->style, SRV_REFUSE_INTERNAL, "out of memory");
     return srv__reply_body(SRV_ANSWER_OK, "application/json", body, len);

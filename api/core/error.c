@@ -51,16 +51,6 @@ bool api_status_retry(api_status status)
     return statuses[status].retry;
 }
 
-bool api_status_from_http(int http, api_status *out)
-{
-    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
-        if (statuses[i].http[API_ERRORS_NATIVE] == http) {
-            *out = (api_status)i;
-            return true;
-        }
-    return false;
-}
-
 int api__error_vset(api__error *err, api_status status, api_reason reason, const char *field,
                     const char *fmt, va_list ap)
 {

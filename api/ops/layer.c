@@ -29,6 +29,7 @@
 #include "api/ops/layer.h"
 #include "api/ops/masks.h"
 #include "api/ops/models.h"
+#include "api/wire/timeout.h"
 
 /* ---- Sizes ------------------------------------------------------------------------------- */
 
@@ -276,8 +277,67 @@ static int check_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
-/* Fills s->args from the request, with the decoded buffers (a placeholder for those that do
- * not exist yet, which is enough for eng_mha_scratch_bytes and eng_mha_extra_keys). */
+/* ---- Options ---------------------------------------------------------------------------- */
+
+static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &((api__layer_req *)req)->causal, err);
+}
+
+static int o_query_offset(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    r->offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX, &r->query_offset,
+                           err);
+}
+
+static int o_positional(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_positional(v, name, &((api__layer_req *)req)->positional, err);
+}
+
+static int o_rope_base(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    return api__option_rope_base(v, name, &r->rope_base_set, &r->rope_base, err);
+}
+
+static int o_rope_style(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    return api__option_rope_style(v, name, &r->rope_style_set, &r->rope_style, err);
+}
+
+static int o_add_zero_attn(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &((api__layer_req *)req)->add_zero_attn, err);
+}
+
+static int o_precision(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    r->precision_set = true;
+    return api__option_precision(v, name, &r->precision, err);
+}
+
+static int o_timeout_ms(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &((api__layer_req *)req)->timeout_ms,
+                           err);
+}
+
+const api__option_def api__layer_options[] = {
+    {"causal", o_causal},         {"query_offset", o_query_offset},
+    {"positional", o_positional}, {"rope_base", o_rope_base},
+    {"rope_style", o_rope_style}, {"add_zero_attn", o_add_zero_attn},
+    {"precision", o_precision},   {"timeout_ms", o_timeout_ms},
+};
+const size_t api__layer_n_options = sizeof api__layer_options / sizeof api__layer_options[0];
+
+/* Fills s->args from the checked request, once, with a placeholder for every buffer (enough
+ * for eng_mha_scratch_bytes and eng_mha_extra_keys); bind_buffers points them at the decoded
+ * buffers. */
 static void build_args(api__layer *s)
 {
     const api__layer_req *r = &s->r;
@@ -288,13 +348,13 @@ static void build_args(api__layer *s)
     a->layer = s->layer;
     a->B = s->B;
     a->L = s->L;
-    a->x = s->x ? s->x : ph;
+    a->x = ph;
     a->S = s->S;
     if (cross) {
-        a->key_in = s->k_in ? s->k_in : ph;
-        a->value_in = s->v_in ? s->v_in : ph;
+        a->key_in = ph;
+        a->value_in = ph;
     }
-    a->out = s->out ? s->out : ph;
+    a->out = ph;
     a->causal = r->causal != API_CAUSAL_OFF;
     if (r->offset_set) {
         a->align = ENG_ALIGN_OFFSET;
@@ -308,21 +368,38 @@ static void build_args(api__layer *s)
     a->window_right_set = r->window.right_set;
     a->window_right = r->window.right;
     if (r->has_kpm) {
-        a->key_padding = s->kpm ? s->kpm : (const uint8_t *)ph;
+        a->key_padding = (const uint8_t *)ph;
         a->key_padding_stride = r->kpm.rank == 2 ? s->S : 0;
     }
-    if (r->has_mask) {
-        const void *data =
-            r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
-        a->attn_mask = api__mask_view(&r->mask, data ? data : ph);
-    }
+    if (r->has_mask)
+        a->attn_mask = api__mask_view(&r->mask, ph);
     a->add_zero_attn = r->add_zero_attn;
     a->positional = r->positional;
     a->rope_base = r->rope_base_set ? r->rope_base : 0.0f;
     a->rope_style = r->rope_style;
     a->weights_mode = r->weights;
-    a->weights = r->weights != ENG_WEIGHTS_NONE ? (s->weights ? s->weights : ph) : NULL;
+    a->weights = r->weights != ENG_WEIGHTS_NONE ? ph : NULL;
     a->precision = r->precision_set ? r->precision : s->rq->limits.default_precision;
+}
+
+/* Points the engine arguments at the decoded buffers in place of build_args' placeholders. */
+static void bind_buffers(api__layer *s)
+{
+    const api__layer_req *r = &s->r;
+    eng_mha_args *a = &s->args;
+    a->x = s->x;
+    if (a->key_in) {
+        a->key_in = s->k_in;
+        a->value_in = s->v_in;
+    }
+    a->out = s->out;
+    if (r->has_kpm)
+        a->key_padding = s->kpm;
+    if (r->has_mask)
+        a->attn_mask.data =
+            r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
+    if (a->weights)
+        a->weights = s->weights;
 }
 
 /* The output shapes (rank after the input's; a rank-2 input drops B) and the element limit
@@ -412,7 +489,6 @@ static bool layer_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch
         if (s->r.weights != ENG_WEIGHTS_NONE)
             ok = ok && api__req_output_bytes(s->ws.count, tensors);
     }
-    build_args(s);
     *scratch = eng_mha_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
     return ok;
 }
@@ -433,7 +509,7 @@ static int layer_decode(void *op, api__error *err)
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
     api__req_parse_done(s->rq);
-    build_args(s);
+    bind_buffers(s);
     return 0;
 }
 
@@ -471,7 +547,7 @@ static int layer_run(void *op, int64_t *compute_ns, api__error *err)
         return -1;
     memset(&e, 0, sizeof e);
     int64_t t0 = eng_now_ns();
-    eng_status st = eng_mha(s->rq->call->pool, &s->args, s->rq->ctl, &e);
+    eng_status st = eng_mha(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &e);
     *compute_ns = eng_now_ns() - t0;
     if (st != ENG_OK)
         return api__req_engine_error(s->rq, st, &e, request_field(&s->r, e.field), err);

@@ -71,6 +71,11 @@ typedef struct {
  * outputs. Its outputs are output and weights; free frees the inline layer. */
 extern const api__op api__layer_op;
 
+/* The options every protocol reads the same way into an api__layer_req (options.h): causal,
+ * query_offset, positional, rope_base, rope_style, add_zero_attn, precision, timeout_ms. */
+extern const api__option_def api__layer_options[];
+extern const size_t api__layer_n_options;
+
 /* "none", "sinusoidal", "rope" or "alibi". */
 const char *api__layer_positional_name(eng_positional p);
 

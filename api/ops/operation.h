@@ -50,9 +50,6 @@ typedef struct {
     void (*free)(void *op);
 } api__op;
 
-/* The names of the outputs in messages and replies, by API__OUT_*. */
-extern const char *const api__out_names[API__N_OUTPUTS];
-
 /* The names of the outputs in messages and replies: "output", "weights", "lse". */
 extern const char *const api__out_names[API__N_OUTPUTS];
 

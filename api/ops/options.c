@@ -260,3 +260,42 @@ const char *api__closest_name(const char *key, const char *const *names, size_t 
     }
     return best;
 }
+
+const api__option_def *api__option_find(const api__option_def *defs, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(defs[i].name, name) == 0)
+            return &defs[i];
+    return NULL;
+}
+
+/* Room for the names of the largest route (a protocol's own and its operation's options). */
+#define MAX_NAMES 48
+
+int api__unknown_name(const char *key, const char *field, const char *kind, const char *what,
+                      const char *const *own, size_t n_own, const api__option_def *opts,
+                      size_t n_opts, api__error *err)
+{
+    const char *names[MAX_NAMES];
+    size_t n = 0;
+    for (size_t i = 0; i < n_own && n < MAX_NAMES; i++)
+        names[n++] = own[i];
+    for (size_t i = 0; i < n_opts && n < MAX_NAMES; i++)
+        names[n++] = opts[i].name;
+    const char *best = api__closest_name(key, names, n);
+    if (best)
+        return api__error_invalid(err, field, "unknown %s \"%.60s\"; did you mean \"%s\"?", kind,
+                                  key, best);
+    char list[1024];
+    size_t at = 0;
+    list[0] = '\0';
+    for (size_t i = 0; i < n && at < sizeof list; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " and " : ", ";
+        int w = snprintf(list + at, sizeof list - at, "%s%s", sep, names[i]);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+    return api__error_invalid(err, field, "unknown %s \"%.60s\"; %s takes %s", kind, key, what,
+                              list);
+}

@@ -72,4 +72,24 @@ int api__option_rope_style(const json_t *v, const char *name, bool *set, eng_rop
  * mean" in messages about unknown fields. */
 const char *api__closest_name(const char *key, const char *const *names, size_t n);
 
+/* An option of an operation: a setting given as one JSON value under one name, read the same
+ * way by every protocol (a native field, a v2 parameter). Each operation lists its own
+ * (api__sdpa_options, api__layer_options) and every protocol looks names up there, so a new
+ * option is added to its operation alone. `req` is the operation's request (api__sdpa_req,
+ * api__layer_req). A protocol whose format allows null skips it before calling. */
+typedef struct {
+    const char *name;
+    int (*parse)(void *req, const json_t *v, const char *name, api__error *err);
+} api__option_def;
+
+/* The option of defs[0..n) called `name`, or NULL. */
+const api__option_def *api__option_find(const api__option_def *defs, size_t n, const char *name);
+
+/* The 422 for an unknown `key` (the error's field is `field`): "did you mean" the closest name
+ * of own[0..n_own) and opts[0..n_opts), else a list of them all: "unknown <kind> "<key>"; <what>
+ * takes a, b and c". */
+int api__unknown_name(const char *key, const char *field, const char *kind, const char *what,
+                      const char *const *own, size_t n_own, const api__option_def *opts,
+                      size_t n_opts, api__error *err);
+
 #endif

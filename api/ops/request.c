@@ -2,9 +2,9 @@
  * request.c - what every route of api/ holds for one request, and frees on every path.
  *
  * A route (POST /v1/attention, /v1/mha, the KServe v2 infer route) starts an api__req, parses its
- * JSON into it, reserves memory in the shared budget before allocating, allocates its buffers
- * through it, checks the deadline and the cancel flag between stages, and ends with
- * api__req_free, which frees the tree and the buffers and returns every reserved byte whatever
+ * JSON into it, reserves memory through the request's lease before allocating, allocates its
+ * buffers through it, checks the deadline and the cancel flag between stages, and ends with
+ * api__req_free, which frees the tree and the buffers and gives back what they held whatever
  * happened on the way. The operations (sdpa.c, layer.c) decode their inputs through it.
  */
 #include <stdlib.h>
@@ -22,10 +22,13 @@ void api__req_init(api__req *rq, const api_call *call)
      * the flag says (2^59 elements is beyond any machine anyway). */
     if (rq->limits.max_elements > SIZE_MAX / 32)
         rq->limits.max_elements = SIZE_MAX / 32;
-    rq->ctl = call->ctl ? call->ctl : &rq->own_ctl;
     rq->call_ns = eng_now_ns();
-    rq->start_ns = call->start_ns ? call->start_ns : rq->call_ns;
-    api__req_set_deadline(rq, 0); /* the cap for now; the request's timeout once it is parsed */
+    rq->lease = call->lease;
+    if (!rq->lease) {
+        rq->lease = &rq->own_lease;
+        api_lease_start(rq->lease, NULL, rq->call_ns, 0);
+    }
+    api_lease_shorten(rq->lease, rq->limits.max_timeout_ms);
 }
 
 void api__req_free(api__req *rq)
@@ -34,9 +37,10 @@ void api__req_free(api__req *rq)
     for (size_t i = 0; i < rq->n_owned; i++)
         eng_buf_free(rq->owned[i]);
     rq->n_owned = 0;
-    if (rq->call->budget && rq->parse_reserved + rq->reserved > 0)
-        api_budget_release(rq->call->budget, rq->parse_reserved + rq->reserved);
-    rq->parse_reserved = rq->reserved = 0;
+    api_lease_give_back(rq->lease, rq->parse_held + rq->run_held);
+    rq->parse_held = rq->run_held = 0;
+    if (rq->lease == &rq->own_lease)
+        api_lease_end(rq->lease);
 }
 
 static double mib(size_t bytes)
@@ -46,35 +50,27 @@ static double mib(size_t bytes)
 
 int api__req_reserve(api__req *rq, size_t bytes, bool parse, const char *what, api__error *err)
 {
-    api_budget *budget = rq->call->budget;
-    if (!budget)
+    switch (api_lease_reserve(rq->lease, bytes)) {
+    case API_BUDGET_OK:
+        if (parse)
+            rq->parse_held += bytes;
+        else
+            rq->run_held += bytes;
         return 0;
-    size_t total = api_budget_total(budget);
-    size_t holding = rq->parse_reserved + rq->reserved;
-    holding =
-        holding > SIZE_MAX - rq->call->budget_held ? SIZE_MAX : holding + rq->call->budget_held;
-    if (bytes > total || holding > total - bytes)
+    case API_BUDGET_NEVER: {
+        size_t total = api_budget_total(rq->lease->budget), held = rq->lease->held;
         return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
                               "the request needs about %.1f MiB (%s), more than the %.1f MiB "
                               "that --max-memory-bytes allows",
-                              mib(holding > SIZE_MAX - bytes ? SIZE_MAX : holding + bytes), what,
+                              mib(held > SIZE_MAX - bytes ? SIZE_MAX : held + bytes), what,
                               mib(total));
-    switch (api_budget_reserve(budget, bytes)) {
-    case API_BUDGET_OK:
-        if (parse)
-            rq->parse_reserved += bytes;
-        else
-            rq->reserved += bytes;
-        return 0;
-    case API_BUDGET_NEVER:
-        break;
-    case API_BUDGET_NOT_NOW:
-        return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
-                              "the memory budget (--max-memory-bytes) is in use by other "
-                              "requests; retry shortly");
     }
-    return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
-                          "memory budget inconsistent");
+    case API_BUDGET_NOT_NOW:
+        break;
+    }
+    return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
+                          "the memory budget (--max-memory-bytes) is in use by other "
+                          "requests; retry shortly");
 }
 
 int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
@@ -85,7 +81,10 @@ int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, 
     char what[160];
     snprintf(what, sizeof what, "%.1f MiB of tensors, %.1f MiB of reply, %.1f MiB of scratch",
              mib(tensors), mib(text), mib(scratch));
-    return api__req_reserve(rq, sized ? need : SIZE_MAX, false, what, err);
+    if (api__req_reserve(rq, sized ? need : SIZE_MAX, false, what, err) != 0)
+        return -1;
+    rq->run_held -= text; /* the reply's share stays with the lease until the reply is sent */
+    return 0;
 }
 
 int api__req_check_body_size(const api__req *rq, api__error *err)
@@ -114,10 +113,8 @@ int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err)
 void api__req_parse_done(api__req *rq)
 {
     api__body_free(&rq->body);
-    if (rq->call->budget && rq->parse_reserved) {
-        api_budget_release(rq->call->budget, rq->parse_reserved);
-        rq->parse_reserved = 0;
-    }
+    api_lease_give_back(rq->lease, rq->parse_held);
+    rq->parse_held = 0;
 }
 
 void *api__req_alloc(api__req *rq, size_t bytes, api__error *err)
@@ -188,27 +185,24 @@ int api__req_alloc_output(api__req *rq, float **out, size_t count, api__error *e
 
 int api__req_check_ctl(api__req *rq, api__error *err)
 {
-    switch (eng_ctl_check(rq->ctl)) {
+    switch (eng_ctl_check(&rq->lease->ctl)) {
     case ENG_OK:
         return 0;
     case ENG_ECANCELLED:
         return api__error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
                               "the request was cancelled");
     default:
-        return api__error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
-                              "the request did not finish within its deadline of %lld ms "
-                              "(--request-timeout-ms, or timeout_ms)",
-                              (long long)((rq->ctl->deadline_ns - rq->start_ns) / 1000000));
+        return api__error_set(
+            err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
+            "the request did not finish within its deadline of %lld ms "
+            "(--request-timeout-ms, or timeout_ms)",
+            (long long)((rq->lease->ctl.deadline_ns - rq->lease->start_ns) / 1000000));
     }
 }
 
 void api__req_set_deadline(api__req *rq, int64_t timeout_ms)
 {
-    int64_t cap = rq->limits.max_timeout_ms, t = timeout_ms;
-    if (cap > 0 && (t == 0 || t > cap))
-        t = cap;
-    if (t > 0)
-        rq->ctl->deadline_ns = rq->start_ns + t * 1000000;
+    api_lease_shorten(rq->lease, timeout_ms);
 }
 
 int api__req_engine_error(api__req *rq, eng_status st, const eng_error *e, const char *field,

@@ -1,6 +1,6 @@
 /*
- * request.h - one request in flight, as every operation and route holds it: limits and
- * deadline, the parsed body, budget reservations and owned buffers, all freed by one call; and
+ * request.h - one request in flight, as every operation and route holds it: limits, its lease
+ * (memory and deadline), the parsed body and owned buffers, all freed by one call; and
  * its inputs, decoded into owned buffers or used where they lie in the body. The base of the
  * operations tier (sdpa.h, layer.h), below the protocols.
  */
@@ -16,38 +16,42 @@
 #include "api/wire/tensor.h"
 
 /* What every route holds for one request, so that one function frees it all on every path:
- * its limits and deadline, the parsed body, its reservations in the memory budget, and the
- * buffers it allocated. A route fills an api__error on failure and calls api__req_free last. */
+ * its limits, its lease (call->lease: the memory it holds, the deadline, the cancel flag), the
+ * parsed body and the buffers it allocated. A route fills an api__error on failure and calls
+ * api__req_free last. */
 #define API_REQ_MAX_OWNED 24
 
 typedef struct {
     const api_call *call;
     api_limits limits; /* call->limits or the defaults; max_elements capped at SIZE_MAX / 32 so
                           that element counts times 16 bytes never overflow */
-    eng_ctl own_ctl, *ctl;
-    int64_t start_ns; /* arrival: deadlines count from it */
-    int64_t call_ns;  /* when the route began: stage timings count from it */
+    api_lease own_lease, *lease; /* call->lease, or own_lease when the caller gave none */
+    int64_t call_ns;             /* when the route began: stage timings count from it */
     api__body body;
-    size_t parse_reserved, reserved; /* bytes held in the budget: the parse, and the rest */
-    void *owned[API_REQ_MAX_OWNED];  /* buffers from api__req_alloc */
+    size_t parse_held, run_held;    /* of the lease: the parse tree, and the decoded tensors and
+                                       scratch; given back as they are freed (the reply text's
+                                       share stays held until the lease ends) */
+    void *owned[API_REQ_MAX_OWNED]; /* buffers from api__req_alloc */
     size_t n_owned;
 } api__req;
 
-/* Starts a request: limits, the control block (call->ctl or a private one) and the deadline
- * cap (--request-timeout-ms). Allocates nothing. */
+/* Starts a request: limits, and the lease (call->lease, or a private one without a budget),
+ * whose deadline it shortens to --request-timeout-ms. Allocates nothing. */
 void api__req_init(api__req *rq, const api_call *call);
 
-/* Frees the body tree and every owned buffer and returns every reservation. */
+/* Frees the body tree and every owned buffer and gives back what they held of the lease (and
+ * ends a private lease). */
 void api__req_free(api__req *rq);
 
-/* Reserves `bytes` more in the budget (into parse_reserved when `parse`): 413 naming
- * --max-memory-bytes when the request's total (with call->budget_held) could never fit, 429 when
- * it cannot fit now. `what` says what the bytes are for, in the 413 message. */
+/* Reserves `bytes` more through the lease, for the parse tree (`parse`) or the run: 413 naming
+ * --max-memory-bytes when with what the lease holds it could never fit, 429 when it cannot fit
+ * now. `what` says what the bytes are for, in the 413 message. */
 int api__req_reserve(api__req *rq, size_t bytes, bool parse, const char *what, api__error *err);
 
 /* Reserves the decoded tensors, the reply text and the engine scratch of a request together,
  * naming the three in a 413 message; `sized` false (a size overflowed) reserves everything,
- * which is a 413. */
+ * which is a 413. The text's share stays in the lease after api__req_free: the reply outlives
+ * the request's buffers until it is sent. */
 int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
                          api__error *err);
 
@@ -57,7 +61,7 @@ int api__req_check_body_size(const api__req *rq, api__error *err);
 /* Scans `json` (len bytes), reserves what parsing it holds, and parses it into rq->body. */
 int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err);
 
-/* Frees the body tree and gives its reservation back (once the tensors are decoded). */
+/* Frees the body tree and gives its share of the lease back (once the tensors are decoded). */
 void api__req_parse_done(api__req *rq);
 
 /* A 64-byte-aligned buffer of `bytes` > 0 owned by the request; 503 when memory runs out. */
@@ -95,7 +99,8 @@ int api__req_alloc_output(api__req *rq, float **out, size_t count, api__error *e
 /* 0 while the request may go on; else 504 (deadline) or API_STATUS_CLIENT_CLOSED (cancelled). */
 int api__req_check_ctl(api__req *rq, api__error *err);
 
-/* Sets the deadline: `timeout_ms` (0: none given) capped by --request-timeout-ms. */
+/* Shortens the deadline to the request's own `timeout_ms` (0: none given); the lease's deadline
+ * (at most --request-timeout-ms) holds when it is earlier. */
 void api__req_set_deadline(api__req *rq, int64_t timeout_ms);
 
 /* An engine failure as an error: 422 invalid, 413 too big, 503 out of memory, 504 / cancelled,

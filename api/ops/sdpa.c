@@ -27,6 +27,7 @@
 #include "api/core/memory.h"
 #include "api/ops/masks.h"
 #include "api/ops/sdpa.h"
+#include "api/wire/timeout.h"
 
 /* ---- Shapes ------------------------------------------------------------------------------ */
 
@@ -229,15 +230,62 @@ static void out_shapes(const api__sdpa_req *r, api__out_shape *out, api__out_sha
     }
 }
 
-static int sdpa_check(void *op, api__error *err)
+/* ---- Options ---------------------------------------------------------------------------- */
+
+static int o_num_heads(void *req, const json_t *v, const char *name, api__error *err)
 {
-    api__sdpa *s = op;
-    if (check_shapes(&s->r, err) != 0 || check_elements(s, err) != 0)
-        return -1;
-    api__req_set_deadline(s->rq, s->r.timeout_ms);
-    out_shapes(&s->r, &s->os, &s->ws, &s->ls);
-    return 0;
+    return api__option_int(v, name, 1, INT32_MAX, &((api__sdpa_req *)req)->num_heads, err);
 }
+
+static int o_num_kv_heads(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT32_MAX, &((api__sdpa_req *)req)->num_kv_heads, err);
+}
+
+static int o_scale(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->scale_set = true;
+    return api__option_float(v, name, &r->scale, err);
+}
+
+static int o_softcap(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_softcap(v, name, &((api__sdpa_req *)req)->softcap, err);
+}
+
+static int o_precision(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->precision_set = true;
+    return api__option_precision(v, name, &r->precision, err);
+}
+
+static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_causal(v, name, &((api__sdpa_req *)req)->causal, err);
+}
+
+static int o_query_offset(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__sdpa_req *r = req;
+    r->offset_set = true;
+    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX, &r->query_offset,
+                           err);
+}
+
+static int o_timeout_ms(void *req, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &((api__sdpa_req *)req)->timeout_ms,
+                           err);
+}
+
+const api__option_def api__sdpa_options[] = {
+    {"num_heads", o_num_heads},       {"num_kv_heads", o_num_kv_heads}, {"scale", o_scale},
+    {"softcap", o_softcap},           {"precision", o_precision},       {"causal", o_causal},
+    {"query_offset", o_query_offset}, {"timeout_ms", o_timeout_ms},
+};
+const size_t api__sdpa_n_options = sizeof api__sdpa_options / sizeof api__sdpa_options[0];
 
 /* ---- Engine arguments -------------------------------------------------------------------- */
 
@@ -248,8 +296,9 @@ static eng_view view_bld(float *data, int64_t B, int64_t heads, int64_t L, int64
     return v;
 }
 
-/* Fills s->args from the request, with the data pointers of the buffers (NULL before they
- * exist, which is enough for eng_sdpa_scratch_bytes). */
+/* Fills s->args from the checked request, once: shapes, strides and options, with the data
+ * pointers of the buffers that do not exist yet left NULL (enough for eng_sdpa_scratch_bytes);
+ * bind_buffers sets them after decoding. */
 static void build_args(api__sdpa *s)
 {
     const api__sdpa_req *r = &s->r;
@@ -304,6 +353,42 @@ static void build_args(api__sdpa *s)
     a->lse = s->lse;
 }
 
+static int sdpa_check(void *op, api__error *err)
+{
+    api__sdpa *s = op;
+    if (check_shapes(&s->r, err) != 0 || check_elements(s, err) != 0)
+        return -1;
+    api__req_set_deadline(s->rq, s->r.timeout_ms);
+    out_shapes(&s->r, &s->os, &s->ws, &s->ls);
+    build_args(s);
+    return 0;
+}
+
+/* Points the engine arguments that build_args left without data at the decoded buffers. */
+static void bind_buffers(api__sdpa *s)
+{
+    const api__sdpa_req *r = &s->r;
+    eng_sdpa_args *a = &s->args;
+    a->q.data = s->q;
+    a->k.data = s->k;
+    a->v.data = s->v;
+    a->out.data = s->out;
+    if (r->has_kpm)
+        a->key_padding = s->kpm;
+    a->kv_lengths = s->kvlen;
+    if (r->has_mask)
+        a->attn_mask.data =
+            r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
+    a->alibi_slopes = s->slopes;
+    if (r->additive) {
+        a->additive_w_q = s->wq;
+        a->additive_w_k = s->wk;
+        a->additive_v = s->ww;
+    }
+    a->weights = s->weights;
+    a->lse = s->lse;
+}
+
 /* ---- Memory ------------------------------------------------------------------------------ */
 
 enum { N_INPUTS = 10 };
@@ -345,7 +430,6 @@ static bool sdpa_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
         if (r->return_lse)
             ok = ok && api__req_output_bytes(s->ls.count, tensors);
     }
-    build_args(s);
     *scratch = eng_sdpa_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
     return ok;
 }
@@ -379,7 +463,7 @@ static int sdpa_decode(void *op, api__error *err)
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
     api__req_parse_done(s->rq);
-    build_args(s);
+    bind_buffers(s);
     return 0;
 }
 
@@ -414,7 +498,7 @@ static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
         return -1;
     memset(&eerr, 0, sizeof eerr);
     int64_t t0 = eng_now_ns();
-    eng_status st = eng_sdpa(s->rq->call->pool, &s->args, s->rq->ctl, &eerr);
+    eng_status st = eng_sdpa(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &eerr);
     *compute_ns = eng_now_ns() - t0;
     if (st != ENG_OK)
         return api__req_engine_error(s->rq, st, &eerr,

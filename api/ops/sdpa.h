@@ -60,4 +60,9 @@ typedef struct {
  * kv_lengths against S. Its outputs are output, weights and lse. */
 extern const api__op api__sdpa_op;
 
+/* The options every protocol reads the same way into an api__sdpa_req (options.h): num_heads,
+ * num_kv_heads, scale, softcap, precision, causal, query_offset, timeout_ms. */
+extern const api__option_def api__sdpa_options[];
+extern const size_t api__sdpa_n_options;
+
 #endif

@@ -29,23 +29,54 @@ int api__native_read(void *job, api__error *err)
     return api__req_parse(rq, call->body ? call->body : "", call->body_len, err);
 }
 
-int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err)
+int api__native_fields(void *job, void *op_req, const api__native_field *fields, size_t n,
+                       const api__option_def *opts, size_t n_opts, const char *route,
+                       api__error *err)
 {
-    if (w->state != API_JSONW_OK)
-        return api__jsonw_error(w, err);
+    const api__req *rq = job; /* every native job starts with its request */
+    const char *key;
+    json_t *val;
+    json_object_foreach(rq->body.root, key, val)
+    {
+        size_t i = 0;
+        while (i < n && strcmp(fields[i].name, key) != 0)
+            i++;
+        if (i < n) {
+            if (fields[i].parse(job, val, key, err) != 0)
+                return -1;
+            continue;
+        }
+        const api__option_def *opt = api__option_find(opts, n_opts, key);
+        if (opt) {
+            if (!json_is_null(val) && opt->parse(op_req, val, key, err) != 0)
+                return -1;
+            continue;
+        }
+        const char *names[64];
+        for (i = 0; i < n && i < 64; i++)
+            names[i] = fields[i].name;
+        return api__unknown_name(key, key, "field", route, names, i, opts, n_opts, err);
+    }
+    return 0;
+}
+
+int api__native_reply(api_buf *w, api_reply *reply, api__error *err)
+{
+    if (w->state != API_BUF_OK)
+        return api__buf_error(w, err);
     api__reply_json(reply, w, API_ERRORS_NATIVE);
     return 0;
 }
 
 /* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
-static int tensor_field(api__jsonw *w, const char *name, const float *data, int rank,
+static int tensor_field(api_buf *w, const char *name, const float *data, int rank,
                         const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
                         api__error *err)
 {
     size_t bad = 0;
-    api__jsonw_char(w, '"');
-    api__jsonw_cstr(w, name);
-    api__jsonw_cstr(w, "\":");
+    api_buf_char(w, '"');
+    api_buf_cstr(w, name);
+    api_buf_cstr(w, "\":");
     switch (api__tensor_encode(w, data, rank, shape, form, flags, pool, &bad)) {
     case API_ENCODE_OK:
         return 0;
@@ -54,7 +85,7 @@ static int tensor_field(api__jsonw *w, const char *name, const float *data, int 
     case API_ENCODE_FULL:
         break;
     }
-    return api__jsonw_error(w, err);
+    return api__buf_error(w, err);
 }
 
 bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text)
@@ -96,16 +127,16 @@ void api__native_free(void *job)
         nj->op->free(nj->state);
 }
 
-int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err)
+int api__native_outputs(const api__native_job *nj, api_buf *w, api__error *err)
 {
-    api__jsonw_char(w, '{');
+    api_buf_char(w, '{');
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         float **data;
         const api__out_shape *sh = nj->op->output(nj->state, o, &data);
         if (!sh)
             continue;
         if (o != API__OUT_OUTPUT) /* the output comes first, always */
-            api__jsonw_char(w, ',');
+            api_buf_char(w, ',');
         unsigned flags = (o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0u) |
                          (nj->bf16_out ? API_ENCODE_BF16 : 0u);
         if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form, flags,

@@ -10,9 +10,10 @@
 #include <stdint.h>
 
 #include "api/ops/operation.h"
+#include "api/ops/options.h"
 #include "api/ops/request.h"
 #include "api/proto/serve.h"
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 #include "api/wire/tensor.h"
 
 /* The read step (api__route) of a native JSON route: the cancel flag and deadline, 415 for a
@@ -20,9 +21,23 @@
  * (api__req_parse). `job` starts with its api__req. */
 int api__native_read(void *job, api__error *err);
 
+/* A field of a native route's body that is the route's own (a tensor, an output setting), not
+ * one of its operation's options: its parser gets the route's job. */
+typedef struct {
+    const char *name;
+    int (*parse)(void *job, const json_t *v, const char *name, api__error *err);
+} api__native_field;
+
+/* Reads every field of the parsed body: the route's own (fields[0..n)) with `job`, else an
+ * option of its operation (opts[0..n_opts)) into `op_req`, where null leaves the default;
+ * anything else is a 422 listing what `route` ("/v1/attention") takes. */
+int api__native_fields(void *job, void *op_req, const api__native_field *fields, size_t n,
+                       const api__option_def *opts, size_t n_opts, const char *route,
+                       api__error *err);
+
 /* The end of a native route's encode step: the text of `w` as a 200 JSON reply, or the writer's
- * failure (api__jsonw_error). */
-int api__native_reply(api__jsonw *w, api_reply *reply, api__error *err);
+ * failure (api__buf_error). */
+int api__native_reply(api_buf *w, api_reply *reply, api__error *err);
 
 /* The head of a native route's job: its request and the operation it runs, so that the steps
  * below serve every native route. */
@@ -47,9 +62,9 @@ void api__native_free(void *job);
 /* The start of a native reply: '{' and "name": tensor for each output the operation computed,
  * in nj->form ("lse" with -inf as null, as strict JSON has no -inf); a non-finite value is a
  * 422 naming its index. */
-int api__native_outputs(const api__native_job *nj, api__jsonw *w, api__error *err);
+int api__native_outputs(const api__native_job *nj, api_buf *w, api__error *err);
 
 /* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
-void api__model_describe(api__jsonw *w, const eng_layer *l);
+void api__model_describe(api_buf *w, const eng_layer *l);
 
 #endif

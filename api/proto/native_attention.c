@@ -69,75 +69,45 @@ _Static_assert(offsetof(attn_job, head) == 0, "api__serve takes the job for its 
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
-typedef int (*field_parser)(attn_job *job, const json_t *v, const char *name, api__error *err);
-
-static int f_query(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_query(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
 }
 
-static int f_key(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_key(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
 }
 
-static int f_value(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_value(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
 }
 
-static int f_attn_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_attn_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
 }
 
-static int f_key_padding_mask(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_key_padding_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
 }
 
-static int f_kv_lengths(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_kv_lengths(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
 }
 
-static int f_num_heads(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_score(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    if (json_is_null(v))
-        return 0;
-    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
-}
-
-static int f_num_kv_heads(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
-}
-
-static int f_scale(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    job->s.r.scale_set = true;
-    return api__option_float(v, name, &job->s.r.scale, err);
-}
-
-static int f_softcap(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return json_is_null(v) ? 0 : api__option_softcap(v, name, &job->s.r.softcap, err);
-}
-
-static int f_precision(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    job->s.r.precision_set = true;
-    return api__option_precision(v, name, &job->s.r.precision, err);
-}
-
-static int f_score(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
+    attn_job *job = jp;
     const char *s = json_string_value(v);
     if (json_is_null(v) || (s && strcmp(s, "dot") == 0))
         job->s.r.additive = false;
@@ -148,8 +118,9 @@ static int f_score(attn_job *job, const json_t *v, const char *name, api__error 
     return 0;
 }
 
-static int f_additive_weights(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_additive_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     static const char *const keys[3] = {"w_q", "w_k", "w"};
     api__sdpa_req *r = &job->s.r;
     api__tensor *tensors[3] = {&r->wq, &r->wk, &r->ww};
@@ -184,27 +155,15 @@ static int f_additive_weights(attn_job *job, const json_t *v, const char *name, 
     return 0;
 }
 
-static int f_causal(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_window(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    return api__option_causal(v, name, &job->s.r.causal, err);
-}
-
-static int f_query_offset(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    job->s.r.offset_set = true;
-    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
-                           &job->s.r.query_offset, err);
-}
-
-static int f_window(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
+    attn_job *job = jp;
     return api__option_window(v, name, &job->s.r.window, err);
 }
 
-static int f_alibi(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_alibi(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     if (json_is_null(v) || json_is_false(v))
         return 0;
     job->s.r.alibi = true;
@@ -216,25 +175,29 @@ static int f_alibi(attn_job *job, const json_t *v, const char *name, api__error 
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
 }
 
-static int f_return_weights(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__option_weights(v, name, &job->s.r.weights, err);
 }
 
-static int f_return_lse(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_return_lse(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     if (json_is_null(v))
         return 0;
     return api__option_bool(v, name, &job->s.r.return_lse, err);
 }
 
-static int f_output_encoding(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_output_encoding(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
 }
 
-static int f_output_dtype(attn_job *job, const json_t *v, const char *name, api__error *err)
+static int f_output_dtype(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    attn_job *job = jp;
     eng_precision p = ENG_PRECISION_FLOAT32;
     if (!json_is_null(v) && api__option_precision(v, name, &p, err) != 0)
         return -1;
@@ -242,30 +205,14 @@ static int f_output_dtype(attn_job *job, const json_t *v, const char *name, api_
     return 0;
 }
 
-static int f_timeout_ms(attn_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &job->s.r.timeout_ms, err);
-}
-
-/* Every field of the request, in the order the reference above lists them. */
-static const struct {
-    const char *name;
-    field_parser parse;
-} attn_fields[] = {
+/* The fields that are this route's own (tensors and output settings); the rest are the
+ * options of the operation (api__sdpa_options). */
+static const api__native_field attn_fields[] = {
     {"query", f_query},
     {"key", f_key},
     {"value", f_value},
-    {"num_heads", f_num_heads},
-    {"num_kv_heads", f_num_kv_heads},
-    {"scale", f_scale},
-    {"softcap", f_softcap},
-    {"precision", f_precision},
     {"score", f_score},
     {"additive_weights", f_additive_weights},
-    {"causal", f_causal},
-    {"query_offset", f_query_offset},
     {"window", f_window},
     {"key_padding_mask", f_key_padding_mask},
     {"kv_lengths", f_kv_lengths},
@@ -275,45 +222,13 @@ static const struct {
     {"return_lse", f_return_lse},
     {"output_encoding", f_output_encoding},
     {"output_dtype", f_output_dtype},
-    {"timeout_ms", f_timeout_ms},
 };
-
-#define N_FIELDS (sizeof attn_fields / sizeof attn_fields[0])
-
-static int unknown_field(const char *key, api__error *err)
-{
-    const char *names[N_FIELDS];
-    for (size_t i = 0; i < N_FIELDS; i++)
-        names[i] = attn_fields[i].name;
-    const char *best = api__closest_name(key, names, N_FIELDS);
-    if (best)
-        return api__error_invalid(err, key, "unknown field \"%.60s\"; did you mean \"%s\"?", key,
-                                  best);
-    return api__error_invalid(err, key,
-                              "unknown field \"%.60s\"; /v1/attention takes query, key, value, "
-                              "num_heads, num_kv_heads, scale, softcap, precision, score, "
-                              "additive_weights, "
-                              "causal, query_offset, window, key_padding_mask, kv_lengths, "
-                              "attn_mask, alibi, return_weights, return_lse, output_encoding, "
-                              "output_dtype and "
-                              "timeout_ms",
-                              key);
-}
 
 static int parse_fields(attn_job *job, api__error *err)
 {
-    const char *key;
-    json_t *val;
-    json_object_foreach(job->head.rq.body.root, key, val)
-    {
-        size_t i = 0;
-        while (i < N_FIELDS && strcmp(attn_fields[i].name, key) != 0)
-            i++;
-        if (i == N_FIELDS)
-            return unknown_field(key, err);
-        if (attn_fields[i].parse(job, val, key, err) != 0)
-            return -1;
-    }
+    if (api__native_fields(job, &job->s.r, attn_fields, sizeof attn_fields / sizeof attn_fields[0],
+                           api__sdpa_options, api__sdpa_n_options, "/v1/attention", err) != 0)
+        return -1;
     if (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v) {
         const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
         return api__error_invalid(err, missing, "%s is required", missing);
@@ -334,7 +249,7 @@ static double ms(int64_t ns)
     return (double)ns / 1e6;
 }
 
-static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const attn_job *job = p;
@@ -343,16 +258,16 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
     float scale = r->additive ? 1.0f : r->scale_set ? r->scale : (float)(1.0 / sqrt((double)r->D));
-    api__jsonw_printf(w,
-                      ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
-                      "\"query_len\":%lld,\"key_len\":%lld,\"head_dim\":%lld,"
-                      "\"value_head_dim\":%lld,\"scale\":",
-                      (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
-                      (long long)r->S, (long long)r->D, (long long)r->Dv);
-    api__jsonw_float(w, scale);
-    api__jsonw_printf(w, ",\"precision\":\"%s\",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
-                      api__precision_name(eng_sdpa_precision(&s->args)), ms(decode_ns),
-                      ms(compute_ns));
+    api_buf_printf(w,
+                   ",\"meta\":{\"batch\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                   "\"query_len\":%lld,\"key_len\":%lld,\"head_dim\":%lld,"
+                   "\"value_head_dim\":%lld,\"scale\":",
+                   (long long)r->B, (long long)r->H, (long long)r->Hkv, (long long)r->L,
+                   (long long)r->S, (long long)r->D, (long long)r->Dv);
+    api_buf_float(w, scale);
+    api_buf_printf(w, ",\"precision\":\"%s\",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
+                   api__precision_name(eng_sdpa_precision(&s->args)), ms(decode_ns),
+                   ms(compute_ns));
     return api__native_reply(w, reply, err);
 }
 

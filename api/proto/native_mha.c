@@ -71,10 +71,9 @@ _Static_assert(offsetof(mha_job, head) == 0, "api__serve takes the job for its a
 
 /* ---- Field parsers ----------------------------------------------------------------------- */
 
-typedef int (*mha_parser)(mha_job *job, const json_t *v, const char *name, api__error *err);
-
-static int f_model(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_model(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     if (json_is_null(v))
         return 0;
     if (!json_is_string(v))
@@ -84,8 +83,9 @@ static int f_model(mha_job *job, const json_t *v, const char *name, api__error *
     return 0;
 }
 
-static int f_weights(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     api__layer_req *r = &job->s.r;
     const char *key;
     json_t *val;
@@ -117,120 +117,79 @@ static int f_weights(mha_job *job, const json_t *v, const char *name, api__error
     return 0;
 }
 
-static int f_num_heads(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_num_heads(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     if (json_is_null(v))
         return 0;
     return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
 }
 
-static int f_num_kv_heads(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_num_kv_heads(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     if (json_is_null(v))
         return 0;
     return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
 }
 
-static int f_input(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_input(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.input, &job->s.r.has_input, err);
 }
 
-static int f_memory(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_memory(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.memory, &job->s.r.has_memory, err);
 }
 
-static int f_key(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_key(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.key, &job->s.r.has_key, err);
 }
 
-static int f_value(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_value(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.value, &job->s.r.has_value, err);
 }
 
-static int f_attn_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_attn_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
 }
 
-static int f_key_padding_mask(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_key_padding_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
 }
 
-static int f_causal(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_window(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    return api__option_causal(v, name, &job->s.r.causal, err);
-}
-
-static int f_query_offset(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    job->s.r.offset_set = true;
-    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
-                           &job->s.r.query_offset, err);
-}
-
-static int f_window(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
+    mha_job *job = jp;
     return api__option_window(v, name, &job->s.r.window, err);
 }
 
-static int f_positional(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    return api__option_positional(v, name, &job->s.r.positional, err);
-}
-
-static int f_rope_base(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_rope_base(v, name, &job->s.r.rope_base_set, &job->s.r.rope_base, err);
-}
-
-static int f_rope_style(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_rope_style(v, name, &job->s.r.rope_style_set, &job->s.r.rope_style, err);
-}
-
-static int f_precision(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    job->s.r.precision_set = true;
-    return api__option_precision(v, name, &job->s.r.precision, err);
-}
-
-static int f_add_zero_attn(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    return api__option_bool(v, name, &job->s.r.add_zero_attn, err);
-}
-
-static int f_return_weights(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
+    mha_job *job = jp;
     return api__option_weights(v, name, &job->s.r.weights, err);
 }
 
-static int f_output_encoding(mha_job *job, const json_t *v, const char *name, api__error *err)
+static int f_output_encoding(void *jp, const json_t *v, const char *name, api__error *err)
 {
+    mha_job *job = jp;
     return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
 }
 
-static int f_timeout_ms(mha_job *job, const json_t *v, const char *name, api__error *err)
-{
-    if (json_is_null(v))
-        return 0;
-    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, &job->s.r.timeout_ms, err);
-}
-
-static const struct {
-    const char *name;
-    mha_parser parse;
-} mha_fields[] = {
+/* The fields that are this route's own (the layer, tensors and output settings); the rest are
+ * the options of the operation (api__layer_options). */
+static const api__native_field mha_fields[] = {
     {"model", f_model},
     {"weights", f_weights},
     {"num_heads", f_num_heads},
@@ -239,54 +198,21 @@ static const struct {
     {"memory", f_memory},
     {"key", f_key},
     {"value", f_value},
-    {"causal", f_causal},
-    {"query_offset", f_query_offset},
     {"window", f_window},
     {"key_padding_mask", f_key_padding_mask},
     {"attn_mask", f_attn_mask},
-    {"positional", f_positional},
-    {"rope_base", f_rope_base},
-    {"rope_style", f_rope_style},
-    {"add_zero_attn", f_add_zero_attn},
-    {"precision", f_precision},
     {"return_weights", f_return_weights},
     {"output_encoding", f_output_encoding},
-    {"timeout_ms", f_timeout_ms},
 };
-
-#define N_FIELDS (sizeof mha_fields / sizeof mha_fields[0])
 
 /* The fields, and what only the native format can get wrong: no input, no layer or two.
  * The options that exclude each other are the layer's check. */
 static int parse_fields(mha_job *job, api__error *err)
 {
     const api__layer_req *r = &job->s.r;
-    const char *key;
-    json_t *val;
-    json_object_foreach(job->head.rq.body.root, key, val)
-    {
-        size_t i = 0;
-        while (i < N_FIELDS && strcmp(mha_fields[i].name, key) != 0)
-            i++;
-        if (i == N_FIELDS) {
-            const char *names[N_FIELDS];
-            for (size_t j = 0; j < N_FIELDS; j++)
-                names[j] = mha_fields[j].name;
-            const char *best = api__closest_name(key, names, N_FIELDS);
-            if (best)
-                return api__error_invalid(err, key, "unknown field \"%.60s\"; did you mean \"%s\"?",
-                                          key, best);
-            return api__error_invalid(
-                err, key,
-                "unknown field \"%.60s\"; /v1/mha takes model, weights, num_heads, num_kv_heads, "
-                "input, memory, key, value, causal, query_offset, window, key_padding_mask, "
-                "attn_mask, positional, rope_base, rope_style, add_zero_attn, precision, "
-                "return_weights, output_encoding and timeout_ms",
-                key);
-        }
-        if (mha_fields[i].parse(job, val, key, err) != 0)
-            return -1;
-    }
+    if (api__native_fields(job, &job->s.r, mha_fields, sizeof mha_fields / sizeof mha_fields[0],
+                           api__layer_options, api__layer_n_options, "/v1/mha", err) != 0)
+        return -1;
     if (!r->has_input)
         return api__error_invalid(err, "input", "input is required");
     if (r->model && r->has_weights)
@@ -308,7 +234,7 @@ static api__form reply_form(const mha_job *job)
     return job->encoding_set ? job->encoding : job->s.r.input.form;
 }
 
-static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     int64_t decode_ns = reply->decode_ns, compute_ns = reply->compute_ns;
     const mha_job *job = p;
@@ -316,22 +242,22 @@ static int encode_reply(void *p, api__jsonw *w, api_reply *reply, api__error *er
     const eng_layer *l = s->layer;
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    api__jsonw_cstr(w, ",\"meta\":{\"model\":");
+    api_buf_cstr(w, ",\"meta\":{\"model\":");
     if (s->inline_layer)
-        api__jsonw_cstr(w, "null");
+        api_buf_cstr(w, "null");
     else
-        api__jsonw_string(w, l->name, strlen(l->name));
-    api__jsonw_printf(w,
-                      ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
-                      "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
-                      "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
-                      "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
-                      (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
-                      (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
-                      (long long)(l->embed_dim / l->num_heads),
-                      api__layer_positional_name(s->r.positional),
-                      api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
-                      (double)compute_ns / 1e6);
+        api_buf_json_string(w, l->name, strlen(l->name));
+    api_buf_printf(w,
+                   ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
+                   "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
+                   "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
+                   "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
+                   (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
+                   (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
+                   (long long)(l->embed_dim / l->num_heads),
+                   api__layer_positional_name(s->r.positional),
+                   api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
+                   (double)compute_ns / 1e6);
     return api__native_reply(w, reply, err);
 }
 

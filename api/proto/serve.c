@@ -9,7 +9,7 @@
 #include "api/wire/reply.h"
 
 /* The stages of api__serve up to a filled reply; -1 with `err` filled at the first that fails. */
-static int serve_stages(const api__route *route, void *job, api__req *rq, api__jsonw *w,
+static int serve_stages(const api__route *route, void *job, api__req *rq, api_buf *w,
                         api_reply *reply, api__error *err)
 {
     if ((route->read && route->read(job, err) != 0) || route->parse(job, err) != 0)
@@ -20,7 +20,7 @@ static int serve_stages(const api__route *route, void *job, api__req *rq, api__j
     bool sized = route->size(job, &tensors, &scratch, &text);
     if (api__req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
         return -1;
-    api__jsonw_init(w, text);
+    api_buf_init(w, text);
 
     if ((route->place && route->place(job, w, err) != 0) || route->decode(job, err) != 0)
         return -1;
@@ -40,7 +40,7 @@ void api__serve(const api__route *route, void *job, const api_call *call, api_re
 {
     api__req *rq = job; /* its first member */
     api__error err;
-    api__jsonw w;
+    api_buf w;
     memset(&err, 0, sizeof err);
     memset(reply, 0, sizeof *reply);
     if (!job) {
@@ -49,14 +49,14 @@ void api__serve(const api__route *route, void *job, const api_call *call, api_re
         return;
     }
     api__req_init(rq, call);
-    api__jsonw_init(&w, 0);
+    api_buf_init(&w, 0);
 
     if (serve_stages(route, job, rq, &w, reply, &err) != 0) {
         api__reply_from_error(reply, route->style, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - rq->call_ns;
     }
-    api__jsonw_free(&w);
+    api_buf_free(&w);
     if (route->free)
         route->free(job);
     api__req_free(rq);

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "api/ops/request.h"
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 
 /* The steps of a route. Each takes the route's job (see api__serve) and returns 0, or -1 with
  * `err` filled. */
@@ -28,14 +28,14 @@ typedef struct {
     bool (*size)(void *job, size_t *tensors, size_t *scratch, size_t *text);
     /* After the reservation, before decoding: points outputs into the reply when the route
      * sends them as they are (into `w` or a buffer of its own). NULL: none. */
-    int (*place)(void *job, api__jsonw *w, api__error *err);
+    int (*place)(void *job, api_buf *w, api__error *err);
     /* Allocates and decodes the inputs and frees the body tree. */
     int (*decode)(void *job, api__error *err);
     /* Runs the engine; *compute_ns gets its time. */
     int (*compute)(void *job, int64_t *compute_ns, api__error *err);
     /* Fills the status, content type and body of `reply` (from `w`, or what `place` made),
      * whose decode_ns and compute_ns are set. */
-    int (*encode)(void *job, api__jsonw *w, api_reply *reply, api__error *err);
+    int (*encode)(void *job, api_buf *w, api_reply *reply, api__error *err);
     /* The batch the reply counts in reply->inferences; NULL: none counted. */
     int64_t (*inferences)(const void *job);
     /* Frees what the job owns beyond its api__req, on every path; NULL: nothing. */

@@ -136,31 +136,31 @@ static size_t elem_bytes(const v2_job *job)
 
 /* Appends the output entries; JSON outputs with their data (after the compute), binary ones
  * with their sizes only. */
-static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
+static int write_outputs(v2_job *job, api_buf *w, api__error *err)
 {
     bool first = true;
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         const api__out_shape *sh = output_shape(job, o);
         if (!job->want[o])
             continue;
-        api__jsonw_cstr(w, first ? "" : ",");
+        api_buf_cstr(w, first ? "" : ",");
         first = false;
-        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", api__out_names[o],
-                          job->bf16_out ? "BF16" : "FP32");
+        api_buf_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", api__out_names[o],
+                       job->bf16_out ? "BF16" : "FP32");
         for (int d = 0; d < sh->rank; d++) {
             if (d > 0)
-                api__jsonw_char(w, ',');
-            api__jsonw_int(w, sh->shape[d]);
+                api_buf_char(w, ',');
+            api_buf_int(w, sh->shape[d]);
         }
-        api__jsonw_char(w, ']');
+        api_buf_char(w, ']');
         if (job->binary[o]) {
-            api__jsonw_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}",
-                              sh->count * elem_bytes(job));
+            api_buf_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}",
+                           sh->count * elem_bytes(job));
             continue;
         }
         size_t bad = 0;
         const int64_t flat[1] = {(int64_t)sh->count};
-        api__jsonw_cstr(w, ",\"data\":");
+        api_buf_cstr(w, ",\"data\":");
         switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
                                    o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
         case API_ENCODE_OK:
@@ -169,26 +169,26 @@ static int write_outputs(v2_job *job, api__jsonw *w, api__error *err)
             return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
                                                 sh->rank, sh->shape);
         case API_ENCODE_FULL:
-            return api__jsonw_error(w, err);
+            return api__buf_error(w, err);
         }
-        api__jsonw_char(w, '}');
+        api_buf_char(w, '}');
     }
     return 0;
 }
 
-static void write_header_start(v2_job *job, api__jsonw *w)
+static void write_header_start(v2_job *job, api_buf *w)
 {
-    api__jsonw_cstr(w, "{\"model_name\":");
-    api__jsonw_string(w, job->model.name, strlen(job->model.name));
-    api__jsonw_cstr(w, ",\"model_version\":\"" API_V2_VERSION "\"");
+    api_buf_cstr(w, "{\"model_name\":");
+    api_buf_json_string(w, job->model.name, strlen(job->model.name));
+    api_buf_cstr(w, ",\"model_version\":\"" API_V2_VERSION "\"");
     if (job->has_id) {
-        api__jsonw_cstr(w, ",\"id\":");
-        api__jsonw_string(w, job->id, job->id_len);
+        api_buf_cstr(w, ",\"id\":");
+        api_buf_json_string(w, job->id, job->id_len);
     }
     eng_precision ran =
         is_layer(job) ? eng_mha_precision(&job->l.args) : eng_sdpa_precision(&job->s.args);
-    api__jsonw_printf(w, ",\"parameters\":{\"precision\":\"%s\"}", api__precision_name(ran));
-    api__jsonw_cstr(w, ",\"outputs\":[");
+    api_buf_printf(w, ",\"parameters\":{\"precision\":\"%s\"}", api__precision_name(ran));
+    api_buf_cstr(w, ",\"outputs\":[");
 }
 
 /* Checks a binary output for values the protocol's JSON could not carry either: the engine
@@ -250,7 +250,7 @@ static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
 
 /* All binary: the whole reply is made now, JSON then outputs, and the engine writes the outputs
  * where they are sent from. */
-static int place(void *p, api__jsonw *w, api__error *err)
+static int place(void *p, api_buf *w, api__error *err)
 {
     v2_job *job = p;
     if (!job->all_binary)
@@ -258,9 +258,9 @@ static int place(void *p, api__jsonw *w, api__error *err)
     write_header_start(job, w);
     if (write_outputs(job, w, err) != 0)
         return -1;
-    api__jsonw_cstr(w, "]}");
-    if (w->state != API_JSONW_OK)
-        return api__jsonw_error(w, err);
+    api_buf_cstr(w, "]}");
+    if (w->state != API_BUF_OK)
+        return api__buf_error(w, err);
     /* Pad with spaces (JSON allows them after the value) so that the first output starts on a
      * 64-byte boundary of a 64-byte-aligned buffer. */
     job->json_len = (w->len + V2_BINARY_ALIGN - 1) / V2_BINARY_ALIGN * V2_BINARY_ALIGN;
@@ -270,7 +270,7 @@ static int place(void *p, api__jsonw *w, api__error *err)
                               "out of memory for the reply");
     memcpy(job->blob, w->data, w->len);
     memset(job->blob + w->len, ' ', job->json_len - w->len);
-    api__jsonw_free(w);
+    api_buf_free(w);
     size_t at = job->json_len;
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
@@ -294,11 +294,11 @@ static int compute(void *p, int64_t *compute_ns, api__error *err)
 }
 
 /* One binary output's bytes: fp32 as computed, or rounded to bf16. */
-static int write_binary(v2_job *job, int o, api__jsonw *w, api__error *err)
+static int write_binary(v2_job *job, int o, api_buf *w, api__error *err)
 {
     const api__out_shape *sh = output_shape(job, o);
     if (!job->bf16_out) {
-        api__jsonw_mem(w, output_data(job, o), sh->count * 4);
+        api_buf_mem(w, output_data(job, o), sh->count * 4);
         return 0;
     }
     size_t bad = 0;
@@ -313,30 +313,30 @@ static int write_binary(v2_job *job, int o, api__jsonw *w, api__error *err)
     case API_ENCODE_FULL:
         break;
     }
-    return api__jsonw_error(w, err);
+    return api__buf_error(w, err);
 }
 
 /* JSON outputs: the text after the compute, binary ones appended in order. */
-static int write_reply(v2_job *job, api__jsonw *w, api__error *err)
+static int write_reply(v2_job *job, api_buf *w, api__error *err)
 {
     write_header_start(job, w);
     if (write_outputs(job, w, err) != 0)
         return -1;
-    api__jsonw_cstr(w, "]}");
+    api_buf_cstr(w, "]}");
     if (!job->any_binary)
-        api__jsonw_char(w, '\n');
+        api_buf_char(w, '\n');
     job->json_len = w->len;
     for (int o = 0; o < API__N_OUTPUTS; o++)
         if (job->want[o] && job->binary[o] && write_binary(job, o, w, err) != 0)
             return -1;
-    if (w->state != API_JSONW_OK)
-        return api__jsonw_error(w, err);
+    if (w->state != API_BUF_OK)
+        return api__buf_error(w, err);
     job->blob = w->data;
     w->data = NULL;
     return 0;
 }
 
-static int encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int encode(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     v2_job *job = p;
     for (int o = 0; o < API__N_OUTPUTS; o++)

@@ -97,17 +97,17 @@ bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
     } else if (call->models && (m->layer = api_models_find(call->models, name)) != NULL) {
         m->kind = MODEL_LAYER;
     } else {
-        api__jsonw w;
-        api__jsonw_init(&w, 1024);
+        api_buf w;
+        api_buf_init(&w, 1024);
         for (size_t i = 0; call->models && i < api_models_count(call->models); i++) {
-            api__jsonw_cstr(&w, ", ");
-            api__jsonw_cstr(&w, api_models_at(call->models, i)->name);
+            api_buf_cstr(&w, ", ");
+            api_buf_cstr(&w, api_models_at(call->models, i)->name);
         }
         api_reply_error_status(reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST,
                                NULL, "unknown model \"%.64s\"; models: sdpa%.*s", name,
-                               w.state == API_JSONW_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                               w.state == API_BUF_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
                                w.data ? w.data : "");
-        api__jsonw_free(&w);
+        api_buf_free(&w);
         return false;
     }
     if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
@@ -135,134 +135,133 @@ static model_desc describe(const model_ref *m)
 
 void api_v2_server_metadata(api_reply *reply)
 {
-    api__jsonw w;
+    api_buf w;
     memset(reply, 0, sizeof *reply);
-    api__jsonw_init(&w, 4096);
-    api__jsonw_cstr(&w,
-                    "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
+    api_buf_init(&w, 4096);
+    api_buf_cstr(&w, "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
     for (size_t i = 0; i < sizeof v2_extensions / sizeof v2_extensions[0]; i++) {
         if (i > 0)
-            api__jsonw_char(&w, ',');
-        api__jsonw_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
+            api_buf_char(&w, ',');
+        api_buf_json_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
     }
     /* What the engine computes with, as the start-up log and attnd_engine_info say: an
      * extra member, which v2 clients ignore and operators can read without a scrape. */
     eng_engine_info info;
     eng_engine_info_get(&info);
-    api__jsonw_cstr(&w, "],\"engine\":{\"kernels\":");
-    api__jsonw_string(&w, info.kernels, strlen(info.kernels));
-    api__jsonw_cstr(&w, ",\"bf16\":");
-    api__jsonw_string(&w, info.bf16, strlen(info.bf16));
-    api__jsonw_cstr(&w, ",\"cpu\":");
-    api__jsonw_string(&w, info.cpu, strlen(info.cpu));
-    api__jsonw_cstr(&w, ",\"openblas_core\":");
-    api__jsonw_string(&w, info.openblas_core, strlen(info.openblas_core));
-    api__jsonw_cstr(&w, "}}\n");
+    api_buf_cstr(&w, "],\"engine\":{\"kernels\":");
+    api_buf_json_string(&w, info.kernels, strlen(info.kernels));
+    api_buf_cstr(&w, ",\"bf16\":");
+    api_buf_json_string(&w, info.bf16, strlen(info.bf16));
+    api_buf_cstr(&w, ",\"cpu\":");
+    api_buf_json_string(&w, info.cpu, strlen(info.cpu));
+    api_buf_cstr(&w, ",\"openblas_core\":");
+    api_buf_json_string(&w, info.openblas_core, strlen(info.openblas_core));
+    api_buf_cstr(&w, "}}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 
-static void write_dims(api__jsonw *w, const tensor_desc *t)
+static void write_dims(api_buf *w, const tensor_desc *t)
 {
-    api__jsonw_char(w, '[');
+    api_buf_char(w, '[');
     for (int d = 0; d < t->rank; d++) {
         if (d > 0)
-            api__jsonw_char(w, ',');
-        api__jsonw_int(w, t->dims[d]);
+            api_buf_char(w, ',');
+        api_buf_int(w, t->dims[d]);
     }
-    api__jsonw_char(w, ']');
+    api_buf_char(w, ']');
 }
 
 /* A list of $metadata_tensor. */
-static void write_meta_tensors(api__jsonw *w, const tensor_desc *t, int n)
+static void write_meta_tensors(api_buf *w, const tensor_desc *t, int n)
 {
-    api__jsonw_char(w, '[');
+    api_buf_char(w, '[');
     for (int i = 0; i < n; i++) {
         if (i > 0)
-            api__jsonw_char(w, ',');
-        api__jsonw_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":", t[i].name,
-                          t[i].datatype);
+            api_buf_char(w, ',');
+        api_buf_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":", t[i].name,
+                       t[i].datatype);
         write_dims(w, &t[i]);
-        api__jsonw_char(w, '}');
+        api_buf_char(w, '}');
     }
-    api__jsonw_char(w, ']');
+    api_buf_char(w, ']');
 }
 
 /* A list of Triton's ModelInput (is_input) or ModelOutput. */
-static void write_config_tensors(api__jsonw *w, const tensor_desc *t, int n, bool is_input)
+static void write_config_tensors(api_buf *w, const tensor_desc *t, int n, bool is_input)
 {
-    api__jsonw_char(w, '[');
+    api_buf_char(w, '[');
     for (int i = 0; i < n; i++) {
         if (i > 0)
-            api__jsonw_char(w, ',');
-        api__jsonw_printf(w, "{\"name\":\"%s\",\"data_type\":\"TYPE_%s\",\"dims\":", t[i].name,
-                          t[i].datatype);
+            api_buf_char(w, ',');
+        api_buf_printf(w, "{\"name\":\"%s\",\"data_type\":\"TYPE_%s\",\"dims\":", t[i].name,
+                       t[i].datatype);
         write_dims(w, &t[i]);
-        api__jsonw_cstr(w, ",\"is_shape_tensor\":false");
+        api_buf_cstr(w, ",\"is_shape_tensor\":false");
         if (is_input)
-            api__jsonw_printf(w,
-                              ",\"format\":\"FORMAT_NONE\",\"allow_ragged_batch\":false,"
-                              "\"optional\":%s}",
-                              t[i].optional ? "true" : "false");
+            api_buf_printf(w,
+                           ",\"format\":\"FORMAT_NONE\",\"allow_ragged_batch\":false,"
+                           "\"optional\":%s}",
+                           t[i].optional ? "true" : "false");
         else
-            api__jsonw_cstr(w, ",\"label_filename\":\"\"}");
+            api_buf_cstr(w, ",\"label_filename\":\"\"}");
     }
-    api__jsonw_char(w, ']');
+    api_buf_char(w, ']');
 }
 
 /* Starts a reply about call's model, {"name": ..., in *w; false, with the 404 in `reply`, when
  * there is no such model or version. */
-static bool model_reply_start(const api_call *call, api_reply *reply, model_ref *m, api__jsonw *w)
+static bool model_reply_start(const api_call *call, api_reply *reply, model_ref *m, api_buf *w)
 {
     memset(reply, 0, sizeof *reply);
     if (!api__v2_model_find(call, m, reply))
         return false;
-    api__jsonw_init(w, 8192);
-    api__jsonw_cstr(w, "{\"name\":");
-    api__jsonw_string(w, m->name, strlen(m->name));
+    api_buf_init(w, 8192);
+    api_buf_cstr(w, "{\"name\":");
+    api_buf_json_string(w, m->name, strlen(m->name));
     return true;
 }
 
 void api_v2_model_metadata(const api_call *call, api_reply *reply)
 {
     model_ref m;
-    api__jsonw w;
+    api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
     model_desc d = describe(&m);
-    api__jsonw_printf(
+    api_buf_printf(
         &w, ",\"versions\":[\"" API_V2_VERSION "\"],\"platform\":\"%s\",\"inputs\":", d.platform);
     write_meta_tensors(&w, d.in, d.n_in);
-    api__jsonw_cstr(&w, ",\"outputs\":");
+    api_buf_cstr(&w, ",\"outputs\":");
     write_meta_tensors(&w, d.out, d.n_out);
-    api__jsonw_cstr(&w, "}\n");
+    api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 
 void api_v2_model_config(const api_call *call, api_reply *reply)
 {
     model_ref m;
-    api__jsonw w;
+    api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
     model_desc d = describe(&m);
-    api__jsonw_printf(&w,
-                      ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
-                      "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",
-                      d.platform);
+    api_buf_printf(&w,
+                   ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
+                   "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",
+                   d.platform);
     write_config_tensors(&w, d.in, d.n_in, true);
-    api__jsonw_cstr(&w, ",\"output\":");
+    api_buf_cstr(&w, ",\"output\":");
     write_config_tensors(&w, d.out, d.n_out, false);
-    api__jsonw_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
-                        "\"response_cache\":{\"enable\":false}}\n");
+    api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
+                     "\"response_cache\":{\"enable\":false}}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 
 void api_v2_model_ready(const api_call *call, api_reply *reply)
 {
     model_ref m;
-    api__jsonw w;
+    api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
-    api__jsonw_cstr(&w, ",\"ready\":true}\n");
+    api_buf_cstr(&w, ",\"ready\":true}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }

@@ -29,48 +29,7 @@ static const char *const v2_other_datatypes[] = {"UINT8", "UINT16", "UINT32", "U
 
 /* ---- Parameters ----------------------------------------------------------------------------- */
 
-static int64_t *timeout_ms_of(v2_job *job)
-{
-    return is_layer(job) ? &job->l.r.timeout_ms : &job->s.r.timeout_ms;
-}
-
 typedef int (*param_fn)(v2_job *job, const json_t *v, const char *name, api__error *err);
-
-static int p_causal(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_causal(v, name, is_layer(job) ? &job->l.r.causal : &job->s.r.causal, err);
-}
-
-static int p_query_offset(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    bool *set = is_layer(job) ? &job->l.r.offset_set : &job->s.r.offset_set;
-    *set = true;
-    return api__option_int(v, name, -API_QUERY_OFFSET_MAX, API_QUERY_OFFSET_MAX,
-                           is_layer(job) ? &job->l.r.query_offset : &job->s.r.query_offset, err);
-}
-
-static int p_scale(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    job->s.r.scale_set = true;
-    return api__option_float(v, name, &job->s.r.scale, err);
-}
-
-static int p_softcap(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_softcap(v, name, &job->s.r.softcap, err);
-}
-
-static int p_precision(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    job->s.r.precision_set = true;
-    return api__option_precision(v, name, &job->s.r.precision, err);
-}
-
-static int p_layer_precision(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    job->l.r.precision_set = true;
-    return api__option_precision(v, name, &job->l.r.precision, err);
-}
 
 static int p_output_dtype(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
@@ -79,16 +38,6 @@ static int p_output_dtype(v2_job *job, const json_t *v, const char *name, api__e
         return -1;
     job->bf16_out = p == ENG_PRECISION_BFLOAT16;
     return 0;
-}
-
-static int p_num_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_heads, err);
-}
-
-static int p_num_kv_heads(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_int(v, name, 1, INT32_MAX, &job->s.r.num_kv_heads, err);
 }
 
 /* A window side: a non-negative integer, or -1 for unbounded (parameters cannot be null). */
@@ -151,31 +100,6 @@ static int p_return_lse(v2_job *job, const json_t *v, const char *name, api__err
     return api__option_bool(v, name, &job->s.r.return_lse, err);
 }
 
-static int p_timeout_ms(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_int(v, name, 1, API_TIMEOUT_MS_MAX, timeout_ms_of(job), err);
-}
-
-static int p_positional(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_positional(v, name, &job->l.r.positional, err);
-}
-
-static int p_rope_base(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_rope_base(v, name, &job->l.r.rope_base_set, &job->l.r.rope_base, err);
-}
-
-static int p_rope_style(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_rope_style(v, name, &job->l.r.rope_style_set, &job->l.r.rope_style, err);
-}
-
-static int p_add_zero_attn(v2_job *job, const json_t *v, const char *name, api__error *err)
-{
-    return api__option_bool(v, name, &job->l.r.add_zero_attn, err);
-}
-
 static int p_timeout(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
     return api__option_int(v, name, 0, API_TIMEOUT_US_MAX, &job->timeout_us, err);
@@ -199,20 +123,12 @@ typedef struct {
 } param_def;
 
 static const param_def sdpa_params[] = {
-    {"causal", p_causal},
-    {"query_offset", p_query_offset},
-    {"scale", p_scale},
-    {"softcap", p_softcap},
-    {"precision", p_precision},
     {"output_dtype", p_output_dtype},
-    {"num_heads", p_num_heads},
-    {"num_kv_heads", p_num_kv_heads},
     {"window_left", p_window_left},
     {"window_right", p_window_right},
     {"alibi", p_alibi},
     {"return_weights", p_return_weights},
     {"return_lse", p_return_lse},
-    {"timeout_ms", p_timeout_ms},
     {"binary_data_output", p_binary_data_output},
     {"timeout", p_timeout},
     {"priority", p_priority},
@@ -220,17 +136,9 @@ static const param_def sdpa_params[] = {
 
 /* Those of a layer model: the options of /v1/mha that a registered layer leaves open. */
 static const param_def layer_params[] = {
-    {"causal", p_causal},
-    {"query_offset", p_query_offset},
     {"window_left", p_window_left},
     {"window_right", p_window_right},
-    {"positional", p_positional},
-    {"rope_base", p_rope_base},
-    {"rope_style", p_rope_style},
-    {"add_zero_attn", p_add_zero_attn},
-    {"precision", p_layer_precision},
     {"return_weights", p_return_weights},
-    {"timeout_ms", p_timeout_ms},
     {"binary_data_output", p_binary_data_output},
     {"timeout", p_timeout},
     {"priority", p_priority},
@@ -263,10 +171,15 @@ static int reserved_parameter(const char *key, const json_t *v, const char *fiel
     return 0;
 }
 
+/* The parameters of the model: its own above (v2's spelling of windows and outputs, Triton's
+ * timeout and priority), else the options of its operation, else Triton's reserved ones. */
 static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
 {
     const param_def *defs = is_layer(job) ? layer_params : sdpa_params;
     size_t n_params = is_layer(job) ? N_LAYER_PARAMS : N_SDPA_PARAMS;
+    const api__option_def *opts = is_layer(job) ? api__layer_options : api__sdpa_options;
+    size_t n_opts = is_layer(job) ? api__layer_n_options : api__sdpa_n_options;
+    void *op_req = is_layer(job) ? (void *)&job->l.r : (void *)&job->s.r;
     const char *key;
     json_t *val;
     char field[96];
@@ -279,39 +192,28 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
         while (i < n_params && strcmp(defs[i].name, key) != 0)
             i++;
         snprintf(field, sizeof field, "parameters.%.60s", key);
-        if (i == n_params) {
-            int reserved = reserved_parameter(key, val, field, err);
-            if (reserved < 0)
+        if (i < n_params) {
+            if (defs[i].parse(job, val, field, err) != 0)
                 return -1;
-            if (reserved)
-                continue;
-            const char *names[N_PARAMS_MAX];
-            for (size_t j = 0; j < n_params; j++)
-                names[j] = defs[j].name;
-            const char *best = api__closest_name(key, names, n_params);
-            if (best)
-                return api__error_invalid(
-                    err, field, "unknown parameter \"%.60s\"; did you mean \"%s\"?", key, best);
-            if (is_layer(job))
-                return api__error_invalid(err, field,
-                                          "unknown parameter \"%.60s\"; model %.64s takes causal, "
-                                          "query_offset, window_left, window_right, positional, "
-                                          "rope_base, rope_style, add_zero_attn, precision, "
-                                          "return_weights, timeout_ms, binary_data_output, "
-                                          "timeout and priority",
-                                          key, job->model.name);
-            return api__error_invalid(err, field,
-                                      "unknown parameter \"%.60s\"; model sdpa takes causal, "
-                                      "query_offset, scale, softcap, precision, output_dtype, "
-                                      "num_heads, "
-                                      "num_kv_heads, "
-                                      "window_left, window_right, alibi, return_weights, "
-                                      "return_lse, timeout_ms, binary_data_output, timeout and "
-                                      "priority",
-                                      key);
+            continue;
         }
-        if (defs[i].parse(job, val, field, err) != 0)
+        const api__option_def *opt = api__option_find(opts, n_opts, key);
+        if (opt) {
+            if (opt->parse(op_req, val, field, err) != 0)
+                return -1;
+            continue;
+        }
+        int reserved = reserved_parameter(key, val, field, err);
+        if (reserved < 0)
             return -1;
+        if (reserved)
+            continue;
+        const char *names[N_PARAMS_MAX];
+        for (size_t j = 0; j < n_params; j++)
+            names[j] = defs[j].name;
+        char what[80];
+        snprintf(what, sizeof what, "model %.64s", is_layer(job) ? job->model.name : "sdpa");
+        return api__unknown_name(key, field, "parameter", what, names, n_params, opts, n_opts, err);
     }
     return 0;
 }
@@ -765,6 +667,11 @@ int api__v2_request_parse(v2_job *job, api__error *err)
                 return -1;
     }
     return 0;
+}
+
+static int64_t *timeout_ms_of(v2_job *job)
+{
+    return is_layer(job) ? &job->l.r.timeout_ms : &job->s.r.timeout_ms;
 }
 
 /* What the outputs say to compute: weights and lse only when returned. */

@@ -127,32 +127,23 @@ static const char *coding_name(api__coding coding)
 }
 
 /* Grows *buf to `cap` bytes, reserving the growth first. */
-static int grow(char **buf, size_t *cap, size_t want, api_budget *budget, size_t held,
-                size_t *reserved, api__error *err)
+static int grow(char **buf, size_t *cap, size_t want, api_lease *lease, size_t *reserved,
+                api__error *err)
 {
     size_t extra = want - *cap;
-    if (budget) {
-        size_t total = api_budget_total(budget);
-        size_t holding = held > SIZE_MAX - *reserved ? SIZE_MAX : held + *reserved;
-        if (extra > total || holding > total - extra)
-            return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
-                                  "the decompressed body needs more memory than "
-                                  "--max-memory-bytes (%zu) allows",
-                                  total);
-        switch (api_budget_reserve(budget, extra)) {
-        case API_BUDGET_OK:
-            *reserved += extra;
-            break;
-        case API_BUDGET_NEVER:
-            return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
-                                  "the decompressed body needs more memory than "
-                                  "--max-memory-bytes (%zu) allows",
-                                  total);
-        case API_BUDGET_NOT_NOW:
-            return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
-                                  "the memory budget (--max-memory-bytes) is in use by other "
-                                  "requests; retry shortly");
-        }
+    switch (api_lease_reserve(lease, extra)) {
+    case API_BUDGET_OK:
+        *reserved += extra;
+        break;
+    case API_BUDGET_NEVER:
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_MEMORY, NULL,
+                              "the decompressed body needs more memory than "
+                              "--max-memory-bytes (%zu) allows",
+                              api_budget_total(lease->budget));
+    case API_BUDGET_NOT_NOW:
+        return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
+                              "the memory budget (--max-memory-bytes) is in use by other "
+                              "requests; retry shortly");
     }
     char *p = realloc(*buf, want);
     if (!p)
@@ -187,8 +178,8 @@ static size_t next_size(size_t cap, size_t n, size_t max)
 /* One inflate pass with zlib window bits `wbits`. *header_bad is set when it failed on the
  * first bytes with a header error (so that raw deflate can be tried instead). */
 static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n, size_t max,
-                        api_budget *budget, size_t held, char **out, size_t *out_len,
-                        size_t *reserved, bool *header_bad, api__error *err)
+                        api_lease *lease, char **out, size_t *out_len, size_t *reserved,
+                        bool *header_bad, api__error *err)
 {
     z_stream zs;
     char *buf = NULL;
@@ -211,7 +202,7 @@ static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n
                                       "--max-body-bytes allows",
                                       max);
             }
-            if (grow(&buf, &cap, want, budget, held, reserved, err) != 0) {
+            if (grow(&buf, &cap, want, lease, reserved, err) != 0) {
                 inflateEnd(&zs);
                 free(buf);
                 return -1;
@@ -248,7 +239,7 @@ static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n
                                       max);
             }
             /* A NUL past the end, for parsers that like one; the cap has the room. */
-            if (len == cap && grow(&buf, &cap, cap + 1, budget, held, reserved, err) != 0) {
+            if (len == cap && grow(&buf, &cap, cap + 1, lease, reserved, err) != 0) {
                 free(buf);
                 return -1;
             }
@@ -277,8 +268,8 @@ static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n
     return -1;
 }
 
-int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_budget *budget,
-                 size_t held, char **out, size_t *out_len, size_t *reserved, api__error *err)
+int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_lease *lease,
+                 char **out, size_t *out_len, size_t *reserved, api__error *err)
 {
     bool header_bad = false;
     *out = NULL;
@@ -292,17 +283,16 @@ int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_
     /* HTTP's deflate is the zlib format, but some clients send raw deflate: try that when the
      * zlib header is wrong. */
     int wbits = coding == API_CODING_GZIP ? 15 + 16 : 15;
-    if (inflate_pass(coding, wbits, src, n, max, budget, held, out, out_len, reserved, &header_bad,
-                     err) == 0)
+    if (inflate_pass(coding, wbits, src, n, max, lease, out, out_len, reserved, &header_bad, err) ==
+        0)
         return 0;
     if (coding == API_CODING_DEFLATE && header_bad) {
         api__error raw_err;
         memset(&raw_err, 0, sizeof raw_err);
-        if (budget && *reserved)
-            api_budget_release(budget, *reserved);
+        api_lease_give_back(lease, *reserved);
         *reserved = 0;
-        if (inflate_pass(coding, -15, src, n, max, budget, held, out, out_len, reserved,
-                         &header_bad, &raw_err) == 0) {
+        if (inflate_pass(coding, -15, src, n, max, lease, out, out_len, reserved, &header_bad,
+                         &raw_err) == 0) {
             memset(err, 0, sizeof *err);
             return 0;
         }
@@ -372,6 +362,7 @@ static void reply_from_error(api_reply *reply, api_error_style style, const api_
  * sends Accept-Encoding), so Triton, too, compresses only successful inference replies. */
 static void compress_reply(const api_call *call, api_error_style style, api_reply *reply)
 {
+    api_lease *lease = call->lease;
     api__coding coding = api__accept_encoding_pick(call->accept_encoding);
     char *packed;
     size_t packed_len;
@@ -379,14 +370,14 @@ static void compress_reply(const api_call *call, api_error_style style, api_repl
         reply->status != api_status_http(style, API_STATUS_OK))
         return;
     /* Both bodies exist for a moment: reserve the compressed one's worst case, or send the
-     * reply as it is (compression is a favour, not a reason to fail). */
+     * reply as it is (compression is a favour, not a reason to fail). The smaller body that
+     * stays is covered by what the lease holds for the plain one. */
     size_t bound = (size_t)compressBound((uLong)reply->body_len) + 32;
-    if (call->budget && api_budget_reserve(call->budget, bound) != API_BUDGET_OK)
+    if (api_lease_reserve(lease, bound) != API_BUDGET_OK)
         return;
     int64_t t0 = eng_now_ns();
     bool ok = api__deflate(coding, reply->body, reply->body_len, &packed, &packed_len);
-    if (call->budget)
-        api_budget_release(call->budget, bound);
+    api_lease_give_back(lease, bound);
     if (!ok)
         return;
     if (packed_len >= reply->body_len) {
@@ -400,33 +391,23 @@ static void compress_reply(const api_call *call, api_error_style style, api_repl
     reply->encode_ns += eng_now_ns() - t0;
 }
 
-void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
-                      api_reply *reply)
+/* Runs `route` on the plain body (inflating it first when coded), with `lease` the request's. */
+static void route_decoded(api_route_fn route, api_error_style style, const api_call *call,
+                          api__coding coding, api_reply *reply)
 {
-    api__coding coding = api__coding_parse(call->content_encoding);
-    api__error err;
-    memset(&err, 0, sizeof err);
-    if (coding == API_CODING_UNKNOWN) {
-        api__error_set(&err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
-                       "unsupported Content-Encoding \"%.64s\": send gzip, deflate or identity",
-                       call->content_encoding);
-        reply_from_error(reply, style, &err);
-        return;
-    }
     if (coding == API_CODING_IDENTITY) {
         route(call, reply);
-        compress_reply(call, style, reply);
         return;
     }
-
     int64_t t0 = eng_now_ns();
     api_limits limits = call->limits ? *call->limits : api_limits_default();
     char *plain = NULL;
     size_t plain_len = 0, reserved = 0;
+    api__error err;
+    memset(&err, 0, sizeof err);
     if (api__inflate(coding, call->body ? call->body : "", call->body_len, limits.max_body_bytes,
-                     call->budget, call->budget_held, &plain, &plain_len, &reserved, &err) != 0) {
-        if (call->budget && reserved)
-            api_budget_release(call->budget, reserved);
+                     call->lease, &plain, &plain_len, &reserved, &err) != 0) {
+        api_lease_give_back(call->lease, reserved);
         reply_from_error(reply, style, &err);
         reply->decode_ns = eng_now_ns() - t0;
         return;
@@ -435,13 +416,36 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
     inner.body = plain;
     inner.body_len = plain_len;
     inner.content_encoding = NULL;
-    inner.budget_held =
-        call->budget_held > SIZE_MAX - reserved ? SIZE_MAX : call->budget_held + reserved;
     int64_t inflate_ns = eng_now_ns() - t0;
     route(&inner, reply);
     reply->decode_ns += inflate_ns;
     free(plain);
-    if (call->budget && reserved)
-        api_budget_release(call->budget, reserved);
-    compress_reply(call, style, reply);
+    api_lease_give_back(call->lease, reserved);
+}
+
+void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
+                      api_reply *reply)
+{
+    api__coding coding = api__coding_parse(call->content_encoding);
+    if (coding == API_CODING_UNKNOWN) {
+        api__error err;
+        memset(&err, 0, sizeof err);
+        api__error_set(&err, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, NULL,
+                       "unsupported Content-Encoding \"%.64s\": send gzip, deflate or identity",
+                       call->content_encoding);
+        reply_from_error(reply, style, &err);
+        return;
+    }
+    /* The route, the inflated body and the compressed reply share one lease: the caller's, or
+     * one that lives for this call. */
+    api_call leased = *call;
+    api_lease own;
+    if (!leased.lease) {
+        api_lease_start(&own, NULL, eng_now_ns(), 0);
+        leased.lease = &own;
+    }
+    route_decoded(route, style, &leased, coding, reply);
+    compress_reply(&leased, style, reply);
+    if (leased.lease == &own)
+        api_lease_end(&own);
 }

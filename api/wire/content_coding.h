@@ -29,11 +29,11 @@ api__coding api__accept_encoding_pick(const char *value);
 
 /* Decompresses src[0..n) of `coding` (gzip or deflate) into a malloc'd buffer (*out, *out_len,
  * NUL-terminated past its end), never growing it beyond `max` bytes: 413 naming
- * --max-body-bytes past it. Every growth is reserved in `budget` first (may be NULL), after
- * `held` bytes the request holds already; *reserved gets the total to release later, also on
- * failure. 400 for a corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
-int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_budget *budget,
-                 size_t held, char **out, size_t *out_len, size_t *reserved, api__error *err);
+ * --max-body-bytes past it. Every growth is reserved through the request's `lease` first;
+ * *reserved gets the total to give back once the buffer is freed, also on failure. 400 for a
+ * corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
+int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_lease *lease,
+                 char **out, size_t *out_len, size_t *reserved, api__error *err);
 
 /* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a buffer from
  * eng_buf_alloc (it becomes a reply body); false when memory runs out. */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "api/api.h"
 #include "api/wire/http_header.h"
 
 const char *api__http_skip_blanks(const char *p)
@@ -25,6 +26,11 @@ bool api__http_token_is(const char *s, size_t n, const char *word)
     while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
         n--;
     return strlen(word) == n && strncasecmp(s, word, n) == 0;
+}
+
+bool api_header_token_is(const char *value, const char *word)
+{
+    return value && api__http_token_is(value, strlen(value), word);
 }
 
 /* Where the parameters of `ct` begin (at its first ';', or at its end) when its media type is

@@ -14,23 +14,23 @@
 static void reply_write(api_reply *reply, api_error_style style, int http, const char *code,
                         const api__error *err)
 {
-    api__jsonw w;
-    api__jsonw_init(&w, 4096);
+    api_buf w;
+    api_buf_init(&w, 4096);
     if (style == API_ERRORS_V2) {
-        api__jsonw_cstr(&w, "{\"error\":");
-        api__jsonw_string(&w, err->message, strlen(err->message));
-        api__jsonw_cstr(&w, "}\n");
+        api_buf_cstr(&w, "{\"error\":");
+        api_buf_json_string(&w, err->message, strlen(err->message));
+        api_buf_cstr(&w, "}\n");
     } else {
-        api__jsonw_cstr(&w, "{\"error\":{\"code\":");
-        api__jsonw_string(&w, code, strlen(code));
-        api__jsonw_cstr(&w, ",\"message\":");
-        api__jsonw_string(&w, err->message, strlen(err->message));
-        api__jsonw_cstr(&w, ",\"field\":");
+        api_buf_cstr(&w, "{\"error\":{\"code\":");
+        api_buf_json_string(&w, code, strlen(code));
+        api_buf_cstr(&w, ",\"message\":");
+        api_buf_json_string(&w, err->message, strlen(err->message));
+        api_buf_cstr(&w, ",\"field\":");
         if (err->field[0])
-            api__jsonw_string(&w, err->field, strlen(err->field));
+            api_buf_json_string(&w, err->field, strlen(err->field));
         else
-            api__jsonw_cstr(&w, "null");
-        api__jsonw_cstr(&w, "}}\n");
+            api_buf_cstr(&w, "null");
+        api_buf_cstr(&w, "}}\n");
     }
 
     eng_buf_free(reply->body);
@@ -39,11 +39,11 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;
     reply->inference_header_len = 0;
-    if (w.state == API_JSONW_OK) {
+    if (w.state == API_BUF_OK) {
         reply->body = w.data;
         reply->body_len = w.len;
     } else {
-        api__jsonw_free(&w);
+        api_buf_free(&w);
         reply->body = NULL;
         reply->body_len = 0;
     }
@@ -68,25 +68,6 @@ void api_reply_error_status(api_reply *reply, api_error_style style, api_status 
     api__reply_from_error(reply, style, &err);
 }
 
-void api_reply_error(api_reply *reply, api_error_style style, int http, api_reason reason,
-                     const char *field, const char *fmt, ...)
-{
-    /* A code outside the list keeps its number and gets the code word of its class; the status
-     * stored for it (no Retry-After) is a placeholder that only marks `err` as filled. */
-    api_status status = API_STATUS_INTERNAL;
-    bool known = api_status_from_http(http, &status);
-    api__error err = {0};
-    va_list ap;
-    va_start(ap, fmt);
-    api__error_vset(&err, status, reason, field, fmt, ap);
-    va_end(ap);
-    memset(reply, 0, sizeof *reply);
-    if (known)
-        api__reply_from_error(reply, style, &err);
-    else
-        reply_write(reply, style, http, http >= 500 ? "internal" : "bad_request", &err);
-}
-
 void api_reply_free(api_reply *reply)
 {
     if (!reply)
@@ -106,14 +87,14 @@ char *api_reply_take_body(api_reply *reply, size_t *len)
     return body;
 }
 
-void api__reply_json(api_reply *reply, api__jsonw *w, api_error_style style)
+void api__reply_json(api_reply *reply, api_buf *w, api_error_style style)
 {
-    if (w->state != API_JSONW_OK) {
+    if (w->state != API_BUF_OK) {
         api__error err = {0};
         api__error_set(&err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
                        "out of memory for the reply");
         api__reply_from_error(reply, style, &err);
-        api__jsonw_free(w);
+        api_buf_free(w);
         return;
     }
     reply->status = api_status_http(style, API_STATUS_OK);

@@ -6,7 +6,7 @@
 #define ATTND_API_WIRE_REPLY_H
 
 #include "api/core/error.h"
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 
 /* Turns `err` into an error reply in `style`, freeing any body `reply` held; its other fields
  * must be initialised. */
@@ -14,6 +14,6 @@ void api__reply_from_error(api_reply *reply, api_error_style style, const api__e
 
 /* Fills a 200 application/json reply with the text of `w`, taking its buffer; a 503 in `style`
  * when the writer ran out of memory. */
-void api__reply_json(api_reply *reply, api__jsonw *w, api_error_style style);
+void api__reply_json(api_reply *reply, api_buf *w, api_error_style style);
 
 #endif

@@ -8,7 +8,7 @@
  * allocated (64-byte aligned for the engine). Base64 is decoded straight into that buffer
  * (float32 and bool) or through a small stack buffer (float16 and bfloat16 are widened).
  *
- * Encoding writes a float buffer with a shape into an api__jsonw in any of the three forms; it
+ * Encoding writes a float buffer with a shape into an api_buf in any of the three forms; it
  * checks for non-finite values first, since a reply must never be a silently shortened array.
  *
  * The host must be little-endian, like the wire format of base64 and binary tensors.
@@ -796,12 +796,12 @@ static float as_written(float v, unsigned flags)
     return flags & API_ENCODE_BF16 ? eng_bf16_to_f32(eng_f32_to_bf16(v)) : v;
 }
 
-static void write_floats(api__jsonw *w, const float *data, size_t n, unsigned flags)
+static void write_floats(api_buf *w, const float *data, size_t n, unsigned flags)
 {
     enum { BLOCK = 512 };
     for (size_t i = 0; i < n; i += BLOCK) {
         size_t m = n - i < BLOCK ? n - i : BLOCK;
-        char *p = api__jsonw_reserve(w, m * API_FLOAT_MAX_CHARS), *start = p;
+        char *p = api_buf_reserve(w, m * API_FLOAT_MAX_CHARS), *start = p;
         if (!p)
             return;
         for (size_t k = 0; k < m; k++) {
@@ -822,21 +822,21 @@ static void write_floats(api__jsonw *w, const float *data, size_t n, unsigned fl
     }
 }
 
-static void write_shape(api__jsonw *w, int rank, const int64_t *shape)
+static void write_shape(api_buf *w, int rank, const int64_t *shape)
 {
-    api__jsonw_cstr(w, "{\"shape\":[");
+    api_buf_cstr(w, "{\"shape\":[");
     for (int d = 0; d < rank; d++) {
         if (d > 0)
-            api__jsonw_char(w, ',');
-        api__jsonw_int(w, shape[d]);
+            api_buf_char(w, ',');
+        api_buf_int(w, shape[d]);
     }
-    api__jsonw_char(w, ']');
+    api_buf_char(w, ']');
 }
 
 /* Nested arrays, one innermost row at a time: the row's opening brackets are one plus the
  * number of outer dimensions whose index is 0 here, its closing ones one plus the number of
  * outer dimensions that wrap after it. */
-static void write_nested(api__jsonw *w, const float *data, int rank, const int64_t *shape,
+static void write_nested(api_buf *w, const float *data, int rank, const int64_t *shape,
                          unsigned flags)
 {
     size_t idx[API_MAX_RANK] = {0};
@@ -848,9 +848,9 @@ static void write_nested(api__jsonw *w, const float *data, int rank, const int64
         for (int d = rank - 2; d >= 0 && idx[d] == 0; d--)
             open++;
         if (r > 0)
-            api__jsonw_char(w, ',');
+            api_buf_char(w, ',');
         for (int k = 0; k < open; k++)
-            api__jsonw_char(w, '[');
+            api_buf_char(w, '[');
         write_floats(w, data + r * row, row, flags);
         int close = 1;
         for (int d = rank - 2; d >= 0; d--) {
@@ -860,7 +860,7 @@ static void write_nested(api__jsonw *w, const float *data, int rank, const int64
             close++;
         }
         for (int k = 0; k < close; k++)
-            api__jsonw_char(w, ']');
+            api_buf_char(w, ']');
     }
 }
 
@@ -894,35 +894,35 @@ static void encode_base64(char *dst, const void *src, size_t n, eng_pool *pool)
 }
 
 /* The bf16 bytes of data[0..count), little-endian: into base64 (dtype "bfloat16"), or raw. */
-static void write_bf16(api__jsonw *w, const float *data, size_t count, int rank,
-                       const int64_t *shape, bool base64, eng_pool *pool)
+static void write_bf16(api_buf *w, const float *data, size_t count, int rank, const int64_t *shape,
+                       bool base64, eng_pool *pool)
 {
     uint16_t *h = malloc(count * sizeof *h + 1);
     if (!h) {
-        w->state = API_JSONW_NOMEM;
+        w->state = API_BUF_NOMEM;
         return;
     }
     for (size_t i = 0; i < count; i++)
         h[i] = eng_f32_to_bf16(data[i]);
     if (base64) {
         write_shape(w, rank, shape);
-        api__jsonw_cstr(w, ",\"dtype\":\"bfloat16\",\"base64\":\"");
+        api_buf_cstr(w, ",\"dtype\":\"bfloat16\",\"base64\":\"");
         size_t n = api__base64_encoded_len(count * 2);
-        char *p = api__jsonw_reserve(w, n);
+        char *p = api_buf_reserve(w, n);
         if (p) {
             encode_base64(p, h, count * 2, pool);
             w->len += n;
         }
-        api__jsonw_cstr(w, "\"}");
+        api_buf_cstr(w, "\"}");
     } else {
-        api__jsonw_mem(w, h, count * 2); /* little-endian, as in memory */
+        api_buf_mem(w, h, count * 2); /* little-endian, as in memory */
     }
     free(h);
 }
 
-api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank,
-                                      const int64_t *shape, api__form form, unsigned flags,
-                                      eng_pool *pool, size_t *bad_index)
+api__encode_status api__tensor_encode(api_buf *w, const float *data, int rank, const int64_t *shape,
+                                      api__form form, unsigned flags, eng_pool *pool,
+                                      size_t *bad_index)
 {
     size_t count = 1;
     for (int d = 0; d < rank; d++)
@@ -942,9 +942,9 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
         break;
     case API_FORM_FLAT:
         write_shape(w, rank, shape);
-        api__jsonw_cstr(w, ",\"data\":[");
+        api_buf_cstr(w, ",\"data\":[");
         write_floats(w, data, count, flags);
-        api__jsonw_cstr(w, "]}");
+        api_buf_cstr(w, "]}");
         break;
     case API_FORM_BASE64: {
         if (bf16) {
@@ -952,24 +952,24 @@ api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank
             break;
         }
         write_shape(w, rank, shape);
-        api__jsonw_cstr(w, ",\"dtype\":\"float32\",\"base64\":\"");
+        api_buf_cstr(w, ",\"dtype\":\"float32\",\"base64\":\"");
         size_t n = api__base64_encoded_len(count * 4);
-        char *p = api__jsonw_reserve(w, n);
+        char *p = api_buf_reserve(w, n);
         if (p) {
             encode_base64(p, data, count * 4, pool);
             w->len += n;
         }
-        api__jsonw_cstr(w, "\"}");
+        api_buf_cstr(w, "\"}");
         break;
     }
     case API_FORM_RAW:
         if (bf16)
             write_bf16(w, data, count, rank, shape, false, pool);
         else
-            api__jsonw_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
+            api_buf_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
         break;
     }
-    return w->state == API_JSONW_OK ? API_ENCODE_OK : API_ENCODE_FULL;
+    return w->state == API_BUF_OK ? API_ENCODE_OK : API_ENCODE_FULL;
 }
 
 /* ---- Memory ------------------------------------------------------------------------------ */

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "api/wire/body.h"
-#include "api/wire/jsonw.h"
+#include "api/wire/buf.h"
 
 /* Element types on the wire. JSON numbers are FLOAT32, JSON booleans BOOL. The integer types
  * exist only as raw bytes (KServe v2 binary tensors, for kv_lengths); the native "dtype" field
@@ -126,9 +126,9 @@ size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape,
  * little-endian bytes, for KServe v2 binary outputs). On NONFINITE,
  * *bad_index is the flat index of the first offending value and nothing is written. With a
  * `pool` (may be NULL), base64 of more than a megabyte is encoded by all its workers. */
-api__encode_status api__tensor_encode(api__jsonw *w, const float *data, int rank,
-                                      const int64_t *shape, api__form form, unsigned flags,
-                                      eng_pool *pool, size_t *bad_index);
+api__encode_status api__tensor_encode(api_buf *w, const float *data, int rank, const int64_t *shape,
+                                      api__form form, unsigned flags, eng_pool *pool,
+                                      size_t *bad_index);
 
 /* Formats the multi-index of flat index `flat` in `shape` as "[i0][i1]..." (`dims` leading
  * dimensions only) into buf; returns buf. */

@@ -36,6 +36,7 @@
 #include "api/core/memory.h"
 #include "api/wire/base64.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 #include "tests/support/tls.h"
 
 /* Requests per timed batch of the small case: one is too short for the clock. */
@@ -74,15 +75,13 @@ static void sb_str(sbuf *b, const char *s)
 static float *random_floats(size_t n, unsigned seed)
 {
     float *x = malloc(n * sizeof *x);
-    uint32_t state = seed * 2654435761u + 1;
+    uint64_t rng = seed;
     if (!x) {
         fprintf(stderr, "bench_e2e: out of memory\n");
         exit(1);
     }
-    for (size_t i = 0; i < n; i++) {
-        state = state * 1664525u + 1013904223u;
-        x[i] = (float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
-    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_sym(&rng, 1.0);
     return x;
 }
 
@@ -398,7 +397,8 @@ int main(int argc, char **argv)
     /* api/ in this process. */
     api_budget *budget = api_budget_new((size_t)8 << 30);
     for (int which = 0; which < 2; which++) {
-        api_call call = {.pool = pool, .budget = budget, .model = "sdpa"};
+        api_lease lease;
+        api_call call = {.pool = pool, .lease = &lease, .model = "sdpa"};
         api_reply reply;
         bool ok = true;
         size_t down = 0;
@@ -407,6 +407,7 @@ int main(int argc, char **argv)
         call.inference_header_length = which == 0 ? hl_value : NULL;
         for (int r = -1; r < reps; r++) {
             int64_t t0 = eng_now_ns();
+            api_lease_start(&lease, budget, t0, 0);
             if (which == 0)
                 api_v2_infer(&call, &reply);
             else
@@ -418,6 +419,7 @@ int main(int argc, char **argv)
                              which == 0, first);
             down = reply.body_len;
             api_reply_free(&reply);
+            api_lease_end(&lease);
         }
         report(which == 0 ? "api v2 binary fp32" : "api native base64 json", t, call.body_len, down,
                ok);

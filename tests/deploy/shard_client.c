@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/support/rng.h"
+
 /* Replies bigger than this are refused: the cases here produce a few kilobytes. */
 #define MAX_REPLY_BYTES ((size_t)64 << 20)
 #define MAX_SHARDS      16
@@ -43,14 +45,7 @@ static int n_passed, n_failed;
 
 /* ---- Deterministic data -------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-
-/* Uniform in [-1, 1): the top 24 bits of a 64-bit LCG step. */
-static float rng_uniform(void)
-{
-    rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
-    return (float)(rng_state >> 40) / (float)(1u << 23) - 1.0f;
-}
+static uint64_t rng_state = 0x9e3779b97f4a7c15u; /* tests/support/rng.h */
 
 static float *random_matrix(size_t rows, size_t cols, float amplitude)
 {
@@ -58,7 +53,7 @@ static float *random_matrix(size_t rows, size_t cols, float amplitude)
     if (!m)
         return NULL;
     for (size_t i = 0; i < rows * cols; i++)
-        m[i] = amplitude * rng_uniform();
+        m[i] = rng_sym(&rng_state, amplitude);
     return m;
 }
 

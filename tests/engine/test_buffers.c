@@ -126,10 +126,9 @@ static void test_impossible_sizes_fail_cleanly(void)
 
 static void *churn(void *arg)
 {
-    unsigned seed = (unsigned)(uintptr_t)arg;
+    uint64_t rng = (uint64_t)(uintptr_t)arg;
     for (int i = 0; i < 200; i++) {
-        seed = seed * 1103515245u + 12345u;
-        size_t n = (size_t)(1 + (seed >> 16) % 4) * MiB;
+        size_t n = (size_t)rng_int(&rng, 1, 4) * MiB;
         unsigned char *p = eng_buf_alloc(n);
         if (!p)
             return (void *)1;

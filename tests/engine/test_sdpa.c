@@ -2,8 +2,12 @@
  * test_sdpa.c - the specification of eng_sdpa (DESIGN.md sections 5 and 7), checked against
  * hand-computed golden cases and against the float64 reference in tests/support/ref.c.
  *
- * Each test function names one behaviour. The randomised ones build arguments with a fixed-seed
- * generator, run the engine and the reference on the very same eng_sdpa_args, and compare:
+ * Each test names one behaviour. The randomised ones build arguments with a fixed-seed
+ * generator (tests/support/rng.h), run the engine and the reference on the very same
+ * eng_sdpa_args, and compare as below. The declarative ones (a shape and options per case, no
+ * code of their own) are data: tests/engine/cases/sdpa_cases.json, whose format the comment
+ * above run_case_file describes; this file keeps the tests that need code (golden values,
+ * hand-made inputs, extra properties, concurrency, cancellation, validation). Every comparison:
  *
  * - output: max |engine - reference| <= 1e-5 * max|V|. The engine's scores are fp32, so each
  *   carries a rounding error e of a few 2^-24 |s| (about 1e-6 for the score magnitudes used
@@ -41,7 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GOLDEN_PATH "../shared/golden/seed_cases.json"
+#define GOLDEN_PATH     "../shared/golden/seed_cases.json"
+#define SDPA_CASES_PATH "tests/engine/cases/sdpa_cases.json"
 
 static eng_pool *pool;
 static bool quick;
@@ -758,6 +763,8 @@ static void test_alibi_default_slopes_match_formula(void)
 
 /* ---- Shapes ------------------------------------------------------------------------------- */
 
+/* The lengths test_random_configurations draws L and S from (sdpa_cases.json's grids list the
+ * same): block edges (63, 64, 65), several blocks, and the ragged 267, 514 and 1030. */
 static const int64_t all_lengths[] = {1, 2, 63, 64, 65, 267, 514, 1030};
 static const int64_t quick_lengths[] = {1, 2, 63, 64, 65, 267};
 
@@ -772,275 +779,7 @@ static int64_t length_at(size_t i)
     return quick ? quick_lengths[i] : all_lengths[i];
 }
 
-/* Every L against every S (self, L < S and L > S), no mask. */
-static void test_lengths_grid_unmasked(void)
-{
-    uint64_t rng = 101;
-    for (size_t li = 0; li < n_lengths(); li++)
-        for (size_t si = 0; si < n_lengths(); si++) {
-            problem p;
-            shape sh = shape_of(1, 2, 1, length_at(li), length_at(si), 16, 8);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            problem_outputs(&p, ENG_WEIGHTS_NONE, true);
-            p.note = "lengths grid";
-            compare(&p);
-            problem_free(&p);
-        }
-}
-
-/* Causal top-left over the same grid: rows i < S see keys 0..i; for L > S every row sees
- * something, and weights are written in full. */
-static void test_causal_top_left_grid(void)
-{
-    uint64_t rng = 102;
-    for (size_t li = 0; li < n_lengths(); li++)
-        for (size_t si = 0; si < n_lengths(); si++) {
-            problem p;
-            shape sh = shape_of(1, 1, 1, length_at(li), length_at(si), 64, 64);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            p.a.causal = true;
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "causal top_left grid";
-            compare(&p);
-            problem_free(&p);
-        }
-}
-
-/* Causal bottom-right (p_i = i + S - L): for L > S the first L - S rows see no key at all and
- * must come back as zeros with lse -inf. */
-static void test_causal_bottom_right_grid(void)
-{
-    uint64_t rng = 103;
-    int64_t empty_rows = 0;
-    for (size_t li = 0; li < n_lengths(); li++)
-        for (size_t si = 0; si < n_lengths(); si++) {
-            problem p;
-            shape sh = shape_of(1, 1, 1, length_at(li), length_at(si), 128, 128);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            p.a.causal = true;
-            p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "causal bottom_right grid";
-            compare_stats st = {0};
-            compare_with(&p, &st);
-            empty_rows += st.rows_empty;
-            problem_free(&p);
-        }
-    CHECK(empty_rows > 0); /* the L > S cases did exercise rows with no visible key */
-}
-
-/* Head sizes D in {8, 16, 64, 80, 128}, each with Dv = D and Dv != D, cross (L < S) and
- * L > S. */
-static void test_head_dims_and_value_dims(void)
-{
-    uint64_t rng = 104;
-    const int64_t dims[] = {8, 16, 64, 80, 128};
-    const int64_t other_dv[] = {24, 5, 48, 128, 32};
-    for (int t = 0; t < 5; t++)
-        for (int same = 0; same < 2; same++)
-            for (int cross = 0; cross < 2; cross++) {
-                problem p;
-                shape sh = shape_of(2, 2, 2, cross ? 65 : 267, cross ? (quick ? 267 : 514) : 63,
-                                    dims[t], same ? dims[t] : other_dv[t]);
-                problem_init(&p, &sh, &rng);
-                p.a.causal = (t % 2) == 1;
-                problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-                p.note = "head dims";
-                compare(&p);
-                problem_free(&p);
-            }
-}
-
-/* Grouped-query attention: query head h reads kv head h / (H / Hkv). */
-static void test_grouped_query_heads(void)
-{
-    uint64_t rng = 105;
-    const int64_t groups[][2] = {{8, 2}, {6, 2}, {8, 1}, {4, 4}, {6, 3}};
-    for (int t = 0; t < 5; t++) {
-        problem p;
-        shape sh = shape_of(2, groups[t][0], groups[t][1], 65, 130, 32, 16);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.causal = t % 2 == 0;
-        p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-        problem_outputs(&p, t % 2 ? ENG_WEIGHTS_MEAN : ENG_WEIGHTS_PER_HEAD, true);
-        p.note = "grouped-query";
-        compare(&p);
-        problem_free(&p);
-    }
-}
-
-/* ---- Positions: causal offsets and windows -------------------------------------------------- */
-
-/* An explicit query_offset, negative ones included: rows with p_i < 0 see nothing under
- * causal, and large offsets make causal a no-op. */
-static void test_explicit_query_offsets(void)
-{
-    uint64_t rng = 106;
-    const int64_t offsets[] = {-70, -64, -1, 0, 1, 5, 202, 266, 2000};
-    for (size_t t = 0; t < sizeof offsets / sizeof offsets[0]; t++) {
-        for (int with_window = 0; with_window < 2; with_window++) {
-            problem p;
-            shape sh = shape_of(1, 2, 2, 65, 267, 16, 16);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            p.a.causal = true;
-            p.a.align = ENG_ALIGN_OFFSET;
-            p.a.query_offset = offsets[t];
-            if (with_window) {
-                p.a.window_left_set = true;
-                p.a.window_left = 40;
-            }
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "explicit query_offset";
-            compare(&p);
-            problem_free(&p);
-        }
-    }
-    /* An offset with no causal mask only moves the window. */
-    problem p;
-    shape sh = shape_of(1, 1, 1, 64, 514, 16, 16);
-    problem_init(&p, &sh, &rng);
-    p.a.align = ENG_ALIGN_OFFSET;
-    p.a.query_offset = 300;
-    p.a.window_left_set = p.a.window_right_set = true;
-    p.a.window_left = 10;
-    p.a.window_right = 20;
-    problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-    p.note = "window around an offset, not causal";
-    compare(&p);
-    problem_free(&p);
-}
-
-/* Sliding windows: one-sided, two-sided, zero-width (the diagonal only), with and without
- * causal, over keys spanning several blocks so that skipped blocks are exercised. */
-static void test_sliding_window(void)
-{
-    uint64_t rng = 107;
-    struct {
-        bool ls, rs;
-        int64_t l, r;
-        bool causal;
-    } w[] = {
-        {true, true, 0, 0, false},   {true, false, 16, 0, false}, {false, true, 0, 16, false},
-        {true, true, 100, 3, false}, {true, true, 600, 0, true},  {true, false, 64, 0, true},
-        {true, true, 1, 1, false},   {false, true, 0, 0, false},  {true, false, 0, 0, false},
-    };
-    for (size_t t = 0; t < sizeof w / sizeof w[0]; t++) {
-        problem p;
-        shape sh = shape_of(1, 2, 1, quick ? 267 : 1030, quick ? 514 : 1030, 64, 64);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.window_left_set = w[t].ls;
-        p.a.window_right_set = w[t].rs;
-        p.a.window_left = w[t].l;
-        p.a.window_right = w[t].r;
-        p.a.causal = w[t].causal;
-        p.a.align = t % 2 ? ENG_ALIGN_BOTTOM_RIGHT : ENG_ALIGN_TOP_LEFT;
-        problem_outputs(&p, ENG_WEIGHTS_NONE, true);
-        p.note = "sliding window";
-        compare(&p);
-        problem_free(&p);
-    }
-}
-
 /* ---- Padding, lengths, masks -------------------------------------------------------------- */
-
-static void test_key_padding_per_batch_and_shared(void)
-{
-    uint64_t rng = 108;
-    for (int shared = 0; shared < 2; shared++)
-        for (int causal = 0; causal < 2; causal++) {
-            problem p;
-            shape sh = shape_of(3, 2, 2, 65, 267, 32, 32);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            problem_padding(&p, shared, 0, 0.3, &rng);
-            p.a.causal = causal;
-            p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "key padding";
-            compare(&p);
-            problem_free(&p);
-        }
-    /* A batch whose keys are all padding: every row of it sees nothing. */
-    problem p;
-    shape sh = shape_of(2, 1, 1, 5, 70, 8, 8);
-    problem_init(&p, &sh, &rng);
-    problem_padding(&p, false, 0, 0.0, &rng);
-    memset(p.pad + 70, 1, 70);
-    problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-    p.note = "second batch fully padded";
-    compare_stats st = {0};
-    compare_with(&p, &st);
-    CHECK_EQ_INT(st.rows_empty, 5);
-    problem_free(&p);
-}
-
-static void test_kv_lengths_including_zero(void)
-{
-    uint64_t rng = 109;
-    const int64_t S = quick ? 267 : 1030;
-    const int64_t lengths[5] = {0, 1, S / 2 + 1, S, 64};
-    for (int causal = 0; causal < 2; causal++) {
-        problem p;
-        shape sh = shape_of(5, 2, 1, 65, S, 64, 32);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        problem_kv_lengths(&p, lengths);
-        p.a.causal = causal;
-        p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-        problem_outputs(&p, ENG_WEIGHTS_MEAN, true);
-        p.note = "kv_lengths";
-        compare_stats st = {0};
-        compare_with(&p, &st);
-        CHECK(st.rows_empty >= 2 * 65); /* batch 0 (length 0) sees nothing */
-        problem_free(&p);
-    }
-}
-
-/* Every broadcast shape [B|1, H|1, L|1, S|1] of a boolean and of a float mask. */
-static void test_attn_mask_broadcast_shapes(void)
-{
-    uint64_t rng = 110;
-    const int64_t B = 2, H = 3, L = 33, S = 70;
-    for (int kind = 0; kind < 2; kind++)
-        for (int bits = 0; bits < 16; bits++) {
-            int64_t ne[4] = {bits & 8 ? B : 1, bits & 4 ? H : 1, bits & 2 ? L : 1,
-                             bits & 1 ? S : 1};
-            problem p;
-            shape sh = shape_of(B, H, 1, L, S, 16, 8);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            problem_mask(&p, kind ? ENG_MASK_FLOAT : ENG_MASK_BOOL, ne, 0.8, &rng);
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "attn_mask broadcast";
-            compare(&p);
-            problem_free(&p);
-        }
-    /* The same over several query and key blocks. */
-    const int64_t big[3][4] = {{2, 1, 1, 1}, {1, 2, 1, 1}, {1, 1, 1, 1}};
-    for (int t = 0; t < 6; t++) {
-        problem p;
-        shape sh = shape_of(2, 2, 1, quick ? 130 : 267, quick ? 267 : 1030, 64, 64);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        int64_t ne[4] = {big[t % 3][0], big[t % 3][1], t % 3 == 2 ? 1 : sh.L, sh.S};
-        if (t % 3 == 0)
-            ne[0] = 2;
-        if (t % 3 == 1)
-            ne[1] = 2;
-        problem_mask(&p, t < 3 ? ENG_MASK_BOOL : ENG_MASK_FLOAT, ne, 0.7, &rng);
-        p.a.causal = t % 2 == 0;
-        problem_outputs(&p, ENG_WEIGHTS_NONE, true);
-        p.note = "attn_mask broadcast, several blocks";
-        compare(&p);
-        problem_free(&p);
-    }
-}
 
 /* A [L, S] mask stored transposed ([S, L] memory) and one with padded rows: the mask strides are
  * free like the views' (only the operands need an inner stride of 1). */
@@ -1114,103 +853,7 @@ static void test_large_finite_negative_mask_is_not_empty(void)
     }
 }
 
-/* Several rules at once, as real requests combine them. */
-static void test_mask_combinations(void)
-{
-    uint64_t rng = 113;
-    for (int t = 0; t < 8; t++) {
-        problem p;
-        shape sh = shape_of(2, 4, 2, t < 4 ? 65 : 267, quick ? 267 : 514, 64, 48);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.causal = t % 2 == 0;
-        p.a.align = (eng_align)(t % 3);
-        p.a.query_offset = t % 3 == 2 ? 100 : 0;
-        if (t & 1) {
-            p.a.window_left_set = true;
-            p.a.window_left = 50 + 20 * t;
-        }
-        if (t & 2)
-            problem_padding(&p, t & 4, 0, 0.2, &rng);
-        else {
-            int64_t lengths[2] = {sh.S - 17 * t, sh.S / 2};
-            problem_kv_lengths(&p, lengths);
-        }
-        int64_t ne[4] = {t & 4 ? 2 : 1, t & 1 ? 4 : 1, sh.L, sh.S};
-        problem_mask(&p, t & 2 ? ENG_MASK_FLOAT : ENG_MASK_BOOL, ne, 0.85, &rng);
-        if (t % 4 == 3)
-            problem_explicit_slopes(&p, &rng);
-        else if (t % 4 == 1)
-            p.a.alibi = true;
-        if (t == 5)
-            p.a.softcap = 5.0f;
-        problem_outputs(&p, t & 1 ? ENG_WEIGHTS_MEAN : ENG_WEIGHTS_PER_HEAD, true);
-        p.note = "combination";
-        compare(&p);
-        problem_free(&p);
-    }
-}
-
 /* ---- Biases and score transforms ---------------------------------------------------------- */
-
-/* ALiBi with 12 heads (not a power of two): default and explicit slopes, causal or not. */
-static void test_alibi_twelve_heads(void)
-{
-    uint64_t rng = 114;
-    for (int t = 0; t < 4; t++) {
-        problem p;
-        shape sh = shape_of(1, 12, t < 2 ? 12 : 4, 65, quick ? 267 : 514, 32, 32);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.alibi = true;
-        if (t % 2)
-            problem_explicit_slopes(&p, &rng);
-        p.a.causal = t >= 2;
-        p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-        problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-        p.note = "alibi 12 heads";
-        compare(&p);
-        problem_free(&p);
-    }
-    /* Without causal the bias is symmetric: -slope * |p_i - j| for keys on either side. */
-    problem p;
-    shape sh = shape_of(1, 8, 8, 130, 130, 16, 16);
-    problem_init(&p, &sh, &rng);
-    p.a.alibi = true;
-    problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-    p.note = "alibi symmetric";
-    compare(&p);
-    problem_free(&p);
-}
-
-/* Softcap acts on scale * q.k before masks and biases: s = cap * tanh(s / cap). */
-static void test_softcap(void)
-{
-    uint64_t rng = 115;
-    const float caps[] = {5.0f, 30.0f, 1.0f};
-    for (int t = 0; t < 3; t++)
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            problem p;
-            shape sh = shape_of(1, 4, 2, 65, 267, 64, 64);
-            sh.q_amp = t == 1 ? 5.0 : 4.0;
-            problem_init(&p, &sh, &rng);
-            if (t == 1) /* scores of magnitude ~10-30 so that cap 30 bends them */
-                for (size_t i = 0; i < p.nk; i++)
-                    p.k[i] *= 5.0f;
-            p.a.softcap = caps[t];
-            if (with_bias) {
-                p.a.alibi = true;
-                int64_t ne[4] = {1, 1, 65, 267};
-                problem_mask(&p, ENG_MASK_FLOAT, ne, 0.9, &rng);
-                p.a.causal = true;
-                p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-            }
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = "softcap";
-            compare(&p);
-            problem_free(&p);
-        }
-}
 
 /* scale 0 gives the plain mean of the visible values; negative scales flip the preference. */
 static void test_zero_and_negative_scale(void)
@@ -1239,36 +882,6 @@ static void test_zero_and_negative_scale(void)
         }
         problem_free(&p);
     }
-}
-
-/* Keys whose first whole block is masked: the online softmax starts from a block with no
- * visible key (running max -inf) and must not produce NaN. */
-static void test_fully_masked_first_key_block(void)
-{
-    uint64_t rng = 117;
-    const int64_t S = quick ? 514 : 1030;
-    struct {
-        int64_t D, first;
-    } cases[] = {{128, 300}, {64, 600}, {16, S - 10}};
-    for (int t = 0; t < 3; t++)
-        for (int how = 0; how < 2; how++) {
-            int64_t first = cases[t].first < S - 14 ? cases[t].first : S - 14;
-            problem p;
-            shape sh = shape_of(2, 2, 1, 65, S, cases[t].D, cases[t].D);
-            sh.q_amp = 2.0;
-            problem_init(&p, &sh, &rng);
-            if (how == 0) {
-                problem_padding(&p, false, first, 0.1, &rng);
-            } else {
-                int64_t ne[4] = {1, 1, 1, S};
-                problem_mask(&p, ENG_MASK_BOOL, ne, 0.9, &rng);
-                memset(p.mask, 0, (size_t)first);
-            }
-            problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-            p.note = how == 0 ? "first keys padded" : "first keys masked off";
-            compare(&p);
-            problem_free(&p);
-        }
 }
 
 /* Rows with no visible key, made every way the rules allow: output 0, weights 0, lse -inf. */
@@ -1413,26 +1026,6 @@ static void test_row_maximum_arrives_late(void)
 
 /* ---- Layouts ------------------------------------------------------------------------------ */
 
-/* Inputs viewed from [B, L, H, D] memory (non-contiguous head and row strides), and a strided
- * output with gaps that must stay untouched. */
-static void test_strided_views_and_output(void)
-{
-    uint64_t rng = 121;
-    for (int t = 0; t < 4; t++) {
-        problem p;
-        shape sh = shape_of(2, 4, t < 2 ? 4 : 2, 65, t % 2 ? 267 : 63, 64, 32);
-        sh.interleaved = t != 3;
-        sh.out_pad = t == 0 ? 0 : 5;
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.causal = t % 2 == 1;
-        problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-        p.note = "strided views";
-        compare(&p);
-        problem_free(&p);
-    }
-}
-
 /* A stride of 0 broadcasts: every query head reading one shared key/value head through
  * head stride 0, and two batches sharing one query through batch stride 0. */
 static void test_zero_stride_broadcast_views(void)
@@ -1517,55 +1110,6 @@ static void test_nonfinite_inputs_are_reported(void)
         const char *what[3] = {"NaN in v", "inf in k", "NaN in q"};
         CHECKF(st == ENG_ENONFINITE || st == ENG_EINVAL, "%s: status %s", what[t],
                eng_status_str(st));
-        problem_free(&p);
-    }
-}
-
-/* Additive (Bahdanau) scoring, s = v . tanh(W_q q + W_k k) with no scale, under the same masks,
- * positions, softcap and outputs as the dot product. */
-static void test_additive_scoring(void)
-{
-    uint64_t rng = 134;
-    for (int t = 0; t < 6; t++) {
-        problem p;
-        shape sh = shape_of(2, 4, t % 2 ? 2 : 4, t == 4 ? 1 : 65, t == 4 ? 4097 : 130 + 7 * t,
-                            t == 5 ? 80 : 16, 24);
-        problem_init(&p, &sh, &rng);
-        problem_additive(&p, t == 3 ? 1 : 8 + 8 * t, 0.5, &rng);
-        switch (t) {
-        case 0:
-            break;
-        case 1:
-            p.a.causal = true;
-            break;
-        case 2: {
-            int64_t ne[4] = {2, 1, 65, sh.S};
-            problem_mask(&p, ENG_MASK_FLOAT, ne, 0.9, &rng);
-            p.a.softcap = 2.0f;
-            break;
-        }
-        case 3:
-            problem_padding(&p, false, 20, 0.3, &rng);
-            p.a.window_left_set = true;
-            p.a.window_left = 30;
-            break;
-        case 4: {
-            int64_t lengths[2] = {4000, 1000};
-            problem_kv_lengths(&p, lengths);
-            break;
-        }
-        case 5:
-            p.a.alibi = true;
-            p.a.causal = true;
-            p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-            break;
-        }
-        /* A scale must not apply to additive scores. */
-        p.a.scale_set = t == 1;
-        p.a.scale = 7.0f;
-        problem_outputs(&p, t % 3 == 0 ? ENG_WEIGHTS_PER_HEAD : ENG_WEIGHTS_NONE, true);
-        p.note = "additive scoring";
-        compare(&p);
         problem_free(&p);
     }
 }
@@ -1660,122 +1204,433 @@ static void test_random_configurations(void)
     }
 }
 
-/* ---- Open tail keys ------------------------------------------------------------------------ */
+/* ---- The data cases: tests/engine/cases/sdpa_cases.json ---------------------------------- */
 
-/* The last open_tail_keys keys (an MHA layer's bias_kv / zero attention) are seen by every
- * query whatever causal, window, padding, kv_lengths, masks and ALiBi say; the masks and the
- * padding cover only the keys before them. */
-static void test_open_tail_keys_are_always_visible(void)
+/* The declarative part of this specification lives in a data file (ATTND_SDPA_CASES names
+ * another): {"tests": [TEST, ...]}, each TEST one named behaviour, run as one test here:
+ *
+ *   {"name": "...", "about": "...",  the behaviour, and what it shows
+ *    "seed": 101,                    one random sequence for the whole test, drawn case by case
+ *    "within_s": 120,                the time limit of the test (RUN_WITHIN)
+ *    "grid": {"L": [...], "S": [...]},  optional: every case once per (L, S), L outer, with
+ *    "quick_grid": {...},            "$L" and "$S" in its shape; quick_grid under QUICK
+ *    "rows_empty_total": {"min": 1}, optional: over all cases, rows with no visible key
+ *    "cases": [CASE, ...]}
+ *
+ *   CASE: {"shape": [B, H, Hkv, L, S, D, Dv],       q entries in [-q_amp, q_amp), k and v in
+ *          "q_amp": 2, "k_amp": 5,                  [-1, 1) (k then times k_amp)
+ *          "interleaved": true, "out_pad": 5,       [B, L, H, D] memory; gaps in the output
+ *          "quick": {"S": 267, ...} | "skip",       under ATTND_TEST_QUICK=1: fields that
+ *                                                   replace the case's (L, S: the shape's)
+ *          "causal": true, "align": "top_left" | "bottom_right" | "offset", "query_offset": n,
+ *          "window": [left | null, right | null], "scale": x, "softcap": x,
+ *          "alibi": "default" | "explicit", "open_tail_keys": n,
+ *          "additive": {"dim": A, "amp": 0.5},      W_q, W_k in +-amp, v in +-1
+ *          "padding": {"shared": false, "first": n, "fraction": f, "padded_batches": [b]},
+ *          "kv_lengths": [n, ...],                  one per batch
+ *          "mask": {"kind": "bool" | "float", "ne": [1 | "B", 1 | "H", 1 | "L", 1 | "S"],
+ *                   "density": d, "zero_prefix": n},  the first n elements hidden
+ *          "weights": "none" | "per_head" | "mean", "lse": true,   the outputs compared
+ *          "then_weights": "per_head",              the same problem compared once more
+ *          "rows_empty": n | {"min": n},            rows with no visible key
+ *          "note": "..."}
+ *
+ * Numbers that depend on the shape may be written as expressions of S, L, B, H and integers
+ * with + - * / ("S/2+1", "S-14"). Each case is compared with the reference as compare_with
+ * says (the tolerances of the file comment); the random draws happen in a fixed order (q, k,
+ * v; additive; padding; mask; explicit slopes), the order the hand-written tests used. */
+
+static const char *const test_keys[] = {"name", "about",      "seed",  "within_s",
+                                        "grid", "quick_grid", "cases", "rows_empty_total"};
+static const char *const case_keys[] = {
+    "note",        "shape",      "quick",        "q_amp", "k_amp",
+    "interleaved", "out_pad",    "causal",       "align", "query_offset",
+    "window",      "scale",      "softcap",      "alibi", "open_tail_keys",
+    "additive",    "padding",    "kv_lengths",   "mask",  "weights",
+    "lse",         "rows_empty", "then_weights", "L",     "S"};
+static const char *const padding_keys[] = {"shared", "first", "fraction", "padded_batches"};
+static const char *const mask_keys[] = {"kind", "ne", "density", "zero_prefix"};
+static const char *const additive_keys[] = {"dim", "amp"};
+
+static json_t *case_file;
+static const json_t *case_test; /* the TEST being run */
+static char case_where[160];    /* "test name, case i", for failure messages */
+
+static bool keys_known(const json_t *obj, const char *const *keys, size_t n, const char *what)
 {
-    uint64_t rng = 130;
-    for (int t = 0; t < 6; t++) {
-        int64_t tail = t % 2 ? 2 : 1, S_main = 130;
-        problem p;
-        shape sh = shape_of(2, 4, 2, 65, S_main + tail, 32, 16);
-        sh.q_amp = 2.0;
-        problem_init(&p, &sh, &rng);
-        p.a.open_tail_keys = tail;
-        switch (t) {
-        case 0:
-            p.a.causal = true;
-            break;
-        case 1: { /* batch 1 has no keys of its own: only the tail */
-            int64_t lengths[2] = {100, 0};
-            problem_kv_lengths(&p, lengths);
-            p.a.causal = true;
-            p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-            break;
-        }
-        case 2: {
-            int64_t ne[4] = {2, 1, 65, S_main};
-            problem_mask(&p, ENG_MASK_BOOL, ne, 0.6, &rng);
-            memset(p.mask, 0, 65 * (size_t)S_main); /* batch 0 masks every own key */
-            break;
-        }
-        case 3: {
-            int64_t ne[4] = {1, 4, 65, S_main};
-            problem_mask(&p, ENG_MASK_FLOAT, ne, 0.8, &rng);
-            p.a.alibi = true;
-            break;
-        }
-        case 4:
-            problem_padding(&p, false, 40, 0.3, &rng);
-            p.a.window_left_set = p.a.window_right_set = true;
-            p.a.window_left = 3;
-            p.a.window_right = 3;
-            break;
-        case 5:
-            p.a.causal = true;
-            p.a.align = ENG_ALIGN_OFFSET;
-            p.a.query_offset = -100; /* no own key visible to any query */
-            problem_padding(&p, true, 0, 0.5, &rng);
-            break;
-        }
-        problem_outputs(&p, t % 2 ? ENG_WEIGHTS_MEAN : ENG_WEIGHTS_PER_HEAD, true);
-        p.note = "open tail keys";
-        compare_stats st = {0};
-        compare_with(&p, &st);
-        CHECK_EQ_INT(st.rows_empty, 0);
-        problem_free(&p);
+    const char *key;
+    json_t *v;
+    bool ok = json_is_object(obj);
+    CHECKF(ok, "%s: %s is not an object", case_where, what);
+    json_object_foreach((json_t *)obj, key, v)
+    {
+        size_t i = 0;
+        while (i < n && strcmp(keys[i], key) != 0)
+            i++;
+        CHECKF(i < n, "%s: unknown key \"%s\" in %s", case_where, key, what);
+        ok = ok && i < n;
     }
+    return ok;
+}
+#define KEYS_KNOWN(obj, keys, what) keys_known(obj, keys, sizeof keys / sizeof keys[0], what)
+
+/* An integer expression of the shape: integers, S, L, B, H, + - * / (left to right, * and /
+ * first). Sets *ok to false on a syntax error. */
+static int64_t expr_primary(const char **s, const shape *sh, bool *ok)
+{
+    while (**s == ' ')
+        (*s)++;
+    char c = **s;
+    if (c >= '0' && c <= '9') {
+        char *end;
+        long long v = strtoll(*s, &end, 10);
+        *s = end;
+        return v;
+    }
+    (*s)++;
+    switch (c) {
+    case 'S':
+        return sh->S;
+    case 'L':
+        return sh->L;
+    case 'B':
+        return sh->B;
+    case 'H':
+        return sh->H;
+    default:
+        *ok = false;
+        return 0;
+    }
+}
+
+static int64_t expr_term(const char **s, const shape *sh, bool *ok)
+{
+    int64_t v = expr_primary(s, sh, ok);
+    for (;;) {
+        while (**s == ' ')
+            (*s)++;
+        char op = **s;
+        if (op != '*' && op != '/')
+            return v;
+        (*s)++;
+        int64_t r = expr_primary(s, sh, ok);
+        if (op == '/' && r == 0) {
+            *ok = false;
+            return 0;
+        }
+        v = op == '*' ? v * r : v / r;
+    }
+}
+
+static int64_t case_int(const json_t *v, const shape *sh, const char *what)
+{
+    if (json_is_integer(v))
+        return json_integer_value(v);
+    const char *text = json_string_value(v), *s = text;
+    bool ok = text != NULL;
+    int64_t x = ok ? expr_term(&s, sh, &ok) : 0;
+    while (ok && *s) {
+        while (*s == ' ')
+            s++;
+        char op = *s++;
+        if (op != '+' && op != '-') {
+            ok = false;
+            break;
+        }
+        int64_t r = expr_term(&s, sh, &ok);
+        x = op == '+' ? x + r : x - r;
+    }
+    CHECKF(ok, "%s: %s is not an integer or an expression of S, L, B, H", case_where, what);
+    return ok ? x : 0;
+}
+
+static eng_weights_mode weights_mode_of(const json_t *v)
+{
+    const char *s = json_string_value(v);
+    if (!v || (s && strcmp(s, "none") == 0))
+        return ENG_WEIGHTS_NONE;
+    if (s && strcmp(s, "per_head") == 0)
+        return ENG_WEIGHTS_PER_HEAD;
+    CHECKF(s && strcmp(s, "mean") == 0, "%s: weights \"%s\"", case_where, s ? s : "?");
+    return ENG_WEIGHTS_MEAN;
+}
+
+/* Builds the case's shape: the "shape" array, "$L" and "$S" from the grid point, then "L" and
+ * "S" fields (which "quick" may bring). */
+static bool case_shape(const json_t *c, int64_t grid_l, int64_t grid_s, shape *sh)
+{
+    const json_t *a = json_object_get(c, "shape");
+    memset(sh, 0, sizeof *sh);
+    CHECKF(json_array_size(a) == 7, "%s: shape is not [B, H, Hkv, L, S, D, Dv]", case_where);
+    if (json_array_size(a) != 7)
+        return false;
+    int64_t d[7];
+    for (size_t i = 0; i < 7; i++) {
+        const char *s = json_string_value(json_array_get(a, i));
+        if (s && strcmp(s, "$L") == 0)
+            d[i] = grid_l;
+        else if (s && strcmp(s, "$S") == 0)
+            d[i] = grid_s;
+        else
+            d[i] = json_integer_value(json_array_get(a, i));
+        CHECKF(d[i] > 0, "%s: shape[%zu] is not a positive integer (or $L, $S in a grid)",
+               case_where, i);
+        if (d[i] <= 0)
+            return false;
+    }
+    *sh = shape_of(d[0], d[1], d[2], d[3], d[4], d[5], d[6]);
+    if (json_object_get(c, "L"))
+        sh->L = json_integer_value(json_object_get(c, "L"));
+    if (json_object_get(c, "S"))
+        sh->S = json_integer_value(json_object_get(c, "S"));
+    sh->interleaved = json_is_true(json_object_get(c, "interleaved"));
+    sh->out_pad = json_integer_value(json_object_get(c, "out_pad"));
+    sh->q_amp = json_number_value(json_object_get(c, "q_amp"));
+    return true;
+}
+
+/* Sets the options that draw no random numbers. */
+static void case_options(const json_t *c, problem *p)
+{
+    eng_sdpa_args *a = &p->a;
+    const json_t *v;
+    a->causal = json_is_true(json_object_get(c, "causal"));
+    const char *align = json_string_value(json_object_get(c, "align"));
+    if (align && strcmp(align, "bottom_right") == 0)
+        a->align = ENG_ALIGN_BOTTOM_RIGHT;
+    else if (align && strcmp(align, "offset") == 0)
+        a->align = ENG_ALIGN_OFFSET;
+    else
+        CHECKF(!align || strcmp(align, "top_left") == 0, "%s: align \"%s\"", case_where, align);
+    if ((v = json_object_get(c, "query_offset")))
+        a->query_offset = case_int(v, &p->sh, "query_offset");
+    if ((v = json_object_get(c, "window"))) {
+        CHECKF(json_array_size(v) == 2, "%s: window is not [left, right]", case_where);
+        const json_t *l = json_array_get(v, 0), *r = json_array_get(v, 1);
+        a->window_left_set = l && !json_is_null(l);
+        a->window_right_set = r && !json_is_null(r);
+        a->window_left = a->window_left_set ? case_int(l, &p->sh, "window[0]") : 0;
+        a->window_right = a->window_right_set ? case_int(r, &p->sh, "window[1]") : 0;
+    }
+    if ((v = json_object_get(c, "scale"))) {
+        a->scale_set = true;
+        a->scale = (float)json_number_value(v);
+    }
+    a->softcap = (float)json_number_value(json_object_get(c, "softcap"));
+    const char *alibi = json_string_value(json_object_get(c, "alibi"));
+    CHECKF(!json_object_get(c, "alibi") ||
+               (alibi && (strcmp(alibi, "default") == 0 || strcmp(alibi, "explicit") == 0)),
+           "%s: alibi is \"default\" or \"explicit\"", case_where);
+    a->alibi = alibi != NULL;
+    if ((v = json_object_get(c, "open_tail_keys")))
+        a->open_tail_keys = case_int(v, &p->sh, "open_tail_keys");
+    double k_amp = json_number_value(json_object_get(c, "k_amp"));
+    if (k_amp != 0)
+        for (size_t i = 0; i < p->nk; i++)
+            p->k[i] *= (float)k_amp;
+}
+
+/* The options that draw random numbers, in the order of the file comment. */
+static void case_random_options(const json_t *c, problem *p, uint64_t *rng)
+{
+    const shape *sh = &p->sh;
+    const json_t *v;
+    if ((v = json_object_get(c, "additive")) && KEYS_KNOWN(v, additive_keys, "additive"))
+        problem_additive(p, case_int(json_object_get(v, "dim"), sh, "additive.dim"),
+                         json_number_value(json_object_get(v, "amp")), rng);
+    if ((v = json_object_get(c, "padding")) && KEYS_KNOWN(v, padding_keys, "padding")) {
+        bool shared = json_is_true(json_object_get(v, "shared"));
+        problem_padding(p, shared, case_int(json_object_get(v, "first"), sh, "padding.first"),
+                        json_number_value(json_object_get(v, "fraction")), rng);
+        const json_t *rows = json_object_get(v, "padded_batches");
+        int64_t S = sh->S - p->a.open_tail_keys;
+        for (size_t i = 0; i < json_array_size(rows); i++) {
+            int64_t b = json_integer_value(json_array_get(rows, i));
+            CHECKF(!shared && b >= 0 && b < sh->B, "%s: padded_batches[%zu]", case_where, i);
+            if (!shared && b >= 0 && b < sh->B)
+                memset(p->pad + b * S, 1, (size_t)S);
+        }
+    }
+    if ((v = json_object_get(c, "kv_lengths"))) {
+        int64_t lengths[16];
+        bool ok = (int64_t)json_array_size(v) == sh->B && sh->B <= 16;
+        CHECKF(ok, "%s: kv_lengths needs one length per batch (%lld)", case_where,
+               (long long)sh->B);
+        for (int64_t b = 0; ok && b < sh->B; b++)
+            lengths[b] = case_int(json_array_get(v, (size_t)b), sh, "kv_lengths[]");
+        if (ok)
+            problem_kv_lengths(p, lengths);
+    }
+    if ((v = json_object_get(c, "mask")) && KEYS_KNOWN(v, mask_keys, "mask")) {
+        const char *kind = json_string_value(json_object_get(v, "kind"));
+        const json_t *ne_j = json_object_get(v, "ne");
+        int64_t ne[4], full[4] = {sh->B, sh->H, sh->L, sh->S - p->a.open_tail_keys};
+        bool ok = kind && (strcmp(kind, "bool") == 0 || strcmp(kind, "float") == 0) &&
+                  json_array_size(ne_j) == 4;
+        CHECKF(ok, "%s: mask needs kind \"bool\" or \"float\" and ne of 4", case_where);
+        for (size_t d = 0; ok && d < 4; d++) {
+            const json_t *x = json_array_get(ne_j, d);
+            ne[d] = json_is_integer(x) ? json_integer_value(x) : case_int(x, sh, "mask.ne[]");
+            ok = ne[d] == 1 || ne[d] == full[d];
+            CHECKF(ok, "%s: mask.ne[%zu] is %lld, not 1 or %lld", case_where, d, (long long)ne[d],
+                   (long long)full[d]);
+        }
+        if (ok) {
+            bool is_bool = strcmp(kind, "bool") == 0;
+            problem_mask(p, is_bool ? ENG_MASK_BOOL : ENG_MASK_FLOAT, ne,
+                         json_number_value(json_object_get(v, "density")), rng);
+            const json_t *z = json_object_get(v, "zero_prefix");
+            int64_t n = z ? case_int(z, sh, "mask.zero_prefix") : 0;
+            CHECKF(n >= 0 && n <= ne[0] * ne[1] * ne[2] * ne[3], "%s: zero_prefix %lld", case_where,
+                   (long long)n);
+            for (int64_t i = 0; i < n && n <= ne[0] * ne[1] * ne[2] * ne[3]; i++) {
+                if (is_bool)
+                    ((uint8_t *)p->mask)[i] = 0;
+                else
+                    ((float *)p->mask)[i] = -INFINITY;
+            }
+        }
+    }
+    const char *alibi = json_string_value(json_object_get(c, "alibi"));
+    if (alibi && strcmp(alibi, "explicit") == 0)
+        problem_explicit_slopes(p, rng);
+}
+
+/* Runs one CASE at a grid point (0, 0 outside a grid); adds its empty rows to *rows_empty. */
+static void run_case(const json_t *c0, int64_t grid_l, int64_t grid_s, uint64_t *rng,
+                     int64_t *rows_empty)
+{
+    if (!KEYS_KNOWN(c0, case_keys, "the case"))
+        return;
+    const json_t *q = json_object_get(c0, "quick");
+    if (quick && json_is_string(q)) {
+        CHECKF(strcmp(json_string_value(q), "skip") == 0, "%s: quick is an object or \"skip\"",
+               case_where);
+        return;
+    }
+    json_t *c = json_deep_copy(c0);
+    if (quick && json_is_object(q))
+        json_object_update(c, (json_t *)q);
+    json_object_del(c, "quick");
+    if (!KEYS_KNOWN(c, case_keys, "the case (quick fields included)")) {
+        json_decref(c);
+        return;
+    }
+    shape sh;
+    if (!case_shape(c, grid_l, grid_s, &sh)) {
+        json_decref(c);
+        return;
+    }
+    problem p;
+    problem_init(&p, &sh, rng);
+    case_options(c, &p);
+    case_random_options(c, &p, rng);
+    problem_outputs(&p, weights_mode_of(json_object_get(c, "weights")),
+                    json_is_true(json_object_get(c, "lse")));
+    const char *note = json_string_value(json_object_get(c, "note"));
+    char note_buf[256];
+    snprintf(note_buf, sizeof note_buf, "%s%s%s", case_where, note ? ": " : "", note ? note : "");
+    p.note = note_buf;
+    compare_stats st = {0};
+    compare_with(&p, &st);
+    *rows_empty += st.rows_empty;
+    const json_t *want = json_object_get(c, "rows_empty");
+    if (json_is_integer(want))
+        CHECKF(st.rows_empty == json_integer_value(want),
+               "[%s] %lld rows with no visible key, want %lld", note_buf, (long long)st.rows_empty,
+               (long long)json_integer_value(want));
+    else if (want)
+        CHECKF(st.rows_empty >= json_integer_value(json_object_get(want, "min")),
+               "[%s] %lld rows with no visible key, want at least %lld", note_buf,
+               (long long)st.rows_empty,
+               (long long)json_integer_value(json_object_get(want, "min")));
+    if (json_object_get(c, "then_weights")) {
+        problem_outputs(&p, weights_mode_of(json_object_get(c, "then_weights")), true);
+        snprintf(note_buf + strlen(note_buf), sizeof note_buf - strlen(note_buf),
+                 " (then with weights)");
+        compare(&p);
+    }
+    problem_free(&p);
+    json_decref(c);
+}
+
+static void run_case_test(void)
+{
+    const json_t *t = case_test;
+    const char *name = json_string_value(json_object_get(t, "name"));
+    snprintf(case_where, sizeof case_where, "%s", name ? name : "?");
+    if (!KEYS_KNOWN(t, test_keys, "the test"))
+        return;
+    const json_t *cases = json_object_get(t, "cases");
+    CHECKF(json_array_size(cases) > 0, "%s: no cases", name);
+    uint64_t rng = (uint64_t)json_integer_value(json_object_get(t, "seed"));
+    const json_t *grid = json_object_get(t, quick ? "quick_grid" : "grid");
+    const json_t *ls = json_object_get(grid, "L"), *ss = json_object_get(grid, "S");
+    CHECKF(!grid || (json_array_size(ls) > 0 && json_array_size(ss) > 0),
+           "%s: a grid needs lists L and S", name);
+    size_t nl = grid ? json_array_size(ls) : 1, ns = grid ? json_array_size(ss) : 1;
+    int64_t rows_empty = 0;
+    for (size_t li = 0; li < nl; li++)
+        for (size_t si = 0; si < ns; si++)
+            for (size_t i = 0; i < json_array_size(cases); i++) {
+                int64_t gl = grid ? json_integer_value(json_array_get(ls, li)) : 0;
+                int64_t gs = grid ? json_integer_value(json_array_get(ss, si)) : 0;
+                if (grid)
+                    snprintf(case_where, sizeof case_where, "%s, case %zu at L=%lld S=%lld", name,
+                             i, (long long)gl, (long long)gs);
+                else
+                    snprintf(case_where, sizeof case_where, "%s, case %zu", name, i);
+                run_case(json_array_get(cases, i), gl, gs, &rng, &rows_empty);
+            }
+    const json_t *total = json_object_get(t, "rows_empty_total");
+    if (total)
+        CHECKF(rows_empty >= json_integer_value(json_object_get(total, "min")),
+               "%s: %lld rows with no visible key over all cases, want at least %lld", name,
+               (long long)rows_empty, (long long)json_integer_value(json_object_get(total, "min")));
+}
+
+/* The case file reads as JSON, names only known keys and holds tests. */
+static void test_case_file_loads(void)
+{
+    static const char *const file_keys[] = {"about", "tolerances", "tests"};
+    const char *path = getenv("ATTND_SDPA_CASES") ? getenv("ATTND_SDPA_CASES") : SDPA_CASES_PATH;
+    json_error_t jerr;
+    snprintf(case_where, sizeof case_where, "%s", path);
+    case_file = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    CHECKF(case_file != NULL, "%s: %s (run from the repository root)", path, jerr.text);
+    CHECKF(!case_file || json_array_size(json_object_get(case_file, "tests")) > 0,
+           "%s: no \"tests\"", path);
+    if (case_file)
+        KEYS_KNOWN(case_file, file_keys, "the file");
+}
+
+/* Runs every TEST of the case file as one named test. */
+static void run_case_file(void)
+{
+    RUN(test_case_file_loads);
+    const json_t *tests = json_object_get(case_file, "tests");
+    if (!case_file || check__failures_in_test > 0) { /* the failures of test_case_file_loads */
+        json_decref(case_file);
+        return;
+    }
+    static char test_name[128]; /* the harness keeps pointing at the name */
+    for (size_t i = 0; i < json_array_size(tests); i++) {
+        case_test = json_array_get(tests, i);
+        const char *name = json_string_value(json_object_get(case_test, "name"));
+        snprintf(test_name, sizeof test_name, "test_%s", name ? name : "unnamed");
+        json_int_t within = json_integer_value(json_object_get(case_test, "within_s"));
+        check__run_within(test_name, run_case_test, within > 0 ? (unsigned)within : 120);
+    }
+    json_decref(case_file);
 }
 
 /* ---- Decode-shaped requests --------------------------------------------------------------- */
 
-/* Few query rows against many keys: the engine splits the keys over workers and merges the
- * partial results by LSE. */
-static void test_decode_shapes_split_over_keys(void)
+/* A batch of one decode row whose keys are mostly invisible: one chunk of the key split sees
+ * nothing. (The other decode shapes are data cases, test_decode_shapes_split_over_keys.) */
+static void test_decode_with_almost_every_key_hidden(void)
 {
-    uint64_t rng = 123;
-    const int64_t lengths_full[] = {1000, 4097, 20000};
-    const int64_t lengths_quick[] = {1000, 5000};
-    size_t nlen = quick ? 2 : 3;
-    for (int64_t L = 1; L <= 4; L++)
-        for (size_t si = 0; si < nlen; si++) {
-            int64_t S = quick ? lengths_quick[si] : lengths_full[si];
-            /* Few (batch, head) pairs, so that the engine has too few tasks for its workers
-             * and splits the keys. */
-            const int64_t bhk[4][3] = {{1, 1, 1}, {1, 2, 1}, {2, 1, 1}, {1, 4, 2}};
-            const int64_t *g = bhk[(L + 2 * (int64_t)si) % 4];
-            problem p;
-            shape sh = shape_of(g[0], g[1], g[2], L, S, L == 3 ? 128 : 64, L == 2 ? 32 : 64);
-            sh.interleaved = L == 4;
-            sh.q_amp = 3.0;
-            problem_init(&p, &sh, &rng);
-            switch ((L + (int64_t)si) % 4) {
-            case 0: {
-                int64_t lengths[2] = {S - 3, S / 3};
-                problem_kv_lengths(&p, lengths); /* reads B = 1 or 2 of them */
-                p.a.causal = true;
-                p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-                break;
-            }
-            case 1:
-                p.a.alibi = true;
-                p.a.causal = true;
-                p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-                break;
-            case 2:
-                problem_padding(&p, false, S / 2, 0.05, &rng);
-                break;
-            case 3:
-                p.a.window_left_set = true;
-                p.a.window_left = S / 4;
-                p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
-                break;
-            }
-            problem_outputs(&p, ENG_WEIGHTS_NONE, true);
-            p.note = "decode";
-            compare(&p);
-            /* The same with weights requested (which computes the LSE first). */
-            if (L <= 2 && si == 0) {
-                problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
-                p.note = "decode with weights";
-                compare(&p);
-            }
-            problem_free(&p);
-        }
-    /* A batch of one row whose keys are mostly invisible: one split chunk sees nothing. */
+    uint64_t rng = 135;
     problem p;
     shape sh = shape_of(1, 1, 1, 1, quick ? 5000 : 20000, 64, 64);
     problem_init(&p, &sh, &rng);
@@ -2569,35 +2424,19 @@ int main(void)
     RUN_WITHIN(test_rejects_overflowing_sizes, 60);
     RUN_WITHIN(test_rejects_dims_beyond_blas, 60);
 
-    RUN_WITHIN(test_lengths_grid_unmasked, 120);
-    RUN_WITHIN(test_causal_top_left_grid, 120);
-    RUN_WITHIN(test_causal_bottom_right_grid, 120);
-    RUN_WITHIN(test_head_dims_and_value_dims, 120);
-    RUN_WITHIN(test_grouped_query_heads, 60);
-    RUN_WITHIN(test_explicit_query_offsets, 60);
-    RUN_WITHIN(test_sliding_window, 120);
-    RUN_WITHIN(test_key_padding_per_batch_and_shared, 60);
-    RUN_WITHIN(test_kv_lengths_including_zero, 120);
-    RUN_WITHIN(test_attn_mask_broadcast_shapes, 60);
+    run_case_file(); /* tests/engine/cases/sdpa_cases.json */
     RUN_WITHIN(test_attn_mask_strided, 60);
     RUN_WITHIN(test_large_finite_negative_mask_is_not_empty, 60);
-    RUN_WITHIN(test_mask_combinations, 120);
-    RUN_WITHIN(test_alibi_twelve_heads, 60);
-    RUN_WITHIN(test_softcap, 60);
     RUN_WITHIN(test_zero_and_negative_scale, 60);
-    RUN_WITHIN(test_fully_masked_first_key_block, 120);
     RUN_WITHIN(test_rows_without_visible_keys, 60);
     RUN_WITHIN(test_scores_near_plus_minus_1e4, 60);
     RUN_WITHIN(test_row_maximum_arrives_late, 120);
-    RUN_WITHIN(test_strided_views_and_output, 60);
     RUN_WITHIN(test_zero_stride_broadcast_views, 60);
     RUN_WITHIN(test_row_stride_below_row_length_is_refused, 60);
-    RUN_WITHIN(test_open_tail_keys_are_always_visible, 60);
     RUN_WITHIN(test_keys_beyond_kv_lengths_are_ignored, 60);
     RUN_WITHIN(test_nonfinite_inputs_are_reported, 60);
-    RUN_WITHIN(test_additive_scoring, 60);
     RUN_WITHIN(test_random_configurations, 240);
-    RUN_WITHIN(test_decode_shapes_split_over_keys, 120);
+    RUN_WITHIN(test_decode_with_almost_every_key_hidden, 60);
     RUN_WITHIN(test_lse_merges_key_shards, 60);
     RUN_WITHIN(test_scratch_is_bounded_by_blocks, 30);
     RUN_WITHIN(test_sdpa_from_inside_a_pool_task, 60);

@@ -118,13 +118,15 @@ static void check_peek(const api_call *call)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     api_reply reply;
+    api_lease lease;
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     api_call call = {
         .body = (const char *)data,
         .body_len = size,
         .content_type = "application/json",
         .pool = pool,
+        .lease = &lease,
         .limits = &limits,
-        .budget = budget,
     };
     check_peek(&call);
     api_attention(&call, &reply);
@@ -133,6 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 (int)(reply.body_len < 300 ? reply.body_len : 300), reply.body ? reply.body : "");
     check_reply(&reply);
     api_reply_free(&reply);
+    api_lease_end(&lease);
     if (api_budget_in_use(budget) != 0) {
         fprintf(stderr, "fuzz_attention_request: %zu bytes left reserved in the budget\n",
                 api_budget_in_use(budget));

@@ -152,6 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned flags = 0;
     api_reply reply;
     api_call call;
+    api_lease lease;
     size_t n = 0;
 
     if (size > 0) {
@@ -177,7 +178,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     call.content_type = (flags & FLAG_BINARY) ? "application/octet-stream" : "application/json";
     call.pool = pool;
     call.limits = &limits;
-    call.budget = budget;
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
+    call.lease = &lease;
     call.models = models;
     call.inference_header_length = header_value;
     call.model = (flags & FLAG_UNKNOWN) ? "nope" : (flags & FLAG_DEMO) ? "demo" : "sdpa";
@@ -193,6 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 (int)(reply.body_len < 300 ? reply.body_len : 300), reply.body ? reply.body : "");
     check_reply(&reply);
     api_reply_free(&reply);
+    api_lease_end(&lease);
     if (api_budget_in_use(budget) != 0) {
         fprintf(stderr, "fuzz_v2_infer: %zu bytes left reserved in the budget\n",
                 api_budget_in_use(budget));

@@ -39,6 +39,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 
 /* ---- Options ------------------------------------------------------------------------------ */
 
@@ -152,20 +153,7 @@ typedef struct {
 static body_t small_bodies[N_SMALL], long_bodies[N_LONG];
 static int n_long_bodies;
 
-/* splitmix64: fixed seeds, so every run sends the same bodies in the same order. */
-static uint64_t rng_next64(uint64_t *state)
-{
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *state)
-{
-    return (double)(rng_next64(state) >> 11) / 9007199254740992.0;
-}
-
+/* Fixed seeds (tests/support/rng.h), so every run sends the same bodies in the same order. */
 static uint64_t body_rng = 1; /* the main thread's, for making bodies */
 
 /* A [rows, cols] nested JSON array of numbers in [-1, 1) with 4 decimals. */
@@ -176,8 +164,7 @@ static size_t write_nested(char *out, size_t cap, int rows, int cols)
     for (int i = 0; i < rows; i++) {
         out[n++] = '[';
         for (int j = 0; j < cols; j++) {
-            int w =
-                snprintf(out + n, cap - n, "%s%.4f", j ? "," : "", rng_uniform(&body_rng) * 2 - 1);
+            int w = snprintf(out + n, cap - n, "%s%.4f", j ? "," : "", rng_range(&body_rng, -1, 1));
             n += w > 0 ? (size_t)w : 0;
         }
         out[n++] = ']';
@@ -223,7 +210,7 @@ static bool make_long(body_t *b, int tokens)
         return false;
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < count; i++)
-            x[i] = (float)(rng_uniform(&body_rng) * 2 - 1);
+            x[i] = (float)(rng_range(&body_rng, -1, 1));
         t[k] = json_tensor_b64(x, shape, 2);
         if (!t[k])
             goto done;
@@ -376,9 +363,9 @@ static size_t on_header_line(char *ptr, size_t size, size_t nmemb, void *userdat
 
 static const body_t *pick_body(loader *l)
 {
-    if (l->n_longs > 0 && rng_uniform(&l->rng) < l->long_fraction)
-        return &l->longs[rng_next64(&l->rng) % (uint64_t)l->n_longs];
-    return &l->smalls[rng_next64(&l->rng) % (uint64_t)l->n_smalls];
+    if (l->n_longs > 0 && rng_unit(&l->rng) < l->long_fraction)
+        return &l->longs[rng_below(&l->rng, (uint64_t)l->n_longs)];
+    return &l->smalls[rng_below(&l->rng, (uint64_t)l->n_smalls)];
 }
 
 static void add_request(loader *l, double now)

@@ -22,6 +22,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 
 #define BUDGET "attnd_memory_reserved_bytes"
 /* In flight: at least 1, the scrape that reads it. */
@@ -749,7 +750,7 @@ static void test_trickling_connections_do_not_starve(void)
 #define CHAOS_THREADS 6
 
 typedef struct {
-    unsigned seed;
+    uint64_t rng; /* this worker's own sequence (tests/support/rng.h) */
     double until;
     int done, unexpected, half_closed, half_closed_lost;
     char first_problem[256];
@@ -818,7 +819,7 @@ static void chaos_step(chaos_worker *w, const char *good, const char *slow, size
         POST_HEAD "Connection: close\r\nContent-Length: 5\r\n\r\n{\"q\":";
     static const char bad_header[] = POST_HEAD "Transfer-Encoding : chunked\r\n\r\n";
     int fd;
-    switch (rand_r(&w->seed) % 8) {
+    switch (rng_below(&w->rng, 8)) {
     case 0: /* good, keep-alive answered and closed by us */
     case 1:
         chaos_exchange(w, "good", good, strlen(good), false, 200, 429);
@@ -833,7 +834,7 @@ static void chaos_step(chaos_worker *w, const char *good, const char *slow, size
     case 4: /* aborted somewhere in the request */
         fd = raw_connect(d.port);
         if (fd >= 0) {
-            size_t cut = (size_t)rand_r(&w->seed) % strlen(good);
+            size_t cut = (size_t)rng_below(&w->rng, strlen(good));
             raw_send(fd, good, cut);
             close(fd);
         }
@@ -845,11 +846,11 @@ static void chaos_step(chaos_worker *w, const char *good, const char *slow, size
             bool closed;
             char *resp;
             while (at < len) {
-                size_t n = 1 + (size_t)rand_r(&w->seed) % 64;
+                size_t n = 1 + (size_t)rng_below(&w->rng, 64);
                 n = n < len - at ? n : len - at;
                 raw_send(fd, good + at, n);
                 at += n;
-                sleep_ms(rand_r(&w->seed) % 5);
+                sleep_ms((int)rng_below(&w->rng, 5));
             }
             resp = raw_read_all(fd, 30000, &closed);
             if (final_status(resp) != 200 && final_status(resp) != 429)
@@ -865,7 +866,7 @@ static void chaos_step(chaos_worker *w, const char *good, const char *slow, size
             snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", slow_len);
             raw_send(fd, head, strlen(head));
             raw_send(fd, slow, slow_len);
-            sleep_ms(rand_r(&w->seed) % 50);
+            sleep_ms((int)rng_below(&w->rng, 50));
             close(fd);
         }
         break;
@@ -899,7 +900,7 @@ static int chaos_run(double seconds, unsigned first_seed)
     int done = 0, half = 0, lost = 0;
     for (int i = 0; i < CHAOS_THREADS; i++) {
         memset(&w[i], 0, sizeof w[i]);
-        w[i].seed = first_seed + (unsigned)i;
+        w[i].rng = first_seed + (uint64_t)i;
         w[i].until = now_s() + seconds;
         pthread_create(&t[i], NULL, chaos_main, &w[i]);
     }
@@ -908,8 +909,8 @@ static int chaos_run(double seconds, unsigned first_seed)
         done += w[i].done;
         half += w[i].half_closed;
         lost += w[i].half_closed_lost;
-        CHECKF(w[i].unexpected == 0, "chaos (seed %u): %d unexpected replies, first: %s", w[i].seed,
-               w[i].unexpected, w[i].first_problem);
+        CHECKF(w[i].unexpected == 0, "chaos (seed %u): %d unexpected replies, first: %s",
+               first_seed + (unsigned)i, w[i].unexpected, w[i].first_problem);
     }
     printf("chaos: %d of %d half-closed requests lost their reply\n", lost, half);
     CHECKF(lost * 10 <= half, "%d of %d half-closed requests lost their reply", lost, half);

@@ -13,6 +13,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 
 #define CLIENTS 32
 #define N_REQ   17
@@ -40,10 +41,7 @@ static uint64_t rng_state;
 
 static float rnd(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    return rng_sym(&rng_state, 2.0);
 }
 
 /* Appends a nested [rows][cols] JSON array of random values to `out`. */

@@ -25,12 +25,30 @@ static bool collect(void *cls, const char *name, const char *value)
 
 static void test_every_429_and_only_it_says_retry_after(void)
 {
-#define CHECK_ROW(name, code, why, seconds)                                                        \
-    CHECKF((srv__outcome(name)->retry_after_s > 0) == (srv__outcome(name)->status == 429),         \
-           "%s: status %d, Retry-After %d", #name, srv__outcome(name)->status,                     \
+#define CHECK_ROW(name, status, why, seconds)                                                      \
+    CHECKF((srv__outcome(name)->retry_after_s > 0) ==                                              \
+               (srv__outcome_http(name, API_ERRORS_NATIVE) == 429),                                \
+           "%s: status %d, Retry-After %d", #name, srv__outcome_http(name, API_ERRORS_NATIVE),     \
            srv__outcome(name)->retry_after_s);
     SRV_OUTCOME_LIST(CHECK_ROW)
 #undef CHECK_ROW
+}
+
+/* server/ names statuses, api/ picks their codes: a row is sent with the code api/ gives its
+ * status, in the route's style. */
+static void test_outcome_codes_come_from_api(void)
+{
+#define CHECK_CODE(name, status, why, seconds)                                                     \
+    CHECK_EQ_INT(srv__outcome_http(name, API_ERRORS_NATIVE),                                       \
+                 api_status_http(API_ERRORS_NATIVE, status));                                      \
+    CHECK_EQ_INT(srv__outcome_http(name, API_ERRORS_V2), api_status_http(API_ERRORS_V2, status));
+    SRV_OUTCOME_LIST(CHECK_CODE)
+#undef CHECK_CODE
+    CHECK_EQ_INT(srv__outcome_http(SRV_REFUSE_FRAMING, API_ERRORS_NATIVE), 400);
+    CHECK_EQ_INT(srv__outcome_http(SRV_ANSWER_NOT_MODIFIED, API_ERRORS_NATIVE), 304);
+    CHECK_EQ_INT(srv__outcome_http(SRV_REFUSE_CLIENT_GONE, API_ERRORS_V2),
+                 API_STATUS_CLIENT_CLOSED);
+    CHECK_EQ_INT(srv__outcome_http(SRV_REFUSE_DEADLINE, API_ERRORS_V2), 504);
 }
 
 static void test_refusals_carry_their_row(void)
@@ -57,7 +75,8 @@ static void test_computed_replies_keep_what_api_said(void)
 {
     api_reply a;
     srv_reply r;
-    api_reply_error(&a, API_ERRORS_NATIVE, 503, API_REASON_MEMORY, NULL, "out of memory");
+    api_reply_error_status(&a, API_ERRORS_NATIVE, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                           "out of memory");
     r = srv__reply_computed(&a);
     CHECK_EQ_INT(r.status, 503);
     CHECK_EQ_INT(r.retry_after_s, 1);
@@ -110,17 +129,18 @@ static void test_text_replies_are_copies(void)
 
 static void test_header_tokens_ignore_case_and_blanks_only(void)
 {
-    CHECK(srv__header_token_is("chunked", "chunked"));
-    CHECK(srv__header_token_is(" \tChunked ", "chunked"));
-    CHECK(!srv__header_token_is("chunked, gzip", "chunked"));
-    CHECK(!srv__header_token_is("chunke", "chunked"));
-    CHECK(!srv__header_token_is("", "chunked"));
-    CHECK(!srv__header_token_is(NULL, "chunked"));
+    CHECK(api_header_token_is("chunked", "chunked"));
+    CHECK(api_header_token_is(" \tChunked ", "chunked"));
+    CHECK(!api_header_token_is("chunked, gzip", "chunked"));
+    CHECK(!api_header_token_is("chunke", "chunked"));
+    CHECK(!api_header_token_is("", "chunked"));
+    CHECK(!api_header_token_is(NULL, "chunked"));
 }
 
 int main(void)
 {
     RUN(test_every_429_and_only_it_says_retry_after);
+    RUN(test_outcome_codes_come_from_api);
     RUN(test_refusals_carry_their_row);
     RUN(test_computed_replies_keep_what_api_said);
     RUN(test_headers_come_in_a_fixed_order);

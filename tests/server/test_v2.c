@@ -20,6 +20,7 @@
 #include "tests/support/daemon.h"
 #include "tests/support/ref.h"
 #include "tests/support/ref_mha.h"
+#include "tests/support/rng.h"
 
 static daemon_proc d;
 
@@ -172,10 +173,7 @@ static uint64_t rng = 0x2545F4914F6CDD1Du;
 
 static float frand(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+    return rng_sym(&rng, 1.0);
 }
 
 static uint16_t to_half(float f)

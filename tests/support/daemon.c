@@ -1,5 +1,6 @@
 /* daemon.c - starting and stopping attnd for integration tests, and talking HTTP to it. */
 #include "daemon.h"
+#include "rng.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -646,15 +647,6 @@ char *json_tensor_b64(const float *data, const int64_t *shape, int rank)
     return out;
 }
 
-/* xorshift: reproducible values without touching the global rand() state. */
-static float next_float(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
 char *slow_attention_body(int64_t rows, int64_t keys, size_t *len)
 {
     const int64_t D = 8, H = 8;
@@ -668,9 +660,9 @@ char *slow_attention_body(int64_t rows, int64_t keys, size_t *len)
     if (!q || !k)
         goto done;
     for (int64_t i = 0; i < H * L * D; i++)
-        q[i] = next_float(&seed);
+        q[i] = rng_sym(&seed, 1.0);
     for (int64_t i = 0; i < keys * D; i++)
-        k[i] = next_float(&seed);
+        k[i] = rng_sym(&seed, 1.0);
     tq = json_tensor_b64(q, qs, 4);
     tk = json_tensor_b64(k, ks, 4);
     if (!tq || !tk)

@@ -1,6 +1,6 @@
 /*
- * util.h - small helpers every test binary wants: allocation that cannot fail quietly, and a
- * fixed-seed random generator (splitmix64), so that every run sees the same cases.
+ * util.h - small helpers every test binary wants: allocation that cannot fail quietly, the
+ * kernel-set skip, and (through rng.h, included here) the fixed-seed random generator.
  *
  *     uint64_t rng = 42;
  *     float *x = xcalloc(n, sizeof *x);
@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tests/support/rng.h"
+
 /* For the engine suites, which the Makefile runs once per kernel set with ATTND_KERNELS set:
  * true (after printing a skip line naming the set and "0 passed, 0 failed") when this CPU or
  * OS cannot run the set, so that the binary ends at once; otherwise prints the set in use. */
@@ -21,17 +23,5 @@ bool test_kernels_skip(void);
 
 /* calloc that aborts with a message when memory runs out (a test cannot go on without it). */
 void *xcalloc(size_t n, size_t size);
-
-/* The next 64 random bits of the splitmix64 sequence whose state is *s. */
-uint64_t rng_next(uint64_t *s);
-
-/* Uniform in [0, 1). */
-double rng_unit(uint64_t *s);
-
-/* Uniform in [-amp, amp). */
-float rng_sym(uint64_t *s, double amp);
-
-/* Uniform integer in [lo, hi]. */
-int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi);
 
 #endif

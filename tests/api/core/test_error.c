@@ -19,8 +19,8 @@ static json_t *parse_reply(const api_reply *r)
 static void test_error_reply_has_code_message_and_field(void)
 {
     api_reply r;
-    api_reply_error(&r, API_ERRORS_NATIVE, 422, API_REASON_BAD_REQUEST, "query.shape[1]",
-                    "bad %s \"%d\"", "dim", 0);
+    api_reply_error_status(&r, API_ERRORS_NATIVE, API_STATUS_INVALID_ARGUMENT,
+                           API_REASON_BAD_REQUEST, "query.shape[1]", "bad %s \"%d\"", "dim", 0);
     CHECK_EQ_INT(r.status, 422);
     CHECK(strcmp(r.content_type, "application/json") == 0);
     CHECK_EQ_INT(r.reason, API_REASON_BAD_REQUEST);
@@ -40,7 +40,8 @@ static void test_error_reply_has_code_message_and_field(void)
 static void test_an_error_without_a_field_says_null(void)
 {
     api_reply r;
-    api_reply_error(&r, API_ERRORS_NATIVE, 429, API_REASON_QUEUE_FULL, NULL, "queue full");
+    api_reply_error_status(&r, API_ERRORS_NATIVE, API_STATUS_OVERLOADED, API_REASON_QUEUE_FULL,
+                           NULL, "queue full");
     CHECK_EQ_INT(r.retry_after_s, 1);
     json_t *j = parse_reply(&r);
     CHECK(json_is_null(json_object_get(json_object_get(j, "error"), "field")));
@@ -58,7 +59,8 @@ static void test_an_error_without_a_field_says_null(void)
 static void test_a_v2_error_is_a_bare_message(void)
 {
     api_reply r;
-    api_reply_error(&r, API_ERRORS_V2, 503, API_REASON_DRAINING, "ignored", "%s", "draining");
+    api_reply_error_status(&r, API_ERRORS_V2, API_STATUS_UNAVAILABLE, API_REASON_DRAINING,
+                           "ignored", "%s", "draining");
     CHECK_EQ_INT(r.status, 503);
     CHECK_EQ_INT(r.reason, API_REASON_DRAINING);
     CHECK_EQ_INT(r.retry_after_s, 1);
@@ -73,27 +75,29 @@ static void test_a_v2_error_is_a_bare_message(void)
 static void test_every_design_status_has_a_code(void)
 {
     static const struct {
-        int status;
+        api_status status;
+        int native, v2;
         const char *code;
     } codes[] = {
-        {400, "malformed_request"},
-        {404, "not_found"},
-        {405, "method_not_allowed"},
-        {413, "too_large"},
-        {415, "unsupported_media_type"},
-        {422, "invalid_argument"},
-        {429, "overloaded"},
-        {API_STATUS_CLIENT_CLOSED, "cancelled"},
-        {500, "internal"},
-        {503, "unavailable"},
-        {504, "deadline_exceeded"},
+        {API_STATUS_OK, 200, 200, "ok"},
+        {API_STATUS_NOT_MODIFIED, 304, 304, "not_modified"},
+        {API_STATUS_MALFORMED_REQUEST, 400, 400, "malformed_request"},
+        {API_STATUS_NOT_FOUND, 404, 404, "not_found"},
+        {API_STATUS_METHOD_NOT_ALLOWED, 405, 405, "method_not_allowed"},
+        {API_STATUS_TOO_LARGE, 413, 413, "too_large"},
+        {API_STATUS_UNSUPPORTED_MEDIA_TYPE, 415, 415, "unsupported_media_type"},
+        {API_STATUS_INVALID_ARGUMENT, 422, 400, "invalid_argument"},
+        {API_STATUS_OVERLOADED, 429, 429, "overloaded"},
+        {API_STATUS_CANCELLED, API_STATUS_CLIENT_CLOSED, API_STATUS_CLIENT_CLOSED, "cancelled"},
+        {API_STATUS_INTERNAL, 500, 500, "internal"},
+        {API_STATUS_UNAVAILABLE, 503, 503, "unavailable"},
+        {API_STATUS_DEADLINE_EXCEEDED, 504, 504, "deadline_exceeded"},
     };
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
-        api_status status = API_STATUS_OK;
-        CHECKF(api_status_from_http(codes[i].status, &status), "%d has no status", codes[i].status);
-        CHECKF(strcmp(api_status_name(status), codes[i].code) == 0, "%d -> %s", codes[i].status,
-               api_status_name(status));
-        CHECK_EQ_INT(api_status_http(API_ERRORS_NATIVE, status), codes[i].status);
+        CHECKF(strcmp(api_status_name(codes[i].status), codes[i].code) == 0, "%d -> %s",
+               codes[i].native, api_status_name(codes[i].status));
+        CHECK_EQ_INT(api_status_http(API_ERRORS_NATIVE, codes[i].status), codes[i].native);
+        CHECK_EQ_INT(api_status_http(API_ERRORS_V2, codes[i].status), codes[i].v2);
     }
 }
 
@@ -116,8 +120,9 @@ static void test_messages_are_escaped_and_bounded(void)
     memset(long_text, 'x', sizeof long_text - 1);
     long_text[sizeof long_text - 1] = '\0';
     api_reply r;
-    api_reply_error(&r, API_ERRORS_NATIVE, 400, API_REASON_BAD_REQUEST, "a\"b",
-                    "quote \" backslash \\ newline \n %s", long_text);
+    api_reply_error_status(&r, API_ERRORS_NATIVE, API_STATUS_MALFORMED_REQUEST,
+                           API_REASON_BAD_REQUEST, "a\"b", "quote \" backslash \\ newline \n %s",
+                           long_text);
     json_t *j = parse_reply(&r);
     const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
     CHECK(msg && strncmp(msg, "quote \" backslash \\ newline \n x", 31) == 0);

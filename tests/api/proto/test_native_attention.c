@@ -12,6 +12,7 @@
 #include "api/wire/base64.h"
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 
@@ -225,10 +226,7 @@ static uint64_t rng = 88172645463325252u;
 
 static float uniform(float lo, float hi)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return lo + (hi - lo) * (float)(rng >> 40) / (float)(1u << 24);
+    return (float)rng_range(&rng, lo, hi);
 }
 
 /* A problem in canonical layout, the engine's and the reference's. */
@@ -380,54 +378,54 @@ static float *to_layout(const float *x, int rank, int64_t B, int64_t heads, int6
     return y;
 }
 
-static void write_floats(api__jsonw *w, const char *name, const float *x, int rank,
+static void write_floats(api_buf *w, const char *name, const float *x, int rank,
                          const int64_t *shape, api__form form, api__dtype dtype)
 {
     size_t bad, count = 1;
     for (int d = 0; d < rank; d++)
         count *= (size_t)shape[d];
-    api__jsonw_printf(w, "\"%s\":", name);
+    api_buf_printf(w, "\"%s\":", name);
     if (form == API_FORM_BASE64 && dtype != API_DTYPE_FLOAT32) {
         uint16_t *h = malloc(count * 2);
         for (size_t i = 0; i < count; i++)
             h[i] = dtype == API_DTYPE_FLOAT16 ? eng_f32_to_f16(x[i]) : eng_f32_to_bf16(x[i]);
-        api__jsonw_cstr(w, "{\"shape\":[");
+        api_buf_cstr(w, "{\"shape\":[");
         for (int d = 0; d < rank; d++)
-            api__jsonw_printf(w, "%s%lld", d ? "," : "", (long long)shape[d]);
-        api__jsonw_printf(w, "],\"dtype\":\"%s\",\"base64\":\"", api__dtype_name(dtype));
-        char *p = api__jsonw_reserve(w, api__base64_encoded_len(count * 2));
+            api_buf_printf(w, "%s%lld", d ? "," : "", (long long)shape[d]);
+        api_buf_printf(w, "],\"dtype\":\"%s\",\"base64\":\"", api__dtype_name(dtype));
+        char *p = api_buf_reserve(w, api__base64_encoded_len(count * 2));
         w->len += (size_t)(api__base64_encode(h, count * 2, p) - p);
-        api__jsonw_cstr(w, "\"}");
+        api_buf_cstr(w, "\"}");
         free(h);
     } else {
         CHECK_EQ_INT(
             api__tensor_encode(w, x, rank, shape, form, API_ENCODE_NEG_INF_NULL, NULL, &bad),
             API_ENCODE_OK);
     }
-    api__jsonw_char(w, ',');
+    api_buf_char(w, ',');
 }
 
-static void write_bools(api__jsonw *w, const char *name, const uint8_t *x, int rank,
+static void write_bools(api_buf *w, const char *name, const uint8_t *x, int rank,
                         const int64_t *shape)
 {
     size_t count = 1;
     for (int d = 0; d < rank; d++)
         count *= (size_t)shape[d];
-    api__jsonw_printf(w, "\"%s\":{\"shape\":[", name);
+    api_buf_printf(w, "\"%s\":{\"shape\":[", name);
     for (int d = 0; d < rank; d++)
-        api__jsonw_printf(w, "%s%lld", d ? "," : "", (long long)shape[d]);
-    api__jsonw_cstr(w, "],\"data\":[");
+        api_buf_printf(w, "%s%lld", d ? "," : "", (long long)shape[d]);
+    api_buf_cstr(w, "],\"data\":[");
     for (size_t i = 0; i < count; i++)
-        api__jsonw_cstr(w, i ? (x[i] ? ",true" : ",false") : (x[i] ? "true" : "false"));
-    api__jsonw_cstr(w, "]},");
+        api_buf_cstr(w, i ? (x[i] ? ",true" : ",false") : (x[i] ? "true" : "false"));
+    api_buf_cstr(w, "]},");
 }
 
-static void build_request(const sdpa_case *c, const problem *p, api__jsonw *w)
+static void build_request(const sdpa_case *c, const problem *p, api_buf *w)
 {
     int64_t shape[4];
     int rank;
     api__dtype dt = c->form == API_FORM_BASE64 ? c->dtype : API_DTYPE_FLOAT32;
-    api__jsonw_char(w, '{');
+    api_buf_char(w, '{');
     float *x = to_layout(p->q, c->rank, c->B, c->H, c->L, c->D, shape, &rank);
     write_floats(w, "query", x, rank, shape, c->form, dt);
     free(x);
@@ -438,37 +436,36 @@ static void build_request(const sdpa_case *c, const problem *p, api__jsonw *w)
     write_floats(w, "value", x, rank, shape, c->form, dt);
     free(x);
     if (c->rank != 4)
-        api__jsonw_printf(w, "\"num_heads\":%lld,\"num_kv_heads\":%lld,", (long long)c->H,
-                          (long long)c->Hkv);
+        api_buf_printf(w, "\"num_heads\":%lld,\"num_kv_heads\":%lld,", (long long)c->H,
+                       (long long)c->Hkv);
     static const char *const causal[] = {"false", "true", "\"top_left\"", "\"bottom_right\""};
-    api__jsonw_printf(w, "\"causal\":%s,", causal[c->causal]);
+    api_buf_printf(w, "\"causal\":%s,", causal[c->causal]);
     if (c->offset_set)
-        api__jsonw_printf(w, "\"query_offset\":%lld,", (long long)c->query_offset);
+        api_buf_printf(w, "\"query_offset\":%lld,", (long long)c->query_offset);
     if (c->window_left >= 0 || c->window_right >= 0) {
-        api__jsonw_cstr(w, "\"window\":[");
-        api__jsonw_printf(w, c->window_left >= 0 ? "%lld," : "null,", (long long)c->window_left);
-        api__jsonw_printf(w, c->window_right >= 0 ? "%lld]," : "null],",
-                          (long long)c->window_right);
+        api_buf_cstr(w, "\"window\":[");
+        api_buf_printf(w, c->window_left >= 0 ? "%lld," : "null,", (long long)c->window_left);
+        api_buf_printf(w, c->window_right >= 0 ? "%lld]," : "null],", (long long)c->window_right);
     }
     if (c->scale_set) {
-        api__jsonw_cstr(w, "\"scale\":");
-        api__jsonw_float(w, c->scale);
-        api__jsonw_char(w, ',');
+        api_buf_cstr(w, "\"scale\":");
+        api_buf_float(w, c->scale);
+        api_buf_char(w, ',');
     }
     if (c->softcap > 0) {
-        api__jsonw_cstr(w, "\"softcap\":");
-        api__jsonw_float(w, c->softcap);
-        api__jsonw_char(w, ',');
+        api_buf_cstr(w, "\"softcap\":");
+        api_buf_float(w, c->softcap);
+        api_buf_char(w, ',');
     }
     if (c->kpm == KPM_BS)
         write_bools(w, "key_padding_mask", p->kpm, 2, (int64_t[]){c->B, c->S});
     if (c->kpm == KPM_S)
         write_bools(w, "key_padding_mask", p->kpm, 1, (int64_t[]){c->S});
     if (c->kv_lengths) {
-        api__jsonw_cstr(w, "\"kv_lengths\":[");
+        api_buf_cstr(w, "\"kv_lengths\":[");
         for (int64_t b = 0; b < c->B; b++)
-            api__jsonw_printf(w, "%s%lld", b ? "," : "", (long long)p->kv_lengths[b]);
-        api__jsonw_cstr(w, "],");
+            api_buf_printf(w, "%s%lld", b ? "," : "", (long long)p->kv_lengths[b]);
+        api_buf_cstr(w, "],");
     }
     if (c->mask == MASK_BOOL_LS)
         write_bools(w, "attn_mask", p->mask_b, 2, (int64_t[]){c->L, c->S});
@@ -478,28 +475,28 @@ static void build_request(const sdpa_case *c, const problem *p, api__jsonw *w)
         write_floats(w, "attn_mask", p->mask_f, 4, (int64_t[]){c->B, 1, c->L, c->S},
                      API_FORM_NESTED, API_DTYPE_FLOAT32);
     if (c->alibi == ALIBI_DEFAULT)
-        api__jsonw_cstr(w, "\"alibi\":true,");
+        api_buf_cstr(w, "\"alibi\":true,");
     if (c->alibi == ALIBI_SLOPES)
         write_floats(w, "alibi", p->slopes, 1, (int64_t[]){c->H}, API_FORM_NESTED,
                      API_DTYPE_FLOAT32);
     if (c->additive) {
-        api__jsonw_cstr(w, "\"score\":\"additive\",\"additive_weights\":{");
+        api_buf_cstr(w, "\"score\":\"additive\",\"additive_weights\":{");
         write_floats(w, "w_q", p->wq, 2, (int64_t[]){p->A, c->D}, API_FORM_FLAT, API_DTYPE_FLOAT32);
         write_floats(w, "w_k", p->wk, 2, (int64_t[]){p->A, c->D}, API_FORM_NESTED,
                      API_DTYPE_FLOAT32);
         write_floats(w, "w", p->ww, 1, (int64_t[]){p->A}, API_FORM_BASE64, API_DTYPE_FLOAT32);
         w->len--; /* the last comma */
-        api__jsonw_cstr(w, "},");
+        api_buf_cstr(w, "},");
     }
     if (c->weights != ENG_WEIGHTS_NONE)
-        api__jsonw_printf(w, "\"return_weights\":\"%s\",",
-                          c->weights == ENG_WEIGHTS_MEAN ? "mean" : "per_head");
+        api_buf_printf(w, "\"return_weights\":\"%s\",",
+                       c->weights == ENG_WEIGHTS_MEAN ? "mean" : "per_head");
     if (c->lse)
-        api__jsonw_cstr(w, "\"return_lse\":true,");
+        api_buf_cstr(w, "\"return_lse\":true,");
     if (c->encoding)
-        api__jsonw_printf(w, "\"output_encoding\":\"%s\",", c->encoding);
+        api_buf_printf(w, "\"output_encoding\":\"%s\",", c->encoding);
     w->len--; /* the last comma */
-    api__jsonw_char(w, '}');
+    api_buf_char(w, '}');
 }
 
 /* ---- Checking the reply ------------------------------------------------------------------ */
@@ -560,8 +557,8 @@ static void run_case(const sdpa_case *c)
     ref_result ref;
     CHECK(ref_sdpa(&args, &ref));
 
-    api__jsonw req;
-    api__jsonw_init(&req, (size_t)1 << 24);
+    api_buf req;
+    api_buf_init(&req, (size_t)1 << 24);
     build_request(c, &p, &req);
     api_call call = {.body = req.data, .body_len = req.len, .pool = pool};
     api_reply r;
@@ -628,7 +625,7 @@ static void run_case(const sdpa_case *c)
         api__body_free(&body);
     }
     api_reply_free(&r);
-    api__jsonw_free(&req);
+    api_buf_free(&req);
     ref_result_free(&ref);
     problem_free(&p);
 }

@@ -89,17 +89,17 @@ typedef struct {
 } call_opts;
 
 /* Calls api_mha; returns the status and the parsed reply (NULL if not JSON). Checks that the
- * budget was given back exactly. */
+ * lease still holds the reply text after the call and that ending it gives the budget back
+ * exactly. */
 static int call_mha(const char *body, const call_opts *o, json_t **reply)
 {
     call_opts none = {0};
     api_limits limits = api_limits_default();
-    eng_ctl ctl;
+    api_lease lease;
     api_budget *budget = NULL;
     api_reply r;
     if (!o)
         o = &none;
-    memset(&ctl, 0, sizeof ctl);
     if (o->max_elements)
         limits.max_elements = o->max_elements;
     if (o->budget) {
@@ -107,18 +107,21 @@ static int call_mha(const char *body, const call_opts *o, json_t **reply)
         if (o->budget_in_use)
             api_budget_reserve(budget, o->budget_in_use);
     }
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     if (o->cancelled)
-        atomic_store(&ctl.cancel, true);
+        atomic_store(&lease.ctl.cancel, true);
     api_call call = {.body = body,
                      .body_len = strlen(body),
                      .content_type = o->content_type ? o->content_type : "application/json",
                      .pool = pool,
-                     .ctl = &ctl,
+                     .lease = &lease,
                      .limits = &limits,
-                     .budget = budget,
                      .models = models};
     api_mha(&call, &r);
     if (budget) {
+        CHECKF(r.status != 200 || lease.held >= r.body_len,
+               "the lease holds %zu bytes for a reply of %zu", lease.held, r.body_len);
+        api_lease_end(&lease);
         CHECKF(api_budget_in_use(budget) == o->budget_in_use, "budget: %zu held after the call",
                api_budget_in_use(budget) - o->budget_in_use);
         api_budget_free(budget);
@@ -425,12 +428,14 @@ static void test_limits_budget_deadline(void)
     /* A deadline already past when the request arrived. */
     api_limits limits = api_limits_default();
     limits.max_timeout_ms = 1000;
+    api_lease late;
+    api_lease_start(&late, NULL, eng_now_ns() - INT64_C(5000000000), 0);
     api_call call = {.body = body,
                      .body_len = strlen(body),
                      .pool = pool,
+                     .lease = &late,
                      .limits = &limits,
-                     .models = models,
-                     .start_ns = eng_now_ns() - INT64_C(5000000000)};
+                     .models = models};
     api_reply r;
     api_mha(&call, &r);
     CHECK_EQ_INT(r.status, 504);

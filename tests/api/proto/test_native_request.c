@@ -9,6 +9,7 @@
 
 #include "api/proto/native.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
 
@@ -365,74 +366,88 @@ static void test_limits_are_413_naming_their_flag(void)
 static void test_the_memory_budget(void)
 {
     const char *body = "{" QKV "}";
-    api_call call = {.body = body, .body_len = strlen(body), .pool = pool};
+    api_lease lease;
+    api_call call = {.body = body, .body_len = strlen(body), .pool = pool, .lease = &lease};
     api_reply r;
 
     /* Too small for this request ever: 413 naming the flag. */
-    call.budget = api_budget_new(1000);
+    api_budget *budget = api_budget_new(1000);
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     json_t *j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 413);
     CHECK_EQ_INT(r.reason, API_REASON_MEMORY);
     check_message(j, "--max-memory-bytes");
     json_decref(j);
     api_reply_free(&r);
-    CHECK_EQ_INT(api_budget_in_use(call.budget), 0);
-    api_budget_free(call.budget);
+    api_lease_end(&lease);
+    CHECK_EQ_INT(api_budget_in_use(budget), 0);
+    api_budget_free(budget);
 
     /* Big enough when idle, but taken by others now: 429 with Retry-After. */
-    call.budget = api_budget_new((size_t)64 << 20);
-    CHECK_EQ_INT(api_budget_reserve(call.budget, (size_t)64 << 20), API_BUDGET_OK);
+    budget = api_budget_new((size_t)64 << 20);
+    CHECK_EQ_INT(api_budget_reserve(budget, (size_t)64 << 20), API_BUDGET_OK);
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 429);
     CHECK_EQ_INT(r.reason, API_REASON_MEMORY);
     CHECK_EQ_INT(r.retry_after_s, 1);
     json_decref(j);
     api_reply_free(&r);
+    api_lease_end(&lease);
+    api_budget_release(budget, (size_t)64 << 20);
 
-    /* What the caller holds for the body counts: together they can never fit. */
-    api_budget_release(call.budget, (size_t)64 << 20);
-    call.budget_held = ((size_t)64 << 20) - 100;
-    CHECK_EQ_INT(api_budget_reserve(call.budget, call.budget_held), API_BUDGET_OK);
+    /* What the lease holds already (the server's body) counts: together they can never fit. */
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
+    CHECK_EQ_INT(api_lease_reserve(&lease, ((size_t)64 << 20) - 100), API_BUDGET_OK);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 413);
     json_decref(j);
     api_reply_free(&r);
-    api_budget_release(call.budget, call.budget_held);
-    call.budget_held = 0;
+    api_lease_end(&lease);
+    CHECK_EQ_INT(api_budget_in_use(budget), 0);
 
-    /* Every reservation is given back, on success and on failure. */
+    /* On success the lease keeps the reply text's share (the reply is in memory until it is
+     * sent) and gives back the rest; ending it gives back everything. */
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 200);
+    CHECK(lease.held >= r.body_len);
+    CHECK(api_budget_in_use(budget) == lease.held);
     json_decref(j);
     api_reply_free(&r);
+    api_lease_end(&lease);
+    CHECK_EQ_INT(api_budget_in_use(budget), 0);
+
+    /* And on failure. */
     const char *bad = "{" QKV ", \"window\": [-1, 0]}";
     call.body = bad;
     call.body_len = strlen(bad);
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 422);
     json_decref(j);
     api_reply_free(&r);
-    CHECK_EQ_INT(api_budget_in_use(call.budget), 0);
-    api_budget_free(call.budget);
+    api_lease_end(&lease);
+    CHECK_EQ_INT(api_budget_in_use(budget), 0);
+    api_budget_free(budget);
 }
 
 static void test_deadlines_and_cancellation(void)
 {
     const char *body = "{" QKV "}";
     api_limits limits = api_limits_default();
-    eng_ctl ctl;
-    memset(&ctl, 0, sizeof ctl);
+    api_lease lease;
     api_call call = {
-        .body = body, .body_len = strlen(body), .pool = pool, .ctl = &ctl, .limits = &limits};
+        .body = body, .body_len = strlen(body), .pool = pool, .lease = &lease, .limits = &limits};
     api_reply r;
 
     /* The request arrived 2 s ago; the limit is 1 s. */
     limits.max_timeout_ms = 1000;
-    call.start_ns = eng_now_ns() - 2000000000;
+    api_lease_start(&lease, NULL, eng_now_ns() - 2000000000, 0);
     json_t *j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 504);
     CHECK_EQ_INT(r.reason, API_REASON_DEADLINE);
-    CHECK(ctl.deadline_ns == call.start_ns + 1000000000);
+    CHECK(lease.ctl.deadline_ns == lease.start_ns + 1000000000);
     json_decref(j);
     api_reply_free(&r);
 
@@ -440,9 +455,10 @@ static void test_deadlines_and_cancellation(void)
     const char *short_body = "{" QKV ", \"timeout_ms\": 10}";
     call.body = short_body;
     call.body_len = strlen(short_body);
-    call.start_ns = eng_now_ns() - 50000000;
+    api_lease_start(&lease, NULL, eng_now_ns() - 50000000, 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 504);
+    CHECK(lease.ctl.deadline_ns == lease.start_ns + 10000000);
     json_decref(j);
     api_reply_free(&r);
 
@@ -450,15 +466,24 @@ static void test_deadlines_and_cancellation(void)
     const char *long_body = "{" QKV ", \"timeout_ms\": 5000}";
     call.body = long_body;
     call.body_len = strlen(long_body);
-    call.start_ns = eng_now_ns();
+    api_lease_start(&lease, NULL, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 200);
-    CHECK(ctl.deadline_ns == call.start_ns + 1000000000);
+    CHECK(lease.ctl.deadline_ns == lease.start_ns + 1000000000);
+    json_decref(j);
+    api_reply_free(&r);
+
+    /* The caller's deadline (the server's queue deadline) is only ever shortened: a timeout_ms
+     * longer than what the lease allows does not extend it. */
+    api_lease_start(&lease, NULL, eng_now_ns(), 200);
+    j = run_call(&call, &r);
+    CHECK_EQ_INT(r.status, 200);
+    CHECK(lease.ctl.deadline_ns == lease.start_ns + 200000000);
     json_decref(j);
     api_reply_free(&r);
 
     /* A cancelled request gets the status the server drops. */
-    atomic_store(&ctl.cancel, true);
+    atomic_store(&lease.ctl.cancel, true);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, API_STATUS_CLIENT_CLOSED);
     CHECK_EQ_INT(r.reason, API_REASON_CANCELLED);
@@ -568,7 +593,7 @@ static void test_random_mutations_never_crash(void)
         "\"kv_lengths\": [0, 1, 2, 3, 4, 3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]}",
     };
     static const char alphabet[] = "{}[],:\"0123456789.-eE truefalsnul\\AQ=";
-    uint64_t x = 0x2545F4914F6CDD1Du;
+    uint64_t rng = 0x2545F4914F6CDD1Du;
     int rounds = quick() ? 300 : 3000;
     char buf[1024];
     for (int n = 0; n < rounds; n++) {
@@ -577,7 +602,7 @@ static void test_random_mutations_never_crash(void)
         memcpy(buf, seed, len);
         int edits = 1 + n % 4;
         for (int e = 0; e < edits; e++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t x = rng_next(&rng);
             size_t at = (size_t)(x >> 8) % (len ? len : 1);
             char c = alphabet[(x >> 40) % (sizeof alphabet - 1)];
             switch ((x >> 20) % 4) {
@@ -654,9 +679,9 @@ static int stub_compute(void *p, int64_t *compute_ns, api__error *err)
     return stub_step(p, 'c', err);
 }
 
-static int stub_encode(void *p, api__jsonw *w, api_reply *reply, api__error *err)
+static int stub_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
-    api__jsonw_printf(w, "{\"compute_ns\":%lld}\n", (long long)reply->compute_ns);
+    api_buf_printf(w, "{\"compute_ns\":%lld}\n", (long long)reply->compute_ns);
     if (stub_step(p, 'e', err) != 0)
         return -1;
     return api__native_reply(w, reply, err);

@@ -5,6 +5,7 @@
 
 #include "api/wire/base64.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static const struct {
     const char *plain, *encoded;
@@ -62,10 +63,10 @@ static void test_round_trips_every_length_and_byte(void)
 {
     uint8_t src[300], back[300];
     char text[400];
-    srand(7);
+    uint64_t rng = 7;
     for (size_t n = 0; n <= 300; n++) {
         for (size_t i = 0; i < n; i++)
-            src[i] = (uint8_t)(n < 256 ? i + n : (size_t)rand());
+            src[i] = (uint8_t)(n < 256 ? i + n : rng_next(&rng));
         char *end = api__base64_encode(src, n, text);
         size_t len = (size_t)(end - text), got, bad;
         CHECK_EQ_INT(api__base64_decoded_len(text, len), n);

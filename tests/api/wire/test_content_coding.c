@@ -11,8 +11,11 @@
 
 #include "api/wire/content_coding.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 static eng_pool *pool;
+/* The lease of the calls that test no budget: it has none, so it holds nothing. */
+static api_lease unbudgeted;
 
 /* ---- Header parsing ------------------------------------------------------------------------ */
 
@@ -85,11 +88,9 @@ static void test_accept_encoding_pick(void)
 static char *sample(size_t n)
 {
     char *s = malloc(n + 1);
-    uint32_t x = 12345;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1103515245u + 12345u;
-        s[i] = "0123456789.,-[] e"[(x >> 16) % 17];
-    }
+    uint64_t rng = 12345;
+    for (size_t i = 0; i < n; i++)
+        s[i] = "0123456789.,-[] e"[rng_below(&rng, 17)];
     s[n] = '\0';
     return s;
 }
@@ -125,7 +126,7 @@ static void test_roundtrip(void)
             size_t packed_len, plain_len, reserved;
             api__error err = {0};
             CHECK(api__deflate(codings[c], text, sizes[s], &packed, &packed_len));
-            int rc = api__inflate(codings[c], packed, packed_len, sizes[s], NULL, 0, &plain,
+            int rc = api__inflate(codings[c], packed, packed_len, sizes[s], &unbudgeted, &plain,
                                   &plain_len, &reserved, &err);
             CHECKF(rc == 0, "size %zu coding %d: %s", sizes[s], (int)codings[c], err.message);
             CHECK(plain_len == sizes[s] && (sizes[s] == 0 || memcmp(plain, text, sizes[s]) == 0));
@@ -152,7 +153,7 @@ static void test_foreign_streams(void)
         size_t n, plain_len, reserved;
         char *packed = zlib_pack(text, 50000, cases[i].wbits, &n), *plain = NULL;
         api__error err = {0};
-        int rc = api__inflate(cases[i].coding, packed, n, 1 << 20, NULL, 0, &plain, &plain_len,
+        int rc = api__inflate(cases[i].coding, packed, n, 1 << 20, &unbudgeted, &plain, &plain_len,
                               &reserved, &err);
         CHECKF(rc == 0 && plain_len == 50000 && memcmp(plain, text, 50000) == 0, "wbits %d: %s",
                cases[i].wbits, err.message);
@@ -165,7 +166,7 @@ static void test_foreign_streams(void)
     memcpy(both, a, n1);
     memcpy(both + n1, b, n2);
     api__error err = {0};
-    CHECK(api__inflate(API_CODING_GZIP, both, n1 + n2, 1 << 20, NULL, 0, &plain, &plain_len,
+    CHECK(api__inflate(API_CODING_GZIP, both, n1 + n2, 1 << 20, &unbudgeted, &plain, &plain_len,
                        &reserved, &err) == 0);
     CHECK(plain_len == 50000 && memcmp(plain, text, 50000) == 0);
     free(a);
@@ -187,33 +188,36 @@ static void test_bomb(void)
     free(zeros);
     CHECKF(packed_len < n / 100, "bomb is %zu bytes", packed_len);
     api_budget *budget = api_budget_new((size_t)1 << 30);
+    api_lease lease;
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     api__error err = {0};
     size_t max = (size_t)1 << 20;
-    int rc = api__inflate(API_CODING_GZIP, packed, packed_len, max, budget, 0, &plain, &plain_len,
+    int rc = api__inflate(API_CODING_GZIP, packed, packed_len, max, &lease, &plain, &plain_len,
                           &reserved, &err);
     CHECK(rc != 0 && plain == NULL);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-body-bytes") != NULL, "%s", err.message);
     CHECKF(reserved <= max + 2, "reserved %zu for a cap of %zu", reserved, max);
     CHECK_EQ_INT(api_budget_in_use(budget), reserved);
-    api_budget_release(budget, reserved);
+    CHECK_EQ_INT(lease.held, reserved);
+    api_lease_give_back(&lease, reserved);
 
     /* Exactly the cap is fine; one byte more is not. */
     char *text = sample(1000);
     eng_buf_free(packed);
     CHECK(api__deflate(API_CODING_DEFLATE, text, 1000, &packed, &packed_len));
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 1000, budget, 0, &plain, &plain_len,
+    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 1000, &lease, &plain, &plain_len,
                        &reserved, &err) == 0);
     CHECK(plain_len == 1000);
     free(plain);
     plain = NULL;
-    api_budget_release(budget, reserved);
+    api_lease_give_back(&lease, reserved);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 999, budget, 0, &plain, &plain_len,
+    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 999, &lease, &plain, &plain_len,
                        &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
-    api_budget_release(budget, reserved);
+    api_lease_give_back(&lease, reserved);
     CHECK_EQ_INT(api_budget_in_use(budget), 0);
     api_budget_free(budget);
     eng_buf_free(packed);
@@ -228,7 +232,7 @@ static void test_corrupt_and_truncated(void)
     CHECK(api__deflate(API_CODING_GZIP, text, 20000, &packed, &packed_len));
 
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len / 2, 1 << 20, NULL, 0, &plain,
+    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len / 2, 1 << 20, &unbudgeted, &plain,
                        &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "truncated") != NULL, "%s", err.message);
@@ -236,13 +240,13 @@ static void test_corrupt_and_truncated(void)
     memset(&err, 0, sizeof err);
     packed[packed_len / 2] ^= 0x55;
     packed[packed_len / 2 + 1] ^= 0x33;
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, NULL, 0, &plain, &plain_len,
-                       &reserved, &err) != 0);
+    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &unbudgeted, &plain,
+                       &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
 
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, "not gzip at all", 15, 1 << 20, NULL, 0, &plain, &plain_len,
-                       &reserved, &err) != 0);
+    CHECK(api__inflate(API_CODING_GZIP, "not gzip at all", 15, 1 << 20, &unbudgeted, &plain,
+                       &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "gzip") != NULL, "%s", err.message);
     eng_buf_free(packed);
@@ -253,7 +257,7 @@ static void test_corrupt_and_truncated(void)
     memcpy(extra, packed, packed_len);
     memcpy(extra + packed_len, "junk", 4);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, extra, packed_len + 4, 1 << 20, NULL, 0, &plain,
+    CHECK(api__inflate(API_CODING_DEFLATE, extra, packed_len + 4, 1 << 20, &unbudgeted, &plain,
                        &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "extra") != NULL, "%s", err.message);
@@ -271,22 +275,25 @@ static void test_budget(void)
     CHECK(api__deflate(API_CODING_GZIP, text, 200000, &packed, &packed_len));
 
     api_budget *tiny = api_budget_new(50000);
+    api_lease lease;
+    api_lease_start(&lease, tiny, eng_now_ns(), 0);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, tiny, 0, &plain, &plain_len,
+    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &lease, &plain, &plain_len,
                        &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-memory-bytes") != NULL, "%s", err.message);
-    api_budget_release(tiny, reserved);
+    api_lease_give_back(&lease, reserved);
     CHECK_EQ_INT(api_budget_in_use(tiny), 0);
     api_budget_free(tiny);
 
     api_budget *busy = api_budget_new((size_t)16 << 20);
     CHECK(api_budget_reserve(busy, ((size_t)16 << 20) - 1000) == API_BUDGET_OK);
+    api_lease_start(&lease, busy, eng_now_ns(), 0);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, busy, 0, &plain, &plain_len,
+    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &lease, &plain, &plain_len,
                        &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_OVERLOADED);
-    api_budget_release(busy, reserved);
+    api_lease_give_back(&lease, reserved);
     api_budget_release(busy, ((size_t)16 << 20) - 1000);
     api_budget_free(busy);
     eng_buf_free(packed);
@@ -322,7 +329,7 @@ static char *unpack(const api_reply *r, api__coding coding, size_t *len)
     char *plain = NULL;
     size_t reserved;
     api__error err = {0};
-    if (api__inflate(coding, r->body, r->body_len, 1 << 30, NULL, 0, &plain, len, &reserved,
+    if (api__inflate(coding, r->body, r->body_len, 1 << 30, &unbudgeted, &plain, len, &reserved,
                      &err) != 0)
         return NULL;
     return plain;
@@ -333,6 +340,8 @@ static void test_call_encoded(void)
     char *text = sample(100000), *packed;
     size_t packed_len, len;
     api_budget *budget = api_budget_new((size_t)64 << 20);
+    api_lease lease;
+    api_lease_start(&lease, budget, eng_now_ns(), 0);
     CHECK(api__deflate(API_CODING_GZIP, text, 100000, &packed, &packed_len));
 
     /* A gzip body reaches the route inflated; the reply goes back as the client accepts. */
@@ -347,7 +356,7 @@ static void test_call_encoded(void)
     for (size_t i = 0; i < sizeof accepts / sizeof accepts[0]; i++) {
         api_call call = {.body = packed,
                          .body_len = packed_len,
-                         .budget = budget,
+                         .lease = &lease,
                          .content_encoding = "gzip",
                          .accept_encoding = accepts[i].accept};
         api_reply r;
@@ -394,7 +403,7 @@ static void test_call_encoded(void)
     api_call bomb = {.body = packed,
                      .body_len = packed_len,
                      .limits = &limits,
-                     .budget = budget,
+                     .lease = &lease,
                      .content_encoding = "gzip"};
     api_call_encoded(echo_route, API_ERRORS_V2, &bomb, &r);
     CHECK_EQ_INT(r.status, 413);
@@ -510,6 +519,7 @@ int main(void)
     pool = eng_pool_new(2, &err);
     if (!pool)
         return 1;
+    api_lease_start(&unbudgeted, NULL, eng_now_ns(), 0);
     RUN(test_content_encoding_parse);
     RUN(test_accept_encoding_pick);
     RUN(test_roundtrip);

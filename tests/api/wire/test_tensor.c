@@ -11,6 +11,7 @@
 #include "api/wire/base64.h"
 #include "api/wire/tensor.h"
 #include "tests/support/check.h"
+#include "tests/support/rng.h"
 
 #define MAX_ELEMENTS ((size_t)1 << 20)
 
@@ -612,24 +613,24 @@ static void test_big_base64_is_the_same_on_a_pool(void)
     eng_pool *pool = eng_pool_new(2, &eerr);
     for (int dt = 0; dt < 2; dt++) {
         /* Encode on the pool, decode on the pool, compare with the serial encoding. */
-        api__jsonw w, serial;
+        api_buf w, serial;
         size_t bad;
         const int64_t shape[1] = {N};
-        api__jsonw_init(&w, (size_t)N * 6 + 1024);
-        api__jsonw_init(&serial, (size_t)N * 6 + 1024);
-        api__jsonw_cstr(&w, "{\"t\":");
+        api_buf_init(&w, (size_t)N * 6 + 1024);
+        api_buf_init(&serial, (size_t)N * 6 + 1024);
+        api_buf_cstr(&w, "{\"t\":");
         if (dt == 0) {
             CHECK_EQ_INT(api__tensor_encode(&w, in, 1, shape, API_FORM_BASE64, 0, pool, &bad),
                          API_ENCODE_OK);
             api__tensor_encode(&serial, in, 1, shape, API_FORM_BASE64, 0, NULL, &bad);
             CHECK(memcmp(w.data + 5, serial.data, serial.len) == 0);
         } else {
-            api__jsonw_printf(&w, "{\"shape\":[%d],\"dtype\":\"float16\",\"base64\":\"", N);
-            char *p = api__jsonw_reserve(&w, api__base64_encoded_len(N * 2));
+            api_buf_printf(&w, "{\"shape\":[%d],\"dtype\":\"float16\",\"base64\":\"", N);
+            char *p = api_buf_reserve(&w, api__base64_encoded_len(N * 2));
             w.len += (size_t)(api__base64_encode(halves, N * 2, p) - p);
-            api__jsonw_cstr(&w, "\"}");
+            api_buf_cstr(&w, "\"}");
         }
-        api__jsonw_char(&w, '}');
+        api_buf_char(&w, '}');
         api__body b;
         api__tensor t;
         api__error err = {0};
@@ -652,8 +653,8 @@ static void test_big_base64_is_the_same_on_a_pool(void)
                    strstr(on_pool.message, "offset 2098153"),
                "%s / %s", on_pool.message, serial_err.message);
         api__body_free(&b);
-        api__jsonw_free(&w);
-        api__jsonw_free(&serial);
+        api_buf_free(&w);
+        api_buf_free(&serial);
     }
     eng_pool_free(pool);
     free(in);
@@ -767,7 +768,7 @@ static void test_random_numbers_read_the_same_both_ways(void)
     /* Numbers in every shape the grammar allows, and some it does not. */
     static const char *const parts[] = {"0", "1", "9", "-", ".", "e", "E", "+", "5", "0"};
     static char arr[8192];
-    uint64_t x = 12345;
+    uint64_t rng = 12345;
     for (int round = 0; round < 400; round++) {
         size_t at = 0;
         arr[at++] = '[';
@@ -775,7 +776,7 @@ static void test_random_numbers_read_the_same_both_ways(void)
             if (k)
                 arr[at++] = ',';
             /* Mostly well-formed: sign, digits, fraction, exponent; sometimes a random token. */
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t x = rng_next(&rng);
             if (x % 17 == 0) {
                 for (int j = 0; j < 3; j++)
                     at += (size_t)snprintf(arr + at, 8, "%s", parts[(x >> (8 * j)) % 10]);
@@ -816,16 +817,16 @@ static void test_random_numbers_read_the_same_both_ways(void)
 static bool encodes_to(const float *data, int rank, const int64_t *shape, api__form form,
                        unsigned flags, const char *want)
 {
-    api__jsonw w;
+    api_buf w;
     size_t bad, count = 1;
     for (int d = 0; d < rank; d++)
         count *= (size_t)shape[d];
     size_t bound = api__tensor_encoded_bound(form, rank, shape, count);
-    api__jsonw_init(&w, bound);
+    api_buf_init(&w, bound);
     api__encode_status st = api__tensor_encode(&w, data, rank, shape, form, flags, NULL, &bad);
     bool ok = st == API_ENCODE_OK && w.len == strlen(want) && memcmp(w.data, want, w.len) == 0;
     CHECKF(ok, "wrote %.*s, want %s", (int)w.len, w.data ? w.data : "", want);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
     return ok;
 }
 
@@ -865,9 +866,9 @@ static void test_encodes_bfloat16(void)
     encodes_to(lse, 1, (const int64_t[]){2}, API_FORM_FLAT,
                API_ENCODE_BF16 | API_ENCODE_NEG_INF_NULL, "{\"shape\":[2],\"data\":[null,0.5]}");
     const float big[] = {1, FLT_MAX};
-    api__jsonw w;
+    api_buf w;
     size_t bad = 0;
-    api__jsonw_init(&w, 1000);
+    api_buf_init(&w, 1000);
     CHECK_EQ_INT(api__tensor_encode(&w, big, 1, (const int64_t[]){2}, API_FORM_BASE64,
                                     API_ENCODE_BF16, NULL, &bad),
                  API_ENCODE_NONFINITE);
@@ -875,15 +876,15 @@ static void test_encodes_bfloat16(void)
     CHECK_EQ_INT(
         api__tensor_encode(&w, big, 1, (const int64_t[]){2}, API_FORM_BASE64, 0, NULL, &bad),
         API_ENCODE_OK);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
 }
 
 static void test_non_finite_values_are_refused_or_written_as_asked(void)
 {
     const float v[] = {1, 2, -INFINITY, 4, INFINITY, NAN};
-    api__jsonw w;
+    api_buf w;
     size_t bad = 0;
-    api__jsonw_init(&w, 1000);
+    api_buf_init(&w, 1000);
     CHECK_EQ_INT(api__tensor_encode(&w, v, 1, (const int64_t[]){6}, API_FORM_NESTED, 0, NULL, &bad),
                  API_ENCODE_NONFINITE);
     CHECK_EQ_INT(bad, 2);
@@ -894,7 +895,7 @@ static void test_non_finite_values_are_refused_or_written_as_asked(void)
     CHECK_EQ_INT(api__tensor_encode(&w, v + 5, 1, (const int64_t[]){1}, API_FORM_BASE64,
                                     API_ENCODE_NEG_INF_NULL, NULL, &bad),
                  API_ENCODE_NONFINITE);
-    api__jsonw_free(&w);
+    api_buf_free(&w);
     encodes_to(v, 1, (const int64_t[]){4}, API_FORM_NESTED, API_ENCODE_NEG_INF_NULL,
                "[1,2,null,4]");
     encodes_to(v, 1, (const int64_t[]){4}, API_FORM_FLAT, API_ENCODE_NEG_INF_TOKEN,
@@ -906,23 +907,23 @@ static void test_every_form_round_trips_bit_exactly(void)
     enum { N = 2 * 3 * 5 * 7 };
     static float v[N], back[N];
     const int64_t shape[4] = {2, 3, 5, 7};
-    srand(11);
+    uint64_t rng = 11;
     for (int i = 0; i < N; i++)
-        v[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * powf(10.0f, (float)(i % 30 - 15));
+        v[i] = rng_sym(&rng, 0.5) * powf(10.0f, (float)(i % 30 - 15));
     for (int form = API_FORM_NESTED; form <= API_FORM_BASE64; form++) {
         for (int rank = 1; rank <= 4; rank++) {
             const int64_t *sh = shape + 4 - rank;
             size_t count = 1;
             for (int d = 0; d < rank; d++)
                 count *= (size_t)sh[d];
-            api__jsonw w;
+            api_buf w;
             size_t bad, bound = api__tensor_encoded_bound((api__form)form, rank, sh, count);
-            api__jsonw_init(&w, bound);
-            api__jsonw_cstr(&w, "{\"t\":");
+            api_buf_init(&w, bound);
+            api_buf_cstr(&w, "{\"t\":");
             CHECK_EQ_INT(api__tensor_encode(&w, v, rank, sh, (api__form)form, 0, NULL, &bad),
                          API_ENCODE_OK);
-            api__jsonw_char(&w, '}');
-            CHECKF(w.state == API_JSONW_OK, "form %d rank %d outgrew its bound %zu", form, rank,
+            api_buf_char(&w, '}');
+            CHECKF(w.state == API_BUF_OK, "form %d rank %d outgrew its bound %zu", form, rank,
                    bound);
             api__body b;
             api__tensor t;
@@ -937,7 +938,7 @@ static void test_every_form_round_trips_bit_exactly(void)
             CHECK_EQ_INT(api__tensor_decode(&b, &t, API_ELEM_FLOAT, 0, back, "t", NULL, &err), 0);
             CHECKF(memcmp(back, v, count * sizeof(float)) == 0, "form %d rank %d", form, rank);
             api__body_free(&b);
-            api__jsonw_free(&w);
+            api_buf_free(&w);
         }
     }
 }

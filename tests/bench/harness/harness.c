@@ -1,6 +1,8 @@
 /* harness.c - the shared parts of the benchmarks (see harness.h). */
 #include "harness.h"
 
+#include "tests/support/rng.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <immintrin.h>
@@ -25,11 +27,9 @@ float *bench_random_floats(size_t n, unsigned seed, float amp)
         fprintf(stderr, "bench: out of memory for %zu floats\n", n);
         exit(1);
     }
-    uint32_t state = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        state = state * 1664525u + 1013904223u;
-        x[i] = ((float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f) * amp;
-    }
+    uint64_t rng = seed;
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_sym(&rng, amp);
     return x;
 }
 
@@ -228,12 +228,10 @@ static const char *const blas_cores[] = {"Prescott", "Nehalem",  "Sandybridge", 
  * on this CPU must not count as the fastest. */
 static bool sgemm_correct(const sgemm_ctx *g)
 {
-    uint32_t state = 12345;
+    uint64_t rng = 12345;
     for (int s = 0; s < 256; s++) {
-        state = state * 1664525u + 1013904223u;
-        int i = (int)(state >> 8) % g->n;
-        state = state * 1664525u + 1013904223u;
-        int j = (int)(state >> 8) % g->n;
+        int i = (int)rng_below(&rng, (uint64_t)g->n);
+        int j = (int)rng_below(&rng, (uint64_t)g->n);
         double ref = 0, mag = 0;
         for (int k = 0; k < g->n; k++) {
             double t = (double)g->a[(size_t)i * (size_t)g->n + (size_t)k] *
