@@ -143,14 +143,15 @@ TSAN_BUILD := build/tsan
 TSAN_TESTS := $(filter tests/engine/%,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
-# line. The bf16 suite runs once more on the VDPBF16PS path (ATTND_BF16=native), which the
+# line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the
 # engine picks on its own only where that instruction is fast. The other suites, and the
 # sanitizer runs, use the set the engine picks (auto).
 KERNEL_SETS := avx512 avx2 generic openblas
 ENGINE_TEST_BINS := $(filter $(BUILD)/tests/engine/%,$(TEST_BINS))
 plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND_BIN=$(BUILD)/attnd $(t)") \
     $(foreach k,$(KERNEL_SETS),$(foreach t,$(ENGINE_TEST_BINS),"ATTND_KERNELS=$(k) $(t)")) \
-    "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16"
+    "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16" \
+    "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16_views"
 asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\

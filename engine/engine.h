@@ -186,11 +186,15 @@ size_t eng_buf_cached(void);
 
 /* ---- Tensor views ------------------------------------------------------------------------- */
 
+/* Element types of tensors the caller holds: views, layer tensors, KV-cache rows. */
+typedef enum { ENG_DTYPE_F32 = 0, ENG_DTYPE_F16, ENG_DTYPE_BF16 } eng_dtype;
+
 /* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes), so that [B,L,H,D]
  * memory is viewed as [B,H,L,D] without a copy. For the SDPA operands rows are contiguous
  * (nb[3] = 1), the row stride nb[2] is at least the row length (it is BLAS's leading
  * dimension), and the batch and head strides may be any non-negative value: 0 broadcasts one
- * batch or head of the inputs (never of the output). */
+ * batch or head of the inputs (never of the output). eng_sdpa's q, k and v may instead be
+ * bfloat16: the view then gives their shape and strides, and eng_sdpa_args their data. */
 typedef struct {
     float *data;
     int64_t ne[4];
@@ -277,6 +281,17 @@ typedef struct {
 
     eng_precision precision;
 
+    /* bfloat16 inputs, read as they are (no fp32 copy of a tensor is ever made): q_dtype
+     * ENG_DTYPE_BF16 takes Q from q16 (the raw bits, 2-byte aligned) with the shape and
+     * strides (in elements) of the view q, whose data is then unused; kv_dtype does the same
+     * for K and V (k16, v16) together. Q rows are copied into each task's bf16 rows (or
+     * widened for fp32 products), K and V packed a block at a time from their bits. The
+     * result is bit for bit that of fp32 views of the same values: with BFLOAT16 they round to
+     * themselves, with FLOAT32 they widen exactly. Every option works with them except
+     * additive scoring (EINVAL: it takes fp32 q and k). ENG_DTYPE_F32 (zero): fp32 views. */
+    eng_dtype q_dtype, kv_dtype;
+    const uint16_t *q16, *k16, *v16;
+
     eng_weights_mode weights_mode;
     float *weights; /* see eng_weights_mode; zeros where a key is invisible */
     float *lse;     /* [B, H, L] natural-log sum of exp; -inf for a row with no visible key */
@@ -338,8 +353,6 @@ typedef struct {
     float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
     float *params;                /* the block every pointer above points into */
 } eng_layer;
-
-typedef enum { ENG_DTYPE_F32 = 0, ENG_DTYPE_F16, ENG_DTYPE_BF16 } eng_dtype;
 
 /* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
 typedef struct {

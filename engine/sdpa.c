@@ -79,7 +79,9 @@ typedef struct {
     uint16_t *kpack16, *vpack16;    /* the same in bf16 pair panels, when bf16_native */
     int64_t kpack_head, vpack_head; /* elements per (b, kv head) */
     const eng__kv_paged *kv;        /* K and V through a block table, or NULL: a->k, a->v */
-    bool kv16;                      /* the table's rows are bf16 or f16 */
+    bool kv16;                      /* K and V rows are bf16 or f16 (the table's or the views') */
+    eng_dtype kv_dtype;             /* which: the table's dtype, or the views' */
+    bool q16;                       /* Q rows are bf16: copied or widened per task, never whole */
     atomic_bool nonfinite;          /* some row overflowed */
     atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
@@ -102,6 +104,13 @@ static inline float *row_ptr(const eng_view *v, int64_t b, int64_t h, int64_t i)
     return v->data + b * v->nb[0] + h * v->nb[1] + i * v->nb[2];
 }
 
+/* The same for the bfloat16 data of view v (eng_sdpa_args q16, k16, v16). */
+static inline const uint16_t *row_ptr16(const uint16_t *data, const eng_view *v, int64_t b,
+                                        int64_t h, int64_t i)
+{
+    return data + b * v->nb[0] + h * v->nb[1] + i * v->nb[2];
+}
+
 /* The leading dimension to hand BLAS: the row stride, or the row length for a single row
  * (whose stride is never used and may be anything). */
 static inline int ld_of(const eng_view *v)
@@ -112,9 +121,10 @@ static inline int ld_of(const eng_view *v)
 /* ---- Validation -------------------------------------------------------------------------------
  */
 
-static eng_status check_view(const eng_view *v, const char *name, eng_error *err)
+/* Checks view v of an operand whose elements are at `data` (v->data, or the bf16 pointer). */
+static eng_status check_view(const eng_view *v, const void *data, const char *name, eng_error *err)
 {
-    if (!v->data)
+    if (!data)
         return eng__fail(err, ENG_EINVAL, name, "%s has no data", name);
     for (int d = 0; d < 4; d++) {
         if (v->ne[d] <= 0)
@@ -152,8 +162,18 @@ static eng_status check_view(const eng_view *v, const char *name, eng_error *err
 static eng_status check_shapes(const eng_sdpa_args *a, eng_error *err)
 {
     eng_status st;
-    if ((st = check_view(&a->q, "q", err)) || (st = check_view(&a->k, "k", err)) ||
-        (st = check_view(&a->v, "v", err)) || (st = check_view(&a->out, "out", err)))
+    for (int i = 0; i < 2; i++) {
+        eng_dtype dt = i == 0 ? a->q_dtype : a->kv_dtype;
+        if (dt != ENG_DTYPE_F32 && dt != ENG_DTYPE_BF16)
+            return eng__fail(err, ENG_EINVAL, i == 0 ? "q" : "k",
+                             "%s must be float32 or bfloat16 (dtype %d)", i == 0 ? "q" : "k and v",
+                             (int)dt);
+    }
+    const bool q16 = a->q_dtype == ENG_DTYPE_BF16, kv16 = a->kv_dtype == ENG_DTYPE_BF16;
+    if ((st = check_view(&a->q, q16 ? (const void *)a->q16 : a->q.data, "q", err)) ||
+        (st = check_view(&a->k, kv16 ? (const void *)a->k16 : a->k.data, "k", err)) ||
+        (st = check_view(&a->v, kv16 ? (const void *)a->v16 : a->v.data, "v", err)) ||
+        (st = check_view(&a->out, a->out.data, "out", err)))
         return st;
     for (int d = 0; d < 2; d++) /* tasks write their own rows: out may not broadcast */
         if (a->out.ne[d] > 1 && a->out.nb[d] == 0)
@@ -254,6 +274,9 @@ static eng_status check_options(const eng_sdpa_args *a, eng_error *err)
         if (!a->additive_w_q || !a->additive_w_k || !a->additive_v)
             return eng__fail(err, ENG_EINVAL, "additive",
                              "additive scoring needs w_q, w_k and v together");
+        if (a->q_dtype != ENG_DTYPE_F32 || a->kv_dtype != ENG_DTYPE_F32)
+            return eng__fail(err, ENG_EINVAL, "additive",
+                             "additive scoring takes float32 q and k, not bfloat16 views");
         if (a->additive_dim <= 0 || a->additive_dim > INT_MAX)
             return eng__fail(err, ENG_EINVAL, "additive",
                              "additive dimension %lld must be positive",
@@ -393,14 +416,14 @@ static size_t qf_floats(const plan *p)
 
 static size_t task_panels_floats(const plan *p)
 {
-    if (!p->ks->tile)
-        return 0;
+    if (!p->ks->tile) /* openblas: only bf16 Q rows widened for cblas */
+        return p->q16 ? qf_floats(p) : 0;
     if (p->bf16_native) {
         size_t elems = q16_elems(p) + p16_elems(p) + k16_elems(p) +
                        eng__bf16_panels_elems(p->ks->nr, p->Dv, p->bc);
         return align16((elems + 1) / 2);
     }
-    return fp32_panels_floats(p) + (p->bf16 ? qf_floats(p) : 0);
+    return fp32_panels_floats(p) + (p->bf16 || p->q16 ? qf_floats(p) : 0);
 }
 
 /* A 16-bit cache block's K and V rows widened to fp32, for the products that read fp32. */
@@ -432,10 +455,11 @@ static float *task_widen(const plan *p, const float *s)
     return task_panels(p, s) + task_panels_floats(p);
 }
 
-/* Emulated bf16: the task's rounded Q rows follow the fp32 block panels. */
+/* Emulated bf16, or bf16 Q rows for fp32 products: the task's rounded (or widened) Q rows
+ * follow the fp32 block panels. */
 static float *task_qf(const plan *p, const float *s)
 {
-    return task_panels(p, s) + fp32_panels_floats(p);
+    return task_panels(p, s) + (p->ks->tile ? fp32_panels_floats(p) : 0);
 }
 
 /* With native bf16, the panel space holds the task's Q rows, a P panel, then the block's K and
@@ -814,8 +838,10 @@ static void source_rows(const plan *p, int64_t b, int64_t hk, int64_t j0, const 
 {
     const eng_sdpa_args *a = p->a;
     if (!p->kv) {
-        *k = row_ptr(&a->k, b, hk, j0);
-        *v = row_ptr(&a->v, b, hk, j0);
+        *k = p->kv16 ? (const void *)row_ptr16(a->k16, &a->k, b, hk, j0)
+                     : (const void *)row_ptr(&a->k, b, hk, j0);
+        *v = p->kv16 ? (const void *)row_ptr16(a->v16, &a->v, b, hk, j0)
+                     : (const void *)row_ptr(&a->v, b, hk, j0);
         *ldk = ld_of(&a->k);
         *ldv = ld_of(&a->v);
         return;
@@ -829,7 +855,7 @@ static void source_rows(const plan *p, int64_t b, int64_t hk, int64_t j0, const 
     *ldv = p->Dv;
 }
 
-/* n 16-bit cache values to fp32 (exact). */
+/* n 16-bit values to fp32 (exact). */
 static void widen(eng_dtype dtype, const uint16_t *x, int64_t n, float *dst)
 {
     if (dtype == ENG_DTYPE_F16) {
@@ -841,6 +867,18 @@ static void widen(eng_dtype dtype, const uint16_t *x, int64_t n, float *dst)
             memcpy(&dst[i], &bits, sizeof bits);
         }
     }
+}
+
+/* `rows` rows of n 16-bit values (row stride ld) to fp32 rows of n at dst (exact). */
+static void widen_rows(eng_dtype dtype, const uint16_t *x, int64_t ld, int64_t rows, int64_t n,
+                       float *dst)
+{
+    if (ld == n) {
+        widen(dtype, x, rows * n, dst);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        widen(dtype, x + r * ld, n, dst + r * n);
 }
 
 /* The bf16 pair panels of the block, prepacked or packed into `area`. */
@@ -904,19 +942,22 @@ static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t
     block_panels bp = {0};
     const bool kernel = p->ks->tile != NULL, prepacked = block_prepacked(p, j0);
     const bool panels = kernel && (rows > p->gemv_rows || p->kpack || p->kpack16);
-    if (!prepacked || !p->kv) {
+    /* Prepacked blocks never read their rows: from a paged cache they may span cache blocks,
+     * and 16-bit rows would be widened for nothing. */
+    if (!prepacked || !(p->kv || p->kv16)) {
         const void *k, *v;
         source_rows(p, b, hk, j0, &k, &bp.ldk, &v, &bp.ldv);
         if (!p->kv16) {
             bp.kr = k;
             bp.vr = v;
-        } else if (!panels && kernel) {
+        } else if (!panels && kernel && p->kv) {
             bp.kh = k;
             bp.vh = v;
         } else {
+            /* Widened (bf16 views always: then the products are those of fp32 views). */
             float *kw = task_widen(p, s), *vw = kw + align16((size_t)(p->bc * p->D));
-            widen(p->kv->dtype, k, cols * p->D, kw);
-            widen(p->kv->dtype, v, cols * p->Dv, vw);
+            widen_rows(p->kv_dtype, k, bp.ldk, cols, p->D, kw);
+            widen_rows(p->kv_dtype, v, bp.ldv, cols, p->Dv, vw);
             bp.kr = kw;
             bp.vr = vw;
             bp.ldk = p->D;
@@ -964,7 +1005,7 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
     float *pack = task_pack(p, scratch);
     if (p->add_q) {
         additive_scores(p, b, h, i, rows, j0 + c0, n, s, lds);
-    } else if (p->bf16 && !p->bf16_native) {
+    } else if ((p->bf16 && !p->bf16_native) || (!p->bf16 && p->q16)) {
         scores_gemm(p, task_qf(p, scratch) + ti * p->D, (int)p->D, rows, bp, c0, n, s, lds, pack);
     } else if (p->bf16) {
         const uint16_t *q16 = task_q16(p, scratch) + ti * p->dp;
@@ -1124,22 +1165,44 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
     return ENG_OK;
 }
 
-/* With bf16: the task's query rows rounded into its Q rows (the rows past them, which the
- * micro-kernel reads but never stores, and the P panel are zeroed). */
+/* A bf16 query row as VDPBF16PS reads it: copied, with what eng__to_bf16_avx512 does to an fp32
+ * row on the way (it treats denormals as zero: so does this, so that bf16 views give the bits
+ * fp32 views of the same values give), and a zero after an odd row so that it reads in pairs. */
+static void copy_bf16_row(const uint16_t *x, int64_t n, uint16_t *dst)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (x[i] & 0x7F80u) ? x[i] : (uint16_t)(x[i] & 0x8000u);
+    if (n % 2)
+        dst[n] = 0;
+}
+
+/* With bf16, or bf16 Q rows: the task's query rows rounded (or copied, or widened for fp32
+ * products) into its Q rows (the rows past them, which the micro-kernel reads but never
+ * stores, and the P panel are zeroed). */
 static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, float *s)
 {
     if (!p->bf16_native) {
         float *qf = task_qf(p, s);
         for (int64_t r = 0; r < rows; r++) {
-            memcpy(qf + r * p->D, row_ptr(&p->a->q, b, h, i0 + r), (size_t)p->D * sizeof(float));
-            p->ks->round_bf16(qf + r * p->D, p->D);
+            if (p->q16)
+                widen(ENG_DTYPE_BF16, row_ptr16(p->a->q16, &p->a->q, b, h, i0 + r), p->D,
+                      qf + r * p->D);
+            else
+                memcpy(qf + r * p->D, row_ptr(&p->a->q, b, h, i0 + r),
+                       (size_t)p->D * sizeof(float));
+            if (p->bf16)
+                p->ks->round_bf16(qf + r * p->D, p->D);
         }
         memset(qf + rows * p->D, 0, (qf_floats(p) - (size_t)(rows * p->D)) * sizeof(float));
         return;
     }
     uint16_t *q16 = task_q16(p, s);
-    for (int64_t r = 0; r < rows; r++)
-        p->ks->to_bf16(row_ptr(&p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
+    for (int64_t r = 0; r < rows; r++) {
+        if (p->q16)
+            copy_bf16_row(row_ptr16(p->a->q16, &p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
+        else
+            p->ks->to_bf16(row_ptr(&p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
+    }
     memset(q16 + rows * p->dp, 0, (q16_elems(p) - (size_t)(rows * p->dp)) * sizeof *q16);
     memset(task_p16(p, s), 0, p16_elems(p) * sizeof(uint16_t));
 }
@@ -1157,7 +1220,7 @@ static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows
         l[r] = 0.0f;
         memset(o + r * ldo, 0, (size_t)p->Dv * sizeof(float));
     }
-    if (p->bf16)
+    if (p->bf16 || p->q16)
         round_queries(p, b, h, i0, rows, s);
     eng_status st = ENG_OK;
     key_span k = rows_span(p, b, i0, rows, kbeg, kend);
@@ -1478,15 +1541,22 @@ static void prepack_range(plan *p, int64_t index, int64_t j, int64_t len, const 
                                p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
 }
 
+/* Keys per packing step: a cache block from a paged cache; Bc (whole panels) from 16-bit
+ * views, which are widened a step at a time; else all of them. */
+static int64_t prepack_step(const plan *p)
+{
+    return p->kv ? p->kv->block_tokens : p->kv16 ? p->bc : p->S;
+}
+
 /* Packing step: K^T and V panels of one (b, kv head), a cache block at a time from a paged
- * cache (a 16-bit one widened first). */
+ * cache, Bc keys at a time from bf16 views (16-bit rows widened first). */
 static void prepack_task(void *arg, int64_t index)
 {
     plan *p = arg;
-    int64_t b = index / p->Hkv, hk = index % p->Hkv;
+    int64_t b = index / p->Hkv, hk = index % p->Hkv, step = prepack_step(p);
     float *wide = NULL;
     if (p->kv16) {
-        wide = eng__scratch((size_t)(p->kv->block_tokens * (p->D + p->Dv)) * sizeof(float));
+        wide = eng__scratch((size_t)(step * (p->D + p->Dv)) * sizeof(float));
         if (!wide) {
             atomic_store(&p->no_scratch, true);
             return;
@@ -1494,16 +1564,18 @@ static void prepack_task(void *arg, int64_t index)
     }
     for (int64_t j = 0, len; j < p->S; j += len) {
         len = p->S - j;
-        if (p->kv && p->kv->block_tokens - j % p->kv->block_tokens < len)
-            len = p->kv->block_tokens - j % p->kv->block_tokens;
+        if (step - j % step < len)
+            len = step - j % step;
         const void *k, *v;
         int64_t ldk, ldv;
         source_rows(p, b, hk, j, &k, &ldk, &v, &ldv);
         if (wide) {
-            widen(p->kv->dtype, k, len * p->D, wide);
-            widen(p->kv->dtype, v, len * p->Dv, wide + len * p->D);
+            widen_rows(p->kv_dtype, k, ldk, len, p->D, wide);
+            widen_rows(p->kv_dtype, v, ldv, len, p->Dv, wide + len * p->D);
             k = wide;
             v = wide + len * p->D;
+            ldk = p->D;
+            ldv = p->Dv;
         }
         prepack_range(p, index, j, len, k, ldk, v, ldv);
     }
@@ -1520,7 +1592,9 @@ static void plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, 
     atomic_init(&p->no_scratch, false);
     p->a = a;
     p->kv = kv;
-    p->kv16 = kv && kv->dtype != ENG_DTYPE_F32;
+    p->kv_dtype = kv ? kv->dtype : a->kv_dtype;
+    p->kv16 = p->kv_dtype != ENG_DTYPE_F32;
+    p->q16 = a->q_dtype == ENG_DTYPE_BF16;
     p->ks = eng__kernels_current();
     p->vec = p->ks->vec;
     p->B = a->q.ne[0];
@@ -1572,7 +1646,7 @@ size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_pa
      * cache's prepacking widens one cache block per thread. */
     size_t per_thread = task_scratch_floats(&p);
     if (p.prepack && p.kv16)
-        per_thread += (size_t)(kv->block_tokens * (p.D + p.Dv));
+        per_thread += (size_t)(prepack_step(&p) * (p.D + p.Dv));
     return plan_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }
 
@@ -1680,6 +1754,8 @@ eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
         return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
     if ((st = eng__sdpa_validate(a, err)) != ENG_OK)
         return st;
+    if (kv && a->kv_dtype != ENG_DTYPE_F32)
+        return eng__fail(err, ENG_EINVAL, "k", "k and v come from the KV cache: leave them unset");
     if (kv && (a->additive_w_q || a->q.ne[0] != 1))
         return eng__fail(err, ENG_EINVAL, a->additive_w_q ? "additive" : "q",
                          "attention over a KV cache takes one sequence (batch 1) and dot-product "
