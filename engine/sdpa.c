@@ -426,10 +426,18 @@ static size_t task_panels_floats(const plan *p)
     return fp32_panels_floats(p) + (p->bf16 || p->q16 ? qf_floats(p) : 0);
 }
 
-/* A 16-bit cache block's K and V rows widened to fp32, for the products that read fp32. */
+/* Whether a task widens 16-bit K and V rows into its scratch: a paged cache's, and bf16 views
+ * that fp32 rows read (cblas, or the dot products of a row or two); bf16 views that only the
+ * micro-kernels read are packed from their bits. */
+static bool task_widens(const plan *p)
+{
+    return p->kv16 && (p->kv || !p->ks->tile || p->gemv_rows > 0);
+}
+
+/* A block's K and V rows widened to fp32, for the products that read fp32. */
 static size_t task_widen_floats(const plan *p)
 {
-    return p->kv16 ? align16((size_t)(p->bc * p->D)) + align16((size_t)(p->bc * p->Dv)) : 0;
+    return task_widens(p) ? align16((size_t)(p->bc * p->D)) + align16((size_t)(p->bc * p->Dv)) : 0;
 }
 
 static size_t task_scratch_floats(const plan *p)
@@ -881,6 +889,40 @@ static void widen_rows(eng_dtype dtype, const uint16_t *x, int64_t ld, int64_t r
         widen(dtype, x + r * ld, n, dst + r * n);
 }
 
+/* eng__sgemm_pack_panels (fp32 panels: panel q at dst + q k NR, depth row p at + p NR, zero
+ * past column n) from bf16 bits, widened exactly as they go. */
+static void pack16_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
+                          int64_t n, float *dst)
+{
+    for (int64_t q = 0; q < n; q += nr, dst += k * nr) {
+        int64_t cols = n - q < nr ? n - q : nr;
+        if (cols < nr)
+            memset(dst, 0, (size_t)(k * nr) * sizeof(float));
+        for (int64_t p = 0; p < k; p++)
+            for (int64_t j = 0; j < cols; j++)
+                dst[p * nr + j] =
+                    eng_bf16_to_f32(b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j]);
+    }
+}
+
+/* eng__bf16_pack_panels (pair panels) from bf16 bits, copied: what rounding their exact fp32
+ * widening gives. */
+static void pack16_pair_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
+                               int64_t n, uint16_t *dst)
+{
+    const int64_t stride = eng__bf16_panel_stride(nr, k);
+    for (int64_t q = 0; q < n; q += nr, dst += stride) {
+        int64_t cols = n - q < nr ? n - q : nr;
+        if (cols < nr || k % 2)
+            memset(dst, 0, (size_t)stride * sizeof *dst);
+        for (int64_t p = 0; p < k; p++) {
+            uint16_t *row = dst + p / 2 * 2 * nr + p % 2;
+            for (int64_t j = 0; j < cols; j++)
+                row[2 * j] = b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j];
+        }
+    }
+}
+
 /* The bf16 pair panels of the block, prepacked or packed into `area`. */
 static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
                          uint16_t *area, block_panels *bp)
@@ -889,14 +931,20 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
     bp->k16_stride = eng__bf16_panel_stride(nr, p->D);
     bp->k16 = key_panels16(p, b, hk, j0);
     if (!bp->k16) {
-        eng__bf16_pack_panels(nr, bp->kr, bp->ldk, true, p->D, cols, area);
+        if (bp->kr)
+            eng__bf16_pack_panels(nr, bp->kr, bp->ldk, true, p->D, cols, area);
+        else
+            pack16_pair_panels(nr, bp->kh, bp->ldk, true, p->D, cols, area);
         bp->k16 = area;
     }
     bp->v16 = value_panels16(p, b, hk, j0);
     bp->v16_stride = eng__bf16_panel_stride(nr, p->S);
     if (!bp->v16) {
         uint16_t *v_area = area + k16_elems(p);
-        eng__bf16_pack_panels(nr, bp->vr, bp->ldv, false, cols, p->Dv, v_area);
+        if (bp->vr)
+            eng__bf16_pack_panels(nr, bp->vr, bp->ldv, false, cols, p->Dv, v_area);
+        else
+            pack16_pair_panels(nr, bp->vh, bp->ldv, false, cols, p->Dv, v_area);
         bp->v16 = v_area;
         bp->v16_stride = eng__bf16_panel_stride(nr, cols);
     }
@@ -915,7 +963,10 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
     float *area = task_panels(p, s);
     bp->k = key_panels(p, b, hk, j0);
     if (!bp->k && !p->add_q) { /* additive scoring never multiplies K */
-        eng__sgemm_pack_panels(p->ks, bp->kr, bp->ldk, true, p->D, cols, area);
+        if (bp->kr)
+            eng__sgemm_pack_panels(p->ks, bp->kr, bp->ldk, true, p->D, cols, area);
+        else
+            pack16_panels(p->ks->nr, bp->kh, bp->ldk, true, p->D, cols, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
         bp->k = area;
@@ -924,7 +975,10 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
     bp->v = value_panels(p, b, hk, j0);
     bp->v_stride = p->S * p->ks->nr;
     if (!bp->v) {
-        eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
+        if (bp->vr)
+            eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
+        else
+            pack16_panels(p->ks->nr, bp->vh, bp->ldv, false, cols, p->Dv, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
         bp->v = area;
@@ -950,11 +1004,13 @@ static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t
         if (!p->kv16) {
             bp.kr = k;
             bp.vr = v;
-        } else if (!panels && kernel && p->kv) {
+        } else if (kernel && (p->kv ? !panels : panels)) {
+            /* Read in place: by the dot products over a cache's rows, or packed from the bits
+             * of bf16 views. */
             bp.kh = k;
             bp.vh = v;
         } else {
-            /* Widened (bf16 views always: then the products are those of fp32 views). */
+            /* Widened: then the products are those of fp32 rows. */
             float *kw = task_widen(p, s), *vw = kw + align16((size_t)(p->bc * p->D));
             widen_rows(p->kv_dtype, k, bp.ldk, cols, p->D, kw);
             widen_rows(p->kv_dtype, v, bp.ldv, cols, p->Dv, vw);
@@ -1541,28 +1597,58 @@ static void prepack_range(plan *p, int64_t index, int64_t j, int64_t len, const 
                                p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
 }
 
-/* Keys per packing step: a cache block from a paged cache; Bc (whole panels) from 16-bit
- * views, which are widened a step at a time; else all of them. */
+/* prepack_range from the bits of bf16 views. */
+static void prepack_range16(plan *p, int64_t index, int64_t j, int64_t len, const uint16_t *k,
+                            int64_t ldk, const uint16_t *v, int64_t ldv)
+{
+    const int64_t nr = p->ks->nr;
+    for (int64_t q = 0; q < p->Dv + nr; q += nr) {
+        if (q == 0 && p->bf16_native) /* K^T first, then each V panel */
+            pack16_pair_panels(nr, k, ldk, true, p->D, len,
+                               p->kpack16 + index * p->kpack_head +
+                                   j / nr * eng__bf16_panel_stride(nr, p->D));
+        else if (q == 0)
+            pack16_panels(nr, k, ldk, true, p->D, len,
+                          p->kpack + index * p->kpack_head + j / nr * p->D * nr);
+        if (q >= p->Dv)
+            break;
+        int64_t w = p->Dv - q < nr ? p->Dv - q : nr;
+        if (p->bf16_native)
+            pack16_pair_panels(nr, v + q, ldv, false, len, w,
+                               p->vpack16 + index * p->vpack_head +
+                                   q / nr * eng__bf16_panel_stride(nr, p->S) + j * nr);
+        else
+            pack16_panels(nr, v + q, ldv, false, len, w,
+                          p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
+    }
+}
+
+/* Keys per packing step: a cache block from a paged cache, else all of them. */
 static int64_t prepack_step(const plan *p)
 {
-    return p->kv ? p->kv->block_tokens : p->kv16 ? p->bc : p->S;
+    return p->kv ? p->kv->block_tokens : p->S;
 }
 
 /* Packing step: K^T and V panels of one (b, kv head), a cache block at a time from a paged
- * cache, Bc keys at a time from bf16 views (16-bit rows widened first). */
+ * cache (a 16-bit one widened first); bf16 views are packed from their bits. */
 static void prepack_task(void *arg, int64_t index)
 {
     plan *p = arg;
     int64_t b = index / p->Hkv, hk = index % p->Hkv, step = prepack_step(p);
     float *wide = NULL;
-    if (p->kv16) {
+    if (p->kv16 && !p->kv) {
+        const void *k, *v;
+        int64_t ldk, ldv;
+        source_rows(p, b, hk, 0, &k, &ldk, &v, &ldv);
+        prepack_range16(p, index, 0, p->S, k, ldk, v, ldv);
+    } else if (p->kv16) {
         wide = eng__scratch((size_t)(step * (p->D + p->Dv)) * sizeof(float));
         if (!wide) {
             atomic_store(&p->no_scratch, true);
             return;
         }
     }
-    for (int64_t j = 0, len; j < p->S; j += len) {
+    for (int64_t j = 0, len; j < p->S && !(p->kv16 && !p->kv); j += len) {
         len = p->S - j;
         if (step - j % step < len)
             len = step - j % step;
@@ -1645,7 +1731,7 @@ size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_pa
     /* One scratch block per thread that may run a task: the workers and this caller; a 16-bit
      * cache's prepacking widens one cache block per thread. */
     size_t per_thread = task_scratch_floats(&p);
-    if (p.prepack && p.kv16)
+    if (p.prepack && p.kv16 && p.kv)
         per_thread += (size_t)(prepack_step(&p) * (p.D + p.Dv));
     return plan_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }

@@ -138,7 +138,7 @@ void *api__req_alloc(api__req *rq, size_t bytes, api__error *err)
 /* Bytes of one decoded element. */
 static size_t elem_size(api__elem elem)
 {
-    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : 4;
+    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : elem == API_ELEM_BF16 ? 2 : 4;
 }
 
 bool api__input_bytes(const api__input *in, size_t n, size_t *bytes)

@@ -14,6 +14,12 @@
  *   decode       allocate and decode the inputs (raw float32 and bool tensors of the v2
  *                binary extension are used where they lie in the body when aligned), and
  *                allocate the outputs a route did not place in its reply;
+ *                with bfloat16 precision, bfloat16 query, key and value (base64 dtype
+ *                "bfloat16", v2 BF16 binary) stay bfloat16: raw ones are used where they lie,
+ *                base64 ones decoded into 2-byte buffers, and eng_sdpa reads them as they are
+ *                (bit for bit what their float32 copy gave). A float32-precision request, an
+ *                additive one or one on the openblas set (both compute float32) keeps the
+ *                float32 copy, as does key/value when only one of the two is bfloat16;
  *   run          eng_sdpa, with the deadline and cancellation.
  *
  * Rank 2 and 3 tensors are handed to the engine as strided views of the decoded buffers
@@ -296,6 +302,13 @@ static eng_view view_bld(float *data, int64_t B, int64_t heads, int64_t L, int64
     return v;
 }
 
+/* A tensor whose bfloat16 bits can feed the engine as sent: base64 or raw bfloat16. */
+static bool bf16_as_sent(const api__tensor *t)
+{
+    return t->dtype == API_DTYPE_BFLOAT16 &&
+           (t->form == API_FORM_BASE64 || t->form == API_FORM_RAW);
+}
+
 /* Fills s->args from the checked request, once: shapes, strides and options, with the data
  * pointers of the buffers that do not exist yet left NULL (enough for eng_sdpa_scratch_bytes);
  * bind_buffers sets them after decoding. */
@@ -351,6 +364,12 @@ static void build_args(api__sdpa *s)
     a->weights_mode = r->weights;
     a->weights = s->weights;
     a->lse = s->lse;
+    /* bfloat16 inputs stay so only for bfloat16 products: float32 ones read fp32 in place. */
+    bool bf16 = eng_sdpa_precision(a) == ENG_PRECISION_BFLOAT16;
+    s->q_bf16 = bf16 && bf16_as_sent(&r->q);
+    s->kv_bf16 = bf16 && bf16_as_sent(&r->k) && bf16_as_sent(&r->v);
+    a->q_dtype = s->q_bf16 ? ENG_DTYPE_BF16 : ENG_DTYPE_F32;
+    a->kv_dtype = s->kv_bf16 ? ENG_DTYPE_BF16 : ENG_DTYPE_F32;
 }
 
 static int sdpa_check(void *op, api__error *err)
@@ -372,6 +391,9 @@ static void bind_buffers(api__sdpa *s)
     a->q.data = s->q;
     a->k.data = s->k;
     a->v.data = s->v;
+    a->q16 = s->q16;
+    a->k16 = s->k16;
+    a->v16 = s->v16;
     a->out.data = s->out;
     if (r->has_kpm)
         a->key_padding = s->kpm;
@@ -399,9 +421,12 @@ static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
     api__sdpa_req *r = &s->r;
     bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
     const api__input defs[N_INPUTS] = {
-        {&r->q, r->has_q, API_ELEM_FLOAT, 0, (void **)&s->q, "query"},
-        {&r->k, r->has_k, API_ELEM_FLOAT, 0, (void **)&s->k, "key"},
-        {&r->v, r->has_v, API_ELEM_FLOAT, 0, (void **)&s->v, "value"},
+        {&r->q, r->has_q, s->q_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+         s->q_bf16 ? (void **)&s->q16 : (void **)&s->q, "query"},
+        {&r->k, r->has_k, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+         s->kv_bf16 ? (void **)&s->k16 : (void **)&s->k, "key"},
+        {&r->v, r->has_v, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+         s->kv_bf16 ? (void **)&s->v16 : (void **)&s->v, "value"},
         {&r->mask, r->has_mask, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
          mask_bool ? 0 : API_DECODE_NEG_INF, mask_bool ? (void **)&s->mask_b : (void **)&s->mask_f,
          "attn_mask"},

@@ -46,6 +46,10 @@ typedef struct {
     api__out_shape os, ws, ls; /* output, weights, lse: filled by check */
     /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
     float *q, *k, *v, *slopes, *mask_f, *wq, *wk, *ww;
+    /* bfloat16 query (key and value) kept as sent, for a request that computes in bfloat16
+     * (set by check): their bits in place (raw) or decoded from base64, never widened. */
+    bool q_bf16, kv_bf16;
+    const uint16_t *q16, *k16, *v16;
     uint8_t *mask_b, *kpm;
     int64_t *kvlen;
     /* Outputs: a route may point them into its reply before decode (which allocates

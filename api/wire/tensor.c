@@ -452,6 +452,8 @@ static int decode_leaf(const decode_ctx *c, const json_t *x, size_t i)
                                   "%s must be an integer, found %s", name, value_kind(c->body, x));
         ((int64_t *)c->dst)[i] = (int64_t)json_integer_value(x);
         return 0;
+    case API_ELEM_BF16: /* defensive: api__tensor_decode refuses the text forms for it */
+        break;
     }
     return -1;
 }
@@ -546,6 +548,22 @@ int api__tensor_convert(const void *src, api__dtype dtype, size_t count, size_t 
         }
         return 0;
     }
+    if (elem == API_ELEM_BF16 && dtype == API_DTYPE_BFLOAT16) {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < count; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            if ((h & 0x7F80u) == 0x7F80u && !(neg_inf_ok && h == 0xFF80u))
+                return nonfinite_error(field, first + i, eng_bf16_to_f32(h), err);
+        }
+        if (dst != src)
+            memcpy(dst, src, 2 * count);
+        return 0;
+    }
+    if (elem == API_ELEM_BF16)
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
+                              "%s must hold bfloat16 values here, found dtype \"%s\"", field,
+                              api__dtype_name(dtype));
     if (elem != API_ELEM_FLOAT || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT32 ||
         dtype == API_DTYPE_INT64)
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
@@ -629,8 +647,9 @@ static int decode_base64_range(const api__tensor *t, size_t at, size_t n, api__e
     size_t first = at / 4 * 3 / esize; /* the element index of character `at` */
     bool last = at + n == t->b64_len;
     api__b64_status st;
-    if (esize == 4 || esize == 1) {
-        /* float32 and bool have the width of the destination: decode in place, then check. */
+    if (esize == 4 || esize == 1 || elem == API_ELEM_BF16) {
+        /* float32, bool and bfloat16 kept as such have the width of the destination: decode
+         * in place, then check. */
         uint8_t *d = (uint8_t *)dst + first * esize;
         st = api__base64_decode(t->b64 + at, n, d, &got, &bad);
         if (st != API_B64_OK)
@@ -720,6 +739,8 @@ bool api__tensor_in_place(const api__tensor *t, api__elem elem)
         return t->dtype == API_DTYPE_BOOL;
     if (elem == API_ELEM_FLOAT)
         return t->dtype == API_DTYPE_FLOAT32 && ((uintptr_t)t->raw & (sizeof(float) - 1)) == 0;
+    if (elem == API_ELEM_BF16)
+        return t->dtype == API_DTYPE_BFLOAT16 && ((uintptr_t)t->raw & 1) == 0;
     return t->dtype == API_DTYPE_INT64 && ((uintptr_t)t->raw & (sizeof(int64_t) - 1)) == 0;
 }
 
@@ -736,6 +757,9 @@ int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem,
                                   field);
         return decode_base64(t, elem, flags, dst, field, pool, err);
     }
+    if (elem == API_ELEM_BF16) /* defensive: callers ask for it only in the binary forms */
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
+                              "%s must be bfloat16 in base64 or binary form here", field);
     if (elem == API_ELEM_BOOL && t->dtype != API_DTYPE_BOOL)
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                               "%s must hold booleans (true/false), found numbers", field);

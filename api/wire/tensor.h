@@ -47,6 +47,8 @@ typedef enum {
     API_ELEM_BOOL,  /* uint8_t 0/1; the tensor must hold booleans (not 0/1 numbers: a mask's
                        polarity is easy to get wrong, and numbers suggest the HF 1 = keep one) */
     API_ELEM_INT64, /* int64_t; JSON integers in the text forms only */
+    API_ELEM_BF16,  /* uint16_t bfloat16 bits as sent: a bfloat16 tensor in base64 or raw bytes
+                       only (the engine reads them as they are, no float32 copy) */
 } api__elem;
 
 /* Decode flags. */
@@ -80,7 +82,8 @@ int api__shape_parse(const json_t *v, const char *field, size_t max_elements, in
                      int *rank, size_t *count, api__error *err);
 
 /* Whether tensor `t` can be used where it is, as `elem` elements, without a decoded copy: raw
- * bytes of the destination's type, aligned for it (float32 on a 4-byte boundary, bool). */
+ * bytes of the destination's type, aligned for it (float32 on a 4-byte boundary, bfloat16 on
+ * a 2-byte one, bool). */
 bool api__tensor_in_place(const api__tensor *t, api__elem elem);
 
 /* Decodes tensor `t` into dst: t->count elements of the type `elem` says, contiguous row-major.
@@ -95,7 +98,8 @@ int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem,
 /* Converts `count` little-endian elements of `dtype` at `src` into dst as `elem` (the binary
  * path: base64 after decoding, and KServe binary tensor data), with the checks above. `first`
  * is the index of src[0] in the whole tensor, for messages. INT64 takes int32 and int64 (the
- * raw form only); FLOAT takes float32, float16 and bfloat16; BOOL takes bool bytes 0 and 1.
+ * raw form only); FLOAT takes float32, float16 and bfloat16; BF16 takes bfloat16 alone (the
+ * bits copied, each checked finite); BOOL takes bool bytes 0 and 1.
  * dst may be src when the widths match (then nothing is written: a check in place). */
 int api__tensor_convert(const void *src, api__dtype dtype, size_t count, size_t first,
                         api__elem elem, unsigned flags, void *dst, const char *field,

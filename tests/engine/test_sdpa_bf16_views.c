@@ -6,8 +6,8 @@
  * promise is exactness: the output, the log-sum-exp and the weights are bit for bit those of
  * fp32 views of the same values, in either precision, with every option (masks, windows,
  * ALiBi, softcap, GQA, key padding, kv_lengths, weights, lse, the decode split, prepacked and
- * per-block K/V, strided [B, L, H, D] layouts, odd depths, denormals). Each case runs with
- * Q alone, K/V alone and all three in bf16.
+ * per-block K/V, strided [B, L, H, D] layouts, odd depths, denormals, open tail keys). Each case
+ * runs with Q alone, K/V alone and all three in bf16.
  *
  * The Makefile runs this binary once per kernel set, and once more with ATTND_BF16=native
  * (the VDPBF16PS path, where the CPU has AVX512-BF16).
@@ -28,6 +28,7 @@ typedef struct {
     int weights;    /* 0 none, 1 per head, 2 mean */
     bool blhd;      /* [B, L, H, D] memory seen as [B, H, L, D] (row stride H D) */
     bool subnormal; /* some inputs are bf16 denormals */
+    int64_t tail;   /* open_tail_keys */
 } view_case;
 
 /* bf16 values (as bits) and their exact fp32 widening, in the case's memory layout. */
@@ -169,6 +170,7 @@ static eng_sdpa_args case_args(const view_case *c, case_inputs *in, case_outputs
         a.alibi = true;
         a.softcap = 20.0f;
     }
+    a.open_tail_keys = c->tail;
     if (c->fmask) {
         a.attn_mask =
             (eng_mask){ENG_MASK_FLOAT, in->fmask, {c->B, 1, c->L, c->S}, {c->L * c->S, 0, c->S, 1}};
@@ -226,20 +228,21 @@ static void check_case(eng_pool *pool, const view_case *c, eng_precision precisi
 }
 
 static const view_case cases[] = {
-    {"D=64 L=S=256", 1, 2, 2, 256, 256, 64, 64, false, false, false, 0, false, false},
-    {"D=80 causal GQA ragged", 2, 4, 2, 301, 301, 80, 80, true, false, false, 0, false, false},
+    {"D=64 L=S=256", 1, 2, 2, 256, 256, 64, 64, false, false, false, 0, false, false, 0},
+    {"D=80 causal GQA ragged", 2, 4, 2, 301, 301, 80, 80, true, false, false, 0, false, false, 0},
     {"D=128 causal [B,L,H,D] layout", 1, 4, 2, 200, 200, 128, 128, true, false, false, 0, true,
-     false},
+     false, 0},
     {"masks, window, ALiBi, softcap, weights", 2, 2, 2, 100, 333, 64, 64, false, true, false, 1,
-     false, false},
+     false, false, 0},
     {"float mask, kv_lengths, mean weights", 2, 4, 2, 70, 150, 32, 48, true, false, true, 2, true,
-     false},
-    {"D=33 Dv=17 odd depths", 1, 2, 1, 77, 131, 33, 17, true, false, false, 1, false, false},
+     false, 0},
+    {"D=33 Dv=17 odd depths", 1, 2, 1, 77, 131, 33, 17, true, false, false, 1, false, false, 0},
     {"decode L=1 S=4096 (split keys)", 2, 4, 4, 1, 4096, 128, 128, false, false, false, 0, false,
-     false},
+     false, 0},
     {"decode L=2 S=2048 GQA [B,L,H,D]", 1, 8, 2, 2, 2048, 64, 64, false, false, false, 0, true,
-     false},
-    {"denormal inputs", 1, 2, 2, 64, 96, 64, 64, false, false, false, 0, false, true},
+     false, 0},
+    {"denormal inputs", 1, 2, 2, 64, 96, 64, 64, false, false, false, 0, false, true, 0},
+    {"causal, 7 open tail keys", 1, 4, 1, 150, 157, 64, 64, true, false, false, 1, false, false, 7},
 };
 
 static void test_bf16_views_match_fp32_views(void)
