@@ -336,8 +336,13 @@ void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64
 /* ---- Multi-head attention layers ---------------------------------------------------------- */
 
 /* A multi-head attention layer with the parameters of PyTorch's nn.MultiheadAttention
- * (batch_first), generalised to grouped-query heads. Weights are fp32, row-major
- * [out_features, in_features] as torch stores them, all in one block owned by the layer. */
+ * (batch_first), generalised to grouped-query heads. Weights are row-major [out_features,
+ * in_features] as torch stores them, all in one block owned by the layer: fp32, or, for a
+ * layer read from an F16 or BF16 safetensors file (eng_layer_load), the four projection
+ * matrices kept in the file's 16 bits (w16_*; w_q, w_k, w_v and w_o are then NULL), half the
+ * memory and nothing lost: F16 and BF16 widen to fp32 exactly, so every product is the one
+ * fp32 weights of the same values give, bit for bit (bfloat16 requests round them to bf16
+ * as they pack them, which leaves BF16 weights as they are). Biases stay fp32. */
 typedef struct {
     char name[64];
     char dtype[8];                /* the weights' dtype in their file ("F32", "F16", "BF16") */
@@ -352,6 +357,9 @@ typedef struct {
     float *b_q, *b_k, *b_v, *b_o; /* [E], [W], [W], [E]; each NULL when the layer has none */
     float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
     float *params;                /* the block every pointer above points into */
+    eng_dtype w16_dtype;          /* F16 or BF16 when w16_* hold the matrices; else F32 */
+    const uint16_t *w16_q, *w16_k, *w16_v, *w16_o; /* as w_q, w_k, w_v, w_o, in 16 bits */
+    uint16_t *params16;                            /* the block w16_* point into, or NULL */
 } eng_layer;
 
 /* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
@@ -376,6 +384,9 @@ void eng_layer_free(eng_layer *layer);
 /* The layer's parameter count. */
 int64_t eng_layer_params(const eng_layer *layer);
 
+/* Bytes of the layer's parameter blocks (fp32 and 16-bit), for logs and memory reports. */
+size_t eng_layer_bytes(const eng_layer *layer);
+
 /* The built-in layer "demo": E = 64, 4 heads, biases, weights from a fixed-seed generator
  * (uniform in +-1/sqrt(E)). NULL when memory runs out. */
 eng_layer *eng_layer_demo(void);
@@ -390,7 +401,8 @@ eng_layer *eng_layer_demo(void);
 eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
                                   int64_t num_heads, int64_t num_kv_heads, eng_error *err);
 
-/* Reads a layer from a safetensors file with the names above (F32, F16 or BF16 tensors).
+/* Reads a layer from a safetensors file with the names above (F32, F16 or BF16 tensors); the
+ * projection matrices stay 16-bit when all four are one 16-bit dtype (see eng_layer).
  * num_heads and num_kv_heads come from the header's __metadata__ ("num_heads",
  * "num_kv_heads") unless given here (> 0). The header is validated in full (JSON syntax, known
  * dtypes, shapes matching byte sizes, offsets in range and non-overlapping) before any tensor

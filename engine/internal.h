@@ -89,6 +89,12 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
                                        const unsigned char *bytes, size_t size, int64_t num_heads,
                                        int64_t num_kv_heads, eng_error *err);
 
+/* eng_layer_from_tensors, keeping the four projection matrices in 16 bits (w16_*) when
+ * `keep16` and they all have one 16-bit dtype. */
+eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
+                               int64_t num_heads, int64_t num_kv_heads, bool keep16,
+                               eng_error *err);
+
 /* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
 size_t eng__l2_bytes(void);
 

@@ -248,8 +248,84 @@ static const char *dtype_name(eng_dtype t)
     return t == ENG_DTYPE_F16 ? "F16" : t == ENG_DTYPE_BF16 ? "BF16" : "F32";
 }
 
+/* Copies n 16-bit elements of t (little-endian), from element `first`, into dst. */
+static void copy_bits16(uint16_t *dst, const eng_tensor_ref *t, int64_t first, int64_t n)
+{
+    const unsigned char *p = (const unsigned char *)t->data + first * 2;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (uint16_t)(p[2 * i] | (p[2 * i + 1] << 8));
+}
+
+/* The one 16-bit dtype of the four projection matrices, or F32 when they are fp32 or mixed. */
+static eng_dtype matrices_dtype(const layer_plan *lp)
+{
+    const eng_tensor_ref *const *r = lp->by_role;
+    const eng_tensor_ref *m[4] = {r[ROLE_O_W], r[ROLE_IN_W] ? r[ROLE_IN_W] : r[ROLE_Q_W],
+                                  r[ROLE_IN_W] ? NULL : r[ROLE_K_W],
+                                  r[ROLE_IN_W] ? NULL : r[ROLE_V_W]};
+    eng_dtype dt = m[0]->dtype;
+    for (int i = 1; i < 4; i++)
+        if (m[i] && m[i]->dtype != dt)
+            return ENG_DTYPE_F32;
+    return dt;
+}
+
+/* Moves the four projection matrices of a just-assembled layer into a 16-bit block, copied
+ * from their tensors; false when memory runs out (the layer then stays fp32, whole). */
+static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt)
+{
+    const eng_tensor_ref *const *r = lp->by_role;
+    int64_t E = lp->E, W = lp->W;
+    size_t n = (size_t)(2 * E * E + W * (lp->kdim + lp->vdim));
+    uint16_t *block = malloc(n * sizeof *block);
+    if (!block)
+        return false;
+    uint16_t *q = block, *k = q + E * E, *v = k + W * lp->kdim, *o = v + W * lp->vdim;
+    if (r[ROLE_IN_W]) {
+        copy_bits16(q, r[ROLE_IN_W], 0, E * E);
+        copy_bits16(k, r[ROLE_IN_W], E * E, W * E);
+        copy_bits16(v, r[ROLE_IN_W], (E + W) * E, W * E);
+    } else {
+        copy_bits16(q, r[ROLE_Q_W], 0, E * E);
+        copy_bits16(k, r[ROLE_K_W], 0, W * lp->kdim);
+        copy_bits16(v, r[ROLE_V_W], 0, W * lp->vdim);
+    }
+    copy_bits16(o, r[ROLE_O_W], 0, E * E);
+    /* The fp32 block keeps only the vectors: copied into a block of their own. */
+    size_t nvec = (size_t)eng_layer_params(layer) - n;
+    float *vectors = nvec ? malloc(nvec * sizeof(float)) : NULL;
+    if (nvec && !vectors) {
+        free(block);
+        return false;
+    }
+    const float *from = layer->w_o + E * E;
+    if (nvec)
+        memcpy(vectors, from, nvec * sizeof(float));
+    float **vec[6] = {&layer->b_q, &layer->b_k,    &layer->b_v,
+                      &layer->b_o, &layer->bias_k, &layer->bias_v};
+    for (int i = 0; i < 6; i++)
+        if (*vec[i])
+            *vec[i] = vectors + (*vec[i] - from);
+    free(layer->params);
+    layer->params = vectors;
+    layer->w_q = layer->w_k = layer->w_v = layer->w_o = NULL;
+    layer->w16_dtype = dt;
+    layer->w16_q = q;
+    layer->w16_k = k;
+    layer->w16_v = v;
+    layer->w16_o = o;
+    layer->params16 = block;
+    return true;
+}
+
 eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
                                   int64_t num_heads, int64_t num_kv_heads, eng_error *err)
+{
+    return eng__layer_assemble(name, tensors, count, num_heads, num_kv_heads, false, err);
+}
+
+eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
+                               int64_t num_heads, int64_t num_kv_heads, bool keep16, eng_error *err)
 {
     layer_plan lp;
     memset(&lp, 0, sizeof lp);
@@ -317,6 +393,12 @@ eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensor
         copy_elements(layer->bias_k, r[ROLE_BIAS_K], 0, W);
         copy_elements(layer->bias_v, r[ROLE_BIAS_V], 0, W);
     }
+    eng_dtype dt = matrices_dtype(&lp);
+    if (keep16 && dt != ENG_DTYPE_F32 && !keep_matrices16(layer, &lp, dt)) {
+        eng_layer_free(layer);
+        eng__fail(err, ENG_ENOMEM, "", "cannot allocate %lld parameters", (long long)total);
+        return NULL;
+    }
     return layer;
 }
 
@@ -325,7 +407,17 @@ void eng_layer_free(eng_layer *layer)
     if (!layer)
         return;
     free(layer->params);
+    free(layer->params16);
     free(layer);
+}
+
+size_t eng_layer_bytes(const eng_layer *l)
+{
+    int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
+    size_t matrices = (size_t)(2 * E * E + W * (l->kdim + l->vdim));
+    size_t all = (size_t)eng_layer_params(l);
+    return l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
+                       : all * sizeof(float);
 }
 
 int64_t eng_layer_params(const eng_layer *l)

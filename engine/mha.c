@@ -47,7 +47,29 @@ typedef struct {
     int64_t head_dim;
     float rope_base;
     bool bf16; /* weights rounded to bf16 as they are packed (the inputs come rounded) */
+    /* Job i's weight in 16 bits instead of jobs[i].w (a layer's w16_*), or NULL. */
+    const uint16_t *w16[3];
+    eng_dtype w16_dtype;
 } linear_batch;
+
+/* Weight rows (output features) widened per step of a 16-bit weight: the step's fp32 rows are
+ * the product's B^T, and columns of C are independent, so the sums are those of fp32
+ * weights bit for bit. A multiple of every kernel set's NR. */
+#define WIDEN_ROWS 128
+
+/* Floats of per-thread scratch a projection over a 16-bit weight of out_f x in_f needs for
+ * its widened rows. */
+static size_t widen_floats(int64_t out_f, int64_t in_f)
+{
+    return (size_t)((out_f < WIDEN_ROWS ? out_f : WIDEN_ROWS) * in_f);
+}
+
+/* count 16-bit values of `dtype` to fp32 (exact). */
+static void widen16(eng_dtype dtype, const uint16_t *x, int64_t count, float *dst)
+{
+    for (int64_t i = 0; i < count; i++)
+        dst[i] = dtype == ENG_DTYPE_F16 ? eng_f16_to_f32(x[i]) : eng_bf16_to_f32(x[i]);
+}
 
 static void linear_task(void *arg, int64_t index)
 {
@@ -70,25 +92,51 @@ static void linear_task(void *arg, int64_t index)
             memcpy(out + t * j->out_ld, j->bias, (size_t)j->out_f * sizeof(float));
         beta = 1.0f;
     }
-    float *pack = eng__scratch(eng__sgemm_pack_floats(lb->ks, j->out_f, j->in_f) * sizeof(float));
-    if (!pack && lb->ks->tile) {
+    const uint16_t *w16 = lb->w16[index / lb->B];
+    size_t pack_floats = eng__sgemm_pack_floats(lb->ks, j->out_f, j->in_f);
+    size_t wide_floats = w16 ? (pack_floats + 15) / 16 * 16 + widen_floats(j->out_f, j->in_f) : 0;
+    float *pack = eng__scratch((w16 ? wide_floats : pack_floats) * sizeof(float));
+    if (!pack && (lb->ks->tile || w16)) {
         atomic_store(&lb->no_scratch, true);
         return;
     }
-    eng__gemm g = {.m = n,
-                   .n = j->out_f,
-                   .k = j->in_f,
-                   .alpha = 1.0f,
-                   .beta = beta,
-                   .a = in,
-                   .lda = j->in_ld,
-                   .b = j->w,
-                   .ldb = j->in_f,
-                   .b_trans = true,
-                   .c = out,
-                   .ldc = j->out_ld,
-                   .b_round_bf16 = lb->bf16};
-    eng__sgemm(lb->ks, &g, pack);
+    if (w16) {
+        /* WIDEN_ROWS output features at a time: their weight rows widened, then multiplied. */
+        float *wide = pack + (pack_floats + 15) / 16 * 16;
+        for (int64_t f0 = 0; f0 < j->out_f; f0 += WIDEN_ROWS) {
+            int64_t nf = j->out_f - f0 < WIDEN_ROWS ? j->out_f - f0 : WIDEN_ROWS;
+            widen16(lb->w16_dtype, w16 + f0 * j->in_f, nf * j->in_f, wide);
+            eng__gemm g = {.m = n,
+                           .n = nf,
+                           .k = j->in_f,
+                           .alpha = 1.0f,
+                           .beta = beta,
+                           .a = in,
+                           .lda = j->in_ld,
+                           .b = wide,
+                           .ldb = j->in_f,
+                           .b_trans = true,
+                           .c = out + f0,
+                           .ldc = j->out_ld,
+                           .b_round_bf16 = lb->bf16};
+            eng__sgemm(lb->ks, &g, pack);
+        }
+    } else {
+        eng__gemm g = {.m = n,
+                       .n = j->out_f,
+                       .k = j->in_f,
+                       .alpha = 1.0f,
+                       .beta = beta,
+                       .a = in,
+                       .lda = j->in_ld,
+                       .b = j->w,
+                       .ldb = j->in_f,
+                       .b_trans = true,
+                       .c = out,
+                       .ldc = j->out_ld,
+                       .b_round_bf16 = lb->bf16};
+        eng__sgemm(lb->ks, &g, pack);
+    }
     if (j->rope)
         eng_rope_apply(out, n, j->out_ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
                        lb->a->rope_style);
@@ -261,6 +309,9 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
     in_most = in_most > a->layer->vdim ? in_most : a->layer->vdim;
     size_t pack = eng__sgemm_pack_floats(ks, sh.E, in_most) * sizeof(float);
+    if (a->layer->params16) /* and the widened rows of a 16-bit weight */
+        pack =
+            ((pack / sizeof(float) + 15) / 16 * 16 + widen_floats(sh.E, in_most)) * sizeof(float);
     return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) +
            eng_sdpa_scratch_bytes(&s, threads) + (size_t)(threads + 1) * pack;
 }
@@ -331,7 +382,9 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                        .B = sh->B,
                        .head_dim = sh->D,
                        .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f,
-                       .bf16 = sh->bf16};
+                       .bf16 = sh->bf16,
+                       .w16 = {ly->w16_q, ly->w16_k, ly->w16_v},
+                       .w16_dtype = ly->w16_dtype};
     lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E,
                               q,  sh->L * sh->E, sh->E, sh->L,   rope,    sh->H, sh->q_offset};
     lb.jobs[1] =
@@ -347,7 +400,13 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
                                  const float *o, eng_ctl *ctl)
 {
     const eng_layer *ly = a->layer;
-    linear_batch lb = {.a = a, .njobs = 1, .B = sh->B, .head_dim = sh->D, .bf16 = sh->bf16};
+    linear_batch lb = {.a = a,
+                       .njobs = 1,
+                       .B = sh->B,
+                       .head_dim = sh->D,
+                       .bf16 = sh->bf16,
+                       .w16 = {ly->w16_o},
+                       .w16_dtype = ly->w16_dtype};
     lb.jobs[0] = (linear_job){o,      sh->L * sh->E, sh->E, ly->w_o, ly->b_o, sh->E, sh->E,
                               a->out, sh->L * sh->E, sh->E, sh->L,   false,   0,     0};
     return run_linear(pool, &lb, ctl);

@@ -149,7 +149,27 @@ static bool same_floats(const float *a, const float *b, int64_t n)
     return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
 }
 
-/* A torch state dict (packed in_proj, biases, add_bias_kv as [1, 1, E]) in each dtype. */
+/* Projection matrix `which` (0 q, 1 k, 2 v, 3 o) of l holds exactly `want`: as fp32, or as
+ * the 16 bits a layer from an F16/BF16 file keeps, widened. */
+static bool same_matrix(const eng_layer *l, int which, const float *want, int64_t n)
+{
+    const float *w32[4] = {l->w_q, l->w_k, l->w_v, l->w_o};
+    const uint16_t *w16[4] = {l->w16_q, l->w16_k, l->w16_v, l->w16_o};
+    if (w32[which])
+        return same_floats(w32[which], want, n);
+    if (!w16[which])
+        return false;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = w16[which][i];
+        float f = l->w16_dtype == ENG_DTYPE_F16 ? eng_f16_to_f32(h) : eng_bf16_to_f32(h);
+        if (memcmp(&f, &want[i], sizeof f) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* A torch state dict (packed in_proj, biases, add_bias_kv as [1, 1, E]) in each dtype; the
+ * 16-bit files' matrices stay 16-bit (half their bytes), the vectors fp32. */
 static void test_loads_f32_f16_and_bf16_files_exactly(void)
 {
     enum { E = 16, H = 4 };
@@ -186,10 +206,18 @@ static void test_loads_f32_f16_and_bf16_files_exactly(void)
         CHECK_EQ_INT(l->num_kv_heads, H);
         CHECK_EQ_INT(l->kdim, E);
         CHECK_EQ_INT(l->vdim, E);
-        CHECKF(same_floats(l->w_q, in_w, E * E), "%s: w_q", names[d]);
-        CHECKF(same_floats(l->w_k, in_w + E * E, E * E), "%s: w_k", names[d]);
-        CHECKF(same_floats(l->w_v, in_w + 2 * E * E, E * E), "%s: w_v", names[d]);
-        CHECKF(same_floats(l->w_o, out_w, E * E), "%s: w_o", names[d]);
+        CHECKF(same_matrix(l, 0, in_w, E * E), "%s: w_q", names[d]);
+        CHECKF(same_matrix(l, 1, in_w + E * E, E * E), "%s: w_k", names[d]);
+        CHECKF(same_matrix(l, 2, in_w + 2 * E * E, E * E), "%s: w_v", names[d]);
+        CHECKF(same_matrix(l, 3, out_w, E * E), "%s: w_o", names[d]);
+        bool half = dtypes[d] != STW_F32;
+        CHECKF(half == (l->params16 != NULL) && half == (l->w_q == NULL) &&
+                   l->w16_dtype == (d == 0   ? ENG_DTYPE_F32
+                                    : d == 1 ? ENG_DTYPE_F16
+                                             : ENG_DTYPE_BF16),
+               "%s: the matrices are %s", names[d], l->params16 ? "16-bit" : "fp32");
+        CHECK_EQ_INT(eng_layer_bytes(l),
+                     (half ? 2 : 4) * 4 * E * E + 4 * (4 * E + 2 * E)); /* matrices, vectors */
         CHECKF(same_floats(l->b_q, in_b, E), "%s: b_q", names[d]);
         CHECKF(same_floats(l->b_k, in_b + E, E), "%s: b_k", names[d]);
         CHECKF(same_floats(l->b_v, in_b + 2 * E, E), "%s: b_v", names[d]);
@@ -222,8 +250,9 @@ static void test_loads_grouped_query_layer_with_kv_heads_from_metadata(void)
     if (l) {
         CHECK_EQ_INT(l->num_heads, H);
         CHECK_EQ_INT(l->num_kv_heads, HKV);
-        CHECK(same_floats(l->w_q, q, E * E) && same_floats(l->w_o, o, E * E));
-        CHECK(same_floats(l->w_k, k, W * E) && same_floats(l->w_v, v, W * E));
+        CHECK(same_matrix(l, 0, q, E * E) && same_matrix(l, 3, o, E * E));
+        CHECK(same_matrix(l, 1, k, W * E) && same_matrix(l, 2, v, W * E));
+        CHECK(l->w16_dtype == ENG_DTYPE_BF16 && !l->w_q);
         CHECK(!l->b_q && !l->b_o);
     }
     eng_layer_free(l);
