@@ -415,10 +415,11 @@ static void test_value_dims_and_input_dtypes(void)
             }
 }
 
-/* Every option of a step: softcap, window, ALiBi, scale, weights (per head, mean) and bf16. */
+/* Every option of a step: softcap, window, ALiBi, scale, weights (per head, mean), bf16, key
+ * padding with kv_lengths, and a boolean mask (the masks cover the length after the append). */
 static void test_step_options(void)
 {
-    for (int opt = 0; opt < 7; opt++) {
+    for (int opt = 0; opt < 9; opt++) {
         uint64_t rng = (uint64_t)(500 + opt);
         eng_kv_pool *kvp = new_pool((size_t)64 << 20, 16);
         hist h;
@@ -430,8 +431,25 @@ static void test_step_options(void)
                                   : opt == 5 ? ENG_WEIGHTS_MEAN
                                              : ENG_WEIGHTS_NONE;
             query_make(&qq, 4, L, 32, 32, h.len + L, wm, &rng);
+            const int64_t S = h.len + L;
+            uint8_t *pad = xcalloc((size_t)S, 1), *mask = xcalloc((size_t)(L * S), 1);
+            int64_t lengths[1] = {S - 2};
+            for (int64_t j = 0; j < S; j++)
+                pad[j] = j % 7 == 3;
+            for (int64_t i = 0; i < L * S; i++)
+                mask[i] = rng_unit(&rng) < 0.7;
             const char *name = "";
             switch (opt) {
+            case 7:
+                qq.a.key_padding = pad;
+                qq.a.kv_lengths = lengths;
+                name = "key padding, kv_lengths";
+                break;
+            case 8:
+                qq.a.attn_mask = (eng_mask){
+                    .kind = ENG_MASK_BOOL, .data = mask, .ne = {1, 1, L, S}, .nb = {0, 0, S, 1}};
+                name = "bool mask";
+                break;
             case 0:
                 qq.a.softcap = 5.0f;
                 name = "softcap";
@@ -477,6 +495,8 @@ static void test_step_options(void)
             } else {
                 step_and_check(&h, L, &qq, ENG_DTYPE_F32, &rng, name);
             }
+            free(pad);
+            free(mask);
             query_free(&qq);
         }
         hist_free(&h);
