@@ -1246,7 +1246,7 @@ static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64
             else
                 memcpy(qf + r * p->D, row_ptr(&p->a->q, b, h, i0 + r),
                        (size_t)p->D * sizeof(float));
-            if (p->bf16)
+            if (p->bf16 && !p->q16) /* bf16 rows round to themselves */
                 p->ks->round_bf16(qf + r * p->D, p->D);
         }
         memset(qf + rows * p->D, 0, (qf_floats(p) - (size_t)(rows * p->D)) * sizeof(float));
@@ -1597,71 +1597,60 @@ static void prepack_range(plan *p, int64_t index, int64_t j, int64_t len, const 
                                p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
 }
 
-/* prepack_range from the bits of bf16 views. */
-static void prepack_range16(plan *p, int64_t index, int64_t j, int64_t len, const uint16_t *k,
-                            int64_t ldk, const uint16_t *v, int64_t ldv)
+/* The prepacked panels of (b, kv head) `index` from the bits of bf16 views (all S keys at
+ * once: their rows are strided, not split into cache blocks): K^T, then each V panel. */
+static void prepack_views16(plan *p, int64_t index, const uint16_t *k, int64_t ldk,
+                            const uint16_t *v, int64_t ldv)
 {
     const int64_t nr = p->ks->nr;
-    for (int64_t q = 0; q < p->Dv + nr; q += nr) {
-        if (q == 0 && p->bf16_native) /* K^T first, then each V panel */
-            pack16_pair_panels(nr, k, ldk, true, p->D, len,
-                               p->kpack16 + index * p->kpack_head +
-                                   j / nr * eng__bf16_panel_stride(nr, p->D));
-        else if (q == 0)
-            pack16_panels(nr, k, ldk, true, p->D, len,
-                          p->kpack + index * p->kpack_head + j / nr * p->D * nr);
-        if (q >= p->Dv)
-            break;
+    if (p->bf16_native)
+        pack16_pair_panels(nr, k, ldk, true, p->D, p->S, p->kpack16 + index * p->kpack_head);
+    else
+        pack16_panels(nr, k, ldk, true, p->D, p->S, p->kpack + index * p->kpack_head);
+    for (int64_t q = 0; q < p->Dv; q += nr) {
         int64_t w = p->Dv - q < nr ? p->Dv - q : nr;
         if (p->bf16_native)
-            pack16_pair_panels(nr, v + q, ldv, false, len, w,
+            pack16_pair_panels(nr, v + q, ldv, false, p->S, w,
                                p->vpack16 + index * p->vpack_head +
-                                   q / nr * eng__bf16_panel_stride(nr, p->S) + j * nr);
+                                   q / nr * eng__bf16_panel_stride(nr, p->S));
         else
-            pack16_panels(nr, v + q, ldv, false, len, w,
-                          p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
+            pack16_panels(nr, v + q, ldv, false, p->S, w,
+                          p->vpack + index * p->vpack_head + q / nr * p->S * nr);
     }
 }
 
-/* Keys per packing step: a cache block from a paged cache, else all of them. */
-static int64_t prepack_step(const plan *p)
-{
-    return p->kv ? p->kv->block_tokens : p->S;
-}
-
 /* Packing step: K^T and V panels of one (b, kv head), a cache block at a time from a paged
- * cache (a 16-bit one widened first); bf16 views are packed from their bits. */
+ * cache (a 16-bit one widened first); bf16 views are packed from their bits (rounding them
+ * again would change nothing). */
 static void prepack_task(void *arg, int64_t index)
 {
     plan *p = arg;
-    int64_t b = index / p->Hkv, hk = index % p->Hkv, step = prepack_step(p);
-    float *wide = NULL;
+    int64_t b = index / p->Hkv, hk = index % p->Hkv;
     if (p->kv16 && !p->kv) {
-        const void *k, *v;
-        int64_t ldk, ldv;
-        source_rows(p, b, hk, 0, &k, &ldk, &v, &ldv);
-        prepack_range16(p, index, 0, p->S, k, ldk, v, ldv);
-    } else if (p->kv16) {
-        wide = eng__scratch((size_t)(step * (p->D + p->Dv)) * sizeof(float));
+        prepack_views16(p, index, row_ptr16(p->a->k16, &p->a->k, b, hk, 0), ld_of(&p->a->k),
+                        row_ptr16(p->a->v16, &p->a->v, b, hk, 0), ld_of(&p->a->v));
+        return;
+    }
+    float *wide = NULL;
+    if (p->kv16) {
+        wide = eng__scratch((size_t)(p->kv->block_tokens * (p->D + p->Dv)) * sizeof(float));
         if (!wide) {
             atomic_store(&p->no_scratch, true);
             return;
         }
     }
-    for (int64_t j = 0, len; j < p->S && !(p->kv16 && !p->kv); j += len) {
+    for (int64_t j = 0, len; j < p->S; j += len) {
         len = p->S - j;
-        if (step - j % step < len)
-            len = step - j % step;
+        if (p->kv && p->kv->block_tokens - j % p->kv->block_tokens < len)
+            len = p->kv->block_tokens - j % p->kv->block_tokens;
         const void *k, *v;
         int64_t ldk, ldv;
         source_rows(p, b, hk, j, &k, &ldk, &v, &ldv);
         if (wide) {
-            widen_rows(p->kv_dtype, k, ldk, len, p->D, wide);
-            widen_rows(p->kv_dtype, v, ldv, len, p->Dv, wide + len * p->D);
+            widen(p->kv->dtype, k, len * p->D, wide);
+            widen(p->kv->dtype, v, len * p->Dv, wide + len * p->D);
             k = wide;
             v = wide + len * p->D;
-            ldk = p->D;
-            ldv = p->Dv;
         }
         prepack_range(p, index, j, len, k, ldk, v, ldv);
     }
@@ -1732,7 +1721,7 @@ size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_pa
      * cache's prepacking widens one cache block per thread. */
     size_t per_thread = task_scratch_floats(&p);
     if (p.prepack && p.kv16 && p.kv)
-        per_thread += (size_t)(prepack_step(&p) * (p.D + p.Dv));
+        per_thread += (size_t)(kv->block_tokens * (p.D + p.Dv));
     return plan_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }
 
