@@ -69,6 +69,14 @@ static const srv_option options[] = {
      "--max-memory-bytes; released after 10 s unused; 0 keeps none"},
     {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
      "requests queued or running on the engine at once; beyond: 429 with Retry-After"},
+    {"priority-levels", "ATTND_PRIORITY_LEVELS", OPT_INT, OFF(priority_levels), 1, 255, "2",
+     "N", "Triton's priority_levels: a v2 request with parameters.priority P in [1, N] waits "
+     "ahead of every request with a larger P (1 is the most urgent), in arrival order within a "
+     "level; P above N is 400; 0 or none means --default-priority-level; native /v1 routes "
+     "always run at the default level"},
+    {"default-priority-level", "ATTND_DEFAULT_PRIORITY_LEVEL", OPT_INT,
+     OFF(default_priority_level), 1, 255, "2", "N", "Triton's default_priority_level: the "
+     "level of requests that name none, in [1, --priority-levels]"},
     {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
      "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},

@@ -549,7 +549,8 @@ static void check_config_tensor(json_t *list, const char *name, const char *data
 
 /* Triton's model configuration, as perf_analyzer's model parser reads it: max_batch_size 0 (the
  * shapes keep their batch axis), the metadata's tensors with TYPE_ data types and the optional
- * inputs marked, no batching, not decoupled, no response cache. */
+ * inputs marked, the priority levels (api_limits_default) in dynamic_batching, no batching, not
+ * decoupled, no response cache. */
 static void test_model_config(void)
 {
     static const int64_t v4[4] = {-1, -1, -1, -1}, v3[3] = {-1, -1, -1}, v2[2] = {-1, -1};
@@ -566,7 +567,12 @@ static void test_model_config(void)
             CHECK(json_is_string(json_object_get(root, "platform")));
             CHECK(json_integer_value(json_object_get(root, "max_batch_size")) == 0 &&
                   json_is_integer(json_object_get(root, "max_batch_size")));
-            CHECK(json_object_get(root, "dynamic_batching") == NULL);
+            /* Triton's place for the priority levels; no batching (max_batch_size 0). */
+            json_t *db = json_object_get(root, "dynamic_batching");
+            CHECK(json_integer_value(json_object_get(db, "priority_levels")) == 2);
+            CHECK(json_integer_value(json_object_get(db, "default_priority_level")) == 2);
+            CHECK(json_integer_value(json_object_get(db, "max_queue_delay_microseconds")) == 0 &&
+                  json_is_integer(json_object_get(db, "max_queue_delay_microseconds")));
             CHECK(json_object_get(root, "sequence_batching") == NULL);
             CHECK(json_is_false(
                 json_object_get(json_object_get(root, "model_transaction_policy"), "decoupled")));
@@ -1115,6 +1121,14 @@ static const json_case json_cases[] = {
      "\"inputs\":[" QKV "]}",
      200, NULL},
     {"{\"parameters\":{\"sequence_id\":\"conversation-9\"},\"inputs\":[" QKV "]}", 200, NULL},
+    /* Triton's priority: 0 (the default level) to priority_levels (2 by default); above it is
+     * 400 naming the parameter and the limit, as are a negative or non-integer one. */
+    {"{\"parameters\":{\"priority\":2},\"inputs\":[" QKV "]}", 200, NULL},
+    {"{\"parameters\":{\"priority\":3},\"inputs\":[" QKV "]}", 400,
+     "parameters.priority is 3; this server has 2 priority levels"},
+    {"{\"parameters\":{\"priority\":-1},\"inputs\":[" QKV "]}", 400, "parameters.priority"},
+    {"{\"parameters\":{\"priority\":1.0},\"inputs\":[" QKV "]}", 400, "parameters.priority"},
+    {"{\"parameters\":{\"priority\":\"1\"},\"inputs\":[" QKV "]}", 400, "parameters.priority"},
     {"{\"parameters\":{\"sequence_id\":-1},\"inputs\":[" QKV "]}", 400, "correlation id"},
     {"{\"parameters\":{\"sequence_id\":1.5},\"inputs\":[" QKV "]}", 400, "sequence_id"},
     {"{\"parameters\":{\"sequence_start\":\"yes\"},\"inputs\":[" QKV "]}", 400, "sequence_start"},
