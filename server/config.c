@@ -134,7 +134,7 @@ static const srv_option options[] = {
      "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only"},
     {"tls-client-ca", "ATTND_TLS_CLIENT_CA", OPT_STR, OFF(tls_client_ca), 0, 0, NULL, "FILE",
      "mutual TLS: clients must present a certificate that chains to a CA in this PEM file, "
-     "or the handshake fails (read at start-up only)"},
+     "or the handshake fails; re-read on SIGHUP (new handshakes verify against the new CAs)"},
     {"auth-token-file", "ATTND_AUTH_TOKEN_FILE", OPT_STR, OFF(auth_token_file), 0, 0, NULL,
      "FILE", "require \"Authorization: Bearer TOKEN\" on every route but /v2/health/live, "
      "/v2/health/ready and the page shell at /, TOKEN being a line of this file (at least 16 "
