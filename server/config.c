@@ -129,9 +129,13 @@ static const srv_option options[] = {
      "file holding the password of an encrypted --tls-key (a final line break is ignored)"},
     {"tls-priorities", "ATTND_TLS_PRIORITIES", OPT_STR, OFF(tls_priorities), 0, 0,
      "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:"
-     "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:%SERVER_PRECEDENCE",
+     "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:-GROUP-ALL:"
+     "+GROUP-X25519:+GROUP-SECP256R1:+GROUP-SECP384R1:+GROUP-SECP521R1:%SERVER_PRECEDENCE",
      "STRING", "GnuTLS priority string of --tls-cert; the default allows TLS 1.2 and 1.3 only, "
-     "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only"},
+     "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only, on "
+     "X25519 first (the key share OpenSSL, curl and Go clients send: preferring P-256, as "
+     "GnuTLS' NORMAL does, cost them a HelloRetryRequest round trip per handshake), then P-256, "
+     "P-384, P-521"},
     {"tls-client-ca", "ATTND_TLS_CLIENT_CA", OPT_STR, OFF(tls_client_ca), 0, 0, NULL, "FILE",
      "mutual TLS: clients must present a certificate that chains to a CA in this PEM file, "
      "or the handshake fails; re-read on SIGHUP (new handshakes verify against the new CAs)"},
