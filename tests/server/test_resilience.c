@@ -596,7 +596,7 @@ static void test_priority_orders_the_queue(void)
     const char *const json[] = {"Content-Type: application/json", NULL};
     /* The finishing order: index into params. */
     static const int want[] = {3, 2, 0, 1};
-    int L = daemon_quick() ? 1024 : 2048;
+    int L = daemon_quick() ? 2048 : 4096;
     char *bodies[4] = {NULL};
     size_t lens[4];
     v2_bg bg[4];
