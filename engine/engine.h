@@ -114,7 +114,8 @@ typedef void (*eng_task_fn)(void *arg, int64_t index);
 
 /* Runs fn(arg, 0..count-1) on the pool and returns when all have run or been skipped. Jobs run
  * in FIFO order of the request they belong to, within its priority (eng_pool_submit_at): a job
- * started from inside a task inherits its parent's place and priority. The calling thread runs
+ * started from inside a task inherits its parent's place and priority; one started outside any
+ * task is a new request of priority 0. The calling thread runs
  * tasks of this job itself while it waits. Once `ctl` is cancelled or past its deadline, tasks not
  * yet started are skipped and the result is ENG_ECANCELLED or ENG_EDEADLINE; tasks should also
  * check `ctl` themselves between blocks. */
