@@ -101,10 +101,14 @@ typedef struct {
     int64_t max_timeout_ms; /* --request-timeout-ms: the deadline of a request, counted from
                                its lease's start, and the cap of its "timeout_ms"; <= 0: none */
     eng_precision default_precision; /* --default-precision: for requests that do not say */
+    uint32_t priority_levels;        /* --priority-levels: a v2 "priority" above it is 400 */
+    uint32_t default_priority_level; /* --default-priority-level: for "priority" 0 or absent,
+                                        in [1, priority_levels] */
 } api_limits;
 
 /* Defaults matching the daemon's flag defaults: 256 MiB of body, 2^28 elements (1 GiB as
- * float32; more numbers than a 256 MiB JSON body can hold), 60 s. */
+ * float32; more numbers than a 256 MiB JSON body can hold), 60 s, two priority levels with the
+ * lower one (2) the default. */
 api_limits api_limits_default(void);
 
 /* A global byte budget shared by all requests (--max-memory-bytes). A request reserves, through
@@ -363,24 +367,37 @@ typedef void (*api_route_fn)(const api_call *call, api_reply *reply);
 void api_call_encoded(api_route_fn route, api_error_style style, const api_call *call,
                       api_reply *reply);
 
-/* ---- A request's own timeout, before decoding --------------------------------------------- */
+/* ---- A request's own timeout and priority, before decoding -------------------------------- */
 
-/* The timeout in milliseconds a request sets for itself, read from call->body without parsing
- * it, so that the server can hold a request's deadline while it waits for a worker (the route
- * applies the same timeout once a worker decodes the body). Reads call->body, body_len,
- * content_type, content_encoding and (v2) inference_header_length; nothing else.
+/* What a body says about queueing its request, read before a worker decodes it. */
+typedef struct {
+    int64_t timeout_ms; /* the request's own timeout; 0: none (or not readable cheaply) */
+    uint64_t priority;  /* v2 "parameters.priority" as written; 0: not given, or not readable
+                           cheaply (the route's default level). Not range-checked: the route
+                           refuses one above --priority-levels with 400 */
+} api_peek;
+
+/* The timeout in milliseconds a request sets for itself, and (v2) its priority, read from
+ * call->body without parsing it, so that the server can hold a request's deadline while it
+ * waits for a worker and queue it at its priority (the route applies the same values once a
+ * worker decodes the body). Reads call->body, body_len, content_type, content_encoding and (v2)
+ * inference_header_length; nothing else. Fills all of *out.
  *
- * api_timeout_peek is for /v1/attention and /v1/mha: the top-level "timeout_ms".
- * api_v2_timeout_peek is for KServe v2 inference: the top-level "parameters" object's
- * "timeout_ms" and Triton's "timeout" (microseconds), the tighter of the two, looking only at
- * the JSON before the binary tensor data.
+ * api_peek_native is for /v1/attention and /v1/mha: the top-level "timeout_ms" (the native
+ * routes take no priority). api_peek_v2 is for KServe v2 inference: the top-level
+ * "parameters" object's "timeout_ms" and Triton's "timeout" (microseconds), the tighter of the
+ * two, and Triton's "priority", in one walk over the JSON before the binary tensor data.
  *
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
- * Returns 0 when the body sets no timeout, or one that is not an integer in the route's range,
- * and when it cannot be read cheaply: a gzip or deflate body is not inflated here. Never an
- * error: the route validates the body and reports what is wrong. Cheap: a body without the
- * text "timeout" costs one memmem; otherwise one pass over the top level, which skips
- * strings with memchr. Allocates nothing; any thread. */
+ * A value that is not an integer in the route's range reads as 0, as does everything when the
+ * body cannot be read cheaply: a gzip or deflate body is not inflated here. Never an error: the
+ * route validates the body and reports what is wrong. Cheap: a body without the text "timeout"
+ * (native) or "parameters" (v2) costs one memmem; otherwise one pass over the top level, which
+ * skips strings with memchr. Allocates nothing; any thread. */
+void api_peek_native(const api_call *call, api_peek *out);
+void api_peek_v2(const api_call *call, api_peek *out);
+
+/* The timeout_ms of api_peek_native and api_peek_v2 alone. */
 int64_t api_timeout_peek(const api_call *call);
 int64_t api_v2_timeout_peek(const api_call *call);
 

@@ -115,15 +115,25 @@ int64_t eng_pool_pending(eng_pool *pool);
 typedef void (*eng_task_fn)(void *arg, int64_t index);
 
 /* Runs fn(arg, 0..count-1) on the pool and returns when all have run or been skipped. Jobs run
- * in FIFO order of the request they belong to: a job started from inside a task inherits its
- * parent's place. The calling thread runs tasks of this job itself while it waits. Once `ctl`
- * is cancelled or past its deadline, tasks not yet started are skipped and the result is
- * ENG_ECANCELLED or ENG_EDEADLINE; tasks should also check `ctl` themselves between blocks. */
+ * in FIFO order of the request they belong to, within its priority (eng_pool_submit_at): a job
+ * started from inside a task inherits its parent's place and priority; one started outside any
+ * task is a new request of priority 0. The calling thread runs
+ * tasks of this job itself while it waits. Once `ctl` is cancelled or past its deadline, tasks not
+ * yet started are skipped and the result is ENG_ECANCELLED or ENG_EDEADLINE; tasks should also
+ * check `ctl` themselves between blocks. */
 eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count, eng_ctl *ctl);
 
 /* Queues fn(arg, 0) to run once on a worker and returns at once (the daemon's handoff: decode,
- * compute and encode one request there). Never blocks; the caller bounds the queue. */
+ * compute and encode one request there). Never blocks; the caller bounds the queue. The same as
+ * eng_pool_submit_at with priority 0. */
 eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg);
+
+/* eng_pool_submit with a priority: lower values run first (0 before 1 before 2 ...), and
+ * submissions of one priority in the order they were submitted. The job and everything it
+ * starts with eng_pool_run keep that priority. Strict, with no ageing: a job of a later
+ * priority waits while earlier ones keep arriving (the daemon bounds that wait with each
+ * request's deadline). ENG_ENOMEM when the job cannot be allocated. */
+eng_status eng_pool_submit_at(eng_pool *pool, uint32_t priority, eng_task_fn fn, void *arg);
 
 /* The CPUs this process may use: the affinity mask, capped by a cgroup v2 cpu.max (or v1
  * cfs_quota) quota rounded up; at least 1. */

@@ -1,13 +1,18 @@
 /*
  * pool.c - the engine's one pool of workers.
  *
- * A job is a function run over indices 0..count-1. Jobs wait in one queue ordered by ticket:
- * every request gets the next ticket when it enters the pool, and a job started from inside a
- * task inherits the ticket of the task's job. Workers always take the next index of the first
- * job, so the pool serves requests first come, first served, and a request's own sub-jobs run
- * before anything that arrived after it. A thread that waits in eng_pool_run runs indices of
- * its own job meanwhile, which is what makes nested jobs deadlock-free: even with every worker
- * blocked in a nested call, each caller can finish its own job alone.
+ * A job is a function run over indices 0..count-1. Jobs wait in one queue ordered by priority,
+ * then ticket: every request gets the next ticket when it enters the pool (with the priority it
+ * was submitted at, eng_pool_submit_at), and a job started from inside a task inherits the
+ * priority and ticket of the task's job. Workers always take the next index of the first job,
+ * so the pool serves the most urgent requests first and, within a priority, first come, first
+ * served; a request's own sub-jobs run before anything of its priority that arrived after it.
+ * The priority is strict: there is no ageing of waiting jobs, because the daemon gives every
+ * request a deadline, which ends a starved request's wait (504) as Triton's priority queue
+ * policy timeouts do; ageing would make a level's meaning depend on the load. A thread that waits
+ * in eng_pool_run runs indices of its own job meanwhile, which is what makes nested jobs
+ * deadlock-free: even with every worker blocked in a nested call, each caller can finish its own
+ * job alone.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -23,6 +28,7 @@ typedef struct job {
     eng_task_fn fn;
     void *arg;
     eng_ctl *ctl;
+    uint32_t priority; /* lower first */
     uint64_t ticket;
     int64_t count;
     int64_t next;     /* next index to hand out */
@@ -44,17 +50,21 @@ struct eng_pool {
     pthread_t *workers;
 };
 
-/* The ticket of the job whose task this thread is running; 0 outside any task. */
+/* The ticket and priority of the job whose task this thread is running; ticket 0 outside any
+ * task. */
 static _Thread_local uint64_t current_ticket;
+static _Thread_local uint32_t current_priority;
 
 /* ---- Queue (callers hold pool->mu) ---------------------------------------------------------- */
 
 static void queue_insert(eng_pool *pool, job *j)
 {
-    /* Behind every job with the same or an earlier ticket. New requests go to the tail; a
-     * nested job usually lands right behind its own request's jobs, near the head. */
+    /* Behind every job of a more urgent priority, and of the same priority with the same or an
+     * earlier ticket. New requests go to the tail of their priority; a nested job usually lands
+     * right behind its own request's jobs. */
     job **at = &pool->head;
-    while (*at && (*at)->ticket <= j->ticket)
+    while (*at && ((*at)->priority < j->priority ||
+                   ((*at)->priority == j->priority && (*at)->ticket <= j->ticket)))
         at = &(*at)->link;
     j->link = *at;
     *at = j;
@@ -101,9 +111,12 @@ static bool job_run_one(eng_pool *pool, job *j, int64_t index)
 {
     pthread_mutex_unlock(&pool->mu);
     uint64_t outer = current_ticket;
+    uint32_t outer_priority = current_priority;
     current_ticket = j->ticket;
+    current_priority = j->priority;
     j->fn(j->arg, index);
     current_ticket = outer;
+    current_priority = outer_priority;
     pthread_mutex_lock(&pool->mu);
     j->finished++;
     return j->finished == j->count;
@@ -221,6 +234,7 @@ eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count
 
     pthread_mutex_lock(&pool->mu);
     j.ticket = current_ticket ? current_ticket : ++pool->last_ticket;
+    j.priority = current_ticket ? current_priority : 0;
     queue_insert(pool, &j);
     if (count > 1)
         pthread_cond_broadcast(&pool->work);
@@ -243,11 +257,17 @@ eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count
 
 eng_status eng_pool_submit(eng_pool *pool, eng_task_fn fn, void *arg)
 {
+    return eng_pool_submit_at(pool, 0, fn, arg);
+}
+
+eng_status eng_pool_submit_at(eng_pool *pool, uint32_t priority, eng_task_fn fn, void *arg)
+{
     job *j = calloc(1, sizeof *j);
     if (!j)
         return ENG_ENOMEM;
     j->fn = fn;
     j->arg = arg;
+    j->priority = priority;
     j->count = 1;
     j->detached = true;
     pthread_mutex_lock(&pool->mu);

@@ -69,6 +69,14 @@ static const srv_option options[] = {
      "--max-memory-bytes; released after 10 s unused; 0 keeps none"},
     {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
      "requests queued or running on the engine at once; beyond: 429 with Retry-After"},
+    {"priority-levels", "ATTND_PRIORITY_LEVELS", OPT_INT, OFF(priority_levels), 1, 255, "2",
+     "N", "Triton's priority_levels: a v2 request with parameters.priority P in [1, N] waits "
+     "ahead of every request with a larger P (1 is the most urgent), in arrival order within a "
+     "level; P above N is 400; 0 or none means --default-priority-level; native /v1 routes "
+     "always run at the default level"},
+    {"default-priority-level", "ATTND_DEFAULT_PRIORITY_LEVEL", OPT_INT,
+     OFF(default_priority_level), 1, 255, "2", "N", "Triton's default_priority_level: the "
+     "level of requests that name none, in [1, --priority-levels]"},
     {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
      "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
@@ -121,12 +129,16 @@ static const srv_option options[] = {
      "file holding the password of an encrypted --tls-key (a final line break is ignored)"},
     {"tls-priorities", "ATTND_TLS_PRIORITIES", OPT_STR, OFF(tls_priorities), 0, 0,
      "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:"
-     "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:%SERVER_PRECEDENCE",
+     "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:-GROUP-ALL:"
+     "+GROUP-X25519:+GROUP-SECP256R1:+GROUP-SECP384R1:+GROUP-SECP521R1:%SERVER_PRECEDENCE",
      "STRING", "GnuTLS priority string of --tls-cert; the default allows TLS 1.2 and 1.3 only, "
-     "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only"},
+     "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only, on "
+     "X25519 first (the key share OpenSSL, curl and Go clients send: preferring P-256, as "
+     "GnuTLS' NORMAL does, cost them a HelloRetryRequest round trip per handshake), then P-256, "
+     "P-384, P-521"},
     {"tls-client-ca", "ATTND_TLS_CLIENT_CA", OPT_STR, OFF(tls_client_ca), 0, 0, NULL, "FILE",
      "mutual TLS: clients must present a certificate that chains to a CA in this PEM file, "
-     "or the handshake fails (read at start-up only)"},
+     "or the handshake fails; re-read on SIGHUP (new handshakes verify against the new CAs)"},
     {"auth-token-file", "ATTND_AUTH_TOKEN_FILE", OPT_STR, OFF(auth_token_file), 0, 0, NULL,
      "FILE", "require \"Authorization: Bearer TOKEN\" on every route but /v2/health/live, "
      "/v2/health/ready and the page shell at /, TOKEN being a line of this file (at least 16 "

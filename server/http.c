@@ -87,6 +87,8 @@ typedef struct srv_req {
     int64_t submit_ns, run_ns, done_ns; /* the start is lease.start_ns */
     int64_t own_timeout_ms;             /* the body's own timeout when it is tighter than
                                            --request-timeout-ms, else 0; set with the queue deadline */
+    uint32_t priority; /* the pool priority it is queued at: its Triton level (1 most urgent),
+                          --default-priority-level unless the body says */
 
     /* Handed between threads as the state machine says. */
     api_lease lease; /* its memory, deadline and cancel flag, from arrival to the last unref */
@@ -857,22 +859,30 @@ static void job_run(void *arg, int64_t index)
  * arrival), shortened to the body's own timeout when that is tighter (then kept in
  * req->own_timeout_ms). A worker reads the body's timeout only once it reaches the request;
  * read here (cheaply: api/wire/timeout_peek.c), it holds while the request waits behind
- * others, and the watcher answers 504 on time.
+ * others, and the watcher answers 504 on time. The same walk gives the request's priority
+ * (req->priority): a v2 "priority" of 1 to --priority-levels, else --default-priority-level (0,
+ * absent, or one the route will refuse with 400 once a worker reads it).
  *
- * Only a request that will wait needs it now. With nothing admitted the request starts at once
+ * Only a request that will wait needs them now. With nothing admitted the request starts at once
  * (admissions happen on this thread only, so none can slip in before it), its route applies
  * the timeout, and the I/O thread does not scan a long body for nothing (memmem alone takes
- * ~6 ms over 64 MB of base64). */
+ * ~6 ms over 64 MB of base64); it then runs at the default priority, which orders only the
+ * sub-jobs it fans out against requests that arrive while it runs. */
 static int64_t request_deadline(const srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_call call = {.body = req->body.data, .body_len = req->body.len};
-    int64_t ms = 0;
+    api_peek peek = {0};
+    int64_t ms;
 
-    if (rd && rd->timeout && atomic_load(&s->admitted) > 0) {
+    if (rd && rd->peek && atomic_load(&s->admitted) > 0) {
         call_headers(req, &call);
-        ms = rd->timeout(&call);
+        rd->peek(&call, &peek);
     }
+    ms = peek.timeout_ms;
+    req->priority = peek.priority >= 1 && peek.priority <= s->limits.priority_levels
+                        ? (uint32_t)peek.priority
+                        : s->limits.default_priority_level;
     req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
     api_lease_shorten(&req->lease, req->own_timeout_ms);
     return req->lease.ctl.deadline_ns;
@@ -924,7 +934,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     atomic_fetch_add(&s->suspended, 1);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
-    if (eng_pool_submit(s->pool, job_run, req) != ENG_OK) {
+    if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {
         int expected = REQ_QUEUED;
         atomic_fetch_sub(&s->admitted, 1);
         if (atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE)) {

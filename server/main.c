@@ -3,8 +3,8 @@
  *
  * Signal handlers only write one byte to a self-pipe; the main thread sleeps on the pipe and
  * runs the drain itself, so nothing unsafe ever runs inside a handler. A second SIGTERM or
- * SIGINT during the drain ends its grace period at once. SIGHUP reloads the TLS certificate and
- * the token file; SIGUSR1, SIGUSR2 and SIGPIPE are ignored.
+ * SIGINT during the drain ends its grace period at once. SIGHUP reloads the TLS certificate, the
+ * client CA file and the token file; SIGUSR1, SIGUSR2 and SIGPIPE are ignored.
  *
  * Exit status: 0 after a drain, 1 when the server cannot start, 2 for a bad configuration.
  * `attnd --healthcheck [options]` instead probes a running daemon with those options.

@@ -76,8 +76,9 @@ enum {
  * segment each, bound into srv_params); it is also the metrics and log label. A GET or HEAD
  * request runs `answer` on the MHD thread; any other allowed method runs `work` on an engine
  * worker when the row has one (else `answer`). A worker route whose body may set its own
- * timeout has `timeout`, which reads it on the MHD thread before the request is queued
- * (api_timeout_peek), so that the deadline holds while the request waits for a worker. */
+ * timeout (and priority) has `peek`, which reads them on the MHD thread before the request is
+ * queued (api_peek_native, api_peek_v2), so that the deadline holds while the request waits for
+ * a worker and the request waits at its priority. */
 typedef struct {
     const char *pattern;
     const char *allow;     /* allowed methods, as sent in the Allow header of a 405: "GET, HEAD" */
@@ -85,8 +86,9 @@ typedef struct {
     unsigned flags;        /* SRV_ROUTE_* */
     srv_answer_fn answer;
     srv_work_fn work;
-    int64_t (*timeout)(const api_call *call); /* NULL: the body sets no timeout */
-    const srv_stats_hooks *stats;             /* NULL: the per-route series only */
+    void (*peek)(const api_call *call, api_peek *out); /* NULL: the body sets no timeout
+                                                          and no priority */
+    const srv_stats_hooks *stats;                      /* NULL: the per-route series only */
 } srv_route_def;
 
 /* Matches `path` against `pattern` segment by segment. Returns false when the shape differs;

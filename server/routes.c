@@ -11,8 +11,9 @@
  * listings, static pages) gets an `answer` function (srv_answer_fn, runs on the MHD thread,
  * returns a srv_reply, must not block); a POST that computes gets a `work` function
  * (srv_work_fn, runs on an engine worker with the body in the api_call and fills the
- * api_reply, like api_attention), and when its body may set its own timeout, a `timeout`
- * reader (api_timeout_peek) so that the deadline holds while the request is queued; a route
+ * api_reply, like api_attention), and when its body may set its own timeout or priority, a
+ * `peek` reader (api_peek_native, api_peek_v2) so that the deadline holds while the request is
+ * queued and it waits at its priority; a route
  * with statistics of its own adds srv_stats_hooks. Write the handler in your own file with its
  * own header, included below. Everything else is shared (http.c): 404 for unknown paths, 405
  * with Allow for other methods, 400 for a parameter outside [A-Za-z0-9_.-]{1,63} (read one
@@ -107,8 +108,8 @@ static void work_mha(const srv_params *params, const api_call *call, api_reply *
 #define PROBE  (SRV_ROUTE_ADMIN | SRV_ROUTE_OPEN) /* kubelet probes: --admin-port, no token */
 
 static const srv_route_def routes[] = {
-    {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_timeout_peek, NULL},
-    {"/v1/mha", "POST", NATIVE, 0, NULL, work_mha, api_timeout_peek, NULL},
+    {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_peek_native, NULL},
+    {"/v1/mha", "POST", NATIVE, 0, NULL, work_mha, api_peek_native, NULL},
     {"/v1/models", GET, NATIVE, 0, answer_models, NULL, NULL, NULL},
     {"/v1/models/{name}", GET, NATIVE, 0, answer_model, NULL, NULL, NULL},
     {"/v2/health/live", GET, V2, PROBE, answer_live, NULL, NULL, NULL},
@@ -121,7 +122,7 @@ static const srv_route_def routes[] = {
     {"/v2/models/{model}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL, NULL},
     {"/v2/models/{model}/config", GET, V2, 0, srv__answer_v2_config, NULL, NULL, NULL},
     {"/v2/models/{model}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL},
-    {"/v2/models/{model}/infer", "POST", V2, 0, NULL, srv__work_v2_infer, api_v2_timeout_peek,
+    {"/v2/models/{model}/infer", "POST", V2, 0, NULL, srv__work_v2_infer, api_peek_v2,
      &srv__v2_infer_stats},
     {"/v2/models/{model}/versions/{version}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL},
     {"/v2/models/{model}/versions/{version}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL,
@@ -131,7 +132,7 @@ static const srv_route_def routes[] = {
     {"/v2/models/{model}/versions/{version}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL,
      NULL},
     {"/v2/models/{model}/versions/{version}/infer", "POST", V2, 0, NULL, srv__work_v2_infer,
-     api_v2_timeout_peek, &srv__v2_infer_stats},
+     api_peek_v2, &srv__v2_infer_stats},
     /* Scrapes reach --admin-port without a token; on --port they need one. */
     {"/metrics", GET, NATIVE, SRV_ROUTE_ADMIN, answer_metrics, NULL, NULL, NULL},
     /* The page's shell holds no data: its API calls carry the token the user types in. */

@@ -61,4 +61,10 @@ void srv_server_reload(srv_server *s)
         srv__tls_describe(s->tls, what, sizeof what);
         srv_log(SRV_LOG_INFO, "SIGHUP: new handshakes get the certificate %s", what);
     }
+    if (s->tls && srv__tls_reload_client_ca(s->tls, err, sizeof err) != SRV_OK) {
+        srv_log(SRV_LOG_ERROR, "SIGHUP: the previous client CAs stay in force: %s", err);
+    } else if (s->tls && srv__tls_describe_client_ca(s->tls, what, sizeof what)) {
+        srv_log(SRV_LOG_INFO, "SIGHUP: new handshakes verify client certificates against the %s",
+                what);
+    }
 }

@@ -250,6 +250,13 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->limits.max_body_bytes = cfg->max_body_bytes;
     s->limits.max_elements = (size_t)cfg->max_elements;
     s->limits.max_timeout_ms = cfg->request_timeout_ms;
+    if (cfg->default_priority_level > cfg->priority_levels) {
+        snprintf(err, errlen, "--default-priority-level %lld is above --priority-levels %lld",
+                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
+        goto fail;
+    }
+    s->limits.priority_levels = (uint32_t)cfg->priority_levels;
+    s->limits.default_priority_level = (uint32_t)cfg->default_priority_level;
     if (!cfg->default_precision || strcmp(cfg->default_precision, "float32") == 0) {
         s->limits.default_precision = ENG_PRECISION_FLOAT32;
     } else if (strcmp(cfg->default_precision, "bfloat16") == 0) {

@@ -14,12 +14,21 @@
  * returned for the lifetime of each session, and nothing tells attnd when the last session that
  * got an old chain has ended. A chain is a few KiB and certificates rotate every few weeks.
  *
- * Client certificates: the CA file goes to libmicrohttpd as MHD_OPTION_HTTPS_MEM_TRUST, which
- * only asks for a certificate (GNUTLS_CERT_REQUEST) and verifies nothing. The retrieve function
- * runs before the server's CertificateRequest is written, so it turns the request into a
- * requirement and has GnuTLS verify the chain against that CA during the handshake: a client
- * without a valid certificate never gets to send a request. The CA itself is read at start-up
- * only (libmicrohttpd owns the trust list).
+ * Client certificates: libmicrohttpd 0.9.75 takes a CA file only as MHD_OPTION_HTTPS_MEM_TRUST,
+ * which it loads once into the credentials it owns (gnutls_certificate_set_x509_trust_mem at
+ * start) and offers no way to change while the daemon runs; and all it does with it is ask for
+ * a certificate (GNUTLS_CERT_REQUEST), verifying nothing. So attnd does not hand it the CA at
+ * all. It keeps its own trust list (gnutls_x509_trust_list_t) behind a read-write lock, and the
+ * retrieve function, which runs before the server's CertificateRequest is written, makes the
+ * certificate a requirement (GNUTLS_CERT_REQUIRE) and installs a verify function on the session
+ * (gnutls_session_set_verify_function): GnuTLS calls it once the client's chain has arrived,
+ * during the handshake, and it verifies the chain against attnd's list (key purpose client
+ * authentication, validity times). A client without a valid certificate never gets to send a
+ * request. SIGHUP builds a new list from the file and swaps it in under the write lock: new
+ * handshakes verify against the new CAs, open connections stay as they are, and a file that
+ * cannot be loaded leaves the previous list in force. The CertificateRequest then names no CA
+ * (the credentials hold none), which TLS allows: a client sends the certificate it has, and one
+ * from a CA added by a reload is not held back by a stale list of names.
  */
 #include "server/tls.h"
 
@@ -40,6 +49,8 @@
 #define TLS_MAX_CHAIN 8
 /* Largest PEM file read (certificates, keys, CA bundles, the password). */
 #define TLS_MAX_FILE ((size_t)1 << 20)
+/* Longest client chain verified (leaf plus intermediates); longer ones are refused. */
+#define TLS_MAX_PEER_CHAIN 16
 
 /* One certificate chain and its key, as GnuTLS wants them from a retrieve function. */
 typedef struct tls_cert {
@@ -52,7 +63,10 @@ typedef struct tls_cert {
 struct srv_tls {
     char *cert_path, *key_path, *password_path;
     char *priorities;
-    char *client_ca; /* PEM, handed to libmicrohttpd, which keeps the pointer */
+    char *client_ca_path;     /* --tls-client-ca; NULL: client certificates are not asked for */
+    pthread_rwlock_t ca_lock; /* readers verify, a reload swaps */
+    gnutls_x509_trust_list_t client_ca; /* the CAs of client_ca_path, under ca_lock */
+    unsigned client_ca_count;           /* how many, for the log */
     pthread_mutex_t mu;
     tls_cert *current;
     struct MHD_OptionItem options[4];
@@ -220,21 +234,6 @@ done:
     return c;
 }
 
-/* Whether `pem` holds at least one X.509 certificate. */
-static int check_ca(const char *pem, size_t len)
-{
-    gnutls_x509_crt_t *crts = NULL;
-    unsigned n = 0;
-    gnutls_datum_t d = {(unsigned char *)(uintptr_t)pem, (unsigned)len};
-    int rc = gnutls_x509_crt_list_import2(&crts, &n, &d, GNUTLS_X509_FMT_PEM, 0);
-    for (unsigned i = 0; i < n; i++)
-        gnutls_x509_crt_deinit(crts[i]);
-    gnutls_free(crts);
-    if (rc >= 0 && n == 0)
-        rc = GNUTLS_E_NO_CERTIFICATE_FOUND;
-    return rc < 0 ? rc : 0;
-}
-
 /* The flags that only make sense with a certificate. */
 static srv_status check_flags(const srv_config *cfg, char *err, size_t errlen)
 {
@@ -265,19 +264,36 @@ static srv_status check_priorities(const char *priorities, char *err, size_t err
     return SRV_OK;
 }
 
-static srv_status load_client_ca(srv_tls *t, const char *path, char *err, size_t errlen)
+/* Reads the CA file at `path` into a new trust list; SRV_EINVAL with `err` naming the file when
+ * it cannot be read or holds no certificate. */
+static srv_status load_client_ca(const char *path, gnutls_x509_trust_list_t *out, unsigned *count,
+                                 char *err, size_t errlen)
 {
     size_t len = 0;
+    gnutls_x509_trust_list_t list;
+    char *pem = read_file("--tls-client-ca", path, &len, err, errlen);
     int rc;
-    t->client_ca = read_file("--tls-client-ca", path, &len, err, errlen);
-    if (!t->client_ca)
+    if (!pem)
         return SRV_EINVAL;
-    rc = check_ca(t->client_ca, len);
+    rc = gnutls_x509_trust_list_init(&list, 0);
     if (rc < 0) {
-        snprintf(err, errlen, "--tls-client-ca %s: no CA certificate in it: %s", path,
-                 gnutls_strerror(rc));
+        free(pem);
+        snprintf(err, errlen, "--tls-client-ca %s: %s", path, gnutls_strerror(rc));
         return SRV_EINVAL;
     }
+    {
+        gnutls_datum_t d = {(unsigned char *)pem, (unsigned)len};
+        rc = gnutls_x509_trust_list_add_trust_mem(list, &d, NULL, GNUTLS_X509_FMT_PEM, 0, 0);
+    }
+    free(pem);
+    if (rc <= 0) {
+        gnutls_x509_trust_list_deinit(list, 1);
+        snprintf(err, errlen, "--tls-client-ca %s: no CA certificate in it: %s", path,
+                 gnutls_strerror(rc < 0 ? rc : GNUTLS_E_NO_CERTIFICATE_FOUND));
+        return SRV_EINVAL;
+    }
+    *out = list;
+    *count = (unsigned)rc;
     return SRV_OK;
 }
 
@@ -295,16 +311,20 @@ srv_status srv__tls_new(const srv_config *cfg, srv_tls **out, char *err, size_t 
     if (!t)
         return SRV_ENOMEM;
     pthread_mutex_init(&t->mu, NULL);
+    pthread_rwlock_init(&t->ca_lock, NULL);
     t->cert_path = dup_or_null(cfg->tls_cert);
     t->key_path = dup_or_null(cfg->tls_key);
     t->password_path = dup_or_null(cfg->tls_key_password_file);
     t->priorities = dup_or_null(cfg->tls_priorities);
+    t->client_ca_path = dup_or_null(cfg->tls_client_ca);
     if (!t->cert_path || !t->key_path || !t->priorities ||
-        (cfg->tls_key_password_file && !t->password_path)) {
+        (cfg->tls_key_password_file && !t->password_path) ||
+        (cfg->tls_client_ca && !t->client_ca_path)) {
         srv__tls_free(t);
         return SRV_ENOMEM;
     }
-    if (cfg->tls_client_ca && load_client_ca(t, cfg->tls_client_ca, err, errlen) != SRV_OK) {
+    if (t->client_ca_path && load_client_ca(t->client_ca_path, &t->client_ca, &t->client_ca_count,
+                                            err, errlen) != SRV_OK) {
         srv__tls_free(t);
         return SRV_EINVAL;
     }
@@ -329,6 +349,35 @@ srv_status srv__tls_reload(srv_tls *t, char *err, size_t errlen)
     return SRV_OK;
 }
 
+srv_status srv__tls_reload_client_ca(srv_tls *t, char *err, size_t errlen)
+{
+    gnutls_x509_trust_list_t list, old;
+    unsigned count;
+    if (!t->client_ca_path)
+        return SRV_OK;
+    if (load_client_ca(t->client_ca_path, &list, &count, err, errlen) != SRV_OK)
+        return SRV_EINVAL;
+    pthread_rwlock_wrlock(&t->ca_lock);
+    old = t->client_ca;
+    t->client_ca = list;
+    t->client_ca_count = count;
+    pthread_rwlock_unlock(&t->ca_lock);
+    /* No verification holds the old list now: each reads it under the read lock. */
+    gnutls_x509_trust_list_deinit(old, 1);
+    return SRV_OK;
+}
+
+bool srv__tls_describe_client_ca(srv_tls *t, char *out, size_t outlen)
+{
+    if (!t->client_ca_path)
+        return false;
+    pthread_rwlock_rdlock(&t->ca_lock);
+    snprintf(out, outlen, "%u CA certificate%s of %s", t->client_ca_count,
+             t->client_ca_count == 1 ? "" : "s", t->client_ca_path);
+    pthread_rwlock_unlock(&t->ca_lock);
+    return true;
+}
+
 void srv__tls_free(srv_tls *t)
 {
     srv_tls *self;
@@ -337,13 +386,52 @@ void srv__tls_free(srv_tls *t)
     self = t;
     atomic_compare_exchange_strong(&active_tls, &self, NULL);
     cert_free(t->current);
+    if (t->client_ca)
+        gnutls_x509_trust_list_deinit(t->client_ca, 1);
+    pthread_rwlock_destroy(&t->ca_lock);
     pthread_mutex_destroy(&t->mu);
     free(t->cert_path);
     free(t->key_path);
     free(t->password_path);
     free(t->priorities);
-    free(t->client_ca);
+    free(t->client_ca_path);
     free(t);
+}
+
+/* GnuTLS' verify function of a session that requires a client certificate (MHD thread, during
+ * the handshake, once the client's chain has arrived): 0 when the chain verifies against the
+ * current --tls-client-ca list for client authentication, else an error, which ends the
+ * handshake. */
+static int verify_client(gnutls_session_t session)
+{
+    srv_tls *t = atomic_load(&active_tls);
+    gnutls_x509_crt_t chain[TLS_MAX_PEER_CHAIN];
+    gnutls_typed_vdata_st purpose = {GNUTLS_DT_KEY_PURPOSE_OID,
+                                     (unsigned char *)(uintptr_t)GNUTLS_KP_TLS_WWW_CLIENT, 0};
+    unsigned n = 0, got = 0, status = 1;
+    const gnutls_datum_t *der = gnutls_certificate_get_peers(session, &n);
+    int rc = GNUTLS_E_CERTIFICATE_ERROR;
+    if (!t || !der || n == 0)
+        return GNUTLS_E_NO_CERTIFICATE_FOUND;
+    if (n > TLS_MAX_PEER_CHAIN)
+        return GNUTLS_E_CERTIFICATE_ERROR;
+    for (; got < n; got++) {
+        if (gnutls_x509_crt_init(&chain[got]) < 0)
+            goto done;
+        if (gnutls_x509_crt_import(chain[got], &der[got], GNUTLS_X509_FMT_DER) < 0) {
+            got++; /* initialised: deinit it below */
+            goto done;
+        }
+    }
+    pthread_rwlock_rdlock(&t->ca_lock);
+    rc = gnutls_x509_trust_list_verify_crt2(t->client_ca, chain, n, &purpose, 1, 0, &status, NULL);
+    pthread_rwlock_unlock(&t->ca_lock);
+done:
+    for (unsigned i = 0; i < got; i++)
+        gnutls_x509_crt_deinit(chain[i]);
+    if (rc < 0)
+        return rc;
+    return status == 0 ? 0 : GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR;
 }
 
 /* GnuTLS' retrieve function (MHD thread, during a handshake): the newest chain, and for
@@ -367,9 +455,9 @@ static int retrieve_cert(gnutls_session_t session, const gnutls_datum_t *req_ca_
     *pcert = c->chain;
     *pcert_length = c->n_chain;
     *pkey = c->key;
-    if (t->client_ca) {
+    if (t->client_ca_path) {
         gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
-        gnutls_session_set_verify_cert(session, NULL, 0);
+        gnutls_session_set_verify_function(session, verify_client);
     }
     return 0;
 }
@@ -389,8 +477,6 @@ const struct MHD_OptionItem *srv__tls_options(srv_tls *t, unsigned *flags, char 
     t->options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_CERT_CALLBACK, 0,
                                               (void *)(uintptr_t)retrieve_cert};
     t->options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0, t->priorities};
-    if (t->client_ca)
-        t->options[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, t->client_ca};
     t->options[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     *flags |= MHD_USE_TLS;
     return t->options;
@@ -417,7 +503,7 @@ void srv__tls_describe(srv_tls *t, char *out, size_t outlen)
         gmtime_r(&expires, &tm);
         snprintf(out, outlen, "%s (chain of %u, expires %04d-%02d-%02dT%02d:%02d:%02dZ)%s", dn,
                  c->n_chain, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                 tm.tm_sec, t->client_ca ? ", client certificates required" : "");
+                 tm.tm_sec, t->client_ca_path ? ", client certificates required" : "");
     }
     gnutls_x509_crt_deinit(crt);
 }

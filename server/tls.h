@@ -18,6 +18,13 @@ srv_status srv__tls_new(const srv_config *cfg, srv_tls **out, char *err, size_t 
 /* Reads the certificate and key again; new handshakes get them, open connections keep theirs.
  * On failure the previous ones stay in use. Main thread. */
 srv_status srv__tls_reload(srv_tls *t, char *err, size_t errlen);
+/* Reads --tls-client-ca again (SRV_OK at once without one); new handshakes verify client
+ * certificates against the new CAs, open connections keep going. On failure, with `err` naming
+ * the file, the previous CAs stay in force. Main thread. */
+srv_status srv__tls_reload_client_ca(srv_tls *t, char *err, size_t errlen);
+/* "N CA certificates of FILE" for the reload line; false (out untouched) without
+ * --tls-client-ca. */
+bool srv__tls_describe_client_ca(srv_tls *t, char *out, size_t outlen);
 void srv__tls_free(srv_tls *t);
 /* The libmicrohttpd options that serve `t` (for MHD_OPTION_ARRAY; an empty list when `t` is
  * NULL), adding MHD_USE_TLS to *flags; NULL with `err` when another server already serves

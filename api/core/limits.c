@@ -13,6 +13,10 @@ api_limits api_limits_default(void)
          * let in but still stops a small base64 request from asking for a huge reply. */
         .max_elements = (size_t)1 << 28,
         .max_timeout_ms = 60000,
+        /* Triton's priority_levels and default_priority_level: one lane above the default for
+         * the requests that say "priority": 1. */
+        .priority_levels = 2,
+        .default_priority_level = 2,
     };
     return limits;
 }

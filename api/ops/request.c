@@ -84,7 +84,16 @@ int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, 
     if (api__req_reserve(rq, sized ? need : SIZE_MAX, false, what, err) != 0)
         return -1;
     rq->run_held -= text; /* the reply's share stays with the lease until the reply is sent */
+    rq->text_held = text;
     return 0;
+}
+
+void api__req_keep_text(api__req *rq, size_t len)
+{
+    if (len < rq->text_held) {
+        api_lease_give_back(rq->lease, rq->text_held - len);
+        rq->text_held = len;
+    }
 }
 
 int api__req_check_body_size(const api__req *rq, api__error *err)

@@ -29,8 +29,10 @@ typedef struct {
     int64_t call_ns;             /* when the route began: stage timings count from it */
     api__body body;
     size_t parse_held, run_held;    /* of the lease: the parse tree, and the decoded tensors and
-                                       scratch; given back as they are freed (the reply text's
-                                       share stays held until the lease ends) */
+                                       scratch; given back as they are freed */
+    size_t text_held;               /* of the lease: the reply text's estimate, trimmed to the
+                                       reply (api__req_keep_text); it stays held until the
+                                       lease ends */
     void *owned[API_REQ_MAX_OWNED]; /* buffers from api__req_alloc */
     size_t n_owned;
 } api__req;
@@ -54,6 +56,10 @@ int api__req_reserve(api__req *rq, size_t bytes, bool parse, const char *what, a
  * the request's buffers until it is sent. */
 int api__req_reserve_run(api__req *rq, bool sized, size_t tensors, size_t text, size_t scratch,
                          api__error *err);
+
+/* Gives back what the lease holds for the reply text beyond `len` bytes, the reply's actual
+ * size (0 for an error reply, whose small body is not accounted). */
+void api__req_keep_text(api__req *rq, size_t len);
 
 /* 413 for a body past --max-body-bytes, in the words every route uses. */
 int api__req_check_body_size(const api__req *rq, api__error *err);

@@ -55,6 +55,9 @@ void api__serve(const api__route *route, void *job, const api_call *call, api_re
         api__reply_from_error(reply, route->style, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - rq->call_ns;
+        api__req_keep_text(rq, 0);
+    } else {
+        api__req_keep_text(rq, reply->body_len);
     }
     api_buf_free(&w);
     if (route->free)

@@ -11,8 +11,14 @@
  * GET /v2/models/{m}[/versions/1]/config -> Triton's model configuration, as tritonclient's
  * get_model_config and perf_analyzer read it: {"name", "platform", "backend", "max_batch_size":
  * 0 (the batch axis is part of each shape), "input": [{"name", "data_type": "TYPE_FP32", "dims",
- * "optional", ...}], "output": [...], "model_transaction_policy": {"decoupled": false},
- * "response_cache": {"enable": false}}; no dynamic or sequence batching.
+ * "optional", ...}], "output": [...], "dynamic_batching": {"max_queue_delay_microseconds": 0,
+ * "priority_levels", "default_priority_level"}, "model_transaction_policy": {"decoupled":
+ * false}, "response_cache": {"enable": false}}; no sequence batching. Triton keeps a model's
+ * priority levels inside "dynamic_batching", the scheduler that owns its priority queue, and
+ * that is where tritonclient users look for them. With max_batch_size 0 Triton's dynamic
+ * batcher forms no batches (every request runs alone, as in attnd) and a queue delay of 0 holds
+ * nothing back, so the object says what attnd does: one queue, ordered by priority, no
+ * batching (perf_analyzer only notes the scheduler's name).
  *
  * GET .../ready -> {"name", "ready": true}.
  *
@@ -251,6 +257,11 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
     write_config_tensors(&w, d.in, d.n_in, true);
     api_buf_cstr(&w, ",\"output\":");
     write_config_tensors(&w, d.out, d.n_out, false);
+    api_limits limits = call->limits ? *call->limits : api_limits_default();
+    api_buf_printf(&w,
+                   ",\"dynamic_batching\":{\"max_queue_delay_microseconds\":0,"
+                   "\"priority_levels\":%u,\"default_priority_level\":%u}",
+                   limits.priority_levels, limits.default_priority_level);
     api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
                      "\"response_cache\":{\"enable\":false}}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);

@@ -105,11 +105,24 @@ static int p_timeout(v2_job *job, const json_t *v, const char *name, api__error 
     return api__option_int(v, name, 0, API_TIMEOUT_US_MAX, &job->timeout_us, err);
 }
 
+/* Triton's "priority": 0 for the default level, else 1 (the most urgent) to --priority-levels.
+ * Triton maps a level beyond the model's priority_levels to the default one silently; attnd
+ * refuses it, since a caller who asked for a level that does not exist has a configuration to
+ * fix and would otherwise never learn that its requests queue at the default level. The server
+ * queued the request at this level already (api_peek_v2); here it is only checked. */
 static int p_priority(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
-    int64_t ignored;
-    (void)job;
-    return api__option_int(v, name, 0, INT64_MAX, &ignored, err);
+    int64_t priority;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return api__option_int(v, name, 0, INT64_MAX, &priority, err);
+    priority = (int64_t)json_integer_value(v);
+    if (priority > (int64_t)job->rq.limits.priority_levels)
+        return api__error_invalid(err, name,
+                                  "%s is %lld; this server has %u priority levels (1 is the "
+                                  "most urgent, 0 the default level %u; --priority-levels)",
+                                  name, (long long)priority, job->rq.limits.priority_levels,
+                                  job->rq.limits.default_priority_level);
+    return 0;
 }
 
 static int p_binary_data_output(v2_job *job, const json_t *v, const char *name, api__error *err)

@@ -1,16 +1,20 @@
 /*
- * timeout_peek.c - a request's own timeout, read from its body before any worker decodes it.
+ * timeout_peek.c - a request's own timeout and priority, read from its body before any worker
+ * decodes it.
  *
  * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
  * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
- * beside it. A route reads it once a worker decodes the body, which is too late for a request
- * waiting in the queue behind long ones: the server needs the deadline when it queues the
- * request, so that its watcher can answer 504 on time. It asks here, on its I/O thread, where
- * parsing a 64 MB body would cost everyone else what it saves one request. So this reads only
- * what it must:
+ * beside it; and a v2 request may ask for a priority level, Triton's "priority" in the same
+ * object. A route reads them once a worker decodes the body, which is too late for a request
+ * waiting in the queue behind long ones: the server needs the deadline and the priority when it
+ * queues the request, so that its watcher can answer 504 on time and the pool can put it ahead
+ * of less urgent ones. It asks here, on its I/O thread, where parsing a 64 MB body would cost
+ * everyone else what it saves one request. So this reads only what it must, both values in one
+ * walk:
  *
- *   1. memmem for "timeout": a body that does not contain it (most of them) costs one pass at
- *      memory speed, and nothing is parsed;
+ *   1. memmem for "timeout" (native) or "parameters" (v2, where both values live): a body that
+ *      does not contain it (most of them) costs one pass at memory speed, and nothing is
+ *      parsed;
  *   2. otherwise the top level is walked, skipping values without parsing them: strings with
  *      memchr for the closing quote (one preceded by an odd number of backslashes is escaped),
  *      arrays and objects by their bracket depth outside strings. Only a member of the top-level
@@ -191,82 +195,104 @@ static bool read_int(cursor *c, int64_t lo, int64_t hi, int64_t *out)
     return true;
 }
 
-/* The JSON text of the call's body that may name a timeout, with "timeout" found in it; false
- * when there is none to read (a compressed body, no "timeout" at all). */
-static bool peek_start(const api_call *call, size_t json_len, cursor *c)
+/* The JSON text of the call's body that may name a timeout, with `word` found in it; false
+ * when there is none to read (a compressed body, no `word` at all). */
+static bool peek_start(const api_call *call, size_t json_len, const char *word, cursor *c)
 {
-    static const char word[] = "timeout";
     if (api__coding_parse(call->content_encoding) != API_CODING_IDENTITY || !call->body)
         return false;
-    if (!memmem(call->body, json_len, word, sizeof word - 1))
+    if (!memmem(call->body, json_len, word, strlen(word)))
         return false;
     c->p = call->body;
     c->end = call->body + json_len;
     return true;
 }
 
-int64_t api_timeout_peek(const api_call *call)
+void api_peek_native(const api_call *call, api_peek *out)
 {
     const char *key;
     size_t key_len;
     int64_t ms;
     cursor c;
-    if (!api__content_type_json(call->content_type) || !peek_start(call, call->body_len, &c) ||
-        !enter_object(&c))
-        return 0;
+    *out = (api_peek){0};
+    if (!api__content_type_json(call->content_type) ||
+        !peek_start(call, call->body_len, "timeout", &c) || !enter_object(&c))
+        return;
     for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
-        if (key_is(key, key_len, "timeout_ms"))
-            return read_int(&c, 1, API_TIMEOUT_MS_MAX, &ms) ? ms : 0;
+        if (key_is(key, key_len, "timeout_ms")) {
+            if (read_int(&c, 1, API_TIMEOUT_MS_MAX, &ms))
+                out->timeout_ms = ms;
+            return;
+        }
         if (!skip_value(&c))
-            return 0;
+            return;
     }
-    return 0;
 }
 
-/* The timeout named in the "parameters" object at c->p, as api__v2_timeout_ms combines them. */
-static int64_t v2_parameters_timeout(cursor *c)
+/* The timeout (as api__v2_timeout_ms combines them) and the priority named in the "parameters"
+ * object at c->p. Any value it cannot read leaves both at 0: the route refuses such a body. */
+static void v2_parameters_peek(cursor *c, api_peek *out)
 {
     const char *key;
     size_t key_len;
-    int64_t ms = 0, us = 0;
+    int64_t ms = 0, us = 0, priority = 0;
     if (!enter_object(c))
-        return 0;
+        return;
     for (bool first = true; next_member(c, first, &key, &key_len); first = false) {
         bool ok;
         if (key_is(key, key_len, "timeout_ms"))
             ok = read_int(c, 1, API_TIMEOUT_MS_MAX, &ms);
         else if (key_is(key, key_len, "timeout"))
             ok = read_int(c, 0, API_TIMEOUT_US_MAX, &us);
+        else if (key_is(key, key_len, "priority"))
+            ok = read_int(c, 0, UINT32_MAX, &priority);
         else
             ok = skip_value(c);
         if (!ok)
-            return 0;
+            return;
     }
-    return api__v2_timeout_ms(ms, us);
+    out->timeout_ms = api__v2_timeout_ms(ms, us);
+    out->priority = (uint64_t)priority;
 }
 
-int64_t api_v2_timeout_peek(const api_call *call)
+void api_peek_v2(const api_call *call, api_peek *out)
 {
     size_t json_len = call->body_len;
     const char *key;
     size_t key_len;
     cursor c;
+    *out = (api_peek){0};
     if (!api__content_type_v2(call->content_type))
-        return 0;
-    /* With binary tensor data, only the JSON before it can name a timeout. */
+        return;
+    /* With binary tensor data, only the JSON before it can name a timeout or a priority. */
     if (call->inference_header_length &&
         (!api__header_len_parse(call->inference_header_length, &json_len) ||
          json_len > call->body_len))
-        return 0;
-    if (!peek_start(call, json_len, &c) || !enter_object(&c))
-        return 0;
+        return;
+    if (!peek_start(call, json_len, "parameters", &c) || !enter_object(&c))
+        return;
     for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
-        if (key_is(key, key_len, "parameters"))
-            return v2_parameters_timeout(&c);
+        if (key_is(key, key_len, "parameters")) {
+            v2_parameters_peek(&c, out);
+            return;
+        }
         if (!skip_value(&c))
-            return 0;
+            return;
     }
-    return 0;
+}
+
+int64_t api_timeout_peek(const api_call *call)
+{
+    api_peek p;
+    api_peek_native(call, &p);
+    return p.timeout_ms;
+}
+
+int64_t api_v2_timeout_peek(const api_call *call)
+{
+    api_peek p;
+    api_peek_v2(call, &p);
+    return p.timeout_ms;
 }
 
 int64_t api__v2_timeout_ms(int64_t timeout_ms, int64_t timeout_us)

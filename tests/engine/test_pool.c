@@ -477,6 +477,101 @@ static void test_submissions_run_in_fifo_order_and_count_as_pending(void)
     eng_pool_free(p);
 }
 
+/* With the one worker blocked, submissions of mixed priority run most urgent first, and in the
+ * order they were submitted within a priority (eng_pool_submit being priority 0). */
+static void test_submissions_run_by_priority_then_fifo(void)
+{
+    eng_pool *p = new_pool(1);
+    if (!p)
+        return;
+    gate g;
+    gate_init(&g);
+    CHECK(eng_pool_submit_at(p, 2, gate_task, &g) == ENG_OK);
+    wait_flag(&g.started);
+    /* id = 10 * priority + rank within the priority; submitted interleaved. */
+    static const uint32_t prio[] = {3, 1, 2, 1, 3, 0, 2, 1, 0, 3};
+    submit_log log;
+    submit_log_init(&log);
+    submit_item items[10];
+    int rank[4] = {0};
+    for (int i = 0; i < 10; i++) {
+        items[i] = (submit_item){&log, (int)prio[i] * 10 + rank[prio[i]]++};
+        if (prio[i] == 0)
+            CHECK(eng_pool_submit(p, submit_task, &items[i]) == ENG_OK);
+        else
+            CHECK(eng_pool_submit_at(p, prio[i], submit_task, &items[i]) == ENG_OK);
+    }
+    CHECK_EQ_INT(eng_pool_pending(p), 10);
+    atomic_store(&g.release, true);
+    wait_count(&log.ran, 10);
+    static const int want[] = {0, 1, 10, 11, 12, 20, 21, 30, 31, 32};
+    for (int i = 0; i < 10; i++)
+        CHECKF(log.order[i] == want[i], "position %d ran task %d, want %d", i, log.order[i],
+               want[i]);
+    eng_pool_free(p);
+}
+
+/* A request's fan-out keeps its priority. Two workers: one held by a gate, the other runs a
+ * priority-1 request whose eng_pool_run job has two indices; it keeps index 0 (held too) and
+ * index 1 waits in the queue. Then a priority-0 and a priority-2 request arrive. Released, the
+ * first worker takes the priority-0 request, then the fan-out's index 1, then the priority-2
+ * one: the sub-job sits at its request's priority, not at the front (its ticket is older) nor
+ * at the back. */
+typedef struct {
+    eng_pool *pool;
+    submit_log *log;
+    gate hold; /* index 0 of the fan-out waits here */
+} fan_arg;
+
+static void fan_child(void *arg, int64_t index)
+{
+    fan_arg *f = arg;
+    if (index == 0) {
+        gate_task(&f->hold, 0);
+        return;
+    }
+    int slot = atomic_fetch_add(&f->log->order_next, 1);
+    if (slot < 64)
+        f->log->order[slot] = 1;
+    atomic_fetch_add(&f->log->ran, 1);
+}
+
+static void fan_parent(void *arg, int64_t index)
+{
+    (void)index;
+    fan_arg *f = arg;
+    CHECK(eng_pool_run(f->pool, fan_child, f, 2, NULL) == ENG_OK);
+}
+
+static void test_nested_jobs_keep_their_priority(void)
+{
+    eng_pool *p = new_pool(2);
+    if (!p)
+        return;
+    gate g;
+    gate_init(&g);
+    CHECK(eng_pool_submit_at(p, 0, gate_task, &g) == ENG_OK);
+    wait_flag(&g.started);
+    submit_log log;
+    submit_log_init(&log);
+    fan_arg fan = {.pool = p, .log = &log};
+    gate_init(&fan.hold);
+    CHECK(eng_pool_submit_at(p, 1, fan_parent, &fan) == ENG_OK);
+    wait_flag(&fan.hold.started); /* index 1 is queued now */
+    submit_item urgent = {&log, 0}, late = {&log, 2};
+    CHECK(eng_pool_submit_at(p, 2, submit_task, &late) == ENG_OK);
+    CHECK(eng_pool_submit_at(p, 0, submit_task, &urgent) == ENG_OK);
+    CHECK_EQ_INT(eng_pool_pending(p), 3);
+    atomic_store(&g.release, true);
+    wait_count(&log.ran, 3);
+    static const int want[] = {0, 1, 2};
+    for (int k = 0; k < 3; k++)
+        CHECKF(log.order[k] == want[k], "position %d ran task %d, want %d", k, log.order[k],
+               want[k]);
+    atomic_store(&fan.hold.release, true);
+    eng_pool_free(p);
+}
+
 /* eng_pool_free lets the tasks already queued run before it stops the workers. */
 typedef struct {
     gate *g;
@@ -830,6 +925,8 @@ int main(void)
     RUN_WITHIN(test_run_from_a_submitted_task_does_not_deadlock, 20);
     RUN_WITHIN(test_submit_runs_the_task_on_a_worker, 20);
     RUN_WITHIN(test_submissions_run_in_fifo_order_and_count_as_pending, 20);
+    RUN_WITHIN(test_submissions_run_by_priority_then_fifo, 20);
+    RUN_WITHIN(test_nested_jobs_keep_their_priority, 20);
     RUN_WITHIN(test_free_runs_queued_tasks_first, 20);
     RUN_WITHIN(test_earlier_request_is_served_first, 30);
     RUN_WITHIN(test_nested_job_inherits_its_request_place, 30);

@@ -802,6 +802,20 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
+/* Whether the daemon says it is draining within `secs` (its log line, written as the drain
+ * begins: on a loaded machine a signal can take longer than any fixed sleep to act). */
+static bool wait_for_drain(const daemon_proc *proc, double secs)
+{
+    for (double until = now_s() + secs; now_s() < until; sleep_ms(10)) {
+        char *log = daemon_log(proc);
+        bool draining = log && strstr(log, "draining: readiness is 503");
+        free(log);
+        if (draining)
+            return true;
+    }
+    return false;
+}
+
 /* A request refused because the daemon is draining is counted as reason="draining". The
  * listener is closed by then and every reply during the drain closes its connection, so the
  * scrapes go over keep-alive connections opened before the signal, one per scrape. */
@@ -837,7 +851,7 @@ static void test_draining_rejections_are_counted(void)
     CHECK(metric_wait(dd.port, "attnd_running_requests", 1, 10000));
     CHECK(metric_value(dd.port, "attnd_rejected_total{reason=\"draining\"}") == 0);
     daemon_signal(&dd, SIGTERM);
-    sleep_ms(50);
+    CHECK(wait_for_drain(&dd, 10));
 
     http_post_json(handles[0], dd.port, seed, &r);
     CHECK_EQ_INT(r.status, 503);

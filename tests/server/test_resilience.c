@@ -535,6 +535,125 @@ done:
         free(bodies[i]);
 }
 
+/* A KServe v2 "sdpa" inference with the given "parameters" whose compute takes tens of
+ * milliseconds: one head of L tokens of zeros (dimension 64), so that requests queued one
+ * behind the other on one worker finish far enough apart for their order to show. */
+static char *v2_slow_body(const char *parameters, int L, size_t *len)
+{
+    static const char *const names[] = {"query", "key", "value"};
+    size_t n = (size_t)L * 64, cap = strlen(parameters) + 3 * (n * 2 + 128) + 64, used = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    used += (size_t)snprintf(out, cap, "{\"parameters\": %s, \"inputs\": [", parameters);
+    for (int t = 0; t < 3; t++) {
+        used += (size_t)snprintf(out + used, cap - used,
+                                 "%s{\"name\": \"%s\", \"datatype\": \"FP32\", \"shape\": [1, 1, "
+                                 "%d, 64], \"data\": [",
+                                 t ? ", " : "", names[t], L);
+        for (size_t i = 0; i < n; i++) {
+            out[used++] = '0';
+            out[used++] = i + 1 < n ? ',' : ']';
+        }
+        out[used++] = '}';
+    }
+    used += (size_t)snprintf(out + used, cap - used, "]}");
+    *len = used;
+    return out;
+}
+
+typedef struct {
+    pthread_t thread;
+    int port;
+    const char *body;
+    size_t len;
+    long status;
+    double finished;
+} v2_bg;
+
+static void *v2_bg_main(void *arg)
+{
+    v2_bg *b = arg;
+    const char *const json[] = {"Content-Type: application/json", NULL};
+    http_resp r;
+    b->status = http_do(NULL, b->port, "POST", "/v2/models/sdpa/infer", json, b->body, b->len, &r);
+    b->finished = now_s();
+    http_resp_free(&r);
+    return NULL;
+}
+
+/* Triton's "priority" orders the queue: with the only worker busy, v2 requests at the default
+ * level (none, and 0), then one at level 2, then one at level 1 queue up; once the worker is
+ * free the level-1 request runs first, then level 2, then the default ones in arrival order.
+ * The model configuration reports the levels, and a level above --priority-levels is 400
+ * naming the parameter and the limit. */
+static void test_priority_orders_the_queue(void)
+{
+    const char *const args[] = {
+        "--threads", "1", "--priority-levels", "3", "--default-priority-level", "3", NULL};
+    const char *const params[] = {"{}", "{\"priority\": 0}", "{\"priority\": 2}",
+                                  "{\"priority\": 1}"};
+    const char *const json[] = {"Content-Type: application/json", NULL};
+    /* The finishing order: index into params. */
+    static const int want[] = {3, 2, 0, 1};
+    int L = daemon_quick() ? 2048 : 4096;
+    char *bodies[4] = {NULL};
+    size_t lens[4];
+    v2_bg bg[4];
+    daemon_proc d;
+    http_resp r;
+    int fd;
+
+    for (int i = 0; i < 4; i++) {
+        bodies[i] = v2_slow_body(params[i], L, &lens[i]);
+        if (!bodies[i]) {
+            CHECK(0);
+            goto done;
+        }
+    }
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        goto done;
+    }
+    fd = raw_post(d.port, long_body, long_len);
+    CHECK(metric_wait(d.port, RUNNING, 1, 10000));
+    for (int i = 0; i < 4; i++) {
+        bg[i] = (v2_bg){.port = d.port, .body = bodies[i], .len = lens[i]};
+        pthread_create(&bg[i].thread, NULL, v2_bg_main, &bg[i]);
+        CHECK(metric_wait(d.port, QUEUED, i + 1, 10000)); /* queued in this order */
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(bg[i].thread, NULL);
+    for (int i = 0; i < 4; i++)
+        CHECKF(bg[i].status == 200, "request %s: %ld", params[i], bg[i].status);
+    for (int k = 1; k < 4; k++)
+        CHECKF(bg[want[k - 1]].finished < bg[want[k]].finished, "%s finished %.3f s after %s",
+               params[want[k - 1]], bg[want[k - 1]].finished - bg[want[k]].finished,
+               params[want[k]]);
+    close(fd);
+
+    /* The levels follow the flags, in the model configuration too. */
+    http_do(NULL, d.port, "GET", "/v2/models/sdpa/config", NULL, NULL, 0, &r);
+    CHECKF(r.status == 200 && r.body &&
+               strstr(r.body, "\"priority_levels\":3,\"default_priority_level\":3") != NULL,
+           "config: %s", r.body);
+    http_resp_free(&r);
+    char *bad = v2_body("{\"priority\": 4}");
+    if (bad) {
+        http_do(NULL, d.port, "POST", "/v2/models/sdpa/infer", json, bad, strlen(bad), &r);
+        CHECK_EQ_INT(r.status, 400);
+        CHECKF(r.body && strstr(r.body, "parameters.priority is 4; this server has 3 priority "
+                                        "levels") != NULL,
+               "body: %s", r.body);
+        http_resp_free(&r);
+        free(bad);
+    }
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+done:
+    for (int i = 0; i < 4; i++)
+        free(bodies[i]);
+}
+
 /* SIGTERM with a request computing: readiness 503 at once, new work 503, no new
  * connections, the request in flight still gets its 200, and the daemon exits 0. */
 static void test_sigterm_drains_in_flight_requests(void)
@@ -740,6 +859,7 @@ int main(void)
     RUN(test_deadlines_get_504);
     RUN(test_queue_deadline_answered_in_time);
     RUN(test_own_timeout_holds_in_the_queue);
+    RUN(test_priority_orders_the_queue);
     RUN(test_sigterm_drains_in_flight_requests);
     RUN(test_drain_timeout_cancels_the_rest);
     RUN(test_second_signal_cancels_at_once);

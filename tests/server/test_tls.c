@@ -313,6 +313,65 @@ static void test_certificate_reload(void)
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+/* SIGHUP re-reads --tls-client-ca too: after the file is replaced by another CA, a client
+ * certificate of the new CA is accepted and one of the old CA refused, on both protocol
+ * versions; a connection opened before keeps working; a file with no certificate in it is
+ * refused and the CAs in force stay. */
+static void test_client_ca_reload(void)
+{
+    daemon_proc d;
+    char ca[160];
+    const char *prio[] = {TLS12, TLS13};
+    void *h;
+    http_resp r;
+    snprintf(ca, sizeof ca, "%s/live-ca.pem", pki.dir);
+    CHECK_EQ_INT(tls_copy_file(pki.ca, ca), 0);
+    {
+        const char *extra[] = {"--tls-client-ca", ca, NULL};
+        if (start_tls(&d, extra) != 0) {
+            CHECK(false);
+            return;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(tls_probe(d.port, prio[i], &pki, TLS_CLIENT_GOOD, NULL, 0), 200);
+        CHECKF(tls_probe(d.port, prio[i], &pki, TLS_CLIENT_OTHER, NULL, 0) <= 0, "%s", prio[i]);
+    }
+    h = https_handle_new(&pki, TLS_CLIENT_GOOD);
+    CHECK_EQ_INT(http_do(h, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 200);
+    http_resp_free(&r);
+
+    CHECK_EQ_INT(tls_copy_file(pki.other_ca, ca), 0);
+    CHECK_EQ_INT(daemon_signal(&d, SIGHUP), 0);
+    CHECK(log_wait(&d, "new handshakes verify client certificates against the 1 CA certificate", 1,
+                   30000));
+    for (int i = 0; i < 2; i++) {
+        CHECKF(tls_probe(d.port, prio[i], &pki, TLS_CLIENT_OTHER, NULL, 0) == 200, "%s", prio[i]);
+        CHECKF(tls_probe(d.port, prio[i], &pki, TLS_CLIENT_GOOD, NULL, 0) <= 0, "%s", prio[i]);
+        CHECKF(tls_probe(d.port, prio[i], &pki, TLS_CLIENT_NONE, NULL, 0) <= 0, "%s", prio[i]);
+    }
+    /* The connection verified under the old CA stays open; a new one of its client is refused. */
+    CHECK_EQ_INT(http_do(h, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 200);
+    CHECK_EQ_INT(r.new_connections, 0);
+    http_resp_free(&r);
+    http_handle_free(h);
+    h = https_handle_new(&pki, TLS_CLIENT_GOOD);
+    CHECK_EQ_INT(http_do(h, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 0);
+    http_resp_free(&r);
+    http_handle_free(h);
+    h = https_handle_new(&pki, TLS_CLIENT_OTHER);
+    check_attention(h, d.port);
+    http_handle_free(h);
+
+    /* A broken file (a key, no certificate) is refused; the new CA stays in force. */
+    CHECK_EQ_INT(tls_copy_file(pki.client_key, ca), 0);
+    CHECK_EQ_INT(daemon_signal(&d, SIGHUP), 0);
+    CHECK(log_wait(&d, "the previous client CAs stay in force", 1, 30000));
+    CHECK_EQ_INT(tls_probe(d.port, TLS13, &pki, TLS_CLIENT_OTHER, NULL, 0), 200);
+    CHECK(tls_probe(d.port, TLS13, &pki, TLS_CLIENT_GOOD, NULL, 0) <= 0);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
 /* `attnd --healthcheck` with the daemon's TLS flags (as a container's HEALTHCHECK has them,
  * through the environment): its exit status. */
 static int healthcheck(const daemon_proc *d, const char *cert, const char *key, bool client_ca)
@@ -405,6 +464,7 @@ int main(void)
     RUN_WITHIN(test_encrypted_key, 300);
     RUN_WITHIN(test_mutual_tls, 300);
     RUN_WITHIN(test_certificate_reload, 300);
+    RUN_WITHIN(test_client_ca_reload, 300);
     RUN_WITHIN(test_tokens_over_tls, 300);
     RUN_WITHIN(test_healthcheck_over_tls, 300);
     tls_files_remove(&pki);

@@ -73,6 +73,9 @@ int tls_files_make(tls_files *f)
     path_in(f, "rogue.key", f->rogue_key, sizeof f->rogue_key);
     path_in(f, "dual.pem", f->dual_cert, sizeof f->dual_cert);
     path_in(f, "dual.key", f->dual_key, sizeof f->dual_key);
+    path_in(f, "other-ca.pem", f->other_ca, sizeof f->other_ca);
+    path_in(f, "other-client.pem", f->other_client_cert, sizeof f->other_client_cert);
+    path_in(f, "other-client.key", f->other_client_key, sizeof f->other_client_key);
     if (run(f, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "
                "ca.key -out ca.pem -days 2 -subj '/CN=attnd test CA'") != 0 ||
         issue(f, "server", TLS_SERVER_CN, server_ext) != 0 ||
@@ -84,7 +87,14 @@ int tls_files_make(tls_files *f)
                "rogue.key -out rogue.pem -days 2 -subj '/CN=attnd-test-rogue' -addext "
                "extendedKeyUsage=clientAuth") != 0 ||
         run(f, "openssl pkcs8 -topk8 -v2 aes-256-cbc -in server.key -out server-encrypted.key "
-               "-passout pass:" PASSWORD " && printf '" PASSWORD "\\n' > password") != 0)
+               "-passout pass:" PASSWORD " && printf '" PASSWORD "\\n' > password") != 0 ||
+        run(f, "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "
+               "other-ca.key -out other-ca.pem -days 2 -subj '/CN=attnd other test CA' && "
+               "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "
+               "other-client.key -out other-client.csr -subj '/CN=attnd-test-other-client' && "
+               "printf 'extendedKeyUsage=clientAuth\\n' > other-client.ext && openssl x509 -req "
+               "-in other-client.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial -days 2 "
+               "-out other-client.pem -extfile other-client.ext") != 0)
         return -1;
     return 0;
 }
@@ -123,6 +133,21 @@ int tls_copy_file(const char *from, const char *to)
     return rename(tmp, to);
 }
 
+/* The certificate and key files of a client (not TLS_CLIENT_NONE). */
+static const char *client_cert(const tls_files *f, tls_client client)
+{
+    return client == TLS_CLIENT_GOOD    ? f->client_cert
+           : client == TLS_CLIENT_OTHER ? f->other_client_cert
+                                        : f->rogue_cert;
+}
+
+static const char *client_key(const tls_files *f, tls_client client)
+{
+    return client == TLS_CLIENT_GOOD    ? f->client_key
+           : client == TLS_CLIENT_OTHER ? f->other_client_key
+                                        : f->rogue_key;
+}
+
 void *https_handle_new(const tls_files *f, tls_client client)
 {
     CURL *h = curl_easy_init();
@@ -132,9 +157,8 @@ void *https_handle_new(const tls_files *f, tls_client client)
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
     if (client != TLS_CLIENT_NONE) {
-        bool good = client == TLS_CLIENT_GOOD;
-        curl_easy_setopt(h, CURLOPT_SSLCERT, good ? f->client_cert : f->rogue_cert);
-        curl_easy_setopt(h, CURLOPT_SSLKEY, good ? f->client_key : f->rogue_key);
+        curl_easy_setopt(h, CURLOPT_SSLCERT, client_cert(f, client));
+        curl_easy_setopt(h, CURLOPT_SSLKEY, client_key(f, client));
     }
     return h;
 }
@@ -211,12 +235,9 @@ int tls_probe(int port, const char *priority, const tls_files *f, tls_client cli
     if (gnutls_certificate_allocate_credentials(&cred) < 0)
         return GNUTLS_E_MEMORY_ERROR;
     gnutls_certificate_set_x509_trust_file(cred, f->ca, GNUTLS_X509_FMT_PEM);
-    if (client != TLS_CLIENT_NONE) {
-        bool good = client == TLS_CLIENT_GOOD;
-        gnutls_certificate_set_x509_key_file(cred, good ? f->client_cert : f->rogue_cert,
-                                             good ? f->client_key : f->rogue_key,
+    if (client != TLS_CLIENT_NONE)
+        gnutls_certificate_set_x509_key_file(cred, client_cert(f, client), client_key(f, client),
                                              GNUTLS_X509_FMT_PEM);
-    }
     fd = connect_loopback(port);
     if (fd < 0) {
         gnutls_certificate_free_credentials(cred);

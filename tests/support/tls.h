@@ -20,7 +20,8 @@
 
 /* Every file of the test PKI, in one temporary folder. The server certificates are for IP
  * 127.0.0.1; "renewed" is a second one from the same CA (another subject, for reloads); the
- * rogue client certificate is self-signed, so no CA of the test vouches for it. */
+ * rogue client certificate is self-signed, so no CA of the test vouches for it; "other" is a
+ * second CA with a client certificate of its own (for client CA rotation). */
 typedef struct {
     char dir[64];
     char ca[128];
@@ -30,6 +31,7 @@ typedef struct {
     char client_cert[128], client_key[128];
     char rogue_cert[128], rogue_key[128];
     char dual_cert[128], dual_key[128]; /* a server certificate good for client auth too */
+    char other_ca[128], other_client_cert[128], other_client_key[128];
 } tls_files;
 
 /* The common names of the two server certificates. */
@@ -43,7 +45,9 @@ void tls_files_remove(const tls_files *f);
 /* Copies the file at `from` to `to` (replacing it in one rename); 0 or -1. */
 int tls_copy_file(const char *from, const char *to);
 
-typedef enum { TLS_CLIENT_NONE, TLS_CLIENT_GOOD, TLS_CLIENT_ROGUE } tls_client;
+/* Which client certificate a connection presents: none, client_cert (of ca), rogue_cert, or
+ * other_client_cert (of other_ca). */
+typedef enum { TLS_CLIENT_NONE, TLS_CLIENT_GOOD, TLS_CLIENT_ROGUE, TLS_CLIENT_OTHER } tls_client;
 
 /* A curl handle (for http_do with http_scheme "https") that trusts the test CA, checks the
  * server's name, and presents the chosen client certificate. */

@@ -406,12 +406,13 @@ static void test_the_memory_budget(void)
     api_lease_end(&lease);
     CHECK_EQ_INT(api_budget_in_use(budget), 0);
 
-    /* On success the lease keeps the reply text's share (the reply is in memory until it is
-     * sent) and gives back the rest; ending it gives back everything. */
+    /* On success the lease keeps the reply's bytes (the reply is in memory until it is sent:
+     * the estimate of its text trimmed to its size) and gives back the rest; ending it gives
+     * back everything. */
     api_lease_start(&lease, budget, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 200);
-    CHECK(lease.held >= r.body_len);
+    CHECK_EQ_INT(lease.held, r.body_len);
     CHECK(api_budget_in_use(budget) == lease.held);
     json_decref(j);
     api_reply_free(&r);
@@ -425,6 +426,7 @@ static void test_the_memory_budget(void)
     api_lease_start(&lease, budget, eng_now_ns(), 0);
     j = run_call(&call, &r);
     CHECK_EQ_INT(r.status, 422);
+    CHECK_EQ_INT(lease.held, 0); /* an error body is small and not accounted */
     json_decref(j);
     api_reply_free(&r);
     api_lease_end(&lease);

@@ -297,6 +297,50 @@ static void test_mutations_are_never_wrong(void)
     }
 }
 
+/* Triton's "priority" comes out of the same walk of v2 "parameters" as the timeout: as written
+ * (the route checks it against --priority-levels), 0 when absent, not an integer in [0, 2^32),
+ * or a decoy; the native routes take none. */
+typedef struct {
+    const char *body;
+    uint64_t priority;
+    int64_t timeout_ms;
+} priority_case;
+
+static void test_v2_priority_is_read_in_the_same_walk(void)
+{
+    static const priority_case cases[] = {
+        {"{\"parameters\": {\"priority\": 1}, \"inputs\": []}", 1, 0},
+        {"{\"inputs\": [], \"parameters\": {\"timeout\": 2000, \"priority\": 3}}", 3, 2},
+        {"{\"parameters\": {\"priority\": 2, \"timeout_ms\": 40, \"causal\": true}}", 2, 40},
+        {"{\"parameters\": {\"priority\": 0}}", 0, 0},
+        {"{\"parameters\": {\"priority\": 4294967295}}", 4294967295u, 0},
+        /* Unreadable: the route refuses the body, so neither value matters. */
+        {"{\"parameters\": {\"priority\": 4294967296, \"timeout_ms\": 40}}", 0, 0},
+        {"{\"parameters\": {\"priority\": -1}}", 0, 0},
+        {"{\"parameters\": {\"priority\": 1.0}}", 0, 0},
+        {"{\"parameters\": {\"priority\": \"1\"}}", 0, 0},
+        /* Decoys: the top level, an input's parameters, a nested object, a string. */
+        {"{\"priority\": 1, \"parameters\": {}}", 0, 0},
+        {"{\"inputs\": [{\"parameters\": {\"priority\": 1}}]}", 0, 0},
+        {"{\"parameters\": {\"headers\": {\"priority\": 1}}}", 0, 0},
+        {"{\"id\": \"\\\"parameters\\\": {\\\"priority\\\": 1}\"}", 0, 0},
+    };
+    for (size_t i = 0; i < N(cases); i++) {
+        api_call call = {.body = cases[i].body, .body_len = strlen(cases[i].body)};
+        api_peek p;
+        api_peek_v2(&call, &p);
+        CHECKF(p.priority == cases[i].priority && p.timeout_ms == cases[i].timeout_ms,
+               "%s: priority %llu timeout %lld, want %llu and %lld", cases[i].body,
+               (unsigned long long)p.priority, (long long)p.timeout_ms,
+               (unsigned long long)cases[i].priority, (long long)cases[i].timeout_ms);
+    }
+    static const char native[] = "{\"priority\": 1, \"timeout_ms\": 30}";
+    api_call call = {.body = native, .body_len = sizeof native - 1};
+    api_peek p;
+    api_peek_native(&call, &p);
+    CHECK(p.priority == 0 && p.timeout_ms == 30);
+}
+
 int main(void)
 {
     RUN(test_native_reads_the_top_level_timeout_ms_only);
@@ -306,5 +350,6 @@ int main(void)
     RUN(test_reads_stop_at_the_body_length);
     RUN(test_big_bodies_are_walked_exactly);
     RUN(test_mutations_are_never_wrong);
+    RUN(test_v2_priority_is_read_in_the_same_walk);
     return check_report();
 }
