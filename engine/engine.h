@@ -31,6 +31,8 @@
  *         fprintf(stderr, "%s: %s\n", err.field, err.message);
  *     eng_pool_free(pool);
  *
+ * Sessions (incremental decoding over a paged KV cache) are the last section: eng_kv_*.
+ *
  * Threads: every function may be called from any thread, including from inside a pool task
  * (the caller then helps run its own tasks, so nested calls cannot deadlock). Ownership: the
  * engine never takes ownership of caller memory; every pointer in an argument struct is
@@ -438,5 +440,136 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_e
 
 /* Bytes eng_mha allocates for `args` (projections, intermediates, scratch), for admission. */
 size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
+
+/* ---- KV-cache sessions -------------------------------------------------------------------- */
+
+/* Paged KV caches for incremental decoding (issue 16). A pool holds fixed-size blocks of
+ * block_tokens tokens under a byte budget; a sequence keeps its K and V in blocks of the pool
+ * (not contiguous: a block table), in float32, bfloat16 or float16. Attention over a sequence
+ * is eng_sdpa's, every option included, with K and V read through the block table by the same
+ * flash loop (never copied into one buffer); a decode step's keys are split over the pool's
+ * workers. Appending costs O(new tokens); truncating frees whole blocks; a fork shares every
+ * block by reference count and copies the partly filled last block on its first append
+ * (copy-on-write).
+ *
+ *     eng_kv_pool *kvp = eng_kv_pool_new((size_t)1 << 30, 64, &err);  // 1 GiB, 64 tokens/block
+ *     eng_kv_shape shape = {.num_kv_heads = 8, .head_dim = 64, .dtype = ENG_DTYPE_BF16};
+ *     eng_kv_seq *seq = eng_kv_seq_new(kvp, &shape, &err);
+ *     // Prefill: append the prompt's K and V ([1, 8, n, 64] fp32) and attend to them causally.
+ *     eng_kv_rows k = eng_kv_rows_f32(eng_view_contiguous(kbuf, 1, 8, n, 64));
+ *     eng_kv_rows v = eng_kv_rows_f32(eng_view_contiguous(vbuf, 1, 8, n, 64));
+ *     eng_sdpa_args a = {0};                          // k and v stay unset: the cache has them
+ *     a.q = eng_view_contiguous(qbuf, 1, 32, n, 64);  // 32 query heads over 8 kv heads
+ *     a.out = eng_view_contiguous(obuf, 1, 32, n, 64);
+ *     a.causal = true;
+ *     a.align = ENG_ALIGN_BOTTOM_RIGHT;               // queries are the last n positions
+ *     if (eng_kv_step(pool, seq, &k, &v, &a, NULL, &err) != ENG_OK) { ... err.message ... }
+ *     // Then one token per step the same way (n = 1); or append only (args NULL), or attend
+ *     // only (k, v NULL); eng_kv_seq_truncate(seq, len, &err) rolls back;
+ *     eng_kv_seq *branch = eng_kv_seq_fork(seq, &err); // diverges copy-on-write
+ *     eng_kv_seq_free(branch);
+ *     eng_kv_seq_free(seq);
+ *     eng_kv_pool_free(kvp);
+ *
+ * Threads: the pool's functions may be called from any thread. A sequence is used by one
+ * thread at a time (appends, truncates and forks change it or read its table; attends only
+ * read it, so several may run at once with no change in between); different sequences, even
+ * forks sharing blocks, may be used from different threads at once. Errors: a limit is
+ * ENG_ETOOBIG with field "max_tokens" or "kv_cache_bytes" (the request could never fit: HTTP
+ * 413), a full cache is ENG_ENOMEM with field "kv_cache_bytes" (evict idle sequences, or 429);
+ * a failed call leaves the sequence as it was. */
+
+typedef struct eng_kv_pool eng_kv_pool;
+typedef struct eng_kv_seq eng_kv_seq;
+
+/* A pool of `capacity_bytes` (the budget every block of every sequence counts against) with
+ * blocks of `block_tokens` tokens (1 to 65536; multiples of 32 let prefills prepack). NULL on
+ * failure with `err` filled. */
+eng_kv_pool *eng_kv_pool_new(size_t capacity_bytes, int64_t block_tokens, eng_error *err);
+
+/* Frees the pool; every sequence of it must have been freed. NULL is a no-op. */
+void eng_kv_pool_free(eng_kv_pool *pool);
+
+/* What the pool holds now, for metrics: bytes of the blocks alive (shared blocks once),
+ * blocks, live sequences and the tokens they cache (a fork counts its shared prefix too). */
+typedef struct {
+    size_t capacity_bytes, used_bytes;
+    int64_t block_tokens, blocks, sequences, tokens;
+} eng_kv_pool_stats;
+
+void eng_kv_pool_stats_get(eng_kv_pool *pool, eng_kv_pool_stats *stats);
+
+/* The shape of a sequence's cache. */
+typedef struct {
+    int64_t num_kv_heads;   /* Hkv; queries may have any multiple of it (grouped-query) */
+    int64_t head_dim;       /* D of the keys (and of the queries) */
+    int64_t value_head_dim; /* Dv; 0: head_dim */
+    eng_dtype dtype;        /* the cache's element type: F32, BF16 or F16 */
+    int64_t max_tokens;     /* a cap on the length; 0: only the pool's capacity */
+} eng_kv_shape;
+
+/* An empty sequence in `pool`. Each dimension must be in [1, 65536]; ENG_ETOOBIG (field
+ * "kv_cache_bytes") when one block of this shape exceeds the capacity. NULL on failure. */
+eng_kv_seq *eng_kv_seq_new(eng_kv_pool *pool, const eng_kv_shape *shape, eng_error *err);
+
+/* Releases the sequence's blocks (a block others share stays for them). NULL is a no-op. */
+void eng_kv_seq_free(eng_kv_seq *seq);
+
+int64_t eng_kv_seq_length(const eng_kv_seq *seq);
+
+/* The shape, with value_head_dim resolved. */
+eng_kv_shape eng_kv_seq_shape(const eng_kv_seq *seq);
+
+/* Bytes of the pool that appending `tokens` tokens would take now (new blocks, and a copy of a
+ * shared last block): what an eviction must free. 0 for tokens <= 0. */
+size_t eng_kv_seq_append_bytes(const eng_kv_seq *seq, int64_t tokens);
+
+/* New K or V rows, borrowed for the call: [1, Hkv, n, D] (or Dv) in float32, bfloat16 or
+ * float16, strides in elements as eng_view's (rows contiguous; any head and row stride). */
+typedef struct {
+    eng_dtype dtype;
+    const void *data;
+    int64_t ne[4];
+    int64_t nb[4];
+} eng_kv_rows;
+
+/* The float32 rows of an eng_view. */
+eng_kv_rows eng_kv_rows_f32(eng_view view);
+
+/* Appends the n rows of k and v as tokens [length, length + n), converted to the cache dtype
+ * (rounded to nearest even). Fails, changing nothing, when the shapes differ from the
+ * sequence's (EINVAL, field "k" or "v"), when the length would pass max_tokens or the
+ * sequence alone would not fit the capacity (ETOOBIG), or when the pool has no room now
+ * (ENOMEM, field "kv_cache_bytes"). */
+eng_status eng_kv_seq_append(eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,
+                             eng_error *err);
+
+/* Keeps the first `length` tokens (0 <= length <= the length; else EINVAL, field "length"),
+ * releasing the blocks past them. */
+eng_status eng_kv_seq_truncate(eng_kv_seq *seq, int64_t length, eng_error *err);
+
+/* A new sequence with the same tokens, sharing every block (copy-on-write). NULL on failure. */
+eng_kv_seq *eng_kv_seq_fork(const eng_kv_seq *seq, eng_error *err);
+
+/* Attention of args->q over the sequence's tokens: eng_sdpa with K = the cached keys and V =
+ * the cached values (S = the length), every option of eng_sdpa_args except additive scoring;
+ * args->k and args->v must be left unset, and q has batch 1. Causal attention of new queries
+ * at the last positions is align ENG_ALIGN_BOTTOM_RIGHT; cross-attention over a stored memory
+ * is causal false. A bf16 cache with precision BFLOAT16 feeds the bf16 products its values as
+ * stored. EINVAL for an empty sequence. */
+eng_status eng_kv_attend(eng_pool *pool, const eng_kv_seq *seq, const eng_sdpa_args *args,
+                         eng_ctl *ctl, eng_error *err);
+
+/* Bytes of scratch eng_kv_attend may allocate for `args` over the sequence once it holds
+ * `new_tokens` more tokens, on a pool of `threads` workers (as eng_sdpa_scratch_bytes: for
+ * admission control). Valid only for arguments that eng_kv_attend would accept. */
+size_t eng_kv_attend_scratch_bytes(const eng_kv_seq *seq, const eng_sdpa_args *args,
+                                   int64_t new_tokens, int threads);
+
+/* One step of a session: appends k and v (both, or neither: NULL) and then, when args is not
+ * NULL, attends as eng_kv_attend over the sequence with them. The query is checked before the
+ * append; if the attention fails the append is undone, so a failed step changes nothing. */
+eng_status eng_kv_step(eng_pool *pool, eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv_rows *v,
+                       const eng_sdpa_args *args, eng_ctl *ctl, eng_error *err);
 
 #endif

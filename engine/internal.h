@@ -40,6 +40,17 @@ typedef struct {
     float (*dot)(const float *x, const float *y, int64_t n);
     /* y[i] += a * x[i]: one decoding value row. */
     void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* dot and axpy over the 16-bit rows of a bfloat16 or float16 KV cache, widened exactly. */
+    float (*dot_bf16)(const float *x, const uint16_t *y, int64_t n);
+    void (*axpy_bf16)(float *y, float a, const uint16_t *x, int64_t n);
+    float (*dot_f16)(const float *x, const uint16_t *y, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* A block of n bf16 rows (row stride ld) at once, d a multiple of 32; NULL where the set
+     * has none (then the two above run per row): s[c] = q . k_c, and o += sum_c p[c] v_c. */
+    void (*dots_bf16)(const float *q, const uint16_t *k, int64_t ldk, int64_t n, int64_t d,
+                      float *s);
+    void (*axpys_bf16)(float *o, const float *p, const uint16_t *v, int64_t ldv, int64_t n,
+                       int64_t d);
 } eng__vec_ops;
 
 /* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic
@@ -52,6 +63,25 @@ const eng__vec_ops *eng__vec_variant(const char *name);
 /* The argument checks of eng_sdpa alone (data pointers must be non-NULL but are not read), so
  * that callers which build the operands first can fail before doing that work. */
 eng_status eng__sdpa_validate(const eng_sdpa_args *args, eng_error *err);
+
+/* K and V read through a block table (the paged KV cache, engine/kvcache.c) instead of the
+ * views args->k and args->v, which then give the shape only ([1, Hkv, S, D] and [1, Hkv, S,
+ * Dv]; their data is never read). Block t holds tokens [t T, t T + T), T = block_tokens:
+ * K as [Hkv][T][D], then V as [Hkv][T][Dv], elements of `dtype` (F32, BF16 or F16). */
+typedef struct {
+    eng_dtype dtype;
+    int64_t block_tokens;
+    void *const *blocks; /* ceil(S / T) of them */
+} eng__kv_paged;
+
+/* eng_sdpa with K and V from `kv` (NULL: from args->k and args->v, which is eng_sdpa). The one
+ * flash loop serves both: each key block lies inside one cache block and is read in place. */
+eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *args, const eng__kv_paged *kv,
+                           eng_ctl *ctl, eng_error *err);
+
+/* eng_sdpa_scratch_bytes for eng__sdpa_paged (kv NULL: eng_sdpa's). */
+size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
+                                     int threads);
 
 /* A layer from the bytes of a safetensors file (what eng_layer_load does after mapping the
  * file; `file` names it in messages). Separate so that fuzzers can call it on any bytes. */

@@ -70,6 +70,8 @@ typedef struct {
     float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
     uint16_t *kpack16, *vpack16;    /* the same in bf16 pair panels, when bf16_native */
     int64_t kpack_head, vpack_head; /* elements per (b, kv head) */
+    const eng__kv_paged *kv;        /* K and V through a block table, or NULL: a->k, a->v */
+    bool kv16;                      /* the table's rows are bf16 or f16 */
     atomic_bool nonfinite;          /* some row overflowed */
     atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
@@ -393,9 +395,15 @@ static size_t task_panels_floats(const plan *p)
     return fp32_panels_floats(p) + (p->bf16 ? qf_floats(p) : 0);
 }
 
+/* A 16-bit cache block's K and V rows widened to fp32, for the products that read fp32. */
+static size_t task_widen_floats(const plan *p)
+{
+    return p->kv16 ? align16((size_t)(p->bc * p->D)) + align16((size_t)(p->bc * p->Dv)) : 0;
+}
+
 static size_t task_scratch_floats(const plan *p)
 {
-    return task_head_floats(p) + task_pack_floats(p) + task_panels_floats(p);
+    return task_head_floats(p) + task_pack_floats(p) + task_panels_floats(p) + task_widen_floats(p);
 }
 
 /* The GEMM packing space inside a task's scratch block s. */
@@ -408,6 +416,12 @@ static float *task_pack(const plan *p, const float *s)
 static float *task_panels(const plan *p, const float *s)
 {
     return task_pack(p, s) + task_pack_floats(p);
+}
+
+/* The widened rows of a 16-bit cache block come last. */
+static float *task_widen(const plan *p, const float *s)
+{
+    return task_panels(p, s) + task_panels_floats(p);
 }
 
 /* Emulated bf16: the task's rounded Q rows follow the fp32 block panels. */
@@ -499,26 +513,60 @@ static const float *value_panels(const plan *p, int64_t b, int64_t hk, int64_t j
     return p->vpack + (b * p->Hkv + hk) * p->vpack_head + j0 * p->ks->nr;
 }
 
-/* s[rows x cols] (row stride lds) = scale * q k^T on strided rows. A row or two (decoding, and
- * the one-row rebase in attend_panel) streams the keys through dot products; more rows go
- * through the kernel set's GEMM, reading K^T from kpanels when given (the micro-kernels' packed
- * layout) or else packing it into `pack`. */
-static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, const float *k,
-                        int ldk, int64_t cols, const float *kpanels, float *s, int64_t lds,
+/* One key block's operands for the products, as every query panel of the block reads them:
+ * its rows where they are (kr, vr: fp32 rows of keys and values from the block's first key,
+ * row strides ldk and ldv; or kh, vh: the 16-bit rows of a bf16/f16 cache, which the dot
+ * products of one or two query rows read in place), and for the micro-kernels the K^T panels
+ * (NR keys each, D deep, panel stride D NR) and V panels (NR columns of Dv each, one row per
+ * key, panel stride v_stride), or their bf16 pair panels. */
+typedef struct {
+    const float *kr, *vr;
+    int64_t ldk, ldv;
+    const uint16_t *kh, *vh;
+    const float *k, *v;
+    int64_t v_stride;
+    const uint16_t *k16, *v16; /* bf16 pair panels instead, when bf16 */
+    int64_t k16_stride, v16_stride;
+} block_panels;
+
+/* s[rows x cols] (row stride lds) = scale * q k^T for keys [c0, c0 + cols) of block bp. A row
+ * or two (decoding, and the one-row rebase in attend_panel) streams the keys through dot
+ * products; more rows go through the kernel set's GEMM, reading K^T from the block's panels
+ * when it has them (the micro-kernels' packed layout) or else packing it into `pack`. */
+static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
+                        const block_panels *bp, int64_t c0, int64_t cols, float *s, int64_t lds,
                         float *pack)
 {
-    if (rows <= p->gemv_rows && p->ks->tile) {
+    const int64_t ldk = bp->ldk;
+    /* With panels (a block of more rows, or prepacked), a row or two multiply them too: a
+     * prepacked block from a paged cache may span cache blocks, its rows then not in one run. */
+    if (rows <= p->gemv_rows && p->ks->tile && !bp->k) {
+        float (*dot16)(const float *, const uint16_t *, int64_t) =
+            p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->dot_f16 : p->vec->dot_bf16;
+        if (bp->kh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->dots_bf16 && p->D % 32 == 0) {
+            for (int64_t r = 0; r < rows; r++) {
+                float *sr = s + r * lds;
+                p->vec->dots_bf16(q + r * ldq, bp->kh + c0 * ldk, ldk, cols, p->D, sr);
+                for (int64_t c = 0; c < cols; c++)
+                    sr[c] *= p->scale;
+            }
+            return;
+        }
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++)
-                s[r * lds + c] = p->scale * p->vec->dot(q + r * ldq, k + c * ldk, p->D);
+                s[r * lds + c] =
+                    p->scale * (bp->kh ? dot16(q + r * ldq, bp->kh + (c0 + c) * ldk, p->D)
+                                       : p->vec->dot(q + r * ldq, bp->kr + (c0 + c) * ldk, p->D));
         return;
     }
-    if (rows <= p->gemv_rows) {
+    const float *k = bp->kr ? bp->kr + c0 * ldk : NULL; /* NULL: the panels have them */
+    if (rows <= p->gemv_rows && !p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, ldk,
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, (int)ldk,
                         q + r * ldq, 1, 0.0f, s + r * lds, 1);
         return;
     }
+    const int64_t nr = p->ks->nr;
     eng__gemm g = {.m = rows,
                    .n = cols,
                    .k = p->D,
@@ -531,27 +579,40 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows, co
                    .b_trans = true,
                    .c = s,
                    .ldc = lds,
-                   .b_packed = kpanels,
-                   .b_panel_stride = p->D * p->ks->nr};
+                   .b_packed = bp->k ? bp->k + c0 / nr * p->D * nr : NULL,
+                   .b_panel_stride = p->D * nr};
     eng__sgemm(p->ks, &g, pack);
 }
 
-/* o[rows x Dv] += s[rows x cols] v[cols x Dv], P (row stride lds) read where the softmax left
- * it; V from vpanels (panel stride v_stride) when given, else packed into `pack`. */
+/* o[rows x Dv] += s[rows x cols] v[cols x Dv] for keys [c0, c0 + cols) of block bp, P (row
+ * stride lds) read where the softmax left it; V from the block's panels when it has them, else
+ * packed into `pack`. */
 static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows, int64_t cols,
-                        const float *v, int ldv, const float *vpanels, int64_t v_stride, float *o,
-                        int64_t ldo, float *pack)
+                        const block_panels *bp, int64_t c0, float *o, int64_t ldo, float *pack)
 {
-    if (rows <= p->gemv_rows && p->ks->tile) {
+    const int64_t ldv = bp->ldv;
+    if (rows <= p->gemv_rows && p->ks->tile && !bp->v) {
+        void (*axpy16)(float *, float, const uint16_t *, int64_t) =
+            p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->axpy_f16 : p->vec->axpy_bf16;
+        if (bp->vh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->axpys_bf16 && p->Dv % 32 == 0) {
+            for (int64_t r = 0; r < rows; r++)
+                p->vec->axpys_bf16(o + r * ldo, s + r * lds, bp->vh + c0 * ldv, ldv, cols, p->Dv);
+            return;
+        }
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++)
-                p->vec->axpy(o + r * ldo, s[r * lds + c], v + c * ldv, p->Dv);
+            for (int64_t c = 0; c < cols; c++) {
+                if (bp->vh)
+                    axpy16(o + r * ldo, s[r * lds + c], bp->vh + (c0 + c) * ldv, p->Dv);
+                else
+                    p->vec->axpy(o + r * ldo, s[r * lds + c], bp->vr + (c0 + c) * ldv, p->Dv);
+            }
         return;
     }
-    if (rows <= p->gemv_rows) {
+    const float *v = bp->vr ? bp->vr + c0 * ldv : NULL;
+    if (rows <= p->gemv_rows && !p->ks->tile) {
         for (int64_t r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, ldv, s + r * lds,
-                        1, 1.0f, o + r * ldo, 1);
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, (int)ldv,
+                        s + r * lds, 1, 1.0f, o + r * ldo, 1);
         return;
     }
     eng__gemm g = {.m = rows,
@@ -566,8 +627,8 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
                    .b_trans = false,
                    .c = o,
                    .ldc = ldo,
-                   .b_packed = vpanels,
-                   .b_panel_stride = v_stride};
+                   .b_packed = bp->v ? bp->v + c0 * p->ks->nr : NULL,
+                   .b_panel_stride = bp->v_stride};
     eng__sgemm(p->ks, &g, pack);
 }
 
@@ -654,19 +715,6 @@ typedef enum {
     KEYS_TAIL,     /* appended keys that every row sees: no positions, no masks */
 } key_kind;
 
-/* The products of rows [i0, i0+rows) x keys [j0, j0+cols), before anything modifies them. */
-static void score_products(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                           int64_t j0, int64_t cols, float *s, float *pack)
-{
-    const eng_sdpa_args *a = p->a;
-    int64_t hk = h / p->group;
-    if (p->add_q)
-        additive_scores(p, b, h, i0, rows, j0, cols, s, cols);
-    else
-        scores_gemm(p, row_ptr(&a->q, b, h, i0), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0),
-                    ld_of(&a->k), cols, key_panels(p, b, hk, j0), s, cols, pack);
-}
-
 /* Everything that modifies the scores of query row i after the product: softcap, ALiBi, the
  * attention mask, padding and the position range; invisible entries become -inf. One row at a
  * time, so that the row is still in L1 for the softmax that follows. */
@@ -686,17 +734,6 @@ static void bias_row(const plan *p, int64_t b, int64_t h, int64_t i, int64_t j0,
         apply_padding(p, b, 1, j0, cols, row);
     if (kind == KEYS_BOUNDARY)
         apply_ranges(p, b, i, 1, j0, cols, row);
-}
-
-/* Computes the score block of rows [i0, i0+rows) x keys [j0, j0+cols) with everything that
- * modifies scores applied; invisible entries are -inf. `pack` is GEMM packing space (unused for
- * one or two rows). */
-static void score_block(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                        int64_t cols, key_kind kind, float *s, float *pack)
-{
-    score_products(p, b, h, i0, rows, j0, cols, s, pack);
-    for (int64_t r = 0; r < rows; r++)
-        bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
 }
 
 /* ---- Attention over a key range ---------------------------------------------------------------
@@ -741,73 +778,145 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
     return ENG_OK;
 }
 
-/* One key block's operands for the products, as every query panel of the block reads them:
- * K^T panels (NR keys each, D deep, panel stride D NR) and V panels (NR columns of Dv each,
- * one row per key, panel stride v_stride). NULL for the openblas set, which reads K and V in
- * place. */
-typedef struct {
-    const float *k, *v;
-    int64_t v_stride;
-    const uint16_t *k16, *v16; /* bf16 pair panels instead, when bf16 */
-    int64_t k16_stride, v16_stride;
-} block_panels;
+/* True when block j0's panels come prepacked: a paged cache's block may then span cache
+ * blocks (block_cols), and its rows are never read. */
+static bool block_prepacked(const plan *p, int64_t j0)
+{
+    return (p->kpack || p->kpack16) && j0 % p->ks->nr == 0;
+}
+
+/* The keys from j0 that one block takes: at most Bc, up to `to`, and, from a paged cache,
+ * within one cache block (rows are contiguous only inside a block), unless the block comes
+ * from the call's prepacked panels (which span the cache blocks: they are whole for any j0 on
+ * a panel boundary, and cache blocks then hold whole panels). */
+static int64_t block_cols(const plan *p, int64_t j0, int64_t to)
+{
+    int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
+    if (p->kv && !block_prepacked(p, j0)) {
+        int64_t left = p->kv->block_tokens - j0 % p->kv->block_tokens;
+        cols = cols < left ? cols : left;
+    }
+    return cols;
+}
+
+/* Where the K and V rows of key j0 of (b, kv head hk) are, and their row strides (elements of
+ * the source's type); from a paged cache the rows run on to the end of j0's cache block. */
+static void source_rows(const plan *p, int64_t b, int64_t hk, int64_t j0, const void **k,
+                        int64_t *ldk, const void **v, int64_t *ldv)
+{
+    const eng_sdpa_args *a = p->a;
+    if (!p->kv) {
+        *k = row_ptr(&a->k, b, hk, j0);
+        *v = row_ptr(&a->v, b, hk, j0);
+        *ldk = ld_of(&a->k);
+        *ldv = ld_of(&a->v);
+        return;
+    }
+    const int64_t T = p->kv->block_tokens, t = j0 % T;
+    const size_t elem = p->kv16 ? sizeof(uint16_t) : sizeof(float);
+    const char *block = p->kv->blocks[j0 / T];
+    *k = block + (size_t)((hk * T + t) * p->D) * elem;
+    *v = block + (size_t)(p->Hkv * T * p->D + (hk * T + t) * p->Dv) * elem;
+    *ldk = p->D;
+    *ldv = p->Dv;
+}
+
+/* n 16-bit cache values to fp32 (exact). */
+static void widen(eng_dtype dtype, const uint16_t *x, int64_t n, float *dst)
+{
+    if (dtype == ENG_DTYPE_F16) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = eng_f16_to_f32(x[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)x[i] << 16;
+            memcpy(&dst[i], &bits, sizeof bits);
+        }
+    }
+}
 
 /* The bf16 pair panels of the block, prepacked or packed into `area`. */
 static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
                          uint16_t *area, block_panels *bp)
 {
-    const eng_sdpa_args *a = p->a;
     const int64_t nr = p->ks->nr;
     bp->k16_stride = eng__bf16_panel_stride(nr, p->D);
     bp->k16 = key_panels16(p, b, hk, j0);
     if (!bp->k16) {
-        eng__bf16_pack_panels(nr, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols, area);
+        eng__bf16_pack_panels(nr, bp->kr, bp->ldk, true, p->D, cols, area);
         bp->k16 = area;
     }
     bp->v16 = value_panels16(p, b, hk, j0);
     bp->v16_stride = eng__bf16_panel_stride(nr, p->S);
     if (!bp->v16) {
         uint16_t *v_area = area + k16_elems(p);
-        eng__bf16_pack_panels(nr, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
-                              v_area);
+        eng__bf16_pack_panels(nr, bp->vr, bp->ldv, false, cols, p->Dv, v_area);
         bp->v16 = v_area;
         bp->v16_stride = eng__bf16_panel_stride(nr, cols);
     }
 }
 
-/* The panels of keys [j0, j0+cols) of (b, kv head hk): the call's prepacked ones where it has
- * them, else packed once here into the block panel space of the task's scratch s. */
-static block_panels pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
-                               const float *s)
+/* The panels of keys [j0, j0+cols) of (b, kv head hk) from their rows in bp: the call's
+ * prepacked ones where it has them, else packed once here into the block panel space of the
+ * task's scratch s. */
+static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                       const float *s, block_panels *bp)
 {
-    block_panels bp = {0};
-    if (!p->ks->tile)
-        return bp;
     if (p->bf16_native) {
-        pack_block16(p, b, hk, j0, cols, task_kv16(p, s), &bp);
-        return bp;
+        pack_block16(p, b, hk, j0, cols, task_kv16(p, s), bp);
+        return;
     }
     float *area = task_panels(p, s);
-    const eng_sdpa_args *a = p->a;
-    bp.k = key_panels(p, b, hk, j0);
-    if (!bp.k && !p->add_q) { /* additive scoring never multiplies K */
-        eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, j0), ld_of(&a->k), true, p->D, cols,
-                               area);
+    bp->k = key_panels(p, b, hk, j0);
+    if (!bp->k && !p->add_q) { /* additive scoring never multiplies K */
+        eng__sgemm_pack_panels(p->ks, bp->kr, bp->ldk, true, p->D, cols, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
-        bp.k = area;
+        bp->k = area;
         area += align16(eng__sgemm_panels_floats(p->ks, cols, p->D));
     }
-    bp.v = value_panels(p, b, hk, j0);
-    bp.v_stride = p->S * p->ks->nr;
-    if (!bp.v) {
-        eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, j0), ld_of(&a->v), false, cols, p->Dv,
-                               area);
+    bp->v = value_panels(p, b, hk, j0);
+    bp->v_stride = p->S * p->ks->nr;
+    if (!bp->v) {
+        eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
-        bp.v = area;
-        bp.v_stride = cols * p->ks->nr;
+        bp->v = area;
+        bp->v_stride = cols * p->ks->nr;
     }
+}
+
+/* The operands of keys [j0, j0+cols) of (b, kv head hk) for `rows` query rows: their rows in
+ * place (a 16-bit cache's widened into the task's scratch s, unless dot products read them),
+ * and, when the micro-kernel multiplies them, their panels: for more than a row or two, and
+ * for any rows when the call prepacked K and V. */
+static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                                   int64_t rows, const float *s)
+{
+    block_panels bp = {0};
+    const bool kernel = p->ks->tile != NULL, prepacked = block_prepacked(p, j0);
+    const bool panels = kernel && (rows > p->gemv_rows || p->kpack || p->kpack16);
+    if (!prepacked || !p->kv) {
+        const void *k, *v;
+        source_rows(p, b, hk, j0, &k, &bp.ldk, &v, &bp.ldv);
+        if (!p->kv16) {
+            bp.kr = k;
+            bp.vr = v;
+        } else if (!panels && kernel) {
+            bp.kh = k;
+            bp.vh = v;
+        } else {
+            float *kw = task_widen(p, s), *vw = kw + align16((size_t)(p->bc * p->D));
+            widen(p->kv->dtype, k, cols * p->D, kw);
+            widen(p->kv->dtype, v, cols * p->Dv, vw);
+            bp.kr = kw;
+            bp.vr = vw;
+            bp.ldk = p->D;
+            bp.ldv = p->Dv;
+        }
+    }
+    if (panels)
+        pack_block(p, b, hk, j0, cols, s, &bp);
     return bp;
 }
 
@@ -843,13 +952,12 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
                          int64_t lds, const float *scratch)
 {
     const eng_sdpa_args *a = p->a;
-    const int64_t hk = h / p->group, nr = p->ks->nr;
+    const int64_t nr = p->ks->nr;
     float *pack = task_pack(p, scratch);
     if (p->add_q) {
         additive_scores(p, b, h, i, rows, j0 + c0, n, s, lds);
     } else if (p->bf16 && !p->bf16_native) {
-        scores_gemm(p, task_qf(p, scratch) + ti * p->D, (int)p->D, rows, NULL, 0, n,
-                    bp->k + c0 / nr * p->D * nr, s, lds, pack);
+        scores_gemm(p, task_qf(p, scratch) + ti * p->D, (int)p->D, rows, bp, c0, n, s, lds, pack);
     } else if (p->bf16) {
         const uint16_t *q16 = task_q16(p, scratch) + ti * p->dp;
         eng__gemm_bf16 g = {.m = rows,
@@ -865,26 +973,22 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
                             .ldc = lds};
         eng__sgemm_bf16(p->ks, &g);
     } else {
-        scores_gemm(p, row_ptr(&a->q, b, h, i), ld_of(&a->q), rows, row_ptr(&a->k, b, hk, j0 + c0),
-                    ld_of(&a->k), n, bp->k ? bp->k + c0 / nr * p->D * nr : NULL, s, lds, pack);
+        scores_gemm(p, row_ptr(&a->q, b, h, i), ld_of(&a->q), rows, bp, c0, n, s, lds, pack);
     }
 }
 
 /* o[rows x Dv] += P V for the panel's probabilities in s (row stride lds) and keys
- * [j0 + c0, j0 + c0 + n). With bf16, P is rounded first: in place for the fp32 kernel, or into
- * the task's P panel for VDPBF16PS. */
-static void panel_values(const plan *p, int64_t b, int64_t h, int64_t rows, int64_t j0, int64_t c0,
-                         int64_t n, const block_panels *bp, float *s, int64_t lds, float *o,
-                         int64_t ldo, const float *scratch)
+ * [c0, c0 + n) of block bp. With bf16, P is rounded first: in place for the fp32 kernel, or
+ * into the task's P panel for VDPBF16PS. */
+static void panel_values(const plan *p, int64_t rows, int64_t c0, int64_t n, const block_panels *bp,
+                         float *s, int64_t lds, float *o, int64_t ldo, const float *scratch)
 {
-    const eng_sdpa_args *a = p->a;
-    const int64_t hk = h / p->group, nr = p->ks->nr;
+    const int64_t nr = p->ks->nr;
     if (!p->bf16_native) {
         if (p->bf16)
             for (int64_t r = 0; r < rows; r++)
                 p->ks->round_bf16(s + r * lds, n);
-        values_gemm(p, s, lds, rows, n, row_ptr(&a->v, b, hk, j0 + c0), ld_of(&a->v),
-                    bp->v ? bp->v + c0 * nr : NULL, bp->v_stride, o, ldo, task_pack(p, scratch));
+        values_gemm(p, s, lds, rows, n, bp, c0, o, ldo, task_pack(p, scratch));
         return;
     }
     uint16_t *p16 = task_p16(p, scratch);
@@ -950,7 +1054,7 @@ static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t
         l[r] = l[r] * alpha + p->vec->exp_sum(row, n, bmax);
         m[r] = bmax;
     }
-    panel_values(p, b, h, rows, j0, c0, n, bp, s, lds, o, ldo, scratch);
+    panel_values(p, rows, c0, n, bp, s, lds, o, ldo, scratch);
     return ENG_OK;
 }
 
@@ -962,9 +1066,7 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
                                float *l, float *s)
 {
     /* A row or two stream K and V through dot products: nothing to pack for them. */
-    block_panels bp = {0};
-    if (rows > p->gemv_rows)
-        bp = pack_block(p, b, h / p->group, j0, cols, s);
+    block_panels bp = block_operands(p, b, h / p->group, j0, cols, rows, s);
     const int64_t height = panel_rows(p);
     for (int64_t r0 = 0; r0 < rows; r0 += height) {
         int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
@@ -999,11 +1101,11 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
                               int64_t to, const key_span *span, bool tail, float *o, int64_t ldo,
                               float *m, float *l, float *s)
 {
-    for (int64_t j0 = from; j0 < to; j0 += p->bc) {
+    for (int64_t j0 = from, cols; j0 < to; j0 += cols) {
+        cols = block_cols(p, j0, to);
         eng_status st = eng_ctl_check(p->ctl);
         if (st != ENG_OK)
             return st;
-        int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
         key_kind kind;
         if (!block_kind(p, b, j0, cols, span, tail, &kind))
             continue;
@@ -1111,11 +1213,7 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
 static void block_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
                          int64_t cols, key_kind kind, float *s)
 {
-    if (!p->bf16) {
-        score_block(p, b, h, i0, rows, j0, cols, kind, s, task_pack(p, s));
-        return;
-    }
-    block_panels bp = pack_block(p, b, h / p->group, j0, cols, s);
+    block_panels bp = block_operands(p, b, h / p->group, j0, cols, rows, s);
     const int64_t height = panel_rows(p);
     for (int64_t r0 = 0; r0 < rows; r0 += height) {
         int64_t pr = rows - r0 < height ? rows - r0 : height;
@@ -1131,11 +1229,11 @@ static eng_status weights_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_
                                const float *m, const float *l, float *w, float mul, bool accumulate,
                                float *s)
 {
-    for (int64_t j0 = from; j0 < to; j0 += p->bc) {
+    for (int64_t j0 = from, cols; j0 < to; j0 += cols) {
+        cols = block_cols(p, j0, to);
         eng_status st = eng_ctl_check(p->ctl);
         if (st != ENG_OK)
             return st;
-        int64_t cols = to - j0 < p->bc ? to - j0 : p->bc;
         key_kind kind;
         if (!block_kind(p, b, j0, cols, span, tail, &kind))
             continue;
@@ -1321,6 +1419,10 @@ static void plan_prepack(plan *p)
     if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= p->gemv_rows ||
         p->nqb * p->group < 2)
         return;
+    /* From a paged cache, panels are packed a cache block at a time: each must hold whole
+     * panels of keys. */
+    if (p->kv && p->kv->block_tokens % p->ks->nr != 0)
+        return;
     int64_t heads = p->B * p->Hkv, total;
     if (p->bf16_native) {
         p->kpack_head = (int64_t)align32(eng__bf16_panels_elems(p->ks->nr, p->S, p->D));
@@ -1343,35 +1445,74 @@ static size_t prepack_bytes(const plan *p)
     return (size_t)(p->B * p->Hkv * (p->kpack_head + p->vpack_head)) * prepack_elem_bytes(p);
 }
 
-/* Packing step: K^T and V panels of one (b, kv head). */
+/* Packs keys [j, j+len) of (b, kv head hk), whose rows are k and v (row strides ldk, ldv),
+ * into the panels of prepack index `index`: K^T panels from panel j / NR on, and in each V
+ * panel the depth rows from j on (prepacking from a paged cache is planned only when its
+ * blocks hold whole panels of keys). */
+static void prepack_range(plan *p, int64_t index, int64_t j, int64_t len, const float *k,
+                          int64_t ldk, const float *v, int64_t ldv)
+{
+    const int64_t nr = p->ks->nr;
+    if (p->bf16_native) {
+        const int64_t vstride = eng__bf16_panel_stride(nr, p->S);
+        eng__bf16_pack_panels(nr, k, ldk, true, p->D, len,
+                              p->kpack16 + index * p->kpack_head +
+                                  j / nr * eng__bf16_panel_stride(nr, p->D));
+        for (int64_t q = 0; q < p->Dv; q += nr)
+            eng__bf16_pack_panels(nr, v + q, ldv, false, len, p->Dv - q < nr ? p->Dv - q : nr,
+                                  p->vpack16 + index * p->vpack_head + q / nr * vstride + j * nr);
+        return;
+    }
+    eng__sgemm_pack_panels(p->ks, k, ldk, true, p->D, len,
+                           p->kpack + index * p->kpack_head + j / nr * p->D * nr);
+    for (int64_t q = 0; q < p->Dv; q += nr)
+        eng__sgemm_pack_panels(p->ks, v + q, ldv, false, len, p->Dv - q < nr ? p->Dv - q : nr,
+                               p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
+}
+
+/* Packing step: K^T and V panels of one (b, kv head), a cache block at a time from a paged
+ * cache (a 16-bit one widened first). */
 static void prepack_task(void *arg, int64_t index)
 {
     plan *p = arg;
-    const eng_sdpa_args *a = p->a;
     int64_t b = index / p->Hkv, hk = index % p->Hkv;
-    if (p->bf16_native) {
-        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
-                              p->kpack16 + index * p->kpack_head);
-        eng__bf16_pack_panels(p->ks->nr, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
-                              p->vpack16 + index * p->vpack_head);
-        return;
+    float *wide = NULL;
+    if (p->kv16) {
+        wide = eng__scratch((size_t)(p->kv->block_tokens * (p->D + p->Dv)) * sizeof(float));
+        if (!wide) {
+            atomic_store(&p->no_scratch, true);
+            return;
+        }
     }
-    eng__sgemm_pack_panels(p->ks, row_ptr(&a->k, b, hk, 0), ld_of(&a->k), true, p->D, p->S,
-                           p->kpack + index * p->kpack_head);
-    eng__sgemm_pack_panels(p->ks, row_ptr(&a->v, b, hk, 0), ld_of(&a->v), false, p->S, p->Dv,
-                           p->vpack + index * p->vpack_head);
-    if (p->bf16) {
+    for (int64_t j = 0, len; j < p->S; j += len) {
+        len = p->S - j;
+        if (p->kv && p->kv->block_tokens - j % p->kv->block_tokens < len)
+            len = p->kv->block_tokens - j % p->kv->block_tokens;
+        const void *k, *v;
+        int64_t ldk, ldv;
+        source_rows(p, b, hk, j, &k, &ldk, &v, &ldv);
+        if (wide) {
+            widen(p->kv->dtype, k, len * p->D, wide);
+            widen(p->kv->dtype, v, len * p->Dv, wide + len * p->D);
+            k = wide;
+            v = wide + len * p->D;
+        }
+        prepack_range(p, index, j, len, k, ldk, v, ldv);
+    }
+    if (p->bf16 && !p->bf16_native) {
         p->ks->round_bf16(p->kpack + index * p->kpack_head, p->kpack_head);
         p->ks->round_bf16(p->vpack + index * p->vpack_head, p->vpack_head);
     }
 }
 
-static void plan_init(plan *p, const eng_sdpa_args *a, int threads)
+static void plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, int threads)
 {
     memset(p, 0, sizeof *p);
     atomic_init(&p->nonfinite, false);
     atomic_init(&p->no_scratch, false);
     p->a = a;
+    p->kv = kv;
+    p->kv16 = kv && kv->dtype != ENG_DTYPE_F32;
     p->ks = eng__kernels_current();
     p->vec = p->ks->vec;
     p->B = a->q.ne[0];
@@ -1411,10 +1552,20 @@ static size_t plan_heap_bytes(const plan *p)
 
 size_t eng_sdpa_scratch_bytes(const eng_sdpa_args *args, int threads)
 {
+    return eng__sdpa_paged_scratch_bytes(args, NULL, threads);
+}
+
+size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
+                                     int threads)
+{
     plan p;
-    plan_init(&p, args, threads > 0 ? threads : 1);
-    /* One scratch block per thread that may run a task: the workers and this caller. */
-    return plan_heap_bytes(&p) + (size_t)(threads + 1) * task_scratch_floats(&p) * sizeof(float);
+    plan_init(&p, args, kv, threads > 0 ? threads : 1);
+    /* One scratch block per thread that may run a task: the workers and this caller; a 16-bit
+     * cache's prepacking widens one cache block per thread. */
+    size_t per_thread = task_scratch_floats(&p);
+    if (p.prepack && p.kv16)
+        per_thread += (size_t)(kv->block_tokens * (p.D + p.Dv));
+    return plan_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }
 
 /* Additive scoring, step 0: W_q q for one (b, h), or W_k k for one (b, kv head). */
@@ -1510,14 +1661,24 @@ eng_status eng__sdpa_validate(const eng_sdpa_args *a, eng_error *err)
 
 eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_error *err)
 {
+    return eng__sdpa_paged(pool, a, NULL, ctl, err);
+}
+
+eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv_paged *kv,
+                           eng_ctl *ctl, eng_error *err)
+{
     eng_status st;
     if (!pool || !a)
         return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
     if ((st = eng__sdpa_validate(a, err)) != ENG_OK)
         return st;
+    if (kv && (a->additive_w_q || a->q.ne[0] != 1))
+        return eng__fail(err, ENG_EINVAL, a->additive_w_q ? "additive" : "q",
+                         "attention over a KV cache takes one sequence (batch 1) and dot-product "
+                         "scoring");
 
     plan p;
-    plan_init(&p, a, eng_pool_threads(pool));
+    plan_init(&p, a, kv, eng_pool_threads(pool));
     p.ctl = ctl;
 
     float *slopes = NULL, *parts = NULL;

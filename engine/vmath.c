@@ -134,9 +134,50 @@ static void axpy_scalar(float *y, float a, const float *x, int64_t n)
         y[i] += a * x[i];
 }
 
-static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
-                                        exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
-                                        tanh_dot_scalar,    dot_scalar,       axpy_scalar};
+/* The same two over 16-bit rows of a KV cache, widened exactly as they are read. */
+static float dot_bf16_scalar(const float *x, const uint16_t *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * eng_bf16_to_f32(y[i]);
+    return sum;
+}
+
+static void axpy_bf16_scalar(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * eng_bf16_to_f32(x[i]);
+}
+
+static float dot_f16_scalar(const float *x, const uint16_t *y, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * eng_f16_to_f32(y[i]);
+    return sum;
+}
+
+static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * eng_f16_to_f32(x[i]);
+}
+
+static const eng__vec_ops scalar_ops = {"scalar",
+                                        max_scalar,
+                                        exp_sum_scalar,
+                                        exp_sum_max_scalar,
+                                        exp_store_scalar,
+                                        softcap_scalar,
+                                        tanh_dot_scalar,
+                                        dot_scalar,
+                                        axpy_scalar,
+                                        dot_bf16_scalar,
+                                        axpy_bf16_scalar,
+                                        dot_f16_scalar,
+                                        axpy_f16_scalar,
+                                        NULL,
+                                        NULL};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -319,9 +360,70 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n)
     }
 }
 
-static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
-                                      exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
-                                      tanh_dot_avx2,    dot_avx2,       axpy_avx2};
+/* 16-bit cache rows, 8 at a time: bf16 is the high half of a float; float16 goes through
+ * F16C, which every CPU with AVX2 and FMA has. The tail is masked on the widened floats. */
+AVX2 static inline __m256 load8_bf16(const uint16_t *x, int64_t left)
+{
+    uint16_t tmp[8] = {0};
+    const uint16_t *src = x;
+    if (left < 8) {
+        memcpy(tmp, x, (size_t)left * sizeof *x);
+        src = tmp;
+    }
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load8_f16(const uint16_t *x,
+                                                                        int64_t left)
+{
+    uint16_t tmp[8] = {0};
+    const uint16_t *src = x;
+    if (left < 8) {
+        memcpy(tmp, x, (size_t)left * sizeof *x);
+        src = tmp;
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+}
+
+#define DOT16_AVX2(name, load)                                                                     \
+    __attribute__((target("avx2,fma,f16c"))) static float name(const float *x, const uint16_t *y,  \
+                                                               int64_t n)                          \
+    {                                                                                              \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
+        int64_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16) {                                                             \
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load(y + i, 8), acc0);                  \
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load(y + i + 8, 8), acc1);          \
+        }                                                                                          \
+        for (; i < n; i += 8) {                                                                    \
+            __m256i mask = tail_mask8(n - i);                                                      \
+            acc0 = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mask), load(y + i, n - i), acc0);     \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(acc0, acc1));                                                   \
+    }
+
+#define AXPY16_AVX2(name, load)                                                                    \
+    __attribute__((target("avx2,fma,f16c"))) static void name(float *y, float a,                   \
+                                                              const uint16_t *x, int64_t n)        \
+    {                                                                                              \
+        __m256 av = _mm256_set1_ps(a);                                                             \
+        for (int64_t i = 0; i < n; i += 8) {                                                       \
+            __m256i mask = tail_mask8(n - i);                                                      \
+            __m256 r = _mm256_fmadd_ps(av, load(x + i, n - i), _mm256_maskload_ps(y + i, mask));   \
+            _mm256_maskstore_ps(y + i, mask, r);                                                   \
+        }                                                                                          \
+    }
+
+DOT16_AVX2(dot_bf16_avx2, load8_bf16)
+DOT16_AVX2(dot_f16_avx2, load8_f16)
+AXPY16_AVX2(axpy_bf16_avx2, load8_bf16)
+AXPY16_AVX2(axpy_f16_avx2, load8_f16)
+
+static const eng__vec_ops avx2_ops = {
+    "avx2",        max_avx2, exp_sum_avx2, exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
+    tanh_dot_avx2, dot_avx2, axpy_avx2,    dot_bf16_avx2,    axpy_bf16_avx2, dot_f16_avx2,
+    axpy_f16_avx2, NULL,     NULL};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -488,9 +590,150 @@ AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n)
     }
 }
 
-static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
-                                        exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
-                                        tanh_dot_avx512,    dot_avx512,       axpy_avx512};
+/* 16-bit cache rows, 16 at a time, widened (AVX-512F alone: a short tail is copied first,
+ * since masked 16-bit loads would need AVX512BW). */
+AVX512 static inline __m256i load16_halves(const uint16_t *x, int64_t left)
+{
+    if (left >= 16)
+        return _mm256_loadu_si256((const __m256i *)x);
+    uint16_t tmp[16] = {0};
+    memcpy(tmp, x, (size_t)left * sizeof *x);
+    return _mm256_loadu_si256((const __m256i *)tmp);
+}
+
+AVX512 static inline __m512 load16_bf16(const uint16_t *x, int64_t left)
+{
+    __m512i w = _mm512_cvtepu16_epi32(load16_halves(x, left));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+AVX512 static inline __m512 load16_f16(const uint16_t *x, int64_t left)
+{
+    return _mm512_cvtph_ps(load16_halves(x, left));
+}
+
+#define DOT16_AVX512(name, load)                                                                   \
+    AVX512 static float name(const float *x, const uint16_t *y, int64_t n)                         \
+    {                                                                                              \
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                             \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= n; i += 32) {                                                             \
+            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load(y + i, 16), acc0);                 \
+            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load(y + i + 16, 16), acc1);       \
+        }                                                                                          \
+        for (; i < n; i += 16) {                                                                   \
+            __mmask16 mask = tail_mask16(n - i);                                                   \
+            acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), load(y + i, n - i), acc0);  \
+        }                                                                                          \
+        return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));                                    \
+    }
+
+#define AXPY16_AVX512(name, load)                                                                  \
+    AVX512 static void name(float *y, float a, const uint16_t *x, int64_t n)                       \
+    {                                                                                              \
+        __m512 av = _mm512_set1_ps(a);                                                             \
+        for (int64_t i = 0; i < n; i += 16) {                                                      \
+            __mmask16 mask = tail_mask16(n - i);                                                   \
+            __m512 r =                                                                             \
+                _mm512_fmadd_ps(av, load(x + i, n - i), _mm512_maskz_loadu_ps(mask, y + i));       \
+            _mm512_mask_storeu_ps(y + i, mask, r);                                                 \
+        }                                                                                          \
+    }
+
+DOT16_AVX512(dot_bf16_avx512, load16_bf16)
+DOT16_AVX512(dot_f16_avx512, load16_f16)
+AXPY16_AVX512(axpy_bf16_avx512, load16_bf16)
+AXPY16_AVX512(axpy_f16_avx512, load16_f16)
+
+/* A key block of a bf16 cache at once, for heads of a multiple of 32 (decoding's inner loop).
+ * 32 bf16 values load as 16 32-bit words: a word shifted left by 16 is the float of its even
+ * element, the word with its low half cleared the float of its odd one. So q (and o) are split
+ * once per block into even and odd lanes, and each key costs one load and two integer
+ * operations per 32 elements, no shuffle; a chunk of 128 elements of q (or o) stays in
+ * registers over all the keys. */
+AVX512 static inline void split_even_odd(const float *x, __m512 *even, __m512 *odd)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    *even = _mm512_permutex2var_ps(lo, ie, hi);
+    *odd = _mm512_permutex2var_ps(lo, io, hi);
+}
+
+AVX512 static void dots_bf16_avx512(const float *q, const uint16_t *k, int64_t ldk, int64_t n,
+                                    int64_t d, float *s)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t c = 0; c < n; c++)
+        s[c] = 0.0f;
+    for (int64_t d0 = 0; d0 < d; d0 += 128) {
+        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
+        __m512 qe[4], qo[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            qe[j] = qo[j] = _mm512_setzero_ps();
+            if (j < pairs)
+                split_even_odd(q + d0 + 32 * j, &qe[j], &qo[j]);
+        }
+        for (int64_t c = 0; c < n; c++) {
+            const uint16_t *row = k + c * ldk + d0;
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                if (j >= pairs)
+                    break;
+                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
+                acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), qe[j], acc0);
+                acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)), qo[j], acc1);
+            }
+            s[c] += _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        }
+    }
+}
+
+AVX512 static void axpys_bf16_avx512(float *o, const float *p, const uint16_t *v, int64_t ldv,
+                                     int64_t n, int64_t d)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i lo_idx =
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t d0 = 0; d0 < d; d0 += 128) {
+        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
+        __m512 oe[4], oo[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            oe[j] = oo[j] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n; c++) {
+            const uint16_t *row = v + c * ldv + d0;
+            const __m512 pc = _mm512_set1_ps(p[c]);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                if (j >= pairs)
+                    break;
+                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
+                oe[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), oe[j]);
+                oo[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_and_si512(x, high)), oo[j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (j >= pairs)
+                break;
+            float *out = o + d0 + 32 * j;
+            __m512 lo = _mm512_permutex2var_ps(oe[j], lo_idx, oo[j]);
+            __m512 hi = _mm512_permutex2var_ps(oe[j], hi_idx, oo[j]);
+            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), lo));
+            _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_loadu_ps(out + 16), hi));
+        }
+    }
+}
+
+static const eng__vec_ops avx512_ops = {
+    "avx512",         max_avx512,      exp_sum_avx512,  exp_sum_max_avx512, exp_store_avx512,
+    softcap_avx512,   tanh_dot_avx512, dot_avx512,      axpy_avx512,        dot_bf16_avx512,
+    axpy_bf16_avx512, dot_f16_avx512,  axpy_f16_avx512, dots_bf16_avx512,   axpys_bf16_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 

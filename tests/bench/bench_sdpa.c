@@ -11,7 +11,8 @@
  *
  * gflops counts useful work: 4*B*H*L*S*D, halved for causal self-attention (L = S). Decode
  * cases add the rate at which K and V are read, against a streaming read of memory measured
- * in the same run.
+ * in the same run. The session lines (KV-cache decode steps, concurrent sessions, a prefill
+ * against eng_sdpa) follow; see "Sessions" below.
  */
 /* clang-format on */
 #include <cblas.h>
@@ -146,6 +147,263 @@ static int run_case(const bench_case *bc)
     return t > 0 ? 0 : 1;
 }
 
+/* ---- Sessions (KV cache, engine.h eng_kv_*) ---------------------------------------------------
+ *
+ * decode: one step (append one token, attend with one query row) on a cache of s tokens, its
+ * K and V bytes against the streaming read measured right before (bw_ratio; the bound of issue
+ * 16 is time <= 1.3 x bytes / stream, i.e. stream_ratio <= 1.3). concurrent: `seqs` sessions
+ * of s tokens stepping at once from as many threads; aggregate K/V read against the stream.
+ * prefill: s tokens into an empty session (append and causal attention) against eng_sdpa on
+ * the same tensors, timed in turns in one process (sdpa_ratio = session rate / eng_sdpa rate).
+ */
+typedef enum { SESSION_DECODE, SESSION_CONCURRENT, SESSION_PREFILL } session_kind;
+
+typedef struct {
+    session_kind kind;
+    int64_t seqs, h, hkv, s, d;
+    eng_dtype dtype;
+} session_case;
+
+#define SESSION_BLOCK_TOKENS 64
+
+static const session_case sessions[] = {
+    {SESSION_DECODE, 1, 32, 32, 32768, 128, ENG_DTYPE_F32},
+    {SESSION_DECODE, 1, 32, 32, 32768, 128, ENG_DTYPE_BF16},
+    {SESSION_CONCURRENT, 64, 8, 8, 2048, 128, ENG_DTYPE_F32},
+    {SESSION_CONCURRENT, 64, 8, 8, 2048, 128, ENG_DTYPE_BF16},
+    {SESSION_PREFILL, 1, 8, 8, 8192, 64, ENG_DTYPE_F32},
+};
+#define NSESSIONS ((int)(sizeof sessions / sizeof sessions[0]))
+
+static const char *dtype_name(eng_dtype dtype)
+{
+    return dtype == ENG_DTYPE_BF16 ? "bfloat16" : dtype == ENG_DTYPE_F16 ? "float16" : "float32";
+}
+
+/* K and V bytes of one session of the case. */
+static double session_bytes(const session_case *sc)
+{
+    return 2.0 * (double)(sc->hkv * sc->s * sc->d) * (sc->dtype == ENG_DTYPE_F32 ? 4.0 : 2.0);
+}
+
+/* One session's state: the sequence, one new token's K and V, its query and output. */
+typedef struct {
+    eng_pool *pool;
+    eng_kv_seq *seq;
+    int64_t length; /* kept: each step first truncates back to length - n */
+    eng_kv_rows k, v;
+    eng_sdpa_args args;
+    float *q, *out, *kv;
+    int rounds;
+} session_ctx;
+
+/* Fills seq with `tokens` tokens of random K and V, appended 1024 at a time. */
+static int session_fill(eng_kv_seq *seq, int64_t hkv, int64_t d, int64_t tokens)
+{
+    const int64_t chunk = 1024;
+    float *x = bench_random_floats((size_t)(chunk * hkv * d), 11, 1.0f);
+    for (int64_t at = 0; at < tokens; at += chunk) {
+        int64_t n = tokens - at < chunk ? tokens - at : chunk;
+        eng_kv_rows r = eng_kv_rows_f32(eng_view_contiguous(x, 1, hkv, n, d));
+        eng_error err;
+        if (eng_kv_seq_append(seq, &r, &r, &err) != ENG_OK) {
+            fprintf(stderr, "bench: append: %s\n", err.message);
+            free(x);
+            return -1;
+        }
+    }
+    free(x);
+    return 0;
+}
+
+/* A session of sc's shape with s - n tokens cached and n new ones ready to step. */
+static int session_init(session_ctx *c, eng_pool *pool, eng_kv_pool *kvp, const session_case *sc,
+                        int64_t n, unsigned seed)
+{
+    memset(c, 0, sizeof *c);
+    c->pool = pool;
+    eng_error err;
+    eng_kv_shape shape = {.num_kv_heads = sc->hkv, .head_dim = sc->d, .dtype = sc->dtype};
+    c->seq = eng_kv_seq_new(kvp, &shape, &err);
+    if (!c->seq) {
+        fprintf(stderr, "bench: %s\n", err.message);
+        return -1;
+    }
+    if (session_fill(c->seq, sc->hkv, sc->d, sc->s - n) != 0)
+        return -1;
+    c->length = sc->s;
+    c->q = bench_random_floats((size_t)(sc->h * n * sc->d), seed, 1.0f);
+    c->out = bench_random_floats((size_t)(sc->h * n * sc->d), seed + 1, 1.0f);
+    c->kv = bench_random_floats((size_t)(sc->hkv * n * sc->d), seed + 2, 1.0f);
+    c->k = eng_kv_rows_f32(eng_view_contiguous(c->kv, 1, sc->hkv, n, sc->d));
+    c->v = c->k;
+    c->args.q = eng_view_contiguous(c->q, 1, sc->h, n, sc->d);
+    c->args.out = eng_view_contiguous(c->out, 1, sc->h, n, sc->d);
+    c->args.causal = true;
+    c->args.align = ENG_ALIGN_BOTTOM_RIGHT;
+    c->rounds = 1;
+    return 0;
+}
+
+static void session_free(session_ctx *c)
+{
+    eng_kv_seq_free(c->seq);
+    free(c->q);
+    free(c->out);
+    free(c->kv);
+}
+
+/* `rounds` steps: truncate back by the new tokens, then append them and attend. */
+static eng_status session_step(void *p)
+{
+    session_ctx *c = p;
+    eng_error err;
+    eng_status st = ENG_OK;
+    for (int r = 0; r < c->rounds && st == ENG_OK; r++) {
+        st = eng_kv_seq_truncate(c->seq, c->length - c->k.ne[2], &err);
+        if (st == ENG_OK)
+            st = eng_kv_step(c->pool, c->seq, &c->k, &c->v, &c->args, NULL, &err);
+    }
+    if (st != ENG_OK)
+        fprintf(stderr, "bench: eng_kv_step: %s: %s\n", err.field, err.message);
+    return st;
+}
+
+static void *session_thread(void *p)
+{
+    session_step(p);
+    return NULL;
+}
+
+typedef struct {
+    session_ctx *ctx;
+    int n;
+} session_group;
+
+/* Every session of the group steps at once, one thread each. */
+static eng_status sessions_step_all(void *p)
+{
+    session_group *g = p;
+    pthread_t tid[64];
+    for (int i = 0; i < g->n; i++)
+        pthread_create(&tid[i], NULL, session_thread, &g->ctx[i]);
+    for (int i = 0; i < g->n; i++)
+        pthread_join(tid[i], NULL);
+    return ENG_OK;
+}
+
+/* Prints the case's seconds (for prefill: the session's, then eng_sdpa's) for the parent. */
+static int run_session_case(const session_case *sc)
+{
+    eng_error err;
+    eng_pool *pool = eng_pool_new(0, &err);
+    if (!pool) {
+        fprintf(stderr, "bench: %s\n", err.message);
+        return 1;
+    }
+    eng_buf_cache_limit((size_t)256 << 20);
+    size_t capacity = (size_t)(session_bytes(sc) * (double)sc->seqs * 1.1) + ((size_t)64 << 20);
+    eng_kv_pool *kvp = eng_kv_pool_new(capacity, SESSION_BLOCK_TOKENS, &err);
+    if (!kvp) {
+        fprintf(stderr, "bench: %s\n", err.message);
+        return 1;
+    }
+    int rc = 1;
+    if (sc->kind == SESSION_DECODE) {
+        session_ctx c;
+        if (session_init(&c, pool, kvp, sc, 1, 5) == 0) {
+            double t = bench_best_seconds(session_step, &c, 2.0);
+            printf("%.9f\n", t);
+            rc = t > 0 ? 0 : 1;
+        }
+        session_free(&c);
+    } else if (sc->kind == SESSION_CONCURRENT) {
+        session_ctx c[64];
+        session_group g = {.ctx = c, .n = (int)sc->seqs};
+        int ok = 1;
+        for (int i = 0; i < g.n; i++)
+            if (session_init(&c[i], pool, kvp, sc, 1, 5 + (unsigned)i) != 0) {
+                g.n = i + 1;
+                ok = 0;
+                break;
+            }
+        for (int i = 0; ok && i < g.n; i++)
+            c[i].rounds = 2;
+        if (ok) {
+            double t = bench_best_seconds(sessions_step_all, &g, 2.0);
+            printf("%.9f\n", t);
+            rc = t > 0 ? 0 : 1;
+        }
+        for (int i = 0; i < g.n; i++)
+            session_free(&c[i]);
+    } else {
+        session_ctx c;
+        if (session_init(&c, pool, kvp, sc, sc->s, 5) == 0) {
+            sdpa_ctx plain = {.pool = pool};
+            plain.args = c.args;
+            plain.args.k = eng_view_contiguous(c.kv, 1, sc->hkv, sc->s, sc->d);
+            plain.args.v = plain.args.k;
+            double best_session = 1e30, best_sdpa = 1e30;
+            /* In turns, so that both see the same load on the shared machine. */
+            for (int round = 0; round < 3; round++) {
+                double ts = bench_best_seconds(session_step, &c, 1.0);
+                double tp = bench_best_seconds(run_sdpa, &plain, 1.0);
+                if (ts < 0 || tp < 0) {
+                    best_session = -1;
+                    break;
+                }
+                best_session = ts < best_session ? ts : best_session;
+                best_sdpa = tp < best_sdpa ? tp : best_sdpa;
+            }
+            printf("%.9f %.9f\n", best_session, best_sdpa);
+            rc = best_session > 0 ? 0 : 1;
+        }
+        session_free(&c);
+    }
+    eng_kv_pool_free(kvp);
+    eng_pool_free(pool);
+    return rc;
+}
+
+/* Runs the session cases (child indices from NCASES on) and prints their lines. */
+static int run_session_cases(int threads, const char *kernels)
+{
+    int failures = 0;
+    for (int i = 0; i < NSESSIONS; i++) {
+        const session_case *sc = &sessions[i];
+        double mem_now = sc->kind == SESSION_PREFILL ? 0 : memory_gbps(threads);
+        double values[2] = {0, 0}, rss;
+        int want = sc->kind == SESSION_PREFILL ? 2 : 1;
+        if (bench_measure_case_values(NCASES + i, values, want, &rss) != want) {
+            printf("session case %d failed\n", i);
+            failures++;
+            continue;
+        }
+        double t = values[0];
+        if (sc->kind == SESSION_PREFILL) {
+            double flops = 4.0 * (double)sc->h * (double)sc->s * (double)sc->s * (double)sc->d / 2;
+            printf("session prefill h=%lld kv_heads=%lld l=%lld d=%lld causal=1 cache=%s ms=%.1f "
+                   "gflops=%.1f sdpa_ms=%.1f sdpa_gflops=%.1f sdpa_ratio=%.2f rss_mb=%.0f "
+                   "kernels=%s\n",
+                   (long long)sc->h, (long long)sc->hkv, (long long)sc->s, (long long)sc->d,
+                   dtype_name(sc->dtype), t * 1e3, flops / t * 1e-9, values[1] * 1e3,
+                   flops / values[1] * 1e-9, values[1] / t, rss, kernels);
+        } else {
+            double steps = sc->kind == SESSION_CONCURRENT ? 2.0 * (double)sc->seqs : 1.0;
+            double bytes = session_bytes(sc) * steps, gbps = bytes / t * 1e-9;
+            printf("session %s seqs=%lld h=%lld kv_heads=%lld s=%lld d=%lld cache=%s ms=%.2f "
+                   "kv_gbps=%.1f mem_gbps=%.1f bw_ratio=%.2f stream_ratio=%.2f rss_mb=%.0f "
+                   "kernels=%s\n",
+                   sc->kind == SESSION_DECODE ? "decode" : "concurrent", (long long)sc->seqs,
+                   (long long)sc->h, (long long)sc->hkv, (long long)sc->s, (long long)sc->d,
+                   dtype_name(sc->dtype), t * 1e3 / steps, gbps, mem_now, gbps / mem_now,
+                   mem_now / gbps, rss, kernels);
+        }
+        fflush(stdout);
+    }
+    return failures;
+}
+
 /* The float32 figure of the same shape measured earlier in this run, or 0. */
 static double fp32_gflops(const bench_case *bc, const double *gflops)
 {
@@ -164,9 +422,11 @@ int main(int argc, char **argv)
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)
         return blas_child;
-    int child = bench_child_case(argc, argv, NCASES);
+    int child = bench_child_case(argc, argv, NCASES + NSESSIONS);
     if (child != -1)
-        return child < 0 ? 2 : run_case(&cases[child]);
+        return child < 0        ? 2
+               : child < NCASES ? run_case(&cases[child])
+                                : run_session_case(&sessions[child - NCASES]);
     const char *kernels = eng_kernels_name();
     double base = bench_sgemm_gflops(threads);
     double mem = memory_gbps(threads);
@@ -179,7 +439,10 @@ int main(int argc, char **argv)
     fflush(stdout);
     int failures = 0;
     double case_gflops[NCASES] = {0};
-    for (int i = 0; i < NCASES; i++) {
+    /* ATTND_BENCH_ONLY=session runs the session section alone. */
+    const char *only = getenv("ATTND_BENCH_ONLY");
+    int ncases = only && strcmp(only, "session") == 0 ? 0 : NCASES;
+    for (int i = 0; i < ncases; i++) {
         const bench_case *bc = &cases[i];
         double t, rss;
         /* The machine is shared: the peak (and for decoding the memory rate) is measured
@@ -228,5 +491,6 @@ int main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
+    failures += run_session_cases(threads, kernels);
     return failures ? 1 : 0;
 }

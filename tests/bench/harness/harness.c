@@ -349,3 +349,25 @@ int bench_measure_case(int i, double *secs, double *rss_mb)
     *rss_mb = (double)ru.ru_maxrss / 1024.0;
     return 0;
 }
+
+int bench_measure_case_values(int i, double *values, int n, double *rss_mb)
+{
+    char arg[16], buf[128];
+    struct rusage ru;
+    snprintf(arg, sizeof arg, "%d", i);
+    if (run_child("--case", arg, NULL, buf, sizeof buf, &ru) != 0)
+        return -1;
+    *rss_mb = (double)ru.ru_maxrss / 1024.0;
+    char *at = buf;
+    int got = 0;
+    while (got < n) {
+        char *end;
+        errno = 0;
+        double x = strtod(at, &end);
+        if (end == at || errno)
+            break;
+        values[got++] = x;
+        at = end;
+    }
+    return got;
+}

@@ -62,4 +62,8 @@ int bench_child_case(int argc, char **argv, int ncases);
  * returns 0 with the seconds and the child's peak RSS in MiB, or -1. */
 int bench_measure_case(int i, double *secs, double *rss_mb);
 
+/* The same for a child that prints up to n numbers on its line (say, two timings taken in
+ * turns in one process): returns how many it read, or -1. */
+int bench_measure_case_values(int i, double *values, int n, double *rss_mb);
+
 #endif
