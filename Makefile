@@ -138,8 +138,9 @@ run: deps
 
 ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
-# TSan runs the suites that exercise the pool; the rest gain nothing from it.
-TSAN_TESTS := $(filter tests/engine/%,$(TEST_SRC))
+# TSan runs the suites that exercise the pool, and the order of a session's requests across
+# threads (api_session_turn); the rest gain nothing from it.
+TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suite runs once more on the VDPBF16PS path (ATTND_BF16=native), which the
