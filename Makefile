@@ -140,7 +140,8 @@ ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
 # TSan runs the suites that exercise the pool, and the order of a session's requests across
 # threads (api_session_turn); the rest gain nothing from it.
-TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c,$(TEST_SRC))
+TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c,\
+                      $(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suite runs once more on the VDPBF16PS path (ATTND_BF16=native), which the
@@ -154,7 +155,7 @@ plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND
 asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
-    "ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
 FUZZ_SMOKE_SECONDS ?= 30
 
@@ -171,7 +172,7 @@ check: deps
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
 	@tests/run.sh $(plain_suites) $(server_cycle_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
@@ -181,7 +182,7 @@ asan: deps
 	@tests/run.sh $(asan_suites)
 
 tsan: deps
-	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	@tests/run.sh $(tsan_suites)
 
 bench: deps
