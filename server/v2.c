@@ -19,6 +19,7 @@ static api_call path_call(const srv_server *s, const srv_params *params)
     api_call call;
     memset(&call, 0, sizeof call);
     call.models = s->models;
+    call.sessions = s->sessions;
     call.model = srv__param(params, "model");
     call.version = srv__param(params, "version");
     return call;

@@ -408,6 +408,39 @@ bool api__sessions_make_room(api_sessions *reg, const api__session *self, size_t
     }
 }
 
+bool api__sessions_find_name(api_sessions *reg, const char *name, char *id)
+{
+    bool found = false;
+    pthread_mutex_lock(&reg->lock);
+    expire_locked(reg);
+    for (api__session *s = reg->first; s && !found; s = s->next) {
+        if (strcmp(s->name, name) == 0) {
+            memcpy(id, s->id, API_SESSION_ID_LEN + 1);
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return found;
+}
+
+void api__session_set_name(api_sessions *reg, api__session *s, const char *name)
+{
+    pthread_mutex_lock(&reg->lock);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    pthread_mutex_unlock(&reg->lock);
+}
+
+void api__sessions_end(api_sessions *reg, const char *id)
+{
+    pthread_mutex_lock(&reg->lock);
+    api__session *s = find_locked(reg, id);
+    if (s) {
+        reg->ended++;
+        unlink_locked(reg, s);
+    }
+    pthread_mutex_unlock(&reg->lock);
+}
+
 /* ---- Tickets ----------------------------------------------------------------------------- */
 
 bool api_session_ticket_take(api_sessions *reg, const char *id, api_session_ticket *t)
@@ -762,6 +795,14 @@ static int step_elements(api__session_step *st, api__error *err)
     return 0;
 }
 
+/* Puts a batch axis of 1 in front of `sh`. */
+static void batch_axis(api__out_shape *sh)
+{
+    memmove(sh->shape + 1, sh->shape, sizeof sh->shape - sizeof sh->shape[0]);
+    sh->shape[0] = 1;
+    sh->rank++;
+}
+
 static void step_out_shapes(api__session_step *st)
 {
     int64_t n = st->n_q, S = st->S, H = st->H;
@@ -774,6 +815,11 @@ static void step_out_shapes(api__session_step *st)
     else
         st->ws = (api__out_shape){2, {n, S}, (size_t)(n * S)};
     st->ls = (api__out_shape){2, {H, n}, (size_t)(H * n)};
+    if (st->batch_axis) {
+        batch_axis(&st->os);
+        batch_axis(&st->ws);
+        batch_axis(&st->ls);
+    }
 }
 
 /* The step's options over the session's: what the step sets wins. */

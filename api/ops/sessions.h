@@ -40,6 +40,7 @@ typedef struct {
 typedef struct api__session api__session;
 struct api__session {
     char id[API_SESSION_ID_LEN + 1];
+    char name[96]; /* a KServe v2 sequence's key ("sdpa/<sequence_id>"), or "" */
     eng_kv_seq *seq;
     int64_t num_heads; /* query heads: a multiple of shape.num_kv_heads */
     eng_kv_shape shape;
@@ -87,6 +88,16 @@ void api__session_describe(api_buf *w, const api__session *s, int64_t length, si
 /* The bytes of the pool a session of `shape` with `length` tokens references. */
 size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, int64_t length);
 
+/* The session named `name` (a v2 sequence), its id into id[API_SESSION_ID_LEN + 1]; false when
+ * there is none. */
+bool api__sessions_find_name(api_sessions *reg, const char *name, char *id);
+/* Names the acquired session `s` (the v2 sequence it serves). */
+void api__session_set_name(api_sessions *reg, api__session *s, const char *name);
+/* Ends the session `id` as its sequence ended (sequence_end, or a new sequence_start): counted
+ * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
+ * reference). No-op when there is no such session. */
+void api__sessions_end(api_sessions *reg, const char *id);
+
 /* The 501 of a route while sessions are off. */
 int api__sessions_off(api__error *err);
 
@@ -104,6 +115,7 @@ typedef struct {
     bool expect_set;
     int64_t expect_length;
     bool causal_set; /* the step set causal itself */
+    bool batch_axis; /* the outputs get a leading batch axis of 1 (v2: the inputs had one) */
 
     /* Derived by check. */
     api__session *s;

@@ -12,7 +12,9 @@
  * get_model_config and perf_analyzer read it: {"name", "platform", "backend", "max_batch_size":
  * 0 (the batch axis is part of each shape), "input": [{"name", "data_type": "TYPE_FP32", "dims",
  * "optional", ...}], "output": [...], "model_transaction_policy": {"decoupled": false},
- * "response_cache": {"enable": false}}; no dynamic or sequence batching.
+ * "response_cache": {"enable": false}}; no dynamic batching. With sessions on (call->sessions),
+ * model sdpa adds "sequence_batching" {"max_sequence_idle_microseconds": --session-ttl-s}: its
+ * requests may carry sequence_id / sequence_start / sequence_end (v2_infer.c).
  *
  * GET .../ready -> {"name", "ready": true}.
  *
@@ -252,7 +254,13 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
     api_buf_cstr(&w, ",\"output\":");
     write_config_tensors(&w, d.out, d.n_out, false);
     api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
-                     "\"response_cache\":{\"enable\":false}}\n");
+                     "\"response_cache\":{\"enable\":false}");
+    if (call->sessions && m.kind == MODEL_SDPA)
+        api_buf_printf(&w,
+                       ",\"sequence_batching\":{\"max_sequence_idle_microseconds\":%lld,"
+                       "\"direct\":{}}",
+                       (long long)api__sessions_default_ttl(call->sessions) * 1000000);
+    api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 

@@ -594,6 +594,125 @@ static void test_list_pages(void)
     api_sessions_free(reg);
 }
 
+/* Writes x (with a comma when more follows) into p; returns the characters written. */
+static int put_float(char *p, float x, bool more)
+{
+    return snprintf(p, 24, "%.9g%s", (double)x, more ? "," : "");
+}
+
+/* ---- KServe v2 sequences ----------------------------------------------------------------- */
+
+static void put_floats(char **p, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        *p += put_float(*p, x[i], i + 1 < n);
+}
+
+/* One v2 inference on model sdpa: rank-2 q (nq rows), k and v (nk rows) of width w, with the
+ * parameters `params` (JSON members). */
+static result v2_infer(api_sessions *reg, const float *q, int64_t nq, int64_t qw, const float *k,
+                       const float *v, int64_t nk, int64_t w, const char *params)
+{
+    size_t cap = (size_t)(nq * qw + 2 * nk * w) * 20 + 1024;
+    char *b = malloc(cap), *p = b;
+    p += snprintf(p, cap, "{\"parameters\":{%s},\"inputs\":[", params);
+    const float *x[3] = {q, k, v};
+    int64_t rows[3] = {nq, nk, nk}, width[3] = {qw, w, w};
+    const char *names[3] = {"query", "key", "value"};
+    for (int t = 0; t < 3; t++) {
+        p += snprintf(p, 200,
+                      "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],"
+                      "\"data\":[",
+                      t ? "," : "", names[t], (long long)rows[t], (long long)width[t]);
+        put_floats(&p, x[t], (size_t)(rows[t] * width[t]));
+        p += snprintf(p, 8, "]}");
+    }
+    snprintf(p, 8, "]}");
+    api_call call = {.body = b,
+                     .body_len = strlen(b),
+                     .content_type = "application/json",
+                     .pool = pool,
+                     .sessions = reg,
+                     .model = "sdpa"};
+    api_reply reply;
+    result r = {0};
+    api_v2_infer(&call, &reply);
+    r.status = reply.status;
+    if (reply.body)
+        r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
+    api_reply_free(&reply);
+    free(b);
+    return r;
+}
+
+static void test_v2_sequence_matches_attention(void)
+{
+    int64_t H = 4, Hkv = 2, D = 8, W = Hkv * D, prefill = daemon_quick() ? 100 : 1000;
+    int64_t steps = daemon_quick() ? 20 : 200;
+    api_sessions *reg = registry((size_t)64 << 20, 64, 600);
+    history h;
+    uint64_t rng = 21;
+    if (!reg)
+        return;
+    history_init(&h, H, Hkv, D, prefill + steps);
+    float *q = malloc((size_t)(prefill * H * D) * 4);
+    for (int64_t i = 0; i <= steps; i++) {
+        int64_t n = i == 0 ? prefill : 1;
+        fill(q, (size_t)(n * H * D), &rng);
+        fill(h.k + h.n * W, (size_t)(n * W), &rng);
+        fill(h.v + h.n * W, (size_t)(n * W), &rng);
+        char params[160];
+        snprintf(params, sizeof params, "\"sequence_id\":42,\"num_heads\":4,\"num_kv_heads\":2%s%s",
+                 i == 0 ? ",\"sequence_start\":true" : "",
+                 i == steps ? ",\"sequence_end\":true" : "");
+        result r = v2_infer(reg, q, n, H * D, h.k + h.n * W, h.v + h.n * W, n, W, params);
+        h.n += n;
+        CHECKF(r.status == 200, "v2 step %lld: %d %s", (long long)i, r.status,
+               r.json ? json_string_value(json_object_get(r.json, "error")) : "");
+        result ref = reference(q, n, h.k, h.v, h.n, H, Hkv, D, "\"bottom_right\"");
+        json_t *out = json_array_get(json_object_get(r.json, "outputs"), 0);
+        json_t *da = json_object_get(out, "data");
+        json_t *db = json_object_get(json_object_get(ref.json, "output"), "data");
+        double m = -1;
+        if (da && db && json_array_size(da) == json_array_size(db)) {
+            m = 0;
+            for (size_t j = 0; j < json_array_size(da); j++) {
+                double dd = fabs(json_number_value(json_array_get(da, j)) -
+                                 json_number_value(json_array_get(db, j)));
+                m = dd > m ? dd : m;
+            }
+        }
+        double bound = 1e-5 * max_abs(h.v, (size_t)(h.n * W));
+        CHECKF(m >= 0 && m <= bound, "v2 step %lld: diff %g > %g", (long long)i, m, bound);
+        result_free(&r);
+        result_free(&ref);
+        if (m < 0 || m > bound)
+            break;
+    }
+    /* The end freed the session: the next request needs START again, in Triton's words. */
+    result r = v2_infer(reg, q, 1, H * D, h.k, h.v, 1, W,
+                        "\"sequence_id\":42,\"num_heads\":4,"
+                        "\"num_kv_heads\":2");
+    CHECK_EQ_INT(r.status, 400);
+    const char *msg = json_string_value(json_object_get(r.json, "error"));
+    CHECK(msg && strstr(msg, "must specify the START flag on the first request of the "
+                             "sequence") != NULL);
+    result_free(&r);
+    api_sessions_stats st;
+    api_sessions_stats_get(reg, &st);
+    CHECK_EQ_INT(st.ended, 1);
+    CHECK_EQ_INT(st.live, 0);
+    /* The configuration says the model takes sequences. */
+    api_call call = {.sessions = reg, .model = "sdpa"};
+    api_reply reply;
+    api_v2_model_config(&call, &reply);
+    CHECK(reply.body && memmem(reply.body, reply.body_len, "\"sequence_batching\"", 19) != NULL);
+    api_reply_free(&reply);
+    free(q);
+    history_free(&h);
+    api_sessions_free(reg);
+}
+
 /* ---- Order ------------------------------------------------------------------------------- */
 
 /* Requests of one session taken in order 0..N-1 run, from four threads that take them in a
@@ -717,6 +836,7 @@ int main(void)
     RUN(test_malformed_and_unknown_ids);
     RUN(test_sessions_off);
     RUN(test_list_pages);
+    RUN_WITHIN(test_v2_sequence_matches_attention, 240);
     RUN_WITHIN(test_tickets_keep_arrival_order, 120);
     eng_pool_free(pool);
     return check_report();
