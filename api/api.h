@@ -309,12 +309,14 @@ void api_reply_error_status(api_reply *reply, api_error_style style, api_status 
 
 /* The registry of a daemon's sessions: each a KV cache of one sequence (engine.h eng_kv_*) in
  * one pool of --kv-cache-bytes, under an id that is random, URL-safe and unguessable ("s" and
- * 32 hex digits: 128 bits from getrandom). A session keeps its shape, its default step
- * options, its created and last-used times and its idle TTL. Idle sessions past their TTL are
- * freed (lazily: by every registry call, and by the stats the metrics scrape reads); when the
- * pool is full a step evicts the least recently used idle session (never one with a step
- * admitted or running). The ids of the last 4096 sessions evicted or expired are remembered,
- * so that they answer 404 "session_evicted" (create it again) rather than "session_not_found".
+ * 32 hex digits: 8 naming this process, drawn at start-up, then 96 bits from getrandom). A session
+ * keeps its shape, its default step options, its created and last-used times and its idle TTL. Idle
+ * sessions past their TTL are freed (lazily: by every registry call, and by the stats the metrics
+ * scrape reads); when the pool is full a step evicts the least recently used idle session (never
+ * one with a step admitted or running). The ids of the last 4096 sessions evicted or expired are
+ * remembered, so that they answer 404 "session_evicted" (create it again) rather than
+ * "session_not_found"; so do the ids of another process (a lost or restarted replica, reached
+ * through the load balancer's consistent hash).
  *
  * Order: steps of one session apply in arrival order. The server takes a ticket for each
  * request on a session as it admits it (its I/O thread: arrival order), and a worker asks for

@@ -57,6 +57,7 @@ struct api_sessions {
         gone_reason reason;
     } tomb[N_TOMBSTONES];
     size_t tomb_next;
+    char instance[9]; /* this process's 8 hex digits, the first of every id it makes */
 };
 
 static int64_t wall_s(void)
@@ -159,6 +160,30 @@ static bool id_well_formed(const char *id)
     return true;
 }
 
+static void random_bytes(unsigned char *raw, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(raw + got, n - got, 0);
+        if (r > 0) {
+            got += (size_t)r;
+        } else if (errno != EINTR) { /* defensive: getrandom cannot fail on Linux >= 3.17 */
+            uint64_t t = (uint64_t)eng_now_ns() ^ (uint64_t)(uintptr_t)raw;
+            for (; got < n; got++, t = t * 6364136223846793005ull + 1)
+                raw[got] = (unsigned char)(t >> 56);
+        }
+    }
+}
+
+static void hex(char *out, const unsigned char *raw, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[raw[i] >> 4];
+        out[2 * i + 1] = digits[raw[i] & 15];
+    }
+}
+
 static api__session *find_locked(api_sessions *reg, const char *id)
 {
     for (api__session *s = reg->buckets[bucket_of(id)]; s; s = s->hnext)
@@ -175,6 +200,13 @@ static int not_found_locked(api_sessions *reg, const char *id, api__error *err)
                                "\"%.64s\" is not a session id (\"s\" and 32 hex digits, as "
                                "POST /v1/sessions returns)",
                                id ? id : "");
+    if (memcmp(id + 1, reg->instance, 8) != 0)
+        return api__error_code(err, API_STATUS_NOT_FOUND, "session_evicted", NULL,
+                               "session %s was made by another replica or an earlier run of "
+                               "this one, and its KV cache is gone (sessions live in one "
+                               "process); create it again (POST /v1/sessions) and replay its "
+                               "tokens",
+                               id);
     for (size_t i = 0; i < N_TOMBSTONES; i++) {
         if (strcmp(reg->tomb[i].id, id) == 0)
             return api__error_code(err, API_STATUS_NOT_FOUND, "session_evicted", NULL,
@@ -216,6 +248,9 @@ api_sessions *api_sessions_new(const api_sessions_config *cfg, char *msg, size_t
     reg->block_tokens = cfg->block_tokens;
     reg->ttl_s = cfg->ttl_s;
     reg->capacity = cfg->capacity_bytes;
+    unsigned char raw[4];
+    random_bytes(raw, sizeof raw);
+    hex(reg->instance, raw, sizeof raw);
     return reg;
 }
 
@@ -281,26 +316,15 @@ int api__sessions_off(api__error *err)
                            "--kv-cache-bytes > 0 (ATTND_KV_CACHE_BYTES)");
 }
 
-static void new_id(char id[API_SESSION_ID_LEN + 1])
+/* "s", this process's instance (8 hex digits: a replica tells its own ids from another's or
+ * an earlier run's), and 96 random bits (24 hex digits): unguessable. */
+static void new_id(const api_sessions *reg, char id[API_SESSION_ID_LEN + 1])
 {
-    unsigned char raw[16];
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-        if (n > 0)
-            got += (size_t)n;
-        else if (errno != EINTR) { /* defensive: getrandom cannot fail on Linux >= 3.17 */
-            uint64_t t = (uint64_t)eng_now_ns() ^ (uint64_t)(uintptr_t)id;
-            for (; got < sizeof raw; got++, t = t * 6364136223846793005ull + 1)
-                raw[got] = (unsigned char)(t >> 56);
-        }
-    }
-    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[12];
+    random_bytes(raw, sizeof raw);
     id[0] = 's';
-    for (int i = 0; i < 16; i++) {
-        id[1 + 2 * i] = hex[raw[i] >> 4];
-        id[2 + 2 * i] = hex[raw[i] & 15];
-    }
+    memcpy(id + 1, reg->instance, 8);
+    hex(id + 9, raw, sizeof raw);
     id[API_SESSION_ID_LEN] = '\0';
 }
 
@@ -329,7 +353,7 @@ int api__sessions_add(api_sessions *reg, eng_kv_seq *seq, int64_t num_heads,
     pthread_mutex_lock(&reg->lock);
     expire_locked(reg);
     do
-        new_id(s->id);
+        new_id(reg, s->id);
     while (find_locked(reg, s->id)); /* 2^-128: never, but cheap to be sure */
     size_t b = bucket_of(s->id);
     s->hnext = reg->buckets[b];

@@ -520,9 +520,19 @@ static void test_malformed_and_unknown_ids(void)
         CHECK(strcmp(error_code(&r), "session_not_found") == 0);
         result_free(&r);
     }
-    result r = call_route(api_session_attention, reg, "s0123456789abcdef0123456789abcdef", "{}");
+    /* Well-formed: one of ours that never was, and one of another replica's. */
+    char unknown[40], foreign[40];
+    snprintf(unknown, sizeof unknown, "%s", id);
+    unknown[32] = unknown[32] == '0' ? '1' : '0';
+    snprintf(foreign, sizeof foreign, "%s", id);
+    foreign[1] = foreign[1] == '0' ? '1' : '0';
+    result r = call_route(api_session_attention, reg, unknown, "{}");
     CHECK_EQ_INT(r.status, 404);
     CHECK(strcmp(error_code(&r), "session_not_found") == 0);
+    result_free(&r);
+    r = cheap(api_sessions_get, reg, foreign);
+    CHECK_EQ_INT(r.status, 404);
+    CHECK(strcmp(error_code(&r), "session_evicted") == 0);
     result_free(&r);
     r = cheap(api_sessions_delete, reg, id);
     CHECK_EQ_INT(r.status, 204);
