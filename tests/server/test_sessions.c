@@ -215,7 +215,9 @@ static void test_thousand_sessions_keep_rss_flat(void)
             rss_early = daemon_rss_kib(&d);
     }
     long rss_late = daemon_rss_kib(&d);
-    CHECKF(rss_early > 0 && rss_late - rss_early < 16 * 1024,
+    /* Under the sanitizers (daemon_quick) freed memory sits in ASan's quarantine (256 MiB),
+     * so RSS grows there whatever the daemon does: the bound holds for the plain build. */
+    CHECKF(rss_early > 0 && (daemon_quick() || rss_late - rss_early < 16 * 1024),
            "RSS grew from %ld KiB to %ld KiB over %d sessions", rss_early, rss_late, n);
     CHECK(metric_value(d.port, "attnd_kv_cache_bytes_used") == used); /* the others' */
     CHECK(metric_value(d.port, "attnd_sessions_live") == live);
