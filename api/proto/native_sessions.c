@@ -164,7 +164,7 @@ static int create_parse(void *p, api__error *err)
 {
     create_job *job = p;
     job->reg = job->rq.call->sessions;
-    job->o.causal = (api__causal)-1; /* "not given" until the options say otherwise */
+    job->o.causal = API_CAUSAL_UNSET; /* "not given" until the options say otherwise */
     if (api__native_fields(job, &job->o, create_fields,
                            sizeof create_fields / sizeof create_fields[0], api__sdpa_options,
                            api__sdpa_n_options, "/v1/sessions", err) != 0)
@@ -206,8 +206,8 @@ static int create_compute(void *p, int64_t *compute_ns, api__error *err)
         .alibi = job->alibi,
         .precision_set = job->o.precision_set,
         .precision = job->o.precision,
-        .causal_set = job->o.causal != (api__causal)-1,
-        .causal = job->o.causal != (api__causal)-1 ? job->o.causal : API_CAUSAL_ON,
+        .causal_set = job->o.causal != API_CAUSAL_UNSET,
+        .causal = job->o.causal != API_CAUSAL_UNSET ? job->o.causal : API_CAUSAL_ON,
     };
     memset(&e, 0, sizeof e);
     eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(job->reg), &shape, &e);
@@ -369,12 +369,12 @@ static int step_parse(void *p, api__error *err)
 {
     step_job *job = p;
     api__session_step *st = &job->st;
-    st->r.causal = (api__causal)-1;
+    st->r.causal = API_CAUSAL_UNSET;
     if (api__native_fields(job, &st->r, step_fields, sizeof step_fields / sizeof step_fields[0],
                            api__sdpa_options, api__sdpa_n_options, "/v1/sessions/{id}/attention",
                            err) != 0)
         return -1;
-    st->causal_set = st->r.causal != (api__causal)-1;
+    st->causal_set = st->r.causal != API_CAUSAL_UNSET;
     if (!st->causal_set)
         st->r.causal = API_CAUSAL_ON;
     if (st->r.offset_set &&

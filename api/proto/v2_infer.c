@@ -192,7 +192,7 @@ static int sequence_setup(v2_job *job, api__error *err)
     job->st.reg = reg;
     job->st.id = job->session;
     job->st.r = *r;
-    job->st.causal_set = r->causal != (api__causal)-1; /* else bottom_right: decoding */
+    job->st.causal_set = r->causal != API_CAUSAL_UNSET; /* else bottom_right: decoding */
     job->st.batch_axis = batch;
     job->op = &api__session_step_op;
     job->op_state = &job->st;
@@ -206,7 +206,7 @@ static int model_check(v2_job *job, api__error *err)
     const eng_layer *l = job->model.layer;
     if (job->seq_set && sequence_setup(job, err) != 0)
         return -1;
-    if (job->s.r.causal == (api__causal)-1) /* not given: off, as /v1/attention */
+    if (job->s.r.causal == API_CAUSAL_UNSET) /* not given: off, as /v1/attention */
         job->s.r.causal = API_CAUSAL_OFF;
     if (is_layer(job)) {
         if (l->kdim != l->vdim)
@@ -499,7 +499,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     }
     if (job) {
         job->s.rq = &job->rq;
-        job->s.r.causal = (api__causal)-1; /* "not given", for a sequence's default */
+        job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
         job->l.rq = &job->rq;
         job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
         job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
