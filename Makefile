@@ -97,7 +97,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 
 # Benchmarks measure the engine alone...
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
-$(filter-out %/bench_e2e,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
+$(filter-out %/bench_e2e %/bench_session,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
                                           $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
@@ -106,9 +106,10 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-# ... except bench_e2e, which times api/ and a real daemon too.
-$(BUILD)/tests/bench/bench_e2e: $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/libtestsupport.a \
-                                $(MODULE_LIBS) | $(BUILD)/attnd
+# ... except bench_e2e and bench_session (a KV-cache decode step over HTTP), which time api/
+# and a real daemon too.
+$(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session: $(BUILD)/tests/bench/%: \
+        $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
@@ -139,8 +140,10 @@ run: deps
 
 ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
-# TSan runs the suites that exercise the pool; the rest gain nothing from it.
-TSAN_TESTS := $(filter tests/engine/%,$(TEST_SRC))
+# TSan runs the suites that exercise the pool, and the order of a session's requests across
+# threads (api_session_turn); the rest gain nothing from it.
+TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c,\
+                      $(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the
@@ -155,7 +158,7 @@ plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND
 asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
-    "ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
 FUZZ_SMOKE_SECONDS ?= 30
 
@@ -175,7 +178,7 @@ check: deps
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
 	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
@@ -185,7 +188,7 @@ asan: deps
 	@tests/run.sh $(asan_suites)
 
 tsan: deps
-	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	@tests/run.sh $(tsan_suites)
 
 bench: deps

@@ -188,6 +188,8 @@ const eng_layer *api_models_at(const api_models *models, size_t i);
 
 /* ---- One call ------------------------------------------------------------------------------ */
 
+typedef struct api_sessions api_sessions; /* the KV-cache sessions (below) */
+
 typedef struct {
     const char *body; /* the request body, not NUL-terminated */
     size_t body_len;
@@ -209,6 +211,8 @@ typedef struct {
                                v2 reply whose request has none */
     const char *model;      /* path parameters of /v2/models/{model}[/versions/{version}]/... */
     const char *version;    /* NULL: no /versions/ segment */
+    api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 (sessions off) */
+    const char *session;    /* the {id} of /v1/sessions/{id}/...; NULL elsewhere */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */
@@ -252,6 +256,7 @@ typedef struct {
                                      outputs: the length of the JSON part, uncompressed) */
     int64_t inferences; /* inferences the request ran (its batch size; 0 when none ran): for
                            nv_inference_count */
+    char location[96];  /* non-empty: a Location header (201 of POST /v1/sessions and fork) */
 } api_reply;
 
 /* Frees the body (if still owned); NULL is a no-op, and so is a second call. */
@@ -303,6 +308,111 @@ void api_mha(const api_call *call, api_reply *reply);
 void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,
                             api_reason reason, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+
+/* ---- KV-cache sessions (issue 16, DESIGN.md section 9) ---------------------------------- */
+
+/* The registry of a daemon's sessions: each a KV cache of one sequence (engine.h eng_kv_*) in
+ * one pool of --kv-cache-bytes, under an id that is random, URL-safe and unguessable ("s" and
+ * 32 hex digits: 8 naming this process, drawn at start-up, then 96 bits from getrandom). A session
+ * keeps its shape, its default step options, its created and last-used times and its idle TTL. Idle
+ * sessions past their TTL are freed (lazily: by every registry call, and by the stats the metrics
+ * scrape reads); when the pool is full a step evicts the least recently used idle session (never
+ * one with a step admitted or running). The ids of the last 4096 sessions evicted or expired are
+ * remembered, so that they answer 404 "session_evicted" (create it again) rather than
+ * "session_not_found"; so do the ids of another process (a lost or restarted replica, reached
+ * through the load balancer's consistent hash).
+ *
+ * Order: steps of one session apply in arrival order. The server takes a ticket for each
+ * request on a session as it admits it (its I/O thread: arrival order), and a worker asks for
+ * the ticket's turn before it runs the request: a request whose turn has not come is parked in
+ * the session (the worker returns at once; nothing blocks on a step that has not started) and
+ * resumed by the end of the one before it. Every ticket taken must end (api_session_turn_end),
+ * whether its request ran or not.
+ *
+ *     api_sessions_config cfg = {.capacity_bytes = (size_t)1 << 30, .block_tokens = 64,
+ *                                .ttl_s = 600};
+ *     api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);   // once, at start-up
+ *     api_session_ticket t;                                           // I/O thread, admission
+ *     if (api_session_ticket_take(reg, id, &t)) {
+ *         if (!api_session_turn(reg, &t, resubmit, job)) return;     // worker: parked
+ *         call.sessions = reg; call.session = id;
+ *         api_session_attention(&call, &reply);                      // the step
+ *         api_session_turn_end(reg, &t);                             // may call resubmit(next)
+ *     }
+ *     api_sessions_free(reg);                                         // at exit
+ *
+ * Threads: every function may be called from any thread; one mutex guards the registry (held
+ * for lookups, never for a computation: a step marks its session busy and computes unlocked). */
+
+typedef struct {
+    size_t capacity_bytes; /* --kv-cache-bytes: the pool of every session's blocks */
+    int64_t block_tokens;  /* --kv-block-tokens */
+    int64_t ttl_s;         /* --session-ttl-s: the idle expiry of a session that sets none */
+} api_sessions_config;
+
+/* A registry over a new KV pool; NULL with `msg` filled when the pool cannot be made. */
+api_sessions *api_sessions_new(const api_sessions_config *cfg, char *msg, size_t msglen);
+/* Frees every session and the pool; no request may be using it. NULL is a no-op. */
+void api_sessions_free(api_sessions *reg);
+
+/* Counters and gauges for /metrics (and the TTL sweep, which it runs first). */
+typedef struct {
+    int64_t live, created_total;
+    int64_t evicted_ttl, evicted_pressure, deleted, ended; /* sessions ended, by reason */
+    size_t bytes_used, bytes_capacity;
+    int64_t tokens;
+} api_sessions_stats;
+void api_sessions_stats_get(api_sessions *reg, api_sessions_stats *stats);
+
+/* A place in the order of one session's requests. */
+typedef struct {
+    void *session; /* pinned until api_session_turn_end; NULL: no ticket */
+    uint64_t number;
+} api_session_ticket;
+
+/* Takes the next ticket of session `id` (pinning it: it is not evicted while the ticket is
+ * outstanding). False, with *t zeroed, when there is no such live session (the route answers
+ * the 404 itself). */
+bool api_session_ticket_take(api_sessions *reg, const char *id, api_session_ticket *t);
+/* True when it is t's turn; otherwise parks t and returns false: resume(arg) is called once,
+ * from the thread that ends the step before it, without the registry's lock held. */
+bool api_session_turn(api_sessions *reg, api_session_ticket *t, void (*resume)(void *arg),
+                      void *arg);
+/* The request of t is over (answered, or dropped without running): the next in line may run.
+ * Unpins the session and zeroes *t; a zeroed ticket is a no-op. */
+void api_session_turn_end(api_sessions *reg, api_session_ticket *t);
+
+/* The routes. Each answers 501 with a message when call->sessions (or `reg`) is NULL
+ * (sessions off), 404 {"error": {"code": "session_not_found"}} for an unknown id and 404
+ * "session_evicted" for one evicted or expired. The POST routes run on an engine worker and
+ * reserve through call->lease like api_attention; the others are cheap (MHD thread).
+ *
+ * POST /v1/sessions: {num_heads, num_kv_heads?, head_dim, value_head_dim?, cache_dtype?
+ * ("float32" | "bfloat16" | "float16"), max_tokens?, ttl_s?, scale?, softcap?, window?,
+ * alibi?, precision?, causal?} -> 201 with the session's description and reply->location. */
+void api_sessions_create(const api_call *call, api_reply *reply);
+/* GET /v1/sessions/{id}: {id, length, bytes, cache_dtype, num_heads, ..., created, last_used,
+ * ttl_s}. */
+void api_sessions_get(api_sessions *reg, const char *id, api_reply *reply);
+/* GET /v1/sessions?limit=N&after=ID: {"sessions": [...], "next": ID or null}, in creation
+ * order, at most `limit` (1-1000; NULL: 100) after the session `after` (NULL: from the
+ * first); a malformed limit is 422. */
+void api_sessions_list(api_sessions *reg, const char *limit, const char *after, api_reply *reply);
+/* DELETE /v1/sessions/{id}: 204. A step in flight finishes; the blocks go with the last. */
+void api_sessions_delete(api_sessions *reg, const char *id, api_reply *reply);
+/* POST /v1/sessions/{id}/attention (call->session): {query?, key?, value?, expect_length?,
+ * the step options of /v1/attention (scale, softcap, precision, causal, query_offset, window,
+ * alibi, return_weights, return_lse, output_encoding, output_dtype, timeout_ms)}: appends
+ * key/value, then attends query (bottom-right causal by default) over the whole cache.
+ * Replies like api_attention plus "length". 409 when expect_length differs from the length;
+ * 413 past max_tokens or what --kv-cache-bytes could ever hold; 422 for shapes that do not
+ * match the session; 429 when the cache is full of sessions with steps in flight. */
+void api_session_attention(const api_call *call, api_reply *reply);
+/* POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}: keeps the first n tokens. */
+void api_session_truncate(const api_call *call, api_reply *reply);
+/* POST /v1/sessions/{id}/fork {"ttl_s"?} (the body may be empty): 201, a new session sharing
+ * the tokens copy-on-write, with reply->location. */
+void api_session_fork(const api_call *call, api_reply *reply);
 
 /* ---- Open Inference Protocol (KServe v2) --------------------------------------------------- */
 

@@ -17,6 +17,8 @@
 /* X(name, native HTTP code, v2 HTTP code, code word, retry) */
 #define API_STATUS_LIST(X)                                                                         \
     X(API_STATUS_OK, 200, 200, "ok", false)                                                        \
+    X(API_STATUS_CREATED, 201, 201, "created", false)                                              \
+    X(API_STATUS_NO_CONTENT, 204, 204, "no_content", false)                                        \
     X(API_STATUS_NOT_MODIFIED, 304, 304, "not_modified", false)                                    \
     X(API_STATUS_MALFORMED_REQUEST, 400, 400, "malformed_request", false)                          \
     X(API_STATUS_UNAUTHENTICATED, 401, 401, "unauthenticated", false)                              \
@@ -24,6 +26,7 @@
     X(API_STATUS_METHOD_NOT_ALLOWED, 405, 405, "method_not_allowed", false)                        \
     X(API_STATUS_REQUEST_TIMEOUT, 408, 408, "request_timeout", false)                              \
     X(API_STATUS_LENGTH_REQUIRED, 411, 411, "length_required", false)                              \
+    X(API_STATUS_CONFLICT, 409, 409, "conflict", false)                                            \
     X(API_STATUS_TOO_LARGE, 413, 413, "too_large", false)                                          \
     X(API_STATUS_UNSUPPORTED_MEDIA_TYPE, 415, 415, "unsupported_media_type", false)                \
     X(API_STATUS_INVALID_ARGUMENT, 422, 400, "invalid_argument", false)                            \

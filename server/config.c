@@ -67,6 +67,17 @@ static const srv_option options[] = {
      INT64_C(1) << 50, "256MiB", "SIZE", "freed request buffers of 1 MiB and more kept mapped "
      "for the next requests (fresh pages cost about 0.3 ms per MiB to fault in), on top of "
      "--max-memory-bytes; released after 10 s unused; 0 keeps none"},
+    {"kv-cache-bytes", "ATTND_KV_CACHE_BYTES", OPT_SIZE, OFF(kv_cache_bytes), 0,
+     INT64_C(1) << 50, "1GiB", "SIZE", "the KV cache of the sessions (/v1/sessions, v2 "
+     "sequence_id): one pool of paged blocks, a budget of its own next to --max-memory-bytes "
+     "(which the steps' tensors and scratch count against); a full pool evicts the least "
+     "recently used idle session; 0 turns sessions off (their routes answer 501)"},
+    {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPT_INT, OFF(kv_block_tokens), 1, 65536, "64",
+     "N", "tokens per KV-cache block (multiples of 32 let prefills prepack); a session's "
+     "last block is what it may waste"},
+    {"session-ttl-s", "ATTND_SESSION_TTL_S", OPT_INT, OFF(session_ttl_s), 0, INT64_C(1) << 31,
+     "600", "S", "a session idle this long is freed (its id then answers 404 session_evicted); "
+     "a session's own \"ttl_s\" overrides it; 0: never"},
     {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
      "requests queued or running on the engine at once; beyond: 429 with Retry-After"},
     {"priority-levels", "ATTND_PRIORITY_LEVELS", OPT_INT, OFF(priority_levels), 1, 255, "2",

@@ -40,6 +40,7 @@ struct srv_server {
 
     api_budget *budget;
     eng_pool *pool;
+    api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
     struct MHD_Daemon *mhd;
     struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
     int admin_port;

@@ -42,6 +42,11 @@
  * connection is closed. The receive timeout bounds the time it may take. */
 #define DRAIN_FACTOR 2
 
+/* The draining 503: KV-cache sessions live in this process, so they end with it. */
+#define DRAINING_MSG                                                                               \
+    "the server is shutting down; retry on another replica (KV-cache sessions end with this "      \
+    "process: create them again there)"
+
 #define REQUEST_ID_MAX 128
 #define PATH_MAX_LEN   256 /* a longer path matches no route (404) */
 
@@ -106,6 +111,8 @@ typedef struct srv_req {
     bool admin;         /* arrived on --admin-port: only health and metrics are served */
     bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
     int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
+    api_session_ticket ticket; /* a SRV_ROUTE_SESSION request's place in its session's order:
+                                  taken at admission (this thread), ended by job_run */
 } srv_req;
 
 /* Routes the request by its path (routes.c); a path too long to store matches nothing. */
@@ -642,11 +649,21 @@ static void call_headers(const srv_req *req, api_call *call)
     call->request_id = req->id[0] ? req->id : NULL;
 }
 
+static const char *query_arg(const void *cls, const char *name)
+{
+    const srv_req *req = cls;
+    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
 /* A request to a route (GET, or one without a worker) answered on this thread. */
 static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *rd)
 {
-    srv_answer_args args = {
-        .params = &req->params, .style = rd->style, .if_none_match = req->hdr.if_none_match};
+    srv_answer_args args = {.params = &req->params,
+                            .style = rd->style,
+                            .if_none_match = req->hdr.if_none_match,
+                            .method = req->method,
+                            .query = query_arg,
+                            .query_cls = req};
     srv_reply r;
     if (!rd->answer) /* defensive: a row without a handler for this method */
         return refuse(req, SRV_REFUSE_NO_HANDLER, false, "no handler for %.32s %s", req->method,
@@ -664,10 +681,8 @@ static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
 {
     if (atomic_load(&s->draining)) {
         if (!req->body_expected)
-            return refuse(req, SRV_REFUSE_DRAINING, true,
-                          "the server is shutting down; retry on another replica");
-        set_refusal(req, SRV_REFUSE_DRAINING,
-                    "the server is shutting down; retry on another replica");
+            return refuse(req, SRV_REFUSE_DRAINING, true, DRAINING_MSG);
+        set_refusal(req, SRV_REFUSE_DRAINING, DRAINING_MSG);
         return refuse_from_headers(req);
     }
     if (atomic_load(&s->admitted) >= s->max_queue) {
@@ -801,8 +816,21 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
     return MHD_YES;
 }
 
+static void job_run(void *arg, int64_t index);
+
+/* A session request whose turn came (api_session_turn parked it): back to the pool at its
+ * priority, behind what is queued there; run here if the pool takes no more (it is stopping). */
+static void job_resume(void *arg)
+{
+    srv_req *req = arg;
+    if (eng_pool_submit_at(req->srv->pool, req->priority, job_run, req) != ENG_OK)
+        job_run(req, 0);
+}
+
 /* Runs one request on an engine worker: decode, compute, encode (all inside the route's work
- * function), then hands the reply back to the MHD thread by resuming the connection. */
+ * function), then hands the reply back to the MHD thread by resuming the connection. A request
+ * on a session first waits for its turn without holding the worker: parked, it returns here
+ * and is resubmitted when the request before it ends. */
 static void job_run(void *arg, int64_t index)
 {
     srv_req *req = arg;
@@ -812,8 +840,11 @@ static void job_run(void *arg, int64_t index)
     api_call call;
     (void)index;
 
+    if (req->ticket.session && !api_session_turn(s->sessions, &req->ticket, job_resume, req))
+        return; /* parked: the job's reference goes with it */
     if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_RUNNING)) {
         /* The watcher answered it while it waited (hang-up, deadline, drain). */
+        api_session_turn_end(s->sessions, &req->ticket);
         atomic_fetch_sub(&s->admitted, 1);
         req_unref(req);
         return;
@@ -829,10 +860,15 @@ static void job_run(void *arg, int64_t index)
     call.lease = &req->lease;
     call.limits = &s->limits;
     call.models = s->models;
+    call.sessions = s->sessions;
+    call.session = srv__param(&req->params, "id");
     call_headers(req, &call);
     if (rd->stats)
         rd->stats->started(&s->metrics, &req->stats);
     rd->work(&req->params, &call, &req->reply);
+    api_session_turn_end(s->sessions, &req->ticket); /* the next step of the session may run */
+    if ((rd->flags & SRV_ROUTE_SESSION) && req->reply.status >= 200 && req->reply.status < 300)
+        srv__metrics_session_step(&s->metrics, req->reply.compute_ns);
 
     if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
         int64_t dec = req->reply.decode_ns, comp = req->reply.compute_ns;
@@ -910,8 +946,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     if (req->refused)
         return refuse_pending(req);
     if (atomic_load(&s->drain_expired))
-        return refuse(req, SRV_REFUSE_DRAINING, false,
-                      "the server is shutting down; retry on another replica");
+        return refuse(req, SRV_REFUSE_DRAINING, false, DRAINING_MSG);
     deadline = request_deadline(s, req);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     if (now >= deadline) {
@@ -932,10 +967,14 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
+    /* Arrival order of a session's requests is admission order on this thread. */
+    if ((rd->flags & SRV_ROUTE_SESSION) && s->sessions)
+        api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {
         int expected = REQ_QUEUED;
+        api_session_turn_end(s->sessions, &req->ticket);
         atomic_fetch_sub(&s->admitted, 1);
         if (atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE)) {
             atomic_fetch_sub(&s->queued, 1);
@@ -1077,6 +1116,15 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
                    ms(now - req->lease.start_ns));
     if (reason != API_REASON_NONE)
         api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
+    /* The session a request concerns: its {id}, or the one it created (Location). */
+    const char *session =
+        strncmp(req->path, "/v1/sessions/", 13) == 0             ? srv__param(&req->params, "id")
+        : strncmp(req->reply.location, "/v1/sessions/", 13) == 0 ? req->reply.location + 13
+                                                                 : NULL;
+    if (session) {
+        api_buf_cstr(&b, ",\"session\":");
+        api_buf_json_string(&b, session, strlen(session));
+    }
     if (req->cut_status > 0)
         api_buf_printf(&b, ",\"reply_cut_off\":true,\"reply_status\":%d", req->cut_status);
     api_buf_cstr(&b, "}\n");

@@ -429,3 +429,41 @@ void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int
     }
     api_buf_cstr(b, "]}\n");
 }
+
+void srv__metrics_session_step(srv_metrics *m, int64_t compute_ns)
+{
+    hist_add(&m->session_step, compute_ns);
+}
+
+void srv__metrics_render_sessions(const srv_metrics *m, const api_sessions_stats *st, bool on,
+                                  api_buf *b)
+{
+    if (!on)
+        return;
+    api_buf_printf(b,
+                   "# HELP attnd_sessions_live KV-cache sessions alive\n"
+                   "# TYPE attnd_sessions_live gauge\nattnd_sessions_live %lld\n"
+                   "# HELP attnd_sessions_created_total KV-cache sessions created (forks "
+                   "included)\n# TYPE attnd_sessions_created_total counter\n"
+                   "attnd_sessions_created_total %lld\n"
+                   "# HELP attnd_session_evictions_total KV-cache sessions ended, by reason\n"
+                   "# TYPE attnd_session_evictions_total counter\n"
+                   "attnd_session_evictions_total{reason=\"ttl\"} %lld\n"
+                   "attnd_session_evictions_total{reason=\"pressure\"} %lld\n"
+                   "attnd_session_evictions_total{reason=\"deleted\"} %lld\n"
+                   "attnd_session_evictions_total{reason=\"ended\"} %lld\n"
+                   "# HELP attnd_kv_cache_bytes_used Bytes of KV-cache blocks in use\n"
+                   "# TYPE attnd_kv_cache_bytes_used gauge\nattnd_kv_cache_bytes_used %zu\n"
+                   "# HELP attnd_kv_cache_bytes_capacity The KV cache's size (--kv-cache-bytes)\n"
+                   "# TYPE attnd_kv_cache_bytes_capacity gauge\n"
+                   "attnd_kv_cache_bytes_capacity %zu\n"
+                   "# HELP attnd_kv_cache_tokens Tokens cached over all sessions (a fork counts "
+                   "its shared prefix)\n# TYPE attnd_kv_cache_tokens gauge\n"
+                   "attnd_kv_cache_tokens %lld\n",
+                   (long long)st->live, (long long)st->created_total, (long long)st->evicted_ttl,
+                   (long long)st->evicted_pressure, (long long)st->deleted, (long long)st->ended,
+                   st->bytes_used, st->bytes_capacity, (long long)st->tokens);
+    api_buf_cstr(b, "# HELP attnd_session_step_seconds Compute time of session steps\n"
+                    "# TYPE attnd_session_step_seconds histogram\n");
+    hist_render(b, "attnd_session_step_seconds", "", &m->session_step);
+}

@@ -72,6 +72,7 @@ typedef struct {
     atomic_uint_fast64_t bytes_in, bytes_out;
     atomic_uint_fast64_t slow_clients, hangups;
     srv_model_stats model[SRV_MODELS_MAX];
+    srv_hist session_step; /* compute time of session steps (attention, truncate, fork) */
 } srv_metrics;
 
 /* Values sampled at scrape time. */
@@ -101,6 +102,12 @@ void srv__metrics_hangup(srv_metrics *m);
 /* Appends the Prometheus text exposition of `m` and `g` to `b`. */
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
                          api_buf *b);
+
+/* Counts the compute time of one session step that succeeded. */
+void srv__metrics_session_step(srv_metrics *m, int64_t compute_ns);
+/* Appends the attnd_sessions_* and attnd_kv_cache_* families (sessions off: nothing). */
+void srv__metrics_render_sessions(const srv_metrics *m, const api_sessions_stats *st, bool on,
+                                  api_buf *b);
 
 /* The stats slot of a v2 model (0 "sdpa", i + 1 the i-th layer of `models`), or -1. */
 int srv__metrics_model_slot(const api_models *models, const char *name);

@@ -41,6 +41,8 @@ static srv_reply from_api(api_reply *r)
                      .content_type = r->content_type,
                      .release = eng_buf_free};
     out.body = api_reply_take_body(r, &out.len);
+    memcpy(out.location, r->location, sizeof out.location);
+    out.location[sizeof out.location - 1] = '\0';
     return out;
 }
 
@@ -96,6 +98,8 @@ bool srv__reply_each_header(const srv_reply *r, char num[24], srv_header_fn fn, 
         if (!fn(cls, h[0], h[1]))
             return false;
     }
+    if (r->location[0] && !fn(cls, "Location", r->location))
+        return false;
     if (r->content_encoding && !fn(cls, "Content-Encoding", r->content_encoding))
         return false;
     if (r->inference_header_len > 0) {

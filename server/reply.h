@@ -30,6 +30,7 @@ typedef struct {
     int64_t inference_header_len; /* > 0: Inference-Header-Content-Length */
     bool vary_accept_encoding;    /* Vary: Accept-Encoding (worker replies) */
     int retry_after_s;            /* > 0: Retry-After */
+    char location[96];            /* non-empty: Location (a session created: 201) */
 } srv_reply;
 
 /* `body` (from eng_buf_alloc, taken over; NULL: empty) with the status of `o`. */

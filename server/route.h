@@ -38,6 +38,10 @@ typedef struct {
     const srv_params *params;
     api_error_style style;     /* the row's: for the handler's own refusals */
     const char *if_none_match; /* the If-None-Match header, or NULL */
+    const char *method;        /* "GET", "HEAD", or another method of a row without `work` */
+    /* The value of query argument `name` ("?limit=10"), or NULL: */
+    const char *(*query)(const void *cls, const char *name);
+    const void *query_cls;
 } srv_answer_args;
 
 /* Answers a request on the MHD thread from its headers alone (cheap work only: no engine call,
@@ -46,6 +50,7 @@ typedef srv_reply (*srv_answer_fn)(srv_server *s, const srv_answer_args *args);
 /* Answers a request on an engine worker, with its whole body in `call`: fills `reply` (always,
  * like api_attention). */
 typedef void (*srv_work_fn)(const srv_params *params, const api_call *call, api_reply *reply);
+/* (call->sessions and, on a row with {id}, call->session are set by http.c.) */
 
 /* The per-request state of a route's statistics hooks: the model's stats slot (-1: not
  * counted) and whether it is counted as pending (admitted, not yet running). */
@@ -68,8 +73,10 @@ typedef struct {
 
 /* Where a route may be reached without what guards the others. */
 enum {
-    SRV_ROUTE_ADMIN = 1u << 0, /* also served on --admin-port (probes, scrapes) */
-    SRV_ROUTE_OPEN = 1u << 1,  /* needs no bearer token (probes, the page's shell) */
+    SRV_ROUTE_ADMIN = 1u << 0,   /* also served on --admin-port (probes, scrapes) */
+    SRV_ROUTE_OPEN = 1u << 1,    /* needs no bearer token (probes, the page's shell) */
+    SRV_ROUTE_SESSION = 1u << 2, /* a request on the session {id}: takes its turn in the
+                                    session's order (api_session_ticket_take at admission) */
 };
 
 /* One row of the route table. `pattern` is literal segments and "{name}" segments (one path

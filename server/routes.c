@@ -67,6 +67,9 @@ static srv_reply answer_metrics(srv_server *s, const srv_answer_args *args)
     api_buf_init(&b, (size_t)4 << 20);
     srv__metrics_render(&s->metrics, &g, &srv__route_names, &b);
     srv__metrics_render_models(&s->metrics, s->models, &b);
+    api_sessions_stats st;
+    api_sessions_stats_get(s->sessions, &st);
+    srv__metrics_render_sessions(&s->metrics, &st, s->sessions != NULL, &b);
     body = api_buf_take(&b, &len);
     if (!body)
         return srv__reply_refusal(args->style, SRV_REFUSE_INTERNAL, "out of memory");
@@ -86,6 +89,51 @@ static srv_reply answer_model(srv_server *s, const srv_answer_args *args)
     api_reply reply;
     api_models_get(s->models, srv__param(args->params, "name"), &reply);
     return srv__reply_api(&reply);
+}
+
+/* ---- Sessions (api_sessions_*: ops/sessions.c, proto/native_sessions.c) ----------------- */
+
+static srv_reply answer_sessions(srv_server *s, const srv_answer_args *args)
+{
+    api_reply reply;
+    api_sessions_list(s->sessions, args->query(args->query_cls, "limit"),
+                      args->query(args->query_cls, "after"), &reply);
+    return srv__reply_api(&reply);
+}
+
+static srv_reply answer_session(srv_server *s, const srv_answer_args *args)
+{
+    api_reply reply;
+    const char *id = srv__param(args->params, "id");
+    if (strcmp(args->method, "DELETE") == 0)
+        api_sessions_delete(s->sessions, id, &reply);
+    else
+        api_sessions_get(s->sessions, id, &reply);
+    return srv__reply_api(&reply);
+}
+
+static void work_sessions_create(const srv_params *params, const api_call *call, api_reply *reply)
+{
+    (void)params;
+    api_call_encoded(api_sessions_create, API_ERRORS_NATIVE, call, reply);
+}
+
+static void work_session_attention(const srv_params *params, const api_call *call, api_reply *reply)
+{
+    (void)params;
+    api_call_encoded(api_session_attention, API_ERRORS_NATIVE, call, reply);
+}
+
+static void work_session_truncate(const srv_params *params, const api_call *call, api_reply *reply)
+{
+    (void)params;
+    api_call_encoded(api_session_truncate, API_ERRORS_NATIVE, call, reply);
+}
+
+static void work_session_fork(const srv_params *params, const api_call *call, api_reply *reply)
+{
+    (void)params;
+    api_call_encoded(api_session_fork, API_ERRORS_NATIVE, call, reply);
 }
 
 static void work_attention(const srv_params *params, const api_call *call, api_reply *reply)
@@ -111,6 +159,15 @@ static const srv_route_def routes[] = {
     {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_peek_native, NULL},
     {"/v1/mha", "POST", NATIVE, 0, NULL, work_mha, api_peek_native, NULL},
     {"/v1/models", GET, NATIVE, 0, answer_models, NULL, NULL, NULL},
+    {"/v1/sessions", "GET, HEAD, POST", NATIVE, 0, answer_sessions, work_sessions_create,
+     api_peek_native, NULL},
+    {"/v1/sessions/{id}", "GET, HEAD, DELETE", NATIVE, 0, answer_session, NULL, NULL, NULL},
+    {"/v1/sessions/{id}/attention", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_attention,
+     api_peek_native, NULL},
+    {"/v1/sessions/{id}/truncate", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_truncate,
+     NULL, NULL},
+    {"/v1/sessions/{id}/fork", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_fork, NULL,
+     NULL},
     {"/v1/models/{name}", GET, NATIVE, 0, answer_model, NULL, NULL, NULL},
     {"/v2/health/live", GET, V2, PROBE, answer_live, NULL, NULL, NULL},
     {"/v2/health/ready", GET, V2, PROBE, answer_ready, NULL, NULL, NULL},

@@ -282,6 +282,14 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
                  eerr.message);
         goto fail;
     }
+    if (cfg->kv_cache_bytes > 0) {
+        api_sessions_config sc = {.capacity_bytes = cfg->kv_cache_bytes,
+                                  .block_tokens = cfg->kv_block_tokens,
+                                  .ttl_s = cfg->session_ttl_s};
+        s->sessions = api_sessions_new(&sc, err, errlen);
+        if (!s->sessions)
+            goto fail;
+    }
     log_engine();
     s->pool = eng_pool_new((int)cfg->threads, &eerr);
     if (!s->pool) {
@@ -406,6 +414,7 @@ void srv_server_free(srv_server *s)
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
+    api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);
     api_models_free(s->models);

@@ -95,6 +95,9 @@ typedef struct {
     int64_t max_elements;           /* --max-elements */
     size_t max_memory_bytes;        /* --max-memory-bytes: the global budget */
     size_t buffer_cache_bytes;      /* --buffer-cache-bytes: freed big buffers kept mapped */
+    size_t kv_cache_bytes;          /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
+    int64_t kv_block_tokens;        /* --kv-block-tokens: tokens per KV-cache block */
+    int64_t session_ttl_s;          /* --session-ttl-s: idle expiry of a session (0: none) */
     int64_t max_queue;              /* --max-queue: requests queued or running on workers */
     int64_t priority_levels;        /* --priority-levels: Triton's priority_levels */
     int64_t default_priority_level; /* --default-priority-level, in [1, priority_levels] */

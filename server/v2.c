@@ -20,6 +20,7 @@ static api_call path_call(const srv_server *s, const srv_params *params)
     memset(&call, 0, sizeof call);
     call.models = s->models;
     call.limits = &s->limits; /* the priority levels of the model configuration */
+    call.sessions = s->sessions;
     call.model = srv__param(params, "model");
     call.version = srv__param(params, "version");
     return call;

@@ -59,6 +59,7 @@ int api__error_vset(api__error *err, api_status status, api_reason reason, const
     err->status = status;
     err->reason = reason;
     err->retry_after_s = api_status_retry(status) ? 1 : 0;
+    err->code[0] = '\0';
     snprintf(err->field, sizeof err->field, "%s", field ? field : "");
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     return -1;
@@ -83,4 +84,22 @@ int api__error_invalid(api__error *err, const char *field, const char *fmt, ...)
     va_end(ap);
     return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
                           msg);
+}
+
+int api__error_code(api__error *err, api_status status, const char *code, const char *field,
+                    const char *fmt, ...)
+{
+    if (err->status != API_STATUS_OK)
+        return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    api__error_vset(err, status, API_REASON_BAD_REQUEST, field, fmt, ap);
+    va_end(ap);
+    snprintf(err->code, sizeof err->code, "%s", code);
+    return -1;
+}
+
+const char *api__error_code_word(const api__error *err)
+{
+    return err->code[0] ? err->code : api_status_name(err->status);
 }

@@ -17,6 +17,8 @@ typedef struct {
     api_status status; /* API_STATUS_OK while there is no error */
     api_reason reason; /* for the rejection metric */
     int retry_after_s; /* > 0: the reply carries Retry-After */
+    char code[32];     /* the native "code" word when it is more specific than the status's
+                          ("session_not_found" for a 404); "": api_status_name(status) */
     char field[128];   /* JSON-path-like name of the offending field, "" for none */
     char message[400]; /* one sentence; names the limit or flag where one applies */
 } api__error;
@@ -33,5 +35,14 @@ int api__error_vset(api__error *err, api_status status, api_reason reason, const
 /* Fills `err` with an invalid_argument (422 natively) naming `field` and returns -1. */
 int api__error_invalid(api__error *err, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* api__error_set with a code word of its own (`code`, at most 31 bytes of [a-z_]) in place of
+ * the status's default, for a failure a client must tell apart from others of the same status:
+ * 404 session_not_found and session_evicted. The HTTP code still comes from the status. */
+int api__error_code(api__error *err, api_status status, const char *code, const char *field,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The native "code" word of `err`: its own, else its status's. */
+const char *api__error_code_word(const api__error *err);
 
 #endif

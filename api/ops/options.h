@@ -15,6 +15,8 @@
 #include "api/ops/request.h"
 
 typedef enum {
+    API_CAUSAL_UNSET = -1, /* not given: a route that has a default of its own (sessions:
+                              bottom_right) sets it before reading the options */
     API_CAUSAL_OFF = 0,
     API_CAUSAL_ON,
     API_CAUSAL_TOP_LEFT,

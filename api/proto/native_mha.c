@@ -189,7 +189,21 @@ static int f_output_encoding(void *jp, const json_t *v, const char *name, api__e
 
 /* The fields that are this route's own (the layer, tensors and output settings); the rest are
  * the options of the operation (api__layer_options). */
+/* A decoder-layer step over a session's cache needs the engine to append the layer's projected
+ * (and rotated) k/v to a sequence and attend over it inside eng_mha, which it cannot yet: until
+ * then a "session" is refused plainly rather than served by a second copy of the layer. */
+static int f_session(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    (void)jp;
+    if (json_is_null(v))
+        return 0;
+    return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, name,
+                          "\"session\" on /v1/mha is not served yet: project q, k and v "
+                          "yourself and step the session with POST /v1/sessions/{id}/attention");
+}
+
 static const api__native_field mha_fields[] = {
+    {"session", f_session},
     {"model", f_model},
     {"weights", f_weights},
     {"num_heads", f_num_heads},

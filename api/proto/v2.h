@@ -12,6 +12,7 @@
 
 #include "api/ops/layer.h"
 #include "api/ops/sdpa.h"
+#include "api/ops/sessions.h"
 
 typedef enum { MODEL_NONE = 0, MODEL_SDPA, MODEL_LAYER } model_kind;
 
@@ -44,6 +45,12 @@ typedef struct {
     bool weights_param_off; /* ... as false */
     bool lse_param_set;
     int64_t timeout_us; /* Triton's "timeout" parameter; 0: none */
+
+    /* Triton's sequence parameters: the request is a step of the session of its sequence. */
+    bool seq_set, seq_start, seq_end;
+    char seq_id[72];      /* sequence_id as text (an integer's digits, or the string) */
+    api__session_step st; /* the step, when seq_set: op is then its operation */
+    char session[API_SESSION_ID_LEN + 1]; /* the sequence's session */
 
     /* The reply, as v2_infer.c sizes and writes it. */
     bool all_binary, any_binary; /* of the outputs returned */

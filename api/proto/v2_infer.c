@@ -98,11 +98,116 @@ static float *output_data(v2_job *job, int o)
     return *output_slot(job, o);
 }
 
+/* ---- Sequences (Triton's sequence_id, sequence_start, sequence_end) ------------------------ */
+
+/* A tensor of one sequence with its batch axis of 1 dropped: rank 4 [1, H, n, D] becomes the
+ * session's rank 3 [H, n, D], rank 3 [1, n, E] its rank 2 [n, E]. */
+static int drop_batch(api__tensor *t, const char *name, api__error *err)
+{
+    if (t->rank == 2)
+        return 0;
+    if (t->rank < 2 || t->shape[0] != 1)
+        return api__error_invalid(err, name,
+                                  "a sequence is one sequence: %s must have a batch of 1 "
+                                  "([1, H, n, D] or [1, n, E]) or none ([n, E])",
+                                  name);
+    memmove(t->shape, t->shape + 1, sizeof t->shape - sizeof t->shape[0]);
+    t->rank--;
+    return 0;
+}
+
+/* Turns the request into a step of its sequence's session: sequence_start creates the session
+ * (ending one the id already names), with the shape of the request's tensors; any other
+ * request needs the session its start made. The step then appends key and value and attends
+ * the query (bottom-right causal unless "causal" says otherwise); sequence_end frees the
+ * session after it (free_job). Model sdpa only. With sessions off the model has no sequence
+ * batcher (its configuration says so), and as Triton does then, the flags are ignored. */
+static int sequence_setup(v2_job *job, api__error *err)
+{
+    api_sessions *reg = job->rq.call->sessions;
+    api__sdpa_req *r = &job->s.r;
+    char name[96];
+    if (!reg) /* sessions off: no sequence batcher, and Triton serves each request on its own */
+        return 0;
+    if (is_layer(job))
+        return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST,
+                              "parameters.sequence_id",
+                              "sequences of a layer model are not served yet; send its "
+                              "projected q, k and v to model sdpa with the sequence parameters");
+    if (!r->has_q || !r->has_k || !r->has_v)
+        return api__error_invalid(err, "inputs", "a step of a sequence takes query, key and value");
+    if (r->has_mask || r->has_kpm || r->has_kvlen)
+        return api__error_invalid(err, "inputs", "a step of a sequence takes no masks");
+    bool batch = r->q.rank >= 3;
+    if (drop_batch(&r->q, "query", err) != 0 || drop_batch(&r->k, "key", err) != 0 ||
+        drop_batch(&r->v, "value", err) != 0)
+        return -1;
+    snprintf(name, sizeof name, "sdpa/%s", job->seq_id);
+    bool found = api__sessions_find_name(reg, name, job->session);
+    if (found && job->seq_start) {
+        api__sessions_end(reg, job->session);
+        found = false;
+    }
+    if (!found && !job->seq_start)
+        return api__error_invalid(err, "parameters.sequence_id",
+                                  "inference request for sequence %s to model '%s' must "
+                                  "specify the START flag on the first request of the sequence",
+                                  job->seq_id, job->model.name);
+    if (!found) {
+        int64_t H, Hkv, D, Dv;
+        if (r->q.rank == 3) { /* [H, n, D] */
+            H = r->q.shape[0];
+            D = r->q.shape[2];
+            Hkv = r->k.shape[0];
+            Dv = r->v.shape[2];
+        } else {
+            H = r->num_heads ? r->num_heads : 1;
+            Hkv = r->num_kv_heads ? r->num_kv_heads : H;
+            if (r->q.shape[1] % H || r->k.shape[1] % Hkv || r->v.shape[1] % Hkv)
+                return api__error_invalid(err, "parameters.num_heads",
+                                          "the widths of query, key and value must split "
+                                          "into num_heads and num_kv_heads heads");
+            D = r->q.shape[1] / H;
+            Dv = r->v.shape[1] / Hkv;
+        }
+        if (H % Hkv)
+            return api__error_invalid(err, "key",
+                                      "%lld query heads cannot share %lld key/value heads",
+                                      (long long)H, (long long)Hkv);
+        eng_kv_shape shape = {.num_kv_heads = Hkv, .head_dim = D, .value_head_dim = Dv};
+        eng_error e;
+        memset(&e, 0, sizeof e);
+        eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(reg), &shape, &e);
+        if (!seq)
+            return api__req_engine_error(&job->rq, e.status, &e, "key", err);
+        api__session_opts opts = {0};
+        api__session *s;
+        if (api__sessions_add(reg, seq, H, &opts, api__sessions_default_ttl(reg), &s, err) != 0)
+            return -1;
+        api__session_set_name(reg, s, name);
+        memcpy(job->session, s->id, sizeof job->session);
+        api__session_release(reg, s);
+    }
+    job->st.rq = &job->rq;
+    job->st.reg = reg;
+    job->st.id = job->session;
+    job->st.r = *r;
+    job->st.causal_set = r->causal != API_CAUSAL_UNSET; /* else bottom_right: decoding */
+    job->st.batch_axis = batch;
+    job->op = &api__session_step_op;
+    job->op_state = &job->st;
+    return 0;
+}
+
 /* ---- The model's operation (sdpa.c or layer.c) ---------------------------------------------- */
 
 static int model_check(v2_job *job, api__error *err)
 {
     const eng_layer *l = job->model.layer;
+    if (job->seq_set && sequence_setup(job, err) != 0)
+        return -1;
+    if (job->s.r.causal == API_CAUSAL_UNSET) /* not given: off, as /v1/attention */
+        job->s.r.causal = API_CAUSAL_OFF;
     if (is_layer(job)) {
         if (l->kdim != l->vdim)
             return api__error_invalid(err, "memory",
@@ -365,6 +470,10 @@ static void free_job(void *p)
     v2_job *job = p;
     if (job->op->free)
         job->op->free(job->op_state);
+    /* The end of a sequence frees its session once its last step is done (even a failed one:
+     * Triton ends the sequence with its END request whatever happens to it). */
+    if (job->seq_set && job->seq_end && job->session[0])
+        api__sessions_end(job->rq.call->sessions, job->session);
     eng_buf_free(job->blob);
     job->blob = NULL;
 }
@@ -390,6 +499,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
     }
     if (job) {
         job->s.rq = &job->rq;
+        job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
         job->l.rq = &job->rq;
         job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
         job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;

@@ -13,12 +13,14 @@
  * 0 (the batch axis is part of each shape), "input": [{"name", "data_type": "TYPE_FP32", "dims",
  * "optional", ...}], "output": [...], "dynamic_batching": {"max_queue_delay_microseconds": 0,
  * "priority_levels", "default_priority_level"}, "model_transaction_policy": {"decoupled":
- * false}, "response_cache": {"enable": false}}; no sequence batching. Triton keeps a model's
- * priority levels inside "dynamic_batching", the scheduler that owns its priority queue, and
- * that is where tritonclient users look for them. With max_batch_size 0 Triton's dynamic
- * batcher forms no batches (every request runs alone, as in attnd) and a queue delay of 0 holds
- * nothing back, so the object says what attnd does: one queue, ordered by priority, no
- * batching (perf_analyzer only notes the scheduler's name).
+ * false}, "response_cache": {"enable": false}}. Triton keeps a model's priority levels inside
+ * "dynamic_batching", the scheduler that owns its priority queue, and that is where
+ * tritonclient users look for them. With max_batch_size 0 Triton's dynamic batcher forms no
+ * batches (every request runs alone, as in attnd) and a queue delay of 0 holds nothing back, so
+ * the object says what attnd does: one queue, ordered by priority, no batching (perf_analyzer
+ * only notes the scheduler's name). With sessions on (call->sessions), model sdpa adds
+ * "sequence_batching" {"max_sequence_idle_microseconds": --session-ttl-s}: its requests may
+ * carry sequence_id / sequence_start / sequence_end (v2_infer.c).
  *
  * GET .../ready -> {"name", "ready": true}.
  *
@@ -263,7 +265,13 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
                    "\"priority_levels\":%u,\"default_priority_level\":%u}",
                    limits.priority_levels, limits.default_priority_level);
     api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
-                     "\"response_cache\":{\"enable\":false}}\n");
+                     "\"response_cache\":{\"enable\":false}");
+    if (call->sessions && m.kind == MODEL_SDPA)
+        api_buf_printf(&w,
+                       ",\"sequence_batching\":{\"max_sequence_idle_microseconds\":%lld,"
+                       "\"direct\":{}}",
+                       (long long)api__sessions_default_ttl(call->sessions) * 1000000);
+    api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
 

@@ -161,21 +161,32 @@ static const param_def layer_params[] = {
 #define N_LAYER_PARAMS (sizeof layer_params / sizeof layer_params[0])
 #define N_PARAMS_MAX   (N_SDPA_PARAMS > N_LAYER_PARAMS ? N_SDPA_PARAMS : N_LAYER_PARAMS)
 
-/* Triton's reserved request parameters that attnd's models have no use for, accepted as
- * Triton accepts them on a model without a sequence batcher: the sequence flags (checked for
- * their types; every request of a sequence is then served on its own), "headers" (which its
- * HTTP front end fills with forwarded headers) and anything named triton_*. 1 when `key` is one
- * (and well-formed), 0 when it is not reserved, -1 with `err` set when it is ill-formed. */
-static int reserved_parameter(const char *key, const json_t *v, const char *field, api__error *err)
+/* Triton's reserved request parameters: the sequence flags, which make the request a step of
+ * its sequence's KV-cache session (v2_infer.c; a sequence_id of 0 or "" is none, as Triton
+ * reads it; with sessions off they are checked and ignored, as on a Triton model without a
+ * sequence batcher), "headers" (which its HTTP front end fills with forwarded headers) and anything
+ * named triton_*, accepted and unused. 1 when `key` is one (and well-formed), 0 when it is not
+ * reserved, -1 with `err` set when it is ill-formed. */
+static int reserved_parameter(v2_job *job, const char *key, const json_t *v, const char *field,
+                              api__error *err)
 {
-    bool flag;
     if (strncmp(key, "triton_", 7) == 0 || strcmp(key, "headers") == 0)
         return 1;
     if (strcmp(key, "sequence_start") == 0 || strcmp(key, "sequence_end") == 0)
-        return api__option_bool(v, field, &flag, err) == 0 ? 1 : -1;
+        return api__option_bool(v, field, key[9] == 's' ? &job->seq_start : &job->seq_end, err) == 0
+                   ? 1
+                   : -1;
     if (strcmp(key, "sequence_id") == 0) {
-        if (json_is_string(v) || (json_is_integer(v) && json_integer_value(v) >= 0))
+        if (json_is_string(v) && json_string_length(v) < sizeof job->seq_id) {
+            snprintf(job->seq_id, sizeof job->seq_id, "%s", json_string_value(v));
+            job->seq_set = job->seq_id[0] != '\0';
             return 1;
+        }
+        if (json_is_integer(v) && json_integer_value(v) >= 0) {
+            snprintf(job->seq_id, sizeof job->seq_id, "%lld", (long long)json_integer_value(v));
+            job->seq_set = json_integer_value(v) != 0;
+            return 1;
+        }
         return api__error_invalid(err, field,
                                   "%s must be an unsigned integer or a string (Triton's "
                                   "correlation id)",
@@ -216,7 +227,7 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
                 return -1;
             continue;
         }
-        int reserved = reserved_parameter(key, val, field, err);
+        int reserved = reserved_parameter(job, key, val, field, err);
         if (reserved < 0)
             return -1;
         if (reserved)

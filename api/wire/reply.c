@@ -51,8 +51,7 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
 
 void api__reply_from_error(api_reply *reply, api_error_style style, const api__error *err)
 {
-    reply_write(reply, style, api_status_http(style, err->status), api_status_name(err->status),
-                err);
+    reply_write(reply, style, api_status_http(style, err->status), api__error_code_word(err), err);
 }
 
 void api_reply_error_status(api_reply *reply, api_error_style style, api_status status,

@@ -6,7 +6,10 @@
 # - tests/deploy/shard_client passes through nginx (bodies and replies cross it unchanged);
 # - a body declared one byte over ATTND_MAX_BODY_BYTES gets 413 from nginx at once, and one of
 #   exactly that size is passed on (nginx's limit equals attnd's);
-# - a replica that stops (SIGTERM) is drained while nginx keeps answering from the other.
+# - 20 KV-cache sessions x 50 steps through nginx (X-Session-Key) each match /v1/attention
+#   over their history: every step reached the replica holding its session;
+# - a replica that stops (SIGTERM) is drained while nginx keeps answering from the other, and
+#   its sessions answer 404 session_evicted through nginx while the others step on.
 # Skipped when nginx is not installed (Debian: apt-get install nginx; ATTND_NGINX may name a
 # binary elsewhere). Ends with "N passed, N failed[, N skipped]".
 #
@@ -174,6 +177,14 @@ else
     fail "shard_client through nginx (exit $rc): $(grep -v '^ok ' "$tmp/client" | tr '\n' ' ' | tail -c 600)"
 fi
 
+"$client" "$lb" --sessions 20 50 "$tmp/sessions" >"$tmp/sessions.out" 2>&1
+rc=$?
+if [ "$rc" = 0 ] && grep -q '^ok sessions' "$tmp/sessions.out"; then
+    ok "$(grep '^ok sessions' "$tmp/sessions.out" | sed 's/^ok //')"
+else
+    fail "sessions through nginx (exit $rc): $(grep -v '^ok ' "$tmp/sessions.out" | tr '\n' ' ' | tail -c 600)"
+fi
+
 # Declared sizes only: nginx decides from Content-Length before any body byte arrives.
 limit_bytes=$(awk -v s="$body_limit" 'BEGIN {
     n = s + 0; u = toupper(substr(s, length(n "") + 1, 1));
@@ -206,5 +217,12 @@ if [ "$bad" = 0 ]; then
     ok "replica 1 stopped: 10 requests through nginx all answered 200 by replica 2"
 else
     fail "replica 1 stopped: $bad of 10 requests through nginx failed"
+fi
+"$client" "$lb" --sessions-after 20 50 "$tmp/sessions" >"$tmp/sessions.out" 2>&1
+rc=$?
+if [ "$rc" = 0 ] && grep -q '^ok sessions' "$tmp/sessions.out"; then
+    ok "replica 1 stopped: $(grep '^ok sessions' "$tmp/sessions.out" | sed 's/^ok sessions after a replica stopped: //')"
+else
+    fail "sessions after replica 1 stopped (exit $rc): $(grep -v '^ok ' "$tmp/sessions.out" | tr '\n' ' ' | tail -c 600)"
 fi
 finish

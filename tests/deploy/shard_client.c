@@ -20,6 +20,16 @@
  *
  * `make test` builds it with the project's warnings (-Wall -Wextra -Wconversion ... -Werror).
  *
+ * Sessions mode (tests/deploy/check_compose.sh, through the balancer): `--sessions N STEPS
+ * FILE` creates N KV-cache sessions, each with its own X-Session-Key, and steps each STEPS
+ * times (one new token and one query), checking every step against /v1/attention over the
+ * session's whole history (1e-5 * max|V|), which only holds when every step reached the replica
+ * that holds the session; it writes the sessions to FILE. `--sessions-after N STEPS FILE`,
+ * once a replica is stopped, steps each session once more: a session must either answer as
+ * before (its replica lives) or 404 session_evicted (it was on the stopped one), and both must
+ * happen. The data of a token is a function of its session and position, so the second run
+ * rebuilds every history.
+ *
  * Run: build/tests/deploy/shard_client http://127.0.0.1:8080
  * (tests/deploy/check_live.sh starts build/attnd on an ephemeral port and runs it). Prints one
  * line per case and ends with "N passed, N failed"; exits 1 on a failure, 2 on bad usage.
@@ -129,6 +139,43 @@ static json_t *post_attention(CURL *curl, const json_t *request, char *err, size
     } else if (!(parsed = json_loadb(reply.data, reply.len, 0, &jerr))) {
         snprintf(err, errlen, "reply is not JSON: %s", jerr.text);
     }
+    free(reply.data);
+    return parsed;
+}
+
+/* POSTs `request` to `path` with an X-Session-Key header when `key` is not NULL; the reply
+ * parsed as JSON (NULL when it is none) and its status in *status (0: no reply). */
+static json_t *post_json(CURL *curl, const char *path, const char *key, const json_t *request,
+                         long *status)
+{
+    char url[512], header[160];
+    char *body = json_dumps(request, JSON_COMPACT);
+    struct curl_slist *headers = NULL;
+    buffer reply = {0};
+    json_t *parsed = NULL;
+    *status = 0;
+    if (!body)
+        return NULL;
+    snprintf(url, sizeof url, "%s%s", base_url, path);
+    headers = curl_slist_append(headers, "Content-Type: application/json");
+    headers = curl_slist_append(headers, "Expect:");
+    if (key) {
+        snprintf(header, sizeof header, "X-Session-Key: %s", key);
+        headers = curl_slist_append(headers, header);
+    }
+    curl_easy_setopt(curl, CURLOPT_URL, url);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &reply);
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT, 60L);
+    if (curl_easy_perform(curl) == CURLE_OK) {
+        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, status);
+        parsed = reply.data ? json_loadb(reply.data, reply.len, 0, NULL) : NULL;
+    }
+    curl_slist_free_all(headers);
+    free(body);
     free(reply.data);
     return parsed;
 }
@@ -383,10 +430,153 @@ static void uneven_bounds(shard_case *c)
     }
 }
 
+/* ---- Sessions through the balancer ---------------------------------------------------------- */
+
+enum { SESSION_HEADS = 2, SESSION_DIM = 8, SESSION_WIDTH = SESSION_HEADS * SESSION_DIM };
+
+/* Value `j` of row `which` (0 query, 1 key, 2 value) of token `t` of session `i`. */
+static float token_value(size_t i, size_t t, int which, size_t j)
+{
+    uint64_t x = ((uint64_t)i * 1000003u + t) * 4u + (uint64_t)which;
+    x = x * 64u + j;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdu;
+    x ^= x >> 33;
+    return (float)(x >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+static json_t *token_row(size_t i, size_t t, int which)
+{
+    json_t *row = json_array();
+    for (size_t j = 0; j < SESSION_WIDTH; j++)
+        json_array_append_new(row, json_real((double)token_value(i, t, which, j)));
+    return row;
+}
+
+/* Session i's step at position t (appending token t, attending its query), checked against
+ * /v1/attention over tokens 0..t. Returns the step's status (200 only when it also matched). */
+static long session_step(CURL *curl, size_t i, const char *id, size_t t, char *why, size_t n)
+{
+    char path[128], key[32];
+    long status, ref_status;
+    json_t *q = json_array(), *k = json_array(), *v = json_array(), *hk = json_array(),
+           *hv = json_array();
+    json_array_append_new(q, token_row(i, t, 0));
+    json_array_append_new(k, token_row(i, t, 1));
+    json_array_append_new(v, token_row(i, t, 2));
+    double vmax = 0;
+    for (size_t s = 0; s <= t; s++) {
+        json_array_append_new(hk, token_row(i, s, 1));
+        json_array_append_new(hv, token_row(i, s, 2));
+        for (size_t j = 0; j < SESSION_WIDTH; j++)
+            vmax = fmax(vmax, fabs((double)token_value(i, s, 2, j)));
+    }
+    json_t *step = json_pack("{s:O,s:o,s:o,s:I}", "query", q, "key", k, "value", v, "expect_length",
+                             (json_int_t)t);
+    json_t *ref = json_pack("{s:o,s:o,s:o,s:i,s:s}", "query", q, "key", hk, "value", hv,
+                            "num_heads", SESSION_HEADS, "causal", "bottom_right");
+    snprintf(path, sizeof path, "/v1/sessions/%s/attention", id);
+    snprintf(key, sizeof key, "conversation-%zu", i);
+    json_t *got = post_json(curl, path, key, step, &status);
+    json_t *want = post_json(curl, "/v1/attention", NULL, ref, &ref_status);
+    double a[SESSION_WIDTH], b[SESSION_WIDTH];
+    if (status == 200) {
+        bool read = ref_status == 200 &&
+                    read_matrix(json_object_get(got, "output"), 1, SESSION_WIDTH, a) &&
+                    read_matrix(json_object_get(want, "output"), 1, SESSION_WIDTH, b);
+        double d = read ? 0 : INFINITY;
+        for (size_t j = 0; read && j < SESSION_WIDTH; j++)
+            d = fmax(d, fabs(a[j] - b[j]));
+        if (!(d <= 1e-5 * vmax)) {
+            snprintf(why, n, "step %zu of session %zu differs from /v1/attention by %g", t, i, d);
+            status = -1;
+        }
+    } else {
+        const char *code =
+            json_string_value(json_object_get(json_object_get(got, "error"), "code"));
+        snprintf(why, n, "%s", code ? code : "");
+    }
+    json_decref(got);
+    json_decref(want);
+    json_decref(step);
+    json_decref(ref);
+    return status;
+}
+
+static int sessions_mode(CURL *curl, bool after, size_t n, size_t steps, const char *file)
+{
+    char(*ids)[64] = calloc(n, sizeof *ids), why[256];
+    FILE *f = fopen(file, after ? "r" : "w");
+    long status;
+    if (!ids || !f) {
+        fprintf(stderr, "cannot open %s\n", file);
+        return 1;
+    }
+    if (after) {
+        for (size_t i = 0; i < n; i++)
+            if (fscanf(f, "%63s", ids[i]) != 1) {
+                fprintf(stderr, "%s holds fewer than %zu sessions\n", file, n);
+                return 1;
+            }
+        size_t kept = 0, evicted = 0, bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            status = session_step(curl, i, ids[i], steps, why, sizeof why);
+            if (status == 200)
+                kept++;
+            else if (status == 404 && strcmp(why, "session_evicted") == 0)
+                evicted++;
+            else {
+                bad++;
+                printf("FAIL session %zu after the loss: %ld %s\n", i, status, why);
+            }
+        }
+        report(bad == 0 && kept > 0 && evicted > 0, "sessions after a replica stopped",
+               "%zu stepped on, %zu answered session_evicted", kept, evicted);
+    } else {
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "conversation-%zu", i);
+            json_t *create =
+                json_pack("{s:i,s:i}", "num_heads", SESSION_HEADS, "head_dim", SESSION_DIM);
+            json_t *r = post_json(curl, "/v1/sessions", key, create, &status);
+            const char *id = json_string_value(json_object_get(r, "id"));
+            snprintf(ids[i], sizeof ids[i], "%s", status == 201 && id ? id : "none");
+            fprintf(f, "%s\n", ids[i]);
+            json_decref(r);
+            json_decref(create);
+        }
+        for (size_t t = 0; t < steps; t++)
+            for (size_t i = 0; i < n; i++)
+                if ((status = session_step(curl, i, ids[i], t, why, sizeof why)) != 200 &&
+                    bad++ < 5)
+                    printf("FAIL session %zu step %zu: %ld %s\n", i, t, status, why);
+        report(bad == 0, "sessions through the balancer",
+               "%zu sessions x %zu steps, each equal to /v1/attention over its history", n, steps);
+    }
+    fclose(f);
+    free(ids);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     CURL *curl;
     static const size_t shard_counts[] = {1, 2, 3, 7};
+
+    if (argc == 6 &&
+        (strcmp(argv[2], "--sessions") == 0 || strcmp(argv[2], "--sessions-after") == 0)) {
+        base_url = argv[1];
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0 || !(curl = curl_easy_init()))
+            return 1;
+        sessions_mode(curl, strcmp(argv[2], "--sessions-after") == 0,
+                      (size_t)strtoul(argv[3], NULL, 10), (size_t)strtoul(argv[4], NULL, 10),
+                      argv[5]);
+        curl_easy_cleanup(curl);
+        curl_global_cleanup();
+        printf("%d passed, %d failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
 
     if (argc != 2 || strncmp(argv[1], "http", 4) != 0) {
         fprintf(stderr, "usage: %s http://HOST:PORT\n", argv[0]);

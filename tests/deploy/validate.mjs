@@ -40,6 +40,8 @@ const HEALTH_READY = "/v2/health/ready";
 const MEMORY_HEADROOM = 512 * 2 ** 20;
 // Freed request buffers attnd keeps mapped on top of the budget (ATTND_BUFFER_CACHE_BYTES).
 const attndCache = (env) => attndSize(env.ATTND_BUFFER_CACHE_BYTES || "256MiB");
+// The KV-cache sessions' pool, a budget of its own next to ATTND_MAX_MEMORY_BYTES.
+const attndKv = (env) => attndSize(env.ATTND_KV_CACHE_BYTES || "1GiB");
 // YAML files that are not Kubernetes objects, and what they are.
 const HELM_VALUES = new Set(["deploy/k8s/prometheus-adapter/values.yaml"]);
 
@@ -277,7 +279,7 @@ async function policyChecks(label, docs) {
         const mem = guaranteed(c.resources, "attnd");
         const env = effectiveEnv(docs, c);
         const budget = attndSize(env.ATTND_MAX_MEMORY_BYTES || "4GiB");
-        assert(mem >= budget + attndCache(env) + MEMORY_HEADROOM, `memory limit ${c.resources.limits.memory} < budget ${env.ATTND_MAX_MEMORY_BYTES} + buffer cache + 512 MiB`);
+        assert(mem >= budget + attndCache(env) + attndKv(env) + MEMORY_HEADROOM, `memory limit ${c.resources.limits.memory} < budget ${env.ATTND_MAX_MEMORY_BYTES} + buffer cache + KV cache + 512 MiB`);
         const body = attndSize(env.ATTND_MAX_BODY_BYTES || "256MiB");
         assert(body <= budget, `ATTND_MAX_BODY_BYTES ${env.ATTND_MAX_BODY_BYTES} > ATTND_MAX_MEMORY_BYTES: no body that large could be admitted`);
         return `cpu ${c.resources.limits.cpu}, memory ${c.resources.limits.memory}, budget ${env.ATTND_MAX_MEMORY_BYTES}`;
@@ -638,7 +640,7 @@ await check("compose: two attnd replicas with healthchecks behind nginx, which w
         const drain = Number(s.environment.ATTND_DRAIN_TIMEOUT_S || 30);
         assert(durationSeconds(s.stop_grace_period || "10s") > drain, `${name}: stop_grace_period ${s.stop_grace_period} <= drain ${drain}s`);
         const budget = attndSize(s.environment.ATTND_MAX_MEMORY_BYTES || "4GiB");
-        assert(nginxSize(String(s.mem_limit).replace(/b$/i, "")) >= budget + attndCache(s.environment) + MEMORY_HEADROOM, `${name}: mem_limit ${s.mem_limit} < budget + buffer cache + 512 MiB`);
+        assert(nginxSize(String(s.mem_limit).replace(/b$/i, "")) >= budget + attndCache(s.environment) + attndKv(s.environment) + MEMORY_HEADROOM, `${name}: mem_limit ${s.mem_limit} < budget + buffer cache + KV cache + 512 MiB`);
         assert(Number(s.environment.ATTND_PORT || facts.port) === facts.port, `${name}: ATTND_PORT differs from the image's`);
         assert(s.stop_signal === undefined || s.stop_signal === "SIGTERM", `${name}: stop_signal ${s.stop_signal}`);
     }

@@ -1,0 +1,131 @@
+/*
+ * sessions.h - the KV-cache session registry (api_sessions in api.h) as the operations tier
+ * sees it: a session held busy by one request at a time, its shape and default step options,
+ * eviction when the pool is full, and the step operation (operation.h) that appends to a
+ * session's cache and attends over it. The routes (proto/native_sessions.c; KServe v2
+ * sequences later) read their format into these and write the replies.
+ *
+ *     api__session *s;
+ *     if (api__session_acquire(reg, id, &s, &err) != 0) return -1;   // 404s, sessions off
+ *     ... eng_kv_step(pool, s->seq, ...) ...                          // nobody else changes it
+ *     api__session_release(reg, s);                                  // length, bytes, last use
+ */
+#ifndef ATTND_API_OPS_SESSIONS_H
+#define ATTND_API_OPS_SESSIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/ops/operation.h"
+#include "api/ops/options.h"
+#include "api/ops/sdpa.h"
+
+/* "s" and 32 lower-case hex digits. */
+#define API_SESSION_ID_LEN 33
+
+/* The options a session applies to each of its steps unless the step sets its own. */
+typedef struct {
+    bool scale_set;
+    float scale, softcap;
+    api__window window;
+    bool alibi;
+    bool precision_set;
+    eng_precision precision;
+    bool causal_set;
+    api__causal causal; /* default: bottom_right */
+} api__session_opts;
+
+/* What a session is; the fields after `seq` are fixed at creation. Read them while the session
+ * is acquired (or pinned). */
+typedef struct api__session api__session;
+struct api__session {
+    char id[API_SESSION_ID_LEN + 1];
+    char name[96]; /* a KServe v2 sequence's key ("sdpa/<sequence_id>"), or "" */
+    eng_kv_seq *seq;
+    int64_t num_heads; /* query heads: a multiple of shape.num_kv_heads */
+    eng_kv_shape shape;
+    api__session_opts opts;
+    int64_t ttl_s;
+    int64_t created_s;   /* wall clock, seconds since the epoch */
+    int64_t last_used_s; /* wall clock */
+    int64_t last_used_ns;
+
+    /* The registry's, under its lock. */
+    api__session *hnext, *prev, *next; /* hash chain; creation order */
+    int refs;                          /* the registry's while live, one per ticket and acquirer */
+    bool live;                         /* findable by id */
+    bool busy;                         /* acquired by a request */
+    int64_t length;                    /* as of the last release, for GET without acquiring */
+    size_t bytes;
+    uint64_t next_ticket, serving;
+    struct api__parked *parked; /* tickets waiting for their turn, or dropped out of turn */
+    bool unordered; /* defensive: a node could not be allocated; turns are no longer kept */
+};
+
+/* Looks up `id` and makes the session this request's until api__session_release: a request
+ * that finds it busy (another, unticketed, request is using it) waits for that one to release
+ * it. 501 when reg is NULL, 404 session_not_found / session_evicted, 404 for an id that is not
+ * one (the message says so). */
+int api__session_acquire(api_sessions *reg, const char *id, api__session **out, api__error *err);
+/* Records the session's length, bytes and last use, and lets the next request have it. */
+void api__session_release(api_sessions *reg, api__session *s);
+
+/* Evicts least recently used idle sessions (not `self`, none with a ticket outstanding or
+ * acquired) until `bytes` of the pool are free or none is left; true when they are. */
+bool api__sessions_make_room(api_sessions *reg, const api__session *self, size_t bytes);
+
+/* The registry's pool, for a new sequence. */
+eng_kv_pool *api__sessions_pool(api_sessions *reg);
+/* The default TTL (--session-ttl-s). */
+int64_t api__sessions_default_ttl(const api_sessions *reg);
+/* Registers a new session around `seq` (taken over: freed on failure too) under a fresh id;
+ * the session is returned acquired. 503 when memory runs out. */
+int api__sessions_add(api_sessions *reg, eng_kv_seq *seq, int64_t num_heads,
+                      const api__session_opts *opts, int64_t ttl_s, api__session **out,
+                      api__error *err);
+/* Writes the JSON description of `s` (its fields, then length and bytes as given). */
+void api__session_describe(api_buf *w, const api__session *s, int64_t length, size_t bytes);
+/* The bytes of the pool a session of `shape` with `length` tokens references. */
+size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, int64_t length);
+
+/* The session named `name` (a v2 sequence), its id into id[API_SESSION_ID_LEN + 1]; false when
+ * there is none. */
+bool api__sessions_find_name(api_sessions *reg, const char *name, char *id);
+/* Names the acquired session `s` (the v2 sequence it serves). */
+void api__session_set_name(api_sessions *reg, api__session *s, const char *name);
+/* Ends the session `id` as its sequence ended (sequence_end, or a new sequence_start): counted
+ * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
+ * reference). No-op when there is no such session. */
+void api__sessions_end(api_sessions *reg, const char *id);
+
+/* The 501 of a route while sessions are off. */
+int api__sessions_off(api__error *err);
+
+/* ---- The step --------------------------------------------------------------------------- */
+
+/* One step of a session: a route fills r (tensors probed; options), expect_length, sets
+ * id and reg, then runs api__session_step_op. query is rank 2 [n, H*D] or rank 3 [H, n, D]
+ * (key [n, Hkv*D] / [Hkv, n, D], value likewise with Dv); either the query or key and value
+ * may be absent. check acquires the session (held until free). */
+typedef struct {
+    api__req *rq;
+    api_sessions *reg;
+    const char *id;
+    api__sdpa_req r; /* query, key, value, options; num_heads must match the session's */
+    bool expect_set;
+    int64_t expect_length;
+    bool causal_set; /* the step set causal itself */
+    bool batch_axis; /* the outputs get a leading batch axis of 1 (v2: the inputs had one) */
+
+    /* Derived by check. */
+    api__session *s;
+    int64_t H, Hkv, D, Dv, n_new, n_q, S; /* S: the length after the append */
+    api__out_shape os, ws, ls;
+    float *q, *k, *v, *out, *weights, *lse;
+    eng_sdpa_args args;
+    int64_t length; /* after run */
+} api__session_step;
+
+extern const api__op api__session_step_op;
+
+#endif

@@ -1,0 +1,593 @@
+/*
+ * native_sessions.c - the native routes of KV-cache sessions that carry a body (api.h):
+ * POST /v1/sessions, /v1/sessions/{id}/attention, /truncate and /fork. The registry, the cheap
+ * GET and DELETE routes and the step operation are ops/sessions.c; this file reads the native
+ * format into them and writes the replies, through the one driver (serve.h).
+ *
+ * POST /v1/sessions
+ *   num_heads, head_dim    required: query heads H and their size D
+ *   num_kv_heads           Hkv (default H; H a multiple of it); value_head_dim Dv (default D)
+ *   cache_dtype            "float32" (default) | "bfloat16" | "float16": how K and V are kept
+ *   max_tokens             a cap on the length (default: only --kv-cache-bytes)
+ *   ttl_s                  idle expiry in seconds (default --session-ttl-s; 0: none)
+ *   scale, softcap, precision, causal, window, alibi (true/false)
+ *                          defaults of every step, which a step may override
+ * POST /v1/sessions/{id}/attention
+ *   query                  the new queries, [n, H*D] or [H, n, D]; absent: append only
+ *   key, value             the new tokens' rows, [n, Hkv*D] / [Hkv, n, D] (value with Dv),
+ *                          appended first; absent: attend only
+ *   expect_length          the length the step expects before it appends: else 409
+ *   scale, softcap, precision, causal (default bottom_right: the queries are the last
+ *   positions), query_offset, window, alibi, return_weights, return_lse, output_encoding,
+ *   output_dtype, timeout_ms, num_heads / num_kv_heads (must match) as on /v1/attention
+ * POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}
+ * POST /v1/sessions/{id}/fork {"ttl_s"?}; the body may be empty
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/ops/sessions.h"
+#include "api/proto/native.h"
+#include "api/wire/reply.h"
+#include "api/wire/timeout.h"
+
+/* ---- Shared ------------------------------------------------------------------------------ */
+
+/* Sessions off: every route answers 501 (api__sessions_off) before reading the body. */
+static int check_on(const api__req *rq, api__error *err)
+{
+    return rq->call->sessions ? 0 : api__sessions_off(err);
+}
+
+static int f_window_into(const json_t *v, const char *name, api__window *w, api__error *err)
+{
+    return api__option_window(v, name, w, err);
+}
+
+static int read_ttl(const json_t *v, const char *name, int64_t *ttl, api__error *err)
+{
+    return api__option_int(v, name, 0, INT64_C(1) << 31, ttl, err);
+}
+
+/* The 201 of a new session: its description and its Location. */
+static int reply_created(const api__session *s, api_buf *w, api_reply *reply, api__error *err)
+{
+    api__session_describe(w, s, eng_kv_seq_length(s->seq), s->bytes);
+    api_buf_char(w, '\n');
+    if (api__native_reply(w, reply, err) != 0)
+        return -1;
+    reply->status = api_status_http(API_ERRORS_NATIVE, API_STATUS_CREATED);
+    snprintf(reply->location, sizeof reply->location, "/v1/sessions/%s", s->id);
+    return 0;
+}
+
+static bool no_tensors(void *job, size_t *tensors, size_t *scratch, size_t *text)
+{
+    (void)job;
+    *tensors = *scratch = 0;
+    *text = 4096;
+    return true;
+}
+
+static int no_decode(void *job, api__error *err)
+{
+    (void)err;
+    api__req_parse_done(job); /* the job starts with its api__req */
+    return 0;
+}
+
+/* ---- POST /v1/sessions -------------------------------------------------------------------- */
+
+typedef struct {
+    api__req rq;
+    api__sdpa_req o; /* the step options read through api__sdpa_options */
+    int64_t head_dim, value_head_dim, max_tokens, ttl_s;
+    bool ttl_set, alibi, causal_set, window_set;
+    api__window window;
+    eng_dtype dtype;
+    api__session *s; /* acquired, once created */
+    api_sessions *reg;
+} create_job;
+
+static int c_head_dim(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, 65536, &((create_job *)jp)->head_dim, err);
+}
+
+static int c_value_head_dim(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, 65536, &((create_job *)jp)->value_head_dim, err);
+}
+
+static int c_max_tokens(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_int(v, name, 1, INT64_C(1) << 40, &((create_job *)jp)->max_tokens, err);
+}
+
+static int c_ttl_s(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    create_job *job = jp;
+    job->ttl_set = true;
+    return read_ttl(v, name, &job->ttl_s, err);
+}
+
+static int c_cache_dtype(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    create_job *job = jp;
+    const char *s = json_string_value(v);
+    if (s && strcmp(s, "float32") == 0)
+        job->dtype = ENG_DTYPE_F32;
+    else if (s && strcmp(s, "bfloat16") == 0)
+        job->dtype = ENG_DTYPE_BF16;
+    else if (s && strcmp(s, "float16") == 0)
+        job->dtype = ENG_DTYPE_F16;
+    else
+        return api__error_invalid(err, name, "%s must be \"float32\", \"bfloat16\" or \"float16\"",
+                                  name);
+    return 0;
+}
+
+static int c_window(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    create_job *job = jp;
+    return f_window_into(v, name, &job->window, err);
+}
+
+static int c_alibi(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    return api__option_bool(v, name, &((create_job *)jp)->alibi, err);
+}
+
+static int c_model(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    (void)jp;
+    (void)v;
+    return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, name,
+                          "sessions of a layer (\"model\") are not served yet: create the "
+                          "session by its shape and attend with projected q/k/v");
+}
+
+static const api__native_field create_fields[] = {
+    {"head_dim", c_head_dim},
+    {"value_head_dim", c_value_head_dim},
+    {"max_tokens", c_max_tokens},
+    {"ttl_s", c_ttl_s},
+    {"cache_dtype", c_cache_dtype},
+    {"window", c_window},
+    {"alibi", c_alibi},
+    {"model", c_model},
+};
+
+static int create_parse(void *p, api__error *err)
+{
+    create_job *job = p;
+    job->reg = job->rq.call->sessions;
+    job->o.causal = API_CAUSAL_UNSET; /* "not given" until the options say otherwise */
+    if (api__native_fields(job, &job->o, create_fields,
+                           sizeof create_fields / sizeof create_fields[0], api__sdpa_options,
+                           api__sdpa_n_options, "/v1/sessions", err) != 0)
+        return -1;
+    if (!job->o.num_heads)
+        return api__error_invalid(err, "num_heads", "num_heads is required");
+    if (!job->head_dim)
+        return api__error_invalid(err, "head_dim", "head_dim is required");
+    if (job->o.num_heads > 65536)
+        return api__error_invalid(err, "num_heads", "num_heads must be at most 65536");
+    if (job->o.num_kv_heads && job->o.num_heads % job->o.num_kv_heads != 0)
+        return api__error_invalid(err, "num_kv_heads",
+                                  "%lld query heads cannot be shared among %lld key/value heads: "
+                                  "num_heads must be a multiple of num_kv_heads",
+                                  (long long)job->o.num_heads, (long long)job->o.num_kv_heads);
+    if (job->o.offset_set)
+        return api__error_invalid(err, "query_offset",
+                                  "query_offset is a step's own; a session's steps sit at its end");
+    return 0;
+}
+
+static int create_compute(void *p, int64_t *compute_ns, api__error *err)
+{
+    create_job *job = p;
+    eng_error e;
+    int64_t t0 = eng_now_ns();
+    eng_kv_shape shape = {
+        .num_kv_heads = job->o.num_kv_heads ? job->o.num_kv_heads : job->o.num_heads,
+        .head_dim = job->head_dim,
+        .value_head_dim = job->value_head_dim,
+        .dtype = job->dtype,
+        .max_tokens = job->max_tokens,
+    };
+    api__session_opts opts = {
+        .scale_set = job->o.scale_set,
+        .scale = job->o.scale,
+        .softcap = job->o.softcap,
+        .window = job->window,
+        .alibi = job->alibi,
+        .precision_set = job->o.precision_set,
+        .precision = job->o.precision,
+        .causal_set = job->o.causal != API_CAUSAL_UNSET,
+        .causal = job->o.causal != API_CAUSAL_UNSET ? job->o.causal : API_CAUSAL_ON,
+    };
+    memset(&e, 0, sizeof e);
+    eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(job->reg), &shape, &e);
+    if (!seq) {
+        if (e.status == ENG_ETOOBIG)
+            return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
+                                  "one block of this session could never fit the KV cache "
+                                  "(--kv-cache-bytes): %s",
+                                  e.message);
+        return api__req_engine_error(&job->rq, e.status, &e, e.field[0] ? e.field : NULL, err);
+    }
+    int64_t ttl = job->ttl_set ? job->ttl_s : api__sessions_default_ttl(job->reg);
+    if (api__sessions_add(job->reg, seq, job->o.num_heads, &opts, ttl, &job->s, err) != 0)
+        return -1;
+    *compute_ns = eng_now_ns() - t0;
+    return 0;
+}
+
+static int create_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
+{
+    create_job *job = p;
+    return reply_created(job->s, w, reply, err);
+}
+
+static void create_free(void *p)
+{
+    create_job *job = p;
+    if (job->s)
+        api__session_release(job->reg, job->s);
+    job->s = NULL;
+}
+
+static int create_read(void *p, api__error *err)
+{
+    create_job *job = p;
+    return check_on(&job->rq, err) != 0 ? -1 : api__native_read(p, err);
+}
+
+static const api__route create_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = create_read,
+    .parse = create_parse,
+    .size = no_tensors,
+    .decode = no_decode,
+    .compute = create_compute,
+    .encode = create_encode,
+    .free = create_free,
+};
+
+void api_sessions_create(const api_call *call, api_reply *reply)
+{
+    create_job *job = calloc(1, sizeof *job);
+    api__serve(&create_steps, job, call, reply);
+    free(job);
+}
+
+/* ---- POST /v1/sessions/{id}/attention ---------------------------------------------------- */
+
+typedef struct {
+    api__native_job head; /* first */
+    api__session_step st;
+    bool encoding_set;
+    api__form encoding;
+} step_job;
+
+_Static_assert(offsetof(step_job, head) == 0, "api__serve takes the job for its api__req");
+
+static int s_tensor(step_job *job, const json_t *v, const char *name, api__tensor *t, bool *has,
+                    api__error *err)
+{
+    return api__req_tensor(&job->head.rq, v, name, t, has, err);
+}
+
+static int s_query(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return s_tensor(job, v, name, &job->st.r.q, &job->st.r.has_q, err);
+}
+
+static int s_key(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return s_tensor(job, v, name, &job->st.r.k, &job->st.r.has_k, err);
+}
+
+static int s_value(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return s_tensor(job, v, name, &job->st.r.v, &job->st.r.has_v, err);
+}
+
+static int s_expect_length(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    job->st.expect_set = true;
+    return api__option_int(v, name, 0, INT64_C(1) << 40, &job->st.expect_length, err);
+}
+
+static int s_window(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return f_window_into(v, name, &job->st.r.window, err);
+}
+
+static int s_alibi(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return api__option_bool(v, name, &job->st.r.alibi, err);
+}
+
+static int s_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return api__option_weights(v, name, &job->st.r.weights, err);
+}
+
+static int s_return_lse(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return api__option_bool(v, name, &job->st.r.return_lse, err);
+}
+
+static int s_output_encoding(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
+}
+
+static int s_output_dtype(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    eng_precision p = ENG_PRECISION_FLOAT32;
+    if (api__option_precision(v, name, &p, err) != 0)
+        return -1;
+    job->head.bf16_out = p == ENG_PRECISION_BFLOAT16;
+    return 0;
+}
+
+static const api__native_field step_fields[] = {
+    {"query", s_query},
+    {"key", s_key},
+    {"value", s_value},
+    {"expect_length", s_expect_length},
+    {"window", s_window},
+    {"alibi", s_alibi},
+    {"return_weights", s_return_weights},
+    {"return_lse", s_return_lse},
+    {"output_encoding", s_output_encoding},
+    {"output_dtype", s_output_dtype},
+};
+
+static int step_read(void *p, api__error *err)
+{
+    step_job *job = p;
+    return check_on(&job->head.rq, err) != 0 ? -1 : api__native_read(p, err);
+}
+
+static int step_parse(void *p, api__error *err)
+{
+    step_job *job = p;
+    api__session_step *st = &job->st;
+    st->r.causal = API_CAUSAL_UNSET;
+    if (api__native_fields(job, &st->r, step_fields, sizeof step_fields / sizeof step_fields[0],
+                           api__sdpa_options, api__sdpa_n_options, "/v1/sessions/{id}/attention",
+                           err) != 0)
+        return -1;
+    st->causal_set = st->r.causal != API_CAUSAL_UNSET;
+    if (!st->causal_set)
+        st->r.causal = API_CAUSAL_ON;
+    if (st->r.offset_set &&
+        (st->r.causal == API_CAUSAL_TOP_LEFT || st->r.causal == API_CAUSAL_BOTTOM_RIGHT))
+        return api__error_invalid(err, "query_offset",
+                                  "query_offset conflicts with an explicit causal alignment");
+    job->head.form = job->encoding_set ? job->encoding : st->r.q.form;
+    return job->head.op->check(job->head.state, err);
+}
+
+static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
+{
+    step_job *job = p;
+    const api__session_step *st = &job->st;
+    if (api__native_outputs(&job->head, w, err) != 0)
+        return -1;
+    if (st->r.has_q)
+        api_buf_char(w, ',');
+    api_buf_printf(w,
+                   "\"length\":%lld,\"meta\":{\"session\":\"%s\",\"appended\":%lld,"
+                   "\"query_len\":%lld,\"key_len\":%lld,\"num_heads\":%lld,"
+                   "\"num_kv_heads\":%lld,\"head_dim\":%lld,\"value_head_dim\":%lld",
+                   (long long)st->length, st->s->id, (long long)st->n_new, (long long)st->n_q,
+                   (long long)st->S, (long long)st->H, (long long)st->Hkv, (long long)st->D,
+                   (long long)st->Dv);
+    if (st->r.has_q)
+        api_buf_printf(w, ",\"precision\":\"%s\"",
+                       api__precision_name(eng_sdpa_precision(&st->args)));
+    api_buf_printf(w, ",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n", (double)reply->decode_ns / 1e6,
+                   (double)reply->compute_ns / 1e6);
+    return api__native_reply(w, reply, err);
+}
+
+static const api__route step_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = step_read,
+    .parse = step_parse,
+    .size = api__native_size,
+    .decode = api__native_decode,
+    .compute = api__native_compute,
+    .encode = step_encode,
+    .inferences = api__native_inferences,
+    .free = api__native_free,
+};
+
+void api_session_attention(const api_call *call, api_reply *reply)
+{
+    step_job *job = calloc(1, sizeof *job);
+    if (job) {
+        job->head.op = &api__session_step_op;
+        job->head.state = &job->st;
+        job->st.rq = &job->head.rq;
+        job->st.reg = call->sessions;
+        job->st.id = call->session;
+    }
+    api__serve(&step_steps, job, call, reply);
+    free(job);
+}
+
+/* ---- POST /v1/sessions/{id}/truncate and /fork ------------------------------------------- */
+
+typedef struct {
+    api__req rq;
+    bool fork;
+    bool length_set, expect_set, ttl_set;
+    int64_t length, expect_length, ttl_s;
+    api__session *s, *child; /* acquired */
+    int64_t new_length;
+} edit_job;
+
+static int e_length(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    edit_job *job = jp;
+    job->length_set = true;
+    return api__option_int(v, name, 0, INT64_C(1) << 40, &job->length, err);
+}
+
+static int e_expect_length(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    edit_job *job = jp;
+    job->expect_set = true;
+    return api__option_int(v, name, 0, INT64_C(1) << 40, &job->expect_length, err);
+}
+
+static int e_ttl_s(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    edit_job *job = jp;
+    job->ttl_set = true;
+    return read_ttl(v, name, &job->ttl_s, err);
+}
+
+static const api__native_field truncate_fields[] = {
+    {"length", e_length},
+    {"expect_length", e_expect_length},
+};
+
+static const api__native_field fork_fields[] = {
+    {"ttl_s", e_ttl_s},
+    {"expect_length", e_expect_length},
+};
+
+static int edit_read(void *p, api__error *err)
+{
+    edit_job *job = p;
+    if (check_on(&job->rq, err) != 0)
+        return -1;
+    if (job->fork && job->rq.call->body_len == 0)
+        return api__req_check_ctl(&job->rq, err); /* a fork may have no body */
+    return api__native_read(p, err);
+}
+
+static int edit_parse(void *p, api__error *err)
+{
+    edit_job *job = p;
+    if (!job->rq.body.root)
+        return 0;
+    if (!json_is_object(job->rq.body.root))
+        return api__error_invalid(err, NULL, "the body must be a JSON object");
+    const api__native_field *fields = job->fork ? fork_fields : truncate_fields;
+    size_t n = job->fork ? sizeof fork_fields / sizeof fork_fields[0]
+                         : sizeof truncate_fields / sizeof truncate_fields[0];
+    if (api__native_fields(job, NULL, fields, n, NULL, 0,
+                           job->fork ? "/v1/sessions/{id}/fork" : "/v1/sessions/{id}/truncate",
+                           err) != 0)
+        return -1;
+    if (!job->fork && !job->length_set)
+        return api__error_invalid(err, "length", "length is required");
+    return 0;
+}
+
+static int edit_compute(void *p, int64_t *compute_ns, api__error *err)
+{
+    edit_job *job = p;
+    api_sessions *reg = job->rq.call->sessions;
+    eng_error e;
+    int64_t t0 = eng_now_ns();
+    if (api__session_acquire(reg, job->rq.call->session, &job->s, err) != 0)
+        return -1;
+    int64_t length = eng_kv_seq_length(job->s->seq);
+    if (job->expect_set && job->expect_length != length)
+        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
+                              "the session holds %lld tokens but the request expects %lld",
+                              (long long)length, (long long)job->expect_length);
+    memset(&e, 0, sizeof e);
+    if (!job->fork) {
+        if (job->length > length)
+            return api__error_invalid(err, "length",
+                                      "length is %lld but the session holds only %lld tokens",
+                                      (long long)job->length, (long long)length);
+        if (eng_kv_seq_truncate(job->s->seq, job->length, &e) != ENG_OK)
+            return api__req_engine_error(&job->rq, e.status, &e, "length", err);
+        *compute_ns = eng_now_ns() - t0;
+        return 0;
+    }
+    eng_kv_seq *seq = eng_kv_seq_fork(job->s->seq, &e);
+    if (!seq)
+        return api__req_engine_error(&job->rq, e.status, &e, NULL, err);
+    int64_t ttl = job->ttl_set ? job->ttl_s : job->s->ttl_s;
+    if (api__sessions_add(reg, seq, job->s->num_heads, &job->s->opts, ttl, &job->child, err) != 0)
+        return -1;
+    *compute_ns = eng_now_ns() - t0;
+    return 0;
+}
+
+static int edit_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
+{
+    edit_job *job = p;
+    if (job->fork)
+        return reply_created(job->child, w, reply, err);
+    api_sessions *reg = job->rq.call->sessions;
+    int64_t length = eng_kv_seq_length(job->s->seq);
+    api__session_describe(w, job->s, length, api__session_bytes(reg, &job->s->shape, length));
+    api_buf_char(w, '\n');
+    return api__native_reply(w, reply, err);
+}
+
+static void edit_free(void *p)
+{
+    edit_job *job = p;
+    api_sessions *reg = job->rq.call->sessions;
+    if (job->child)
+        api__session_release(reg, job->child);
+    if (job->s)
+        api__session_release(reg, job->s);
+    job->child = job->s = NULL;
+}
+
+static const api__route edit_steps = {
+    .style = API_ERRORS_NATIVE,
+    .read = edit_read,
+    .parse = edit_parse,
+    .size = no_tensors,
+    .decode = no_decode,
+    .compute = edit_compute,
+    .encode = edit_encode,
+    .free = edit_free,
+};
+
+static void edit(const api_call *call, api_reply *reply, bool fork)
+{
+    edit_job *job = calloc(1, sizeof *job);
+    if (job)
+        job->fork = fork;
+    api__serve(&edit_steps, job, call, reply);
+    free(job);
+}
+
+void api_session_truncate(const api_call *call, api_reply *reply)
+{
+    edit(call, reply, false);
+}
+
+void api_session_fork(const api_call *call, api_reply *reply)
+{
+    edit(call, reply, true);
+}
