@@ -201,14 +201,14 @@ typedef enum { ENG_DTYPE_F32 = 0, ENG_DTYPE_F16, ENG_DTYPE_BF16 } eng_dtype;
 
 /* A rank-4 fp32 view [n0, n1, n2, n3] with strides in elements (not bytes), so that [B,L,H,D]
  * memory is viewed as [B,H,L,D] without a copy. For the SDPA operands rows are contiguous
- * (nb[3] = 1), the row stride nb[2] is at least the row length (it is BLAS's leading
+ * (stride[3] = 1), the row stride stride[2] is at least the row length (it is BLAS's leading
  * dimension), and the batch and head strides may be any non-negative value: 0 broadcasts one
  * batch or head of the inputs (never of the output). eng_sdpa's q, k and v may instead be
  * bfloat16: the view then gives their shape and strides, and eng_sdpa_args their data. */
 typedef struct {
     float *data;
     int64_t ne[4];
-    int64_t nb[4];
+    int64_t stride[4];
 } eng_view;
 
 /* A contiguous row-major view of `data` with shape [n0,n1,n2,n3]. */
@@ -229,12 +229,12 @@ typedef enum {
 } eng_mask_kind;
 
 /* An attention mask broadcast to [B, H, L, S]: each ne[i] is 1 or the full dimension, and
- * nb[i] is the stride in elements (ignored where ne[i] is 1). */
+ * stride[i] is the stride in elements (ignored where ne[i] is 1). */
 typedef struct {
     eng_mask_kind kind;
     const void *data;
     int64_t ne[4];
-    int64_t nb[4];
+    int64_t stride[4];
 } eng_mask;
 
 typedef enum {
@@ -565,7 +565,7 @@ typedef struct {
     eng_dtype dtype;
     const void *data;
     int64_t ne[4];
-    int64_t nb[4];
+    int64_t stride[4];
 } eng_kv_rows;
 
 /* The float32 rows of an eng_view. */

@@ -263,7 +263,7 @@ eng_kv_rows eng_kv_rows_f32(eng_view view)
 {
     eng_kv_rows r = {.dtype = ENG_DTYPE_F32, .data = view.data};
     memcpy(r.ne, view.ne, sizeof r.ne);
-    memcpy(r.nb, view.nb, sizeof r.nb);
+    memcpy(r.stride, view.stride, sizeof r.stride);
     return r;
 }
 
@@ -284,13 +284,13 @@ static eng_status check_rows(const eng_kv_rows *r, const char *name, int64_t hea
     int64_t last = 0;
     for (int d = 0; d < 4; d++) {
         int64_t span;
-        if (r->nb[d] < 0)
+        if (r->stride[d] < 0)
             return eng__fail(err, ENG_EINVAL, name, "%s stride %d is negative", name, d);
-        if (__builtin_mul_overflow(r->ne[d] - 1, r->nb[d], &span) ||
+        if (__builtin_mul_overflow(r->ne[d] - 1, r->stride[d], &span) ||
             __builtin_add_overflow(last, span, &last))
             return eng__fail(err, ENG_ETOOBIG, name, "%s spans more than 2^63 elements", name);
     }
-    if (r->nb[3] != 1)
+    if (r->stride[3] != 1)
         return eng__fail(err, ENG_EINVAL, name, "%s rows must be contiguous (stride 1)", name);
     if ((uint64_t)last >= SIZE_MAX / sizeof(float))
         return eng__fail(err, ENG_ETOOBIG, name, "%s is larger than memory", name);
@@ -333,7 +333,7 @@ static void write_rows(eng_kv_seq *seq, const eng_kv_rows *in, bool values)
             char *block = seq->blocks[pos / T];
             size_t at = (size_t)((values ? heads * T * D : 0) + (h * T + t) * width);
             const char *src =
-                (const char *)in->data + (size_t)(h * in->nb[1] + i * in->nb[2]) * in_elem;
+                (const char *)in->data + (size_t)(h * in->stride[1] + i * in->stride[2]) * in_elem;
             convert_row(block + at * seq->elem, seq->shape.dtype, src, in->dtype, width);
         }
 }

@@ -92,30 +92,30 @@ typedef struct {
 eng_view eng_view_contiguous(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t n3)
 {
     eng_view v = {.data = data, .ne = {n0, n1, n2, n3}};
-    v.nb[3] = 1;
-    v.nb[2] = n3;
-    v.nb[1] = n3 * n2;
-    v.nb[0] = n3 * n2 * n1;
+    v.stride[3] = 1;
+    v.stride[2] = n3;
+    v.stride[1] = n3 * n2;
+    v.stride[0] = n3 * n2 * n1;
     return v;
 }
 
 static inline float *row_ptr(const eng_view *v, int64_t b, int64_t h, int64_t i)
 {
-    return v->data + b * v->nb[0] + h * v->nb[1] + i * v->nb[2];
+    return v->data + b * v->stride[0] + h * v->stride[1] + i * v->stride[2];
 }
 
 /* The same for the bfloat16 data of view v (eng_sdpa_args q16, k16, v16). */
 static inline const uint16_t *row_ptr16(const uint16_t *data, const eng_view *v, int64_t b,
                                         int64_t h, int64_t i)
 {
-    return data + b * v->nb[0] + h * v->nb[1] + i * v->nb[2];
+    return data + b * v->stride[0] + h * v->stride[1] + i * v->stride[2];
 }
 
 /* The leading dimension to hand BLAS: the row stride, or the row length for a single row
  * (whose stride is never used and may be anything). */
 static inline int ld_of(const eng_view *v)
 {
-    return (int)(v->ne[2] > 1 ? v->nb[2] : v->ne[3]);
+    return (int)(v->ne[2] > 1 ? v->stride[2] : v->ne[3]);
 }
 
 /* ---- Validation -------------------------------------------------------------------------------
@@ -134,23 +134,23 @@ static eng_status check_view(const eng_view *v, const void *data, const char *na
             return eng__fail(err, ENG_ETOOBIG, name,
                              "%s dimension %d is %lld; BLAS accepts at most %d", name, d,
                              (long long)v->ne[d], INT_MAX);
-        if (v->nb[d] < 0)
+        if (v->stride[d] < 0)
             return eng__fail(err, ENG_EINVAL, name, "%s stride %d is negative", name, d);
     }
-    if (v->nb[3] != 1)
+    if (v->stride[3] != 1)
         return eng__fail(err, ENG_EINVAL, name, "%s rows must be contiguous (stride 1)", name);
-    if (v->ne[2] > 1 && v->nb[2] > INT_MAX)
+    if (v->ne[2] > 1 && v->stride[2] > INT_MAX)
         return eng__fail(err, ENG_ETOOBIG, name, "%s row stride %lld is beyond BLAS's %d", name,
-                         (long long)v->nb[2], INT_MAX);
-    if (v->ne[2] > 1 && v->nb[2] < v->ne[3])
+                         (long long)v->stride[2], INT_MAX);
+    if (v->ne[2] > 1 && v->stride[2] < v->ne[3])
         return eng__fail(err, ENG_EINVAL, name,
                          "%s row stride %lld is below the row length %lld (rows may not overlap)",
-                         name, (long long)v->nb[2], (long long)v->ne[3]);
+                         name, (long long)v->stride[2], (long long)v->ne[3]);
     /* The farthest element must be addressable. */
     int64_t last = 0;
     for (int d = 0; d < 4; d++) {
         int64_t span;
-        if (__builtin_mul_overflow(v->ne[d] - 1, v->nb[d], &span) ||
+        if (__builtin_mul_overflow(v->ne[d] - 1, v->stride[d], &span) ||
             __builtin_add_overflow(last, span, &last))
             return eng__fail(err, ENG_ETOOBIG, name, "%s spans more than 2^63 elements", name);
     }
@@ -176,7 +176,7 @@ static eng_status check_shapes(const eng_sdpa_args *a, eng_error *err)
         (st = check_view(&a->out, a->out.data, "out", err)))
         return st;
     for (int d = 0; d < 2; d++) /* tasks write their own rows: out may not broadcast */
-        if (a->out.ne[d] > 1 && a->out.nb[d] == 0)
+        if (a->out.ne[d] > 1 && a->out.stride[d] == 0)
             return eng__fail(err, ENG_EINVAL, "out", "out stride %d is 0: rows would collide", d);
     const int64_t *q = a->q.ne, *k = a->k.ne, *v = a->v.ne, *o = a->out.ne;
     if (k[0] != q[0] || v[0] != q[0])
@@ -221,10 +221,10 @@ static eng_status check_mask(const eng_sdpa_args *a, eng_error *err)
             return eng__fail(err, ENG_EINVAL, "attn_mask",
                              "attn_mask dimension %d is %lld; must be 1 or %s = %lld", d,
                              (long long)m->ne[d], axis[d], (long long)full[d]);
-        if (m->nb[d] < 0)
+        if (m->stride[d] < 0)
             return eng__fail(err, ENG_EINVAL, "attn_mask", "attn_mask stride %d is negative", d);
         int64_t span;
-        if (__builtin_mul_overflow(m->ne[d] - 1, m->nb[d], &span) ||
+        if (__builtin_mul_overflow(m->ne[d] - 1, m->stride[d], &span) ||
             __builtin_add_overflow(last, span, &last))
             return eng__fail(err, ENG_ETOOBIG, "attn_mask", "attn_mask spans too much memory");
     }
@@ -702,8 +702,8 @@ static void apply_attn_mask(const plan *p, int64_t b, int64_t h, int64_t i0, int
                             int64_t j0, int64_t cols, float *s)
 {
     const eng_mask *m = &p->a->attn_mask;
-    int64_t base = (m->ne[0] > 1 ? b * m->nb[0] : 0) + (m->ne[1] > 1 ? h * m->nb[1] : 0);
-    int64_t rs = m->ne[2] > 1 ? m->nb[2] : 0, cs = m->ne[3] > 1 ? m->nb[3] : 0;
+    int64_t base = (m->ne[0] > 1 ? b * m->stride[0] : 0) + (m->ne[1] > 1 ? h * m->stride[1] : 0);
+    int64_t rs = m->ne[2] > 1 ? m->stride[2] : 0, cs = m->ne[3] > 1 ? m->stride[3] : 0;
     for (int64_t r = 0; r < rows; r++) {
         float *row = s + r * cols;
         int64_t at = base + (i0 + r) * rs + j0 * cs;

@@ -54,7 +54,7 @@ eng_mask api__mask_view(const api__tensor *m, const void *data)
         em.ne[4 - m->rank + d] = m->shape[d];
     int64_t stride = 1;
     for (int d = 3; d >= 0; d--) {
-        em.nb[d] = stride;
+        em.stride[d] = stride;
         stride *= em.ne[d];
     }
     return em;

@@ -113,7 +113,7 @@ static void rows_make(new_rows *r, const float *x, int64_t Hkv, int64_t n, int64
     r->rows = (eng_kv_rows){.dtype = in,
                             .data = r->data,
                             .ne = {1, Hkv, n, width},
-                            .nb = {n * Hkv * width, width, Hkv * width, 1}};
+                            .stride = {n * Hkv * width, width, Hkv * width, 1}};
 }
 
 /* Draws n tokens' K and V (uniform in +-1), turns them into rows of dtype `in`, and records
@@ -171,10 +171,10 @@ static void history_views(const hist *h, bool given, eng_sdpa_args *a)
 {
     a->k = (eng_view){.data = given ? h->k0 : h->k,
                       .ne = {1, h->Hkv, h->len, h->D},
-                      .nb = {h->Hkv * h->cap * h->D, h->cap * h->D, h->D, 1}};
+                      .stride = {h->Hkv * h->cap * h->D, h->cap * h->D, h->D, 1}};
     a->v = (eng_view){.data = given ? h->v0 : h->v,
                       .ne = {1, h->Hkv, h->len, h->Dv},
-                      .nb = {h->Hkv * h->cap * h->Dv, h->cap * h->Dv, h->Dv, 1}};
+                      .stride = {h->Hkv * h->cap * h->Dv, h->cap * h->Dv, h->Dv, 1}};
 }
 
 /* A query of L rows and H heads with its output, LSE and (when asked) weights buffers. */
@@ -446,8 +446,10 @@ static void test_step_options(void)
                 name = "key padding, kv_lengths";
                 break;
             case 8:
-                qq.a.attn_mask = (eng_mask){
-                    .kind = ENG_MASK_BOOL, .data = mask, .ne = {1, 1, L, S}, .nb = {0, 0, S, 1}};
+                qq.a.attn_mask = (eng_mask){.kind = ENG_MASK_BOOL,
+                                            .data = mask,
+                                            .ne = {1, 1, L, S},
+                                            .stride = {0, 0, S, 1}};
                 name = "bool mask";
                 break;
             case 0:
@@ -798,7 +800,7 @@ static void test_rejects_bad_arguments(void)
     wrong.ne[2] = 3;
     CHECK(eng_kv_seq_append(h.seq, &k.rows, &wrong, &err) == ENG_EINVAL);
     wrong = k.rows;
-    wrong.nb[3] = 2;
+    wrong.stride[3] = 2;
     CHECK(eng_kv_seq_append(h.seq, &wrong, &v.rows, &err) == ENG_EINVAL);
     wrong = k.rows;
     wrong.data = NULL;

@@ -177,10 +177,10 @@ static void *mask_make(eng_mask *m, eng_mask_kind kind, int64_t n0, int64_t n1, 
     memset(m, 0, sizeof *m);
     m->kind = kind;
     m->ne[0] = n0, m->ne[1] = n1, m->ne[2] = n2, m->ne[3] = n3;
-    m->nb[3] = 1;
-    m->nb[2] = n3;
-    m->nb[1] = n2 * n3;
-    m->nb[0] = n1 * n2 * n3;
+    m->stride[3] = 1;
+    m->stride[2] = n3;
+    m->stride[1] = n2 * n3;
+    m->stride[0] = n1 * n2 * n3;
     size_t n = (size_t)(n0 * n1 * n2 * n3);
     void *data;
     if (kind == ENG_MASK_BOOL) {

@@ -88,7 +88,7 @@ static eng_view view_of(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t
 
 static float *view_ptr(const eng_view *v, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
 {
-    return v->data + i0 * v->nb[0] + i1 * v->nb[1] + i2 * v->nb[2] + i3 * v->nb[3];
+    return v->data + i0 * v->stride[0] + i1 * v->stride[1] + i2 * v->stride[2] + i3 * v->stride[3];
 }
 
 static void view_fill(const eng_view *v, float x)
@@ -250,7 +250,7 @@ static void problem_mask(problem *p, eng_mask_kind kind, const int64_t ne[4], do
     int64_t stride = 1;
     for (int d = 3; d >= 0; d--) {
         m->ne[d] = ne[d];
-        m->nb[d] = ne[d] == 1 ? BOGUS_STRIDE : stride;
+        m->stride[d] = ne[d] == 1 ? BOGUS_STRIDE : stride;
         stride *= ne[d];
     }
 }
@@ -341,12 +341,12 @@ static void describe(const problem *p, char *buf, size_t n)
             appendf(buf, n, "%s%lld", b ? "," : "", (long long)a->kv_lengths[b]);
     }
     if (a->attn_mask.kind != ENG_MASK_NONE)
-        appendf(buf, n, " %s_mask[%lld,%lld,%lld,%lld] nb=[%lld,%lld,%lld,%lld]",
+        appendf(buf, n, " %s_mask[%lld,%lld,%lld,%lld] stride=[%lld,%lld,%lld,%lld]",
                 a->attn_mask.kind == ENG_MASK_BOOL ? "bool" : "float",
                 (long long)a->attn_mask.ne[0], (long long)a->attn_mask.ne[1],
                 (long long)a->attn_mask.ne[2], (long long)a->attn_mask.ne[3],
-                (long long)a->attn_mask.nb[0], (long long)a->attn_mask.nb[1],
-                (long long)a->attn_mask.nb[2], (long long)a->attn_mask.nb[3]);
+                (long long)a->attn_mask.stride[0], (long long)a->attn_mask.stride[1],
+                (long long)a->attn_mask.stride[2], (long long)a->attn_mask.stride[3]);
     if (a->alibi)
         appendf(buf, n, " alibi(%s)", a->alibi_slopes ? "explicit" : "default");
     if (a->additive_w_q)
@@ -719,10 +719,10 @@ static void test_view_contiguous_strides(void)
     CHECK_EQ_INT(v.ne[1], 3);
     CHECK_EQ_INT(v.ne[2], 5);
     CHECK_EQ_INT(v.ne[3], 7);
-    CHECK_EQ_INT(v.nb[0], 105);
-    CHECK_EQ_INT(v.nb[1], 35);
-    CHECK_EQ_INT(v.nb[2], 7);
-    CHECK_EQ_INT(v.nb[3], 1);
+    CHECK_EQ_INT(v.stride[0], 105);
+    CHECK_EQ_INT(v.stride[1], 35);
+    CHECK_EQ_INT(v.stride[2], 7);
+    CHECK_EQ_INT(v.stride[3], 1);
 }
 
 static void test_alibi_default_slopes_match_formula(void)
@@ -808,11 +808,11 @@ static void test_attn_mask_strided(void)
             }
             p.a.attn_mask.data = p.mask;
             if (layout == 0) { /* transposed: element (i, j) at j * L + i */
-                p.a.attn_mask.nb[2] = 1;
-                p.a.attn_mask.nb[3] = L;
+                p.a.attn_mask.stride[2] = 1;
+                p.a.attn_mask.stride[3] = L;
             } else { /* padded rows */
-                p.a.attn_mask.nb[2] = S + 7;
-                p.a.attn_mask.nb[3] = 1;
+                p.a.attn_mask.stride[2] = S + 7;
+                p.a.attn_mask.stride[3] = 1;
             }
             problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
             p.note = layout == 0 ? "transposed [L,S] mask" : "row-padded [L,S] mask";
@@ -1034,9 +1034,9 @@ static void test_zero_stride_broadcast_views(void)
     problem p;
     shape sh = shape_of(2, 3, 3, 33, 70, 16, 16);
     problem_init(&p, &sh, &rng);
-    p.a.k.nb[1] = 0;
-    p.a.v.nb[1] = 0;
-    p.a.q.nb[0] = 0;
+    p.a.k.stride[1] = 0;
+    p.a.v.stride[1] = 0;
+    p.a.q.stride[0] = 0;
     problem_outputs(&p, ENG_WEIGHTS_PER_HEAD, true);
     p.note = "zero strides";
     compare(&p);
@@ -1052,11 +1052,11 @@ static void test_row_stride_below_row_length_is_refused(void)
     shape sh = shape_of(1, 2, 2, 9, 70, 16, 16);
     problem_init(&p, &sh, &rng);
     eng_error err;
-    p.a.q.nb[2] = 0;
+    p.a.q.stride[2] = 0;
     CHECK_EQ_INT(eng_sdpa(pool, &p.a, NULL, &err), ENG_EINVAL);
     CHECK(strcmp(err.field, "q") == 0);
-    p.a.q.nb[2] = 16;
-    p.a.k.nb[2] = 15;
+    p.a.q.stride[2] = 16;
+    p.a.k.stride[2] = 15;
     CHECK_EQ_INT(eng_sdpa(pool, &p.a, NULL, &err), ENG_EINVAL);
     CHECK(strcmp(err.field, "k") == 0);
     problem_free(&p);
@@ -2180,7 +2180,7 @@ static void test_rejects_mismatched_shapes(void)
 {
     eng_sdpa_args a = valid_small();
     a.k.ne[3] = 9;
-    a.k.nb[2] = 9, a.k.nb[1] = 63, a.k.nb[0] = 126;
+    a.k.stride[2] = 9, a.k.stride[1] = 63, a.k.stride[0] = 126;
     EXPECT_REJECT(a, ENG_EINVAL, "k|q", "k head size 9 vs q 8");
     a = valid_small();
     a.k.ne[0] = 1;
@@ -2220,8 +2220,8 @@ static void test_rejects_heads_not_multiple_of_kv_heads(void)
     a.out = eng_view_contiguous(out, 1, 6, 3, 8);
     EXPECT_REJECT(a, ENG_EINVAL, "k|q|v", "6 query heads over 4 kv heads");
     a.k.ne[1] = a.v.ne[1] = 12; /* more kv heads than query heads */
-    a.k.nb[0] = a.v.nb[0] = 0;
-    a.k.nb[1] = a.v.nb[1] = 0;
+    a.k.stride[0] = a.v.stride[0] = 0;
+    a.k.stride[1] = a.v.stride[1] = 0;
     EXPECT_REJECT(a, ENG_EINVAL, "k|q|v", "6 query heads over 12 kv heads");
 }
 
@@ -2327,12 +2327,12 @@ static void test_rejects_missing_data_and_bad_strides(void)
         EXPECT_REJECT(a, ENG_EINVAL, names[t], what);
 
         a = valid_small();
-        views[t]->nb[3] = 2;
+        views[t]->stride[3] = 2;
         snprintf(what, sizeof what, "%s inner stride 2", names[t]);
         EXPECT_REJECT(a, ENG_EINVAL, names[t], what);
 
         a = valid_small();
-        views[t]->nb[2] = -views[t]->nb[2];
+        views[t]->stride[2] = -views[t]->stride[2];
         snprintf(what, sizeof what, "%s negative row stride", names[t]);
         EXPECT_REJECT(a, ENG_EINVAL, names[t], what);
     }
@@ -2344,10 +2344,10 @@ static void test_rejects_overflowing_sizes(void)
     const int64_t big = INT64_C(1) << 22;
     /* A stride so large that the view's extent overflows. */
     eng_sdpa_args a = valid_small();
-    a.q.nb[0] = INT64_MAX / 2 + 1;
+    a.q.stride[0] = INT64_MAX / 2 + 1;
     EXPECT_REJECT(a, ENG_ETOOBIG, "q", "q extent overflows int64");
     a = valid_small();
-    a.v.nb[1] = INT64_MAX;
+    a.v.stride[1] = INT64_MAX;
     EXPECT_REJECT(a, ENG_ETOOBIG, "v", "v extent overflows int64");
 
     /* B * H * L * Dv of the output overflows; the inputs broadcast over everything. */

@@ -13,8 +13,8 @@
 
 double ref_view_at(const eng_view *view, int64_t i0, int64_t i1, int64_t i2, int64_t i3)
 {
-    return (double)
-        view->data[i0 * view->nb[0] + i1 * view->nb[1] + i2 * view->nb[2] + i3 * view->nb[3]];
+    return (double)view->data[i0 * view->stride[0] + i1 * view->stride[1] + i2 * view->stride[2] +
+                              i3 * view->stride[3]];
 }
 
 int64_t ref_query_offset(const eng_sdpa_args *args)
@@ -37,7 +37,7 @@ static int64_t mask_index(const eng_mask *m, int64_t b, int64_t h, int64_t i, in
     int64_t idx[4] = {b, h, i, j}, off = 0;
     for (int d = 0; d < 4; d++)
         if (m->ne[d] != 1)
-            off += idx[d] * m->nb[d];
+            off += idx[d] * m->stride[d];
     return off;
 }
 

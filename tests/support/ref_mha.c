@@ -95,7 +95,7 @@ static int64_t mask_offset(const eng_mask *m, int64_t b, int64_t h, int64_t i, i
     int64_t idx[4] = {b, h, i, j}, off = 0;
     for (int d = 0; d < 4; d++)
         if (m->ne[d] != 1)
-            off += idx[d] * m->nb[d];
+            off += idx[d] * m->stride[d];
     return off;
 }
 
