@@ -96,7 +96,7 @@ typedef struct srv_req {
                           --default-priority-level unless the body says */
 
     /* Handed between threads as the state machine says. */
-    api_lease lease; /* its memory, deadline and cancel flag, from arrival to the last unref */
+    api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
     api_reply reply;
     atomic_bool drain_cancelled; /* cancelled by the drain timeout: answer 503 */
     atomic_bool client_gone;     /* the client hung up while the request was suspended */
@@ -142,8 +142,9 @@ static void release_body(srv_req *req)
     req->body_held = 0;
 }
 
-/* Drops one reference; the last one frees the request and ends its lease, which returns
- * whatever it still holds (the reply text, until the reply has been sent). Any thread. */
+/* Drops one reference; the last one frees the request. Its lease ends at completion
+ * (srv__mhd_completed), once the reply is sent or given up; ending it here again is a no-op,
+ * and covers a request that never got as far. Any thread. */
 static void req_unref(srv_req *req)
 {
     if (!req || atomic_fetch_sub(&req->refs, 1) != 1)
@@ -1208,7 +1209,10 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                              queue_ns, &req->reply);
     log_request(req, status, reason, now, queue_ns);
 
+    /* No worker touches the request's memory any more (a job that was still queued finds it
+     * answered and only drops its reference): the lease returns what the reply held. */
     release_body(req);
+    api_lease_end(&req->lease);
     atomic_fetch_sub(&s->active, 1);
     req_unref(req);
 }
