@@ -427,6 +427,10 @@ typedef enum {
     ENG_POSITIONAL_ALIBI,      /* linear biases on the scores (default slopes) */
 } eng_positional;
 
+/* A KV-cache sequence (the last section, eng_kv_*): what a layer step appends to. Declared
+ * here too (C11 allows the repeated typedef) so that this section reads on its own. */
+typedef struct eng_kv_seq eng_kv_seq;
+
 /* One forward pass. Zero-initialise, then set what is needed. */
 typedef struct {
     const eng_layer *layer;
@@ -459,6 +463,22 @@ typedef struct {
      * projection) takes bf16-rounded operands with fp32 sums; biases, RoPE and the softmax
      * stay fp32. As eng_sdpa_precision says, the openblas set computes FLOAT32. */
     eng_precision precision;
+
+    /* A decoder-layer step over a KV cache (the sequence of a session, below) when set: the
+     * L tokens of x are the next ones of that sequence, at positions n .. n+L-1 where n is
+     * its length before the call. Their keys and values are projected (RoPE turns k and q at
+     * those positions; sinusoidal encodings are added to x at them), appended to the
+     * sequence, and the L queries attend over all n+L cached tokens through its block table
+     * (never copied); then the output projection. Self-attention on one sequence only: B = 1,
+     * key_in and value_in NULL, align ENG_ALIGN_BOTTOM_RIGHT (the queries are the last
+     * positions; causal, windows and ALiBi count from there), and the cache's num_kv_heads,
+     * head_dim and value_head_dim must be the layer's. Refused (EINVAL, naming the option):
+     * bias_k/bias_v layers ("layer"), add_zero_attn, key_padding, attn_mask. Weights are
+     * [1, H, L, n+L] (or the mean). Borrowed and changed: nobody else may use the sequence
+     * during the call. On any failure the sequence is left as it was (an append already made
+     * is truncated away); a full pool is ENG_ENOMEM with field "kv_cache_bytes", as
+     * eng_kv_seq_append says, and eng_kv_seq_append_bytes(cache, L) is what the step takes. */
+    eng_kv_seq *kv_cache;
 } eng_mha_args;
 
 /* The precision eng_mha computes `args` in with the kernel set in use now. */
@@ -473,7 +493,9 @@ int64_t eng_mha_extra_keys(const eng_mha_args *args);
  * every query whatever the masks say, as in PyTorch (which pads its masks with zeros). */
 eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_error *err);
 
-/* Bytes eng_mha allocates for `args` (projections, intermediates, scratch), for admission. */
+/* Bytes eng_mha allocates for `args` (projections, intermediates, scratch), for admission;
+ * over a kv_cache, the attention's scratch over the cache as it will be after the append
+ * (the append's blocks are the cache pool's: eng_kv_seq_append_bytes). */
 size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
 
 /* ---- KV-cache sessions -------------------------------------------------------------------- */

@@ -10,6 +10,14 @@
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
  * are added to copies of the inputs before the projections. The projections run on the kernel
  * set's GEMM (kernels.h), the same one as the attention's block products.
+ *
+ * A step over a KV cache (eng_mha_args.kv_cache) projects only the new tokens, at the
+ * positions after the cache's length, and instead of the sdpa call appends their K and V rows
+ * (strided views of the K|V buffer) to the sequence and attends over all of it with
+ * eng_kv_step, which reads the cache's blocks in place. The step fails before projecting for
+ * anything the cache or its attention would refuse, and a failure after the append (the
+ * output projection cancelled, say) truncates the sequence back, so that no failed step ever
+ * leaves a token behind.
  */
 #include <limits.h>
 #include <math.h>
@@ -169,9 +177,14 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 /* ---- Shapes and checks -------------------------------------------------------------------- */
 
 typedef struct {
-    int64_t B, L, S, Sx, E, H, Hkv, D, W, extra;
+    int64_t B, L, S, Sx, E, H, Hkv, D, W, extra; /* S: keys attended; Sx: with the appended */
+    int64_t S_in;    /* key/value input tokens projected: S, or L over a cache */
+    int64_t kv_rows; /* rows per batch of the K|V buffer: S_in plus the appended keys */
     bool self;
+    eng_kv_seq *cache;      /* a step over this sequence, or NULL */
+    int64_t cached;         /* its length before the step */
     int64_t q_offset;       /* query positions start here (sinusoidal, RoPE) */
+    int64_t k_offset;       /* key input positions start here: 0, or `cached` */
     bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
     const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
@@ -199,9 +212,70 @@ static bool mul3(int64_t a, int64_t b, int64_t c, size_t *out)
     return true;
 }
 
+/* The step over a->kv_cache: what it refuses, and its shape (set after the rest of check_mha
+ * filled `sh` as for self-attention): S counts the cached keys too, the K|V buffer holds the
+ * new tokens only, and queries and keys sit after the cached ones. */
+static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *err)
+{
+    const eng_layer *ly = a->layer;
+    const eng_kv_shape cs = eng_kv_seq_shape(a->kv_cache);
+    if (!sh->self)
+        return eng__fail(err, ENG_EINVAL, "memory",
+                         "a step over a KV cache is self-attention: its keys and values are "
+                         "the new tokens of x");
+    if (sh->B != 1)
+        return eng__fail(err, ENG_EINVAL, "input",
+                         "a step over a KV cache takes one sequence: batch %lld must be 1",
+                         (long long)sh->B);
+    if (a->align != ENG_ALIGN_BOTTOM_RIGHT)
+        return eng__fail(err, ENG_EINVAL, "align",
+                         "the queries of a step over a KV cache are its last positions: align "
+                         "must be ENG_ALIGN_BOTTOM_RIGHT");
+    if (ly->bias_k)
+        return eng__fail(err, ENG_EINVAL, "layer",
+                         "layer '%s' appends bias_k/bias_v keys (add_bias_kv), which a KV "
+                         "cache step cannot: they would sit inside the cached sequence",
+                         ly->name);
+    if (a->add_zero_attn)
+        return eng__fail(err, ENG_EINVAL, "add_zero_attn",
+                         "add_zero_attn appends a key to the inputs, which a KV cache step "
+                         "cannot");
+    if (a->key_padding || a->attn_mask.kind != ENG_MASK_NONE)
+        return eng__fail(err, ENG_EINVAL, a->key_padding ? "key_padding" : "attn_mask",
+                         "a step over a KV cache takes no %s: its keys are the cache's",
+                         a->key_padding ? "key_padding" : "attn_mask");
+    const struct {
+        const char *name;
+        int64_t cache, layer;
+    } dims[] = {{"num_kv_heads", cs.num_kv_heads, sh->Hkv},
+                {"head_dim", cs.head_dim, sh->D},
+                {"value_head_dim", cs.value_head_dim, sh->D}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].cache != dims[i].layer)
+            return eng__fail(err, ENG_EINVAL, "kv_cache",
+                             "the KV cache has %s %lld but layer '%s' has %lld", dims[i].name,
+                             (long long)dims[i].cache, ly->name, (long long)dims[i].layer);
+    int64_t cached = eng_kv_seq_length(a->kv_cache);
+    if (cs.max_tokens > 0 && sh->L > cs.max_tokens - cached)
+        return eng__fail(err, ENG_ETOOBIG, "max_tokens",
+                         "appending %lld tokens to %lld would pass max_tokens = %lld",
+                         (long long)sh->L, (long long)cached, (long long)cs.max_tokens);
+    if (cached > INT_MAX - 2 - sh->L)
+        return eng__fail(err, ENG_ETOOBIG, "kv_cache",
+                         "the KV cache would hold %lld + %lld tokens, past 2^31", (long long)cached,
+                         (long long)sh->L);
+    sh->cache = a->kv_cache;
+    sh->cached = cached;
+    sh->S = sh->Sx = cached + sh->L;
+    sh->S_in = sh->kv_rows = sh->L;
+    sh->q_offset = sh->k_offset = cached;
+    return ENG_OK;
+}
+
 static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err)
 {
     const eng_layer *ly = a->layer;
+    eng_status st;
     if (!ly)
         return eng__fail(err, ENG_EINVAL, "layer", "no layer");
     if (!a->x || !a->out)
@@ -227,6 +301,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
         return eng__fail(err, ENG_EINVAL, "memory", "memory length %lld must be in [1, 2^31)",
                          (long long)sh->S);
     sh->Sx = sh->S + sh->extra;
+    sh->S_in = sh->S;
+    sh->kv_rows = sh->Sx;
     if (sh->self && (ly->kdim != sh->E || ly->vdim != sh->E))
         return eng__fail(err, ENG_EINVAL, "memory",
                          "layer '%s' has kdim %lld and vdim %lld: it needs a memory input",
@@ -245,10 +321,12 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     sh->q_offset = a->align == ENG_ALIGN_BOTTOM_RIGHT ? sh->S - sh->L
                    : a->align == ENG_ALIGN_OFFSET     ? a->query_offset
                                                       : 0;
+    if (a->kv_cache && (st = check_cache(a, sh, err)) != ENG_OK)
+        return st;
     size_t in_k, in_v;
     if (!mul3(sh->B, sh->L, sh->E, &sh->q_floats) ||
-        !mul3(sh->B, sh->Sx, 2 * sh->W, &sh->kv_floats) || !mul3(sh->B, sh->S, ly->kdim, &in_k) ||
-        !mul3(sh->B, sh->S, ly->vdim, &in_v))
+        !mul3(sh->B, sh->kv_rows, 2 * sh->W, &sh->kv_floats) ||
+        !mul3(sh->B, sh->S_in, ly->kdim, &in_k) || !mul3(sh->B, sh->S_in, ly->vdim, &in_v))
         return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
     sh->o_floats = sh->q_floats;
     sh->sinusoid = a->positional == ENG_POSITIONAL_SINUSOIDAL;
@@ -258,7 +336,7 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
         /* Copies with the encoding added (or rounded to bf16): the queries, and keys/values
          * unless they are the queries' tokens at the same positions. */
         sh->copy_floats = sh->q_floats;
-        if (!sh->self || (sh->sinusoid && sh->q_offset != 0)) {
+        if (!sh->self || (sh->sinusoid && sh->q_offset != sh->k_offset)) {
             bool shared = sh->self || a->key_in == a->value_in;
             sh->copy_floats += in_k + (shared ? 0 : in_v);
         }
@@ -296,13 +374,38 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
     return s;
 }
 
+/* The attention of a step over the cache: sdpa_args without K and V, which the cache has, and
+ * queries at its end (S - L). With `shape_kv`, K and V views of the cache's shape after the
+ * append, as eng_kv_attend checks them (for validation only: their data is a placeholder). */
+static eng_sdpa_args cache_sdpa_args(const eng_mha_args *a, const mha_shape *sh, float *q, float *o,
+                                     float *shape_kv)
+{
+    eng_sdpa_args s = sdpa_args(a, sh, q, o, o); /* K and V unset below */
+    memset(&s.k, 0, sizeof s.k);
+    memset(&s.v, 0, sizeof s.v);
+    if (shape_kv) {
+        s.k = eng_view_contiguous(shape_kv, 1, sh->Hkv, sh->S, sh->D);
+        s.v = eng_view_contiguous(shape_kv, 1, sh->Hkv, sh->S, sh->D);
+    }
+    s.align = ENG_ALIGN_BOTTOM_RIGHT;
+    s.query_offset = 0;
+    return s;
+}
+
 size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
 {
     mha_shape sh;
     if (check_mha(a, &sh, NULL) != ENG_OK)
         return 0;
     float placeholder;
-    eng_sdpa_args s = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+    size_t attention;
+    if (sh.cache) { /* over the cache as it will be once the step's L tokens are in */
+        eng_sdpa_args s = cache_sdpa_args(a, &sh, &placeholder, &placeholder, NULL);
+        attention = eng_kv_attend_scratch_bytes(sh.cache, &s, sh.L, threads);
+    } else {
+        eng_sdpa_args s = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+        attention = eng_sdpa_scratch_bytes(&s, threads);
+    }
     /* Projection tasks pack a weight block into per-thread scratch (the workers and the
      * caller), at most this much for the widest projection. */
     const eng__kernels *ks = eng__kernels_current();
@@ -312,8 +415,8 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     if (a->layer->params16) /* and the widened rows of a 16-bit weight */
         pack =
             ((pack / sizeof(float) + 15) / 16 * 16 + widen_floats(sh.E, in_most)) * sizeof(float);
-    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) +
-           eng_sdpa_scratch_bytes(&s, threads) + (size_t)(threads + 1) * pack;
+    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) + attention +
+           (size_t)(threads + 1) * pack;
 }
 
 /* ---- Forward ------------------------------------------------------------------------------ */
@@ -360,7 +463,7 @@ static eng_status copy_input(eng_pool *pool, const mha_shape *sh, const float *x
 static void append_keys(const eng_mha_args *a, const mha_shape *sh, float *kv)
 {
     for (int64_t b = 0; b < sh->B; b++) {
-        float *row = kv + (b * sh->Sx + sh->S) * 2 * sh->W;
+        float *row = kv + (b * sh->kv_rows + sh->S_in) * 2 * sh->W;
         if (a->layer->bias_k) {
             memcpy(row, a->layer->bias_k, (size_t)sh->W * sizeof(float));
             memcpy(row + sh->W, a->layer->bias_v, (size_t)sh->W * sizeof(float));
@@ -387,12 +490,12 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                        .w16_dtype = ly->w16_dtype};
     lb.jobs[0] = (linear_job){xq, sh->L * sh->E, sh->E, ly->w_q, ly->b_q, sh->E, sh->E,
                               q,  sh->L * sh->E, sh->E, sh->L,   rope,    sh->H, sh->q_offset};
-    lb.jobs[1] =
-        (linear_job){xk, sh->S * ly->kdim,   ly->kdim,  ly->w_k, ly->b_k, sh->W,   ly->kdim,
-                     kv, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S,   rope,    sh->Hkv, 0};
-    lb.jobs[2] =
-        (linear_job){xv,         sh->S * ly->vdim,   ly->vdim,  ly->w_v, ly->b_v, sh->W, ly->vdim,
-                     kv + sh->W, sh->Sx * 2 * sh->W, 2 * sh->W, sh->S,   false,   0,     0};
+    lb.jobs[1] = (linear_job){
+        xk, sh->S_in * ly->kdim,     ly->kdim,  ly->w_k,  ly->b_k, sh->W,   ly->kdim,
+        kv, sh->kv_rows * 2 * sh->W, 2 * sh->W, sh->S_in, rope,    sh->Hkv, sh->k_offset};
+    lb.jobs[2] = (linear_job){
+        xv,         sh->S_in * ly->vdim,     ly->vdim,  ly->w_v,  ly->b_v, sh->W, ly->vdim,
+        kv + sh->W, sh->kv_rows * 2 * sh->W, 2 * sh->W, sh->S_in, false,   0,     0};
     return run_linear(pool, &lb, ctl);
 }
 
@@ -412,6 +515,19 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
     return run_linear(pool, &lb, ctl);
 }
 
+/* Appends the new tokens' K and V rows (views of the K|V buffer: token t's K at row t, its V
+ * W floats after) to the cache and attends the queries over all of it. */
+static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh, float *q,
+                             float *kv, float *o, eng_ctl *ctl, eng_error *err)
+{
+    const int64_t W = sh->W, D = sh->D;
+    eng_view kview = {kv, {1, sh->Hkv, sh->L, D}, {sh->L * 2 * W, D, 2 * W, 1}};
+    eng_view vview = {kv + W, {1, sh->Hkv, sh->L, D}, {sh->L * 2 * W, D, 2 * W, 1}};
+    eng_kv_rows k = eng_kv_rows_f32(kview), v = eng_kv_rows_f32(vview);
+    eng_sdpa_args s = cache_sdpa_args(a, sh, q, o, NULL);
+    return eng_kv_step(pool, sh->cache, &k, &v, &s, ctl, err);
+}
+
 eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_error *err)
 {
     mha_shape sh;
@@ -420,9 +536,12 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
         return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
     if ((st = check_mha(a, &sh, err)) != ENG_OK)
         return st;
-    /* Check the attention options before spending the projections on them. */
+    /* Check the attention options before spending the projections on them (over a cache, as
+     * eng_kv_step will, with K and V the size the cache will have). */
     float placeholder;
-    eng_sdpa_args probe = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
+    eng_sdpa_args probe = sh.cache
+                              ? cache_sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder)
+                              : sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
     if ((st = eng__sdpa_validate(&probe, err)) != ENG_OK)
         return st;
 
@@ -442,19 +561,19 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
         st = copy_input(pool, &sh, a->x, next, sh.L, sh.E, sh.q_offset, ctl);
         xq = next;
         next += sh.q_floats;
-        if (sh.self && (!sh.sinusoid || sh.q_offset == 0)) {
+        if (sh.self && (!sh.sinusoid || sh.q_offset == sh.k_offset)) {
             xk = xv = xq; /* the same tokens at the same positions */
         } else {
             bool shared = xk == xv;
             if (st == ENG_OK)
-                st = copy_input(pool, &sh, xk, next, sh.S, ly->kdim, 0, ctl);
+                st = copy_input(pool, &sh, xk, next, sh.S_in, ly->kdim, sh.k_offset, ctl);
             xk = next;
-            next += sh.B * sh.S * ly->kdim;
+            next += sh.B * sh.S_in * ly->kdim;
             if (shared) {
                 xv = xk;
             } else {
                 if (st == ENG_OK)
-                    st = copy_input(pool, &sh, xv, next, sh.S, ly->vdim, 0, ctl);
+                    st = copy_input(pool, &sh, xv, next, sh.S_in, ly->vdim, sh.k_offset, ctl);
                 xv = next;
             }
         }
@@ -463,14 +582,22 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     }
     if ((st = project_inputs(pool, a, &sh, xq, xk, xv, q, kv, ctl)) != ENG_OK)
         goto stopped;
-    append_keys(a, &sh, kv);
-    eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
-    if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
-        goto done;
+    if (sh.cache) {
+        if ((st = cache_step(pool, a, &sh, q, kv, o, ctl, err)) != ENG_OK)
+            goto done; /* eng_kv_step left the sequence as it was */
+    } else {
+        append_keys(a, &sh, kv);
+        eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
+        if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
+            goto done;
+    }
     if (sh.bf16) /* the output projection's operand, as the products take them */
         sh.ks->round_bf16(o, (int64_t)sh.o_floats);
-    if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK)
+    if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK) {
+        if (sh.cache) /* cannot fail: the length before the step is at most the length now */
+            eng_kv_seq_truncate(sh.cache, sh.cached, NULL);
         goto stopped;
+    }
     goto done;
 stopped:
     eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
