@@ -297,7 +297,11 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
 /* POST /v1/mha: a multi-head attention layer (call->models by "model", or inline "weights")
  * on token embeddings, self- or cross-attention. The request format is DESIGN.md section 6;
  * api/proto/native_mha.c opens with the exact field list. Statuses and behaviour as api_attention,
- * plus 404 for an unknown model. */
+ * plus 404 for an unknown model. With "session" (call->sessions) it is one decoder-layer step
+ * of that KV-cache session: the input's keys and values are appended and its queries attend
+ * over the whole cache; the reply adds "length", and the statuses of
+ * api_session_attention apply (404 session_not_found / session_evicted, 409 expect_length,
+ * 413 max_tokens, 422 a session of another model or shape, 429 a full pool, 501 sessions off). */
 void api_mha(const api_call *call, api_reply *reply);
 
 /* Fills `reply` (which need not be initialised) with an error body in `style` for failures
@@ -389,7 +393,9 @@ void api_session_turn_end(api_sessions *reg, api_session_ticket *t);
  *
  * POST /v1/sessions: {num_heads, num_kv_heads?, head_dim, value_head_dim?, cache_dtype?
  * ("float32" | "bfloat16" | "float16"), max_tokens?, ttl_s?, scale?, softcap?, window?,
- * alibi?, precision?, causal?} -> 201 with the session's description and reply->location. */
+ * alibi?, precision?, causal?} -> 201 with the session's description and reply->location. Or
+ * {model, ...} (call->models): the cache of that layer, stepped by api_mha, its heads and head
+ * size the layer's (given ones must match it: 422 naming the field; 404 for no such model). */
 void api_sessions_create(const api_call *call, api_reply *reply);
 /* GET /v1/sessions/{id}: {id, length, bytes, cache_dtype, num_heads, ..., created, last_used,
  * ttl_s}. */
@@ -485,6 +491,10 @@ typedef struct {
     uint64_t priority;  /* v2 "parameters.priority" as written; 0: not given, or not readable
                            cheaply (the route's default level). Not range-checked: the route
                            refuses one above --priority-levels with 400 */
+    char session[40];   /* native: the top-level "session" string (POST /v1/mha's session, so
+                           that the server can take the step's ticket at admission), when it
+                           is one of 1 to 39 bytes without escapes; "" otherwise. Not checked:
+                           the route answers for an id that names no session */
 } api_peek;
 
 /* The timeout in milliseconds a request sets for itself, and (v2) its priority, read from
@@ -493,17 +503,19 @@ typedef struct {
  * worker decodes the body). Reads call->body, body_len, content_type, content_encoding and (v2)
  * inference_header_length; nothing else. Fills all of *out.
  *
- * api_peek_native is for /v1/attention and /v1/mha: the top-level "timeout_ms" (the native
- * routes take no priority). api_peek_v2 is for KServe v2 inference: the top-level
- * "parameters" object's "timeout_ms" and Triton's "timeout" (microseconds), the tighter of the
- * two, and Triton's "priority", in one walk over the JSON before the binary tensor data.
+ * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
+ * no priority) and "session" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
+ * inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
+ * (microseconds), the tighter of the two, and Triton's "priority", in one walk over the JSON before
+ * the binary tensor data.
  *
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
  * A value that is not an integer in the route's range reads as 0, as does everything when the
  * body cannot be read cheaply: a gzip or deflate body is not inflated here. Never an error: the
- * route validates the body and reports what is wrong. Cheap: a body without the text "timeout"
- * (native) or "parameters" (v2) costs one memmem; otherwise one pass over the top level, which
- * skips strings with memchr. Allocates nothing; any thread. */
+ * route validates the body and reports what is wrong. Cheap: a native body where no quote opens
+ * "timeout" or "session" costs one memchr pass over its quotes, a v2 body without the text
+ * "parameters" one memmem; otherwise one pass over the top level, which skips strings with
+ * memchr. Allocates nothing; any thread. */
 void api_peek_native(const api_call *call, api_peek *out);
 void api_peek_v2(const api_call *call, api_peek *out);
 

@@ -904,21 +904,25 @@ static void job_run(void *arg, int64_t index)
  * (admissions happen on this thread only, so none can slip in before it), its route applies
  * the timeout, and the I/O thread does not scan a long body for nothing (memmem alone takes
  * ~6 ms over 64 MB of base64); it then runs at the default priority, which orders only the
- * sub-jobs it fans out against requests that arrive while it runs. */
-static int64_t request_deadline(const srv_server *s, srv_req *req)
+ * sub-jobs it fans out against requests that arrive while it runs.
+ *
+ * A route whose body may name a session (SRV_ROUTE_BODY_SESSION) is peeked whenever sessions
+ * are on, waiting or not: its step needs its ticket now (*peek gets the id). */
+static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_call call = {.body = req->body.data, .body_len = req->body.len};
-    api_peek peek = {0};
     int64_t ms;
 
-    if (rd && rd->peek && atomic_load(&s->admitted) > 0) {
+    *peek = (api_peek){0};
+    if (rd && rd->peek &&
+        (atomic_load(&s->admitted) > 0 || ((rd->flags & SRV_ROUTE_BODY_SESSION) && s->sessions))) {
         call_headers(req, &call);
-        rd->peek(&call, &peek);
+        rd->peek(&call, peek);
     }
-    ms = peek.timeout_ms;
-    req->priority = peek.priority >= 1 && peek.priority <= s->limits.priority_levels
-                        ? (uint32_t)peek.priority
+    ms = peek->timeout_ms;
+    req->priority = peek->priority >= 1 && peek->priority <= s->limits.priority_levels
+                        ? (uint32_t)peek->priority
                         : s->limits.default_priority_level;
     req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
     api_lease_shorten(&req->lease, req->own_timeout_ms);
@@ -941,6 +945,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     const srv_route_def *rd = srv__route_def(req->route);
     int64_t now, deadline;
     char origin[64];
+    api_peek peek;
 
     req->seen_body_end = true;
     srv__conn_busy(s->watch, &req->watch);
@@ -948,7 +953,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         return refuse_pending(req);
     if (atomic_load(&s->drain_expired))
         return refuse(req, SRV_REFUSE_DRAINING, false, DRAINING_MSG);
-    deadline = request_deadline(s, req);
+    deadline = request_deadline(s, req, &peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     if (now >= deadline) {
         deadline_origin(req, origin, sizeof origin);
@@ -971,6 +976,8 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
     /* Arrival order of a session's requests is admission order on this thread. */
     if ((rd->flags & SRV_ROUTE_SESSION) && s->sessions)
         api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
+    else if ((rd->flags & SRV_ROUTE_BODY_SESSION) && s->sessions && peek.session[0])
+        api_session_ticket_take(s->sessions, peek.session, &req->ticket);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {

@@ -157,7 +157,7 @@ static void work_mha(const srv_params *params, const api_call *call, api_reply *
 
 static const srv_route_def routes[] = {
     {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_peek_native, NULL},
-    {"/v1/mha", "POST", NATIVE, 0, NULL, work_mha, api_peek_native, NULL},
+    {"/v1/mha", "POST", NATIVE, SRV_ROUTE_BODY_SESSION, NULL, work_mha, api_peek_native, NULL},
     {"/v1/models", GET, NATIVE, 0, answer_models, NULL, NULL, NULL},
     {"/v1/sessions", "GET, HEAD, POST", NATIVE, 0, answer_sessions, work_sessions_create,
      api_peek_native, NULL},

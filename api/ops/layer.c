@@ -17,6 +17,10 @@
  *                 allocate the outputs a route did not place in its reply;
  *   run           eng_mha, with the deadline and cancellation.
  *
+ * A step of a session (r.session) goes the same way, with the session acquired at check and
+ * its cache given to eng_mha (kv_cache): the new tokens' keys and values join it and the
+ * queries attend over all of it.
+ *
  * Messages name the request's fields (input, memory, key, value, attn_mask, key_padding_mask,
  * weights.*), which both formats share.
  */
@@ -171,12 +175,17 @@ static int find_layer(api__layer *s, api__error *err)
     if (r->has_weights)
         return build_inline_layer(s, err);
     if (!l) {
-        l = s->rq->call->models ? api_models_find(s->rq->call->models, r->model ? r->model : "")
-                                : NULL;
+        /* A session made for a model names the layer when the step does not. */
+        const char *name = r->model ? r->model : s->sess ? s->sess->model : "";
+        if (!name[0] && s->sess)
+            return api__error_invalid(err, "model",
+                                      "session %s was created by its shape, not for a model: "
+                                      "name the model (or give weights)",
+                                      s->sess->id);
+        l = s->rq->call->models ? api_models_find(s->rq->call->models, name) : NULL;
         if (!l)
             return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
-                                  "no model \"%.64s\"; GET /v1/models lists them",
-                                  r->model ? r->model : "");
+                                  "no model \"%.64s\"; GET /v1/models lists them", name);
     }
     if (r->num_heads && r->num_heads != l->num_heads)
         return api__error_invalid(err, "num_heads",
@@ -277,6 +286,88 @@ static int check_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
+/* ---- A step of a session ------------------------------------------------------------------ */
+
+/* The session against the layer: made for it, or of its shape, and with no step default that
+ * a layer does not take. */
+static int session_fits_layer(const api__layer *s, api__error *err)
+{
+    const api__session *ss = s->sess;
+    const eng_layer *l = s->layer;
+    int64_t D = l->embed_dim / l->num_heads;
+    if (ss->model[0] && (s->inline_layer || strcmp(ss->model, l->name) != 0))
+        return api__error_invalid(
+            err, "session", "session %s is the KV cache of model \"%s\", not of %s%s%s", ss->id,
+            ss->model, s->inline_layer ? "inline weights" : "model \"",
+            s->inline_layer ? "" : l->name, s->inline_layer ? "" : "\"");
+    if (ss->num_heads != l->num_heads || ss->shape.num_kv_heads != l->num_kv_heads ||
+        ss->shape.head_dim != D || ss->shape.value_head_dim != D)
+        return api__error_invalid(
+            err, "session",
+            "session %s has %lld heads over %lld kv heads of %lld (values of %lld), but the "
+            "layer has %lld over %lld of %lld: create the session with \"model\"",
+            ss->id, (long long)ss->num_heads, (long long)ss->shape.num_kv_heads,
+            (long long)ss->shape.head_dim, (long long)ss->shape.value_head_dim,
+            (long long)l->num_heads, (long long)l->num_kv_heads, (long long)D);
+    const char *opt = ss->opts.scale_set     ? "scale"
+                      : ss->opts.softcap > 0 ? "softcap"
+                      : ss->opts.alibi       ? "alibi"
+                                             : NULL;
+    if (opt)
+        return api__error_invalid(err, "session",
+                                  "session %s gives its steps a %s, which a layer step does not "
+                                  "take",
+                                  ss->id, opt);
+    return api__layer_cache_check(l, "model", err);
+}
+
+/* What a step of one sequence over its cache cannot take, then the session's length: 409
+ * expect_length, 413 max_tokens. Sets S to the keys the queries attend (cache and new). */
+static int session_check(api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const api__session *ss = s->sess;
+    const char *none = r->has_memory   ? "memory"
+                       : r->has_key    ? "key"
+                       : r->has_mask   ? "attn_mask"
+                       : r->has_kpm    ? "key_padding_mask"
+                       : r->offset_set ? "query_offset"
+                                       : NULL;
+    if (session_fits_layer(s, err) != 0)
+        return -1;
+    if (s->B != 1)
+        return api__error_invalid(err, "input",
+                                  "a session is one sequence: input must be [L, E] or [1, L, E], "
+                                  "not a batch of %lld",
+                                  (long long)s->B);
+    if (none)
+        return api__error_invalid(err, none,
+                                  "a step of session %s takes no %s: its tokens attend to "
+                                  "themselves and the session's cache, at its end",
+                                  ss->id, none);
+    if (r->add_zero_attn)
+        return api__error_invalid(err, "add_zero_attn",
+                                  "add_zero_attn appends a key to every step's inputs, which a "
+                                  "step of a KV cache cannot");
+    if (r->causal == API_CAUSAL_TOP_LEFT)
+        return api__error_invalid(err, "causal",
+                                  "the new tokens of a session step are its last positions: "
+                                  "causal is bottom_right (true) or false, not top_left");
+    int64_t length = eng_kv_seq_length(ss->seq);
+    if (r->expect_set && r->expect_length != length)
+        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
+                              "the session holds %lld tokens but the step expects %lld (a retry "
+                              "of a step that was applied?); nothing was appended",
+                              (long long)length, (long long)r->expect_length);
+    if (ss->shape.max_tokens > 0 && s->L > ss->shape.max_tokens - length)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "input",
+                              "appending %lld tokens to the %lld the session holds would pass "
+                              "its max_tokens (%lld)",
+                              (long long)s->L, (long long)length, (long long)ss->shape.max_tokens);
+    s->S = length + s->L;
+    return 0;
+}
+
 /* ---- Options ---------------------------------------------------------------------------- */
 
 static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
@@ -360,13 +451,16 @@ static void build_args(api__layer *s)
         a->align = ENG_ALIGN_OFFSET;
         a->query_offset = r->query_offset;
     } else {
-        a->align =
-            r->causal == API_CAUSAL_BOTTOM_RIGHT ? ENG_ALIGN_BOTTOM_RIGHT : ENG_ALIGN_TOP_LEFT;
+        a->align = r->causal == API_CAUSAL_BOTTOM_RIGHT || s->sess ? ENG_ALIGN_BOTTOM_RIGHT
+                                                                   : ENG_ALIGN_TOP_LEFT;
     }
-    a->window_left_set = r->window.left_set;
-    a->window_left = r->window.left;
-    a->window_right_set = r->window.right_set;
-    a->window_right = r->window.right;
+    /* A session's window and precision are its steps' unless a step gives its own. */
+    const api__window *w =
+        r->window.left_set || r->window.right_set || !s->sess ? &r->window : &s->sess->opts.window;
+    a->window_left_set = w->left_set;
+    a->window_left = w->left;
+    a->window_right_set = w->right_set;
+    a->window_right = w->right;
     if (r->has_kpm) {
         a->key_padding = (const uint8_t *)ph;
         a->key_padding_stride = r->kpm.rank == 2 ? s->S : 0;
@@ -379,7 +473,10 @@ static void build_args(api__layer *s)
     a->rope_style = r->rope_style;
     a->weights_mode = r->weights;
     a->weights = r->weights != ENG_WEIGHTS_NONE ? ph : NULL;
-    a->precision = r->precision_set ? r->precision : s->rq->limits.default_precision;
+    a->precision = r->precision_set                         ? r->precision
+                   : s->sess && s->sess->opts.precision_set ? s->sess->opts.precision
+                                                            : s->rq->limits.default_precision;
+    a->kv_cache = s->sess ? s->sess->seq : NULL;
 }
 
 /* Points the engine arguments at the decoded buffers in place of build_args' placeholders. */
@@ -440,6 +537,14 @@ static int out_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
+/* Not given: off, or over a session its default (bottom-right unless it says otherwise). */
+static api__causal causal_default(const api__layer *s)
+{
+    if (!s->sess)
+        return API_CAUSAL_OFF;
+    return s->sess->opts.causal_set ? s->sess->opts.causal : API_CAUSAL_ON;
+}
+
 static int layer_check(void *op, api__error *err)
 {
     api__layer *s = op;
@@ -450,7 +555,13 @@ static int layer_check(void *op, api__error *err)
     if (overflow || in > s->rq->limits.max_elements)
         return too_many(s, in, 0, overflow, err);
     api__req_set_deadline(s->rq, s->r.timeout_ms);
-    if (find_layer(s, err) != 0 || check_shapes(s, err) != 0 || out_shapes(s, err) != 0)
+    if (s->r.session &&
+        api__session_acquire(s->rq->call->sessions, s->r.session, &s->sess, err) != 0)
+        return -1;
+    if (s->r.causal == API_CAUSAL_UNSET)
+        s->r.causal = causal_default(s);
+    if (find_layer(s, err) != 0 || check_shapes(s, err) != 0 ||
+        (s->sess && session_check(s, err) != 0) || out_shapes(s, err) != 0)
         return -1;
     return 0;
 }
@@ -527,6 +638,8 @@ static const char *request_field(const api__layer_req *r, const char *engine_fie
         {"alibi", "positional"},
         {"out", "output"},
         {"q", "input"},
+        {"kv_cache", "session"},
+        {"align", "causal"},
     };
     if (!engine_field[0])
         return NULL;
@@ -539,19 +652,37 @@ static const char *request_field(const api__layer_req *r, const char *engine_fie
     return engine_field;
 }
 
+static eng_status layer_engine(void *op, eng_error *e)
+{
+    api__layer *s = op;
+    return eng_mha(s->rq->call->pool, &s->args, &s->rq->lease->ctl, e);
+}
+
 static int layer_run(void *op, int64_t *compute_ns, api__error *err)
 {
     api__layer *s = op;
+    api_sessions *reg = s->rq->call->sessions;
     eng_error e;
+    eng_status st;
     if (api__req_check_ctl(s->rq, err) != 0)
         return -1;
     memset(&e, 0, sizeof e);
     int64_t t0 = eng_now_ns();
-    eng_status st = eng_mha(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &e);
+    int fail = 0;
+    if (s->sess) /* the pool may need room for the new tokens' keys and values */
+        fail = api__session_with_room(reg, s->sess, s->L, layer_engine, s, &st, &e, err);
+    else
+        st = layer_engine(s, &e);
     *compute_ns = eng_now_ns() - t0;
-    if (st != ENG_OK)
-        return api__req_engine_error(s->rq, st, &e, request_field(&s->r, e.field), err);
-    return 0;
+    if (fail)
+        return -1;
+    if (s->sess)
+        s->length = eng_kv_seq_length(s->sess->seq);
+    if (st == ENG_OK)
+        return 0;
+    if (s->sess && api__session_too_long(reg, s->sess, st, &e, "input", err))
+        return -1;
+    return api__req_engine_error(s->rq, st, &e, request_field(&s->r, e.field), err);
 }
 
 static void layer_free(void *op)
@@ -559,6 +690,30 @@ static void layer_free(void *op)
     api__layer *s = op;
     eng_layer_free(s->inline_layer);
     s->inline_layer = NULL;
+    if (s->sess)
+        api__session_release(s->rq->call->sessions, s->sess);
+    s->sess = NULL;
+}
+
+bool api__layer_steps_a_cache(const eng_layer *l)
+{
+    return l->kdim == l->embed_dim && l->vdim == l->embed_dim && !l->bias_k;
+}
+
+int api__layer_cache_check(const eng_layer *l, const char *field, api__error *err)
+{
+    if (api__layer_steps_a_cache(l))
+        return 0;
+    if (l->bias_k)
+        return api__error_invalid(err, field,
+                                  "model \"%s\" cannot keep a KV cache of its own tokens: it "
+                                  "appends bias_k/bias_v keys (add_bias_kv) to every input",
+                                  l->name);
+    return api__error_invalid(err, field,
+                              "model \"%s\" cannot keep a KV cache of its own tokens: it attends "
+                              "over other tokens (kdim %lld, vdim %lld, embed_dim %lld)",
+                              l->name, (long long)l->kdim, (long long)l->vdim,
+                              (long long)l->embed_dim);
 }
 
 const char *api__layer_positional_name(eng_positional p)

@@ -10,12 +10,18 @@
 
 #include "api/ops/operation.h"
 #include "api/ops/options.h"
+#include "api/ops/sessions.h"
 
 /* One path from a decoded layer request to eng_mha, shared by POST /v1/mha and the KServe v2
  * route of a layer model: a route fills an api__layer_req from its wire format (tensors probed,
  * not decoded), then runs api__layer_op, ending with its free. Tensor names in
  * messages are the request's: input, memory, key, value, attn_mask, key_padding_mask,
- * weights.*; options: query_offset, rope_base, rope_style, num_heads, num_kv_heads. */
+ * weights.*; options: query_offset, rope_base, rope_style, num_heads, num_kv_heads.
+ *
+ * A request naming a session (POST /v1/mha "session", the v2 sequence of a layer model) is one
+ * decoder-layer step of that session's KV cache: its input tokens are the next ones of the
+ * session's sequence, their keys and values are appended, and the queries attend over the
+ * whole cache (eng_mha_args.kv_cache). */
 
 #define API_LAYER_MAX_WEIGHTS 16
 
@@ -44,6 +50,12 @@ typedef struct {
     bool precision_set;
     eng_precision precision; /* asked for (else the limits' default); see eng_mha_precision */
     int64_t timeout_ms;      /* 0: not given */
+
+    /* A step of a session (call->sessions): its id (borrowed; NULL: none) and the length the
+     * step expects it to have (409 otherwise). */
+    const char *session;
+    bool expect_set;
+    int64_t expect_length;
 } api__layer_req;
 
 typedef struct {
@@ -61,6 +73,8 @@ typedef struct {
     float *out, *weights;
     float placeholder; /* stands in for buffers not allocated yet when sizing */
     eng_mha_args args;
+    api__session *sess; /* r.session, acquired by check until free */
+    int64_t length;     /* the session's length after run */
 } api__layer;
 
 /* The operation (operation.h) on an api__layer whose rq is set and whose request r a route
@@ -68,13 +82,27 @@ typedef struct {
  * exclude each other and the element limit over the inputs, sets the deadline, finds the layer
  * (s->layer, else r.model in call->models: 404; or builds it from inline weights, reserving
  * them in the budget), checks every tensor against it and the element limit over inputs and
- * outputs. Its outputs are output and weights; free frees the inline layer. */
+ * outputs. Its outputs are output and weights; free frees the inline layer.
+ *
+ * With r.session, check also acquires the session (501 sessions off, 404 session_not_found /
+ * session_evicted) and checks it against the layer: created for this model (r.model may then
+ * be left out), or of its shape (422 "session"); one sequence (422 input), none of the options
+ * a cache step refuses (422 naming them), expect_length (409), max_tokens (413). Causal is
+ * then bottom-right unless the step (or the session's defaults) says false; the session's
+ * window and precision apply unless the step gives its own. run makes room in the pool when
+ * it is full (429 when it cannot) and sets s->length; free releases the session. */
 extern const api__op api__layer_op;
 
 /* The options every protocol reads the same way into an api__layer_req (options.h): causal,
  * query_offset, positional, rope_base, rope_style, add_zero_attn, precision, timeout_ms. */
 extern const api__option_def api__layer_options[];
 extern const size_t api__layer_n_options;
+
+/* Whether the layer's keys and values can be a KV cache of its own tokens (a session's
+ * steps): self-attention (kdim = vdim = embed_dim) with no bias_k/bias_v to append. */
+bool api__layer_steps_a_cache(const eng_layer *l);
+/* 0 when it can; else a 422 naming `field` that says why not. */
+int api__layer_cache_check(const eng_layer *l, const char *field, api__error *err);
 
 /* "none", "sinusoidal", "rope" or "alibi". */
 const char *api__layer_positional_name(eng_positional p);

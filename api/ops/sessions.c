@@ -454,6 +454,13 @@ void api__session_set_name(api_sessions *reg, api__session *s, const char *name)
     pthread_mutex_unlock(&reg->lock);
 }
 
+void api__session_set_model(api_sessions *reg, api__session *s, const char *model)
+{
+    pthread_mutex_lock(&reg->lock);
+    snprintf(s->model, sizeof s->model, "%s", model);
+    pthread_mutex_unlock(&reg->lock);
+}
+
 void api__sessions_end(api_sessions *reg, const char *id)
 {
     pthread_mutex_lock(&reg->lock);
@@ -585,6 +592,11 @@ void api__session_describe(api_buf *w, const api__session *s, int64_t length, si
                    (long long)s->shape.head_dim, (long long)s->shape.value_head_dim);
     if (s->shape.max_tokens > 0)
         api_buf_int(w, s->shape.max_tokens);
+    else
+        api_buf_cstr(w, "null");
+    api_buf_cstr(w, ",\"model\":");
+    if (s->model[0])
+        api_buf_json_string(w, s->model, strlen(s->model));
     else
         api_buf_cstr(w, "null");
     api_buf_printf(w, ",\"ttl_s\":%lld,\"created\":", (long long)s->ttl_s);
@@ -959,49 +971,72 @@ static double mib(size_t bytes)
     return (double)bytes / (1024.0 * 1024.0);
 }
 
+int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_tokens,
+                           eng_status (*step)(void *arg, eng_error *e), void *arg, eng_status *st,
+                           eng_error *e, api__error *err)
+{
+    /* The step first: one that could never fit fails as such (413) without evicting anyone. */
+    for (;;) {
+        memset(e, 0, sizeof *e);
+        *st = step(arg, e);
+        if (*st != ENG_ENOMEM || strcmp(e->field, "kv_cache_bytes") != 0)
+            return 0;
+        if (!api__sessions_make_room(reg, s, eng_kv_seq_append_bytes(s->seq, new_tokens)))
+            return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
+                                  "the KV cache (--kv-cache-bytes, %.1f MiB) is full of "
+                                  "sessions with steps in flight; retry shortly",
+                                  mib(reg->capacity));
+    }
+}
+
+int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,
+                          const eng_error *e, const char *field, api__error *err)
+{
+    if (st != ENG_ETOOBIG)
+        return 0;
+    if (strcmp(e->field, "max_tokens") == 0)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
+                              "the step would pass the session's max_tokens (%lld): %s",
+                              (long long)s->shape.max_tokens, e->message);
+    return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
+                          "the session could never fit the KV cache (--kv-cache-bytes, "
+                          "%.1f MiB): %s",
+                          mib(reg->capacity), e->message);
+}
+
+/* The engine call of a step: append and attend. */
+static eng_status step_engine(void *op, eng_error *e)
+{
+    api__session_step *st = op;
+    api__req *rq = st->rq;
+    eng_kv_rows kr, vr;
+    if (st->r.has_k) {
+        kr = eng_kv_rows_f32(step_view(st->k, st->r.k.rank, st->Hkv, st->n_new, st->D));
+        vr = eng_kv_rows_f32(step_view(st->v, st->r.v.rank, st->Hkv, st->n_new, st->Dv));
+    }
+    return eng_kv_step(rq->call->pool, st->s->seq, st->r.has_k ? &kr : NULL,
+                       st->r.has_k ? &vr : NULL, st->r.has_q ? &st->args : NULL, &rq->lease->ctl,
+                       e);
+}
+
 static int step_run(void *op, int64_t *compute_ns, api__error *err)
 {
     api__session_step *st = op;
     api__req *rq = st->rq;
     eng_error e;
-    eng_kv_rows kr, vr;
+    eng_status rc;
     if (api__req_check_ctl(rq, err) != 0)
         return -1;
-    if (st->r.has_k) {
-        kr = eng_kv_rows_f32(step_view(st->k, st->r.k.rank, st->Hkv, st->n_new, st->D));
-        vr = eng_kv_rows_f32(step_view(st->v, st->r.v.rank, st->Hkv, st->n_new, st->Dv));
-    }
     int64_t t0 = eng_now_ns();
-    eng_status rc;
-    for (;;) {
-        memset(&e, 0, sizeof e);
-        rc = eng_kv_step(rq->call->pool, st->s->seq, st->r.has_k ? &kr : NULL,
-                         st->r.has_k ? &vr : NULL, st->r.has_q ? &st->args : NULL, &rq->lease->ctl,
-                         &e);
-        if (rc != ENG_ENOMEM || strcmp(e.field, "kv_cache_bytes") != 0)
-            break;
-        size_t need = eng_kv_seq_append_bytes(st->s->seq, st->n_new);
-        if (!api__sessions_make_room(st->reg, st->s, need)) {
-            *compute_ns = eng_now_ns() - t0;
-            return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
-                                  "the KV cache (--kv-cache-bytes, %.1f MiB) is full of "
-                                  "sessions with steps in flight; retry shortly",
-                                  mib(st->reg->capacity));
-        }
-    }
+    int fail = api__session_with_room(st->reg, st->s, st->n_new, step_engine, st, &rc, &e, err);
     *compute_ns = eng_now_ns() - t0;
+    if (fail)
+        return -1;
     st->length = eng_kv_seq_length(st->s->seq);
     if (rc == ENG_OK)
         return 0;
-    if (rc == ENG_ETOOBIG && strcmp(e.field, "max_tokens") == 0)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "key",
-                              "the step would pass the session's max_tokens (%lld): %s",
-                              (long long)st->s->shape.max_tokens, e.message);
-    if (rc == ENG_ETOOBIG)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "key",
-                              "the session could never fit the KV cache (--kv-cache-bytes, "
-                              "%.1f MiB): %s",
-                              mib(st->reg->capacity), e.message);
+    if (api__session_too_long(st->reg, st->s, rc, &e, "key", err))
+        return -1;
     const char *field = e.field[0] == 'q'   ? "query"
                         : e.field[0] == 'k' ? "key"
                         : e.field[0] == 'v' ? "value"

@@ -40,7 +40,9 @@ typedef struct {
 typedef struct api__session api__session;
 struct api__session {
     char id[API_SESSION_ID_LEN + 1];
-    char name[96]; /* a KServe v2 sequence's key ("sdpa/<sequence_id>"), or "" */
+    char name[160]; /* a KServe v2 sequence's key ("<model>/<sequence_id>"), or "" */
+    char model[64]; /* the layer whose cache this is (POST /v1/sessions "model", a layer
+                       model's v2 sequence): its /v1/mha steps must name it; "" for none */
     eng_kv_seq *seq;
     int64_t num_heads; /* query heads: a multiple of shape.num_kv_heads */
     eng_kv_shape shape;
@@ -93,6 +95,8 @@ size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, in
 bool api__sessions_find_name(api_sessions *reg, const char *name, char *id);
 /* Names the acquired session `s` (the v2 sequence it serves). */
 void api__session_set_name(api_sessions *reg, api__session *s, const char *name);
+/* Makes the acquired session `s` the cache of the layer `model` (its name, kept). */
+void api__session_set_model(api_sessions *reg, api__session *s, const char *model);
 /* Ends the session `id` as its sequence ended (sequence_end, or a new sequence_start): counted
  * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
  * reference). No-op when there is no such session. */
@@ -100,6 +104,20 @@ void api__sessions_end(api_sessions *reg, const char *id);
 
 /* The 501 of a route while sessions are off. */
 int api__sessions_off(api__error *err);
+
+/* Runs step(arg, e), an engine call that appends `new_tokens` to the acquired session s; while
+ * it finds the pool full (ENOMEM on field "kv_cache_bytes"), evicts least recently used idle
+ * sessions to make room for them (eng_kv_seq_append_bytes) and tries again. 0 with the last
+ * try's status in *st and *e; -1 with a 429 in err when the pool is full of sessions it may
+ * not evict. */
+int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_tokens,
+                           eng_status (*step)(void *arg, eng_error *e), void *arg, eng_status *st,
+                           eng_error *e, api__error *err);
+/* The 413 of a step the engine refused as too long (ETOOBIG: past the session's max_tokens,
+ * or beyond what the pool could ever hold), naming `field` (the new tokens); 0, with nothing
+ * set, for any other failure. */
+int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,
+                          const eng_error *e, const char *field, api__error *err);
 
 /* ---- The step --------------------------------------------------------------------------- */
 

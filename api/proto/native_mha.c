@@ -40,11 +40,28 @@
  *   return_weights      "mean" | "per_head" | false.
  *   output_encoding     "nested" | "flat" | "base64"; default: the input's form.
  *   timeout_ms          positive integer, capped by --request-timeout-ms.
+ *   session             the id of a KV-cache session (POST /v1/sessions, best with "model"):
+ *                       one decoder-layer step. input [L, E] or [1, L, E] holds the next L
+ *                       tokens of the session's sequence, at positions n .. n+L-1 (n its
+ *                       length); their keys and values (rotated, with rope) are appended to
+ *                       the session and the queries attend over all n+L, bottom-right causal
+ *                       unless causal is false (or the session's default says so). model may
+ *                       be left out for a session made for one; a session of another model or
+ *                       shape is 422 naming "session". Refused with it (422 naming them):
+ *                       memory, key, value, masks, query_offset, causal "top_left",
+ *                       add_zero_attn, a layer with bias_kv. Steps of one session apply in
+ *                       the order they arrive; 404 session_not_found / session_evicted, 413
+ *                       past its max_tokens, 429 when the pool is full of busy sessions.
+ *                       Every step of a session should use the same positional settings: the
+ *                       cache keeps the keys as the step that appended them rotated them.
+ *   expect_length       with session: the length the step expects before it appends (409 and
+ *                       nothing appended otherwise), which makes a retried step safe.
  * Every optional field may also be null, meaning its default.
  *
- * The reply is {"output": T, "weights"?: T, "meta": {...}}: output [B, L, E] (or [L, E] for a
- * rank-2 input), weights [B, H, L, S'] per head or [B, L, S'] as the head mean (B dropped
- * likewise), where S' = S plus the appended keys.
+ * The reply is {"output": T, "weights"?: T, "length"?: n, "meta": {...}}: output [B, L, E] (or
+ * [L, E] for a rank-2 input), weights [B, H, L, S'] per head or [B, L, S'] as the head mean (B
+ * dropped likewise), where S' = S plus the appended keys (over a session S is n + L, the
+ * keys of the whole cache); length is the session's after the step.
  *
  * This file parses the native format into an api__layer_req and writes the native reply;
  * everything between (the layer, shapes, limits, the budget, decoding, the engine call) is
@@ -187,23 +204,30 @@ static int f_output_encoding(void *jp, const json_t *v, const char *name, api__e
     return api__option_encoding(v, name, &job->encoding_set, &job->encoding, err);
 }
 
-/* The fields that are this route's own (the layer, tensors and output settings); the rest are
- * the options of the operation (api__layer_options). */
-/* A decoder-layer step over a session's cache needs the engine to append the layer's projected
- * (and rotated) k/v to a sequence and attend over it inside eng_mha, which it cannot yet: until
- * then a "session" is refused plainly rather than served by a second copy of the layer. */
 static int f_session(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    (void)jp;
+    mha_job *job = jp;
     if (json_is_null(v))
         return 0;
-    return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, name,
-                          "\"session\" on /v1/mha is not served yet: project q, k and v "
-                          "yourself and step the session with POST /v1/sessions/{id}/attention");
+    if (!json_is_string(v))
+        return api__error_invalid(
+            err, name, "%s must be the id of a session (as POST /v1/sessions returns)", name);
+    job->s.r.session = json_string_value(v);
+    return 0;
 }
 
+static int f_expect_length(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    mha_job *job = jp;
+    job->s.r.expect_set = true;
+    return api__option_int(v, name, 0, INT64_C(1) << 40, &job->s.r.expect_length, err);
+}
+
+/* The fields that are this route's own (the layer, tensors, the session and output settings);
+ * the rest are the options of the operation (api__layer_options). */
 static const api__native_field mha_fields[] = {
     {"session", f_session},
+    {"expect_length", f_expect_length},
     {"model", f_model},
     {"weights", f_weights},
     {"num_heads", f_num_heads},
@@ -233,10 +257,13 @@ static int parse_fields(mha_job *job, api__error *err)
         return api__error_invalid(err, "weights",
                                   "give either model (a registered layer) or weights (inline), "
                                   "not both");
-    if (!r->model && !r->has_weights)
+    if (!r->model && !r->has_weights && !r->session)
         return api__error_invalid(err, "model",
                                   "model (a registered layer, see GET /v1/models) or weights "
                                   "(inline tensors) is required");
+    if (r->expect_set && !r->session)
+        return api__error_invalid(err, "expect_length",
+                                  "expect_length is the length of a session: give session too");
     return 0;
 }
 
@@ -256,6 +283,8 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
     const eng_layer *l = s->layer;
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
+    if (s->sess)
+        api_buf_printf(w, ",\"length\":%lld", (long long)s->length);
     api_buf_cstr(w, ",\"meta\":{\"model\":");
     if (s->inline_layer)
         api_buf_cstr(w, "null");
@@ -280,6 +309,7 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 static int parse(void *p, api__error *err)
 {
     mha_job *job = p;
+    job->s.r.causal = API_CAUSAL_UNSET; /* not given: the layer's default, or a session's */
     if (parse_fields(job, err) != 0)
         return -1;
     job->head.form = reply_form(job);

@@ -5,7 +5,13 @@
  * format into them and writes the replies, through the one driver (serve.h).
  *
  * POST /v1/sessions
- *   num_heads, head_dim    required: query heads H and their size D
+ *   model                  a registered layer (GET /v1/models): the session is then its cache,
+ *                          stepped by POST /v1/mha {"session"} (and its v2 sequences), with
+ *                          the layer's heads and head size; num_heads, num_kv_heads, head_dim
+ *                          and value_head_dim may be left out (given, they must be the layer's),
+ *                          and scale, softcap and alibi, which a layer step does not take, are
+ *                          refused
+ *   num_heads, head_dim    required (without model): query heads H and their size D
  *   num_kv_heads           Hkv (default H; H a multiple of it); value_head_dim Dv (default D)
  *   cache_dtype            "float32" (default) | "bfloat16" | "float16": how K and V are kept
  *   max_tokens             a cap on the length (default: only --kv-cache-bytes)
@@ -28,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/ops/layer.h"
+#include "api/ops/models.h"
 #include "api/ops/sessions.h"
 #include "api/proto/native.h"
 #include "api/wire/reply.h"
@@ -87,7 +95,9 @@ typedef struct {
     bool ttl_set, alibi, causal_set, window_set;
     api__window window;
     eng_dtype dtype;
-    api__session *s; /* acquired, once created */
+    const char *model;      /* "model" as sent (the tree's, until decode) */
+    const eng_layer *layer; /* the registered layer it names */
+    api__session *s;        /* acquired, once created */
     api_sessions *reg;
 } create_job;
 
@@ -142,11 +152,56 @@ static int c_alibi(void *jp, const json_t *v, const char *name, api__error *err)
 
 static int c_model(void *jp, const json_t *v, const char *name, api__error *err)
 {
-    (void)jp;
-    (void)v;
-    return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, name,
-                          "sessions of a layer (\"model\") are not served yet: create the "
-                          "session by its shape and attend with projected q/k/v");
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return api__error_invalid(err, name, "%s must be the name of a model (GET /v1/models)",
+                                  name);
+    ((create_job *)jp)->model = json_string_value(v);
+    return 0;
+}
+
+/* A given head setting must be the layer's (0: not given). */
+static int same_as_layer(int64_t given, int64_t layers, const char *name, const eng_layer *l,
+                         api__error *err)
+{
+    if (given == 0 || given == layers)
+        return 0;
+    return api__error_invalid(err, name, "%s is %lld but model \"%s\" has %lld; leave it out", name,
+                              (long long)given, l->name, (long long)layers);
+}
+
+/* A session of a layer: its shape is the layer's, and the step options it keeps are those of
+ * a layer step (causal, window, precision). */
+static int create_layer_check(create_job *job, api__error *err)
+{
+    const api_models *models = job->rq.call->models;
+    const eng_layer *l = models ? api_models_find(models, job->model) : NULL;
+    if (!l)
+        return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
+                              "no model \"%.64s\"; GET /v1/models lists them", job->model);
+    int64_t D = l->embed_dim / l->num_heads;
+    if (same_as_layer(job->o.num_heads, l->num_heads, "num_heads", l, err) != 0 ||
+        same_as_layer(job->o.num_kv_heads, l->num_kv_heads, "num_kv_heads", l, err) != 0 ||
+        same_as_layer(job->head_dim, D, "head_dim", l, err) != 0 ||
+        same_as_layer(job->value_head_dim, D, "value_head_dim", l, err) != 0)
+        return -1;
+    const char *not_layer = job->o.scale_set     ? "scale"
+                            : job->o.softcap > 0 ? "softcap"
+                            : job->alibi         ? "alibi"
+                                                 : NULL;
+    if (not_layer)
+        return api__error_invalid(err, not_layer,
+                                  "%s is not an option of a layer's steps (POST /v1/mha takes "
+                                  "the layer's scale, and positional \"alibi\")",
+                                  not_layer);
+    if (api__layer_cache_check(l, "model", err) != 0)
+        return -1;
+    job->layer = l;
+    job->o.num_heads = l->num_heads;
+    job->o.num_kv_heads = l->num_kv_heads;
+    job->head_dim = job->value_head_dim = D;
+    return 0;
 }
 
 static const api__native_field create_fields[] = {
@@ -169,8 +224,10 @@ static int create_parse(void *p, api__error *err)
                            sizeof create_fields / sizeof create_fields[0], api__sdpa_options,
                            api__sdpa_n_options, "/v1/sessions", err) != 0)
         return -1;
+    if (job->model && create_layer_check(job, err) != 0)
+        return -1;
     if (!job->o.num_heads)
-        return api__error_invalid(err, "num_heads", "num_heads is required");
+        return api__error_invalid(err, "num_heads", "num_heads is required (or model)");
     if (!job->head_dim)
         return api__error_invalid(err, "head_dim", "head_dim is required");
     if (job->o.num_heads > 65536)
@@ -222,6 +279,8 @@ static int create_compute(void *p, int64_t *compute_ns, api__error *err)
     int64_t ttl = job->ttl_set ? job->ttl_s : api__sessions_default_ttl(job->reg);
     if (api__sessions_add(job->reg, seq, job->o.num_heads, &opts, ttl, &job->s, err) != 0)
         return -1;
+    if (job->layer)
+        api__session_set_model(job->reg, job->s, job->layer->name);
     *compute_ns = eng_now_ns() - t0;
     return 0;
 }
@@ -535,6 +594,8 @@ static int edit_compute(void *p, int64_t *compute_ns, api__error *err)
     int64_t ttl = job->ttl_set ? job->ttl_s : job->s->ttl_s;
     if (api__sessions_add(reg, seq, job->s->num_heads, &job->s->opts, ttl, &job->child, err) != 0)
         return -1;
+    if (job->s->model[0]) /* the same layer's cache */
+        api__session_set_model(reg, job->child, job->s->model);
     *compute_ns = eng_now_ns() - t0;
     return 0;
 }

@@ -45,7 +45,13 @@
  *   parameters causal, query_offset, window_left, window_right, positional ("sinusoidal",
  *             "rope", "alibi", "none"), rope_base, rope_style ("half", "interleaved"),
  *             add_zero_attn (bool), return_weights, timeout_ms; binary_data_output, timeout
- *             and priority as above.
+ *             and priority as above. Triton's sequence_id / sequence_start / sequence_end make
+ *             the request a decoder-layer step of its sequence's session (sessions on, a
+ *             self-attention layer without bias_kv): start makes one with the layer's kv heads
+ *             and head size, every request's input ([1, n, E] or [n, E]) is the sequence's
+ *             next tokens, whose keys and values join the cache and whose queries attend over
+ *             all of it (bottom-right causal unless causal is false), end frees it after the
+ *             step; no memory, masks, query_offset or add_zero_attn then.
  *   outputs   output [B, L, E] (after the input's rank), weights [B, H, L, S'] or mean
  *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above.
  *
@@ -116,33 +122,13 @@ static int drop_batch(api__tensor *t, const char *name, api__error *err)
     return 0;
 }
 
-/* Turns the request into a step of its sequence's session: sequence_start creates the session
- * (ending one the id already names), with the shape of the request's tensors; any other
- * request needs the session its start made. The step then appends key and value and attends
- * the query (bottom-right causal unless "causal" says otherwise); sequence_end frees the
- * session after it (free_job). Model sdpa only. With sessions off the model has no sequence
- * batcher (its configuration says so), and as Triton does then, the flags are ignored. */
-static int sequence_setup(v2_job *job, api__error *err)
+/* The session of the request's sequence, named "<model>/<sequence_id>", into job->session:
+ * sequence_start ends one the name already has and wants a new one (*create: the caller makes
+ * it); any other request needs the session its start made (400 in Triton's words). */
+static int sequence_find(v2_job *job, char *name, size_t name_len, bool *create, api__error *err)
 {
     api_sessions *reg = job->rq.call->sessions;
-    api__sdpa_req *r = &job->s.r;
-    char name[96];
-    if (!reg) /* sessions off: no sequence batcher, and Triton serves each request on its own */
-        return 0;
-    if (is_layer(job))
-        return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST,
-                              "parameters.sequence_id",
-                              "sequences of a layer model are not served yet; send its "
-                              "projected q, k and v to model sdpa with the sequence parameters");
-    if (!r->has_q || !r->has_k || !r->has_v)
-        return api__error_invalid(err, "inputs", "a step of a sequence takes query, key and value");
-    if (r->has_mask || r->has_kpm || r->has_kvlen)
-        return api__error_invalid(err, "inputs", "a step of a sequence takes no masks");
-    bool batch = r->q.rank >= 3;
-    if (drop_batch(&r->q, "query", err) != 0 || drop_batch(&r->k, "key", err) != 0 ||
-        drop_batch(&r->v, "value", err) != 0)
-        return -1;
-    snprintf(name, sizeof name, "sdpa/%s", job->seq_id);
+    snprintf(name, name_len, "%s/%s", job->model.name, job->seq_id);
     bool found = api__sessions_find_name(reg, name, job->session);
     if (found && job->seq_start) {
         api__sessions_end(reg, job->session);
@@ -153,7 +139,84 @@ static int sequence_setup(v2_job *job, api__error *err)
                                   "inference request for sequence %s to model '%s' must "
                                   "specify the START flag on the first request of the sequence",
                                   job->seq_id, job->model.name);
-    if (!found) {
+    *create = !found;
+    return 0;
+}
+
+/* Registers a new session around `seq` (taken over) as the sequence `name`, into job->session;
+ * `model` names the layer it is the cache of, or is NULL. */
+static int sequence_add(v2_job *job, eng_kv_seq *seq, int64_t heads, const char *name,
+                        const char *model, api__error *err)
+{
+    api_sessions *reg = job->rq.call->sessions;
+    api__session_opts opts = {0};
+    api__session *s;
+    if (api__sessions_add(reg, seq, heads, &opts, api__sessions_default_ttl(reg), &s, err) != 0)
+        return -1;
+    api__session_set_name(reg, s, name);
+    if (model)
+        api__session_set_model(reg, s, model);
+    memcpy(job->session, s->id, sizeof job->session);
+    api__session_release(reg, s);
+    return 0;
+}
+
+/* A layer model's sequence: start makes a session with the layer's kv heads and head size,
+ * and every request is a decoder-layer step of it (layer.c with r.session: the input tokens'
+ * keys and values appended, the queries attending over the whole cache). */
+static int layer_sequence_setup(v2_job *job, api__error *err)
+{
+    const eng_layer *l = job->model.layer;
+    char name[160];
+    bool create;
+    /* Refused before a session is made for nothing. */
+    if (api__layer_cache_check(l, "parameters.sequence_id", err) != 0)
+        return -1;
+    if (sequence_find(job, name, sizeof name, &create, err) != 0)
+        return -1;
+    if (create) {
+        int64_t D = l->embed_dim / l->num_heads;
+        eng_kv_shape shape = {.num_kv_heads = l->num_kv_heads, .head_dim = D, .value_head_dim = D};
+        eng_error e;
+        memset(&e, 0, sizeof e);
+        eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(job->rq.call->sessions), &shape, &e);
+        if (!seq)
+            return api__req_engine_error(&job->rq, e.status, &e, "input", err);
+        if (sequence_add(job, seq, l->num_heads, name, l->name, err) != 0)
+            return -1;
+    }
+    job->l.r.session = job->session;
+    return 0;
+}
+
+/* Turns the request into a step of its sequence's session: sequence_start creates the session
+ * (ending one the id already names), with the shape of the request's tensors on model sdpa
+ * and the layer's on a layer model; any other request needs the session its start made. On
+ * sdpa the step then appends key and value and attends the query (bottom-right causal unless
+ * "causal" says otherwise); on a layer see layer_sequence_setup. sequence_end frees the
+ * session after the step (free_job). With sessions off the model has no sequence batcher (its
+ * configuration says so), and as Triton does then, the flags are ignored. */
+static int sequence_setup(v2_job *job, api__error *err)
+{
+    api_sessions *reg = job->rq.call->sessions;
+    api__sdpa_req *r = &job->s.r;
+    char name[160];
+    bool create;
+    if (!reg) /* sessions off: no sequence batcher, and Triton serves each request on its own */
+        return 0;
+    if (is_layer(job))
+        return layer_sequence_setup(job, err);
+    if (!r->has_q || !r->has_k || !r->has_v)
+        return api__error_invalid(err, "inputs", "a step of a sequence takes query, key and value");
+    if (r->has_mask || r->has_kpm || r->has_kvlen)
+        return api__error_invalid(err, "inputs", "a step of a sequence takes no masks");
+    bool batch = r->q.rank >= 3;
+    if (drop_batch(&r->q, "query", err) != 0 || drop_batch(&r->k, "key", err) != 0 ||
+        drop_batch(&r->v, "value", err) != 0)
+        return -1;
+    if (sequence_find(job, name, sizeof name, &create, err) != 0)
+        return -1;
+    if (create) {
         int64_t H, Hkv, D, Dv;
         if (r->q.rank == 3) { /* [H, n, D] */
             H = r->q.shape[0];
@@ -180,13 +243,8 @@ static int sequence_setup(v2_job *job, api__error *err)
         eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(reg), &shape, &e);
         if (!seq)
             return api__req_engine_error(&job->rq, e.status, &e, "key", err);
-        api__session_opts opts = {0};
-        api__session *s;
-        if (api__sessions_add(reg, seq, H, &opts, api__sessions_default_ttl(reg), &s, err) != 0)
+        if (sequence_add(job, seq, H, name, NULL, err) != 0)
             return -1;
-        api__session_set_name(reg, s, name);
-        memcpy(job->session, s->id, sizeof job->session);
-        api__session_release(reg, s);
     }
     job->st.rq = &job->rq;
     job->st.reg = reg;
@@ -501,6 +559,7 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         job->s.rq = &job->rq;
         job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
         job->l.rq = &job->rq;
+        job->l.r.causal = API_CAUSAL_UNSET; /* likewise: off, or bottom-right over a sequence */
         job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
         job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
     }

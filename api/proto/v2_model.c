@@ -18,9 +18,11 @@
  * tritonclient users look for them. With max_batch_size 0 Triton's dynamic batcher forms no
  * batches (every request runs alone, as in attnd) and a queue delay of 0 holds nothing back, so
  * the object says what attnd does: one queue, ordered by priority, no batching (perf_analyzer
- * only notes the scheduler's name). With sessions on (call->sessions), model sdpa adds
- * "sequence_batching" {"max_sequence_idle_microseconds": --session-ttl-s}: its requests may
- * carry sequence_id / sequence_start / sequence_end (v2_infer.c).
+ * only notes the scheduler's name). With sessions on (call->sessions), model sdpa and every
+ * layer whose keys and values can be a cache of its own tokens (self-attention, no bias_kv:
+ * api__layer_steps_a_cache) add "sequence_batching" {"max_sequence_idle_microseconds":
+ * --session-ttl-s}: their requests may carry sequence_id / sequence_start / sequence_end
+ * (v2_infer.c).
  *
  * GET .../ready -> {"name", "ready": true}.
  *
@@ -266,7 +268,7 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
                    limits.priority_levels, limits.default_priority_level);
     api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
                      "\"response_cache\":{\"enable\":false}");
-    if (call->sessions && m.kind == MODEL_SDPA)
+    if (call->sessions && (m.kind == MODEL_SDPA || api__layer_steps_a_cache(m.layer)))
         api_buf_printf(&w,
                        ",\"sequence_batching\":{\"max_sequence_idle_microseconds\":%lld,"
                        "\"direct\":{}}",

@@ -1,6 +1,6 @@
 /*
- * timeout_peek.c - a request's own timeout and priority, read from its body before any worker
- * decodes it.
+ * timeout_peek.c - a request's own timeout and priority, and the session of a /v1/mha step,
+ * read from its body before any worker decodes it.
  *
  * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
  * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
@@ -9,12 +9,15 @@
  * waiting in the queue behind long ones: the server needs the deadline and the priority when it
  * queues the request, so that its watcher can answer 504 on time and the pool can put it ahead
  * of less urgent ones. It asks here, on its I/O thread, where parsing a 64 MB body would cost
- * everyone else what it saves one request. So this reads only what it must, both values in one
+ * everyone else what it saves one request. The same holds for the session a POST /v1/mha names
+ * in its body: the server takes the step's place in the session's order (its ticket) when it
+ * admits it, so it needs the id then. So this reads only what it must, every value in one
  * walk:
  *
- *   1. memmem for "timeout" (native) or "parameters" (v2, where both values live): a body that
- *      does not contain it (most of them) costs one pass at memory speed, and nothing is
- *      parsed;
+ *   1. a gate: memchr over the quotes of a native body for one that opens "timeout" or
+ *      "session" (tensors in base64 or numbers hold few quotes), memmem for "parameters" in a
+ *      v2 one (where its values live): a body that does not contain them (most of them) costs
+ *      one pass at memory speed, and nothing is parsed;
  *   2. otherwise the top level is walked, skipping values without parsing them: strings with
  *      memchr for the closing quote (one preceded by an odd number of backslashes is escaped),
  *      arrays and objects by their bracket depth outside strings. Only a member of the top-level
@@ -208,23 +211,80 @@ static bool peek_start(const api_call *call, size_t json_len, const char *word, 
     return true;
 }
 
+/* Whether a quote in text[0..len) is followed by one of the n words: a key the walk could read
+ * opens so. One memchr pass over the quotes, whatever n. */
+static bool any_quoted(const char *text, size_t len, const char *const *words, size_t n)
+{
+    const char *p = text, *end = text + len;
+    while ((p = memchr(p, '"', (size_t)(end - p))) != NULL) {
+        p++;
+        for (size_t i = 0; i < n; i++) {
+            size_t wl = strlen(words[i]);
+            if ((size_t)(end - p) >= wl && memcmp(p, words[i], wl) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Reads the string at c->p into out[cap] when it is one of 1 to cap - 1 bytes without escapes
+ * (a session id is "s" and hex digits); false for anything else. */
+static bool read_plain_string(cursor *c, char *out, size_t cap)
+{
+    if (!at(c, '"'))
+        return false;
+    const char *start = c->p + 1;
+    if (!skip_string(c))
+        return false;
+    size_t len = (size_t)(c->p - 1 - start);
+    if (len == 0 || len >= cap || memchr(start, '\\', len))
+        return false;
+    memcpy(out, start, len);
+    out[len] = '\0';
+    return true;
+}
+
 void api_peek_native(const api_call *call, api_peek *out)
 {
+    static const char *const words[] = {"timeout_ms\"", "session\""};
     const char *key;
     size_t key_len;
     int64_t ms;
+    bool timeout_seen = false, session_seen = false;
     cursor c;
     *out = (api_peek){0};
     if (!api__content_type_json(call->content_type) ||
-        !peek_start(call, call->body_len, "timeout", &c) || !enter_object(&c))
+        api__coding_parse(call->content_encoding) != API_CODING_IDENTITY || !call->body ||
+        !any_quoted(call->body, call->body_len, words, 2))
         return;
-    for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
+    c.p = call->body;
+    c.end = call->body + call->body_len;
+    if (!enter_object(&c))
+        return;
+    /* Until both are read; a value neither can be read as ends the walk (its route refuses it). */
+    for (bool first = true;
+         !(timeout_seen && session_seen) && next_member(&c, first, &key, &key_len); first = false) {
+        bool ok;
         if (key_is(key, key_len, "timeout_ms")) {
-            if (read_int(&c, 1, API_TIMEOUT_MS_MAX, &ms))
+            timeout_seen = true;
+            ok = read_int(&c, 1, API_TIMEOUT_MS_MAX, &ms);
+            if (ok)
                 out->timeout_ms = ms;
-            return;
+        } else if (key_is(key, key_len, "session")) {
+            /* Not an id (a number, an escape): no ticket, and the walk goes on for the
+             * timeout. */
+            const char *value = c.p;
+            session_seen = true;
+            ok = read_plain_string(&c, out->session, sizeof out->session);
+            if (!ok) {
+                out->session[0] = '\0';
+                c.p = value;
+                ok = skip_value(&c);
+            }
+        } else {
+            ok = skip_value(&c);
         }
-        if (!skip_value(&c))
+        if (!ok)
             return;
     }
 }

@@ -18,7 +18,9 @@
  *                                     "request_id" (X-Request-Id), "inference_header_length"
  *                                     (a string, or "auto": the length of the request file),
  *                                     "binary_tail_hex" (bytes sent after the request file:
- *                                     Triton's binary tensor data, in hex)
+ *                                     Triton's binary tensor data, in hex), "sessions" (true:
+ *                                     KV-cache sessions on, a registry of the case's own,
+ *                                     empty; default off, as --kv-cache-bytes 0)
  *
  * Routes: "/v1/attention", "/v1/mha", and on v2 "/v2/models/M[/versions/V]" (metadata), the
  * same with "/ready", "/config" or "/infer" (M may be empty: "/v2/models//infer"). A v2
@@ -188,9 +190,9 @@ static bool match(const json_t *want, const json_t *got, const char *path)
 static const char *const expected_keys[] = {"about",     "status", "reply", "reply_contains",
                                             "tolerance", "call",   "route", "retry_after_s"};
 static const char *const call_keys[] = {
-    "content_type", "max_body_bytes",          "max_elements",   "max_timeout_ms",
-    "budget_bytes", "budget_in_use",           "started_ms_ago", "cancelled",
-    "request_id",   "inference_header_length", "binary_tail_hex"};
+    "content_type", "max_body_bytes",          "max_elements",    "max_timeout_ms",
+    "budget_bytes", "budget_in_use",           "started_ms_ago",  "cancelled",
+    "request_id",   "inference_header_length", "binary_tail_hex", "sessions"};
 
 static bool known_keys(const json_t *obj, const char *const *keys, size_t n, const char *what)
 {
@@ -385,6 +387,14 @@ static void run_current_case(void)
         limits.max_timeout_ms = json_integer_value(v);
     if (json_is_true(json_object_get(c, "cancelled")))
         atomic_store(&lease.ctl.cancel, true);
+    api_sessions *sessions = NULL;
+    if (json_is_true(json_object_get(c, "sessions"))) {
+        api_sessions_config scfg = {.capacity_bytes = (size_t)16 << 20, .block_tokens = 16};
+        char msg[256];
+        sessions = api_sessions_new(&scfg, msg, sizeof msg);
+        CHECKF(sessions != NULL, "%s: api_sessions_new: %s", current, msg);
+        call.sessions = sessions;
+    }
     tolerance = json_is_number(json_object_get(expected, "tolerance"))
                     ? json_number_value(json_object_get(expected, "tolerance"))
                     : 1e-5;
@@ -446,6 +456,7 @@ static void run_current_case(void)
         api_budget_free(budget);
     }
     api_reply_free(&r);
+    api_sessions_free(sessions);
     json_decref(expected);
     free(expected_text);
     free(request);

@@ -1,8 +1,10 @@
 /*
  * fuzz_session_request.c - libFuzzer harness for the KV-cache session routes with a body
- * (api_sessions_create, api_session_attention, api_session_truncate, api_session_fork): the
- * first byte picks the route and the session (a float32 and a bfloat16 one, made at start-up),
- * the rest is the body.
+ * (api_sessions_create, api_session_attention, api_session_truncate, api_session_fork, and
+ * api_mha on a session): the first byte picks the route and the session (a float32 and a
+ * bfloat16 one, made at start-up), the rest is the body. With bit 3 of the first byte set the
+ * body goes to POST /v1/mha instead, as a step of a third session, the demo layer's cache,
+ * whose id is spliced in as the body's first member ("session").
  *
  * Every call must answer with a well-formed reply, never crash, hang, leak or read out of
  * bounds; beyond the sanitizers the harness aborts on what api/api.h rules out: a 500, an
@@ -27,7 +29,8 @@ static eng_pool *pool;
 static api_budget *budget;
 static api_limits limits;
 static api_sessions *reg;
-static char ids[2][64];
+static api_models *models;
+static char ids[3][64]; /* float32, bfloat16, the demo layer's */
 
 static void fail(const char *why, const api_reply *r)
 {
@@ -45,6 +48,7 @@ static void call_route(void (*fn)(const api_call *, api_reply *), const char *id
                      .pool = pool,
                      .lease = lease,
                      .limits = &limits,
+                     .models = models,
                      .sessions = reg,
                      .session = id};
     fn(&call, reply);
@@ -69,7 +73,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     budget = api_budget_new((size_t)64 << 20);
     api_sessions_config cfg = {.capacity_bytes = (size_t)1 << 20, .block_tokens = 16, .ttl_s = 0};
     reg = api_sessions_new(&cfg, msg, sizeof msg);
-    if (!pool || !budget || !reg) {
+    models = api_models_new();
+    if (!pool || !budget || !reg || !models) {
         fprintf(stderr, "fuzz_session_request: set-up failed\n");
         abort();
     }
@@ -77,10 +82,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     limits.max_body_bytes = (size_t)1 << 20;
     limits.max_elements = 4096;
     limits.max_timeout_ms = 250;
-    const char *shapes[2] = {"{\"num_heads\":2,\"head_dim\":4,\"max_tokens\":512}",
+    const char *shapes[3] = {"{\"num_heads\":2,\"head_dim\":4,\"max_tokens\":512}",
                              "{\"num_heads\":4,\"num_kv_heads\":2,\"head_dim\":2,"
-                             "\"cache_dtype\":\"bfloat16\",\"softcap\":5}"};
-    for (int i = 0; i < 2; i++) {
+                             "\"cache_dtype\":\"bfloat16\",\"softcap\":5}",
+                             "{\"model\":\"demo\",\"max_tokens\":64}"};
+    for (int i = 0; i < 3; i++) {
         api_reply r;
         call_route(api_sessions_create, NULL, shapes[i], strlen(shapes[i]), NULL, &r);
         if (r.status != 201)
@@ -126,6 +132,25 @@ static void check_reply(const api_reply *r)
     json_decref(root);
 }
 
+/* A /v1/mha step of the layer's session: the body with "session" spliced in after its '{' (as
+ * it is when it does not open an object, which the route then refuses). */
+static void mha_step(const char *body, size_t len, api_lease *lease, api_reply *reply)
+{
+    char *spliced = malloc(len + 64);
+    size_t n = len;
+    if (!spliced)
+        abort();
+    if (len > 0 && body[0] == '{') {
+        n = (size_t)snprintf(spliced, 64, "{\"session\":\"%s\"%s", ids[2], len > 1 ? "," : "");
+        memcpy(spliced + n, body + 1, len - 1);
+        n += len - 1;
+    } else {
+        memcpy(spliced, body, len);
+    }
+    call_route(api_mha, NULL, spliced, n, lease, reply);
+    free(spliced);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static void (*const routes[4])(const api_call *, api_reply *) = {
@@ -136,8 +161,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     api_reply reply;
     api_lease lease;
     api_lease_start(&lease, budget, eng_now_ns(), 0);
-    call_route(routes[route], route == 3 ? NULL : ids[which], (const char *)data + 1, size - 1,
-               &lease, &reply);
+    if (data[0] & 8)
+        mha_step((const char *)data + 1, size - 1, &lease, &reply);
+    else
+        call_route(routes[route], route == 3 ? NULL : ids[which], (const char *)data + 1, size - 1,
+                   &lease, &reply);
     check_reply(&reply);
     if (reply.status == 201) {
         api_reply gone;
@@ -153,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 api_budget_in_use(budget));
         abort();
     }
-    for (int i = 0; i < 2; i++) { /* empty again for the next input */
+    for (int i = 0; i < 3; i++) { /* empty again for the next input */
         api_reply r;
         call_route(api_session_truncate, ids[i], "{\"length\":0}", 12, NULL, &r);
         api_reply_free(&r);

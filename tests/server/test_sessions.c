@@ -2,11 +2,14 @@
  * test_sessions.c - KV-cache sessions through a real daemon: the routes' statuses and headers
  * (201 with Location, 204, 404 session_not_found, 405 with Allow, 400 for an id outside the
  * path alphabet), steps of one session sent at once on separate connections applied in the
- * order they arrived, 1,000 sessions created and deleted keeping RSS flat, the session
- * metrics, the session id in the access log, and --kv-cache-bytes 0 answering 501.
- * The numerics of the steps are tests/api/ops/test_sessions.c's.
+ * order they arrived, on /v1/sessions/{id}/attention and on POST /v1/mha {"session"} (whose id
+ * the server reads from the body at admission), a layer session's steps over HTTP equal to one
+ * /v1/mha over the whole history, 1,000 sessions created and deleted keeping RSS flat, the
+ * session metrics, the session id in the access log, and --kv-cache-bytes 0 answering 501.
+ * The numerics of the steps are tests/api/ops/test_sessions.c's and test_layer_sessions.c's.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +192,158 @@ static void test_concurrent_steps_keep_arrival_order(void)
     }
 }
 
+/* A /v1/mha body: `n` random tokens of the demo layer (E = 64) in base64 and `fields`. */
+static char *mha_body(const float *x, int64_t n, const char *fields)
+{
+    int64_t shape[2] = {n, 64};
+    char *t = json_tensor_b64(x, shape, 2);
+    size_t len = strlen(t) + strlen(fields) + 64;
+    char *b = malloc(len);
+    snprintf(b, len, "{\"input\":%s,\"output_encoding\":\"flat\",%s}", t, fields);
+    free(t);
+    return b;
+}
+
+/* POST /v1/mha {"session"} over HTTP: a prefill and single-token steps of a session made for
+ * the demo layer, each equal (1e-5 x max|out|) to the rows of one /v1/mha over the whole
+ * history, causal, with RoPE. */
+static void test_mha_session_steps_equal_the_whole_history(void)
+{
+    enum { P = 24, T = 6, N = P + T };
+    float x[N * 64];
+    double got[P * 64], ref[N * 64];
+    char id[40], fields[192];
+    uint64_t rng = 8;
+    for (int i = 0; i < N * 64; i++)
+        x[i] = (float)rng_sym(&rng, 1.0);
+    if (!create("{\"model\":\"demo\"}", id))
+        return;
+    for (int64_t n0 = 0, L = P; n0 < N; n0 += L, L = 1) {
+        http_resp r, w;
+        snprintf(fields, sizeof fields,
+                 "\"session\":\"%s\",\"expect_length\":%lld,\"positional\":\"rope\"", id,
+                 (long long)n0);
+        char *body = mha_body(x + n0 * 64, L, fields);
+        post("/v1/mha", body, &r);
+        free(body);
+        body = mha_body(x, n0 + L, "\"model\":\"demo\",\"causal\":true,\"positional\":\"rope\"");
+        post("/v1/mha", body, &w);
+        free(body);
+        char want[48];
+        snprintf(want, sizeof want, "\"length\":%lld,", (long long)(n0 + L));
+        long ng = json_numbers(r.body, "output", got, sizeof got / sizeof got[0]);
+        long nr = json_numbers(w.body, "output", ref, sizeof ref / sizeof ref[0]);
+        CHECKF(r.status == 200 && w.status == 200 && strstr(r.body, want) && ng == L * 64 &&
+                   nr == (n0 + L) * 64,
+               "step at %lld: %ld %ld: %.200s", (long long)n0, r.status, w.status,
+               r.body ? r.body : "");
+        double worst = 0, scale = 1e-3;
+        for (long i = 0; ng == L * 64 && nr == (n0 + L) * 64 && i < ng; i++) {
+            scale = fmax(scale, fabs(ref[n0 * 64 + i]));
+            worst = fmax(worst, fabs(got[i] - ref[n0 * 64 + i]));
+        }
+        CHECKF(worst <= 1e-5 * scale, "step at %lld: %.3g from the whole history (max %.3g)",
+               (long long)n0, worst, scale);
+        http_resp_free(&r);
+        http_resp_free(&w);
+    }
+}
+
+/* `n` tokens of x as nested JSON numbers, with `fields`: slower for a worker to parse than
+ * base64 (malloc'd). */
+static char *mha_body_nested(const float *x, int64_t n, const char *fields)
+{
+    size_t cap = (size_t)n * 64 * 16 + strlen(fields) + 64, len = 0;
+    char *b = malloc(cap);
+    len += (size_t)snprintf(b, cap, "{%s,\"output_encoding\":\"flat\",\"input\":[", fields);
+    for (int64_t t = 0; t < n; t++)
+        for (int c = 0; c < 64; c++)
+            len += (size_t)snprintf(b + len, cap - len, "%s%.7g%s",
+                                    c   ? ","
+                                    : t ? ",["
+                                        : "[",
+                                    (double)x[t * 64 + c], c == 63 ? "]" : "");
+    snprintf(b + len, cap - len, "]}");
+    return b;
+}
+
+/* Sends `body` to `path` on a new connection without waiting for the reply: its descriptor. */
+static int send_raw(const char *path, const char *body)
+{
+    char head[512];
+    snprintf(head, sizeof head,
+             "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+             path, strlen(body));
+    int fd = raw_connect(d.port);
+    CHECK(fd >= 0 && raw_send(fd, head, strlen(head)) == 0 &&
+          raw_send(fd, body, strlen(body)) == 0);
+    return fd;
+}
+
+/* As test_concurrent_steps_keep_arrival_order, for layer steps: the session is named in the
+ * body, which the server peeks at admission to take the step's ticket. A long /v1/attention
+ * holds both workers while the steps arrive one by one, so that they queue in arrival order;
+ * they alternate between a long one (BIG_STEP tokens as nested numbers, which take a worker
+ * milliseconds to parse) and a one-token step in base64, which the other worker takes and
+ * parses at once when the workers come free: without its ticket it would reach the session
+ * before the long step ahead of it. Each reply's "length" says where its step went. */
+enum { BIG_STEP = 1024 };
+
+static void test_mha_steps_keep_arrival_order(void)
+{
+    char id[40], fields[96];
+    uint64_t rng = 9;
+    int64_t prefill = 256, expected[ORDER_STEPS], length = prefill;
+    float *x = malloc((size_t)BIG_STEP * 64 * sizeof(float));
+    for (int64_t i = 0; i < BIG_STEP * 64; i++)
+        x[i] = (float)rng_sym(&rng, 1.0);
+    if (!create("{\"model\":\"demo\"}", id)) {
+        free(x);
+        return;
+    }
+    snprintf(fields, sizeof fields, "\"session\":\"%s\"", id);
+    http_resp r;
+    char *body = mha_body(x, prefill, fields);
+    post("/v1/mha", body, &r);
+    free(body);
+    CHECK_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+
+    int64_t rows = daemon_quick() ? 8192 : 65536;
+    body = slow_attention_body(rows, 32768, NULL);
+    int blocker = send_raw("/v1/attention", body);
+    free(body);
+    sleep_ms(20);
+    int fds[ORDER_STEPS];
+    for (int i = 0; i < ORDER_STEPS; i++) {
+        bool big = i % 2 == 0;
+        body = big ? mha_body_nested(x, BIG_STEP, fields) : mha_body(x, 1, fields);
+        expected[i] = length += big ? BIG_STEP : 1;
+        fds[i] = send_raw("/v1/mha", body);
+        free(body);
+        sleep_ms(15); /* the daemon's I/O thread reads it whole before the next one starts */
+    }
+    for (int i = 0; i < ORDER_STEPS; i++) {
+        bool closed = false;
+        char *resp = raw_read_all(fds[i], 60000, &closed);
+        char want[48];
+        snprintf(want, sizeof want, "\"length\":%lld,", (long long)expected[i]);
+        const char *got = resp ? strstr(resp, "\"length\":") : NULL;
+        CHECKF(raw_status(resp) == 200 && strstr(resp, want),
+               "step %d (%s) sent in order %d: status %d, wanted %s, got %.20s", i,
+               i % 2 ? "short" : "long", i, raw_status(resp), want, got ? got : "none");
+        free(resp);
+        close(fds[i]);
+    }
+    bool closed = false;
+    char *resp = raw_read_all(blocker, 60000, &closed);
+    CHECK_EQ_INT(raw_status(resp), 200);
+    free(resp);
+    close(blocker);
+    free(x);
+}
+
 static void test_thousand_sessions_keep_rss_flat(void)
 {
     int n = daemon_quick() ? 300 : 1000;
@@ -255,6 +410,8 @@ int main(void)
     }
     RUN(test_routes);
     RUN_WITHIN(test_concurrent_steps_keep_arrival_order, 120);
+    RUN_WITHIN(test_mha_session_steps_equal_the_whole_history, 60);
+    RUN_WITHIN(test_mha_steps_keep_arrival_order, 120);
     RUN_WITHIN(test_thousand_sessions_keep_rss_flat, 240);
     CHECK_EQ_INT(daemon_stop(&d), 0);
     RUN(test_sessions_off_answer_501);

@@ -3,7 +3,9 @@
  * "parameters" of a KServe v2 one (with Triton's "timeout" in microseconds, the tighter applying),
  * never a decoy inside a string or a nested object, only the JSON before v2 binary tensor data, and
  * 0 for whatever the routes would not apply. Every answer is also checked against jansson: the peek
- * may say 0 where a route applies a timeout (late, not wrong), never another number. */
+ * may say 0 where a route applies a timeout (late, not wrong), never another number. The session a
+ * POST /v1/mha names comes out of the same native walk, held to the same rule: "" or the string
+ * the route reads, never another. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,6 +343,90 @@ static void test_v2_priority_is_read_in_the_same_walk(void)
     CHECK(p.priority == 0 && p.timeout_ms == 30);
 }
 
+/* A peeked session is "" or exactly the top-level "session" string the route reads (jansson)
+ * from a valid body. */
+static void check_session_never_wrong(const char *body, size_t len, const char *got)
+{
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    const char *ref = json_string_value(json_object_get(root, "session"));
+    CHECKF(!got[0] || !root || (ref && strcmp(ref, got) == 0),
+           "%.*s: peeked \"%s\", the route reads %s", (int)len, body, got, ref ? ref : "none");
+    json_decref(root);
+}
+
+typedef struct {
+    const char *body;
+    const char *session;
+    int64_t timeout_ms;
+} session_case;
+
+static const session_case session_cases[] = {
+    {"{\"session\": \"s0123abcd\", \"input\": [[1, 0]]}", "s0123abcd", 0},
+    {"{\"input\": [[1, 0]], \"timeout_ms\": 20, \"session\": \"s1\"}", "s1", 20},
+    {"{\"session\" : \"s2\" ,\n \"timeout_ms\": 30}", "s2", 30},
+    /* Not an id the walk copies: too long, escaped, empty, not a string. The timeout after it
+     * is still read. */
+    {"{\"session\": \"s0123456789012345678901234567890123456789\", \"timeout_ms\": 40}", "", 40},
+    {"{\"session\": \"s\\u0030\", \"timeout_ms\": 41}", "", 41},
+    {"{\"session\": \"\", \"timeout_ms\": 42}", "", 42},
+    {"{\"session\": 12, \"timeout_ms\": 43}", "", 43},
+    {"{\"session\": null}", "", 0},
+    /* Decoys: nested, in a string, another key. */
+    {"{\"weights\": {\"session\": \"s3\"}}", "", 0},
+    {"{\"note\": \"\\\"session\\\": \\\"s4\\\"\"}", "", 0},
+    {"{\"sessions\": \"s5\", \"a_session\": \"s6\"}", "", 0},
+    {"[{\"session\": \"s7\"}]", "", 0},
+};
+
+static void test_native_session_is_read_in_the_same_walk(void)
+{
+    for (size_t i = 0; i < N(session_cases); i++) {
+        const session_case *c = &session_cases[i];
+        api_call call = {.body = c->body, .body_len = strlen(c->body)};
+        api_peek p;
+        api_peek_native(&call, &p);
+        CHECKF(strcmp(p.session, c->session) == 0 && p.timeout_ms == c->timeout_ms,
+               "%s: session \"%s\" timeout %lld, want \"%s\" and %lld", c->body, p.session,
+               (long long)p.timeout_ms, c->session, (long long)c->timeout_ms);
+        check_session_never_wrong(c->body, call.body_len, p.session);
+    }
+    /* A compressed body is not read, nor one of a Content-Type the route refuses. */
+    static const char body[] = "{\"session\": \"s8\"}";
+    api_call call = {.body = body, .body_len = sizeof body - 1, .content_encoding = "gzip"};
+    api_peek p;
+    api_peek_native(&call, &p);
+    CHECK(p.session[0] == '\0');
+    call.content_encoding = NULL;
+    call.content_type = "text/plain";
+    api_peek_native(&call, &p);
+    CHECK(p.session[0] == '\0');
+}
+
+/* Random edits of the session cases: never another session than the route's. */
+static void test_session_mutations_are_never_wrong(void)
+{
+    static const char alphabet[] = "\"\\{}[],: 0123456789sion";
+    uint64_t rng = 54321;
+    for (size_t i = 0; i < N(session_cases); i++) {
+        size_t len = strlen(session_cases[i].body);
+        for (int round = 0; round < 300; round++) {
+            char *body = malloc(len);
+            if (!body)
+                return;
+            memcpy(body, session_cases[i].body, len);
+            for (int edits = 1 + round % 3; edits > 0; edits--)
+                body[rng_below(&rng, len)] = alphabet[rng_below(&rng, sizeof alphabet - 1)];
+            api_call call = {.body = body, .body_len = len};
+            api_peek p;
+            api_peek_native(&call, &p);
+            check_session_never_wrong(body, len, p.session);
+            free(body);
+            if (check__failures_in_test > 5)
+                return;
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_native_reads_the_top_level_timeout_ms_only);
@@ -351,5 +437,7 @@ int main(void)
     RUN(test_big_bodies_are_walked_exactly);
     RUN(test_mutations_are_never_wrong);
     RUN(test_v2_priority_is_read_in_the_same_walk);
+    RUN(test_native_session_is_read_in_the_same_walk);
+    RUN(test_session_mutations_are_never_wrong);
     return check_report();
 }
