@@ -1045,12 +1045,18 @@ static void step_free(void *op)
     }
 }
 
+static eng_precision step_precision(const void *op)
+{
+    return eng_sdpa_precision(&((const api__session_step *)op)->args);
+}
+
 const api__op api__session_step_op = {
     .check = step_check,
     .bytes = step_bytes,
     .decode = step_decode,
     .run = step_run,
     .output = step_output,
+    .precision = step_precision,
     .batch = step_batch,
     .free = step_free,
 };

@@ -129,7 +129,7 @@ static int sequence_setup(v2_job *job, api__error *err)
     char name[96];
     if (!reg) /* sessions off: no sequence batcher, and Triton serves each request on its own */
         return 0;
-    if (is_layer(job))
+    if (job->model.kind == MODEL_LAYER)
         return api__error_set(err, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST,
                               "parameters.sequence_id",
                               "sequences of a layer model are not served yet; send its "
@@ -203,20 +203,10 @@ static int sequence_setup(v2_job *job, api__error *err)
 
 static int model_check(v2_job *job, api__error *err)
 {
-    const eng_layer *l = job->model.layer;
     if (job->seq_set && sequence_setup(job, err) != 0)
         return -1;
-    if (job->s.r.causal == API_CAUSAL_UNSET) /* not given: off, as /v1/attention */
-        job->s.r.causal = API_CAUSAL_OFF;
-    if (is_layer(job)) {
-        if (l->kdim != l->vdim)
-            return api__error_invalid(err, "memory",
-                                      "model %.64s has kdim %lld and vdim %lld: its keys and "
-                                      "values come from different tokens, which the v2 inputs "
-                                      "cannot carry; use POST /v1/mha with key and value",
-                                      job->model.name, (long long)l->kdim, (long long)l->vdim);
-        job->l.layer = l;
-    }
+    if (job->kind->bind(job, err) != 0)
+        return -1;
     return job->op->check(job->op_state, err);
 }
 
@@ -290,9 +280,8 @@ static void write_header_start(v2_job *job, api_buf *w)
         api_buf_cstr(w, ",\"id\":");
         api_buf_json_string(w, job->id, job->id_len);
     }
-    eng_precision ran =
-        is_layer(job) ? eng_mha_precision(&job->l.args) : eng_sdpa_precision(&job->s.args);
-    api_buf_printf(w, ",\"parameters\":{\"precision\":\"%s\"}", api__precision_name(ran));
+    api_buf_printf(w, ",\"parameters\":{\"precision\":\"%s\"}",
+                   api__precision_name(job->op->precision(job->op_state)));
     api_buf_cstr(w, ",\"outputs\":[");
 }
 
@@ -501,8 +490,10 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         job->s.rq = &job->rq;
         job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
         job->l.rq = &job->rq;
-        job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
-        job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
+        job->kind = api__v2_kind(&job->model);
+        job->op = job->kind->op;
+        job->op_state = (char *)job + job->kind->state;
+        job->req = (char *)job + job->kind->request;
     }
     api__serve(&v2_route, job, call, reply);
     free(job);
