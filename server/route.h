@@ -73,10 +73,13 @@ typedef struct {
 
 /* Where a route may be reached without what guards the others. */
 enum {
-    SRV_ROUTE_ADMIN = 1u << 0,   /* also served on --admin-port (probes, scrapes) */
-    SRV_ROUTE_OPEN = 1u << 1,    /* needs no bearer token (probes, the page's shell) */
-    SRV_ROUTE_SESSION = 1u << 2, /* a request on the session {id}: takes its turn in the
-                                    session's order (api_session_ticket_take at admission) */
+    SRV_ROUTE_ADMIN = 1u << 0,    /* also served on --admin-port (probes, scrapes) */
+    SRV_ROUTE_OPEN = 1u << 1,     /* needs no bearer token (probes, the page's shell) */
+    SRV_ROUTE_SESSION = 1u << 2,  /* a request on the session {id}: takes its turn in the
+                                     session's order (api_session_ticket_take at admission) */
+    SRV_ROUTE_SEQUENCE = 1u << 3, /* a KServe v2 inference: one that names a sequence (Triton's
+                                     sequence_id) takes its turn in that sequence's order
+                                     (api_sequence_ticket_take at admission) */
 };
 
 /* One row of the route table. `pattern` is literal segments and "{name}" segments (one path

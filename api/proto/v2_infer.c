@@ -121,7 +121,10 @@ static int drop_batch(api__tensor *t, const char *name, api__error *err)
  * request needs the session its start made. The step then appends key and value and attends
  * the query (bottom-right causal unless "causal" says otherwise); sequence_end frees the
  * session after it (free_job). Model sdpa only. With sessions off the model has no sequence
- * batcher (its configuration says so), and as Triton does then, the flags are ignored. */
+ * batcher (its configuration says so), and as Triton does then, the flags are ignored. Steps
+ * get here in arrival order, a START too: the server gave each a ticket of its sequence as it
+ * admitted it (api_sequence_ticket_take, keyed "<model>/<sequence_id>" like the name below, which
+ * keeps the session from eviction while steps wait). */
 static int sequence_setup(v2_job *job, api__error *err)
 {
     api_sessions *reg = job->rq.call->sessions;
