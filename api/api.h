@@ -331,7 +331,10 @@ void api_reply_error_status(api_reply *reply, api_error_style style, api_status 
  * the ticket's turn before it runs the request: a request whose turn has not come is parked in
  * the session (the worker returns at once; nothing blocks on a step that has not started) and
  * resumed by the end of the one before it. Every ticket taken must end (api_session_turn_end),
- * whether its request ran or not.
+ * whether its request ran or not. The requests of one KServe v2 sequence (Triton's
+ * sequence_id) keep their order the same way, with tickets of the sequence
+ * (api_sequence_ticket_take), since its session is made by its START request only once that
+ * runs.
  *
  *     api_sessions_config cfg = {.capacity_bytes = (size_t)1 << 30, .block_tokens = 64,
  *                                .ttl_s = 600};
@@ -368,9 +371,10 @@ typedef struct {
 } api_sessions_stats;
 void api_sessions_stats_get(api_sessions *reg, api_sessions_stats *stats);
 
-/* A place in the order of one session's requests. */
+/* A place in the order of one session's requests, or of one v2 sequence's. */
 typedef struct {
-    void *session; /* pinned until api_session_turn_end; NULL: no ticket */
+    void *session;  /* pinned until api_session_turn_end; NULL: no ticket of a session */
+    void *sequence; /* the v2 sequence's order, held until api_session_turn_end; NULL: none */
     uint64_t number;
 } api_session_ticket;
 
@@ -378,6 +382,16 @@ typedef struct {
  * outstanding). False, with *t zeroed, when there is no such live session (the route answers
  * the 404 itself). */
 bool api_session_ticket_take(api_sessions *reg, const char *id, api_session_ticket *t);
+/* Takes the next ticket of the KServe v2 sequence `sequence_id` (id_len bytes, as the request
+ * writes it: an integer's digits or a string's bytes between its quotes, escapes not undone;
+ * api_peek_v2 reads it) of model `model`, so that its requests run in arrival order whether or
+ * not its session exists yet: a sequence_start waits for the steps before it and the steps
+ * after it wait for it. While a sequence has tickets outstanding its session is not evicted or
+ * expired. False, with *t zeroed, only when reg is NULL, the id is empty (or holds a NUL) or
+ * memory runs out (the request then runs in no particular order, as it would without a
+ * ticket). Any thread; the server calls it on its I/O thread as it admits the request. */
+bool api_sequence_ticket_take(api_sessions *reg, const char *model, const char *sequence_id,
+                              size_t id_len, api_session_ticket *t);
 /* True when it is t's turn; otherwise parks t and returns false: resume(arg) is called once,
  * from the thread that ends the step before it, without the registry's lock held. */
 bool api_session_turn(api_sessions *reg, api_session_ticket *t, void (*resume)(void *arg),
@@ -487,14 +501,19 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
 
 /* What a body says about queueing its request, read before a worker decodes it. */
 typedef struct {
-    int64_t timeout_ms; /* the request's own timeout; 0: none (or not readable cheaply) */
-    uint64_t priority;  /* v2 "parameters.priority" as written; 0: not given, or not readable
-                           cheaply (the route's default level). Not range-checked: the route
-                           refuses one above --priority-levels with 400 */
-    char session[40];   /* native: the top-level "session" string (POST /v1/mha's session, so
-                           that the server can take the step's ticket at admission), when it
-                           is one of 1 to 39 bytes without escapes; "" otherwise. Not checked:
-                           the route answers for an id that names no session */
+    int64_t timeout_ms;      /* the request's own timeout; 0: none (or not readable cheaply) */
+    uint64_t priority;       /* v2 "parameters.priority" as written; 0: not given, or not readable
+                                cheaply (the route's default level). Not range-checked: the route
+                                refuses one above --priority-levels with 400 */
+    const char *sequence_id; /* v2 "parameters.sequence_id" as written, inside call->body (an
+                                integer's digits, or a string's bytes between its quotes with
+                                escapes not undone); NULL: none (not given, 0 or "", which
+                                Triton reads as none, or not readable cheaply) */
+    size_t sequence_id_len;
+    char session[40]; /* native: the top-level "session" string (POST /v1/mha's session, so
+                         that the server can take the step's ticket at admission), when it is
+                         one of 1 to 39 bytes without escapes; "" otherwise. Not checked: the
+                         route answers for an id that names no session */
 } api_peek;
 
 /* The timeout in milliseconds a request sets for itself, and (v2) its priority, read from
@@ -506,8 +525,8 @@ typedef struct {
  * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
  * no priority) and "session" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
  * inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
- * (microseconds), the tighter of the two, and Triton's "priority", in one walk over the JSON before
- * the binary tensor data.
+ * (microseconds), the tighter of the two, Triton's "priority", and Triton's "sequence_id" (for
+ * api_sequence_ticket_take), in one walk over the JSON before the binary tensor data.
  *
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
  * A value that is not an integer in the route's range reads as 0, as does everything when the

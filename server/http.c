@@ -111,8 +111,9 @@ typedef struct srv_req {
     bool admin;         /* arrived on --admin-port: only health and metrics are served */
     bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
     int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
-    api_session_ticket ticket; /* a SRV_ROUTE_SESSION request's place in its session's order:
-                                  taken at admission (this thread), ended by job_run */
+    api_session_ticket ticket; /* a SRV_ROUTE_SESSION request's place in its session's order, or
+                                  a SRV_ROUTE_SEQUENCE one's in its sequence's: taken at
+                                  admission (this thread), ended by job_run */
 } srv_req;
 
 /* Routes the request by its path (routes.c); a path too long to store matches nothing. */
@@ -830,8 +831,8 @@ static void job_resume(void *arg)
 
 /* Runs one request on an engine worker: decode, compute, encode (all inside the route's work
  * function), then hands the reply back to the MHD thread by resuming the connection. A request
- * on a session first waits for its turn without holding the worker: parked, it returns here
- * and is resubmitted when the request before it ends. */
+ * on a session (or a step of a v2 sequence) first waits for its turn without holding the
+ * worker: parked, it returns here and is resubmitted when the request before it ends. */
 static void job_run(void *arg, int64_t index)
 {
     srv_req *req = arg;
@@ -841,7 +842,7 @@ static void job_run(void *arg, int64_t index)
     api_call call;
     (void)index;
 
-    if (req->ticket.session && !api_session_turn(s->sessions, &req->ticket, job_resume, req))
+    if (!api_session_turn(s->sessions, &req->ticket, job_resume, req))
         return; /* parked: the job's reference goes with it */
     if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_RUNNING)) {
         /* The watcher answered it while it waited (hang-up, deadline, drain). */
@@ -904,19 +905,21 @@ static void job_run(void *arg, int64_t index)
  * (admissions happen on this thread only, so none can slip in before it), its route applies
  * the timeout, and the I/O thread does not scan a long body for nothing (memmem alone takes
  * ~6 ms over 64 MB of base64); it then runs at the default priority, which orders only the
- * sub-jobs it fans out against requests that arrive while it runs.
- *
- * A route whose body may name a session (SRV_ROUTE_BODY_SESSION) is peeked whenever sessions
- * are on, waiting or not: its step needs its ticket now (*peek gets the id). */
+ * sub-jobs it fans out against requests that arrive while it runs. A v2 inference is read
+ * whenever sessions are on, since a step of a sequence needs its place in the sequence's order
+ * (on_body_complete) even when nothing is admitted: the next step may arrive while it runs; so
+ * is a route whose body may name a session (SRV_ROUTE_BODY_SESSION, POST /v1/mha). *peek gets
+ * what the body said (its sequence_id points into req->body). */
 static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_call call = {.body = req->body.data, .body_len = req->body.len};
     int64_t ms;
 
-    *peek = (api_peek){0};
+    memset(peek, 0, sizeof *peek);
     if (rd && rd->peek &&
-        (atomic_load(&s->admitted) > 0 || ((rd->flags & SRV_ROUTE_BODY_SESSION) && s->sessions))) {
+        (atomic_load(&s->admitted) > 0 ||
+         ((rd->flags & (SRV_ROUTE_SEQUENCE | SRV_ROUTE_BODY_SESSION)) && s->sessions))) {
         call_headers(req, &call);
         rd->peek(&call, peek);
     }
@@ -978,6 +981,10 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
     else if ((rd->flags & SRV_ROUTE_BODY_SESSION) && s->sessions && peek.session[0])
         api_session_ticket_take(s->sessions, peek.session, &req->ticket);
+    /* So is a v2 sequence's (ended by job_run like a session's ticket). */
+    if ((rd->flags & SRV_ROUTE_SEQUENCE) && s->sessions && peek.sequence_id)
+        api_sequence_ticket_take(s->sessions, srv__param(&req->params, "model"), peek.sequence_id,
+                                 peek.sequence_id_len, &req->ticket);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {

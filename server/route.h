@@ -77,8 +77,12 @@ enum {
     SRV_ROUTE_OPEN = 1u << 1,         /* needs no bearer token (probes, the page's shell) */
     SRV_ROUTE_SESSION = 1u << 2,      /* a request on the session {id}: takes its turn in the
                                          session's order (api_session_ticket_take at admission) */
-    SRV_ROUTE_BODY_SESSION = 1u << 3, /* likewise for the session its body names, which its
-                                         peek reads at admission (POST /v1/mha "session") */
+    SRV_ROUTE_SEQUENCE = 1u << 3,     /* a KServe v2 inference: one that names a sequence (Triton's
+                                         sequence_id) takes its turn in that sequence's order
+                                         (api_sequence_ticket_take at admission) */
+    SRV_ROUTE_BODY_SESSION = 1u << 4, /* a request on the session its body names, which its peek
+                                         reads at admission (POST /v1/mha "session"): takes its
+                                         turn in that session's order */
 };
 
 /* One row of the route table. `pattern` is literal segments and "{name}" segments (one path

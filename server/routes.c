@@ -179,8 +179,8 @@ static const srv_route_def routes[] = {
     {"/v2/models/{model}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL, NULL},
     {"/v2/models/{model}/config", GET, V2, 0, srv__answer_v2_config, NULL, NULL, NULL},
     {"/v2/models/{model}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL},
-    {"/v2/models/{model}/infer", "POST", V2, 0, NULL, srv__work_v2_infer, api_peek_v2,
-     &srv__v2_infer_stats},
+    {"/v2/models/{model}/infer", "POST", V2, SRV_ROUTE_SEQUENCE, NULL, srv__work_v2_infer,
+     api_peek_v2, &srv__v2_infer_stats},
     {"/v2/models/{model}/versions/{version}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL},
     {"/v2/models/{model}/versions/{version}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL,
      NULL},
@@ -188,8 +188,8 @@ static const srv_route_def routes[] = {
      NULL},
     {"/v2/models/{model}/versions/{version}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL,
      NULL},
-    {"/v2/models/{model}/versions/{version}/infer", "POST", V2, 0, NULL, srv__work_v2_infer,
-     api_peek_v2, &srv__v2_infer_stats},
+    {"/v2/models/{model}/versions/{version}/infer", "POST", V2, SRV_ROUTE_SEQUENCE, NULL,
+     srv__work_v2_infer, api_peek_v2, &srv__v2_infer_stats},
     /* Scrapes reach --admin-port without a token; on --port they need one. */
     {"/metrics", GET, NATIVE, SRV_ROUTE_ADMIN, answer_metrics, NULL, NULL, NULL},
     /* The page's shell holds no data: its API calls carry the token the user types in. */

@@ -21,8 +21,7 @@
 set -u
 
 dir=${1:-tests}
-passed=0
-failed=0
+. "$(dirname "$0")/support/check.sh"
 
 pattern='(^|[^A-Za-z0-9_.>])(s?rand|rand_r|s?random|[dejlmn]rand48|arc4random)\('
 pattern+='|1103515245|1664525[^0-9]|1013904223|2654435761|6364136223846793005'
@@ -43,11 +42,9 @@ scan() {
 
 result() { # name, ok (0 or 1), detail
     if [ "$2" -eq 1 ]; then
-        echo "ok $1"
-        passed=$((passed + 1))
+        ok "$1"
     else
-        echo "FAIL $1: $3"
-        failed=$((failed + 1))
+        fail "$1: $3"
     fi
 }
 
@@ -99,5 +96,4 @@ result "no C file of $dir has a random generator of its own (use tests/support/r
     $([ -z "$hits" ] && echo 1 || echo 0) "
 $hits"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

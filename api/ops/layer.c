@@ -755,12 +755,18 @@ static int64_t layer_batch(const void *op)
     return ((const api__layer *)op)->B;
 }
 
+static eng_precision layer_precision(const void *op)
+{
+    return eng_mha_precision(&((const api__layer *)op)->args);
+}
+
 const api__op api__layer_op = {
     .check = layer_check,
     .bytes = layer_bytes,
     .decode = layer_decode,
     .run = layer_run,
     .output = layer_output,
+    .precision = layer_precision,
     .batch = layer_batch,
     .free = layer_free,
 };

@@ -44,6 +44,9 @@ typedef struct {
      * pointer to its values, which a route may set before decode to place it in its reply.
      * NULL when this request does not compute it. */
     const api__out_shape *(*output)(void *op, int o, float ***slot);
+    /* The precision run computes in (after check): what the request asked for, or float32
+     * where the kernels in use cannot compute bfloat16 (replies name it). */
+    eng_precision (*precision)(const void *op);
     /* The batch size: the inferences the request runs. */
     int64_t (*batch)(const void *op);
     /* Frees what the state owns beyond its rq; safe to call twice. NULL: nothing. */

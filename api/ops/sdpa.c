@@ -558,11 +558,17 @@ static int64_t sdpa_batch(const void *op)
     return ((const api__sdpa *)op)->r.B;
 }
 
+static eng_precision sdpa_precision(const void *op)
+{
+    return eng_sdpa_precision(&((const api__sdpa *)op)->args);
+}
+
 const api__op api__sdpa_op = {
     .check = sdpa_check,
     .bytes = sdpa_bytes,
     .decode = sdpa_decode,
     .run = sdpa_run,
     .output = sdpa_output,
+    .precision = sdpa_precision,
     .batch = sdpa_batch,
 };

@@ -14,6 +14,13 @@
  * request still in the queue, whatever order the pool dequeues in. The end of a turn advances
  * `serving` past tickets dropped out of turn and resumes the parked one whose turn it is.
  *
+ * The requests of one KServe v2 sequence take their turns the same way, in a line of their own
+ * keyed by model and sequence_id rather than in a session: the session of a sequence does not
+ * exist yet when its START arrives (the start step creates it, from shapes only a worker
+ * decodes), and a new START replaces it; the line lasts from its first ticket to the end of
+ * its last. While a line has tickets, the session of that name is not idle (never evicted or
+ * expired), as a session with tickets is not.
+ *
  * A session with a ticket outstanding, acquired, or pinned is never evicted; a deleted one
  * leaves the hash at once and is freed by its last reference.
  */
@@ -43,6 +50,14 @@ struct api__parked {
     void *arg;
 };
 
+/* The order of one v2 sequence's requests (api_sequence_ticket_take), while any has a ticket. */
+struct api__line {
+    struct api__line *hnext; /* hash chain */
+    api__turns turns;
+    int64_t tickets; /* outstanding: the last to end frees the line */
+    char key[];      /* "<model>/<sequence_id as written>", the name of its session */
+};
+
 struct api_sessions {
     pthread_mutex_t lock;
     pthread_cond_t released; /* a busy session was released */
@@ -50,7 +65,8 @@ struct api_sessions {
     int64_t block_tokens, ttl_s;
     size_t capacity;
     api__session *buckets[N_BUCKETS];
-    api__session *first, *last; /* creation order */
+    struct api__line *lines[N_BUCKETS]; /* by key */
+    api__session *first, *last;         /* creation order */
     int64_t live, created, evicted_ttl, evicted_pressure, deleted, ended;
     struct {
         char id[API_SESSION_ID_LEN + 1];
@@ -73,15 +89,29 @@ static size_t bucket_of(const char *id)
     return (size_t)(h % N_BUCKETS);
 }
 
+/* The line of v2 sequence `key` while it has tickets, or NULL. */
+static struct api__line *line_find_locked(const api_sessions *reg, const char *key)
+{
+    for (struct api__line *l = reg->lines[bucket_of(key)]; l; l = l->hnext)
+        if (strcmp(l->key, key) == 0)
+            return l;
+    return NULL;
+}
+
+static void parked_free(api__turns *tu)
+{
+    while (tu->parked) {
+        struct api__parked *p = tu->parked;
+        tu->parked = p->next;
+        free(p);
+    }
+}
+
 /* ---- Life of one session (the lock held) ------------------------------------------------- */
 
 static void session_free(api__session *s)
 {
-    while (s->parked) { /* defensive: every ticket ends before the last reference goes */
-        struct api__parked *p = s->parked;
-        s->parked = p->next;
-        free(p);
-    }
+    parked_free(&s->turns); /* defensive: every ticket ends before the last reference goes */
     eng_kv_seq_free(s->seq);
     free(s);
 }
@@ -121,10 +151,12 @@ static void tombstone_locked(api_sessions *reg, const char *id, gone_reason why)
     reg->tomb_next = (reg->tomb_next + 1) % N_TOMBSTONES;
 }
 
-/* Idle: no request holds it, none is waiting for a turn, nothing pins it. */
-static bool idle_locked(const api__session *s)
+/* Idle: no request holds it, none is waiting for a turn (of the session, or of the v2 sequence
+ * it serves), nothing pins it. */
+static bool idle_locked(const api_sessions *reg, const api__session *s)
 {
-    return !s->busy && s->next_ticket == s->serving && s->refs == 1;
+    return !s->busy && s->turns.next_ticket == s->turns.serving && s->refs == 1 &&
+           !(s->name[0] && line_find_locked(reg, s->name));
 }
 
 static void evict_locked(api_sessions *reg, api__session *s, gone_reason why)
@@ -144,7 +176,7 @@ static void expire_locked(api_sessions *reg)
     api__session *s = reg->first;
     while (s) {
         api__session *next = s->next;
-        if (s->ttl_s > 0 && idle_locked(s) && now - s->last_used_ns > s->ttl_s * 1000000000ll)
+        if (s->ttl_s > 0 && idle_locked(reg, s) && now - s->last_used_ns > s->ttl_s * 1000000000ll)
             evict_locked(reg, s, GONE_TTL);
         s = next;
     }
@@ -261,6 +293,14 @@ void api_sessions_free(api_sessions *reg)
     pthread_mutex_lock(&reg->lock);
     while (reg->first)
         unlink_locked(reg, reg->first);
+    for (size_t b = 0; b < N_BUCKETS; b++) { /* defensive: no request may still hold one */
+        while (reg->lines[b]) {
+            struct api__line *l = reg->lines[b];
+            reg->lines[b] = l->hnext;
+            parked_free(&l->turns);
+            free(l);
+        }
+    }
     pthread_mutex_unlock(&reg->lock);
     eng_kv_pool_free(reg->pool);
     pthread_cond_destroy(&reg->released);
@@ -422,7 +462,8 @@ bool api__sessions_make_room(api_sessions *reg, const api__session *self, size_t
         pthread_mutex_lock(&reg->lock);
         api__session *victim = NULL;
         for (api__session *s = reg->first; s; s = s->next)
-            if (s != self && idle_locked(s) && (!victim || s->last_used_ns < victim->last_used_ns))
+            if (s != self && idle_locked(reg, s) &&
+                (!victim || s->last_used_ns < victim->last_used_ns))
                 victim = s;
         if (victim)
             evict_locked(reg, victim, GONE_PRESSURE);
@@ -484,14 +525,69 @@ bool api_session_ticket_take(api_sessions *reg, const char *id, api_session_tick
     if (s) {
         s->refs++;
         t->session = s;
-        t->number = s->next_ticket++;
+        t->number = s->turns.next_ticket++;
     }
     pthread_mutex_unlock(&reg->lock);
     return s != NULL;
 }
 
+/* One ticket of `l` has ended; the last frees the line. */
+static void line_unref_locked(api_sessions *reg, struct api__line *l)
+{
+    if (--l->tickets > 0)
+        return;
+    struct api__line **pp = &reg->lines[bucket_of(l->key)];
+    while (*pp != l)
+        pp = &(*pp)->hnext;
+    *pp = l->hnext;
+    parked_free(&l->turns); /* defensive: empty once every ticket ended, unless unordered */
+    free(l);
+}
+
+bool api_sequence_ticket_take(api_sessions *reg, const char *model, const char *sequence_id,
+                              size_t id_len, api_session_ticket *t)
+{
+    memset(t, 0, sizeof *t);
+    if (!reg || !model || !sequence_id || id_len == 0 || memchr(sequence_id, '\0', id_len))
+        return false;
+    size_t model_len = strlen(model);
+    if (id_len > SIZE_MAX - sizeof(struct api__line) - 2 - model_len)
+        return false; /* defensive: both lie in the request's buffers */
+    /* Made before the lock is taken, in case the sequence has no line yet. */
+    struct api__line *fresh = calloc(1, sizeof *fresh + model_len + 1 + id_len + 1), *l;
+    if (!fresh)
+        return false;
+    memcpy(fresh->key, model, model_len);
+    fresh->key[model_len] = '/';
+    memcpy(fresh->key + model_len + 1, sequence_id, id_len);
+    pthread_mutex_lock(&reg->lock);
+    l = line_find_locked(reg, fresh->key);
+    if (!l) {
+        size_t b = bucket_of(fresh->key);
+        fresh->hnext = reg->lines[b];
+        reg->lines[b] = l = fresh;
+        fresh = NULL;
+    }
+    l->tickets++;
+    t->sequence = l;
+    t->number = l->turns.next_ticket++;
+    pthread_mutex_unlock(&reg->lock);
+    free(fresh);
+    return true;
+}
+
+/* The order a ticket belongs to: its session's or its sequence's; NULL for a zeroed ticket. */
+static api__turns *turns_of(const api_session_ticket *t)
+{
+    if (t->session)
+        return &((api__session *)t->session)->turns;
+    if (t->sequence)
+        return &((struct api__line *)t->sequence)->turns;
+    return NULL;
+}
+
 /* Adds a parked node; false when memory ran out. */
-static bool park_locked(api__session *s, uint64_t number, void (*resume)(void *), void *arg)
+static bool park_locked(api__turns *tu, uint64_t number, void (*resume)(void *), void *arg)
 {
     struct api__parked *p = malloc(sizeof *p);
     if (!p)
@@ -499,15 +595,15 @@ static bool park_locked(api__session *s, uint64_t number, void (*resume)(void *)
     p->number = number;
     p->resume = resume;
     p->arg = arg;
-    p->next = s->parked;
-    s->parked = p;
+    p->next = tu->parked;
+    tu->parked = p;
     return true;
 }
 
 /* Removes and returns the parked node of `number`, or NULL. */
-static struct api__parked *unpark_locked(api__session *s, uint64_t number)
+static struct api__parked *unpark_locked(api__turns *tu, uint64_t number)
 {
-    for (struct api__parked **pp = &s->parked; *pp; pp = &(*pp)->next) {
+    for (struct api__parked **pp = &tu->parked; *pp; pp = &(*pp)->next) {
         if ((*pp)->number == number) {
             struct api__parked *p = *pp;
             *pp = p->next;
@@ -520,14 +616,14 @@ static struct api__parked *unpark_locked(api__session *s, uint64_t number)
 bool api_session_turn(api_sessions *reg, api_session_ticket *t, void (*resume)(void *arg),
                       void *arg)
 {
-    api__session *s = t->session;
+    api__turns *tu = turns_of(t);
     bool now = true;
-    if (!s)
+    if (!tu)
         return true;
     pthread_mutex_lock(&reg->lock);
     /* Out of memory for the node: run out of turn rather than lose the request (acquiring
      * still keeps requests from overlapping). */
-    if (!s->unordered && t->number != s->serving && park_locked(s, t->number, resume, arg))
+    if (!tu->unordered && t->number != tu->serving && park_locked(tu, t->number, resume, arg))
         now = false;
     pthread_mutex_unlock(&reg->lock);
     return now;
@@ -535,23 +631,26 @@ bool api_session_turn(api_sessions *reg, api_session_ticket *t, void (*resume)(v
 
 void api_session_turn_end(api_sessions *reg, api_session_ticket *t)
 {
-    api__session *s = t->session;
+    api__turns *tu = turns_of(t);
     struct api__parked *next = NULL;
-    if (!s)
+    if (!tu)
         return;
     pthread_mutex_lock(&reg->lock);
-    if (t->number == s->serving) {
-        s->serving++;
-        while ((next = unpark_locked(s, s->serving)) && !next->resume) {
+    if (t->number == tu->serving) {
+        tu->serving++;
+        while ((next = unpark_locked(tu, tu->serving)) && !next->resume) {
             free(next); /* dropped before its turn */
-            s->serving++;
+            tu->serving++;
         }
-    } else if (!park_locked(s, t->number, NULL, NULL)) {
+    } else if (!park_locked(tu, t->number, NULL, NULL)) {
         /* defensive: without the node `serving` would stop at this ticket for good; give the
          * order up instead (requests still never overlap: each acquires the session) */
-        s->unordered = true;
+        tu->unordered = true;
     }
-    unref_locked(s);
+    if (t->session)
+        unref_locked(t->session);
+    else
+        line_unref_locked(reg, t->sequence);
     pthread_mutex_unlock(&reg->lock);
     memset(t, 0, sizeof *t);
     if (next) {
@@ -1080,12 +1179,18 @@ static void step_free(void *op)
     }
 }
 
+static eng_precision step_precision(const void *op)
+{
+    return eng_sdpa_precision(&((const api__session_step *)op)->args);
+}
+
 const api__op api__session_step_op = {
     .check = step_check,
     .bytes = step_bytes,
     .decode = step_decode,
     .run = step_run,
     .output = step_output,
+    .precision = step_precision,
     .batch = step_batch,
     .free = step_free,
 };

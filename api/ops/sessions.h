@@ -35,6 +35,15 @@ typedef struct {
     api__causal causal; /* default: bottom_right */
 } api__session_opts;
 
+/* The order of the ticketed requests of one session or one v2 sequence (api.h
+ * api_session_ticket): the next ticket to give, the one whose turn it is, and the tickets
+ * parked until their turn or dropped out of turn. The registry's, under its lock. */
+typedef struct {
+    uint64_t next_ticket, serving;
+    struct api__parked *parked;
+    bool unordered; /* defensive: a node could not be allocated; turns are no longer kept */
+} api__turns;
+
 /* What a session is; the fields after `seq` are fixed at creation. Read them while the session
  * is acquired (or pinned). */
 typedef struct api__session api__session;
@@ -59,9 +68,7 @@ struct api__session {
     bool busy;                         /* acquired by a request */
     int64_t length;                    /* as of the last release, for GET without acquiring */
     size_t bytes;
-    uint64_t next_ticket, serving;
-    struct api__parked *parked; /* tickets waiting for their turn, or dropped out of turn */
-    bool unordered; /* defensive: a node could not be allocated; turns are no longer kept */
+    api__turns turns; /* its requests' order (native routes' tickets) */
 };
 
 /* Looks up `id` and makes the session this request's until api__session_release: a request

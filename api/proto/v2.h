@@ -22,12 +22,16 @@ typedef struct {
     const eng_layer *layer;
 } model_ref;
 
+typedef struct v2_kind v2_kind;
+
 typedef struct {
-    api__req rq;       /* first: api__serve finds it there */
-    api__sdpa s;       /* model sdpa */
-    api__layer l;      /* a layer model */
-    const api__op *op; /* the model's operation: api__sdpa_op on s, or api__layer_op on l */
-    void *op_state;
+    api__req rq;         /* first: api__serve finds it there */
+    api__sdpa s;         /* model sdpa */
+    api__layer l;        /* a layer model */
+    const v2_kind *kind; /* what the model takes and gives */
+    const api__op *op;   /* the operation run: the kind's, or a sequence's step */
+    void *op_state;      /* its state: s, l or st */
+    void *req;           /* the kind's operation request: s.r or l.r */
     model_ref model;
     char *id; /* NUL-terminated copy (the tree is freed before the reply is written) */
     size_t id_len;
@@ -60,19 +64,53 @@ typedef struct {
     size_t json_len;             /* the JSON part of blob */
 } v2_job;
 
+/* An input of a kind of model: its name, and where the kind's operation request keeps its
+ * tensor and its "given" flag (offsets in api__sdpa_req or api__layer_req). */
+typedef struct {
+    const char *name;
+    size_t tensor, given;
+    const char *required; /* NULL: optional; else what it is, for the message when missing */
+} v2_input;
+
+/* Inputs a kind of model takes, at most. */
+#define API__V2_MAX_INPUTS 8
+
+typedef struct v2_param v2_param; /* a parameter v2 spells its own way (v2_request.c) */
+
+/* Where a kind's request keeps nothing of the sort. */
+#define V2_NO_FIELD SIZE_MAX
+
+/* What one kind of model (sdpa, a layer) takes and gives over v2: reading the request and
+ * writing the reply ask it for every difference between the kinds, never the kind itself.
+ * Offsets of fields are in the kind's operation request (v2_job.req). */
+struct v2_kind {
+    const api__op *op;
+    size_t state, request; /* offsets in v2_job of the operation's state and its request */
+    const v2_param *params;
+    size_t n_params;
+    const api__option_def *options; /* the operation's own, as /v1 reads them */
+    const size_t *n_options;
+    const v2_input *inputs;
+    size_t n_inputs;
+    int n_outputs;                      /* the first n of API__OUT_*: a layer has no lse */
+    size_t window, weights, timeout_ms; /* api__window, eng_weights_mode, int64_t */
+    size_t return_lse;                  /* bool, or V2_NO_FIELD */
+    /* Settles what the model implies for its operation once the request is read (defaults,
+     * the registered layer); 422 naming the field when the model cannot serve the request. */
+    int (*bind)(v2_job *job, api__error *err);
+};
+
+/* The kind of model m is (v2_request.c). */
+const v2_kind *api__v2_kind(const model_ref *m);
+
+/* A field of the job's operation request at `offset` (a v2_kind offset). */
+static inline void *v2_req_field(v2_job *job, size_t offset)
+{
+    return (char *)job->req + offset;
+}
+
 /* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
 bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
-
-static inline bool is_layer(const v2_job *job)
-{
-    return job->model.kind == MODEL_LAYER;
-}
-
-/* The options both kinds of model have, wherever the model keeps them. */
-static inline eng_weights_mode *weights_of(v2_job *job)
-{
-    return is_layer(job) ? &job->l.r.weights : &job->s.r.weights;
-}
 
 /* Reads the body of job->rq.call into the job (v2_request.c): the Content-Type, the body size
  * and Inference-Header-Content-Length checked first, then id, parameters, inputs (tensors

@@ -195,7 +195,10 @@ static int layer_sequence_setup(v2_job *job, api__error *err)
  * sdpa the step then appends key and value and attends the query (bottom-right causal unless
  * "causal" says otherwise); on a layer see layer_sequence_setup. sequence_end frees the
  * session after the step (free_job). With sessions off the model has no sequence batcher (its
- * configuration says so), and as Triton does then, the flags are ignored. */
+ * configuration says so), and as Triton does then, the flags are ignored. Steps get here in
+ * arrival order, a START too: the server gave each a ticket of its sequence as it admitted it
+ * (api_sequence_ticket_take, keyed "<model>/<sequence_id>" like the session's name, which
+ * keeps the session from eviction while steps wait). */
 static int sequence_setup(v2_job *job, api__error *err)
 {
     api_sessions *reg = job->rq.call->sessions;
@@ -204,7 +207,7 @@ static int sequence_setup(v2_job *job, api__error *err)
     bool create;
     if (!reg) /* sessions off: no sequence batcher, and Triton serves each request on its own */
         return 0;
-    if (is_layer(job))
+    if (job->model.kind == MODEL_LAYER)
         return layer_sequence_setup(job, err);
     if (!r->has_q || !r->has_k || !r->has_v)
         return api__error_invalid(err, "inputs", "a step of a sequence takes query, key and value");
@@ -261,20 +264,10 @@ static int sequence_setup(v2_job *job, api__error *err)
 
 static int model_check(v2_job *job, api__error *err)
 {
-    const eng_layer *l = job->model.layer;
     if (job->seq_set && sequence_setup(job, err) != 0)
         return -1;
-    if (job->s.r.causal == API_CAUSAL_UNSET) /* not given: off, as /v1/attention */
-        job->s.r.causal = API_CAUSAL_OFF;
-    if (is_layer(job)) {
-        if (l->kdim != l->vdim)
-            return api__error_invalid(err, "memory",
-                                      "model %.64s has kdim %lld and vdim %lld: its keys and "
-                                      "values come from different tokens, which the v2 inputs "
-                                      "cannot carry; use POST /v1/mha with key and value",
-                                      job->model.name, (long long)l->kdim, (long long)l->vdim);
-        job->l.layer = l;
-    }
+    if (job->kind->bind(job, err) != 0)
+        return -1;
     return job->op->check(job->op_state, err);
 }
 
@@ -348,9 +341,8 @@ static void write_header_start(v2_job *job, api_buf *w)
         api_buf_cstr(w, ",\"id\":");
         api_buf_json_string(w, job->id, job->id_len);
     }
-    eng_precision ran =
-        is_layer(job) ? eng_mha_precision(&job->l.args) : eng_sdpa_precision(&job->s.args);
-    api_buf_printf(w, ",\"parameters\":{\"precision\":\"%s\"}", api__precision_name(ran));
+    api_buf_printf(w, ",\"parameters\":{\"precision\":\"%s\"}",
+                   api__precision_name(job->op->precision(job->op_state)));
     api_buf_cstr(w, ",\"outputs\":[");
 }
 
@@ -560,8 +552,10 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
         job->l.rq = &job->rq;
         job->l.r.causal = API_CAUSAL_UNSET; /* likewise: off, or bottom-right over a sequence */
-        job->op = is_layer(job) ? &api__layer_op : &api__sdpa_op;
-        job->op_state = is_layer(job) ? (void *)&job->l : (void *)&job->s;
+        job->kind = api__v2_kind(&job->model);
+        job->op = job->kind->op;
+        job->op_state = (char *)job + job->kind->state;
+        job->req = (char *)job + job->kind->request;
     }
     api__serve(&v2_route, job, call, reply);
     free(job);

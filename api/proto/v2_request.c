@@ -4,6 +4,7 @@
  * binary tensor data after the JSON) and the outputs asked for. The protocol, and what each
  * model takes, is described at the top of v2_infer.c, which runs the job and writes the reply.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -55,21 +56,15 @@ static int window_side(const json_t *v, const char *name, bool *set, int64_t *ou
     return 0;
 }
 
-/* Both kinds of model keep their window the same way. */
-static api__window *window_of(v2_job *job)
-{
-    return is_layer(job) ? &job->l.r.window : &job->s.r.window;
-}
-
 static int p_window_left(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
-    api__window *w = window_of(job);
+    api__window *w = v2_req_field(job, job->kind->window);
     return window_side(v, name, &w->left_set, &w->left, err);
 }
 
 static int p_window_right(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
-    api__window *w = window_of(job);
+    api__window *w = v2_req_field(job, job->kind->window);
     return window_side(v, name, &w->right_set, &w->right, err);
 }
 
@@ -81,7 +76,7 @@ static int p_alibi(v2_job *job, const json_t *v, const char *name, api__error *e
 static int p_return_weights(v2_job *job, const json_t *v, const char *name, api__error *err)
 {
     const char *s = json_string_value(v);
-    eng_weights_mode *w = weights_of(job);
+    eng_weights_mode *w = v2_req_field(job, job->kind->weights);
     job->weights_param_set = true;
     if (s && strcmp(s, "none") == 0) {
         *w = ENG_WEIGHTS_NONE;
@@ -130,12 +125,12 @@ static int p_binary_data_output(v2_job *job, const json_t *v, const char *name, 
     return api__option_bool(v, name, &job->binary_default, err);
 }
 
-typedef struct {
+struct v2_param {
     const char *name;
     param_fn parse;
-} param_def;
+};
 
-static const param_def sdpa_params[] = {
+static const v2_param sdpa_params[] = {
     {"output_dtype", p_output_dtype},
     {"window_left", p_window_left},
     {"window_right", p_window_right},
@@ -148,7 +143,7 @@ static const param_def sdpa_params[] = {
 };
 
 /* Those of a layer model: the options of /v1/mha that a registered layer leaves open. */
-static const param_def layer_params[] = {
+static const v2_param layer_params[] = {
     {"window_left", p_window_left},
     {"window_right", p_window_right},
     {"return_weights", p_return_weights},
@@ -199,11 +194,10 @@ static int reserved_parameter(v2_job *job, const char *key, const json_t *v, con
  * timeout and priority), else the options of its operation, else Triton's reserved ones. */
 static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
 {
-    const param_def *defs = is_layer(job) ? layer_params : sdpa_params;
-    size_t n_params = is_layer(job) ? N_LAYER_PARAMS : N_SDPA_PARAMS;
-    const api__option_def *opts = is_layer(job) ? api__layer_options : api__sdpa_options;
-    size_t n_opts = is_layer(job) ? api__layer_n_options : api__sdpa_n_options;
-    void *op_req = is_layer(job) ? (void *)&job->l.r : (void *)&job->s.r;
+    const v2_param *defs = job->kind->params;
+    size_t n_params = job->kind->n_params;
+    const api__option_def *opts = job->kind->options;
+    size_t n_opts = *job->kind->n_options;
     const char *key;
     json_t *val;
     char field[96];
@@ -223,7 +217,7 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
         }
         const api__option_def *opt = api__option_find(opts, n_opts, key);
         if (opt) {
-            if (opt->parse(op_req, val, field, err) != 0)
+            if (opt->parse(job->req, val, field, err) != 0)
                 return -1;
             continue;
         }
@@ -236,7 +230,7 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
         for (size_t j = 0; j < n_params; j++)
             names[j] = defs[j].name;
         char what[80];
-        snprintf(what, sizeof what, "model %.64s", is_layer(job) ? job->model.name : "sdpa");
+        snprintf(what, sizeof what, "model %.64s", job->model.name);
         return api__unknown_name(key, field, "parameter", what, names, n_params, opts, n_opts, err);
     }
     return 0;
@@ -244,36 +238,29 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
 
 /* ---- Inputs --------------------------------------------------------------------------------- */
 
-static const char *const input_names[] = {
-    "query", "key", "value", "attn_mask", "key_padding_mask", "kv_lengths"};
-
-#define N_INPUT_NAMES (sizeof input_names / sizeof input_names[0])
-
-static const char *const layer_input_names[] = {"input", "memory", "attn_mask", "key_padding_mask"};
-
-#define N_LAYER_INPUT_NAMES (sizeof layer_input_names / sizeof layer_input_names[0])
-
-/* The tensor slot of input `name` of the job's model, or NULL. */
-static api__tensor *input_slot(v2_job *job, const char *name, bool **has)
+/* The tensor slot of input `name` of the job's model (and its "given" flag), or NULL. */
+static api__tensor *input_slot(v2_job *job, const char *name, bool **given)
 {
-    api__sdpa_req *r = &job->s.r;
-    api__layer_req *lr = &job->l.r;
-    api__tensor *slots[N_INPUT_NAMES] = {&r->q, &r->k, &r->v, &r->mask, &r->kpm, &r->kvlen};
-    bool *flags[N_INPUT_NAMES] = {&r->has_q,    &r->has_k,   &r->has_v,
-                                  &r->has_mask, &r->has_kpm, &r->has_kvlen};
-    api__tensor *lslots[N_LAYER_INPUT_NAMES] = {&lr->input, &lr->memory, &lr->mask, &lr->kpm};
-    bool *lflags[N_LAYER_INPUT_NAMES] = {&lr->has_input, &lr->has_memory, &lr->has_mask,
-                                         &lr->has_kpm};
-    bool layer = is_layer(job);
-    const char *const *names = layer ? layer_input_names : input_names;
-    size_t n = layer ? N_LAYER_INPUT_NAMES : N_INPUT_NAMES;
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(name, names[i]) == 0) {
-            *has = layer ? lflags[i] : flags[i];
-            return layer ? lslots[i] : slots[i];
+    for (size_t i = 0; i < job->kind->n_inputs; i++) {
+        const v2_input *in = &job->kind->inputs[i];
+        if (strcmp(name, in->name) == 0) {
+            *given = v2_req_field(job, in->given);
+            return v2_req_field(job, in->tensor);
         }
     }
     return NULL;
+}
+
+/* "a, b and c": the model's inputs, for messages. */
+static void input_list(const v2_kind *kind, char *out, size_t size)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < kind->n_inputs && n < size; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == kind->n_inputs ? " and " : ", ";
+        int w = snprintf(out + n, size - n, "%s%s", sep, kind->inputs[i].name);
+        n += w > 0 ? (size_t)w : 0;
+    }
 }
 
 /* Whether input `name` takes `dtype`, and whether as JSON data too (false: binary only). */
@@ -405,6 +392,19 @@ static int input_data(v2_job *job, const json_t *data, const char *name, api__dt
     return 0;
 }
 
+static int unknown_input(v2_job *job, const char *name, const char *field, api__error *err)
+{
+    const char *names[API__V2_MAX_INPUTS], *best;
+    char list[160];
+    for (size_t i = 0; i < job->kind->n_inputs; i++)
+        names[i] = job->kind->inputs[i].name;
+    best = api__closest_name(name, names, job->kind->n_inputs);
+    input_list(job->kind, list, sizeof list);
+    return api__error_invalid(err, field, "unknown input \"%.60s\"%s%s%s; model %.64s takes %s",
+                              name, best ? " (did you mean \"" : "", best ? best : "",
+                              best ? "\"?)" : "", job->model.name, list);
+}
+
 static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *err)
 {
     char field[64], sub[192];
@@ -440,22 +440,8 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
     bool *has = NULL;
     api__tensor *t = input_slot(job, name, &has);
-    if (!t && is_layer(job)) {
-        const char *best = api__closest_name(name, layer_input_names, N_LAYER_INPUT_NAMES);
-        return api__error_invalid(err, field,
-                                  "unknown input \"%.60s\"%s%s%s; model %.64s takes input, memory, "
-                                  "attn_mask and key_padding_mask",
-                                  name, best ? " (did you mean \"" : "", best ? best : "",
-                                  best ? "\"?)" : "", job->model.name);
-    }
-    if (!t) {
-        const char *best = api__closest_name(name, input_names, N_INPUT_NAMES);
-        return api__error_invalid(err, field,
-                                  "unknown input \"%.60s\"%s%s%s; model sdpa takes query, key, "
-                                  "value, attn_mask, key_padding_mask and kv_lengths",
-                                  name, best ? " (did you mean \"" : "", best ? best : "",
-                                  best ? "\"?)" : "");
-    }
+    if (!t)
+        return unknown_input(job, name, field, err);
     if (*has)
         return api__error_invalid(err, name, "input %s is given twice", name);
     *has = true;
@@ -549,17 +535,13 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api__error
     }
     if (!name)
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    size_t o = 0,
-           n_outputs = is_layer(job) ? API__OUT_LSE : API__N_OUTPUTS; /* a layer has no lse */
+    size_t o = 0, n_outputs = (size_t)job->kind->n_outputs;
     while (o < n_outputs && strcmp(name, api__out_names[o]) != 0)
         o++;
-    if (o == n_outputs && is_layer(job))
-        return api__error_invalid(err, field,
-                                  "unknown output \"%.60s\"; model %.64s has output and weights",
-                                  name, job->model.name);
     if (o == n_outputs)
         return api__error_invalid(
-            err, field, "unknown output \"%.60s\"; model sdpa has output, weights and lse", name);
+            err, field, "unknown output \"%.60s\"; model %.64s has %s", name, job->model.name,
+            n_outputs == API__N_OUTPUTS ? "output, weights and lse" : "output and weights");
     if (job->want[o])
         return api__error_invalid(err, field, "output %s is asked for twice", name);
     job->want[o] = true;
@@ -675,12 +657,11 @@ int api__v2_request_parse(v2_job *job, api__error *err)
                               "%zu bytes follow the JSON but the inputs' binary_data_size add up "
                               "to %zu",
                               job->bin_len, job->bin_used);
-    if (is_layer(job) && !job->l.r.has_input)
-        return api__error_invalid(err, "input",
-                                  "input \"input\" is required (the tokens, [L, E] or [B, L, E])");
-    if (!is_layer(job) && (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v)) {
-        const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
-        return api__error_invalid(err, missing, "input %s is required", missing);
+    for (size_t i = 0; i < job->kind->n_inputs; i++) {
+        const v2_input *in = &job->kind->inputs[i];
+        if (in->required && !*(bool *)v2_req_field(job, in->given))
+            return api__error_invalid(err, in->name, "input \"%s\" is required (%s)", in->name,
+                                      in->required);
     }
     if (outputs && !json_is_null(outputs)) {
         if (!json_is_array(outputs))
@@ -693,17 +674,14 @@ int api__v2_request_parse(v2_job *job, api__error *err)
     return 0;
 }
 
-static int64_t *timeout_ms_of(v2_job *job)
-{
-    return is_layer(job) ? &job->l.r.timeout_ms : &job->s.r.timeout_ms;
-}
-
 /* What the outputs say to compute: weights and lse only when returned. */
 int api__v2_outputs_settle(v2_job *job, api__error *err)
 {
-    eng_weights_mode *weights = weights_of(job);
-    bool no_lse = false, *return_lse = is_layer(job) ? &no_lse : &job->s.r.return_lse;
-    int64_t *timeout_ms = timeout_ms_of(job);
+    eng_weights_mode *weights = v2_req_field(job, job->kind->weights);
+    bool no_lse = false, *return_lse = job->kind->return_lse == V2_NO_FIELD
+                                           ? &no_lse
+                                           : v2_req_field(job, job->kind->return_lse);
+    int64_t *timeout_ms = v2_req_field(job, job->kind->timeout_ms);
     if (!job->outputs_given) {
         job->want[API__OUT_OUTPUT] = true;
         job->want[API__OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
@@ -735,4 +713,93 @@ int api__v2_outputs_settle(v2_job *job, api__error *err)
     }
     *timeout_ms = api__v2_timeout_ms(*timeout_ms, job->timeout_us);
     return 0;
+}
+
+/* ---- The kinds of model --------------------------------------------------------------------- */
+
+static const v2_input sdpa_inputs[] = {
+    {"query", offsetof(api__sdpa_req, q), offsetof(api__sdpa_req, has_q), "the queries"},
+    {"key", offsetof(api__sdpa_req, k), offsetof(api__sdpa_req, has_k), "the keys"},
+    {"value", offsetof(api__sdpa_req, v), offsetof(api__sdpa_req, has_v), "the values"},
+    {"attn_mask", offsetof(api__sdpa_req, mask), offsetof(api__sdpa_req, has_mask), NULL},
+    {"key_padding_mask", offsetof(api__sdpa_req, kpm), offsetof(api__sdpa_req, has_kpm), NULL},
+    {"kv_lengths", offsetof(api__sdpa_req, kvlen), offsetof(api__sdpa_req, has_kvlen), NULL},
+};
+
+static const v2_input layer_inputs[] = {
+    {"input", offsetof(api__layer_req, input), offsetof(api__layer_req, has_input),
+     "the tokens, [L, E] or [B, L, E]"},
+    {"memory", offsetof(api__layer_req, memory), offsetof(api__layer_req, has_memory), NULL},
+    {"attn_mask", offsetof(api__layer_req, mask), offsetof(api__layer_req, has_mask), NULL},
+    {"key_padding_mask", offsetof(api__layer_req, kpm), offsetof(api__layer_req, has_kpm), NULL},
+};
+
+_Static_assert(sizeof sdpa_inputs / sizeof sdpa_inputs[0] <= API__V2_MAX_INPUTS &&
+                   sizeof layer_inputs / sizeof layer_inputs[0] <= API__V2_MAX_INPUTS,
+               "API__V2_MAX_INPUTS bounds every kind's inputs");
+
+/* Not given, causal is off on model sdpa as on /v1/attention (a sequence's step, set up
+ * before, reads "not given" as bottom-right). */
+static int sdpa_bind(v2_job *job, api__error *err)
+{
+    (void)err;
+    if (job->s.r.causal == API_CAUSAL_UNSET)
+        job->s.r.causal = API_CAUSAL_OFF;
+    return 0;
+}
+
+/* The registered layer is the operation's; v2's one "memory" input must serve as both keys and
+ * values. */
+static int layer_bind(v2_job *job, api__error *err)
+{
+    const eng_layer *l = job->model.layer;
+    if (l->kdim != l->vdim)
+        return api__error_invalid(err, "memory",
+                                  "model %.64s has kdim %lld and vdim %lld: its keys and "
+                                  "values come from different tokens, which the v2 inputs "
+                                  "cannot carry; use POST /v1/mha with key and value",
+                                  job->model.name, (long long)l->kdim, (long long)l->vdim);
+    job->l.layer = l;
+    return 0;
+}
+
+static const v2_kind sdpa_kind = {
+    .op = &api__sdpa_op,
+    .state = offsetof(v2_job, s),
+    .request = offsetof(v2_job, s.r),
+    .params = sdpa_params,
+    .n_params = N_SDPA_PARAMS,
+    .options = api__sdpa_options,
+    .n_options = &api__sdpa_n_options,
+    .inputs = sdpa_inputs,
+    .n_inputs = sizeof sdpa_inputs / sizeof sdpa_inputs[0],
+    .n_outputs = API__N_OUTPUTS,
+    .window = offsetof(api__sdpa_req, window),
+    .weights = offsetof(api__sdpa_req, weights),
+    .timeout_ms = offsetof(api__sdpa_req, timeout_ms),
+    .return_lse = offsetof(api__sdpa_req, return_lse),
+    .bind = sdpa_bind,
+};
+
+static const v2_kind layer_kind = {
+    .op = &api__layer_op,
+    .state = offsetof(v2_job, l),
+    .request = offsetof(v2_job, l.r),
+    .params = layer_params,
+    .n_params = N_LAYER_PARAMS,
+    .options = api__layer_options,
+    .n_options = &api__layer_n_options,
+    .inputs = layer_inputs,
+    .n_inputs = sizeof layer_inputs / sizeof layer_inputs[0],
+    .n_outputs = API__OUT_LSE, /* output and weights */
+    .window = offsetof(api__layer_req, window),
+    .weights = offsetof(api__layer_req, weights),
+    .timeout_ms = offsetof(api__layer_req, timeout_ms),
+    .return_lse = V2_NO_FIELD,
+    .bind = layer_bind,
+};
+
+const v2_kind *api__v2_kind(const model_ref *m)
+{
+    return m->kind == MODEL_LAYER ? &layer_kind : &sdpa_kind;
 }

@@ -1,6 +1,6 @@
 /*
- * timeout_peek.c - a request's own timeout and priority, and the session of a /v1/mha step,
- * read from its body before any worker decodes it.
+ * timeout_peek.c - a request's own timeout and priority, a v2 request's sequence and the
+ * session of a /v1/mha step, read from its body before any worker decodes it.
  *
  * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
  * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
@@ -8,13 +8,14 @@
  * object. A route reads them once a worker decodes the body, which is too late for a request
  * waiting in the queue behind long ones: the server needs the deadline and the priority when it
  * queues the request, so that its watcher can answer 504 on time and the pool can put it ahead
- * of less urgent ones. It asks here, on its I/O thread, where parsing a 64 MB body would cost
- * everyone else what it saves one request. The same holds for the session a POST /v1/mha names
- * in its body: the server takes the step's place in the session's order (its ticket) when it
- * admits it, so it needs the id then. So this reads only what it must, every value in one
- * walk:
+ * of less urgent ones. A v2 request may also be a step of a sequence, Triton's "sequence_id" in
+ * the same object, and a POST /v1/mha one of a session, its top-level "session", which the
+ * server needs as it admits the request: only there is its place in the order of the sequence
+ * (or session) the order of arrival. It asks here, on its I/O thread, where parsing a 64 MB body
+ * would cost everyone else what it saves one request. So this reads only what it must, every
+ * value in one walk:
  *
- *   1. a gate: memchr over the quotes of a native body for one that opens "timeout" or
+ *   1. a gate: memchr over the quotes of a native body for one that opens "timeout_ms" or
  *      "session" (tensors in base64 or numbers hold few quotes), memmem for "parameters" in a
  *      v2 one (where its values live): a body that does not contain them (most of them) costs
  *      one pass at memory speed, and nothing is parsed;
@@ -31,6 +32,12 @@
  * Content-Type the route refuses, and a body with a Content-Encoding (gzip or deflate: inflating
  * is a worker's job, not the I/O thread's). The walk stops at the first member that answers, so
  * a malformed body may still give a timeout; its route then reports the error as always.
+ *
+ * A sequence_id is the text as written: an integer's digits, or a string's bytes with escapes
+ * not undone, which is what keys the order (7 and "7" are one sequence, here as for the route;
+ * "a" and "\u0061" are one for the route and two orders here, which no client needs). One it
+ * cannot read, for the same reasons as a timeout, gives its request no place in the order: it
+ * runs as a request of no sequence would, when a worker takes it.
  */
 #include <string.h>
 
@@ -289,12 +296,43 @@ void api_peek_native(const api_call *call, api_peek *out)
     }
 }
 
-/* The timeout (as api__v2_timeout_ms combines them) and the priority named in the "parameters"
- * object at c->p. Any value it cannot read leaves both at 0: the route refuses such a body. */
+/* Reads Triton's "sequence_id" at c->p as v2_request.c reads it: a string (its bytes between
+ * the quotes, as written: unescaping is the route's job, and a client spells one sequence one
+ * way) or an integer in JSON's grammar (its digits), where "" and 0 mean none (*id NULL). False
+ * for anything else (a negative or real number, null...), which the route refuses. */
+static bool read_sequence_id(cursor *c, const char **id, size_t *len)
+{
+    const char *first = c->p, *end;
+    *id = NULL;
+    *len = 0;
+    if (at(c, '"')) {
+        if (!skip_string(c))
+            return false;
+        first++; /* the bytes between the quotes */
+        end = c->p - 1;
+    } else {
+        while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+            c->p++;
+        if (c->p == first || (*first == '0' && c->p - first > 1) || !ends_scalar(c))
+            return false; /* not an integer, a leading zero, a fraction or an exponent */
+        if (*first == '0')
+            return true; /* 0: none */
+        end = c->p;
+    }
+    if (end > first) { /* "": none */
+        *id = first;
+        *len = (size_t)(end - first);
+    }
+    return true;
+}
+
+/* The timeout (as api__v2_timeout_ms combines them), the priority and the sequence_id named in
+ * the "parameters" object at c->p. Any value it cannot read leaves them all unset: the route
+ * refuses such a body. */
 static void v2_parameters_peek(cursor *c, api_peek *out)
 {
-    const char *key;
-    size_t key_len;
+    const char *key, *seq = NULL;
+    size_t key_len, seq_len = 0;
     int64_t ms = 0, us = 0, priority = 0;
     if (!enter_object(c))
         return;
@@ -306,6 +344,8 @@ static void v2_parameters_peek(cursor *c, api_peek *out)
             ok = read_int(c, 0, API_TIMEOUT_US_MAX, &us);
         else if (key_is(key, key_len, "priority"))
             ok = read_int(c, 0, UINT32_MAX, &priority);
+        else if (key_is(key, key_len, "sequence_id"))
+            ok = read_sequence_id(c, &seq, &seq_len);
         else
             ok = skip_value(c);
         if (!ok)
@@ -313,6 +353,8 @@ static void v2_parameters_peek(cursor *c, api_peek *out)
     }
     out->timeout_ms = api__v2_timeout_ms(ms, us);
     out->priority = (uint64_t)priority;
+    out->sequence_id = seq;
+    out->sequence_id_len = seq_len;
 }
 
 void api_peek_v2(const api_call *call, api_peek *out)
@@ -324,7 +366,8 @@ void api_peek_v2(const api_call *call, api_peek *out)
     *out = (api_peek){0};
     if (!api__content_type_v2(call->content_type))
         return;
-    /* With binary tensor data, only the JSON before it can name a timeout or a priority. */
+    /* With binary tensor data, only the JSON before it can name a timeout, a priority or a
+     * sequence. */
     if (call->inference_header_length &&
         (!api__header_len_parse(call->inference_header_length, &json_len) ||
          json_len > call->body_len))

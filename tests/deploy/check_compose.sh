@@ -22,19 +22,7 @@ client=${2:-$root/build/tests/deploy/shard_client}
 compose=$root/deploy/compose/docker-compose.yml
 conf=$root/deploy/compose/nginx.conf
 
-passed=0
-failed=0
-skipped=0
-ok() { echo "ok $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL $*"; failed=$((failed + 1)); }
-skip() { echo "skip $*"; skipped=$((skipped + 1)); }
-finish() {
-    local extra=""
-    [ "$skipped" -gt 0 ] && extra=", $skipped skipped"
-    echo "$passed passed, $failed failed$extra"
-    [ "$failed" -eq 0 ]
-    exit
-}
+. "$root/tests/support/check.sh"
 
 nginx=""
 for cand in "${ATTND_NGINX:-}" "$(command -v nginx || true)" /usr/sbin/nginx; do

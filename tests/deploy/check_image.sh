@@ -31,12 +31,7 @@ base_packages="libc6 libgcc-s1 zlib1g"
 # server: GET /v2/health/ready on the configured host and port, exit 0 on 200, else 1.
 pending_flags="healthcheck"
 
-passed=0
-failed=0
-skipped=0
-ok() { echo "ok $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL $*"; failed=$((failed + 1)); }
-skip() { echo "skip $*"; skipped=$((skipped + 1)); }
+. "$root/tests/support/check.sh"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -263,7 +258,4 @@ else
     fi
 fi
 
-extra=""
-[ "$skipped" -gt 0 ] && extra=", $skipped skipped"
-echo "$passed passed, $failed failed$extra"
-[ "$failed" -eq 0 ]
+finish

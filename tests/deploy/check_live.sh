@@ -22,19 +22,7 @@ root=$(cd "$here/../.." && pwd)
 bin=${1:-${ATTND_BIN:-$root/build/attnd}}
 client=${2:-$root/build/tests/deploy/shard_client}
 
-passed=0
-failed=0
-skipped=0
-ok() { echo "ok $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL $*"; failed=$((failed + 1)); }
-skip() { echo "skip $*"; skipped=$((skipped + 1)); }
-finish() {
-    local extra=""
-    [ "$skipped" -gt 0 ] && extra=", $skipped skipped"
-    echo "$passed passed, $failed failed$extra"
-    [ "$failed" -eq 0 ]
-    exit
-}
+. "$root/tests/support/check.sh"
 
 if [ ! -x "$bin" ]; then
     skip "live checks: $bin is not built yet"

@@ -6,8 +6,7 @@
 #   tests/fuzz/run.sh 30
 set -u
 seconds=${1:-30}
-passed=0
-failed=0
+. "$(dirname "$0")/../support/check.sh"
 mkdir -p build/fuzz/artifacts
 for bin in build/fuzz/fuzz_*; do
     [ -x "$bin" ] || continue
@@ -23,13 +22,10 @@ for bin in build/fuzz/fuzz_*; do
     rc=$?
     execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1))
-        echo "ok   fuzz_$name: ${execs:-?} executions in ${seconds} s, no findings"
+        ok "fuzz_$name: ${execs:-?} executions in ${seconds} s, no findings"
     else
-        failed=$((failed + 1))
         tail -n 40 "$log"
-        echo "FAIL fuzz_$name: exit $rc after ${execs:-?} executions (see $log)"
+        fail "fuzz_$name: exit $rc after ${execs:-?} executions (see $log)"
     fi
 done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

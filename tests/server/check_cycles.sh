@@ -17,8 +17,7 @@ set -u
 
 dir=${1:-server}
 lib=${2:-build/libserver.a}
-passed=0
-failed=0
+. "$(dirname "$0")/../support/check.sh"
 
 # Prints "from to" for each include edge between different parts of folder $1, whose files
 # include each other as "server/NAME.h".
@@ -59,25 +58,20 @@ acyclic() {
 # check NAME EDGES: one test line for one graph of the tree.
 check() {
     if [ -z "$2" ]; then
-        echo "not ok - no $1 edge found: wrong folder or library?"
-        failed=$((failed + 1))
+        fail "no $1 edge found: wrong folder or library?"
     elif acyclic <<<"$2"; then
-        echo "ok - no $1 cycle between the files of $dir/ ($(sort -u <<<"$2" | wc -l) edges)"
-        passed=$((passed + 1))
+        ok "no $1 cycle between the files of $dir/ ($(sort -u <<<"$2" | wc -l) edges)"
     else
-        echo "not ok - the files of $dir/ form a $1 cycle (its parts are named above)"
-        failed=$((failed + 1))
+        fail "the files of $dir/ form a $1 cycle (its parts are named above)"
     fi
 }
 
 # planted NAME EDGES: the check must fail on a graph known to hold a circle.
 planted() {
     if acyclic <<<"$2" 2>/dev/null; then
-        echo "not ok - a planted $1 cycle went unnoticed"
-        failed=$((failed + 1))
+        fail "a planted $1 cycle went unnoticed"
     else
-        echo "ok - a planted $1 cycle is caught"
-        passed=$((passed + 1))
+        ok "a planted $1 cycle is caught"
     fi
 }
 
@@ -95,17 +89,14 @@ if ${CC:-cc} -c "$scratch/x.c" -o "$scratch/x.o" && ${CC:-cc} -c "$scratch/y.c" 
     ar rcs "$scratch/xy.a" "$scratch/x.o" "$scratch/y.o"; then
     planted call "$(call_edges "$scratch/xy.a")"
 else
-    echo "not ok - could not build the planted call cycle"
-    failed=$((failed + 1))
+    fail "could not build the planted call cycle"
 fi
 
 check include "$(include_edges "$dir")"
 if [ -f "$lib" ]; then
     check call "$(call_edges "$lib")"
 else
-    echo "not ok - $lib is missing: build it first (make $lib)"
-    failed=$((failed + 1))
+    fail "$lib is missing: build it first (make $lib)"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -779,23 +779,14 @@ static void *order_worker(void *arg)
     }
 }
 
-static void test_tickets_keep_arrival_order(void)
+/* Runs order.tickets (taken in order 0..ORDER_N-1) from the threads, in a scrambled order, and
+ * checks that they ran in ticket order, one at a time. */
+static void run_in_scrambled_order(void)
 {
-    api_sessions *reg = registry((size_t)1 << 20, 16, 600);
-    char id[40];
     uint64_t rng = 3;
     pthread_t th[ORDER_THREADS];
-    if (!reg || !create(reg, "{\"num_heads\":1,\"head_dim\":8}", id)) {
-        api_sessions_free(reg);
-        return;
-    }
-    memset(&order, 0, sizeof order);
-    order.reg = reg;
-    pthread_mutex_init(&order.lock, NULL);
-    for (int i = 0; i < ORDER_N; i++) {
-        CHECK(api_session_ticket_take(reg, id, &order.tickets[i]));
+    for (int i = 0; i < ORDER_N; i++)
         order.work[i] = i;
-    }
     /* Scrambled within windows of 16, as a pool with priorities might dequeue them. */
     for (int i = 0; i < ORDER_N; i++) {
         int j = (int)rng_int(&rng, i, (i | 15) < ORDER_N - 1 ? (i | 15) : ORDER_N - 1);
@@ -812,6 +803,22 @@ static void test_tickets_keep_arrival_order(void)
     CHECK_EQ_INT(atomic_load(&order.overlaps), 0);
     for (int i = 0; i < ORDER_N; i++)
         CHECKF(order.log[i] == i, "the %dth request to run was ticket %d", i, order.log[i]);
+}
+
+static void test_tickets_keep_arrival_order(void)
+{
+    api_sessions *reg = registry((size_t)1 << 20, 16, 600);
+    char id[40];
+    if (!reg || !create(reg, "{\"num_heads\":1,\"head_dim\":8}", id)) {
+        api_sessions_free(reg);
+        return;
+    }
+    memset(&order, 0, sizeof order);
+    order.reg = reg;
+    pthread_mutex_init(&order.lock, NULL);
+    for (int i = 0; i < ORDER_N; i++)
+        CHECK(api_session_ticket_take(reg, id, &order.tickets[i]));
+    run_in_scrambled_order();
     /* A ticket dropped before its turn (the watcher answered it) does not stall the order. */
     api_session_ticket a, b, c;
     CHECK(api_session_ticket_take(reg, id, &a));
@@ -823,6 +830,95 @@ static void test_tickets_keep_arrival_order(void)
     CHECK(api_session_turn(reg, &c, order_resume, NULL)); /* b was skipped */
     api_session_turn_end(reg, &c);
     pthread_mutex_destroy(&order.lock);
+    api_sessions_free(reg);
+}
+
+/* The tickets of a v2 sequence, taken before its session exists (as the server takes them, its
+ * START among them), keep the same order from the same threads. */
+static void test_sequence_tickets_keep_arrival_order(void)
+{
+    api_sessions *reg = registry((size_t)1 << 20, 16, 600);
+    if (!reg)
+        return;
+    memset(&order, 0, sizeof order);
+    order.reg = reg;
+    pthread_mutex_init(&order.lock, NULL);
+    for (int i = 0; i < ORDER_N; i++)
+        CHECK(api_sequence_ticket_take(reg, "sdpa", "chat-1", 6, &order.tickets[i]));
+    run_in_scrambled_order();
+    pthread_mutex_destroy(&order.lock);
+    api_sessions_free(reg);
+}
+
+static void count_resume(void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* A step of sequence 7 (1 query, `tokens` zero tokens of [1 head, head_dim 8]). */
+static result sequence_step(api_sessions *reg, int64_t tokens, bool start)
+{
+    float *z = calloc((size_t)(tokens * 8), 4);
+    result r = v2_infer(reg, z, 1, 8, z, z, tokens, 8,
+                        start ? "\"sequence_id\":7,\"sequence_start\":true" : "\"sequence_id\":7");
+    free(z);
+    return r;
+}
+
+/* One sequence's requests wait for its START, another sequence's do not, and while a sequence
+ * has requests admitted (tickets outstanding) its session is not evicted, however long unused;
+ * the line goes with its last ticket, and then the session can be. */
+static void test_sequence_order_and_eviction(void)
+{
+    /* One block of 16 tokens x 1 head x (8 + 8) floats is 1 KiB: the cache holds three. */
+    api_sessions *reg = registry(3 * 1024, 16, 600);
+    api_session_ticket start, step, other, none;
+    char a[40], b[40];
+    int resumed = 0;
+    if (!reg)
+        return;
+    CHECK(api_sequence_ticket_take(reg, "sdpa", "7", 1, &start));
+    CHECK(api_sequence_ticket_take(reg, "sdpa", "7", 1, &step));
+    CHECK(api_sequence_ticket_take(reg, "sdpa", "8", 1, &other));
+    CHECK(!api_sequence_ticket_take(reg, "sdpa", "", 0, &none) && !none.sequence);
+    CHECK(!api_session_turn(reg, &step, count_resume, &resumed)); /* parked behind the START */
+    CHECK(api_session_turn(reg, &other, count_resume, &resumed)); /* its own line: at once */
+    CHECK(api_session_turn(reg, &start, count_resume, &resumed));
+    result r = sequence_step(reg, 15, true); /* one block, with room for the step's token */
+    CHECK_EQ_INT(r.status, 200);
+    result_free(&r);
+    api_session_turn_end(reg, &other);
+    CHECK_EQ_INT(resumed, 0);
+    api_session_turn_end(reg, &start);
+    CHECK_EQ_INT(resumed, 1); /* the step's turn came with the end of the START */
+
+    /* Two sessions used after it fill the cache; a third block evicts the least recently used
+     * idle one, which is not the sequence's while its step is admitted. */
+    CHECK(create(reg, "{\"num_heads\":1,\"head_dim\":8}", a));
+    CHECK(create(reg, "{\"num_heads\":1,\"head_dim\":8}", b));
+    r = append_zeros(reg, a, 16);
+    result_free(&r);
+    r = append_zeros(reg, b, 16);
+    result_free(&r);
+    r = append_zeros(reg, a, 1);
+    CHECK_EQ_INT(r.status, 200);
+    result_free(&r);
+    r = cheap(api_sessions_get, reg, b);
+    CHECK(error_code(&r) && strcmp(error_code(&r), "session_evicted") == 0);
+    result_free(&r);
+    CHECK(api_session_turn(reg, &step, count_resume, &resumed));
+    r = sequence_step(reg, 1, false);
+    CHECK_EQ_INT(r.status, 200); /* its session was kept */
+    result_free(&r);
+    api_session_turn_end(reg, &step);
+
+    /* No ticket left: the sequence's session is idle, and the least recently used now. */
+    r = append_zeros(reg, a, 16);
+    CHECK_EQ_INT(r.status, 200);
+    result_free(&r);
+    r = sequence_step(reg, 1, false);
+    CHECK_EQ_INT(r.status, 400); /* evicted: the next request needs START again */
+    result_free(&r);
     api_sessions_free(reg);
 }
 
@@ -848,6 +944,8 @@ int main(void)
     RUN(test_list_pages);
     RUN_WITHIN(test_v2_sequence_matches_attention, 240);
     RUN_WITHIN(test_tickets_keep_arrival_order, 120);
+    RUN_WITHIN(test_sequence_tickets_keep_arrival_order, 120);
+    RUN(test_sequence_order_and_eviction);
     eng_pool_free(pool);
     return check_report();
 }

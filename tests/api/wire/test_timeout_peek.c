@@ -3,9 +3,11 @@
  * "parameters" of a KServe v2 one (with Triton's "timeout" in microseconds, the tighter applying),
  * never a decoy inside a string or a nested object, only the JSON before v2 binary tensor data, and
  * 0 for whatever the routes would not apply. Every answer is also checked against jansson: the peek
- * may say 0 where a route applies a timeout (late, not wrong), never another number. The session a
- * POST /v1/mha names comes out of the same native walk, held to the same rule: "" or the string
- * the route reads, never another. */
+ * may say 0 where a route applies a timeout (late, not wrong), never another number. Triton's
+ * "sequence_id" comes out of the same walk of v2 "parameters", as written (an integer's digits, a
+ * string's bytes), and is likewise never another sequence than the one the route reads. The
+ * session a POST /v1/mha names comes out of the native walk, held to the same rule: "" or the
+ * string the route reads, never another. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,6 +345,172 @@ static void test_v2_priority_is_read_in_the_same_walk(void)
     CHECK(p.priority == 0 && p.timeout_ms == 30);
 }
 
+/* Triton's "sequence_id" as v2_request.c reads it, through jansson, into id[72]: a string's
+ * value or an integer's digits; "" when there is none (absent, 0, "", or another type), and
+ * false when the body is not valid JSON (the route answers 400). */
+static bool reference_sequence_id(const char *body, size_t len, char id[72])
+{
+    json_error_t e;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &e);
+    json_t *v = json_object_get(json_object_get(root, "parameters"), "sequence_id");
+    id[0] = '\0';
+    if (!root)
+        return false;
+    if (json_is_string(v) && json_string_length(v) < 72)
+        snprintf(id, 72, "%s", json_string_value(v));
+    else if (json_is_integer(v) && json_integer_value(v) > 0)
+        snprintf(id, 72, "%lld", (long long)json_integer_value(v));
+    json_decref(root);
+    return true;
+}
+
+/* A peeked sequence_id is none or the route's own (compared where it holds no escape, which
+ * the peek leaves as written). */
+static void check_sequence_never_wrong(const char *body, size_t len, const api_peek *p)
+{
+    char ref[72];
+    if (!p->sequence_id || !reference_sequence_id(body, len, ref) ||
+        memchr(p->sequence_id, '\\', p->sequence_id_len))
+        return;
+    CHECKF(p->sequence_id_len == strlen(ref) && memcmp(p->sequence_id, ref, strlen(ref)) == 0,
+           "%.*s: peeked sequence %.*s, the route reads \"%s\"", (int)len, body,
+           (int)p->sequence_id_len, p->sequence_id, ref);
+}
+
+typedef struct {
+    const char *body;
+    const char *sequence_id; /* as written; NULL: none */
+    uint64_t priority;
+    int64_t timeout_ms;
+} sequence_case;
+
+static const sequence_case sequence_cases[] = {
+    /* A number, a string, beside the other values the walk reads. */
+    {"{\"parameters\": {\"sequence_id\": 42}, \"inputs\": []}", "42", 0, 0},
+    {"{\"inputs\": [], \"parameters\": {\"sequence_id\": \"chat-7\", \"sequence_start\": true}}",
+     "chat-7", 0, 0},
+    {"{\"parameters\": {\"priority\": 1, \"sequence_id\": 9223372036854775807, "
+     "\"timeout_ms\": 30, \"sequence_end\": true}}",
+     "9223372036854775807", 1, 30},
+    {"{\"parameters\": {\"sequence_id\" : \t\"7\" }}", "7", 0, 0},
+    /* A string is taken as written: escapes are not undone. */
+    {"{\"parameters\": {\"sequence_id\": \"a\\\"b\\\\\"}}", "a\\\"b\\\\", 0, 0},
+    /* None, as Triton reads 0 and "". */
+    {"{\"parameters\": {\"sequence_id\": 0, \"priority\": 2}}", NULL, 2, 0},
+    {"{\"parameters\": {\"sequence_id\": \"\", \"priority\": 2}}", NULL, 2, 0},
+    /* Absent. */
+    {"{\"parameters\": {\"sequence_start\": true}, \"inputs\": []}", NULL, 0, 0},
+    {"{\"inputs\": []}", NULL, 0, 0},
+    {"", NULL, 0, 0},
+    /* Decoys: the top level, an input's parameters, a nested object, strings. */
+    {"{\"sequence_id\": 5, \"parameters\": {}}", NULL, 0, 0},
+    {"{\"inputs\": [{\"name\": \"query\", \"parameters\": {\"sequence_id\": 5}}], "
+     "\"parameters\": {\"timeout_ms\": 9}}",
+     NULL, 0, 9},
+    {"{\"parameters\": {\"headers\": {\"sequence_id\": 5}}}", NULL, 0, 0},
+    {"{\"id\": \"\\\"parameters\\\": {\\\"sequence_id\\\": 5}\"}", NULL, 0, 0},
+    {"{\"parameters\": {\"note\": \"\\\"sequence_id\\\": 5\"}}", NULL, 0, 0},
+    {"{\"parameters\": {\"sequence_id_x\": 5, \"x_sequence_id\": 6}}", NULL, 0, 0},
+    /* Not an unsigned integer or a string: the route refuses the body, so nothing is read. */
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": -1}}", NULL, 0, 0},
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": 1.0}}", NULL, 0, 0},
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": 1e3}}", NULL, 0, 0},
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": 007}}", NULL, 0, 0},
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": null}}", NULL, 0, 0},
+    {"{\"parameters\": {\"timeout_ms\": 40, \"sequence_id\": [7]}}", NULL, 0, 0},
+    /* A key written with escapes is not recognised (the request is then ordered with no one). */
+    {"{\"parameters\": {\"sequence\\u005fid\": 5}}", NULL, 0, 0},
+};
+
+static void check_sequence_case(const sequence_case *c, const api_peek *p)
+{
+    bool id_ok = c->sequence_id
+                     ? p->sequence_id && p->sequence_id_len == strlen(c->sequence_id) &&
+                           memcmp(p->sequence_id, c->sequence_id, p->sequence_id_len) == 0
+                     : p->sequence_id == NULL && p->sequence_id_len == 0;
+    CHECKF(id_ok && p->priority == c->priority && p->timeout_ms == c->timeout_ms,
+           "%s: sequence %.*s priority %llu timeout %lld, want %s, %llu and %lld", c->body,
+           (int)p->sequence_id_len, p->sequence_id ? p->sequence_id : "(none)",
+           (unsigned long long)p->priority, (long long)p->timeout_ms,
+           c->sequence_id ? c->sequence_id : "(none)", (unsigned long long)c->priority,
+           (long long)c->timeout_ms);
+}
+
+static void test_v2_sequence_id_is_read_in_the_same_walk(void)
+{
+    for (size_t i = 0; i < N(sequence_cases); i++) {
+        const char *body = sequence_cases[i].body;
+        api_call call = {.body = body, .body_len = strlen(body)};
+        api_peek p;
+        api_peek_v2(&call, &p);
+        check_sequence_case(&sequence_cases[i], &p);
+        check_sequence_never_wrong(body, strlen(body), &p);
+    }
+    /* The native routes have no sequences. */
+    static const char native[] = "{\"parameters\": {\"sequence_id\": 5}, \"sequence_id\": 6}";
+    api_call call = {.body = native, .body_len = sizeof native - 1};
+    api_peek p;
+    api_peek_native(&call, &p);
+    CHECK(p.sequence_id == NULL);
+}
+
+/* With binary tensor data, a sequence_id in the bytes after the JSON is not one; and the
+ * id points into the body, inside the JSON part. */
+static void test_v2_sequence_id_in_binary_data_is_not_read(void)
+{
+    static const char json[] = "{\"inputs\": [], \"parameters\": {\"causal\": true}}";
+    static const char json_seq[] = "{\"inputs\": [], \"parameters\": {\"sequence_id\": 77}}";
+    static const char bytes[] = "\"parameters\": {\"sequence_id\": 5}}";
+    char body[256], hl[32];
+    api_call call = {
+        .body = body, .inference_header_length = hl, .content_type = "application/octet-stream"};
+    api_peek p;
+
+    memcpy(body, json, sizeof json - 1);
+    memcpy(body + sizeof json - 1, bytes, sizeof bytes - 1);
+    call.body_len = sizeof json - 1 + sizeof bytes - 1;
+    snprintf(hl, sizeof hl, "%zu", sizeof json - 1);
+    api_peek_v2(&call, &p);
+    CHECK(p.sequence_id == NULL);
+
+    memcpy(body, json_seq, sizeof json_seq - 1);
+    memcpy(body + sizeof json_seq - 1, bytes, sizeof bytes - 1);
+    call.body_len = sizeof json_seq - 1 + sizeof bytes - 1;
+    snprintf(hl, sizeof hl, "%zu", sizeof json_seq - 1);
+    api_peek_v2(&call, &p);
+    CHECK(p.sequence_id == body + (strstr(json_seq, "77") - json_seq) && p.sequence_id_len == 2);
+}
+
+/* Random edits of the sequence cases: never a sequence other than the route's, never a read
+ * outside the body. */
+static void test_sequence_mutations_are_never_wrong(void)
+{
+    static const char alphabet[] = "\"\\{}[],: 0123456789.e-sx";
+    uint64_t rng = 99;
+    for (size_t i = 0; i < N(sequence_cases); i++) {
+        size_t len = strlen(sequence_cases[i].body);
+        if (len == 0)
+            continue;
+        for (int round = 0; round < 300; round++) {
+            char *body = malloc(len);
+            api_peek p;
+            if (!body)
+                return;
+            memcpy(body, sequence_cases[i].body, len);
+            for (int edits = 1 + round % 3; edits > 0; edits--)
+                body[rng_below(&rng, len)] = alphabet[rng_below(&rng, sizeof alphabet - 1)];
+            api_call call = {.body = body, .body_len = len};
+            api_peek_v2(&call, &p);
+            CHECK(!p.sequence_id ||
+                  (p.sequence_id >= body && p.sequence_id + p.sequence_id_len <= body + len));
+            check_sequence_never_wrong(body, len, &p);
+            free(body);
+            if (check__failures_in_test > 5)
+                return;
+        }
+    }
+}
+
 /* A peeked session is "" or exactly the top-level "session" string the route reads (jansson)
  * from a valid body. */
 static void check_session_never_wrong(const char *body, size_t len, const char *got)
@@ -437,6 +605,9 @@ int main(void)
     RUN(test_big_bodies_are_walked_exactly);
     RUN(test_mutations_are_never_wrong);
     RUN(test_v2_priority_is_read_in_the_same_walk);
+    RUN(test_v2_sequence_id_is_read_in_the_same_walk);
+    RUN(test_v2_sequence_id_in_binary_data_is_not_read);
+    RUN(test_sequence_mutations_are_never_wrong);
     RUN(test_native_session_is_read_in_the_same_walk);
     RUN(test_session_mutations_are_never_wrong);
     return check_report();

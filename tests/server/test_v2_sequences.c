@@ -1,0 +1,403 @@
+/*
+ * test_v2_sequences.c - the steps of one KServe v2 sequence (Triton's sequence_id on model sdpa)
+ * apply in the order they arrive at a real daemon, with one worker and with two, whatever
+ * their priorities: 32 steps sent on 32 connections while the workers are busy, the first a
+ * sequence_start and the last a sequence_end, each step's output checked against the history
+ * of the steps that arrived before it. A step that fails (a shape the session refuses), one
+ * that passes its deadline while it waits, and one whose client hangs up each give the next
+ * step its turn; so does every step of a sequence that is still waiting when SIGTERM drains
+ * the daemon.
+ *
+ * How the arrival order is known: a step is sent only once the one before it is admitted
+ * (nv_inference_pending_request_count has counted it), and while every worker is held by a
+ * long /v1/attention request (a "blocker"), so that all the steps wait together; nothing of
+ * the sequence starts before the test hangs the blockers up. A blocker that ends on its own
+ * before the steps are all in (a machine faster than the blocker is long) makes the round
+ * void, and it is run again with a blocker four times as long.
+ *
+ * What the outputs say: every query is zero, so each head's output is the mean of the values
+ * the session holds; the START token's value has a 1 where the others have 0, which makes the
+ * output say how many tokens were there (1 / length) and the rest which ones.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+#include "tests/support/util.h"
+
+enum {
+    HEADS = 2,
+    HEAD_DIM = 4,
+    WIDTH = HEADS * HEAD_DIM, /* query, key and value rows: [1, WIDTH] */
+    STEPS = 32,
+    BAD_STEP = 7,       /* a key the session refuses: 400, nothing appended */
+    LATE_STEP = 10,     /* a timeout that passes while it waits: 504, nothing appended */
+    HUNG_UP_STEP = 13,  /* its client hangs up while it waits: nothing appended */
+    DRAIN_STEPS = 6,    /* steps waiting when SIGTERM arrives */
+    BLOCKER_ROUNDS = 4, /* tries with ever longer blockers */
+};
+
+#define PENDING "nv_inference_pending_request_count{model=\"sdpa\",version=\"1\"}"
+
+static daemon_proc d;
+static int threads;
+static int64_t blocker_rows = 32768; /* grows when a round is void */
+
+typedef struct {
+    bool start, end, bad_shape;
+    int priority;       /* 0: none (the default level) */
+    int64_t timeout_ms; /* 0: none */
+    float value[WIDTH];
+} step;
+
+/* The values a sequence holds, in order. */
+typedef struct {
+    int n;
+    float value[STEPS][WIDTH];
+} history;
+
+/* Step i's value: per head, 1 (the START token) or 0, then random numbers. */
+static void step_value(step *st, bool first, uint64_t *rng)
+{
+    for (int h = 0; h < HEADS; h++) {
+        st->value[h * HEAD_DIM] = first ? 1.0f : 0.0f;
+        for (int j = 1; j < HEAD_DIM; j++)
+            st->value[h * HEAD_DIM + j] = (float)rng_sym(rng, 1.0);
+    }
+}
+
+static void put_row(char *buf, size_t cap, size_t *len, const char *name, const float *x, int n)
+{
+    *len += (size_t)snprintf(buf + *len, cap - *len,
+                             "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[1,%d],\"data\":[",
+                             strcmp(name, "query") ? "," : "", name, n);
+    for (int i = 0; i < n; i++)
+        *len += (size_t)snprintf(buf + *len, cap - *len, "%s%.9g", i ? "," : "", (double)x[i]);
+    *len += (size_t)snprintf(buf + *len, cap - *len, "]}");
+}
+
+/* Sends step `st` of sequence `seq` (its JSON text: 42 or "chat") on a connection of its own;
+ * the connection, or -1. */
+static int send_step(const char *seq, const step *st)
+{
+    static const float zeros[WIDTH] = {0};
+    char body[4096], req[4608];
+    size_t len = 0;
+    len += (size_t)snprintf(body, sizeof body,
+                            "{\"parameters\":{\"sequence_id\":%s,\"num_heads\":%d,"
+                            "\"num_kv_heads\":%d%s%s",
+                            seq, HEADS, HEADS, st->start ? ",\"sequence_start\":true" : "",
+                            st->end ? ",\"sequence_end\":true" : "");
+    if (st->priority)
+        len += (size_t)snprintf(body + len, sizeof body - len, ",\"priority\":%d", st->priority);
+    if (st->timeout_ms)
+        len += (size_t)snprintf(body + len, sizeof body - len, ",\"timeout_ms\":%lld",
+                                (long long)st->timeout_ms);
+    len += (size_t)snprintf(body + len, sizeof body - len, "},\"inputs\":[");
+    put_row(body, sizeof body, &len, "query", zeros, WIDTH);
+    put_row(body, sizeof body, &len, "key", st->value, st->bad_shape ? WIDTH - 2 : WIDTH);
+    put_row(body, sizeof body, &len, "value", st->value, WIDTH);
+    len += (size_t)snprintf(body + len, sizeof body - len, "]}");
+    int n = snprintf(req, sizeof req,
+                     "POST /v2/models/sdpa/infer HTTP/1.1\r\nHost: t\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n%s",
+                     len, body);
+    int fd = raw_connect(d.port);
+    if (fd >= 0 && raw_send(fd, req, (size_t)n) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    CHECKF(fd >= 0, "cannot send a step of sequence %s", seq);
+    return fd;
+}
+
+/* The status of the reply on `fd` (0: none) and its output row into out[WIDTH]; closes fd. */
+static int read_reply(int fd, float out[WIDTH])
+{
+    bool closed = false;
+    char *resp = raw_read_all(fd, 120000, &closed);
+    const char *body = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    double x[WIDTH];
+    int status = raw_status(resp);
+    close(fd);
+    memset(out, 0, WIDTH * sizeof *out);
+    if (status == 200 && body && json_numbers(body, "data", x, WIDTH) == WIDTH) {
+        for (int i = 0; i < WIDTH; i++)
+            out[i] = (float)x[i];
+    } else if (status == 200) {
+        CHECKF(0, "a 200 without its output: %.300s", body ? body : "");
+        status = 0;
+    }
+    free(resp);
+    return status;
+}
+
+/* Checks step `i`'s output against the mean of each head's values in `h`. */
+static void check_output(const char *seq, int i, const history *h, const float out[WIDTH])
+{
+    for (int c = 0; c < WIDTH; c++) {
+        double mean = 0;
+        for (int t = 0; t < h->n; t++)
+            mean += h->value[t][c] / (double)h->n;
+        if (!(out[c] > mean - 1e-5 && out[c] < mean + 1e-5)) {
+            CHECKF(0,
+                   "sequence %s, step %d (in arrival order): output[%d] = %.7g, want %.7g; it saw "
+                   "about %.3g tokens, the steps before it had appended %d",
+                   seq, i, c, (double)out[c], mean, out[0] > 0 ? 1.0 / out[0] : 0.0, h->n);
+            return;
+        }
+    }
+}
+
+/* ---- Holding the workers ------------------------------------------------------------------ */
+
+typedef enum { WAIT_OK, WAIT_STARTED, WAIT_TIMEOUT } wait_result;
+
+/* Waits until the v2 requests admitted and not started number `want`. A count below `floor`
+ * means one started (a blocker ended on its own): the round is void. */
+static wait_result wait_pending(double want, double floor)
+{
+    double deadline = now_s() + 60;
+    while (now_s() < deadline) {
+        double n = metric_value(d.port, PENDING);
+        if (n == want)
+            return WAIT_OK;
+        if (n >= 0 && n < floor)
+            return WAIT_STARTED;
+        sleep_ms(1);
+    }
+    return WAIT_TIMEOUT;
+}
+
+/* Sends one long /v1/attention request per worker (each about blocker_rows^2 scores, far
+ * longer than the test takes to send its steps) and waits until they hold every worker. */
+static bool blockers_start(int fds[2])
+{
+    size_t len = 0;
+    char *body = slow_attention_body(blocker_rows, blocker_rows, &len);
+    char head[256];
+    bool ok = body != NULL;
+    for (int b = 0; b < threads; b++) {
+        int n = snprintf(head, sizeof head,
+                         "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                         "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                         len);
+        fds[b] = ok ? raw_connect(d.port) : -1;
+        ok = ok && fds[b] >= 0 && raw_send(fds[b], head, (size_t)n) == 0 &&
+             raw_send(fds[b], body, len) == 0;
+    }
+    free(body);
+    double deadline = now_s() + 60;
+    while (ok && now_s() < deadline &&
+           metric_value(d.port, "attnd_running_requests") +
+                   metric_value(d.port, "attnd_queue_depth") <
+               threads)
+        sleep_ms(2);
+    CHECKF(ok && now_s() < deadline, "the blockers did not start");
+    return ok && now_s() < deadline;
+}
+
+/* Hangs the blockers up: the daemon cancels them, and the steps behind them run. */
+static void blockers_stop(int fds[2])
+{
+    for (int b = 0; b < threads; b++)
+        if (fds[b] >= 0)
+            close(fds[b]);
+}
+
+/* ---- The order ---------------------------------------------------------------------------- */
+
+/* The steps of one burst, in the order they are sent. */
+static void burst_steps(step st[STEPS], uint64_t *rng)
+{
+    memset(st, 0, STEPS * sizeof *st);
+    for (int i = 0; i < STEPS; i++) {
+        step_value(&st[i], i == 0, rng);
+        /* Every third step jumps the queue: a pool that ran them by priority alone would run
+         * step 2 before the START. */
+        st[i].priority = i % 3 == 2 ? 1 : 0;
+    }
+    st[0].start = true;
+    st[STEPS - 1].end = true;
+    st[BAD_STEP].bad_shape = true;
+    st[LATE_STEP].timeout_ms = 100;
+}
+
+/* Sends the burst of sequence `seq` behind the blockers, one step once the one before it is in;
+ * false when the round is void (a blocker ended on its own; fds[i] are then all read). */
+static bool burst_send(const char *seq, const step st[STEPS], int fds[STEPS])
+{
+    double pending = 0;
+    float out[WIDTH];
+    for (int i = 0; i < STEPS; i++)
+        fds[i] = -1;
+    for (int i = 0; i < STEPS; i++) {
+        wait_result w;
+        fds[i] = send_step(seq, &st[i]);
+        if (fds[i] < 0)
+            return false;
+        if (i == LATE_STEP) {
+            /* Answered 504 while it waits (its ticket outlives it); then no longer pending. */
+            CHECK_EQ_INT(read_reply(fds[i], out), 504);
+            fds[i] = -1;
+            w = wait_pending(pending, pending);
+        } else {
+            pending++;
+            w = wait_pending(pending, pending - 1);
+        }
+        if (w == WAIT_OK && i == HUNG_UP_STEP) {
+            close(fds[i]); /* the watcher notices the hang-up and answers it */
+            fds[i] = -1;
+            pending--;
+            w = wait_pending(pending, pending);
+        }
+        if (w != WAIT_OK) {
+            CHECKF(w != WAIT_TIMEOUT, "step %d of sequence %s was never admitted", i, seq);
+            for (int j = 0; j <= i; j++)
+                if (fds[j] >= 0)
+                    read_reply(fds[j], out);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Reads the burst's replies and checks each against the history in arrival order. */
+static void burst_check(const char *seq, const step st[STEPS], int fds[STEPS])
+{
+    history h = {0};
+    float out[WIDTH];
+    for (int i = 0; i < STEPS; i++) {
+        if (fds[i] < 0)
+            continue; /* read already (LATE_STEP) or hung up */
+        int status = read_reply(fds[i], out);
+        if (i == BAD_STEP) {
+            CHECKF(status == 400, "sequence %s, the step with a bad key: %d", seq, status);
+            continue;
+        }
+        CHECKF(status == 200, "sequence %s, step %d (in arrival order): status %d", seq, i, status);
+        memcpy(h.value[h.n++], st[i].value, sizeof st[i].value);
+        if (status == 200)
+            check_output(seq, i, &h, out);
+    }
+}
+
+/* After its END the sequence is gone: the next request needs START, in Triton's words. */
+static void check_ended(const char *seq)
+{
+    step st = {0};
+    float out[WIDTH];
+    int fd = send_step(seq, &st);
+    if (fd >= 0)
+        CHECK_EQ_INT(read_reply(fd, out), 400);
+}
+
+/* Runs the burst (on sequence ids 100, 101... or "chat-100"...) until a round is valid. */
+static void run_order(bool string_ids)
+{
+    uint64_t rng = 16;
+    step st[STEPS];
+    int fds[STEPS], blockers[2] = {-1, -1};
+    burst_steps(st, &rng);
+    for (int round = 0; round < BLOCKER_ROUNDS; round++, blocker_rows *= 2) {
+        char id[32];
+        /* A void round leaves its sequence unended: each round has a sequence of its own. */
+        if (string_ids)
+            snprintf(id, sizeof id, "\"chat-%d\"", 100 + round);
+        else
+            snprintf(id, sizeof id, "%d", 100 + round);
+        if (!blockers_start(blockers))
+            return;
+        bool valid = burst_send(id, st, fds);
+        blockers_stop(blockers);
+        if (valid) {
+            burst_check(id, st, fds);
+            check_ended(id);
+            return;
+        }
+        printf("note: a blocker of %lld rows ended before the steps were in; again, longer\n",
+               (long long)blocker_rows);
+    }
+    CHECKF(0, "no blocker outlasted the sending of %d steps", STEPS);
+}
+
+/* ---- The drain ---------------------------------------------------------------------------- */
+
+/* SIGTERM while a sequence's steps wait behind the blockers: every step still runs, in order,
+ * and the daemon exits 0 (a ticket that never ended would hold the drain to its timeout and
+ * answer the steps after it 503). */
+static void run_drain(const char *seq)
+{
+    uint64_t rng = 17;
+    step st[DRAIN_STEPS];
+    int fds[DRAIN_STEPS], blockers[2] = {-1, -1};
+    history h = {0};
+    float out[WIDTH];
+    memset(st, 0, sizeof st);
+    for (int i = 0; i < DRAIN_STEPS; i++) {
+        step_value(&st[i], i == 0, &rng);
+        st[i].priority = i % 2 ? 1 : 0;
+    }
+    st[0].start = true;
+    if (!blockers_start(blockers))
+        return;
+    for (int i = 0; i < DRAIN_STEPS; i++) {
+        fds[i] = send_step(seq, &st[i]);
+        CHECK(wait_pending(i + 1, 0) == WAIT_OK);
+    }
+    CHECK_EQ_INT(daemon_signal(&d, SIGTERM), 0);
+    blockers_stop(blockers);
+    for (int i = 0; i < DRAIN_STEPS; i++) {
+        int status = fds[i] >= 0 ? read_reply(fds[i], out) : 0;
+        CHECKF(status == 200, "draining, step %d: status %d", i, status);
+        memcpy(h.value[h.n++], st[i].value, sizeof st[i].value);
+        if (status == 200)
+            check_output(seq, i, &h, out);
+    }
+    CHECK_EQ_INT(daemon_wait(&d, 30000), 0);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* ---- The daemons -------------------------------------------------------------------------- */
+
+static bool start(int n)
+{
+    char t[8];
+    snprintf(t, sizeof t, "%d", n);
+    const char *const args[] = {"--threads", t,   "--kv-cache-bytes", "64MiB", "--drain-timeout-s",
+                                "20",        NULL};
+    threads = n;
+    if (daemon_start(&d, args) != 0) {
+        CHECKF(0, "cannot start attnd --threads %d", n);
+        return false;
+    }
+    return true;
+}
+
+static void test_steps_keep_arrival_order_on_one_worker(void)
+{
+    if (!start(1))
+        return;
+    run_order(false);
+    run_drain("43"); /* stops the daemon */
+}
+
+static void test_steps_keep_arrival_order_on_two_workers(void)
+{
+    if (!start(2))
+        return;
+    run_order(true);
+    run_drain("\"chat-drain\""); /* stops the daemon */
+}
+
+int main(void)
+{
+    RUN_WITHIN(test_steps_keep_arrival_order_on_one_worker, 300);
+    RUN_WITHIN(test_steps_keep_arrival_order_on_two_workers, 300);
+    return check_report();
+}
