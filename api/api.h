@@ -257,6 +257,9 @@ typedef struct {
     int64_t inferences; /* inferences the request ran (its batch size; 0 when none ran): for
                            nv_inference_count */
     char location[96];  /* non-empty: a Location header (201 of POST /v1/sessions and fork) */
+    char session[40];   /* non-empty: the id of the session the request stepped (a session's
+                           attention, /v1/mha over a session, a step of a v2 sequence), for
+                           the access log and the step metric */
 } api_reply;
 
 /* Frees the body (if still owned); NULL is a no-op, and so is a second call. */

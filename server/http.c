@@ -869,7 +869,7 @@ static void job_run(void *arg, int64_t index)
         rd->stats->started(&s->metrics, &req->stats);
     rd->work(&req->params, &call, &req->reply);
     api_session_turn_end(s->sessions, &req->ticket); /* the next step of the session may run */
-    if ((rd->flags & SRV_ROUTE_SESSION) && req->reply.status >= 200 && req->reply.status < 300)
+    if (req->reply.session[0] && req->reply.status >= 200 && req->reply.status < 300)
         srv__metrics_session_step(&s->metrics, req->reply.compute_ns);
 
     if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
@@ -1131,9 +1131,11 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
                    ms(now - req->lease.start_ns));
     if (reason != API_REASON_NONE)
         api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
-    /* The session a request concerns: its {id}, or the one it created (Location). */
+    /* The session a request concerns: the one it stepped, its {id}, or the one it created
+     * (Location). */
     const char *session =
-        strncmp(req->path, "/v1/sessions/", 13) == 0             ? srv__param(&req->params, "id")
+        req->reply.session[0]                                    ? req->reply.session
+        : strncmp(req->path, "/v1/sessions/", 13) == 0           ? srv__param(&req->params, "id")
         : strncmp(req->reply.location, "/v1/sessions/", 13) == 0 ? req->reply.location + 13
                                                                  : NULL;
     if (session) {

@@ -283,8 +283,10 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
     const eng_layer *l = s->layer;
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    if (s->sess)
+    if (s->sess) {
         api_buf_printf(w, ",\"length\":%lld", (long long)s->length);
+        snprintf(reply->session, sizeof reply->session, "%s", s->sess->id);
+    }
     api_buf_cstr(w, ",\"meta\":{\"model\":");
     if (s->inline_layer)
         api_buf_cstr(w, "null");

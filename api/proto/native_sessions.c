@@ -459,6 +459,7 @@ static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
                    (long long)st->length, st->s->id, (long long)st->n_new, (long long)st->n_q,
                    (long long)st->S, (long long)st->H, (long long)st->Hkv, (long long)st->D,
                    (long long)st->Dv);
+    snprintf(reply->session, sizeof reply->session, "%s", st->s->id);
     if (st->r.has_q)
         api_buf_printf(w, ",\"precision\":\"%s\"",
                        api__precision_name(eng_sdpa_precision(&st->args)));

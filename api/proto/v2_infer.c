@@ -505,6 +505,8 @@ static int encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     reply->body = job->blob;
     reply->body_len = job->json_len + job->binary_bytes;
     reply->inference_header_len = job->any_binary ? (int64_t)job->json_len : 0;
+    if (job->seq_set)
+        snprintf(reply->session, sizeof reply->session, "%s", job->session);
     job->blob = NULL;
     return 0;
 }

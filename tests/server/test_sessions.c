@@ -216,6 +216,7 @@ static void test_mha_session_steps_equal_the_whole_history(void)
     uint64_t rng = 8;
     for (int i = 0; i < N * 64; i++)
         x[i] = (float)rng_sym(&rng, 1.0);
+    double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
     if (!create("{\"model\":\"demo\"}", id))
         return;
     for (int64_t n0 = 0, L = P; n0 < N; n0 += L, L = 1) {
@@ -247,6 +248,9 @@ static void test_mha_session_steps_equal_the_whole_history(void)
         http_resp_free(&r);
         http_resp_free(&w);
     }
+    /* Each of the 1 + T steps is a session step for the access log and the step metric. */
+    CHECK_EQ_INT(daemon_log_lines(&d, "\"path\":\"/v1/mha\"", id, 1 + T, 5000), 1 + T);
+    CHECK(metric_wait(d.port, "attnd_session_step_seconds_count", steps_before + 1 + T, 5000));
 }
 
 /* `n` tokens of x as nested JSON numbers, with `fields`: slower for a worker to parse than

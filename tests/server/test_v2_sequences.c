@@ -316,8 +316,14 @@ static void run_order(bool string_ids)
         bool valid = burst_send(id, st, fds);
         blockers_stop(blockers);
         if (valid) {
+            double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
             burst_check(id, st, fds);
             check_ended(id);
+            /* All but the refused, timed-out and abandoned steps count as session steps, and the
+             * access log names their session. */
+            CHECK(metric_wait(d.port, "attnd_session_step_seconds_count", steps_before + STEPS - 3,
+                              5000));
+            CHECK(daemon_log_lines(&d, "/infer\"", "\"session\":\"", STEPS - 3, 5000) >= STEPS - 3);
             return;
         }
         printf("note: a blocker of %lld rows ended before the steps were in; again, longer\n",

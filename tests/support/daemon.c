@@ -305,6 +305,32 @@ char *daemon_log(const daemon_proc *d)
     return read_file(path, NULL);
 }
 
+static int lines_with(char *log, const char *a, const char *b)
+{
+    int n = 0;
+    for (char *line = log; line && *line;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        n += strstr(line, a) && strstr(line, b);
+        line = end ? end + 1 : line + strlen(line);
+    }
+    return n;
+}
+
+int daemon_log_lines(const daemon_proc *d, const char *a, const char *b, int want, int timeout_ms)
+{
+    int n = 0;
+    for (int waited = 0;; waited += 20) {
+        char *log = daemon_log(d);
+        n = lines_with(log, a, b);
+        free(log);
+        if (n >= want || waited >= timeout_ms)
+            return n;
+        usleep(20 * 1000);
+    }
+}
+
 /* ---- HTTP ------------------------------------------------------------------------------------ */
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;

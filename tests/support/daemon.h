@@ -56,6 +56,11 @@ int daemon_stop(daemon_proc *d);
 /* The daemon's stderr so far (its JSON log), malloc'd and NUL-terminated; NULL on error. */
 char *daemon_log(const daemon_proc *d);
 
+/* Lines of the daemon's log holding both `a` and `b`, once there are `want` of them or
+ * timeout_ms has passed (a request's line is written at its completion, which may come after
+ * its client has the reply). */
+int daemon_log_lines(const daemon_proc *d, const char *a, const char *b, int want, int timeout_ms);
+
 /* Its resident memory (VmRSS) in KiB, and its open descriptors; -1 when /proc cannot say. */
 long daemon_rss_kib(const daemon_proc *d);
 int daemon_fd_count(const daemon_proc *d);
