@@ -917,40 +917,6 @@ static void widen_rows(eng_dtype dtype, const uint16_t *x, int64_t ld, int64_t r
         widen(dtype, x + r * ld, n, dst + r * n);
 }
 
-/* eng__sgemm_pack_panels (fp32 panels: panel q at dst + q k NR, depth row p at + p NR, zero
- * past column n) from bf16 bits, widened exactly as they go. */
-static void pack16_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
-                          int64_t n, float *dst)
-{
-    for (int64_t q = 0; q < n; q += nr, dst += k * nr) {
-        int64_t cols = n - q < nr ? n - q : nr;
-        if (cols < nr)
-            memset(dst, 0, (size_t)(k * nr) * sizeof(float));
-        for (int64_t p = 0; p < k; p++)
-            for (int64_t j = 0; j < cols; j++)
-                dst[p * nr + j] =
-                    eng_bf16_to_f32(b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j]);
-    }
-}
-
-/* eng__bf16_pack_panels (pair panels) from bf16 bits, copied: what rounding their exact fp32
- * widening gives. */
-static void pack16_pair_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
-                               int64_t n, uint16_t *dst)
-{
-    const int64_t stride = eng__bf16_panel_stride(nr, k);
-    for (int64_t q = 0; q < n; q += nr, dst += stride) {
-        int64_t cols = n - q < nr ? n - q : nr;
-        if (cols < nr || k % 2)
-            memset(dst, 0, (size_t)stride * sizeof *dst);
-        for (int64_t p = 0; p < k; p++) {
-            uint16_t *row = dst + p / 2 * 2 * nr + p % 2;
-            for (int64_t j = 0; j < cols; j++)
-                row[2 * j] = b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j];
-        }
-    }
-}
-
 /* The bf16 pair panels of the block, prepacked or packed into `area`. */
 static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
                          uint16_t *area, block_panels *bp)
@@ -962,7 +928,7 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
         if (bp->kr)
             eng__bf16_pack_panels(nr, bp->kr, bp->ldk, true, p->D, cols, area);
         else
-            pack16_pair_panels(nr, bp->kh, bp->ldk, true, p->D, cols, area);
+            eng__bf16_pack_panels16(nr, bp->kh, bp->ldk, true, p->D, cols, area);
         bp->k16 = area;
     }
     bp->v16 = value_panels16(p, b, hk, j0);
@@ -972,7 +938,7 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
         if (bp->vr)
             eng__bf16_pack_panels(nr, bp->vr, bp->ldv, false, cols, p->Dv, v_area);
         else
-            pack16_pair_panels(nr, bp->vh, bp->ldv, false, cols, p->Dv, v_area);
+            eng__bf16_pack_panels16(nr, bp->vh, bp->ldv, false, cols, p->Dv, v_area);
         bp->v16 = v_area;
         bp->v16_stride = eng__bf16_panel_stride(nr, cols);
     }
@@ -994,7 +960,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
         if (bp->kr)
             eng__sgemm_pack_panels(p->ks, bp->kr, bp->ldk, true, p->D, cols, area);
         else
-            pack16_panels(p->ks->nr, bp->kh, bp->ldk, true, p->D, cols, area);
+            eng__sgemm_pack_panels16(p->ks, bp->kh, bp->ldk, true, p->D, cols, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
         bp->k = area;
@@ -1006,7 +972,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
         if (bp->vr)
             eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
         else
-            pack16_panels(p->ks->nr, bp->vh, bp->ldv, false, cols, p->Dv, area);
+            eng__sgemm_pack_panels16(p->ks, bp->vh, bp->ldv, false, cols, p->Dv, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
         bp->v = area;
@@ -1724,18 +1690,18 @@ static void prepack_views16(plan *p, int64_t index, const uint16_t *k, int64_t l
 {
     const int64_t nr = p->ks->nr;
     if (p->bf16_native)
-        pack16_pair_panels(nr, k, ldk, true, p->D, p->S, p->kpack16 + index * p->kpack_head);
+        eng__bf16_pack_panels16(nr, k, ldk, true, p->D, p->S, p->kpack16 + index * p->kpack_head);
     else
-        pack16_panels(nr, k, ldk, true, p->D, p->S, p->kpack + index * p->kpack_head);
+        eng__sgemm_pack_panels16(p->ks, k, ldk, true, p->D, p->S, p->kpack + index * p->kpack_head);
     for (int64_t q = 0; q < p->Dv; q += nr) {
         int64_t w = p->Dv - q < nr ? p->Dv - q : nr;
         if (p->bf16_native)
-            pack16_pair_panels(nr, v + q, ldv, false, p->S, w,
-                               p->vpack16 + index * p->vpack_head +
-                                   q / nr * eng__bf16_panel_stride(nr, p->S));
+            eng__bf16_pack_panels16(nr, v + q, ldv, false, p->S, w,
+                                    p->vpack16 + index * p->vpack_head +
+                                        q / nr * eng__bf16_panel_stride(nr, p->S));
         else
-            pack16_panels(nr, v + q, ldv, false, p->S, w,
-                          p->vpack + index * p->vpack_head + q / nr * p->S * nr);
+            eng__sgemm_pack_panels16(p->ks, v + q, ldv, false, p->S, w,
+                                     p->vpack + index * p->vpack_head + q / nr * p->S * nr);
     }
 }
 
