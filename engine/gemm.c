@@ -33,27 +33,48 @@ size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k)
     return (size_t)(kc * nc + ks->mr * kc);
 }
 
-/* Packs B[p0..p0+kc) x [j0..j0+nc) into panels of NR columns: panel q holds rows p of NR
- * consecutive columns, zero past column n. */
-static void pack_b(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
-                   int64_t nc, float *dst)
+/* B's element at offset `at`: fp32, or bf16 bits widened (exactly) when `bits`; and n of them
+ * from `at` on into dst (fp32 rows copied whole). */
+static inline float b_element(const void *b, bool bits, int64_t at)
 {
-    const int64_t nr = ks->nr;
+    return bits ? eng_bf16_to_f32(((const uint16_t *)b)[at]) : ((const float *)b)[at];
+}
+
+static inline void b_row(float *dst, const void *b, bool bits, int64_t at, int64_t n)
+{
+    if (!bits) {
+        memcpy(dst, (const float *)b + at, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = b_element(b, bits, at + i);
+}
+
+/* Packs B[p0..p0+kc) x [j0..j0+nc) (row stride ldb; [n x k] rows of B^T when b_trans) into
+ * panels of NR columns: panel q holds rows p of NR consecutive columns, zero past column n. B's
+ * elements are fp32, or bf16 bits when `bits`: the element fetch (b_element, b_row) is all that
+ * differs between the GEMM's packing and that of bf16 views. Inlined at each call (forced: gcc
+ * declines three copies), so that the constant `bits` picks the loop there and the GEMM's own
+ * packing stays a plain fp32 copy, with no test per element. */
+static inline __attribute__((always_inline)) void pack_b(int64_t nr, const void *b, bool bits,
+                                                         int64_t ldb, bool b_trans, int64_t p0,
+                                                         int64_t kc, int64_t j0, int64_t nc,
+                                                         float *dst)
+{
     for (int64_t q = 0; q < nc; q += nr, dst += kc * nr) {
         int64_t cols = min64(nr, nc - q);
-        if (g->b_trans) {
+        if (b_trans) {
             /* B^T rows: column j of B is row j of the input, read along its length. */
             if (cols < nr)
                 memset(dst, 0, (size_t)(kc * nr) * sizeof(float));
             for (int64_t j = 0; j < cols; j++) {
-                const float *src = g->b + (j0 + q + j) * g->ldb + p0;
+                const int64_t at = (j0 + q + j) * ldb + p0;
                 for (int64_t p = 0; p < kc; p++)
-                    dst[p * nr + j] = src[p];
+                    dst[p * nr + j] = b_element(b, bits, at + p);
             }
         } else {
             for (int64_t p = 0; p < kc; p++) {
-                const float *src = g->b + (p0 + p) * g->ldb + j0 + q;
-                memcpy(dst + p * nr, src, (size_t)cols * sizeof(float));
+                b_row(dst + p * nr, b, bits, (p0 + p) * ldb + j0 + q, cols);
                 if (cols < nr)
                     memset(dst + p * nr + cols, 0, (size_t)(nr - cols) * sizeof(float));
             }
@@ -94,8 +115,13 @@ size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k)
 void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
                             int64_t k, int64_t n, float *dst)
 {
-    eng__gemm g = {.b = b, .ldb = ldb, .b_trans = b_trans};
-    pack_b(ks, &g, 0, k, 0, n, dst);
+    pack_b(ks->nr, b, false, ldb, b_trans, 0, k, 0, n, dst);
+}
+
+void eng__sgemm_pack_panels16(const eng__kernels *ks, const uint16_t *b, int64_t ldb, bool b_trans,
+                              int64_t k, int64_t n, float *dst)
+{
+    pack_b(ks->nr, b, true, ldb, b_trans, 0, k, 0, n, dst);
 }
 
 static void sgemm_blas(const eng__gemm *g)
@@ -124,7 +150,7 @@ void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
                 const float *block = g->b_packed + j0 / ks->nr * g->b_panel_stride + p0 * ks->nr;
                 tiles(ks, g, p0, kc, j0, nc, beta, block, g->b_panel_stride, edge);
             } else {
-                pack_b(ks, g, p0, kc, j0, nc, pack);
+                pack_b(ks->nr, g->b, false, g->ldb, g->b_trans, p0, kc, j0, nc, pack);
                 if (g->b_round_bf16)
                     ks->round_bf16(pack, kc * round_up(nc, ks->nr));
                 tiles(ks, g, p0, kc, j0, nc, beta, pack, kc * ks->nr, edge);

@@ -23,8 +23,12 @@ size_t eng__bf16_panels_elems(int64_t nr, int64_t n, int64_t k)
     return (size_t)((n + nr - 1) / nr * eng__bf16_panel_stride(nr, k));
 }
 
-void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans, int64_t k,
-                           int64_t n, uint16_t *dst)
+/* The pair packing of both entry points below, B's elements fp32 rounded to bf16, or bf16
+ * bits copied when `bits`: the element fetch is all that differs. Inlined into each (forced,
+ * as pack_b in gemm.c), so that the constant `bits` picks its loop with no test per element. */
+static inline __attribute__((always_inline)) void pack_pairs(int64_t nr, const void *b, bool bits,
+                                                             int64_t ldb, bool b_trans, int64_t k,
+                                                             int64_t n, uint16_t *dst)
 {
     const int64_t stride = eng__bf16_panel_stride(nr, k);
     for (int64_t q = 0; q < n; q += nr, dst += stride) {
@@ -34,11 +38,24 @@ void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans
         for (int64_t p = 0; p < k; p++) {
             uint16_t *row = dst + p / 2 * 2 * nr + p % 2;
             for (int64_t j = 0; j < cols; j++) {
-                float x = b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j];
-                row[2 * j] = eng_f32_to_bf16(x);
+                int64_t at = b_trans ? (q + j) * ldb + p : p * ldb + q + j;
+                row[2 * j] =
+                    bits ? ((const uint16_t *)b)[at] : eng_f32_to_bf16(((const float *)b)[at]);
             }
         }
     }
+}
+
+void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans, int64_t k,
+                           int64_t n, uint16_t *dst)
+{
+    pack_pairs(nr, b, false, ldb, b_trans, k, n, dst);
+}
+
+void eng__bf16_pack_panels16(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
+                             int64_t n, uint16_t *dst)
+{
+    pack_pairs(nr, b, true, ldb, b_trans, k, n, dst);
 }
 
 void eng__sgemm_bf16(const eng__kernels *ks, const eng__gemm_bf16 *g)

@@ -79,6 +79,14 @@ typedef struct {
 eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *args, const eng__kv_paged *kv,
                            eng_ctl *ctl, eng_error *err);
 
+/* eng__sdpa_paged that also sets *kv_rows to the keys of every key block whose K and V a task
+ * took for its products (from their source, or from the prepacked panels), summed over the
+ * blocks: B Hkv S when each kv head's keys are read once (a grouped-query decode step), more
+ * when several tasks read them (one per query head, the weights' second pass), less when
+ * blocks are skipped. For tests of how a plan reads the cache, which timings cannot show. */
+eng_status eng__sdpa_counted(eng_pool *pool, const eng_sdpa_args *args, const eng__kv_paged *kv,
+                             int64_t *kv_rows, eng_ctl *ctl, eng_error *err);
+
 /* eng_sdpa_scratch_bytes for eng__sdpa_paged (kv NULL: eng_sdpa's). */
 size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
                                      int threads);

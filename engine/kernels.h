@@ -79,6 +79,10 @@ typedef struct {
 void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
                             int64_t k, int64_t n, float *dst);
 
+/* The same from B's bf16 bits, widened to fp32 (exactly) as they are packed. */
+void eng__sgemm_pack_panels16(const eng__kernels *ks, const uint16_t *b, int64_t ldb, bool b_trans,
+                              int64_t k, int64_t n, float *dst);
+
 /* Floats of eng__sgemm_pack_panels's output for B of n columns and depth k. */
 size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k);
 
@@ -106,6 +110,10 @@ size_t eng__bf16_panels_elems(int64_t nr, int64_t n, int64_t k);
  * dst (64-byte aligned). */
 void eng__bf16_pack_panels(int64_t nr, const float *b, int64_t ldb, bool b_trans, int64_t k,
                            int64_t n, uint16_t *dst);
+
+/* The same from B's bf16 bits, copied: what rounding their exact fp32 widening gives. */
+void eng__bf16_pack_panels16(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
+                             int64_t n, uint16_t *dst);
 
 /* C[m x n] = alpha * A B + beta * C with the set's bf16 micro-kernel: A is [m x 2 kp] bf16 with
  * row stride lda (even) and MR readable rows past every row it starts a tile at (the caller

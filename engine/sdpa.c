@@ -15,7 +15,10 @@
  * one Br x Bc block and one block's panels. Key blocks that no row of the task can see (causal,
  * window, kv_lengths, all-padding) are never computed, so causal work halves. When few (batch,
  * head, query block) tasks exist but the keys are many (decoding), the keys are split into chunks
- * computed in parallel and merged by their log-sum-exp. Weights, when asked for, are a second pass
+ * computed in parallel and merged by their log-sum-exp. With grouped-query heads and few query
+ * rows (decoding), one task takes every query head of a kv group: each K/V block is read (and
+ * packed) once, and its operands serve the group's heads in turn, each head's rows keeping their
+ * own head for ALiBi, masks and outputs. Weights, when asked for, are a second pass
  * that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s
  * - lse): lse rounded to float loses log(l) next to scores of 1e9).
  *
@@ -49,6 +52,12 @@
 #define RESCALE_SLACK     8.0f
 #define TASKS_PER_THREAD  4 /* below this many tasks per worker, split decode-shaped keys */
 #define PREPACK_MAX_BYTES ((uint64_t)64 << 20) /* shared K and V panels, at most */
+/* At most this many query rows per head, one task takes every query head of a kv group, so
+ * that each K/V block is read once for the group rather than once per head. Below it a head
+ * does under L / 2 FLOPs per byte of fp32 K and V (2 L (D + Dv) per key of 4 (D + Dv) bytes),
+ * less than two cores compute per byte they read (make bench here: 100-200 GFLOPS over 10-20
+ * GB/s), so the reads set the speed. */
+#define GROUP_L_MAX 16
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)
 
@@ -63,7 +72,8 @@ typedef struct {
     float scale;
     int64_t offset; /* p_i = i + offset */
     const float *slopes;
-    int64_t br, bc, nqb; /* rows per task, keys per block, query blocks per head */
+    int64_t br, bc, nqb; /* rows per head in a task, keys per block, query blocks per head */
+    int64_t task_heads;  /* query heads per task: 1, or a kv group's (grouped decoding) */
     int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
     int64_t chunk_len;
     float *part_o;        /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
@@ -82,6 +92,7 @@ typedef struct {
     bool kv16;                      /* K and V rows are bf16 or f16 (the table's or the views') */
     eng_dtype kv_dtype;             /* which: the table's dtype, or the views' */
     bool q16;                       /* Q rows are bf16: copied or widened per task, never whole */
+    atomic_int_fast64_t *kv_rows;   /* counts the keys of every block read (tests), or NULL */
     atomic_bool nonfinite;          /* some row overflowed */
     atomic_bool no_scratch;         /* some task could not get its scratch block */
 } plan;
@@ -314,6 +325,13 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
+/* Tasks of (b, the task's heads, query block): the attention's, or the split's before its
+ * chunks. */
+static int64_t attention_tasks(const plan *p)
+{
+    return p->B * (p->H / p->task_heads) * p->nqb;
+}
+
 static void plan_blocks(plan *p, int threads)
 {
     /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
@@ -327,10 +345,14 @@ static void plan_blocks(plan *p, int threads)
     bc = bc < BC_MIN ? BC_MIN : bc > BC_MAX ? BC_MAX : bc;
     p->bc = bc / 64 * 64; /* whole panels of every kernel set (NR divides 64) */
 
+    /* Few query rows: a task takes the rows of every query head of a kv group. */
+    p->task_heads = p->group > 1 && p->L <= GROUP_L_MAX ? p->group : 1;
+    const int64_t head_tasks = p->B * (p->H / p->task_heads);
+
     /* Rows: about BR_MAX, spread evenly; smaller when that is what it takes to give every
      * worker a task. */
     int64_t nqb = ceil_div(p->L, BR_MAX);
-    while (p->B * p->H * nqb < threads && ceil_div(p->L, nqb + 1) >= BR_MIN)
+    while (head_tasks * nqb < threads && ceil_div(p->L, nqb + 1) >= BR_MIN)
         nqb++;
     p->br = ceil_div(p->L, nqb);
     /* Whole register tiles: a ragged tile in every block would run the micro-kernel on padding
@@ -344,7 +366,7 @@ static void plan_blocks(plan *p, int threads)
     /* Decoding: too few tasks for the pool and many keys: split the keys. */
     p->chunks = 1;
     p->chunk_len = p->S;
-    int64_t tasks = p->B * p->H * p->nqb;
+    int64_t tasks = attention_tasks(p);
     if (p->a->weights_mode == ENG_WEIGHTS_NONE && tasks < (int64_t)threads * TASKS_PER_THREAD &&
         p->S >= 2 * p->bc) {
         int64_t want = ceil_div((int64_t)threads * TASKS_PER_THREAD, tasks);
@@ -365,9 +387,15 @@ static size_t align16(size_t floats)
     return (floats + 15) / 16 * 16;
 }
 
+/* Query rows of a task: br rows of each of its heads. */
+static int64_t task_rows(const plan *p)
+{
+    return p->task_heads * p->br;
+}
+
 static size_t task_head_floats(const plan *p)
 {
-    return align16((size_t)(p->br * p->bc + 2 * p->br));
+    return align16((size_t)(p->br * p->bc + 2 * task_rows(p)));
 }
 
 static size_t task_pack_floats(const plan *p)
@@ -388,7 +416,7 @@ static size_t align32(size_t elems)
 static size_t q16_elems(const plan *p)
 {
     int64_t mr = p->ks->mr;
-    return align32((size_t)(((p->br + mr - 1) / mr * mr + mr) * p->dp));
+    return align32((size_t)(((task_rows(p) + mr - 1) / mr * mr + mr) * p->dp));
 }
 
 static size_t p16_elems(const plan *p)
@@ -411,7 +439,7 @@ static size_t fp32_panels_floats(const plan *p)
 static size_t qf_floats(const plan *p)
 {
     int64_t mr = p->ks->mr;
-    return align16((size_t)(((p->br + mr - 1) / mr * mr + mr) * p->D));
+    return align16((size_t)(((task_rows(p) + mr - 1) / mr * mr + mr) * p->D));
 }
 
 static size_t task_panels_floats(const plan *p)
@@ -889,40 +917,6 @@ static void widen_rows(eng_dtype dtype, const uint16_t *x, int64_t ld, int64_t r
         widen(dtype, x + r * ld, n, dst + r * n);
 }
 
-/* eng__sgemm_pack_panels (fp32 panels: panel q at dst + q k NR, depth row p at + p NR, zero
- * past column n) from bf16 bits, widened exactly as they go. */
-static void pack16_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
-                          int64_t n, float *dst)
-{
-    for (int64_t q = 0; q < n; q += nr, dst += k * nr) {
-        int64_t cols = n - q < nr ? n - q : nr;
-        if (cols < nr)
-            memset(dst, 0, (size_t)(k * nr) * sizeof(float));
-        for (int64_t p = 0; p < k; p++)
-            for (int64_t j = 0; j < cols; j++)
-                dst[p * nr + j] =
-                    eng_bf16_to_f32(b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j]);
-    }
-}
-
-/* eng__bf16_pack_panels (pair panels) from bf16 bits, copied: what rounding their exact fp32
- * widening gives. */
-static void pack16_pair_panels(int64_t nr, const uint16_t *b, int64_t ldb, bool b_trans, int64_t k,
-                               int64_t n, uint16_t *dst)
-{
-    const int64_t stride = eng__bf16_panel_stride(nr, k);
-    for (int64_t q = 0; q < n; q += nr, dst += stride) {
-        int64_t cols = n - q < nr ? n - q : nr;
-        if (cols < nr || k % 2)
-            memset(dst, 0, (size_t)stride * sizeof *dst);
-        for (int64_t p = 0; p < k; p++) {
-            uint16_t *row = dst + p / 2 * 2 * nr + p % 2;
-            for (int64_t j = 0; j < cols; j++)
-                row[2 * j] = b_trans ? b[(q + j) * ldb + p] : b[p * ldb + q + j];
-        }
-    }
-}
-
 /* The bf16 pair panels of the block, prepacked or packed into `area`. */
 static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
                          uint16_t *area, block_panels *bp)
@@ -934,7 +928,7 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
         if (bp->kr)
             eng__bf16_pack_panels(nr, bp->kr, bp->ldk, true, p->D, cols, area);
         else
-            pack16_pair_panels(nr, bp->kh, bp->ldk, true, p->D, cols, area);
+            eng__bf16_pack_panels16(nr, bp->kh, bp->ldk, true, p->D, cols, area);
         bp->k16 = area;
     }
     bp->v16 = value_panels16(p, b, hk, j0);
@@ -944,7 +938,7 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
         if (bp->vr)
             eng__bf16_pack_panels(nr, bp->vr, bp->ldv, false, cols, p->Dv, v_area);
         else
-            pack16_pair_panels(nr, bp->vh, bp->ldv, false, cols, p->Dv, v_area);
+            eng__bf16_pack_panels16(nr, bp->vh, bp->ldv, false, cols, p->Dv, v_area);
         bp->v16 = v_area;
         bp->v16_stride = eng__bf16_panel_stride(nr, cols);
     }
@@ -966,7 +960,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
         if (bp->kr)
             eng__sgemm_pack_panels(p->ks, bp->kr, bp->ldk, true, p->D, cols, area);
         else
-            pack16_panels(p->ks->nr, bp->kh, bp->ldk, true, p->D, cols, area);
+            eng__sgemm_pack_panels16(p->ks, bp->kh, bp->ldk, true, p->D, cols, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, cols, p->D));
         bp->k = area;
@@ -978,7 +972,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
         if (bp->vr)
             eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
         else
-            pack16_panels(p->ks->nr, bp->vh, bp->ldv, false, cols, p->Dv, area);
+            eng__sgemm_pack_panels16(p->ks, bp->vh, bp->ldv, false, cols, p->Dv, area);
         if (p->bf16)
             p->ks->round_bf16(area, (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, cols));
         bp->v = area;
@@ -994,6 +988,8 @@ static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t
                                    int64_t rows, const float *s)
 {
     block_panels bp = {0};
+    if (p->kv_rows)
+        atomic_fetch_add_explicit(p->kv_rows, cols, memory_order_relaxed);
     const bool kernel = p->ks->tile != NULL, prepacked = block_prepacked(p, j0);
     const bool panels = kernel && (rows > p->gemv_rows || p->kpack || p->kpack16);
     /* Prepacked blocks never read their rows: from a paged cache they may span cache blocks,
@@ -1185,6 +1181,43 @@ static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_
     return ENG_OK;
 }
 
+/* Where the rows of a task's heads accumulate: head g of the task (query head h0 + g) has its
+ * output rows at o + g o_step (row stride ldo), its row maxima at m + g ml_step and its sums at
+ * l + g ml_step: the output view's or the split's partials, whose heads lie at fixed strides. */
+typedef struct {
+    float *o;
+    int64_t ldo, o_step;
+    float *m, *l;
+    int64_t ml_step;
+} head_rows;
+
+/* attend_block for the query rows [i0, i0+rows) of every head of a task (a kv group): the key
+ * block's operands are read, and packed, once; then each panel of rows is taken head after
+ * head against them, while they are still in the cache. A head's panel keeps its own head
+ * index (ALiBi slope, mask, output) and its own Q rows: those of head g at task row g rows. */
+static eng_status attend_group_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64_t rows,
+                                     int64_t j0, int64_t cols, key_kind kind, const head_rows *hr,
+                                     float *s)
+{
+    block_panels bp = block_operands(p, b, h0 / p->group, j0, cols, rows, s);
+    const int64_t height = panel_rows(p);
+    for (int64_t r0 = 0; r0 < rows; r0 += height) {
+        int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
+        /* Positions, and so the visible keys, are the same for every head. */
+        if (kind == KEYS_BOUNDARY && !panel_keys(p, b, i0 + r0, pr, j0, cols, &c0, &c1))
+            continue;
+        for (int64_t g = 0; g < p->task_heads; g++) {
+            eng_status st = attend_panel(p, b, h0 + g, i0 + r0, pr, g * rows + r0, j0, c0, c1 - c0,
+                                         kind, &bp, hr->o + g * hr->o_step + r0 * hr->ldo, hr->ldo,
+                                         hr->m + g * hr->ml_step + r0, hr->l + g * hr->ml_step + r0,
+                                         s, cols, s);
+            if (st != ENG_OK)
+                return st;
+        }
+    }
+    return ENG_OK;
+}
+
 /* What key block [j0, j0+cols) needs: under position rules (not the open tail) it is inside
  * when every row may see all of it, else on a boundary. False when every key is padding. */
 static bool block_kind(const plan *p, int64_t b, int64_t j0, int64_t cols, const key_span *span,
@@ -1200,11 +1233,11 @@ static bool block_kind(const plan *p, int64_t b, int64_t j0, int64_t cols, const
     return true;
 }
 
-/* Keys [from, to) in blocks of Bc; under position rules (not the open tail) a block is inside
- * when every row may see all of it, else on a boundary. */
+/* Keys [from, to) in blocks of Bc for the task's heads from h; under position rules (not the
+ * open tail) a block is inside when every row may see all of it, else on a boundary. */
 static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t from,
-                              int64_t to, const key_span *span, bool tail, float *o, int64_t ldo,
-                              float *m, float *l, float *s)
+                              int64_t to, const key_span *span, bool tail, const head_rows *hr,
+                              float *s)
 {
     for (int64_t j0 = from, cols; j0 < to; j0 += cols) {
         cols = block_cols(p, j0, to);
@@ -1214,7 +1247,10 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         key_kind kind;
         if (!block_kind(p, b, j0, cols, span, tail, &kind))
             continue;
-        st = attend_block(p, b, h, i0, rows, j0, cols, kind, o, ldo, m, l, s);
+        if (p->task_heads == 1)
+            st = attend_block(p, b, h, i0, rows, j0, cols, kind, hr->o, hr->ldo, hr->m, hr->l, s);
+        else
+            st = attend_group_block(p, b, h, i0, rows, j0, cols, kind, hr, s);
         if (st != ENG_OK)
             return st;
     }
@@ -1232,13 +1268,16 @@ static void copy_bf16_row(const uint16_t *x, int64_t n, uint16_t *dst)
         dst[n] = 0;
 }
 
-/* With bf16, or bf16 Q rows: the task's query rows rounded (or copied, or widened for fp32
- * products) into its Q rows (the rows past them, which the micro-kernel reads but never
- * stores, and the P panel are zeroed). */
-static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, float *s)
+/* With bf16, or bf16 Q rows: query rows [i0, i0+rows) of head (b, h) rounded (or copied, or
+ * widened for fp32 products) into the task's Q rows from task row `first`; the rows past
+ * them, which the micro-kernel reads but never stores, and the P panel are zeroed (a task of
+ * several heads fills them in order, so only the last head's zeroing stays). */
+static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                          int64_t first, float *s)
 {
+    const size_t end = (size_t)(first + rows);
     if (!p->bf16_native) {
-        float *qf = task_qf(p, s);
+        float *qf = task_qf(p, s) + first * p->D;
         for (int64_t r = 0; r < rows; r++) {
             if (p->q16)
                 widen(ENG_DTYPE_BF16, row_ptr16(p->a->q16, &p->a->q, b, h, i0 + r), p->D,
@@ -1249,45 +1288,48 @@ static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64
             if (p->bf16 && !p->q16) /* bf16 rows round to themselves */
                 p->ks->round_bf16(qf + r * p->D, p->D);
         }
-        memset(qf + rows * p->D, 0, (qf_floats(p) - (size_t)(rows * p->D)) * sizeof(float));
+        memset(qf + rows * p->D, 0, (qf_floats(p) - end * (size_t)p->D) * sizeof(float));
         return;
     }
-    uint16_t *q16 = task_q16(p, s);
+    uint16_t *q16 = task_q16(p, s) + first * p->dp;
     for (int64_t r = 0; r < rows; r++) {
         if (p->q16)
             copy_bf16_row(row_ptr16(p->a->q16, &p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
         else
             p->ks->to_bf16(row_ptr(&p->a->q, b, h, i0 + r), p->D, q16 + r * p->dp);
     }
-    memset(q16 + rows * p->dp, 0, (q16_elems(p) - (size_t)(rows * p->dp)) * sizeof *q16);
+    memset(q16 + rows * p->dp, 0, (q16_elems(p) - end * (size_t)p->dp) * sizeof *q16);
     memset(task_p16(p, s), 0, p16_elems(p) * sizeof(uint16_t));
 }
 
-/* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of head (b, h):
- * o (row stride ldo) gets the unnormalised sum of exp(s - m) v, m the row maxima and l the
- * sums. Blocks start on whole panels of NR keys from the first visible one (or kbeg), so that
- * they find their K panels among the prepacked ones; then come the open tail's keys. Returns
- * ENG_OK or why it stopped. */
+/* Online softmax over the visible keys of [kbeg, kend) for rows [i0, i0+rows) of the task's
+ * heads from (b, h): each head's o (hr) gets the unnormalised sum of exp(s - m) v, m the row
+ * maxima and l the sums. Blocks start on whole panels of NR keys from the first visible one (or
+ * kbeg), so that they find their K panels among the prepacked ones; then come the open tail's
+ * keys. Returns ENG_OK or why it stopped. */
 static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t kbeg,
-                         int64_t kend, float *o, int64_t ldo, float *m, float *l, float *s)
+                         int64_t kend, const head_rows *hr, float *s)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        memset(o + r * ldo, 0, (size_t)p->Dv * sizeof(float));
+    for (int64_t g = 0; g < p->task_heads; g++) {
+        float *o = hr->o + g * hr->o_step, *m = hr->m + g * hr->ml_step,
+              *l = hr->l + g * hr->ml_step;
+        for (int64_t r = 0; r < rows; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            memset(o + r * hr->ldo, 0, (size_t)p->Dv * sizeof(float));
+        }
+        if (p->bf16 || p->q16)
+            round_queries(p, b, h + g, i0, rows, g * rows, s);
     }
-    if (p->bf16 || p->q16)
-        round_queries(p, b, h, i0, rows, s);
     eng_status st = ENG_OK;
     key_span k = rows_span(p, b, i0, rows, kbeg, kend);
     if (k.lo < k.hi) {
         int64_t from = k.lo / p->ks->nr * p->ks->nr;
-        st = attend_keys(p, b, h, i0, rows, from > kbeg ? from : kbeg, k.hi, &k, false, o, ldo, m,
-                         l, s);
+        st = attend_keys(p, b, h, i0, rows, from > kbeg ? from : kbeg, k.hi, &k, false, hr, s);
     }
     int64_t tail_lo = kbeg > p->S_main ? kbeg : p->S_main;
     if (st == ENG_OK && tail_lo < kend)
-        st = attend_keys(p, b, h, i0, rows, tail_lo, kend, &k, true, o, ldo, m, l, s);
+        st = attend_keys(p, b, h, i0, rows, tail_lo, kend, &k, true, hr, s);
     return st;
 }
 
@@ -1392,14 +1434,15 @@ static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64
 /* ---- Tasks ------------------------------------------------------------------------------------
  */
 
-/* Task index -> (b, h, query block). Later blocks first: under causal masking they are the
- * largest, and starting them early evens out the finish. */
+/* Task index -> (b, first head h, query block). Later blocks first: under causal masking they
+ * are the largest, and starting them early evens out the finish. */
 static void task_coords(const plan *p, int64_t index, int64_t *b, int64_t *h, int64_t *qb)
 {
+    const int64_t slots = p->H / p->task_heads;
     *qb = p->nqb - 1 - index % p->nqb;
     index /= p->nqb;
-    *h = index % p->H;
-    *b = index / p->H;
+    *h = index % slots * p->task_heads;
+    *b = index / slots;
 }
 
 static float *task_scratch(plan *p)
@@ -1410,7 +1453,44 @@ static float *task_scratch(plan *p)
     return s;
 }
 
-/* Attention of one (b, h, query block), with its per-head weights when asked for. */
+/* The rows of the task's heads from (b, h), query rows from i0: the output view's, with the
+ * maxima and sums in the task's scratch s. */
+static head_rows output_rows(const plan *p, int64_t b, int64_t h, int64_t i0, float *s)
+{
+    float *m = s + p->br * p->bc;
+    head_rows hr = {.o = row_ptr(&p->a->out, b, h, i0),
+                    .ldo = ld_of(&p->a->out),
+                    .o_step = p->a->out.stride[1],
+                    .m = m,
+                    .l = m + task_rows(p),
+                    .ml_step = p->br};
+    return hr;
+}
+
+/* finish_rows for each head of the task, with its LSE rows. */
+static void finish_heads(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                         const head_rows *hr)
+{
+    for (int64_t g = 0; g < p->task_heads; g++) {
+        float *lse = p->lse ? p->lse + (b * p->H + h + g) * p->L + i0 : NULL;
+        finish_rows(p, rows, hr->o + g * hr->o_step, hr->ldo, hr->m + g * hr->ml_step,
+                    hr->l + g * hr->ml_step, lse);
+    }
+}
+
+/* write_weights for head g of the task; its Q rows, which the weights' scores are computed
+ * from, go back to the first task rows first, where block_scores reads them. */
+static eng_status head_weights(plan *p, int64_t b, int64_t h, int64_t g, int64_t i0, int64_t rows,
+                               const head_rows *hr, float *w, float mul, bool accumulate, float *s)
+{
+    if (g > 0 && (p->bf16 || p->q16))
+        round_queries(p, b, h + g, i0, rows, 0, s);
+    return write_weights(p, b, h + g, i0, rows, hr->m + g * hr->ml_step, hr->l + g * hr->ml_step, w,
+                         mul, accumulate, s);
+}
+
+/* Attention of one (b, query block) for the task's heads from h, with their per-head weights
+ * when asked for. */
 static void head_block_task(void *arg, int64_t index)
 {
     plan *p = arg;
@@ -1421,17 +1501,15 @@ static void head_block_task(void *arg, int64_t index)
     float *s = task_scratch(p);
     if (!s)
         return;
-    float *m = s + p->br * p->bc, *l = m + p->br;
-    float *o = row_ptr(&a->out, b, h, i0);
-    int64_t ldo = ld_of(&a->out);
-    if (attend(p, b, h, i0, rows, 0, p->S, o, ldo, m, l, s) != ENG_OK)
+    head_rows hr = output_rows(p, b, h, i0, s);
+    if (attend(p, b, h, i0, rows, 0, p->S, &hr, s) != ENG_OK)
         return;
-    float *lse = p->lse ? p->lse + (b * p->H + h) * p->L + i0 : NULL;
-    finish_rows(p, rows, o, ldo, m, l, lse);
-    if (a->weights_mode == ENG_WEIGHTS_PER_HEAD) {
-        float *w = a->weights + ((b * p->H + h) * p->L + i0) * p->S;
+    finish_heads(p, b, h, i0, rows, &hr);
+    for (int64_t g = 0; g < p->task_heads && a->weights_mode == ENG_WEIGHTS_PER_HEAD; g++) {
+        float *w = a->weights + ((b * p->H + h + g) * p->L + i0) * p->S;
         memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
-        write_weights(p, b, h, i0, rows, m, l, w, 1.0f, false, s);
+        if (head_weights(p, b, h, g, i0, rows, &hr, w, 1.0f, false, s) != ENG_OK)
+            return;
     }
 }
 
@@ -1446,22 +1524,21 @@ static void mean_block_task(void *arg, int64_t index)
     float *s = task_scratch(p);
     if (!s)
         return;
-    float *m = s + p->br * p->bc, *l = m + p->br;
     float *w = a->weights + (b * p->L + i0) * p->S;
     memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
-    int64_t ldo = ld_of(&a->out);
-    for (int64_t h = 0; h < p->H; h++) {
-        float *o = row_ptr(&a->out, b, h, i0);
-        if (attend(p, b, h, i0, rows, 0, p->S, o, ldo, m, l, s) != ENG_OK)
+    for (int64_t h = 0; h < p->H; h += p->task_heads) {
+        head_rows hr = output_rows(p, b, h, i0, s);
+        if (attend(p, b, h, i0, rows, 0, p->S, &hr, s) != ENG_OK)
             return;
-        float *lse = p->lse ? p->lse + (b * p->H + h) * p->L + i0 : NULL;
-        finish_rows(p, rows, o, ldo, m, l, lse);
-        if (write_weights(p, b, h, i0, rows, m, l, w, 1.0f / (float)p->H, true, s) != ENG_OK)
-            return;
+        finish_heads(p, b, h, i0, rows, &hr);
+        for (int64_t g = 0; g < p->task_heads; g++)
+            if (head_weights(p, b, h, g, i0, rows, &hr, w, 1.0f / (float)p->H, true, s) != ENG_OK)
+                return;
     }
 }
 
-/* Split decoding, step 1: one key chunk of one (b, h, query block) into the partials. */
+/* Split decoding, step 1: one key chunk of one (b, query block) for the task's heads from h
+ * into the partials. */
 static void chunk_task(void *arg, int64_t index)
 {
     plan *p = arg;
@@ -1472,13 +1549,19 @@ static void chunk_task(void *arg, int64_t index)
     float *s = task_scratch(p);
     if (!s)
         return;
-    /* Partials of (b, h, chunk c): o [L, Dv] then m [L] and l [L]. */
+    /* Partials of (b, h, chunk c): o [L, Dv] then m [L] and l [L]; head h + 1's are `chunks`
+     * parts further. */
     int64_t part = (b * p->H + h) * p->chunks + c;
-    float *o = p->part_o + (part * p->L + i0) * p->Dv;
-    float *m = p->part_ml + (part * 2) * p->L + i0, *l = m + p->L;
+    float *m = p->part_ml + (part * 2) * p->L + i0;
+    head_rows hr = {.o = p->part_o + (part * p->L + i0) * p->Dv,
+                    .ldo = p->Dv,
+                    .o_step = p->chunks * p->L * p->Dv,
+                    .m = m,
+                    .l = m + p->L,
+                    .ml_step = p->chunks * 2 * p->L};
     int64_t kbeg = c * p->chunk_len;
     int64_t kend = kbeg + p->chunk_len < p->S ? kbeg + p->chunk_len : p->S;
-    attend(p, b, h, i0, rows, kbeg, kend, o, p->Dv, m, l, s);
+    attend(p, b, h, i0, rows, kbeg, kend, &hr, s);
 }
 
 /* Split decoding, step 2: merge the chunks of one (b, h) by their maxima and sums. */
@@ -1537,14 +1620,17 @@ static size_t prepack_elem_bytes(const plan *p)
 }
 
 /* Packing K and V once per (b, kv head) pays when more than one task multiplies them (query
- * blocks, the query heads of a grouped-query group) with the kernel set's GEMM: the per-block
- * packing it replaces cost ~9% of the time at L = 2048. Its memory is about that of K and V,
- * so it is capped: beyond PREPACK_MAX_BYTES, scratch stays O(block) and tasks pack per block. */
+ * blocks, the query heads of a grouped-query group in tasks of their own) with the kernel
+ * set's GEMM: the per-block packing it replaces cost ~9% of the time at L = 2048. Its memory is
+ * about that of K and V, so it is capped: beyond PREPACK_MAX_BYTES, scratch stays O(block) and
+ * tasks pack per block. */
 static void plan_prepack(plan *p)
 {
     p->prepack = false;
+    /* Tasks that multiply each (b, kv head)'s K and V: its query blocks, times its query heads
+     * unless one task takes them all. */
     if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= p->gemv_rows ||
-        p->nqb * p->group < 2)
+        p->nqb * (p->group / p->task_heads) < 2)
         return;
     /* From a paged cache, panels are packed a cache block at a time: each must hold whole
      * panels of keys. */
@@ -1604,18 +1690,18 @@ static void prepack_views16(plan *p, int64_t index, const uint16_t *k, int64_t l
 {
     const int64_t nr = p->ks->nr;
     if (p->bf16_native)
-        pack16_pair_panels(nr, k, ldk, true, p->D, p->S, p->kpack16 + index * p->kpack_head);
+        eng__bf16_pack_panels16(nr, k, ldk, true, p->D, p->S, p->kpack16 + index * p->kpack_head);
     else
-        pack16_panels(nr, k, ldk, true, p->D, p->S, p->kpack + index * p->kpack_head);
+        eng__sgemm_pack_panels16(p->ks, k, ldk, true, p->D, p->S, p->kpack + index * p->kpack_head);
     for (int64_t q = 0; q < p->Dv; q += nr) {
         int64_t w = p->Dv - q < nr ? p->Dv - q : nr;
         if (p->bf16_native)
-            pack16_pair_panels(nr, v + q, ldv, false, p->S, w,
-                               p->vpack16 + index * p->vpack_head +
-                                   q / nr * eng__bf16_panel_stride(nr, p->S));
+            eng__bf16_pack_panels16(nr, v + q, ldv, false, p->S, w,
+                                    p->vpack16 + index * p->vpack_head +
+                                        q / nr * eng__bf16_panel_stride(nr, p->S));
         else
-            pack16_panels(nr, v + q, ldv, false, p->S, w,
-                          p->vpack + index * p->vpack_head + q / nr * p->S * nr);
+            eng__sgemm_pack_panels16(p->ks, v + q, ldv, false, p->S, w,
+                                     p->vpack + index * p->vpack_head + q / nr * p->S * nr);
     }
 }
 
@@ -1762,13 +1848,13 @@ static eng_status run_attention(eng_pool *pool, plan *p)
 {
     eng_status st;
     if (p->chunks > 1) {
-        st = eng_pool_run(pool, chunk_task, p, p->B * p->H * p->nqb * p->chunks, p->ctl);
+        st = eng_pool_run(pool, chunk_task, p, attention_tasks(p) * p->chunks, p->ctl);
         if (st == ENG_OK && !atomic_load(&p->nonfinite))
             st = eng_pool_run(pool, merge_task, p, p->B * p->H, p->ctl);
     } else if (p->a->weights_mode == ENG_WEIGHTS_MEAN) {
         st = eng_pool_run(pool, mean_block_task, p, p->B * p->nqb, p->ctl);
     } else {
-        st = eng_pool_run(pool, head_block_task, p, p->B * p->H * p->nqb, p->ctl);
+        st = eng_pool_run(pool, head_block_task, p, attention_tasks(p), p->ctl);
     }
     return st;
 }
@@ -1816,13 +1902,9 @@ eng_status eng__sdpa_validate(const eng_sdpa_args *a, eng_error *err)
     return st != ENG_OK ? st : check_options(a, err);
 }
 
-eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_error *err)
-{
-    return eng__sdpa_paged(pool, a, NULL, ctl, err);
-}
-
-eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv_paged *kv,
-                           eng_ctl *ctl, eng_error *err)
+/* eng__sdpa_paged, counting into kv_rows when it is not NULL. */
+static eng_status sdpa_run(eng_pool *pool, const eng_sdpa_args *a, const eng__kv_paged *kv,
+                           atomic_int_fast64_t *kv_rows, eng_ctl *ctl, eng_error *err)
 {
     eng_status st;
     if (!pool || !a)
@@ -1839,6 +1921,7 @@ eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
     plan p;
     plan_init(&p, a, kv, eng_pool_threads(pool));
     p.ctl = ctl;
+    p.kv_rows = kv_rows;
 
     float *slopes = NULL, *parts = NULL;
     p.slopes = a->alibi_slopes;
@@ -1881,5 +1964,26 @@ eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
     free(parts);
     free(additive);
     eng_buf_free(packed);
+    return st;
+}
+
+eng_status eng_sdpa(eng_pool *pool, const eng_sdpa_args *a, eng_ctl *ctl, eng_error *err)
+{
+    return sdpa_run(pool, a, NULL, NULL, ctl, err);
+}
+
+eng_status eng__sdpa_paged(eng_pool *pool, const eng_sdpa_args *a, const eng__kv_paged *kv,
+                           eng_ctl *ctl, eng_error *err)
+{
+    return sdpa_run(pool, a, kv, NULL, ctl, err);
+}
+
+eng_status eng__sdpa_counted(eng_pool *pool, const eng_sdpa_args *a, const eng__kv_paged *kv,
+                             int64_t *kv_rows, eng_ctl *ctl, eng_error *err)
+{
+    atomic_int_fast64_t count;
+    atomic_init(&count, 0);
+    eng_status st = sdpa_run(pool, a, kv, &count, ctl, err);
+    *kv_rows = atomic_load(&count);
     return st;
 }

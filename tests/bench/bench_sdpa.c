@@ -11,7 +11,9 @@
  *
  * gflops counts useful work: 4*B*H*L*S*D, halved for causal self-attention (L = S). Decode
  * cases add the rate at which K and V are read, against a streaming read of memory measured
- * in the same run. The session lines (KV-cache decode steps, concurrent sessions, a prefill
+ * in the same run; a grouped-query case (kv_heads= on its line) counts its cache bytes once,
+ * B*Hkv*S*(D+D)*4, as a decode step that reads each kv head once for its whole group does.
+ * ATTND_BENCH_ONLY=decode runs the decode cases and session decode steps alone. The session lines (KV-cache decode steps, concurrent sessions, a prefill
  * against eng_sdpa) follow; see "Sessions" below.
  */
 /* clang-format on */
@@ -32,20 +34,22 @@
 typedef struct {
     int64_t b, h, l, s, d;
     bool causal;
-    bool bf16; /* "precision": bfloat16; its line follows the same case's float32 line */
+    bool bf16;   /* "precision": bfloat16; its line follows the same case's float32 line */
+    int64_t hkv; /* key/value heads (grouped-query attention); 0: h */
 } bench_case;
 
 static const bench_case cases[] = {
-    {1, 8, 2048, 2048, 64, false, false},   {1, 8, 2048, 2048, 64, true, false},
-    {1, 8, 8192, 8192, 64, false, false},   {1, 8, 8192, 8192, 64, true, false},
-    {1, 1, 16384, 16384, 64, false, false}, {1, 1, 16384, 16384, 64, true, false},
-    {4, 16, 1024, 1024, 64, false, false},  {4, 16, 1024, 1024, 64, true, false},
-    {1, 8, 256, 8192, 64, false, false},  /* cross-attention */
-    {1, 32, 1, 32768, 128, false, false}, /* decode: one new token against a long cache */
-    {1, 1, 65536, 65536, 64, true, false},  {1, 8, 8192, 8192, 64, false, true},
-    {1, 8, 2048, 2048, 128, false, false},  {1, 8, 2048, 2048, 128, false, true},
-    {1, 8, 8192, 8192, 128, false, false},  {1, 8, 8192, 8192, 128, false, true},
-    {1, 8, 8192, 8192, 128, true, false},   {1, 8, 8192, 8192, 128, true, true},
+    {1, 8, 2048, 2048, 64, false, false, 0},   {1, 8, 2048, 2048, 64, true, false, 0},
+    {1, 8, 8192, 8192, 64, false, false, 0},   {1, 8, 8192, 8192, 64, true, false, 0},
+    {1, 1, 16384, 16384, 64, false, false, 0}, {1, 1, 16384, 16384, 64, true, false, 0},
+    {4, 16, 1024, 1024, 64, false, false, 0},  {4, 16, 1024, 1024, 64, true, false, 0},
+    {1, 8, 256, 8192, 64, false, false, 0},  /* cross-attention */
+    {1, 32, 1, 32768, 128, false, false, 0}, /* decode: one new token against a long cache */
+    {1, 32, 1, 32768, 128, false, false, 8}, /* the same with 4 query heads per kv head */
+    {1, 1, 65536, 65536, 64, true, false, 0},  {1, 8, 8192, 8192, 64, false, true, 0},
+    {1, 8, 2048, 2048, 128, false, false, 0},  {1, 8, 2048, 2048, 128, false, true, 0},
+    {1, 8, 8192, 8192, 128, false, false, 0},  {1, 8, 8192, 8192, 128, false, true, 0},
+    {1, 8, 8192, 8192, 128, true, false, 0},   {1, 8, 8192, 8192, 128, true, true, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -115,6 +119,11 @@ static eng_status run_sdpa(void *p)
     return st;
 }
 
+static int64_t kv_heads(const bench_case *bc)
+{
+    return bc->hkv > 0 ? bc->hkv : bc->h;
+}
+
 /* Prints the case's seconds on stdout for the parent. */
 static int run_case(const bench_case *bc)
 {
@@ -125,15 +134,15 @@ static int run_case(const bench_case *bc)
         return 1;
     }
     eng_buf_cache_limit((size_t)256 << 20); /* as the daemon's default --buffer-cache-bytes */
-    size_t nq = (size_t)(bc->b * bc->h * bc->l * bc->d),
-           nk = (size_t)(bc->b * bc->h * bc->s * bc->d);
+    const int64_t hkv = kv_heads(bc);
+    size_t nq = (size_t)(bc->b * bc->h * bc->l * bc->d), nk = (size_t)(bc->b * hkv * bc->s * bc->d);
     sdpa_ctx c = {.pool = pool};
     float *q = bench_random_floats(nq, 5, 1.0f), *k = bench_random_floats(nk, 6, 1.0f),
           *v = bench_random_floats(nk, 7, 1.0f);
     float *out = bench_random_floats(nq, 8, 1.0f);
     c.args.q = eng_view_contiguous(q, bc->b, bc->h, bc->l, bc->d);
-    c.args.k = eng_view_contiguous(k, bc->b, bc->h, bc->s, bc->d);
-    c.args.v = eng_view_contiguous(v, bc->b, bc->h, bc->s, bc->d);
+    c.args.k = eng_view_contiguous(k, bc->b, hkv, bc->s, bc->d);
+    c.args.v = eng_view_contiguous(v, bc->b, hkv, bc->s, bc->d);
     c.args.out = eng_view_contiguous(out, bc->b, bc->h, bc->l, bc->d);
     c.args.causal = bc->causal;
     c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
@@ -169,6 +178,8 @@ typedef struct {
 static const session_case sessions[] = {
     {SESSION_DECODE, 1, 32, 32, 32768, 128, ENG_DTYPE_F32},
     {SESSION_DECODE, 1, 32, 32, 32768, 128, ENG_DTYPE_BF16},
+    {SESSION_DECODE, 1, 32, 8, 32768, 128, ENG_DTYPE_F32}, /* grouped-query: 4 heads per kv head */
+    {SESSION_DECODE, 1, 32, 8, 32768, 128, ENG_DTYPE_BF16},
     {SESSION_CONCURRENT, 64, 8, 8, 2048, 128, ENG_DTYPE_F32},
     {SESSION_CONCURRENT, 64, 8, 8, 2048, 128, ENG_DTYPE_BF16},
     {SESSION_PREFILL, 1, 8, 8, 8192, 64, ENG_DTYPE_F32},
@@ -365,12 +376,15 @@ static int run_session_case(const session_case *sc)
     return rc;
 }
 
-/* Runs the session cases (child indices from NCASES on) and prints their lines. */
-static int run_session_cases(int threads, const char *kernels)
+/* Runs the session cases (child indices from NCASES on; the decode steps alone when
+ * decode_only) and prints their lines. */
+static int run_session_cases(int threads, const char *kernels, bool decode_only)
 {
     int failures = 0;
     for (int i = 0; i < NSESSIONS; i++) {
         const session_case *sc = &sessions[i];
+        if (decode_only && sc->kind != SESSION_DECODE)
+            continue;
         double mem_now = sc->kind == SESSION_PREFILL ? 0 : memory_gbps(threads);
         double values[2] = {0, 0}, rss;
         int want = sc->kind == SESSION_PREFILL ? 2 : 1;
@@ -439,11 +453,14 @@ int main(int argc, char **argv)
     fflush(stdout);
     int failures = 0;
     double case_gflops[NCASES] = {0};
-    /* ATTND_BENCH_ONLY=session runs the session section alone. */
+    /* ATTND_BENCH_ONLY=session runs the session section alone; =decode the decode shapes. */
     const char *only = getenv("ATTND_BENCH_ONLY");
+    bool decode_only = only && strcmp(only, "decode") == 0;
     int ncases = only && strcmp(only, "session") == 0 ? 0 : NCASES;
     for (int i = 0; i < ncases; i++) {
         const bench_case *bc = &cases[i];
+        if (decode_only && bc->l > 4)
+            continue;
         double t, rss;
         /* The machine is shared: the peak (and for decoding the memory rate) is measured
          * again right before each case, so that the ratio compares like with like. bf16 cases
@@ -484,13 +501,15 @@ int main(int argc, char **argv)
                 printf(" fp32_ratio=%.2f", gflops / fp32);
         }
         if (bc->l <= 4) {
-            double kv = 2.0 * (double)(bc->b * bc->h * bc->s * bc->d) * sizeof(float);
+            double kv = 2.0 * (double)(bc->b * kv_heads(bc) * bc->s * bc->d) * sizeof(float);
             printf(" kv_gbps=%.1f mem_gbps=%.1f bw_ratio=%.2f", kv / t * 1e-9, mem_now,
                    kv / t * 1e-9 / mem_now);
         }
+        if (kv_heads(bc) != bc->h)
+            printf(" kv_heads=%lld", (long long)kv_heads(bc));
         printf("\n");
         fflush(stdout);
     }
-    failures += run_session_cases(threads, kernels);
+    failures += run_session_cases(threads, kernels, decode_only);
     return failures ? 1 : 0;
 }

@@ -231,6 +231,89 @@ static void test_sgemm_beyond_one_block(void)
     }
 }
 
+/* ---- Packing ------------------------------------------------------------------------------- */
+
+/* B's element (depth p, column j) in a [k x n] B of row stride ldb, or in its [n x k] B^T. */
+static size_t b_index(bool trans, int64_t ldb, int64_t p, int64_t j)
+{
+    return (size_t)(trans ? j * ldb + p : p * ldb + j);
+}
+
+/* Elements of the packed B out of place: fp32 panels hold (p, j) at panel j / NR, row p,
+ * column j % NR; pair panels at pair row p / 2, lane 2 (j % NR) + p % 2; both zero past
+ * column n, and the pair panels past depth k. */
+static int64_t packed_misplaced(int64_t nr, int64_t k, int64_t n, bool trans, int64_t ldb,
+                                const uint16_t *b16, const float *pf, const uint16_t *pp)
+{
+    const int64_t width = (n + nr - 1) / nr * nr, pair_stride = eng__bf16_panel_stride(nr, k);
+    int64_t misplaced = 0;
+    for (int64_t j = 0; j < width; j++) {
+        const float *panel = pf + j / nr * k * nr;
+        const uint16_t *pairs = pp + j / nr * pair_stride + 2 * (j % nr);
+        for (int64_t p = 0; p < k + k % 2; p++) {
+            uint16_t want = j < n && p < k ? b16[b_index(trans, ldb, p, j)] : 0;
+            if (p < k)
+                misplaced += panel[p * nr + j % nr] != eng_bf16_to_f32(want);
+            misplaced += pairs[p / 2 * 2 * nr + p % 2] != want;
+        }
+    }
+    return misplaced;
+}
+
+/* One B of k x n random bf16 values: its bits and their widening packed both ways. */
+static void check_packing(const eng__kernels *ks, int64_t k, int64_t n, bool trans, uint64_t *rng)
+{
+    const int64_t nr = ks->nr, ldb = (trans ? k : n) + 3;
+    const size_t nb = b_index(trans, ldb, k - 1, n - 1) + 1;
+    const size_t nf = eng__sgemm_panels_floats(ks, n, k), np = eng__bf16_panels_elems(nr, n, k);
+    uint16_t *b16 = xcalloc(nb, sizeof *b16);
+    float *b = xcalloc(nb, sizeof *b);
+    for (size_t i = 0; i < nb; i++) {
+        b16[i] = eng_f32_to_bf16(rng_sym(rng, 4.0));
+        b[i] = eng_bf16_to_f32(b16[i]);
+    }
+    float *pf = aligned_alloc(64, (nf * sizeof(float) + 63) / 64 * 64),
+          *pf16 = aligned_alloc(64, (nf * sizeof(float) + 63) / 64 * 64);
+    uint16_t *pp = aligned_alloc(64, (np * 2 + 63) / 64 * 64),
+             *pp16 = aligned_alloc(64, (np * 2 + 63) / 64 * 64);
+    memset(pf16, 0xFF, nf * sizeof(float)); /* NaN: an unwritten float shows */
+    memset(pp16, 0xFF, np * 2);
+    eng__sgemm_pack_panels(ks, b, ldb, trans, k, n, pf);
+    eng__sgemm_pack_panels16(ks, b16, ldb, trans, k, n, pf16);
+    eng__bf16_pack_panels(nr, b, ldb, trans, k, n, pp);
+    eng__bf16_pack_panels16(nr, b16, ldb, trans, k, n, pp16);
+    CHECKF(memcmp(pf, pf16, nf * sizeof(float)) == 0 && memcmp(pp, pp16, np * 2) == 0,
+           "%s: panels of bf16 bits differ from those of their widening (k=%lld n=%lld trans=%d)",
+           ks->name, (long long)k, (long long)n, trans);
+    int64_t misplaced = packed_misplaced(nr, k, n, trans, ldb, b16, pf16, pp16);
+    CHECKF(misplaced == 0, "%s: %lld packed elements misplaced (k=%lld n=%lld trans=%d)", ks->name,
+           (long long)misplaced, (long long)k, (long long)n, trans);
+    free(b16);
+    free(b);
+    free(pf);
+    free(pf16);
+    free(pp);
+    free(pp16);
+}
+
+/* The packers of B's bf16 bits (bf16 views, KV caches) pack what their exact widening packs,
+ * bit for bit and in the layout the micro-kernels read, for ragged depths and widths, both
+ * layouts of B, on every set with a micro-kernel. */
+static void test_packing_bf16_bits_matches_their_widening(void)
+{
+    static const int64_t sizes[] = {1, 7, 15, 16, 17, 63, 65};
+    for (int s = 0; s < N_SETS; s++) {
+        const eng__kernels *ks = eng__kernels_named(set_names[s]);
+        if (!ks || !ks->tile)
+            continue;
+        uint64_t rng = 300 + (uint64_t)s;
+        for (size_t ik = 0; ik < 7; ik++)
+            for (size_t in = 0; in < 7; in++)
+                for (int trans = 0; trans < 2; trans++)
+                    check_packing(ks, sizes[ik], sizes[in], trans, &rng);
+    }
+}
+
 /* ---- Vector exponential -------------------------------------------------------------------- */
 
 static bool same_exp(float got, float want)
@@ -333,6 +416,7 @@ int main(void)
     RUN_WITHIN(test_engine_info_names_set_cpu_and_openblas, 30);
     RUN_WITHIN(test_sgemm_ragged_sizes_unaligned_strides, 300);
     RUN_WITHIN(test_sgemm_beyond_one_block, 120);
+    RUN_WITHIN(test_packing_bf16_bits_matches_their_widening, 60);
     RUN_WITHIN(test_vector_exp_edge_cases, 30);
     RUN_WITHIN(test_vector_dot_and_axpy, 30);
     return check_report();

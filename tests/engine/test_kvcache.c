@@ -277,6 +277,16 @@ static void step_and_check(hist *h, int64_t n, query *qq, eng_dtype in, uint64_t
     }
 }
 
+/* Attends without appending (the step's query only) and checks it. */
+static void attend_and_check(hist *h, query *qq, const char *what)
+{
+    eng_error err;
+    eng_status st = eng_kv_step(pool, h->seq, NULL, NULL, &qq->a, NULL, &err);
+    CHECKF(st == ENG_OK, "[%s] attend-only: %s", what, err.message);
+    double e = check_against_history(h, qq, false, what);
+    CHECKF(e <= 1e-5, "[%s] output off by %g x max|V|", what, e);
+}
+
 static eng_kv_pool *new_pool(size_t bytes, int64_t block_tokens)
 {
     eng_error err;
@@ -383,6 +393,107 @@ static void test_grouped_query_heads(void)
                  (long long)groups[g][1]);
         prefill_then_decode(ENG_DTYPE_F32, 32, quick ? 70 : 200, 8, groups[g][0], groups[g][1], 32,
                             name);
+    }
+}
+
+/* The options of one grouped-query decode step over S keys, by number: per-head weights;
+ * a window and softcap; ALiBi (a slope per query head) with mean weights; key padding with
+ * kv_lengths; a boolean mask with rows of its own per query head; a float mask per query head
+ * without causality (cross-attention over the cache). pad is [S], bmask [H, L, S], fmask [H, S]. */
+enum { GQA_OPTIONS = 6 };
+
+static eng_weights_mode gqa_weights(int opt)
+{
+    return opt == 0 ? ENG_WEIGHTS_PER_HEAD : opt == 2 ? ENG_WEIGHTS_MEAN : ENG_WEIGHTS_NONE;
+}
+
+static const char *gqa_option(int opt, query *qq, int64_t H, int64_t L, int64_t S, uint8_t *pad,
+                              uint8_t *bmask, float *fmask, int64_t *kv_length, uint64_t *rng)
+{
+    eng_sdpa_args *a = &qq->a;
+    switch (opt) {
+    case 0:
+        return "causal, per-head weights";
+    case 1:
+        a->window_left_set = true;
+        a->window_left = 37;
+        a->softcap = 5.0f;
+        return "window, softcap";
+    case 2:
+        a->alibi = true;
+        return "ALiBi, mean weights";
+    case 3:
+        for (int64_t j = 0; j < S; j++)
+            pad[j] = j % 7 == 3;
+        *kv_length = S > 2 ? S - 2 : S;
+        a->key_padding = pad;
+        a->kv_lengths = kv_length;
+        return "key padding, kv_lengths";
+    case 4:
+        for (int64_t i = 0; i < H * L * S; i++)
+            bmask[i] = rng_unit(rng) < 0.7;
+        a->attn_mask = (eng_mask){
+            .kind = ENG_MASK_BOOL, .data = bmask, .ne = {1, H, L, S}, .stride = {0, L * S, S, 1}};
+        return "bool mask per head";
+    default:
+        for (int64_t i = 0; i < H * S; i++)
+            fmask[i] = rng_unit(rng) < 0.9 ? rng_sym(rng, 3.0) : -INFINITY;
+        a->attn_mask = (eng_mask){
+            .kind = ENG_MASK_FLOAT, .data = fmask, .ne = {1, H, 1, S}, .stride = {0, S, 0, 1}};
+        a->causal = false;
+        return "float mask per head, not causal";
+    }
+}
+
+/* Grouped-query decoding through the block table of 16-token blocks: 2, 4 and 8 query heads
+ * per kv head (one task takes a group, reading each block once for it), steps of 1, 2 and 5
+ * tokens ending at the ragged lengths 1, 17, 1000 and 4097 (truncated back between them), with
+ * every option of gqa_option. A step of more tokens than the length attends without appending. */
+static void test_grouped_query_decode_steps(void)
+{
+    const int64_t groups[] = {2, 4, 8}, steps[] = {1, 2, 5}, ends[] = {1, 17, 1000, 4097};
+    const int64_t Hkv = 2, D = 64, S_max = 4097;
+    const size_t n_ends = quick ? 3 : 4;
+    for (size_t gi = 0; gi < 3; gi++) {
+        const int64_t H = groups[gi] * Hkv;
+        uint64_t rng = 600 + gi;
+        eng_kv_pool *kvp = new_pool((size_t)64 << 20, 16);
+        hist h;
+        hist_init(&h, kvp, Hkv, D, D, ENG_DTYPE_F32, S_max);
+        uint8_t *pad = xcalloc((size_t)S_max, 1);
+        uint8_t *bmask = xcalloc((size_t)(H * 5 * S_max), 1);
+        float *fmask = xcalloc((size_t)(H * S_max), sizeof(float));
+        for (size_t e = 0; e < n_ends; e++)
+            for (size_t si = 0; si < 3; si++) {
+                const int64_t S = ends[e], L = steps[si];
+                const int64_t keep = S >= L ? S - L : S;
+                eng_error err;
+                if (h.len > keep) {
+                    CHECK(eng_kv_seq_truncate(h.seq, keep, &err) == ENG_OK);
+                    h.len = keep;
+                } else if (h.len < keep) {
+                    CHECK(hist_append(&h, keep - h.len, ENG_DTYPE_F32, &rng));
+                }
+                const int opt = (int)((e * 3 + si + gi) % GQA_OPTIONS);
+                query qq;
+                int64_t kv_length;
+                query_make(&qq, H, L, D, D, S, gqa_weights(opt), &rng);
+                const char *what =
+                    gqa_option(opt, &qq, H, L, S, pad, bmask, fmask, &kv_length, &rng);
+                char name[128];
+                snprintf(name, sizeof name, "gqa decode H=%lld Hkv=%lld L=%lld S=%lld, %s",
+                         (long long)H, (long long)Hkv, (long long)L, (long long)S, what);
+                if (S >= L)
+                    step_and_check(&h, L, &qq, ENG_DTYPE_F32, &rng, name);
+                else
+                    attend_and_check(&h, &qq, name);
+                query_free(&qq);
+            }
+        free(pad);
+        free(bmask);
+        free(fmask);
+        hist_free(&h);
+        eng_kv_pool_free(kvp);
     }
 }
 
@@ -507,15 +618,6 @@ static void test_step_options(void)
 }
 
 /* ---- Append-only, attend-only, fork, truncate ---------------------------------------------- */
-
-static void attend_and_check(hist *h, query *qq, const char *what)
-{
-    eng_error err;
-    eng_status st = eng_kv_step(pool, h->seq, NULL, NULL, &qq->a, NULL, &err);
-    CHECKF(st == ENG_OK, "[%s] attend-only: %s", what, err.message);
-    double e = check_against_history(h, qq, false, what);
-    CHECKF(e <= 1e-5, "[%s] output off by %g x max|V|", what, e);
-}
 
 /* Appends without a query, then attends without appending (cross-attention over a stored
  * memory: not causal). */
@@ -922,6 +1024,7 @@ int main(void)
     RUN_WITHIN(test_prefill_then_steps_float16, 120);
     RUN_WITHIN(test_prefill_shapes_and_late_maxima, 120);
     RUN_WITHIN(test_grouped_query_heads, 120);
+    RUN_WITHIN(test_grouped_query_decode_steps, 120);
     RUN_WITHIN(test_value_dims_and_input_dtypes, 60);
     RUN_WITHIN(test_step_options, 120);
     RUN_WITHIN(test_append_only_then_attend_only, 60);

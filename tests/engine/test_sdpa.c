@@ -26,6 +26,7 @@
  * Sizes shrink when ATTND_TEST_QUICK=1 (the ASan and TSan runs).
  */
 #include "engine/engine.h"
+#include "engine/internal.h" /* eng__sdpa_counted: how many K/V rows a call reads */
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
 #include "tests/support/util.h"
@@ -1647,6 +1648,79 @@ static void test_decode_with_almost_every_key_hidden(void)
     problem_free(&p);
 }
 
+/* K and V of batch 0 of a copied into a block table of T-token blocks, laid out as
+ * engine/internal.h says of eng__kv_paged (K [Hkv][T][D], then V [Hkv][T][Dv], fp32). */
+typedef struct {
+    float *data;
+    void **blocks;
+    eng__kv_paged kv;
+} block_table;
+
+static void block_table_make(block_table *t, const eng_sdpa_args *a, int64_t T)
+{
+    const int64_t Hkv = a->k.ne[1], S = a->k.ne[2], D = a->k.ne[3], Dv = a->v.ne[3];
+    const int64_t n = (S + T - 1) / T, per_block = Hkv * T * (D + Dv);
+    t->data = xcalloc((size_t)(n * per_block), sizeof(float));
+    t->blocks = xcalloc((size_t)n, sizeof *t->blocks);
+    for (int64_t i = 0; i < n; i++)
+        t->blocks[i] = t->data + i * per_block;
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t hk = 0; hk < Hkv; hk++) {
+            float *block = t->blocks[j / T];
+            memcpy(block + (hk * T + j % T) * D, view_ptr(&a->k, 0, hk, j, 0),
+                   (size_t)D * sizeof(float));
+            memcpy(block + Hkv * T * D + (hk * T + j % T) * Dv, view_ptr(&a->v, 0, hk, j, 0),
+                   (size_t)Dv * sizeof(float));
+        }
+    t->kv = (eng__kv_paged){.dtype = ENG_DTYPE_F32, .block_tokens = T, .blocks = t->blocks};
+}
+
+static void block_table_free(block_table *t)
+{
+    free(t->data);
+    free(t->blocks);
+}
+
+/* A grouped-query decode step reads each kv head's keys once for its whole group of query
+ * heads: the keys of the blocks whose K and V the tasks took add up to B Hkv S, not B H S (one
+ * pass per query head), for groups of 2, 4 and 8, 1, 2 and 5 query rows, one batch or two,
+ * few keys or enough to split them over the workers, from views and from a block table of
+ * 16-token blocks (batch 1, as a KV cache). */
+static void test_grouped_decode_reads_each_kv_block_once(void)
+{
+    uint64_t rng = 137;
+    const int64_t groups[] = {2, 4, 8}, rows[] = {1, 2, 5}, keys[] = {17, 4097}, Hkv = 2;
+    for (size_t gi = 0; gi < 3; gi++)
+        for (size_t li = 0; li < 3; li++)
+            for (size_t si = 0; si < 2; si++)
+                for (int64_t B = 1; B <= 2; B++) {
+                    problem p;
+                    shape sh = shape_of(B, groups[gi] * Hkv, Hkv, rows[li], keys[si], 64, 64);
+                    problem_init(&p, &sh, &rng);
+                    p.a.causal = true;
+                    p.a.align = ENG_ALIGN_BOTTOM_RIGHT;
+                    int64_t read = -1;
+                    eng_error err;
+                    CHECK(eng__sdpa_counted(pool, &p.a, NULL, &read, NULL, &err) == ENG_OK);
+                    CHECKF(read == B * Hkv * sh.S,
+                           "views H=%lld Hkv=%lld L=%lld S=%lld B=%lld: %lld key rows read, "
+                           "want B Hkv S = %lld",
+                           (long long)sh.H, (long long)Hkv, (long long)sh.L, (long long)sh.S,
+                           (long long)B, (long long)read, (long long)(B * Hkv * sh.S));
+                    if (B == 1) {
+                        block_table t;
+                        block_table_make(&t, &p.a, 16);
+                        CHECK(eng__sdpa_counted(pool, &p.a, &t.kv, &read, NULL, &err) == ENG_OK);
+                        CHECKF(read == Hkv * sh.S,
+                               "block table H=%lld L=%lld S=%lld: %lld key rows read, want %lld",
+                               (long long)sh.H, (long long)sh.L, (long long)sh.S, (long long)read,
+                               (long long)(Hkv * sh.S));
+                        block_table_free(&t);
+                    }
+                    problem_free(&p);
+                }
+}
+
 /* ---- Properties of the engine itself --------------------------------------------------------- */
 
 /* DESIGN.md section 5: attention over a key set split in two equals the LSE-weighted merge of
@@ -2437,6 +2511,7 @@ int main(void)
     RUN_WITHIN(test_nonfinite_inputs_are_reported, 60);
     RUN_WITHIN(test_random_configurations, 240);
     RUN_WITHIN(test_decode_with_almost_every_key_hidden, 60);
+    RUN_WITHIN(test_grouped_decode_reads_each_kv_block_once, 60);
     RUN_WITHIN(test_lse_merges_key_shards, 60);
     RUN_WITHIN(test_scratch_is_bounded_by_blocks, 30);
     RUN_WITHIN(test_sdpa_from_inside_a_pool_task, 60);

@@ -229,6 +229,11 @@ static const bf16_case cases[] = {
      true, true, false},
     {"D=33 Dv=17 odd depths", 1, 2, 1, 77, 131, 33, 17, true, 1.0f, false, true, false},
     {"decode L=1 S=2048 D=128", 2, 4, 4, 1, 2048, 128, 128, false, 1.0f, false, false, false},
+    /* Grouped-query decoding: one task for a kv group's heads, their Q rows side by side. */
+    {"GQA decode L=1 g=4 masks, weights", 1, 8, 2, 1, 1000, 64, 64, false, 1.0f, true, true, false},
+    {"GQA decode L=5 g=8 weights", 2, 8, 1, 5, 4097, 128, 128, false, 1.0f, false, true, false},
+    {"GQA decode L=2 g=2 masks (split keys)", 1, 2, 1, 2, 4097, 64, 64, false, 1.0f, true, false,
+     false},
     {"rows that see no key", 2, 2, 2, 64, 96, 64, 64, true, 1.0f, false, false, true},
     {"D=64 causal L=S=8192", 1, 1, 1, 8192, 8192, 64, 64, true, 1.0f, false, false, false},
 };

@@ -241,6 +241,10 @@ static const view_case cases[] = {
      false, 0},
     {"decode L=2 S=2048 GQA [B,L,H,D]", 1, 8, 2, 2, 2048, 64, 64, false, false, false, 0, true,
      false, 0},
+    {"GQA decode L=5 g=4 masks, weights", 1, 8, 2, 5, 1000, 64, 64, false, true, false, 1, false,
+     false, 0},
+    {"GQA decode L=1 g=8 float mask, mean weights", 2, 8, 1, 1, 1000, 64, 32, false, false, true, 2,
+     false, false, 0},
     {"denormal inputs", 1, 2, 2, 64, 96, 64, 64, false, false, false, 0, false, true, 0},
     {"causal, 7 open tail keys", 1, 4, 1, 150, 157, 64, 64, true, false, false, 1, false, false, 7},
 };
