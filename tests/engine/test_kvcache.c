@@ -1008,16 +1008,10 @@ static void test_concurrent_sequences_share_a_pool(void)
 
 int main(void)
 {
-    if (test_kernels_skip())
-        return 0;
-    const char *q = getenv("ATTND_TEST_QUICK");
-    quick = q && strcmp(q, "1") == 0;
-    eng_error err;
-    pool = eng_pool_new(0, &err);
-    if (!pool) {
-        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
-        return 1;
-    }
+    int status;
+    if (test_engine_start(&pool, &status))
+        return status;
+    quick = test_quick();
     RUN_WITHIN(test_prefill_1000_then_200_steps_float32, 240);
     RUN_WITHIN(test_prefill_then_steps_float32_small_blocks, 120);
     RUN_WITHIN(test_prefill_then_steps_bfloat16, 240);

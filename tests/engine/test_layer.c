@@ -783,14 +783,9 @@ static void test_golden_multi_head_arithmetic(void)
 
 int main(void)
 {
-    if (test_kernels_skip())
-        return 0;
-    eng_error err;
-    pool = eng_pool_new(0, &err);
-    if (!pool) {
-        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
-        return 1;
-    }
+    int status;
+    if (test_engine_start(&pool, &status))
+        return status;
     RUN(test_torch_state_dict_with_packed_in_proj);
     RUN(test_torch_state_dict_with_separate_proj_weights);
     RUN(test_torch_state_dict_with_separate_proj_weights_and_in_proj_bias);

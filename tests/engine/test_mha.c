@@ -1436,16 +1436,10 @@ static void test_past_deadline_returns_edeadline(void)
 
 int main(void)
 {
-    if (test_kernels_skip())
-        return 0;
-    const char *q = getenv("ATTND_TEST_QUICK");
-    quick = q && strcmp(q, "1") == 0;
-    eng_error err;
-    pool = eng_pool_new(0, &err);
-    if (!pool) {
-        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
-        return 1;
-    }
+    int status;
+    if (test_engine_start(&pool, &status))
+        return status;
+    quick = test_quick();
 
     RUN_WITHIN(test_self_attention_on_unbatched_input_matches_reference, 60);
     RUN_WITHIN(test_self_attention_on_batched_input_matches_reference, 60);

@@ -521,14 +521,9 @@ static void test_step_scratch_counts_the_new_tokens_not_the_history(void)
 
 int main(void)
 {
-    if (test_kernels_skip())
-        return 0;
-    eng_error err;
-    pool = eng_pool_new(0, &err);
-    if (!pool) {
-        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
-        return 1;
-    }
+    int status;
+    if (test_engine_start(&pool, &status))
+        return status;
     RUN_WITHIN(test_steps_without_positions_equal_the_full_causal_layer, 60);
     RUN_WITHIN(test_steps_with_rope_turn_q_and_k_at_their_positions, 60);
     RUN_WITHIN(test_steps_add_the_sinusoid_at_their_positions, 60);

@@ -2472,16 +2472,10 @@ static void test_rejects_dims_beyond_blas(void)
 
 int main(void)
 {
-    if (test_kernels_skip())
-        return 0;
-    const char *q = getenv("ATTND_TEST_QUICK");
-    quick = q && strcmp(q, "1") == 0;
-    eng_error err;
-    pool = eng_pool_new(0, &err);
-    if (!pool) {
-        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
-        return 1;
-    }
+    int status;
+    if (test_engine_start(&pool, &status))
+        return status;
+    quick = test_quick();
 
     RUN_WITHIN(test_golden_seed_cases, 30);
     RUN_WITHIN(test_view_contiguous_strides, 30);

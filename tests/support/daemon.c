@@ -1,6 +1,7 @@
 /* daemon.c - starting and stopping attnd for integration tests, and talking HTTP to it. */
 #include "daemon.h"
 #include "rng.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -41,8 +42,7 @@ void sleep_ms(int ms)
 
 bool daemon_quick(void)
 {
-    const char *q = getenv("ATTND_TEST_QUICK");
-    return q && q[0] && strcmp(q, "0") != 0;
+    return test_quick();
 }
 
 static char *read_file(const char *path, size_t *len)

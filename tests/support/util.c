@@ -17,6 +17,27 @@ void *xcalloc(size_t n, size_t size)
     return p;
 }
 
+bool test_quick(void)
+{
+    const char *q = getenv("ATTND_TEST_QUICK");
+    return q && q[0] && strcmp(q, "0") != 0;
+}
+
+bool test_engine_start(eng_pool **pool, int *status)
+{
+    eng_error err;
+    *status = 0;
+    if (test_kernels_skip())
+        return true;
+    *pool = eng_pool_new(0, &err);
+    if (!*pool) {
+        printf("FAIL eng_pool_new: %s\n0 passed, 1 failed\n", err.message);
+        *status = 1;
+        return true;
+    }
+    return false;
+}
+
 bool test_kernels_skip(void)
 {
     const char *name = getenv("ATTND_KERNELS");

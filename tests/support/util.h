@@ -21,6 +21,21 @@
  * OS cannot run the set, so that the binary ends at once; otherwise prints the set in use. */
 bool test_kernels_skip(void);
 
+/* True when ATTND_TEST_QUICK is set to anything but "" or "0" (the sanitizer builds): suites
+ * then use smaller sizes. */
+bool test_quick(void);
+
+typedef struct eng_pool eng_pool;
+
+/* The start of an engine suite's main, after which it RUNs its tests:
+ *
+ *     int status;
+ *     if (test_engine_start(&pool, &status))
+ *         return status;   // 0: the kernel set is skipped here; 1: no pool (printed)
+ *
+ * test_kernels_skip, then *pool, a pool of a worker per core. */
+bool test_engine_start(eng_pool **pool, int *status);
+
 /* calloc that aborts with a message when memory runs out (a test cannot go on without it). */
 void *xcalloc(size_t n, size_t size);
 
