@@ -9,6 +9,8 @@
  * then O += P V by the same GEMM, P read where the softmax wrote it, straight into the output
  * rows (beta = 1: no zeroing pass per block). A panel's scores stay in L1 through all three,
  * and on a causal or window boundary a panel multiplies only the keys its rows may see. The
+ * avx512 set runs both products on its wide 6 x 64 tile (tile_avx512.h) instead of its GEMM's
+ * 12 x 32 one: a broadcast feeds four FMAs, and P V takes a block's keys in one depth. The
  * openblas kernel set does both products with cblas_sgemm instead. With bf16 precision the
  * products take bf16 operands (VDPBF16PS on pair-packed panels, or operands rounded for the
  * fp32 kernel): Q, K, V and P are rounded, everything else stays fp32. Memory per worker is
