@@ -7,6 +7,13 @@
  * spare, and 24 + 2 + 1 registers fit in the 32 zmm. Loads are 2 + 12 per 24 FMAs (the
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
+ * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa.c): S = Q K^T over
+ * two K^T panels at once, and O += P V over two V panels, whole key range in one depth. One
+ * broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24 FMAs, each
+ * row of A is read once per 64 columns instead of once per 32, and a tile of one or two rows
+ * (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model 207,
+ * alternating with the 12 x 32 path in one process, the attention ran 7-9% faster at D = 64.
+ *
  * Compiled with a target attribute, not a file-wide -mavx512f, so the one binary runs on CPUs
  * without AVX-512: the dispatcher (kernels.c) calls this only when cpuid and XCR0 allow.
  */
@@ -42,4 +49,44 @@ AVX512 void eng__tile_avx512(int64_t k, const float *a, int64_t lda, const float
     for (int r = 0; r < MR; r++)
         if (r < m)
             eng__store_tile_row(c + r * ldc, c0[r], c1[r], al, beta, m0, m1);
+}
+
+enum { WIDE_MR = ENG__AVX512_WIDE_MR, WIDE_VECS = 4 };
+
+AVX512 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *b,
+                                  int64_t b_panel_stride, float *c, int64_t ldc, float alpha,
+                                  float beta, int m, int n)
+{
+    /* Rows past m read row m - 1 again (never stored), so that A needs only m rows. */
+    const float *row[WIDE_MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < WIDE_MR; r++)
+        row[r] = a + (r < m ? r : m - 1) * lda;
+    const float *b2 = b + b_panel_stride;
+    __m512 acc[WIDE_MR][WIDE_VECS];
+#pragma GCC unroll 6
+    for (int r = 0; r < WIDE_MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < WIDE_VECS; v++)
+            acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; p++) {
+        __m512 bv[WIDE_VECS] = {_mm512_load_ps(b + p * NR), _mm512_load_ps(b + p * NR + 16),
+                                _mm512_load_ps(b2 + p * NR), _mm512_load_ps(b2 + p * NR + 16)};
+#pragma GCC unroll 6
+        for (int r = 0; r < WIDE_MR; r++) {
+            __m512 av = _mm512_set1_ps(row[r][p]);
+#pragma GCC unroll 4
+            for (int v = 0; v < WIDE_VECS; v++)
+                acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+        }
+    }
+    __m512 al = _mm512_set1_ps(alpha);
+    __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
+    __mmask16 m2 = eng__lanes16(n - 32), m3 = eng__lanes16(n - 48);
+#pragma GCC unroll 6
+    for (int r = 0; r < WIDE_MR; r++)
+        if (r < m) {
+            eng__store_tile_row(c + r * ldc, acc[r][0], acc[r][1], al, beta, m0, m1);
+            eng__store_tile_row(c + r * ldc + NR, acc[r][2], acc[r][3], al, beta, m2, m3);
+        }
 }

@@ -9,6 +9,8 @@
  * then O += P V by the same GEMM, P read where the softmax wrote it, straight into the output
  * rows (beta = 1: no zeroing pass per block). A panel's scores stay in L1 through all three,
  * and on a causal or window boundary a panel multiplies only the keys its rows may see. The
+ * avx512 set runs both products on its wide 6 x 64 tile (tile_avx512.h) instead of its GEMM's
+ * 12 x 32 one: a broadcast feeds four FMAs, and P V takes a block's keys in one depth. The
  * openblas kernel set does both products with cblas_sgemm instead. With bf16 precision the
  * products take bf16 operands (VDPBF16PS on pair-packed panels, or operands rounded for the
  * fp32 kernel): Q, K, V and P are rounded, everything else stays fp32. Memory per worker is
@@ -38,6 +40,7 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
 
 #define BR_MAX    256 /* query rows per task */
 #define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
@@ -597,10 +600,27 @@ typedef struct {
     int64_t k16_stride, v16_stride;
 } block_panels;
 
+/* s[rows x cols] (row stride lds) = scale * q k^T with the avx512 set's wide tile over pairs of
+ * the K^T panels at k (64 keys, D deep, per call): each query element broadcast feeds four
+ * FMAs, and a tile of few rows (one or two, or a ragged panel's last) computes 6, not 12. */
+static void scores_wide_gemm(const plan *p, const float *q, int64_t ldq, int64_t rows,
+                             const float *k, int64_t cols, float *s, int64_t lds)
+{
+    const int64_t nr = p->ks->nr, mr = ENG__AVX512_WIDE_MR, panel = p->D * nr;
+    for (int64_t j = 0; j < cols; j += 2 * nr) {
+        int64_t n = cols - j < 2 * nr ? cols - j : 2 * nr;
+        for (int64_t r = 0; r < rows; r += mr)
+            eng__tile_avx512_wide(p->D, q + r * ldq, ldq, k + j / nr * panel, n > nr ? panel : 0,
+                                  s + r * lds + j, lds, p->scale, 0.0f,
+                                  (int)(rows - r < mr ? rows - r : mr), (int)n);
+    }
+}
+
 /* s[rows x cols] (row stride lds) = scale * q k^T for keys [c0, c0 + cols) of block bp. A row
  * or two (decoding, and the one-row rebase in attend_panel) streams the keys through dot
  * products; more rows go through the kernel set's GEMM, reading K^T from the block's panels
- * when it has them (the micro-kernels' packed layout) or else packing it into `pack`. */
+ * when it has them (the micro-kernels' packed layout; the avx512 set's wide tile reads them
+ * directly) or else packing it into `pack`. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
                         const block_panels *bp, int64_t c0, int64_t cols, float *s, int64_t lds,
                         float *pack)
@@ -635,6 +655,10 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
         return;
     }
     const int64_t nr = p->ks->nr;
+    if (bp->k && p->ks->tile == eng__tile_avx512) {
+        scores_wide_gemm(p, q, ldq, rows, bp->k + c0 / nr * p->D * nr, cols, s, lds);
+        return;
+    }
     eng__gemm g = {.m = rows,
                    .n = cols,
                    .k = p->D,
@@ -1078,6 +1102,27 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
     }
 }
 
+/* Whether o += P V takes the avx512 set's wide 6 x 64 tile: fp32 V panels and whole groups of
+ * 64 output columns (two panels of 32 each). */
+static bool values_wide(const plan *p, const block_panels *bp)
+{
+    return p->ks->tile == eng__tile_avx512 && bp->v && p->Dv % 64 == 0;
+}
+
+/* o[rows x Dv] += s[rows x n] V for keys [c0, c0 + n) of block bp with the wide tile: each P
+ * row is broadcast once per 64 columns of V, and the whole key range is one depth. */
+static void values_wide_gemm(const plan *p, const float *s, int64_t lds, int64_t rows, int64_t n,
+                             const block_panels *bp, int64_t c0, float *o, int64_t ldo)
+{
+    const int64_t nr = p->ks->nr, mr = ENG__AVX512_WIDE_MR;
+    for (int64_t j = 0; j < p->Dv; j += 64) {
+        const float *v = bp->v + j / nr * bp->v_stride + c0 * nr;
+        for (int64_t r = 0; r < rows; r += mr)
+            eng__tile_avx512_wide(n, s + r * lds, lds, v, bp->v_stride, o + r * ldo + j, ldo, 1.0f,
+                                  1.0f, (int)(rows - r < mr ? rows - r : mr), 64);
+    }
+}
+
 /* o[rows x Dv] += P V for the panel's probabilities in s (row stride lds) and keys
  * [c0, c0 + n) of block bp. With bf16, P is rounded first: in place for the fp32 kernel, or
  * into the task's P panel for VDPBF16PS. */
@@ -1089,7 +1134,10 @@ static void panel_values(const plan *p, int64_t rows, int64_t c0, int64_t n, con
         if (p->bf16)
             for (int64_t r = 0; r < rows; r++)
                 p->ks->round_bf16(s + r * lds, n);
-        values_gemm(p, s, lds, rows, n, bp, c0, o, ldo, task_pack(p, scratch));
+        if (values_wide(p, bp))
+            values_wide_gemm(p, s, lds, rows, n, bp, c0, o, ldo);
+        else
+            values_gemm(p, s, lds, rows, n, bp, c0, o, ldo, task_pack(p, scratch));
         return;
     }
     uint16_t *p16 = task_p16(p, scratch);

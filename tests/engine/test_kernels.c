@@ -9,6 +9,7 @@
  * term of magnitude ~1/4 would exceed it by far.
  */
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
 #include "tests/support/check.h"
 #include "tests/support/util.h"
 
@@ -314,6 +315,82 @@ static void test_packing_bf16_bits_matches_their_widening(void)
     }
 }
 
+/* The flash loop's 6 x 64 tile (tile_avx512.h) on every ragged m, n, k: A of exactly m rows
+ * (an unaligned buffer, so that a read past row m - 1 is caught by ASan), B as two packed panels
+ * with an uneven panel stride (one panel and stride 0 for n <= 32), C with a gap after each row
+ * that must stay untouched; beta 0 (C starts as NaN, never read) and beta 1. */
+static int wide_tile_check(int m, int n, int64_t k, float alpha, float beta, uint64_t *rng)
+{
+    const int64_t lda = k + 3, ldc = n + 1, panel = k * 32, stride = n > 32 ? panel + 16 : 0;
+    float *a_mem = xcalloc((size_t)((m - 1) * lda + k + 1), sizeof(float)), *a = a_mem + 1;
+    float *b = NULL, *c = xcalloc((size_t)(m * ldc), sizeof(float));
+    float *c0 = xcalloc((size_t)(m * ldc), sizeof(float));
+    if (posix_memalign((void **)&b, 64, (size_t)(stride + panel) * sizeof(float)) != 0)
+        b = NULL;
+    CHECK(b != NULL);
+    if (!b) {
+        free(a_mem);
+        free(c);
+        free(c0);
+        return 1;
+    }
+    for (int64_t i = 0; i < (m - 1) * lda + k; i++)
+        a[i] = rng_sym(rng, 1.0);
+    for (int64_t i = 0; i < stride + panel; i++)
+        b[i] = rng_sym(rng, 1.0);
+    for (int64_t i = 0; i < m * ldc; i++)
+        c[i] = c0[i] = beta == 0.0f ? NAN : rng_sym(rng, 1.0);
+    eng__tile_avx512_wide(k, a, lda, b, stride, c, ldc, alpha, beta, m, n);
+    int bad = 0;
+    double tol_k = 4.0 * (double)k * FLT_EPSILON * fabs((double)alpha);
+    for (int i = 0; i < m && bad < 3; i++)
+        for (int j = 0; j < ldc && bad < 3; j++) {
+            float got = c[i * ldc + j], before = c0[i * ldc + j];
+            if (j >= n) {
+                if (!(got == before || (isnan(got) && isnan(before)))) {
+                    CHECKF(false, "wide tile m=%d n=%d k=%lld: gap (%d, %d) written", m, n,
+                           (long long)k, i, j);
+                    bad++;
+                }
+                continue;
+            }
+            const float *bj = b + (j < 32 ? j : stride + j - 32);
+            double ref = 0;
+            for (int64_t p = 0; p < k; p++)
+                ref += (double)a[i * lda + p] * bj[p * 32];
+            ref = alpha * ref + (beta == 0.0f ? 0.0 : beta * (double)before);
+            if (!(fabs((double)got - ref) <= tol_k + FLT_EPSILON * (fabs(ref) + 1.0))) {
+                CHECKF(false,
+                       "wide tile m=%d n=%d k=%lld alpha=%g beta=%g: C(%d,%d) = %.9g, "
+                       "reference %.9g",
+                       m, n, (long long)k, (double)alpha, (double)beta, i, j, (double)got, ref);
+                bad++;
+            }
+        }
+    free(a_mem);
+    free(b);
+    free(c);
+    free(c0);
+    return bad;
+}
+
+static void test_wide_tile_ragged_sizes(void)
+{
+    if (!eng_kernels_supported("avx512")) {
+        printf("skip: avx512 wide tile: this CPU or OS does not support it\n");
+        return;
+    }
+    static const int cols[] = {1, 7, 15, 16, 17, 32, 33, 63, 64};
+    uint64_t rng = 4242;
+    int failures = 0;
+    for (int m = 1; m <= ENG__AVX512_WIDE_MR && failures < 3; m++)
+        for (int in = 0; in < (int)(sizeof cols / sizeof cols[0]) && failures < 3; in++)
+            for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
+                failures += wide_tile_check(m, cols[in], ragged[ik], 0.125f, 0.0f, &rng);
+                failures += wide_tile_check(m, cols[in], ragged[ik], 1.0f, 1.0f, &rng);
+            }
+}
+
 /* ---- Vector exponential -------------------------------------------------------------------- */
 
 static bool same_exp(float got, float want)
@@ -417,6 +494,7 @@ int main(void)
     RUN_WITHIN(test_sgemm_ragged_sizes_unaligned_strides, 300);
     RUN_WITHIN(test_sgemm_beyond_one_block, 120);
     RUN_WITHIN(test_packing_bf16_bits_matches_their_widening, 60);
+    RUN_WITHIN(test_wide_tile_ragged_sizes, 60);
     RUN_WITHIN(test_vector_exp_edge_cases, 30);
     RUN_WITHIN(test_vector_dot_and_axpy, 30);
     return check_report();
