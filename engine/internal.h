@@ -18,6 +18,10 @@ eng_status eng__fail(eng_error *err, eng_status status, const char *field, const
  * Only leaf tasks (those that start no nested job) may use it. */
 void *eng__scratch(size_t bytes);
 
+/* Query rows that dots_rows and axpys_rows take at once: up to 8 rows of a 128-long head keep
+ * their dot products' accumulators (and a K row's chunk) in the 32 zmm registers. */
+#define ENG__STREAM_ROWS 8
+
 /* The vector kernels of the softmax, chosen once for the CPU (AVX-512, AVX2 or scalar). Every
  * variant computes exp with the same polynomial, maps -inf to exactly 0, and needs no
  * alignment. */
@@ -36,21 +40,17 @@ typedef struct {
     void (*softcap)(float *x, int64_t n, float cap);
     /* sum of v[i] * tanh(x[i] + y[i]): one additive (Bahdanau) score. */
     float (*tanh_dot)(const float *x, const float *y, const float *v, int64_t n);
-    /* sum of x[i] * y[i]: one decoding score. */
-    float (*dot)(const float *x, const float *y, int64_t n);
-    /* y[i] += a * x[i]: one decoding value row. */
-    void (*axpy)(float *y, float a, const float *x, int64_t n);
-    /* dot and axpy over the 16-bit rows of a bfloat16 or float16 KV cache, widened exactly. */
-    float (*dot_bf16)(const float *x, const uint16_t *y, int64_t n);
-    void (*axpy_bf16)(float *y, float a, const uint16_t *x, int64_t n);
-    float (*dot_f16)(const float *x, const uint16_t *y, int64_t n);
-    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
-    /* A block of n bf16 rows (row stride ld) at once, d a multiple of 32; NULL where the set
-     * has none (then the two above run per row): s[c] = q . k_c, and o += sum_c p[c] v_c. */
-    void (*dots_bf16)(const float *q, const uint16_t *k, int64_t ldk, int64_t n, int64_t d,
-                      float *s);
-    void (*axpys_bf16)(float *o, const float *p, const uint16_t *v, int64_t ldv, int64_t n,
-                       int64_t d);
+    /* Decoding: `rows` query rows (1 <= rows <= ENG__STREAM_ROWS) against n K rows, then n V
+     * rows, each K or V row loaded once for all of them, so that few rows read the cache at
+     * memory speed. K and V rows are of `dtype` (F32, BF16 or F16, widened exactly), row
+     * stride ld elements, d long; q[r] and o[r] are fp32 rows of d. A row's result does not
+     * depend on the other rows or on `rows`: one row recomputed alone gets the same bits.
+     * dots_rows: s[r lds + c] = scale * (q[r] . k_c). axpys_rows: o[r] += sum_c p[r ldp + c] v_c,
+     * keys in order. */
+    void (*dots_rows)(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+                      int64_t n, int64_t d, float scale, float *s, int64_t lds);
+    void (*axpys_rows)(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
+                       eng_dtype dtype, int64_t ldv, int64_t n, int64_t d);
 } eng__vec_ops;
 
 /* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic

@@ -32,7 +32,6 @@
  * task's scratch for the products, and one or two query rows (decoding) read 16-bit rows in
  * place through the vector kernels' dot and axpy over bf16/f16.
  */
-#include <cblas.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -42,11 +41,10 @@
 #include "engine/kernels.h"
 #include "engine/tile_avx512.h"
 
-#define BR_MAX    256 /* query rows per task */
-#define BR_MIN    16  /* smallest block worth a GEMM when shrinking for parallelism */
-#define BC_MIN    64  /* keys per block, bounds of the L2-derived size */
-#define BC_MAX    1024
-#define GEMV_ROWS 2 /* at most this many query rows: matrix-vector products instead */
+#define BR_MAX 256 /* query rows per task */
+#define BR_MIN 16  /* smallest block worth a GEMM when shrinking for parallelism */
+#define BC_MIN 64  /* keys per block, bounds of the L2-derived size */
+#define BC_MAX 1024
 /* Query rows per product with the openblas set, which has no register tile: the causal
  * diagonal is trimmed per panel of this many rows (the kernel sets use their tile's MR). */
 #define BLAS_PANEL_ROWS 32
@@ -85,7 +83,7 @@ typedef struct {
     float *add_q, *add_k; /* additive scoring: W_q q [B, H, L, A] and W_k k [B, Hkv, S, A] */
     bool bf16;            /* the products take bf16 operands (eng_sdpa_precision) ... */
     bool bf16_native;     /* ... multiplied by VDPBF16PS; else rounded for the fp32 kernel */
-    int64_t gemv_rows;    /* at most this many rows: dot products instead of the micro-kernel */
+    bool stream;          /* few rows in all: they stream raw K and V rows (stream_block) */
     int64_t dp;           /* bf16 rows of Q: D rounded up to a whole pair */
     bool prepack;         /* K and V are packed once, before the attention, and shared */
     float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
@@ -335,6 +333,22 @@ static int64_t attention_tasks(const plan *p)
     return p->B * (p->H / p->task_heads) * p->nqb;
 }
 
+/* Decoding: too few tasks for the pool and many keys: split the keys. */
+static void plan_chunks(plan *p, int threads)
+{
+    p->chunks = 1;
+    p->chunk_len = p->S;
+    int64_t tasks = attention_tasks(p);
+    if (p->a->weights_mode == ENG_WEIGHTS_NONE && tasks < (int64_t)threads * TASKS_PER_THREAD &&
+        p->S >= 2 * p->bc) {
+        int64_t want = ceil_div((int64_t)threads * TASKS_PER_THREAD, tasks);
+        int64_t most = p->S / p->bc;
+        p->chunks = want < most ? want : most;
+        p->chunk_len = ceil_div(ceil_div(p->S, p->chunks), p->bc) * p->bc;
+        p->chunks = ceil_div(p->S, p->chunk_len);
+    }
+}
+
 static void plan_blocks(plan *p, int threads)
 {
     /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
@@ -351,6 +365,16 @@ static void plan_blocks(plan *p, int threads)
     /* Few query rows: a task takes the rows of every query head of a kv group. */
     p->task_heads = p->group > 1 && p->L <= GROUP_L_MAX ? p->group : 1;
     const int64_t head_tasks = p->B * (p->H / p->task_heads);
+    /* So few that they all fit the vector kernels' registers: one query block of every row,
+     * which streams K and V (bf16 products always go through the micro-kernel, so that a
+     * single row is rounded as every other is). */
+    p->stream = !p->bf16 && p->task_heads * p->L <= ENG__STREAM_ROWS;
+    if (p->stream) {
+        p->br = p->L;
+        p->nqb = 1;
+        plan_chunks(p, threads);
+        return;
+    }
 
     /* Rows: about BR_MAX, spread evenly; smaller when that is what it takes to give every
      * worker a task. */
@@ -365,19 +389,7 @@ static void plan_blocks(plan *p, int threads)
     if (p->br > tile)
         p->br = ceil_div(p->br, tile) * tile;
     p->nqb = ceil_div(p->L, p->br);
-
-    /* Decoding: too few tasks for the pool and many keys: split the keys. */
-    p->chunks = 1;
-    p->chunk_len = p->S;
-    int64_t tasks = attention_tasks(p);
-    if (p->a->weights_mode == ENG_WEIGHTS_NONE && tasks < (int64_t)threads * TASKS_PER_THREAD &&
-        p->S >= 2 * p->bc) {
-        int64_t want = ceil_div((int64_t)threads * TASKS_PER_THREAD, tasks);
-        int64_t most = p->S / p->bc;
-        p->chunks = want < most ? want : most;
-        p->chunk_len = ceil_div(ceil_div(p->S, p->chunks), p->bc) * p->bc;
-        p->chunks = ceil_div(p->S, p->chunk_len);
-    }
+    plan_chunks(p, threads);
 }
 
 /* Scratch of one task: the score block and the running max and sum of each row; then the
@@ -396,9 +408,16 @@ static int64_t task_rows(const plan *p)
     return p->task_heads * p->br;
 }
 
+/* Rows of a task's score block: a query block's, which its panels take in turn, or, when the
+ * task streams, every row of every head at once. */
+static int64_t score_rows(const plan *p)
+{
+    return p->stream ? task_rows(p) : p->br;
+}
+
 static size_t task_head_floats(const plan *p)
 {
-    return align16((size_t)(p->br * p->bc + 2 * task_rows(p)));
+    return align16((size_t)(score_rows(p) * p->bc + 2 * task_rows(p)));
 }
 
 static size_t task_pack_floats(const plan *p)
@@ -445,9 +464,15 @@ static size_t qf_floats(const plan *p)
     return align16((size_t)(((task_rows(p) + mr - 1) / mr * mr + mr) * p->D));
 }
 
+/* Whether the task's key blocks go through the micro-kernel's panels. */
+static bool task_packs(const plan *p)
+{
+    return p->ks->tile && !p->stream;
+}
+
 static size_t task_panels_floats(const plan *p)
 {
-    if (!p->ks->tile) /* openblas: only bf16 Q rows widened for cblas */
+    if (!task_packs(p)) /* openblas or streaming: only bf16 Q rows, widened */
         return p->q16 ? qf_floats(p) : 0;
     if (p->bf16_native) {
         size_t elems = q16_elems(p) + p16_elems(p) + k16_elems(p) +
@@ -457,12 +482,12 @@ static size_t task_panels_floats(const plan *p)
     return fp32_panels_floats(p) + (p->bf16 || p->q16 ? qf_floats(p) : 0);
 }
 
-/* Whether a task widens 16-bit K and V rows into its scratch: a paged cache's, and bf16 views
- * that fp32 rows read (cblas, or the dot products of a row or two); bf16 views that only the
- * micro-kernels read are packed from their bits. */
+/* Whether a task widens 16-bit K and V rows into its scratch: a paged cache's that the
+ * micro-kernels multiply, and bf16 views that cblas reads; bf16 views that the micro-kernels
+ * read are packed from their bits, and streaming reads 16-bit rows in place. */
 static bool task_widens(const plan *p)
 {
-    return p->kv16 && (p->kv || !p->ks->tile || p->gemv_rows > 0);
+    return p->kv16 && !p->stream && (p->kv || !p->ks->tile);
 }
 
 /* A block's K and V rows widened to fp32, for the products that read fp32. */
@@ -498,7 +523,7 @@ static float *task_widen(const plan *p, const float *s)
  * follow the fp32 block panels. */
 static float *task_qf(const plan *p, const float *s)
 {
-    return task_panels(p, s) + (p->ks->tile ? fp32_panels_floats(p) : 0);
+    return task_panels(p, s) + (task_packs(p) ? fp32_panels_floats(p) : 0);
 }
 
 /* With native bf16, the panel space holds the task's Q rows, a P panel, then the block's K and
@@ -616,44 +641,16 @@ static void scores_wide_gemm(const plan *p, const float *q, int64_t ldq, int64_t
     }
 }
 
-/* s[rows x cols] (row stride lds) = scale * q k^T for keys [c0, c0 + cols) of block bp. A row
- * or two (decoding, and the one-row rebase in attend_panel) streams the keys through dot
- * products; more rows go through the kernel set's GEMM, reading K^T from the block's panels
- * when it has them (the micro-kernels' packed layout; the avx512 set's wide tile reads them
- * directly) or else packing it into `pack`. */
+/* s[rows x cols] (row stride lds) = scale * q k^T for keys [c0, c0 + cols) of block bp by the
+ * kernel set's GEMM, reading K^T from the block's panels when it has them (the micro-kernels'
+ * packed layout; the avx512 set's wide tile reads them directly) or else packing it into
+ * `pack`. */
 static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
                         const block_panels *bp, int64_t c0, int64_t cols, float *s, int64_t lds,
                         float *pack)
 {
     const int64_t ldk = bp->ldk;
-    /* With panels (a block of more rows, or prepacked), a row or two multiply them too: a
-     * prepacked block from a paged cache may span cache blocks, its rows then not in one run. */
-    if (rows <= p->gemv_rows && p->ks->tile && !bp->k) {
-        float (*dot16)(const float *, const uint16_t *, int64_t) =
-            p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->dot_f16 : p->vec->dot_bf16;
-        if (bp->kh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->dots_bf16 && p->D % 32 == 0) {
-            for (int64_t r = 0; r < rows; r++) {
-                float *sr = s + r * lds;
-                p->vec->dots_bf16(q + r * ldq, bp->kh + c0 * ldk, ldk, cols, p->D, sr);
-                for (int64_t c = 0; c < cols; c++)
-                    sr[c] *= p->scale;
-            }
-            return;
-        }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++)
-                s[r * lds + c] =
-                    p->scale * (bp->kh ? dot16(q + r * ldq, bp->kh + (c0 + c) * ldk, p->D)
-                                       : p->vec->dot(q + r * ldq, bp->kr + (c0 + c) * ldk, p->D));
-        return;
-    }
     const float *k = bp->kr ? bp->kr + c0 * ldk : NULL; /* NULL: the panels have them */
-    if (rows <= p->gemv_rows && !p->ks->tile) {
-        for (int64_t r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)p->D, p->scale, k, (int)ldk,
-                        q + r * ldq, 1, 0.0f, s + r * lds, 1);
-        return;
-    }
     const int64_t nr = p->ks->nr;
     if (bp->k && p->ks->tile == eng__tile_avx512) {
         scores_wide_gemm(p, q, ldq, rows, bp->k + c0 / nr * p->D * nr, cols, s, lds);
@@ -682,31 +679,7 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
 static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows, int64_t cols,
                         const block_panels *bp, int64_t c0, float *o, int64_t ldo, float *pack)
 {
-    const int64_t ldv = bp->ldv;
-    if (rows <= p->gemv_rows && p->ks->tile && !bp->v) {
-        void (*axpy16)(float *, float, const uint16_t *, int64_t) =
-            p->kv && p->kv->dtype == ENG_DTYPE_F16 ? p->vec->axpy_f16 : p->vec->axpy_bf16;
-        if (bp->vh && p->kv->dtype == ENG_DTYPE_BF16 && p->vec->axpys_bf16 && p->Dv % 32 == 0) {
-            for (int64_t r = 0; r < rows; r++)
-                p->vec->axpys_bf16(o + r * ldo, s + r * lds, bp->vh + c0 * ldv, ldv, cols, p->Dv);
-            return;
-        }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) {
-                if (bp->vh)
-                    axpy16(o + r * ldo, s[r * lds + c], bp->vh + (c0 + c) * ldv, p->Dv);
-                else
-                    p->vec->axpy(o + r * ldo, s[r * lds + c], bp->vr + (c0 + c) * ldv, p->Dv);
-            }
-        return;
-    }
-    const float *v = bp->vr ? bp->vr + c0 * ldv : NULL;
-    if (rows <= p->gemv_rows && !p->ks->tile) {
-        for (int64_t r = 0; r < rows; r++)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)cols, (int)p->Dv, 1.0f, v, (int)ldv,
-                        s + r * lds, 1, 1.0f, o + r * ldo, 1);
-        return;
-    }
+    const float *v = bp->vr ? bp->vr + c0 * bp->ldv : NULL;
     eng__gemm g = {.m = rows,
                    .n = p->Dv,
                    .k = cols,
@@ -715,7 +688,7 @@ static void values_gemm(const plan *p, const float *s, int64_t lds, int64_t rows
                    .a = s,
                    .lda = lds,
                    .b = v,
-                   .ldb = ldv,
+                   .ldb = bp->ldv,
                    .b_trans = false,
                    .c = o,
                    .ldc = ldo,
@@ -1004,18 +977,16 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
     }
 }
 
-/* The operands of keys [j0, j0+cols) of (b, kv head hk) for `rows` query rows: their rows in
- * place (a 16-bit cache's widened into the task's scratch s, unless dot products read them),
- * and, when the micro-kernel multiplies them, their panels: for more than a row or two, and
- * for any rows when the call prepacked K and V. */
+/* The operands of keys [j0, j0+cols) of (b, kv head hk): their rows in place (16-bit ones
+ * widened into the task's scratch s, unless the streaming kernels or the packing read them),
+ * and, when the micro-kernel multiplies them, their panels. */
 static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
-                                   int64_t rows, const float *s)
+                                   const float *s)
 {
     block_panels bp = {0};
     if (p->kv_rows)
         atomic_fetch_add_explicit(p->kv_rows, cols, memory_order_relaxed);
-    const bool kernel = p->ks->tile != NULL, prepacked = block_prepacked(p, j0);
-    const bool panels = kernel && (rows > p->gemv_rows || p->kpack || p->kpack16);
+    const bool prepacked = block_prepacked(p, j0), panels = task_packs(p);
     /* Prepacked blocks never read their rows: from a paged cache they may span cache blocks,
      * and 16-bit rows would be widened for nothing. */
     if (!prepacked || !(p->kv || p->kv16)) {
@@ -1024,9 +995,9 @@ static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t
         if (!p->kv16) {
             bp.kr = k;
             bp.vr = v;
-        } else if (kernel && (p->kv ? !panels : panels)) {
-            /* Read in place: by the dot products over a cache's rows, or packed from the bits
-             * of bf16 views. */
+        } else if (p->stream || (panels && !p->kv)) {
+            /* Read in place: by the streaming kernels, or packed from the bits of bf16
+             * views. */
             bp.kh = k;
             bp.vh = v;
         } else {
@@ -1158,15 +1129,48 @@ static void panel_values(const plan *p, int64_t rows, int64_t c0, int64_t n, con
     eng__sgemm_bf16(p->ks, &g);
 }
 
-/* Query rows [i, i+rows) of head (b, h) against keys [j0 + c0, j0 + c0 + n) of a block whose
- * panels are bp: the scores into s (row stride lds), the online-softmax update of the rows'
- * reference maxima m, sums l and accumulators o (row stride ldo), then o += P V.
+/* The online-softmax update of one row of n scores, masks applied, with the row's reference
+ * maximum *m and sum *l.
  *
  * After a row's first visible block, the exponentials and the block maximum come from one
  * pass, shifted by the row's reference m instead of its true running maximum: exactness only
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
- * arrives late) recomputes that row's scores and rebases it on the new maximum. */
+ * arrives late) needs the row rebased: then *rebase is set, *bmax is the block maximum, and the
+ * row holds nothing useful: the caller recomputes its scores and calls rebase_row. */
+static eng_status softmax_row(plan *p, float *row, int64_t n, float *m, float *l, bool *rebase,
+                              float *bmax)
+{
+    *rebase = false;
+    if (*m == -INFINITY)
+        return first_block_row(p, row, n, m, l);
+    float sum = p->vec->exp_sum_max(row, n, *m, bmax);
+    if (isnan(*bmax))
+        return nonfinite(p);
+    if (*bmax <= *m + RESCALE_SLACK) {
+        *l += sum;
+        return ENG_OK;
+    }
+    if (!isfinite(*bmax))
+        return nonfinite(p);
+    *rebase = true;
+    return ENG_OK;
+}
+
+/* Rebases a row on the block maximum bmax: what it has gathered (o, l) is rescaled, and its
+ * recomputed scores in `row` become exponentials of the new reference. */
+static void rebase_row(plan *p, float *row, int64_t n, float bmax, float *orow, float *m, float *l)
+{
+    float alpha = expf(*m - bmax);
+    for (int64_t d = 0; d < p->Dv; d++)
+        orow[d] *= alpha;
+    *l = *l * alpha + p->vec->exp_sum(row, n, bmax);
+    *m = bmax;
+}
+
+/* Query rows [i, i+rows) of head (b, h) against keys [j0 + c0, j0 + c0 + n) of a block whose
+ * panels are bp: the scores into s (row stride lds), the online-softmax update of the rows'
+ * reference maxima m, sums l and accumulators o (row stride ldo), then o += P V. */
 static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t rows, int64_t ti,
                                int64_t j0, int64_t c0, int64_t n, key_kind kind,
                                const block_panels *bp, float *o, int64_t ldo, float *m, float *l,
@@ -1175,57 +1179,19 @@ static eng_status attend_panel(plan *p, int64_t b, int64_t h, int64_t i, int64_t
     eng_status st;
     panel_scores(p, b, h, i, rows, ti, j0, c0, n, bp, s, lds, scratch);
     for (int64_t r = 0; r < rows; r++) {
-        float *row = s + r * lds;
+        float *row = s + r * lds, bmax;
+        bool rebase;
         /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
         bias_row(p, b, h, i + r, j0 + c0, n, kind, row);
-        if (m[r] == -INFINITY) {
-            if ((st = first_block_row(p, row, n, &m[r], &l[r])) != ENG_OK)
-                return st;
+        if ((st = softmax_row(p, row, n, &m[r], &l[r], &rebase, &bmax)) != ENG_OK)
+            return st;
+        if (!rebase)
             continue;
-        }
-        float bmax;
-        float sum = p->vec->exp_sum_max(row, n, m[r], &bmax);
-        if (isnan(bmax))
-            return nonfinite(p);
-        if (bmax <= m[r] + RESCALE_SLACK) {
-            l[r] += sum;
-            continue;
-        }
-        if (!isfinite(bmax))
-            return nonfinite(p);
-        /* Rebase: recompute this row's scores and rescale what it has gathered so far. */
         panel_scores(p, b, h, i + r, 1, ti + r, j0, c0, n, bp, row, lds, scratch);
         bias_row(p, b, h, i + r, j0 + c0, n, kind, row);
-        float alpha = expf(m[r] - bmax);
-        float *orow = o + r * ldo;
-        for (int64_t d = 0; d < p->Dv; d++)
-            orow[d] *= alpha;
-        l[r] = l[r] * alpha + p->vec->exp_sum(row, n, bmax);
-        m[r] = bmax;
+        rebase_row(p, row, n, bmax, o + r * ldo, &m[r], &l[r]);
     }
     panel_values(p, rows, c0, n, bp, s, lds, o, ldo, scratch);
-    return ENG_OK;
-}
-
-/* One key block [j0, j0+cols) for rows [i0, i0+rows), a panel of rows at a time. On a
- * causal or window boundary each panel computes only the keys its rows may see, so the part
- * of the triangle that no row sees is never multiplied. */
-static eng_status attend_block(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
-                               int64_t cols, key_kind kind, float *o, int64_t ldo, float *m,
-                               float *l, float *s)
-{
-    /* A row or two stream K and V through dot products: nothing to pack for them. */
-    block_panels bp = block_operands(p, b, h / p->group, j0, cols, rows, s);
-    const int64_t height = panel_rows(p);
-    for (int64_t r0 = 0; r0 < rows; r0 += height) {
-        int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
-        if (kind == KEYS_BOUNDARY && !panel_keys(p, b, i0 + r0, pr, j0, cols, &c0, &c1))
-            continue;
-        eng_status st = attend_panel(p, b, h, i0 + r0, pr, r0, j0, c0, c1 - c0, kind, &bp,
-                                     o + r0 * ldo, ldo, m + r0, l + r0, s, cols, s);
-        if (st != ENG_OK)
-            return st;
-    }
     return ENG_OK;
 }
 
@@ -1239,15 +1205,87 @@ typedef struct {
     int64_t ml_step;
 } head_rows;
 
-/* attend_block for the query rows [i0, i0+rows) of every head of a task (a kv group): the key
- * block's operands are read, and packed, once; then each panel of rows is taken head after
- * head against them, while they are still in the cache. A head's panel keeps its own head
- * index (ALiBi slope, mask, output) and its own Q rows: those of head g at task row g rows. */
-static eng_status attend_group_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64_t rows,
-                                     int64_t j0, int64_t cols, key_kind kind, const head_rows *hr,
-                                     float *s)
+/* Query row i of head (b, h), task row t, as the streaming kernels read it: in place, or the
+ * widened copy of a bf16 row in the task's scratch s. */
+static const float *stream_query(const plan *p, int64_t b, int64_t h, int64_t i, int64_t t,
+                                 const float *s)
 {
-    block_panels bp = block_operands(p, b, h0 / p->group, j0, cols, rows, s);
+    return p->q16 ? task_qf(p, s) + t * p->D : row_ptr(&p->a->q, b, h, i);
+}
+
+/* s (row stride lds) = the scores of query rows [i, i+rows) of each of `heads` heads from (b,
+ * h), whose rows are q (head g's at q + g rows), against keys [j0 + c0, j0 + c0 + n) of block
+ * bp (raw rows): one pass over the K rows for all of them, or the additive scores. */
+static void stream_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t rows,
+                          int64_t heads, const float *const *q, const block_panels *bp, int64_t j0,
+                          int64_t c0, int64_t n, float *s, int64_t lds)
+{
+    if (p->add_q) {
+        for (int64_t g = 0; g < heads; g++)
+            additive_scores(p, b, h + g, i, rows, j0 + c0, n, s + g * rows * lds, lds);
+        return;
+    }
+    const void *k =
+        bp->kh ? (const void *)(bp->kh + c0 * bp->ldk) : (const void *)(bp->kr + c0 * bp->ldk);
+    p->vec->dots_rows(q, (int)(heads * rows), k, bp->kh ? p->kv_dtype : ENG_DTYPE_F32, bp->ldk, n,
+                      p->D, p->scale, s, lds);
+}
+
+/* A key block [j0, j0+cols) for the few rows [i0, i0+rows) of every head of a streaming task:
+ * each K row is loaded once for the dot products of all the task's rows, each V row once for
+ * all their sums, straight from the source (a cache's 16-bit rows widened as they are read);
+ * nothing is packed. Task row t = g rows + r is row i0 + r of head h0 + g, with its own head
+ * for ALiBi, masks and outputs. */
+static eng_status stream_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64_t rows, int64_t j0,
+                               int64_t cols, key_kind kind, const head_rows *hr, float *s)
+{
+    int64_t c0 = 0, c1 = cols;
+    if (kind == KEYS_BOUNDARY && !panel_keys(p, b, i0, rows, j0, cols, &c0, &c1))
+        return ENG_OK;
+    block_panels bp = block_operands(p, b, h0 / p->group, j0, cols, s);
+    const int64_t n = c1 - c0, nt = p->task_heads * rows;
+    const float *q[ENG__STREAM_ROWS];
+    float *o[ENG__STREAM_ROWS];
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t g = t / rows, r = t % rows;
+        q[t] = stream_query(p, b, h0 + g, i0 + r, t, s);
+        o[t] = hr->o + g * hr->o_step + r * hr->ldo;
+    }
+    stream_scores(p, b, h0, i0, rows, p->task_heads, q, &bp, j0, c0, n, s, n);
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t g = t / rows, r = t % rows;
+        float *row = s + t * n, bmax;
+        float *m = hr->m + g * hr->ml_step + r, *l = hr->l + g * hr->ml_step + r;
+        bool rebase;
+        bias_row(p, b, h0 + g, i0 + r, j0 + c0, n, kind, row);
+        eng_status st = softmax_row(p, row, n, m, l, &rebase, &bmax);
+        if (st != ENG_OK)
+            return st;
+        if (!rebase)
+            continue;
+        stream_scores(p, b, h0 + g, i0 + r, 1, 1, &q[t], &bp, j0, c0, n, row, n);
+        bias_row(p, b, h0 + g, i0 + r, j0 + c0, n, kind, row);
+        rebase_row(p, row, n, bmax, o[t], m, l);
+    }
+    const void *v =
+        bp.vh ? (const void *)(bp.vh + c0 * bp.ldv) : (const void *)(bp.vr + c0 * bp.ldv);
+    p->vec->axpys_rows(o, (int)nt, s, n, v, bp.vh ? p->kv_dtype : ENG_DTYPE_F32, bp.ldv, n, p->Dv);
+    return ENG_OK;
+}
+
+/* One key block [j0, j0+cols) for the query rows [i0, i0+rows) of every head of the task (one,
+ * or a kv group's): a streaming task's go through stream_block; otherwise the block's operands
+ * are read, and packed, once, then each panel of rows is taken head after head against them,
+ * while they are still in the cache. On a causal or window boundary each panel computes only
+ * the keys its rows may see, so the part of the triangle that no row sees is never multiplied.
+ * A head's panel keeps its own head index (ALiBi slope, mask, output) and its own Q rows:
+ * those of head g at task row g rows. */
+static eng_status attend_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64_t rows, int64_t j0,
+                               int64_t cols, key_kind kind, const head_rows *hr, float *s)
+{
+    if (p->stream)
+        return stream_block(p, b, h0, i0, rows, j0, cols, kind, hr, s);
+    block_panels bp = block_operands(p, b, h0 / p->group, j0, cols, s);
     const int64_t height = panel_rows(p);
     for (int64_t r0 = 0; r0 < rows; r0 += height) {
         int64_t pr = rows - r0 < height ? rows - r0 : height, c0 = 0, c1 = cols;
@@ -1295,11 +1333,7 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         key_kind kind;
         if (!block_kind(p, b, j0, cols, span, tail, &kind))
             continue;
-        if (p->task_heads == 1)
-            st = attend_block(p, b, h, i0, rows, j0, cols, kind, hr->o, hr->ldo, hr->m, hr->l, s);
-        else
-            st = attend_group_block(p, b, h, i0, rows, j0, cols, kind, hr, s);
-        if (st != ENG_OK)
+        if ((st = attend_block(p, b, h, i0, rows, j0, cols, kind, hr, s)) != ENG_OK)
             return st;
     }
     return ENG_OK;
@@ -1430,11 +1464,19 @@ static void finish_rows(plan *p, int64_t rows, float *o, int64_t ldo, const floa
 static void block_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0,
                          int64_t cols, key_kind kind, float *s)
 {
-    block_panels bp = block_operands(p, b, h / p->group, j0, cols, rows, s);
-    const int64_t height = panel_rows(p);
-    for (int64_t r0 = 0; r0 < rows; r0 += height) {
-        int64_t pr = rows - r0 < height ? rows - r0 : height;
-        panel_scores(p, b, h, i0 + r0, pr, r0, j0, 0, cols, &bp, s + r0 * cols, cols, s);
+    block_panels bp = block_operands(p, b, h / p->group, j0, cols, s);
+    if (p->stream) {
+        /* Row by row as the attention computed them: the same bits whatever the rows. */
+        const float *q[ENG__STREAM_ROWS];
+        for (int64_t r = 0; r < rows; r++)
+            q[r] = stream_query(p, b, h, i0 + r, r, s);
+        stream_scores(p, b, h, i0, rows, 1, q, &bp, j0, 0, cols, s, cols);
+    } else {
+        const int64_t height = panel_rows(p);
+        for (int64_t r0 = 0; r0 < rows; r0 += height) {
+            int64_t pr = rows - r0 < height ? rows - r0 : height;
+            panel_scores(p, b, h, i0 + r0, pr, r0, j0, 0, cols, &bp, s + r0 * cols, cols, s);
+        }
     }
     for (int64_t r = 0; r < rows; r++)
         bias_row(p, b, h, i0 + r, j0, cols, kind, s + r * cols);
@@ -1505,7 +1547,7 @@ static float *task_scratch(plan *p)
  * maxima and sums in the task's scratch s. */
 static head_rows output_rows(const plan *p, int64_t b, int64_t h, int64_t i0, float *s)
 {
-    float *m = s + p->br * p->bc;
+    float *m = s + score_rows(p) * p->bc;
     head_rows hr = {.o = row_ptr(&p->a->out, b, h, i0),
                     .ldo = ld_of(&p->a->out),
                     .o_step = p->a->out.stride[1],
@@ -1677,8 +1719,7 @@ static void plan_prepack(plan *p)
     p->prepack = false;
     /* Tasks that multiply each (b, kv head)'s K and V: its query blocks, times its query heads
      * unless one task takes them all. */
-    if (!p->ks->tile || p->add_q || p->a->additive_w_q || p->L <= p->gemv_rows ||
-        p->nqb * (p->group / p->task_heads) < 2)
+    if (!task_packs(p) || p->add_q || p->a->additive_w_q || p->nqb * (p->group / p->task_heads) < 2)
         return;
     /* From a paged cache, panels are packed a cache block at a time: each must hold whole
      * panels of keys. */
@@ -1819,9 +1860,6 @@ static void plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, 
     p->offset = resolve_offset(a);
     p->bf16 = eng_sdpa_precision(a) == ENG_PRECISION_BFLOAT16;
     p->bf16_native = p->bf16 && p->ks->tile_bf16;
-    /* bf16 products always go through the micro-kernel, so that a single row is rounded as
-     * every other is. */
-    p->gemv_rows = p->bf16 ? 0 : GEMV_ROWS;
     p->dp = (p->D + 1) / 2 * 2;
     plan_blocks(p, threads);
     plan_prepack(p);

@@ -120,64 +120,72 @@ static float tanh_dot_scalar(const float *x, const float *y, const float *v, int
     return sum;
 }
 
-static float dot_scalar(const float *x, const float *y, int64_t n)
+/* Element i of a K or V row of `dtype`, widened exactly. */
+static inline float kv_elem(const void *x, eng_dtype dtype, int64_t i)
 {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += x[i] * y[i];
-    return sum;
+    switch (dtype) {
+    case ENG_DTYPE_BF16:
+        return eng_bf16_to_f32(((const uint16_t *)x)[i]);
+    case ENG_DTYPE_F16:
+        return eng_f16_to_f32(((const uint16_t *)x)[i]);
+    case ENG_DTYPE_F32:
+    default:
+        return ((const float *)x)[i];
+    }
 }
 
-static void axpy_scalar(float *y, float a, const float *x, int64_t n)
+/* Key-outer, so that a K or V row is fetched once and then read from L1 by every query row.
+ * The bodies are inlined once per dtype (the callers' switch), so no branch runs per element. */
+static inline __attribute__((always_inline)) void
+dots_rows_generic(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+                  int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * x[i];
+    for (int64_t c = 0; c < n; c++)
+        for (int r = 0; r < rows; r++) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < d; i++)
+                sum += q[r][i] * kv_elem(k, dtype, c * ldk + i);
+            s[r * lds + c] = scale * sum;
+        }
 }
 
-/* The same two over 16-bit rows of a KV cache, widened exactly as they are read. */
-static float dot_bf16_scalar(const float *x, const uint16_t *y, int64_t n)
+static inline __attribute__((always_inline)) void
+axpys_rows_generic(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
+                   eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
 {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += x[i] * eng_bf16_to_f32(y[i]);
-    return sum;
+    for (int64_t c = 0; c < n; c++)
+        for (int r = 0; r < rows; r++) {
+            const float a = p[r * ldp + c];
+            for (int64_t i = 0; i < d; i++)
+                o[r][i] += a * kv_elem(v, dtype, c * ldv + i);
+        }
 }
 
-static void axpy_bf16_scalar(float *y, float a, const uint16_t *x, int64_t n)
+static void dots_rows_scalar(const float *const *q, int rows, const void *k, eng_dtype dtype,
+                             int64_t ldk, int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * eng_bf16_to_f32(x[i]);
+    if (dtype == ENG_DTYPE_BF16)
+        dots_rows_generic(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
+    else if (dtype == ENG_DTYPE_F16)
+        dots_rows_generic(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
+    else
+        dots_rows_generic(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
 }
 
-static float dot_f16_scalar(const float *x, const uint16_t *y, int64_t n)
+static void axpys_rows_scalar(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
+                              eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
 {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += x[i] * eng_f16_to_f32(y[i]);
-    return sum;
+    if (dtype == ENG_DTYPE_BF16)
+        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
+    else if (dtype == ENG_DTYPE_F16)
+        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
+    else
+        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
 }
 
-static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        y[i] += a * eng_f16_to_f32(x[i]);
-}
-
-static const eng__vec_ops scalar_ops = {"scalar",
-                                        max_scalar,
-                                        exp_sum_scalar,
-                                        exp_sum_max_scalar,
-                                        exp_store_scalar,
-                                        softcap_scalar,
-                                        tanh_dot_scalar,
-                                        dot_scalar,
-                                        axpy_scalar,
-                                        dot_bf16_scalar,
-                                        axpy_bf16_scalar,
-                                        dot_f16_scalar,
-                                        axpy_f16_scalar,
-                                        NULL,
-                                        NULL};
+static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
+                                        exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
+                                        tanh_dot_scalar,    dots_rows_scalar, axpys_rows_scalar};
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
@@ -332,34 +340,6 @@ AVX2 static float tanh_dot_avx2(const float *x, const float *y, const float *v, 
     return hsum8(acc);
 }
 
-/* Two accumulators: the FMA latency would otherwise bound a 128-long dot product. */
-AVX2 static float dot_avx2(const float *x, const float *y, int64_t n)
-{
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-    }
-    for (; i < n; i += 8) {
-        __m256i mask = tail_mask8(n - i);
-        acc0 =
-            _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mask), _mm256_maskload_ps(y + i, mask), acc0);
-    }
-    return hsum8(_mm256_add_ps(acc0, acc1));
-}
-
-AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    for (int64_t i = 0; i < n; i += 8) {
-        __m256i mask = tail_mask8(n - i);
-        __m256 r =
-            _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, mask), _mm256_maskload_ps(y + i, mask));
-        _mm256_maskstore_ps(y + i, mask, r);
-    }
-}
-
 /* 16-bit cache rows, 8 at a time: bf16 is the high half of a float; float16 goes through
  * F16C, which every CPU with AVX2 and FMA has. The tail is masked on the widened floats. */
 AVX2 static inline __m256 load8_bf16(const uint16_t *x, int64_t left)
@@ -386,44 +366,95 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256 load8_f16(const ui
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
 }
 
-#define DOT16_AVX2(name, load)                                                                     \
-    __attribute__((target("avx2,fma,f16c"))) static float name(const float *x, const uint16_t *y,  \
-                                                               int64_t n)                          \
-    {                                                                                              \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                             \
-        int64_t i = 0;                                                                             \
-        for (; i + 16 <= n; i += 16) {                                                             \
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load(y + i, 8), acc0);                  \
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load(y + i + 8, 8), acc1);          \
-        }                                                                                          \
-        for (; i < n; i += 8) {                                                                    \
-            __m256i mask = tail_mask8(n - i);                                                      \
-            acc0 = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mask), load(y + i, n - i), acc0);     \
-        }                                                                                          \
-        return hsum8(_mm256_add_ps(acc0, acc1));                                                   \
+#define AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+/* Elements [i, i + 8) of a K or V row of `dtype`, widened; lanes past `left` are 0. */
+AVX2_F16C static inline __m256 load8_kv(const void *x, eng_dtype dtype, int64_t i, int64_t left)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        return load8_bf16((const uint16_t *)x + i, left);
+    if (dtype == ENG_DTYPE_F16)
+        return load8_f16((const uint16_t *)x + i, left);
+    return _mm256_maskload_ps((const float *)x + i, tail_mask8(left));
+}
+
+/* Per key: each 8 elements of its row are loaded once and feed one accumulator per query row
+ * (rows <= ENG__STREAM_ROWS: all of them stay in registers). */
+AVX2_F16C static inline __attribute__((always_inline)) void
+dots_rows_avx2_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+                  int64_t n, int64_t d, float scale, float *s, int64_t lds)
+{
+    for (int64_t c = 0; c < n; c++) {
+        __m256 acc[ENG__STREAM_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < ENG__STREAM_ROWS; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i += 8) {
+            const __m256i mask = tail_mask8(d - i);
+            const __m256 kv = load8_kv(k, dtype, c * ldk + i, d - i);
+#pragma GCC unroll 8
+            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
+                if (r >= rows)
+                    break;
+                acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(q[r] + i, mask), kv, acc[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            s[r * lds + c] = scale * hsum8(acc[r]);
     }
+}
 
-#define AXPY16_AVX2(name, load)                                                                    \
-    __attribute__((target("avx2,fma,f16c"))) static void name(float *y, float a,                   \
-                                                              const uint16_t *x, int64_t n)        \
-    {                                                                                              \
-        __m256 av = _mm256_set1_ps(a);                                                             \
-        for (int64_t i = 0; i < n; i += 8) {                                                       \
-            __m256i mask = tail_mask8(n - i);                                                      \
-            __m256 r = _mm256_fmadd_ps(av, load(x + i, n - i), _mm256_maskload_ps(y + i, mask));   \
-            _mm256_maskstore_ps(y + i, mask, r);                                                   \
-        }                                                                                          \
+/* Per key: each 8 elements of its row are loaded once and added into every query row's o. */
+AVX2_F16C static inline __attribute__((always_inline)) void
+axpys_rows_avx2_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
+                   eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
+{
+    for (int64_t c = 0; c < n; c++) {
+        __m256 a[ENG__STREAM_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < ENG__STREAM_ROWS; r++)
+            a[r] = _mm256_set1_ps(r < rows ? p[r * ldp + c] : 0.0f);
+        for (int64_t i = 0; i < d; i += 8) {
+            const __m256i mask = tail_mask8(d - i);
+            const __m256 vv = load8_kv(v, dtype, c * ldv + i, d - i);
+#pragma GCC unroll 8
+            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
+                if (r >= rows)
+                    break;
+                __m256 y = _mm256_fmadd_ps(a[r], vv, _mm256_maskload_ps(o[r] + i, mask));
+                _mm256_maskstore_ps(o[r] + i, mask, y);
+            }
+        }
     }
+}
 
-DOT16_AVX2(dot_bf16_avx2, load8_bf16)
-DOT16_AVX2(dot_f16_avx2, load8_f16)
-AXPY16_AVX2(axpy_bf16_avx2, load8_bf16)
-AXPY16_AVX2(axpy_f16_avx2, load8_f16)
+AVX2_F16C static void dots_rows_avx2(const float *const *q, int rows, const void *k,
+                                     eng_dtype dtype, int64_t ldk, int64_t n, int64_t d,
+                                     float scale, float *s, int64_t lds)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
+    else if (dtype == ENG_DTYPE_F16)
+        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
+    else
+        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
+}
 
-static const eng__vec_ops avx2_ops = {
-    "avx2",        max_avx2, exp_sum_avx2, exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
-    tanh_dot_avx2, dot_avx2, axpy_avx2,    dot_bf16_avx2,    axpy_bf16_avx2, dot_f16_avx2,
-    axpy_f16_avx2, NULL,     NULL};
+AVX2_F16C static void axpys_rows_avx2(float *const *o, int rows, const float *p, int64_t ldp,
+                                      const void *v, eng_dtype dtype, int64_t ldv, int64_t n,
+                                      int64_t d)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
+    else if (dtype == ENG_DTYPE_F16)
+        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
+    else
+        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
+}
+
+static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
+                                      exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
+                                      tanh_dot_avx2,    dots_rows_avx2, axpys_rows_avx2};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -562,34 +593,6 @@ AVX512 static float tanh_dot_avx512(const float *x, const float *y, const float 
     return _mm512_reduce_add_ps(acc);
 }
 
-/* Two accumulators: the FMA latency would otherwise bound a 128-long dot product. */
-AVX512 static float dot_avx512(const float *x, const float *y, int64_t n)
-{
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), acc1);
-    }
-    for (; i < n; i += 16) {
-        __mmask16 mask = tail_mask16(n - i);
-        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i),
-                               _mm512_maskz_loadu_ps(mask, y + i), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
-AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n)
-{
-    __m512 av = _mm512_set1_ps(a);
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 mask = tail_mask16(n - i);
-        __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mask, x + i),
-                                   _mm512_maskz_loadu_ps(mask, y + i));
-        _mm512_mask_storeu_ps(y + i, mask, r);
-    }
-}
-
 /* 16-bit cache rows, 16 at a time, widened (AVX-512F alone: a short tail is copied first,
  * since masked 16-bit loads would need AVX512BW). */
 AVX512 static inline __m256i load16_halves(const uint16_t *x, int64_t left)
@@ -612,128 +615,93 @@ AVX512 static inline __m512 load16_f16(const uint16_t *x, int64_t left)
     return _mm512_cvtph_ps(load16_halves(x, left));
 }
 
-#define DOT16_AVX512(name, load)                                                                   \
-    AVX512 static float name(const float *x, const uint16_t *y, int64_t n)                         \
-    {                                                                                              \
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                             \
-        int64_t i = 0;                                                                             \
-        for (; i + 32 <= n; i += 32) {                                                             \
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load(y + i, 16), acc0);                 \
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load(y + i + 16, 16), acc1);       \
-        }                                                                                          \
-        for (; i < n; i += 16) {                                                                   \
-            __mmask16 mask = tail_mask16(n - i);                                                   \
-            acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), load(y + i, n - i), acc0);  \
-        }                                                                                          \
-        return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));                                    \
-    }
-
-#define AXPY16_AVX512(name, load)                                                                  \
-    AVX512 static void name(float *y, float a, const uint16_t *x, int64_t n)                       \
-    {                                                                                              \
-        __m512 av = _mm512_set1_ps(a);                                                             \
-        for (int64_t i = 0; i < n; i += 16) {                                                      \
-            __mmask16 mask = tail_mask16(n - i);                                                   \
-            __m512 r =                                                                             \
-                _mm512_fmadd_ps(av, load(x + i, n - i), _mm512_maskz_loadu_ps(mask, y + i));       \
-            _mm512_mask_storeu_ps(y + i, mask, r);                                                 \
-        }                                                                                          \
-    }
-
-DOT16_AVX512(dot_bf16_avx512, load16_bf16)
-DOT16_AVX512(dot_f16_avx512, load16_f16)
-AXPY16_AVX512(axpy_bf16_avx512, load16_bf16)
-AXPY16_AVX512(axpy_f16_avx512, load16_f16)
-
-/* A key block of a bf16 cache at once, for heads of a multiple of 32 (decoding's inner loop).
- * 32 bf16 values load as 16 32-bit words: a word shifted left by 16 is the float of its even
- * element, the word with its low half cleared the float of its odd one. So q (and o) are split
- * once per block into even and odd lanes, and each key costs one load and two integer
- * operations per 32 elements, no shuffle; a chunk of 128 elements of q (or o) stays in
- * registers over all the keys. */
-AVX512 static inline void split_even_odd(const float *x, __m512 *even, __m512 *odd)
+/* Elements [i, i + 16) of a K or V row of `dtype`, widened; lanes past `left` are 0. */
+AVX512 static inline __m512 load16_kv(const void *x, eng_dtype dtype, int64_t i, int64_t left)
 {
-    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-    *even = _mm512_permutex2var_ps(lo, ie, hi);
-    *odd = _mm512_permutex2var_ps(lo, io, hi);
+    if (dtype == ENG_DTYPE_BF16)
+        return load16_bf16((const uint16_t *)x + i, left);
+    if (dtype == ENG_DTYPE_F16)
+        return load16_f16((const uint16_t *)x + i, left);
+    return _mm512_maskz_loadu_ps(tail_mask16(left), (const float *)x + i);
 }
 
-AVX512 static void dots_bf16_avx512(const float *q, const uint16_t *k, int64_t ldk, int64_t n,
-                                    int64_t d, float *s)
+/* Per key: each 16 elements of its row are loaded once and feed one accumulator per query row
+ * (rows <= ENG__STREAM_ROWS: all of them stay in registers). */
+AVX512 static inline __attribute__((always_inline)) void
+dots_rows_avx512_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+                    int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int64_t c = 0; c < n; c++)
-        s[c] = 0.0f;
-    for (int64_t d0 = 0; d0 < d; d0 += 128) {
-        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
-        __m512 qe[4], qo[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            qe[j] = qo[j] = _mm512_setzero_ps();
-            if (j < pairs)
-                split_even_odd(q + d0 + 32 * j, &qe[j], &qo[j]);
-        }
-        for (int64_t c = 0; c < n; c++) {
-            const uint16_t *row = k + c * ldk + d0;
-            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                if (j >= pairs)
+    for (int64_t c = 0; c < n; c++) {
+        __m512 acc[ENG__STREAM_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < ENG__STREAM_ROWS; r++)
+            acc[r] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d; i += 16) {
+            const __mmask16 mask = tail_mask16(d - i);
+            const __m512 kv = load16_kv(k, dtype, c * ldk + i, d - i);
+#pragma GCC unroll 8
+            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
+                if (r >= rows)
                     break;
-                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
-                acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), qe[j], acc0);
-                acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)), qo[j], acc1);
-            }
-            s[c] += _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-        }
-    }
-}
-
-AVX512 static void axpys_bf16_avx512(float *o, const float *p, const uint16_t *v, int64_t ldv,
-                                     int64_t n, int64_t d)
-{
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    const __m512i lo_idx =
-        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi_idx =
-        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int64_t d0 = 0; d0 < d; d0 += 128) {
-        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
-        __m512 oe[4], oo[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            oe[j] = oo[j] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < n; c++) {
-            const uint16_t *row = v + c * ldv + d0;
-            const __m512 pc = _mm512_set1_ps(p[c]);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                if (j >= pairs)
-                    break;
-                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
-                oe[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), oe[j]);
-                oo[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_and_si512(x, high)), oo[j]);
+                acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q[r] + i), kv, acc[r]);
             }
         }
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            if (j >= pairs)
-                break;
-            float *out = o + d0 + 32 * j;
-            __m512 lo = _mm512_permutex2var_ps(oe[j], lo_idx, oo[j]);
-            __m512 hi = _mm512_permutex2var_ps(oe[j], hi_idx, oo[j]);
-            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), lo));
-            _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_loadu_ps(out + 16), hi));
+        for (int r = 0; r < rows; r++)
+            s[r * lds + c] = scale * _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* Per key: each 16 elements of its row are loaded once and added into every query row's o. */
+AVX512 static inline __attribute__((always_inline)) void
+axpys_rows_avx512_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
+                     eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
+{
+    for (int64_t c = 0; c < n; c++) {
+        __m512 a[ENG__STREAM_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < ENG__STREAM_ROWS; r++)
+            a[r] = _mm512_set1_ps(r < rows ? p[r * ldp + c] : 0.0f);
+        for (int64_t i = 0; i < d; i += 16) {
+            const __mmask16 mask = tail_mask16(d - i);
+            const __m512 vv = load16_kv(v, dtype, c * ldv + i, d - i);
+#pragma GCC unroll 8
+            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
+                if (r >= rows)
+                    break;
+                __m512 y = _mm512_fmadd_ps(a[r], vv, _mm512_maskz_loadu_ps(mask, o[r] + i));
+                _mm512_mask_storeu_ps(o[r] + i, mask, y);
+            }
         }
     }
 }
 
-static const eng__vec_ops avx512_ops = {
-    "avx512",         max_avx512,      exp_sum_avx512,  exp_sum_max_avx512, exp_store_avx512,
-    softcap_avx512,   tanh_dot_avx512, dot_avx512,      axpy_avx512,        dot_bf16_avx512,
-    axpy_bf16_avx512, dot_f16_avx512,  axpy_f16_avx512, dots_bf16_avx512,   axpys_bf16_avx512};
+AVX512 static void dots_rows_avx512(const float *const *q, int rows, const void *k, eng_dtype dtype,
+                                    int64_t ldk, int64_t n, int64_t d, float scale, float *s,
+                                    int64_t lds)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
+    else if (dtype == ENG_DTYPE_F16)
+        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
+    else
+        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
+}
+
+AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, int64_t ldp,
+                                     const void *v, eng_dtype dtype, int64_t ldv, int64_t n,
+                                     int64_t d)
+{
+    if (dtype == ENG_DTYPE_BF16)
+        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
+    else if (dtype == ENG_DTYPE_F16)
+        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
+    else
+        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
+}
+
+static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
+                                        exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
+                                        tanh_dot_avx512,    dots_rows_avx512, axpys_rows_avx512};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 

@@ -452,32 +452,96 @@ static void test_vector_exp_edge_cases(void)
     }
 }
 
-/* dot and axpy (the decoding path) agree with float64 on every length up to 70. */
-static void test_vector_dot_and_axpy(void)
+/* A value of `dtype` near x: its bits at *bits (16-bit dtypes), its exact value returned. */
+static float kv_value(eng_dtype dtype, float x, uint16_t *bits)
 {
-    static const char *const variants[] = {"scalar", "avx2", "avx512"};
-    uint64_t rng = 5;
-    float x[70], y[70], z[70];
-    for (int i = 0; i < 70; i++) {
-        x[i] = rng_sym(&rng, 1.0);
-        y[i] = rng_sym(&rng, 1.0);
+    if (dtype == ENG_DTYPE_BF16) {
+        *bits = eng_f32_to_bf16(x);
+        return eng_bf16_to_f32(*bits);
     }
-    for (int v = 0; v < 3; v++) {
-        const eng__vec_ops *ops = eng__vec_variant(variants[v]);
-        if (!ops)
-            continue;
-        for (int64_t n = 0; n <= 70; n++) {
-            double ref = 0;
-            for (int64_t i = 0; i < n; i++)
-                ref += (double)x[i] * y[i];
-            CHECK_NEAR(ops->dot(x, y, n), ref, 4 * (double)(n + 1) * FLT_EPSILON);
-            memcpy(z, y, sizeof z);
-            ops->axpy(z, 0.5f, x, n);
-            for (int64_t i = 0; i < 70; i++) {
-                double want = i < n ? (double)y[i] + 0.5 * x[i] : (double)y[i];
-                CHECK_NEAR(z[i], want, 2 * FLT_EPSILON);
+    if (dtype == ENG_DTYPE_F16) {
+        *bits = eng_f32_to_f16(x);
+        return eng_f16_to_f32(*bits);
+    }
+    return x;
+}
+
+#define ROWS_N  5   /* keys per call */
+#define ROWS_D  130 /* longest row: whole vectors of both ISAs and a tail */
+#define ROWS_LD 133 /* row stride: rows start unaligned */
+
+/* The decoding kernels of one variant and dtype on one row length d: every row count up to
+ * ENG__STREAM_ROWS against float64, and each row computed alone gives the same bits. */
+static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t d, uint64_t *rng)
+{
+    static float q[ENG__STREAM_ROWS][ROWS_D], o[ENG__STREAM_ROWS][ROWS_D], p[ENG__STREAM_ROWS][8];
+    static float kf[ROWS_N * ROWS_LD];
+    static uint16_t k16[ROWS_N * ROWS_LD];
+    for (int64_t i = 0; i < ROWS_N * ROWS_LD; i++)
+        kf[i] = kv_value(dtype, (float)rng_sym(rng, 1.0), &k16[i]);
+    const void *k = dtype == ENG_DTYPE_F32 ? (const void *)kf : (const void *)k16;
+    const float *qp[ENG__STREAM_ROWS];
+    float *op[ENG__STREAM_ROWS];
+    for (int r = 0; r < ENG__STREAM_ROWS; r++) {
+        for (int64_t i = 0; i < d; i++)
+            q[r][i] = (float)rng_sym(rng, 1.0);
+        for (int c = 0; c < ROWS_N; c++)
+            p[r][c] = (float)rng_sym(rng, 1.0);
+        qp[r] = q[r];
+        op[r] = o[r];
+    }
+    for (int rows = 1; rows <= ENG__STREAM_ROWS; rows++) {
+        float s[ENG__STREAM_ROWS * ROWS_N], alone[ROWS_N];
+        ops->dots_rows(qp, rows, k, dtype, ROWS_LD, ROWS_N, d, 0.5f, s, ROWS_N);
+        memset(o, 0, sizeof o);
+        ops->axpys_rows(op, rows, &p[0][0], 8, k, dtype, ROWS_LD, ROWS_N, d);
+        for (int r = 0; r < rows; r++) {
+            ops->dots_rows(&qp[r], 1, k, dtype, ROWS_LD, ROWS_N, d, 0.5f, alone, ROWS_N);
+            for (int c = 0; c < ROWS_N; c++) {
+                double ref = 0;
+                for (int64_t i = 0; i < d; i++)
+                    ref += (double)q[r][i] * kf[c * ROWS_LD + i];
+                CHECKF(fabs(s[r * ROWS_N + c] - 0.5 * ref) <= 2 * (double)(d + 1) * FLT_EPSILON,
+                       "%s dots_rows dtype %d d=%lld rows=%d: row %d key %d = %.9g, want %.9g",
+                       ops->name, (int)dtype, (long long)d, rows, r, c, (double)s[r * ROWS_N + c],
+                       0.5 * ref);
+                CHECKF(memcmp(&alone[c], &s[r * ROWS_N + c], sizeof(float)) == 0,
+                       "%s dots_rows dtype %d d=%lld: row %d alone differs with %d rows", ops->name,
+                       (int)dtype, (long long)d, r, rows);
+            }
+            for (int64_t i = 0; i < ROWS_D; i++) {
+                double ref = 0;
+                for (int c = 0; c < ROWS_N && i < d; c++)
+                    ref += (double)p[r][c] * kf[c * ROWS_LD + i];
+                CHECKF(fabs(o[r][i] - ref) <= 2 * ROWS_N * FLT_EPSILON,
+                       "%s axpys_rows dtype %d d=%lld rows=%d: o[%d][%lld] = %.9g, want %.9g",
+                       ops->name, (int)dtype, (long long)d, rows, r, (long long)i, (double)o[r][i],
+                       ref);
             }
         }
+        for (int r = rows; r < ENG__STREAM_ROWS; r++) /* rows past `rows` are never written */
+            for (int64_t i = 0; i < d; i++)
+                CHECKF(o[r][i] == 0.0f, "%s axpys_rows wrote row %d of %d", ops->name, r, rows);
+    }
+}
+
+/* dots_rows and axpys_rows (the decoding path) agree with float64 for fp32, bf16 and f16 rows,
+ * on lengths around the vector widths, with unaligned row strides. */
+static void test_vector_rows_dots_and_axpys(void)
+{
+    static const char *const variants[] = {"scalar", "avx2", "avx512"};
+    static const int64_t lengths[] = {1, 7, 8, 15, 16, 17, 33, 64, 128, 130};
+    static const eng_dtype dtypes[] = {ENG_DTYPE_F32, ENG_DTYPE_BF16, ENG_DTYPE_F16};
+    uint64_t rng = 5;
+    for (int v = 0; v < 3; v++) {
+        const eng__vec_ops *ops = eng__vec_variant(variants[v]);
+        if (!ops) {
+            printf("skip: vector rows %s: this CPU does not support it\n", variants[v]);
+            continue;
+        }
+        for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++)
+            for (size_t n = 0; n < sizeof lengths / sizeof lengths[0]; n++)
+                check_rows_kernels(ops, dtypes[t], lengths[n], &rng);
     }
 }
 
@@ -496,6 +560,6 @@ int main(void)
     RUN_WITHIN(test_packing_bf16_bits_matches_their_widening, 60);
     RUN_WITHIN(test_wide_tile_ragged_sizes, 60);
     RUN_WITHIN(test_vector_exp_edge_cases, 30);
-    RUN_WITHIN(test_vector_dot_and_axpy, 30);
+    RUN_WITHIN(test_vector_rows_dots_and_axpys, 30);
     return check_report();
 }
