@@ -187,6 +187,26 @@ static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       ex
                                         exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
                                         tanh_dot_scalar,    dots_rows_scalar, axpys_rows_scalar};
 
+/* Keys per group of the vector decoding kernels: a group's K or V rows stay in L1 while every
+ * query row reads them, and its dot products keep eight accumulators in registers. */
+#define KEY_GROUP 8
+
+/* The first `keys` row pointers of a key group from key c0 (elements of `size` bytes, row
+ * stride ld); the rest repeat the last one, so that a short group runs the same instructions
+ * (and so each key's sum takes the same bits in any group). */
+static inline void group_rows(const void *x, size_t size, int64_t ld, int64_t c0, int64_t keys,
+                              const char *rows[KEY_GROUP])
+{
+    #pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++)
+        rows[j] = (const char *)x + (size_t)((c0 + (j < keys ? j : keys - 1)) * ld) * size;
+}
+
+static inline size_t kv_size(eng_dtype dtype)
+{
+    return dtype == ENG_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -378,50 +398,63 @@ AVX2_F16C static inline __m256 load8_kv(const void *x, eng_dtype dtype, int64_t 
     return _mm256_maskload_ps((const float *)x + i, tail_mask8(left));
 }
 
-/* Per key: each 8 elements of its row are loaded once and feed one accumulator per query row
- * (rows <= ENG__STREAM_ROWS: all of them stay in registers). */
+/* Eight 8-lane sums at once: sums[j] = the sum of acc[j]'s lanes, each by the same tree. */
+AVX2 static inline __m256 hsum8x8(const __m256 acc[KEY_GROUP])
+{
+    __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
+ * whose rows the group's first query row brought into L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
 dots_rows_avx2_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
                   int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    for (int64_t c = 0; c < n; c++) {
-        __m256 acc[ENG__STREAM_ROWS];
-#pragma GCC unroll 8
-        for (int r = 0; r < ENG__STREAM_ROWS; r++)
-            acc[r] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < d; i += 8) {
-            const __m256i mask = tail_mask8(d - i);
-            const __m256 kv = load8_kv(k, dtype, c * ldk + i, d - i);
-#pragma GCC unroll 8
-            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
-                if (r >= rows)
-                    break;
-                acc[r] = _mm256_fmadd_ps(_mm256_maskload_ps(q[r] + i, mask), kv, acc[r]);
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *kr[KEY_GROUP];
+        group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
+        for (int r = 0; r < rows; r++) {
+            __m256 acc[KEY_GROUP];
+            #pragma GCC unroll 8
+            for (int j = 0; j < KEY_GROUP; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < d; i += 8) {
+                const __m256 qv = _mm256_maskload_ps(q[r] + i, tail_mask8(d - i));
+                #pragma GCC unroll 8
+                for (int j = 0; j < KEY_GROUP; j++)
+                    acc[j] = _mm256_fmadd_ps(qv, load8_kv(kr[j], dtype, i, d - i), acc[j]);
             }
+            const __m256 sums = _mm256_mul_ps(_mm256_set1_ps(scale), hsum8x8(acc));
+            _mm256_maskstore_ps(s + r * lds + c0, tail_mask8(keys), sums);
         }
-        for (int r = 0; r < rows; r++)
-            s[r * lds + c] = scale * hsum8(acc[r]);
     }
 }
 
-/* Per key: each 8 elements of its row are loaded once and added into every query row's o. */
+/* Query row by query row over a key group: each chunk of o takes the group's keys in order,
+ * in a register, while the group's V rows stay in L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
 axpys_rows_avx2_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
                    eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
 {
-    for (int64_t c = 0; c < n; c++) {
-        __m256 a[ENG__STREAM_ROWS];
-#pragma GCC unroll 8
-        for (int r = 0; r < ENG__STREAM_ROWS; r++)
-            a[r] = _mm256_set1_ps(r < rows ? p[r * ldp + c] : 0.0f);
-        for (int64_t i = 0; i < d; i += 8) {
-            const __m256i mask = tail_mask8(d - i);
-            const __m256 vv = load8_kv(v, dtype, c * ldv + i, d - i);
-#pragma GCC unroll 8
-            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
-                if (r >= rows)
-                    break;
-                __m256 y = _mm256_fmadd_ps(a[r], vv, _mm256_maskload_ps(o[r] + i, mask));
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *vr[KEY_GROUP];
+        group_rows(v, kv_size(dtype), ldv, c0, keys, vr);
+        for (int r = 0; r < rows; r++) {
+            __m256 a[KEY_GROUP];
+            #pragma GCC unroll 8
+            for (int j = 0; j < KEY_GROUP; j++)
+                a[j] = _mm256_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
+            for (int64_t i = 0; i < d; i += 8) {
+                const __m256i mask = tail_mask8(d - i);
+                __m256 y = _mm256_maskload_ps(o[r] + i, mask);
+                #pragma GCC unroll 8
+                for (int j = 0; j < keys; j++)
+                    y = _mm256_fmadd_ps(a[j], load8_kv(vr[j], dtype, i, d - i), y);
                 _mm256_maskstore_ps(o[r] + i, mask, y);
             }
         }
@@ -625,51 +658,182 @@ AVX512 static inline __m512 load16_kv(const void *x, eng_dtype dtype, int64_t i,
     return _mm512_maskz_loadu_ps(tail_mask16(left), (const float *)x + i);
 }
 
-/* Per key: each 16 elements of its row are loaded once and feed one accumulator per query row
- * (rows <= ENG__STREAM_ROWS: all of them stay in registers). */
+/* Eight 16-lane sums at once, in the low eight lanes: each acc[j] by the same tree (halves of
+ * 256, then of 128 bits, then within 128-bit lanes), whatever its slot. */
+AVX512 static inline __m512 hsum16x8(const __m512 acc[KEY_GROUP])
+{
+    __m512 b[4], c[2];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 4; j++)
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xEE));
+    #pragma GCC unroll 8
+    for (int j = 0; j < 2; j++)
+        c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
+    /* c[0] holds keys 0-3 and c[1] keys 4-7, one per 128-bit lane, four partial sums each. */
+    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 f = _mm512_add_ps(e, _mm512_shuffle_ps(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(order, f);
+}
+
+/* Elements [i, i + 16) of a K or V row of `dtype`, all present. */
+AVX512 static inline __m512 load16_kv_full(const void *x, eng_dtype dtype, int64_t i)
+{
+    if (dtype == ENG_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)x + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+    if (dtype == ENG_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
+ * whose rows the group's first query row brought into L1. */
 AVX512 static inline __attribute__((always_inline)) void
 dots_rows_avx512_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
                     int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    for (int64_t c = 0; c < n; c++) {
-        __m512 acc[ENG__STREAM_ROWS];
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *kr[KEY_GROUP];
+        group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
+        for (int r = 0; r < rows; r++) {
+            __m512 acc[KEY_GROUP];
 #pragma GCC unroll 8
-        for (int r = 0; r < ENG__STREAM_ROWS; r++)
-            acc[r] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d; i += 16) {
-            const __mmask16 mask = tail_mask16(d - i);
-            const __m512 kv = load16_kv(k, dtype, c * ldk + i, d - i);
+            for (int j = 0; j < KEY_GROUP; j++)
+                acc[j] = _mm512_setzero_ps();
+            int64_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                const __m512 qv = _mm512_loadu_ps(q[r] + i);
 #pragma GCC unroll 8
-            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
-                if (r >= rows)
-                    break;
-                acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q[r] + i), kv, acc[r]);
+                for (int j = 0; j < KEY_GROUP; j++)
+                    acc[j] = _mm512_fmadd_ps(qv, load16_kv_full(kr[j], dtype, i), acc[j]);
             }
+            if (i < d) {
+                const __m512 qv = _mm512_maskz_loadu_ps(tail_mask16(d - i), q[r] + i);
+#pragma GCC unroll 8
+                for (int j = 0; j < KEY_GROUP; j++)
+                    acc[j] = _mm512_fmadd_ps(qv, load16_kv(kr[j], dtype, i, d - i), acc[j]);
+            }
+            const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
+            _mm512_mask_storeu_ps(s + r * lds + c0, tail_mask16(keys), sums);
         }
-        for (int r = 0; r < rows; r++)
-            s[r * lds + c] = scale * _mm512_reduce_add_ps(acc[r]);
     }
 }
 
-/* Per key: each 16 elements of its row are loaded once and added into every query row's o. */
+/* Query row by query row over a key group: each chunk of o takes the group's keys in order,
+ * in a register, while the group's V rows stay in L1. */
 AVX512 static inline __attribute__((always_inline)) void
 axpys_rows_avx512_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
                      eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
 {
-    for (int64_t c = 0; c < n; c++) {
-        __m512 a[ENG__STREAM_ROWS];
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *vr[KEY_GROUP];
+        group_rows(v, kv_size(dtype), ldv, c0, keys, vr);
+        for (int r = 0; r < rows; r++) {
+            __m512 a[KEY_GROUP];
 #pragma GCC unroll 8
-        for (int r = 0; r < ENG__STREAM_ROWS; r++)
-            a[r] = _mm512_set1_ps(r < rows ? p[r * ldp + c] : 0.0f);
-        for (int64_t i = 0; i < d; i += 16) {
-            const __mmask16 mask = tail_mask16(d - i);
-            const __m512 vv = load16_kv(v, dtype, c * ldv + i, d - i);
+            for (int j = 0; j < KEY_GROUP; j++)
+                a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
+            int64_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                __m512 y = _mm512_loadu_ps(o[r] + i);
 #pragma GCC unroll 8
-            for (int r = 0; r < ENG__STREAM_ROWS; r++) {
-                if (r >= rows)
-                    break;
-                __m512 y = _mm512_fmadd_ps(a[r], vv, _mm512_maskz_loadu_ps(mask, o[r] + i));
+                for (int j = 0; j < keys; j++)
+                    y = _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i), y);
+                _mm512_storeu_ps(o[r] + i, y);
+            }
+            if (i < d) {
+                const __mmask16 mask = tail_mask16(d - i);
+                __m512 y = _mm512_maskz_loadu_ps(mask, o[r] + i);
+#pragma GCC unroll 8
+                for (int j = 0; j < keys; j++)
+                    y = _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, i, d - i), y);
                 _mm512_mask_storeu_ps(o[r] + i, mask, y);
+            }
+        }
+    }
+}
+
+/* bf16 rows of a multiple of 32 (the common head sizes): 32 values load as 16 32-bit words, a
+ * word shifted left by 16 is the float of its even element and the word with its low half
+ * cleared that of its odd one, so a row costs one load and two integer operations per 32
+ * values, no widening shuffle; q (or o) is split into even and odd lanes once per query row and
+ * key group instead. */
+AVX512 static inline void split_even_odd(const float *x, __m512 *even, __m512 *odd)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    *even = _mm512_permutex2var_ps(lo, ie, hi);
+    *odd = _mm512_permutex2var_ps(lo, io, hi);
+}
+
+AVX512 static void dots_rows_bf16_pairs(const float *const *q, int rows, const uint16_t *k,
+                                        int64_t ldk, int64_t n, int64_t d, float scale, float *s,
+                                        int64_t lds)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *kr[KEY_GROUP];
+        group_rows(k, sizeof *k, ldk, c0, keys, kr);
+        for (int r = 0; r < rows; r++) {
+            __m512 acc[KEY_GROUP];
+#pragma GCC unroll 8
+            for (int j = 0; j < KEY_GROUP; j++)
+                acc[j] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < d; i += 32) {
+                __m512 qe, qo;
+                split_even_odd(q[r] + i, &qe, &qo);
+#pragma GCC unroll 8
+                for (int j = 0; j < KEY_GROUP; j++) {
+                    __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)kr[j] + i));
+                    acc[j] = _mm512_fmadd_ps(qe, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+                                             acc[j]);
+                    acc[j] = _mm512_fmadd_ps(qo, _mm512_castsi512_ps(_mm512_and_si512(x, high)),
+                                             acc[j]);
+                }
+            }
+            const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
+            _mm512_mask_storeu_ps(s + r * lds + c0, tail_mask16(keys), sums);
+        }
+    }
+}
+
+AVX512 static void axpys_rows_bf16_pairs(float *const *o, int rows, const float *p, int64_t ldp,
+                                         const uint16_t *v, int64_t ldv, int64_t n, int64_t d)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i lo_idx =
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *vr[KEY_GROUP];
+        group_rows(v, sizeof *v, ldv, c0, keys, vr);
+        for (int r = 0; r < rows; r++) {
+            __m512 a[KEY_GROUP];
+#pragma GCC unroll 8
+            for (int j = 0; j < KEY_GROUP; j++)
+                a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
+            for (int64_t i = 0; i < d; i += 32) {
+                float *out = o[r] + i;
+                __m512 ye, yo;
+                split_even_odd(out, &ye, &yo);
+#pragma GCC unroll 8
+                for (int j = 0; j < keys; j++) {
+                    __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)vr[j] + i));
+                    ye = _mm512_fmadd_ps(a[j], _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), ye);
+                    yo = _mm512_fmadd_ps(a[j], _mm512_castsi512_ps(_mm512_and_si512(x, high)), yo);
+                }
+                _mm512_storeu_ps(out, _mm512_permutex2var_ps(ye, lo_idx, yo));
+                _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(ye, hi_idx, yo));
             }
         }
     }
@@ -679,7 +843,9 @@ AVX512 static void dots_rows_avx512(const float *const *q, int rows, const void 
                                     int64_t ldk, int64_t n, int64_t d, float scale, float *s,
                                     int64_t lds)
 {
-    if (dtype == ENG_DTYPE_BF16)
+    if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
+        dots_rows_bf16_pairs(q, rows, k, ldk, n, d, scale, s, lds);
+    else if (dtype == ENG_DTYPE_BF16)
         dots_rows_avx512_of(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
     else if (dtype == ENG_DTYPE_F16)
         dots_rows_avx512_of(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
@@ -691,7 +857,9 @@ AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, 
                                      const void *v, eng_dtype dtype, int64_t ldv, int64_t n,
                                      int64_t d)
 {
-    if (dtype == ENG_DTYPE_BF16)
+    if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
+        axpys_rows_bf16_pairs(o, rows, p, ldp, v, ldv, n, d);
+    else if (dtype == ENG_DTYPE_BF16)
         axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
     else if (dtype == ENG_DTYPE_F16)
         axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
