@@ -197,7 +197,7 @@ static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       ex
 static inline void group_rows(const void *x, size_t size, int64_t ld, int64_t c0, int64_t keys,
                               const char *rows[KEY_GROUP])
 {
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < KEY_GROUP; j++)
         rows[j] = (const char *)x + (size_t)((c0 + (j < keys ? j : keys - 1)) * ld) * size;
 }
@@ -404,7 +404,8 @@ AVX2 static inline __m256 hsum8x8(const __m256 acc[KEY_GROUP])
     __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
     __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
     __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 /* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
@@ -419,12 +420,12 @@ dots_rows_avx2_of(const float *const *q, int rows, const void *k, eng_dtype dtyp
         group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
         for (int r = 0; r < rows; r++) {
             __m256 acc[KEY_GROUP];
-            #pragma GCC unroll 8
+#pragma GCC unroll 8
             for (int j = 0; j < KEY_GROUP; j++)
                 acc[j] = _mm256_setzero_ps();
             for (int64_t i = 0; i < d; i += 8) {
                 const __m256 qv = _mm256_maskload_ps(q[r] + i, tail_mask8(d - i));
-                #pragma GCC unroll 8
+#pragma GCC unroll 8
                 for (int j = 0; j < KEY_GROUP; j++)
                     acc[j] = _mm256_fmadd_ps(qv, load8_kv(kr[j], dtype, i, d - i), acc[j]);
             }
@@ -446,13 +447,13 @@ axpys_rows_avx2_of(float *const *o, int rows, const float *p, int64_t ldp, const
         group_rows(v, kv_size(dtype), ldv, c0, keys, vr);
         for (int r = 0; r < rows; r++) {
             __m256 a[KEY_GROUP];
-            #pragma GCC unroll 8
+#pragma GCC unroll 8
             for (int j = 0; j < KEY_GROUP; j++)
                 a[j] = _mm256_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
             for (int64_t i = 0; i < d; i += 8) {
                 const __m256i mask = tail_mask8(d - i);
                 __m256 y = _mm256_maskload_ps(o[r] + i, mask);
-                #pragma GCC unroll 8
+#pragma GCC unroll 8
                 for (int j = 0; j < keys; j++)
                     y = _mm256_fmadd_ps(a[j], load8_kv(vr[j], dtype, i, d - i), y);
                 _mm256_maskstore_ps(o[r] + i, mask, y);
@@ -663,11 +664,11 @@ AVX512 static inline __m512 load16_kv(const void *x, eng_dtype dtype, int64_t i,
 AVX512 static inline __m512 hsum16x8(const __m512 acc[KEY_GROUP])
 {
     __m512 b[4], c[2];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < 4; j++)
         b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
                              _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xEE));
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < 2; j++)
         c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
                              _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xDD));
@@ -793,10 +794,10 @@ AVX512 static void dots_rows_bf16_pairs(const float *const *q, int rows, const u
 #pragma GCC unroll 8
                 for (int j = 0; j < KEY_GROUP; j++) {
                     __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)kr[j] + i));
-                    acc[j] = _mm512_fmadd_ps(qe, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
-                                             acc[j]);
-                    acc[j] = _mm512_fmadd_ps(qo, _mm512_castsi512_ps(_mm512_and_si512(x, high)),
-                                             acc[j]);
+                    acc[j] =
+                        _mm512_fmadd_ps(qe, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), acc[j]);
+                    acc[j] =
+                        _mm512_fmadd_ps(qo, _mm512_castsi512_ps(_mm512_and_si512(x, high)), acc[j]);
                 }
             }
             const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
