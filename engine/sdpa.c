@@ -18,19 +18,24 @@
  * window, kv_lengths, all-padding) are never computed, so causal work halves. When few (batch,
  * head, query block) tasks exist but the keys are many (decoding), the keys are split into chunks
  * computed in parallel and merged by their log-sum-exp. With grouped-query heads and few query
- * rows (decoding), one task takes every query head of a kv group: each K/V block is read (and
- * packed) once, and its operands serve the group's heads in turn, each head's rows keeping their
- * own head for ALiBi, masks and outputs. Weights, when asked for, are a second pass
- * that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not exp(s
- * - lse): lse rounded to float loses log(l) next to scores of 1e9).
+ * rows (decoding), one task takes every query head of a kv group: each K/V block is read once,
+ * and serves the group's heads in turn, each head's rows keeping their own head for ALiBi,
+ * masks and outputs. A task of at most ENG__STREAM_ROWS rows in all (a decode step: a kv
+ * group's heads times one or a few query rows) packs nothing: it streams the raw K and V rows
+ * through the vector kernels' multi-row dot products and sums (dots_rows, axpys_rows), each
+ * row loaded once for all the task's query rows, so that the cache is read at memory speed
+ * (a pass over an L2-resident block per head, or packing it for register tiles of which the
+ * rows fill a third, took longer than the read itself). Weights, when asked for, are a second
+ * pass that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l
+ * (not exp(s - lse): lse rounded to float loses log(l) next to scores of 1e9).
  *
  * K and V come from a source: the caller's views (eng_sdpa), or the block table of a paged KV
  * cache (eng__sdpa_paged, for engine/kvcache.c), whose rows are contiguous only inside a cache
  * block and may be bf16 or f16. The loop is the same: a key block ends at a cache-block
  * boundary when its rows are read in place (block_cols, source_rows), prepacking goes a cache
  * block at a time into panels that then span cache blocks, a 16-bit block is widened into the
- * task's scratch for the products, and one or two query rows (decoding) read 16-bit rows in
- * place through the vector kernels' dot and axpy over bf16/f16.
+ * task's scratch for the products, and a streaming task reads 16-bit rows in place, widened
+ * by the vector kernels as they load them.
  */
 #include <float.h>
 #include <limits.h>

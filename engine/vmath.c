@@ -134,10 +134,22 @@ static inline float kv_elem(const void *x, eng_dtype dtype, int64_t i)
     }
 }
 
+/* Calls fn(DT, ...) with DT the constant equal to dtype, so that an always_inline body is
+ * compiled once per dtype and branches on it only once per call. */
+#define BY_KV_DTYPE(dtype, fn, ...)                                                                \
+    do {                                                                                           \
+        if ((dtype) == ENG_DTYPE_BF16)                                                             \
+            fn(ENG_DTYPE_BF16, __VA_ARGS__);                                                       \
+        else if ((dtype) == ENG_DTYPE_F16)                                                         \
+            fn(ENG_DTYPE_F16, __VA_ARGS__);                                                        \
+        else                                                                                       \
+            fn(ENG_DTYPE_F32, __VA_ARGS__);                                                        \
+    } while (0)
+
 /* Key-outer, so that a K or V row is fetched once and then read from L1 by every query row.
  * The bodies are inlined once per dtype (the callers' switch), so no branch runs per element. */
 static inline __attribute__((always_inline)) void
-dots_rows_generic(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+dots_rows_generic(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
                   int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
     for (int64_t c = 0; c < n; c++)
@@ -150,8 +162,8 @@ dots_rows_generic(const float *const *q, int rows, const void *k, eng_dtype dtyp
 }
 
 static inline __attribute__((always_inline)) void
-axpys_rows_generic(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
-                   eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
+axpys_rows_generic(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
+                   const void *v, int64_t ldv, int64_t n, int64_t d)
 {
     for (int64_t c = 0; c < n; c++)
         for (int r = 0; r < rows; r++) {
@@ -164,23 +176,13 @@ axpys_rows_generic(float *const *o, int rows, const float *p, int64_t ldp, const
 static void dots_rows_scalar(const float *const *q, int rows, const void *k, eng_dtype dtype,
                              int64_t ldk, int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
-    if (dtype == ENG_DTYPE_BF16)
-        dots_rows_generic(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
-    else if (dtype == ENG_DTYPE_F16)
-        dots_rows_generic(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
-    else
-        dots_rows_generic(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
+    BY_KV_DTYPE(dtype, dots_rows_generic, q, rows, k, ldk, n, d, scale, s, lds);
 }
 
 static void axpys_rows_scalar(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
                               eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
 {
-    if (dtype == ENG_DTYPE_BF16)
-        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
-    else if (dtype == ENG_DTYPE_F16)
-        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
-    else
-        axpys_rows_generic(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
+    BY_KV_DTYPE(dtype, axpys_rows_generic, o, rows, p, ldp, v, ldv, n, d);
 }
 
 static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
@@ -411,7 +413,7 @@ AVX2 static inline __m256 hsum8x8(const __m256 acc[KEY_GROUP])
 /* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
  * whose rows the group's first query row brought into L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
-dots_rows_avx2_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+dots_rows_avx2_of(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
                   int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
     for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
@@ -438,8 +440,8 @@ dots_rows_avx2_of(const float *const *q, int rows, const void *k, eng_dtype dtyp
 /* Query row by query row over a key group: each chunk of o takes the group's keys in order,
  * in a register, while the group's V rows stay in L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
-axpys_rows_avx2_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
-                   eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
+axpys_rows_avx2_of(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
+                   const void *v, int64_t ldv, int64_t n, int64_t d)
 {
     for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
         const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
@@ -466,24 +468,14 @@ AVX2_F16C static void dots_rows_avx2(const float *const *q, int rows, const void
                                      eng_dtype dtype, int64_t ldk, int64_t n, int64_t d,
                                      float scale, float *s, int64_t lds)
 {
-    if (dtype == ENG_DTYPE_BF16)
-        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
-    else if (dtype == ENG_DTYPE_F16)
-        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
-    else
-        dots_rows_avx2_of(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
+    BY_KV_DTYPE(dtype, dots_rows_avx2_of, q, rows, k, ldk, n, d, scale, s, lds);
 }
 
 AVX2_F16C static void axpys_rows_avx2(float *const *o, int rows, const float *p, int64_t ldp,
                                       const void *v, eng_dtype dtype, int64_t ldv, int64_t n,
                                       int64_t d)
 {
-    if (dtype == ENG_DTYPE_BF16)
-        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
-    else if (dtype == ENG_DTYPE_F16)
-        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
-    else
-        axpys_rows_avx2_of(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
+    BY_KV_DTYPE(dtype, axpys_rows_avx2_of, o, rows, p, ldp, v, ldv, n, d);
 }
 
 static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
@@ -694,7 +686,7 @@ AVX512 static inline __m512 load16_kv_full(const void *x, eng_dtype dtype, int64
 /* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
  * whose rows the group's first query row brought into L1. */
 AVX512 static inline __attribute__((always_inline)) void
-dots_rows_avx512_of(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,
+dots_rows_avx512_of(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
                     int64_t n, int64_t d, float scale, float *s, int64_t lds)
 {
     for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
@@ -728,8 +720,8 @@ dots_rows_avx512_of(const float *const *q, int rows, const void *k, eng_dtype dt
 /* Query row by query row over a key group: each chunk of o takes the group's keys in order,
  * in a register, while the group's V rows stay in L1. */
 AVX512 static inline __attribute__((always_inline)) void
-axpys_rows_avx512_of(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
-                     eng_dtype dtype, int64_t ldv, int64_t n, int64_t d)
+axpys_rows_avx512_of(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
+                     const void *v, int64_t ldv, int64_t n, int64_t d)
 {
     for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
         const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
@@ -846,12 +838,8 @@ AVX512 static void dots_rows_avx512(const float *const *q, int rows, const void 
 {
     if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
         dots_rows_bf16_pairs(q, rows, k, ldk, n, d, scale, s, lds);
-    else if (dtype == ENG_DTYPE_BF16)
-        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_BF16, ldk, n, d, scale, s, lds);
-    else if (dtype == ENG_DTYPE_F16)
-        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_F16, ldk, n, d, scale, s, lds);
     else
-        dots_rows_avx512_of(q, rows, k, ENG_DTYPE_F32, ldk, n, d, scale, s, lds);
+        BY_KV_DTYPE(dtype, dots_rows_avx512_of, q, rows, k, ldk, n, d, scale, s, lds);
 }
 
 AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, int64_t ldp,
@@ -860,12 +848,8 @@ AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, 
 {
     if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
         axpys_rows_bf16_pairs(o, rows, p, ldp, v, ldv, n, d);
-    else if (dtype == ENG_DTYPE_BF16)
-        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_BF16, ldv, n, d);
-    else if (dtype == ENG_DTYPE_F16)
-        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_F16, ldv, n, d);
     else
-        axpys_rows_avx512_of(o, rows, p, ldp, v, ENG_DTYPE_F32, ldv, n, d);
+        BY_KV_DTYPE(dtype, axpys_rows_avx512_of, o, rows, p, ldp, v, ldv, n, d);
 }
 
 static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
