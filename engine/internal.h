@@ -44,7 +44,9 @@ typedef struct {
      * rows, each K or V row loaded once for all of them, so that few rows read the cache at
      * memory speed. K and V rows are of `dtype` (F32, BF16 or F16, widened exactly), row
      * stride ld elements, d long; q[r] and o[r] are fp32 rows of d. A row's result does not
-     * depend on the other rows or on `rows`: one row recomputed alone gets the same bits.
+     * depend on the other rows or on `rows`: one row recomputed alone gets the same bits; and
+     * 16-bit rows give the bits of fp32 rows of the same values (the same sums, in the same
+     * order, of exactly widened elements).
      * dots_rows: s[r lds + c] = scale * (q[r] . k_c). axpys_rows: o[r] += sum_c p[r ldp + c] v_c,
      * keys in order. */
     void (*dots_rows)(const float *const *q, int rows, const void *k, eng_dtype dtype, int64_t ldk,

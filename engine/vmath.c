@@ -752,104 +752,18 @@ axpys_rows_avx512_of(eng_dtype dtype, float *const *o, int rows, const float *p,
     }
 }
 
-/* bf16 rows of a multiple of 32 (the common head sizes): 32 values load as 16 32-bit words, a
- * word shifted left by 16 is the float of its even element and the word with its low half
- * cleared that of its odd one, so a row costs one load and two integer operations per 32
- * values, no widening shuffle; q (or o) is split into even and odd lanes once per query row and
- * key group instead. */
-AVX512 static inline void split_even_odd(const float *x, __m512 *even, __m512 *odd)
-{
-    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-    *even = _mm512_permutex2var_ps(lo, ie, hi);
-    *odd = _mm512_permutex2var_ps(lo, io, hi);
-}
-
-AVX512 static void dots_rows_bf16_pairs(const float *const *q, int rows, const uint16_t *k,
-                                        int64_t ldk, int64_t n, int64_t d, float scale, float *s,
-                                        int64_t lds)
-{
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
-        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
-        const char *kr[KEY_GROUP];
-        group_rows(k, sizeof *k, ldk, c0, keys, kr);
-        for (int r = 0; r < rows; r++) {
-            __m512 acc[KEY_GROUP];
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                acc[j] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < d; i += 32) {
-                __m512 qe, qo;
-                split_even_odd(q[r] + i, &qe, &qo);
-#pragma GCC unroll 8
-                for (int j = 0; j < KEY_GROUP; j++) {
-                    __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)kr[j] + i));
-                    acc[j] =
-                        _mm512_fmadd_ps(qe, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), acc[j]);
-                    acc[j] =
-                        _mm512_fmadd_ps(qo, _mm512_castsi512_ps(_mm512_and_si512(x, high)), acc[j]);
-                }
-            }
-            const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
-            _mm512_mask_storeu_ps(s + r * lds + c0, tail_mask16(keys), sums);
-        }
-    }
-}
-
-AVX512 static void axpys_rows_bf16_pairs(float *const *o, int rows, const float *p, int64_t ldp,
-                                         const uint16_t *v, int64_t ldv, int64_t n, int64_t d)
-{
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    const __m512i lo_idx =
-        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi_idx =
-        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
-        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
-        const char *vr[KEY_GROUP];
-        group_rows(v, sizeof *v, ldv, c0, keys, vr);
-        for (int r = 0; r < rows; r++) {
-            __m512 a[KEY_GROUP];
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
-            for (int64_t i = 0; i < d; i += 32) {
-                float *out = o[r] + i;
-                __m512 ye, yo;
-                split_even_odd(out, &ye, &yo);
-#pragma GCC unroll 8
-                for (int j = 0; j < keys; j++) {
-                    __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)vr[j] + i));
-                    ye = _mm512_fmadd_ps(a[j], _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), ye);
-                    yo = _mm512_fmadd_ps(a[j], _mm512_castsi512_ps(_mm512_and_si512(x, high)), yo);
-                }
-                _mm512_storeu_ps(out, _mm512_permutex2var_ps(ye, lo_idx, yo));
-                _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(ye, hi_idx, yo));
-            }
-        }
-    }
-}
-
 AVX512 static void dots_rows_avx512(const float *const *q, int rows, const void *k, eng_dtype dtype,
                                     int64_t ldk, int64_t n, int64_t d, float scale, float *s,
                                     int64_t lds)
 {
-    if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
-        dots_rows_bf16_pairs(q, rows, k, ldk, n, d, scale, s, lds);
-    else
-        BY_KV_DTYPE(dtype, dots_rows_avx512_of, q, rows, k, ldk, n, d, scale, s, lds);
+    BY_KV_DTYPE(dtype, dots_rows_avx512_of, q, rows, k, ldk, n, d, scale, s, lds);
 }
 
 AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, int64_t ldp,
                                      const void *v, eng_dtype dtype, int64_t ldv, int64_t n,
                                      int64_t d)
 {
-    if (dtype == ENG_DTYPE_BF16 && d % 32 == 0)
-        axpys_rows_bf16_pairs(o, rows, p, ldp, v, ldv, n, d);
-    else
-        BY_KV_DTYPE(dtype, axpys_rows_avx512_of, o, rows, p, ldp, v, ldv, n, d);
+    BY_KV_DTYPE(dtype, axpys_rows_avx512_of, o, rows, p, ldp, v, ldv, n, d);
 }
 
 static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,

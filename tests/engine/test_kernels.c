@@ -519,6 +519,17 @@ static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t
                        ref);
             }
         }
+        if (dtype != ENG_DTYPE_F32) { /* 16-bit rows: the bits of fp32 rows of their values */
+            float s32[ENG__STREAM_ROWS * ROWS_N], o16[ENG__STREAM_ROWS][ROWS_D];
+            memcpy(o16, o, sizeof o);
+            memset(o, 0, sizeof o);
+            ops->dots_rows(qp, rows, kf, ENG_DTYPE_F32, ROWS_LD, ROWS_N, d, 0.5f, s32, ROWS_N);
+            ops->axpys_rows(op, rows, &p[0][0], 8, kf, ENG_DTYPE_F32, ROWS_LD, ROWS_N, d);
+            CHECKF(memcmp(s, s32, (size_t)(rows * ROWS_N) * sizeof(float)) == 0 &&
+                       memcmp(o16, o, sizeof o) == 0,
+                   "%s dtype %d d=%lld rows=%d: 16-bit rows differ from fp32 rows of their values",
+                   ops->name, (int)dtype, (long long)d, rows);
+        }
         for (int r = rows; r < ENG__STREAM_ROWS; r++) /* rows past `rows` are never written */
             for (int64_t i = 0; i < d; i++)
                 CHECKF(o[r][i] == 0.0f, "%s axpys_rows wrote row %d of %d", ops->name, r, rows);
