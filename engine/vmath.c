@@ -683,71 +683,120 @@ AVX512 static inline __m512 load16_kv_full(const void *x, eng_dtype dtype, int64
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
- * whose rows the group's first query row brought into L1. */
+/* 16-bit K or V rows of at most this many elements are widened once per key group when several
+ * query rows read them (a stack buffer of KEY_GROUP rows), instead of once per query row. */
+#define WIDEN_MAX 256
+
+/* The key group's rows widened to fp32 rows of d at dst (row j at dst + j d), rows[] pointed
+ * at them. */
 AVX512 static inline __attribute__((always_inline)) void
-dots_rows_avx512_of(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
-                    int64_t n, int64_t d, float scale, float *s, int64_t lds)
+widen_group_avx512(eng_dtype dtype, const char *rows[KEY_GROUP], int64_t d, float *dst)
 {
-    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
-        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
-        const char *kr[KEY_GROUP];
-        group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
-        for (int r = 0; r < rows; r++) {
-            __m512 acc[KEY_GROUP];
+    for (int j = 0; j < KEY_GROUP; j++) {
+        float *out = dst + j * d;
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16)
+            _mm512_storeu_ps(out + i, load16_kv_full(rows[j], dtype, i));
+        if (i < d)
+            _mm512_mask_storeu_ps(out + i, tail_mask16(d - i), load16_kv(rows[j], dtype, i, d - i));
+        rows[j] = (const char *)out;
+    }
+}
+
+/* The scores of `rows` query rows against one key group (rows kr of `dtype`), at s (row
+ * stride lds): query row by query row, each chunk of q feeding the eight keys' accumulators,
+ * whose rows stay in L1 once the first query row brought them. */
+AVX512 static inline __attribute__((always_inline)) void
+dots_group_avx512(eng_dtype dtype, const float *const *q, int rows, const char *const *kr,
+                  int64_t keys, int64_t d, float scale, float *s, int64_t lds)
+{
+    for (int r = 0; r < rows; r++) {
+        __m512 acc[KEY_GROUP];
+#pragma GCC unroll 8
+        for (int j = 0; j < KEY_GROUP; j++)
+            acc[j] = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) {
+            const __m512 qv = _mm512_loadu_ps(q[r] + i);
 #pragma GCC unroll 8
             for (int j = 0; j < KEY_GROUP; j++)
-                acc[j] = _mm512_setzero_ps();
-            int64_t i = 0;
-            for (; i + 16 <= d; i += 16) {
-                const __m512 qv = _mm512_loadu_ps(q[r] + i);
+                acc[j] = _mm512_fmadd_ps(qv, load16_kv_full(kr[j], dtype, i), acc[j]);
+        }
+        if (i < d) {
+            const __m512 qv = _mm512_maskz_loadu_ps(tail_mask16(d - i), q[r] + i);
 #pragma GCC unroll 8
-                for (int j = 0; j < KEY_GROUP; j++)
-                    acc[j] = _mm512_fmadd_ps(qv, load16_kv_full(kr[j], dtype, i), acc[j]);
-            }
-            if (i < d) {
-                const __m512 qv = _mm512_maskz_loadu_ps(tail_mask16(d - i), q[r] + i);
+            for (int j = 0; j < KEY_GROUP; j++)
+                acc[j] = _mm512_fmadd_ps(qv, load16_kv(kr[j], dtype, i, d - i), acc[j]);
+        }
+        const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
+        _mm512_mask_storeu_ps(s + r * lds, tail_mask16(keys), sums);
+    }
+}
+
+/* o[r] += the group's keys' p-weighted V rows (kr of `dtype`) in order: query row by query row,
+ * each chunk of o in a register. */
+AVX512 static inline __attribute__((always_inline)) void
+axpys_group_avx512(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
+                   const char *const *vr, int64_t keys, int64_t d)
+{
+    for (int r = 0; r < rows; r++) {
+        __m512 a[KEY_GROUP];
 #pragma GCC unroll 8
-                for (int j = 0; j < KEY_GROUP; j++)
-                    acc[j] = _mm512_fmadd_ps(qv, load16_kv(kr[j], dtype, i, d - i), acc[j]);
-            }
-            const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
-            _mm512_mask_storeu_ps(s + r * lds + c0, tail_mask16(keys), sums);
+        for (int j = 0; j < KEY_GROUP; j++)
+            a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + j] : 0.0f);
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) {
+            __m512 y = _mm512_loadu_ps(o[r] + i);
+#pragma GCC unroll 8
+            for (int j = 0; j < keys; j++)
+                y = _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i), y);
+            _mm512_storeu_ps(o[r] + i, y);
+        }
+        if (i < d) {
+            const __mmask16 mask = tail_mask16(d - i);
+            __m512 y = _mm512_maskz_loadu_ps(mask, o[r] + i);
+#pragma GCC unroll 8
+            for (int j = 0; j < keys; j++)
+                y = _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, i, d - i), y);
+            _mm512_mask_storeu_ps(o[r] + i, mask, y);
         }
     }
 }
 
-/* Query row by query row over a key group: each chunk of o takes the group's keys in order,
- * in a register, while the group's V rows stay in L1. */
+/* Key group by key group; 16-bit rows read by several query rows are widened once first (the
+ * same fp32 values in the same order: the same bits). */
+AVX512 static inline __attribute__((always_inline)) void
+dots_rows_avx512_of(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
+                    int64_t n, int64_t d, float scale, float *s, int64_t lds)
+{
+    float wide[KEY_GROUP * WIDEN_MAX];
+    for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
+        const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
+        const char *kr[KEY_GROUP];
+        group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
+        if (dtype != ENG_DTYPE_F32 && rows > 1 && d <= WIDEN_MAX) {
+            widen_group_avx512(dtype, kr, d, wide);
+            dots_group_avx512(ENG_DTYPE_F32, q, rows, kr, keys, d, scale, s + c0, lds);
+        } else {
+            dots_group_avx512(dtype, q, rows, kr, keys, d, scale, s + c0, lds);
+        }
+    }
+}
+
 AVX512 static inline __attribute__((always_inline)) void
 axpys_rows_avx512_of(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
                      const void *v, int64_t ldv, int64_t n, int64_t d)
 {
+    float wide[KEY_GROUP * WIDEN_MAX];
     for (int64_t c0 = 0; c0 < n; c0 += KEY_GROUP) {
         const int64_t keys = n - c0 < KEY_GROUP ? n - c0 : KEY_GROUP;
         const char *vr[KEY_GROUP];
         group_rows(v, kv_size(dtype), ldv, c0, keys, vr);
-        for (int r = 0; r < rows; r++) {
-            __m512 a[KEY_GROUP];
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
-            int64_t i = 0;
-            for (; i + 16 <= d; i += 16) {
-                __m512 y = _mm512_loadu_ps(o[r] + i);
-#pragma GCC unroll 8
-                for (int j = 0; j < keys; j++)
-                    y = _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i), y);
-                _mm512_storeu_ps(o[r] + i, y);
-            }
-            if (i < d) {
-                const __mmask16 mask = tail_mask16(d - i);
-                __m512 y = _mm512_maskz_loadu_ps(mask, o[r] + i);
-#pragma GCC unroll 8
-                for (int j = 0; j < keys; j++)
-                    y = _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, i, d - i), y);
-                _mm512_mask_storeu_ps(o[r] + i, mask, y);
-            }
+        if (dtype != ENG_DTYPE_F32 && rows > 1 && d <= WIDEN_MAX) {
+            widen_group_avx512(dtype, vr, d, wide);
+            axpys_group_avx512(ENG_DTYPE_F32, o, rows, p + c0, ldp, vr, keys, d);
+        } else {
+            axpys_group_avx512(dtype, o, rows, p + c0, ldp, vr, keys, d);
         }
     }
 }

@@ -467,8 +467,8 @@ static float kv_value(eng_dtype dtype, float x, uint16_t *bits)
 }
 
 #define ROWS_N  5   /* keys per call */
-#define ROWS_D  130 /* longest row: whole vectors of both ISAs and a tail */
-#define ROWS_LD 133 /* row stride: rows start unaligned */
+#define ROWS_D  260 /* longest row: past the widening buffer of the avx512 kernels (256) */
+#define ROWS_LD 263 /* row stride: rows start unaligned */
 
 /* The decoding kernels of one variant and dtype on one row length d: every row count up to
  * ENG__STREAM_ROWS against float64, and each row computed alone gives the same bits. */
@@ -541,7 +541,7 @@ static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t
 static void test_vector_rows_dots_and_axpys(void)
 {
     static const char *const variants[] = {"scalar", "avx2", "avx512"};
-    static const int64_t lengths[] = {1, 7, 8, 15, 16, 17, 33, 64, 128, 130};
+    static const int64_t lengths[] = {1, 7, 8, 15, 16, 17, 33, 64, 128, 130, 256, 257};
     static const eng_dtype dtypes[] = {ENG_DTYPE_F32, ENG_DTYPE_BF16, ENG_DTYPE_F16};
     uint64_t rng = 5;
     for (int v = 0; v < 3; v++) {
