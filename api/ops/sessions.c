@@ -495,10 +495,13 @@ void api__session_set_name(api_sessions *reg, api__session *s, const char *name)
     pthread_mutex_unlock(&reg->lock);
 }
 
-void api__session_set_model(api_sessions *reg, api__session *s, const char *model)
+void api__session_set_model(api_sessions *reg, api__session *s, const char *model,
+                            const api__session_positions *positions)
 {
     pthread_mutex_lock(&reg->lock);
     snprintf(s->model, sizeof s->model, "%s", model);
+    if (positions)
+        s->positions = *positions;
     pthread_mutex_unlock(&reg->lock);
 }
 

@@ -155,7 +155,7 @@ static int sequence_add(v2_job *job, eng_kv_seq *seq, int64_t heads, const char 
         return -1;
     api__session_set_name(reg, s, name);
     if (model)
-        api__session_set_model(reg, s, model);
+        api__session_set_model(reg, s, model, NULL);
     memcpy(job->session, s->id, sizeof job->session);
     api__session_release(reg, s);
     return 0;
