@@ -396,17 +396,10 @@ static int session_check(api__layer *s, api__error *err)
         return api__error_invalid(err, "causal",
                                   "the new tokens of a session step are its last positions: "
                                   "causal is bottom_right (true) or false, not top_left");
-    int64_t length = eng_kv_seq_length(ss->seq);
-    if (r->expect_set && r->expect_length != length)
-        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
-                              "the session holds %lld tokens but the step expects %lld (a retry "
-                              "of a step that was applied?); nothing was appended",
-                              (long long)length, (long long)r->expect_length);
-    if (ss->shape.max_tokens > 0 && s->L > ss->shape.max_tokens - length)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "input",
-                              "appending %lld tokens to the %lld the session holds would pass "
-                              "its max_tokens (%lld)",
-                              (long long)s->L, (long long)length, (long long)ss->shape.max_tokens);
+    int64_t length;
+    if (api__session_check_append(ss, r->expect_set, r->expect_length, s->L, "input", &length,
+                                  err) != 0)
+        return -1;
     s->S = length + s->L;
     return 0;
 }

@@ -139,6 +139,12 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
 int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,
                           const eng_error *e, const char *field, api__error *err);
 
+/* Whether the acquired session s takes `n_new` tokens (named `field`) as a step that expects its
+ * length to be expect_length (when expect_set): 409 when it is not (a retried step), 413 past
+ * max_tokens. 0 with the length in *length. */
+int api__session_check_append(const api__session *s, bool expect_set, int64_t expect_length,
+                              int64_t n_new, const char *field, int64_t *length, api__error *err);
+
 /* ---- The step --------------------------------------------------------------------------- */
 
 /* One step of a session: a route fills r (tensors probed; options), expect_length, sets
