@@ -311,12 +311,13 @@ static void run_order(bool string_ids)
             snprintf(id, sizeof id, "\"chat-%d\"", 100 + round);
         else
             snprintf(id, sizeof id, "%d", 100 + round);
+        /* Before any step of the round can have run. */
+        double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
         if (!blockers_start(blockers))
             return;
         bool valid = burst_send(id, st, fds);
         blockers_stop(blockers);
         if (valid) {
-            double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
             burst_check(id, st, fds);
             check_ended(id);
             /* All but the refused, timed-out and abandoned steps count as session steps, and the
