@@ -8,7 +8,8 @@
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
  * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa.c): S = Q K^T over
- * two K^T panels at once, and O += P V over two V panels, whole key range in one depth. One
+ * two K^T panels at once, and O += P V over two V panels, whole key range in one depth; and
+ * the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of panels. One
  * broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24 FMAs, each
  * row of A is read once per 64 columns instead of once per 32, and a tile of one or two rows
  * (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model 207,
