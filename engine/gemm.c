@@ -54,19 +54,25 @@ static inline void b_row(float *dst, const void *b, bool bits, int64_t at, int64
 }
 
 /* Packs B[p0..p0+kc) x [j0..j0+nc) (row stride ldb; [n x k] rows of B^T when b_trans) into
- * panels of NR columns: panel q holds rows p of NR consecutive columns, zero past column n. B's
- * elements are fp32, or bf16 bits when `bits`: the element fetch (b_element, b_row) is all that
- * differs between the GEMM's packing and that of bf16 views. Inlined at each call (forced: gcc
- * declines three copies), so that the constant `bits` picks the loop there and the GEMM's own
- * packing stays a plain fp32 copy, with no test per element. */
-static inline __attribute__((always_inline)) void pack_b(int64_t nr, const void *b, bool bits,
-                                                         int64_t ldb, bool b_trans, int64_t p0,
-                                                         int64_t kc, int64_t j0, int64_t nc,
-                                                         float *dst)
+ * panels of set ks's NR columns: panel q holds rows p of NR consecutive columns, zero past
+ * column n. B's elements are fp32, or bf16 bits when `bits`: the element fetch (b_element,
+ * b_row) is all that differs between the GEMM's packing and that of bf16 views. Inlined at
+ * each call (forced: gcc declines three copies), so that the constant `bits` picks the loop
+ * there and the GEMM's own packing stays a plain fp32 copy, with no test per element. The
+ * avx512 set transposes fp32 B^T rows in registers (eng__pack_trans_avx512): 3% of an E=512
+ * layer's time went to the scalar transposing copy (its weights, the attention's keys). */
+static inline __attribute__((always_inline)) void pack_b(const eng__kernels *ks, const void *b,
+                                                         bool bits, int64_t ldb, bool b_trans,
+                                                         int64_t p0, int64_t kc, int64_t j0,
+                                                         int64_t nc, float *dst)
 {
+    const int64_t nr = ks->nr;
+    const bool trans_avx512 = b_trans && !bits && ks->tile == eng__tile_avx512;
     for (int64_t q = 0; q < nc; q += nr, dst += kc * nr) {
         int64_t cols = min64(nr, nc - q);
-        if (b_trans) {
+        if (trans_avx512) {
+            eng__pack_trans_avx512((const float *)b + (j0 + q) * ldb + p0, ldb, kc, (int)cols, dst);
+        } else if (b_trans) {
             /* B^T rows: column j of B is row j of the input, read along its length. */
             if (cols < nr)
                 memset(dst, 0, (size_t)(kc * nr) * sizeof(float));
@@ -146,13 +152,13 @@ size_t eng__sgemm_panels_floats(const eng__kernels *ks, int64_t n, int64_t k)
 void eng__sgemm_pack_panels(const eng__kernels *ks, const float *b, int64_t ldb, bool b_trans,
                             int64_t k, int64_t n, float *dst)
 {
-    pack_b(ks->nr, b, false, ldb, b_trans, 0, k, 0, n, dst);
+    pack_b(ks, b, false, ldb, b_trans, 0, k, 0, n, dst);
 }
 
 void eng__sgemm_pack_panels16(const eng__kernels *ks, const uint16_t *b, int64_t ldb, bool b_trans,
                               int64_t k, int64_t n, float *dst)
 {
-    pack_b(ks->nr, b, true, ldb, b_trans, 0, k, 0, n, dst);
+    pack_b(ks, b, true, ldb, b_trans, 0, k, 0, n, dst);
 }
 
 static void sgemm_blas(const eng__gemm *g)
@@ -181,7 +187,7 @@ void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
                 const float *block = g->b_packed + j0 / ks->nr * g->b_panel_stride + p0 * ks->nr;
                 tiles(ks, g, p0, kc, j0, nc, beta, block, g->b_panel_stride, edge);
             } else {
-                pack_b(ks->nr, g->b, false, g->ldb, g->b_trans, p0, kc, j0, nc, pack);
+                pack_b(ks, g->b, false, g->ldb, g->b_trans, p0, kc, j0, nc, pack);
                 if (g->b_round_bf16)
                     ks->round_bf16(pack, kc * round_up(nc, ks->nr));
                 tiles(ks, g, p0, kc, j0, nc, beta, pack, kc * ks->nr, edge);

@@ -30,6 +30,13 @@ void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *
                            int64_t b_panel_stride, float *c, int64_t ldc, float alpha, float beta,
                            int m, int n);
 
+/* One packed panel of the avx512 set from B^T rows: dst[p * 32 + j] = b[j * ldb + p] for the
+ * first `cols` (1..32) rows j of b and depths p < k, zero in the columns past cols. dst is
+ * 64-byte aligned; b needs no alignment and only its first cols rows, k floats each, are
+ * read. 16 x 16 blocks transposed in registers, where the scalar packing wrote one float per
+ * element 128 bytes apart. Only call it where AVX-512F runs. */
+void eng__pack_trans_avx512(const float *b, int64_t ldb, int64_t k, int cols, float *dst);
+
 /* The first n of 16 lanes (none for n <= 0, all for n >= 16). */
 __attribute__((target("avx512f"))) static inline __mmask16 eng__lanes16(int n)
 {
