@@ -300,8 +300,6 @@ static void test_mha_steps_keep_arrival_order(void)
     char id[40], fields[96];
     uint64_t rng = 9;
     int64_t prefill = 256, expected[ORDER_STEPS], length = prefill;
-    /* The sanitizers read bodies several times slower: wait longer for each to arrive. */
-    int gap_ms = daemon_quick() ? 80 : 15;
     float *x = malloc((size_t)BIG_STEP * 64 * sizeof(float));
     for (int64_t i = 0; i < BIG_STEP * 64; i++)
         x[i] = (float)rng_sym(&rng, 1.0);
@@ -328,7 +326,9 @@ static void test_mha_steps_keep_arrival_order(void)
         expected[i] = length += big ? BIG_STEP : 1;
         fds[i] = send_raw("/v1/mha", body);
         free(body);
-        sleep_ms(gap_ms); /* the daemon's I/O thread reads it whole before the next one starts */
+        /* Admitted (read whole, its ticket taken) before the next is sent: a long body still
+         * being read could otherwise arrive after the short one sent behind it. */
+        CHECK(metric_wait(d.port, "attnd_queue_depth", i + 1, 60000));
     }
     close(blocker); /* the hang-up cancels it: the workers take the steps */
     for (int i = 0; i < ORDER_STEPS; i++) {
