@@ -146,7 +146,7 @@ static void test_routes(void)
     CHECK(metric_value(d.port, "attnd_session_step_seconds_count") >= 1);
 }
 
-/* K steps of one session sent on K connections, each after the one before it was sent whole:
+/* K steps of one session sent on K connections, each once the one before it was admitted:
  * each must have been appended in that order (its reply's "length" is base + i + 1), although
  * two workers take them from the queue. Each step attends many queries over a long cache, so
  * that they wait in the queue together. */
@@ -167,6 +167,7 @@ static void test_concurrent_steps_keep_arrival_order(void)
     CHECK_EQ_INT(r.status, 200);
     http_resp_free(&r);
 
+    double admitted = metric_value(d.port, "attnd_session_steps_admitted_total");
     int fds[ORDER_STEPS];
     for (int i = 0; i < ORDER_STEPS; i++) {
         body = step_body(256, 1, w, &rng);
@@ -178,7 +179,9 @@ static void test_concurrent_steps_keep_arrival_order(void)
         CHECK(fds[i] >= 0 && raw_send(fds[i], head, strlen(head)) == 0 &&
               raw_send(fds[i], body, strlen(body)) == 0);
         free(body);
-        sleep_ms(3); /* the daemon's I/O thread reads it before the next one starts */
+        /* Its ticket taken before the next is sent, else their arrival order is not ours. */
+        CHECKF(metric_wait(d.port, "attnd_session_steps_admitted_total", admitted + i + 1, 60000),
+               "step %d was never admitted", i);
     }
     for (int i = 0; i < ORDER_STEPS; i++) {
         bool closed = false;
