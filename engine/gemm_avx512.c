@@ -8,7 +8,8 @@
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
  * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa.c): S = Q K^T over
- * two K^T panels at once, and O += P V over two V panels, whole key range in one depth. One
+ * two K^T panels at once, and O += P V over two V panels, whole key range in one depth; and
+ * the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of panels. One
  * broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24 FMAs, each
  * row of A is read once per 64 columns instead of once per 32, and a tile of one or two rows
  * (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model 207,
@@ -89,4 +90,59 @@ AVX512 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const 
             eng__store_tile_row(c + r * ldc, acc[r][0], acc[r][1], al, beta, m0, m1);
             eng__store_tile_row(c + r * ldc + NR, acc[r][2], acc[r][3], al, beta, m2, m3);
         }
+}
+
+/* r[0..16) transposed in registers: row i of the result is column i of the input. Three
+ * rounds of shuffles, each within or across the 128-bit lanes. */
+AVX512 static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* Then r[4 i + c] holds rows 4i..4i+3 at column 4 l + c in its 128-bit lane l. */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    /* Lane l of the four registers r[c], r[4 + c], r[8 + c], r[12 + c] is column 4 l + c. */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512 even_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        __m512 odd_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        __m512 even_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        __m512 odd_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD);
+        t[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+AVX512 void eng__pack_trans_avx512(const float *b, int64_t ldb, int64_t k, int cols, float *dst)
+{
+    for (int64_t p0 = 0; p0 < k; p0 += 16) {
+        int depth = (int)(k - p0 < 16 ? k - p0 : 16);
+        __mmask16 along = eng__lanes16(depth);
+        for (int half = 0; half < NR; half += 16) {
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                r[i] = half + i < cols ? _mm512_maskz_loadu_ps(along, b + (half + i) * ldb + p0)
+                                       : _mm512_setzero_ps();
+            transpose16(r);
+            for (int i = 0; i < depth; i++)
+                _mm512_store_ps(dst + (p0 + i) * NR + half, r[i]);
+        }
+    }
 }

@@ -1,12 +1,13 @@
 /*
  * tile_avx512.h - what the AVX-512 micro-kernels (gemm_avx512.c, gemm_bf16_avx512.c) share:
  * the lane mask of a ragged tile edge and the store of one row of the 12 x 32 tile; and the
- * flash loop's wide 6 x 64 tile, which engine/sdpa.c calls directly for both of its products.
+ * wide 6 x 64 tile, which engine/sdpa.c calls directly for both of the flash loop's products
+ * and the GEMM driver (gemm.c) runs the avx512 set's products on.
  *
  *     __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
  *     eng__store_tile_row(c + r * ldc, acc0[r], acc1[r], _mm512_set1_ps(alpha), beta, m0, m1);
  *
- * Only those files include it; the functions carry the avx512f target, so that they inline
+ * Only they and gemm.c include it; the functions carry the avx512f target, so that they inline
  * into kernels compiled for AVX-512F (or a superset) in a binary built for any x86-64.
  */
 #ifndef ATTND_ENGINE_TILE_AVX512_H
@@ -19,7 +20,7 @@
 #define ENG__AVX512_WIDE_MR 6
 
 /* C[m x n] = alpha * A[m x k] B[k x 64] + beta * C with a 6 x 64 register tile (1 <= m <= 6,
- * 1 <= n <= 64), for the flash loop's products with B in the avx512 set's packed panels of 32
+ * 1 <= n <= 64), for products with B in the avx512 set's packed panels of 32
  * columns: B's columns [0, 32) are the panel at b (row p at b + 32 p, 64-byte aligned) and
  * [32, 64) the panel at b + b_panel_stride (0 when n <= 32 and no second panel exists), both
  * readable for k rows. A is row-major with row stride lda; only its first m rows are read.
@@ -28,6 +29,13 @@
 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *b,
                            int64_t b_panel_stride, float *c, int64_t ldc, float alpha, float beta,
                            int m, int n);
+
+/* One packed panel of the avx512 set from B^T rows: dst[p * 32 + j] = b[j * ldb + p] for the
+ * first `cols` (1..32) rows j of b and depths p < k, zero in the columns past cols. dst is
+ * 64-byte aligned; b needs no alignment and only its first cols rows, k floats each, are
+ * read. 16 x 16 blocks transposed in registers, where the scalar packing wrote one float per
+ * element 128 bytes apart. Only call it where AVX-512F runs. */
+void eng__pack_trans_avx512(const float *b, int64_t ldb, int64_t k, int cols, float *dst);
 
 /* The first n of 16 lanes (none for n <= 0, all for n >= 16). */
 __attribute__((target("avx512f"))) static inline __mmask16 eng__lanes16(int n)

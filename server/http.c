@@ -943,6 +943,25 @@ static bool admit(srv_server *s)
     return true;
 }
 
+/* Arrival order of a session's requests is admission order on this thread: each takes its
+ * ticket here. So does a step of a v2 sequence (ended by job_run like a session's ticket). */
+static void take_ticket(srv_server *s, srv_req *req, const api_peek *peek)
+{
+    const srv_route_def *rd = srv__route_def(req->route);
+    bool taken = false;
+    if (!s->sessions)
+        return;
+    if (rd->flags & SRV_ROUTE_SESSION)
+        taken = api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
+    else if ((rd->flags & SRV_ROUTE_BODY_SESSION) && peek->session[0])
+        taken = api_session_ticket_take(s->sessions, peek->session, &req->ticket);
+    if ((rd->flags & SRV_ROUTE_SEQUENCE) && peek->sequence_id)
+        taken = api_sequence_ticket_take(s->sessions, srv__param(&req->params, "model"),
+                                         peek->sequence_id, peek->sequence_id_len, &req->ticket);
+    if (taken)
+        srv__metrics_session_ticket(&s->metrics);
+}
+
 static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
@@ -976,15 +995,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
-    /* Arrival order of a session's requests is admission order on this thread. */
-    if ((rd->flags & SRV_ROUTE_SESSION) && s->sessions)
-        api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
-    else if ((rd->flags & SRV_ROUTE_BODY_SESSION) && s->sessions && peek.session[0])
-        api_session_ticket_take(s->sessions, peek.session, &req->ticket);
-    /* So is a v2 sequence's (ended by job_run like a session's ticket). */
-    if ((rd->flags & SRV_ROUTE_SEQUENCE) && s->sessions && peek.sequence_id)
-        api_sequence_ticket_take(s->sessions, srv__param(&req->params, "model"), peek.sequence_id,
-                                 peek.sequence_id_len, &req->ticket);
+    take_ticket(s, req, &peek);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {

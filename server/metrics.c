@@ -435,6 +435,11 @@ void srv__metrics_session_step(srv_metrics *m, int64_t compute_ns)
     hist_add(&m->session_step, compute_ns);
 }
 
+void srv__metrics_session_ticket(srv_metrics *m)
+{
+    atomic_fetch_add_explicit(&m->session_tickets, 1, memory_order_relaxed);
+}
+
 void srv__metrics_render_sessions(const srv_metrics *m, const api_sessions_stats *st, bool on,
                                   api_buf *b)
 {
@@ -463,6 +468,12 @@ void srv__metrics_render_sessions(const srv_metrics *m, const api_sessions_stats
                    (long long)st->live, (long long)st->created_total, (long long)st->evicted_ttl,
                    (long long)st->evicted_pressure, (long long)st->deleted, (long long)st->ended,
                    st->bytes_used, st->bytes_capacity, (long long)st->tokens);
+    api_buf_printf(b,
+                   "# HELP attnd_session_steps_admitted_total Requests on a session or a v2 "
+                   "sequence admitted in their order (the order their steps apply in)\n"
+                   "# TYPE attnd_session_steps_admitted_total counter\n"
+                   "attnd_session_steps_admitted_total %llu\n",
+                   (unsigned long long)load(&m->session_tickets));
     api_buf_cstr(b, "# HELP attnd_session_step_seconds Compute time of session steps\n"
                     "# TYPE attnd_session_step_seconds histogram\n");
     hist_render(b, "attnd_session_step_seconds", "", &m->session_step);

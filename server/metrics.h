@@ -73,6 +73,7 @@ typedef struct {
     atomic_uint_fast64_t slow_clients, hangups;
     srv_model_stats model[SRV_MODELS_MAX];
     srv_hist session_step; /* compute time of session steps (attention, truncate, fork) */
+    atomic_uint_fast64_t session_tickets; /* requests given their place in a session's order */
 } srv_metrics;
 
 /* Values sampled at scrape time. */
@@ -105,6 +106,9 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
 
 /* Counts the compute time of one session step that succeeded. */
 void srv__metrics_session_step(srv_metrics *m, int64_t compute_ns);
+/* Counts one request admitted with a ticket of a session or a v2 sequence (its place in the
+ * order in which their steps apply). */
+void srv__metrics_session_ticket(srv_metrics *m);
 /* Appends the attnd_sessions_* and attnd_kv_cache_* families (sessions off: nothing). */
 void srv__metrics_render_sessions(const srv_metrics *m, const api_sessions_stats *st, bool on,
                                   api_buf *b);

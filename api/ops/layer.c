@@ -321,6 +321,49 @@ static int session_fits_layer(const api__layer *s, api__error *err)
     return api__layer_cache_check(l, "model", err);
 }
 
+/* A session's keys were cached with its first step's positions: a step that gives no positional
+ * settings takes them, one that gives others is refused (its keys would be turned otherwise
+ * than the cached ones, and its queries would meet those at the wrong angles). */
+static int session_positions(api__layer *s, api__error *err)
+{
+    api__layer_req *r = &s->r;
+    const api__session_positions *p = &s->sess->positions;
+    if (!p->set)
+        return 0;
+    if (!r->positional_set && !r->rope_base_set && !r->rope_style_set) {
+        r->positional = p->positional;
+        r->rope_base_set = p->rope_base > 0;
+        r->rope_base = p->rope_base;
+        r->rope_style = p->rope_style;
+        return 0;
+    }
+    bool rope = p->positional == ENG_POSITIONAL_ROPE;
+    const char *other = r->positional != p->positional ? "positional"
+                        : rope && (r->rope_base_set ? r->rope_base : 0) != p->rope_base
+                            ? "rope_base"
+                        : rope && r->rope_style != p->rope_style ? "rope_style"
+                                                                 : NULL;
+    if (other)
+        return api__error_invalid(err, other,
+                                  "session %s holds keys with positional \"%s\" (from its first "
+                                  "step); a step cannot change its session's positions: give "
+                                  "the same ones or none",
+                                  s->sess->id, api__layer_positional_name(p->positional));
+    return 0;
+}
+
+/* After a session's first successful step: the positions its keys were cached with. */
+static void session_positions_keep(api__layer *s)
+{
+    api__session_positions *p = &s->sess->positions;
+    if (p->set)
+        return;
+    p->positional = s->r.positional;
+    p->rope_base = s->r.rope_base_set ? s->r.rope_base : 0;
+    p->rope_style = s->r.rope_style;
+    p->set = true;
+}
+
 /* What a step of one sequence over its cache cannot take, then the session's length: 409
  * expect_length, 413 max_tokens. Sets S to the keys the queries attend (cache and new). */
 static int session_check(api__layer *s, api__error *err)
@@ -353,17 +396,10 @@ static int session_check(api__layer *s, api__error *err)
         return api__error_invalid(err, "causal",
                                   "the new tokens of a session step are its last positions: "
                                   "causal is bottom_right (true) or false, not top_left");
-    int64_t length = eng_kv_seq_length(ss->seq);
-    if (r->expect_set && r->expect_length != length)
-        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
-                              "the session holds %lld tokens but the step expects %lld (a retry "
-                              "of a step that was applied?); nothing was appended",
-                              (long long)length, (long long)r->expect_length);
-    if (ss->shape.max_tokens > 0 && s->L > ss->shape.max_tokens - length)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "input",
-                              "appending %lld tokens to the %lld the session holds would pass "
-                              "its max_tokens (%lld)",
-                              (long long)s->L, (long long)length, (long long)ss->shape.max_tokens);
+    int64_t length;
+    if (api__session_check_append(ss, r->expect_set, r->expect_length, s->L, "input", &length,
+                                  err) != 0)
+        return -1;
     s->S = length + s->L;
     return 0;
 }
@@ -385,7 +421,9 @@ static int o_query_offset(void *req, const json_t *v, const char *name, api__err
 
 static int o_positional(void *req, const json_t *v, const char *name, api__error *err)
 {
-    return api__option_positional(v, name, &((api__layer_req *)req)->positional, err);
+    api__layer_req *r = req;
+    r->positional_set = !json_is_null(v);
+    return api__option_positional(v, name, &r->positional, err);
 }
 
 static int o_rope_base(void *req, const json_t *v, const char *name, api__error *err)
@@ -556,7 +594,8 @@ static int layer_check(void *op, api__error *err)
         return too_many(s, in, 0, overflow, err);
     api__req_set_deadline(s->rq, s->r.timeout_ms);
     if (s->r.session &&
-        api__session_acquire(s->rq->call->sessions, s->r.session, &s->sess, err) != 0)
+        (api__session_acquire(s->rq->call->sessions, s->r.session, &s->sess, err) != 0 ||
+         session_positions(s, err) != 0))
         return -1;
     if (s->r.causal == API_CAUSAL_UNSET)
         s->r.causal = causal_default(s);
@@ -678,6 +717,8 @@ static int layer_run(void *op, int64_t *compute_ns, api__error *err)
         return -1;
     if (s->sess)
         s->length = eng_kv_seq_length(s->sess->seq);
+    if (st == ENG_OK && s->sess)
+        session_positions_keep(s);
     if (st == ENG_OK)
         return 0;
     if (s->sess && api__session_too_long(reg, s->sess, st, &e, "input", err))

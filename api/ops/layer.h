@@ -41,6 +41,7 @@ typedef struct {
     bool offset_set;
     int64_t query_offset;
     api__window window;
+    bool positional_set;
     eng_positional positional;
     bool rope_base_set, rope_style_set;
     float rope_base;

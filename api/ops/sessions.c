@@ -495,10 +495,13 @@ void api__session_set_name(api_sessions *reg, api__session *s, const char *name)
     pthread_mutex_unlock(&reg->lock);
 }
 
-void api__session_set_model(api_sessions *reg, api__session *s, const char *model)
+void api__session_set_model(api_sessions *reg, api__session *s, const char *model,
+                            const api__session_positions *positions)
 {
     pthread_mutex_lock(&reg->lock);
     snprintf(s->model, sizeof s->model, "%s", model);
+    if (positions)
+        s->positions = *positions;
     pthread_mutex_unlock(&reg->lock);
 }
 
@@ -883,18 +886,10 @@ static int step_shapes(api__session_step *st, api__error *err)
                                   (long long)st->n_new);
     if (r->has_q && step_rows(&r->q, "query", st->H, st->D, "heads", &st->n_q, err) != 0)
         return -1;
-    int64_t length = eng_kv_seq_length(s->seq);
-    if (st->expect_set && st->expect_length != length)
-        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
-                              "the session holds %lld tokens but the step expects %lld (a retry "
-                              "of a step that was applied?); nothing was appended",
-                              (long long)length, (long long)st->expect_length);
-    if (s->shape.max_tokens > 0 && st->n_new > s->shape.max_tokens - length)
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, "key",
-                              "appending %lld tokens to the %lld the session holds would pass "
-                              "its max_tokens (%lld)",
-                              (long long)st->n_new, (long long)length,
-                              (long long)s->shape.max_tokens);
+    int64_t length;
+    if (api__session_check_append(s, st->expect_set, st->expect_length, st->n_new, "key", &length,
+                                  err) != 0)
+        return -1;
     st->S = length + st->n_new;
     if (r->has_q && st->S == 0)
         return api__error_invalid(err, "query",
@@ -1086,6 +1081,23 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
                                   "sessions with steps in flight; retry shortly",
                                   mib(reg->capacity));
     }
+}
+
+int api__session_check_append(const api__session *s, bool expect_set, int64_t expect_length,
+                              int64_t n_new, const char *field, int64_t *length, api__error *err)
+{
+    *length = eng_kv_seq_length(s->seq);
+    if (expect_set && expect_length != *length)
+        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
+                              "the session holds %lld tokens but the step expects %lld (a retry "
+                              "of a step that was applied?); nothing was appended",
+                              (long long)*length, (long long)expect_length);
+    if (s->shape.max_tokens > 0 && n_new > s->shape.max_tokens - *length)
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
+                              "appending %lld tokens to the %lld the session holds would pass "
+                              "its max_tokens (%lld)",
+                              (long long)n_new, (long long)*length, (long long)s->shape.max_tokens);
+    return 0;
 }
 
 int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,

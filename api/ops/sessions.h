@@ -35,6 +35,16 @@ typedef struct {
     api__causal causal; /* default: bottom_right */
 } api__session_opts;
 
+/* The positions the first layer step of a session gave the keys it cached (RoPE turns k before
+ * it is cached, so every later step must turn its keys the same way): `set` once that step
+ * succeeded. Read and written while the session is acquired. */
+typedef struct {
+    bool set;
+    eng_positional positional;
+    float rope_base; /* 0: the engine's default */
+    eng_rope_style rope_style;
+} api__session_positions;
+
 /* The order of the ticketed requests of one session or one v2 sequence (api.h
  * api_session_ticket): the next ticket to give, the one whose turn it is, and the tickets
  * parked until their turn or dropped out of turn. The registry's, under its lock. */
@@ -60,6 +70,7 @@ struct api__session {
     int64_t created_s;   /* wall clock, seconds since the epoch */
     int64_t last_used_s; /* wall clock */
     int64_t last_used_ns;
+    api__session_positions positions; /* of a layer's cache: set by its first step */
 
     /* The registry's, under its lock. */
     api__session *hnext, *prev, *next; /* hash chain; creation order */
@@ -102,8 +113,10 @@ size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, in
 bool api__sessions_find_name(api_sessions *reg, const char *name, char *id);
 /* Names the acquired session `s` (the v2 sequence it serves). */
 void api__session_set_name(api_sessions *reg, api__session *s, const char *name);
-/* Makes the acquired session `s` the cache of the layer `model` (its name, kept). */
-void api__session_set_model(api_sessions *reg, api__session *s, const char *model);
+/* Makes the acquired session `s` the cache of the layer `model` (its name, kept), with the
+ * positions of the session it was forked from (NULL: none yet). */
+void api__session_set_model(api_sessions *reg, api__session *s, const char *model,
+                            const api__session_positions *positions);
 /* Ends the session `id` as its sequence ended (sequence_end, or a new sequence_start): counted
  * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
  * reference). No-op when there is no such session. */
@@ -125,6 +138,12 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
  * set, for any other failure. */
 int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,
                           const eng_error *e, const char *field, api__error *err);
+
+/* Whether the acquired session s takes `n_new` tokens (named `field`) as a step that expects its
+ * length to be expect_length (when expect_set): 409 when it is not (a retried step), 413 past
+ * max_tokens. 0 with the length in *length. */
+int api__session_check_append(const api__session *s, bool expect_set, int64_t expect_length,
+                              int64_t n_new, const char *field, int64_t *length, api__error *err);
 
 /* ---- The step --------------------------------------------------------------------------- */
 

@@ -52,8 +52,9 @@
  *                       add_zero_attn, a layer with bias_kv. Steps of one session apply in
  *                       the order they arrive; 404 session_not_found / session_evicted, 413
  *                       past its max_tokens, 429 when the pool is full of busy sessions.
- *                       Every step of a session should use the same positional settings: the
- *                       cache keeps the keys as the step that appended them rotated them.
+ *                       The session's first step fixes its positional settings (the cache
+ *                       keeps the keys as that step rotated them): a later step that gives
+ *                       none takes them, one that gives others is 422 naming the field.
  *   expect_length       with session: the length the step expects before it appends (409 and
  *                       nothing appended otherwise), which makes a retried step safe.
  * Every optional field may also be null, meaning its default.

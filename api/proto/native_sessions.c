@@ -280,7 +280,7 @@ static int create_compute(void *p, int64_t *compute_ns, api__error *err)
     if (api__sessions_add(job->reg, seq, job->o.num_heads, &opts, ttl, &job->s, err) != 0)
         return -1;
     if (job->layer)
-        api__session_set_model(job->reg, job->s, job->layer->name);
+        api__session_set_model(job->reg, job->s, job->layer->name, NULL);
     *compute_ns = eng_now_ns() - t0;
     return 0;
 }
@@ -596,7 +596,7 @@ static int edit_compute(void *p, int64_t *compute_ns, api__error *err)
     if (api__sessions_add(reg, seq, job->s->num_heads, &job->s->opts, ttl, &job->child, err) != 0)
         return -1;
     if (job->s->model[0]) /* the same layer's cache */
-        api__session_set_model(reg, job->child, job->s->model);
+        api__session_set_model(reg, job->child, job->s->model, &job->s->positions);
     *compute_ns = eng_now_ns() - t0;
     return 0;
 }

@@ -98,7 +98,16 @@ struct v2_kind {
     /* Settles what the model implies for its operation once the request is read (defaults,
      * the registered layer); 422 naming the field when the model cannot serve the request. */
     int (*bind)(v2_job *job, api__error *err);
+    /* Makes the request (sequence_id set, sessions on) a step of its sequence's session:
+     * api__v2_sdpa_sequence or api__v2_layer_sequence (v2_sequence.c). */
+    int (*sequence)(v2_job *job, api__error *err);
 };
+
+/* The steps of a sequence on model sdpa (the query attends the session after key and value
+ * are appended) and on a layer model (a decoder-layer step over the session); sequence_start
+ * makes the session, any other request needs it (400 in Triton's words). v2_sequence.c. */
+int api__v2_sdpa_sequence(v2_job *job, api__error *err);
+int api__v2_layer_sequence(v2_job *job, api__error *err);
 
 /* The kind of model m is (v2_request.c). */
 const v2_kind *api__v2_kind(const model_ref *m);

@@ -779,6 +779,7 @@ static const v2_kind sdpa_kind = {
     .timeout_ms = offsetof(api__sdpa_req, timeout_ms),
     .return_lse = offsetof(api__sdpa_req, return_lse),
     .bind = sdpa_bind,
+    .sequence = api__v2_sdpa_sequence,
 };
 
 static const v2_kind layer_kind = {
@@ -797,6 +798,7 @@ static const v2_kind layer_kind = {
     .timeout_ms = offsetof(api__layer_req, timeout_ms),
     .return_lse = V2_NO_FIELD,
     .bind = layer_bind,
+    .sequence = api__v2_layer_sequence,
 };
 
 const v2_kind *api__v2_kind(const model_ref *m)

@@ -86,6 +86,7 @@ static void test_engine_info_names_set_cpu_and_openblas(void)
 typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
     bool b_trans;
+    bool prepacked; /* B handed to eng__sgemm packed already (b_packed), as the layer does */
     float *a, *b, *c, *a_mem, *b_mem, *c_mem;
 } product;
 
@@ -150,7 +151,21 @@ static int product_check(const eng__kernels *ks, product *p, float alpha, float 
                    .b_trans = p->b_trans,
                    .c = p->c,
                    .ldc = p->ldc};
+    float *panels = NULL;
+    if (p->prepacked && ks->tile) {
+        size_t floats = eng__sgemm_panels_floats(ks, p->n, p->k);
+        if (posix_memalign((void **)&panels, 64, floats * sizeof(float)) != 0) {
+            free(pack);
+            free(c0);
+            return 1;
+        }
+        eng__sgemm_pack_panels(ks, p->b, p->ldb, p->b_trans, p->k, p->n, panels);
+        g.b = NULL;
+        g.b_packed = panels;
+        g.b_panel_stride = p->k * ks->nr;
+    }
     eng__sgemm(ks, &g, pack);
+    free(panels);
     int bad = 0;
     double tol_k = 4.0 * (double)p->k * FLT_EPSILON;
     for (int64_t i = 0; i < p->m && bad < 3; i++) {
@@ -211,6 +226,35 @@ static void test_sgemm_ragged_sizes_unaligned_strides(void)
                                               (in % 2) ? 1.0f : 0.0f, &rng);
                     product_free(&p);
                 }
+    }
+}
+
+/* The same sizes with B packed once beforehand (b_packed, as the layer's projections and the
+ * attention's shared panels hand it over), depth past one block included. */
+static void test_sgemm_prepacked_ragged_sizes(void)
+{
+    for (int s = 0; s < N_SETS; s++) {
+        const eng__kernels *ks = eng__kernels_named(set_names[s]);
+        if (!ks || !ks->tile)
+            continue;
+        uint64_t rng = 2000 + (uint64_t)s;
+        int failures = 0;
+        for (int im = 0; im < N_RAGGED && failures < 3; im++)
+            for (int in = 0; in < N_RAGGED && failures < 3; in++)
+                for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
+                    if (quick && ragged[im] * ragged[in] * ragged[ik] > 300000)
+                        continue;
+                    bool trans = (im + in + ik) % 2 == 1;
+                    product p = product_new(ragged[im], ragged[in], ragged[ik], trans, &rng);
+                    p.prepacked = true;
+                    failures += product_check(ks, &p, (ik % 3) == 1 ? 0.125f : 1.0f,
+                                              (im % 2) ? 1.0f : 0.0f, &rng);
+                    product_free(&p);
+                }
+        product deep = product_new(ks->mr + 1, ks->nc + 7, 2 * ks->kc + 3, true, &rng);
+        deep.prepacked = true;
+        product_check(ks, &deep, 1.0f, 1.0f, &rng);
+        product_free(&deep);
     }
 }
 
@@ -567,6 +611,7 @@ int main(void)
     RUN_WITHIN(test_auto_picks_the_widest_supported_set, 30);
     RUN_WITHIN(test_engine_info_names_set_cpu_and_openblas, 30);
     RUN_WITHIN(test_sgemm_ragged_sizes_unaligned_strides, 300);
+    RUN_WITHIN(test_sgemm_prepacked_ragged_sizes, 300);
     RUN_WITHIN(test_sgemm_beyond_one_block, 120);
     RUN_WITHIN(test_packing_bf16_bits_matches_their_widening, 60);
     RUN_WITHIN(test_wide_tile_ragged_sizes, 60);

@@ -146,7 +146,7 @@ static void test_routes(void)
     CHECK(metric_value(d.port, "attnd_session_step_seconds_count") >= 1);
 }
 
-/* K steps of one session sent on K connections, each after the one before it was sent whole:
+/* K steps of one session sent on K connections, each once the one before it was admitted:
  * each must have been appended in that order (its reply's "length" is base + i + 1), although
  * two workers take them from the queue. Each step attends many queries over a long cache, so
  * that they wait in the queue together. */
@@ -167,6 +167,7 @@ static void test_concurrent_steps_keep_arrival_order(void)
     CHECK_EQ_INT(r.status, 200);
     http_resp_free(&r);
 
+    double admitted = metric_value(d.port, "attnd_session_steps_admitted_total");
     int fds[ORDER_STEPS];
     for (int i = 0; i < ORDER_STEPS; i++) {
         body = step_body(256, 1, w, &rng);
@@ -178,7 +179,9 @@ static void test_concurrent_steps_keep_arrival_order(void)
         CHECK(fds[i] >= 0 && raw_send(fds[i], head, strlen(head)) == 0 &&
               raw_send(fds[i], body, strlen(body)) == 0);
         free(body);
-        sleep_ms(3); /* the daemon's I/O thread reads it before the next one starts */
+        /* Its ticket taken before the next is sent, else their arrival order is not ours. */
+        CHECKF(metric_wait(d.port, "attnd_session_steps_admitted_total", admitted + i + 1, 60000),
+               "step %d was never admitted", i);
     }
     for (int i = 0; i < ORDER_STEPS; i++) {
         bool closed = false;
@@ -287,8 +290,10 @@ static int send_raw(const char *path, const char *body)
 
 /* As test_concurrent_steps_keep_arrival_order, for layer steps: the session is named in the
  * body, which the server peeks at admission to take the step's ticket. A long /v1/attention
- * holds both workers while the steps arrive one by one, so that they queue in arrival order,
- * and its client then hangs up, which cancels it and lets the queue go. The steps alternate
+ * holds both workers while the steps arrive one by one, so that they queue in arrival order
+ * (once it computes: while a sanitizer build still decodes it, it holds one, and the first
+ * steps may run as they come), and its client then hangs up, which cancels it and lets the
+ * queue go. The steps alternate
  * between a long one (BIG_STEP tokens as nested numbers, which take a worker milliseconds to
  * parse) and a one-token step in base64, which the other worker takes and parses at once:
  * without its ticket it would reach the session before the long step ahead of it. Each
@@ -300,8 +305,6 @@ static void test_mha_steps_keep_arrival_order(void)
     char id[40], fields[96];
     uint64_t rng = 9;
     int64_t prefill = 256, expected[ORDER_STEPS], length = prefill;
-    /* The sanitizers read bodies several times slower: wait longer for each to arrive. */
-    int gap_ms = daemon_quick() ? 80 : 15;
     float *x = malloc((size_t)BIG_STEP * 64 * sizeof(float));
     for (int64_t i = 0; i < BIG_STEP * 64; i++)
         x[i] = (float)rng_sym(&rng, 1.0);
@@ -321,6 +324,7 @@ static void test_mha_steps_keep_arrival_order(void)
     int blocker = send_raw("/v1/attention", body);
     free(body);
     CHECK(metric_wait(d.port, "attnd_running_requests", 1, 60000));
+    double admitted = metric_value(d.port, "attnd_session_steps_admitted_total");
     int fds[ORDER_STEPS];
     for (int i = 0; i < ORDER_STEPS; i++) {
         bool big = i % 2 == 0;
@@ -328,7 +332,10 @@ static void test_mha_steps_keep_arrival_order(void)
         expected[i] = length += big ? BIG_STEP : 1;
         fds[i] = send_raw("/v1/mha", body);
         free(body);
-        sleep_ms(gap_ms); /* the daemon's I/O thread reads it whole before the next one starts */
+        /* Admitted (read whole, its ticket taken) before the next is sent: a long body still
+         * being read could otherwise arrive after the short one sent behind it. */
+        CHECKF(metric_wait(d.port, "attnd_session_steps_admitted_total", admitted + i + 1, 60000),
+               "step %d was never admitted", i);
     }
     close(blocker); /* the hang-up cancels it: the workers take the steps */
     for (int i = 0; i < ORDER_STEPS; i++) {

@@ -311,13 +311,18 @@ static void run_order(bool string_ids)
             snprintf(id, sizeof id, "\"chat-%d\"", 100 + round);
         else
             snprintf(id, sizeof id, "%d", 100 + round);
+        /* Before any step of the round can have run. */
+        double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
+        double admitted_before = metric_value(d.port, "attnd_session_steps_admitted_total");
         if (!blockers_start(blockers))
             return;
         bool valid = burst_send(id, st, fds);
         blockers_stop(blockers);
         if (valid) {
-            double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
             burst_check(id, st, fds);
+            /* Every step of the burst was admitted in its place, the failed ones included. */
+            CHECK(metric_value(d.port, "attnd_session_steps_admitted_total") ==
+                  admitted_before + STEPS);
             check_ended(id);
             /* All but the refused, timed-out and abandoned steps count as session steps, and the
              * access log names their session. */

@@ -173,16 +173,17 @@ static void fill(float *x, size_t n, uint64_t *rng)
         x[i] = rng_sym(rng, 1.0);
 }
 
-/* One step of tokens [n0, n0 + L) of x through the session, checked against the whole history:
- * status 200, "length" n0 + L, and the step's rows within STEP_RTOL. `extra` adds fields (or
- * ""). */
-static bool step_checked(api_sessions *reg, const char *id, const float *x, int64_t n0, int64_t L,
-                         const char *positional, const char *extra)
+/* One step of tokens [n0, n0 + L) of x through the session, checked against the whole history
+ * with `positional`: status 200, "length" n0 + L, and the step's rows within STEP_RTOL. The
+ * step's body names `positional` when `given`; `extra` adds fields (or ""). */
+static bool step_checked_as(api_sessions *reg, const char *id, const float *x, int64_t n0,
+                            int64_t L, const char *positional, bool given, const char *extra)
 {
-    char fields[256];
-    snprintf(fields, sizeof fields,
-             "\"session\":\"%s\",\"expect_length\":%lld,\"positional\":\"%s\"%s", id, (long long)n0,
-             positional, extra);
+    char fields[256], pos[64] = "";
+    if (given)
+        snprintf(pos, sizeof pos, ",\"positional\":\"%s\"", positional);
+    snprintf(fields, sizeof fields, "\"session\":\"%s\",\"expect_length\":%lld%s%s", id,
+             (long long)n0, pos, extra);
     char *body = mha_body(x + n0 * E, L, fields);
     result r = mha(reg, body);
     free(body);
@@ -202,6 +203,12 @@ static bool step_checked(api_sessions *reg, const char *id, const float *x, int6
     free(got);
     result_free(&r);
     return ok;
+}
+
+static bool step_checked(api_sessions *reg, const char *id, const float *x, int64_t n0, int64_t L,
+                         const char *positional, const char *extra)
+{
+    return step_checked_as(reg, id, x, n0, L, positional, true, extra);
 }
 
 /* ---- Steps against the whole history ----------------------------------------------------- */
@@ -294,6 +301,46 @@ static void test_fork_stays_the_layers_cache(void)
     snprintf(child, sizeof child, "%s", cid ? cid : "");
     result_free(&f);
     step_checked(reg, child, x, 10, 1, "rope", "");
+    api_sessions_free(reg);
+}
+
+/* The first step fixes the positions of the session's keys: a later step that gives none takes
+ * them (and still equals the whole history), a fork keeps them, and a step that gives others
+ * is refused naming the field, with nothing appended. */
+static void test_steps_keep_the_first_steps_positions(void)
+{
+    enum { P = 12 };
+    static const char *const others[][2] = {
+        {"\"positional\":\"none\"", "positional"},
+        {"\"positional\":\"sinusoidal\"", "positional"},
+        {"\"positional\":\"rope\",\"rope_base\":500", "rope_base"},
+        {"\"positional\":\"rope\",\"rope_style\":\"interleaved\"", "rope_style"},
+    };
+    uint64_t rng = 35;
+    float x[(P + 2) * E];
+    char id[40], child[40], fields[192];
+    fill(x, sizeof x / sizeof x[0], &rng);
+    api_sessions *reg = registry();
+    CHECK_EQ_INT(create(reg, "{\"model\":\"demo\"}", id, NULL), 201);
+    bool ok = step_checked(reg, id, x, 0, P, "rope", "") &&
+              step_checked_as(reg, id, x, P, 1, "rope", false, "");
+    for (size_t i = 0; ok && i < sizeof others / sizeof others[0]; i++) {
+        snprintf(fields, sizeof fields, "\"session\":\"%s\",%s", id, others[i][0]);
+        char *body = mha_body(x + (P + 1) * E, 1, fields);
+        result r = mha(reg, body);
+        free(body);
+        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), others[i][1]) == 0,
+               "a step with %s: %d naming %s", others[i][0], r.status,
+               error_field(&r) ? error_field(&r) : "nothing");
+        result_free(&r);
+    }
+    result f = call_route(api_session_fork, reg, id, NULL, "{}");
+    const char *cid = json_string_value(json_object_get(f.json, "id"));
+    snprintf(child, sizeof child, "%s", cid ? cid : "");
+    CHECK_EQ_INT(f.status, 201);
+    result_free(&f);
+    if (ok) /* the refused steps appended nothing, and the fork turns its keys as its parent */
+        step_checked_as(reg, child, x, P + 1, 1, "rope", false, "");
     api_sessions_free(reg);
 }
 
@@ -550,6 +597,7 @@ int main(void)
     RUN_WITHIN(test_sinusoidal_steps_equal_one_mha_over_the_history, 120);
     RUN_WITHIN(test_step_weights_cover_the_cache, 60);
     RUN_WITHIN(test_fork_stays_the_layers_cache, 60);
+    RUN_WITHIN(test_steps_keep_the_first_steps_positions, 60);
     RUN_WITHIN(test_v2_sequence_on_the_demo_layer, 60);
     RUN_WITHIN(test_steps_that_do_not_fit_the_session_are_refused, 60);
     RUN_WITHIN(test_full_pool_evicts_for_a_layer_step, 60);
