@@ -53,6 +53,15 @@ typedef struct {
                       int64_t n, int64_t d, float scale, float *s, int64_t lds);
     void (*axpys_rows)(float *const *o, int rows, const float *p, int64_t ldp, const void *v,
                        eng_dtype dtype, int64_t ldv, int64_t n, int64_t d);
+    /* One query row against n bf16 rows of a multiple of 32 elements, faster than dots_rows
+     * and axpys_rows for that case (a decode step without grouped heads over a bf16 cache)
+     * but summing in another order, so not with the bits of fp32 rows; NULL where the set
+     * has none. dots_bf16_pairs: s[c] = scale * (q . k_c). axpys_bf16_pairs: o += sum_c p[c]
+     * v_c. */
+    void (*dots_bf16_pairs)(const float *q, const uint16_t *k, int64_t ldk, int64_t n, int64_t d,
+                            float scale, float *s);
+    void (*axpys_bf16_pairs)(float *o, const float *p, const uint16_t *v, int64_t ldv, int64_t n,
+                             int64_t d);
 } eng__vec_ops;
 
 /* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic

@@ -25,7 +25,9 @@
  * through the vector kernels' multi-row dot products and sums (dots_rows, axpys_rows), each
  * row loaded once for all the task's query rows, so that the cache is read at memory speed
  * (a pass over an L2-resident block per head, or packing it for register tiles of which the
- * rows fill a third, took longer than the read itself). Weights, when asked for, are a second
+ * rows fill a third, took longer than the read itself); a lone row over a paged bf16 cache
+ * takes the pair kernels instead (stream_pairs), which multiply bf16 rows without widening
+ * them. Weights, when asked for, are a second
  * pass that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l
  * (not exp(s - lse): lse rounded to float loses log(l) next to scores of 1e9).
  *
@@ -1218,16 +1220,29 @@ static const float *stream_query(const plan *p, int64_t b, int64_t h, int64_t i,
     return p->q16 ? task_qf(p, s) + t * p->D : row_ptr(&p->a->q, b, h, i);
 }
 
+/* Whether a streaming task of nt rows goes through the bf16 pair kernels: a single row over a
+ * bf16 cache (a decode step without grouped heads), whose rows the pairs read faster than
+ * the multi-row kernels. Only a paged cache's: bf16 views keep the bits of fp32 views. */
+static bool stream_pairs(const plan *p, int64_t nt)
+{
+    return nt == 1 && p->kv && p->kv_dtype == ENG_DTYPE_BF16 && p->vec->dots_bf16_pairs &&
+           p->D % 32 == 0 && p->Dv % 32 == 0 && !p->add_q;
+}
+
 /* s (row stride lds) = the scores of query rows [i, i+rows) of each of `heads` heads from (b,
  * h), whose rows are q (head g's at q + g rows), against keys [j0 + c0, j0 + c0 + n) of block
  * bp (raw rows): one pass over the K rows for all of them, or the additive scores. */
 static void stream_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t rows,
                           int64_t heads, const float *const *q, const block_panels *bp, int64_t j0,
-                          int64_t c0, int64_t n, float *s, int64_t lds)
+                          int64_t c0, int64_t n, bool pairs, float *s, int64_t lds)
 {
     if (p->add_q) {
         for (int64_t g = 0; g < heads; g++)
             additive_scores(p, b, h + g, i, rows, j0 + c0, n, s + g * rows * lds, lds);
+        return;
+    }
+    if (pairs) {
+        p->vec->dots_bf16_pairs(q[0], bp->kh + c0 * bp->ldk, bp->ldk, n, p->D, p->scale, s);
         return;
     }
     const void *k =
@@ -1256,7 +1271,8 @@ static eng_status stream_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64
         q[t] = stream_query(p, b, h0 + g, i0 + r, t, s);
         o[t] = hr->o + g * hr->o_step + r * hr->ldo;
     }
-    stream_scores(p, b, h0, i0, rows, p->task_heads, q, &bp, j0, c0, n, s, n);
+    const bool pairs = bp.kh && stream_pairs(p, nt);
+    stream_scores(p, b, h0, i0, rows, p->task_heads, q, &bp, j0, c0, n, pairs, s, n);
     for (int64_t t = 0; t < nt; t++) {
         int64_t g = t / rows, r = t % rows;
         float *row = s + t * n, bmax;
@@ -1268,9 +1284,13 @@ static eng_status stream_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64
             return st;
         if (!rebase)
             continue;
-        stream_scores(p, b, h0 + g, i0 + r, 1, 1, &q[t], &bp, j0, c0, n, row, n);
+        stream_scores(p, b, h0 + g, i0 + r, 1, 1, &q[t], &bp, j0, c0, n, pairs, row, n);
         bias_row(p, b, h0 + g, i0 + r, j0 + c0, n, kind, row);
         rebase_row(p, row, n, bmax, o[t], m, l);
+    }
+    if (pairs) {
+        p->vec->axpys_bf16_pairs(o[0], s, bp.vh + c0 * bp.ldv, bp.ldv, n, p->Dv);
+        return ENG_OK;
     }
     const void *v =
         bp.vh ? (const void *)(bp.vh + c0 * bp.ldv) : (const void *)(bp.vr + c0 * bp.ldv);
@@ -1475,7 +1495,8 @@ static void block_scores(const plan *p, int64_t b, int64_t h, int64_t i0, int64_
         const float *q[ENG__STREAM_ROWS];
         for (int64_t r = 0; r < rows; r++)
             q[r] = stream_query(p, b, h, i0 + r, r, s);
-        stream_scores(p, b, h, i0, rows, 1, q, &bp, j0, 0, cols, s, cols);
+        const bool pairs = bp.kh && stream_pairs(p, p->task_heads * rows);
+        stream_scores(p, b, h, i0, rows, 1, q, &bp, j0, 0, cols, pairs, s, cols);
     } else {
         const int64_t height = panel_rows(p);
         for (int64_t r0 = 0; r0 < rows; r0 += height) {

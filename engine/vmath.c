@@ -185,9 +185,17 @@ static void axpys_rows_scalar(float *const *o, int rows, const float *p, int64_t
     BY_KV_DTYPE(dtype, axpys_rows_generic, o, rows, p, ldp, v, ldv, n, d);
 }
 
-static const eng__vec_ops scalar_ops = {"scalar",           max_scalar,       exp_sum_scalar,
-                                        exp_sum_max_scalar, exp_store_scalar, softcap_scalar,
-                                        tanh_dot_scalar,    dots_rows_scalar, axpys_rows_scalar};
+static const eng__vec_ops scalar_ops = {
+    .name = "scalar",
+    .max = max_scalar,
+    .exp_sum = exp_sum_scalar,
+    .exp_sum_max = exp_sum_max_scalar,
+    .exp_store = exp_store_scalar,
+    .softcap = softcap_scalar,
+    .tanh_dot = tanh_dot_scalar,
+    .dots_rows = dots_rows_scalar,
+    .axpys_rows = axpys_rows_scalar,
+};
 
 /* Keys per group of the vector decoding kernels: a group's K or V rows stay in L1 while every
  * query row reads them, and its dot products keep eight accumulators in registers. */
@@ -478,9 +486,17 @@ AVX2_F16C static void axpys_rows_avx2(float *const *o, int rows, const float *p,
     BY_KV_DTYPE(dtype, axpys_rows_avx2_of, o, rows, p, ldp, v, ldv, n, d);
 }
 
-static const eng__vec_ops avx2_ops = {"avx2",           max_avx2,       exp_sum_avx2,
-                                      exp_sum_max_avx2, exp_store_avx2, softcap_avx2,
-                                      tanh_dot_avx2,    dots_rows_avx2, axpys_rows_avx2};
+static const eng__vec_ops avx2_ops = {
+    .name = "avx2",
+    .max = max_avx2,
+    .exp_sum = exp_sum_avx2,
+    .exp_sum_max = exp_sum_max_avx2,
+    .exp_store = exp_store_avx2,
+    .softcap = softcap_avx2,
+    .tanh_dot = tanh_dot_avx2,
+    .dots_rows = dots_rows_avx2,
+    .axpys_rows = axpys_rows_avx2,
+};
 
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 
@@ -815,9 +831,106 @@ AVX512 static void axpys_rows_avx512(float *const *o, int rows, const float *p, 
     BY_KV_DTYPE(dtype, axpys_rows_avx512_of, o, rows, p, ldp, v, ldv, n, d);
 }
 
-static const eng__vec_ops avx512_ops = {"avx512",           max_avx512,       exp_sum_avx512,
-                                        exp_sum_max_avx512, exp_store_avx512, softcap_avx512,
-                                        tanh_dot_avx512,    dots_rows_avx512, axpys_rows_avx512};
+/* A key block of a bf16 cache for one query row, heads of a multiple of 32 (dots_bf16_pairs).
+ * 32 bf16 values load as 16 32-bit words: a word shifted left by 16 is the float of its even
+ * element, the word with its low half cleared the float of its odd one. So q (and o) are split
+ * once per block into even and odd lanes, and each key costs one load and two integer
+ * operations per 32 elements, no widening shuffle; a chunk of 128 elements of q (or o) stays
+ * in registers over all the keys. */
+AVX512 static inline void split_even_odd(const float *x, __m512 *even, __m512 *odd)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    *even = _mm512_permutex2var_ps(lo, ie, hi);
+    *odd = _mm512_permutex2var_ps(lo, io, hi);
+}
+
+AVX512 static void dots_bf16_pairs_avx512(const float *q, const uint16_t *k, int64_t ldk, int64_t n,
+                                          int64_t d, float scale, float *s)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t c = 0; c < n; c++)
+        s[c] = 0.0f;
+    for (int64_t d0 = 0; d0 < d; d0 += 128) {
+        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
+        __m512 qe[4], qo[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            qe[j] = qo[j] = _mm512_setzero_ps();
+            if (j < pairs)
+                split_even_odd(q + d0 + 32 * j, &qe[j], &qo[j]);
+        }
+        for (int64_t c = 0; c < n; c++) {
+            const uint16_t *row = k + c * ldk + d0;
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                if (j >= pairs)
+                    break;
+                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
+                acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), qe[j], acc0);
+                acc1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)), qo[j], acc1);
+            }
+            s[c] += _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        }
+    }
+    for (int64_t c = 0; c < n; c++)
+        s[c] *= scale;
+}
+
+AVX512 static void axpys_bf16_pairs_avx512(float *o, const float *p, const uint16_t *v, int64_t ldv,
+                                           int64_t n, int64_t d)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i lo_idx =
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t d0 = 0; d0 < d; d0 += 128) {
+        const int pairs = (int)((d - d0 < 128 ? d - d0 : 128) / 32);
+        __m512 oe[4], oo[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            oe[j] = oo[j] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n; c++) {
+            const uint16_t *row = v + c * ldv + d0;
+            const __m512 pc = _mm512_set1_ps(p[c]);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                if (j >= pairs)
+                    break;
+                __m512i x = _mm512_loadu_si512((const void *)(row + 32 * j));
+                oe[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), oe[j]);
+                oo[j] = _mm512_fmadd_ps(pc, _mm512_castsi512_ps(_mm512_and_si512(x, high)), oo[j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (j >= pairs)
+                break;
+            float *out = o + d0 + 32 * j;
+            __m512 lo = _mm512_permutex2var_ps(oe[j], lo_idx, oo[j]);
+            __m512 hi = _mm512_permutex2var_ps(oe[j], hi_idx, oo[j]);
+            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), lo));
+            _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_loadu_ps(out + 16), hi));
+        }
+    }
+}
+
+static const eng__vec_ops avx512_ops = {
+    .name = "avx512",
+    .max = max_avx512,
+    .exp_sum = exp_sum_avx512,
+    .exp_sum_max = exp_sum_max_avx512,
+    .exp_store = exp_store_avx512,
+    .softcap = softcap_avx512,
+    .tanh_dot = tanh_dot_avx512,
+    .dots_rows = dots_rows_avx512,
+    .axpys_rows = axpys_rows_avx512,
+    .dots_bf16_pairs = dots_bf16_pairs_avx512,
+    .axpys_bf16_pairs = axpys_bf16_pairs_avx512,
+};
 
 /* ---- Dispatch -------------------------------------------------------------------------------- */
 

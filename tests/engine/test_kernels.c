@@ -600,6 +600,52 @@ static void test_vector_rows_dots_and_axpys(void)
     }
 }
 
+/* The bf16 pair kernels (one query row over a bf16 cache, heads of a multiple of 32) agree
+ * with float64, on lengths of one to four chunks of 128 and a ragged last one, with unaligned
+ * row strides; axpys_bf16_pairs adds to what o holds. */
+static void test_vector_bf16_pairs(void)
+{
+    enum { N = 37, LD = 523 };
+    static const int64_t lengths[] = {32, 64, 96, 128, 160, 256, 288, 512};
+    static float q[512], o[512], o0[512], p[N], s[N], kf[N * LD];
+    static uint16_t k16[N * LD];
+    const eng__vec_ops *ops = eng__vec_variant("avx512");
+    uint64_t rng = 8;
+    if (!ops || !ops->dots_bf16_pairs) {
+        printf("skip: bf16 pair kernels: this CPU has no AVX-512\n");
+        return;
+    }
+    for (int64_t i = 0; i < N * LD; i++)
+        kf[i] = kv_value(ENG_DTYPE_BF16, (float)rng_sym(&rng, 1.0), &k16[i]);
+    for (size_t t = 0; t < sizeof lengths / sizeof lengths[0]; t++) {
+        const int64_t d = lengths[t];
+        for (int64_t i = 0; i < d; i++) {
+            q[i] = (float)rng_sym(&rng, 1.0);
+            o[i] = o0[i] = (float)rng_sym(&rng, 1.0);
+        }
+        for (int c = 0; c < N; c++)
+            p[c] = (float)rng_sym(&rng, 1.0);
+        ops->dots_bf16_pairs(q, k16, LD, N, d, 0.25f, s);
+        ops->axpys_bf16_pairs(o, p, k16, LD, N, d);
+        for (int c = 0; c < N; c++) {
+            double ref = 0;
+            for (int64_t i = 0; i < d; i++)
+                ref += (double)q[i] * kf[c * LD + i];
+            CHECKF(fabs(s[c] - 0.25 * ref) <= (double)(d + 1) * FLT_EPSILON,
+                   "dots_bf16_pairs d=%lld key %d = %.9g, want %.9g", (long long)d, c, (double)s[c],
+                   0.25 * ref);
+        }
+        for (int64_t i = 0; i < d; i++) {
+            double ref = o0[i];
+            for (int c = 0; c < N; c++)
+                ref += (double)p[c] * kf[c * LD + i];
+            CHECKF(fabs(o[i] - ref) <= 2 * (N + 1) * FLT_EPSILON,
+                   "axpys_bf16_pairs d=%lld o[%lld] = %.9g, want %.9g", (long long)d, (long long)i,
+                   (double)o[i], ref);
+        }
+    }
+}
+
 int main(void)
 {
     if (test_kernels_skip())
@@ -617,5 +663,6 @@ int main(void)
     RUN_WITHIN(test_wide_tile_ragged_sizes, 60);
     RUN_WITHIN(test_vector_exp_edge_cases, 30);
     RUN_WITHIN(test_vector_rows_dots_and_axpys, 30);
+    RUN_WITHIN(test_vector_bf16_pairs, 30);
     return check_report();
 }

@@ -350,6 +350,16 @@ static void test_prefill_then_steps_bfloat16(void)
                         "bf16 T=64");
 }
 
+/* One query head per kv head: a step's single rows read the bf16 cache through the pair
+ * kernels (heads of a multiple of 32; 160 spans a chunk of 128 and a short one). */
+static void test_prefill_then_steps_bfloat16_ungrouped(void)
+{
+    prefill_then_decode(ENG_DTYPE_BF16, 64, quick ? 200 : 600, quick ? 10 : 40, 3, 3, 96,
+                        "bf16 ungrouped D=96");
+    prefill_then_decode(ENG_DTYPE_BF16, 32, quick ? 100 : 300, quick ? 10 : 40, 2, 2, 160,
+                        "bf16 ungrouped D=160");
+}
+
 static void test_prefill_then_steps_float16(void)
 {
     prefill_then_decode(ENG_DTYPE_F16, 32, quick ? 150 : 500, quick ? 20 : 60, 2, 1, 48,
@@ -1015,6 +1025,7 @@ int main(void)
     RUN_WITHIN(test_prefill_1000_then_200_steps_float32, 240);
     RUN_WITHIN(test_prefill_then_steps_float32_small_blocks, 120);
     RUN_WITHIN(test_prefill_then_steps_bfloat16, 240);
+    RUN_WITHIN(test_prefill_then_steps_bfloat16_ungrouped, 120);
     RUN_WITHIN(test_prefill_then_steps_float16, 120);
     RUN_WITHIN(test_prefill_shapes_and_late_maxima, 120);
     RUN_WITHIN(test_grouped_query_heads, 120);
