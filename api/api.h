@@ -213,6 +213,9 @@ typedef struct {
     const char *version;    /* NULL: no /versions/ segment */
     api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 (sessions off) */
     const char *session;    /* the {id} of /v1/sessions/{id}/...; NULL elsewhere */
+    bool body_unread;       /* the server could not read the compressed body as it admitted the
+                               request (api_peek.unread): a step it names a session or a v2
+                               sequence for has no place in that order, and is refused (413) */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */
@@ -517,13 +520,25 @@ typedef struct {
                          that the server can take the step's ticket at admission), when it is
                          one of 1 to 39 bytes without escapes; "" otherwise. Not checked: the
                          route answers for an id that names no session */
+    bool unread;      /* a gzip or deflate body that could not be inflated here (more than
+                         API_PEEK_INFLATE_MAX bytes of it, a corrupt stream, or no memory for it
+                         in the budget now): nothing above was read */
+    /* A compressed body's plain text (sequence_id points into it) and its share of the lease:
+     * api_peek_free gives them back. */
+    char *inflated;
+    size_t reserved;
+    api_lease *lease;
 } api_peek;
+
+/* The most a compressed body is inflated to on the server's I/O thread (about a millisecond
+ * of zlib per MiB): enough for any decode step, which is a few tokens' rows. */
+#define API_PEEK_INFLATE_MAX ((size_t)4 << 20)
 
 /* The timeout in milliseconds a request sets for itself, and (v2) its priority, read from
  * call->body without parsing it, so that the server can hold a request's deadline while it
  * waits for a worker and queue it at its priority (the route applies the same values once a
- * worker decodes the body). Reads call->body, body_len, content_type, content_encoding and (v2)
- * inference_header_length; nothing else. Fills all of *out.
+ * worker decodes the body). Reads call->body, body_len, content_type, content_encoding, lease
+ * and (v2) inference_header_length; nothing else. Fills all of *out; api_peek_free releases it.
  *
  * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
  * no priority) and "session" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
@@ -532,14 +547,18 @@ typedef struct {
  * api_sequence_ticket_take), in one walk over the JSON before the binary tensor data.
  *
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
- * A value that is not an integer in the route's range reads as 0, as does everything when the
- * body cannot be read cheaply: a gzip or deflate body is not inflated here. Never an error: the
- * route validates the body and reports what is wrong. Cheap: a native body where no quote opens
+ * A value that is not an integer in the route's range reads as 0. Never an error: the route
+ * validates the body and reports what is wrong. Cheap: a native body where no quote opens
  * "timeout" or "session" costs one memchr pass over its quotes, a v2 body without the text
  * "parameters" one memmem; otherwise one pass over the top level, which skips strings with
- * memchr. Allocates nothing; any thread. */
+ * memchr. A gzip or deflate body is inflated first, at most API_PEEK_INFLATE_MAX bytes of it,
+ * reserved through call->lease (when it has one); past that, or when it cannot be, out->unread
+ * is set and nothing else. A plain body allocates nothing. Any thread. */
 void api_peek_native(const api_call *call, api_peek *out);
 void api_peek_v2(const api_call *call, api_peek *out);
+/* Frees what a peek inflated and gives its reservation back; *p is zeroed (and a zeroed peek
+ * is a no-op). */
+void api_peek_free(api_peek *p);
 
 /* The timeout_ms of api_peek_native and api_peek_v2 alone. */
 int64_t api_timeout_peek(const api_call *call);

@@ -90,10 +90,12 @@ typedef struct srv_req {
     srv_outcome refusal;
     char refusal_msg[200];
     int64_t submit_ns, run_ns, done_ns; /* the start is lease.start_ns */
-    int64_t own_timeout_ms;             /* the body's own timeout when it is tighter than
-                                           --request-timeout-ms, else 0; set with the queue deadline */
-    uint32_t priority; /* the pool priority it is queued at: its Triton level (1 most urgent),
-                          --default-priority-level unless the body says */
+    bool body_unread; /* compressed past what admission inflates, on a route that orders by its
+                         body (api_call.body_unread) */
+    int64_t own_timeout_ms; /* the body's own timeout when it is tighter than
+                               --request-timeout-ms, else 0; set with the queue deadline */
+    uint32_t priority;      /* the pool priority it is queued at: its Triton level (1 most urgent),
+                               --default-priority-level unless the body says */
 
     /* Handed between threads as the state machine says. */
     api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
@@ -864,6 +866,7 @@ static void job_run(void *arg, int64_t index)
     call.models = s->models;
     call.sessions = s->sessions;
     call.session = srv__param(&req->params, "id");
+    call.body_unread = req->body_unread;
     call_headers(req, &call);
     if (rd->stats)
         rd->stats->started(&s->metrics, &req->stats);
@@ -908,20 +911,25 @@ static void job_run(void *arg, int64_t index)
  * sub-jobs it fans out against requests that arrive while it runs. A v2 inference is read
  * whenever sessions are on, since a step of a sequence needs its place in the sequence's order
  * (on_body_complete) even when nothing is admitted: the next step may arrive while it runs; so
- * is a route whose body may name a session (SRV_ROUTE_BODY_SESSION, POST /v1/mha). *peek gets
- * what the body said (its sequence_id points into req->body). */
+ * is a route whose body may name a session (SRV_ROUTE_BODY_SESSION, POST /v1/mha). Only for
+ * those is a compressed body inflated here (up to API_PEEK_INFLATE_MAX; one larger is marked
+ * req->body_unread, and its route refuses it if it is a step); for a timeout alone it is not
+ * worth the I/O thread's time. *peek gets what the body said (its sequence_id points into
+ * req->body or peek->inflated; api_peek_free releases it). */
 static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
-    api_call call = {.body = req->body.data, .body_len = req->body.len};
+    api_call call = {.body = req->body.data, .body_len = req->body.len, .lease = &req->lease};
+    const bool orders =
+        rd && (rd->flags & (SRV_ROUTE_SEQUENCE | SRV_ROUTE_BODY_SESSION)) && s->sessions;
     int64_t ms;
 
     memset(peek, 0, sizeof *peek);
     if (rd && rd->peek &&
-        (atomic_load(&s->admitted) > 0 ||
-         ((rd->flags & (SRV_ROUTE_SEQUENCE | SRV_ROUTE_BODY_SESSION)) && s->sessions))) {
+        (orders || (atomic_load(&s->admitted) > 0 && !req->content_encoding[0]))) {
         call_headers(req, &call);
         rd->peek(&call, peek);
+        req->body_unread = orders && peek->unread;
     }
     ms = peek->timeout_ms;
     req->priority = peek->priority >= 1 && peek->priority <= s->limits.priority_levels
@@ -962,12 +970,13 @@ static void take_ticket(srv_server *s, srv_req *req, const api_peek *peek)
         srv__metrics_session_ticket(&s->metrics);
 }
 
-static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
+/* The body is in: answer a refusal decided while it arrived, or admit the request (its deadline,
+ * priority and place in a session's order read from the body into *peek) and queue it. */
+static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     int64_t now, deadline;
     char origin[64];
-    api_peek peek;
 
     req->seen_body_end = true;
     srv__conn_busy(s->watch, &req->watch);
@@ -975,7 +984,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         return refuse_pending(req);
     if (atomic_load(&s->drain_expired))
         return refuse(req, SRV_REFUSE_DRAINING, false, DRAINING_MSG);
-    deadline = request_deadline(s, req, &peek);
+    deadline = request_deadline(s, req, peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     if (now >= deadline) {
         deadline_origin(req, origin, sizeof origin);
@@ -995,7 +1004,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
-    take_ticket(s, req, &peek);
+    take_ticket(s, req, peek);
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {
@@ -1011,6 +1020,14 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
         req_unref(req); /* the job's reference, never handed over */
     }
     return MHD_YES;
+}
+
+static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
+{
+    api_peek peek = {0};
+    enum MHD_Result rc = admit_body(s, req, &peek);
+    api_peek_free(&peek); /* the tickets are taken: what it inflated is no longer needed */
+    return rc;
 }
 
 /* ---- libmicrohttpd callbacks --------------------------------------------------------------- */

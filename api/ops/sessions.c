@@ -356,6 +356,16 @@ int api__sessions_off(api__error *err)
                            "--kv-cache-bytes > 0 (ATTND_KV_CACHE_BYTES)");
 }
 
+int api__sessions_unordered(api__error *err, const char *field)
+{
+    return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
+                          "a compressed step of a session or sequence (%s) must inflate to at "
+                          "most %zu bytes (API_PEEK_INFLATE_MAX) within the memory budget: its "
+                          "place in the order is read from the body as it arrives; send it "
+                          "uncompressed",
+                          field, API_PEEK_INFLATE_MAX);
+}
+
 /* "s", this process's instance (8 hex digits: a replica tells its own ids from another's or
  * an earlier run's), and 96 random bits (24 hex digits): unguessable. */
 static void new_id(const api_sessions *reg, char id[API_SESSION_ID_LEN + 1])

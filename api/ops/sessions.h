@@ -125,6 +125,10 @@ void api__sessions_end(api_sessions *reg, const char *id);
 /* The 501 of a route while sessions are off. */
 int api__sessions_off(api__error *err);
 
+/* The 413 of a step (naming `field`, its session or sequence) whose compressed body the server
+ * could not read as it arrived (api_call.body_unread): it has no place in the order. */
+int api__sessions_unordered(api__error *err, const char *field);
+
 /* Runs step(arg, e), an engine call that appends `new_tokens` to the acquired session s; while
  * it finds the pool full (ENOMEM on field "kv_cache_bytes"), evicts least recently used idle
  * sessions to make room for them (eng_kv_seq_append_bytes) and tries again. 0 with the last

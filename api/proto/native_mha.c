@@ -213,6 +213,8 @@ static int f_session(void *jp, const json_t *v, const char *name, api__error *er
     if (!json_is_string(v))
         return api__error_invalid(
             err, name, "%s must be the id of a session (as POST /v1/sessions returns)", name);
+    if (job->head.rq.call->body_unread)
+        return api__sessions_unordered(err, name);
     job->s.r.session = json_string_value(v);
     return 0;
 }

@@ -108,6 +108,8 @@ static float *output_data(v2_job *job, int o)
 
 static int model_check(v2_job *job, api__error *err)
 {
+    if (job->seq_set && job->rq.call->sessions && job->rq.call->body_unread)
+        return api__sessions_unordered(err, "parameters.sequence_id");
     if (job->seq_set && job->rq.call->sessions && job->kind->sequence(job, err) != 0)
         return -1;
     if (job->kind->bind(job, err) != 0)

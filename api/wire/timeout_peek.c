@@ -29,9 +29,11 @@
  * as "none" and which is never wrong, only late: a route then applies the timeout when a worker
  * reaches the request, as before. 0 comes back for a body that names no timeout, a value that
  * is not an integer in the route's range, a key written with escapes ("timeout\u005fms"), a
- * Content-Type the route refuses, and a body with a Content-Encoding (gzip or deflate: inflating
- * is a worker's job, not the I/O thread's). The walk stops at the first member that answers, so
- * a malformed body may still give a timeout; its route then reports the error as always.
+ * Content-Type the route refuses, and a gzip or deflate body that inflates past
+ * API_PEEK_INFLATE_MAX (out->unread: inflating that much is a worker's job, not the I/O
+ * thread's; a smaller one is inflated here, since a step's place in its order is only known
+ * as it arrives). The walk stops at the first member that answers, so a malformed body may
+ * still give a timeout; its route then reports the error as always.
  *
  * A sequence_id is the text as written: an integer's digits, or a string's bytes with escapes
  * not undone, which is what keys the order (7 and "7" are one sequence, here as for the route;
@@ -39,6 +41,7 @@
  * cannot read, for the same reasons as a timeout, gives its request no place in the order: it
  * runs as a request of no sequence would, when a worker takes it.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/wire/body.h"
@@ -205,17 +208,44 @@ static bool read_int(cursor *c, int64_t lo, int64_t hi, int64_t *out)
     return true;
 }
 
-/* The JSON text of the call's body that may name a timeout, with `word` found in it; false
- * when there is none to read (a compressed body, no `word` at all). */
-static bool peek_start(const api_call *call, size_t json_len, const char *word, cursor *c)
+/* The plain text of the call's body into *text, *len: the body itself, or a gzip or deflate
+ * one inflated into out->inflated (at most API_PEEK_INFLATE_MAX bytes, reserved through the
+ * call's lease). False when there is none to read: no body, an unknown coding (the route
+ * answers 415), or one that cannot be inflated here (out->unread). */
+static bool plain_text(const api_call *call, api_peek *out, const char **text, size_t *len)
 {
-    if (api__coding_parse(call->content_encoding) != API_CODING_IDENTITY || !call->body)
+    api__coding coding = api__coding_parse(call->content_encoding);
+    api__error err;
+    api_lease own;
+    *text = call->body;
+    *len = call->body_len;
+    if (!call->body || coding == API_CODING_UNKNOWN)
         return false;
-    if (!memmem(call->body, json_len, word, strlen(word)))
+    if (coding == API_CODING_IDENTITY)
+        return true;
+    memset(&err, 0, sizeof err);
+    out->lease = call->lease;
+    if (!out->lease)
+        api_lease_start(&own, NULL, 0, 0); /* no budget: nothing to give back */
+    if (api__inflate(coding, call->body, call->body_len, API_PEEK_INFLATE_MAX,
+                     out->lease ? out->lease : &own, &out->inflated, len, &out->reserved,
+                     &err) != 0) {
+        api_peek_free(out);
+        out->unread = true;
         return false;
-    c->p = call->body;
-    c->end = call->body + json_len;
+    }
+    *text = out->inflated;
     return true;
+}
+
+void api_peek_free(api_peek *p)
+{
+    free(p->inflated);
+    if (p->lease)
+        api_lease_give_back(p->lease, p->reserved);
+    p->inflated = NULL;
+    p->reserved = 0;
+    p->lease = NULL;
 }
 
 /* Whether a quote in text[0..len) is followed by one of the n words: a key the walk could read
@@ -259,13 +289,14 @@ void api_peek_native(const api_call *call, api_peek *out)
     int64_t ms;
     bool timeout_seen = false, session_seen = false;
     cursor c;
+    const char *text;
+    size_t len;
     *out = (api_peek){0};
-    if (!api__content_type_json(call->content_type) ||
-        api__coding_parse(call->content_encoding) != API_CODING_IDENTITY || !call->body ||
-        !any_quoted(call->body, call->body_len, words, 2))
+    if (!api__content_type_json(call->content_type) || !plain_text(call, out, &text, &len) ||
+        !any_quoted(text, len, words, 2))
         return;
-    c.p = call->body;
-    c.end = call->body + call->body_len;
+    c.p = text;
+    c.end = text + len;
     if (!enter_object(&c))
         return;
     /* Until both are read; a value neither can be read as ends the walk (its route refuses it). */
@@ -359,20 +390,23 @@ static void v2_parameters_peek(cursor *c, api_peek *out)
 
 void api_peek_v2(const api_call *call, api_peek *out)
 {
-    size_t json_len = call->body_len;
-    const char *key;
-    size_t key_len;
+    const char *text, *key;
+    size_t len, json_len, key_len;
     cursor c;
     *out = (api_peek){0};
-    if (!api__content_type_v2(call->content_type))
+    if (!api__content_type_v2(call->content_type) || !plain_text(call, out, &text, &len))
         return;
-    /* With binary tensor data, only the JSON before it can name a timeout, a priority or a
-     * sequence. */
+    /* With binary tensor data (its length is that of the plain body), only the JSON before it
+     * can name a timeout, a priority or a sequence. */
+    json_len = len;
     if (call->inference_header_length &&
-        (!api__header_len_parse(call->inference_header_length, &json_len) ||
-         json_len > call->body_len))
+        (!api__header_len_parse(call->inference_header_length, &json_len) || json_len > len))
         return;
-    if (!peek_start(call, json_len, "parameters", &c) || !enter_object(&c))
+    if (!memmem(text, json_len, "parameters", strlen("parameters")))
+        return;
+    c.p = text;
+    c.end = text + json_len;
+    if (!enter_object(&c))
         return;
     for (bool first = true; next_member(&c, first, &key, &key_len); first = false) {
         if (key_is(key, key_len, "parameters")) {
@@ -388,6 +422,7 @@ int64_t api_timeout_peek(const api_call *call)
 {
     api_peek p;
     api_peek_native(call, &p);
+    api_peek_free(&p);
     return p.timeout_ms;
 }
 
@@ -395,6 +430,7 @@ int64_t api_v2_timeout_peek(const api_call *call)
 {
     api_peek p;
     api_peek_v2(call, &p);
+    api_peek_free(&p);
     return p.timeout_ms;
 }
 

@@ -353,6 +353,70 @@ static void test_mha_steps_keep_arrival_order(void)
     free(x);
 }
 
+/* POSTs `body` gzip-compressed to `path` on a connection of its own: the raw response. */
+static char *post_gzip(const char *path, const char *body)
+{
+    size_t n, len;
+    char *packed = zlib_pack(body, strlen(body), 31, &n);
+    char head[512];
+    int h = snprintf(head, sizeof head,
+                     "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Content-Encoding: gzip\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                     path, n);
+    len = (size_t)h + n;
+    char *request = xcalloc(len, 1);
+    memcpy(request, head, (size_t)h);
+    memcpy(request + h, packed, n);
+    char *resp = raw_exchange(d.port, request, len, 60000);
+    free(request);
+    free(packed);
+    return resp;
+}
+
+/* A compressed /v1/mha step takes its place in the session's order as it arrives (the server
+ * inflates it there, up to API_PEEK_INFLATE_MAX); one that inflates past that could not, and
+ * is refused with 413 naming "session" and the limit, the session untouched. */
+static void test_compressed_mha_steps_keep_their_place(void)
+{
+    char id[40], fields[96];
+    uint64_t rng = 12;
+    float x[4 * 64];
+    for (int i = 0; i < 4 * 64; i++)
+        x[i] = (float)rng_sym(&rng, 1.0);
+    if (!create("{\"model\":\"demo\"}", id))
+        return;
+    snprintf(fields, sizeof fields, "\"session\":\"%s\"", id);
+    double admitted = metric_value(d.port, "attnd_session_steps_admitted_total");
+    char *body = mha_body(x, 4, fields);
+    char *resp = post_gzip("/v1/mha", body);
+    free(body);
+    CHECKF(raw_status(resp) == 200 && strstr(resp, "\"length\":4,"), "gzip step: %.300s",
+           resp ? resp : "(none)");
+    CHECK(metric_value(d.port, "attnd_session_steps_admitted_total") == admitted + 1);
+    free(resp);
+
+    /* The same step padded with 4 MiB of whitespace, which JSON allows. */
+    body = mha_body(x, 1, fields);
+    size_t len = strlen(body), pad = (size_t)4 << 20;
+    char *big = xcalloc(len + pad + 1, 1);
+    memcpy(big, body, len - 1);
+    memset(big + len - 1, ' ', pad);
+    big[len - 1 + pad] = '}';
+    resp = post_gzip("/v1/mha", big);
+    CHECKF(raw_status(resp) == 413 && strstr(resp, "\"session\"") && strstr(resp, "4194304 bytes"),
+           "a gzip step past the cap: %.400s", resp ? resp : "(none)");
+    free(resp);
+    free(big);
+    free(body);
+    CHECK(metric_value(d.port, "attnd_session_steps_admitted_total") == admitted + 1);
+    http_resp r;
+    char path[128];
+    snprintf(path, sizeof path, "/v1/sessions/%s", id);
+    http_do(NULL, d.port, "GET", path, NULL, NULL, 0, &r);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "\"length\":4,"));
+    http_resp_free(&r);
+}
+
 static void test_thousand_sessions_keep_rss_flat(void)
 {
     int n = daemon_quick() ? 300 : 1000;
@@ -421,6 +485,7 @@ int main(void)
     RUN_WITHIN(test_concurrent_steps_keep_arrival_order, 120);
     RUN_WITHIN(test_mha_session_steps_equal_the_whole_history, 60);
     RUN_WITHIN(test_mha_steps_keep_arrival_order, 120);
+    RUN_WITHIN(test_compressed_mha_steps_keep_their_place, 60);
     RUN_WITHIN(test_thousand_sessions_keep_rss_flat, 240);
     CHECK_EQ_INT(daemon_stop(&d), 0);
     RUN(test_sessions_off_answer_501);

@@ -21,6 +21,7 @@
 #include "tests/support/ref.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/rng.h"
+#include "tests/support/util.h"
 
 static daemon_proc d;
 
@@ -683,23 +684,6 @@ static void test_layer_model(void)
     resp_free(&r);
 }
 
-static char *gzip_pack(const char *src, size_t n, int wbits, size_t *out_len)
-{
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    deflateInit2(&zs, 6, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY);
-    size_t cap = deflateBound(&zs, (uLong)n) + 64;
-    char *out = malloc(cap);
-    zs.next_in = (Bytef *)(uintptr_t)src;
-    zs.avail_in = (uInt)n;
-    zs.next_out = (Bytef *)out;
-    zs.avail_out = (uInt)cap;
-    deflate(&zs, Z_FINISH);
-    *out_len = zs.total_out;
-    deflateEnd(&zs);
-    return out;
-}
-
 static char *gunzip(const char *src, size_t n, int wbits, size_t *out_len)
 {
     z_stream zs;
@@ -736,7 +720,7 @@ static void test_compression(void)
     for (int c = 0; c < 2; c++) {
         char *body = infer_body(&p, "FP32", true, true, NULL, &len, &hlen);
         size_t packed_len;
-        char *packed = gzip_pack(body, len, codings[c].wbits, &packed_len);
+        char *packed = zlib_pack(body, len, codings[c].wbits, &packed_len);
         char hl[64], ce[64], ae[64], got[64];
         snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", hlen);
         snprintf(ce, sizeof ce, "Content-Encoding: %s", codings[c].name);
@@ -771,7 +755,7 @@ static void test_compression(void)
     const char *native = "{\"query\": [[1, 0]], \"key\": [[1, 0], [0, 1]], "
                          "\"value\": [[1, 2], [3, 4]]}";
     size_t packed_len;
-    char *packed = gzip_pack(native, strlen(native), 31, &packed_len);
+    char *packed = zlib_pack(native, strlen(native), 31, &packed_len);
     const char *h[] = {"Content-Type: application/json", "Content-Encoding: gzip", NULL};
     resp r;
     char got[64];
@@ -788,7 +772,7 @@ static void test_compression(void)
     resp_free(&r);
     size_t zn = (size_t)16 << 20;
     char *zeros = calloc(zn, 1);
-    packed = gzip_pack(zeros, zn, 31, &packed_len);
+    packed = zlib_pack(zeros, zn, 31, &packed_len);
     free(zeros);
     const char *gz[] = {"Content-Type: application/json", "Content-Encoding: gzip", NULL};
     request("POST", "/v2/models/sdpa/infer", gz, packed, packed_len, &r);

@@ -49,6 +49,8 @@ static int64_t blocker_rows = 32768; /* grows when a round is void */
 
 typedef struct {
     bool start, end, bad_shape;
+    bool gzip;          /* sent with Content-Encoding: gzip */
+    size_t pad;         /* spaces before the body's last brace */
     int priority;       /* 0: none (the default level) */
     int64_t timeout_ms; /* 0: none */
     float value[WIDTH];
@@ -85,8 +87,8 @@ static void put_row(char *buf, size_t cap, size_t *len, const char *name, const 
 static int send_step(const char *seq, const step *st)
 {
     static const float zeros[WIDTH] = {0};
-    char body[4096], req[4608];
-    size_t len = 0;
+    char body[4096], head[512];
+    size_t len = 0, n;
     len += (size_t)snprintf(body, sizeof body,
                             "{\"parameters\":{\"sequence_id\":%s,\"num_heads\":%d,"
                             "\"num_kv_heads\":%d%s%s",
@@ -101,17 +103,28 @@ static int send_step(const char *seq, const step *st)
     put_row(body, sizeof body, &len, "query", zeros, WIDTH);
     put_row(body, sizeof body, &len, "key", st->value, st->bad_shape ? WIDTH - 2 : WIDTH);
     put_row(body, sizeof body, &len, "value", st->value, WIDTH);
-    len += (size_t)snprintf(body + len, sizeof body - len, "]}");
-    int n = snprintf(req, sizeof req,
+    len += (size_t)snprintf(body + len, sizeof body - len, "]");
+    char *text = xcalloc(len + st->pad + 2, 1);
+    memcpy(text, body, len);
+    memset(text + len, ' ', st->pad);
+    text[len + st->pad] = '}';
+    len += st->pad + 1;
+    char *payload = st->gzip ? zlib_pack(text, len, 31, &n) : text;
+    if (!st->gzip)
+        n = len;
+    int h = snprintf(head, sizeof head,
                      "POST /v2/models/sdpa/infer HTTP/1.1\r\nHost: t\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n%s",
-                     len, body);
+                     "Content-Type: application/json\r\n%sContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     st->gzip ? "Content-Encoding: gzip\r\n" : "", n);
     int fd = raw_connect(d.port);
-    if (fd >= 0 && raw_send(fd, req, (size_t)n) != 0) {
+    if (fd >= 0 && (raw_send(fd, head, (size_t)h) != 0 || raw_send(fd, payload, n) != 0)) {
         close(fd);
         fd = -1;
     }
+    if (payload != text)
+        free(payload);
+    free(text);
     CHECKF(fd >= 0, "cannot send a step of sequence %s", seq);
     return fd;
 }
@@ -406,9 +419,50 @@ static void test_steps_keep_arrival_order_on_two_workers(void)
     run_drain("\"chat-drain\""); /* stops the daemon */
 }
 
+/* Compressed steps take their place in the sequence as they arrive (the server inflates them
+ * there): a gzip START and END around a step that inflates past API_PEEK_INFLATE_MAX, which
+ * could not and is refused with 413 naming parameters.sequence_id; the END's output is then
+ * the mean of the START's value and its own, the refused step's absent. */
+static void test_compressed_steps_keep_their_place(void)
+{
+    if (!start(1))
+        return;
+    uint64_t rng = 18;
+    step st[3];
+    float out[WIDTH];
+    memset(st, 0, sizeof st);
+    for (int i = 0; i < 3; i++) {
+        step_value(&st[i], i == 0, &rng);
+        st[i].gzip = true;
+    }
+    st[0].start = true;
+    st[1].pad = ((size_t)4 << 20) + 1;
+    st[2].end = true;
+    double admitted = metric_value(d.port, "attnd_session_steps_admitted_total");
+    CHECK_EQ_INT(read_reply(send_step("500", &st[0]), out), 200);
+    CHECK(metric_value(d.port, "attnd_session_steps_admitted_total") == admitted + 1);
+    int fd = send_step("500", &st[1]);
+    bool closed = false;
+    char *resp = fd >= 0 ? raw_read_all(fd, 60000, &closed) : NULL;
+    CHECKF(raw_status(resp) == 413 && strstr(resp, "parameters.sequence_id") &&
+               strstr(resp, "4194304 bytes"),
+           "a gzip step past the cap: %.400s", resp ? resp : "(none)");
+    free(resp);
+    if (fd >= 0)
+        close(fd);
+    history h = {.n = 1};
+    memcpy(h.value[0], st[0].value, sizeof st[0].value);
+    CHECK_EQ_INT(read_reply(send_step("500", &st[2]), out), 200);
+    memcpy(h.value[h.n++], st[2].value, sizeof st[2].value);
+    check_output("500", 2, &h, out);
+    CHECK(metric_value(d.port, "attnd_session_steps_admitted_total") == admitted + 2);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
 int main(void)
 {
     RUN_WITHIN(test_steps_keep_arrival_order_on_one_worker, 300);
     RUN_WITHIN(test_steps_keep_arrival_order_on_two_workers, 300);
+    RUN_WITHIN(test_compressed_steps_keep_their_place, 120);
     return check_report();
 }

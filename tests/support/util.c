@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "engine/engine.h"
 
@@ -15,6 +16,25 @@ void *xcalloc(size_t n, size_t size)
         abort();
     }
     return p;
+}
+
+char *zlib_pack(const char *src, size_t n, int wbits, size_t *out_len)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    if (deflateInit2(&zs, 6, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        abort();
+    size_t cap = deflateBound(&zs, (uLong)n) + 64;
+    char *out = xcalloc(cap, 1);
+    zs.next_in = (Bytef *)(uintptr_t)src;
+    zs.avail_in = (uInt)n;
+    zs.next_out = (Bytef *)out;
+    zs.avail_out = (uInt)cap;
+    if (deflate(&zs, Z_FINISH) != Z_STREAM_END)
+        abort();
+    *out_len = zs.total_out;
+    deflateEnd(&zs);
+    return out;
 }
 
 bool test_quick(void)

@@ -12,6 +12,7 @@
 #include "api/wire/content_coding.h"
 #include "tests/support/check.h"
 #include "tests/support/rng.h"
+#include "tests/support/util.h"
 
 static eng_pool *pool;
 /* The lease of the calls that test no budget: it has none, so it holds nothing. */
@@ -93,26 +94,6 @@ static char *sample(size_t n)
         s[i] = "0123456789.,-[] e"[rng_below(&rng, 17)];
     s[n] = '\0';
     return s;
-}
-
-/* Compresses with zlib directly: windowBits 15 (zlib), -15 (raw deflate), 31 (gzip). */
-static char *zlib_pack(const char *src, size_t n, int wbits, size_t *out_len)
-{
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (deflateInit2(&zs, 6, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-        abort();
-    size_t cap = deflateBound(&zs, (uLong)n) + 64;
-    char *out = malloc(cap);
-    zs.next_in = (Bytef *)(uintptr_t)src;
-    zs.avail_in = (uInt)n;
-    zs.next_out = (Bytef *)out;
-    zs.avail_out = (uInt)cap;
-    if (deflate(&zs, Z_FINISH) != Z_STREAM_END)
-        abort();
-    *out_len = zs.total_out;
-    deflateEnd(&zs);
-    return out;
 }
 
 static void test_roundtrip(void)

@@ -17,6 +17,7 @@
 #include "api/wire/timeout.h"
 #include "tests/support/check.h"
 #include "tests/support/rng.h"
+#include "tests/support/util.h"
 
 typedef enum { NATIVE, V2 } protocol;
 
@@ -195,8 +196,8 @@ static void test_v2_binary_data_is_not_read(void)
     CHECK_EQ_INT(api_v2_timeout_peek(&call), 0);
 }
 
-/* A compressed body is not inflated on the I/O thread, and a Content-Type the route refuses
- * (415) has no timeout to apply. */
+/* A body that says it is compressed but is not cannot be read, nor one of an unknown coding,
+ * and a Content-Type the route refuses (415) has no timeout to apply. */
 static void test_encoded_and_refused_bodies_give_0(void)
 {
     static const char native[] = "{\"timeout_ms\": 50}";
@@ -558,14 +559,10 @@ static void test_native_session_is_read_in_the_same_walk(void)
                (long long)p.timeout_ms, c->session, (long long)c->timeout_ms);
         check_session_never_wrong(c->body, call.body_len, p.session);
     }
-    /* A compressed body is not read, nor one of a Content-Type the route refuses. */
+    /* Nor one of a Content-Type the route refuses. */
     static const char body[] = "{\"session\": \"s8\"}";
-    api_call call = {.body = body, .body_len = sizeof body - 1, .content_encoding = "gzip"};
+    api_call call = {.body = body, .body_len = sizeof body - 1, .content_type = "text/plain"};
     api_peek p;
-    api_peek_native(&call, &p);
-    CHECK(p.session[0] == '\0');
-    call.content_encoding = NULL;
-    call.content_type = "text/plain";
     api_peek_native(&call, &p);
     CHECK(p.session[0] == '\0');
 }
@@ -595,6 +592,76 @@ static void test_session_mutations_are_never_wrong(void)
     }
 }
 
+/* {"pad": "aaa...", "session": "s10"}, len bytes in all. */
+static char *padded_session_body(size_t len)
+{
+    static const char head[] = "{\"pad\": \"", tail[] = "\", \"session\": \"s10\"}";
+    char *text = xcalloc(len + 1, 1);
+    memset(text, 'a', len);
+    memcpy(text, head, sizeof head - 1);
+    memcpy(text + len - (sizeof tail - 1), tail, sizeof tail - 1);
+    return text;
+}
+
+/* A gzip or deflate body is inflated for the walk, up to API_PEEK_INFLATE_MAX bytes of it: a
+ * step's session, a sequence's id (pointing into the inflated text) and the timeout come out
+ * as from the plain body, reserved through the call's lease until api_peek_free. Past the cap,
+ * or for a stream that does not inflate, nothing is read and the peek says so (unread). */
+static void test_compressed_bodies_are_inflated_up_to_the_cap(void)
+{
+    static const char native[] = "{\"input\": [1, 2], \"session\": \"s9\", \"timeout_ms\": 70}";
+    static const char v2[] = "{\"parameters\": {\"sequence_id\": \"chat-7\", \"priority\": 2}}";
+    api_budget *budget = api_budget_new((size_t)64 << 20);
+    api_lease lease;
+    api_lease_start(&lease, budget, 0, 0);
+    size_t n;
+    char *packed = zlib_pack(native, sizeof native - 1, 31, &n);
+    api_call call = {.body = packed, .body_len = n, .content_encoding = "gzip", .lease = &lease};
+    api_peek p;
+    api_peek_native(&call, &p);
+    CHECK(strcmp(p.session, "s9") == 0 && p.timeout_ms == 70 && !p.unread);
+    CHECK(api_budget_in_use(budget) >= sizeof native - 1); /* the inflated text is reserved */
+    api_peek_free(&p);
+    CHECK_EQ_INT(api_budget_in_use(budget), 0);
+    api_peek_free(&p); /* a second free is a no-op */
+    free(packed);
+
+    packed = zlib_pack(v2, sizeof v2 - 1, 15, &n);
+    call = (api_call){.body = packed, .body_len = n, .content_encoding = "deflate"};
+    api_peek_v2(&call, &p); /* no lease: nothing reserved */
+    CHECK(p.sequence_id && p.sequence_id_len == 6 && memcmp(p.sequence_id, "chat-7", 6) == 0 &&
+          p.priority == 2 && !p.unread);
+    api_peek_free(&p);
+    free(packed);
+
+    /* At the cap the session at the end of the text is read; one byte past it, nothing is. */
+    for (size_t extra = 0; extra <= 1; extra++) {
+        size_t len = API_PEEK_INFLATE_MAX + extra;
+        char *text = padded_session_body(len);
+        packed = zlib_pack(text, len, 31, &n);
+        call =
+            (api_call){.body = packed, .body_len = n, .content_encoding = "gzip", .lease = &lease};
+        api_peek_native(&call, &p);
+        if (extra == 0)
+            CHECK(!p.unread && strcmp(p.session, "s10") == 0);
+        else
+            CHECK(p.unread && p.session[0] == '\0' && p.inflated == NULL);
+        api_peek_free(&p);
+        CHECK_EQ_INT(api_budget_in_use(budget), 0);
+        free(packed);
+        free(text);
+    }
+
+    call = (api_call){.body = native, .body_len = sizeof native - 1, .content_encoding = "gzip"};
+    api_peek_native(&call, &p); /* not gzip at all */
+    CHECK(p.unread && p.session[0] == '\0');
+    call.content_encoding = "br"; /* unknown: the route answers 415 */
+    api_peek_native(&call, &p);
+    CHECK(!p.unread && p.session[0] == '\0');
+    api_lease_end(&lease);
+    api_budget_free(budget);
+}
+
 int main(void)
 {
     RUN(test_native_reads_the_top_level_timeout_ms_only);
@@ -610,5 +677,6 @@ int main(void)
     RUN(test_sequence_mutations_are_never_wrong);
     RUN(test_native_session_is_read_in_the_same_walk);
     RUN(test_session_mutations_are_never_wrong);
+    RUN(test_compressed_bodies_are_inflated_up_to_the_cap);
     return check_report();
 }
