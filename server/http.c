@@ -1005,6 +1005,7 @@ static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
     take_ticket(s, req, peek);
+    api_peek_free(peek); /* now: once queued, the request's lease is its worker's */
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
     if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {
@@ -1026,7 +1027,7 @@ static enum MHD_Result on_body_complete(srv_server *s, srv_req *req)
 {
     api_peek peek = {0};
     enum MHD_Result rc = admit_body(s, req, &peek);
-    api_peek_free(&peek); /* the tickets are taken: what it inflated is no longer needed */
+    api_peek_free(&peek); /* a request refused before it was queued */
     return rc;
 }
 
