@@ -203,6 +203,28 @@ static int product_check(const eng__kernels *ks, product *p, float alpha, float 
 static const int64_t ragged[] = {1, 7, 15, 16, 17, 63, 65, 257};
 #define N_RAGGED ((int)(sizeof ragged / sizeof ragged[0]))
 
+/* Every M, N, K of the ragged list against the reference on set ks, with B as given or packed
+ * once beforehand (`prepacked`); the layout of B, alpha and beta vary with the sizes, and the
+ * two runs pair them differently. At most three failures are reported. */
+static void check_ragged_products(const eng__kernels *ks, bool prepacked, uint64_t *rng)
+{
+    const int v = prepacked ? 1 : 0;
+    int failures = 0;
+    for (int im = 0; im < N_RAGGED && failures < 3; im++)
+        for (int in = 0; in < N_RAGGED && failures < 3; in++)
+            for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
+                /* Quick runs (sanitizers) skip the largest cubes, not the ragged edges. */
+                if (quick && ragged[im] * ragged[in] * ragged[ik] > 300000)
+                    continue;
+                bool trans = (im + in + ik + v) % 2 == 0;
+                product p = product_new(ragged[im], ragged[in], ragged[ik], trans, rng);
+                p.prepacked = prepacked;
+                failures += product_check(ks, &p, (ik % 3) == v ? 0.125f : 1.0f,
+                                          ((prepacked ? im : in) % 2) ? 1.0f : 0.0f, rng);
+                product_free(&p);
+            }
+}
+
 /* Every M, N, K of the ragged list, both layouts of B, beta 0 and 1, on every set. */
 static void test_sgemm_ragged_sizes_unaligned_strides(void)
 {
@@ -213,19 +235,7 @@ static void test_sgemm_ragged_sizes_unaligned_strides(void)
             continue;
         }
         uint64_t rng = 1000 + (uint64_t)s;
-        int failures = 0;
-        for (int im = 0; im < N_RAGGED && failures < 3; im++)
-            for (int in = 0; in < N_RAGGED && failures < 3; in++)
-                for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
-                    /* Quick runs (sanitizers) skip the largest cubes, not the ragged edges. */
-                    if (quick && ragged[im] * ragged[in] * ragged[ik] > 300000)
-                        continue;
-                    bool trans = (im + in + ik) % 2 == 0;
-                    product p = product_new(ragged[im], ragged[in], ragged[ik], trans, &rng);
-                    failures += product_check(ks, &p, (ik % 3) == 0 ? 0.125f : 1.0f,
-                                              (in % 2) ? 1.0f : 0.0f, &rng);
-                    product_free(&p);
-                }
+        check_ragged_products(ks, false, &rng);
     }
 }
 
@@ -235,22 +245,14 @@ static void test_sgemm_prepacked_ragged_sizes(void)
 {
     for (int s = 0; s < N_SETS; s++) {
         const eng__kernels *ks = eng__kernels_named(set_names[s]);
-        if (!ks || !ks->tile)
+        if (!ks || !ks->tile) {
+            printf("skip: prepacked B on kernel set %s: %s\n", set_names[s],
+                   ks ? "it has no register tile (OpenBLAS packs for itself)"
+                      : "this CPU or OS does not support it");
             continue;
+        }
         uint64_t rng = 2000 + (uint64_t)s;
-        int failures = 0;
-        for (int im = 0; im < N_RAGGED && failures < 3; im++)
-            for (int in = 0; in < N_RAGGED && failures < 3; in++)
-                for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
-                    if (quick && ragged[im] * ragged[in] * ragged[ik] > 300000)
-                        continue;
-                    bool trans = (im + in + ik) % 2 == 1;
-                    product p = product_new(ragged[im], ragged[in], ragged[ik], trans, &rng);
-                    p.prepacked = true;
-                    failures += product_check(ks, &p, (ik % 3) == 1 ? 0.125f : 1.0f,
-                                              (im % 2) ? 1.0f : 0.0f, &rng);
-                    product_free(&p);
-                }
+        check_ragged_products(ks, true, &rng);
         product deep = product_new(ks->mr + 1, ks->nc + 7, 2 * ks->kc + 3, true, &rng);
         deep.prepacked = true;
         product_check(ks, &deep, 1.0f, 1.0f, &rng);
