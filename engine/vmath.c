@@ -23,12 +23,16 @@
 #define LOG2E  1.44269504088896341f
 #define LN2_HI 0.693359375f /* ln 2 split so that n * LN2_HI is exact */
 #define LN2_LO (-2.12194440e-4f)
-#define P0     1.9875691500e-4f
-#define P1     1.3981999507e-3f
-#define P2     8.3334519073e-3f
-#define P3     4.1665795894e-2f
-#define P4     1.6666665459e-1f
-#define P5     5.0000001201e-1f
+/* e^r = 1 + r (C1 + r (C2 + r (C3 + r (C4 + r C5)))) for |r| <= ln2 / 2: a minimax fit of
+ * the relative error (9.2e-8 before rounding) with e^0 = 1 exactly, five FMAs: the softmax's
+ * exponential is the work per score that is not a product, a tenth or more of attention at
+ * D = 64. With the two-part ln 2 the whole exponential stays within 1.4 FLT_EPSILON of exp()
+ * over [-87, 88.7] (checked on 4e7 arguments). */
+#define EXP_C1 9.999997020e-01f
+#define EXP_C2 4.999914765e-01f
+#define EXP_C3 1.666763872e-01f
+#define EXP_C4 4.189817607e-02f
+#define EXP_C5 8.290277794e-03f
 /* tanh below this magnitude comes from its Taylor series: 1 - 2/(e^2t + 1) cancels there. */
 #define TANH_SERIES_BELOW 0.25f
 
@@ -43,10 +47,9 @@ static float exp_scalar(float x)
     if (x > EXP_HI)
         x = EXP_HI;
     float n = nearbyintf(x * LOG2E);
-    float r = x - n * LN2_HI - n * LN2_LO;
-    float p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
-    float y = p * r * r + r + 1.0f;
-    return ldexpf(y, (int)n);
+    float r = fmaf(-n, LN2_LO, fmaf(-n, LN2_HI, x));
+    float p = fmaf(fmaf(fmaf(EXP_C5, r, EXP_C4), r, EXP_C3), r, EXP_C2);
+    return ldexpf(fmaf(fmaf(p, r, EXP_C1), r, 1.0f), (int)n);
 }
 
 static float tanh_scalar(float t)
@@ -237,12 +240,11 @@ AVX2 static inline __m256 exp8(__m256 x)
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
-    __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C5), r, _mm256_set1_ps(EXP_C4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_C3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_C2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_C1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
     /* 2^n from its bit pattern holds n <= 127; n = 128 (x in [88.38, 89]) scales y by 2 first,
      * so that exp(88.7) stays finite and exp(89) overflows to +inf, as expf does. */
     __m256 top = _mm256_cmp_ps(n, _mm256_set1_ps(127.5f), _CMP_GT_OQ);
@@ -518,12 +520,11 @@ AVX512 static inline __m512 exp16(__m512 x)
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
-    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C5), r, _mm512_set1_ps(EXP_C4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps((__mmask16)~under, y, n);
 }
 
@@ -557,15 +558,16 @@ AVX512 static float exp_sum_avx512(float *x, int64_t n, float shift)
     return _mm512_reduce_add_ps(acc);
 }
 
+/* The block maximum skips NaN (max returns its second operand, m, when v is NaN), and a NaN
+ * score makes the sum NaN instead: with a finite shift no other input gives a NaN sum, so one
+ * test after the loop replaces a compare per vector. */
 AVX512 static float exp_sum_max_avx512(float *x, int64_t n, float shift, float *max)
 {
     __m512 s = _mm512_set1_ps(shift), acc = _mm512_setzero_ps(), m = _mm512_set1_ps(-INFINITY);
-    __mmask16 nan = 0;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        m = _mm512_max_ps(m, v);
+        m = _mm512_max_ps(v, m);
         __m512 e = exp16(_mm512_sub_ps(v, s));
         _mm512_storeu_ps(x + i, e);
         acc = _mm512_add_ps(acc, e);
@@ -573,14 +575,14 @@ AVX512 static float exp_sum_max_avx512(float *x, int64_t n, float shift, float *
     if (i < n) {
         __mmask16 mask = tail_mask16(n - i);
         __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mask, x + i);
-        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        m = _mm512_max_ps(m, v);
+        m = _mm512_max_ps(v, m);
         __m512 e = exp16(_mm512_sub_ps(v, s));
         _mm512_mask_storeu_ps(x + i, mask, e);
         acc = _mm512_mask_add_ps(acc, mask, acc, e);
     }
-    *max = nan ? NAN : _mm512_reduce_max_ps(m);
-    return _mm512_reduce_add_ps(acc);
+    float sum = _mm512_reduce_add_ps(acc);
+    *max = isnan(sum) ? NAN : _mm512_reduce_max_ps(m);
+    return sum;
 }
 
 AVX512 static void exp_store_avx512(const float *x, float *dst, int64_t n, float shift, float mul,

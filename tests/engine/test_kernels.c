@@ -498,6 +498,54 @@ static void test_vector_exp_edge_cases(void)
     }
 }
 
+/* The online softmax's one-pass kernel: for every variant, length (full vectors and tails) and
+ * position of a NaN, the same block maximum as `max` and the same sums and exponentials as
+ * `exp_sum` (to a few ulps of the scalar variant), and a NaN anywhere reported as the maximum
+ * even though no compare per vector looks for it; +inf and -inf are plain scores. */
+static void test_vector_exp_sum_max_reports_the_maximum_and_nan(void)
+{
+    enum { LEN = 37 };
+    static const char *const variants[] = {"scalar", "avx2", "avx512"};
+    const eng__vec_ops *scalar = eng__vec_variant("scalar");
+    uint64_t rng = 11;
+    float base[LEN];
+    for (int i = 0; i < LEN; i++)
+        base[i] = (float)rng_sym(&rng, 6.0);
+    base[3] = -INFINITY;
+    base[20] = 7.5f;
+    for (int v = 0; v < 3; v++) {
+        const eng__vec_ops *ops = eng__vec_variant(variants[v]);
+        if (!ops) {
+            printf("skip: exp_sum_max %s: this CPU does not support it\n", variants[v]);
+            continue;
+        }
+        for (int64_t len = 1; len <= LEN; len++) {
+            float x[LEN], y[LEN], bmax;
+            memcpy(x, base, sizeof x);
+            memcpy(y, base, sizeof y);
+            float sum = ops->exp_sum_max(x, len, 1.25f, &bmax);
+            float want = scalar->exp_sum(y, len, 1.25f);
+            CHECKF(bmax == scalar->max(base, len), "%s: block max %g (length %lld)", variants[v],
+                   (double)bmax, (long long)len);
+            CHECKF(fabsf(sum - want) <= 8 * FLT_EPSILON * want, "%s: sum %.9g, scalar %.9g",
+                   variants[v], (double)sum, (double)want);
+            for (int64_t i = 0; i < len; i++)
+                CHECKF(same_exp(x[i], y[i]), "%s: exp at %lld: %.9g, scalar %.9g", variants[v],
+                       (long long)i, (double)x[i], (double)y[i]);
+            for (int64_t at = 0; at < len; at++) {
+                memcpy(x, base, sizeof x);
+                x[at] = NAN;
+                ops->exp_sum_max(x, len, 1.25f, &bmax);
+                CHECKF(isnan(bmax), "%s: NaN at %lld of %lld not reported (max %g)", variants[v],
+                       (long long)at, (long long)len, (double)bmax);
+            }
+        }
+        float inf_row[3] = {0.0f, INFINITY, -1.0f}, bmax;
+        ops->exp_sum_max(inf_row, 3, 0.0f, &bmax);
+        CHECKF(isinf(bmax) && bmax > 0, "%s: +inf score gives max %g", variants[v], (double)bmax);
+    }
+}
+
 /* A value of `dtype` near x: its bits at *bits (16-bit dtypes), its exact value returned. */
 static float kv_value(eng_dtype dtype, float x, uint16_t *bits)
 {
@@ -664,6 +712,7 @@ int main(void)
     RUN_WITHIN(test_packing_bf16_bits_matches_their_widening, 60);
     RUN_WITHIN(test_wide_tile_ragged_sizes, 60);
     RUN_WITHIN(test_vector_exp_edge_cases, 30);
+    RUN_WITHIN(test_vector_exp_sum_max_reports_the_maximum_and_nan, 30);
     RUN_WITHIN(test_vector_rows_dots_and_axpys, 30);
     RUN_WITHIN(test_vector_bf16_pairs, 30);
     return check_report();
