@@ -8,12 +8,14 @@
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
  * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa.c): S = Q K^T over
- * two K^T panels at once, and O += P V over two V panels, whole key range in one depth; and
- * the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of panels. One
- * broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24 FMAs, each
- * row of A is read once per 64 columns instead of once per 32, and a tile of one or two rows
- * (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model 207,
- * alternating with the 12 x 32 path in one process, the attention ran 7-9% faster at D = 64.
+ * two K^T panels at once, and O += P V over two V panels or over V's rows where they lie
+ * (wide_rows: any row stride, masked loads that stop at column n), whole key range in one
+ * depth; and the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of
+ * panels. One broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24
+ * FMAs, each row of A is read once per 64 columns instead of once per 32, and a tile of one or
+ * two rows (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model
+ * 207, alternating with the 12 x 32 path in one process, the attention ran 7-9% faster at
+ * D = 64.
  *
  * Compiled with a target attribute, not a file-wide -mavx512f, so the one binary runs on CPUs
  * without AVX-512: the dispatcher (kernels.c) calls this only when cpuid and XCR0 allow.
@@ -54,25 +56,34 @@ AVX512 void eng__tile_avx512(int64_t k, const float *a, int64_t lda, const float
 
 enum { WIDE_MR = ENG__AVX512_WIDE_MR, WIDE_VECS = 4 };
 
-AVX512 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *b,
-                                  int64_t b_panel_stride, float *c, int64_t ldc, float alpha,
-                                  float beta, int m, int n)
+/* The wide tile: B's columns [0, 32) of row p at b + p ldb, [32, 64) at b + b_half + p ldb.
+ * `masked` (a constant at each call) loads B with masks that read no column past n, for rows in
+ * place; whole panels load without them (gcc would otherwise reload the masks from the stack
+ * at every step: four more uops per 24 FMAs). */
+AVX512 static inline __attribute__((always_inline)) void
+wide_tile(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t b_half,
+          bool masked, float *c, int64_t ldc, float alpha, float beta, int m, int n)
 {
     /* Rows past m read row m - 1 again (never stored), so that A needs only m rows. */
     const float *row[WIDE_MR];
 #pragma GCC unroll 6
     for (int r = 0; r < WIDE_MR; r++)
         row[r] = a + (r < m ? r : m - 1) * lda;
-    const float *b2 = b + b_panel_stride;
+    const __mmask16 mask[WIDE_VECS] = {eng__lanes16(n), eng__lanes16(n - 16), eng__lanes16(n - 32),
+                                       eng__lanes16(n - 48)};
     __m512 acc[WIDE_MR][WIDE_VECS];
 #pragma GCC unroll 6
     for (int r = 0; r < WIDE_MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < WIDE_VECS; v++)
             acc[r][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < k; p++) {
-        __m512 bv[WIDE_VECS] = {_mm512_load_ps(b + p * NR), _mm512_load_ps(b + p * NR + 16),
-                                _mm512_load_ps(b2 + p * NR), _mm512_load_ps(b2 + p * NR + 16)};
+    const float *b2 = b + b_half;
+    for (int64_t p = 0; p < k; p++, b += ldb, b2 += ldb) {
+        const float *at[WIDE_VECS] = {b, b + 16, b2, b2 + 16};
+        __m512 bv[WIDE_VECS];
+#pragma GCC unroll 4
+        for (int v = 0; v < WIDE_VECS; v++)
+            bv[v] = masked ? _mm512_maskz_loadu_ps(mask[v], at[v]) : _mm512_loadu_ps(at[v]);
 #pragma GCC unroll 6
         for (int r = 0; r < WIDE_MR; r++) {
             __m512 av = _mm512_set1_ps(row[r][p]);
@@ -82,14 +93,29 @@ AVX512 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const 
         }
     }
     __m512 al = _mm512_set1_ps(alpha);
-    __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
-    __mmask16 m2 = eng__lanes16(n - 32), m3 = eng__lanes16(n - 48);
 #pragma GCC unroll 6
     for (int r = 0; r < WIDE_MR; r++)
         if (r < m) {
-            eng__store_tile_row(c + r * ldc, acc[r][0], acc[r][1], al, beta, m0, m1);
-            eng__store_tile_row(c + r * ldc + NR, acc[r][2], acc[r][3], al, beta, m2, m3);
+            eng__store_tile_row(c + r * ldc, acc[r][0], acc[r][1], al, beta, mask[0], mask[1]);
+            eng__store_tile_row(c + r * ldc + NR, acc[r][2], acc[r][3], al, beta, mask[2], mask[3]);
         }
+}
+
+AVX512 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *b,
+                                  int64_t b_panel_stride, float *c, int64_t ldc, float alpha,
+                                  float beta, int m, int n)
+{
+    wide_tile(k, a, lda, b, NR, b_panel_stride, false, c, ldc, alpha, beta, m, n);
+}
+
+AVX512 void eng__tile_avx512_wide_rows(int64_t k, const float *a, int64_t lda, const float *b,
+                                       int64_t ldb, float *c, int64_t ldc, float alpha, float beta,
+                                       int m, int n)
+{
+    if (n >= 2 * NR)
+        wide_tile(k, a, lda, b, ldb, NR, false, c, ldc, alpha, beta, m, n);
+    else
+        wide_tile(k, a, lda, b, ldb, NR, true, c, ldc, alpha, beta, m, n);
 }
 
 /* r[0..16) transposed in registers: row i of the result is column i of the input. Three

@@ -458,10 +458,31 @@ static size_t k16_elems(const plan *p)
     return align32(eng__bf16_panels_elems(p->ks->nr, p->bc, p->D));
 }
 
+/* Whether the task's key blocks go through the micro-kernel's panels. */
+static bool task_packs(const plan *p)
+{
+    return p->ks->tile && !p->stream;
+}
+
+/* Whether o += P V reads V's fp32 rows where they lie, so that V is never packed (packing it
+ * cost a few percent of the time: a copy of V through memory): the avx512 set's wide tile
+ * takes rows at any stride, and they must start on cache lines, or every load would read two.
+ * Not for bf16 (V is rounded as it is packed), 16-bit views (packed from their bits) or a
+ * paged cache (its prepacked blocks span cache blocks, whose rows are not contiguous). */
+static bool values_in_place(const plan *p)
+{
+    const eng_view *v = &p->a->v;
+    bool lines = (uintptr_t)v->data % 64 == 0;
+    for (int d = 0; d < 3; d++)
+        lines = lines && (v->ne[d] == 1 || v->stride[d] % 16 == 0);
+    return task_packs(p) && p->ks->tile == eng__tile_avx512 && !p->bf16 && !p->kv16 && !p->kv &&
+           lines;
+}
+
 static size_t fp32_panels_floats(const plan *p)
 {
     return align16(eng__sgemm_panels_floats(p->ks, p->bc, p->D)) +
-           align16(eng__sgemm_panels_floats(p->ks, p->Dv, p->bc));
+           (values_in_place(p) ? 0 : align16(eng__sgemm_panels_floats(p->ks, p->Dv, p->bc)));
 }
 
 /* Emulated bf16: the task's Q rows rounded, in fp32 (whole tiles, and one more tile). */
@@ -469,12 +490,6 @@ static size_t qf_floats(const plan *p)
 {
     int64_t mr = p->ks->mr;
     return align16((size_t)(((task_rows(p) + mr - 1) / mr * mr + mr) * p->D));
-}
-
-/* Whether the task's key blocks go through the micro-kernel's panels. */
-static bool task_packs(const plan *p)
-{
-    return p->ks->tile && !p->stream;
 }
 
 static size_t task_panels_floats(const plan *p)
@@ -972,7 +987,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
     }
     bp->v = value_panels(p, b, hk, j0);
     bp->v_stride = p->S * p->ks->nr;
-    if (!bp->v) {
+    if (!bp->v && !values_in_place(p)) {
         if (bp->vr)
             eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
         else
@@ -1080,11 +1095,13 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
     }
 }
 
-/* Whether o += P V takes the avx512 set's wide 6 x 64 tile: fp32 V panels and whole groups of
- * 64 output columns (two panels of 32 each). */
+/* Whether o += P V takes the avx512 set's wide 6 x 64 tile: over V's rows in place, or over
+ * fp32 V panels, 64 output columns (two panels of 32) at a time. Either way the whole key
+ * range is one depth, summed in key order, so that V in place and V packed from 16-bit views
+ * of the same values give the same bits. */
 static bool values_wide(const plan *p, const block_panels *bp)
 {
-    return p->ks->tile == eng__tile_avx512 && bp->v && p->Dv % 64 == 0;
+    return p->ks->tile == eng__tile_avx512 && (values_in_place(p) ? bp->vr != NULL : bp->v != NULL);
 }
 
 /* o[rows x Dv] += s[rows x n] V for keys [c0, c0 + n) of block bp with the wide tile: each P
@@ -1094,10 +1111,17 @@ static void values_wide_gemm(const plan *p, const float *s, int64_t lds, int64_t
 {
     const int64_t nr = p->ks->nr, mr = ENG__AVX512_WIDE_MR;
     for (int64_t j = 0; j < p->Dv; j += 64) {
-        const float *v = bp->v + j / nr * bp->v_stride + c0 * nr;
-        for (int64_t r = 0; r < rows; r += mr)
-            eng__tile_avx512_wide(n, s + r * lds, lds, v, bp->v_stride, o + r * ldo + j, ldo, 1.0f,
-                                  1.0f, (int)(rows - r < mr ? rows - r : mr), 64);
+        const int cols = (int)(p->Dv - j < 64 ? p->Dv - j : 64);
+        for (int64_t r = 0; r < rows; r += mr) {
+            const int m = (int)(rows - r < mr ? rows - r : mr);
+            if (!bp->v) /* in place: V's rows from key c0, column j */
+                eng__tile_avx512_wide_rows(n, s + r * lds, lds, bp->vr + c0 * bp->ldv + j, bp->ldv,
+                                           o + r * ldo + j, ldo, 1.0f, 1.0f, m, cols);
+            else /* the panels of columns j.. (a last lone panel has no second) */
+                eng__tile_avx512_wide(n, s + r * lds, lds, bp->v + j / nr * bp->v_stride + c0 * nr,
+                                      cols > nr ? bp->v_stride : 0, o + r * ldo + j, ldo, 1.0f,
+                                      1.0f, m, cols);
+        }
     }
 }
 
@@ -1757,7 +1781,8 @@ static void plan_prepack(plan *p)
         p->vpack_head = (int64_t)eng__bf16_panels_elems(p->ks->nr, p->Dv, p->S);
     } else {
         p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
-        p->vpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+        p->vpack_head =
+            values_in_place(p) ? 0 : (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
     }
     if (__builtin_mul_overflow(heads, p->kpack_head + p->vpack_head, &total) ||
         (uint64_t)total > PREPACK_MAX_BYTES / prepack_elem_bytes(p))
@@ -1793,7 +1818,7 @@ static void prepack_range(plan *p, int64_t index, int64_t j, int64_t len, const 
     }
     eng__sgemm_pack_panels(p->ks, k, ldk, true, p->D, len,
                            p->kpack + index * p->kpack_head + j / nr * p->D * nr);
-    for (int64_t q = 0; q < p->Dv; q += nr)
+    for (int64_t q = 0; p->vpack && q < p->Dv; q += nr)
         eng__sgemm_pack_panels(p->ks, v + q, ldv, false, len, p->Dv - q < nr ? p->Dv - q : nr,
                                p->vpack + index * p->vpack_head + q / nr * p->S * nr + j * nr);
 }
@@ -2064,7 +2089,7 @@ static eng_status sdpa_run(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
         p.vpack16 = p.kpack16 + p.B * p.Hkv * p.kpack_head;
     } else if (packed) {
         p.kpack = packed;
-        p.vpack = packed + p.B * p.Hkv * p.kpack_head;
+        p.vpack = p.vpack_head ? packed + p.B * p.Hkv * p.kpack_head : NULL;
     }
     if ((a->alibi && !p.slopes) || (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",

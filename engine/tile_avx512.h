@@ -2,7 +2,8 @@
  * tile_avx512.h - what the AVX-512 micro-kernels (gemm_avx512.c, gemm_bf16_avx512.c) share:
  * the lane mask of a ragged tile edge and the store of one row of the 12 x 32 tile; and the
  * wide 6 x 64 tile, which engine/sdpa.c calls directly for both of the flash loop's products
- * and the GEMM driver (gemm.c) runs the avx512 set's products on.
+ * (over packed K^T panels, and over V's rows in place) and the GEMM driver (gemm.c) runs the
+ * avx512 set's products on.
  *
  *     __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
  *     eng__store_tile_row(c + r * ldc, acc0[r], acc1[r], _mm512_set1_ps(alpha), beta, m0, m1);
@@ -29,6 +30,12 @@
 void eng__tile_avx512_wide(int64_t k, const float *a, int64_t lda, const float *b,
                            int64_t b_panel_stride, float *c, int64_t ldc, float alpha, float beta,
                            int m, int n);
+
+/* The same with B's k rows where they lie: row p at b + p ldb, its first n columns read and
+ * none past them. Any alignment is correct; rows on 64-byte boundaries run fastest (no load
+ * splits a cache line), so O += P V takes V in place only when its rows are. */
+void eng__tile_avx512_wide_rows(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                                float *c, int64_t ldc, float alpha, float beta, int m, int n);
 
 /* One packed panel of the avx512 set from B^T rows: dst[p * 32 + j] = b[j * ldb + p] for the
  * first `cols` (1..32) rows j of b and depths p < k, zero in the columns past cols. dst is

@@ -17,6 +17,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static const char *const set_names[] = {"avx512", "avx2", "generic", "openblas"};
 #define N_SETS ((int)(sizeof set_names / sizeof set_names[0]))
@@ -361,32 +363,58 @@ static void test_packing_bf16_bits_matches_their_widening(void)
     }
 }
 
-/* The flash loop's 6 x 64 tile (tile_avx512.h) on every ragged m, n, k: A of exactly m rows
- * (an unaligned buffer, so that a read past row m - 1 is caught by ASan), B as two packed panels
- * with an uneven panel stride (one panel and stride 0 for n <= 32), C with a gap after each row
- * that must stay untouched; beta 0 (C starts as NaN, never read) and beta 1. */
-static int wide_tile_check(int m, int n, int64_t k, float alpha, float beta, uint64_t *rng)
+/* n floats that end where an inaccessible page begins, so that a read past them faults in
+ * every build (the sanitizers do not see masked vector loads); unmap with guarded_free. */
+typedef struct {
+    void *map;
+    size_t len;
+} guarded;
+
+static float *guarded_floats(size_t n, guarded *g)
 {
-    const int64_t lda = k + 3, ldc = n + 1, panel = k * 32, stride = n > 32 ? panel + 16 : 0;
-    float *a_mem = xcalloc((size_t)((m - 1) * lda + k + 1), sizeof(float)), *a = a_mem + 1;
-    float *b = NULL, *c = xcalloc((size_t)(m * ldc), sizeof(float));
-    float *c0 = xcalloc((size_t)(m * ldc), sizeof(float));
-    if (posix_memalign((void **)&b, 64, (size_t)(stride + panel) * sizeof(float)) != 0)
-        b = NULL;
-    CHECK(b != NULL);
-    if (!b) {
-        free(a_mem);
-        free(c);
-        free(c0);
-        return 1;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE),
+           data = (n * sizeof(float) + page - 1) / page * page;
+    g->len = data + page;
+    g->map = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g->map == MAP_FAILED || mprotect((char *)g->map + data, page, PROT_NONE) != 0) {
+        fprintf(stderr, "test_kernels: cannot map a guarded buffer\n");
+        abort();
     }
+    return (float *)((char *)g->map + data) - n;
+}
+
+static void guarded_free(guarded *g)
+{
+    munmap(g->map, g->len);
+}
+
+/* The flash loop's 6 x 64 tile (tile_avx512.h) on every ragged m, n, k: A of exactly m rows
+ * (an unaligned buffer, so that a read past row m - 1 is caught by ASan); B as two packed panels
+ * with an uneven panel stride (one panel for n <= 32), or, in_place (the _rows entry), as k rows
+ * of exactly n floats at an odd row stride, unaligned, the last one ending where an inaccessible
+ * page begins (a read past column n faults); C with a gap after each row that must stay untouched;
+ * beta 0 (C starts as NaN, never read) and beta 1. */
+static int wide_tile_check(int m, int n, int64_t k, float alpha, float beta, bool in_place,
+                           uint64_t *rng)
+{
+    const int64_t lda = k + 3, ldc = n + 1;
+    const int64_t ldb = in_place ? n + 5 : 32, half = in_place ? 32 : n > 32 ? k * 32 + 16 : 0;
+    const int64_t b_floats = in_place ? (k - 1) * ldb + n : half + k * 32;
+    float *a_mem = xcalloc((size_t)((m - 1) * lda + k + 1), sizeof(float)), *a = a_mem + 1;
+    float *c = xcalloc((size_t)(m * ldc), sizeof(float));
+    float *c0 = xcalloc((size_t)(m * ldc), sizeof(float));
+    guarded b_map;
+    float *b = guarded_floats((size_t)b_floats, &b_map);
     for (int64_t i = 0; i < (m - 1) * lda + k; i++)
         a[i] = rng_sym(rng, 1.0);
-    for (int64_t i = 0; i < stride + panel; i++)
+    for (int64_t i = 0; i < b_floats; i++)
         b[i] = rng_sym(rng, 1.0);
     for (int64_t i = 0; i < m * ldc; i++)
         c[i] = c0[i] = beta == 0.0f ? NAN : rng_sym(rng, 1.0);
-    eng__tile_avx512_wide(k, a, lda, b, stride, c, ldc, alpha, beta, m, n);
+    if (in_place)
+        eng__tile_avx512_wide_rows(k, a, lda, b, ldb, c, ldc, alpha, beta, m, n);
+    else
+        eng__tile_avx512_wide(k, a, lda, b, half, c, ldc, alpha, beta, m, n);
     int bad = 0;
     double tol_k = 4.0 * (double)k * FLT_EPSILON * fabs((double)alpha);
     for (int i = 0; i < m && bad < 3; i++)
@@ -400,21 +428,22 @@ static int wide_tile_check(int m, int n, int64_t k, float alpha, float beta, uin
                 }
                 continue;
             }
-            const float *bj = b + (j < 32 ? j : stride + j - 32);
+            const float *bj = b + (j < 32 ? j : half + j - 32);
             double ref = 0;
             for (int64_t p = 0; p < k; p++)
-                ref += (double)a[i * lda + p] * bj[p * 32];
+                ref += (double)a[i * lda + p] * bj[p * ldb];
             ref = alpha * ref + (beta == 0.0f ? 0.0 : beta * (double)before);
             if (!(fabs((double)got - ref) <= tol_k + FLT_EPSILON * (fabs(ref) + 1.0))) {
                 CHECKF(false,
-                       "wide tile m=%d n=%d k=%lld alpha=%g beta=%g: C(%d,%d) = %.9g, "
+                       "wide tile m=%d n=%d k=%lld alpha=%g beta=%g in_place=%d: C(%d,%d) = %.9g, "
                        "reference %.9g",
-                       m, n, (long long)k, (double)alpha, (double)beta, i, j, (double)got, ref);
+                       m, n, (long long)k, (double)alpha, (double)beta, in_place, i, j, (double)got,
+                       ref);
                 bad++;
             }
         }
     free(a_mem);
-    free(b);
+    guarded_free(&b_map);
     free(c);
     free(c0);
     return bad;
@@ -432,8 +461,12 @@ static void test_wide_tile_ragged_sizes(void)
     for (int m = 1; m <= ENG__AVX512_WIDE_MR && failures < 3; m++)
         for (int in = 0; in < (int)(sizeof cols / sizeof cols[0]) && failures < 3; in++)
             for (int ik = 0; ik < N_RAGGED && failures < 3; ik++) {
-                failures += wide_tile_check(m, cols[in], ragged[ik], 0.125f, 0.0f, &rng);
-                failures += wide_tile_check(m, cols[in], ragged[ik], 1.0f, 1.0f, &rng);
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    failures +=
+                        wide_tile_check(m, cols[in], ragged[ik], 0.125f, 0.0f, in_place, &rng);
+                    failures +=
+                        wide_tile_check(m, cols[in], ragged[ik], 1.0f, 1.0f, in_place, &rng);
+                }
             }
 }
 

@@ -1044,6 +1044,56 @@ static void test_zero_stride_broadcast_views(void)
     problem_free(&p);
 }
 
+/* V's rows on cache lines are read where they lie (the avx512 set's wide tile), others are
+ * packed first: the output is the reference's either way, and the same bits. Ragged Dv (row
+ * strides padded to whole lines), a ragged last key block, causal or not, and query blocks
+ * that share K panels packed once per head. */
+static void test_value_alignment_never_changes_the_output(void)
+{
+    static const int64_t dvs[] = {16, 40, 64, 80, 128, 200};
+    const int64_t L = quick ? 40 : 600, S = quick ? 300 : 700, H = 2;
+    uint64_t rng = 77;
+    for (size_t i = 0; i < sizeof dvs / sizeof dvs[0]; i++)
+        for (int causal = 0; causal < 2; causal++) {
+            const int64_t Dv = dvs[i], ld = (Dv + 15) / 16 * 16, n = H * S * ld;
+            shape sh = shape_of(1, H, H, L, S, 32, Dv);
+            problem p;
+            problem_init(&p, &sh, &rng);
+            /* Two copies of V in one block: on cache lines, and one float past them. */
+            const size_t lined_floats = (size_t)(n + 16) / 16 * 16;
+            float *mem = aligned_alloc(64, (lined_floats + (size_t)n + 16) * sizeof(float));
+            CHECK(mem != NULL);
+            if (!mem) {
+                problem_free(&p);
+                return;
+            }
+            float *lined = mem, *shifted = mem + lined_floats + 1;
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t j = 0; j < S; j++)
+                    for (int64_t c = 0; c < Dv; c++)
+                        lined[(h * S + j) * ld + c] = shifted[(h * S + j) * ld + c] =
+                            p.v[(h * S + j) * Dv + c];
+            p.a.v = view_of(lined, 1, H, S, Dv, H * S * ld, S * ld, ld);
+            p.a.causal = causal;
+            char note[64];
+            snprintf(note, sizeof note, "V on cache lines, Dv %lld causal %d", (long long)Dv,
+                     causal);
+            p.note = note;
+            compare(&p);
+            float *first = xcalloc(p.no, sizeof(float));
+            memcpy(first, p.o, p.no * sizeof(float));
+            p.a.v.data = shifted;
+            eng_error err;
+            CHECK(eng_sdpa(pool, &p.a, NULL, &err) == ENG_OK);
+            CHECKF(memcmp(first, p.o, p.no * sizeof(float)) == 0,
+                   "Dv %lld causal %d: V one float off the cache lines gives other bits",
+                   (long long)Dv, causal);
+            free(first);
+            free(mem);
+            problem_free(&p);
+        }
+}
+
 /* A row stride is BLAS's leading dimension: below the row length the rows would overlap, and
  * BLAS itself would refuse it, so the engine refuses it first and names the operand. */
 static void test_row_stride_below_row_length_is_refused(void)
@@ -2500,6 +2550,7 @@ int main(void)
     RUN_WITHIN(test_scores_near_plus_minus_1e4, 60);
     RUN_WITHIN(test_row_maximum_arrives_late, 120);
     RUN_WITHIN(test_zero_stride_broadcast_views, 60);
+    RUN_WITHIN(test_value_alignment_never_changes_the_output, 120);
     RUN_WITHIN(test_row_stride_below_row_length_is_refused, 60);
     RUN_WITHIN(test_keys_beyond_kv_lengths_are_ignored, 60);
     RUN_WITHIN(test_nonfinite_inputs_are_reported, 60);
