@@ -94,8 +94,9 @@ static int run_case(const bench_case *bc)
     c.args.out = out;
     c.args.causal = bc->causal;
     c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
-    double secs = bench_best_seconds(run_mha, &c, 2.0);
-    printf("%.9f\n", secs);
+    double peak;
+    double secs = bench_best_seconds_and_peak(run_mha, &c, 2.0, bc->bf16, eng_cpu_count(), &peak);
+    printf("%.9f %.3f\n", secs, peak);
     free(in_w);
     free(in_b);
     free(out_w);
@@ -129,21 +130,19 @@ int main(int argc, char **argv)
     double fp32_gflops = 0;
     for (int i = 0; i < NCASES; i++) {
         const bench_case *bc = &cases[i];
-        double secs, rss;
-        /* The machine is shared: the peak (and for decoding the memory rate) is measured
-         * again right before each case, so that the ratio compares like with like; bf16 cases
-         * divide by the peak of the bf16 products they run. */
-        double peak_now =
-            bc->bf16 ? bench_peak_bf16_gflops(threads) : bench_peak_gflops(kernels, threads);
-        if (bc->bf16 && peak_now == 0) {
+        /* bf16 cases divide by the peak of the bf16 products they run, which the child
+         * measures in turns with the case's runs: the machine is shared. */
+        if (bc->bf16 && !bench_peak_bf16_exists()) {
             printf("mha precision=bf16 skipped: kernel set %s computes bf16 in float32\n", kernels);
             continue;
         }
-        if (bench_measure_case(i, &secs, &rss) != 0) {
+        double values[2], rss;
+        if (bench_measure_case_values(i, values, 2, &rss) != 2) {
             printf("mha case %d failed\n", i);
             failures++;
             continue;
         }
+        double secs = values[0], peak_now = values[1];
         double B = (double)bc->b, L = (double)bc->l, E = (double)bc->e;
         double projections = 4.0 * 2.0 * B * L * E * E;
         double attention = 4.0 * B * L * L * E;

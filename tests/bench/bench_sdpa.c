@@ -146,8 +146,9 @@ static int run_case(const bench_case *bc)
     c.args.out = eng_view_contiguous(out, bc->b, bc->h, bc->l, bc->d);
     c.args.causal = bc->causal;
     c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
-    double t = bench_best_seconds(run_sdpa, &c, 2.0);
-    printf("%.9f\n", t);
+    double peak;
+    double t = bench_best_seconds_and_peak(run_sdpa, &c, 2.0, bc->bf16, eng_cpu_count(), &peak);
+    printf("%.9f %.3f\n", t, peak);
     free(q);
     free(k);
     free(v);
@@ -461,25 +462,24 @@ int main(int argc, char **argv)
         const bench_case *bc = &cases[i];
         if (decode_only && bc->l > 4)
             continue;
-        double t, rss;
-        /* The machine is shared: the peak (and for decoding the memory rate) is measured
-         * again right before each case, so that the ratio compares like with like. bf16 cases
-         * divide by the bf16 peak of the products they run. */
-        double peak_now =
-            bc->bf16 ? bench_peak_bf16_gflops(threads) : bench_peak_gflops(kernels, threads);
-        if (bc->bf16 && peak_now == 0) {
+        /* bf16 cases divide by the bf16 peak of the products they run. */
+        if (bc->bf16 && !bench_peak_bf16_exists()) {
             printf("sdpa b=%lld h=%lld l=%lld s=%lld d=%lld causal=%d precision=bf16 skipped: "
                    "kernel set %s computes bf16 requests in float32\n",
                    (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->s,
                    (long long)bc->d, bc->causal, kernels);
             continue;
         }
+        /* The machine is shared: the memory rate of decoding is measured again right before
+         * its case, and the child takes the peak in turns with the case's runs. */
         double mem_now = bc->l <= 4 ? memory_gbps(threads) : mem;
-        if (bench_measure_case(i, &t, &rss) != 0) {
+        double values[2], rss;
+        if (bench_measure_case_values(i, values, 2, &rss) != 2) {
             printf("sdpa case %d failed\n", i);
             failures++;
             continue;
         }
+        double t = values[0], peak_now = values[1];
         double flops =
             4.0 * (double)(bc->b * bc->h) * (double)bc->l * (double)bc->s * (double)bc->d;
         if (bc->causal && bc->l == bc->s)

@@ -22,7 +22,8 @@ double bench_seconds(void)
 
 float *bench_random_floats(size_t n, unsigned seed, float amp)
 {
-    float *x = malloc(n * sizeof(float));
+    /* On cache lines, as the daemon's tensors are (eng_buf_alloc). */
+    float *x = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
     if (!x) {
         fprintf(stderr, "bench: out of memory for %zu floats\n", n);
         exit(1);
@@ -171,48 +172,84 @@ static void *peak_thread(void *p)
     return NULL;
 }
 
-static double peak_of(double (*loop)(void), int threads);
-
-double bench_peak_gflops(const char *kernels, int threads)
+/* The FMA loop of the kernel set `kernels`. */
+static double (*peak_loop(const char *kernels))(void)
 {
-    double (*loop)(void) = peak_sse2;
     bool avx512 = eng_kernels_supported("avx512"), avx2 = eng_kernels_supported("avx2");
     if (strcmp(kernels, "avx512") == 0 || (strcmp(kernels, "openblas") == 0 && avx512))
-        loop = peak_avx512;
-    else if (strcmp(kernels, "avx2") == 0 || (strcmp(kernels, "openblas") == 0 && avx2))
-        loop = peak_avx2;
-    return peak_of(loop, threads);
+        return peak_avx512;
+    if (strcmp(kernels, "avx2") == 0 || (strcmp(kernels, "openblas") == 0 && avx2))
+        return peak_avx2;
+    return peak_sse2;
 }
 
-double bench_peak_bf16_gflops(int threads)
+/* The loop of the bf16 products the engine runs, or NULL when it computes them in float32. */
+static double (*peak_bf16_loop(void))(void)
 {
     eng_engine_info info;
     eng_engine_info_get(&info);
     if (strcmp(info.bf16, "avx512bf16") == 0)
-        return peak_of(peak_avx512bf16, threads);
+        return peak_avx512bf16;
     if (strcmp(info.bf16, "emulated") == 0)
-        return bench_peak_gflops(info.kernels, threads);
-    return 0.0;
+        return peak_loop(info.kernels);
+    return NULL;
 }
 
-static double peak_of(double (*loop)(void), int threads)
+/* GFLOPS of one run of `loop` on `threads` threads at once. */
+static double peak_shot(double (*loop)(void), int threads)
 {
     pthread_t tid[64];
     peak_part parts[64];
     threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    double t0 = bench_seconds(), flops = 0;
+    for (int i = 0; i < threads; i++) {
+        parts[i] = (peak_part){loop, 0};
+        pthread_create(&tid[i], NULL, peak_thread, &parts[i]);
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(tid[i], NULL);
+        flops += parts[i].flops;
+    }
+    return flops / (bench_seconds() - t0) * 1e-9;
+}
+
+static double peak_best(double (*loop)(void), int threads)
+{
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = bench_seconds(), flops = 0;
-        for (int i = 0; i < threads; i++) {
-            parts[i] = (peak_part){loop, 0};
-            pthread_create(&tid[i], NULL, peak_thread, &parts[i]);
-        }
-        for (int i = 0; i < threads; i++) {
-            pthread_join(tid[i], NULL);
-            flops += parts[i].flops;
-        }
-        double gflops = flops / (bench_seconds() - t0) * 1e-9;
+        double gflops = peak_shot(loop, threads);
         best = gflops > best ? gflops : best;
+    }
+    return best;
+}
+
+double bench_peak_gflops(const char *kernels, int threads)
+{
+    return peak_best(peak_loop(kernels), threads);
+}
+
+bool bench_peak_bf16_exists(void)
+{
+    return peak_bf16_loop() != NULL;
+}
+
+double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, bool bf16, int threads,
+                                   double *peak_gflops)
+{
+    double (*loop)(void) = bf16 ? peak_bf16_loop() : peak_loop(eng_kernels_name());
+    *peak_gflops = 0;
+    if (!loop || fn(ctx) != ENG_OK) /* warm-up: page faults, scratch, BLAS buffers */
+        return -1;
+    double best = 1e30, total = 0;
+    for (int rep = 0; rep < 20 && (rep < 3 || total < min_total); rep++) {
+        double gflops = peak_shot(loop, threads);
+        *peak_gflops = gflops > *peak_gflops ? gflops : *peak_gflops;
+        double t0 = bench_seconds();
+        if (fn(ctx) != ENG_OK)
+            return -1;
+        double t = bench_seconds() - t0;
+        total += t;
+        best = t < best ? t : best;
     }
     return best;
 }

@@ -20,7 +20,8 @@
 /* CLOCK_MONOTONIC seconds. */
 double bench_seconds(void);
 
-/* n uniform floats in [-amp, amp) from a fixed seed; exits when memory runs out. */
+/* n uniform floats in [-amp, amp) from a fixed seed, 64-byte aligned (free() them); exits when
+ * memory runs out. */
 float *bench_random_floats(size_t n, unsigned seed, float amp);
 
 /* The best of at least three runs (and of at least `min_total` seconds of runs, at most 20),
@@ -37,10 +38,19 @@ double bench_sgemm_gflops(int threads);
  * threads at once: the silicon's peak for that set, which the benchmarks divide by. */
 double bench_peak_gflops(const char *kernels, int threads);
 
-/* The same for the bf16 products the engine runs: a register VDPBF16PS loop on that path, the
- * set's fp32 FMA loop where bf16 operands are rounded for the fp32 kernel, or 0 when the set
- * computes bf16 requests in float32 (openblas). */
-double bench_peak_bf16_gflops(int threads);
+/* Whether the bf16 products the engine runs have a peak loop: a register VDPBF16PS loop on
+ * that path, or the set's fp32 FMA loop where bf16 operands are rounded for the fp32 kernel;
+ * false when the set computes bf16 requests in float32 (openblas). */
+bool bench_peak_bf16_exists(void);
+
+/* bench_best_seconds, with one shot of the peak loop (bench_peak_gflops's for the process's
+ * kernel set, or the bf16 products' loop when bf16) before each timed run, on `threads`
+ * threads: *peak_gflops is the best shot. The machine is shared and its speed drifts by tens
+ * of percent within a minute; taken in turns, the case's best run and the loop's best shot
+ * come from the same minutes, so their ratio compares like with like. -1 (and *peak_gflops
+ * 0) when a run fails or bf16 has no loop. */
+double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, bool bf16, int threads,
+                                   double *peak_gflops);
 
 /* The fastest OpenBLAS core that computes a correct 2048^3 sgemm here, on the threads that
  * bench_child_blas is given:
