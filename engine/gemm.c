@@ -27,6 +27,11 @@ static int64_t min64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
 size_t eng__sgemm_pack_floats(const eng__kernels *ks, int64_t n, int64_t k)
 {
     if (!ks->tile)
@@ -174,13 +179,15 @@ void eng__sgemm(const eng__kernels *ks, const eng__gemm *g, float *pack)
         sgemm_blas(g);
         return;
     }
-    const int64_t kc_max = min64(g->k, ks->kc);
+    /* Depth blocks of even size: k = 512 as 4 x 128, not 160 + 160 + 160 + 32, whose last
+     * block would pay a whole pass over C for a fifth of the work. */
+    const int64_t kc_max = ceil_div(g->k, ceil_div(g->k, ks->kc));
     const int64_t nc_max = round_up(min64(g->n, ks->nc), ks->nr);
     float *edge = g->b_packed ? pack : pack + kc_max * nc_max;
     for (int64_t j0 = 0; j0 < g->n; j0 += ks->nc) {
         int64_t nc = min64(ks->nc, g->n - j0);
-        for (int64_t p0 = 0; p0 < g->k; p0 += ks->kc) {
-            int64_t kc = min64(ks->kc, g->k - p0);
+        for (int64_t p0 = 0; p0 < g->k; p0 += kc_max) {
+            int64_t kc = min64(kc_max, g->k - p0);
             /* Later depth blocks add to what the first one wrote. */
             float beta = p0 == 0 ? g->beta : 1.0f;
             if (g->b_packed) {

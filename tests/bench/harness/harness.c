@@ -241,7 +241,7 @@ double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, boo
     if (!loop || fn(ctx) != ENG_OK) /* warm-up: page faults, scratch, BLAS buffers */
         return -1;
     double best = 1e30, total = 0;
-    for (int rep = 0; rep < 20 && (rep < 3 || total < min_total); rep++) {
+    for (int rep = 0; rep < 60 && (rep < 3 || total < min_total); rep++) {
         double gflops = peak_shot(loop, threads);
         *peak_gflops = gflops > *peak_gflops ? gflops : *peak_gflops;
         double t0 = bench_seconds();

@@ -43,7 +43,8 @@ double bench_peak_gflops(const char *kernels, int threads);
  * false when the set computes bf16 requests in float32 (openblas). */
 bool bench_peak_bf16_exists(void);
 
-/* bench_best_seconds, with one shot of the peak loop (bench_peak_gflops's for the process's
+/* bench_best_seconds (but up to 60 runs: a short case spans `min_total` seconds of the
+ * machine's swings too), with one shot of the peak loop (bench_peak_gflops's for the process's
  * kernel set, or the bf16 products' loop when bf16) before each timed run, on `threads`
  * threads: *peak_gflops is the best shot. The machine is shared and its speed drifts by tens
  * of percent within a minute; taken in turns, the case's best run and the loop's best shot
