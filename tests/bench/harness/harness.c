@@ -34,20 +34,15 @@ float *bench_random_floats(size_t n, unsigned seed, float amp)
     return x;
 }
 
+/* The best of at least three runs of fn and of at least min_total seconds of them, at most
+ * max_runs, after one warm-up; with a shot of `loop` on `threads` threads before each run when
+ * loop is not NULL, the best in *peak_gflops. -1 when a run fails. */
+static double best_of(bench_fn fn, void *ctx, double min_total, int max_runs, double (*loop)(void),
+                      int threads, double *peak_gflops);
+
 double bench_best_seconds(bench_fn fn, void *ctx, double min_total)
 {
-    if (fn(ctx) != ENG_OK) /* warm-up: page faults, scratch, BLAS buffers */
-        return -1;
-    double best = 1e30, total = 0;
-    for (int rep = 0; rep < 20 && (rep < 3 || total < min_total); rep++) {
-        double t0 = bench_seconds();
-        if (fn(ctx) != ENG_OK)
-            return -1;
-        double t = bench_seconds() - t0;
-        total += t;
-        best = t < best ? t : best;
-    }
-    return best;
+    return best_of(fn, ctx, min_total, 20, NULL, 0, NULL);
 }
 
 typedef struct {
@@ -233,17 +228,17 @@ bool bench_peak_bf16_exists(void)
     return peak_bf16_loop() != NULL;
 }
 
-double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, bool bf16, int threads,
-                                   double *peak_gflops)
+static double best_of(bench_fn fn, void *ctx, double min_total, int max_runs, double (*loop)(void),
+                      int threads, double *peak_gflops)
 {
-    double (*loop)(void) = bf16 ? peak_bf16_loop() : peak_loop(eng_kernels_name());
-    *peak_gflops = 0;
-    if (!loop || fn(ctx) != ENG_OK) /* warm-up: page faults, scratch, BLAS buffers */
+    if (fn(ctx) != ENG_OK) /* warm-up: page faults, scratch, BLAS buffers */
         return -1;
     double best = 1e30, total = 0;
-    for (int rep = 0; rep < 60 && (rep < 3 || total < min_total); rep++) {
-        double gflops = peak_shot(loop, threads);
-        *peak_gflops = gflops > *peak_gflops ? gflops : *peak_gflops;
+    for (int rep = 0; rep < max_runs && (rep < 3 || total < min_total); rep++) {
+        if (loop) {
+            double gflops = peak_shot(loop, threads);
+            *peak_gflops = gflops > *peak_gflops ? gflops : *peak_gflops;
+        }
         double t0 = bench_seconds();
         if (fn(ctx) != ENG_OK)
             return -1;
@@ -252,6 +247,14 @@ double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, boo
         best = t < best ? t : best;
     }
     return best;
+}
+
+double bench_best_seconds_and_peak(bench_fn fn, void *ctx, double min_total, bool bf16, int threads,
+                                   double *peak_gflops)
+{
+    double (*loop)(void) = bf16 ? peak_bf16_loop() : peak_loop(eng_kernels_name());
+    *peak_gflops = 0;
+    return loop ? best_of(fn, ctx, min_total, 60, loop, threads, peak_gflops) : -1;
 }
 
 /* ---- The best OpenBLAS core ----------------------------------------------------------------- */
