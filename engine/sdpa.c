@@ -91,6 +91,7 @@ typedef struct {
     bool bf16;            /* the products take bf16 operands (eng_sdpa_precision) ... */
     bool bf16_native;     /* ... multiplied by VDPBF16PS; else rounded for the fp32 kernel */
     bool stream;          /* few rows in all: they stream raw K and V rows (stream_block) */
+    bool v_in_place;      /* o += P V reads V's rows where they lie (values_in_place) */
     int64_t dp;           /* bf16 rows of Q: D rounded up to a whole pair */
     bool prepack;         /* K and V are packed once, before the attention, and shared */
     float *kpack, *vpack; /* per (b, kv head): K^T panels (D x NR each) and V panels (S x NR) */
@@ -487,7 +488,7 @@ static bool values_in_place(const plan *p)
 static size_t fp32_panels_floats(const plan *p)
 {
     return align16(eng__sgemm_panels_floats(p->ks, p->bc, p->D)) +
-           (values_in_place(p) ? 0 : align16(eng__sgemm_panels_floats(p->ks, p->Dv, p->bc)));
+           (p->v_in_place ? 0 : align16(eng__sgemm_panels_floats(p->ks, p->Dv, p->bc)));
 }
 
 /* Emulated bf16: the task's Q rows rounded, in fp32 (whole tiles, and one more tile). */
@@ -992,7 +993,7 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
     }
     bp->v = value_panels(p, b, hk, j0);
     bp->v_stride = p->S * p->ks->nr;
-    if (!bp->v && !values_in_place(p)) {
+    if (!bp->v && !p->v_in_place) {
         if (bp->vr)
             eng__sgemm_pack_panels(p->ks, bp->vr, bp->ldv, false, cols, p->Dv, area);
         else
@@ -1106,7 +1107,7 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
  * of the same values give the same bits. */
 static bool values_wide(const plan *p, const block_panels *bp)
 {
-    return p->ks->tile == eng__tile_avx512 && (values_in_place(p) ? bp->vr != NULL : bp->v != NULL);
+    return p->ks->tile == eng__tile_avx512 && (p->v_in_place ? bp->vr != NULL : bp->v != NULL);
 }
 
 /* o[rows x Dv] += s[rows x n] V for keys [c0, c0 + n) of block bp with the wide tile: each P
@@ -1786,8 +1787,7 @@ static void plan_prepack(plan *p)
         p->vpack_head = (int64_t)eng__bf16_panels_elems(p->ks->nr, p->Dv, p->S);
     } else {
         p->kpack_head = (int64_t)eng__sgemm_panels_floats(p->ks, p->S, p->D);
-        p->vpack_head =
-            values_in_place(p) ? 0 : (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
+        p->vpack_head = p->v_in_place ? 0 : (int64_t)eng__sgemm_panels_floats(p->ks, p->Dv, p->S);
     }
     if (__builtin_mul_overflow(heads, p->kpack_head + p->vpack_head, &total) ||
         (uint64_t)total > PREPACK_MAX_BYTES / prepack_elem_bytes(p))
@@ -1918,6 +1918,7 @@ static void plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, 
     p->bf16_native = p->bf16 && p->ks->tile_bf16;
     p->dp = (p->D + 1) / 2 * 2;
     plan_blocks(p, threads);
+    p->v_in_place = values_in_place(p);
     plan_prepack(p);
 }
 
