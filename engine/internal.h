@@ -23,13 +23,16 @@ void *eng__scratch(size_t bytes);
 #define ENG__STREAM_ROWS 8
 
 /* The vector kernels of the softmax, chosen once for the CPU (AVX-512, AVX2 or scalar). Every
- * variant computes exp with the same polynomial, maps -inf to exactly 0, and needs no
- * alignment. */
+ * variant computes exp with the same polynomial, maps -inf and anything below -87 to exactly
+ * 0, and needs no alignment. */
 typedef struct {
     const char *name;
     /* max(x[0..n-1]); -inf for n == 0; NaN when any element is NaN. */
     float (*max)(const float *x, int64_t n);
-    /* x[i] = exp(x[i] - shift) in place; returns the sum. shift must be finite. */
+    /* x[i] = exp(d), d = x[i] - shift, in place; returns the sum. shift must be finite. For
+     * the online softmax, whose d are at most a few units above 0: each within
+     * (2 + 0.75 |d|) FLT_EPSILON of e^d (AVX-512 spends less on the range reduction; the
+     * others are within 1.4 FLT_EPSILON), which is below 0.3 FLT_EPSILON of e^0 for d <= 0. */
     float (*exp_sum)(float *x, int64_t n, float shift);
     /* exp_sum, and *max = the maximum of x before the call (NaN if any is NaN), in one pass. */
     float (*exp_sum_max)(float *x, int64_t n, float shift, float *max);
