@@ -117,6 +117,7 @@ static void read_cpu(cpu_info *c)
     c->avx512f = c->avx2_fma && os_avx512 && (b7 & bit_AVX512F);
     append_feature(c, c->avx2_fma, "avx2 fma");
     append_feature(c, c->avx512f, "avx512f");
+    append_feature(c, os_avx512 && (b7 & bit_AVX512DQ), "avx512dq");
     append_feature(c, os_avx512 && (b7 & bit_AVX512BW), "avx512bw");
     append_feature(c, os_avx512 && (b7 & bit_AVX512VL), "avx512vl");
     c->avx512bf16 = c->avx512f && (b7 & bit_AVX512BW) && (a71 & (1u << 5));
