@@ -209,9 +209,11 @@ static void init_sets(void)
                                        .vec = eng__vec_variant("scalar"),
                                        .round_bf16 = eng__bf16_round_floats};
     /* OpenBLAS runs its own products; the softmax still uses the best vector kernels. */
-    const eng__vec_ops *best = cpu.avx512f    ? eng__vec_variant("avx512")
-                               : cpu.avx2_fma ? eng__vec_variant("avx2")
-                                              : eng__vec_variant("scalar");
+    const eng__vec_ops *best = cpu.avx512f ? eng__vec_variant("avx512") : NULL;
+    if (!best && cpu.avx2_fma)
+        best = eng__vec_variant("avx2");
+    if (!best)
+        best = eng__vec_variant("scalar");
     sets[SET_OPENBLAS] = (eng__kernels){.name = "openblas", .mr = 1, .nr = 1, .vec = best};
     set_supported[SET_AVX512] = cpu.avx512f && sets[SET_AVX512].vec;
     set_supported[SET_AVX2] = cpu.avx2_fma && sets[SET_AVX2].vec;
@@ -266,12 +268,12 @@ eng_status eng_kernels_select(const char *name, eng_error *err)
                          "unknown kernel set '%s': use auto, avx512, avx2, generic or openblas",
                          name);
     if (!set_supported[i])
-        return eng__fail(err, ENG_EINVAL, "kernels",
-                         "kernel set '%s' needs %s, which this CPU or OS does not provide "
-                         "(it has: %s)",
-                         name,
-                         i == SET_AVX512 ? "AVX-512F with the zmm state enabled" : "AVX2 and FMA",
-                         cpu.features);
+        return eng__fail(
+            err, ENG_EINVAL, "kernels",
+            "kernel set '%s' needs %s, which this CPU or OS does not provide "
+            "(it has: %s)",
+            name, i == SET_AVX512 ? "AVX-512F and DQ with the zmm state enabled" : "AVX2 and FMA",
+            cpu.features);
     atomic_store(&current, &sets[i]);
     return ENG_OK;
 }
