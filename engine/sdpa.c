@@ -575,18 +575,21 @@ static uint16_t *task_kv16(const plan *p, const float *s)
  */
 
 /* Keys [lo, hi) that query row i of batch b may see by position and length (masks and padding
- * come on top). Both bounds never decrease as i grows, which block skipping relies on. */
+ * come on top), within the batch's keys: a window that starts past them leaves lo = hi = their
+ * end, never a range among the open tail keys (whose padding bytes do not exist). Both bounds
+ * never decrease as i grows, which block skipping relies on. */
 static inline void row_range(const plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi)
 {
     const eng_sdpa_args *a = p->a;
     int64_t pos = i + p->offset;
-    int64_t l = 0, h = a->kv_lengths ? a->kv_lengths[b] : p->S_main;
+    const int64_t end = a->kv_lengths ? a->kv_lengths[b] : p->S_main;
+    int64_t l = 0, h = end;
     if (a->causal && pos + 1 < h)
         h = pos + 1;
     if (a->window_right_set && pos + a->window_right + 1 < h)
         h = pos + a->window_right + 1;
     if (a->window_left_set && pos - a->window_left > l)
-        l = pos - a->window_left;
+        l = pos - a->window_left < end ? pos - a->window_left : end;
     *lo = l;
     *hi = h > l ? h : l;
 }

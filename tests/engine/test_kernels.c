@@ -17,8 +17,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 static const char *const set_names[] = {"avx512", "avx2", "generic", "openblas"};
 #define N_SETS ((int)(sizeof set_names / sizeof set_names[0]))
@@ -363,29 +361,10 @@ static void test_packing_bf16_bits_matches_their_widening(void)
     }
 }
 
-/* n floats that end where an inaccessible page begins, so that a read past them faults in
- * every build (the sanitizers do not see masked vector loads); unmap with guarded_free. */
-typedef struct {
-    void *map;
-    size_t len;
-} guarded;
-
+/* n floats that end where an inaccessible page begins. */
 static float *guarded_floats(size_t n, guarded *g)
 {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE),
-           data = (n * sizeof(float) + page - 1) / page * page;
-    g->len = data + page;
-    g->map = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (g->map == MAP_FAILED || mprotect((char *)g->map + data, page, PROT_NONE) != 0) {
-        fprintf(stderr, "test_kernels: cannot map a guarded buffer\n");
-        abort();
-    }
-    return (float *)((char *)g->map + data) - n;
-}
-
-static void guarded_free(guarded *g)
-{
-    munmap(g->map, g->len);
+    return guarded_alloc(n * sizeof(float), g);
 }
 
 /* The flash loop's 6 x 64 tile (tile_avx512.h) on every ragged m, n, k: A of exactly m rows

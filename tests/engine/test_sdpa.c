@@ -1140,6 +1140,38 @@ static void test_keys_beyond_kv_lengths_are_ignored(void)
     }
 }
 
+/* A window that starts past the keys, with open tail keys after them (an MHA layer's bias_kv
+ * and zero key) and key padding over exactly the keys before the tail: rows whose window lies
+ * past every key see the tail only, the others their window and the tail, with every
+ * weights mode; and nothing reads padding past its last key, which ends where an
+ * inaccessible page begins. */
+static void test_window_past_the_keys_sees_only_the_open_tail(void)
+{
+    uint64_t rng = 141;
+    const eng_weights_mode modes[] = {ENG_WEIGHTS_NONE, ENG_WEIGHTS_PER_HEAD, ENG_WEIGHTS_MEAN};
+    for (int m = 0; m < 3; m++) {
+        problem p;
+        shape sh = shape_of(2, 2, 1, 20, 72, 16, 16);
+        problem_init(&p, &sh, &rng);
+        p.a.open_tail_keys = 2;
+        problem_padding(&p, false, 0, 0.3, &rng);
+        size_t bytes = (size_t)(sh.B * (sh.S - p.a.open_tail_keys));
+        guarded g;
+        uint8_t *pad = guarded_alloc(bytes, &g);
+        memcpy(pad, p.pad, bytes);
+        p.a.key_padding = pad;
+        p.a.align = ENG_ALIGN_OFFSET;
+        p.a.query_offset = 60; /* positions 60..79 against keys 0..69: rows 10.. see none */
+        p.a.window_left_set = true;
+        p.a.window_left = 0;
+        problem_outputs(&p, modes[m], true);
+        p.note = "window past the keys, open tail";
+        compare(&p);
+        guarded_free(&g);
+        problem_free(&p);
+    }
+}
+
 /* A NaN or inf in the inputs of a visible key cannot come back as a successful result full of
  * NaN: the engine reports ENG_ENONFINITE (or rejects the input as ENG_EINVAL). */
 static void test_nonfinite_inputs_are_reported(void)
@@ -2553,6 +2585,7 @@ int main(void)
     RUN_WITHIN(test_value_alignment_never_changes_the_output, 120);
     RUN_WITHIN(test_row_stride_below_row_length_is_refused, 60);
     RUN_WITHIN(test_keys_beyond_kv_lengths_are_ignored, 60);
+    RUN_WITHIN(test_window_past_the_keys_sees_only_the_open_tail, 60);
     RUN_WITHIN(test_nonfinite_inputs_are_reported, 60);
     RUN_WITHIN(test_random_configurations, 240);
     RUN_WITHIN(test_decode_with_almost_every_key_hidden, 60);

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "engine/engine.h"
@@ -68,4 +70,21 @@ bool test_kernels_skip(void)
     }
     printf("kernels: %s\n", eng_kernels_name());
     return false;
+}
+
+void *guarded_alloc(size_t bytes, guarded *g)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), data = (bytes + page - 1) / page * page;
+    g->len = data + page;
+    g->map = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g->map == MAP_FAILED || mprotect((char *)g->map + data, page, PROT_NONE) != 0) {
+        fprintf(stderr, "test: cannot map a guarded buffer of %zu bytes\n", bytes);
+        abort();
+    }
+    return (char *)g->map + data - bytes;
+}
+
+void guarded_free(guarded *g)
+{
+    munmap(g->map, g->len);
 }

@@ -39,6 +39,17 @@ bool test_engine_start(eng_pool **pool, int *status);
 /* calloc that aborts with a message when memory runs out (a test cannot go on without it). */
 void *xcalloc(size_t n, size_t size);
 
+/* Memory whose last byte is followed by an inaccessible page, so that a read past it faults
+ * in every build (the sanitizers do not see masked vector loads); free with guarded_free. */
+typedef struct {
+    void *map;
+    size_t len;
+} guarded;
+
+/* `bytes` bytes (zeroed) that end where the inaccessible page begins. Aborts on failure. */
+void *guarded_alloc(size_t bytes, guarded *g);
+void guarded_free(guarded *g);
+
 /* src[0..n) compressed by zlib at level 6 into a malloc'd buffer (*out_len bytes), windowBits
  * `wbits`: 15 the zlib format (HTTP's deflate), -15 raw deflate, 31 gzip. Aborts on failure. */
 char *zlib_pack(const char *src, size_t n, int wbits, size_t *out_len);
