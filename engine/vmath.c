@@ -7,8 +7,8 @@
  * that a masked score (-inf) contributes nothing, and pass NaN through so that a NaN input
  * surfaces as an error instead of vanishing like a masked key. The one exception is the
  * AVX-512 flash loop's exp_sum and exp_sum_max (softmax_exp16), which trade accuracy far below
- * a row's largest term for three fewer operations per 16 scores. Vector loops
- * finish with masked loads instead of scalar tails, so every element of a row goes through the same
+ * a row's largest term for two fewer instructions per 16 scores. Vector loops finish with
+ * masked loads instead of scalar tails, so every element of a row goes through the same
  * arithmetic. The build never uses -ffast-math: these kernels rely on IEEE -inf.
  */
 #include <immintrin.h>
@@ -539,16 +539,16 @@ AVX512 static inline __m512 exp16(__m512 x)
     return _mm512_maskz_scalef_ps((__mmask16)~under, y, n);
 }
 
-/* e^d for the flash loop's exponentials, d = score - the row's reference maximum, with
- * three fewer operations than exp16 (none of them an FMA port's to spare at D = 64: the
- * products keep both busy): t = d log2(e) in one multiply instead of the two-part Cody-Waite
- * reduction, VREDUCEPS for f = t - round(t) instead of a two-uop round and a subtraction, and
- * no upper clamp (+inf gives +inf, which the caller reports like NaN). The polynomial is
- * exp16's in f (its coefficients times ln2^i). The rounding of t costs relative accuracy in
- * proportion to |d|: within (2 + 0.75 |d|) FLT_EPSILON of e^d (checked on 2e7 arguments over
- * [-87, 10]), so at most 0.3 FLT_EPSILON of the row's largest term, e^0 = 1, for any d <= 0;
- * a row's sum and P V see nothing of it. exp16 stays exact to 1.4 FLT_EPSILON for the
- * weights that are returned (exp_store). */
+/* e^d for the flash loop's exponentials, d = score - the row's reference maximum, in two
+ * instructions fewer than exp16, on the ports the products need (at D = 64 they keep both
+ * FMA ports busy): t = d log2(e) in one multiply instead of the two-part Cody-Waite
+ * reduction, f = t - round(t) by VREDUCEPS where exp16 rounds by VRNDSCALEPS (two uops on
+ * Intel cores), and no upper clamp (+inf gives +inf, which the caller reports like NaN). The
+ * polynomial is exp16's in f (its coefficients times ln2^i). The rounding of t costs relative
+ * accuracy in proportion to |d|: within (2 + 0.75 |d|) FLT_EPSILON of e^d (checked on 2e7
+ * arguments over [-87, 10]), so at most 0.3 FLT_EPSILON of the row's largest term, e^0 = 1,
+ * for any d <= 0; a row's sum and P V see nothing of it. exp16 stays within 1.4 FLT_EPSILON
+ * for the weights that are returned (exp_store). */
 AVX512 static inline __m512 softmax_exp16(__m512 d)
 {
     __mmask16 under = _mm512_cmp_ps_mask(d, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
