@@ -520,6 +520,16 @@ static inline __mmask16 tail_mask16(int64_t left)
     return (__mmask16)(left >= 16 ? 0xFFFFu : (1u << (unsigned)left) - 1u);
 }
 
+/* 1 + r (c1 + r (c2 + r (c3 + r (c4 + r c5)))): the exponentials' polynomial, five FMAs. */
+AVX512 static inline __m512 poly5_16(__m512 r, float c1, float c2, float c3, float c4, float c5)
+{
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(c5), r, _mm512_set1_ps(c4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c1));
+    return _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+}
+
 AVX512 static inline __m512 exp16(__m512 x)
 {
     /* scalef saturates to 0 or inf for any n; -inf and values below EXP_LO are zeroed by the
@@ -531,11 +541,7 @@ AVX512 static inline __m512 exp16(__m512 x)
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C5), r, _mm512_set1_ps(EXP_C4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_C1));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
+    __m512 y = poly5_16(r, EXP_C1, EXP_C2, EXP_C3, EXP_C4, EXP_C5);
     return _mm512_maskz_scalef_ps((__mmask16)~under, y, n);
 }
 
@@ -555,11 +561,7 @@ AVX512 static inline __m512 softmax_exp16(__m512 d)
     __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(LOG2E));
     __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 n = _mm512_sub_ps(t, f);
-    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C5), f, _mm512_set1_ps(EXP2_C4));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(EXP2_C3));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(EXP2_C2));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(EXP2_C1));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    __m512 y = poly5_16(f, EXP2_C1, EXP2_C2, EXP2_C3, EXP2_C4, EXP2_C5);
     return _mm512_maskz_scalef_ps((__mmask16)~under, y, n);
 }
 
