@@ -487,8 +487,8 @@ eng_precision eng_mha_precision(const eng_mha_args *args);
 /* Keys the layer appends to the S input keys (bias_kv and zero attention): S' = S + this. */
 int64_t eng_mha_extra_keys(const eng_mha_args *args);
 
-/* Runs the layer: projections as one sgemm over all tokens (split over the pool), heads as
- * strided views of the projected buffers, eng_sdpa, then the output projection. Validates
+/* Runs the layer: projections as sgemms over chunks of tokens (split over the pool) into
+ * head-major buffers, eng_sdpa over their heads, then the output projection. Validates
  * everything first, as eng_sdpa does. Appended keys (bias_kv, zero attention) are visible to
  * every query whatever the masks say, as in PyTorch (which pads its masks with zeros). */
 eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_error *err);

@@ -20,7 +20,7 @@
  *
  * A step over a KV cache (eng_mha_args.kv_cache) projects only the new tokens, at the
  * positions after the cache's length, and instead of the sdpa call appends their K and V rows
- * (strided views of the K|V buffer) to the sequence and attends over all of it with
+ * (each head's L rows of the K and V buffers) to the sequence and attends over all of it with
  * eng_kv_step, which reads the cache's blocks in place. The step fails before projecting for
  * anything the cache or its attention would refuse, and a failure after the append (the
  * output projection cancelled, say) truncates the sequence back, so that no failed step ever
@@ -328,7 +328,7 @@ static bool mul3(int64_t a, int64_t b, int64_t c, size_t *out)
 }
 
 /* The step over a->kv_cache: what it refuses, and its shape (set after the rest of check_mha
- * filled `sh` as for self-attention): S counts the cached keys too, the K|V buffer holds the
+ * filled `sh` as for self-attention): S counts the cached keys too, the K and V buffers hold the
  * new tokens only, and queries and keys sit after the cached ones. */
 static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *err)
 {
@@ -459,8 +459,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     return ENG_OK;
 }
 
-/* Where the K and V rows of the K|V buffer lie: K of head g of batch b from
- * kv + (b Hkv + g) kv_rows D, V the same from the buffer's second half. */
+/* The V buffer, after the K buffer in one allocation: K of head g of batch b from
+ * kv + (b Hkv + g) kv_rows D, V the same from here. */
 static float *value_rows(const mha_shape *sh, float *kv)
 {
     return kv + sh->B * sh->Hkv * sh->kv_rows * sh->D;
@@ -694,8 +694,8 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
     return run_linear(pool, &lb, ctl);
 }
 
-/* Appends the new tokens' K and V rows (the K|V buffer's heads, L rows each) to the cache and
- * attends the queries over all of it. */
+/* Appends the new tokens' K and V rows (each head's L rows of the K and V buffers) to the
+ * cache and attends the queries over all of it. */
 static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh, float *q,
                              float *kv, float *o, eng_ctl *ctl, eng_error *err)
 {
