@@ -469,11 +469,11 @@ static bool task_packs(const plan *p)
  * is a copy of V through memory: 10% of a 256 x 8192 cross-attention). The avx512 set's wide
  * tile reads rows at any stride, but only rows that start on cache lines (or every load reads
  * two) and follow one another (padded at most to a whole line: a block of keys is then one run
- * of memory) are sure to pay: a head's rows far apart, as in [B, S, H, D] memory or a layer's
- * projections, fall into few cache sets, and an E = 512 layer read that way measured no faster
- * than over packed panels (within the machine's spread). Not for bf16 (V is rounded as it is
- * packed), 16-bit views (packed from their bits) or a paged cache (its prepacked blocks span
- * cache blocks, whose rows are not contiguous). */
+ * of memory) are sure to pay: a head's rows far apart, as in [B, S, H, D] memory, fall into few
+ * cache sets (an E = 512 layer's heads as views of its [L, E] projections measured no faster
+ * read that way than over packed panels; mha.c now writes them head-major). Not for bf16 (V is
+ * rounded as it is packed), 16-bit views (packed from their bits) or a paged cache (its prepacked
+ * blocks span cache blocks, whose rows are not contiguous). */
 static bool values_in_place(const plan *p)
 {
     const eng_view *v = &p->a->v;

@@ -523,9 +523,10 @@ static bool softmax_exp_ok(float got, float d)
 }
 
 /* The flash loop's exponentials over the whole range a score can take from its row's
- * reference: 20001 arguments from -90 to 10 (and a shift that is not 0, so that d is x - shift
- * as the kernel rounds it), in rows of every length class, each within its bound and the sum
- * the sum of them; the bound is 2 FLT_EPSILON near 0, where the terms that count lie. */
+ * reference: one row of 20001 arguments from -90 to 10 (full vectors and a masked tail; a
+ * shift that is not 0, so that d is x - shift as the kernel rounds it), each within its bound
+ * and the sum the sum of them; the bound is 2 FLT_EPSILON near 0, where the terms that count
+ * lie. */
 static void test_vector_softmax_exp_within_its_bound(void)
 {
     enum { N = 20001 };
