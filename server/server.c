@@ -317,14 +317,16 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         if (!s->admin_mhd)
             goto fail;
     }
-    if (cfg->port_file && write_port_file(cfg->port_file, s->port) != SRV_OK) {
-        snprintf(err, errlen, "--port-file %s: cannot write it: %s", cfg->port_file,
-                 strerror(errno));
-        goto fail;
-    }
+    /* The admin port file first: whoever waits for --port-file (the readiness signal) then
+     * finds the admin port written too. */
     if (s->admin_mhd && cfg->admin_port_file &&
         write_port_file(cfg->admin_port_file, s->admin_port) != SRV_OK) {
         snprintf(err, errlen, "--admin-port-file %s: cannot write it: %s", cfg->admin_port_file,
+                 strerror(errno));
+        goto fail;
+    }
+    if (cfg->port_file && write_port_file(cfg->port_file, s->port) != SRV_OK) {
+        snprintf(err, errlen, "--port-file %s: cannot write it: %s", cfg->port_file,
                  strerror(errno));
         goto fail;
     }
