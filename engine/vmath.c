@@ -419,6 +419,18 @@ AVX2_F16C static inline __m256 load8_kv(const void *x, eng_dtype dtype, int64_t 
     return _mm256_maskload_ps((const float *)x + i, tail_mask8(left));
 }
 
+/* Elements [i, i + 8) of a K or V row of `dtype`, all present: a plain load (the masked ones
+ * are for a row's tail only). */
+AVX2_F16C static inline __m256 load8_kv_full(const void *x, eng_dtype dtype, int64_t i)
+{
+    if (dtype == ENG_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)x + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+    if (dtype == ENG_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* Eight 8-lane sums at once: sums[j] = the sum of acc[j]'s lanes, each by the same tree. */
 AVX2 static inline __m256 hsum8x8(const __m256 acc[KEY_GROUP])
 {
@@ -429,8 +441,50 @@ AVX2 static inline __m256 hsum8x8(const __m256 acc[KEY_GROUP])
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Query row by query row over a key group: each chunk of q feeds the eight keys' accumulators,
- * whose rows the group's first query row brought into L1. */
+/* acc[j] = the products of q and key row kr[j], summed over the chunks of d in order: key by
+ * key (rows read from memory in the order they lie) or chunk by chunk (rows in L1, each chunk
+ * of q loaded once): the same bits, as dots_keys_avx512. */
+AVX2_F16C static inline __attribute__((always_inline)) void
+dots_keys_avx2(eng_dtype dtype, const float *q, const char *const *kr, int64_t d,
+               __m256 acc[KEY_GROUP])
+{
+    const int64_t full = d / 8 * 8;
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++) {
+        acc[j] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < full; i += 8)
+            acc[j] =
+                _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8_kv_full(kr[j], dtype, i), acc[j]);
+        if (full < d)
+            acc[j] = _mm256_fmadd_ps(_mm256_maskload_ps(q + full, tail_mask8(d - full)),
+                                     load8_kv(kr[j], dtype, full, d - full), acc[j]);
+    }
+}
+
+AVX2_F16C static inline __attribute__((always_inline)) void
+dots_chunks_avx2(eng_dtype dtype, const float *q, const char *const *kr, int64_t d,
+                 __m256 acc[KEY_GROUP])
+{
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++)
+        acc[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < KEY_GROUP; j++)
+            acc[j] = _mm256_fmadd_ps(qv, load8_kv_full(kr[j], dtype, i), acc[j]);
+    }
+    if (i < d) {
+        const __m256 qv = _mm256_maskload_ps(q + i, tail_mask8(d - i));
+#pragma GCC unroll 8
+        for (int j = 0; j < KEY_GROUP; j++)
+            acc[j] = _mm256_fmadd_ps(qv, load8_kv(kr[j], dtype, i, d - i), acc[j]);
+    }
+}
+
+/* Query row by query row over a key group: the first reads it key by key, from memory, the
+ * others chunk by chunk, from L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
 dots_rows_avx2_of(eng_dtype dtype, const float *const *q, int rows, const void *k, int64_t ldk,
                   int64_t n, int64_t d, float scale, float *s, int64_t lds)
@@ -441,23 +495,62 @@ dots_rows_avx2_of(eng_dtype dtype, const float *const *q, int rows, const void *
         group_rows(k, kv_size(dtype), ldk, c0, keys, kr);
         for (int r = 0; r < rows; r++) {
             __m256 acc[KEY_GROUP];
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                acc[j] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < d; i += 8) {
-                const __m256 qv = _mm256_maskload_ps(q[r] + i, tail_mask8(d - i));
-#pragma GCC unroll 8
-                for (int j = 0; j < KEY_GROUP; j++)
-                    acc[j] = _mm256_fmadd_ps(qv, load8_kv(kr[j], dtype, i, d - i), acc[j]);
-            }
+            if (r == 0)
+                dots_keys_avx2(dtype, q[r], kr, d, acc);
+            else
+                dots_chunks_avx2(dtype, q[r], kr, d, acc);
             const __m256 sums = _mm256_mul_ps(_mm256_set1_ps(scale), hsum8x8(acc));
             _mm256_maskstore_ps(s + r * lds + c0, tail_mask8(keys), sums);
         }
     }
 }
 
-/* Query row by query row over a key group: each chunk of o takes the group's keys in order,
- * in a register, while the group's V rows stay in L1. */
+/* y += the first `keys` V rows vr weighted by a, each element taking the keys in order: key
+ * by key with y through L1, or chunk by chunk with y's chunk in a register (axpys_keys_avx512). */
+AVX2_F16C static inline __attribute__((always_inline)) void
+axpys_keys_avx2(eng_dtype dtype, float *y, const __m256 a[KEY_GROUP], const char *const *vr,
+                int64_t keys, int64_t d)
+{
+    const int64_t full = d / 8 * 8;
+    const __m256i tail = tail_mask8(d - full);
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++) {
+        if (j >= keys)
+            break;
+        for (int64_t i = 0; i < full; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a[j], load8_kv_full(vr[j], dtype, i),
+                                                    _mm256_loadu_ps(y + i)));
+        if (full < d)
+            _mm256_maskstore_ps(y + full, tail,
+                                _mm256_fmadd_ps(a[j], load8_kv(vr[j], dtype, full, d - full),
+                                                _mm256_maskload_ps(y + full, tail)));
+    }
+}
+
+AVX2_F16C static inline __attribute__((always_inline)) void
+axpys_chunks_avx2(eng_dtype dtype, float *y, const __m256 a[KEY_GROUP], const char *const *vr,
+                  int64_t keys, int64_t d)
+{
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < keys; j++)
+            acc = _mm256_fmadd_ps(a[j], load8_kv_full(vr[j], dtype, i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    if (i < d) {
+        const __m256i mask = tail_mask8(d - i);
+        __m256 acc = _mm256_maskload_ps(y + i, mask);
+#pragma GCC unroll 8
+        for (int j = 0; j < keys; j++)
+            acc = _mm256_fmadd_ps(a[j], load8_kv(vr[j], dtype, i, d - i), acc);
+        _mm256_maskstore_ps(y + i, mask, acc);
+    }
+}
+
+/* Query row by query row over a key group: the first reads it key by key, from memory, the
+ * others chunk by chunk, from L1. */
 AVX2_F16C static inline __attribute__((always_inline)) void
 axpys_rows_avx2_of(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
                    const void *v, int64_t ldv, int64_t n, int64_t d)
@@ -471,14 +564,10 @@ axpys_rows_avx2_of(eng_dtype dtype, float *const *o, int rows, const float *p, i
 #pragma GCC unroll 8
             for (int j = 0; j < KEY_GROUP; j++)
                 a[j] = _mm256_set1_ps(j < keys ? p[r * ldp + c0 + j] : 0.0f);
-            for (int64_t i = 0; i < d; i += 8) {
-                const __m256i mask = tail_mask8(d - i);
-                __m256 y = _mm256_maskload_ps(o[r] + i, mask);
-#pragma GCC unroll 8
-                for (int j = 0; j < keys; j++)
-                    y = _mm256_fmadd_ps(a[j], load8_kv(vr[j], dtype, i, d - i), y);
-                _mm256_maskstore_ps(o[r] + i, mask, y);
-            }
+            if (r == 0)
+                axpys_keys_avx2(dtype, o[r], a, vr, keys, d);
+            else
+                axpys_chunks_avx2(dtype, o[r], a, vr, keys, d);
         }
     }
 }
@@ -758,38 +847,116 @@ widen_group_avx512(eng_dtype dtype, const char *rows[KEY_GROUP], int64_t d, floa
     }
 }
 
+/* acc[j] = the products of q and key row kr[j] (of `dtype`), summed over the chunks of d in
+ * order. Two loop orders give the same bits: key by key reads the rows in the order they lie
+ * (the one a query row reading them from memory needs: interleaving the eight rows chunk by
+ * chunk read them at a third of memory speed on AMD Zen 4, whose prefetchers follow sequential
+ * lines), chunk by chunk loads each chunk of q once for the eight keys (for rows already in
+ * L1). */
+AVX512 static inline __attribute__((always_inline)) void
+dots_keys_avx512(eng_dtype dtype, const float *q, const char *const *kr, int64_t d,
+                 __m512 acc[KEY_GROUP])
+{
+    const int64_t full = d / 16 * 16;
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++) {
+        acc[j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < full; i += 16)
+            acc[j] =
+                _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16_kv_full(kr[j], dtype, i), acc[j]);
+        if (full < d)
+            acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask16(d - full), q + full),
+                                     load16_kv(kr[j], dtype, full, d - full), acc[j]);
+    }
+}
+
+AVX512 static inline __attribute__((always_inline)) void
+dots_chunks_avx512(eng_dtype dtype, const float *q, const char *const *kr, int64_t d,
+                   __m512 acc[KEY_GROUP])
+{
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++)
+        acc[j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < KEY_GROUP; j++)
+            acc[j] = _mm512_fmadd_ps(qv, load16_kv_full(kr[j], dtype, i), acc[j]);
+    }
+    if (i < d) {
+        const __m512 qv = _mm512_maskz_loadu_ps(tail_mask16(d - i), q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < KEY_GROUP; j++)
+            acc[j] = _mm512_fmadd_ps(qv, load16_kv(kr[j], dtype, i, d - i), acc[j]);
+    }
+}
+
 /* The scores of `rows` query rows against one key group (rows kr of `dtype`), at s (row
- * stride lds): query row by query row, each chunk of q feeding the eight keys' accumulators,
- * whose rows stay in L1 once the first query row brought them. */
+ * stride lds): the first query row reads the group key by key, from memory, the others chunk
+ * by chunk, from L1. */
 AVX512 static inline __attribute__((always_inline)) void
 dots_group_avx512(eng_dtype dtype, const float *const *q, int rows, const char *const *kr,
                   int64_t keys, int64_t d, float scale, float *s, int64_t lds)
 {
     for (int r = 0; r < rows; r++) {
         __m512 acc[KEY_GROUP];
-#pragma GCC unroll 8
-        for (int j = 0; j < KEY_GROUP; j++)
-            acc[j] = _mm512_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16) {
-            const __m512 qv = _mm512_loadu_ps(q[r] + i);
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                acc[j] = _mm512_fmadd_ps(qv, load16_kv_full(kr[j], dtype, i), acc[j]);
-        }
-        if (i < d) {
-            const __m512 qv = _mm512_maskz_loadu_ps(tail_mask16(d - i), q[r] + i);
-#pragma GCC unroll 8
-            for (int j = 0; j < KEY_GROUP; j++)
-                acc[j] = _mm512_fmadd_ps(qv, load16_kv(kr[j], dtype, i, d - i), acc[j]);
-        }
+        if (r == 0)
+            dots_keys_avx512(dtype, q[r], kr, d, acc);
+        else
+            dots_chunks_avx512(dtype, q[r], kr, d, acc);
         const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16x8(acc));
         _mm512_mask_storeu_ps(s + r * lds, tail_mask16(keys), sums);
     }
 }
 
-/* o[r] += the group's keys' p-weighted V rows (kr of `dtype`) in order: query row by query row,
- * each chunk of o in a register. */
+/* y += the first `keys` keys' V rows vr (of `dtype`) weighted by a, each element taking the
+ * keys in order, one FMA each: key by key with y through L1 (V rows read in the order they
+ * lie, see dots_keys_avx512), or chunk by chunk with y's chunk in a register: the same bits. */
+AVX512 static inline __attribute__((always_inline)) void
+axpys_keys_avx512(eng_dtype dtype, float *y, const __m512 a[KEY_GROUP], const char *const *vr,
+                  int64_t keys, int64_t d)
+{
+    const int64_t full = d / 16 * 16;
+    const __mmask16 tail = tail_mask16(d - full);
+#pragma GCC unroll 8
+    for (int j = 0; j < KEY_GROUP; j++) {
+        if (j >= keys)
+            break;
+        for (int64_t i = 0; i < full; i += 16)
+            _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i),
+                                                    _mm512_loadu_ps(y + i)));
+        if (full < d)
+            _mm512_mask_storeu_ps(y + full, tail,
+                                  _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, full, d - full),
+                                                  _mm512_maskz_loadu_ps(tail, y + full)));
+    }
+}
+
+AVX512 static inline __attribute__((always_inline)) void
+axpys_chunks_avx512(eng_dtype dtype, float *y, const __m512 a[KEY_GROUP], const char *const *vr,
+                    int64_t keys, int64_t d)
+{
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        __m512 acc = _mm512_loadu_ps(y + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < keys; j++)
+            acc = _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i), acc);
+        _mm512_storeu_ps(y + i, acc);
+    }
+    if (i < d) {
+        const __mmask16 mask = tail_mask16(d - i);
+        __m512 acc = _mm512_maskz_loadu_ps(mask, y + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < keys; j++)
+            acc = _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, i, d - i), acc);
+        _mm512_mask_storeu_ps(y + i, mask, acc);
+    }
+}
+
+/* o[r] += the group's keys' p-weighted V rows (vr of `dtype`) in order: the first query row
+ * reads the group key by key, from memory, the others chunk by chunk, from L1. */
 AVX512 static inline __attribute__((always_inline)) void
 axpys_group_avx512(eng_dtype dtype, float *const *o, int rows, const float *p, int64_t ldp,
                    const char *const *vr, int64_t keys, int64_t d)
@@ -799,22 +966,10 @@ axpys_group_avx512(eng_dtype dtype, float *const *o, int rows, const float *p, i
 #pragma GCC unroll 8
         for (int j = 0; j < KEY_GROUP; j++)
             a[j] = _mm512_set1_ps(j < keys ? p[r * ldp + j] : 0.0f);
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16) {
-            __m512 y = _mm512_loadu_ps(o[r] + i);
-#pragma GCC unroll 8
-            for (int j = 0; j < keys; j++)
-                y = _mm512_fmadd_ps(a[j], load16_kv_full(vr[j], dtype, i), y);
-            _mm512_storeu_ps(o[r] + i, y);
-        }
-        if (i < d) {
-            const __mmask16 mask = tail_mask16(d - i);
-            __m512 y = _mm512_maskz_loadu_ps(mask, o[r] + i);
-#pragma GCC unroll 8
-            for (int j = 0; j < keys; j++)
-                y = _mm512_fmadd_ps(a[j], load16_kv(vr[j], dtype, i, d - i), y);
-            _mm512_mask_storeu_ps(o[r] + i, mask, y);
-        }
+        if (r == 0)
+            axpys_keys_avx512(dtype, o[r], a, vr, keys, d);
+        else
+            axpys_chunks_avx512(dtype, o[r], a, vr, keys, d);
     }
 }
 

@@ -622,15 +622,17 @@ static float kv_value(eng_dtype dtype, float x, uint16_t *bits)
     return x;
 }
 
-#define ROWS_N  5   /* keys per call */
+#define ROWS_N  13  /* keys per call: a whole group of eight keys and a short one */
 #define ROWS_D  260 /* longest row: past the widening buffer of the avx512 kernels (256) */
 #define ROWS_LD 263 /* row stride: rows start unaligned */
 
 /* The decoding kernels of one variant and dtype on one row length d: every row count up to
- * ENG__STREAM_ROWS against float64, and each row computed alone gives the same bits. */
+ * ENG__STREAM_ROWS against float64, and each row computed alone gives the same bits (a row
+ * alone is the first, which reads the keys in another order than the rows after it). */
 static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t d, uint64_t *rng)
 {
-    static float q[ENG__STREAM_ROWS][ROWS_D], o[ENG__STREAM_ROWS][ROWS_D], p[ENG__STREAM_ROWS][8];
+    static float q[ENG__STREAM_ROWS][ROWS_D], o[ENG__STREAM_ROWS][ROWS_D],
+        p[ENG__STREAM_ROWS][ROWS_N];
     static float kf[ROWS_N * ROWS_LD];
     static uint16_t k16[ROWS_N * ROWS_LD];
     for (int64_t i = 0; i < ROWS_N * ROWS_LD; i++)
@@ -650,8 +652,15 @@ static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t
         float s[ENG__STREAM_ROWS * ROWS_N], alone[ROWS_N];
         ops->dots_rows(qp, rows, k, dtype, ROWS_LD, ROWS_N, d, 0.5f, s, ROWS_N);
         memset(o, 0, sizeof o);
-        ops->axpys_rows(op, rows, &p[0][0], 8, k, dtype, ROWS_LD, ROWS_N, d);
+        ops->axpys_rows(op, rows, &p[0][0], ROWS_N, k, dtype, ROWS_LD, ROWS_N, d);
         for (int r = 0; r < rows; r++) {
+            static float o_alone[ROWS_D];
+            memset(o_alone, 0, sizeof o_alone);
+            float *oa = o_alone;
+            ops->axpys_rows(&oa, 1, p[r], ROWS_N, k, dtype, ROWS_LD, ROWS_N, d);
+            CHECKF(memcmp(o_alone, o[r], sizeof o_alone) == 0,
+                   "%s axpys_rows dtype %d d=%lld: row %d alone differs with %d rows", ops->name,
+                   (int)dtype, (long long)d, r, rows);
             ops->dots_rows(&qp[r], 1, k, dtype, ROWS_LD, ROWS_N, d, 0.5f, alone, ROWS_N);
             for (int c = 0; c < ROWS_N; c++) {
                 double ref = 0;
@@ -680,7 +689,7 @@ static void check_rows_kernels(const eng__vec_ops *ops, eng_dtype dtype, int64_t
             memcpy(o16, o, sizeof o);
             memset(o, 0, sizeof o);
             ops->dots_rows(qp, rows, kf, ENG_DTYPE_F32, ROWS_LD, ROWS_N, d, 0.5f, s32, ROWS_N);
-            ops->axpys_rows(op, rows, &p[0][0], 8, kf, ENG_DTYPE_F32, ROWS_LD, ROWS_N, d);
+            ops->axpys_rows(op, rows, &p[0][0], ROWS_N, kf, ENG_DTYPE_F32, ROWS_LD, ROWS_N, d);
             CHECKF(memcmp(s, s32, (size_t)(rows * ROWS_N) * sizeof(float)) == 0 &&
                        memcmp(o16, o, sizeof o) == 0,
                    "%s dtype %d d=%lld rows=%d: 16-bit rows differ from fp32 rows of their values",
