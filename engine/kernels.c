@@ -185,6 +185,11 @@ static bool bf16_native_wanted(void)
 
 static void init_sets(void)
 {
+    /* The openblas set's products run inside the engine's tasks, on however many threads the
+     * caller brings (a pool's workers, or a test's one): OpenBLAS's own threads would
+     * oversubscribe the cores, before any pool exists to say so (eng_pool_new says it again,
+     * for a process that changed it in between). */
+    openblas_set_num_threads(1);
     read_cpu(&cpu);
     sets[SET_AVX512] = (eng__kernels){.name = "avx512",
                                       .tile = eng__tile_avx512,
