@@ -20,16 +20,18 @@
  * computed in parallel and merged by their log-sum-exp. With grouped-query heads and few query
  * rows (decoding), one task takes every query head of a kv group: each K/V block is read once,
  * and serves the group's heads in turn, each head's rows keeping their own head for ALiBi,
- * masks and outputs. A task of at most ENG__STREAM_ROWS rows in all (a decode step: a kv
+ * masks and outputs. A task of at most ENG__STREAM_ROWS rows per kv head (a decode step: a kv
  * group's heads times one or a few query rows) packs nothing: it streams the raw K and V rows
  * through the vector kernels' multi-row dot products and sums (dots_rows, axpys_rows), each
  * row loaded once for all the task's query rows, so that the cache is read at memory speed
  * (a pass over an L2-resident block per head, or packing it for register tiles of which the
  * rows fill a third, took longer than the read itself); a lone row over a paged bf16 cache
  * takes the pair kernels instead (stream_pairs), which multiply bf16 rows without widening
- * them. Weights, when asked for, are a second
- * pass that recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l
- * (not exp(s - lse): lse rounded to float loses log(l) next to scores of 1e9).
+ * them. Where kv heads lie side by side (a paged cache block, or views whose heads interleave),
+ * such a task takes several kv heads in turn in each key block, so that it reads their rows in
+ * the order they lie (stream_slots). Weights, when asked for, are a second pass that
+ * recomputes S and writes exp(s - m) / l with each row's final maximum m and sum l (not
+ * exp(s - lse): lse rounded to float loses log(l) next to scores of 1e9).
  *
  * K and V come from a source: the caller's views (eng_sdpa), or the block table of a paged KV
  * cache (eng__sdpa_paged, for engine/kvcache.c), whose rows are contiguous only inside a cache
@@ -81,7 +83,9 @@ typedef struct {
     int64_t offset; /* p_i = i + offset */
     const float *slopes;
     int64_t br, bc, nqb; /* rows per head in a task, keys per block, query blocks per head */
-    int64_t task_heads;  /* query heads per task: 1, or a kv group's (grouped decoding) */
+    int64_t task_heads;  /* query heads per slot: 1, or a kv group's (grouped decoding) */
+    int64_t task_slots;  /* slots (kv heads) per task, taken in turn in each key block: 1, or
+                          * several when a streaming task's kv heads lie side by side */
     int64_t chunks;      /* key chunks per (b, h, query block); 1 = no split */
     int64_t chunk_len;
     float *part_o;        /* split partials: [B, H, chunks, L, Dv] unnormalised outputs */
@@ -338,7 +342,7 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
  * chunks. */
 static int64_t attention_tasks(const plan *p)
 {
-    return p->B * (p->H / p->task_heads) * p->nqb;
+    return p->B * (p->H / (p->task_heads * p->task_slots)) * p->nqb;
 }
 
 /* Decoding: too few tasks for the pool and many keys: split the keys. */
@@ -357,6 +361,25 @@ static void plan_chunks(plan *p, int threads)
     }
 }
 
+/* Slots of a streaming task. A paged cache block holds every kv head's rows, head after head,
+ * and views whose heads interleave hold them key by key; a task that takes several kv heads in
+ * turn in each key block reads them in the order they lie (with 64-token blocks of 32 heads,
+ * AMD Zen 4 read a head's 32 KiB runs block after block at half the speed of whole blocks in
+ * order). As many as leave the pool enough tasks once the keys are split (plan_chunks), and
+ * one when weights are asked for (their pass goes head by head, and keys are not split). */
+static int64_t stream_slots(const plan *p, int threads)
+{
+    const bool interleaved = !p->kv && p->a->k.stride[1] < p->a->k.stride[2];
+    if ((!p->kv && !interleaved) || p->a->weights_mode != ENG_WEIGHTS_NONE)
+        return 1;
+    const int64_t kv_heads = p->H / p->task_heads, want = (int64_t)threads * TASKS_PER_THREAD;
+    const int64_t chunks = p->S >= 2 * p->bc ? p->S / p->bc : 1;
+    for (int64_t slots = kv_heads; slots > 1; slots--)
+        if (kv_heads % slots == 0 && p->B * (kv_heads / slots) * chunks >= want)
+            return slots;
+    return 1;
+}
+
 static void plan_blocks(plan *p, int threads)
 {
     /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
@@ -372,6 +395,7 @@ static void plan_blocks(plan *p, int threads)
 
     /* Few query rows: a task takes the rows of every query head of a kv group. */
     p->task_heads = p->group > 1 && p->L <= GROUP_L_MAX ? p->group : 1;
+    p->task_slots = 1;
     const int64_t head_tasks = p->B * (p->H / p->task_heads);
     /* So few that they all fit the vector kernels' registers: one query block of every row,
      * which streams K and V (bf16 products always go through the micro-kernel, so that a
@@ -380,6 +404,7 @@ static void plan_blocks(plan *p, int threads)
     if (p->stream) {
         p->br = p->L;
         p->nqb = 1;
+        p->task_slots = stream_slots(p, threads);
         plan_chunks(p, threads);
         return;
     }
@@ -410,17 +435,23 @@ static size_t align16(size_t floats)
     return (floats + 15) / 16 * 16;
 }
 
+/* Query heads of a task: its slots' heads. */
+static int64_t task_head_count(const plan *p)
+{
+    return p->task_heads * p->task_slots;
+}
+
 /* Query rows of a task: br rows of each of its heads. */
 static int64_t task_rows(const plan *p)
 {
-    return p->task_heads * p->br;
+    return task_head_count(p) * p->br;
 }
 
 /* Rows of a task's score block: a query block's, which its panels take in turn, or, when the
- * task streams, every row of every head at once. */
+ * task streams, every row of every head of a slot at once. */
 static int64_t score_rows(const plan *p)
 {
-    return p->stream ? task_rows(p) : p->br;
+    return p->stream ? p->task_heads * p->br : p->br;
 }
 
 static size_t task_head_floats(const plan *p)
@@ -1243,6 +1274,7 @@ typedef struct {
     int64_t ldo, o_step;
     float *m, *l;
     int64_t ml_step;
+    int64_t row0; /* task row of the first head's first row (its Q copy, when Q is copied) */
 } head_rows;
 
 /* Query row i of head (b, h), task row t, as the streaming kernels read it: in place, or the
@@ -1301,7 +1333,7 @@ static eng_status stream_block(plan *p, int64_t b, int64_t h0, int64_t i0, int64
     float *o[ENG__STREAM_ROWS];
     for (int64_t t = 0; t < nt; t++) {
         int64_t g = t / rows, r = t % rows;
-        q[t] = stream_query(p, b, h0 + g, i0 + r, t, s);
+        q[t] = stream_query(p, b, h0 + g, i0 + r, hr->row0 + t, s);
         o[t] = hr->o + g * hr->o_step + r * hr->ldo;
     }
     const bool pairs = bp.kh && stream_pairs(p, nt);
@@ -1377,8 +1409,21 @@ static bool block_kind(const plan *p, int64_t b, int64_t j0, int64_t cols, const
     return true;
 }
 
-/* Keys [from, to) in blocks of Bc for the task's heads from h; under position rules (not the
- * open tail) a block is inside when every row may see all of it, else on a boundary. */
+/* The rows of slot `slot` of a task whose rows are hr (`rows` query rows per head). */
+static head_rows slot_rows(const plan *p, const head_rows *hr, int64_t slot, int64_t rows)
+{
+    const int64_t first = slot * p->task_heads;
+    head_rows hs = *hr;
+    hs.o += first * hr->o_step;
+    hs.m += first * hr->ml_step;
+    hs.l += first * hr->ml_step;
+    hs.row0 = hr->row0 + first * rows;
+    return hs;
+}
+
+/* Keys [from, to) in blocks of Bc for the task's heads from h, slot after slot in each block;
+ * under position rules (not the open tail) a block is inside when every row may see all of
+ * it, else on a boundary. */
 static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t from,
                               int64_t to, const key_span *span, bool tail, const head_rows *hr,
                               float *s)
@@ -1391,8 +1436,12 @@ static eng_status attend_keys(plan *p, int64_t b, int64_t h, int64_t i0, int64_t
         key_kind kind;
         if (!block_kind(p, b, j0, cols, span, tail, &kind))
             continue;
-        if ((st = attend_block(p, b, h, i0, rows, j0, cols, kind, hr, s)) != ENG_OK)
-            return st;
+        for (int64_t slot = 0; slot < p->task_slots; slot++) {
+            const head_rows hs = slot_rows(p, hr, slot, rows);
+            st = attend_block(p, b, h + slot * p->task_heads, i0, rows, j0, cols, kind, &hs, s);
+            if (st != ENG_OK)
+                return st;
+        }
     }
     return ENG_OK;
 }
@@ -1450,7 +1499,7 @@ static void round_queries(const plan *p, int64_t b, int64_t h, int64_t i0, int64
 static eng_status attend(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t kbeg,
                          int64_t kend, const head_rows *hr, float *s)
 {
-    for (int64_t g = 0; g < p->task_heads; g++) {
+    for (int64_t g = 0; g < task_head_count(p); g++) {
         float *o = hr->o + g * hr->o_step, *m = hr->m + g * hr->ml_step,
               *l = hr->l + g * hr->ml_step;
         for (int64_t r = 0; r < rows; r++) {
@@ -1587,11 +1636,11 @@ static eng_status write_weights(plan *p, int64_t b, int64_t h, int64_t i0, int64
  * are the largest, and starting them early evens out the finish. */
 static void task_coords(const plan *p, int64_t index, int64_t *b, int64_t *h, int64_t *qb)
 {
-    const int64_t slots = p->H / p->task_heads;
+    const int64_t tasks = p->H / task_head_count(p);
     *qb = p->nqb - 1 - index % p->nqb;
     index /= p->nqb;
-    *h = index % slots * p->task_heads;
-    *b = index / slots;
+    *h = index % tasks * task_head_count(p);
+    *b = index / tasks;
 }
 
 static float *task_scratch(plan *p)
@@ -1620,7 +1669,7 @@ static head_rows output_rows(const plan *p, int64_t b, int64_t h, int64_t i0, fl
 static void finish_heads(plan *p, int64_t b, int64_t h, int64_t i0, int64_t rows,
                          const head_rows *hr)
 {
-    for (int64_t g = 0; g < p->task_heads; g++) {
+    for (int64_t g = 0; g < task_head_count(p); g++) {
         float *lse = p->lse ? p->lse + (b * p->H + h + g) * p->L + i0 : NULL;
         finish_rows(p, rows, hr->o + g * hr->o_step, hr->ldo, hr->m + g * hr->ml_step,
                     hr->l + g * hr->ml_step, lse);
@@ -1654,7 +1703,7 @@ static void head_block_task(void *arg, int64_t index)
     if (attend(p, b, h, i0, rows, 0, p->S, &hr, s) != ENG_OK)
         return;
     finish_heads(p, b, h, i0, rows, &hr);
-    for (int64_t g = 0; g < p->task_heads && a->weights_mode == ENG_WEIGHTS_PER_HEAD; g++) {
+    for (int64_t g = 0; g < task_head_count(p) && a->weights_mode == ENG_WEIGHTS_PER_HEAD; g++) {
         float *w = a->weights + ((b * p->H + h + g) * p->L + i0) * p->S;
         memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
         if (head_weights(p, b, h, g, i0, rows, &hr, w, 1.0f, false, s) != ENG_OK)
@@ -1675,12 +1724,12 @@ static void mean_block_task(void *arg, int64_t index)
         return;
     float *w = a->weights + (b * p->L + i0) * p->S;
     memset(w, 0, (size_t)(rows * p->S) * sizeof(float));
-    for (int64_t h = 0; h < p->H; h += p->task_heads) {
+    for (int64_t h = 0; h < p->H; h += task_head_count(p)) {
         head_rows hr = output_rows(p, b, h, i0, s);
         if (attend(p, b, h, i0, rows, 0, p->S, &hr, s) != ENG_OK)
             return;
         finish_heads(p, b, h, i0, rows, &hr);
-        for (int64_t g = 0; g < p->task_heads; g++)
+        for (int64_t g = 0; g < task_head_count(p); g++)
             if (head_weights(p, b, h, g, i0, rows, &hr, w, 1.0f / (float)p->H, true, s) != ENG_OK)
                 return;
     }
