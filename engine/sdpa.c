@@ -347,15 +347,21 @@ static int64_t attention_tasks(const plan *p)
 }
 
 /* Decoding: too few tasks for the pool and many keys: split the keys. */
+/* The most chunks a split may cut the keys into: whole key blocks, 1 when there are fewer
+ * than two. */
+static int64_t most_chunks(const plan *p)
+{
+    return p->S >= 2 * p->bc ? p->S / p->bc : 1;
+}
+
 static void plan_chunks(plan *p, int threads)
 {
     p->chunks = 1;
     p->chunk_len = p->S;
-    int64_t tasks = attention_tasks(p);
+    int64_t tasks = attention_tasks(p), most = most_chunks(p);
     if (p->a->weights_mode == ENG_WEIGHTS_NONE && tasks < (int64_t)threads * TASKS_PER_THREAD &&
-        p->S >= 2 * p->bc) {
+        most > 1) {
         int64_t want = ceil_div((int64_t)threads * TASKS_PER_THREAD, tasks);
-        int64_t most = p->S / p->bc;
         p->chunks = want < most ? want : most;
         p->chunk_len = ceil_div(ceil_div(p->S, p->chunks), p->bc) * p->bc;
         p->chunks = ceil_div(p->S, p->chunk_len);
@@ -374,9 +380,8 @@ static int64_t stream_slots(const plan *p, int threads)
     if ((!p->kv && !interleaved) || p->a->weights_mode != ENG_WEIGHTS_NONE)
         return 1;
     const int64_t kv_heads = p->H / p->task_heads, want = (int64_t)threads * TASKS_PER_THREAD;
-    const int64_t chunks = p->S >= 2 * p->bc ? p->S / p->bc : 1;
     for (int64_t slots = kv_heads; slots > 1; slots--)
-        if (kv_heads % slots == 0 && p->B * (kv_heads / slots) * chunks >= want)
+        if (kv_heads % slots == 0 && p->B * (kv_heads / slots) * most_chunks(p) >= want)
             return slots;
     return 1;
 }
