@@ -118,8 +118,8 @@ static size_t task_floats(const eng__kernels *ks, const linear_job *j, bool w16,
 }
 
 /* out[n x out_f] (row stride ld) = in W^T + beta out for job i (rows of `in` at in_ld), on
- * the weight packed once, or packing it into `pack`, or widening a 16-bit one into `wide`
- * WIDEN_ROWS output features at a time. */
+ * the weight packed once, or packing it into `pack`, or WIDEN_ROWS output features at a time:
+ * a 16-bit weight widened into `wide`, and any weight on the openblas set. */
 static void multiply(const linear_batch *lb, int i, const float *in, int64_t n, float *out,
                      int64_t ld, float beta, float *pack, float *wide)
 {
@@ -139,15 +139,23 @@ static void multiply(const linear_batch *lb, int i, const float *in, int64_t n, 
                    .b_packed = lb->packed[i],
                    .b_panel_stride = j->in_f * lb->ks->nr,
                    .b_round_bf16 = lb->bf16 && !lb->packed[i]};
-    if (!lb->w16[i]) {
+    /* The micro-kernels sum each column of C alone, whatever the product's width; cblas_sgemm
+     * may not (OpenBLAS 0.3.21's Haswell kernel gave a 160-column product other bits than
+     * 128 + 32 columns), so on the openblas set an fp32 weight goes in the steps a 16-bit one
+     * does, and layers of either make the same calls. */
+    if (!lb->w16[i] && lb->ks->tile) {
         eng__sgemm(lb->ks, &g, pack);
         return;
     }
     for (int64_t f0 = 0; f0 < j->out_f; f0 += WIDEN_ROWS) {
         int64_t nf = j->out_f - f0 < WIDEN_ROWS ? j->out_f - f0 : WIDEN_ROWS;
-        widen16(lb->w16_dtype, lb->w16[i] + f0 * j->in_f, nf * j->in_f, wide);
+        const float *w = j->w + f0 * j->in_f;
+        if (lb->w16[i]) {
+            widen16(lb->w16_dtype, lb->w16[i] + f0 * j->in_f, nf * j->in_f, wide);
+            w = wide;
+        }
         g.n = nf;
-        g.b = wide;
+        g.b = w;
         g.c = out + f0;
         g.b_packed = NULL;
         g.b_round_bf16 = lb->bf16;
