@@ -386,6 +386,20 @@ static int64_t stream_slots(const plan *p, int threads)
     return 1;
 }
 
+/* Whether a task takes every query row of its heads: when there are heads enough for
+ * TASKS_PER_THREAD tasks per worker and a head's output rows fit in a quarter of L2. Each key
+ * block is then packed once, into the task's scratch, right before every row of the head
+ * multiplies it from L2; query blocks of their own share panels packed in a pass before the
+ * call, which they read back from memory (AMD Zen 5, (4,16,1024,1024,64) causal, alternating
+ * in one process: 1-6% faster). Not when weights are asked for: their pass scores a query
+ * block at once. */
+static bool whole_heads(const plan *p, int64_t head_tasks, int threads, int64_t l2)
+{
+    return p->a->weights_mode == ENG_WEIGHTS_NONE &&
+           head_tasks >= (int64_t)threads * TASKS_PER_THREAD &&
+           p->L <= l2 / 4 / (p->Dv * (int64_t)sizeof(float));
+}
+
 static void plan_blocks(plan *p, int threads)
 {
     /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
@@ -417,9 +431,9 @@ static void plan_blocks(plan *p, int threads)
         return;
     }
 
-    /* Rows: about BR_MAX, spread evenly; smaller when that is what it takes to give every
-     * worker a task. */
-    int64_t nqb = ceil_div(p->L, BR_MAX);
+    /* Rows: a whole head's (whole_heads), or about BR_MAX, spread evenly; smaller when that is
+     * what it takes to give every worker a task. */
+    int64_t nqb = whole_heads(p, head_tasks, threads, l2) ? 1 : ceil_div(p->L, BR_MAX);
     while (head_tasks * nqb < threads && ceil_div(p->L, nqb + 1) >= BR_MIN)
         nqb++;
     p->br = ceil_div(p->L, nqb);
@@ -455,11 +469,22 @@ static int64_t task_rows(const plan *p)
     return task_head_count(p) * p->br;
 }
 
-/* Rows of a task's score block: a query block's, which its panels take in turn, or, when the
- * task streams, every row of every head of a slot at once. */
+/* Query rows per panel: the micro-kernel's tile height, so that a panel's scores stay in L1
+ * from the first product through the softmax to the second, and the causal diagonal is cut
+ * at tile granularity. */
+static int64_t panel_rows(const plan *p)
+{
+    return p->ks->tile ? p->ks->mr : BLAS_PANEL_ROWS;
+}
+
+/* Rows of a task's score block: a panel's, which every panel of the task overwrites in turn;
+ * a query block's when weights are asked for (their pass scores a whole block at once); or,
+ * when the task streams, every row of every head of a slot at once. */
 static int64_t score_rows(const plan *p)
 {
-    return p->stream ? p->task_heads * p->br : p->br;
+    if (p->stream)
+        return p->task_heads * p->br;
+    return p->a->weights_mode == ENG_WEIGHTS_NONE ? panel_rows(p) : p->br;
 }
 
 static size_t task_head_floats(const plan *p)
@@ -1084,14 +1109,6 @@ static block_panels block_operands(const plan *p, int64_t b, int64_t hk, int64_t
     if (panels)
         pack_block(p, b, hk, j0, cols, s, &bp);
     return bp;
-}
-
-/* Query rows per panel: the micro-kernel's tile height, so that a panel's scores stay in L1
- * from the first product through the softmax to the second, and the causal diagonal is cut
- * at tile granularity. */
-static int64_t panel_rows(const plan *p)
-{
-    return p->ks->tile ? p->ks->mr : BLAS_PANEL_ROWS;
 }
 
 /* The keys [*c0, *c1) of a block of cols keys from j0 that some row of [i, i+rows) may see by

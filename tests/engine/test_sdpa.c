@@ -1916,6 +1916,50 @@ static void test_sdpa_from_inside_a_pool_task(void)
     problem_free(&p);
 }
 
+/* However the pool splits the query rows into tasks, every row gets the same bits, right
+ * against the reference. On one worker, 8 heads of 600 rows are 8 tasks of a whole head each
+ * (their output rows fit a quarter of L2 on every CPU with 300 KiB or more), which pack each
+ * key block as they reach it; on four, the heads split into query blocks of ~200 rows sharing
+ * panels packed before the call. Causal, so that both cut the diagonal. Only the reference is
+ * asked for with a window, whose key blocks start where each task's first row looks, and with
+ * openblas, whose sgemm may sum a panel of other rows in another order. */
+static void test_rows_per_task_never_change_the_output(void)
+{
+    uint64_t rng = 126;
+    eng_error err;
+    eng_pool *one = eng_pool_new(1, &err), *four = eng_pool_new(4, &err);
+    CHECK(one != NULL && four != NULL);
+    if (one && four) {
+        for (int window = 0; window < 2; window++) {
+            problem p;
+            shape sh = shape_of(2, 4, 4, 600, 600, 32, 32);
+            problem_init(&p, &sh, &rng);
+            problem_outputs(&p, ENG_WEIGHTS_NONE, true);
+            p.a.causal = true;
+            p.a.window_left_set = window;
+            p.a.window_left = 150;
+            float *first = xcalloc(p.no, sizeof(float));
+            eng_pool *shared = pool;
+            eng_pool *pools[2] = {one, four};
+            for (int k = 0; k < 2; k++) {
+                pool = pools[k];
+                p.note = k == 0 ? "one worker: whole heads" : "four workers: query blocks";
+                compare(&p);
+                if (k == 0)
+                    memcpy(first, p.o, p.no * sizeof(float));
+                else if (!window && strcmp(eng_kernels_name(), "openblas") != 0)
+                    CHECKF(memcmp(first, p.o, p.no * sizeof(float)) == 0,
+                           "causal output differs between whole-head tasks and query blocks");
+            }
+            pool = shared;
+            free(first);
+            problem_free(&p);
+        }
+    }
+    eng_pool_free(one);
+    eng_pool_free(four);
+}
+
 /* ---- Concurrency -------------------------------------------------------------------------- */
 
 #define N_CONC_PROBLEMS 4
@@ -2593,6 +2637,7 @@ int main(void)
     RUN_WITHIN(test_lse_merges_key_shards, 60);
     RUN_WITHIN(test_scratch_is_bounded_by_blocks, 30);
     RUN_WITHIN(test_sdpa_from_inside_a_pool_task, 60);
+    RUN_WITHIN(test_rows_per_task_never_change_the_output, 60);
 
     RUN_WITHIN(test_concurrent_requests_are_bit_identical, 120);
     RUN_WITHIN(test_cancel_from_another_thread, 60);
