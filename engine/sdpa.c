@@ -402,11 +402,12 @@ static bool whole_heads(const plan *p, int64_t head_tasks, int threads, int64_t 
 
 static void plan_blocks(plan *p, int threads)
 {
-    /* Keys per block: the K and V blocks take at most a quarter of L2, and the score block of
-     * BR_MAX rows a quarter too and at most SCORE_BLOCK_MAX, so that the scores the first
-     * product writes are still in L2 when the softmax and the second product read them
-     * (measured: on a 2 MiB L2, 256 keys ran clearly faster than 1024, whose 1 MiB score block
-     * spilled; on AMD Zen 4's 1 MiB L2, 256 keys ran 4-8% faster than 128 and as fast as 512). */
+    /* Keys per block: the K and V blocks take at most a quarter of L2, and a score block of
+     * BR_MAX rows a quarter too and at most SCORE_BLOCK_MAX, so that the weights pass, which
+     * scores a query block at once, finds its scores still in L2. The flash loop scores a panel
+     * at a time, and measured fastest under the same bound: on a 2 MiB L2, 256 keys ran
+     * clearly faster than 1024; on AMD Zen 4's 1 MiB L2, 4-8% faster than 128 and as fast as
+     * 512. */
     int64_t l2 = (int64_t)eng__l2_bytes();
     int64_t bc = l2 / (16 * (p->D + p->Dv));
     int64_t score_bytes = l2 / 4 < SCORE_BLOCK_MAX ? l2 / 4 : SCORE_BLOCK_MAX;
