@@ -81,8 +81,9 @@ typedef struct {
 } linear_batch;
 
 /* Weight rows (output features) widened per step of a 16-bit weight: the step's fp32 rows are
- * the product's B^T, and columns of C are independent, so the sums are those of fp32
- * weights bit for bit. A multiple of every kernel set's NR. */
+ * the product's B^T, and the micro-kernels sum each column of C alone, so the sums are those
+ * of fp32 weights bit for bit (on the openblas set, multiply steps fp32 weights the same way).
+ * A multiple of every kernel set's NR. */
 #define WIDEN_ROWS 128
 
 /* Floats of per-thread scratch a projection over a 16-bit weight of out_f x in_f needs for

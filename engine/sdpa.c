@@ -391,11 +391,12 @@ static int64_t stream_slots(const plan *p, int threads)
  * block is then packed once, into the task's scratch, right before every row of the head
  * multiplies it from L2; query blocks of their own share panels packed in a pass before the
  * call, which they read back from memory (AMD Zen 5, (4,16,1024,1024,64) causal, alternating
- * in one process: 1-6% faster). Not when weights are asked for: their pass scores a query
- * block at once. */
+ * in one process: 1-6% faster). Not when weights are asked for (their pass scores a query
+ * block at once), nor from a paged cache: blocks a task packs itself stop at each cache block
+ * (block_cols), where prepacked panels span them. */
 static bool whole_heads(const plan *p, int64_t head_tasks, int threads, int64_t l2)
 {
-    return p->a->weights_mode == ENG_WEIGHTS_NONE &&
+    return p->a->weights_mode == ENG_WEIGHTS_NONE && !p->kv &&
            head_tasks >= (int64_t)threads * TASKS_PER_THREAD &&
            p->L <= l2 / 4 / (p->Dv * (int64_t)sizeof(float));
 }
