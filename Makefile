@@ -8,6 +8,8 @@
 #   make asan       the unit and integration suites under ASan+UBSan only
 #   make tsan       the engine suites under TSan only
 #   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
+#   make bench-report  SVG charts of a make bench log (BENCH_LOG, PEER_LOGS) in build/report
+#   make docs-test  run the example blocks of README.md and docs/*.md against a daemon
 #   make fuzz       every libFuzzer harness for FUZZ_SECONDS (300) each
 #   make load       the load (LOAD_SECONDS at twice capacity) and fault suites; make soak: 30 min
 #   make bench-wrk  wrk throughput of small requests at 32 connections
@@ -47,7 +49,8 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run check test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
-        format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer
+        format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer \
+        bench-report docs-test
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -116,7 +119,12 @@ $(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session: $(BUILD)/test
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
                 libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
-                wrk libgnutls28-dev openssl
+                wrk libgnutls28-dev openssl \
+                python3-numpy python3-requests python3-matplotlib \
+                python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging
+# Debian's interpreter, which the python3-* packages above install into (the examples test and
+# make bench-report).
+PYTHON ?= /usr/bin/python3
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
@@ -181,7 +189,7 @@ test: deps deploy-deps browser-deps
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
 	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
-	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
+	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
@@ -194,6 +202,23 @@ tsan: deps
 bench: deps
 	$(MAKE) $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do $$b || exit 1; done
+
+# Charts of a make bench log: `make bench 2>&1 | tee build/bench.log`, then
+# `make bench-report BENCH_LOG=build/bench.log [PEER_LOGS="ggml.log ..."]` (docs/benchmarks.md).
+# The default log is the one committed with the README's chart.
+BENCH_LOG ?= docs/bench/zen5-2026-12-02.log
+PEER_LOGS ?=
+REPORT_DIR ?= $(BUILD)/report
+bench-report: deps
+	$(PYTHON) tests/bench/report.py $(REPORT_DIR) $(BENCH_LOG) $(PEER_LOGS)
+
+# ---- Examples of README.md and docs/*.md (tests/docs), against a real daemon --------------
+
+docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd"
+
+docs-test: deps
+	$(MAKE) all
+	@tests/run.sh $(docs_suites)
 
 # ---- Deployment checks (deploy/, tests/deploy; see deploy/README.md) ----------------------
 
