@@ -9,6 +9,7 @@
 #   make tsan       the engine suites under TSan only
 #   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
 #   make bench-report  SVG charts of a make bench log (BENCH_LOG, PEER_LOGS) in build/report
+#   make bench-peers   ggml's and PyTorch's attention on this machine, for bench-report
 #   make docs-test  run the example blocks of README.md and docs/*.md against a daemon
 #   make fuzz       every libFuzzer harness for FUZZ_SECONDS (300) each
 #   make load       the load (LOAD_SECONDS at twice capacity) and fault suites; make soak: 30 min
@@ -50,7 +51,7 @@ BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run check test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
         format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer \
-        bench-report docs-test
+        bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -203,14 +204,27 @@ bench: deps
 	$(MAKE) $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do $$b || exit 1; done
 
-# Charts of a make bench log: `make bench 2>&1 | tee build/bench.log`, then
-# `make bench-report BENCH_LOG=build/bench.log [PEER_LOGS="ggml.log ..."]` (docs/benchmarks.md).
-# The default log is the one committed with the README's chart.
-BENCH_LOG ?= docs/bench/zen5-2026-12-02.log
-PEER_LOGS ?=
+# Charts of a make bench log: `make bench 2>&1 | tee build/bench.log`, optionally
+# `make bench-peers` on the same machine, then `make bench-report` (docs/benchmarks.md). Without
+# build/bench.log it charts the log committed with the README's chart. Peer logs are read only
+# with a log of this build folder, so that no chart mixes machines; PEER_LOGS overrides.
+BENCH_LOG ?= $(firstword $(wildcard $(BUILD)/bench.log) docs/bench/zen5-2026-12-02.log)
+PEER_LOGS ?= $(if $(filter $(BUILD)/%,$(BENCH_LOG)),$(wildcard $(BUILD)/peers/*.log))
 REPORT_DIR ?= $(BUILD)/report
 bench-report: deps
 	$(PYTHON) tests/bench/report.py $(REPORT_DIR) $(BENCH_LOG) $(PEER_LOGS)
+
+# The peers of the charts, on this machine, into $(BUILD)/peers: ggml's CPU flash attention
+# (built from ../shared/peers/ggml) and PyTorch's attention where a torch module is importable
+# (a skip line otherwise). A benchmark (minutes): run it on a quiet machine.
+GGML_PEER := ../shared/peers/ggml
+bench-peers: deps
+	@mkdir -p $(BUILD)/peers
+	@if [ -d $(GGML_PEER) ]; then \
+	    bash $(GGML_PEER)/build.sh "" $(CURDIR)/$(BUILD)/ggml >/dev/null && \
+	    $(GGML_PEER)/run.sh $(CURDIR)/$(BUILD)/ggml/ggml_fa_bench | tee $(BUILD)/peers/ggml.log; \
+	else echo "skip ggml peer: $(GGML_PEER) is missing"; fi
+	$(PYTHON) tests/bench/torch_sdpa.py | tee $(BUILD)/peers/torch.log
 
 # ---- Examples of README.md and docs/*.md (tests/docs), against a real daemon --------------
 
@@ -220,7 +234,7 @@ docs-test: deps
 	$(MAKE) all
 	@tests/run.sh $(docs_suites)
 
-# ---- Deployment checks (deploy/, tests/deploy; see deploy/README.md) ----------------------
+# ---- Deployment checks (deploy/, tests/deploy; see docs/deployment.md) ---------------------
 
 DEPLOY_CLIENT := $(BUILD)/tests/deploy/shard_client
 # nginx for tests/deploy/check_compose.sh, unpacked from Debian's package rather than

@@ -2,7 +2,7 @@
 # Profiles attnd with Triton's load tester, perf_analyzer (HTTP, binary tensors), as KServe and
 # Triton users do: model sdpa on (1, H, L, 64) self-attention and a registered layer (the
 # built-in demo, E = 64) on (1, L, E), each over a concurrency sweep. A benchmark, not a test
-# (make bench-perf-analyzer); the README's "Load testing with perf_analyzer" explains the flags.
+# (make bench-perf-analyzer); docs/benchmarks.md, "Load testing with perf_analyzer", explains the flags.
 #
 #   tests/bench/perf_analyzer.sh ATTND_BIN [SEQ_LEN] [HEADS] [CONCURRENCY]
 #
