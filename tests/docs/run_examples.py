@@ -13,7 +13,8 @@ A Python block that imports a module this machine lacks (numpy, requests, triton
 a skip line naming it. Triton's client comes from ../shared/peers/tritonclient when present.
 
 Also checked: every `--flag` written as code and every ATTND_* variable in those files is one
-that `ATTND_BIN --help` lists. Ends with "N passed, N failed".
+that `ATTND_BIN --help` lists, and every relative link leads to a file and heading that exist.
+Ends with "N passed, N failed".
 """
 import glob
 import os
@@ -180,6 +181,40 @@ def check_flags(binary, files):
         ok("flags and ATTND_* variables of the docs exist in --help")
 
 
+def slug(heading):
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path):
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"^```.*?^```", "", f.read(), flags=re.M | re.S)
+    return {slug(h) for h in re.findall(r"^#+\s+(.+)$", text, re.M)}
+
+
+def check_links(files):
+    """Every relative link of the docs names a file that exists, and a heading of it."""
+    broken = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        base = os.path.dirname(path)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(base, file)) if file else path
+            where = f"{target} ({os.path.relpath(path, ROOT)})"
+            if not os.path.exists(dest):
+                broken.append(where + ": no such file")
+            elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                broken.append(where + ": no such heading")
+    if broken:
+        fail("relative links of the docs lead somewhere", "\n".join(broken))
+    else:
+        ok("relative links of the docs lead somewhere")
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -188,6 +223,7 @@ def main(argv):
     files = argv[2:] or [os.path.join(ROOT, "README.md")] + sorted(
         glob.glob(os.path.join(ROOT, "docs", "*.md")))
     check_flags(binary, files)
+    check_links(files)
     work = tempfile.mkdtemp(prefix="attnd-docs-")
     proc, port, admin = start_daemon(binary, work)
     if proc is None:
