@@ -228,7 +228,7 @@ bench-peers: deps
 
 # ---- Examples of README.md and docs/*.md (tests/docs), against a real daemon --------------
 
-docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd"
+docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd" "$(PYTHON) tests/bench/check_report.py"
 
 docs-test: deps
 	$(MAKE) all
