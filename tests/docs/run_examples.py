@@ -6,9 +6,10 @@
 A block is an example when its fence's info string is `sh example` (or `bash example`) or
 `python example`; a word `fails` after it says the block shows an error reply. The daemon
 starts on 127.0.0.1 with ephemeral ports, and every `localhost:8080` / `127.0.0.1:8080` of a
-block (`:9090`, the admin port) is turned into them. Shell blocks run under `bash -e -o
-pipefail` from the repository root, their curl with `--fail-with-body` (a `fails` block must
-print an "error" reply instead); Python blocks run with this interpreter and must exit 0.
+block (`:9090`, the admin port) is turned into them. Each block runs in a scratch folder of its
+own where `build/` is the folder of ATTND_BIN. Shell blocks run under `bash -e -o pipefail`,
+their curl with `--fail-with-body` unless it writes the status itself (`-w`), and a `fails`
+block must print an "error" reply; Python blocks run with this interpreter and must exit 0.
 A Python block that imports a module this machine lacks (numpy, requests, tritonclient) prints
 a skip line naming it. Triton's client comes from ../shared/peers/tritonclient when present.
 
@@ -35,6 +36,16 @@ OTHER_VARIABLES = {"ATTND_BF16", "ATTND_BIN", "ATTND_TEST_QUICK", "ATTND_NGINX"}
 # Flags of other tools the docs show as code: perf_analyzer's, apt-get's.
 OTHER_FLAGS = {"--input-data", "--measurement-interval", "--request-parameter",
                "--stability-percentage", "--concurrency-range", "--no-install-recommends"}
+
+# A curl of an example fails on an HTTP error, unless it writes the status itself (-w), which
+# the example then shows or checks.
+CURL_WRAPPER = """curl() {
+    case " $* " in
+    *" -w "* | *" --write-out "*) command curl "$@" ;;
+    *) command curl --fail-with-body "$@" ;;
+    esac
+}
+"""
 
 passed = 0
 failed = 0
@@ -130,7 +141,30 @@ def missing_module(text, env):
     return None
 
 
-def run_block(where, lang, flags, text, env):
+def run_in_group(cmd, text, cwd, env):
+    """(exit status or None on timeout, output) of cmd fed text, in a process group of its own:
+    whatever it left running (a daemon a block started) is ended with it."""
+    with tempfile.TemporaryFile(mode="w+") as out:
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                             cwd=cwd, env=env, text=True, start_new_session=True)
+        p.stdin.write(text)
+        p.stdin.close()
+        try:
+            code = p.wait(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        p.wait()
+        out.seek(0)
+        return code, out.read()
+
+
+def run_block(where, lang, flags, text, env, scratch):
     expect_error = "fails" in flags
     if lang == "python":
         why = missing_module(text, env)
@@ -139,19 +173,17 @@ def run_block(where, lang, flags, text, env):
             return
         cmd = [sys.executable, "-"]
     else:
-        prelude = (f'python3() {{ "{sys.executable}" "$@"; }}\n'
-                   + ("" if expect_error else 'curl() { command curl --fail-with-body "$@"; }\n'))
+        prelude = f'python3() {{ "{sys.executable}" "$@"; }}\n'
+        if not expect_error:
+            prelude += CURL_WRAPPER
         text = prelude + text
         cmd = ["bash", "-e", "-o", "pipefail", "-s"]
-    try:
-        r = subprocess.run(cmd, input=text, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail(where, f"still running after {BLOCK_TIMEOUT_S} s")
+    code, output = run_in_group(cmd, text, scratch, env)
+    if code is None:
+        fail(where, f"still running after {BLOCK_TIMEOUT_S} s\n{output[-3000:]}")
         return
-    output = r.stdout + r.stderr
-    if r.returncode != 0:
-        fail(where, f"exit {r.returncode}\n{output[-3000:]}")
+    if code != 0:
+        fail(where, f"exit {code}\n{output[-3000:]}")
     elif expect_error and '"error"' not in output:
         fail(where, f"a `fails` block printed no error reply\n{output[-3000:]}")
     else:
@@ -240,7 +272,9 @@ def main(argv):
             for line, lang, flags, text in blocks(path):
                 text = re.sub(r"\b(localhost|127\.0\.0\.1):8080\b", f"127.0.0.1:{port}", text)
                 text = re.sub(r"\b(localhost|127\.0\.0\.1):9090\b", f"127.0.0.1:{admin}", text)
-                run_block(f"{name}:{line} ({lang})", lang, flags, text, env)
+                scratch = tempfile.mkdtemp(dir=work)
+                os.symlink(os.path.dirname(binary), os.path.join(scratch, "build"))
+                run_block(f"{name}:{line} ({lang})", lang, flags, text, env, scratch)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
