@@ -7,7 +7,7 @@ A block is an example when its fence's info string is `sh example` (or `bash exa
 `python example`; a word `fails` after it says the block shows an error reply. The daemon
 starts on 127.0.0.1 with ephemeral ports, and every `localhost:8080` / `127.0.0.1:8080` of a
 block (`:9090`, the admin port) is turned into them. Each block runs in a scratch folder of its
-own where `build/` is the folder of ATTND_BIN. Shell blocks run under `bash -e -o pipefail`,
+own that links the repository's files, `build/` being the folder of ATTND_BIN. Shell blocks run under `bash -e -o pipefail`,
 their curl with `--fail-with-body` unless it writes the status itself (`-w`), and a `fails`
 block must print an "error" reply; Python blocks run with this interpreter and must exit 0.
 A Python block that imports a module this machine lacks (numpy, requests, tritonclient) prints
@@ -141,6 +141,17 @@ def missing_module(text, env):
     return None
 
 
+def scratch_folder(work, binary):
+    """A folder that looks like the repository (its entries linked, build/ the binary's folder)
+    and keeps what a block writes out of it."""
+    scratch = tempfile.mkdtemp(dir=work)
+    for name in os.listdir(ROOT):
+        if name not in ("build", ".git"):
+            os.symlink(os.path.join(ROOT, name), os.path.join(scratch, name))
+    os.symlink(os.path.dirname(binary), os.path.join(scratch, "build"))
+    return scratch
+
+
 def run_in_group(cmd, text, cwd, env):
     """(exit status or None on timeout, output) of cmd fed text, in a process group of its own:
     whatever it left running (a daemon a block started) is ended with it."""
@@ -272,8 +283,7 @@ def main(argv):
             for line, lang, flags, text in blocks(path):
                 text = re.sub(r"\b(localhost|127\.0\.0\.1):8080\b", f"127.0.0.1:{port}", text)
                 text = re.sub(r"\b(localhost|127\.0\.0\.1):9090\b", f"127.0.0.1:{admin}", text)
-                scratch = tempfile.mkdtemp(dir=work)
-                os.symlink(os.path.dirname(binary), os.path.join(scratch, "build"))
+                scratch = scratch_folder(work, binary)
                 run_block(f"{name}:{line} ({lang})", lang, flags, text, env, scratch)
     finally:
         proc.send_signal(signal.SIGTERM)
