@@ -221,8 +221,8 @@ GGML_PEER := ../shared/peers/ggml
 bench-peers: deps
 	@mkdir -p $(BUILD)/peers
 	@if [ -d $(GGML_PEER) ]; then \
-	    bash $(GGML_PEER)/build.sh "" $(CURDIR)/$(BUILD)/ggml >/dev/null && \
-	    $(GGML_PEER)/run.sh $(CURDIR)/$(BUILD)/ggml/ggml_fa_bench | tee $(BUILD)/peers/ggml.log; \
+	    bash $(GGML_PEER)/build.sh "" $(abspath $(BUILD))/ggml >/dev/null && \
+	    $(GGML_PEER)/run.sh $(abspath $(BUILD))/ggml/ggml_fa_bench | tee $(BUILD)/peers/ggml.log; \
 	else echo "skip ggml peer: $(GGML_PEER) is missing"; fi
 	$(PYTHON) tests/bench/torch_sdpa.py | tee $(BUILD)/peers/torch.log
 
