@@ -94,7 +94,7 @@ static void learn_locked(srv_sched *s, const srv_sched_entry *e, srv_sched_learn
 {
     int64_t *mean = &s->cost[route_row(e->route)][bucket_of(e->bytes)].mean;
     int64_t *dev = &s->cost[route_row(e->route)][bucket_of(e->bytes)].dev;
-    int64_t wall = now - e->start_ns, shared = s->area_ns - e->area0_ns, diff;
+    int64_t wall = now - e->run_ns, shared = s->area_ns - e->area0_ns, diff;
     /* Its wall time over the mean number of requests running meanwhile (itself included). */
     int64_t sample = shared > 0 ? (int64_t)((double)wall * (double)wall / (double)shared) : wall;
     if (sample <= 0 || how == SRV_SCHED_LEARN_NOTHING ||
@@ -206,7 +206,7 @@ static bool pick_locked(srv_sched *s, int64_t now, batch *expired, srv_sched_ent
         return false;
     list_unlink(s, best);
     best->state = SRV_SCHED_STARTED;
-    best->start_ns = now;
+    best->start_ns = best->run_ns = now;
     area_update(s, now);
     best->area0_ns = s->area_ns;
     s->running++;
@@ -313,6 +313,17 @@ bool srv__sched_remove(srv_sched *s, srv_sched_entry *e)
     }
     pthread_mutex_unlock(&s->mu);
     return was;
+}
+
+void srv__sched_begin(srv_sched *s, srv_sched_entry *e, int64_t now)
+{
+    pthread_mutex_lock(&s->mu);
+    if (e->state == SRV_SCHED_STARTED) {
+        area_update(s, now);
+        e->run_ns = now;
+        e->area0_ns = s->area_ns;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now)

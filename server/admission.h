@@ -47,7 +47,8 @@ typedef struct srv_sched_entry {
     bool lng;           /* long: runs alone among long ones, after short ones of its level */
     int64_t arrival_ns; /* entered the waiting list */
     int64_t start_ns;   /* handed to the pool */
-    int64_t area0_ns;   /* the scheduler's integral of requests running, at its start */
+    int64_t run_ns;     /* a worker began it (srv__sched_begin), or its start */
+    int64_t area0_ns;   /* the scheduler's integral of requests running, at run_ns */
     struct srv_sched_entry *prev, *next;
 } srv_sched_entry;
 
@@ -81,6 +82,10 @@ void srv__sched_enqueue(srv_sched *s, srv_sched_entry *e, int64_t now);
 /* Takes `e` out of the waiting list, for a request answered while it waited (the watcher);
  * true when it was there (the caller then owns the reference the list held). */
 bool srv__sched_remove(srv_sched *s, srv_sched_entry *e);
+
+/* A worker began running started request `e`: its cost is measured from now, so that the time
+ * it waited in the pool's queue (behind a task of a long request) does not count. */
+void srv__sched_begin(srv_sched *s, srv_sched_entry *e, int64_t now);
 
 /* What a request that gave its slot back teaches about the cost of its size. */
 typedef enum {

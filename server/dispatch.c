@@ -68,6 +68,7 @@ static void job_run(void *arg, int64_t index)
     atomic_fetch_sub(&s->queued, 1);
     atomic_fetch_add(&s->running, 1);
     req->run_ns = eng_now_ns();
+    srv__sched_begin(s->sched, &req->sched, req->run_ns);
 
     memset(&call, 0, sizeof call);
     call.body = req->body.data ? req->body.data : "";

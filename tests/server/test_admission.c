@@ -104,6 +104,19 @@ static void test_time_shared_with_others_is_divided(void)
     srv__sched_free(s);
 }
 
+static void test_time_waiting_in_the_pool_is_not_cost(void)
+{
+    srv_sched *s = fresh(2);
+    srv_sched_entry e;
+    /* Started at 0, behind a long request's task in the pool until 90 ms, done at 100 ms. */
+    entry(&e, BYTES, 1, NO_DEADLN, 0);
+    srv__sched_enqueue(s, &e, 0);
+    srv__sched_begin(s, &e, 90 * MS);
+    srv__sched_done(s, &e, SRV_SCHED_LEARN_COST, 100 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 10 * MS);
+    srv__sched_free(s);
+}
+
 static void test_at_most_slots_run_and_a_free_slot_starts_the_next(void)
 {
     srv_sched *s = fresh(2);
@@ -231,6 +244,7 @@ int main(void)
 {
     RUN(test_cost_is_learned_per_route_and_size);
     RUN(test_time_shared_with_others_is_divided);
+    RUN(test_time_waiting_in_the_pool_is_not_cost);
     RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);
     RUN(test_one_long_at_a_time_and_short_ones_first);
     RUN(test_urgent_level_first_then_oldest);
