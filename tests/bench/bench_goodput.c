@@ -13,6 +13,11 @@
  *             attnd_worker_seconds_total);
  *   mix       small requests (one head, 16 tokens) open loop at --mix-rate, alone and then with
  *             1% long requests among them: the small requests' p99 in the mix against alone.
+ *   medium    the per-request overhead of a medium request: (1, 8, 256, 64) float32 over the KServe
+ *             v2 binary protocol, MEDIUM_REPS one after the other on one kept-alive connection;
+ *             the client's p50 and p99 against the daemon's own mean queue, decode, compute and
+ *             encode times (attnd_request_stage_seconds), and what is left: receiving, sending
+ *             and the hand-offs between threads.
  *
  * Every request is its own connection, sent by its own thread at its scheduled time (open
  * loop: a late reply does not delay the next request); at most MAX_INFLIGHT are in flight.
@@ -36,6 +41,7 @@
 #define MAX_SENT     65536
 #define SMALL_L      16
 #define HEAD_D       64
+#define MEDIUM_REPS  200
 
 typedef struct {
     int tokens, clients;
@@ -299,6 +305,83 @@ static void print_offer(int port, run_t *run, double multiple, double capacity, 
            s.other, busy > 0 ? 100 * waste / busy : 0, busy);
 }
 
+/* The sum of stage `stage` of attnd_request_stage_seconds, in seconds. */
+static double stage_sum(int port, const char *stage)
+{
+    char series[96];
+    snprintf(series, sizeof series, "attnd_request_stage_seconds_sum{stage=\"%s\"}", stage);
+    return metric_value(port, series);
+}
+
+/* A (1, 8, 256, 64) float32 self-attention as a KServe v2 binary request. */
+static char *medium_body(size_t *len, size_t *header_len)
+{
+    static uint64_t rng = 13;
+    const size_t n = (size_t)8 * 256 * HEAD_D, bytes = n * sizeof(float);
+    char head[1024];
+    int w = snprintf(head, sizeof head, "{\"inputs\":[");
+    static const char *const names[3] = {"query", "key", "value"};
+    for (int t = 0; t < 3; t++)
+        w += snprintf(head + w, sizeof head - (size_t)w,
+                      "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[1,8,256,64],"
+                      "\"parameters\":{\"binary_data_size\":%zu}}",
+                      t ? "," : "", names[t], bytes);
+    w += snprintf(head + w, sizeof head - (size_t)w,
+                  "],\"outputs\":[{\"name\":\"output\",\"parameters\":{\"binary_data\":true}}]}");
+    char *body = malloc((size_t)w + 3 * bytes);
+    if (!body)
+        return NULL;
+    memcpy(body, head, (size_t)w);
+    for (size_t i = 0; i < 3 * n; i++) {
+        float f = (float)rng_range(&rng, -1, 1);
+        memcpy(body + w + i * sizeof f, &f, sizeof f);
+    }
+    *header_len = (size_t)w;
+    *len = (size_t)w + 3 * bytes;
+    return body;
+}
+
+static void medium_overhead(int port)
+{
+    static const char *const stages[4] = {"queue", "decode", "compute", "encode"};
+    size_t len = 0, header_len = 0;
+    char *body = medium_body(&len, &header_len), hl[80];
+    const char *headers[] = {"Content-Type: application/octet-stream", hl, NULL};
+    void *conn = http_handle_new();
+    float lat[MEDIUM_REPS];
+    double before[4], mean[4], client = 0;
+    int n = 0;
+    if (!body || !conn) {
+        free(body);
+        http_handle_free(conn);
+        return;
+    }
+    snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", header_len);
+    for (int i = -5; i < MEDIUM_REPS; i++) { /* five to warm up */
+        http_resp r;
+        if (i == 0)
+            for (int k = 0; k < 4; k++)
+                before[k] = stage_sum(port, stages[k]);
+        long status = http_do(conn, port, "POST", "/v2/models/sdpa/infer", headers, body, len, &r);
+        if (i >= 0 && status == 200) {
+            lat[n++] = (float)r.seconds;
+            client += r.seconds;
+        }
+        http_resp_free(&r);
+    }
+    for (int k = 0; k < 4; k++)
+        mean[k] = n ? (stage_sum(port, stages[k]) - before[k]) / n : 0;
+    client = n ? client / n : 0;
+    printf("goodput medium (1,8,256,64) v2 binary, one connection: client p50 %.2f ms p99 %.2f ms "
+           "mean %.2f ms; daemon queue %.2f decode %.2f compute %.2f encode %.2f ms; the rest "
+           "(receive, send, hand-offs) %.2f ms (%d of %d served)\n",
+           pct(lat, (size_t)n, 0.5) * 1e3, pct(lat, (size_t)n, 0.99) * 1e3, client * 1e3,
+           mean[0] * 1e3, mean[1] * 1e3, mean[2] * 1e3, mean[3] * 1e3,
+           (client - mean[0] - mean[1] - mean[2] - mean[3]) * 1e3, n, MEDIUM_REPS);
+    free(body);
+    http_handle_free(conn);
+}
+
 int main(int argc, char **argv)
 {
     const char *const args[] = {"--log-level", "warn", NULL};
@@ -346,6 +429,7 @@ int main(int argc, char **argv)
            s.p50 * 1e3, s.p99 * 1e3, s.ok, s.n, small_p99_alone > 0 ? s.p99 / small_p99_alone : 0);
     s = summarize(&run, sent, true);
     printf("; long: %zu served, %zu refused, %zu 504 of %zu\n", s.ok, s.refused, s.late, s.n);
+    medium_overhead(d.port);
     free(probe.text);
     free(lng.text);
     free(small.text);
