@@ -4,6 +4,7 @@
  */
 #include "server/admission.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -63,7 +64,6 @@ static int64_t cost_locked(const srv_sched *s, int route, uint64_t bytes, int64_
         row[i] = s->cost[route_row(route)][i].mean;
     *margin = 2 * s->cost[route_row(route)][b].dev;
     for (int d = 0; d <= EXTRAPOLATE_BUCKETS; d++) {
-        double scale = 1.0;
         int at = -1;
         if (b - d >= 0 && row[b - d] > 0)
             at = b - d;
@@ -71,9 +71,7 @@ static int64_t cost_locked(const srv_sched *s, int route, uint64_t bytes, int64_
             at = b + d;
         if (at < 0)
             continue;
-        for (int i = 0; i < (b > at ? b - at : at - b); i += SUB_BUCKETS)
-            scale = b > at ? scale * 2 : scale / 2;
-        return (int64_t)((double)row[at] * scale);
+        return (int64_t)((double)row[at] * exp2((double)(b - at) / SUB_BUCKETS));
     }
     return 0;
 }

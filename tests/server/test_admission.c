@@ -3,6 +3,7 @@
  * what it learns a request costs, the wait it expects in front of a request, and which waiting
  * request it starts next. Time is passed in, so every case is exact.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,7 +75,10 @@ static void test_cost_is_learned_per_route_and_size(void)
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 0); /* nothing known yet */
     teach(s, BYTES, 0, 100 * MS);
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 100 * MS);
-    /* An octave up, linearly; two octaves away, unknown; another route, unknown. */
+    /* A quarter octave and an octave up, linearly; two octaves away, unknown; another route,
+     * unknown. */
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES + BYTES / 4, NULL),
+                 (int64_t)(100 * MS * exp2(0.25)));
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE, 2 * BYTES, NULL), 200 * MS);
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE, 4 * BYTES, NULL), 0);
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE + 1, BYTES, NULL), 0);
