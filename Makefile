@@ -7,7 +7,8 @@
 #                   TSan) and end with "N passed, N failed"
 #   make asan       the unit and integration suites under ASan+UBSan only
 #   make tsan       the engine suites under TSan only
-#   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run
+#   make bench      benchmarks: ratios against OpenBLAS sgemm measured in the same run, and
+#                   goodput past capacity (bench_goodput)
 #   make bench-report  SVG charts of a make bench log (BENCH_LOG, PEER_LOGS) in build/report
 #   make bench-peers   ggml's and PyTorch's attention on this machine, for bench-report
 #   make docs-test  run the example blocks of README.md and docs/*.md against a daemon
@@ -101,7 +102,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 
 # Benchmarks measure the engine alone...
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
-$(filter-out %/bench_e2e %/bench_session,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
+$(filter-out %/bench_e2e %/bench_session %/bench_goodput,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
                                           $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
@@ -110,9 +111,10 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-# ... except bench_e2e and bench_session (a KV-cache decode step over HTTP), which time api/
-# and a real daemon too.
-$(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session: $(BUILD)/tests/bench/%: \
+# ... except bench_e2e, bench_session (a KV-cache decode step over HTTP) and bench_goodput
+# (open-loop offers past capacity), which time api/ and a real daemon too.
+$(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session \
+        $(BUILD)/tests/bench/bench_goodput: $(BUILD)/tests/bench/%: \
         $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 

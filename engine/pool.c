@@ -12,7 +12,9 @@
  * policy timeouts do; ageing would make a level's meaning depend on the load. A thread that waits
  * in eng_pool_run runs indices of its own job meanwhile, which is what makes nested jobs
  * deadlock-free: even with every worker blocked in a nested call, each caller can finish its own
- * job alone.
+ * job alone. Before each of its own indices it takes one of a more urgent job at the head of the
+ * queue, if there is one, so that urgent work does not wait for a worker while the pool's
+ * threads are all busy with a less urgent request.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -130,6 +132,25 @@ static void job_complete(eng_pool *pool, job *j)
         pthread_cond_broadcast(&pool->done);
 }
 
+/* Runs one index of the job at the head of the queue when it is more urgent than `own` (a
+ * request of a better priority, or its fan-out), so that a thread helping with a long job does
+ * not leave a short urgent one waiting for a worker. True when it ran or skipped one. */
+static bool run_urgent(eng_pool *pool, job *own)
+{
+    job *u = pool->head;
+    if (!u || u == own || u->priority >= own->priority)
+        return false;
+    int64_t index = job_claim(pool, u);
+    if (index < 0) {
+        if (u->finished == u->count)
+            job_complete(pool, u);
+        return true;
+    }
+    if (job_run_one(pool, u, index))
+        job_complete(pool, u);
+    return true;
+}
+
 /* ---- Workers -------------------------------------------------------------------------------- */
 
 static void *worker_main(void *arg)
@@ -238,8 +259,11 @@ eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count
     queue_insert(pool, &j);
     if (count > 1)
         pthread_cond_broadcast(&pool->work);
-    /* Help with our own job; the workers take the rest. */
+    /* Help with our own job, and first with any more urgent job at the head of the queue; the
+     * workers take the rest. */
     for (;;) {
+        if (run_urgent(pool, &j))
+            continue;
         int64_t index = job_claim(pool, &j);
         if (index < 0)
             break;

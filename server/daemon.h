@@ -19,6 +19,7 @@
 
 #include "api/api.h"
 #include "engine/engine.h"
+#include "server/admission.h"
 #include "server/auth.h"
 #include "server/metrics.h"
 #include "server/tls.h"
@@ -40,6 +41,7 @@ struct srv_server {
 
     api_budget *budget;
     eng_pool *pool;
+    srv_sched *sched;       /* admitted requests until a worker starts them (admission.h) */
     api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
     struct MHD_Daemon *mhd;
     struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */

@@ -2,21 +2,15 @@
  * http.c - libmicrohttpd's callbacks: routing, header checks, body accumulation, admission,
  * the handoff to an engine worker, replies, and the per-request log line and metrics.
  *
- * Everything here runs on the MHD thread except job_run (an engine worker) and the request's
- * reference counting and srv_watch_ops (any thread). Which paths exist, with which methods, and
- * who answers them is the route table (routes.c): the MHD thread answers only cheap things
- * itself (health, metrics, listings, and refusals found from the headers or the body size);
- * decoding and encoding a request happen on a worker. Handlers and refusals make reply values
- * (reply.h); send_reply below is the one place that queues them with libmicrohttpd.
+ * Everything here runs on the MHD thread except srv_watch_ops (the watcher). Which paths exist,
+ * with which methods, and who answers them is the route table (routes.c): the MHD thread answers
+ * only cheap things itself (health, metrics, listings, and refusals found from the headers or the
+ * body size); decoding and encoding a request happen on a worker. Handlers and refusals make reply
+ * values (reply.h); send_reply below is the one place that queues them with libmicrohttpd.
  *
- * Ownership of a request (srv_req, private to this file): created by the URI callback when the
- * request line arrives, it belongs to the MHD thread until the body is complete. It is then
- * suspended and handed to the pool with a second reference; the MHD thread does not touch it
- * while it is suspended. Whoever finishes it (the worker, or the watcher through
- * srv_watch_ops when it abandons a request still waiting in the queue) fills `reply`, marks it
- * REQ_DONE and resumes the connection, and after that never touches it again except to drop
- * its reference. The MHD thread then queues the reply and, at NOTIFY_COMPLETED, logs, counts
- * and drops its reference; the last reference frees it.
+ * A request (srv_req) and who owns it when: request.h. Admission ends here by handing the
+ * request to dispatch.c, which queues it with the scheduler (admission.h) and runs it on a
+ * worker.
  */
 #include "server/http.h"
 
@@ -27,13 +21,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "server/daemon.h"
 #include "server/half_close.h"
 #include "server/log.h"
-#include "server/outcome.h"
 #include "server/reply.h"
-#include "server/request_check.h"
-#include "server/routes.h"
+#include "server/request.h"
 
 /* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. */
 #define BODY_FIRST_ALLOC ((size_t)64 * 1024)
@@ -46,77 +37,6 @@
 #define DRAINING_MSG                                                                               \
     "the server is shutting down; retry on another replica (KV-cache sessions end with this "      \
     "process: create them again there)"
-
-#define REQUEST_ID_MAX 128
-#define PATH_MAX_LEN   256 /* a longer path matches no route (404) */
-
-typedef enum {
-    REQ_RECEIVING = 0, /* MHD thread: headers and body arriving */
-    REQ_QUEUED,        /* suspended, submitted to the pool, no worker yet */
-    REQ_RUNNING,       /* a worker runs the route's work function */
-    REQ_DONE,          /* reply ready, connection resumed (or about to be) */
-} srv_req_state;
-
-typedef struct srv_req {
-    atomic_int refs;
-    atomic_int state; /* srv_req_state */
-    srv_server *srv;
-    struct MHD_Connection *conn;
-    srv_watched watch; /* what the watcher sees of it (watch.h) */
-    srv_headers hdr;   /* the header block, read once on the first call */
-
-    /* Set on the MHD thread while receiving. */
-    bool framing_checked; /* the first call of the access handler ran */
-    bool seen_headers;    /* routing and header checks ran */
-    srv_route route;
-    bool path_too_long;     /* longer than PATH_MAX_LEN - 1: matches no route */
-    const char *bad_target; /* srv__target_check's finding, answered 400 (static text) */
-    srv_params params;      /* filled by the route matcher */
-    char method[12];
-    char path[PATH_MAX_LEN];
-    char id[REQUEST_ID_MAX + 1];
-    /* Worker routes: the headers api/ needs, copied for the worker ("" when absent). */
-    char content_type[256], content_encoding[32], accept_encoding[256], infer_header_len[32];
-    bool has_content_type; /* even an empty one: api/ tells "" from an absent header */
-    srv_route_stats stats; /* the route's statistics hooks' state */
-    bool body_expected; /* Content-Length > 0 or chunked: an early answer closes the connection */
-    bool has_length;    /* a Content-Length header was given */
-    bool seen_body_end; /* the last upload call arrived */
-    size_t content_length;
-    api_buf body;
-    size_t body_held;  /* the body buffer's share of the lease, given back when it is freed */
-    uint64_t bytes_in; /* body bytes received, including those drained after a rejection */
-    bool refused;      /* refused while receiving: answer `refusal` once the body is in */
-    srv_outcome refusal;
-    char refusal_msg[200];
-    int64_t submit_ns, run_ns, done_ns; /* the start is lease.start_ns */
-    bool body_unread; /* compressed past what admission inflates, on a route that orders by its
-                         body (api_call.body_unread) */
-    int64_t own_timeout_ms; /* the body's own timeout when it is tighter than
-                               --request-timeout-ms, else 0; set with the queue deadline */
-    uint32_t priority;      /* the pool priority it is queued at: its Triton level (1 most urgent),
-                               --default-priority-level unless the body says */
-
-    /* Handed between threads as the state machine says. */
-    api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
-    api_reply reply;
-    atomic_bool drain_cancelled; /* cancelled by the drain timeout: answer 503 */
-    atomic_bool client_gone;     /* the client hung up while the request was suspended */
-
-    /* Set when the response is queued (MHD thread). */
-    int status;
-    api_reason reason;
-    uint64_t bytes_out;
-    bool responded;
-
-    bool sent_directly; /* a worker wrote the reply to the socket (half_close.c) */
-    bool admin;         /* arrived on --admin-port: only health and metrics are served */
-    bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
-    int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
-    api_session_ticket ticket; /* a SRV_ROUTE_SESSION request's place in its session's order, or
-                                  a SRV_ROUTE_SEQUENCE one's in its sequence's: taken at
-                                  admission (this thread), ended by job_run */
-} srv_req;
 
 /* Routes the request by its path (routes.c); a path too long to store matches nothing. */
 static void route(srv_req *req)
@@ -135,58 +55,6 @@ static api_error_style error_style(const srv_req *req)
 }
 
 /* ---- Request life cycle ------------------------------------------------------------------- */
-
-/* Frees the body and gives its share of the lease back. The thread that owns the request at
- * the time calls it (see the top of the file). */
-static void release_body(srv_req *req)
-{
-    api_buf_free(&req->body);
-    api_lease_give_back(&req->lease, req->body_held);
-    req->body_held = 0;
-}
-
-/* Drops one reference; the last one frees the request. Its lease ends at completion
- * (srv__mhd_completed), once the reply is sent or given up; ending it here again is a no-op,
- * and covers a request that never got as far. Any thread. */
-static void req_unref(srv_req *req)
-{
-    if (!req || atomic_fetch_sub(&req->refs, 1) != 1)
-        return;
-    release_body(req);
-    api_reply_free(&req->reply);
-    api_lease_end(&req->lease);
-    free(req);
-}
-
-/* Fills req->reply with refusal `o` for a request that ends without running (watcher,
- * worker). */
-static void req_fail(srv_req *req, srv_outcome o, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void req_fail(srv_req *req, srv_outcome o, const char *fmt, ...)
-{
-    const srv_outcome_info *info = srv__outcome(o);
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    api_reply_free(&req->reply);
-    api_reply_error_status(&req->reply, error_style(req), info->status, info->reason, NULL, "%s",
-                           msg);
-}
-
-/* What set the deadline of a queued request, for the message of its 504 (64 bytes are
- * enough): "--request-timeout-ms 60000", or "the request's timeout of 100 ms" when its body's
- * own timeout was tighter. */
-static void deadline_origin(const srv_req *req, char *buf, size_t size)
-{
-    if (req->own_timeout_ms > 0)
-        snprintf(buf, size, "the request's timeout of %lld ms", (long long)req->own_timeout_ms);
-    else
-        snprintf(buf, size, "--request-timeout-ms %lld",
-                 (long long)(req->srv->request_timeout_ns / 1000000));
-}
 
 /* Arranges refusal `o` to be answered once the body is in (or at once, see
  * refuse_from_headers). */
@@ -213,7 +81,7 @@ static void watch_ref(void *arg)
 
 static void watch_unref(void *arg)
 {
-    req_unref(arg);
+    srv__req_unref(arg);
 }
 
 static bool watch_queued(void *arg)
@@ -232,20 +100,21 @@ static bool watch_abandon(void *arg, srv_watch_why why)
     atomic_fetch_sub(&req->srv->queued, 1);
     switch (why) {
     case SRV_WATCH_HANGUP:
-        req_fail(req, SRV_REFUSE_CLIENT_GONE,
-                 "the client closed the connection while the request was queued");
+        srv__req_fail(req, SRV_REFUSE_CLIENT_GONE,
+                      "the client closed the connection while the request was queued");
         break;
     case SRV_WATCH_DEADLINE:
-        deadline_origin(req, origin, sizeof origin);
-        req_fail(req, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)",
-                 origin);
+        srv__req_deadline_origin(req, origin, sizeof origin);
+        srv__req_fail(req, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)",
+                      origin);
         break;
     case SRV_WATCH_DRAIN:
-        req_fail(req, SRV_REFUSE_DRAINING,
-                 "the server is shutting down (--drain-timeout-s passed)");
+        srv__req_fail(req, SRV_REFUSE_DRAINING,
+                      "the server is shutting down (--drain-timeout-s passed)");
         break;
     }
     req->done_ns = eng_now_ns();
+    srv__req_unqueue(req->srv, req);
     return true;
 }
 
@@ -259,16 +128,9 @@ static void watch_cancel(void *arg, srv_watch_why why)
     atomic_store(&req->lease.ctl.cancel, true);
 }
 
-/* Gives a finished request back to libmicrohttpd, which then calls the access handler. */
-static void resume(srv_req *req)
-{
-    MHD_resume_connection(req->conn);
-    atomic_fetch_sub(&req->srv->suspended, 1);
-}
-
 static void watch_resume(void *arg)
 {
-    resume(arg);
+    srv__req_resume(arg);
 }
 
 static const srv_watch_ops req_watch_ops = {
@@ -390,6 +252,16 @@ static enum MHD_Result refuse_pending(srv_req *req)
     srv_reply r = srv__reply_refusal(error_style(req), req->refusal, "%s", req->refusal_msg);
     if (req->refusal == SRV_REFUSE_UNAUTHORIZED)
         r.headers = srv__auth_challenge;
+    if (req->refusal_retry_s > 0)
+        r.retry_after_s = req->refusal_retry_s;
+    return send_reply(req, &r);
+}
+
+/* Answers 429 now: the expected wait plus the request's cost is past its deadline. */
+static enum MHD_Result refuse_overloaded(srv_req *req, const char *msg, int retry_s)
+{
+    srv_reply r = srv__reply_refusal(error_style(req), SRV_REFUSE_OVERLOADED, "%s", msg);
+    r.retry_after_s = retry_s;
     return send_reply(req, &r);
 }
 
@@ -407,24 +279,6 @@ static enum MHD_Result send_computed(srv_req *req)
     }
     r = srv__reply_computed(&req->reply);
     return send_reply(req, &r);
-}
-
-/* Writes req->reply straight to the socket and records it as the response (half_close.c);
- * the connection must then close. */
-static void send_direct(srv_req *req)
-{
-    srv_reply r = srv__reply_computed(&req->reply);
-    size_t len = r.len;
-    int fd = srv__conn_fd(req->srv->watch, &req->watch);
-    /* --idle-timeout-s bounds the writing as it bounds libmicrohttpd's. */
-    bool sent = srv__reply_direct(fd, &r, req->id, eng_now_ns() + req->srv->idle_timeout_ns);
-    req->reason = r.reason;
-    req->status = r.status;
-    req->bytes_out = sent ? len : 0;
-    req->responded = true;
-    req->sent_directly = true;
-    if (!sent)
-        atomic_store(&req->client_gone, true);
 }
 
 /* ---- Headers ------------------------------------------------------------------------------ */
@@ -643,16 +497,6 @@ static enum MHD_Result capture_headers(srv_server *s, srv_req *req, const srv_ro
     return MHD_YES;
 }
 
-/* The captured headers, as api/ takes them. */
-static void call_headers(const srv_req *req, api_call *call)
-{
-    call->content_type = req->has_content_type ? req->content_type : NULL;
-    call->content_encoding = req->content_encoding[0] ? req->content_encoding : NULL;
-    call->accept_encoding = req->accept_encoding[0] ? req->accept_encoding : NULL;
-    call->inference_header_length = req->infer_header_len[0] ? req->infer_header_len : NULL;
-    call->request_id = req->id[0] ? req->id : NULL;
-}
-
 static const char *query_arg(const void *cls, const char *name)
 {
     const srv_req *req = cls;
@@ -677,10 +521,11 @@ static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *
 }
 
 /* Admission refusals that can be decided from the headers: draining, a full queue, a body that
- * cannot fit in the budget. They wait for a body that is on its way (refuse_from_headers):
- * libmicrohttpd 0.9.75 stops reading a POST body once a response is queued and closes the
- * connection after it, so a client still sending its body (a long sequence) would get a reset
- * instead of the 503 or 429. */
+ * cannot fit in the budget, a queue holding more work than the request's deadline allows (its
+ * cost estimated from Content-Length: admission.h). They wait for a body that is on its way
+ * (refuse_from_headers): libmicrohttpd 0.9.75 stops reading a POST body once a response is queued
+ * and closes the connection after it, so a client still sending its body (a long sequence) would
+ * get a reset instead of the 503 or 429. */
 static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
 {
     if (atomic_load(&s->draining)) {
@@ -713,6 +558,14 @@ static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
             set_budget_busy(req);
             return refuse_from_headers(req);
         }
+    }
+    if (req->has_length && req->content_length > 0 &&
+        srv__req_overloaded(s, req, s->request_timeout_ns, 1, req->refusal_msg,
+                            sizeof req->refusal_msg, &req->refusal_retry_s)) {
+        /* Even at the most urgent level and with the longest deadline, it would end late. */
+        req->refused = true;
+        req->refusal = SRV_REFUSE_OVERLOADED;
+        return refuse_from_headers(req);
     }
     return MHD_YES;
 }
@@ -777,11 +630,11 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
          * mid-body is never sent by libmicrohttpd 0.9.75 (it closes the connection instead),
          * so the small 503 is written to the socket here, where nothing else is in flight,
          * and MHD_NO closes the connection. */
-        release_body(req);
-        req_fail(req, SRV_REFUSE_DRAINING,
-                 "the server is shutting down (--drain-timeout-s passed) while the body was "
-                 "arriving; retry on another replica");
-        send_direct(req);
+        srv__req_release_body(req);
+        srv__req_fail(req, SRV_REFUSE_DRAINING,
+                      "the server is shutting down (--drain-timeout-s passed) while the body was "
+                      "arriving; retry on another replica");
+        srv__req_send_direct(req);
         return MHD_NO;
     }
     if (req->refused) {
@@ -792,7 +645,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
     if (n > s->max_body_bytes - req->body.len) {
         set_refusal(req, SRV_REFUSE_TOO_LARGE, "the body is larger than --max-body-bytes (%zu)",
                     s->max_body_bytes);
-        release_body(req);
+        srv__req_release_body(req);
         return MHD_YES;
     }
     if (n >= req->body.cap - req->body.len) {
@@ -807,93 +660,17 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         if (cap > limit)
             cap = limit;
         if (!reserve_body(s, req, cap - req->body.cap)) {
-            release_body(req);
+            srv__req_release_body(req);
             return MHD_YES;
         }
         if (!api_buf_grow_to(&req->body, cap)) {
             set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
-            release_body(req);
+            srv__req_release_body(req);
             return MHD_YES;
         }
     }
     api_buf_mem(&req->body, data, n);
     return MHD_YES;
-}
-
-static void job_run(void *arg, int64_t index);
-
-/* A session request whose turn came (api_session_turn parked it): back to the pool at its
- * priority, behind what is queued there; run here if the pool takes no more (it is stopping). */
-static void job_resume(void *arg)
-{
-    srv_req *req = arg;
-    if (eng_pool_submit_at(req->srv->pool, req->priority, job_run, req) != ENG_OK)
-        job_run(req, 0);
-}
-
-/* Runs one request on an engine worker: decode, compute, encode (all inside the route's work
- * function), then hands the reply back to the MHD thread by resuming the connection. A request
- * on a session (or a step of a v2 sequence) first waits for its turn without holding the
- * worker: parked, it returns here and is resubmitted when the request before it ends. */
-static void job_run(void *arg, int64_t index)
-{
-    srv_req *req = arg;
-    srv_server *s = req->srv;
-    const srv_route_def *rd = srv__route_def(req->route);
-    int expected = REQ_QUEUED;
-    api_call call;
-    (void)index;
-
-    if (!api_session_turn(s->sessions, &req->ticket, job_resume, req))
-        return; /* parked: the job's reference goes with it */
-    if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_RUNNING)) {
-        /* The watcher answered it while it waited (hang-up, deadline, drain). */
-        api_session_turn_end(s->sessions, &req->ticket);
-        atomic_fetch_sub(&s->admitted, 1);
-        req_unref(req);
-        return;
-    }
-    atomic_fetch_sub(&s->queued, 1);
-    atomic_fetch_add(&s->running, 1);
-    req->run_ns = eng_now_ns();
-
-    memset(&call, 0, sizeof call);
-    call.body = req->body.data ? req->body.data : "";
-    call.body_len = req->body.len;
-    call.pool = s->pool;
-    call.lease = &req->lease;
-    call.limits = &s->limits;
-    call.models = s->models;
-    call.sessions = s->sessions;
-    call.session = srv__param(&req->params, "id");
-    call.body_unread = req->body_unread;
-    call_headers(req, &call);
-    if (rd->stats)
-        rd->stats->started(&s->metrics, &req->stats);
-    rd->work(&req->params, &call, &req->reply);
-    api_session_turn_end(s->sessions, &req->ticket); /* the next step of the session may run */
-    if (req->reply.session[0] && req->reply.status >= 200 && req->reply.status < 300)
-        srv__metrics_session_step(&s->metrics, req->reply.compute_ns);
-
-    if (atomic_load(&req->drain_cancelled) && req->reply.status != 200) {
-        int64_t dec = req->reply.decode_ns, comp = req->reply.compute_ns;
-        req_fail(req, SRV_REFUSE_DRAINING,
-                 "the server is shutting down (--drain-timeout-s passed)");
-        req->reply.decode_ns = dec;
-        req->reply.compute_ns = comp;
-    }
-    req->done_ns = eng_now_ns();
-    release_body(req);
-    /* A client that half-closed would lose the reply on resume (half_close.c): write it now,
-     * once the watcher can no longer write its probe (watch.c) to the socket. */
-    srv__watch_remove(s->watch, &req->watch);
-    if (srv__peer_sent_fin(srv__conn_fd(s->watch, &req->watch)))
-        send_direct(req);
-    atomic_store(&req->state, REQ_DONE);
-    atomic_fetch_sub(&s->running, 1);
-    atomic_fetch_sub(&s->admitted, 1); /* before resuming: the client may send the next at once */
-    resume(req);
-    req_unref(req);
 }
 
 /* The deadline of a request about to be queued: its lease's (--request-timeout-ms from the
@@ -927,7 +704,7 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
     memset(peek, 0, sizeof *peek);
     if (rd && rd->peek &&
         (orders || (atomic_load(&s->admitted) > 0 && !req->content_encoding[0]))) {
-        call_headers(req, &call);
+        srv__req_call_headers(req, &call);
         rd->peek(&call, peek);
         req->body_unread = orders && peek->unread;
     }
@@ -951,32 +728,14 @@ static bool admit(srv_server *s)
     return true;
 }
 
-/* Arrival order of a session's requests is admission order on this thread: each takes its
- * ticket here. So does a step of a v2 sequence (ended by job_run like a session's ticket). */
-static void take_ticket(srv_server *s, srv_req *req, const api_peek *peek)
-{
-    const srv_route_def *rd = srv__route_def(req->route);
-    bool taken = false;
-    if (!s->sessions)
-        return;
-    if (rd->flags & SRV_ROUTE_SESSION)
-        taken = api_session_ticket_take(s->sessions, srv__param(&req->params, "id"), &req->ticket);
-    else if ((rd->flags & SRV_ROUTE_BODY_SESSION) && peek->session[0])
-        taken = api_session_ticket_take(s->sessions, peek->session, &req->ticket);
-    if ((rd->flags & SRV_ROUTE_SEQUENCE) && peek->sequence_id)
-        taken = api_sequence_ticket_take(s->sessions, srv__param(&req->params, "model"),
-                                         peek->sequence_id, peek->sequence_id_len, &req->ticket);
-    if (taken)
-        srv__metrics_session_ticket(&s->metrics);
-}
-
 /* The body is in: answer a refusal decided while it arrived, or admit the request (its deadline,
  * priority and place in a session's order read from the body into *peek) and queue it. */
 static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     int64_t now, deadline;
-    char origin[64];
+    char origin[64], msg[200];
+    int retry_s = 0;
 
     req->seen_body_end = true;
     srv__conn_busy(s->watch, &req->watch);
@@ -987,10 +746,12 @@ static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
     deadline = request_deadline(s, req, peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     if (now >= deadline) {
-        deadline_origin(req, origin, sizeof origin);
+        srv__req_deadline_origin(req, origin, sizeof origin);
         return refuse(req, SRV_REFUSE_DEADLINE, false,
                       "deadline exceeded while receiving the request (%s)", origin);
     }
+    if (srv__req_overloaded(s, req, deadline - now, req->priority, msg, sizeof msg, &retry_s))
+        return refuse_overloaded(req, msg, retry_s);
     if (!admit(s))
         return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
                       "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
@@ -1004,22 +765,11 @@ static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
         rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
-    take_ticket(s, req, peek);
+    srv__req_take_ticket(s, req, peek);
     api_peek_free(peek); /* now: once queued, the request's lease is its worker's */
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
-    if (eng_pool_submit_at(s->pool, req->priority, job_run, req) != ENG_OK) {
-        int expected = REQ_QUEUED;
-        api_session_turn_end(s->sessions, &req->ticket);
-        atomic_fetch_sub(&s->admitted, 1);
-        if (atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE)) {
-            atomic_fetch_sub(&s->queued, 1);
-            srv__watch_remove(s->watch, &req->watch);
-            req_fail(req, SRV_REFUSE_INTERNAL, "could not queue the request");
-            resume(req);
-        }
-        req_unref(req); /* the job's reference, never handed over */
-    }
+    srv__req_dispatch(s, req, now);
     return MHD_YES;
 }
 
@@ -1256,10 +1006,10 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
     /* No worker touches the request's memory any more (a job that was still queued finds it
      * answered and only drops its reference): the lease returns what the reply held. */
-    release_body(req);
+    srv__req_release_body(req);
     api_lease_end(&req->lease);
     atomic_fetch_sub(&s->active, 1);
-    req_unref(req);
+    srv__req_unref(req);
 }
 
 void srv__mhd_connection(void *cls, struct MHD_Connection *conn, void **socket_context,

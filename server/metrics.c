@@ -149,6 +149,14 @@ void srv__metrics_hangup(srv_metrics *m)
     atomic_fetch_add_explicit(&m->hangups, 1, memory_order_relaxed);
 }
 
+void srv__metrics_work(srv_metrics *m, int64_t ns, bool deadline_missed)
+{
+    uint64_t v = ns > 0 ? (uint64_t)ns : 0;
+    atomic_fetch_add_explicit(&m->work_ns, v, memory_order_relaxed);
+    if (deadline_missed)
+        atomic_fetch_add_explicit(&m->wasted_ns, v, memory_order_relaxed);
+}
+
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
                          api_buf *b)
 {
@@ -231,6 +239,14 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
     family(b, "attnd_client_hangups_total", "counter",
            "Clients that hung up while their request was queued or computing.");
     api_buf_printf(b, "attnd_client_hangups_total %llu\n", (unsigned long long)load(&m->hangups));
+    family(b, "attnd_worker_seconds_total", "counter",
+           "Time engine workers spent on requests, from start to reply.");
+    api_buf_printf(b, "attnd_worker_seconds_total %.6f\n", (double)load(&m->work_ns) / 1e9);
+    family(b, "attnd_wasted_compute_seconds_total", "counter",
+           "Of attnd_worker_seconds_total, the time spent on requests that still ended 504 "
+           "(past their deadline): work nobody could use.");
+    api_buf_printf(b, "attnd_wasted_compute_seconds_total %.6f\n",
+                   (double)load(&m->wasted_ns) / 1e9);
 }
 
 /* ---- Triton's per-model families (KServe v2 routes) ---------------------------------------- */

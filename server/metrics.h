@@ -71,6 +71,7 @@ typedef struct {
     atomic_uint_fast64_t rejected[SRV_REASON_COUNT];
     atomic_uint_fast64_t bytes_in, bytes_out;
     atomic_uint_fast64_t slow_clients, hangups;
+    atomic_uint_fast64_t work_ns, wasted_ns; /* worker time on requests; of it, on late ones */
     srv_model_stats model[SRV_MODELS_MAX];
     srv_hist session_step; /* compute time of session steps (attention, truncate, fork) */
     atomic_uint_fast64_t session_tickets; /* requests given their place in a session's order */
@@ -100,6 +101,8 @@ void srv__metrics_rejected(srv_metrics *m, api_reason reason);
  * up while its request was suspended or incomplete. */
 void srv__metrics_slow_client(srv_metrics *m);
 void srv__metrics_hangup(srv_metrics *m);
+/* `ns` of worker time went to one request; `deadline_missed`: it still ended 504. */
+void srv__metrics_work(srv_metrics *m, int64_t ns, bool deadline_missed);
 /* Appends the Prometheus text exposition of `m` and `g` to `b`. */
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
                          api_buf *b);

@@ -18,7 +18,8 @@
  * alphabet; BAD_HEADER: a header value we cannot keep; SLOW_CLIENT: counted in
  * attnd_slow_clients_total; MEMORY_NEVER: more than the whole budget; MEMORY_BUSY: the budget
  * is held by others; MEDIA: Content-Encoding, Content-Type; NO_HANDLER, NO_STATUS: our bugs;
- * NOT_READY: readiness while draining; NO_MEMORY: allocation failed for a body. */
+ * NOT_READY: readiness while draining; NO_MEMORY: allocation failed for a body; OVERLOADED:
+ * the queued work would make it late (its Retry-After is computed from the queue). */
 #define SRV_OUTCOME_LIST(X)                                                                        \
     X(SRV_ANSWER_OK, API_STATUS_OK, API_REASON_NONE, 0)                                            \
     X(SRV_ANSWER_NOT_MODIFIED, API_STATUS_NOT_MODIFIED, API_REASON_NONE, 0)                        \
@@ -34,6 +35,7 @@
     X(SRV_REFUSE_MEMORY_NEVER, API_STATUS_TOO_LARGE, API_REASON_MEMORY, 0)                         \
     X(SRV_REFUSE_MEDIA, API_STATUS_UNSUPPORTED_MEDIA_TYPE, API_REASON_BAD_REQUEST, 0)              \
     X(SRV_REFUSE_QUEUE_FULL, API_STATUS_OVERLOADED, API_REASON_QUEUE_FULL, 1)                      \
+    X(SRV_REFUSE_OVERLOADED, API_STATUS_OVERLOADED, API_REASON_QUEUE_FULL, 1)                      \
     X(SRV_REFUSE_MEMORY_BUSY, API_STATUS_OVERLOADED, API_REASON_MEMORY, 1)                         \
     X(SRV_REFUSE_CLIENT_GONE, API_STATUS_CANCELLED, API_REASON_CANCELLED, 0)                       \
     X(SRV_REFUSE_NO_HANDLER, API_STATUS_INTERNAL, API_REASON_INTERNAL, 0)                          \

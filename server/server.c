@@ -24,6 +24,7 @@
 
 #include "server/http.h"
 #include "server/log.h"
+#include "server/request.h"
 #include "server/security.h"
 
 static char *dup_str(const char *s)
@@ -298,6 +299,11 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
     s->threads = eng_pool_threads(s->pool);
+    s->sched = srv__sched_new(s->threads, &srv__req_sched_ops);
+    if (!s->sched) {
+        snprintf(err, errlen, "cannot allocate the scheduler of %d workers", s->threads);
+        goto fail;
+    }
     if (start_watcher(s, cfg) != SRV_OK) {
         snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
         goto fail;
@@ -416,6 +422,7 @@ void srv_server_free(srv_server *s)
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
+    srv__sched_free(s->sched);      /* after the workers, the last to give slots back */
     api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);

@@ -572,6 +572,50 @@ static void test_nested_jobs_keep_their_priority(void)
     eng_pool_free(p);
 }
 
+/* A thread helping with its own job takes a more urgent one first. One worker runs a
+ * priority-2 request whose fan-out has three indices; index 0 submits a priority-1 request.
+ * With no other worker, only the helping thread can run it: it does, before index 1, instead
+ * of leaving it waiting until the whole fan-out is done. */
+typedef struct {
+    eng_pool *pool;
+    submit_log *log;
+    submit_item self[3], urgent;
+} helper_arg;
+
+static void helper_child(void *arg, int64_t index)
+{
+    helper_arg *h = arg;
+    submit_task(&h->self[index], 0);
+    if (index == 0)
+        CHECK(eng_pool_submit_at(h->pool, 1, submit_task, &h->urgent) == ENG_OK);
+}
+
+static void helper_parent(void *arg, int64_t index)
+{
+    (void)index;
+    helper_arg *h = arg;
+    CHECK(eng_pool_run(h->pool, helper_child, h, 3, NULL) == ENG_OK);
+}
+
+static void test_a_helping_thread_runs_more_urgent_jobs_first(void)
+{
+    eng_pool *p = new_pool(1);
+    if (!p)
+        return;
+    submit_log log;
+    submit_log_init(&log);
+    helper_arg h = {.pool = p, .log = &log, .urgent = {&log, 9}};
+    for (int i = 0; i < 3; i++)
+        h.self[i] = (submit_item){&log, i};
+    CHECK(eng_pool_submit_at(p, 2, helper_parent, &h) == ENG_OK);
+    wait_count(&log.ran, 4);
+    static const int want[] = {0, 9, 1, 2};
+    for (int k = 0; k < 4; k++)
+        CHECKF(log.order[k] == want[k], "position %d ran task %d, want %d", k, log.order[k],
+               want[k]);
+    eng_pool_free(p);
+}
+
 /* eng_pool_free lets the tasks already queued run before it stops the workers. */
 typedef struct {
     gate *g;
@@ -927,6 +971,7 @@ int main(void)
     RUN_WITHIN(test_submissions_run_in_fifo_order_and_count_as_pending, 20);
     RUN_WITHIN(test_submissions_run_by_priority_then_fifo, 20);
     RUN_WITHIN(test_nested_jobs_keep_their_priority, 20);
+    RUN_WITHIN(test_a_helping_thread_runs_more_urgent_jobs_first, 20);
     RUN_WITHIN(test_free_runs_queued_tasks_first, 20);
     RUN_WITHIN(test_earlier_request_is_served_first, 30);
     RUN_WITHIN(test_nested_job_inherits_its_request_place, 30);

@@ -1,0 +1,103 @@
+/*
+ * admission.h - the scheduler between admission and the engine pool (admission.c): what a
+ * request is expected to cost, how long it is expected to wait, and which waiting request a
+ * free worker starts next.
+ *
+ * Admitted requests wait here, not in the pool's queue, and at most as many run at once as the
+ * pool has workers; of those, at most one is long (a request that fans out over the whole pool
+ * gains nothing from sharing it, and two long ones sharing it both finish late). The next one to
+ * start is the most urgent level's, short before long; within that, oldest first while the
+ * queue is healthy, newest first (adaptive LIFO) once the oldest waiting request has spent half
+ * of its deadline waiting. A request that cannot finish by its deadline is never started: it is
+ * answered 504 at once and the worker goes to one that can.
+ *
+ * Costs are learned: each finished request teaches the estimate of its route and body size
+ * (a quarter of an octave of bytes), as the time it took divided by the mean number of
+ * requests that shared the pool with it. The server asks for a cost from Content-Length before the
+ * body is read, so it can refuse (429) a request whose expected wait plus cost is past its
+ * deadline.
+ *
+ * The scheduler knows requests only through srv_sched_entry and srv_sched_ops; http.c embeds
+ * the entry in its request. Any thread; one mutex inside.
+ */
+#ifndef ATTND_SERVER_ADMISSION_H
+#define ATTND_SERVER_ADMISSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct srv_sched srv_sched;
+
+typedef enum {
+    SRV_SCHED_OFF = 0, /* not with the scheduler */
+    SRV_SCHED_WAITING, /* in the waiting list */
+    SRV_SCHED_STARTED, /* handed to the pool: holds a slot until srv__sched_done */
+} srv_sched_state;
+
+/* A request as the scheduler sees it; the caller fills the fields above `state`. */
+typedef struct srv_sched_entry {
+    void *req;
+    int route;           /* the cost model's key, with bytes */
+    uint64_t bytes;      /* the body's size */
+    uint32_t level;      /* 1 is most urgent */
+    int64_t deadline_ns; /* absolute, eng_now_ns clock */
+    int64_t cost_ns;     /* srv__sched_cost's estimate (0: unknown) */
+
+    srv_sched_state state;
+    bool lng;           /* long: runs alone among long ones, after short ones of its level */
+    int64_t arrival_ns; /* entered the waiting list */
+    int64_t start_ns;   /* handed to the pool */
+    int64_t run_ns;     /* a worker began it (srv__sched_begin), or its start */
+    int64_t area0_ns;   /* the scheduler's integral of requests running, at run_ns */
+    struct srv_sched_entry *prev, *next;
+} srv_sched_entry;
+
+/* What the scheduler does to a request, always without its lock held; each takes over the
+ * reference the waiting list held. start: hand it to the pool at `pool_priority` (its worker
+ * ends with srv__sched_done); expire: answer 504 now without running it, unless it was answered
+ * meanwhile. */
+typedef struct {
+    void (*start)(void *req, uint32_t pool_priority);
+    void (*expire)(void *req);
+} srv_sched_ops;
+
+/* `slots` requests run at once at most (the pool's workers). NULL when out of memory. */
+srv_sched *srv__sched_new(int slots, const srv_sched_ops *ops);
+void srv__sched_free(srv_sched *s);
+
+/* The expected worker time of a request of `route` with a body of `bytes`, from what requests of
+ * that route and a similar size took: 0 when nothing is known yet. *margin (may be NULL) gets
+ * twice the usual deviation of that bucket: the scheduler starts a request beside others only
+ * when its deadline leaves room for both. */
+int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin);
+
+/* The expected time until a request of `cost_ns` at `level` would start, from the requests
+ * waiting ahead of it and the rest of those running. */
+int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t now);
+
+/* Queues `e` (filled above `state`) and starts what the free slots allow. The list holds the
+ * request's job reference until it is started, expired, or removed. */
+void srv__sched_enqueue(srv_sched *s, srv_sched_entry *e, int64_t now);
+
+/* Takes `e` out of the waiting list, for a request answered while it waited (the watcher);
+ * true when it was there (the caller then owns the reference the list held). */
+bool srv__sched_remove(srv_sched *s, srv_sched_entry *e);
+
+/* A worker began running started request `e`: its cost is measured from now, so that the time
+ * it waited in the pool's queue (behind a task of a long request) does not count. */
+void srv__sched_begin(srv_sched *s, srv_sched_entry *e, int64_t now);
+
+/* What a request that gave its slot back teaches about the cost of its size. */
+typedef enum {
+    SRV_SCHED_LEARN_NOTHING = 0, /* it failed early, or was parked for its turn in a session */
+    SRV_SCHED_LEARN_COST,        /* it ran to the end: its time is a sample of the cost */
+    SRV_SCHED_LEARN_AT_LEAST,    /* it was stopped at its deadline: the cost is at least its time */
+} srv_sched_learn;
+
+/* A started request gave its slot back; starts what the slot allows. */
+void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now);
+
+/* The pool priority of a request at `level`: short requests of a level run before long ones. */
+uint32_t srv__sched_pool_priority(uint32_t level, bool lng);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * test_admission.c - the scheduler between admission and the engine pool (server/admission.h):
+ * what it learns a request costs, the wait it expects in front of a request, and which waiting
+ * request it starts next. Time is passed in, so every case is exact.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "server/admission.h"
+#include "tests/support/check.h"
+
+#define MS        ((int64_t)1000 * 1000)
+#define ROUTE     3
+#define BYTES     ((uint64_t)1 << 20)
+#define MAX_SEEN  16
+#define NO_DEADLN 0
+
+/* What the scheduler did, in order: each start and each expiry, by entry. */
+typedef struct {
+    srv_sched_entry *started[MAX_SEEN], *expired[MAX_SEEN];
+    uint32_t priority[MAX_SEEN];
+    int n_started, n_expired;
+} seen_t;
+
+static seen_t seen;
+
+static void on_start(void *req, uint32_t pool_priority)
+{
+    if (seen.n_started < MAX_SEEN) {
+        seen.priority[seen.n_started] = pool_priority;
+        seen.started[seen.n_started++] = req;
+    }
+}
+
+static void on_expire(void *req)
+{
+    if (seen.n_expired < MAX_SEEN)
+        seen.expired[seen.n_expired++] = req;
+}
+
+static const srv_sched_ops ops = {.start = on_start, .expire = on_expire};
+
+static srv_sched *fresh(int slots)
+{
+    memset(&seen, 0, sizeof seen);
+    return srv__sched_new(slots, &ops);
+}
+
+/* An entry whose req is itself, so that the ops see which one they got. */
+static void entry(srv_sched_entry *e, uint64_t bytes, uint32_t level, int64_t deadline,
+                  int64_t cost)
+{
+    memset(e, 0, sizeof *e);
+    e->req = e;
+    e->route = ROUTE;
+    e->bytes = bytes;
+    e->level = level;
+    e->deadline_ns = deadline;
+    e->cost_ns = cost;
+}
+
+/* Runs one request of `bytes` alone from t0 for `took`: the scheduler learns its cost. */
+static void teach(srv_sched *s, uint64_t bytes, int64_t t0, int64_t took)
+{
+    srv_sched_entry e;
+    entry(&e, bytes, 1, NO_DEADLN, 0);
+    srv__sched_enqueue(s, &e, t0);
+    srv__sched_done(s, &e, SRV_SCHED_LEARN_COST, t0 + took);
+}
+
+static void test_cost_is_learned_per_route_and_size(void)
+{
+    srv_sched *s = fresh(2);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 0); /* nothing known yet */
+    teach(s, BYTES, 0, 100 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 100 * MS);
+    /* A quarter octave and an octave up, linearly; two octaves away, unknown; another route,
+     * unknown. */
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES + BYTES / 4, NULL),
+                 (int64_t)(100 * MS * exp2(0.25)));
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, 2 * BYTES, NULL), 200 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, 4 * BYTES, NULL), 0);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE + 1, BYTES, NULL), 0);
+    /* A slower run moves the estimate a quarter of the way, and the deviation grows. */
+    int64_t margin0 = 0, margin1 = 0;
+    srv__sched_cost(s, ROUTE, BYTES, &margin0);
+    teach(s, BYTES, 1000 * MS, 200 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, &margin1), 125 * MS);
+    CHECKF(margin1 > margin0, "margin %lld after a slower run, %lld before", (long long)margin1,
+           (long long)margin0);
+    srv__sched_free(s);
+}
+
+static void test_time_shared_with_others_is_divided(void)
+{
+    srv_sched *s = fresh(2);
+    srv_sched_entry a, b;
+    /* Two small requests side by side for 100 ms each: each cost half the pool's time. */
+    entry(&a, BYTES, 1, NO_DEADLN, 0);
+    entry(&b, BYTES, 1, NO_DEADLN, 0);
+    srv__sched_enqueue(s, &a, 0);
+    srv__sched_enqueue(s, &b, 0);
+    CHECK_EQ_INT(seen.n_started, 2);
+    srv__sched_done(s, &a, SRV_SCHED_LEARN_COST, 100 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 50 * MS);
+    srv__sched_done(s, &b, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    srv__sched_free(s);
+}
+
+static void test_time_waiting_in_the_pool_is_not_cost(void)
+{
+    srv_sched *s = fresh(2);
+    srv_sched_entry e;
+    /* Started at 0, behind a long request's task in the pool until 90 ms, done at 100 ms. */
+    entry(&e, BYTES, 1, NO_DEADLN, 0);
+    srv__sched_enqueue(s, &e, 0);
+    srv__sched_begin(s, &e, 90 * MS);
+    srv__sched_done(s, &e, SRV_SCHED_LEARN_COST, 100 * MS);
+    CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, NULL), 10 * MS);
+    srv__sched_free(s);
+}
+
+static void test_at_most_slots_run_and_a_free_slot_starts_the_next(void)
+{
+    srv_sched *s = fresh(2);
+    srv_sched_entry e[3];
+    for (int i = 0; i < 3; i++) {
+        entry(&e[i], BYTES, 1, NO_DEADLN, 1 * MS);
+        srv__sched_enqueue(s, &e[i], i);
+    }
+    CHECK_EQ_INT(seen.n_started, 2);
+    srv__sched_done(s, &e[0], SRV_SCHED_LEARN_NOTHING, 10);
+    CHECK_EQ_INT(seen.n_started, 3);
+    CHECK(seen.started[2] == &e[2]);
+    srv__sched_done(s, &e[1], SRV_SCHED_LEARN_NOTHING, 11);
+    srv__sched_done(s, &e[2], SRV_SCHED_LEARN_NOTHING, 12);
+    srv__sched_free(s);
+}
+
+static void test_one_long_at_a_time_and_short_ones_first(void)
+{
+    srv_sched *s = fresh(4);
+    srv_sched_entry l1, l2, sh;
+    entry(&l1, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&l2, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&sh, BYTES, 2, NO_DEADLN, 1 * MS);
+    srv__sched_enqueue(s, &l1, 0);
+    srv__sched_enqueue(s, &l2, 1);
+    CHECK_EQ_INT(seen.n_started, 1); /* the second long waits, though slots are free */
+    srv__sched_enqueue(s, &sh, 2);
+    CHECK_EQ_INT(seen.n_started, 2);
+    CHECK(seen.started[1] == &sh);
+    /* In the pool, the short request of a level runs before the long one's tasks. */
+    CHECKF(seen.priority[1] < seen.priority[0], "short at %u, long at %u", seen.priority[1],
+           seen.priority[0]);
+    srv__sched_done(s, &l1, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    CHECK_EQ_INT(seen.n_started, 3);
+    CHECK(seen.started[2] == &l2);
+    srv__sched_done(s, &sh, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    srv__sched_done(s, &l2, SRV_SCHED_LEARN_NOTHING, 200 * MS);
+    srv__sched_free(s);
+}
+
+static void test_urgent_level_first_then_oldest(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_entry busy, old2, new2, new1;
+    entry(&busy, BYTES, 2, NO_DEADLN, 1 * MS);
+    entry(&old2, BYTES, 2, NO_DEADLN, 1 * MS);
+    entry(&new2, BYTES, 2, NO_DEADLN, 1 * MS);
+    entry(&new1, BYTES, 1, NO_DEADLN, 1 * MS);
+    srv__sched_enqueue(s, &busy, 0);
+    srv__sched_enqueue(s, &old2, 1);
+    srv__sched_enqueue(s, &new2, 2);
+    srv__sched_enqueue(s, &new1, 3);
+    srv__sched_done(s, &busy, SRV_SCHED_LEARN_NOTHING, 10);
+    srv__sched_done(s, &new1, SRV_SCHED_LEARN_NOTHING, 20);
+    srv__sched_done(s, &old2, SRV_SCHED_LEARN_NOTHING, 30);
+    CHECK_EQ_INT(seen.n_started, 4);
+    CHECK(seen.started[1] == &new1 && seen.started[2] == &old2 && seen.started[3] == &new2);
+    srv__sched_done(s, &new2, SRV_SCHED_LEARN_NOTHING, 40);
+    srv__sched_free(s);
+}
+
+static void test_newest_first_once_the_oldest_waited_half_its_deadline(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_entry busy, old, young;
+    entry(&busy, BYTES, 1, NO_DEADLN, 1 * MS);
+    entry(&old, BYTES, 1, 1000 * MS, 1 * MS);
+    entry(&young, BYTES, 1, 1500 * MS, 1 * MS);
+    srv__sched_enqueue(s, &busy, 0);
+    srv__sched_enqueue(s, &old, 0);
+    srv__sched_enqueue(s, &young, 500 * MS);
+    srv__sched_done(s, &busy, SRV_SCHED_LEARN_NOTHING, 600 * MS); /* old waited 600 of 1000 */
+    CHECK(seen.started[1] == &young);
+    srv__sched_done(s, &young, SRV_SCHED_LEARN_NOTHING, 601 * MS);
+    CHECK(seen.started[2] == &old);
+    srv__sched_done(s, &old, SRV_SCHED_LEARN_NOTHING, 602 * MS);
+    srv__sched_free(s);
+}
+
+static void test_a_request_that_cannot_finish_is_never_started(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_entry busy, late, fits;
+    entry(&busy, BYTES, 1, NO_DEADLN, 100 * MS);
+    entry(&late, BYTES, 1, 150 * MS, 100 * MS);
+    entry(&fits, BYTES, 1, 300 * MS, 100 * MS);
+    srv__sched_enqueue(s, &busy, 0);
+    srv__sched_enqueue(s, &late, 0);
+    srv__sched_enqueue(s, &fits, 0);
+    /* At 100 ms `late` would end at 200, past its deadline of 150: answered, not started. */
+    srv__sched_done(s, &busy, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    CHECK_EQ_INT(seen.n_expired, 1);
+    CHECK(seen.expired[0] == &late);
+    CHECK_EQ_INT(seen.n_started, 2);
+    CHECK(seen.started[1] == &fits);
+    srv__sched_done(s, &fits, SRV_SCHED_LEARN_NOTHING, 200 * MS);
+    srv__sched_free(s);
+}
+
+static void test_expected_wait_counts_the_work_ahead(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_entry run, q1, q2;
+    entry(&run, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&q1, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&q2, BYTES, 1, NO_DEADLN, 50 * MS);
+    CHECK_EQ_INT(srv__sched_wait(s, 100 * MS, 2, 0), 0); /* an idle pool */
+    srv__sched_enqueue(s, &run, 0);
+    srv__sched_enqueue(s, &q1, 0);
+    srv__sched_enqueue(s, &q2, 0);
+    /* At 40 ms: 60 ms left of the running one, 100 + 50 queued at level 2 or better. */
+    CHECK_EQ_INT(srv__sched_wait(s, 100 * MS, 2, 40 * MS), 210 * MS);
+    /* At level 1 only the level-1 request and the running one are ahead. */
+    CHECK_EQ_INT(srv__sched_wait(s, 100 * MS, 1, 40 * MS), 110 * MS);
+    CHECK(srv__sched_remove(s, &q1));  /* answered while it waited */
+    CHECK(!srv__sched_remove(s, &q1)); /* only once */
+    CHECK_EQ_INT(srv__sched_wait(s, 100 * MS, 2, 40 * MS), 110 * MS);
+    srv__sched_done(s, &run, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    srv__sched_done(s, &q2, SRV_SCHED_LEARN_NOTHING, 150 * MS);
+    srv__sched_free(s);
+}
+
+int main(void)
+{
+    RUN(test_cost_is_learned_per_route_and_size);
+    RUN(test_time_shared_with_others_is_divided);
+    RUN(test_time_waiting_in_the_pool_is_not_cost);
+    RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);
+    RUN(test_one_long_at_a_time_and_short_ones_first);
+    RUN(test_urgent_level_first_then_oldest);
+    RUN(test_newest_first_once_the_oldest_waited_half_its_deadline);
+    RUN(test_a_request_that_cannot_finish_is_never_started);
+    RUN(test_expected_wait_counts_the_work_ahead);
+    return check_report();
+}
