@@ -297,9 +297,8 @@ static void print_offer(int port, run_t *run, double multiple, double capacity, 
     stats s = summarize(run, sent, true);
     double busy = metric_value(port, "attnd_worker_seconds_total") - busy0;
     double waste = metric_value(port, "attnd_wasted_compute_seconds_total") - waste0;
-    printf("goodput %.0fx  offered %5.1f/s  goodput/capacity %.2f  served p50 %6.1f ms p99 %6.1f "
-           "ms (deadline %.0f)  refused %4.1f%%  504 %4.1f%%  other %zu  wasted %.1f%% of %.1f s "
-           "busy\n",
+    printf("goodput offered_x=%.0f offered_per_s=%.1f goodput_ratio=%.2f p50_ms=%.1f p99_ms=%.1f "
+           "deadline_ms=%.0f refused_pct=%.1f late_pct=%.1f other=%zu wasted_pct=%.1f busy_s=%.1f\n",
            multiple, (double)sent / opt.seconds, (double)s.ok / opt.seconds / capacity, s.p50 * 1e3,
            s.p99 * 1e3, deadline * 1e3, 100 * share(s.refused, s.n), 100 * share(s.late, s.n),
            s.other, busy > 0 ? 100 * waste / busy : 0, busy);

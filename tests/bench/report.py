@@ -233,7 +233,7 @@ def chart_decode(lines, title, out_dir):
 
 def chart_goodput(lines, title, out_dir):
     points = {}
-    xkeys = ("offered", "offer", "load", "multiple", "x")
+    xkeys = ("offered_x", "offered", "offer", "load", "multiple", "x")
     for line in lines:
         if not line.startswith("goodput"):
             continue
