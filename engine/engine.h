@@ -345,6 +345,53 @@ void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64
 
 /* ---- Multi-head attention layers ---------------------------------------------------------- */
 
+/* ---- Decoder layers (Hugging Face checkpoints) -------------------------------------------- */
+
+/* How a decoder layer's RoPE frequencies are rescaled (transformers' rope_type). */
+typedef enum {
+    ENG_ROPE_SCALING_NONE = 0, /* "default" */
+    ENG_ROPE_SCALING_LINEAR,   /* every frequency / factor */
+    ENG_ROPE_SCALING_LLAMA3,   /* Llama 3.1: low frequencies / factor, a smooth band between */
+    ENG_ROPE_SCALING_YARN,     /* YaRN: ramped interpolation, cos and sin times attention_factor */
+} eng_rope_scaling;
+
+/* A decoder layer's rotary embedding: the first rotary_dim channels of each head turn (pairs
+ * in `style`), the rest pass. Frequencies base^(-2i/rotary_dim), rescaled as `scaling` says. */
+typedef struct {
+    int64_t rotary_dim; /* even, at most the head size; 0: no RoPE */
+    eng_rope_style style;
+    double base;
+    eng_rope_scaling scaling;
+    double factor;                            /* linear, llama3, yarn: > 0 */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    double original_max_positions;            /* llama3, yarn */
+    double beta_fast, beta_slow;              /* yarn (0: 32 and 1) */
+    bool truncate;                            /* yarn: round the ramp's ends outwards */
+    double attention_factor;                  /* yarn: 0 derives it from factor and mscale */
+    double mscale, mscale_all_dim;            /* yarn: 0 when absent */
+} eng_rope_params;
+
+typedef enum {
+    ENG_QK_NORM_NONE = 0,
+    ENG_QK_NORM_RMS,   /* x / sqrt(mean(x^2) + eps) * w */
+    ENG_QK_NORM_LAYER, /* (x - mean) / sqrt(var + eps) * w + b */
+} eng_qk_norm;
+
+/* What a decoder layer adds to the projections and the attention (eng_layer_decoder). */
+typedef struct {
+    char family[32];     /* where the layer comes from (a model_type), for descriptions */
+    int64_t layer_index; /* its index in that model, for descriptions */
+    eng_rope_params rope;
+    eng_qk_norm qk_norm;  /* on q and k after their projections, before RoPE */
+    bool qk_norm_whole;   /* over the whole projection (OLMo 2); else over each head */
+    bool qk_norm_plus_one; /* the weights are 1 + w (Gemma) */
+    double qk_norm_eps;
+    bool scale_set; /* false: 1/sqrt(D) */
+    float scale;
+    float softcap;  /* > 0: scores capped as eng_sdpa_args.softcap */
+    int64_t window; /* W > 0: a query sees only the W keys up to its own; 0: every earlier key */
+} eng_decoder_spec;
+
 /* A multi-head attention layer with the parameters of PyTorch's nn.MultiheadAttention
  * (batch_first), generalised to grouped-query heads. Weights are row-major [out_features,
  * in_features] as torch stores them, all in one block owned by the layer: fp32, or, for a
@@ -370,6 +417,17 @@ typedef struct {
     eng_dtype w16_dtype;          /* F16 or BF16 when w16_* hold the matrices; else F32 */
     const uint16_t *w16_q, *w16_k, *w16_v, *w16_o; /* as w_q, w_k, w_v, w_o, in 16 bits */
     uint16_t *params16;                            /* the block w16_* point into, or NULL */
+    /* A causal decoder layer (eng_layer_decoder) when `decoder`: its spec, the RoPE inverse
+     * frequencies [rotary_dim / 2] and the factor cos and sin take, the q/k norm weights
+     * ([E] and [W], per head repeated; biases NULL unless LayerNorm has them) and the
+     * attention sinks [H] (a logit per head that takes a share of the softmax), or NULL. */
+    bool decoder;
+    eng_decoder_spec spec;
+    float *inv_freq;
+    float rope_factor;
+    float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;
+    float *sinks;
+    float *decoder_params; /* the block the pointers above point into */
 } eng_layer;
 
 /* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
@@ -419,6 +477,21 @@ eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensor
  * is read; a failure is ENG_EFORMAT or ENG_EIO with err naming the file and the tensor. */
 eng_layer *eng_layer_load(const char *name, const char *path, int64_t num_heads,
                           int64_t num_kv_heads, eng_error *err);
+
+/* A decoder layer: the projection tensors as eng_layer_from_tensors names them (16-bit
+ * matrices kept in 16 bits), plus "q_norm.weight" and "k_norm.weight" ([D] shared by the heads,
+ * or [E] and [W]), "q_norm.bias" and "k_norm.bias" (LayerNorm), and "sinks" ([H]); with the
+ * positions, norms, scale, softcap and window of `spec`. eng_mha then applies them all: its
+ * positional must be NONE, and its window, when unset, is the layer's. NULL on failure, with
+ * err naming the tensor or the spec's field (rotary_dim, rope.factor, ...). */
+eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, size_t count,
+                             int64_t num_heads, int64_t num_kv_heads, const eng_decoder_spec *spec,
+                             eng_error *err);
+
+/* The RoPE inverse frequencies of `rope` (rotary_dim / 2 of them) in transformers' float32
+ * arithmetic, and the factor cos and sin take (1 unless YaRN). EINVAL naming the field. */
+eng_status eng_rope_inv_freq(const eng_rope_params *rope, float *inv_freq, float *attention_factor,
+                             eng_error *err);
 
 typedef enum {
     ENG_POSITIONAL_NONE = 0,

@@ -408,6 +408,7 @@ void eng_layer_free(eng_layer *layer)
         return;
     free(layer->params);
     free(layer->params16);
+    free(layer->decoder_params);
     free(layer);
 }
 
@@ -416,8 +417,9 @@ size_t eng_layer_bytes(const eng_layer *l)
     int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
     size_t matrices = (size_t)(2 * E * E + W * (l->kdim + l->vdim));
     size_t all = (size_t)eng_layer_params(l);
-    return l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
-                       : all * sizeof(float);
+    size_t own = eng__decoder_floats(l) * sizeof(float);
+    return own + (l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
+                              : all * sizeof(float));
 }
 
 int64_t eng_layer_params(const eng_layer *l)

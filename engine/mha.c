@@ -43,6 +43,9 @@
  * an E=512 layer's three weights make 12 tasks, which two workers share equally. */
 #define PACK_ROWS 128
 
+/* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
+typedef enum { DECODER_NONE = 0, DECODER_QUERY, DECODER_KEY } decoder_rows;
+
 /* One projection y = x W^T + b over B batches of `rows` tokens, optionally rotated. */
 typedef struct {
     const float *in;
@@ -58,6 +61,7 @@ typedef struct {
     int64_t rows;
     bool rope;
     int64_t rope_heads, pos0;
+    decoder_rows qk; /* a decoder layer's norm and RoPE on these rows */
 } linear_job;
 
 typedef struct {
@@ -214,6 +218,8 @@ static void linear_task(void *arg, int64_t index)
     if (j->rope)
         eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
                        lb->a->rope_style);
+    if (j->qk)
+        eng__decoder_project(lb->a->layer, j->qk == DECODER_QUERY, out, n, ld, j->pos0 + t0);
     if (j->out_hstride)
         scatter_heads(lb, j, out, n, b, t0);
 }
@@ -313,6 +319,7 @@ typedef struct {
     bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
     const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
+    size_t lse_floats; /* [B, H, L] for a layer's sinks, else 0 */
 } mha_shape;
 
 eng_precision eng_mha_precision(const eng_mha_args *a)
@@ -434,6 +441,13 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
                          ly->name, (long long)ly->kdim, (long long)ly->vdim);
     if (a->positional < ENG_POSITIONAL_NONE || a->positional > ENG_POSITIONAL_ALIBI)
         return eng__fail(err, ENG_EINVAL, "positional", "unknown positional encoding");
+    if (ly->decoder && a->positional != ENG_POSITIONAL_NONE)
+        return eng__fail(err, ENG_EINVAL, "positional",
+                         "decoder layer '%s' has its own positions: positional must be none",
+                         ly->name);
+    if (ly->sinks && a->weights_mode != ENG_WEIGHTS_NONE)
+        return eng__fail(err, ENG_EINVAL, "weights_mode",
+                         "layer '%s' has attention sinks: it returns no weights", ly->name);
     if (a->positional == ENG_POSITIONAL_ROPE) {
         if (sh->D % 2 != 0)
             return eng__fail(err, ENG_EINVAL, "positional",
@@ -454,6 +468,7 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
         !mul3(sh->B, sh->S_in, ly->kdim, &in_k) || !mul3(sh->B, sh->S_in, ly->vdim, &in_v))
         return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
     sh->o_floats = sh->q_floats;
+    sh->lse_floats = ly->sinks ? (size_t)(sh->B * sh->H * sh->L) : 0;
     sh->sinusoid = a->positional == ENG_POSITIONAL_SINUSOIDAL;
     sh->ks = eng__kernels_current();
     sh->bf16 = a->precision == ENG_PRECISION_BFLOAT16 && sh->ks->tile;
@@ -504,6 +519,16 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
     s.weights_mode = a->weights_mode;
     s.weights = a->weights;
     s.precision = sh->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
+    const eng_layer *ly = a->layer;
+    if (ly->decoder) { /* the layer's scale, cap and window, unless the call sets a window */
+        s.scale_set = ly->spec.scale_set;
+        s.scale = ly->spec.scale;
+        s.softcap = ly->spec.softcap;
+        if (ly->spec.window > 0 && !s.window_left_set && !s.window_right_set) {
+            s.window_left_set = true;
+            s.window_left = ly->spec.window - 1;
+        }
+    }
     return s;
 }
 
@@ -557,7 +582,9 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *
                   sizeof(float);
-    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) + attention +
+    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats + sh.lse_floats) *
+               sizeof(float) +
+           attention +
            (size_t)(threads + 1) * pack + weights;
 }
 
@@ -650,7 +677,8 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .rows = sh->L,
                               .rope = rope,
                               .rope_heads = sh->H,
-                              .pos0 = sh->q_offset};
+                              .pos0 = sh->q_offset,
+                              .qk = ly->decoder ? DECODER_QUERY : DECODER_NONE};
     lb.jobs[1] = (linear_job){.in = xk,
                               .in_bstride = sh->S_in * ly->kdim,
                               .in_ld = ly->kdim,
@@ -664,7 +692,8 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .rows = sh->S_in,
                               .rope = rope,
                               .rope_heads = sh->Hkv,
-                              .pos0 = sh->k_offset};
+                              .pos0 = sh->k_offset,
+                              .qk = ly->decoder ? DECODER_KEY : DECODER_NONE};
     lb.jobs[2] = (linear_job){.in = xv,
                               .in_bstride = sh->S_in * ly->vdim,
                               .in_ld = ly->vdim,
@@ -707,12 +736,13 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
 /* Appends the new tokens' K and V rows (each head's L rows of the K and V buffers) to the
  * cache and attends the queries over all of it. */
 static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh, float *q,
-                             float *kv, float *o, eng_ctl *ctl, eng_error *err)
+                             float *kv, float *o, float *lse, eng_ctl *ctl, eng_error *err)
 {
     eng_view kview = eng_view_contiguous(kv, 1, sh->Hkv, sh->L, sh->D);
     eng_view vview = eng_view_contiguous(value_rows(sh, kv), 1, sh->Hkv, sh->L, sh->D);
     eng_kv_rows k = eng_kv_rows_f32(kview), v = eng_kv_rows_f32(vview);
     eng_sdpa_args s = cache_sdpa_args(a, sh, q, o, NULL);
+    s.lse = lse;
     return eng_kv_step(pool, sh->cache, &k, &v, &s, ctl, err);
 }
 
@@ -738,7 +768,8 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     float *kv = eng_buf_alloc(sh.kv_floats * sizeof(float));
     float *o = eng_buf_alloc(sh.o_floats * sizeof(float));
     float *copies = sh.copy_floats ? eng_buf_alloc(sh.copy_floats * sizeof(float)) : NULL;
-    if (!q || !kv || !o || (sh.copy_floats && !copies)) {
+    float *lse = sh.lse_floats ? eng_buf_alloc(sh.lse_floats * sizeof(float)) : NULL;
+    if (!q || !kv || !o || (sh.copy_floats && !copies) || (sh.lse_floats && !lse)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate the layer's buffers");
         goto done;
     }
@@ -771,14 +802,17 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     if ((st = project_inputs(pool, a, &sh, xq, xk, xv, q, kv, ctl)) != ENG_OK)
         goto stopped;
     if (sh.cache) {
-        if ((st = cache_step(pool, a, &sh, q, kv, o, ctl, err)) != ENG_OK)
+        if ((st = cache_step(pool, a, &sh, q, kv, o, lse, ctl, err)) != ENG_OK)
             goto done; /* eng_kv_step left the sequence as it was */
     } else {
         append_keys(a, &sh, kv);
         eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
+        s.lse = lse;
         if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
             goto done;
     }
+    if (lse)
+        eng__decoder_sinks(a->layer, o, sh.B, sh.L, lse);
     if (sh.bf16) /* the output projection's operand, as the products take them */
         sh.ks->round_bf16(o, (int64_t)sh.o_floats);
     if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK) {
@@ -794,5 +828,6 @@ done:
     eng_buf_free(kv);
     eng_buf_free(o);
     eng_buf_free(copies);
+    eng_buf_free(lse);
     return st;
 }

@@ -199,6 +199,45 @@ static int find_layer(api__layer *s, api__error *err)
     return 0;
 }
 
+/* A decoder layer (from a checkpoint) carries its positions, window and causality: a request
+ * may restate them but not contradict them, and attends over its own tokens. */
+static int decoder_fits(const api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const eng_layer *l = s->layer;
+    if (!l->decoder)
+        return 0;
+    const char *field = r->positional_set && r->positional != ENG_POSITIONAL_NONE ? "positional"
+                        : r->rope_base_set                                       ? "rope_base"
+                        : r->rope_style_set                                      ? "rope_style"
+                                                                                 : NULL;
+    if (field)
+        return api__error_invalid(err, field,
+                                  "model \"%s\" is layer %lld of a %s checkpoint with its own "
+                                  "positions (%s): leave %s out",
+                                  l->name, (long long)l->spec.layer_index, l->spec.family,
+                                  l->spec.rope.rotary_dim ? "rope" : "none", field);
+    if (r->causal == API_CAUSAL_OFF)
+        return api__error_invalid(err, "causal",
+                                  "model \"%s\" is a causal decoder layer: causal cannot be false",
+                                  l->name);
+    const api__window *w = &r->window;
+    int64_t left = l->spec.window > 0 ? l->spec.window - 1 : -1;
+    bool differs = (w->left_set && w->left != left) || (!w->left_set && w->right_set && left >= 0) ||
+                   (w->right_set && w->right != 0);
+    if ((w->left_set || w->right_set) && differs)
+        return api__error_invalid(err, "window",
+                                  "model \"%s\" has %s%lld%s: a request cannot change its window",
+                                  l->name, left >= 0 ? "window [" : "no window (",
+                                  (long long)(left >= 0 ? left : 0), left >= 0 ? ", 0]" : ")");
+    if (r->has_memory || r->has_key || r->add_zero_attn)
+        return api__error_invalid(err, r->has_memory ? "memory" : r->has_key ? "key" : "add_zero_attn",
+                                  "model \"%s\" is a decoder layer: it attends over its own "
+                                  "input tokens",
+                                  l->name);
+    return 0;
+}
+
 /* ---- Shapes ------------------------------------------------------------------------------ */
 
 /* A token tensor `t` ([n, width] or [B, n, width] after the input's rank) with the given
@@ -575,11 +614,12 @@ static int out_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
-/* Not given: off, or over a session its default (bottom-right unless it says otherwise). */
+/* Not given: off (causal for a decoder layer), or over a session its default (bottom-right
+ * unless it says otherwise). */
 static api__causal causal_default(const api__layer *s)
 {
     if (!s->sess)
-        return API_CAUSAL_OFF;
+        return s->layer && s->layer->decoder ? API_CAUSAL_ON : API_CAUSAL_OFF;
     return s->sess->opts.causal_set ? s->sess->opts.causal : API_CAUSAL_ON;
 }
 
@@ -597,9 +637,11 @@ static int layer_check(void *op, api__error *err)
         (api__session_acquire(s->rq->call->sessions, s->r.session, &s->sess, err) != 0 ||
          session_positions(s, err) != 0))
         return -1;
+    if (find_layer(s, err) != 0 || decoder_fits(s, err) != 0)
+        return -1;
     if (s->r.causal == API_CAUSAL_UNSET)
         s->r.causal = causal_default(s);
-    if (find_layer(s, err) != 0 || check_shapes(s, err) != 0 ||
+    if (check_shapes(s, err) != 0 ||
         (s->sess && session_check(s, err) != 0) || out_shapes(s, err) != 0)
         return -1;
     return 0;

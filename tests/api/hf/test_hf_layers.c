@@ -1,0 +1,313 @@
+/* test_hf_layers.c - the attention of a Hugging Face checkpoint's layer, as transformers
+ * computes it: tests/api/hf/cases/<family>/ holds a tiny checkpoint of each family (made by
+ * transformers 5.17 from random bf16 weights; ../shared/hf_layers/README.md) and
+ * attnd_case.json with the input and output of one layer's attention module in the model's own
+ * forward pass. Each is loaded with api_checkpoint_load (what --model NAME=DIR:layer=K does) and
+ * must reproduce that output within 1e-5 x max|output|: through POST /v1/mha {"model", "input"},
+ * and again by a session (POST /v1/sessions {"model"}) stepped by a prefill and then one token
+ * at a time, and through the v2 route with a sequence_id. GET /v1/models/NAME describes the
+ * layer, and a request that contradicts it is 422 naming the field. The refusals at load (the
+ * config, the index, the shards, the tensors) are tests/api/hf/test_hf_refusals.c's. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+#include "tests/support/util.h"
+
+#define RTOL    1e-5
+#define PREFILL 12 /* tokens of the first session step; the rest go one at a time */
+
+static const char *const families[] = {
+    "llama", "llama31_scaled", "mistral_window", "qwen2",      "qwen3", "gemma2",
+    "gemma3", "phi3",          "phi",            "gpt2",       "gpt_neox", "falcon",
+    "olmo2", "starcoder2",     "gptj",           "gpt_oss",    "granite", "stablelm",
+};
+#define N_FAMILIES (sizeof families / sizeof families[0])
+
+static eng_pool *pool;
+static api_models *models;
+static const char *cases_dir;
+
+typedef struct {
+    int64_t layer, L, E;
+    float *input, *output; /* [L, E] each */
+} hf_case;
+
+typedef struct {
+    int status;
+    json_t *json;
+} result;
+
+/* ---- Set-up ------------------------------------------------------------------------------- */
+
+static bool read_matrix(const json_t *m, int64_t *L, int64_t *E, float **out)
+{
+    *L = (int64_t)json_array_size(m);
+    *E = *L ? (int64_t)json_array_size(json_array_get(m, 0)) : 0;
+    if (*L == 0 || *E == 0)
+        return false;
+    *out = xcalloc((size_t)(*L * *E), sizeof(float));
+    for (int64_t t = 0; t < *L; t++)
+        for (int64_t c = 0; c < *E; c++)
+            (*out)[t * *E + c] =
+                (float)json_number_value(json_array_get(json_array_get(m, (size_t)t), (size_t)c));
+    return true;
+}
+
+static bool load_case(const char *family, hf_case *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/attnd_case.json", cases_dir, family);
+    json_t *j = json_load_file(path, 0, NULL);
+    int64_t L2, E2;
+    bool ok = j && read_matrix(json_object_get(j, "input"), &c->L, &c->E, &c->input) &&
+              read_matrix(json_object_get(j, "output"), &L2, &E2, &c->output) && L2 == c->L &&
+              E2 == c->E;
+    c->layer = json_integer_value(json_object_get(j, "layer"));
+    CHECKF(ok, "%s: cannot read the case", path);
+    json_decref(j);
+    return ok;
+}
+
+static void free_case(hf_case *c)
+{
+    free(c->input);
+    free(c->output);
+}
+
+/* Registers every family's layer under its case name. */
+static bool register_all(void)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        hf_case c;
+        char dir[512], err[600];
+        if (!load_case(families[i], &c))
+            return false;
+        snprintf(dir, sizeof dir, "%s/%s", cases_dir, families[i]);
+        eng_layer *l = api_checkpoint_load(families[i], dir, c.layer, NULL, err, sizeof err);
+        free_case(&c);
+        CHECKF(l != NULL, "%s: %s", families[i], err);
+        if (!l || !api_models_add(models, l, err, sizeof err))
+            return false;
+    }
+    return true;
+}
+
+/* ---- Calls -------------------------------------------------------------------------------- */
+
+static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions *reg,
+                         const char *model, const char *body)
+{
+    api_call call = {.body = body,
+                     .body_len = strlen(body),
+                     .content_type = "application/json",
+                     .pool = pool,
+                     .models = models,
+                     .sessions = reg,
+                     .model = model};
+    api_reply reply;
+    result r = {0};
+    fn(&call, &reply);
+    r.status = reply.status;
+    if (reply.body && reply.body_len)
+        r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
+    api_reply_free(&reply);
+    return r;
+}
+
+/* A body {"model", "input": rows [t0, t0 + n) of x, "output_encoding": "flat", extra}. */
+static char *mha_body(const char *model, const hf_case *c, int64_t t0, int64_t n, const char *extra)
+{
+    int64_t shape[2] = {n, c->E};
+    char *t = json_tensor_b64(c->input + t0 * c->E, shape, 2);
+    size_t len = strlen(t) + strlen(extra) + 256;
+    char *b = malloc(len);
+    snprintf(b, len, "{\"model\":\"%s\",\"input\":%s,\"output_encoding\":\"flat\"%s}", model, t,
+             extra);
+    free(t);
+    return b;
+}
+
+/* max |got - want| / max |want| over rows [t0, t0 + n) of the reference. */
+static double rel_error(const json_t *reply, const hf_case *c, int64_t t0, int64_t n)
+{
+    const json_t *d = json_object_get(json_object_get(reply, "output"), "data");
+    if (json_array_size(d) != (size_t)(n * c->E))
+        return INFINITY;
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < c->L * c->E; i++)
+        scale = fmax(scale, fabs((double)c->output[i]));
+    for (int64_t i = 0; i < n * c->E; i++)
+        worst = fmax(worst, fabs(json_number_value(json_array_get(d, (size_t)i)) -
+                                 (double)c->output[t0 * c->E + i]));
+    return worst / scale;
+}
+
+/* GET /v1/models/NAME. */
+static result describe(const char *name)
+{
+    api_reply reply;
+    result r = {0};
+    api_models_get(models, name, &reply);
+    r.status = reply.status;
+    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
+    api_reply_free(&reply);
+    return r;
+}
+
+static const char *error_field(const result *r)
+{
+    return json_string_value(json_object_get(json_object_get(r->json, "error"), "field"));
+}
+
+/* ---- The layer ---------------------------------------------------------------------------- */
+
+static void test_each_family_matches_transformers_through_v1_mha(void)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        hf_case c;
+        if (!load_case(families[i], &c))
+            continue;
+        char *body = mha_body(families[i], &c, 0, c.L, "");
+        result r = call_route(api_mha, NULL, NULL, body);
+        double err = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+        printf("  %-16s /v1/mha          max|diff|/max|out| = %.2e\n", families[i], err);
+        CHECKF(err <= RTOL, "%s: /v1/mha status %d, error %.3g x max|output|", families[i],
+               r.status, err);
+        json_decref(r.json);
+        free(body);
+        free_case(&c);
+    }
+}
+
+/* One family through a session: a prefill of PREFILL tokens, then one token per step. */
+static double session_error(const char *family, const hf_case *c, api_sessions *reg)
+{
+    char body[128];
+    snprintf(body, sizeof body, "{\"model\":\"%s\"}", family);
+    result s = call_route(api_sessions_create, reg, NULL, body);
+    const char *id = json_string_value(json_object_get(s.json, "id"));
+    CHECKF(s.status == 201 && id, "%s: session create %d", family, s.status);
+    double worst = s.status == 201 && id ? 0 : INFINITY;
+    char sid[64];
+    snprintf(sid, sizeof sid, "%s", id ? id : "");
+    json_decref(s.json);
+    for (int64_t t0 = 0; t0 < c->L && isfinite(worst);) {
+        int64_t n = t0 == 0 ? PREFILL : 1;
+        char extra[128];
+        snprintf(extra, sizeof extra, ",\"session\":\"%s\",\"expect_length\":%lld", sid,
+                 (long long)t0);
+        char *b = mha_body(family, c, t0, n, extra);
+        result r = call_route(api_mha, reg, NULL, b);
+        double e = r.status == 200 ? rel_error(r.json, c, t0, n) : INFINITY;
+        CHECKF(r.status == 200, "%s: step at %lld: %d", family, (long long)t0, r.status);
+        worst = fmax(worst, e);
+        json_decref(r.json);
+        free(b);
+        t0 += n;
+    }
+    return worst;
+}
+
+static api_sessions *registry(void)
+{
+    char msg[256];
+    api_sessions_config cfg = {.capacity_bytes = (size_t)32 << 20, .block_tokens = 16};
+    api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);
+    CHECKF(reg != NULL, "%s", msg);
+    return reg;
+}
+
+static void test_each_family_matches_transformers_step_by_step(void)
+{
+    api_sessions *reg = registry();
+    for (size_t i = 0; reg && i < N_FAMILIES; i++) {
+        hf_case c;
+        if (!load_case(families[i], &c))
+            continue;
+        double err = session_error(families[i], &c, reg);
+        printf("  %-16s session steps    max|diff|/max|out| = %.2e\n", families[i], err);
+        CHECKF(err <= RTOL, "%s: session steps: error %.3g x max|output|", families[i], err);
+        free_case(&c);
+    }
+    api_sessions_free(reg);
+}
+
+/* ---- What the layer says, and what contradicts it ----------------------------------------- */
+
+static void test_models_describe_the_checkpoint_layer(void)
+{
+    result r = describe("gemma3");
+    const json_t *d = json_object_get(r.json, "decoder");
+    CHECK(r.status == 200);
+    CHECK(json_is_object(d));
+    CHECK(strcmp(json_string_value(json_object_get(d, "family")), "gemma3_text") == 0);
+    CHECK_EQ_INT(json_integer_value(json_object_get(d, "layer")), 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(d, "sliding_window")), 8);
+    CHECK(strcmp(json_string_value(json_object_get(d, "positional")), "rope") == 0);
+    CHECK_EQ_INT(json_integer_value(json_object_get(r.json, "num_kv_heads")), 2);
+    CHECK(strcmp(json_string_value(json_object_get(r.json, "dtype")), "BF16") == 0);
+    json_decref(r.json);
+    r = describe("gpt2");
+    d = json_object_get(r.json, "decoder");
+    CHECK(strcmp(json_string_value(json_object_get(d, "positional")), "none") == 0);
+    CHECK(json_is_null(json_object_get(d, "window")));
+    json_decref(r.json);
+}
+
+static void test_requests_that_contradict_the_layer_are_422(void)
+{
+    static const struct {
+        const char *model, *extra, *field;
+    } cases[] = {
+        {"llama", ",\"positional\":\"rope\"", "positional"},
+        {"llama", ",\"causal\":false", "causal"},
+        {"mistral_window", ",\"window\":[3,0]", "window"},
+        {"llama", ",\"window\":[3,0]", "window"},
+        {"gpt_oss", ",\"return_weights\":\"per_head\"", "return_weights"},
+    };
+    hf_case c;
+    if (!load_case("llama", &c))
+        return;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *b = mha_body(cases[i].model, &c, 0, 4, cases[i].extra);
+        result r = call_route(api_mha, NULL, NULL, b);
+        CHECKF(r.status == 422, "%s %s: %d", cases[i].model, cases[i].extra, r.status);
+        CHECKF(error_field(&r) && strcmp(error_field(&r), cases[i].field) == 0,
+               "%s %s: field %s", cases[i].model, cases[i].extra,
+               error_field(&r) ? error_field(&r) : "(none)");
+        json_decref(r.json);
+        free(b);
+    }
+    /* The layer's own window restated is no contradiction. */
+    char *b = mha_body("mistral_window", &c, 0, 4, ",\"window\":[7,0],\"causal\":true");
+    result r = call_route(api_mha, NULL, NULL, b);
+    CHECK_EQ_INT(r.status, 200);
+    json_decref(r.json);
+    free(b);
+    free_case(&c);
+}
+
+int main(void)
+{
+    eng_error err;
+    cases_dir = getenv("ATTND_HF_CASES") ? getenv("ATTND_HF_CASES") : "tests/api/hf/cases";
+    pool = eng_pool_new(2, &err);
+    models = api_models_new();
+    if (!pool || !models || !register_all()) {
+        printf("FAIL set-up\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN_WITHIN(test_each_family_matches_transformers_through_v1_mha, 120);
+    RUN_WITHIN(test_each_family_matches_transformers_step_by_step, 120);
+    RUN_WITHIN(test_models_describe_the_checkpoint_layer, 30);
+    RUN_WITHIN(test_requests_that_contradict_the_layer_are_422, 30);
+    api_models_free(models);
+    eng_pool_free(pool);
+    return check_report();
+}
