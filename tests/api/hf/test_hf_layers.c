@@ -293,6 +293,87 @@ static void test_requests_that_contradict_the_layer_are_422(void)
     free_case(&c);
 }
 
+/* ---- KServe v2 ---------------------------------------------------------------------------- */
+
+/* A v2 inference of `model` on rows [t0, t0 + n) of the case's input as [1, n, E], with the
+ * parameters `params` (or none). */
+static result v2_infer(api_sessions *reg, const char *model, const hf_case *c, int64_t t0,
+                       int64_t n, const char *params)
+{
+    size_t cap = (size_t)(n * c->E) * 24 + 512, len = 0;
+    char *b = malloc(cap);
+    len += (size_t)snprintf(b, cap,
+                            "{%s%s%s\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\","
+                            "\"shape\":[1,%lld,%lld],\"data\":[",
+                            params[0] ? "\"parameters\":{" : "", params, params[0] ? "}," : "",
+                            (long long)n, (long long)c->E);
+    for (int64_t i = 0; i < n * c->E; i++)
+        len += (size_t)snprintf(b + len, cap - len, "%s%.9g", i ? "," : "",
+                                (double)c->input[t0 * c->E + i]);
+    snprintf(b + len, cap - len, "]}]}");
+    result r = call_route(api_v2_infer, reg, model, b);
+    free(b);
+    return r;
+}
+
+static double v2_error(const result *r, const hf_case *c, int64_t t0, int64_t n)
+{
+    const json_t *out = json_array_get(json_object_get(r->json, "outputs"), 0);
+    json_t *wrapped = json_pack("{s:{s:O}}", "output", "data", json_object_get(out, "data"));
+    double e = r->status == 200 ? rel_error(wrapped, c, t0, n) : INFINITY;
+    json_decref(wrapped);
+    return e;
+}
+
+static void test_v2_infers_and_decodes_a_sequence_as_transformers(void)
+{
+    static const char *const some[] = {"gemma2", "gpt_oss", "phi"};
+    api_sessions *reg = registry();
+    for (size_t i = 0; reg && i < sizeof some / sizeof some[0]; i++) {
+        hf_case c;
+        if (!load_case(some[i], &c))
+            continue;
+        result r = v2_infer(NULL, some[i], &c, 0, c.L, "");
+        double whole = v2_error(&r, &c, 0, c.L), steps = 0;
+        json_decref(r.json);
+        for (int64_t t0 = 0; t0 < c.L; t0 += t0 == 0 ? PREFILL : 1) {
+            char params[128];
+            snprintf(params, sizeof params, "\"sequence_id\":%zu%s", i + 1,
+                     t0 == 0 ? ",\"sequence_start\":true" : "");
+            r = v2_infer(reg, some[i], &c, t0, t0 == 0 ? PREFILL : 1, params);
+            steps = fmax(steps, v2_error(&r, &c, t0, t0 == 0 ? PREFILL : 1));
+            json_decref(r.json);
+        }
+        CHECKF(whole <= RTOL && steps <= RTOL, "%s: v2 %.3g, v2 sequence %.3g x max|output|",
+               some[i], whole, steps);
+        free_case(&c);
+    }
+    api_sessions_free(reg);
+}
+
+static void test_v2_metadata_and_config_describe_the_layer(void)
+{
+    api_call call = {.pool = pool, .models = models, .model = "gpt_oss"};
+    api_reply reply;
+    api_v2_model_metadata(&call, &reply);
+    json_t *j = json_loadb(reply.body, reply.body_len, 0, NULL);
+    api_reply_free(&reply);
+    const json_t *p = json_object_get(j, "parameters");
+    CHECK(strcmp(json_string_value(json_object_get(p, "family")), "gpt_oss") == 0);
+    CHECK_EQ_INT(json_integer_value(json_object_get(p, "layer")), 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(p, "window")), 0); /* layer 1 is full */
+    CHECK(strcmp(json_string_value(json_object_get(p, "positional")), "rope") == 0);
+    CHECK_EQ_INT(json_array_size(json_object_get(j, "inputs")), 3); /* no memory input */
+    json_decref(j);
+    call.model = "mistral_window";
+    api_v2_model_config(&call, &reply);
+    j = json_loadb(reply.body, reply.body_len, 0, NULL);
+    api_reply_free(&reply);
+    p = json_object_get(json_object_get(j, "parameters"), "window");
+    CHECK(strcmp(json_string_value(json_object_get(p, "string_value")), "8") == 0);
+    json_decref(j);
+}
+
 int main(void)
 {
     eng_error err;
@@ -307,6 +388,8 @@ int main(void)
     RUN_WITHIN(test_each_family_matches_transformers_step_by_step, 120);
     RUN_WITHIN(test_models_describe_the_checkpoint_layer, 30);
     RUN_WITHIN(test_requests_that_contradict_the_layer_are_422, 30);
+    RUN_WITHIN(test_v2_infers_and_decodes_a_sequence_as_transformers, 60);
+    RUN_WITHIN(test_v2_metadata_and_config_describe_the_layer, 30);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();
