@@ -109,6 +109,10 @@ size_t hf_files_bytes_read(const hf_files *f);
  * JSON, dtypes, shapes against byte counts, offsets inside the data and not overlapping. */
 int hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e);
 
+/* The checks of an index's text (JSON, a weight_map of file names inside `dir`, each shard
+ * present), as hf_files_open makes them, for the fuzzer. */
+int hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
+
 /* The layer of a checkpoint: hf_config_read, then its tensors from `files`. */
 eng_layer *hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e);
 

@@ -239,16 +239,11 @@ static char *read_small(const char *path, size_t max, size_t *len)
     return buf;
 }
 
-static int open_index(hf_files *f, const char *path, hf_error *e)
+/* The index's text: its weight map kept, every shard it names checked to exist. */
+static int parse_index(hf_files *f, const char *text, size_t len, const char *path, hf_error *e)
 {
-    size_t len = 0;
-    char *text = read_small(path, MAX_INDEX_BYTES, &len);
-    if (!text)
-        return hf_fail(e, "model.safetensors.index.json",
-                       "%.200s: cannot read it (or it is over 256 MiB)", path);
     json_error_t je;
     json_t *idx = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    free(text);
     const json_t *map = idx ? json_object_get(idx, "weight_map") : NULL;
     if (!idx || !json_is_object(map)) {
         json_decref(idx);
@@ -271,7 +266,19 @@ static int open_index(hf_files *f, const char *path, hf_error *e)
     return 0;
 }
 
-hf_files *hf_files_open(const char *dir, hf_error *e)
+static int open_index(hf_files *f, const char *path, hf_error *e)
+{
+    size_t len = 0;
+    char *text = read_small(path, MAX_INDEX_BYTES, &len);
+    if (!text)
+        return hf_fail(e, "model.safetensors.index.json",
+                       "%.200s: cannot read it (or it is over 256 MiB)", path);
+    int rc = parse_index(f, text, len, path, e);
+    free(text);
+    return rc;
+}
+
+static hf_files *files_new(const char *dir, hf_error *e)
 {
     hf_files *f = calloc(1, sizeof *f);
     if (!f || !(f->dir = strdup(dir))) {
@@ -279,6 +286,22 @@ hf_files *hf_files_open(const char *dir, hf_error *e)
         hf_fail(e, "", "out of memory");
         return NULL;
     }
+    return f;
+}
+
+int hf_index_check(const char *dir, const char *text, size_t len, hf_error *e)
+{
+    hf_files *f = files_new(dir, e);
+    int rc = f ? parse_index(f, text, len, "model.safetensors.index.json", e) : -1;
+    hf_files_close(f);
+    return rc;
+}
+
+hf_files *hf_files_open(const char *dir, hf_error *e)
+{
+    hf_files *f = files_new(dir, e);
+    if (!f)
+        return NULL;
     char *index = path_join(dir, "model.safetensors.index.json");
     struct stat st;
     int rc;
