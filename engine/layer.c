@@ -270,8 +270,8 @@ static eng_dtype matrices_dtype(const layer_plan *lp)
     return dt;
 }
 
-/* Moves the four projection matrices of a just-assembled layer into a 16-bit block, copied
- * from their tensors; false when memory runs out (the layer then stays fp32, whole). */
+/* Copies the four projection matrices of a layer being assembled (whose fp32 block holds
+ * only its vectors) into a 16-bit block; false when memory runs out. */
 static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt)
 {
     const eng_tensor_ref *const *r = lp->by_role;
@@ -291,24 +291,6 @@ static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt
         copy_bits16(v, r[ROLE_V_W], 0, W * lp->vdim);
     }
     copy_bits16(o, r[ROLE_O_W], 0, E * E);
-    /* The fp32 block keeps only the vectors: copied into a block of their own. */
-    size_t nvec = (size_t)eng_layer_params(layer) - n;
-    float *vectors = nvec ? malloc(nvec * sizeof(float)) : NULL;
-    if (nvec && !vectors) {
-        free(block);
-        return false;
-    }
-    const float *from = layer->w_o + E * E;
-    if (nvec)
-        memcpy(vectors, from, nvec * sizeof(float));
-    float **vec[6] = {&layer->b_q, &layer->b_k,    &layer->b_v,
-                      &layer->b_o, &layer->bias_k, &layer->bias_v};
-    for (int i = 0; i < 6; i++)
-        if (*vec[i])
-            *vec[i] = vectors + (*vec[i] - from);
-    free(layer->params);
-    layer->params = vectors;
-    layer->w_q = layer->w_k = layer->w_v = layer->w_o = NULL;
     layer->w16_dtype = dt;
     layer->w16_q = q;
     layer->w16_k = k;
@@ -338,7 +320,10 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
     int64_t E = lp.E, W = lp.W;
 
     eng_layer *layer = calloc(1, sizeof *layer);
-    int64_t total = 2 * E * E + W * (lp.kdim + lp.vdim) + 2 * E + 4 * W;
+    /* The matrices stay in their 16 bits (keep_matrices16) or are widened into the block. */
+    eng_dtype dt = matrices_dtype(&lp);
+    bool as16 = keep16 && dt != ENG_DTYPE_F32;
+    int64_t total = (as16 ? 0 : 2 * E * E + W * (lp.kdim + lp.vdim)) + 2 * E + 4 * W;
     float *block = layer ? malloc((size_t)total * sizeof(float)) : NULL;
     if (!block) {
         free(layer);
@@ -354,10 +339,10 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
     layer->vdim = lp.vdim;
     layer->params = block;
     float *at = block;
-    layer->w_q = take(&at, E * E, true);
-    layer->w_k = take(&at, W * lp.kdim, true);
-    layer->w_v = take(&at, W * lp.vdim, true);
-    layer->w_o = take(&at, E * E, true);
+    layer->w_q = take(&at, E * E, !as16);
+    layer->w_k = take(&at, W * lp.kdim, !as16);
+    layer->w_v = take(&at, W * lp.vdim, !as16);
+    layer->w_o = take(&at, E * E, !as16);
     layer->b_q = take(&at, E, bq);
     layer->b_k = take(&at, W, bk);
     layer->b_v = take(&at, W, bv);
@@ -365,11 +350,11 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
     layer->bias_k = take(&at, W, r[ROLE_BIAS_K] != NULL);
     layer->bias_v = take(&at, W, r[ROLE_BIAS_V] != NULL);
 
-    if (packed) { /* rows [0, E) are W_q, then W rows of W_k, then W rows of W_v */
+    if (!as16 && packed) { /* rows [0, E) are W_q, then W rows of W_k, then W rows of W_v */
         copy_elements(layer->w_q, r[ROLE_IN_W], 0, E * E);
         copy_elements(layer->w_k, r[ROLE_IN_W], E * E, W * E);
         copy_elements(layer->w_v, r[ROLE_IN_W], (E + W) * E, W * E);
-    } else {
+    } else if (!as16) {
         copy_elements(layer->w_q, r[ROLE_Q_W], 0, E * E);
         copy_elements(layer->w_k, r[ROLE_K_W], 0, W * lp.kdim);
         copy_elements(layer->w_v, r[ROLE_V_W], 0, W * lp.vdim);
@@ -386,15 +371,15 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
         if (bv)
             copy_elements(layer->b_v, r[ROLE_V_B], 0, W);
     }
-    copy_elements(layer->w_o, r[ROLE_O_W], 0, E * E);
+    if (!as16)
+        copy_elements(layer->w_o, r[ROLE_O_W], 0, E * E);
     if (layer->b_o)
         copy_elements(layer->b_o, r[ROLE_O_B], 0, E);
     if (layer->bias_k) {
         copy_elements(layer->bias_k, r[ROLE_BIAS_K], 0, W);
         copy_elements(layer->bias_v, r[ROLE_BIAS_V], 0, W);
     }
-    eng_dtype dt = matrices_dtype(&lp);
-    if (keep16 && dt != ENG_DTYPE_F32 && !keep_matrices16(layer, &lp, dt)) {
+    if (as16 && !keep_matrices16(layer, &lp, dt)) {
         eng_layer_free(layer);
         eng__fail(err, ENG_ENOMEM, "", "cannot allocate %lld parameters", (long long)total);
         return NULL;

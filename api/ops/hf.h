@@ -98,8 +98,8 @@ typedef struct hf_files hf_files;
 hf_files *hf_files_open(const char *dir, hf_error *e);
 void hf_files_close(hf_files *f);
 
-/* Tensor `name` of the checkpoint, pointing into its mapped shard (valid until close); 1 when
- * found, 0 when absent, -1 on a bad shard. */
+/* Tensor `name` of the checkpoint, pointing into its mapped shard (valid until close; `out`
+ * NULL only asks whether it is there); 1 when found, 0 when absent, -1 on a bad shard. */
 int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e);
 
 /* Bytes of the shards' data that the tensors asked for span. */

@@ -393,8 +393,11 @@ int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error
     if (json_array_size(shape) < 1 || json_array_size(shape) > 4)
         return hf_fail(e, name, "%s: tensor '%.100s' has rank %zu", s->name, name,
                        json_array_size(shape));
-    uint64_t begin = (uint64_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
-    uint64_t end = (uint64_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 1));
+    const json_t *offsets = json_object_get(t, "data_offsets");
+    uint64_t begin = (uint64_t)json_integer_value(json_array_get(offsets, 0));
+    uint64_t end = (uint64_t)json_integer_value(json_array_get(offsets, 1));
+    if (!out)
+        return 1;
     memset(out, 0, sizeof *out);
     out->name = name;
     out->dtype = dt;

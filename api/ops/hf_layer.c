@@ -33,7 +33,8 @@ static size_t elem_size(eng_dtype dt)
     return dt == ENG_DTYPE_F32 ? 4 : 2;
 }
 
-/* Tensor `stem` + `suffix` of the layer into *t; absent: 0 (or a failure when `required`). */
+/* Tensor `stem` + `suffix` of the layer into *t (NULL: only whether it is there); absent: 0
+ * (or a failure when `required`). */
 static int find(gather *g, const char *stem, const char *suffix, bool required, eng_tensor_ref *t,
                 char *full, size_t full_len, hf_error *e)
 {
@@ -311,9 +312,8 @@ static int choose_prefix(gather *g, hf_error *e)
     const hf_family *f = g->c->family;
     for (int i = 0; i < 2 && f->prefix[i]; i++) {
         expand_prefix(f->prefix[i], g->c->layer, g->prefix, sizeof g->prefix);
-        eng_tensor_ref t;
         char full[160];
-        int rc = find(g, f->o, ".weight", false, &t, full, sizeof full, e);
+        int rc = find(g, f->o, ".weight", false, NULL, full, sizeof full, e);
         if (rc != 0)
             return rc < 0 ? -1 : 0;
     }
