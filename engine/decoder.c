@@ -224,7 +224,7 @@ static eng_status split_tensors(const eng_tensor_ref *tensors, size_t count,
 static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[EXTRA_COUNT],
                                const eng_decoder_spec *sp, eng_error *err)
 {
-    int64_t H = l->num_heads, D = l->embed_dim / H, E = l->embed_dim, W = l->num_kv_heads * D;
+    int64_t H = l->num_heads, D = eng_layer_head_dim(l), Q = H * D, W = l->num_kv_heads * D;
     bool norm = sp->qk_norm != ENG_QK_NORM_NONE, bias = sp->qk_norm == ENG_QK_NORM_LAYER;
     if (norm && (!extra[EXTRA_Q_W] || !extra[EXTRA_K_W]))
         return eng__fail(err, ENG_EFORMAT, extra[EXTRA_Q_W] ? "k_norm.weight" : "q_norm.weight",
@@ -239,7 +239,7 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
     if (sinks && numel(sinks) != H)
         return eng__fail(err, ENG_EFORMAT, "sinks", "tensor 'sinks' has %lld elements, not %lld",
                          (long long)numel(sinks), (long long)H);
-    int64_t n = sp->rope.rotary_dim / 2 + (norm ? 2 * (E + W) : 0) + (sinks ? H : 0);
+    int64_t n = sp->rope.rotary_dim / 2 + (norm ? 2 * (Q + W) : 0) + (sinks ? H : 0);
     l->decoder_params = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!l->decoder_params)
         return eng__fail(err, ENG_ENOMEM, "", "out of memory for the decoder's parameters");
@@ -255,7 +255,7 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
             float **w, **b;
             int64_t width;
             extra_role rw, rb;
-        } parts[2] = {{&l->q_norm_w, &l->q_norm_b, E, EXTRA_Q_W, EXTRA_Q_B},
+        } parts[2] = {{&l->q_norm_w, &l->q_norm_b, Q, EXTRA_Q_W, EXTRA_Q_B},
                       {&l->k_norm_w, &l->k_norm_b, W, EXTRA_K_W, EXTRA_K_B}};
         for (int i = 0; i < 2 && st == ENG_OK; i++) {
             *parts[i].w = at;
@@ -297,7 +297,8 @@ eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, si
     }
     if (split_tensors(tensors, count, extra, rest, &n_rest, err) != ENG_OK)
         goto done;
-    l = eng__layer_assemble(name, rest, n_rest, num_heads, num_kv_heads, true, err);
+    l = eng__layer_assemble(name, rest, n_rest, num_heads, num_kv_heads, spec ? spec->head_dim : 0,
+                            true, err);
     if (!l)
         goto done;
     if (l->bias_k || l->kdim != l->embed_dim || l->vdim != l->embed_dim) {
@@ -305,7 +306,7 @@ eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, si
                   "a decoder layer is self-attention without bias_k/bias_v");
         goto fail;
     }
-    if (check_spec(spec, l->embed_dim / l->num_heads, err) != ENG_OK ||
+    if (check_spec(spec, eng_layer_head_dim(l), err) != ENG_OK ||
         fill_decoder(l, extra, spec, err) != ENG_OK)
         goto fail;
     goto done;
@@ -321,8 +322,8 @@ size_t eng__decoder_floats(const eng_layer *l)
 {
     if (!l->decoder)
         return 0;
-    int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
-    int64_t n = l->spec.rope.rotary_dim / 2 + (l->q_norm_w ? 2 * (E + W) : 0);
+    int64_t Q = l->num_heads * eng_layer_head_dim(l), W = l->num_kv_heads * eng_layer_head_dim(l);
+    int64_t n = l->spec.rope.rotary_dim / 2 + (l->q_norm_w ? 2 * (Q + W) : 0);
     return (size_t)(n + (l->sinks ? l->num_heads : 0));
 }
 
@@ -375,7 +376,7 @@ static void rope_row(const eng_layer *l, float *row, int64_t heads, int64_t D, i
 void eng__decoder_project(const eng_layer *l, bool query, float *rows, int64_t n, int64_t ld,
                           int64_t pos0)
 {
-    int64_t D = l->embed_dim / l->num_heads, heads = query ? l->num_heads : l->num_kv_heads;
+    int64_t D = eng_layer_head_dim(l), heads = query ? l->num_heads : l->num_kv_heads;
     int64_t width = heads * D;
     const float *w = query ? l->q_norm_w : l->k_norm_w, *b = query ? l->q_norm_b : l->k_norm_b;
     float cs[MAX_ROTARY_DIM];
@@ -393,13 +394,13 @@ void eng__decoder_project(const eng_layer *l, bool query, float *rows, int64_t n
 
 void eng__decoder_sinks(const eng_layer *l, float *o, int64_t B, int64_t L, const float *lse)
 {
-    int64_t H = l->num_heads, E = l->embed_dim, D = E / H;
+    int64_t H = l->num_heads, D = eng_layer_head_dim(l), Q = H * D;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t t = 0; t < L; t++) {
                 float m = lse[(b * H + h) * L + t];
                 float keep = isinf(m) ? 0.0f : (float)(1.0 / (1.0 + exp((double)l->sinks[h] - m)));
-                float *row = o + (b * L + t) * E + h * D;
+                float *row = o + (b * L + t) * Q + h * D;
                 for (int64_t d = 0; d < D; d++)
                     row[d] *= keep;
             }

@@ -381,6 +381,7 @@ typedef enum {
 typedef struct {
     char family[32];     /* where the layer comes from (a model_type), for descriptions */
     int64_t layer_index; /* its index in that model, for descriptions */
+    int64_t head_dim;    /* D when H D is not the hidden size (Qwen 3, Gemma); 0: E / H */
     eng_rope_params rope;
     eng_qk_norm qk_norm;  /* on q and k after their projections, before RoPE */
     bool qk_norm_whole;   /* over the whole projection (OLMo 2); else over each head */
@@ -404,14 +405,15 @@ typedef struct {
     char name[64];
     char dtype[8];                /* the weights' dtype in their file ("F32", "F16", "BF16") */
     int64_t embed_dim;            /* E */
-    int64_t num_heads;            /* H; head_dim D = E / H */
+    int64_t num_heads;            /* H */
+    int64_t head_dim;             /* D: a decoder layer's own (q is H D wide); 0: E / H */
     int64_t num_kv_heads;         /* Hkv; H is a multiple of it; the k/v width is W = Hkv * D */
     int64_t kdim, vdim;           /* widths of the key and value inputs (E for self-attention) */
-    float *w_q;                   /* [E, E] */
+    float *w_q;                   /* [H D, E] ([E, E] but for some decoder layers) */
     float *w_k;                   /* [W, kdim] */
     float *w_v;                   /* [W, vdim] */
-    float *w_o;                   /* [E, E] */
-    float *b_q, *b_k, *b_v, *b_o; /* [E], [W], [W], [E]; each NULL when the layer has none */
+    float *w_o;                   /* [E, H D] */
+    float *b_q, *b_k, *b_v, *b_o; /* [H D], [W], [W], [E]; each NULL when the layer has none */
     float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
     float *params;                /* the block every pointer above points into */
     eng_dtype w16_dtype;          /* F16 or BF16 when w16_* hold the matrices; else F32 */
@@ -419,7 +421,7 @@ typedef struct {
     uint16_t *params16;                            /* the block w16_* point into, or NULL */
     /* A causal decoder layer (eng_layer_decoder) when `decoder`: its spec, the RoPE inverse
      * frequencies [rotary_dim / 2] and the factor cos and sin take, the q/k norm weights
-     * ([E] and [W], per head repeated; biases NULL unless LayerNorm has them) and the
+     * ([H D] and [W], per head repeated; biases NULL unless LayerNorm has them) and the
      * attention sinks [H] (a logit per head that takes a share of the softmax), or NULL. */
     bool decoder;
     eng_decoder_spec spec;
@@ -448,6 +450,9 @@ uint16_t eng_f32_to_bf16(float f);
 
 /* Frees the layer's weights and the layer. NULL is a no-op. */
 void eng_layer_free(eng_layer *layer);
+
+/* D: the layer's head_dim, or E / H when that is 0. */
+int64_t eng_layer_head_dim(const eng_layer *layer);
 
 /* The layer's parameter count. */
 int64_t eng_layer_params(const eng_layer *layer);
@@ -480,7 +485,7 @@ eng_layer *eng_layer_load(const char *name, const char *path, int64_t num_heads,
 
 /* A decoder layer: the projection tensors as eng_layer_from_tensors names them (16-bit
  * matrices kept in 16 bits), plus "q_norm.weight" and "k_norm.weight" ([D] shared by the heads,
- * or [E] and [W]), "q_norm.bias" and "k_norm.bias" (LayerNorm), and "sinks" ([H]); with the
+ * or [H D] and [W]), "q_norm.bias" and "k_norm.bias" (LayerNorm), and "sinks" ([H]); with the
  * positions, norms, scale, softcap and window of `spec`. eng_mha then applies them all: its
  * positional must be NONE, and its window, when unset, is the layer's. NULL on failure, with
  * err naming the tensor or the spec's field (rotary_dim, rope.factor, ...). */

@@ -112,10 +112,10 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
                                        int64_t num_kv_heads, eng_error *err);
 
 /* eng_layer_from_tensors, keeping the four projection matrices in 16 bits (w16_*) when
- * `keep16` and they all have one 16-bit dtype. */
+ * `keep16` and they all have one 16-bit dtype; heads of head_dim (0: E / num_heads). */
 eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
-                               int64_t num_heads, int64_t num_kv_heads, bool keep16,
-                               eng_error *err);
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               bool keep16, eng_error *err);
 
 /* Floats of a decoder layer's own parameters (0 for other layers). */
 size_t eng__decoder_floats(const eng_layer *layer);
@@ -125,7 +125,7 @@ size_t eng__decoder_floats(const eng_layer *layer);
 void eng__decoder_project(const eng_layer *layer, bool query, float *rows, int64_t n, int64_t ld,
                           int64_t pos0);
 
-/* Scales each head's output rows o [B, L, E] by the share the layer's sinks leave them:
+/* Scales each head's output rows o [B, L, H D] by the share the layer's sinks leave them:
  * 1 / (1 + exp(sink_h - lse)), lse [B, H, L] the attention's log-sum-exp. */
 void eng__decoder_sinks(const eng_layer *layer, float *o, int64_t B, int64_t L, const float *lse);
 

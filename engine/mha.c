@@ -309,6 +309,7 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 
 typedef struct {
     int64_t B, L, S, Sx, E, H, Hkv, D, W, extra; /* S: keys attended; Sx: with the appended */
+    int64_t Q;       /* the width of q and of the attention's output: H D */
     int64_t S_in;    /* key/value input tokens projected: S, or L over a cache */
     int64_t kv_rows; /* rows per head of the K and V buffers: S_in plus the appended keys */
     bool self;
@@ -319,6 +320,7 @@ typedef struct {
     bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
     const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
+    size_t x_floats; /* the input [B, L, E] */
     size_t lse_floats; /* [B, H, L] for a layer's sinks, else 0 */
 } mha_shape;
 
@@ -426,7 +428,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     sh->E = ly->embed_dim;
     sh->H = ly->num_heads;
     sh->Hkv = ly->num_kv_heads;
-    sh->D = sh->E / sh->H;
+    sh->D = eng_layer_head_dim(ly);
+    sh->Q = sh->H * sh->D;
     sh->W = sh->Hkv * sh->D;
     sh->extra = eng_mha_extra_keys(a);
     if (sh->S <= 0 || sh->S > INT_MAX - 2)
@@ -463,7 +466,7 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     if (a->kv_cache && (st = check_cache(a, sh, err)) != ENG_OK)
         return st;
     size_t in_k, in_v;
-    if (!mul3(sh->B, sh->L, sh->E, &sh->q_floats) ||
+    if (!mul3(sh->B, sh->L, sh->Q, &sh->q_floats) || !mul3(sh->B, sh->L, sh->E, &sh->x_floats) ||
         !mul3(sh->B, sh->kv_rows, 2 * sh->W, &sh->kv_floats) ||
         !mul3(sh->B, sh->S_in, ly->kdim, &in_k) || !mul3(sh->B, sh->S_in, ly->vdim, &in_v))
         return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
@@ -475,7 +478,7 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     if (sh->sinusoid || sh->bf16) {
         /* Copies with the encoding added (or rounded to bf16): the queries, and keys/values
          * unless they are the queries' tokens at the same positions. */
-        sh->copy_floats = sh->q_floats;
+        sh->copy_floats = sh->x_floats;
         if (!sh->self || (sh->sinusoid && sh->q_offset != sh->k_offset)) {
             bool shared = sh->self || a->key_in == a->value_in;
             sh->copy_floats += in_k + (shared ? 0 : in_v);
@@ -497,12 +500,12 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
 {
     eng_sdpa_args s;
     memset(&s, 0, sizeof s);
-    int64_t E = sh->E, D = sh->D;
-    s.q = (eng_view){q, {sh->B, sh->H, sh->L, D}, {sh->L * E, sh->L * D, D, 1}};
+    int64_t Q = sh->Q, D = sh->D;
+    s.q = (eng_view){q, {sh->B, sh->H, sh->L, D}, {sh->L * Q, sh->L * D, D, 1}};
     s.k = (eng_view){kv, {sh->B, sh->Hkv, sh->Sx, D}, {sh->Hkv * sh->Sx * D, sh->Sx * D, D, 1}};
     s.v = s.k;
     s.v.data = value_rows(sh, kv);
-    s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * E, D, E, 1}};
+    s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * Q, D, Q, 1}};
     s.causal = a->causal;
     /* Positions count the S input keys only: bottom-right alignment means S - L, not S' - L. */
     s.align = ENG_ALIGN_OFFSET;
@@ -570,15 +573,17 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     const eng__kernels *ks = eng__kernels_current();
     int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
     in_most = in_most > a->layer->vdim ? in_most : a->layer->vdim;
+    in_most = in_most > sh.Q ? in_most : sh.Q;
+    int64_t out_most = sh.E > sh.Q ? sh.E : sh.Q;
     int64_t rows_most = sh.L > sh.S_in ? sh.L : sh.S_in;
-    const linear_job widest = {.out_f = sh.E, .in_f = in_most, .out_hstride = 1};
+    const linear_job widest = {.out_f = out_most, .in_f = in_most, .out_hstride = 1};
     size_t pack = task_floats(ks, &widest, a->layer->params16 != NULL,
                               rows_most < CHUNK_ROWS ? rows_most : CHUNK_ROWS) *
                   sizeof(float);
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
     if (ks->tile)
-        weights = (eng__sgemm_panels_floats(ks, sh.E, sh.E) +
+        weights = (eng__sgemm_panels_floats(ks, sh.Q, sh.E) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *
                   sizeof(float);
@@ -669,10 +674,10 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .in_ld = sh->E,
                               .w = ly->w_q,
                               .bias = ly->b_q,
-                              .out_f = sh->E,
+                              .out_f = sh->Q,
                               .in_f = sh->E,
                               .out = q,
-                              .out_bstride = sh->L * sh->E,
+                              .out_bstride = sh->L * sh->Q,
                               .out_hstride = sh->L * D,
                               .rows = sh->L,
                               .rope = rope,
@@ -720,12 +725,12 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
                        .w16 = {ly->w16_o},
                        .w16_dtype = ly->w16_dtype};
     lb.jobs[0] = (linear_job){.in = o,
-                              .in_bstride = sh->L * sh->E,
-                              .in_ld = sh->E,
+                              .in_bstride = sh->L * sh->Q,
+                              .in_ld = sh->Q,
                               .w = ly->w_o,
                               .bias = ly->b_o,
                               .out_f = sh->E,
-                              .in_f = sh->E,
+                              .in_f = sh->Q,
                               .out = a->out,
                               .out_bstride = sh->L * sh->E,
                               .out_ld = sh->E,
@@ -779,7 +784,7 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
         float *next = copies;
         st = copy_input(pool, &sh, a->x, next, sh.L, sh.E, sh.q_offset, ctl);
         xq = next;
-        next += sh.q_floats;
+        next += sh.x_floats;
         if (sh.self && (!sh.sinusoid || sh.q_offset == sh.k_offset)) {
             xk = xv = xq; /* the same tokens at the same positions */
         } else {

@@ -6,7 +6,7 @@
  *
  * Everything the layer cannot be served without is checked here and refused with the field
  * that stops it: an unknown model_type, an unsupported rope_type, a layer past
- * num_hidden_layers, a head_dim that does not divide the hidden size evenly.
+ * num_hidden_layers, heads too many to map (num_attention_heads times head_dim over 2^24).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -184,17 +184,18 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
         get_count(cfg, k_layers, 0, 1 << 20, &c->layers, e) ||
         get_count(cfg, k_kv, c->H, 1 << 16, &c->Hkv, e))
         return -1;
-    if (c->E % c->H != 0)
-        return hf_fail(e, "num_attention_heads",
-                       "config.json: hidden size %lld is not a multiple of %lld heads",
-                       (long long)c->E, (long long)c->H);
     if (get_count(cfg, k_d, c->E / c->H, 1 << 16, &c->D, e))
         return -1;
+    if (!json_integer_value(json_object_get(cfg, "head_dim")) && c->E % c->H != 0)
+        return hf_fail(e, "num_attention_heads",
+                       "config.json: hidden size %lld is not a multiple of %lld heads (and no "
+                       "head_dim says the head size)",
+                       (long long)c->E, (long long)c->H);
+    if (c->D * c->H > (int64_t)1 << 24)
+        return hf_fail(e, "head_dim", "config.json: head_dim %lld times %lld heads is over 2^24",
+                       (long long)c->D, (long long)c->H);
     if (c->D * c->H != c->E)
-        return hf_fail(e, "head_dim",
-                       "config.json: head_dim %lld times %lld heads is not the hidden size %lld; "
-                       "attnd serves layers whose heads split the hidden size",
-                       (long long)c->D, (long long)c->H, (long long)c->E);
+        c->spec.head_dim = c->D;
     if (c->layer >= c->layers)
         return hf_fail(e, "num_hidden_layers",
                        "layer %lld is past the model's num_hidden_layers = %lld", (long long)c->layer,

@@ -98,7 +98,7 @@ static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
                    hf_error *e)
 {
     const hf_config *c = g->c;
-    int64_t D = c->D, rows = c->E + 2 * c->Hkv * D;
+    int64_t D = c->D, rows = c->H * D + 2 * c->Hkv * D;
     size_t es = elem_size(t->dtype), row_bytes = (size_t)cols * es;
     unsigned char *dst = keep_copy(g, (size_t)rows * row_bytes);
     const unsigned char *src = t->data;
@@ -124,7 +124,7 @@ static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
     int64_t group_rows = (per + 2 * kv_per_group) * D;
     for (int64_t gi = 0; gi < c->groups; gi++) {
         const unsigned char *in = src + (size_t)(gi * group_rows) * row_bytes;
-        size_t q_at = (size_t)(gi * per * D), k_at = (size_t)(c->E + gi * kv_per_group * D);
+        size_t q_at = (size_t)(gi * per * D), k_at = (size_t)(c->H * D + gi * kv_per_group * D);
         size_t v_at = k_at + (size_t)(c->Hkv * D);
         memcpy(dst + q_at * row_bytes, in, (size_t)(per * D) * row_bytes);
         memcpy(dst + k_at * row_bytes, in + (size_t)(per * D) * row_bytes,
@@ -140,7 +140,7 @@ static int fused(gather *g, const char *suffix, hf_error *e)
 {
     const hf_config *c = g->c;
     bool weight = strcmp(suffix, ".weight") == 0;
-    int64_t E = c->E, W = c->Hkv * c->D, rows = E + 2 * W;
+    int64_t E = c->E, Q = c->H * c->D, W = c->Hkv * c->D, rows = Q + 2 * W;
     eng_tensor_ref t;
     char full[160];
     if (find(g, c->family->q, suffix, true, &t, full, sizeof full, e) != 1)
@@ -155,7 +155,7 @@ static int fused(gather *g, const char *suffix, hf_error *e)
         return -1;
     static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
     static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
-    int64_t first[3] = {0, E, E + W}, count[3] = {E, W, W};
+    int64_t first[3] = {0, Q, Q + W}, count[3] = {Q, W, W};
     for (int i = 0; i < 3; i++) {
         eng_tensor_ref s = slice(&ordered, first[i], count[i], cols);
         if (!weight) {
@@ -174,7 +174,7 @@ static int separate(gather *g, hf_error *e)
     const char *stems[3] = {c->family->q, c->family->k, c->family->v};
     static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
     static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
-    int64_t rows[3] = {E, W, W};
+    int64_t rows[3] = {c->H * c->D, W, W};
     for (int i = 0; i < 3; i++) {
         eng_tensor_ref t;
         char full[160];
@@ -198,9 +198,9 @@ static int output(gather *g, hf_error *e)
     eng_tensor_ref t;
     char full[160];
     if (find(g, c->family->o, ".weight", true, &t, full, sizeof full, e) != 1 ||
-        expect_shape(&t, full, 2, c->E, c->E, e))
+        expect_shape(&t, full, 2, c->E, c->H * c->D, e))
         return -1;
-    if (c->qkv == HF_QKV_CONV1D) { /* Conv1D: [in, out] */
+    if (c->qkv == HF_QKV_CONV1D) { /* Conv1D: [in, out] (square: GPT-2's heads split E) */
         size_t es = elem_size(t.dtype);
         unsigned char *dst = keep_copy(g, (size_t)(c->E * c->E) * es);
         const unsigned char *src = t.data;
@@ -263,7 +263,7 @@ static int norms(gather *g, hf_error *e)
     const char *stems[2] = {c->family->norm_q, c->family->norm_k};
     static const char *const w_names[2] = {"q_norm.weight", "k_norm.weight"};
     static const char *const b_names[2] = {"q_norm.bias", "k_norm.bias"};
-    int64_t widths[2] = {c->E, c->Hkv * c->D};
+    int64_t widths[2] = {c->H * c->D, c->Hkv * c->D};
     for (int i = 0; i < 2; i++) {
         eng_tensor_ref t;
         char full[160];

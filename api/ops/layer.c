@@ -333,7 +333,7 @@ static int session_fits_layer(const api__layer *s, api__error *err)
 {
     const api__session *ss = s->sess;
     const eng_layer *l = s->layer;
-    int64_t D = l->embed_dim / l->num_heads;
+    int64_t D = eng_layer_head_dim(l);
     if (ss->model[0] && (s->inline_layer || strcmp(ss->model, l->name) != 0))
         return api__error_invalid(
             err, "session", "session %s is the KV cache of model \"%s\", not of %s%s%s", ss->id,

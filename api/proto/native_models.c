@@ -30,7 +30,7 @@ void api_layer_summary(const eng_layer *l, char *buf, size_t len)
     if (l->decoder && sp->rope.rotary_dim)
         snprintf(pos, sizeof pos, "rope %s theta %g over %lld of %lld channels (%s pairs)",
                  rope_scaling_name(sp->rope.scaling), sp->rope.base, (long long)sp->rope.rotary_dim,
-                 (long long)(l->embed_dim / l->num_heads),
+                 (long long)eng_layer_head_dim(l),
                  sp->rope.style == ENG_ROPE_HALF ? "half-split" : "interleaved");
     if (l->decoder && sp->window > 0)
         snprintf(window, sizeof window, "%lld", (long long)sp->window);
@@ -39,7 +39,7 @@ void api_layer_summary(const eng_layer *l, char *buf, size_t len)
              "of weights",
              l->decoder ? sp->family : "attention", (long long)(l->decoder ? sp->layer_index : 0),
              (long long)l->num_heads, (long long)l->num_kv_heads,
-             (long long)(l->embed_dim / l->num_heads), pos, window, l->dtype, eng_layer_bytes(l));
+             (long long)eng_layer_head_dim(l), pos, window, l->dtype, eng_layer_bytes(l));
 }
 
 /* The settings a decoder layer carries: "decoder": {family, layer, positional, rope, window,
@@ -66,7 +66,7 @@ static void describe_decoder(api_buf *w, const eng_layer *l)
         api_buf_cstr(w, ",\"sliding_window\":null,\"window\":null");
     api_buf_printf(w, ",\"scale\":%.9g,\"softcap\":%.9g,\"qk_norm\":\"%s\",\"sinks\":%s}",
                    sp->scale_set ? (double)sp->scale
-                                 : 1.0 / sqrt((double)(l->embed_dim / l->num_heads)),
+                                 : 1.0 / sqrt((double)eng_layer_head_dim(l)),
                    (double)sp->softcap,
                    sp->qk_norm == ENG_QK_NORM_RMS     ? "rms"
                    : sp->qk_norm == ENG_QK_NORM_LAYER ? "layer_norm"
@@ -83,7 +83,7 @@ void api__model_describe(api_buf *w, const eng_layer *l)
                    "\"head_dim\":%lld,\"kdim\":%lld,\"vdim\":%lld,\"bias\":%s,\"bias_kv\":%s,"
                    "\"dtype\":",
                    (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
-                   (long long)(l->embed_dim / l->num_heads), (long long)l->kdim, (long long)l->vdim,
+                   (long long)eng_layer_head_dim(l), (long long)l->kdim, (long long)l->vdim,
                    l->b_q ? "true" : "false", l->bias_k ? "true" : "false");
     api_buf_json_string(w, l->dtype, strnlen(l->dtype, sizeof l->dtype));
     api_buf_printf(w, ",\"parameters\":%lld", (long long)eng_layer_params(l));

@@ -114,7 +114,7 @@ static void write_decoder_parameters(api_buf *w, const eng_layer *l, bool triton
     snprintf(values[1], sizeof values[1], "%lld", (long long)sp->layer_index);
     snprintf(values[2], sizeof values[2], "%lld", (long long)l->num_heads);
     snprintf(values[3], sizeof values[3], "%lld", (long long)l->num_kv_heads);
-    snprintf(values[4], sizeof values[4], "%lld", (long long)(l->embed_dim / l->num_heads));
+    snprintf(values[4], sizeof values[4], "%lld", (long long)eng_layer_head_dim(l));
     snprintf(values[5], sizeof values[5], "%s", sp->rope.rotary_dim ? "rope" : "none");
     snprintf(values[6], sizeof values[6], "%lld", (long long)sp->window);
     snprintf(values[7], sizeof values[7], "%s", l->dtype);

@@ -6,7 +6,7 @@
  * biases, q/k RMSNorm or LayerNorm (per head or over the whole projection, Gemma's 1 + w),
  * RoPE over the first rotary_dim channels of each head in either pair layout with the
  * layer's inverse frequencies and attention factor, the scale, the logit softcap, a causal
- * sliding window of KW keys, and attention sinks taken as an extra logit per head in the
+ * sliding window of W keys, and attention sinks taken as an extra logit per head in the
  * softmax (so the output is the attention's times 1 / (1 + exp(sink - lse))). eng_mha over
  * the whole sequence, and a prefill plus single-token steps over a KV cache, must agree with
  * it within 1e-5 x max|out|; one position off, a norm over the wrong group or a sink ignored
@@ -26,8 +26,14 @@
 #define NE    32
 #define NH    4
 #define NKV  2
-#define HD    (NE / NH)
-#define KW    (NKV * HD)
+#define MAXHD 16
+#define QW    (NH * HD)  /* the width of q */
+#define KW    (NKV * HD) /* the width of k and v */
+#define MAXQ  (NH * MAXHD)
+#define MAXKW (NKV * MAXHD)
+
+/* The head size: NE / NH, or wider (q then wider than the hidden size, as in Qwen 3). */
+static int64_t HD = NE / NH;
 #define NL    11
 
 static eng_pool *pool;
@@ -35,8 +41,9 @@ static eng_pool *pool;
 /* ---- The layer and its reference ---------------------------------------------------------- */
 
 typedef struct {
-    float wq[NE * NE], wk[KW * NE], wv[KW * NE], wo[NE * NE], bq[NE], bk[KW], bv[KW], bo[NE];
-    float qn[NE], kn[KW], qb[NE], kb[KW]; /* norm weights (per head: the first HD repeated) */
+    float wq[MAXQ * NE], wk[MAXKW * NE], wv[MAXKW * NE], wo[NE * MAXQ];
+    float bq[MAXQ], bk[MAXKW], bv[MAXKW], bo[NE];
+    float qn[MAXQ], kn[MAXKW], qb[MAXQ], kb[MAXKW]; /* norm weights (per head: the first HD) */
     float sinks[NH];
     eng_decoder_spec spec;
     bool has_sinks;
@@ -52,20 +59,21 @@ static void params_init(params *p, const eng_decoder_spec *spec, bool sinks, uin
 {
     uint64_t rng = seed;
     memset(p, 0, sizeof *p);
-    fill(p->wq, NE * NE, 0.4, 0, &rng);
+    fill(p->wq, QW * NE, 0.4, 0, &rng);
     fill(p->wk, KW * NE, 0.4, 0, &rng);
     fill(p->wv, KW * NE, 0.4, 0, &rng);
-    fill(p->wo, NE * NE, 0.4, 0, &rng);
-    fill(p->bq, NE, 0.3, 0, &rng);
+    fill(p->wo, NE * QW, 0.4, 0, &rng);
+    fill(p->bq, QW, 0.3, 0, &rng);
     fill(p->bk, KW, 0.3, 0, &rng);
     fill(p->bv, KW, 0.3, 0, &rng);
     fill(p->bo, NE, 0.3, 0, &rng);
-    fill(p->qn, NE, 0.3, 1.0, &rng);
+    fill(p->qn, QW, 0.3, 1.0, &rng);
     fill(p->kn, KW, 0.3, 1.0, &rng);
-    fill(p->qb, NE, 0.3, 0, &rng);
+    fill(p->qb, QW, 0.3, 0, &rng);
     fill(p->kb, KW, 0.3, 0, &rng);
     fill(p->sinks, NH, 1.0, 0.5, &rng);
     p->spec = *spec;
+    p->spec.head_dim = HD == NE / NH ? 0 : HD;
     p->has_sinks = sinks;
 }
 
@@ -83,21 +91,21 @@ static eng_layer *build(const params *p, eng_error *err)
 {
     eng_tensor_ref t[16];
     size_t n = 0;
-    t[n++] = ref2("q_proj.weight", p->wq, NE, NE);
+    t[n++] = ref2("q_proj.weight", p->wq, QW, NE);
     t[n++] = ref2("k_proj.weight", p->wk, KW, NE);
     t[n++] = ref2("v_proj.weight", p->wv, KW, NE);
-    t[n++] = ref2("o_proj.weight", p->wo, NE, NE);
-    t[n++] = ref1("q_proj.bias", p->bq, NE);
+    t[n++] = ref2("o_proj.weight", p->wo, NE, QW);
+    t[n++] = ref1("q_proj.bias", p->bq, QW);
     t[n++] = ref1("k_proj.bias", p->bk, KW);
     t[n++] = ref1("v_proj.bias", p->bv, KW);
     t[n++] = ref1("o_proj.bias", p->bo, NE);
     if (p->spec.qk_norm) {
         /* Per head: one head's HD weights, shared (the tensors of Qwen 3 and Gemma). */
         bool whole = p->spec.qk_norm_whole;
-        t[n++] = ref1("q_norm.weight", p->qn, whole ? NE : HD);
+        t[n++] = ref1("q_norm.weight", p->qn, whole ? QW : HD);
         t[n++] = ref1("k_norm.weight", p->kn, whole ? KW : HD);
         if (p->spec.qk_norm == ENG_QK_NORM_LAYER) {
-            t[n++] = ref1("q_norm.bias", p->qb, whole ? NE : HD);
+            t[n++] = ref1("q_norm.bias", p->qb, whole ? QW : HD);
             t[n++] = ref1("k_norm.bias", p->kb, whole ? KW : HD);
         }
     }
@@ -106,7 +114,7 @@ static eng_layer *build(const params *p, eng_error *err)
     return eng_layer_decoder("dec", t, n, NH, NKV, &p->spec, err);
 }
 
-/* y[rows] = KW x + b in float64. */
+/* y[rows] = W x + b in float64. */
 static void linear(const float *w, const float *b, const double *x, int64_t rows, int64_t cols,
                    double *y)
 {
@@ -168,8 +176,8 @@ static void rope(const eng_decoder_spec *sp, const float *inv, double factor, do
 static void reference(const params *p, const float *x, double *out)
 {
     const eng_decoder_spec *sp = &p->spec;
-    static double q[NL][NE], k[NL][KW], v[NL][KW], o[NL][NE];
-    float inv[HD / 2 + 1];
+    static double q[NL][MAXQ], k[NL][MAXKW], v[NL][MAXKW], o[NL][MAXQ];
+    float inv[MAXHD / 2 + 1];
     float factor = 1.0f;
     eng_error err;
     if (sp->rope.rotary_dim)
@@ -178,7 +186,7 @@ static void reference(const params *p, const float *x, double *out)
         double xt[NE];
         for (int64_t c = 0; c < NE; c++)
             xt[c] = x[t * NE + c];
-        linear(p->wq, p->bq, xt, NE, NE, q[t]);
+        linear(p->wq, p->bq, xt, QW, NE, q[t]);
         linear(p->wk, p->bk, xt, KW, NE, k[t]);
         linear(p->wv, p->bv, xt, KW, NE, v[t]);
         qk_norm(sp, q[t], NH, p->qn, p->qb);
@@ -216,7 +224,7 @@ static void reference(const params *p, const float *x, double *out)
             }
         }
     for (int64_t t = 0; t < NL; t++)
-        linear(p->wo, p->bo, o[t], NE, NE, out + t * NE);
+        linear(p->wo, p->bo, o[t], NE, QW, out + t * NE);
 }
 
 static double rel_error(const float *got, const double *want, int64_t n)
@@ -329,6 +337,24 @@ static void test_scale_softcap_window_and_sinks(void)
     check_layer("yarn and sinks", &s, true);
 }
 
+/* Heads of their own size: q and the attention's output H D = 2E wide (Qwen 3 and Gemma have
+ * such layers), with norms, partial RoPE, a window and sinks. */
+static void test_heads_wider_than_the_hidden_size(void)
+{
+    HD = 2 * NE / NH;
+    eng_decoder_spec s = rope_spec(HD, ENG_ROPE_HALF);
+    check_layer("wide heads", &s, false);
+    s.qk_norm = ENG_QK_NORM_RMS;
+    s.qk_norm_eps = 1e-6;
+    s.qk_norm_plus_one = true;
+    s.window = 3;
+    check_layer("wide heads, norms, window", &s, true);
+    s.qk_norm_whole = true;
+    s.rope.rotary_dim = HD / 2;
+    check_layer("wide heads, whole norm, partial rope", &s, false);
+    HD = NE / NH;
+}
+
 /* ---- RoPE frequencies --------------------------------------------------------------------- */
 
 static void test_inverse_frequencies_of_each_scaling(void)
@@ -395,9 +421,9 @@ static void test_refusals_name_the_field(void)
     p->spec = rope_spec(HD, ENG_ROPE_HALF);
     p->spec.qk_norm = ENG_QK_NORM_RMS;
     p->spec.qk_norm_whole = true;
-    eng_tensor_ref t[3] = {ref2("q_proj.weight", p->wq, NE, NE), ref2("k_proj.weight", p->wk, KW, NE),
-                           ref2("v_proj.weight", p->wv, KW, NE)};
-    eng_tensor_ref all[6] = {t[0], t[1], t[2], ref2("o_proj.weight", p->wo, NE, NE),
+    eng_tensor_ref t[3] = {ref2("q_proj.weight", p->wq, QW, NE),
+                           ref2("k_proj.weight", p->wk, KW, NE), ref2("v_proj.weight", p->wv, KW, NE)};
+    eng_tensor_ref all[6] = {t[0], t[1], t[2], ref2("o_proj.weight", p->wo, NE, QW),
                              ref1("q_norm.weight", p->qn, HD), ref1("k_norm.weight", p->kn, KW)};
     /* Over the whole projection the q norm needs NE weights, not one head's. */
     CHECK(eng_layer_decoder("d", all, 6, NH, NKV, &p->spec, &err) == NULL &&
@@ -431,6 +457,7 @@ int main(void)
     RUN(test_rope_over_part_of_each_head_in_both_layouts);
     RUN(test_qk_norms_per_head_and_over_the_projection);
     RUN(test_scale_softcap_window_and_sinks);
+    RUN(test_heads_wider_than_the_hidden_size);
     RUN(test_inverse_frequencies_of_each_scaling);
     RUN(test_refusals_name_the_field);
     eng_pool_free(pool);

@@ -17,6 +17,8 @@
 #include "api/api.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/util.h"
 
 #define RTOL    1e-5
@@ -374,6 +376,78 @@ static void test_v2_metadata_and_config_describe_the_layer(void)
     json_decref(j);
 }
 
+/* ---- Heads of their own size ----------------------------------------------------------- */
+
+/* A Qwen 3 layer whose heads are wider than the hidden size splits (head_dim 32, 4 heads over
+ * a hidden size of 64, as Qwen3-0.6B has 16 x 128 over 1024), written as a checkpoint into
+ * `dir`. */
+static bool write_wide_qwen3(const char *dir)
+{
+    enum { HID = 64, HEADS = 4, KV = 2, HDIM = 32 };
+    static float q[HEADS * HDIM * HID], k[KV * HDIM * HID], v[KV * HDIM * HID], o[HID * HEADS * HDIM];
+    static float qn[HDIM], kn[HDIM];
+    uint64_t rng = 99;
+    float *all[] = {q, k, v, o, qn, kn};
+    size_t sizes[] = {sizeof q, sizeof k, sizeof v, sizeof o, sizeof qn, sizeof kn};
+    for (int i = 0; i < 6; i++)
+        for (size_t j = 0; j < sizes[i] / sizeof(float); j++)
+            all[i][j] = (i >= 4 ? 1.0f : 0.0f) + rng_sym(&rng, 0.125);
+    const stw_tensor t[] = {
+        {"model.layers.0.self_attn.q_proj.weight", STW_BF16, 2, {HEADS * HDIM, HID}, q},
+        {"model.layers.0.self_attn.k_proj.weight", STW_BF16, 2, {KV * HDIM, HID}, k},
+        {"model.layers.0.self_attn.v_proj.weight", STW_BF16, 2, {KV * HDIM, HID}, v},
+        {"model.layers.0.self_attn.o_proj.weight", STW_BF16, 2, {HID, HEADS * HDIM}, o},
+        {"model.layers.0.self_attn.q_norm.weight", STW_BF16, 1, {HDIM}, qn},
+        {"model.layers.0.self_attn.k_norm.weight", STW_BF16, 1, {HDIM}, kn},
+    };
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!stw_save(path, t, sizeof t / sizeof t[0], NULL, 0))
+        return false;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return false;
+    fprintf(f, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_attention_heads\":4,"
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"num_hidden_layers\":1,"
+               "\"rms_norm_eps\":1e-6,\"rope_parameters\":{\"rope_type\":\"default\","
+               "\"rope_theta\":1000000.0}}");
+    return fclose(f) == 0;
+}
+
+static void test_heads_wider_than_the_hidden_size_step_as_the_whole(void)
+{
+    char dir[] = "/tmp/attnd_hf_wide_XXXXXX", err[600];
+    CHECK(mkdtemp(dir) != NULL && write_wide_qwen3(dir));
+    eng_layer *l = api_checkpoint_load("wide", dir, 0, NULL, err, sizeof err);
+    CHECKF(l != NULL, "%s", err);
+    if (!l || !api_models_add(models, l, err, sizeof err))
+        return;
+    result d = describe("wide");
+    CHECK_EQ_INT(json_integer_value(json_object_get(d.json, "head_dim")), 32);
+    json_decref(d.json);
+    /* The reference is the layer over the whole sequence; the steps must give its rows. */
+    hf_case c;
+    if (!load_case("qwen3", &c))
+        return;
+    char *b = mha_body("wide", &c, 0, c.L, "");
+    result whole = call_route(api_mha, NULL, NULL, b);
+    free(b);
+    CHECK_EQ_INT(whole.status, 200);
+    const json_t *data = json_object_get(json_object_get(whole.json, "output"), "data");
+    for (int64_t i = 0; i < c.L * c.E && json_array_size(data) == (size_t)(c.L * c.E); i++)
+        c.output[i] = (float)json_number_value(json_array_get(data, (size_t)i));
+    json_decref(whole.json);
+    api_sessions *reg = registry();
+    double e = reg ? session_error("wide", &c, reg) : INFINITY;
+    CHECKF(e <= RTOL, "wide heads: steps %.3g x max|output| from the whole sequence", e);
+    api_sessions_free(reg);
+    free_case(&c);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
     eng_error err;
@@ -390,6 +464,7 @@ int main(void)
     RUN_WITHIN(test_requests_that_contradict_the_layer_are_422, 30);
     RUN_WITHIN(test_v2_infers_and_decodes_a_sequence_as_transformers, 60);
     RUN_WITHIN(test_v2_metadata_and_config_describe_the_layer, 30);
+    RUN_WITHIN(test_heads_wider_than_the_hidden_size_step_as_the_whole, 60);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();

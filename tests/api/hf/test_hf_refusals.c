@@ -1,7 +1,7 @@
 /* test_hf_refusals.c - what api_checkpoint_load refuses, each failure naming the config field,
  * file or tensor that stops it (the daemon then exits 2 at start-up: tests/server/test_models.c):
- * an unknown model_type, a RoPE type attnd lacks, a layer past num_hidden_layers, a head_dim
- * that does not split the hidden size, a missing tensor, a misshapen one, a shard the index
+ * an unknown model_type, a RoPE type attnd lacks, a layer past num_hidden_layers, heads that
+ * do not split the hidden size when no head_dim says their size, a missing tensor, a misshapen one, a shard the index
  * names that is missing, a config or index that is not JSON, shards whose tensors overlap or
  * run past their file, a directory with no weights. Each case is a copy of a reference
  * checkpoint (tests/api/hf/cases) in a temporary directory with one thing broken. */
@@ -110,8 +110,13 @@ static void test_config_fields_that_stop_the_load(void)
     expect_refused(dir, 0, "rope_type", "longrope");
     CHECK(fresh_copy("llama", "past", dir));
     expect_refused(dir, 2, "num_hidden_layers", "layer 2");
+    /* Heads of 32 make q 128 wide: the checkpoint's q_proj is not. */
     CHECK(fresh_copy("qwen3", "headdim", dir) && edit_config(dir, "head_dim", "32"));
-    expect_refused(dir, 0, "head_dim", NULL);
+    expect_refused(dir, 0, "model.layers.0.self_attn.q_proj.weight", "[128, 64]");
+    CHECK(fresh_copy("llama", "heads", dir) && edit_config(dir, "head_dim", NULL) &&
+          edit_config(dir, "num_attention_heads", "5") &&
+          edit_config(dir, "num_key_value_heads", "5"));
+    expect_refused(dir, 0, "num_attention_heads", "multiple of 5 heads");
     CHECK(fresh_copy("llama", "notjson", dir) && write_text(dir, "config.json", "{\"model_type\":"));
     expect_refused(dir, 0, "config.json", "not JSON");
     CHECK(fresh_copy("llama", "kvheads", dir) && edit_config(dir, "num_key_value_heads", "3"));
