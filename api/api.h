@@ -184,8 +184,8 @@ bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errl
  * files are mapped and only that layer's attention tensors read), as a decoder layer named
  * `name`. *bytes_read (may be NULL) gets the bytes of the tensors read. NULL on failure, with
  * `err` naming the config field, file or tensor that stops it. */
-eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer,
-                               size_t *bytes_read, char *err, size_t errlen);
+eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
+                               char *err, size_t errlen);
 
 /* One line describing a layer for logs: family, layer, heads, kv heads, head size,
  * positions, window, dtype, bytes of weights. */

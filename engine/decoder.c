@@ -88,8 +88,10 @@ static eng_status check_rope(const eng_rope_params *r, eng_error *err)
         return eng__fail(err, ENG_EINVAL, "rope_type", "unknown rope scaling");
     if (r->scaling != ENG_ROPE_SCALING_NONE && (!(r->factor > 0.0) || !isfinite(r->factor)))
         return eng__fail(err, ENG_EINVAL, "factor", "the rope scaling factor must be finite, > 0");
-    bool needs_context = r->scaling == ENG_ROPE_SCALING_LLAMA3 || r->scaling == ENG_ROPE_SCALING_YARN;
-    if (needs_context && (!(r->original_max_positions >= 1.0) || !isfinite(r->original_max_positions)))
+    bool needs_context =
+        r->scaling == ENG_ROPE_SCALING_LLAMA3 || r->scaling == ENG_ROPE_SCALING_YARN;
+    if (needs_context &&
+        (!(r->original_max_positions >= 1.0) || !isfinite(r->original_max_positions)))
         return eng__fail(err, ENG_EINVAL, "original_max_position_embeddings",
                          "original_max_position_embeddings must be a positive number");
     if (r->scaling == ENG_ROPE_SCALING_LLAMA3 &&

@@ -383,8 +383,8 @@ typedef struct {
     int64_t layer_index; /* its index in that model, for descriptions */
     int64_t head_dim;    /* D when H D is not the hidden size (Qwen 3, Gemma); 0: E / H */
     eng_rope_params rope;
-    eng_qk_norm qk_norm;  /* on q and k after their projections, before RoPE */
-    bool qk_norm_whole;   /* over the whole projection (OLMo 2); else over each head */
+    eng_qk_norm qk_norm;   /* on q and k after their projections, before RoPE */
+    bool qk_norm_whole;    /* over the whole projection (OLMo 2); else over each head */
     bool qk_norm_plus_one; /* the weights are 1 + w (Gemma) */
     double qk_norm_eps;
     bool scale_set; /* false: 1/sqrt(D) */

@@ -415,7 +415,8 @@ void eng_layer_free(eng_layer *layer)
 
 size_t eng_layer_bytes(const eng_layer *l)
 {
-    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D, Q = l->num_heads * D;
+    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D,
+            Q = l->num_heads * D;
     size_t matrices = (size_t)(2 * E * Q + W * (l->kdim + l->vdim));
     size_t all = (size_t)eng_layer_params(l);
     size_t own = eng__decoder_floats(l) * sizeof(float);
@@ -430,7 +431,8 @@ int64_t eng_layer_head_dim(const eng_layer *l)
 
 int64_t eng_layer_params(const eng_layer *l)
 {
-    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D, Q = l->num_heads * D;
+    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D,
+            Q = l->num_heads * D;
     int64_t n = 2 * E * Q + W * (l->kdim + l->vdim);
     n += (l->b_q ? Q : 0) + (l->b_k ? W : 0) + (l->b_v ? W : 0) + (l->b_o ? E : 0);
     n += l->bias_k ? 2 * W : 0;

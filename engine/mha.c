@@ -320,7 +320,7 @@ typedef struct {
     bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
     const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
-    size_t x_floats; /* the input [B, L, E] */
+    size_t x_floats;   /* the input [B, L, E] */
     size_t lse_floats; /* [B, H, L] for a layer's sinks, else 0 */
 } mha_shape;
 
@@ -589,8 +589,7 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
                   sizeof(float);
     return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats + sh.lse_floats) *
                sizeof(float) +
-           attention +
-           (size_t)(threads + 1) * pack + weights;
+           attention + (size_t)(threads + 1) * pack + weights;
 }
 
 /* ---- Forward ------------------------------------------------------------------------------ */

@@ -122,7 +122,8 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
             return NULL;
         }
         api_layer_summary(layer, why, sizeof why);
-        srv_log(SRV_LOG_INFO, "loaded model %s from %s: %s; embed_dim %lld, %lld parameters in %.1f ms",
+        srv_log(SRV_LOG_INFO,
+                "loaded model %s from %s: %s; embed_dim %lld, %lld parameters in %.1f ms",
                 layer->name, m->path, why, (long long)layer->embed_dim,
                 (long long)eng_layer_params(layer), (double)(eng_now_ns() - t0) / 1e6);
         if (!api_models_add(models, layer, why, sizeof why)) {

@@ -74,10 +74,10 @@ typedef struct hf_family {
 /* Everything read from config.json about one layer, family-neutral. */
 typedef struct {
     const hf_family *family;
-    hf_qkv qkv; /* the family's, or Falcon's from its config */
+    hf_qkv qkv;            /* the family's, or Falcon's from its config */
     int64_t layer, layers; /* the layer served, and num_hidden_layers */
     int64_t E, H, Hkv, D;
-    int64_t groups;   /* HF_QKV_GROUPED: groups of H / groups q heads with one k and one v */
+    int64_t groups; /* HF_QKV_GROUPED: groups of H / groups q heads with one k and one v */
     bool bias_qkv, bias_o;
     bool qk_norm_per_head_tensors; /* StableLM: q_layernorm.norms.{h}.weight */
     bool sinks;

@@ -30,65 +30,196 @@ int hf_fail(hf_error *e, const char *field, const char *fmt, ...)
 }
 
 #define LAYERS_PREFIX "model.layers.%lld.self_attn."
-#define ALWAYS        {NULL, true}
-#define NEVER         {NULL, false}
+#define ALWAYS                                                                                     \
+    {                                                                                              \
+        NULL, true                                                                                 \
+    }
+#define NEVER                                                                                      \
+    {                                                                                              \
+        NULL, false                                                                                \
+    }
 
 static const hf_family families[] = {
-    {.model_type = "llama", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj", .v = "v_proj",
-     .o = "o_proj", .bias_qkv = {"attention_bias", false}, .bias_o = {"attention_bias", false},
+    {.model_type = "llama",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
      .rope = true},
-    {.model_type = "mistral", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = NEVER, .bias_o = NEVER, .rope = true,
+    {.model_type = "mistral",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = NEVER,
+     .bias_o = NEVER,
+     .rope = true,
      .window = HF_WINDOW_ALL},
-    {.model_type = "qwen2", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj", .v = "v_proj",
-     .o = "o_proj", .bias_qkv = ALWAYS, .bias_o = NEVER, .rope = true, .window = HF_WINDOW_QWEN},
-    {.model_type = "qwen3", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj", .v = "v_proj",
-     .o = "o_proj", .bias_qkv = {"attention_bias", false}, .bias_o = {"attention_bias", false},
-     .rope = true, .norm = ENG_QK_NORM_RMS, .norm_q = "q_norm", .norm_k = "k_norm",
+    {.model_type = "qwen2",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = ALWAYS,
+     .bias_o = NEVER,
+     .rope = true,
      .window = HF_WINDOW_QWEN},
-    {.model_type = "gemma2", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"attention_bias", false},
-     .bias_o = {"attention_bias", false}, .rope = true, .window = HF_WINDOW_ALTERNATE,
+    {.model_type = "qwen3",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .norm = ENG_QK_NORM_RMS,
+     .norm_q = "q_norm",
+     .norm_k = "k_norm",
+     .window = HF_WINDOW_QWEN},
+    {.model_type = "gemma2",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .window = HF_WINDOW_ALTERNATE,
      .scale = HF_SCALE_PRE_ATTN},
-    {.model_type = "gemma3_text", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"attention_bias", false},
-     .bias_o = {"attention_bias", false}, .rope = true, .norm = ENG_QK_NORM_RMS,
-     .norm_plus_one = true, .norm_q = "q_norm", .norm_k = "k_norm", .window = HF_WINDOW_PATTERN,
+    {.model_type = "gemma3_text",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .norm = ENG_QK_NORM_RMS,
+     .norm_plus_one = true,
+     .norm_q = "q_norm",
+     .norm_k = "k_norm",
+     .window = HF_WINDOW_PATTERN,
      .scale = HF_SCALE_PRE_ATTN},
-    {.model_type = "phi3", .prefix = {LAYERS_PREFIX}, .qkv = HF_QKV_SPLIT, .q = "qkv_proj",
-     .o = "o_proj", .bias_qkv = NEVER, .bias_o = NEVER, .rope = true, .window = HF_WINDOW_ALL},
-    {.model_type = "phi", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj", .v = "v_proj",
-     .o = "dense", .bias_qkv = ALWAYS, .bias_o = ALWAYS, .rope = true, .norm = ENG_QK_NORM_LAYER,
-     .norm_flag = "qk_layernorm", .norm_q = "q_layernorm", .norm_k = "k_layernorm"},
-    {.model_type = "gpt2", .prefix = {"transformer.h.%lld.attn.", "h.%lld.attn."},
-     .qkv = HF_QKV_CONV1D, .q = "c_attn", .o = "c_proj", .bias_qkv = ALWAYS, .bias_o = ALWAYS,
+    {.model_type = "phi3",
+     .prefix = {LAYERS_PREFIX},
+     .qkv = HF_QKV_SPLIT,
+     .q = "qkv_proj",
+     .o = "o_proj",
+     .bias_qkv = NEVER,
+     .bias_o = NEVER,
+     .rope = true,
+     .window = HF_WINDOW_ALL},
+    {.model_type = "phi",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "dense",
+     .bias_qkv = ALWAYS,
+     .bias_o = ALWAYS,
+     .rope = true,
+     .norm = ENG_QK_NORM_LAYER,
+     .norm_flag = "qk_layernorm",
+     .norm_q = "q_layernorm",
+     .norm_k = "k_layernorm"},
+    {.model_type = "gpt2",
+     .prefix = {"transformer.h.%lld.attn.", "h.%lld.attn."},
+     .qkv = HF_QKV_CONV1D,
+     .q = "c_attn",
+     .o = "c_proj",
+     .bias_qkv = ALWAYS,
+     .bias_o = ALWAYS,
      .scale = HF_SCALE_GPT2},
-    {.model_type = "gpt_neox", .prefix = {"gpt_neox.layers.%lld.attention."},
-     .qkv = HF_QKV_GROUPED, .q = "query_key_value", .o = "dense",
-     .bias_qkv = {"attention_bias", true}, .bias_o = {"attention_bias", true}, .rope = true},
-    {.model_type = "falcon", .prefix = {"transformer.h.%lld.self_attention."},
-     .qkv = HF_QKV_GROUPED, .q = "query_key_value", .o = "dense", .bias_qkv = {"bias", false},
-     .bias_o = {"bias", false}, .rope = true},
-    {.model_type = "olmo2", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj", .v = "v_proj",
-     .o = "o_proj", .bias_qkv = {"attention_bias", false}, .bias_o = {"attention_bias", false},
-     .rope = true, .norm = ENG_QK_NORM_RMS, .norm_whole = true, .norm_q = "q_norm",
+    {.model_type = "gpt_neox",
+     .prefix = {"gpt_neox.layers.%lld.attention."},
+     .qkv = HF_QKV_GROUPED,
+     .q = "query_key_value",
+     .o = "dense",
+     .bias_qkv = {"attention_bias", true},
+     .bias_o = {"attention_bias", true},
+     .rope = true},
+    {.model_type = "falcon",
+     .prefix = {"transformer.h.%lld.self_attention."},
+     .qkv = HF_QKV_GROUPED,
+     .q = "query_key_value",
+     .o = "dense",
+     .bias_qkv = {"bias", false},
+     .bias_o = {"bias", false},
+     .rope = true},
+    {.model_type = "olmo2",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .norm = ENG_QK_NORM_RMS,
+     .norm_whole = true,
+     .norm_q = "q_norm",
      .norm_k = "k_norm"},
-    {.model_type = "starcoder2", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"use_bias", true}, .bias_o = {"use_bias", true},
-     .rope = true, .window = HF_WINDOW_ALL},
-    {.model_type = "gptj", .prefix = {"transformer.h.%lld.attn."}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "out_proj", .bias_qkv = NEVER, .bias_o = NEVER, .rope = true,
+    {.model_type = "starcoder2",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"use_bias", true},
+     .bias_o = {"use_bias", true},
+     .rope = true,
+     .window = HF_WINDOW_ALL},
+    {.model_type = "gptj",
+     .prefix = {"transformer.h.%lld.attn."},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "out_proj",
+     .bias_qkv = NEVER,
+     .bias_o = NEVER,
+     .rope = true,
      .rope_style = ENG_ROPE_INTERLEAVED},
-    {.model_type = "gpt_oss", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"attention_bias", true},
-     .bias_o = {"attention_bias", true}, .rope = true, .sinks = true},
-    {.model_type = "granite", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"attention_bias", false},
-     .bias_o = {"attention_bias", false}, .rope = true, .scale = HF_SCALE_MULTIPLIER},
-    {.model_type = "stablelm", .prefix = {LAYERS_PREFIX}, .q = "q_proj", .k = "k_proj",
-     .v = "v_proj", .o = "o_proj", .bias_qkv = {"use_qkv_bias", false}, .bias_o = NEVER,
-     .rope = true, .norm = ENG_QK_NORM_LAYER, .norm_flag = "qk_layernorm",
-     .norm_q = "q_layernorm", .norm_k = "k_layernorm"},
+    {.model_type = "gpt_oss",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", true},
+     .bias_o = {"attention_bias", true},
+     .rope = true,
+     .sinks = true},
+    {.model_type = "granite",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .scale = HF_SCALE_MULTIPLIER},
+    {.model_type = "stablelm",
+     .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"use_qkv_bias", false},
+     .bias_o = NEVER,
+     .rope = true,
+     .norm = ENG_QK_NORM_LAYER,
+     .norm_flag = "qk_layernorm",
+     .norm_q = "q_layernorm",
+     .norm_k = "k_layernorm"},
 };
 
 const hf_family *hf_family_find(const char *model_type)
@@ -135,8 +266,7 @@ static int get_count(const json_t *cfg, const char *const *keys, int64_t fallbac
 }
 
 /* A finite number at `key` of `obj` (absent or null: `fallback`). */
-static int get_number(const json_t *obj, const char *key, double fallback, double *out,
-                      hf_error *e)
+static int get_number(const json_t *obj, const char *key, double fallback, double *out, hf_error *e)
 {
     const json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
@@ -198,8 +328,8 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
         c->spec.head_dim = c->D;
     if (c->layer >= c->layers)
         return hf_fail(e, "num_hidden_layers",
-                       "layer %lld is past the model's num_hidden_layers = %lld", (long long)c->layer,
-                       (long long)c->layers);
+                       "layer %lld is past the model's num_hidden_layers = %lld",
+                       (long long)c->layer, (long long)c->layers);
     c->qkv = c->family->qkv;
     c->groups = c->H;
     if (strcmp(c->family->model_type, "falcon") == 0) {
@@ -277,8 +407,9 @@ static int layer_slides(const json_t *cfg, const hf_config *c, bool *slides, hf_
         if (get_number(cfg, "sliding_window_pattern", 6, &pattern, e))
             return -1;
         if (pattern < 1 || pattern > 1e6)
-            return hf_fail(e, "sliding_window_pattern", "config.json: sliding_window_pattern "
-                                                        "must be a positive integer");
+            return hf_fail(e, "sliding_window_pattern",
+                           "config.json: sliding_window_pattern "
+                           "must be a positive integer");
         *slides = (c->layer + 1) % (int64_t)pattern != 0;
         return 0;
     }
@@ -309,8 +440,7 @@ static const json_t *rope_object(const json_t *cfg, bool slides, hf_error *e, in
     const json_t *p = json_object_get(cfg, "rope_parameters");
     *rc = 0;
     if (p && !json_is_null(p)) {
-        const json_t *by_type =
-            json_object_get(p, slides ? "sliding_attention" : "full_attention");
+        const json_t *by_type = json_object_get(p, slides ? "sliding_attention" : "full_attention");
         if (by_type)
             p = by_type;
         if (!json_is_object(p))
@@ -408,8 +538,7 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
     if (r->scaling == ENG_ROPE_SCALING_NONE)
         return 0;
     if (get_number(p, "factor", 0, &r->factor, e) ||
-        get_number(p, "original_max_position_embeddings", max_pos, &r->original_max_positions,
-                   e) ||
+        get_number(p, "original_max_position_embeddings", max_pos, &r->original_max_positions, e) ||
         get_number(p, "low_freq_factor", 0, &r->low_freq_factor, e) ||
         get_number(p, "high_freq_factor", 0, &r->high_freq_factor, e) ||
         get_number(p, "beta_fast", 32, &r->beta_fast, e) ||

@@ -66,9 +66,9 @@ static int dtype_size(const char *dtype, eng_dtype *out)
             return known[i].size;
         }
     /* Other dtypes may sit in a shard (int64 buffers, say) as long as the layer needs none. */
-    static const char *const other[][2] = {{"F64", "8"}, {"I64", "8"}, {"U64", "8"},
-                                           {"I32", "4"}, {"U32", "4"}, {"I16", "2"},
-                                           {"U16", "2"}, {"I8", "1"},  {"U8", "1"},
+    static const char *const other[][2] = {{"F64", "8"},  {"I64", "8"},     {"U64", "8"},
+                                           {"I32", "4"},  {"U32", "4"},     {"I16", "2"},
+                                           {"U16", "2"},  {"I8", "1"},      {"U8", "1"},
                                            {"BOOL", "1"}, {"F8_E4M3", "1"}, {"F8_E5M2", "1"}};
     for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
         if (strcmp(dtype, other[i][0]) == 0)
@@ -82,8 +82,8 @@ static int check_entry(const char *file, const char *name, const json_t *v, uint
 {
     const json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
     const json_t *off = json_object_get(v, "data_offsets");
-    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) ||
-        !json_is_array(off) || json_array_size(off) != 2 || json_array_size(shape) > 8)
+    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
+        json_array_size(off) != 2 || json_array_size(shape) > 8)
         return hf_fail(e, name, "%s: tensor '%.100s' needs dtype, shape and data_offsets", file,
                        name);
     int size = dtype_size(json_string_value(dt), NULL);
@@ -200,9 +200,10 @@ static int add_shard(hf_files *f, const char *file, hf_error *e)
         if (strcmp(f->shards[i].name, file) == 0)
             return 0;
     if (!shard_name_ok(file))
-        return hf_fail(e, "weight_map", "model.safetensors.index.json names shard \"%.80s\", "
-                                        "which is not a file name inside the directory",
-                                        file);
+        return hf_fail(e, "weight_map",
+                       "model.safetensors.index.json names shard \"%.80s\", "
+                       "which is not a file name inside the directory",
+                       file);
     if (f->n_shards == MAX_SHARDS)
         return hf_fail(e, "weight_map", "the index names over %d shards", MAX_SHARDS);
     char *path = path_join(f->dir, file);
@@ -210,8 +211,9 @@ static int add_shard(hf_files *f, const char *file, hf_error *e)
     bool ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
     free(path);
     if (!ok)
-        return hf_fail(e, file, "shard %.100s, which model.safetensors.index.json names, is "
-                                "missing from %.200s",
+        return hf_fail(e, file,
+                       "shard %.100s, which model.safetensors.index.json names, is "
+                       "missing from %.200s",
                        file, f->dir);
     f->shards[f->n_shards].name = strdup(file);
     if (!f->shards[f->n_shards].name)
@@ -388,8 +390,8 @@ int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error
     eng_dtype dt;
     const json_t *shape = json_object_get(t, "shape");
     if (dtype_size(json_string_value(json_object_get(t, "dtype")), &dt) <= 0)
-        return hf_fail(e, name, "%s: tensor '%.100s' is %s; attnd reads F32, F16 and BF16",
-                       s->name, name, json_string_value(json_object_get(t, "dtype")));
+        return hf_fail(e, name, "%s: tensor '%.100s' is %s; attnd reads F32, F16 and BF16", s->name,
+                       name, json_string_value(json_object_get(t, "dtype")));
     if (json_array_size(shape) < 1 || json_array_size(shape) > 4)
         return hf_fail(e, name, "%s: tensor '%.100s' has rank %zu", s->name, name,
                        json_array_size(shape));

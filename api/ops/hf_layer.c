@@ -46,8 +46,8 @@ static int find(gather *g, const char *stem, const char *suffix, bool required, 
     return rc;
 }
 
-static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int64_t d0,
-                        int64_t d1, hf_error *e)
+static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int64_t d0, int64_t d1,
+                        hf_error *e)
 {
     bool ok = t->rank == rank && t->shape[0] == d0 && (rank == 1 || t->shape[1] == d1);
     if (ok)
@@ -94,8 +94,8 @@ static eng_tensor_ref slice(const eng_tensor_ref *t, int64_t first_row, int64_t 
 
 /* The fused q/k/v tensor's rows in [q; k; v] order: grouped rows reordered, Conv1D transposed;
  * `cols` is 1 for a bias. */
-static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv, eng_tensor_ref *out,
-                   hf_error *e)
+static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
+                   eng_tensor_ref *out, hf_error *e)
 {
     const hf_config *c = g->c;
     int64_t D = c->D, rows = c->H * D + 2 * c->Hkv * D;
@@ -385,8 +385,8 @@ static json_t *read_config(const char *dir, hf_error *e)
     return cfg;
 }
 
-eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer,
-                               size_t *bytes_read, char *err, size_t errlen)
+eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
+                               char *err, size_t errlen)
 {
     hf_error e;
     hf_config c;

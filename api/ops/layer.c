@@ -208,9 +208,9 @@ static int decoder_fits(const api__layer *s, api__error *err)
     if (!l->decoder)
         return 0;
     const char *field = r->positional_set && r->positional != ENG_POSITIONAL_NONE ? "positional"
-                        : r->rope_base_set                                       ? "rope_base"
-                        : r->rope_style_set                                      ? "rope_style"
-                                                                                 : NULL;
+                        : r->rope_base_set                                        ? "rope_base"
+                        : r->rope_style_set                                       ? "rope_style"
+                                                                                  : NULL;
     if (field)
         return api__error_invalid(err, field,
                                   "model \"%s\" is layer %lld of a %s checkpoint with its own "
@@ -223,15 +223,18 @@ static int decoder_fits(const api__layer *s, api__error *err)
                                   l->name);
     const api__window *w = &r->window;
     int64_t left = l->spec.window > 0 ? l->spec.window - 1 : -1;
-    bool differs = (w->left_set && w->left != left) || (!w->left_set && w->right_set && left >= 0) ||
-                   (w->right_set && w->right != 0);
+    bool differs = (w->left_set && w->left != left) ||
+                   (!w->left_set && w->right_set && left >= 0) || (w->right_set && w->right != 0);
     if ((w->left_set || w->right_set) && differs)
         return api__error_invalid(err, "window",
                                   "model \"%s\" has %s%lld%s: a request cannot change its window",
                                   l->name, left >= 0 ? "window [" : "no window (",
                                   (long long)(left >= 0 ? left : 0), left >= 0 ? ", 0]" : ")");
     if (r->has_memory || r->has_key || r->add_zero_attn)
-        return api__error_invalid(err, r->has_memory ? "memory" : r->has_key ? "key" : "add_zero_attn",
+        return api__error_invalid(err,
+                                  r->has_memory ? "memory"
+                                  : r->has_key  ? "key"
+                                                : "add_zero_attn",
                                   "model \"%s\" is a decoder layer: it attends over its own "
                                   "input tokens",
                                   l->name);
@@ -641,8 +644,8 @@ static int layer_check(void *op, api__error *err)
         return -1;
     if (s->r.causal == API_CAUSAL_UNSET)
         s->r.causal = causal_default(s);
-    if (check_shapes(s, err) != 0 ||
-        (s->sess && session_check(s, err) != 0) || out_shapes(s, err) != 0)
+    if (check_shapes(s, err) != 0 || (s->sess && session_check(s, err) != 0) ||
+        out_shapes(s, err) != 0)
         return -1;
     return 0;
 }

@@ -38,8 +38,8 @@ void api_layer_summary(const eng_layer *l, char *buf, size_t len)
              "%s layer %lld, %lld heads (%lld kv) of %lld, positions %s, window %s, %s, %zu bytes "
              "of weights",
              l->decoder ? sp->family : "attention", (long long)(l->decoder ? sp->layer_index : 0),
-             (long long)l->num_heads, (long long)l->num_kv_heads,
-             (long long)eng_layer_head_dim(l), pos, window, l->dtype, eng_layer_bytes(l));
+             (long long)l->num_heads, (long long)l->num_kv_heads, (long long)eng_layer_head_dim(l),
+             pos, window, l->dtype, eng_layer_bytes(l));
 }
 
 /* The settings a decoder layer carries: "decoder": {family, layer, positional, rope, window,
@@ -65,8 +65,7 @@ static void describe_decoder(api_buf *w, const eng_layer *l)
     else
         api_buf_cstr(w, ",\"sliding_window\":null,\"window\":null");
     api_buf_printf(w, ",\"scale\":%.9g,\"softcap\":%.9g,\"qk_norm\":\"%s\",\"sinks\":%s}",
-                   sp->scale_set ? (double)sp->scale
-                                 : 1.0 / sqrt((double)eng_layer_head_dim(l)),
+                   sp->scale_set ? (double)sp->scale : 1.0 / sqrt((double)eng_layer_head_dim(l)),
                    (double)sp->softcap,
                    sp->qk_norm == ENG_QK_NORM_RMS     ? "rms"
                    : sp->qk_norm == ENG_QK_NORM_LAYER ? "layer_norm"

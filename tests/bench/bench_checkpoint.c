@@ -43,7 +43,8 @@ static size_t tensor_list(tensor *t)
     t[n++] = (tensor){"model.embed_tokens.weight", VOCAB, HIDDEN};
     for (int l = 0; l < LAYERS; l++) {
         for (int i = 0; i < 4; i++) {
-            snprintf(t[n].name, sizeof t[n].name, "model.layers.%d.self_attn.%s.weight", l, attn[i]);
+            snprintf(t[n].name, sizeof t[n].name, "model.layers.%d.self_attn.%s.weight", l,
+                     attn[i]);
             t[n].rows = HIDDEN;
             t[n++].cols = HIDDEN;
         }
@@ -143,18 +144,17 @@ static bool generate(const char *dir, int64_t *total)
         ok = write_shard(dir, s, t, first, last, map, total);
         first = last;
     }
-    json_t *index = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)*total,
-                              "weight_map", map);
+    json_t *index =
+        json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)*total, "weight_map", map);
     char path[512];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     ok = ok && json_dump_file(index, path, JSON_INDENT(1)) == 0;
     json_decref(index);
-    json_t *cfg = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:s,s:f}}", "model_type", "llama",
-                            "hidden_size", HIDDEN, "num_attention_heads", HEADS,
-                            "num_key_value_heads", HEADS, "num_hidden_layers", LAYERS,
-                            "intermediate_size", MLP, "vocab_size", VOCAB,
-                            "max_position_embeddings", 4096, "rope_parameters", "rope_type",
-                            "default", "rope_theta", 10000.0);
+    json_t *cfg = json_pack(
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:s,s:f}}", "model_type", "llama", "hidden_size",
+        HIDDEN, "num_attention_heads", HEADS, "num_key_value_heads", HEADS, "num_hidden_layers",
+        LAYERS, "intermediate_size", MLP, "vocab_size", VOCAB, "max_position_embeddings", 4096,
+        "rope_parameters", "rope_type", "default", "rope_theta", 10000.0);
     snprintf(path, sizeof path, "%s/config.json", dir);
     ok = ok && json_dump_file(cfg, path, JSON_INDENT(1)) == 0;
     json_decref(cfg);

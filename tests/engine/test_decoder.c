@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RTOL 1e-5
+#define RTOL  1e-5
 #define NE    32
 #define NH    4
-#define NKV  2
+#define NKV   2
 #define MAXHD 16
 #define QW    (NH * HD)  /* the width of q */
 #define KW    (NKV * HD) /* the width of k and v */
@@ -34,7 +34,7 @@
 
 /* The head size: NE / NH, or wider (q then wider than the hidden size, as in Qwen 3). */
 static int64_t HD = NE / NH;
-#define NL    11
+#define NL 11
 
 static eng_pool *pool;
 
@@ -263,8 +263,14 @@ static void check_layer(const char *what, const eng_decoder_spec *spec, bool sin
         CHECK(seq != NULL);
         for (int64_t t0 = 0; seq && t0 < NL;) {
             int64_t n = t0 == 0 ? 5 : 1;
-            eng_mha_args s = {.layer = l, .B = 1, .L = n, .x = x + t0 * NE, .out = out + t0 * NE,
-                              .causal = true, .align = ENG_ALIGN_BOTTOM_RIGHT, .kv_cache = seq};
+            eng_mha_args s = {.layer = l,
+                              .B = 1,
+                              .L = n,
+                              .x = x + t0 * NE,
+                              .out = out + t0 * NE,
+                              .causal = true,
+                              .align = ENG_ALIGN_BOTTOM_RIGHT,
+                              .kv_cache = seq};
             CHECKF(eng_mha(pool, &s, NULL, &err) == ENG_OK, "%s step: %s", what, err.message);
             t0 += n;
         }
@@ -422,9 +428,14 @@ static void test_refusals_name_the_field(void)
     p->spec.qk_norm = ENG_QK_NORM_RMS;
     p->spec.qk_norm_whole = true;
     eng_tensor_ref t[3] = {ref2("q_proj.weight", p->wq, QW, NE),
-                           ref2("k_proj.weight", p->wk, KW, NE), ref2("v_proj.weight", p->wv, KW, NE)};
-    eng_tensor_ref all[6] = {t[0], t[1], t[2], ref2("o_proj.weight", p->wo, NE, QW),
-                             ref1("q_norm.weight", p->qn, HD), ref1("k_norm.weight", p->kn, KW)};
+                           ref2("k_proj.weight", p->wk, KW, NE),
+                           ref2("v_proj.weight", p->wv, KW, NE)};
+    eng_tensor_ref all[6] = {t[0],
+                             t[1],
+                             t[2],
+                             ref2("o_proj.weight", p->wo, NE, QW),
+                             ref1("q_norm.weight", p->qn, HD),
+                             ref1("k_norm.weight", p->kn, KW)};
     /* Over the whole projection the q norm needs NE weights, not one head's. */
     CHECK(eng_layer_decoder("d", all, 6, NH, NKV, &p->spec, &err) == NULL &&
           strcmp(err.field, "q_norm.weight") == 0);
@@ -438,7 +449,12 @@ static void test_refusals_name_the_field(void)
     eng_layer *l = build(p, &err);
     CHECK(l != NULL);
     float x[NL * NE] = {0}, out[NL * NE], wts[NH * NL * NL];
-    eng_mha_args a = {.layer = l, .B = 1, .L = NL, .x = x, .out = out, .causal = true,
+    eng_mha_args a = {.layer = l,
+                      .B = 1,
+                      .L = NL,
+                      .x = x,
+                      .out = out,
+                      .causal = true,
                       .positional = ENG_POSITIONAL_ROPE};
     CHECK(eng_mha(pool, &a, NULL, &err) == ENG_EINVAL && strcmp(err.field, "positional") == 0);
     a.positional = ENG_POSITIONAL_NONE;

@@ -412,7 +412,7 @@ static void test_model_layer_suffix(void)
     srv_config cfg;
     char err[256];
     const char *const ok[] = {"--model", "a=/hf/llama:layer=0", "--model", "b=/hf/q:x:layer=31",
-                              "--model", "c=/hf/gemma", NULL};
+                              "--model", "c=/hf/gemma",         NULL};
     const char *const word[] = {"--model", "a=/hf/llama:layer=last", NULL};
     const char *const negative[] = {"--model", "a=/hf/llama:layer=-1", NULL};
     clear_env();

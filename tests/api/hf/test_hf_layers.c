@@ -25,9 +25,10 @@
 #define PREFILL 12 /* tokens of the first session step; the rest go one at a time */
 
 static const char *const families[] = {
-    "llama", "llama31_scaled", "mistral_window", "qwen2",      "qwen3", "gemma2",
-    "gemma3", "phi3",          "phi",            "gpt2",       "gpt_neox", "falcon",
-    "olmo2", "starcoder2",     "gptj",           "gpt_oss",    "granite", "stablelm",
+    "llama",    "llama31_scaled", "mistral_window", "qwen2",      "qwen3",
+    "gemma2",   "gemma3",         "phi3",           "phi",        "gpt2",
+    "gpt_neox", "falcon",         "olmo2",          "starcoder2", "gptj",
+    "gpt_oss",  "granite",        "stablelm",
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -280,9 +281,8 @@ static void test_requests_that_contradict_the_layer_are_422(void)
         char *b = mha_body(cases[i].model, &c, 0, 4, cases[i].extra);
         result r = call_route(api_mha, NULL, NULL, b);
         CHECKF(r.status == 422, "%s %s: %d", cases[i].model, cases[i].extra, r.status);
-        CHECKF(error_field(&r) && strcmp(error_field(&r), cases[i].field) == 0,
-               "%s %s: field %s", cases[i].model, cases[i].extra,
-               error_field(&r) ? error_field(&r) : "(none)");
+        CHECKF(error_field(&r) && strcmp(error_field(&r), cases[i].field) == 0, "%s %s: field %s",
+               cases[i].model, cases[i].extra, error_field(&r) ? error_field(&r) : "(none)");
         json_decref(r.json);
         free(b);
     }
@@ -384,7 +384,8 @@ static void test_v2_metadata_and_config_describe_the_layer(void)
 static bool write_wide_qwen3(const char *dir)
 {
     enum { HID = 64, HEADS = 4, KV = 2, HDIM = 32 };
-    static float q[HEADS * HDIM * HID], k[KV * HDIM * HID], v[KV * HDIM * HID], o[HID * HEADS * HDIM];
+    static float q[HEADS * HDIM * HID], k[KV * HDIM * HID], v[KV * HDIM * HID],
+        o[HID * HEADS * HDIM];
     static float qn[HDIM], kn[HDIM];
     uint64_t rng = 99;
     float *all[] = {q, k, v, o, qn, kn};

@@ -1,9 +1,9 @@
 /* test_hf_refusals.c - what api_checkpoint_load refuses, each failure naming the config field,
  * file or tensor that stops it (the daemon then exits 2 at start-up: tests/server/test_models.c):
  * an unknown model_type, a RoPE type attnd lacks, a layer past num_hidden_layers, heads that
- * do not split the hidden size when no head_dim says their size, a missing tensor, a misshapen one, a shard the index
- * names that is missing, a config or index that is not JSON, shards whose tensors overlap or
- * run past their file, a directory with no weights. Each case is a copy of a reference
+ * do not split the hidden size when no head_dim says their size, a missing tensor, a misshapen one,
+ * a shard the index names that is missing, a config or index that is not JSON, shards whose tensors
+ * overlap or run past their file, a directory with no weights. Each case is a copy of a reference
  * checkpoint (tests/api/hf/cases) in a temporary directory with one thing broken. */
 #include <jansson.h>
 #include <stdio.h>
@@ -117,7 +117,8 @@ static void test_config_fields_that_stop_the_load(void)
           edit_config(dir, "num_attention_heads", "5") &&
           edit_config(dir, "num_key_value_heads", "5"));
     expect_refused(dir, 0, "num_attention_heads", "multiple of 5 heads");
-    CHECK(fresh_copy("llama", "notjson", dir) && write_text(dir, "config.json", "{\"model_type\":"));
+    CHECK(fresh_copy("llama", "notjson", dir) &&
+          write_text(dir, "config.json", "{\"model_type\":"));
     expect_refused(dir, 0, "config.json", "not JSON");
     CHECK(fresh_copy("llama", "kvheads", dir) && edit_config(dir, "num_key_value_heads", "3"));
     expect_refused(dir, 0, "num_key_value_heads", NULL);
@@ -191,11 +192,11 @@ static void test_shards_that_overlap_or_run_past_their_file(void)
                  "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[4,12]}}",
                  16, dir);
     expect_refused(dir, 0, "overlap", "model.safetensors");
-    broken_shard("pastend",
-                 "{\"a\":{\"dtype\":\"BF16\",\"shape\":[16],\"data_offsets\":[0,32]}}", 16, dir);
+    broken_shard("pastend", "{\"a\":{\"dtype\":\"BF16\",\"shape\":[16],\"data_offsets\":[0,32]}}",
+                 16, dir);
     expect_refused(dir, 0, "past the end", "'a'");
-    broken_shard("size",
-                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,8]}}", 16, dir);
+    broken_shard("size", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,8]}}", 16,
+                 dir);
     expect_refused(dir, 0, "do not match dtype and shape", NULL);
     broken_shard("header", "{\"a\":", 16, dir);
     expect_refused(dir, 0, "not a JSON object", NULL);
