@@ -1,8 +1,9 @@
 /*
  * hf_config.c - config.json of a Hugging Face checkpoint read into one layer's description:
  * the family (model_type), the sizes, the biases, the RoPE (transformers 5's rope_parameters
- * and 4's rope_theta / rope_scaling / partial_rotary_factor / rotary_pct / rotary_dim), the
- * q/k norms, the scale, the logit softcap and whether this layer slides a window.
+ * and 4's rope_theta / rotary_emb_base / rope_scaling / partial_rotary_factor / rotary_pct /
+ * rotary_dim, Gemma 3's rope_local_base_freq), the q/k norms, the scale, the logit softcap
+ * and whether this layer slides a window (layer_types, or the family's older keys).
  *
  * Everything the layer cannot be served without is checked here and refused with the field
  * that stops it: an unknown model_type, an unsupported rope_type, a layer past
@@ -447,6 +448,9 @@ static const json_t *rope_object(const json_t *cfg, bool slides, hf_error *e, in
             *rc = hf_fail(e, "rope_parameters", "config.json: rope_parameters must be an object");
         return p;
     }
+    /* Gemma 3 (4.x): local layers turn at rope_local_base_freq, unscaled. */
+    if (slides && json_object_get(cfg, "rope_local_base_freq"))
+        return NULL;
     p = json_object_get(cfg, "rope_scaling");
     if (p && !json_is_null(p) && !json_is_object(p))
         *rc = hf_fail(e, "rope_scaling", "config.json: rope_scaling must be an object or null");
@@ -483,8 +487,9 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
  * rope_local_base_freq on sliding layers), else 10000. */
 static int rope_base(const json_t *cfg, const json_t *p, bool slides, double *base, hf_error *e)
 {
-    double top;
-    if (get_number(cfg, "rope_theta", 10000.0, &top, e) != 0)
+    double top, neox;
+    if (get_number(cfg, "rotary_emb_base", 10000.0, &neox, e) != 0 || /* GPT-NeoX, 4.x */
+        get_number(cfg, "rope_theta", neox, &top, e) != 0)
         return -1;
     if (slides && json_object_get(cfg, "rope_local_base_freq") &&
         !(json_object_get(cfg, "rope_parameters") &&

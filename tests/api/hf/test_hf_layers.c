@@ -376,6 +376,80 @@ static void test_v2_metadata_and_config_describe_the_layer(void)
     json_decref(j);
 }
 
+/* ---- transformers 4 configs ---------------------------------------------------------------- */
+
+/* `cfg` (5.x) rewritten as transformers 4 wrote it: rope_theta (GPT-NeoX: rotary_emb_base) and
+ * partial_rotary_factor (GPT-NeoX: rotary_pct) at the top, scaling in rope_scaling, Gemma 3's
+ * local base in rope_local_base_freq, and no layer_types where the family's older keys say
+ * which layers slide. */
+static void to_v4(json_t *cfg)
+{
+    const char *type = json_string_value(json_object_get(cfg, "model_type"));
+    bool neox = strcmp(type, "gpt_neox") == 0;
+    json_t *p = json_incref(json_object_get(cfg, "rope_parameters"));
+    json_object_del(cfg, "rope_parameters");
+    if (json_object_get(p, "full_attention")) {
+        json_object_set(cfg, "rope_theta",
+                        json_object_get(json_object_get(p, "full_attention"), "rope_theta"));
+        json_object_set(cfg, "rope_local_base_freq",
+                        json_object_get(json_object_get(p, "sliding_attention"), "rope_theta"));
+        json_object_set_new(cfg, "sliding_window_pattern", json_integer(6));
+    } else if (p) {
+        json_object_set(cfg, neox ? "rotary_emb_base" : "rope_theta",
+                        json_object_get(p, "rope_theta"));
+        if (json_object_get(p, "partial_rotary_factor"))
+            json_object_set(cfg, neox ? "rotary_pct" : "partial_rotary_factor",
+                            json_object_get(p, "partial_rotary_factor"));
+        json_object_del(p, "rope_theta");
+        json_object_del(p, "partial_rotary_factor");
+        const char *rt = json_string_value(json_object_get(p, "rope_type"));
+        if (rt && strcmp(rt, "default") != 0)
+            json_object_set(cfg, "rope_scaling", p);
+    }
+    json_decref(p);
+    if (strcmp(type, "gpt_oss") != 0)
+        json_object_del(cfg, "layer_types");
+}
+
+static void test_transformers_4_configs_give_the_same_layers(void)
+{
+    static const char *const some[] = {"llama31_scaled", "gemma3", "gemma2",
+                                       "gpt_neox",       "phi",    "stablelm",
+                                       "gpt_oss",        "qwen2",  "mistral_window"};
+    char tmp[] = "/tmp/attnd_hf_v4_XXXXXX";
+    CHECK(mkdtemp(tmp) != NULL);
+    for (size_t i = 0; i < sizeof some / sizeof some[0]; i++) {
+        hf_case c;
+        char dir[128], path[256], from[256], name[64], err[600], cmd[800];
+        if (!load_case(some[i], &c))
+            continue;
+        snprintf(dir, sizeof dir, "%s/%s", tmp, some[i]);
+        snprintf(from, sizeof from, "%s/%s", cases_dir, some[i]);
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && chmod -R u+w '%s'", from, dir, dir);
+        CHECK(system(cmd) == 0);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        json_t *cfg = json_load_file(path, 0, NULL);
+        to_v4(cfg);
+        CHECK(json_dump_file(cfg, path, 0) == 0);
+        json_decref(cfg);
+        snprintf(name, sizeof name, "v4_%s", some[i]);
+        eng_layer *l = api_checkpoint_load(name, dir, c.layer, NULL, err, sizeof err);
+        CHECKF(l != NULL, "%s (4.x config): %s", some[i], err);
+        if (l && api_models_add(models, l, err, sizeof err)) {
+            char *b = mha_body(name, &c, 0, c.L, "");
+            result r = call_route(api_mha, NULL, NULL, b);
+            double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+            CHECKF(e <= RTOL, "%s (4.x config): %d, %.3g x max|output|", some[i], r.status, e);
+            json_decref(r.json);
+            free(b);
+        }
+        free_case(&c);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0);
+}
+
 /* ---- Heads of their own size ----------------------------------------------------------- */
 
 /* A Qwen 3 layer whose heads are wider than the hidden size splits (head_dim 32, 4 heads over
@@ -466,6 +540,7 @@ int main(void)
     RUN_WITHIN(test_v2_infers_and_decodes_a_sequence_as_transformers, 60);
     RUN_WITHIN(test_v2_metadata_and_config_describe_the_layer, 30);
     RUN_WITHIN(test_heads_wider_than_the_hidden_size_step_as_the_whole, 60);
+    RUN_WITHIN(test_transformers_4_configs_give_the_same_layers, 60);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();
