@@ -84,12 +84,13 @@ static eng_status check_rope(const eng_rope_params *r, eng_error *err)
         return eng__fail(err, ENG_EINVAL, "rope_theta", "rope_theta must be finite and > 1");
     if (r->style != ENG_ROPE_HALF && r->style != ENG_ROPE_INTERLEAVED)
         return eng__fail(err, ENG_EINVAL, "rope_style", "unknown rope style");
-    if (r->scaling < ENG_ROPE_SCALING_NONE || r->scaling > ENG_ROPE_SCALING_YARN)
+    if (r->scaling < ENG_ROPE_SCALING_NONE || r->scaling > ENG_ROPE_SCALING_LONGROPE)
         return eng__fail(err, ENG_EINVAL, "rope_type", "unknown rope scaling");
     if (r->scaling != ENG_ROPE_SCALING_NONE && (!(r->factor > 0.0) || !isfinite(r->factor)))
         return eng__fail(err, ENG_EINVAL, "factor", "the rope scaling factor must be finite, > 0");
-    bool needs_context =
-        r->scaling == ENG_ROPE_SCALING_LLAMA3 || r->scaling == ENG_ROPE_SCALING_YARN;
+    bool needs_context = r->scaling == ENG_ROPE_SCALING_LLAMA3 ||
+                         r->scaling == ENG_ROPE_SCALING_YARN ||
+                         r->scaling == ENG_ROPE_SCALING_LONGROPE;
     if (needs_context &&
         (!(r->original_max_positions >= 1.0) || !isfinite(r->original_max_positions)))
         return eng__fail(err, ENG_EINVAL, "original_max_position_embeddings",
@@ -105,6 +106,17 @@ static eng_status check_rope(const eng_rope_params *r, eng_error *err)
          !isfinite(r->mscale) || !isfinite(r->mscale_all_dim)))
         return eng__fail(err, ENG_EINVAL, "attention_factor",
                          "yarn's beta_fast, beta_slow and attention_factor must be finite, >= 0");
+    if (r->scaling == ENG_ROPE_SCALING_LONGROPE) {
+        if (!r->short_factor)
+            return eng__fail(err, ENG_EINVAL, "short_factor", "longrope needs its short_factor");
+        for (int64_t i = 0; i < r->rotary_dim / 2; i++)
+            if (!(r->short_factor[i] > 0) || !isfinite(r->short_factor[i]))
+                return eng__fail(err, ENG_EINVAL, "short_factor",
+                                 "short_factor[%lld] must be finite and > 0", (long long)i);
+        if (r->attention_factor < 0 || !isfinite(r->attention_factor))
+            return eng__fail(err, ENG_EINVAL, "attention_factor",
+                             "attention_factor must be finite and >= 0");
+    }
     return ENG_OK;
 }
 
@@ -129,6 +141,16 @@ eng_status eng_rope_inv_freq(const eng_rope_params *r, float *inv, float *attent
     }
     for (int64_t i = 0; i < half; i++)
         inv[i] = 1.0f / powf((float)r->base, (float)(2 * i) / (float)dim);
+    if (r->scaling == ENG_ROPE_SCALING_LONGROPE) {
+        for (int64_t i = 0; i < half; i++)
+            inv[i] =
+                1.0f / (r->short_factor[i] * powf((float)r->base, (float)(2 * i) / (float)dim));
+        *attention_factor =
+            r->attention_factor > 0 ? (float)r->attention_factor
+            : r->factor <= 1.0      ? 1.0f
+                               : (float)sqrt(1.0 + log(r->factor) / log(r->original_max_positions));
+        return ENG_OK;
+    }
     if (r->scaling == ENG_ROPE_SCALING_LINEAR)
         for (int64_t i = 0; i < half; i++)
             inv[i] /= (float)r->factor;
@@ -277,6 +299,7 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
             l->sinks[h] = element(sinks, h);
     }
     l->spec = *sp;
+    l->spec.rope.short_factor = NULL; /* borrowed: the frequencies are what the layer keeps */
     l->decoder = true;
     return st;
 }

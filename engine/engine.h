@@ -353,6 +353,10 @@ typedef enum {
     ENG_ROPE_SCALING_LINEAR,   /* every frequency / factor */
     ENG_ROPE_SCALING_LLAMA3,   /* Llama 3.1: low frequencies / factor, a smooth band between */
     ENG_ROPE_SCALING_YARN,     /* YaRN: ramped interpolation, cos and sin times attention_factor */
+    ENG_ROPE_SCALING_LONGROPE, /* Phi-3's LongRoPE at its short factors: frequencies divided by
+                                  short_factor[i], cos and sin times attention_factor, positions
+                                  below original_max_positions only (past them transformers
+                                  switches every position to the long factors) */
 } eng_rope_scaling;
 
 /* A decoder layer's rotary embedding: the first rotary_dim channels of each head turn (pairs
@@ -364,11 +368,15 @@ typedef struct {
     eng_rope_scaling scaling;
     double factor;                            /* linear, llama3, yarn: > 0 */
     double low_freq_factor, high_freq_factor; /* llama3 */
-    double original_max_positions;            /* llama3, yarn */
+    double original_max_positions;            /* llama3, yarn, longrope */
     double beta_fast, beta_slow;              /* yarn (0: 32 and 1) */
     bool truncate;                            /* yarn: round the ramp's ends outwards */
     double attention_factor;                  /* yarn: 0 derives it from factor and mscale */
     double mscale, mscale_all_dim;            /* yarn: 0 when absent */
+    /* longrope: rotary_dim / 2 factors, borrowed by eng_rope_inv_freq and eng_layer_decoder
+     * (the layer keeps the frequencies, not the pointer); attention_factor 0 derives it from
+     * factor (the context's growth): sqrt(1 + ln factor / ln original_max_positions). */
+    const float *short_factor;
 } eng_rope_params;
 
 typedef enum {

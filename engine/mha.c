@@ -406,6 +406,23 @@ static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *e
     return ENG_OK;
 }
 
+/* A LongRoPE layer turns positions below its original context only: past it transformers
+ * would turn every position by other factors. */
+static eng_status check_positions(const eng_layer *ly, const mha_shape *sh, eng_error *err)
+{
+    if (!ly->decoder || ly->spec.rope.scaling != ENG_ROPE_SCALING_LONGROPE)
+        return ENG_OK;
+    int64_t limit = (int64_t)ly->spec.rope.original_max_positions;
+    int64_t end = sh->q_offset + sh->L > sh->k_offset + sh->S_in ? sh->q_offset + sh->L
+                                                                 : sh->k_offset + sh->S_in;
+    if (end > limit)
+        return eng__fail(err, ENG_EINVAL, "input",
+                         "layer '%s' (LongRoPE) serves positions below %lld, not up to %lld: "
+                         "past them transformers turns every position by its long factors",
+                         ly->name, (long long)limit, (long long)end);
+    return ENG_OK;
+}
+
 static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err)
 {
     const eng_layer *ly = a->layer;
@@ -464,6 +481,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
                    : a->align == ENG_ALIGN_OFFSET     ? a->query_offset
                                                       : 0;
     if (a->kv_cache && (st = check_cache(a, sh, err)) != ENG_OK)
+        return st;
+    if ((st = check_positions(ly, sh, err)) != ENG_OK)
         return st;
     size_t in_k, in_v;
     if (!mul3(sh->B, sh->L, sh->Q, &sh->q_floats) || !mul3(sh->B, sh->L, sh->E, &sh->x_floats) ||

@@ -82,6 +82,7 @@ typedef struct {
     bool qk_norm_per_head_tensors; /* StableLM: q_layernorm.norms.{h}.weight */
     bool sinks;
     eng_decoder_spec spec;
+    float short_factor[2048]; /* LongRoPE's, which spec.rope.short_factor points to */
 } hf_config;
 
 /* The family of `model_type`, or NULL. */

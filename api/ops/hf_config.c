@@ -471,15 +471,16 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
     } types[] = {{"default", ENG_ROPE_SCALING_NONE},
                  {"linear", ENG_ROPE_SCALING_LINEAR},
                  {"llama3", ENG_ROPE_SCALING_LLAMA3},
-                 {"yarn", ENG_ROPE_SCALING_YARN}};
+                 {"yarn", ENG_ROPE_SCALING_YARN},
+                 {"longrope", ENG_ROPE_SCALING_LONGROPE}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(s, types[i].name) == 0) {
             r->scaling = types[i].scaling;
             return 0;
         }
     return hf_fail(e, "rope_type",
-                   "config.json: rope_type \"%.40s\" is not supported (default, linear, llama3 "
-                   "and yarn are)",
+                   "config.json: rope_type \"%.40s\" is not supported (default, linear, llama3, "
+                   "yarn and longrope are)",
                    s);
 }
 
@@ -526,6 +527,38 @@ static int rotary_dim(const json_t *cfg, const json_t *p, int64_t D, int64_t *ou
     return 0;
 }
 
+/* LongRoPE (Phi-3): its short factors, and the context's growth max_position_embeddings /
+ * original_max_position_embeddings (the top level's, as transformers reads it) as the factor. */
+static int read_longrope(const json_t *cfg, const json_t *p, hf_config *c, double max_pos,
+                         hf_error *e)
+{
+    eng_rope_params *r = &c->spec.rope;
+    const json_t *f = json_object_get(p, "short_factor");
+    size_t half = (size_t)(r->rotary_dim / 2);
+    if (!json_is_array(f) || json_array_size(f) != half || half > 2048)
+        return hf_fail(e, "short_factor",
+                       "config.json: longrope needs short_factor, %zu numbers (one per rotated "
+                       "pair)",
+                       half);
+    for (size_t i = 0; i < half; i++) {
+        const json_t *v = json_array_get(f, i);
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+            return hf_fail(e, "short_factor", "config.json: short_factor[%zu] must be > 0", i);
+        c->short_factor[i] = (float)json_number_value(v);
+    }
+    r->short_factor = c->short_factor;
+    double original;
+    if (get_number(cfg, "original_max_position_embeddings", 0, &original, e))
+        return -1;
+    if (original > 0) {
+        r->original_max_positions = original;
+        r->factor = max_pos / original;
+    } else if (!(r->factor > 0)) {
+        r->factor = 1.0;
+    }
+    return 0;
+}
+
 static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
 {
     eng_rope_params *r = &c->spec.rope;
@@ -553,7 +586,7 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         get_number(p, "mscale_all_dim", 0, &r->mscale_all_dim, e) ||
         get_bool(p, "truncate", true, &r->truncate, e))
         return -1;
-    return 0;
+    return r->scaling == ENG_ROPE_SCALING_LONGROPE ? read_longrope(cfg, p, c, max_pos, e) : 0;
 }
 
 /* ---- Scale, norms, softcap ---------------------------------------------------------------- */

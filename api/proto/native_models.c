@@ -17,6 +17,8 @@ static const char *rope_scaling_name(eng_rope_scaling s)
         return "llama3";
     case ENG_ROPE_SCALING_YARN:
         return "yarn";
+    case ENG_ROPE_SCALING_LONGROPE:
+        return "longrope";
     case ENG_ROPE_SCALING_NONE:
         break;
     }

@@ -407,6 +407,73 @@ static void test_inverse_frequencies_of_each_scaling(void)
     r.attention_factor = 1.5;
     CHECK(eng_rope_inv_freq(&r, got, &factor, &err) == ENG_OK);
     CHECK(factor == 1.5f);
+    /* longrope: each frequency divided by its short factor, cos and sin times
+     * sqrt(1 + ln factor / ln original). */
+    float shorts[32];
+    for (int i = 0; i < 32; i++)
+        shorts[i] = 1.0f + 0.25f * (float)i;
+    r = (eng_rope_params){.rotary_dim = 64,
+                          .base = 500000.0,
+                          .scaling = ENG_ROPE_SCALING_LONGROPE,
+                          .factor = 32,
+                          .original_max_positions = 4096,
+                          .short_factor = shorts};
+    CHECK(eng_rope_inv_freq(&r, got, &factor, &err) == ENG_OK);
+    CHECK(fabs(factor - sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6);
+    for (int i = 0; i < 32; i++)
+        CHECKF(fabs(got[i] - plain[i] / shorts[i]) <= 1e-6 * plain[i], "longrope %d", i);
+    r.short_factor = NULL;
+    CHECK(eng_rope_inv_freq(&r, got, &factor, &err) == ENG_EINVAL &&
+          strcmp(err.field, "short_factor") == 0);
+}
+
+/* A LongRoPE layer serves the positions below its original context, where transformers uses
+ * the short factors; a call or a cache step past them is refused, naming the input. */
+static void test_longrope_positions_stop_at_the_original_context(void)
+{
+    float shorts[MAXHD / 2];
+    for (int i = 0; i < HD / 2; i++)
+        shorts[i] = 1.0f + 0.5f * (float)i;
+    eng_decoder_spec s = rope_spec(HD, ENG_ROPE_HALF);
+    s.rope.scaling = ENG_ROPE_SCALING_LONGROPE;
+    s.rope.factor = 4;
+    s.rope.original_max_positions = NL + 1;
+    s.rope.short_factor = shorts;
+    check_layer("longrope", &s, false);
+    params *p = xcalloc(1, sizeof *p);
+    eng_error err;
+    params_init(p, &s, false, 9);
+    eng_layer *l = build(p, &err);
+    CHECK(l != NULL && l->spec.rope.short_factor == NULL);
+    float x[NL * NE] = {0}, out[NL * NE];
+    eng_mha_args a = {.layer = l,
+                      .B = 1,
+                      .L = NL,
+                      .x = x,
+                      .out = out,
+                      .causal = true,
+                      .align = ENG_ALIGN_OFFSET,
+                      .query_offset = 2};
+    CHECK(l && eng_mha(pool, &a, NULL, &err) == ENG_EINVAL && strcmp(err.field, "input") == 0);
+    eng_kv_pool *kvp = eng_kv_pool_new((size_t)1 << 20, 4, &err);
+    eng_kv_shape shape = {.num_kv_heads = NKV, .head_dim = HD, .dtype = ENG_DTYPE_F32};
+    eng_kv_seq *seq = eng_kv_seq_new(kvp, &shape, &err);
+    eng_mha_args step = {.layer = l,
+                         .B = 1,
+                         .L = NL,
+                         .x = x,
+                         .out = out,
+                         .causal = true,
+                         .align = ENG_ALIGN_BOTTOM_RIGHT,
+                         .kv_cache = seq};
+    CHECK(l && eng_mha(pool, &step, NULL, &err) == ENG_OK);
+    step.L = 2;
+    CHECK(l && eng_mha(pool, &step, NULL, &err) == ENG_EINVAL);
+    CHECK_EQ_INT(eng_kv_seq_length(seq), NL);
+    eng_kv_seq_free(seq);
+    eng_kv_pool_free(kvp);
+    eng_layer_free(l);
+    free(p);
 }
 
 /* ---- Refusals ----------------------------------------------------------------------------- */
@@ -475,6 +542,7 @@ int main(void)
     RUN(test_scale_softcap_window_and_sinks);
     RUN(test_heads_wider_than_the_hidden_size);
     RUN(test_inverse_frequencies_of_each_scaling);
+    RUN(test_longrope_positions_stop_at_the_original_context);
     RUN(test_refusals_name_the_field);
     eng_pool_free(pool);
     return check_report();

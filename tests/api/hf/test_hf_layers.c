@@ -450,6 +450,47 @@ static void test_transformers_4_configs_give_the_same_layers(void)
     CHECK(system(cmd) == 0);
 }
 
+/* Phi-3's LongRoPE at short factors of 1 (and a context that did not grow: attention factor
+ * 1) is the default RoPE: the phi3 reference again. Past original_max_position_embeddings
+ * (4096), where transformers would switch to the long factors, a request is 422 "input". */
+static void test_longrope_at_its_short_factors(void)
+{
+    char tmp[] = "/tmp/attnd_hf_longrope_XXXXXX", cmd[400], path[128], err[600];
+    hf_case c;
+    if (!mkdtemp(tmp) || !load_case("phi3", &c))
+        return;
+    snprintf(cmd, sizeof cmd, "cp %s/phi3/* '%s' && chmod -R u+w '%s'", cases_dir, tmp, tmp);
+    CHECK(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    json_object_set_new(cfg, "rope_parameters",
+                        json_pack("{s:s,s:f,s:[f,f,f,f,f,f,f,f],s:[f,f,f,f,f,f,f,f]}", "rope_type",
+                                  "longrope", "rope_theta", 10000.0, "short_factor", 1.0, 1.0, 1.0,
+                                  1.0, 1.0, 1.0, 1.0, 1.0, "long_factor", 4.0, 4.0, 4.0, 4.0, 4.0,
+                                  4.0, 4.0, 4.0));
+    CHECK(json_dump_file(cfg, path, 0) == 0);
+    json_decref(cfg);
+    eng_layer *l = api_checkpoint_load("longrope", tmp, c.layer, NULL, err, sizeof err);
+    CHECKF(l != NULL, "%s", err);
+    if (l && api_models_add(models, l, err, sizeof err)) {
+        char *b = mha_body("longrope", &c, 0, c.L, "");
+        result r = call_route(api_mha, NULL, NULL, b);
+        double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+        CHECKF(e <= RTOL, "longrope: %d, %.3g x max|output|", r.status, e);
+        json_decref(r.json);
+        free(b);
+        b = mha_body("longrope", &c, 0, c.L, ",\"query_offset\":4090");
+        r = call_route(api_mha, NULL, NULL, b);
+        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), "input") == 0,
+               "longrope past its context: %d", r.status);
+        json_decref(r.json);
+        free(b);
+    }
+    free_case(&c);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0);
+}
+
 /* ---- Heads of their own size ----------------------------------------------------------- */
 
 /* A Qwen 3 layer whose heads are wider than the hidden size splits (head_dim 32, 4 heads over
@@ -541,6 +582,7 @@ int main(void)
     RUN_WITHIN(test_v2_metadata_and_config_describe_the_layer, 30);
     RUN_WITHIN(test_heads_wider_than_the_hidden_size_step_as_the_whole, 60);
     RUN_WITHIN(test_transformers_4_configs_give_the_same_layers, 60);
+    RUN_WITHIN(test_longrope_at_its_short_factors, 60);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();
