@@ -200,6 +200,12 @@ static void test_shards_that_overlap_or_run_past_their_file(void)
     expect_refused(dir, 0, "do not match dtype and shape", NULL);
     broken_shard("header", "{\"a\":", 16, dir);
     expect_refused(dir, 0, "not a JSON object", NULL);
+    /* A tensor of the layer in a dtype attnd does not read. */
+    broken_shard("dtype",
+                 "{\"model.layers.0.self_attn.o_proj.weight\":{\"dtype\":\"I32\",\"shape\":[2,2],"
+                 "\"data_offsets\":[0,16]}}",
+                 16, dir);
+    expect_refused(dir, 0, "model.layers.0.self_attn.o_proj.weight", "I32");
     /* A well-formed shard without the layer's tensors. */
     broken_shard("absent", "{\"a\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8,
                  dir);
