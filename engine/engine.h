@@ -527,7 +527,9 @@ typedef struct {
     const float *value_in;
     float *out; /* [B, L, E], written */
 
-    /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). */
+    /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). A decoder
+     * layer (eng_layer_decoder) brings its scale, softcap and window: the window applies
+     * when neither side is set here. */
     bool causal;
     eng_align align;
     int64_t query_offset;
@@ -538,8 +540,8 @@ typedef struct {
     eng_mask attn_mask; /* broadcast to [B, H, L, S] */
     bool add_zero_attn; /* append a zero key and value, as torch's add_zero_attn */
 
-    eng_positional positional;
-    float rope_base; /* 0: 10000 */
+    eng_positional positional; /* NONE for a decoder layer, which turns q and k itself */
+    float rope_base;           /* 0: 10000 */
     eng_rope_style rope_style;
 
     eng_weights_mode weights_mode; /* as eng_sdpa_args, with S' = S + extra keys */
