@@ -15,6 +15,11 @@
  * evicted each other; eng_sdpa on (1, 8, 2048, 64) heads laid out that way ran 4-13% slower
  * than on head-major ones (10-20% causal).
  *
+ * A decoder layer (eng_layer_decoder, engine/decoder.c) has q H D wide (D its own head size),
+ * normalises and turns the q and k rows of each projection task while they are staged, brings
+ * its scale, softcap and window to the attention, and its sinks rescale each head's output
+ * rows from the attention's log-sum-exp before the output projection.
+ *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
  * are added to copies of the inputs before the projections. The projections run on the kernel
  * set's GEMM (kernels.h), the same one as the attention's block products.
