@@ -84,7 +84,7 @@ static eng_status check_rope(const eng_rope_params *r, eng_error *err)
         return eng__fail(err, ENG_EINVAL, "rope_theta", "rope_theta must be finite and > 1");
     if (r->style != ENG_ROPE_HALF && r->style != ENG_ROPE_INTERLEAVED)
         return eng__fail(err, ENG_EINVAL, "rope_style", "unknown rope style");
-    if (r->scaling < ENG_ROPE_SCALING_NONE || r->scaling > ENG_ROPE_SCALING_LONGROPE)
+    if (r->scaling < ENG_ROPE_SCALING_NONE || r->scaling > ENG_ROPE_SCALING_DYNAMIC)
         return eng__fail(err, ENG_EINVAL, "rope_type", "unknown rope scaling");
     if (r->scaling != ENG_ROPE_SCALING_NONE && (!(r->factor > 0.0) || !isfinite(r->factor)))
         return eng__fail(err, ENG_EINVAL, "factor", "the rope scaling factor must be finite, > 0");
@@ -106,6 +106,12 @@ static eng_status check_rope(const eng_rope_params *r, eng_error *err)
          !isfinite(r->mscale) || !isfinite(r->mscale_all_dim)))
         return eng__fail(err, ENG_EINVAL, "attention_factor",
                          "yarn's beta_fast, beta_slow and attention_factor must be finite, >= 0");
+    bool bounded =
+        r->scaling == ENG_ROPE_SCALING_LONGROPE || r->scaling == ENG_ROPE_SCALING_DYNAMIC;
+    if (bounded && r->max_positions <= 0)
+        return eng__fail(err, ENG_EINVAL, "max_position_embeddings",
+                         "%s RoPE needs the positions it serves below (max_positions > 0)",
+                         r->scaling == ENG_ROPE_SCALING_DYNAMIC ? "dynamic" : "longrope");
     if (r->scaling == ENG_ROPE_SCALING_LONGROPE) {
         if (!r->short_factor)
             return eng__fail(err, ENG_EINVAL, "short_factor", "longrope needs its short_factor");

@@ -354,9 +354,8 @@ typedef enum {
     ENG_ROPE_SCALING_LLAMA3,   /* Llama 3.1: low frequencies / factor, a smooth band between */
     ENG_ROPE_SCALING_YARN,     /* YaRN: ramped interpolation, cos and sin times attention_factor */
     ENG_ROPE_SCALING_LONGROPE, /* Phi-3's LongRoPE at its short factors: frequencies divided by
-                                  short_factor[i], cos and sin times attention_factor, positions
-                                  below original_max_positions only (past them transformers
-                                  switches every position to the long factors) */
+                                  short_factor[i], cos and sin times attention_factor */
+    ENG_ROPE_SCALING_DYNAMIC,  /* dynamic NTK below max_positions: the default frequencies */
 } eng_rope_scaling;
 
 /* A decoder layer's rotary embedding: the first rotary_dim channels of each head turn (pairs
@@ -377,6 +376,9 @@ typedef struct {
      * (the layer keeps the frequencies, not the pointer); attention_factor 0 derives it from
      * factor (the context's growth): sqrt(1 + ln factor / ln original_max_positions). */
     const float *short_factor;
+    /* longrope, dynamic: the layer serves positions below this only (> 0), since past it
+     * transformers turns every position, earlier ones included, by other frequencies. */
+    int64_t max_positions;
 } eng_rope_params;
 
 typedef enum {

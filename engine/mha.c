@@ -411,19 +411,19 @@ static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *e
     return ENG_OK;
 }
 
-/* A LongRoPE layer turns positions below its original context only: past it transformers
- * would turn every position by other factors. */
+/* A LongRoPE or dynamic-NTK layer turns positions below its max_positions only: past them
+ * transformers would turn every position by other frequencies. */
 static eng_status check_positions(const eng_layer *ly, const mha_shape *sh, eng_error *err)
 {
-    if (!ly->decoder || ly->spec.rope.scaling != ENG_ROPE_SCALING_LONGROPE)
+    if (!ly->decoder || ly->spec.rope.max_positions <= 0)
         return ENG_OK;
-    int64_t limit = (int64_t)ly->spec.rope.original_max_positions;
+    int64_t limit = ly->spec.rope.max_positions;
     int64_t end = sh->q_offset + sh->L > sh->k_offset + sh->S_in ? sh->q_offset + sh->L
                                                                  : sh->k_offset + sh->S_in;
     if (end > limit)
         return eng__fail(err, ENG_EINVAL, "input",
-                         "layer '%s' (LongRoPE) serves positions below %lld, not up to %lld: "
-                         "past them transformers turns every position by its long factors",
+                         "layer '%s' serves positions below %lld, not up to %lld: past them "
+                         "transformers rescales the RoPE of every position",
                          ly->name, (long long)limit, (long long)end);
     return ENG_OK;
 }

@@ -468,11 +468,9 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
     static const struct {
         const char *name;
         eng_rope_scaling scaling;
-    } types[] = {{"default", ENG_ROPE_SCALING_NONE},
-                 {"linear", ENG_ROPE_SCALING_LINEAR},
-                 {"llama3", ENG_ROPE_SCALING_LLAMA3},
-                 {"yarn", ENG_ROPE_SCALING_YARN},
-                 {"longrope", ENG_ROPE_SCALING_LONGROPE}};
+    } types[] = {{"default", ENG_ROPE_SCALING_NONE},      {"linear", ENG_ROPE_SCALING_LINEAR},
+                 {"llama3", ENG_ROPE_SCALING_LLAMA3},     {"yarn", ENG_ROPE_SCALING_YARN},
+                 {"longrope", ENG_ROPE_SCALING_LONGROPE}, {"dynamic", ENG_ROPE_SCALING_DYNAMIC}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(s, types[i].name) == 0) {
             r->scaling = types[i].scaling;
@@ -480,7 +478,7 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
         }
     return hf_fail(e, "rope_type",
                    "config.json: rope_type \"%.40s\" is not supported (default, linear, llama3, "
-                   "yarn and longrope are)",
+                   "yarn, longrope and dynamic are)",
                    s);
 }
 
@@ -556,6 +554,7 @@ static int read_longrope(const json_t *cfg, const json_t *p, hf_config *c, doubl
     } else if (!(r->factor > 0)) {
         r->factor = 1.0;
     }
+    r->max_positions = (int64_t)r->original_max_positions;
     return 0;
 }
 
@@ -586,6 +585,9 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         get_number(p, "mscale_all_dim", 0, &r->mscale_all_dim, e) ||
         get_bool(p, "truncate", true, &r->truncate, e))
         return -1;
+    /* dynamic NTK keeps the default frequencies up to max_position_embeddings */
+    if (r->scaling == ENG_ROPE_SCALING_DYNAMIC)
+        r->max_positions = (int64_t)max_pos;
     return r->scaling == ENG_ROPE_SCALING_LONGROPE ? read_longrope(cfg, p, c, max_pos, e) : 0;
 }
 

@@ -19,6 +19,8 @@ static const char *rope_scaling_name(eng_rope_scaling s)
         return "yarn";
     case ENG_ROPE_SCALING_LONGROPE:
         return "longrope";
+    case ENG_ROPE_SCALING_DYNAMIC:
+        return "dynamic";
     case ENG_ROPE_SCALING_NONE:
         break;
     }

@@ -417,7 +417,8 @@ static void test_inverse_frequencies_of_each_scaling(void)
                           .scaling = ENG_ROPE_SCALING_LONGROPE,
                           .factor = 32,
                           .original_max_positions = 4096,
-                          .short_factor = shorts};
+                          .short_factor = shorts,
+                          .max_positions = 4096};
     CHECK(eng_rope_inv_freq(&r, got, &factor, &err) == ENG_OK);
     CHECK(fabs(factor - sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6);
     for (int i = 0; i < 32; i++)
@@ -438,6 +439,7 @@ static void test_longrope_positions_stop_at_the_original_context(void)
     s.rope.scaling = ENG_ROPE_SCALING_LONGROPE;
     s.rope.factor = 4;
     s.rope.original_max_positions = NL + 1;
+    s.rope.max_positions = NL + 1;
     s.rope.short_factor = shorts;
     check_layer("longrope", &s, false);
     params *p = xcalloc(1, sizeof *p);

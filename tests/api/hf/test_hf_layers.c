@@ -491,6 +491,65 @@ static void test_longrope_at_its_short_factors(void)
     CHECK(system(cmd) == 0);
 }
 
+/* Dynamic NTK keeps the default frequencies while the sequence stays within
+ * max_position_embeddings (256 here): the llama reference again; past it a request is 422. */
+static void test_dynamic_ntk_below_its_context(void)
+{
+    char tmp[] = "/tmp/attnd_hf_dynamic_XXXXXX", cmd[400], path[128], err[600];
+    hf_case c;
+    if (!mkdtemp(tmp) || !load_case("llama31_scaled", &c))
+        return;
+    snprintf(cmd, sizeof cmd, "cp %s/llama31_scaled/* '%s' && chmod -R u+w '%s'", cases_dir, tmp,
+             tmp);
+    CHECK(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    json_object_set_new(
+        cfg, "rope_parameters",
+        json_pack("{s:s,s:f,s:f}", "rope_type", "dynamic", "rope_theta", 500000.0, "factor", 4.0));
+    CHECK(json_dump_file(cfg, path, 0) == 0);
+    json_decref(cfg);
+    eng_layer *l = api_checkpoint_load("dynamic", tmp, c.layer, NULL, err, sizeof err);
+    CHECKF(l != NULL, "%s", err);
+    /* The reference of the llama3-scaled layer differs from plain RoPE: recompute it as the
+     * plain layer gives it, then compare dynamic with that. */
+    cfg = json_load_file(path, 0, NULL);
+    json_object_set_new(cfg, "rope_parameters",
+                        json_pack("{s:s,s:f}", "rope_type", "default", "rope_theta", 500000.0));
+    CHECK(json_dump_file(cfg, path, 0) == 0);
+    json_decref(cfg);
+    eng_layer *plain = api_checkpoint_load("plain_rope", tmp, c.layer, NULL, err, sizeof err);
+    CHECKF(plain != NULL, "%s", err);
+    if (l && plain && api_models_add(models, l, err, sizeof err) &&
+        api_models_add(models, plain, err, sizeof err)) {
+        char *b = mha_body("plain_rope", &c, 0, c.L, "");
+        result r = call_route(api_mha, NULL, NULL, b);
+        const json_t *data = json_object_get(json_object_get(r.json, "output"), "data");
+        for (int64_t i = 0; i < c.L * c.E && json_array_size(data) == (size_t)(c.L * c.E); i++)
+            c.output[i] = (float)json_number_value(json_array_get(data, (size_t)i));
+        json_decref(r.json);
+        free(b);
+        b = mha_body("dynamic", &c, 0, c.L, "");
+        r = call_route(api_mha, NULL, NULL, b);
+        double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+        CHECKF(e <= 1e-7, "dynamic below its context: %d, %.3g x max|output| from plain", r.status,
+               e);
+        json_decref(r.json);
+        free(b);
+        b = mha_body("dynamic", &c, 0, c.L, ",\"query_offset\":240");
+        r = call_route(api_mha, NULL, NULL, b);
+        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), "input") == 0,
+               "dynamic past its context: %d", r.status);
+        json_decref(r.json);
+        free(b);
+    } else {
+        eng_layer_free(plain);
+    }
+    free_case(&c);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0);
+}
+
 /* ---- Heads of their own size ----------------------------------------------------------- */
 
 /* A Qwen 3 layer whose heads are wider than the hidden size splits (head_dim 32, 4 heads over
@@ -583,6 +642,7 @@ int main(void)
     RUN_WITHIN(test_heads_wider_than_the_hidden_size_step_as_the_whole, 60);
     RUN_WITHIN(test_transformers_4_configs_give_the_same_layers, 60);
     RUN_WITHIN(test_longrope_at_its_short_factors, 60);
+    RUN_WITHIN(test_dynamic_ntk_below_its_context, 60);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();

@@ -103,8 +103,8 @@ static void test_config_fields_that_stop_the_load(void)
     expect_refused(dir, 0, "model_type", "bert");
     CHECK(fresh_copy("llama", "rope", dir) &&
           edit_config(dir, "rope_parameters",
-                      "{\"rope_type\":\"dynamic\",\"factor\":2.0,\"rope_theta\":10000}"));
-    expect_refused(dir, 0, "rope_type", "dynamic");
+                      "{\"rope_type\":\"mrope\",\"factor\":2.0,\"rope_theta\":10000}"));
+    expect_refused(dir, 0, "rope_type", "mrope");
     CHECK(fresh_copy("llama", "rope4", dir) && edit_config(dir, "rope_parameters", NULL) &&
           edit_config(dir, "rope_scaling", "{\"type\":\"longrope\",\"factor\":2.0}"));
     expect_refused(dir, 0, "short_factor", NULL); /* longrope needs its factors */
