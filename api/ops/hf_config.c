@@ -30,6 +30,9 @@ int hf_fail(hf_error *e, const char *field, const char *fmt, ...)
     return -1;
 }
 
+/* Positions a config may name (max_position_embeddings and the like): far below int64. */
+#define MAX_POSITIONS 1099511627776.0
+
 #define LAYERS_PREFIX "model.layers.%lld.self_attn."
 #define ALWAYS                                                                                     \
     {                                                                                              \
@@ -548,6 +551,9 @@ static int read_longrope(const json_t *cfg, const json_t *p, hf_config *c, doubl
     double original;
     if (get_number(cfg, "original_max_position_embeddings", 0, &original, e))
         return -1;
+    if (original > MAX_POSITIONS)
+        return hf_fail(e, "original_max_position_embeddings",
+                       "config.json: original_max_position_embeddings is over 2^40");
     if (original > 0) {
         r->original_max_positions = original;
         r->factor = max_pos / original;
@@ -571,6 +577,9 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         rotary_dim(cfg, p, c->D, &r->rotary_dim, e) ||
         get_number(cfg, "max_position_embeddings", 2048, &max_pos, e))
         return -1;
+    if (!(max_pos >= 1 && max_pos <= MAX_POSITIONS))
+        return hf_fail(e, "max_position_embeddings",
+                       "config.json: max_position_embeddings must be in [1, 2^40]");
     r->style = c->family->rope_style;
     if (r->scaling == ENG_ROPE_SCALING_NONE)
         return 0;
@@ -585,6 +594,9 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         get_number(p, "mscale_all_dim", 0, &r->mscale_all_dim, e) ||
         get_bool(p, "truncate", true, &r->truncate, e))
         return -1;
+    if (r->original_max_positions > MAX_POSITIONS)
+        return hf_fail(e, "original_max_position_embeddings",
+                       "config.json: original_max_position_embeddings is over 2^40");
     /* dynamic NTK keeps the default frequencies up to max_position_embeddings */
     if (r->scaling == ENG_ROPE_SCALING_DYNAMIC)
         r->max_positions = (int64_t)max_pos;

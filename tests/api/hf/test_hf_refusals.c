@@ -108,6 +108,13 @@ static void test_config_fields_that_stop_the_load(void)
     CHECK(fresh_copy("llama", "rope4", dir) && edit_config(dir, "rope_parameters", NULL) &&
           edit_config(dir, "rope_scaling", "{\"type\":\"longrope\",\"factor\":2.0}"));
     expect_refused(dir, 0, "short_factor", NULL); /* longrope needs its factors */
+    CHECK(fresh_copy("llama", "maxpos", dir) &&
+          edit_config(dir, "max_position_embeddings", "1e300"));
+    expect_refused(dir, 0, "max_position_embeddings", NULL);
+    CHECK(fresh_copy("phi3", "longrope", dir) &&
+          edit_config(dir, "rope_parameters",
+                      "{\"rope_type\":\"longrope\",\"short_factor\":[1,1],\"long_factor\":[1,1]}"));
+    expect_refused(dir, 0, "short_factor", "8 numbers");
     CHECK(fresh_copy("llama", "past", dir));
     expect_refused(dir, 2, "num_hidden_layers", "layer 2");
     /* Heads of 32 make q 128 wide: the checkpoint's q_proj is not. */
