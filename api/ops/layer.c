@@ -221,7 +221,9 @@ static int decoder_fits(const api__layer *s, api__error *err)
         return api__error_invalid(err, "causal",
                                   "model \"%s\" is a causal decoder layer: causal cannot be false",
                                   l->name);
-    const api__window *w = &r->window;
+    /* A session's window is its steps' unless a step gives its own (build_args). */
+    const api__window *w =
+        r->window.left_set || r->window.right_set || !s->sess ? &r->window : &s->sess->opts.window;
     int64_t left = l->spec.window > 0 ? l->spec.window - 1 : -1;
     bool differs = (w->left_set && w->left != left) ||
                    (!w->left_set && w->right_set && left >= 0) || (w->right_set && w->right != 0);

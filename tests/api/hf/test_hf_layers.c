@@ -286,6 +286,24 @@ static void test_requests_that_contradict_the_layer_are_422(void)
         json_decref(r.json);
         free(b);
     }
+    /* Nor may a session of the layer carry another window into its steps. */
+    char sid[64] = "";
+    api_sessions *reg = registry();
+    result made = call_route(api_sessions_create, reg, NULL,
+                             "{\"model\":\"mistral_window\",\"window\":[2,0]}");
+    if (made.status == 201)
+        snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(made.json, "id")));
+    json_decref(made.json);
+    char extra[128];
+    snprintf(extra, sizeof extra, ",\"session\":\"%s\"", sid);
+    char *sb = mha_body("mistral_window", &c, 0, 4, extra);
+    result step = call_route(api_mha, reg, NULL, sb);
+    CHECKF(made.status != 201 || (step.status == 422 && error_field(&step) &&
+                                  strcmp(error_field(&step), "window") == 0),
+           "a step of a session with another window: %d", step.status);
+    json_decref(step.json);
+    free(sb);
+    api_sessions_free(reg);
     /* The layer's own window restated is no contradiction. */
     char *b = mha_body("mistral_window", &c, 0, 4, ",\"window\":[7,0],\"causal\":true");
     result r = call_route(api_mha, NULL, NULL, b);
