@@ -217,7 +217,11 @@ static int decoder_fits(const api__layer *s, api__error *err)
                                   "positions (%s): leave %s out",
                                   l->name, (long long)l->spec.layer_index, l->spec.family,
                                   l->spec.rope.rotary_dim ? "rope" : "none", field);
-    if (r->causal == API_CAUSAL_OFF)
+    /* Not given: a session's default (causal_default), which must not be false either. */
+    bool off = r->causal == API_CAUSAL_OFF ||
+               (r->causal == API_CAUSAL_UNSET && s->sess && s->sess->opts.causal_set &&
+                s->sess->opts.causal == API_CAUSAL_OFF);
+    if (off)
         return api__error_invalid(err, "causal",
                                   "model \"%s\" is a causal decoder layer: causal cannot be false",
                                   l->name);

@@ -303,6 +303,19 @@ static void test_requests_that_contradict_the_layer_are_422(void)
            "a step of a session with another window: %d", step.status);
     json_decref(step.json);
     free(sb);
+    /* ... or make its steps non-causal. */
+    made = call_route(api_sessions_create, reg, NULL, "{\"model\":\"llama\",\"causal\":false}");
+    if (made.status == 201)
+        snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(made.json, "id")));
+    json_decref(made.json);
+    snprintf(extra, sizeof extra, ",\"session\":\"%s\"", sid);
+    sb = mha_body("llama", &c, 0, 4, extra);
+    step = call_route(api_mha, reg, NULL, sb);
+    CHECKF(made.status != 201 || (step.status == 422 && error_field(&step) &&
+                                  strcmp(error_field(&step), "causal") == 0),
+           "a step of a non-causal session: %d", step.status);
+    json_decref(step.json);
+    free(sb);
     api_sessions_free(reg);
     /* The layer's own window restated is no contradiction. */
     char *b = mha_body("mistral_window", &c, 0, 4, ",\"window\":[7,0],\"causal\":true");
