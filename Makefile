@@ -101,8 +101,10 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 
 # Benchmarks measure the engine alone...
+DAEMON_BENCHES := $(patsubst %,$(BUILD)/tests/bench/%,bench_e2e bench_session bench_goodput \
+                                                      bench_checkpoint)
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
-$(filter-out %/bench_e2e %/bench_session %/bench_goodput,$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
+$(filter-out $(DAEMON_BENCHES),$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
                                           $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
@@ -111,10 +113,10 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-# ... except bench_e2e, bench_session (a KV-cache decode step over HTTP) and bench_goodput
-# (open-loop offers past capacity), which time api/ and a real daemon too.
-$(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session \
-        $(BUILD)/tests/bench/bench_goodput: $(BUILD)/tests/bench/%: \
+# ... except bench_e2e, bench_session (a KV-cache decode step over HTTP), bench_goodput
+# (open-loop offers past capacity) and bench_checkpoint (start-up and RSS serving one layer of a
+# generated 1 GiB checkpoint), which time api/ and a real daemon too.
+$(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
         $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
 

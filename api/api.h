@@ -179,6 +179,18 @@ void api_models_free(api_models *models); /* NULL is a no-op; frees the layers t
  * ([A-Za-z0-9_.-], 1 to 63 bytes). */
 bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errlen);
 
+/* The attention of layer `layer` of the Hugging Face checkpoint in directory `dir`
+ * (config.json plus model.safetensors, or model.safetensors.index.json and its shards; the
+ * files are mapped and only that layer's attention tensors read), as a decoder layer named
+ * `name`. *bytes_read (may be NULL) gets the bytes of the tensors read. NULL on failure, with
+ * `err` naming the config field, file or tensor that stops it. */
+eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
+                               char *err, size_t errlen);
+
+/* One line describing a layer for logs: family, layer, heads, kv heads, head size,
+ * positions, window, dtype, bytes of weights. */
+void api_layer_summary(const eng_layer *layer, char *buf, size_t len);
+
 /* The layer called `name`, or NULL. */
 const eng_layer *api_models_find(const api_models *models, const char *name);
 

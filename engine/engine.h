@@ -345,6 +345,64 @@ void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64
 
 /* ---- Multi-head attention layers ---------------------------------------------------------- */
 
+/* ---- Decoder layers (Hugging Face checkpoints) -------------------------------------------- */
+
+/* How a decoder layer's RoPE frequencies are rescaled (transformers' rope_type). */
+typedef enum {
+    ENG_ROPE_SCALING_NONE = 0, /* "default" */
+    ENG_ROPE_SCALING_LINEAR,   /* every frequency / factor */
+    ENG_ROPE_SCALING_LLAMA3,   /* Llama 3.1: low frequencies / factor, a smooth band between */
+    ENG_ROPE_SCALING_YARN,     /* YaRN: ramped interpolation, cos and sin times attention_factor */
+    ENG_ROPE_SCALING_LONGROPE, /* Phi-3's LongRoPE at its short factors: frequencies divided by
+                                  short_factor[i], cos and sin times attention_factor */
+    ENG_ROPE_SCALING_DYNAMIC,  /* dynamic NTK below max_positions: the default frequencies */
+} eng_rope_scaling;
+
+/* A decoder layer's rotary embedding: the first rotary_dim channels of each head turn (pairs
+ * in `style`), the rest pass. Frequencies base^(-2i/rotary_dim), rescaled as `scaling` says. */
+typedef struct {
+    int64_t rotary_dim; /* even, at most the head size; 0: no RoPE */
+    eng_rope_style style;
+    double base;
+    eng_rope_scaling scaling;
+    double factor;                            /* linear, llama3, yarn: > 0 */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    double original_max_positions;            /* llama3, yarn, longrope */
+    double beta_fast, beta_slow;              /* yarn (0: 32 and 1) */
+    bool truncate;                            /* yarn: round the ramp's ends outwards */
+    double attention_factor;                  /* yarn: 0 derives it from factor and mscale */
+    double mscale, mscale_all_dim;            /* yarn: 0 when absent */
+    /* longrope: rotary_dim / 2 factors, borrowed by eng_rope_inv_freq and eng_layer_decoder
+     * (the layer keeps the frequencies, not the pointer); attention_factor 0 derives it from
+     * factor (the context's growth): sqrt(1 + ln factor / ln original_max_positions). */
+    const float *short_factor;
+    /* longrope, dynamic: the layer serves positions below this only (> 0), since past it
+     * transformers turns every position, earlier ones included, by other frequencies. */
+    int64_t max_positions;
+} eng_rope_params;
+
+typedef enum {
+    ENG_QK_NORM_NONE = 0,
+    ENG_QK_NORM_RMS,   /* x / sqrt(mean(x^2) + eps) * w */
+    ENG_QK_NORM_LAYER, /* (x - mean) / sqrt(var + eps) * w + b */
+} eng_qk_norm;
+
+/* What a decoder layer adds to the projections and the attention (eng_layer_decoder). */
+typedef struct {
+    char family[32];     /* where the layer comes from (a model_type), for descriptions */
+    int64_t layer_index; /* its index in that model, for descriptions */
+    int64_t head_dim;    /* D when H D is not the hidden size (Qwen 3, Gemma); 0: E / H */
+    eng_rope_params rope;
+    eng_qk_norm qk_norm;   /* on q and k after their projections, before RoPE */
+    bool qk_norm_whole;    /* over the whole projection (OLMo 2); else over each head */
+    bool qk_norm_plus_one; /* the weights are 1 + w (Gemma) */
+    double qk_norm_eps;
+    bool scale_set; /* false: 1/sqrt(D) */
+    float scale;
+    float softcap;  /* > 0: scores capped as eng_sdpa_args.softcap */
+    int64_t window; /* W > 0: a query sees only the W keys up to its own; 0: every earlier key */
+} eng_decoder_spec;
+
 /* A multi-head attention layer with the parameters of PyTorch's nn.MultiheadAttention
  * (batch_first), generalised to grouped-query heads. Weights are row-major [out_features,
  * in_features] as torch stores them, all in one block owned by the layer: fp32, or, for a
@@ -357,19 +415,31 @@ typedef struct {
     char name[64];
     char dtype[8];                /* the weights' dtype in their file ("F32", "F16", "BF16") */
     int64_t embed_dim;            /* E */
-    int64_t num_heads;            /* H; head_dim D = E / H */
+    int64_t num_heads;            /* H */
+    int64_t head_dim;             /* D: a decoder layer's own (q is H D wide); 0: E / H */
     int64_t num_kv_heads;         /* Hkv; H is a multiple of it; the k/v width is W = Hkv * D */
     int64_t kdim, vdim;           /* widths of the key and value inputs (E for self-attention) */
-    float *w_q;                   /* [E, E] */
+    float *w_q;                   /* [H D, E] ([E, E] but for some decoder layers) */
     float *w_k;                   /* [W, kdim] */
     float *w_v;                   /* [W, vdim] */
-    float *w_o;                   /* [E, E] */
-    float *b_q, *b_k, *b_v, *b_o; /* [E], [W], [W], [E]; each NULL when the layer has none */
+    float *w_o;                   /* [E, H D] */
+    float *b_q, *b_k, *b_v, *b_o; /* [H D], [W], [W], [E]; each NULL when the layer has none */
     float *bias_k, *bias_v;       /* [W] each (add_bias_kv), or both NULL */
     float *params;                /* the block every pointer above points into */
     eng_dtype w16_dtype;          /* F16 or BF16 when w16_* hold the matrices; else F32 */
     const uint16_t *w16_q, *w16_k, *w16_v, *w16_o; /* as w_q, w_k, w_v, w_o, in 16 bits */
     uint16_t *params16;                            /* the block w16_* point into, or NULL */
+    /* A causal decoder layer (eng_layer_decoder) when `decoder`: its spec, the RoPE inverse
+     * frequencies [rotary_dim / 2] and the factor cos and sin take, the q/k norm weights
+     * ([H D] and [W], per head repeated; biases NULL unless LayerNorm has them) and the
+     * attention sinks [H] (a logit per head that takes a share of the softmax), or NULL. */
+    bool decoder;
+    eng_decoder_spec spec;
+    float *inv_freq;
+    float rope_factor;
+    float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;
+    float *sinks;
+    float *decoder_params; /* the block the pointers above point into */
 } eng_layer;
 
 /* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
@@ -390,6 +460,9 @@ uint16_t eng_f32_to_bf16(float f);
 
 /* Frees the layer's weights and the layer. NULL is a no-op. */
 void eng_layer_free(eng_layer *layer);
+
+/* D: the layer's head_dim, or E / H when that is 0. */
+int64_t eng_layer_head_dim(const eng_layer *layer);
 
 /* The layer's parameter count. */
 int64_t eng_layer_params(const eng_layer *layer);
@@ -420,6 +493,21 @@ eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensor
 eng_layer *eng_layer_load(const char *name, const char *path, int64_t num_heads,
                           int64_t num_kv_heads, eng_error *err);
 
+/* A decoder layer: the projection tensors as eng_layer_from_tensors names them (16-bit
+ * matrices kept in 16 bits), plus "q_norm.weight" and "k_norm.weight" ([D] shared by the heads,
+ * or [H D] and [W]), "q_norm.bias" and "k_norm.bias" (LayerNorm), and "sinks" ([H]); with the
+ * positions, norms, scale, softcap and window of `spec`. eng_mha then applies them all: its
+ * positional must be NONE, and its window, when unset, is the layer's. NULL on failure, with
+ * err naming the tensor or the spec's field (rotary_dim, rope.factor, ...). */
+eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, size_t count,
+                             int64_t num_heads, int64_t num_kv_heads, const eng_decoder_spec *spec,
+                             eng_error *err);
+
+/* The RoPE inverse frequencies of `rope` (rotary_dim / 2 of them) in transformers' float32
+ * arithmetic, and the factor cos and sin take (1 unless YaRN). EINVAL naming the field. */
+eng_status eng_rope_inv_freq(const eng_rope_params *rope, float *inv_freq, float *attention_factor,
+                             eng_error *err);
+
 typedef enum {
     ENG_POSITIONAL_NONE = 0,
     ENG_POSITIONAL_SINUSOIDAL, /* added to the layer input(s) before projection */
@@ -441,7 +529,9 @@ typedef struct {
     const float *value_in;
     float *out; /* [B, L, E], written */
 
-    /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). */
+    /* Masks and positions exactly as in eng_sdpa_args (S counts the input keys). A decoder
+     * layer (eng_layer_decoder) brings its scale, softcap and window: the window applies
+     * when neither side is set here. */
     bool causal;
     eng_align align;
     int64_t query_offset;
@@ -452,8 +542,8 @@ typedef struct {
     eng_mask attn_mask; /* broadcast to [B, H, L, S] */
     bool add_zero_attn; /* append a zero key and value, as torch's add_zero_attn */
 
-    eng_positional positional;
-    float rope_base; /* 0: 10000 */
+    eng_positional positional; /* NONE for a decoder layer, which turns q and k itself */
+    float rope_base;           /* 0: 10000 */
     eng_rope_style rope_style;
 
     eng_weights_mode weights_mode; /* as eng_sdpa_args, with S' = S + extra keys */

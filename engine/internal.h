@@ -112,10 +112,22 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
                                        int64_t num_kv_heads, eng_error *err);
 
 /* eng_layer_from_tensors, keeping the four projection matrices in 16 bits (w16_*) when
- * `keep16` and they all have one 16-bit dtype. */
+ * `keep16` and they all have one 16-bit dtype; heads of head_dim (0: E / num_heads). */
 eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
-                               int64_t num_heads, int64_t num_kv_heads, bool keep16,
-                               eng_error *err);
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               bool keep16, eng_error *err);
+
+/* Floats of a decoder layer's own parameters (0 for other layers). */
+size_t eng__decoder_floats(const eng_layer *layer);
+
+/* A decoder layer's q/k norm and RoPE on n projected rows (row stride ld) of q (`query`) or k,
+ * token t at position pos0 + t. */
+void eng__decoder_project(const eng_layer *layer, bool query, float *rows, int64_t n, int64_t ld,
+                          int64_t pos0);
+
+/* Scales each head's output rows o [B, L, H D] by the share the layer's sinks leave them:
+ * 1 / (1 + exp(sink_h - lse)), lse [B, H, L] the attention's log-sum-exp. */
+void eng__decoder_sinks(const eng_layer *layer, float *o, int64_t B, int64_t L, const float *lse);
 
 /* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
 size_t eng__l2_bytes(void);

@@ -82,6 +82,7 @@ static bool matrix_shape(const eng_tensor_ref *t, int64_t *rows, int64_t *cols)
 typedef struct {
     const eng_tensor_ref *by_role[ROLE_COUNT];
     int64_t E, H, Hkv, D, W, kdim, vdim;
+    int64_t Q; /* the width of q and of the attention's output: H * D */
 } layer_plan;
 
 /* The name a missing q/k/v weight has in the naming scheme of the weights that are present. */
@@ -176,21 +177,33 @@ static eng_status expect_matrix(const layer_plan *lp, role r, int64_t rows, int6
     return ENG_OK;
 }
 
-/* Derives E, D, W, kdim and vdim from the shapes, and checks every tensor against them. */
-static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, eng_error *err)
+/* Derives E, D, Q, W, kdim and vdim from the shapes (D from head_dim when > 0, else E / H),
+ * and checks every tensor against them. */
+static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                              eng_error *err)
 {
     const eng_tensor_ref *o = lp->by_role[ROLE_O_W];
     int64_t rows, cols;
-    if (!matrix_shape(o, &rows, &cols) || rows != cols)
+    if (!matrix_shape(o, &rows, &cols) || (head_dim <= 0 && rows != cols))
         return eng__fail(err, ENG_EFORMAT, o->name, "tensor '%s' must be a square [E, E] matrix",
                          o->name);
     lp->E = rows;
-    if (heads <= 0 || lp->E % heads != 0)
+    if (heads <= 0 || heads > 65536 || (head_dim <= 0 && lp->E % heads != 0))
         return eng__fail(err, ENG_EINVAL, "num_heads",
                          "num_heads = %lld must be positive and divide embed_dim %lld",
                          (long long)heads, (long long)lp->E);
+    if (head_dim > 65536)
+        return eng__fail(err, ENG_EINVAL, "head_dim", "head_dim = %lld is over 65536",
+                         (long long)head_dim);
     lp->H = heads;
-    lp->D = lp->E / heads;
+    lp->D = head_dim > 0 ? head_dim : lp->E / heads;
+    lp->Q = lp->H * lp->D;
+    if (lp->by_role[ROLE_IN_W] && lp->Q != lp->E)
+        return eng__fail(err, ENG_EINVAL, "head_dim",
+                         "a packed in_proj_weight needs heads of embed_dim / num_heads");
+    if (cols != lp->Q)
+        return eng__fail(err, ENG_EFORMAT, o->name, "tensor '%s' must be [%lld, %lld]", o->name,
+                         (long long)lp->E, (long long)lp->Q);
     lp->Hkv = kv_heads > 0 ? kv_heads : heads;
     if (lp->H % lp->Hkv != 0)
         return eng__fail(err, ENG_EINVAL, "num_kv_heads",
@@ -204,14 +217,14 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, e
             (st = expect_vector(lp, ROLE_IN_B, lp->E + 2 * lp->W, err)))
             return st;
     } else {
-        if ((st = expect_matrix(lp, ROLE_Q_W, lp->E, lp->E, err)) ||
+        if ((st = expect_matrix(lp, ROLE_Q_W, lp->Q, lp->E, err)) ||
             (st = expect_matrix(lp, ROLE_K_W, lp->W, 0, err)) ||
             (st = expect_matrix(lp, ROLE_V_W, lp->W, 0, err)))
             return st;
         lp->kdim = lp->by_role[ROLE_K_W]->shape[1];
         lp->vdim = lp->by_role[ROLE_V_W]->shape[1];
-        if ((st = expect_vector(lp, ROLE_IN_B, lp->E + 2 * lp->W, err)) ||
-            (st = expect_vector(lp, ROLE_Q_B, lp->E, err)) ||
+        if ((st = expect_vector(lp, ROLE_IN_B, lp->Q + 2 * lp->W, err)) ||
+            (st = expect_vector(lp, ROLE_Q_B, lp->Q, err)) ||
             (st = expect_vector(lp, ROLE_K_B, lp->W, err)) ||
             (st = expect_vector(lp, ROLE_V_B, lp->W, err)))
             return st;
@@ -220,7 +233,7 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, e
         (st = expect_vector(lp, ROLE_BIAS_K, lp->W, err)) ||
         (st = expect_vector(lp, ROLE_BIAS_V, lp->W, err)))
         return st;
-    int64_t params = 2 * lp->E * lp->E + lp->W * (lp->kdim + lp->vdim) + 2 * lp->E + 4 * lp->W;
+    int64_t params = 2 * lp->E * lp->Q + lp->W * (lp->kdim + lp->vdim) + lp->Q + lp->E + 4 * lp->W;
     if (params > MAX_LAYER_PARAMS)
         return eng__fail(err, ENG_ETOOBIG, o->name, "the layer has over 2^34 parameters");
     return ENG_OK;
@@ -270,45 +283,27 @@ static eng_dtype matrices_dtype(const layer_plan *lp)
     return dt;
 }
 
-/* Moves the four projection matrices of a just-assembled layer into a 16-bit block, copied
- * from their tensors; false when memory runs out (the layer then stays fp32, whole). */
+/* Copies the four projection matrices of a layer being assembled (whose fp32 block holds
+ * only its vectors) into a 16-bit block; false when memory runs out. */
 static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt)
 {
     const eng_tensor_ref *const *r = lp->by_role;
-    int64_t E = lp->E, W = lp->W;
-    size_t n = (size_t)(2 * E * E + W * (lp->kdim + lp->vdim));
+    int64_t E = lp->E, W = lp->W, Q = lp->Q;
+    size_t n = (size_t)(2 * E * Q + W * (lp->kdim + lp->vdim));
     uint16_t *block = malloc(n * sizeof *block);
     if (!block)
         return false;
-    uint16_t *q = block, *k = q + E * E, *v = k + W * lp->kdim, *o = v + W * lp->vdim;
+    uint16_t *q = block, *k = q + Q * E, *v = k + W * lp->kdim, *o = v + W * lp->vdim;
     if (r[ROLE_IN_W]) {
         copy_bits16(q, r[ROLE_IN_W], 0, E * E);
         copy_bits16(k, r[ROLE_IN_W], E * E, W * E);
         copy_bits16(v, r[ROLE_IN_W], (E + W) * E, W * E);
     } else {
-        copy_bits16(q, r[ROLE_Q_W], 0, E * E);
+        copy_bits16(q, r[ROLE_Q_W], 0, Q * E);
         copy_bits16(k, r[ROLE_K_W], 0, W * lp->kdim);
         copy_bits16(v, r[ROLE_V_W], 0, W * lp->vdim);
     }
-    copy_bits16(o, r[ROLE_O_W], 0, E * E);
-    /* The fp32 block keeps only the vectors: copied into a block of their own. */
-    size_t nvec = (size_t)eng_layer_params(layer) - n;
-    float *vectors = nvec ? malloc(nvec * sizeof(float)) : NULL;
-    if (nvec && !vectors) {
-        free(block);
-        return false;
-    }
-    const float *from = layer->w_o + E * E;
-    if (nvec)
-        memcpy(vectors, from, nvec * sizeof(float));
-    float **vec[6] = {&layer->b_q, &layer->b_k,    &layer->b_v,
-                      &layer->b_o, &layer->bias_k, &layer->bias_v};
-    for (int i = 0; i < 6; i++)
-        if (*vec[i])
-            *vec[i] = vectors + (*vec[i] - from);
-    free(layer->params);
-    layer->params = vectors;
-    layer->w_q = layer->w_k = layer->w_v = layer->w_o = NULL;
+    copy_bits16(o, r[ROLE_O_W], 0, E * Q);
     layer->w16_dtype = dt;
     layer->w16_q = q;
     layer->w16_k = k;
@@ -321,24 +316,29 @@ static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt
 eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
                                   int64_t num_heads, int64_t num_kv_heads, eng_error *err)
 {
-    return eng__layer_assemble(name, tensors, count, num_heads, num_kv_heads, false, err);
+    return eng__layer_assemble(name, tensors, count, num_heads, num_kv_heads, 0, false, err);
 }
 
 eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
-                               int64_t num_heads, int64_t num_kv_heads, bool keep16, eng_error *err)
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               bool keep16, eng_error *err)
 {
     layer_plan lp;
     memset(&lp, 0, sizeof lp);
-    if (assign_roles(&lp, tensors, count, err) || plan_shapes(&lp, num_heads, num_kv_heads, err))
+    if (assign_roles(&lp, tensors, count, err) ||
+        plan_shapes(&lp, num_heads, num_kv_heads, head_dim, err))
         return NULL;
     const eng_tensor_ref *const *r = lp.by_role;
     bool packed = r[ROLE_IN_W] != NULL, packed_bias = r[ROLE_IN_B] != NULL;
     bool bq = packed_bias || r[ROLE_Q_B], bk = packed_bias || r[ROLE_K_B];
     bool bv = packed_bias || r[ROLE_V_B];
-    int64_t E = lp.E, W = lp.W;
+    int64_t E = lp.E, W = lp.W, Q = lp.Q;
 
     eng_layer *layer = calloc(1, sizeof *layer);
-    int64_t total = 2 * E * E + W * (lp.kdim + lp.vdim) + 2 * E + 4 * W;
+    /* The matrices stay in their 16 bits (keep_matrices16) or are widened into the block. */
+    eng_dtype dt = matrices_dtype(&lp);
+    bool as16 = keep16 && dt != ENG_DTYPE_F32;
+    int64_t total = (as16 ? 0 : 2 * E * Q + W * (lp.kdim + lp.vdim)) + Q + E + 4 * W;
     float *block = layer ? malloc((size_t)total * sizeof(float)) : NULL;
     if (!block) {
         free(layer);
@@ -349,28 +349,29 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
     snprintf(layer->dtype, sizeof layer->dtype, "%s", dtype_name(r[ROLE_O_W]->dtype));
     layer->embed_dim = E;
     layer->num_heads = lp.H;
+    layer->head_dim = lp.D;
     layer->num_kv_heads = lp.Hkv;
     layer->kdim = lp.kdim;
     layer->vdim = lp.vdim;
     layer->params = block;
     float *at = block;
-    layer->w_q = take(&at, E * E, true);
-    layer->w_k = take(&at, W * lp.kdim, true);
-    layer->w_v = take(&at, W * lp.vdim, true);
-    layer->w_o = take(&at, E * E, true);
-    layer->b_q = take(&at, E, bq);
+    layer->w_q = take(&at, Q * E, !as16);
+    layer->w_k = take(&at, W * lp.kdim, !as16);
+    layer->w_v = take(&at, W * lp.vdim, !as16);
+    layer->w_o = take(&at, E * Q, !as16);
+    layer->b_q = take(&at, Q, bq);
     layer->b_k = take(&at, W, bk);
     layer->b_v = take(&at, W, bv);
     layer->b_o = take(&at, E, r[ROLE_O_B] != NULL);
     layer->bias_k = take(&at, W, r[ROLE_BIAS_K] != NULL);
     layer->bias_v = take(&at, W, r[ROLE_BIAS_V] != NULL);
 
-    if (packed) { /* rows [0, E) are W_q, then W rows of W_k, then W rows of W_v */
+    if (!as16 && packed) { /* rows [0, E) are W_q, then W rows of W_k, then W rows of W_v */
         copy_elements(layer->w_q, r[ROLE_IN_W], 0, E * E);
         copy_elements(layer->w_k, r[ROLE_IN_W], E * E, W * E);
         copy_elements(layer->w_v, r[ROLE_IN_W], (E + W) * E, W * E);
-    } else {
-        copy_elements(layer->w_q, r[ROLE_Q_W], 0, E * E);
+    } else if (!as16) {
+        copy_elements(layer->w_q, r[ROLE_Q_W], 0, Q * E);
         copy_elements(layer->w_k, r[ROLE_K_W], 0, W * lp.kdim);
         copy_elements(layer->w_v, r[ROLE_V_W], 0, W * lp.vdim);
     }
@@ -380,21 +381,21 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
         copy_elements(layer->b_v, r[ROLE_IN_B], E + W, W);
     } else {
         if (bq)
-            copy_elements(layer->b_q, r[ROLE_Q_B], 0, E);
+            copy_elements(layer->b_q, r[ROLE_Q_B], 0, Q);
         if (bk)
             copy_elements(layer->b_k, r[ROLE_K_B], 0, W);
         if (bv)
             copy_elements(layer->b_v, r[ROLE_V_B], 0, W);
     }
-    copy_elements(layer->w_o, r[ROLE_O_W], 0, E * E);
+    if (!as16)
+        copy_elements(layer->w_o, r[ROLE_O_W], 0, E * Q);
     if (layer->b_o)
         copy_elements(layer->b_o, r[ROLE_O_B], 0, E);
     if (layer->bias_k) {
         copy_elements(layer->bias_k, r[ROLE_BIAS_K], 0, W);
         copy_elements(layer->bias_v, r[ROLE_BIAS_V], 0, W);
     }
-    eng_dtype dt = matrices_dtype(&lp);
-    if (keep16 && dt != ENG_DTYPE_F32 && !keep_matrices16(layer, &lp, dt)) {
+    if (as16 && !keep_matrices16(layer, &lp, dt)) {
         eng_layer_free(layer);
         eng__fail(err, ENG_ENOMEM, "", "cannot allocate %lld parameters", (long long)total);
         return NULL;
@@ -408,23 +409,32 @@ void eng_layer_free(eng_layer *layer)
         return;
     free(layer->params);
     free(layer->params16);
+    free(layer->decoder_params);
     free(layer);
 }
 
 size_t eng_layer_bytes(const eng_layer *l)
 {
-    int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
-    size_t matrices = (size_t)(2 * E * E + W * (l->kdim + l->vdim));
+    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D,
+            Q = l->num_heads * D;
+    size_t matrices = (size_t)(2 * E * Q + W * (l->kdim + l->vdim));
     size_t all = (size_t)eng_layer_params(l);
-    return l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
-                       : all * sizeof(float);
+    size_t own = eng__decoder_floats(l) * sizeof(float);
+    return own + (l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
+                              : all * sizeof(float));
+}
+
+int64_t eng_layer_head_dim(const eng_layer *l)
+{
+    return l->head_dim > 0 ? l->head_dim : l->embed_dim / l->num_heads;
 }
 
 int64_t eng_layer_params(const eng_layer *l)
 {
-    int64_t E = l->embed_dim, W = l->num_kv_heads * (E / l->num_heads);
-    int64_t n = 2 * E * E + W * (l->kdim + l->vdim);
-    n += (l->b_q ? E : 0) + (l->b_k ? W : 0) + (l->b_v ? W : 0) + (l->b_o ? E : 0);
+    int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D,
+            Q = l->num_heads * D;
+    int64_t n = 2 * E * Q + W * (l->kdim + l->vdim);
+    n += (l->b_q ? Q : 0) + (l->b_k ? W : 0) + (l->b_v ? W : 0) + (l->b_o ? E : 0);
     n += l->bias_k ? 2 * W : 0;
     return n;
 }

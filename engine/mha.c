@@ -15,6 +15,11 @@
  * evicted each other; eng_sdpa on (1, 8, 2048, 64) heads laid out that way ran 4-13% slower
  * than on head-major ones (10-20% causal).
  *
+ * A decoder layer (eng_layer_decoder, engine/decoder.c) has q H D wide (D its own head size),
+ * normalises and turns the q and k rows of each projection task while they are staged, brings
+ * its scale, softcap and window to the attention, and its sinks rescale each head's output
+ * rows from the attention's log-sum-exp before the output projection.
+ *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
  * are added to copies of the inputs before the projections. The projections run on the kernel
  * set's GEMM (kernels.h), the same one as the attention's block products.
@@ -43,6 +48,9 @@
  * an E=512 layer's three weights make 12 tasks, which two workers share equally. */
 #define PACK_ROWS 128
 
+/* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
+typedef enum { DECODER_NONE = 0, DECODER_QUERY, DECODER_KEY } decoder_rows;
+
 /* One projection y = x W^T + b over B batches of `rows` tokens, optionally rotated. */
 typedef struct {
     const float *in;
@@ -58,6 +66,7 @@ typedef struct {
     int64_t rows;
     bool rope;
     int64_t rope_heads, pos0;
+    decoder_rows qk; /* a decoder layer's norm and RoPE on these rows */
 } linear_job;
 
 typedef struct {
@@ -214,6 +223,8 @@ static void linear_task(void *arg, int64_t index)
     if (j->rope)
         eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
                        lb->a->rope_style);
+    if (j->qk)
+        eng__decoder_project(lb->a->layer, j->qk == DECODER_QUERY, out, n, ld, j->pos0 + t0);
     if (j->out_hstride)
         scatter_heads(lb, j, out, n, b, t0);
 }
@@ -303,6 +314,7 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 
 typedef struct {
     int64_t B, L, S, Sx, E, H, Hkv, D, W, extra; /* S: keys attended; Sx: with the appended */
+    int64_t Q;       /* the width of q and of the attention's output: H D */
     int64_t S_in;    /* key/value input tokens projected: S, or L over a cache */
     int64_t kv_rows; /* rows per head of the K and V buffers: S_in plus the appended keys */
     bool self;
@@ -313,6 +325,8 @@ typedef struct {
     bool sinusoid, bf16;    /* inputs are copied: encoding added, or rounded to bf16 */
     const eng__kernels *ks; /* read once per call */
     size_t q_floats, kv_floats, o_floats, copy_floats;
+    size_t x_floats;   /* the input [B, L, E] */
+    size_t lse_floats; /* [B, H, L] for a layer's sinks, else 0 */
 } mha_shape;
 
 eng_precision eng_mha_precision(const eng_mha_args *a)
@@ -397,6 +411,23 @@ static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *e
     return ENG_OK;
 }
 
+/* A LongRoPE or dynamic-NTK layer turns positions below its max_positions only: past them
+ * transformers would turn every position by other frequencies. */
+static eng_status check_positions(const eng_layer *ly, const mha_shape *sh, eng_error *err)
+{
+    if (!ly->decoder || ly->spec.rope.max_positions <= 0)
+        return ENG_OK;
+    int64_t limit = ly->spec.rope.max_positions;
+    int64_t end = sh->q_offset + sh->L > sh->k_offset + sh->S_in ? sh->q_offset + sh->L
+                                                                 : sh->k_offset + sh->S_in;
+    if (end > limit)
+        return eng__fail(err, ENG_EINVAL, "input",
+                         "layer '%s' serves positions below %lld, not up to %lld: past them "
+                         "transformers rescales the RoPE of every position",
+                         ly->name, (long long)limit, (long long)end);
+    return ENG_OK;
+}
+
 static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err)
 {
     const eng_layer *ly = a->layer;
@@ -419,7 +450,8 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
     sh->E = ly->embed_dim;
     sh->H = ly->num_heads;
     sh->Hkv = ly->num_kv_heads;
-    sh->D = sh->E / sh->H;
+    sh->D = eng_layer_head_dim(ly);
+    sh->Q = sh->H * sh->D;
     sh->W = sh->Hkv * sh->D;
     sh->extra = eng_mha_extra_keys(a);
     if (sh->S <= 0 || sh->S > INT_MAX - 2)
@@ -434,6 +466,13 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
                          ly->name, (long long)ly->kdim, (long long)ly->vdim);
     if (a->positional < ENG_POSITIONAL_NONE || a->positional > ENG_POSITIONAL_ALIBI)
         return eng__fail(err, ENG_EINVAL, "positional", "unknown positional encoding");
+    if (ly->decoder && a->positional != ENG_POSITIONAL_NONE)
+        return eng__fail(err, ENG_EINVAL, "positional",
+                         "decoder layer '%s' has its own positions: positional must be none",
+                         ly->name);
+    if (ly->sinks && a->weights_mode != ENG_WEIGHTS_NONE)
+        return eng__fail(err, ENG_EINVAL, "weights_mode",
+                         "layer '%s' has attention sinks: it returns no weights", ly->name);
     if (a->positional == ENG_POSITIONAL_ROPE) {
         if (sh->D % 2 != 0)
             return eng__fail(err, ENG_EINVAL, "positional",
@@ -448,19 +487,22 @@ static eng_status check_mha(const eng_mha_args *a, mha_shape *sh, eng_error *err
                                                       : 0;
     if (a->kv_cache && (st = check_cache(a, sh, err)) != ENG_OK)
         return st;
+    if ((st = check_positions(ly, sh, err)) != ENG_OK)
+        return st;
     size_t in_k, in_v;
-    if (!mul3(sh->B, sh->L, sh->E, &sh->q_floats) ||
+    if (!mul3(sh->B, sh->L, sh->Q, &sh->q_floats) || !mul3(sh->B, sh->L, sh->E, &sh->x_floats) ||
         !mul3(sh->B, sh->kv_rows, 2 * sh->W, &sh->kv_floats) ||
         !mul3(sh->B, sh->S_in, ly->kdim, &in_k) || !mul3(sh->B, sh->S_in, ly->vdim, &in_v))
         return eng__fail(err, ENG_ETOOBIG, "input", "the layer's buffers would exceed memory");
     sh->o_floats = sh->q_floats;
+    sh->lse_floats = ly->sinks ? (size_t)(sh->B * sh->H * sh->L) : 0;
     sh->sinusoid = a->positional == ENG_POSITIONAL_SINUSOIDAL;
     sh->ks = eng__kernels_current();
     sh->bf16 = a->precision == ENG_PRECISION_BFLOAT16 && sh->ks->tile;
     if (sh->sinusoid || sh->bf16) {
         /* Copies with the encoding added (or rounded to bf16): the queries, and keys/values
          * unless they are the queries' tokens at the same positions. */
-        sh->copy_floats = sh->q_floats;
+        sh->copy_floats = sh->x_floats;
         if (!sh->self || (sh->sinusoid && sh->q_offset != sh->k_offset)) {
             bool shared = sh->self || a->key_in == a->value_in;
             sh->copy_floats += in_k + (shared ? 0 : in_v);
@@ -482,12 +524,12 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
 {
     eng_sdpa_args s;
     memset(&s, 0, sizeof s);
-    int64_t E = sh->E, D = sh->D;
-    s.q = (eng_view){q, {sh->B, sh->H, sh->L, D}, {sh->L * E, sh->L * D, D, 1}};
+    int64_t Q = sh->Q, D = sh->D;
+    s.q = (eng_view){q, {sh->B, sh->H, sh->L, D}, {sh->L * Q, sh->L * D, D, 1}};
     s.k = (eng_view){kv, {sh->B, sh->Hkv, sh->Sx, D}, {sh->Hkv * sh->Sx * D, sh->Sx * D, D, 1}};
     s.v = s.k;
     s.v.data = value_rows(sh, kv);
-    s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * E, D, E, 1}};
+    s.out = (eng_view){o, {sh->B, sh->H, sh->L, D}, {sh->L * Q, D, Q, 1}};
     s.causal = a->causal;
     /* Positions count the S input keys only: bottom-right alignment means S - L, not S' - L. */
     s.align = ENG_ALIGN_OFFSET;
@@ -504,6 +546,16 @@ static eng_sdpa_args sdpa_args(const eng_mha_args *a, const mha_shape *sh, float
     s.weights_mode = a->weights_mode;
     s.weights = a->weights;
     s.precision = sh->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
+    const eng_layer *ly = a->layer;
+    if (ly->decoder) { /* the layer's scale, cap and window, unless the call sets a window */
+        s.scale_set = ly->spec.scale_set;
+        s.scale = ly->spec.scale;
+        s.softcap = ly->spec.softcap;
+        if (ly->spec.window > 0 && !s.window_left_set && !s.window_right_set) {
+            s.window_left_set = true;
+            s.window_left = ly->spec.window - 1;
+        }
+    }
     return s;
 }
 
@@ -545,20 +597,23 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     const eng__kernels *ks = eng__kernels_current();
     int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
     in_most = in_most > a->layer->vdim ? in_most : a->layer->vdim;
+    in_most = in_most > sh.Q ? in_most : sh.Q;
+    int64_t out_most = sh.E > sh.Q ? sh.E : sh.Q;
     int64_t rows_most = sh.L > sh.S_in ? sh.L : sh.S_in;
-    const linear_job widest = {.out_f = sh.E, .in_f = in_most, .out_hstride = 1};
+    const linear_job widest = {.out_f = out_most, .in_f = in_most, .out_hstride = 1};
     size_t pack = task_floats(ks, &widest, a->layer->params16 != NULL,
                               rows_most < CHUNK_ROWS ? rows_most : CHUNK_ROWS) *
                   sizeof(float);
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
     if (ks->tile)
-        weights = (eng__sgemm_panels_floats(ks, sh.E, sh.E) +
+        weights = (eng__sgemm_panels_floats(ks, sh.Q, sh.E) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *
                   sizeof(float);
-    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats) * sizeof(float) + attention +
-           (size_t)(threads + 1) * pack + weights;
+    return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats + sh.lse_floats) *
+               sizeof(float) +
+           attention + (size_t)(threads + 1) * pack + weights;
 }
 
 /* ---- Forward ------------------------------------------------------------------------------ */
@@ -642,15 +697,16 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .in_ld = sh->E,
                               .w = ly->w_q,
                               .bias = ly->b_q,
-                              .out_f = sh->E,
+                              .out_f = sh->Q,
                               .in_f = sh->E,
                               .out = q,
-                              .out_bstride = sh->L * sh->E,
+                              .out_bstride = sh->L * sh->Q,
                               .out_hstride = sh->L * D,
                               .rows = sh->L,
                               .rope = rope,
                               .rope_heads = sh->H,
-                              .pos0 = sh->q_offset};
+                              .pos0 = sh->q_offset,
+                              .qk = ly->decoder ? DECODER_QUERY : DECODER_NONE};
     lb.jobs[1] = (linear_job){.in = xk,
                               .in_bstride = sh->S_in * ly->kdim,
                               .in_ld = ly->kdim,
@@ -664,7 +720,8 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .rows = sh->S_in,
                               .rope = rope,
                               .rope_heads = sh->Hkv,
-                              .pos0 = sh->k_offset};
+                              .pos0 = sh->k_offset,
+                              .qk = ly->decoder ? DECODER_KEY : DECODER_NONE};
     lb.jobs[2] = (linear_job){.in = xv,
                               .in_bstride = sh->S_in * ly->vdim,
                               .in_ld = ly->vdim,
@@ -691,12 +748,12 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
                        .w16 = {ly->w16_o},
                        .w16_dtype = ly->w16_dtype};
     lb.jobs[0] = (linear_job){.in = o,
-                              .in_bstride = sh->L * sh->E,
-                              .in_ld = sh->E,
+                              .in_bstride = sh->L * sh->Q,
+                              .in_ld = sh->Q,
                               .w = ly->w_o,
                               .bias = ly->b_o,
                               .out_f = sh->E,
-                              .in_f = sh->E,
+                              .in_f = sh->Q,
                               .out = a->out,
                               .out_bstride = sh->L * sh->E,
                               .out_ld = sh->E,
@@ -707,12 +764,13 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
 /* Appends the new tokens' K and V rows (each head's L rows of the K and V buffers) to the
  * cache and attends the queries over all of it. */
 static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh, float *q,
-                             float *kv, float *o, eng_ctl *ctl, eng_error *err)
+                             float *kv, float *o, float *lse, eng_ctl *ctl, eng_error *err)
 {
     eng_view kview = eng_view_contiguous(kv, 1, sh->Hkv, sh->L, sh->D);
     eng_view vview = eng_view_contiguous(value_rows(sh, kv), 1, sh->Hkv, sh->L, sh->D);
     eng_kv_rows k = eng_kv_rows_f32(kview), v = eng_kv_rows_f32(vview);
     eng_sdpa_args s = cache_sdpa_args(a, sh, q, o, NULL);
+    s.lse = lse;
     return eng_kv_step(pool, sh->cache, &k, &v, &s, ctl, err);
 }
 
@@ -738,7 +796,8 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     float *kv = eng_buf_alloc(sh.kv_floats * sizeof(float));
     float *o = eng_buf_alloc(sh.o_floats * sizeof(float));
     float *copies = sh.copy_floats ? eng_buf_alloc(sh.copy_floats * sizeof(float)) : NULL;
-    if (!q || !kv || !o || (sh.copy_floats && !copies)) {
+    float *lse = sh.lse_floats ? eng_buf_alloc(sh.lse_floats * sizeof(float)) : NULL;
+    if (!q || !kv || !o || (sh.copy_floats && !copies) || (sh.lse_floats && !lse)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate the layer's buffers");
         goto done;
     }
@@ -748,7 +807,7 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
         float *next = copies;
         st = copy_input(pool, &sh, a->x, next, sh.L, sh.E, sh.q_offset, ctl);
         xq = next;
-        next += sh.q_floats;
+        next += sh.x_floats;
         if (sh.self && (!sh.sinusoid || sh.q_offset == sh.k_offset)) {
             xk = xv = xq; /* the same tokens at the same positions */
         } else {
@@ -771,14 +830,17 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
     if ((st = project_inputs(pool, a, &sh, xq, xk, xv, q, kv, ctl)) != ENG_OK)
         goto stopped;
     if (sh.cache) {
-        if ((st = cache_step(pool, a, &sh, q, kv, o, ctl, err)) != ENG_OK)
+        if ((st = cache_step(pool, a, &sh, q, kv, o, lse, ctl, err)) != ENG_OK)
             goto done; /* eng_kv_step left the sequence as it was */
     } else {
         append_keys(a, &sh, kv);
         eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
+        s.lse = lse;
         if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
             goto done;
     }
+    if (lse)
+        eng__decoder_sinks(a->layer, o, sh.B, sh.L, lse);
     if (sh.bf16) /* the output projection's operand, as the products take them */
         sh.ks->round_bf16(o, (int64_t)sh.o_floats);
     if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK) {
@@ -794,5 +856,6 @@ done:
     eng_buf_free(kv);
     eng_buf_free(o);
     eng_buf_free(copies);
+    eng_buf_free(lse);
     return st;
 }

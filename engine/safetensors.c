@@ -436,7 +436,7 @@ eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
     if (!parse_header(&r, h) || !check_entries(&r, h, size - 8 - n, refs, bytes + 8 + n))
         goto done;
     layer = eng__layer_assemble(name, refs, h->count, num_heads > 0 ? num_heads : h->num_heads,
-                                num_kv_heads > 0 ? num_kv_heads : h->num_kv_heads, true, err);
+                                num_kv_heads > 0 ? num_kv_heads : h->num_kv_heads, 0, true, err);
     if (!layer && err) {
         char inner[sizeof err->message];
         memcpy(inner, err->message, sizeof inner);

@@ -120,12 +120,14 @@ static const srv_option options[] = {
      "S", "on SIGTERM/SIGINT, time in-flight requests get to finish before they are "
      "cancelled (answered 503)"},
     {"model", "ATTND_MODEL", OPT_MODEL, OFF(models), 0, 0, NULL,
-     "NAME=PATH[:heads=N[:kv_heads=M]]",
+     "NAME=PATH[:heads=N[:kv_heads=M]] or NAME=DIR[:layer=K]",
      "serve the safetensors layer at PATH (F32, F16 or BF16; nn.MultiheadAttention, "
      "q_proj/k_proj/v_proj/o_proj or W_Q/W_K/W_V/W_O names) as model NAME, loaded at "
      "start-up; heads and kv_heads override the file's __metadata__ num_heads and "
-     "num_kv_heads; a file that cannot be loaded stops the start (exit 2); repeatable (the "
-     "variable takes a comma-separated list)"},
+     "num_kv_heads; or the attention of layer K (default 0) of the Hugging Face checkpoint "
+     "in directory DIR (config.json and model.safetensors or an index and shards; see "
+     "docs/huggingface.md); a model that cannot be loaded stops the start (exit 2); "
+     "repeatable (the variable takes a comma-separated list)"},
     {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
      "error, warn, info or debug"},
     {"tls-cert", "ATTND_TLS_CERT", OPT_STR, OFF(tls_cert), 0, 0, NULL, "FILE",
@@ -257,10 +259,10 @@ static bool model_name_ok(const char *s, size_t n)
     return true;
 }
 
-/* Strips a trailing ":KEY=N" from text[0..*n) into *value (a positive integer up to 2^20).
+/* Strips a trailing ":KEY=N" from text[0..*n) into *value (an integer in [min, 2^20]).
  * Returns 1 when stripped, 0 when there is no such suffix, -1 for a ":KEY=" suffix whose value
  * is not such a number (a ":KEY=" followed by a '/' belongs to the path instead). */
-static int strip_suffix(const char *text, size_t *n, const char *key, int64_t *value)
+static int strip_suffix(const char *text, size_t *n, const char *key, int64_t min, int64_t *value)
 {
     size_t klen = strlen(key), at = SIZE_MAX, digits = 0;
     char num[16];
@@ -280,31 +282,34 @@ static int strip_suffix(const char *text, size_t *n, const char *key, int64_t *v
         return -1;
     memcpy(num, v, vlen);
     num[vlen] = '\0';
-    if (parse_int(num, value) != SRV_OK || *value < 1 || *value > (1 << 20))
+    if (parse_int(num, value) != SRV_OK || *value < min || *value > (1 << 20))
         return -1;
     *n = at;
     return 1;
 }
 
-/* Appends one NAME=PATH[:heads=N[:kv_heads=M]] (the first `n` bytes of `text`) to
- * cfg->models. The suffixes are read from the end, so a PATH may itself contain ':'. */
+/* Appends one NAME=PATH[:heads=N[:kv_heads=M]] or NAME=DIR[:layer=K] (the first `n` bytes of
+ * `text`) to cfg->models. The suffixes are read from the end, so a PATH may itself contain
+ * ':'. */
 static srv_status add_model(srv_config *cfg, const char *text, size_t n, const char *who, char *err,
                             size_t errlen)
 {
     const char *eq = memchr(text, '=', n);
     srv_model *grown;
     size_t name_len, path_end = n;
-    int64_t heads = 0, kv_heads = 0;
-    int has_kv = 0, has_heads = 0;
+    int64_t heads = 0, kv_heads = 0, layer = -1;
+    int has_kv = 0, has_heads = 0, has_layer = 0;
     if (eq) {
-        has_kv = strip_suffix(text, &path_end, "kv_heads", &kv_heads);
-        if (has_kv >= 0)
-            has_heads = strip_suffix(text, &path_end, "heads", &heads);
+        has_layer = strip_suffix(text, &path_end, "layer", 0, &layer);
+        if (has_layer == 0)
+            has_kv = strip_suffix(text, &path_end, "kv_heads", 1, &kv_heads);
+        if (has_layer == 0 && has_kv >= 0)
+            has_heads = strip_suffix(text, &path_end, "heads", 1, &heads);
     }
-    if (has_kv < 0 || has_heads < 0 || (has_kv > 0 && has_heads == 0)) {
+    if (has_layer < 0 || has_kv < 0 || has_heads < 0 || (has_kv > 0 && has_heads == 0)) {
         snprintf(err, errlen,
-                 "%s: \"%.*s\": the suffixes are :heads=N or :heads=N:kv_heads=M, each a "
-                 "positive integer",
+                 "%s: \"%.*s\": the suffixes are :heads=N or :heads=N:kv_heads=M (each a "
+                 "positive integer) for a file, :layer=K (K >= 0) for a checkpoint directory",
                  who, (int)(n > 200 ? 200 : n), text);
         return SRV_EINVAL;
     }
@@ -331,6 +336,7 @@ static srv_status add_model(srv_config *cfg, const char *text, size_t n, const c
     grown[cfg->n_models].path = dup_n(eq + 1, path_end - name_len - 1);
     grown[cfg->n_models].heads = heads;
     grown[cfg->n_models].kv_heads = kv_heads;
+    grown[cfg->n_models].layer = layer;
     if (!grown[cfg->n_models].name || !grown[cfg->n_models].path) {
         free(grown[cfg->n_models].name);
         free(grown[cfg->n_models].path);

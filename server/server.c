@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -76,6 +77,30 @@ int srv_server_port(const srv_server *s)
     return s->port;
 }
 
+/* A --model: a checkpoint directory's layer, or a safetensors file's. */
+static eng_layer *load_model(const srv_model *m, eng_error *eerr)
+{
+    struct stat st;
+    if (stat(m->path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        if (m->layer >= 0) {
+            snprintf(eerr->message, sizeof eerr->message,
+                     "%.120s: :layer=%lld applies to a checkpoint directory, not a file", m->path,
+                     (long long)m->layer);
+            return NULL;
+        }
+        return eng_layer_load(m->name, m->path, m->heads, m->kv_heads, eerr);
+    }
+    if (m->heads > 0) {
+        snprintf(eerr->message, sizeof eerr->message,
+                 "%.120s is a checkpoint directory: its heads come from config.json, not "
+                 ":heads=",
+                 m->path);
+        return NULL;
+    }
+    return api_checkpoint_load(m->name, m->path, m->layer > 0 ? m->layer : 0, NULL, eerr->message,
+                               sizeof eerr->message);
+}
+
 api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
 {
     api_models *models = api_models_new();
@@ -90,19 +115,18 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
         int64_t t0 = eng_now_ns();
         eng_layer *layer;
         memset(&eerr, 0, sizeof eerr);
-        layer = eng_layer_load(m->name, m->path, m->heads, m->kv_heads, &eerr);
+        layer = load_model(m, &eerr);
         if (!layer) {
-            /* The engine's message names the file and the tensor. */
+            /* The message names the file and the tensor or config field. */
             snprintf(err, errlen, "--model %s: %s", m->name, eerr.message);
             api_models_free(models);
             return NULL;
         }
+        api_layer_summary(layer, why, sizeof why);
         srv_log(SRV_LOG_INFO,
-                "loaded model %s from %s: embed_dim %lld, %lld heads (%lld kv), %s, %lld "
-                "parameters in %.1f ms",
-                layer->name, m->path, (long long)layer->embed_dim, (long long)layer->num_heads,
-                (long long)layer->num_kv_heads, layer->dtype, (long long)eng_layer_params(layer),
-                (double)(eng_now_ns() - t0) / 1e6);
+                "loaded model %s from %s: %s; embed_dim %lld, %lld parameters in %.1f ms",
+                layer->name, m->path, why, (long long)layer->embed_dim,
+                (long long)eng_layer_params(layer), (double)(eng_now_ns() - t0) / 1e6);
         if (!api_models_add(models, layer, why, sizeof why)) {
             snprintf(err, errlen, "--model %s=%s: %s", m->name, m->path, why);
             api_models_free(models);

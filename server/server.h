@@ -76,11 +76,13 @@ void srv_logv(srv_log_level level, const char *fmt, va_list ap)
 
 /* ---- Configuration ------------------------------------------------------------------------- */
 
-/* A model to register at start-up (--model NAME=PATH[:heads=N[:kv_heads=M]]). */
+/* A model to register at start-up (--model NAME=PATH[:heads=N[:kv_heads=M]], or
+ * NAME=DIR[:layer=K] for a Hugging Face checkpoint directory). */
 typedef struct {
     char *name;
     char *path;
     int64_t heads, kv_heads; /* 0: from the file's __metadata__ */
+    int64_t layer;           /* the checkpoint's layer; -1: not given (0 for a directory) */
 } srv_model;
 
 /* Every option of the daemon; see the table in config.c for bounds, defaults and help. */

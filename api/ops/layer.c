@@ -199,6 +199,54 @@ static int find_layer(api__layer *s, api__error *err)
     return 0;
 }
 
+/* A decoder layer (from a checkpoint) carries its positions, window and causality: a request
+ * may restate them but not contradict them, and attends over its own tokens. */
+static int decoder_fits(const api__layer *s, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    const eng_layer *l = s->layer;
+    if (!l->decoder)
+        return 0;
+    const char *field = r->positional_set && r->positional != ENG_POSITIONAL_NONE ? "positional"
+                        : r->rope_base_set                                        ? "rope_base"
+                        : r->rope_style_set                                       ? "rope_style"
+                                                                                  : NULL;
+    if (field)
+        return api__error_invalid(err, field,
+                                  "model \"%s\" is layer %lld of a %s checkpoint with its own "
+                                  "positions (%s): leave %s out",
+                                  l->name, (long long)l->spec.layer_index, l->spec.family,
+                                  l->spec.rope.rotary_dim ? "rope" : "none", field);
+    /* Not given: a session's default (causal_default), which must not be false either. */
+    bool off = r->causal == API_CAUSAL_OFF ||
+               (r->causal == API_CAUSAL_UNSET && s->sess && s->sess->opts.causal_set &&
+                s->sess->opts.causal == API_CAUSAL_OFF);
+    if (off)
+        return api__error_invalid(err, "causal",
+                                  "model \"%s\" is a causal decoder layer: causal cannot be false",
+                                  l->name);
+    /* A session's window is its steps' unless a step gives its own (build_args). */
+    const api__window *w =
+        r->window.left_set || r->window.right_set || !s->sess ? &r->window : &s->sess->opts.window;
+    int64_t left = l->spec.window > 0 ? l->spec.window - 1 : -1;
+    bool differs = (w->left_set && w->left != left) ||
+                   (!w->left_set && w->right_set && left >= 0) || (w->right_set && w->right != 0);
+    if ((w->left_set || w->right_set) && differs)
+        return api__error_invalid(err, "window",
+                                  "model \"%s\" has %s%lld%s: a request cannot change its window",
+                                  l->name, left >= 0 ? "window [" : "no window (",
+                                  (long long)(left >= 0 ? left : 0), left >= 0 ? ", 0]" : ")");
+    if (r->has_memory || r->has_key || r->add_zero_attn)
+        return api__error_invalid(err,
+                                  r->has_memory ? "memory"
+                                  : r->has_key  ? "key"
+                                                : "add_zero_attn",
+                                  "model \"%s\" is a decoder layer: it attends over its own "
+                                  "input tokens",
+                                  l->name);
+    return 0;
+}
+
 /* ---- Shapes ------------------------------------------------------------------------------ */
 
 /* A token tensor `t` ([n, width] or [B, n, width] after the input's rank) with the given
@@ -294,7 +342,7 @@ static int session_fits_layer(const api__layer *s, api__error *err)
 {
     const api__session *ss = s->sess;
     const eng_layer *l = s->layer;
-    int64_t D = l->embed_dim / l->num_heads;
+    int64_t D = eng_layer_head_dim(l);
     if (ss->model[0] && (s->inline_layer || strcmp(ss->model, l->name) != 0))
         return api__error_invalid(
             err, "session", "session %s is the KV cache of model \"%s\", not of %s%s%s", ss->id,
@@ -575,11 +623,12 @@ static int out_shapes(api__layer *s, api__error *err)
     return 0;
 }
 
-/* Not given: off, or over a session its default (bottom-right unless it says otherwise). */
+/* Not given: off (causal for a decoder layer), or over a session its default (bottom-right
+ * unless it says otherwise). */
 static api__causal causal_default(const api__layer *s)
 {
     if (!s->sess)
-        return API_CAUSAL_OFF;
+        return s->layer && s->layer->decoder ? API_CAUSAL_ON : API_CAUSAL_OFF;
     return s->sess->opts.causal_set ? s->sess->opts.causal : API_CAUSAL_ON;
 }
 
@@ -597,10 +646,12 @@ static int layer_check(void *op, api__error *err)
         (api__session_acquire(s->rq->call->sessions, s->r.session, &s->sess, err) != 0 ||
          session_positions(s, err) != 0))
         return -1;
+    if (find_layer(s, err) != 0 || decoder_fits(s, err) != 0)
+        return -1;
     if (s->r.causal == API_CAUSAL_UNSET)
         s->r.causal = causal_default(s);
-    if (find_layer(s, err) != 0 || check_shapes(s, err) != 0 ||
-        (s->sess && session_check(s, err) != 0) || out_shapes(s, err) != 0)
+    if (check_shapes(s, err) != 0 || (s->sess && session_check(s, err) != 0) ||
+        out_shapes(s, err) != 0)
         return -1;
     return 0;
 }

@@ -136,6 +136,15 @@ static int check_shapes(api__sdpa_req *r, api__error *err)
                                   "[%lld]",
                                   api__tensor_shape_str(&r->slopes, ms, sizeof ms),
                                   (long long)r->H);
+    if (r->has_sinks && !(r->sinks.rank == 1 && r->sinks.shape[0] == r->H))
+        return api__error_invalid(err, "sinks",
+                                  "sinks has shape %s; there is one sink logit per query head: "
+                                  "[%lld]",
+                                  api__tensor_shape_str(&r->sinks, ms, sizeof ms), (long long)r->H);
+    if (r->has_sinks && r->weights != ENG_WEIGHTS_NONE)
+        return api__error_invalid(err, "sinks",
+                                  "sinks take a share of each softmax that the weights would not "
+                                  "show: leave return_weights out");
     if (r->additive != r->has_additive_weights)
         return api__error_invalid(err, "additive_weights", "%s",
                                   r->additive
@@ -184,8 +193,8 @@ static int check_elements(const api__sdpa *s, api__error *err)
     const api__sdpa_req *r = &s->r;
     size_t max = s->rq->limits.max_elements, in = 0, out;
     bool overflow = false;
-    const api__tensor *inputs[] = {&r->q,     &r->k,      &r->v,  &r->mask, &r->kpm,
-                                   &r->kvlen, &r->slopes, &r->wq, &r->wk,   &r->ww};
+    const api__tensor *inputs[] = {&r->q,      &r->k,  &r->v,  &r->mask, &r->kpm,  &r->kvlen,
+                                   &r->slopes, &r->wq, &r->wk, &r->ww,   &r->sinks};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         overflow |= !api__size_add(&in, inputs[i]->count); /* absent tensors count 0 */
     out = count_product(r->B, r->H, r->L, r->Dv, &overflow);
@@ -193,7 +202,7 @@ static int check_elements(const api__sdpa *s, api__error *err)
         overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, r->S, &overflow));
     else if (r->weights == ENG_WEIGHTS_MEAN)
         overflow |= !api__size_add(&out, count_product(r->B, 1, r->L, r->S, &overflow));
-    if (r->return_lse)
+    if (r->return_lse || r->has_sinks)
         overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, 1, &overflow));
     size_t total = in;
     overflow |= !api__size_add(&total, out);
@@ -413,7 +422,7 @@ static void bind_buffers(api__sdpa *s)
 
 /* ---- Memory ------------------------------------------------------------------------------ */
 
-enum { N_INPUTS = 10 };
+enum { N_INPUTS = 11 };
 
 /* Every input a request may have, in decoding order: what it decodes to, and where. */
 static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
@@ -436,6 +445,7 @@ static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
         {&r->wq, r->additive, API_ELEM_FLOAT, 0, (void **)&s->wq, "additive_weights.w_q"},
         {&r->wk, r->additive, API_ELEM_FLOAT, 0, (void **)&s->wk, "additive_weights.w_k"},
         {&r->ww, r->additive, API_ELEM_FLOAT, 0, (void **)&s->ww, "additive_weights.w"},
+        {&r->sinks, r->has_sinks, API_ELEM_FLOAT, 0, (void **)&s->sinks, "sinks"},
     };
     memcpy(in, defs, sizeof defs);
 }
@@ -452,7 +462,7 @@ static bool sdpa_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
         ok = ok && api__req_output_bytes(s->os.count, tensors);
         if (r->weights != ENG_WEIGHTS_NONE)
             ok = ok && api__req_output_bytes(s->ws.count, tensors);
-        if (r->return_lse)
+        if (r->return_lse || r->has_sinks)
             ok = ok && api__req_output_bytes(s->ls.count, tensors);
     }
     *scratch = eng_sdpa_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
@@ -484,7 +494,8 @@ static int sdpa_decode(void *op, api__error *err)
     if (api__req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
         (r->weights != ENG_WEIGHTS_NONE &&
          api__req_alloc_output(s->rq, &s->weights, s->ws.count, err) != 0) ||
-        (r->return_lse && api__req_alloc_output(s->rq, &s->lse, s->ls.count, err) != 0))
+        ((r->return_lse || r->has_sinks) &&
+         api__req_alloc_output(s->rq, &s->lse, s->ls.count, err) != 0))
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
     api__req_parse_done(s->rq);
@@ -515,6 +526,26 @@ static const char *request_field(const char *engine_field)
     return engine_field;
 }
 
+/* Each query head's sink logit joins its softmax: the attention's rows scaled by
+ * Z / (Z + e^sink) = 1 / (1 + exp(sink - lse)), exactly, and the lse made that of all the
+ * logits, the sink's included. */
+static void apply_sinks(api__sdpa *s)
+{
+    const api__sdpa_req *r = &s->r;
+    const eng_view *o = &s->args.out;
+    for (int64_t b = 0; b < r->B; b++)
+        for (int64_t h = 0; h < r->H; h++)
+            for (int64_t i = 0; i < r->L; i++) {
+                float *lse = &s->lse[(b * r->H + h) * r->L + i];
+                double sink = s->sinks[h], m = *lse;
+                double keep = isinf(m) ? 0.0 : 1.0 / (1.0 + exp(sink - m));
+                float *row = o->data + b * o->stride[0] + h * o->stride[1] + i * o->stride[2];
+                for (int64_t d = 0; d < r->Dv; d++)
+                    row[d] = (float)(row[d] * keep);
+                *lse = (float)(isinf(m) ? sink : fmax(m, sink) + log1p(exp(-fabs(m - sink))));
+            }
+}
+
 static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
 {
     api__sdpa *s = op;
@@ -524,6 +555,8 @@ static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
     memset(&eerr, 0, sizeof eerr);
     int64_t t0 = eng_now_ns();
     eng_status st = eng_sdpa(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &eerr);
+    if (st == ENG_OK && s->r.has_sinks)
+        apply_sinks(s);
     *compute_ns = eng_now_ns() - t0;
     if (st != ENG_OK)
         return api__req_engine_error(s->rq, st, &eerr,

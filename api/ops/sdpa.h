@@ -17,8 +17,9 @@
  * attn_mask, key_padding_mask, kv_lengths, alibi, num_heads... */
 
 typedef struct {
-    api__tensor q, k, v, mask, kpm, kvlen, slopes, wq, wk, ww;
+    api__tensor q, k, v, mask, kpm, kvlen, slopes, wq, wk, ww, sinks;
     bool has_q, has_k, has_v, has_mask, has_kpm, has_kvlen, has_slopes, has_wq, has_wk, has_ww;
+    bool has_sinks; /* attention sinks: a logit per query head that joins each softmax */
     bool additive, has_additive_weights;
 
     int64_t num_heads, num_kv_heads; /* 0: not given */
@@ -45,7 +46,7 @@ typedef struct {
     api__sdpa_req r;
     api__out_shape os, ws, ls; /* output, weights, lse: filled by check */
     /* Decoded inputs: owned by rq, or pointing into the body (raw tensors used in place). */
-    float *q, *k, *v, *slopes, *mask_f, *wq, *wk, *ww;
+    float *q, *k, *v, *slopes, *mask_f, *wq, *wk, *ww, *sinks;
     /* bfloat16 query (key and value) kept as sent, for a request that computes in bfloat16
      * (set by check): their bits in place (raw) or decoded from base64, never widened. */
     bool q_bf16, kv_bf16;
@@ -53,7 +54,7 @@ typedef struct {
     uint8_t *mask_b, *kpm;
     int64_t *kvlen;
     /* Outputs: a route may point them into its reply before decode (which allocates
-     * those still NULL); weights and lse only when requested. */
+     * those still NULL); weights and lse only when requested (lse also for sinks). */
     float *out, *weights, *lse;
     eng_sdpa_args args;
 } api__sdpa;

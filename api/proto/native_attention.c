@@ -28,6 +28,9 @@
  *                       be written -Infinity or null, or -inf in base64), of shape [L, S] or
  *                       [B|1, H|1, L|1, S|1]; size-1 dimensions broadcast.
  *   alibi               true (default slopes), false, or a tensor of H slopes.
+ *   sinks               a tensor of H logits (gpt-oss's attention sinks): each joins its query
+ *                       head's softmax as a key with no value, so the output is scaled by
+ *                       1 / (1 + exp(sink - lse)) and lse counts it; not with return_weights.
  *   return_weights      "per_head" | "mean" | false. return_lse: boolean.
  *   output_encoding     "nested" | "flat" | "base64" (float32); default: the query's form.
  *   output_dtype        "float32" (default) | "bfloat16": the reply's tensors rounded to bf16
@@ -175,6 +178,14 @@ static int f_alibi(void *jp, const json_t *v, const char *name, api__error *err)
     return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
 }
 
+static int f_sinks(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    attn_job *job = jp;
+    if (json_is_null(v))
+        return 0;
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.sinks, &job->s.r.has_sinks, err);
+}
+
 static int f_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
@@ -218,6 +229,7 @@ static const api__native_field attn_fields[] = {
     {"kv_lengths", f_kv_lengths},
     {"attn_mask", f_attn_mask},
     {"alibi", f_alibi},
+    {"sinks", f_sinks},
     {"return_weights", f_return_weights},
     {"return_lse", f_return_lse},
     {"output_encoding", f_output_encoding},

@@ -302,8 +302,7 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
                    "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
                    (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
                    (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
-                   (long long)(l->embed_dim / l->num_heads),
-                   api__layer_positional_name(s->r.positional),
+                   (long long)eng_layer_head_dim(l), api__layer_positional_name(s->r.positional),
                    api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
                    (double)compute_ns / 1e6);
     return api__native_reply(w, reply, err);

@@ -180,7 +180,7 @@ static int create_layer_check(create_job *job, api__error *err)
     if (!l)
         return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
                               "no model \"%.64s\"; GET /v1/models lists them", job->model);
-    int64_t D = l->embed_dim / l->num_heads;
+    int64_t D = eng_layer_head_dim(l);
     if (same_as_layer(job->o.num_heads, l->num_heads, "num_heads", l, err) != 0 ||
         same_as_layer(job->o.num_kv_heads, l->num_kv_heads, "num_kv_heads", l, err) != 0 ||
         same_as_layer(job->head_dim, D, "head_dim", l, err) != 0 ||

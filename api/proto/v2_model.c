@@ -94,7 +94,44 @@ static model_desc layer_desc(const eng_layer *l)
         .out = {{"output", "FP32", 3, {-1, -1, l->embed_dim}, false}},
         .n_out = 1,
     };
+    if (l->decoder) { /* attends over its own input tokens: no memory */
+        d.in[1] = d.in[2];
+        d.in[2] = d.in[3];
+        d.n_in = 3;
+    }
     return d;
+}
+
+/* A decoder layer's settings as {name: value} pairs: as JSON values in the metadata, as
+ * Triton's {"string_value": text} in the configuration. */
+static void write_decoder_parameters(api_buf *w, const eng_layer *l, bool triton)
+{
+    const eng_decoder_spec *sp = &l->spec;
+    char values[8][64];
+    const char *names[8] = {"family",   "layer",      "num_heads", "num_kv_heads",
+                            "head_dim", "positional", "window",    "dtype"};
+    snprintf(values[0], sizeof values[0], "%s", sp->family);
+    snprintf(values[1], sizeof values[1], "%lld", (long long)sp->layer_index);
+    snprintf(values[2], sizeof values[2], "%lld", (long long)l->num_heads);
+    snprintf(values[3], sizeof values[3], "%lld", (long long)l->num_kv_heads);
+    snprintf(values[4], sizeof values[4], "%lld", (long long)eng_layer_head_dim(l));
+    snprintf(values[5], sizeof values[5], "%s", sp->rope.rotary_dim ? "rope" : "none");
+    snprintf(values[6], sizeof values[6], "%lld", (long long)sp->window);
+    snprintf(values[7], sizeof values[7], "%s", l->dtype);
+    api_buf_cstr(w, ",\"parameters\":{");
+    for (int i = 0; i < 8; i++) {
+        bool text = i == 0 || i == 5 || i == 7;
+        api_buf_printf(w, "%s\"%s\":", i ? "," : "", names[i]);
+        if (triton)
+            api_buf_cstr(w, "{\"string_value\":");
+        if (text || triton)
+            api_buf_json_string(w, values[i], strlen(values[i]));
+        else
+            api_buf_cstr(w, values[i]);
+        if (triton)
+            api_buf_char(w, '}');
+    }
+    api_buf_char(w, '}');
 }
 
 bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
@@ -243,6 +280,8 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
     write_meta_tensors(&w, d.in, d.n_in);
     api_buf_cstr(&w, ",\"outputs\":");
     write_meta_tensors(&w, d.out, d.n_out);
+    if (m.kind != MODEL_SDPA && m.layer->decoder)
+        write_decoder_parameters(&w, m.layer, false);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
@@ -273,6 +312,8 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
                        ",\"sequence_batching\":{\"max_sequence_idle_microseconds\":%lld,"
                        "\"direct\":{}}",
                        (long long)api__sessions_default_ttl(call->sessions) * 1000000);
+    if (m.kind != MODEL_SDPA && m.layer->decoder)
+        write_decoder_parameters(&w, m.layer, true);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }

@@ -82,7 +82,7 @@ int api__v2_layer_sequence(v2_job *job, api__error *err)
     if (sequence_find(job, name, sizeof name, &create, err) != 0)
         return -1;
     if (create) {
-        int64_t D = l->embed_dim / l->num_heads;
+        int64_t D = eng_layer_head_dim(l);
         eng_kv_shape shape = {.num_kv_heads = l->num_kv_heads, .head_dim = D, .value_head_dim = D};
         eng_error e;
         memset(&e, 0, sizeof e);

@@ -406,6 +406,39 @@ static void test_model_suffixes(void)
     clear_env();
 }
 
+/* A checkpoint directory's :layer=K (0 counts; -1 when not given), flag and variable alike. */
+static void test_model_layer_suffix(void)
+{
+    srv_config cfg;
+    char err[256];
+    const char *const ok[] = {"--model", "a=/hf/llama:layer=0", "--model", "b=/hf/q:x:layer=31",
+                              "--model", "c=/hf/gemma",         NULL};
+    const char *const word[] = {"--model", "a=/hf/llama:layer=last", NULL};
+    const char *const negative[] = {"--model", "a=/hf/llama:layer=-1", NULL};
+    clear_env();
+    CHECK_EQ_INT(parse(&cfg, ok, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.n_models, 3);
+    if (cfg.n_models == 3) {
+        CHECK(strcmp(cfg.models[0].path, "/hf/llama") == 0);
+        CHECK_EQ_INT(cfg.models[0].layer, 0);
+        CHECK(strcmp(cfg.models[1].path, "/hf/q:x") == 0);
+        CHECK_EQ_INT(cfg.models[1].layer, 31);
+        CHECK_EQ_INT(cfg.models[2].layer, -1);
+    }
+    srv_config_free(&cfg);
+    expect_error(word, "layer=K");
+    expect_error(negative, "layer=K");
+    setenv("ATTND_MODEL", "x=/hf/a:layer=3,y=/hf/b", 1);
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.n_models, 2);
+    if (cfg.n_models == 2) {
+        CHECK_EQ_INT(cfg.models[0].layer, 3);
+        CHECK(strcmp(cfg.models[0].path, "/hf/a") == 0);
+    }
+    srv_config_free(&cfg);
+    clear_env();
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -418,6 +451,7 @@ int main(void)
     RUN(test_sizes);
     RUN(test_size_flags);
     RUN(test_unknown_and_malformed_arguments);
+    RUN(test_model_layer_suffix);
     RUN(test_help);
     RUN(test_usage_lists_everything);
     RUN(test_models);

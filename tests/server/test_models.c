@@ -4,7 +4,8 @@
  * and BF16; GET /v1/models and /v1/models/{name}; POST /v1/mha on the demo layer and on the
  * loaded models, checked against the float64 reference; num_heads from the file's metadata or
  * from the flag's :heads=N:kv_heads=M suffix; a malformed file stopping the start with exit 2
- * and a message naming the file and the tensor.
+ * and a message naming the file and the tensor, and so a checkpoint directory's layer that
+ * cannot be served (tests/api/hf covers the checkpoint reader itself).
  *
  * Fixture values are multiples of 1/256 in [-0.5, 0.5], which F16 and BF16 hold exactly, so
  * the reference can use the very floats the test wrote.
@@ -374,6 +375,21 @@ static void test_malformed_file_stops_start(void)
     daemon_stop(&bad);
 }
 
+/* A checkpoint directory's layer that cannot be served stops the start the same way: exit 2,
+ * the directory and the config field named. */
+static void test_checkpoint_refusal_stops_start(void)
+{
+    daemon_proc bad;
+    const char *args[] = {"--model", "x=tests/api/hf/cases/llama:layer=2", NULL};
+    CHECK(daemon_start(&bad, args) != 0);
+    CHECK_EQ_INT(daemon_wait(&bad, 10000), 2);
+    char *log = daemon_log(&bad);
+    CHECKF(log && strstr(log, "tests/api/hf/cases/llama") && strstr(log, "num_hidden_layers"),
+           "stderr: %s", log ? log : "(none)");
+    free(log);
+    daemon_stop(&bad);
+}
+
 static void test_started(void)
 {
     CHECKF(up, "the daemon did not start with the fixtures");
@@ -405,6 +421,7 @@ int main(void)
         RUN(test_stops_cleanly);
     }
     RUN(test_malformed_file_stops_start);
+    RUN(test_checkpoint_refusal_stops_start);
 
     const char *names[] = {"enc", "gqa", "tut", "broken"};
     for (size_t i = 0; i < 4; i++) {

@@ -1,0 +1,409 @@
+/*
+ * hf_layer.c - one layer's attention tensors of a checkpoint, named and laid out as
+ * eng_layer_decoder takes them.
+ *
+ * Separate projections are used where they lie in the mapped shard. Fused ones are split:
+ * [q; k; v] rows (Phi-3's qkv_proj, Falcon's multi-query query_key_value) by pointer; groups
+ * of (q heads, k head, v head) rows (GPT-NeoX, Falcon) and GPT-2's Conv1D (stored [in, out])
+ * through a copy in the engine's order. Every tensor's shape is checked here against the
+ * config, so that a failure names the checkpoint's tensor.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "api/ops/hf.h"
+
+#define MAX_REFS 16
+
+typedef struct {
+    const hf_config *c;
+    hf_files *files;
+    char prefix[96];
+    eng_tensor_ref refs[MAX_REFS];
+    char names[MAX_REFS][160]; /* checkpoint names of the refs, for messages */
+    size_t n;
+    void *copies[MAX_REFS]; /* buffers of rearranged tensors, freed at the end */
+    size_t n_copies;
+} gather;
+
+static size_t elem_size(eng_dtype dt)
+{
+    return dt == ENG_DTYPE_F32 ? 4 : 2;
+}
+
+/* Tensor `stem` + `suffix` of the layer into *t (NULL: only whether it is there); absent: 0
+ * (or a failure when `required`). */
+static int find(gather *g, const char *stem, const char *suffix, bool required, eng_tensor_ref *t,
+                char *full, size_t full_len, hf_error *e)
+{
+    snprintf(full, full_len, "%s%s%s", g->prefix, stem, suffix);
+    int rc = hf_files_tensor(g->files, full, t, e);
+    if (rc == 0 && required)
+        return hf_fail(e, full, "the checkpoint has no tensor '%s' (layer %lld of %s)", full,
+                       (long long)g->c->layer, g->c->family->model_type);
+    return rc;
+}
+
+static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int64_t d0, int64_t d1,
+                        hf_error *e)
+{
+    bool ok = t->rank == rank && t->shape[0] == d0 && (rank == 1 || t->shape[1] == d1);
+    if (ok)
+        return 0;
+    char want[64];
+    if (rank == 1)
+        snprintf(want, sizeof want, "[%lld]", (long long)d0);
+    else
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)d0, (long long)d1);
+    char have[64] = "[";
+    for (int d = 0; d < t->rank && d < 4; d++)
+        snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "",
+                 (long long)t->shape[d]);
+    snprintf(have + strlen(have), sizeof have - strlen(have), "]");
+    return hf_fail(e, full, "tensor '%s' has shape %s; the config makes it %s", full, have, want);
+}
+
+static int add_ref(gather *g, const char *engine_name, eng_tensor_ref t, const char *full)
+{
+    t.name = engine_name;
+    snprintf(g->names[g->n], sizeof g->names[0], "%s", full);
+    g->refs[g->n++] = t;
+    return 0;
+}
+
+static void *keep_copy(gather *g, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        g->copies[g->n_copies++] = p;
+    return p;
+}
+
+/* A weight ([rows, E]) or bias ([rows]) with rows at byte `offset` of `t`. */
+static eng_tensor_ref slice(const eng_tensor_ref *t, int64_t first_row, int64_t rows, int64_t cols)
+{
+    eng_tensor_ref s = *t;
+    s.data = (const unsigned char *)t->data + (size_t)(first_row * cols) * elem_size(t->dtype);
+    s.rank = cols > 1 || t->rank == 2 ? 2 : 1;
+    s.shape[0] = rows;
+    s.shape[1] = s.rank == 2 ? cols : 0;
+    return s;
+}
+
+/* The fused q/k/v tensor's rows in [q; k; v] order: grouped rows reordered, Conv1D transposed;
+ * `cols` is 1 for a bias. */
+static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
+                   eng_tensor_ref *out, hf_error *e)
+{
+    const hf_config *c = g->c;
+    int64_t D = c->D, rows = c->H * D + 2 * c->Hkv * D;
+    size_t es = elem_size(t->dtype), row_bytes = (size_t)cols * es;
+    unsigned char *dst = keep_copy(g, (size_t)rows * row_bytes);
+    const unsigned char *src = t->data;
+    if (!dst)
+        return hf_fail(e, "", "out of memory");
+    *out = *t;
+    out->data = dst;
+    out->rank = cols > 1 ? 2 : 1;
+    out->shape[0] = rows;
+    out->shape[1] = cols > 1 ? cols : 0;
+    if (qkv == HF_QKV_CONV1D) {
+        if (cols == 1) {
+            memcpy(dst, src, (size_t)rows * es);
+            return 0;
+        }
+        for (int64_t r = 0; r < rows; r++) /* stored [cols (in), rows (out)] */
+            for (int64_t k = 0; k < cols; k++)
+                memcpy(dst + (size_t)(r * cols + k) * es, src + (size_t)(k * rows + r) * es, es);
+        return 0;
+    }
+    /* Groups of (per q heads, one k, one v) heads of D rows each. */
+    int64_t per = c->H / c->groups, kv_per_group = c->Hkv / c->groups;
+    int64_t group_rows = (per + 2 * kv_per_group) * D;
+    for (int64_t gi = 0; gi < c->groups; gi++) {
+        const unsigned char *in = src + (size_t)(gi * group_rows) * row_bytes;
+        size_t q_at = (size_t)(gi * per * D), k_at = (size_t)(c->H * D + gi * kv_per_group * D);
+        size_t v_at = k_at + (size_t)(c->Hkv * D);
+        memcpy(dst + q_at * row_bytes, in, (size_t)(per * D) * row_bytes);
+        memcpy(dst + k_at * row_bytes, in + (size_t)(per * D) * row_bytes,
+               (size_t)(kv_per_group * D) * row_bytes);
+        memcpy(dst + v_at * row_bytes, in + (size_t)((per + kv_per_group) * D) * row_bytes,
+               (size_t)(kv_per_group * D) * row_bytes);
+    }
+    return 0;
+}
+
+/* The fused tensor `suffix` (".weight" or ".bias") split into q, k and v refs. */
+static int fused(gather *g, const char *suffix, hf_error *e)
+{
+    const hf_config *c = g->c;
+    bool weight = strcmp(suffix, ".weight") == 0;
+    int64_t E = c->E, Q = c->H * c->D, W = c->Hkv * c->D, rows = Q + 2 * W;
+    eng_tensor_ref t;
+    char full[160];
+    if (find(g, c->family->q, suffix, true, &t, full, sizeof full, e) != 1)
+        return -1;
+    bool conv = c->qkv == HF_QKV_CONV1D;
+    if (expect_shape(&t, full, weight ? 2 : 1, weight && conv ? E : rows, weight && conv ? rows : E,
+                     e))
+        return -1;
+    eng_tensor_ref ordered = t;
+    int64_t cols = weight ? E : 1;
+    if (c->qkv != HF_QKV_SPLIT && reorder(g, &t, cols, c->qkv, &ordered, e) != 0)
+        return -1;
+    static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+    static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    int64_t first[3] = {0, Q, Q + W}, count[3] = {Q, W, W};
+    for (int i = 0; i < 3; i++) {
+        eng_tensor_ref s = slice(&ordered, first[i], count[i], cols);
+        if (!weight) {
+            s.rank = 1;
+            s.shape[1] = 0;
+        }
+        add_ref(g, weight ? w_names[i] : b_names[i], s, full);
+    }
+    return 0;
+}
+
+static int separate(gather *g, hf_error *e)
+{
+    const hf_config *c = g->c;
+    int64_t E = c->E, W = c->Hkv * c->D;
+    const char *stems[3] = {c->family->q, c->family->k, c->family->v};
+    static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+    static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    int64_t rows[3] = {c->H * c->D, W, W};
+    for (int i = 0; i < 3; i++) {
+        eng_tensor_ref t;
+        char full[160];
+        if (find(g, stems[i], ".weight", true, &t, full, sizeof full, e) != 1 ||
+            expect_shape(&t, full, 2, rows[i], E, e))
+            return -1;
+        add_ref(g, w_names[i], t, full);
+        if (!c->bias_qkv)
+            continue;
+        if (find(g, stems[i], ".bias", true, &t, full, sizeof full, e) != 1 ||
+            expect_shape(&t, full, 1, rows[i], 0, e))
+            return -1;
+        add_ref(g, b_names[i], t, full);
+    }
+    return 0;
+}
+
+static int output(gather *g, hf_error *e)
+{
+    const hf_config *c = g->c;
+    eng_tensor_ref t;
+    char full[160];
+    if (find(g, c->family->o, ".weight", true, &t, full, sizeof full, e) != 1 ||
+        expect_shape(&t, full, 2, c->E, c->H * c->D, e))
+        return -1;
+    if (c->qkv == HF_QKV_CONV1D) { /* Conv1D: [in, out] (square: GPT-2's heads split E) */
+        size_t es = elem_size(t.dtype);
+        unsigned char *dst = keep_copy(g, (size_t)(c->E * c->E) * es);
+        const unsigned char *src = t.data;
+        if (!dst)
+            return hf_fail(e, "", "out of memory");
+        for (int64_t r = 0; r < c->E; r++)
+            for (int64_t k = 0; k < c->E; k++)
+                memcpy(dst + (size_t)(r * c->E + k) * es, src + (size_t)(k * c->E + r) * es, es);
+        t.data = dst;
+    }
+    add_ref(g, "o_proj.weight", t, full);
+    if (!c->bias_o)
+        return 0;
+    if (find(g, c->family->o, ".bias", true, &t, full, sizeof full, e) != 1 ||
+        expect_shape(&t, full, 1, c->E, 0, e))
+        return -1;
+    return add_ref(g, "o_proj.bias", t, full);
+}
+
+/* StableLM's per-head norms (q_layernorm.norms.{h}.weight, [D] each) as one [heads D]. */
+static int per_head_norm(gather *g, const char *stem, int64_t heads, const char *engine_name,
+                         hf_error *e)
+{
+    int64_t D = g->c->D;
+    unsigned char *dst = NULL;
+    eng_tensor_ref joined;
+    char full[160];
+    memset(&joined, 0, sizeof joined);
+    for (int64_t h = 0; h < heads; h++) {
+        char suffix[48];
+        eng_tensor_ref t;
+        snprintf(suffix, sizeof suffix, ".norms.%lld.weight", (long long)h);
+        if (find(g, stem, suffix, true, &t, full, sizeof full, e) != 1 ||
+            expect_shape(&t, full, 1, D, 0, e))
+            return -1;
+        if (h == 0) {
+            joined = t;
+            joined.shape[0] = heads * D;
+            if (!(dst = keep_copy(g, (size_t)(heads * D) * elem_size(t.dtype))))
+                return hf_fail(e, "", "out of memory");
+            joined.data = dst;
+        }
+        if (t.dtype != joined.dtype)
+            return hf_fail(e, full, "tensor '%s' has another dtype than the first head's", full);
+        memcpy(dst + (size_t)(h * D) * elem_size(t.dtype), t.data, (size_t)D * elem_size(t.dtype));
+    }
+    return add_ref(g, engine_name, joined, full);
+}
+
+static int norms(gather *g, hf_error *e)
+{
+    const hf_config *c = g->c;
+    if (c->spec.qk_norm == ENG_QK_NORM_NONE)
+        return 0;
+    if (c->qk_norm_per_head_tensors)
+        return per_head_norm(g, c->family->norm_q, c->H, "q_norm.weight", e) ||
+                       per_head_norm(g, c->family->norm_k, c->Hkv, "k_norm.weight", e)
+                   ? -1
+                   : 0;
+    const char *stems[2] = {c->family->norm_q, c->family->norm_k};
+    static const char *const w_names[2] = {"q_norm.weight", "k_norm.weight"};
+    static const char *const b_names[2] = {"q_norm.bias", "k_norm.bias"};
+    int64_t widths[2] = {c->H * c->D, c->Hkv * c->D};
+    for (int i = 0; i < 2; i++) {
+        eng_tensor_ref t;
+        char full[160];
+        int64_t want = c->spec.qk_norm_whole ? widths[i] : c->D;
+        if (find(g, stems[i], ".weight", true, &t, full, sizeof full, e) != 1 ||
+            expect_shape(&t, full, 1, want, 0, e))
+            return -1;
+        add_ref(g, w_names[i], t, full);
+        if (c->spec.qk_norm != ENG_QK_NORM_LAYER)
+            continue;
+        int rc = find(g, stems[i], ".bias", false, &t, full, sizeof full, e);
+        if (rc < 0 || (rc == 1 && expect_shape(&t, full, 1, want, 0, e)))
+            return -1;
+        if (rc == 1)
+            add_ref(g, b_names[i], t, full);
+    }
+    return 0;
+}
+
+static int sinks(gather *g, hf_error *e)
+{
+    eng_tensor_ref t;
+    char full[160];
+    if (!g->c->sinks)
+        return 0;
+    if (find(g, "sinks", "", true, &t, full, sizeof full, e) != 1 ||
+        expect_shape(&t, full, 1, g->c->H, 0, e))
+        return -1;
+    return add_ref(g, "sinks", t, full);
+}
+
+/* A family's prefix template with the layer index in place of its "%lld". */
+static void expand_prefix(const char *tmpl, int64_t layer, char *out, size_t n)
+{
+    const char *at = strstr(tmpl, "%lld");
+    if (!at) {
+        snprintf(out, n, "%s", tmpl);
+        return;
+    }
+    snprintf(out, n, "%.*s%lld%s", (int)(at - tmpl), tmpl, (long long)layer, at + 4);
+}
+
+/* The prefix under which the layer's output projection lies (families have one or two). */
+static int choose_prefix(gather *g, hf_error *e)
+{
+    const hf_family *f = g->c->family;
+    for (int i = 0; i < 2 && f->prefix[i]; i++) {
+        expand_prefix(f->prefix[i], g->c->layer, g->prefix, sizeof g->prefix);
+        char full[160];
+        int rc = find(g, f->o, ".weight", false, NULL, full, sizeof full, e);
+        if (rc != 0)
+            return rc < 0 ? -1 : 0;
+    }
+    expand_prefix(f->prefix[0], g->c->layer, g->prefix, sizeof g->prefix);
+    return hf_fail(e, "", "the checkpoint has no tensor '%s%s.weight' (layer %lld of %s)",
+                   g->prefix, f->o, (long long)g->c->layer, f->model_type);
+}
+
+eng_layer *hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e)
+{
+    gather *g = calloc(1, sizeof *g);
+    eng_layer *l = NULL;
+    if (!g) {
+        hf_fail(e, "", "out of memory");
+        return NULL;
+    }
+    g->c = c;
+    g->files = files;
+    int rc = choose_prefix(g, e);
+    if (rc == 0 && c->qkv == HF_QKV_SEPARATE)
+        rc = separate(g, e);
+    else if (rc == 0)
+        rc = fused(g, ".weight", e) || (c->bias_qkv && fused(g, ".bias", e)) ? -1 : 0;
+    if (rc == 0 && (output(g, e) || norms(g, e) || sinks(g, e)))
+        rc = -1;
+    if (rc == 0) {
+        eng_error err;
+        memset(&err, 0, sizeof err);
+        l = eng_layer_decoder(name, g->refs, g->n, c->H, c->Hkv, &c->spec, &err);
+        if (!l) {
+            const char *field = err.field;
+            for (size_t i = 0; i < g->n; i++) /* the engine names its tensor: name ours */
+                if (strcmp(g->refs[i].name, err.field) == 0)
+                    field = g->names[i];
+            hf_fail(e, field, "%s (%s)", err.message, field);
+        }
+    }
+    for (size_t i = 0; i < g->n_copies; i++)
+        free(g->copies[i]);
+    free(g);
+    return l;
+}
+
+#define MAX_CONFIG_BYTES ((size_t)16 << 20)
+
+/* config.json of `dir`, parsed. */
+static json_t *read_config(const char *dir, hf_error *e)
+{
+    size_t n = strlen(dir) + sizeof "/config.json";
+    char *path = malloc(n);
+    FILE *fp = path ? fopen((snprintf(path, n, "%s/config.json", dir), path), "rb") : NULL;
+    json_t *cfg = NULL;
+    if (!fp) {
+        hf_fail(e, "config.json", "%.200s: no config.json (a checkpoint directory has one)", dir);
+    } else {
+        json_error_t je;
+        cfg = json_loadf(fp, JSON_REJECT_DUPLICATES, &je);
+        if (!cfg)
+            hf_fail(e, "config.json", "%.200s is not JSON: line %d: %.120s", path, je.line,
+                    je.text);
+        else if (je.position > (int)MAX_CONFIG_BYTES || !json_is_object(cfg)) {
+            hf_fail(e, "config.json", "%.200s is not a JSON object (of at most 16 MiB)", path);
+            json_decref(cfg);
+            cfg = NULL;
+        }
+        fclose(fp);
+    }
+    free(path);
+    return cfg;
+}
+
+eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
+                               char *err, size_t errlen)
+{
+    hf_error e;
+    hf_config c;
+    memset(&e, 0, sizeof e);
+    eng_layer *l = NULL;
+    json_t *cfg = read_config(dir, &e);
+    hf_files *files = NULL;
+    if (cfg && hf_config_read(cfg, layer, &c, &e) == 0 && (files = hf_files_open(dir, &e)))
+        l = hf_layer_build(name, &c, files, &e);
+    if (bytes_read)
+        *bytes_read = files ? hf_files_bytes_read(files) : 0;
+    hf_files_close(files);
+    json_decref(cfg);
+    if (!l)
+        snprintf(err, errlen, "%s: %s%s%s", dir, e.message, e.field[0] ? " [field: " : "",
+                 e.field[0] ? e.field : "");
+    if (!l && e.field[0] && errlen > 1)
+        snprintf(err + strlen(err), errlen - strlen(err), "]");
+    return l;
+}
