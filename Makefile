@@ -46,7 +46,7 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run check test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
+.PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build deps deploy-deps deploy-check format \
         format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
@@ -174,6 +174,19 @@ rng_check = "tests/check_rng.sh tests"
 check: deps
 	$(MAKE) $(CHECK_BINS) $(BUILD)/libserver.a
 	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(server_cycle_check) $(rng_check)
+
+# The SDPA case matrix's output bits per kernel set (tests/engine/check_sdpa_bits.sh): record
+# them on the tree before a change that must keep every bit, then compare on the tree after.
+SDPA_BITS := $(BUILD)/tests/engine/sdpa_bits
+SDPA_BITS_DIR ?= build/sdpa_bits
+
+sdpa-bits-record: deps
+	$(MAKE) $(SDPA_BITS)
+	@tests/engine/check_sdpa_bits.sh record $(SDPA_BITS) $(SDPA_BITS_DIR)
+
+sdpa-bits: deps
+	$(MAKE) $(SDPA_BITS)
+	@tests/engine/check_sdpa_bits.sh compare $(SDPA_BITS) $(SDPA_BITS_DIR)
 
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
