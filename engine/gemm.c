@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "engine/kernels.h"
-#include "engine/tile_avx512.h"
 
 static int64_t round_up(int64_t x, int64_t m)
 {
@@ -72,11 +71,11 @@ static inline __attribute__((always_inline)) void pack_b(const eng__kernels *ks,
                                                          int64_t nc, float *dst)
 {
     const int64_t nr = ks->nr;
-    const bool trans_avx512 = b_trans && !bits && ks->tile == eng__tile_avx512;
+    const bool trans_fast = b_trans && !bits && ks->pack_trans;
     for (int64_t q = 0; q < nc; q += nr, dst += kc * nr) {
         int64_t cols = min64(nr, nc - q);
-        if (trans_avx512) {
-            eng__pack_trans_avx512((const float *)b + (j0 + q) * ldb + p0, ldb, kc, (int)cols, dst);
+        if (trans_fast) {
+            ks->pack_trans((const float *)b + (j0 + q) * ldb + p0, ldb, kc, (int)cols, dst);
         } else if (b_trans) {
             /* B^T rows: column j of B is row j of the input, read along its length. */
             if (cols < nr)
@@ -104,18 +103,19 @@ static inline __attribute__((always_inline)) void pack_b(const eng__kernels *ks,
  * 64 rows 21%, 7 rows 33%. Column-outer order (the panel pair kept in L1 while the row tiles
  * pass, kc 64-160) ran 1-5% slower, and rows of A copied to one contiguous block 2-3% slower:
  * the 6-row tile reads them from L1 either way. */
-static void tiles_wide(const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                       float beta, const float *packed, int64_t panel_stride)
+static void tiles_wide(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc,
+                       int64_t j0, int64_t nc, float beta, const float *packed,
+                       int64_t panel_stride)
 {
-    const int64_t nr = ENG__AVX512_NR, wide = 2 * nr;
-    for (int64_t i = 0; i < g->m; i += ENG__AVX512_WIDE_MR) {
-        int rows = (int)min64(ENG__AVX512_WIDE_MR, g->m - i);
+    const int64_t nr = ks->nr, wide = 2 * nr;
+    for (int64_t i = 0; i < g->m; i += ks->wide.mr) {
+        int rows = (int)min64(ks->wide.mr, g->m - i);
         for (int64_t q = 0; q < nc; q += wide) {
             int cols = (int)min64(wide, nc - q);
             /* A last single panel has no second one: stride 0 keeps the read inside it. */
-            eng__tile_avx512_wide(kc, g->a + i * g->lda + p0, g->lda,
-                                  packed + q / nr * panel_stride, cols > nr ? panel_stride : 0,
-                                  g->c + i * g->ldc + j0 + q, g->ldc, g->alpha, beta, rows, cols);
+            ks->wide.packed(kc, g->a + i * g->lda + p0, g->lda, packed + q / nr * panel_stride,
+                            cols > nr ? panel_stride : 0, g->c + i * g->ldc + j0 + q, g->ldc,
+                            g->alpha, beta, rows, cols);
         }
     }
 }
@@ -125,8 +125,8 @@ static void tiles_wide(const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0, i
 static void tiles(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
                   int64_t nc, float beta, const float *packed, int64_t panel_stride, float *edge)
 {
-    if (ks->tile == eng__tile_avx512) {
-        tiles_wide(g, p0, kc, j0, nc, beta, packed, panel_stride);
+    if (ks->wide.packed) {
+        tiles_wide(ks, g, p0, kc, j0, nc, beta, packed, panel_stride);
         return;
     }
     const int64_t mr = ks->mr, nr = ks->nr;

@@ -67,10 +67,6 @@ typedef struct {
                              int64_t d);
 } eng__vec_ops;
 
-/* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic
- * set, scalar; the openblas set uses the best one the CPU has. */
-const eng__vec_ops *eng__vec(void);
-
 /* The named variant, or NULL when this CPU lacks it (for tests). */
 const eng__vec_ops *eng__vec_variant(const char *name);
 

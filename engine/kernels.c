@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
+#include "engine/vmath.h"
 
 /* XCR0 bits: SSE and AVX state (1, 2), then the AVX-512 opmask and zmm state (5, 6, 7). */
 #define XCR0_AVX    0x6u
@@ -24,6 +26,9 @@
 #define KC_MAX 512
 #define NC_MIN 256
 #define NC_MAX 4096
+/* Query rows per flash-loop panel of the openblas set, which has no register tile: the causal
+ * diagonal is trimmed per panel of this many rows. */
+#define BLAS_PANEL_ROWS 32
 
 typedef struct {
     bool avx2_fma, avx512f, avx512bf16, amd;
@@ -183,6 +188,21 @@ static bool bf16_native_wanted(void)
     return cpu.avx512bf16 && cpu.amd;
 }
 
+/* The named vector kernels when this CPU runs them, else NULL. */
+const eng__vec_ops *eng__vec_variant(const char *name)
+{
+    if (strcmp(name, "scalar") == 0)
+        return &eng__vec_scalar;
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &eng__vec_avx2
+                                                                               : NULL;
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+                   ? &eng__vec_avx512
+                   : NULL;
+    return NULL;
+}
+
 static void init_sets(void)
 {
     /* The openblas set's products run inside the engine's tasks, on however many threads the
@@ -191,12 +211,15 @@ static void init_sets(void)
      * for a process that changed it in between). */
     openblas_set_num_threads(1);
     read_cpu(&cpu);
-    sets[SET_AVX512] = (eng__kernels){.name = "avx512",
-                                      .tile = eng__tile_avx512,
-                                      .mr = ENG__AVX512_MR,
-                                      .nr = ENG__AVX512_NR,
-                                      .vec = eng__vec_variant("avx512"),
-                                      .round_bf16 = eng__bf16_round_floats_avx512};
+    sets[SET_AVX512] = (eng__kernels){
+        .name = "avx512",
+        .tile = eng__tile_avx512,
+        .wide = {ENG__AVX512_WIDE_MR, eng__tile_avx512_wide, eng__tile_avx512_wide_rows},
+        .pack_trans = eng__pack_trans_avx512,
+        .mr = ENG__AVX512_MR,
+        .nr = ENG__AVX512_NR,
+        .vec = eng__vec_variant("avx512"),
+        .round_bf16 = eng__bf16_round_floats_avx512};
     if (bf16_native_wanted()) {
         sets[SET_AVX512].tile_bf16 = eng__tile_bf16_avx512;
         sets[SET_AVX512].to_bf16 = eng__to_bf16_avx512;
@@ -223,8 +246,10 @@ static void init_sets(void)
     set_supported[SET_AVX512] = cpu.avx512f && sets[SET_AVX512].vec;
     set_supported[SET_AVX2] = cpu.avx2_fma && sets[SET_AVX2].vec;
     set_supported[SET_GENERIC] = set_supported[SET_OPENBLAS] = true;
-    for (int i = 0; i < SET_COUNT; i++)
+    for (int i = 0; i < SET_COUNT; i++) {
         set_blocking(&sets[i]);
+        sets[i].panel_rows = sets[i].tile ? sets[i].mr : BLAS_PANEL_ROWS;
+    }
     const eng__kernels *chosen = set_supported[SET_AVX512] ? &sets[SET_AVX512]
                                  : set_supported[SET_AVX2] ? &sets[SET_AVX2]
                                                            : &sets[SET_OPENBLAS];

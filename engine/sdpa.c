@@ -48,16 +48,12 @@
 #include <string.h>
 
 #include "engine/kernels.h"
-#include "engine/tile_avx512.h"
 
 #define BR_MAX          256 /* query rows per task */
 #define BR_MIN          16  /* smallest block worth a GEMM when shrinking for parallelism */
 #define BC_MIN          64  /* keys per block, bounds of the L2-derived size */
 #define BC_MAX          1024
 #define SCORE_BLOCK_MAX (256 << 10) /* bytes of a task's score block, at most (plan_blocks) */
-/* Query rows per product with the openblas set, which has no register tile: the causal
- * diagonal is trimmed per panel of this many rows (the kernel sets use their tile's MR). */
-#define BLAS_PANEL_ROWS 32
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */
 #define RESCALE_SLACK     8.0f
@@ -476,7 +472,7 @@ static int64_t task_rows(const plan *p)
  * at tile granularity. */
 static int64_t panel_rows(const plan *p)
 {
-    return p->ks->tile ? p->ks->mr : BLAS_PANEL_ROWS;
+    return p->ks->panel_rows;
 }
 
 /* Rows of a task's score block: a panel's, which every panel of the task overwrites in turn;
@@ -547,8 +543,7 @@ static bool values_in_place(const plan *p)
     for (int d = 0; d < 2; d++)
         lines = lines && (v->ne[d] == 1 || v->stride[d] % 16 == 0);
     lines = lines && (v->ne[2] == 1 || v->stride[2] == (v->ne[3] + 15) / 16 * 16);
-    return task_packs(p) && p->ks->tile == eng__tile_avx512 && !p->bf16 && !p->kv16 && !p->kv &&
-           lines;
+    return task_packs(p) && p->ks->wide.rows && !p->bf16 && !p->kv16 && !p->kv && lines;
 }
 
 static size_t fp32_panels_floats(const plan *p)
@@ -728,13 +723,13 @@ typedef struct {
 static void scores_wide_gemm(const plan *p, const float *q, int64_t ldq, int64_t rows,
                              const float *k, int64_t cols, float *s, int64_t lds)
 {
-    const int64_t nr = p->ks->nr, mr = ENG__AVX512_WIDE_MR, panel = p->D * nr;
+    const int64_t nr = p->ks->nr, mr = p->ks->wide.mr, panel = p->D * nr;
     for (int64_t j = 0; j < cols; j += 2 * nr) {
         int64_t n = cols - j < 2 * nr ? cols - j : 2 * nr;
         for (int64_t r = 0; r < rows; r += mr)
-            eng__tile_avx512_wide(p->D, q + r * ldq, ldq, k + j / nr * panel, n > nr ? panel : 0,
-                                  s + r * lds + j, lds, p->scale, 0.0f,
-                                  (int)(rows - r < mr ? rows - r : mr), (int)n);
+            p->ks->wide.packed(p->D, q + r * ldq, ldq, k + j / nr * panel, n > nr ? panel : 0,
+                               s + r * lds + j, lds, p->scale, 0.0f,
+                               (int)(rows - r < mr ? rows - r : mr), (int)n);
     }
 }
 
@@ -749,7 +744,7 @@ static void scores_gemm(const plan *p, const float *q, int ldq, int64_t rows,
     const int64_t ldk = bp->ldk;
     const float *k = bp->kr ? bp->kr + c0 * ldk : NULL; /* NULL: the panels have them */
     const int64_t nr = p->ks->nr;
-    if (bp->k && p->ks->tile == eng__tile_avx512) {
+    if (bp->k && p->ks->wide.packed) {
         scores_wide_gemm(p, q, ldq, rows, bp->k + c0 / nr * p->D * nr, cols, s, lds);
         return;
     }
@@ -1168,7 +1163,7 @@ static void panel_scores(const plan *p, int64_t b, int64_t h, int64_t i, int64_t
  * of the same values give the same bits. */
 static bool values_wide(const plan *p, const block_panels *bp)
 {
-    return p->ks->tile == eng__tile_avx512 && (p->v_in_place ? bp->vr != NULL : bp->v != NULL);
+    return p->ks->wide.packed && (p->v_in_place ? bp->vr != NULL : bp->v != NULL);
 }
 
 /* o[rows x Dv] += s[rows x n] V for keys [c0, c0 + n) of block bp with the wide tile: each P
@@ -1176,18 +1171,18 @@ static bool values_wide(const plan *p, const block_panels *bp)
 static void values_wide_gemm(const plan *p, const float *s, int64_t lds, int64_t rows, int64_t n,
                              const block_panels *bp, int64_t c0, float *o, int64_t ldo)
 {
-    const int64_t nr = p->ks->nr, mr = ENG__AVX512_WIDE_MR;
-    for (int64_t j = 0; j < p->Dv; j += 64) {
-        const int cols = (int)(p->Dv - j < 64 ? p->Dv - j : 64);
+    const int64_t nr = p->ks->nr, mr = p->ks->wide.mr;
+    for (int64_t j = 0; j < p->Dv; j += 2 * nr) {
+        const int cols = (int)(p->Dv - j < 2 * nr ? p->Dv - j : 2 * nr);
         for (int64_t r = 0; r < rows; r += mr) {
             const int m = (int)(rows - r < mr ? rows - r : mr);
             if (!bp->v) /* in place: V's rows from key c0, column j */
-                eng__tile_avx512_wide_rows(n, s + r * lds, lds, bp->vr + c0 * bp->ldv + j, bp->ldv,
-                                           o + r * ldo + j, ldo, 1.0f, 1.0f, m, cols);
+                p->ks->wide.rows(n, s + r * lds, lds, bp->vr + c0 * bp->ldv + j, bp->ldv,
+                                 o + r * ldo + j, ldo, 1.0f, 1.0f, m, cols);
             else /* the panels of columns j.. (a last lone panel has no second) */
-                eng__tile_avx512_wide(n, s + r * lds, lds, bp->v + j / nr * bp->v_stride + c0 * nr,
-                                      cols > nr ? bp->v_stride : 0, o + r * ldo + j, ldo, 1.0f,
-                                      1.0f, m, cols);
+                p->ks->wide.packed(n, s + r * lds, lds, bp->v + j / nr * bp->v_stride + c0 * nr,
+                                   cols > nr ? bp->v_stride : 0, o + r * ldo + j, ldo, 1.0f, 1.0f,
+                                   m, cols);
         }
     }
 }

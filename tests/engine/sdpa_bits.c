@@ -25,24 +25,43 @@ typedef struct {
 
 /* Decode steps stream; a few rows group heads; the rest take panels, split keys or whole heads. */
 static const shape shapes[] = {
-    {"decode", 1, 4, 4, 1, 300, 64, 64},     {"decode_gqa", 2, 8, 2, 1, 700, 64, 64},
+    {"decode", 1, 4, 4, 1, 300, 64, 64},      {"decode_gqa", 2, 8, 2, 1, 700, 64, 64},
     {"decode_rows", 1, 4, 2, 3, 129, 32, 48}, {"prefill", 1, 3, 3, 70, 300, 64, 64},
     {"square", 2, 4, 2, 97, 97, 40, 24},      {"heads", 1, 16, 8, 256, 256, 64, 64},
     {"cross", 1, 2, 1, 40, 1100, 16, 16},     {"odd", 1, 2, 2, 13, 35, 7, 5},
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
-enum { OPT_PLAIN, OPT_CAUSAL, OPT_WINDOW, OPT_MASK_BOOL, OPT_MASK_FLOAT, OPT_PADDING,
-       OPT_LENGTHS, OPT_ALIBI_SOFTCAP, OPT_WEIGHTS_HEAD, OPT_WEIGHTS_MEAN, OPT_TAIL,
-       OPT_ADDITIVE, OPT_COUNT };
+enum {
+    OPT_PLAIN,
+    OPT_CAUSAL,
+    OPT_WINDOW,
+    OPT_MASK_BOOL,
+    OPT_MASK_FLOAT,
+    OPT_PADDING,
+    OPT_LENGTHS,
+    OPT_ALIBI_SOFTCAP,
+    OPT_WEIGHTS_HEAD,
+    OPT_WEIGHTS_MEAN,
+    OPT_TAIL,
+    OPT_ADDITIVE,
+    OPT_COUNT
+};
 static const char *const option_names[OPT_COUNT] = {
-    "plain", "causal", "window", "mask_bool", "mask_float", "padding", "lengths",
-    "alibi_softcap", "weights_head", "weights_mean", "open_tail", "additive"};
+    "plain",   "causal",        "window",       "mask_bool",    "mask_float", "padding",
+    "lengths", "alibi_softcap", "weights_head", "weights_mean", "open_tail",  "additive"};
 
-typedef enum { SRC_VIEW, SRC_VIEW16, SRC_INTERLEAVED, SRC_PAGED_F32, SRC_PAGED_BF16,
-               SRC_PAGED_F16, SRC_COUNT } source;
-static const char *const source_names[SRC_COUNT] = {"view",       "view16",    "interleaved",
-                                                    "paged_f32",  "paged_bf16", "paged_f16"};
+typedef enum {
+    SRC_VIEW,
+    SRC_VIEW16,
+    SRC_INTERLEAVED,
+    SRC_PAGED_F32,
+    SRC_PAGED_BF16,
+    SRC_PAGED_F16,
+    SRC_COUNT
+} source;
+static const char *const source_names[SRC_COUNT] = {"view",      "view16",     "interleaved",
+                                                    "paged_f32", "paged_bf16", "paged_f16"};
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -142,14 +161,14 @@ static void set_option(eng_sdpa_args *a, const inputs *in, int opt)
         a->window_left = sh->s / 4 + 3;
         break;
     case OPT_MASK_BOOL:
-        a->attn_mask = (eng_mask){ENG_MASK_BOOL, in->mask_bool,
+        a->attn_mask = (eng_mask){ENG_MASK_BOOL,
+                                  in->mask_bool,
                                   {sh->b, sh->h, sh->l, sh->s},
                                   {sh->h * sh->l * sh->s, sh->l * sh->s, sh->s, 1}};
         break;
     case OPT_MASK_FLOAT:
-        a->attn_mask = (eng_mask){ENG_MASK_FLOAT, in->mask_float,
-                                  {1, sh->h, sh->l, sh->s},
-                                  {0, sh->l * sh->s, sh->s, 1}};
+        a->attn_mask = (eng_mask){
+            ENG_MASK_FLOAT, in->mask_float, {1, sh->h, sh->l, sh->s}, {0, sh->l * sh->s, sh->s, 1}};
         a->window_right_set = true;
         a->window_right = 5;
         a->align = ENG_ALIGN_BOTTOM_RIGHT;
@@ -207,10 +226,14 @@ static eng_status run_paged(eng_pool *pool, const inputs *in, eng_sdpa_args *a, 
             st = err->status;
             break;
         }
-        eng_kv_rows k = {ENG_DTYPE_F32, in->k + b * sh->hkv * sh->s * sh->d,
-                         {1, sh->hkv, sh->s, sh->d}, {0, sh->s * sh->d, sh->d, 1}};
-        eng_kv_rows v = {ENG_DTYPE_F32, in->v + b * sh->hkv * sh->s * sh->dv,
-                         {1, sh->hkv, sh->s, sh->dv}, {0, sh->s * sh->dv, sh->dv, 1}};
+        eng_kv_rows k = {ENG_DTYPE_F32,
+                         in->k + b * sh->hkv * sh->s * sh->d,
+                         {1, sh->hkv, sh->s, sh->d},
+                         {0, sh->s * sh->d, sh->d, 1}};
+        eng_kv_rows v = {ENG_DTYPE_F32,
+                         in->v + b * sh->hkv * sh->s * sh->dv,
+                         {1, sh->hkv, sh->s, sh->dv},
+                         {0, sh->s * sh->dv, sh->dv, 1}};
         st = eng_kv_seq_append(seq, &k, &v, err);
         if (st == ENG_OK) {
             eng_sdpa_args one = *a;
@@ -226,15 +249,15 @@ static eng_status run_paged(eng_pool *pool, const inputs *in, eng_sdpa_args *a, 
                 one.kv_lengths = a->kv_lengths + b;
             if (a->attn_mask.kind != ENG_MASK_NONE && a->attn_mask.ne[0] > 1) {
                 size_t esz = a->attn_mask.kind == ENG_MASK_BOOL ? 1 : sizeof(float);
-                one.attn_mask.data = (const char *)a->attn_mask.data +
-                                     (size_t)(b * a->attn_mask.stride[0]) * esz;
+                one.attn_mask.data =
+                    (const char *)a->attn_mask.data + (size_t)(b * a->attn_mask.stride[0]) * esz;
                 one.attn_mask.ne[0] = 1;
             }
             if (a->lse)
                 one.lse = a->lse + b * sh->h * sh->l;
             if (a->weights)
-                one.weights = weights_all + b * (a->weights_mode == ENG_WEIGHTS_MEAN ? 1 : sh->h) *
-                                                sh->l * sh->s;
+                one.weights = weights_all +
+                              b * (a->weights_mode == ENG_WEIGHTS_MEAN ? 1 : sh->h) * sh->l * sh->s;
             st = eng_kv_attend(pool, seq, &one, NULL, err);
         }
         eng_kv_seq_free(seq);
@@ -251,8 +274,8 @@ static void run_case(eng_pool *pool, const inputs *in, int opt, bool bf16, sourc
     size_t no = (size_t)(sh->b * sh->h * sh->l * sh->dv);
     size_t nw = (size_t)(sh->b * sh->h * sh->l * sh->s);
     float *out = malloc(no * sizeof(float)), *lse = malloc((size_t)(sh->b * sh->h * sh->l) * 4);
-    float *weights = opt == OPT_WEIGHTS_HEAD || opt == OPT_WEIGHTS_MEAN
-                         ? malloc(nw * sizeof(float)) : NULL;
+    float *weights =
+        opt == OPT_WEIGHTS_HEAD || opt == OPT_WEIGHTS_MEAN ? malloc(nw * sizeof(float)) : NULL;
     float *kt = NULL, *vt = NULL;
     eng_sdpa_args a = {0};
     a.q = eng_view_contiguous(in->q, sh->b, sh->h, sh->l, sh->d);
@@ -284,9 +307,11 @@ static void run_case(eng_pool *pool, const inputs *in, int opt, bool bf16, sourc
                            in->v + ((b * sh->hkv + h) * sh->s + j) * sh->dv,
                            (size_t)sh->dv * sizeof(float));
                 }
-        a.k = (eng_view){kt, {sh->b, sh->hkv, sh->s, sh->d},
+        a.k = (eng_view){kt,
+                         {sh->b, sh->hkv, sh->s, sh->d},
                          {sh->s * sh->hkv * sh->d, sh->d, sh->hkv * sh->d, 1}};
-        a.v = (eng_view){vt, {sh->b, sh->hkv, sh->s, sh->dv},
+        a.v = (eng_view){vt,
+                         {sh->b, sh->hkv, sh->s, sh->dv},
                          {sh->s * sh->hkv * sh->dv, sh->dv, sh->hkv * sh->dv, 1}};
     }
     memset(out, 0xff, no * sizeof(float));
