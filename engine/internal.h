@@ -13,6 +13,10 @@
 eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* eng__fail with a cause (eng_cause) other than ENG_CAUSE_NONE. */
+eng_status eng__fail_cause(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Per-thread scratch memory, 64-byte aligned, at least `bytes` long; NULL if it cannot be had.
  * Valid until the next eng__scratch call on the same thread; freed when the thread exits.
  * Only leaf tasks (those that start no nested job) may use it. */

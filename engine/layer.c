@@ -186,16 +186,16 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, e
                          o->name);
     lp->E = rows;
     if (heads <= 0 || lp->E % heads != 0)
-        return eng__fail(err, ENG_EINVAL, "num_heads",
-                         "num_heads = %lld must be positive and divide embed_dim %lld",
-                         (long long)heads, (long long)lp->E);
+        return eng__fail_cause(err, ENG_CAUSE_HEAD_COUNT, ENG_EINVAL, "num_heads",
+                               "num_heads = %lld must be positive and divide embed_dim %lld",
+                               (long long)heads, (long long)lp->E);
     lp->H = heads;
     lp->D = lp->E / heads;
     lp->Hkv = kv_heads > 0 ? kv_heads : heads;
     if (lp->H % lp->Hkv != 0)
-        return eng__fail(err, ENG_EINVAL, "num_kv_heads",
-                         "num_heads = %lld must be a multiple of num_kv_heads = %lld",
-                         (long long)lp->H, (long long)lp->Hkv);
+        return eng__fail_cause(err, ENG_CAUSE_HEAD_COUNT, ENG_EINVAL, "num_kv_heads",
+                               "num_heads = %lld must be a multiple of num_kv_heads = %lld",
+                               (long long)lp->H, (long long)lp->Hkv);
     lp->W = lp->Hkv * lp->D;
     eng_status st;
     if (lp->by_role[ROLE_IN_W]) {

@@ -382,9 +382,9 @@ static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *e
                              (long long)dims[i].cache, ly->name, (long long)dims[i].layer);
     int64_t cached = eng_kv_seq_length(a->kv_cache);
     if (cs.max_tokens > 0 && sh->L > cs.max_tokens - cached)
-        return eng__fail(err, ENG_ETOOBIG, "max_tokens",
-                         "appending %lld tokens to %lld would pass max_tokens = %lld",
-                         (long long)sh->L, (long long)cached, (long long)cs.max_tokens);
+        return eng__fail_cause(err, ENG_CAUSE_MAX_TOKENS, ENG_ETOOBIG, "max_tokens",
+                               "appending %lld tokens to %lld would pass max_tokens = %lld",
+                               (long long)sh->L, (long long)cached, (long long)cs.max_tokens);
     if (cached > INT_MAX - 2 - sh->L)
         return eng__fail(err, ENG_ETOOBIG, "kv_cache",
                          "the KV cache would hold %lld + %lld tokens, past 2^31", (long long)cached,

@@ -23,15 +23,33 @@ const char *eng_status_str(eng_status status)
     return status_strings[i];
 }
 
-eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
+static eng_status fail_v(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                         const char *fmt, va_list ap)
 {
     if (!err)
         return status;
     err->status = status;
+    err->cause = cause;
     snprintf(err->field, sizeof err->field, "%s", field ? field : "");
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    return status;
+}
+
+eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    fail_v(err, ENG_CAUSE_NONE, status, field, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+eng_status eng__fail_cause(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(err, cause, status, field, fmt, ap);
     va_end(ap);
     return status;
 }
