@@ -11,9 +11,8 @@
  * product is staged in the task's scratch, then each head's columns are copied out, while
  * the chunk is still in L2. Heads as strided views of [B, L, E] rows instead put a head's
  * consecutive rows E or 2W floats apart, 2 or 4 KiB at E = 512, which fall into the same few
- * L1 sets: the attention packed V instead of reading it in place, and packed K from rows that
- * evicted each other; eng_sdpa on (1, 8, 2048, 64) heads laid out that way ran 4-13% slower
- * than on head-major ones (10-20% causal).
+ * L1 sets: the attention would pack V instead of reading it in place, and pack K from rows
+ * that evict each other.
  *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
  * are added to copies of the inputs before the projections. The projections run on the kernel
@@ -242,9 +241,8 @@ static void pack_task(void *arg, int64_t index)
         lb->ks->round_bf16(dst, (int64_t)eng__sgemm_panels_floats(lb->ks, nf, j->in_f));
 }
 
-/* Every task of a job used to pack the whole weight again, 10% of a 512-row task's time for
- * an E=512 layer; packed once into one buffer (freed by the caller), split over the pool, the
- * layer ran 2-4% faster per core (A/B in one process). */
+/* The weights packed once into one buffer (freed by the caller), split over the pool, rather
+ * than by every task of a job. */
 static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer, eng_ctl *ctl)
 {
     int64_t most = 0;

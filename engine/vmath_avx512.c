@@ -256,9 +256,8 @@ widen_group_avx512(eng_dtype dtype, const char *rows[KEY_GROUP], int64_t d, floa
 
 /* acc[j] = the products of q and key row kr[j] (of `dtype`), summed over the chunks of d in
  * order. Two loop orders give the same bits: key by key reads the rows in the order they lie
- * (the one a query row reading them from memory needs: interleaving the eight rows chunk by
- * chunk read them at a third of memory speed on AMD Zen 4, whose prefetchers follow sequential
- * lines), chunk by chunk loads each chunk of q once for the eight keys (for rows already in
+ * (the one a query row reading them from memory needs: prefetchers follow sequential lines),
+ * chunk by chunk loads each chunk of q once for the eight keys (for rows already in
  * L1). */
 AVX512 static inline __attribute__((always_inline)) void
 dots_keys_avx512(eng_dtype dtype, const float *q, const char *const *kr, int64_t d,
