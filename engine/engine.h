@@ -176,7 +176,7 @@ typedef struct {
     char cpu[64];               /* the CPU's brand string */
     char features[160];         /* the vector features found usable ("avx2 fma avx512f ...") */
     char openblas_core[32];     /* openblas_get_corename(): the kernel OpenBLAS picked */
-    size_t l1d_bytes, l2_bytes; /* per core, from cpuid; 0 when it does not say */
+    size_t l1d_bytes, l2_bytes; /* per core: cpuid, AMD legacy leaves, sysfs, sysconf; 0: none */
     int64_t kc, nc;             /* the GEMM blocking derived from them */
 } eng_engine_info;
 

@@ -117,7 +117,8 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
                                int64_t num_heads, int64_t num_kv_heads, bool keep16,
                                eng_error *err);
 
-/* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
+/* Bytes of the level-2 cache of one core (kernels.c: cpuid, else sysfs or sysconf; 1 MiB when
+ * none says, or says less than 256 KiB or more than 64 MiB). */
 size_t eng__l2_bytes(void);
 
 #endif

@@ -66,6 +66,18 @@ typedef struct {
     int64_t kc, nc;          /* blocking: depth per packed panel, columns per packed block */
 } eng__kernels;
 
+/* Bytes of a core's L1 data and L2 caches; 0 where unknown. */
+typedef struct {
+    size_t l1d, l2;
+} eng__cache_sizes;
+
+/* Fills the sizes still 0 in `sizes` from `from` (the next source). */
+void eng__cache_fill(eng__cache_sizes *sizes, const eng__cache_sizes *from);
+
+/* A set's blocking (kc, nc) for its tile (mr x nr) and the caches; an unknown (0) size counts
+ * as a typical one, never as 0. */
+void eng__blocking(const eng__cache_sizes *caches, int mr, int nr, int64_t *kc, int64_t *nc);
+
 /* The set every engine call of this process uses now (never NULL). */
 const eng__kernels *eng__kernels_current(void);
 

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "engine/internal.h"
 
@@ -117,17 +116,4 @@ void *eng__scratch(size_t bytes)
         s->size = bytes;
     }
     return s->data;
-}
-
-size_t eng__l2_bytes(void)
-{
-    /* Racing first calls compute the same value; the atomic only keeps the race defined. */
-    static _Atomic size_t cached;
-    size_t bytes = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (bytes == 0) {
-        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        bytes = (l2 >= 256 * 1024 && l2 <= 64L * 1024 * 1024) ? (size_t)l2 : 1024 * 1024;
-        atomic_store_explicit(&cached, bytes, memory_order_relaxed);
-    }
-    return bytes;
 }
