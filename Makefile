@@ -50,9 +50,9 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run check test asan tsan bench fuzz fuzz-build deps deploy-deps deploy-check format \
-        format-check clean browser-deps browser-test load soak bench-wrk bench-perf-analyzer \
-        bench-report bench-peers docs-test
+.PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build deps \
+        deploy-deps deploy-check format format-check clean browser-deps browser-test load soak \
+        bench-wrk bench-perf-analyzer bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -177,23 +177,36 @@ FUZZ_SMOKE_SECONDS ?= 30
 
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
 # build, the kernel set the engine picks, no daemon, no network, no sanitizers; and the source
-# checks (server/ has no cycle, tests/ has one random generator).
+# checks (no tier has a cycle, tests/ has one random generator).
 CHECK_BINS := $(filter $(BUILD)/tests/engine/% $(BUILD)/tests/api/%,$(TEST_BINS))
-# No include or call cycle between the files of server/ (reads the sources and libserver.a).
-server_cycle_check = "tests/server/check_cycles.sh server $(BUILD)/libserver.a"
+# No include or call cycle between the files of a tier (reads the sources and the tier's library).
+cycle_checks = $(foreach t,server api engine,"tests/check_cycles.sh $(t) $(BUILD)/lib$(t).a")
 # One random generator in the tests (tests/support/rng.h): no test file carries its own.
 rng_check = "tests/check_rng.sh tests"
 
 check: deps
-	$(MAKE) $(CHECK_BINS) $(BUILD)/libserver.a
-	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(server_cycle_check) $(rng_check)
+	$(MAKE) $(CHECK_BINS) $(MODULE_LIBS)
+	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(cycle_checks) $(rng_check)
+
+# The SDPA case matrix's output bits per kernel set (tests/engine/check_sdpa_bits.sh): record
+# them on the tree before a change that must keep every bit, then compare on the tree after.
+SDPA_BITS := $(BUILD)/tests/engine/sdpa_bits
+SDPA_BITS_DIR ?= build/sdpa_bits
+
+sdpa-bits-record: deps
+	$(MAKE) $(SDPA_BITS)
+	@tests/engine/check_sdpa_bits.sh record $(SDPA_BITS) $(SDPA_BITS_DIR)
+
+sdpa-bits: deps
+	$(MAKE) $(SDPA_BITS)
+	@tests/engine/check_sdpa_bits.sh compare $(SDPA_BITS) $(SDPA_BITS_DIR)
 
 test: deps deploy-deps browser-deps
 	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps

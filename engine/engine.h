@@ -66,12 +66,23 @@ typedef enum {
 #undef ENG_STATUS_ENUM
 } eng_status;
 
+/* What ran out or which argument a failure is about, for callers that act on it (compare
+ * this, never `field`, which is for people). */
+typedef enum {
+    ENG_CAUSE_NONE = 0,
+    ENG_CAUSE_KV_CACHE_FULL,     /* ENG_ENOMEM: the KV cache has no room now (evict, or retry) */
+    ENG_CAUSE_KV_CACHE_CAPACITY, /* ENG_ETOOBIG: more than the KV cache could ever hold */
+    ENG_CAUSE_MAX_TOKENS,        /* ENG_ETOOBIG: past a sequence's max_tokens */
+    ENG_CAUSE_HEAD_COUNT,        /* a layer's num_heads or num_kv_heads, not one of its tensors */
+} eng_cause;
+
 /* A failure: the status, the argument field it concerns ("q", "attn_mask", ...; empty when it
- * concerns no field) and a human-readable sentence. Filled only when a call fails. */
+ * concerns no field), a human-readable sentence and the cause. Filled only when a call fails. */
 typedef struct {
     eng_status status;
     char field[48];
     char message[240];
+    eng_cause cause;
 } eng_error;
 
 /* The fixed description of a status ("invalid argument"); never NULL. */
@@ -165,7 +176,7 @@ typedef struct {
     char cpu[64];               /* the CPU's brand string */
     char features[160];         /* the vector features found usable ("avx2 fma avx512f ...") */
     char openblas_core[32];     /* openblas_get_corename(): the kernel OpenBLAS picked */
-    size_t l1d_bytes, l2_bytes; /* per core, from cpuid; 0 when it does not say */
+    size_t l1d_bytes, l2_bytes; /* per core: cpuid, AMD legacy leaves, sysfs, sysconf; 0: none */
     int64_t kc, nc;             /* the GEMM blocking derived from them */
 } eng_engine_info;
 
@@ -622,9 +633,9 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
  * thread at a time (appends, truncates and forks change it or read its table; attends only
  * read it, so several may run at once with no change in between); different sequences, even
  * forks sharing blocks, may be used from different threads at once. Errors: a limit is
- * ENG_ETOOBIG with field "max_tokens" or "kv_cache_bytes" (the request could never fit: HTTP
- * 413), a full cache is ENG_ENOMEM with field "kv_cache_bytes" (evict idle sequences, or 429);
- * a failed call leaves the sequence as it was. */
+ * ENG_ETOOBIG with cause ENG_CAUSE_MAX_TOKENS or ENG_CAUSE_KV_CACHE_CAPACITY (the request could
+ * never fit: HTTP 413), a full cache is ENG_ENOMEM with ENG_CAUSE_KV_CACHE_FULL (evict idle
+ * sequences, or 429); a failed call leaves the sequence as it was. */
 
 typedef struct eng_kv_pool eng_kv_pool;
 typedef struct eng_kv_seq eng_kv_seq;

@@ -7,15 +7,14 @@
  * MR-row tile of A passes over them. A is not packed: the micro-kernel broadcasts its elements
  * straight from the row-major rows, so the attention's P block is read where the softmax
  * wrote it and Q where the caller keeps it. Only a last tile of fewer than MR rows is copied
- * into zero-padded rows, so that the kernel may always read MR rows. The avx512 set runs its
- * wide 6 x 64 tile (tile_avx512.h) over pairs of panels instead, which reads only the rows it
+ * into zero-padded rows, so that the kernel may always read MR rows. A set with a wide tile
+ * (eng__kernels.wide) runs it over pairs of panels instead, which reads only the rows it
  * computes.
  */
 #include <cblas.h>
 #include <string.h>
 
 #include "engine/kernels.h"
-#include "engine/tile_avx512.h"
 
 static int64_t round_up(int64_t x, int64_t m)
 {
@@ -63,20 +62,19 @@ static inline void b_row(float *dst, const void *b, bool bits, int64_t at, int64
  * column n. B's elements are fp32, or bf16 bits when `bits`: the element fetch (b_element,
  * b_row) is all that differs between the GEMM's packing and that of bf16 views. Inlined at
  * each call (forced: gcc declines three copies), so that the constant `bits` picks the loop
- * there and the GEMM's own packing stays a plain fp32 copy, with no test per element. The
- * avx512 set transposes fp32 B^T rows in registers (eng__pack_trans_avx512): 3% of an E=512
- * layer's time went to the scalar transposing copy (its weights, the attention's keys). */
+ * there and the GEMM's own packing stays a plain fp32 copy, with no test per element. A set
+ * with a transposing packer (pack_trans) packs fp32 B^T rows with it. */
 static inline __attribute__((always_inline)) void pack_b(const eng__kernels *ks, const void *b,
                                                          bool bits, int64_t ldb, bool b_trans,
                                                          int64_t p0, int64_t kc, int64_t j0,
                                                          int64_t nc, float *dst)
 {
     const int64_t nr = ks->nr;
-    const bool trans_avx512 = b_trans && !bits && ks->tile == eng__tile_avx512;
+    const bool trans_fast = b_trans && !bits && ks->pack_trans;
     for (int64_t q = 0; q < nc; q += nr, dst += kc * nr) {
         int64_t cols = min64(nr, nc - q);
-        if (trans_avx512) {
-            eng__pack_trans_avx512((const float *)b + (j0 + q) * ldb + p0, ldb, kc, (int)cols, dst);
+        if (trans_fast) {
+            ks->pack_trans((const float *)b + (j0 + q) * ldb + p0, ldb, kc, (int)cols, dst);
         } else if (b_trans) {
             /* B^T rows: column j of B is row j of the input, read along its length. */
             if (cols < nr)
@@ -96,26 +94,22 @@ static inline __attribute__((always_inline)) void pack_b(const eng__kernels *ks,
     }
 }
 
-/* The avx512 set's tiles: its wide 6 x 64 tile over pairs of panels instead of the 12 x 32
- * one. One broadcast of A feeds four FMAs, and the tile reads only the rows it computes, so
- * a ragged last tile needs no zero-padded copy. Measured on one core of a Xeon model 207,
- * alternating with the 12 x 32 tiles in one process (thread CPU time, medians of 20-40
- * runs): projections of 2048 x 512 x 512 and 2048 x 1536 x 512 (512-row tasks) 4-7% faster,
- * 64 rows 21%, 7 rows 33%. Column-outer order (the panel pair kept in L1 while the row tiles
- * pass, kc 64-160) ran 1-5% slower, and rows of A copied to one contiguous block 2-3% slower:
- * the 6-row tile reads them from L1 either way. */
-static void tiles_wide(const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                       float beta, const float *packed, int64_t panel_stride)
+/* A set's wide tile over pairs of panels instead of its `tile`: one broadcast of A feeds four
+ * FMAs, and the tile reads only the rows it computes, so a ragged last tile needs no
+ * zero-padded copy. Row-outer: the 6-row tile reads A's rows from L1 either way. */
+static void tiles_wide(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc,
+                       int64_t j0, int64_t nc, float beta, const float *packed,
+                       int64_t panel_stride)
 {
-    const int64_t nr = ENG__AVX512_NR, wide = 2 * nr;
-    for (int64_t i = 0; i < g->m; i += ENG__AVX512_WIDE_MR) {
-        int rows = (int)min64(ENG__AVX512_WIDE_MR, g->m - i);
+    const int64_t nr = ks->nr, wide = 2 * nr;
+    for (int64_t i = 0; i < g->m; i += ks->wide.mr) {
+        int rows = (int)min64(ks->wide.mr, g->m - i);
         for (int64_t q = 0; q < nc; q += wide) {
             int cols = (int)min64(wide, nc - q);
             /* A last single panel has no second one: stride 0 keeps the read inside it. */
-            eng__tile_avx512_wide(kc, g->a + i * g->lda + p0, g->lda,
-                                  packed + q / nr * panel_stride, cols > nr ? panel_stride : 0,
-                                  g->c + i * g->ldc + j0 + q, g->ldc, g->alpha, beta, rows, cols);
+            ks->wide.packed(kc, g->a + i * g->lda + p0, g->lda, packed + q / nr * panel_stride,
+                            cols > nr ? panel_stride : 0, g->c + i * g->ldc + j0 + q, g->ldc,
+                            g->alpha, beta, rows, cols);
         }
     }
 }
@@ -125,8 +119,8 @@ static void tiles_wide(const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0, i
 static void tiles(const eng__kernels *ks, const eng__gemm *g, int64_t p0, int64_t kc, int64_t j0,
                   int64_t nc, float beta, const float *packed, int64_t panel_stride, float *edge)
 {
-    if (ks->tile == eng__tile_avx512) {
-        tiles_wide(g, p0, kc, j0, nc, beta, packed, panel_stride);
+    if (ks->wide.packed) {
+        tiles_wide(ks, g, p0, kc, j0, nc, beta, packed, panel_stride);
         return;
     }
     const int64_t mr = ks->mr, nr = ks->nr;

@@ -7,15 +7,13 @@
  * spare, and 24 + 2 + 1 registers fit in the 32 zmm. Loads are 2 + 12 per 24 FMAs (the
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
- * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa.c): S = Q K^T over
- * two K^T panels at once, and O += P V over two V panels or over V's rows where they lie
+ * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa_products.c): S = Q K^T
+ * over two K^T panels at once, and O += P V over two V panels or over V's rows where they lie
  * (wide_rows: any row stride, masked loads that stop at column n), whole key range in one
  * depth; and the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of
  * panels. One broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24
  * FMAs, each row of A is read once per 64 columns instead of once per 32, and a tile of one or
- * two rows (a ragged panel, a decode row) computes 6 rows, not 12. On one core of a Xeon model
- * 207, alternating with the 12 x 32 path in one process, the attention ran 7-9% faster at
- * D = 64.
+ * two rows (a ragged panel, a decode row) computes 6 rows, not 12.
  *
  * Compiled with a target attribute, not a file-wide -mavx512f, so the one binary runs on CPUs
  * without AVX-512: the dispatcher (kernels.c) calls this only when cpuid and XCR0 allow.

@@ -13,6 +13,10 @@
 eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* eng__fail with a cause (eng_cause) other than ENG_CAUSE_NONE. */
+eng_status eng__fail_cause(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Per-thread scratch memory, 64-byte aligned, at least `bytes` long; NULL if it cannot be had.
  * Valid until the next eng__scratch call on the same thread; freed when the thread exits.
  * Only leaf tasks (those that start no nested job) may use it. */
@@ -66,10 +70,6 @@ typedef struct {
     void (*axpys_bf16_pairs)(float *o, const float *p, const uint16_t *v, int64_t ldv, int64_t n,
                              int64_t d);
 } eng__vec_ops;
-
-/* The variant of the kernel set in use (engine/kernels.h): avx512, avx2 or, for the generic
- * set, scalar; the openblas set uses the best one the CPU has. */
-const eng__vec_ops *eng__vec(void);
 
 /* The named variant, or NULL when this CPU lacks it (for tests). */
 const eng__vec_ops *eng__vec_variant(const char *name);
@@ -129,7 +129,8 @@ void eng__decoder_project(const eng_layer *layer, bool query, float *rows, int64
  * 1 / (1 + exp(sink_h - lse)), lse [B, H, L] the attention's log-sum-exp. */
 void eng__decoder_sinks(const eng_layer *layer, float *o, int64_t B, int64_t L, const float *lse);
 
-/* Bytes of the level-2 cache of one core (1 MiB when the system does not say). */
+/* Bytes of the level-2 cache of one core (kernels.c: cpuid, else sysfs or sysconf; 1 MiB when
+ * none says, or says less than 256 KiB or more than 64 MiB). */
 size_t eng__l2_bytes(void);
 
 #endif

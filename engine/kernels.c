@@ -13,8 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/kernels.h"
+#include "engine/tile_avx512.h"
+#include "engine/vmath.h"
 
 /* XCR0 bits: SSE and AVX state (1, 2), then the AVX-512 opmask and zmm state (5, 6, 7). */
 #define XCR0_AVX    0x6u
@@ -24,12 +27,15 @@
 #define KC_MAX 512
 #define NC_MIN 256
 #define NC_MAX 4096
+/* Query rows per flash-loop panel of the openblas set, which has no register tile: the causal
+ * diagonal is trimmed per panel of this many rows. */
+#define BLAS_PANEL_ROWS 32
 
 typedef struct {
     bool avx2_fma, avx512f, avx512bf16, amd;
     char features[160];
     char model[64];
-    size_t l1d, l2; /* bytes per core; 0 when cpuid does not say */
+    eng__cache_sizes caches; /* bytes per core; 0 when no source says */
 } cpu_info;
 
 static uint64_t read_xcr0(void)
@@ -69,17 +75,14 @@ static void read_model(cpu_info *c)
 }
 
 /* Data and unified cache sizes from the deterministic cache leaf: 4 on Intel, 0x8000001D on
- * AMD (the same layout). */
-static void read_caches(cpu_info *c)
+ * AMD (the same layout). A virtual machine may answer it with nothing. */
+static eng__cache_sizes caches_deterministic(bool amd)
 {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0, leaf = 4;
+    eng__cache_sizes c = {0, 0};
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0, leaf = amd ? 0x8000001Du : 4;
     __get_cpuid(0, &eax, &ebx, &ecx, &edx);
-    bool amd = ebx == 0x68747541u; /* "Auth"enticAMD */
-    c->amd = amd;
-    if (amd)
-        leaf = 0x8000001Du;
     if ((amd ? __get_cpuid_max(0x80000000u, NULL) : eax) < leaf)
-        return;
+        return c;
     for (unsigned i = 0; i < 16; i++) {
         __cpuid_count(leaf, i, eax, ebx, ecx, edx);
         unsigned type = eax & 0x1Fu, level = (eax >> 5) & 0x7u;
@@ -91,9 +94,84 @@ static void read_caches(cpu_info *c)
         size_t line = (ebx & 0xFFFu) + 1, sets = (size_t)ecx + 1;
         size_t bytes = ways * parts * line * sets;
         if (level == 1)
-            c->l1d = bytes;
+            c.l1d = bytes;
         else if (level == 2)
-            c->l2 = bytes;
+            c.l2 = bytes;
+    }
+    return c;
+}
+
+/* AMD's legacy leaves: 0x80000005 ECX[31:24] L1d KiB, 0x80000006 ECX[31:16] L2 KiB. */
+static eng__cache_sizes caches_amd_legacy(void)
+{
+    eng__cache_sizes c = {0, 0};
+    unsigned eax, ebx, ecx, edx, top = __get_cpuid_max(0x80000000u, NULL);
+    if (top >= 0x80000005u && __get_cpuid(0x80000005u, &eax, &ebx, &ecx, &edx))
+        c.l1d = (size_t)(ecx >> 24) * 1024;
+    if (top >= 0x80000006u && __get_cpuid(0x80000006u, &eax, &ebx, &ecx, &edx))
+        c.l2 = (size_t)(ecx >> 16) * 1024;
+    return c;
+}
+
+/* The first line of file `dir`/`name` into buf; false when it cannot be read. */
+static bool read_line(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool ok = fgets(buf, (int)size, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
+/* What Linux reports for CPU 0 (sysfs, "48K"), else glibc's sysconf. */
+static eng__cache_sizes caches_system(void)
+{
+    eng__cache_sizes c = {0, 0};
+    for (int i = 0; i < 16; i++) {
+        char dir[96], level[16], type[32], size[32];
+        snprintf(dir, sizeof dir, "/sys/devices/system/cpu/cpu0/cache/index%d", i);
+        if (!read_line(dir, "level", level, sizeof level) ||
+            !read_line(dir, "type", type, sizeof type) ||
+            !read_line(dir, "size", size, sizeof size))
+            break;
+        char *end;
+        long long n = strtoll(size, &end, 10);
+        size_t bytes = n > 0 ? (size_t)n * (*end == 'M' ? 1024 * 1024 : *end == 'K' ? 1024 : 1) : 0;
+        if (level[0] == '1' && strncmp(type, "Data", 4) == 0)
+            c.l1d = bytes;
+        else if (level[0] == '2' && strncmp(type, "Instruction", 11) != 0)
+            c.l2 = bytes;
+    }
+    long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    eng__cache_sizes from_sysconf = {l1 > 0 ? (size_t)l1 : 0, l2 > 0 ? (size_t)l2 : 0};
+    eng__cache_fill(&c, &from_sysconf);
+    return c;
+}
+
+void eng__cache_fill(eng__cache_sizes *sizes, const eng__cache_sizes *from)
+{
+    if (!sizes->l1d)
+        sizes->l1d = from->l1d;
+    if (!sizes->l2)
+        sizes->l2 = from->l2;
+}
+
+static void read_caches(cpu_info *c)
+{
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __get_cpuid(0, &eax, &ebx, &ecx, &edx);
+    c->amd = ebx == 0x68747541u; /* "Auth"enticAMD */
+    c->caches = caches_deterministic(c->amd);
+    if (c->amd) {
+        eng__cache_sizes legacy = caches_amd_legacy();
+        eng__cache_fill(&c->caches, &legacy);
+    }
+    if (!c->caches.l1d || !c->caches.l2) {
+        eng__cache_sizes system = caches_system();
+        eng__cache_fill(&c->caches, &system);
     }
 }
 
@@ -157,22 +235,22 @@ static int64_t clamp_block(int64_t x, int64_t lo, int64_t hi, int64_t multiple)
 }
 
 /* One tile's A rows (MR x kc) and the B panel it multiplies (kc x NR) share ~60% of L1, so
- * both stay there for the whole tile (measured on the 48 KiB L1 of a Xeon model 207: kc 128-192
- * ran 140-150 GFLOPS per core, kc 512 ran 107); a packed B block (kc x nc) takes half of L2,
- * where it stays while every row tile passes over it. */
-static void set_blocking(eng__kernels *k)
+ * both stay there for the whole tile; a packed B block (kc x nc) takes half of L2, where it
+ * stays while every row tile passes over it. Sizes no source gave (0) or implausibly small
+ * ones count as 32 KiB and 1 MiB. */
+void eng__blocking(const eng__cache_sizes *caches, int mr, int nr, int64_t *kc, int64_t *nc)
 {
-    size_t l1 = cpu.l1d >= 16384 ? cpu.l1d : 32768, l2 = cpu.l2 >= 131072 ? cpu.l2 : 1 << 20;
+    size_t l1 = caches->l1d >= 16384 ? caches->l1d : 32768;
+    size_t l2 = caches->l2 >= 131072 ? caches->l2 : 1 << 20;
     int64_t l1_floats = (int64_t)(l1 / sizeof(float)) * 3 / 5;
-    k->kc = clamp_block(l1_floats / (k->mr + k->nr), KC_MIN, KC_MAX, 16);
-    k->nc = clamp_block((int64_t)(l2 / 2 / sizeof(float)) / k->kc, NC_MIN, NC_MAX, k->nr);
+    *kc = clamp_block(l1_floats / (mr + nr), KC_MIN, KC_MAX, 16);
+    *nc = clamp_block((int64_t)(l2 / 2 / sizeof(float)) / *kc, NC_MIN, NC_MAX, nr);
 }
 
 /* Whether bf16 requests use VDPBF16PS (where the CPU has it) or round their operands and run
- * the fp32 micro-kernel. Zen 4 and 5 retire VDPBF16PS at the FMA rate, twice the fp32 work;
- * the Xeons this project runs on retire it at about a third of their fp32 FMA rate (measured:
- * 54-73 GFLOPS against 165 on one core of a model 207), so there rounding and fp32 FMA are
- * faster for the same result. ATTND_BF16=native|emulated overrides (tests, benchmarks). */
+ * the fp32 micro-kernel: AMD retires VDPBF16PS at the FMA rate (twice the fp32 work), Intel's
+ * Xeons at a fraction of it, where rounding and fp32 FMA give the same result faster.
+ * ATTND_BF16=native|emulated overrides (tests, benchmarks). */
 static bool bf16_native_wanted(void)
 {
     const char *forced = getenv("ATTND_BF16");
@@ -183,6 +261,21 @@ static bool bf16_native_wanted(void)
     return cpu.avx512bf16 && cpu.amd;
 }
 
+/* The named vector kernels when this CPU runs them, else NULL. */
+const eng__vec_ops *eng__vec_variant(const char *name)
+{
+    if (strcmp(name, "scalar") == 0)
+        return &eng__vec_scalar;
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &eng__vec_avx2
+                                                                               : NULL;
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+                   ? &eng__vec_avx512
+                   : NULL;
+    return NULL;
+}
+
 static void init_sets(void)
 {
     /* The openblas set's products run inside the engine's tasks, on however many threads the
@@ -191,12 +284,15 @@ static void init_sets(void)
      * for a process that changed it in between). */
     openblas_set_num_threads(1);
     read_cpu(&cpu);
-    sets[SET_AVX512] = (eng__kernels){.name = "avx512",
-                                      .tile = eng__tile_avx512,
-                                      .mr = ENG__AVX512_MR,
-                                      .nr = ENG__AVX512_NR,
-                                      .vec = eng__vec_variant("avx512"),
-                                      .round_bf16 = eng__bf16_round_floats_avx512};
+    sets[SET_AVX512] = (eng__kernels){
+        .name = "avx512",
+        .tile = eng__tile_avx512,
+        .wide = {ENG__AVX512_WIDE_MR, eng__tile_avx512_wide, eng__tile_avx512_wide_rows},
+        .pack_trans = eng__pack_trans_avx512,
+        .mr = ENG__AVX512_MR,
+        .nr = ENG__AVX512_NR,
+        .vec = eng__vec_variant("avx512"),
+        .round_bf16 = eng__bf16_round_floats_avx512};
     if (bf16_native_wanted()) {
         sets[SET_AVX512].tile_bf16 = eng__tile_bf16_avx512;
         sets[SET_AVX512].to_bf16 = eng__to_bf16_avx512;
@@ -223,8 +319,10 @@ static void init_sets(void)
     set_supported[SET_AVX512] = cpu.avx512f && sets[SET_AVX512].vec;
     set_supported[SET_AVX2] = cpu.avx2_fma && sets[SET_AVX2].vec;
     set_supported[SET_GENERIC] = set_supported[SET_OPENBLAS] = true;
-    for (int i = 0; i < SET_COUNT; i++)
-        set_blocking(&sets[i]);
+    for (int i = 0; i < SET_COUNT; i++) {
+        eng__blocking(&cpu.caches, sets[i].mr, sets[i].nr, &sets[i].kc, &sets[i].nc);
+        sets[i].panel_rows = sets[i].tile ? sets[i].mr : BLAS_PANEL_ROWS;
+    }
     const eng__kernels *chosen = set_supported[SET_AVX512] ? &sets[SET_AVX512]
                                  : set_supported[SET_AVX2] ? &sets[SET_AVX2]
                                                            : &sets[SET_OPENBLAS];
@@ -301,8 +399,15 @@ void eng_engine_info_get(eng_engine_info *info)
     snprintf(info->features, sizeof info->features, "%s", cpu.features);
     const char *core = openblas_get_corename();
     snprintf(info->openblas_core, sizeof info->openblas_core, "%s", core ? core : "unknown");
-    info->l1d_bytes = cpu.l1d;
-    info->l2_bytes = cpu.l2;
+    info->l1d_bytes = cpu.caches.l1d;
+    info->l2_bytes = cpu.caches.l2;
     info->kc = k->kc;
     info->nc = k->nc;
+}
+
+size_t eng__l2_bytes(void)
+{
+    pthread_once(&sets_once, init_sets);
+    size_t l2 = cpu.caches.l2;
+    return l2 >= 256 * 1024 && l2 <= (size_t)64 << 20 ? l2 : 1024 * 1024;
 }

@@ -34,18 +34,49 @@ typedef void (*eng__tile_bf16_fn)(int64_t kp, const uint16_t *a, int64_t lda, co
  * row may be read in pairs. */
 typedef void (*eng__to_bf16_fn)(const float *x, int64_t n, uint16_t *dst);
 
+/* A wide register tile over pairs of the set's packed panels (2 NR columns, at most `mr`
+ * rows), which reads only the rows it computes: `packed` takes B as two panels (the second at
+ * b + b_panel_stride; 0 when n <= NR), `rows` takes B's rows where they lie (row stride ldb).
+ * C = alpha A B + beta C for the top-left m x n; beta == 0 never reads C. */
+typedef struct {
+    int mr;
+    void (*packed)(int64_t k, const float *a, int64_t lda, const float *b, int64_t b_panel_stride,
+                   float *c, int64_t ldc, float alpha, float beta, int m, int n);
+    void (*rows)(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                 int64_t ldc, float alpha, float beta, int m, int n);
+} eng__wide_tile;
+
+/* One packed panel from B^T rows: dst[p NR + j] = b[j ldb + p] for j < cols, zero past. */
+typedef void (*eng__pack_trans_fn)(const float *b, int64_t ldb, int64_t k, int cols, float *dst);
+
 typedef struct {
     const char *name;  /* "avx512", "avx2", "generic" or "openblas" */
     eng__tile_fn tile; /* NULL for openblas */
+    /* fp32 products run on the wide tile instead of `tile` (wide.packed NULL: none). */
+    eng__wide_tile wide;
+    eng__pack_trans_fn pack_trans; /* NULL: B^T rows are packed element by element */
     /* bf16 products (VDPBF16PS), NULL where the CPU lacks them or they are slow: bf16
      * requests then round their operands for `tile`. Same MR and NR as `tile`. */
     eng__tile_bf16_fn tile_bf16;
     eng__to_bf16_fn to_bf16;
     void (*round_bf16)(float *x, int64_t n); /* eng__bf16_round_floats in this set's vectors */
     int mr, nr;                              /* the micro-kernel's register tile */
-    const eng__vec_ops *vec;                 /* the softmax's vector kernels */
-    int64_t kc, nc; /* blocking: depth per packed panel, columns per packed block */
+    int panel_rows;          /* query rows per panel of the flash loop: mr, or 32 for cblas */
+    const eng__vec_ops *vec; /* the softmax's vector kernels */
+    int64_t kc, nc;          /* blocking: depth per packed panel, columns per packed block */
 } eng__kernels;
+
+/* Bytes of a core's L1 data and L2 caches; 0 where unknown. */
+typedef struct {
+    size_t l1d, l2;
+} eng__cache_sizes;
+
+/* Fills the sizes still 0 in `sizes` from `from` (the next source). */
+void eng__cache_fill(eng__cache_sizes *sizes, const eng__cache_sizes *from);
+
+/* A set's blocking (kc, nc) for its tile (mr x nr) and the caches; an unknown (0) size counts
+ * as a typical one, never as 0. */
+void eng__blocking(const eng__cache_sizes *caches, int mr, int nr, int64_t *kc, int64_t *nc);
 
 /* The set every engine call of this process uses now (never NULL). */
 const eng__kernels *eng__kernels_current(void);

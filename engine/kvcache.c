@@ -198,10 +198,10 @@ eng_kv_seq *eng_kv_seq_new(eng_kv_pool *pool, const eng_kv_shape *shape, eng_err
     size_t block_bytes = (size_t)pool->block_tokens * (size_t)s.num_kv_heads *
                          (size_t)(s.head_dim + s.value_head_dim) * elem;
     if (block_bytes > pool->capacity) {
-        eng__fail(err, ENG_ETOOBIG, "kv_cache_bytes",
-                  "one block of this shape takes %zu bytes, beyond the KV cache capacity of "
-                  "%zu bytes",
-                  block_bytes, pool->capacity);
+        eng__fail_cause(err, ENG_CAUSE_KV_CACHE_CAPACITY, ENG_ETOOBIG, "kv_cache_bytes",
+                        "one block of this shape takes %zu bytes, beyond the KV cache capacity of "
+                        "%zu bytes",
+                        block_bytes, pool->capacity);
         return NULL;
     }
     eng_kv_seq *seq = calloc(1, sizeof *seq);
@@ -364,24 +364,25 @@ eng_status eng_kv_seq_append(eng_kv_seq *seq, const eng_kv_rows *k, const eng_kv
     const eng_kv_shape *s = &seq->shape;
     const int64_t n = k->ne[2];
     if (s->max_tokens > 0 && n > s->max_tokens - seq->length)
-        return eng__fail(err, ENG_ETOOBIG, "max_tokens",
-                         "appending %lld tokens to %lld would pass max_tokens = %lld", (long long)n,
-                         (long long)seq->length, (long long)s->max_tokens);
+        return eng__fail_cause(err, ENG_CAUSE_MAX_TOKENS, ENG_ETOOBIG, "max_tokens",
+                               "appending %lld tokens to %lld would pass max_tokens = %lld",
+                               (long long)n, (long long)seq->length, (long long)s->max_tokens);
     if (n > INT64_MAX / 2 - seq->length)
         return eng__fail(err, ENG_ETOOBIG, "k", "the sequence would be too long");
     const int64_t total = seq->length + n, need = blocks_for(seq, total);
     if ((uint64_t)need > seq->pool->capacity / seq->block_bytes)
-        return eng__fail(err, ENG_ETOOBIG, "kv_cache_bytes",
-                         "%lld tokens take %lld blocks of %zu bytes, beyond the KV cache "
-                         "capacity of %zu bytes",
-                         (long long)total, (long long)need, seq->block_bytes, seq->pool->capacity);
+        return eng__fail_cause(err, ENG_CAUSE_KV_CACHE_CAPACITY, ENG_ETOOBIG, "kv_cache_bytes",
+                               "%lld tokens take %lld blocks of %zu bytes, beyond the KV cache "
+                               "capacity of %zu bytes",
+                               (long long)total, (long long)need, seq->block_bytes,
+                               seq->pool->capacity);
     const bool cow = tail_shared(seq);
     const int64_t fresh = need - seq->nblocks;
     const size_t bytes = (size_t)(fresh + cow) * seq->block_bytes;
     if (!pool_reserve(seq->pool, bytes))
-        return eng__fail(err, ENG_ENOMEM, "kv_cache_bytes",
-                         "the KV cache is full: %zu of %zu bytes in use, %zu more needed",
-                         atomic_load(&seq->pool->used), seq->pool->capacity, bytes);
+        return eng__fail_cause(err, ENG_CAUSE_KV_CACHE_FULL, ENG_ENOMEM, "kv_cache_bytes",
+                               "the KV cache is full: %zu of %zu bytes in use, %zu more needed",
+                               atomic_load(&seq->pool->used), seq->pool->capacity, bytes);
     /* Everything that may fail comes before the first change to the sequence. */
     if (need > seq->cap) {
         int64_t cap = seq->cap ? seq->cap : 4;

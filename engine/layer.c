@@ -189,9 +189,9 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, i
                          o->name);
     lp->E = rows;
     if (heads <= 0 || heads > 65536 || (head_dim <= 0 && lp->E % heads != 0))
-        return eng__fail(err, ENG_EINVAL, "num_heads",
-                         "num_heads = %lld must be positive and divide embed_dim %lld",
-                         (long long)heads, (long long)lp->E);
+        return eng__fail_cause(err, ENG_CAUSE_HEAD_COUNT, ENG_EINVAL, "num_heads",
+                               "num_heads = %lld must be positive and divide embed_dim %lld",
+                               (long long)heads, (long long)lp->E);
     if (head_dim > 65536)
         return eng__fail(err, ENG_EINVAL, "head_dim", "head_dim = %lld is over 65536",
                          (long long)head_dim);
@@ -206,9 +206,9 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, i
                          (long long)lp->E, (long long)lp->Q);
     lp->Hkv = kv_heads > 0 ? kv_heads : heads;
     if (lp->H % lp->Hkv != 0)
-        return eng__fail(err, ENG_EINVAL, "num_kv_heads",
-                         "num_heads = %lld must be a multiple of num_kv_heads = %lld",
-                         (long long)lp->H, (long long)lp->Hkv);
+        return eng__fail_cause(err, ENG_CAUSE_HEAD_COUNT, ENG_EINVAL, "num_kv_heads",
+                               "num_heads = %lld must be a multiple of num_kv_heads = %lld",
+                               (long long)lp->H, (long long)lp->Hkv);
     lp->W = lp->Hkv * lp->D;
     eng_status st;
     if (lp->by_role[ROLE_IN_W]) {

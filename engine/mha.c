@@ -11,9 +11,8 @@
  * product is staged in the task's scratch, then each head's columns are copied out, while
  * the chunk is still in L2. Heads as strided views of [B, L, E] rows instead put a head's
  * consecutive rows E or 2W floats apart, 2 or 4 KiB at E = 512, which fall into the same few
- * L1 sets: the attention packed V instead of reading it in place, and packed K from rows that
- * evicted each other; eng_sdpa on (1, 8, 2048, 64) heads laid out that way ran 4-13% slower
- * than on head-major ones (10-20% causal).
+ * L1 sets: the attention would pack V instead of reading it in place, and pack K from rows
+ * that evict each other.
  *
  * A decoder layer (eng_layer_decoder, engine/decoder.c) has q H D wide (D its own head size),
  * normalises and turns the q and k rows of each projection task while they are staged, brings
@@ -253,9 +252,8 @@ static void pack_task(void *arg, int64_t index)
         lb->ks->round_bf16(dst, (int64_t)eng__sgemm_panels_floats(lb->ks, nf, j->in_f));
 }
 
-/* Every task of a job used to pack the whole weight again, 10% of a 512-row task's time for
- * an E=512 layer; packed once into one buffer (freed by the caller), split over the pool, the
- * layer ran 2-4% faster per core (A/B in one process). */
+/* The weights packed once into one buffer (freed by the caller), split over the pool, rather
+ * than by every task of a job. */
 static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer, eng_ctl *ctl)
 {
     int64_t most = 0;
@@ -396,9 +394,9 @@ static eng_status check_cache(const eng_mha_args *a, mha_shape *sh, eng_error *e
                              (long long)dims[i].cache, ly->name, (long long)dims[i].layer);
     int64_t cached = eng_kv_seq_length(a->kv_cache);
     if (cs.max_tokens > 0 && sh->L > cs.max_tokens - cached)
-        return eng__fail(err, ENG_ETOOBIG, "max_tokens",
-                         "appending %lld tokens to %lld would pass max_tokens = %lld",
-                         (long long)sh->L, (long long)cached, (long long)cs.max_tokens);
+        return eng__fail_cause(err, ENG_CAUSE_MAX_TOKENS, ENG_ETOOBIG, "max_tokens",
+                               "appending %lld tokens to %lld would pass max_tokens = %lld",
+                               (long long)sh->L, (long long)cached, (long long)cs.max_tokens);
     if (cached > INT_MAX - 2 - sh->L)
         return eng__fail(err, ENG_ETOOBIG, "kv_cache",
                          "the KV cache would hold %lld + %lld tokens, past 2^31", (long long)cached,

@@ -304,8 +304,13 @@ static bool parse_count(reader *r, const char *value, int64_t *out, const char *
     char *end;
     errno = 0;
     long long v = strtoll(value, &end, 10);
-    if (errno || end == value || *end || v <= 0 || v > 65536)
-        return fail(r, key, "__metadata__ head counts must be integers in [1, 65536]");
+    if (errno || end == value || *end || v <= 0 || v > 65536) {
+        bool first = !r->failed;
+        fail(r, key, "__metadata__ head counts must be integers in [1, 65536]");
+        if (first && r->err)
+            r->err->cause = ENG_CAUSE_HEAD_COUNT;
+        return false;
+    }
     *out = v;
     return true;
 }

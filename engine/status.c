@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "engine/internal.h"
 
@@ -23,15 +22,33 @@ const char *eng_status_str(eng_status status)
     return status_strings[i];
 }
 
-eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
+static eng_status fail_v(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                         const char *fmt, va_list ap)
 {
     if (!err)
         return status;
     err->status = status;
+    err->cause = cause;
     snprintf(err->field, sizeof err->field, "%s", field ? field : "");
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    return status;
+}
+
+eng_status eng__fail(eng_error *err, eng_status status, const char *field, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    fail_v(err, ENG_CAUSE_NONE, status, field, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+eng_status eng__fail_cause(eng_error *err, eng_cause cause, eng_status status, const char *field,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(err, cause, status, field, fmt, ap);
     va_end(ap);
     return status;
 }
@@ -99,17 +116,4 @@ void *eng__scratch(size_t bytes)
         s->size = bytes;
     }
     return s->data;
-}
-
-size_t eng__l2_bytes(void)
-{
-    /* Racing first calls compute the same value; the atomic only keeps the race defined. */
-    static _Atomic size_t cached;
-    size_t bytes = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (bytes == 0) {
-        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        bytes = (l2 >= 256 * 1024 && l2 <= 64L * 1024 * 1024) ? (size_t)l2 : 1024 * 1024;
-        atomic_store_explicit(&cached, bytes, memory_order_relaxed);
-    }
-    return bytes;
 }

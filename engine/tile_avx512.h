@@ -1,14 +1,13 @@
 /*
  * tile_avx512.h - what the AVX-512 micro-kernels (gemm_avx512.c, gemm_bf16_avx512.c) share:
  * the lane mask of a ragged tile edge and the store of one row of the 12 x 32 tile; and the
- * wide 6 x 64 tile, which engine/sdpa.c calls directly for both of the flash loop's products
- * (over packed K^T panels, and over V's rows in place) and the GEMM driver (gemm.c) runs the
- * avx512 set's products on.
+ * wide 6 x 64 tile and transposing packer, which kernels.c offers as the avx512 set's
+ * capabilities (eng__kernels.wide, .pack_trans).
  *
  *     __mmask16 m0 = eng__lanes16(n), m1 = eng__lanes16(n - 16);
  *     eng__store_tile_row(c + r * ldc, acc0[r], acc1[r], _mm512_set1_ps(alpha), beta, m0, m1);
  *
- * Only they and gemm.c include it; the functions carry the avx512f target, so that they inline
+ * Only they and kernels.c include it; the functions carry the avx512f target, so that they inline
  * into kernels compiled for AVX-512F (or a superset) in a binary built for any x86-64.
  */
 #ifndef ATTND_ENGINE_TILE_AVX512_H

@@ -93,7 +93,7 @@ static int check_options(const api__layer_req *r, api__error *err)
 static int layer_error(eng_status st, const eng_error *e, api__error *err)
 {
     char field[128];
-    if (strcmp(e->field, "num_heads") == 0 || strcmp(e->field, "num_kv_heads") == 0)
+    if (e->cause == ENG_CAUSE_HEAD_COUNT)
         snprintf(field, sizeof field, "%s", e->field);
     else if (e->field[0])
         snprintf(field, sizeof field, "weights.%s", e->field);

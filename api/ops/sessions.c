@@ -1083,7 +1083,7 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
     for (;;) {
         memset(e, 0, sizeof *e);
         *st = step(arg, e);
-        if (*st != ENG_ENOMEM || strcmp(e->field, "kv_cache_bytes") != 0)
+        if (*st != ENG_ENOMEM || e->cause != ENG_CAUSE_KV_CACHE_FULL)
             return 0;
         if (!api__sessions_make_room(reg, s, eng_kv_seq_append_bytes(s->seq, new_tokens)))
             return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
@@ -1115,7 +1115,7 @@ int api__session_too_long(api_sessions *reg, const api__session *s, eng_status s
 {
     if (st != ENG_ETOOBIG)
         return 0;
-    if (strcmp(e->field, "max_tokens") == 0)
+    if (e->cause == ENG_CAUSE_MAX_TOKENS)
         return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field,
                               "the step would pass the session's max_tokens (%lld): %s",
                               (long long)s->shape.max_tokens, e->message);

@@ -80,6 +80,54 @@ static void test_engine_info_names_set_cpu_and_openblas(void)
     CHECK(info.kc > 0 && info.nc > 0);
 }
 
+/* ---- Cache sizes and blocking ---------------------------------------------------------------- */
+
+/* A size no source gave blocks as a typical cache would, never as a zero one: the blocking of
+ * unknown sizes equals that of 32 KiB and 1 MiB, and each known size moves it. */
+static void test_blocking_never_comes_from_a_zero(void)
+{
+    const int tiles[][2] = {{12, 32}, {6, 16}, {4, 16}, {1, 1}};
+    for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
+        const int mr = tiles[t][0], nr = tiles[t][1];
+        int64_t kc0, nc0, kc, nc;
+        const eng__cache_sizes unknown = {0, 0}, typical = {32768, 1 << 20};
+        eng__blocking(&unknown, mr, nr, &kc0, &nc0);
+        eng__blocking(&typical, mr, nr, &kc, &nc);
+        CHECKF(kc0 == kc && nc0 == nc,
+               "tile %dx%d: unknown caches block as kc=%lld nc=%lld, "
+               "typical ones as kc=%lld nc=%lld",
+               mr, nr, (long long)kc0, (long long)nc0, (long long)kc, (long long)nc);
+        CHECK(kc0 > 0 && nc0 > 0 && nc0 % nr == 0);
+        const eng__cache_sizes only_l2 = {0, 4 << 20}, only_l1 = {49152, 0};
+        eng__blocking(&only_l2, mr, nr, &kc, &nc);
+        CHECK(kc == kc0 && nc > nc0); /* L1 still typical, the larger L2 widens nc */
+        eng__blocking(&only_l1, mr, nr, &kc, &nc);
+        CHECK(kc >= kc0 && nc > 0);
+    }
+}
+
+/* Each size comes from the first source that names it; a later source fills only zeros. */
+static void test_cache_sizes_fall_through_sources(void)
+{
+    eng__cache_sizes c = {0, 0};
+    const eng__cache_sizes leaf = {0, 0}, legacy = {49152, 0}, system = {32768, 1 << 20};
+    eng__cache_fill(&c, &leaf);
+    eng__cache_fill(&c, &legacy);
+    eng__cache_fill(&c, &system);
+    CHECK_EQ_INT(c.l1d, 49152);
+    CHECK_EQ_INT(c.l2, 1 << 20);
+    /* This process's sizes: some source names them on Linux, and the sets block from them. */
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    CHECKF(info.l1d_bytes > 0 && info.l2_bytes > 0, "L1d %zu, L2 %zu bytes", info.l1d_bytes,
+           info.l2_bytes);
+    const eng__kernels *ks = eng__kernels_current();
+    const eng__cache_sizes found = {info.l1d_bytes, info.l2_bytes};
+    int64_t kc, nc;
+    eng__blocking(&found, ks->mr, ks->nr, &kc, &nc);
+    CHECK(kc == info.kc && nc == info.nc);
+}
+
 /* ---- Products ------------------------------------------------------------------------------ */
 
 /* One product with its own buffers, offset by one float so that no row starts aligned. */
@@ -777,6 +825,8 @@ int main(void)
     RUN_WITHIN(test_each_supported_set_can_be_selected, 30);
     RUN_WITHIN(test_auto_picks_the_widest_supported_set, 30);
     RUN_WITHIN(test_engine_info_names_set_cpu_and_openblas, 30);
+    RUN_WITHIN(test_blocking_never_comes_from_a_zero, 30);
+    RUN_WITHIN(test_cache_sizes_fall_through_sources, 30);
     RUN_WITHIN(test_sgemm_ragged_sizes_unaligned_strides, 300);
     RUN_WITHIN(test_sgemm_prepacked_ragged_sizes, 300);
     RUN_WITHIN(test_sgemm_beyond_one_block, 120);

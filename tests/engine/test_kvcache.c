@@ -802,6 +802,7 @@ static void test_pool_exhaustion_and_limits(void)
     eng_error err;
     CHECK(eng_kv_seq_append(a.seq, &k.rows, &v.rows, &err) == ENG_ENOMEM);
     CHECK(strcmp(err.field, "kv_cache_bytes") == 0);
+    CHECK_EQ_INT(err.cause, ENG_CAUSE_KV_CACHE_FULL);
     CHECK(eng_kv_step(pool, a.seq, &k.rows, &v.rows, &qq.a, NULL, &err) == ENG_ENOMEM);
     CHECK_EQ_INT(eng_kv_seq_length(a.seq), 20);
     CHECK_EQ_INT(stats_of(kvp).used_bytes, 3 * bb);
@@ -820,6 +821,7 @@ static void test_pool_exhaustion_and_limits(void)
     draw_tokens(&a, 17, ENG_DTYPE_F32, &rng, &k, &v);
     CHECK(eng_kv_seq_append(a.seq, &k.rows, &v.rows, &err) == ENG_ETOOBIG);
     CHECK(strcmp(err.field, "kv_cache_bytes") == 0);
+    CHECK_EQ_INT(err.cause, ENG_CAUSE_KV_CACHE_CAPACITY);
     CHECK(strstr(err.message, "capacity") != NULL);
     rows_free(&k);
     rows_free(&v);
@@ -830,6 +832,7 @@ static void test_pool_exhaustion_and_limits(void)
     eng_kv_shape big = {.num_kv_heads = 64, .head_dim = 128, .dtype = ENG_DTYPE_F32};
     CHECK(eng_kv_seq_new(kvp, &big, &err) == NULL);
     CHECK(err.status == ENG_ETOOBIG);
+    CHECK_EQ_INT(err.cause, ENG_CAUSE_KV_CACHE_CAPACITY);
 
     /* max_tokens. */
     eng_kv_shape capped = {
@@ -844,6 +847,7 @@ static void test_pool_exhaustion_and_limits(void)
     draw_tokens(&c, 1, ENG_DTYPE_F32, &rng, &k, &v);
     CHECK(eng_kv_seq_append(s, &k.rows, &v.rows, &err) == ENG_ETOOBIG);
     CHECK(strcmp(err.field, "max_tokens") == 0);
+    CHECK_EQ_INT(err.cause, ENG_CAUSE_MAX_TOKENS);
     CHECK_EQ_INT(eng_kv_seq_length(s), 10);
     rows_free(&k);
     rows_free(&v);
@@ -894,6 +898,7 @@ static void test_rejects_bad_arguments(void)
     eng_kv_pool *kvp = new_pool((size_t)16 << 20, 16);
     eng_kv_shape bad = {.num_kv_heads = 0, .head_dim = 8};
     CHECK(eng_kv_seq_new(kvp, &bad, &err) == NULL && strcmp(err.field, "num_kv_heads") == 0);
+    CHECK_EQ_INT(err.cause, ENG_CAUSE_NONE); /* a bad shape, not a layer's head count */
     bad = (eng_kv_shape){.num_kv_heads = 1, .head_dim = 8, .dtype = (eng_dtype)9};
     CHECK(eng_kv_seq_new(kvp, &bad, &err) == NULL && strcmp(err.field, "cache_dtype") == 0);
 

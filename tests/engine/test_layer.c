@@ -413,6 +413,10 @@ static void expect_refused(const eng_tensor_ref *t, size_t n, int64_t heads, int
         return;
     CHECKF(err.status == status, "%s: status %s, expected %s (%s)", note,
            eng_status_str(err.status), eng_status_str(status), err.message);
+    /* Head counts are the call's arguments, every other field one of the tensors. */
+    const bool counts = strcmp(fields, "num_heads") == 0 || strcmp(fields, "num_kv_heads") == 0;
+    CHECKF((err.cause == ENG_CAUSE_HEAD_COUNT) == counts, "%s: cause %d on '%s'", note,
+           (int)err.cause, err.field);
     bool named = false;
     const char *p = fields;
     while (*p) {

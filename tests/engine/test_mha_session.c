@@ -307,12 +307,16 @@ static void test_bf16_layer_steps_over_a_bf16_cache(void)
 
 /* eng_mha on `a` must fail with `status`, its field `field` and a message containing `text`,
  * and leave the cache's length at `length`. */
+/* The cause of the last refusal expect_refused saw. */
+static eng_cause last_cause;
+
 static void expect_refused(eng_mha_args *a, eng_ctl *ctl, eng_status status, const char *field,
                            const char *text, int64_t length)
 {
     eng_error err;
     memset(&err, 0, sizeof err);
     eng_status st = eng_mha(pool, a, ctl, &err);
+    last_cause = err.cause;
     CHECKF(st == status && strcmp(err.field, field) == 0 && strstr(err.message, text),
            "expected %s on '%s' mentioning '%s'; got %s on '%s': %s", eng_status_str(status), field,
            text, eng_status_str(st), err.field, err.message);
@@ -449,6 +453,7 @@ static void test_failed_steps_leave_the_cache_as_it_was(void)
     a.x = x + 15 * E;
     a.L = 2;
     expect_refused(&a, NULL, ENG_ENOMEM, "kv_cache_bytes", "full", 15);
+    CHECK_EQ_INT(last_cause, ENG_CAUSE_KV_CACHE_FULL);
     eng_kv_seq_free(other);
 
     eng_ctl ctl;
@@ -466,6 +471,7 @@ static void test_failed_steps_leave_the_cache_as_it_was(void)
     a.x = x + 15 * E;
     a.L = 2;
     expect_refused(&a, NULL, ENG_ETOOBIG, "max_tokens", "max_tokens = 16", 15);
+    CHECK_EQ_INT(last_cause, ENG_CAUSE_MAX_TOKENS);
 
     /* The refused steps left nothing: the next token gives the full layer's row 15. */
     a.L = 1;

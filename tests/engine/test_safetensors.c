@@ -338,6 +338,9 @@ static void test_rejects_bad_head_counts_in_metadata(void)
         snprintf(what, sizeof what, "__metadata__ num_heads \"%s\"", values[i]);
         const char *path = write_raw(name, header, strlen(header), strlen(header), 64);
         expect_refused(path, ENG_EFORMAT, "num_heads", what);
+        eng_error err = {0};
+        CHECK(eng_layer_load("bad", path, 0, 0, &err) == NULL);
+        CHECKF(err.cause == ENG_CAUSE_HEAD_COUNT, "%s: cause %d", what, (int)err.cause);
     }
     /* The format's metadata values are strings. */
     expect_bad_header("meta_number.safetensors",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fails when the files of server/ depend on each other in a circle, read two ways.
+# Fails when the files of one tier (server/, api/ or engine/) depend on each other in a circle,
+# read two ways.
 #
-# Includes: a part of server/ is a file stem (foo.c and foo.h are part "foo"; the public
+# Includes: a part of the tier is a file stem (foo.c and foo.h are part "foo"; the public
 # header server.h is a part of its own, the interface of the whole module rather than
 # server.c's). Part A depends on part B when server/A.c or server/A.h includes "server/B.h".
 # Calls: in the built library, object A depends on object B when A uses a symbol B defines
@@ -11,25 +12,27 @@
 # tsort(1) finds a circle and names its parts. Before looking at the tree the script checks
 # that it catches a planted circle of each kind, so that it cannot pass by not looking.
 #
-#   tests/server/check_cycles.sh [DIR [LIBRARY]]   (default: server build/libserver.a)
+#   tests/check_cycles.sh [DIR [LIBRARY]]   (default: server build/libserver.a)
 # Ends with "N passed, N failed" like every suite (tests/run.sh).
 set -u
 
 dir=${1:-server}
 lib=${2:-build/libserver.a}
-. "$(dirname "$0")/../support/check.sh"
+. "$(dirname "$0")/support/check.sh"
 
-# Prints "from to" for each include edge between different parts of folder $1, whose files
-# include each other as "server/NAME.h".
+# Prints "from to" for each include edge between different parts of folder $1 (a tier: server,
+# api or engine, subfolders included), whose files include each other as "TIER/PATH.h". A part
+# is a path without its extension; the tier's public header TIER/TIER.h is a part of its own.
 include_edges() {
-    local f part dep
-    for f in "$1"/*.c "$1"/*.h; do
-        [ -e "$f" ] || continue
-        part=$(basename "$f")
-        [ "$part" = server.h ] || part=${part%.*}
-        sed -n 's|^[[:space:]]*#[[:space:]]*include[[:space:]]*"server/\([A-Za-z0-9_]*\)\.h".*|\1|p' \
+    local root=$1 tier f rel part dep
+    tier=$(basename "$root")
+    find "$root" -name '*.[ch]' | sort | while read -r f; do
+        rel=${f#"$root"/}
+        part=${rel%.*}
+        [ "$rel" = "$tier.h" ] && part=$tier.h
+        sed -n "s|^[[:space:]]*#[[:space:]]*include[[:space:]]*\"$tier/\([A-Za-z0-9_/]*\)\.h\".*|\1|p" \
             "$f" | while read -r dep; do
-            [ "$dep" = server ] && dep=server.h
+            [ "$dep" = "$tier" ] && dep=$tier.h
             [ "$dep" = "$part" ] || echo "$part $dep"
         done
     done
@@ -77,12 +80,13 @@ planted() {
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-printf '#include "server/b.h"\n' >"$scratch/a.c"
-printf '#include "server/c.h"\n' >"$scratch/b.c"
-printf '#include "server/a.h"\n' >"$scratch/c.h"
-: >"$scratch/a.h"
-: >"$scratch/b.h"
-planted include "$(include_edges "$scratch")"
+mkdir -p "$scratch/server/sub"
+printf '#include "server/b.h"\n' >"$scratch/server/a.c"
+printf '#include "server/sub/c.h"\n' >"$scratch/server/b.c"
+printf '#include "server/a.h"\n' >"$scratch/server/sub/c.h"
+: >"$scratch/server/a.h"
+: >"$scratch/server/b.h"
+planted include "$(include_edges "$scratch/server")"
 printf 'void b(void);\nvoid a(void) { b(); }\n' >"$scratch/x.c"
 printf 'void a(void);\nvoid b(void) { a(); }\n' >"$scratch/y.c"
 if ${CC:-cc} -c "$scratch/x.c" -o "$scratch/x.o" && ${CC:-cc} -c "$scratch/y.c" -o "$scratch/y.o" &&
