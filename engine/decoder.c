@@ -273,6 +273,7 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
     l->decoder_params = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!l->decoder_params)
         return eng__fail(err, ENG_ENOMEM, "", "out of memory for the decoder's parameters");
+    l->decoder_floats = (size_t)n;
     float *at = l->decoder_params;
     l->inv_freq = at;
     at += sp->rope.rotary_dim / 2;
@@ -347,15 +348,6 @@ fail:
 done:
     free(rest);
     return l;
-}
-
-size_t eng__decoder_floats(const eng_layer *l)
-{
-    if (!l->decoder)
-        return 0;
-    int64_t Q = l->num_heads * eng_layer_head_dim(l), W = l->num_kv_heads * eng_layer_head_dim(l);
-    int64_t n = l->spec.rope.rotary_dim / 2 + (l->q_norm_w ? 2 * (Q + W) : 0);
-    return (size_t)(n + (l->sinks ? l->num_heads : 0));
 }
 
 /* ---- The forward pass --------------------------------------------------------------------- */

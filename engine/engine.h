@@ -451,6 +451,7 @@ typedef struct {
     float *q_norm_w, *q_norm_b, *k_norm_w, *k_norm_b;
     float *sinks;
     float *decoder_params; /* the block the pointers above point into */
+    size_t decoder_floats; /* its length (0 for other layers) */
 } eng_layer;
 
 /* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */

@@ -117,9 +117,6 @@ eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, 
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                bool keep16, eng_error *err);
 
-/* Floats of a decoder layer's own parameters (0 for other layers). */
-size_t eng__decoder_floats(const eng_layer *layer);
-
 /* A decoder layer's q/k norm and RoPE on n projected rows (row stride ld) of q (`query`) or k,
  * token t at position pos0 + t. */
 void eng__decoder_project(const eng_layer *layer, bool query, float *rows, int64_t n, int64_t ld,

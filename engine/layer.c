@@ -419,7 +419,7 @@ size_t eng_layer_bytes(const eng_layer *l)
             Q = l->num_heads * D;
     size_t matrices = (size_t)(2 * E * Q + W * (l->kdim + l->vdim));
     size_t all = (size_t)eng_layer_params(l);
-    size_t own = eng__decoder_floats(l) * sizeof(float);
+    size_t own = l->decoder_floats * sizeof(float);
     return own + (l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
                               : all * sizeof(float));
 }
