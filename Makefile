@@ -31,7 +31,7 @@ ifneq ($(SAN),)
 CFLAGS_ALL += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS_ALL += -fsanitize=$(SAN)
 endif
-LIBS := -lmicrohttpd -lgnutls -ljansson -lopenblas -lz -lm
+LIBS := -lmicrohttpd -lnghttp2 -lgnutls -lprotobuf-c -ljansson -lopenblas -lz -lm
 
 ENGINE_SRC := $(wildcard engine/*.c)
 API_SRC := $(wildcard api/*.c api/*/*.c)
@@ -89,6 +89,25 @@ $(BUILD)/gen/inspector_page.o: $(PAGE_C)
 
 $(BUILD)/libserver.a: $(BUILD)/gen/inspector_page.o
 
+# KServe v2 over gRPC (api/proto/grpc_*.c): protoc-c turns Triton's service and model
+# configuration protos (api/proto/grpc/, unmodified) into C in $(BUILD)/gen, compiled into
+# libapi.a with the generator's own style of code (its warnings are not ours).
+PROTOS := api/proto/grpc/grpc_service.proto api/proto/grpc/model_config.proto
+PB_C := $(patsubst api/proto/grpc/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
+PB_H := $(PB_C:.c=.h)
+PB_CFLAGS := -std=c11 $(OPT) -g -pthread -I$(BUILD)/gen $(filter -fsanitize=% -fno-%,$(CFLAGS_ALL))
+
+$(PB_C) $(PB_H) &: $(PROTOS)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iapi/proto/grpc $(PROTOS)
+
+$(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(PB_H)
+	$(CC) $(PB_CFLAGS) -c $< -o $@
+
+$(BUILD)/libapi.a: $(PB_C:.c=.o)
+$(call obj,$(wildcard api/proto/grpc_*.c)): $(PB_H)
+$(call obj,$(wildcard api/proto/grpc_*.c)): CFLAGS_ALL += -I$(BUILD)/gen
+
 $(BUILD)/attnd: $(BUILD)/server/main.o $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -o $@
 
@@ -116,7 +135,8 @@ $(BUILD)/tests/bench/bench_e2e $(BUILD)/tests/bench/bench_session: $(BUILD)/test
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
                 libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
-                wrk libgnutls28-dev openssl
+                wrk libgnutls28-dev openssl libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
+                python3-grpcio python3-grpc-tools python3-protobuf python3-numpy
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do \
@@ -288,9 +308,16 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 300
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(wildcard engine/*.h api/*.h api/*/*.h)
+FUZZ_PB_C := $(patsubst api/proto/grpc/%.proto,$(FUZZ_BUILD)/gen/%.pb-c.c,$(PROTOS))
+
+$(FUZZ_PB_C) &: $(PROTOS)
+	@mkdir -p $(FUZZ_BUILD)/gen
+	protoc-c --c_out=$(FUZZ_BUILD)/gen -Iapi/proto/grpc $(PROTOS)
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) $(wildcard engine/*.h api/*.h api/*/*.h)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) $< $(ENGINE_SRC) $(API_SRC) -ljansson -lopenblas -lz -lm -o $@
+	clang $(FUZZ_CFLAGS) -I$(FUZZ_BUILD)/gen $< $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) \
+	    -lprotobuf-c -ljansson -lopenblas -lz -lm -o $@
 
 fuzz-build: $(FUZZ_BINS)
 
