@@ -180,6 +180,11 @@ asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
+# Triton's Python gRPC client, unmodified, against --grpc-port (plain and ASan+UBSan builds);
+# a skip line where ../shared/peers/tritonclient or Debian's python3-grpc-tools is missing.
+grpc_client_suites = "tests/server/check_grpc_tritonclient.sh $(BUILD)/attnd" \
+    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
+
 FUZZ_SMOKE_SECONDS ?= 30
 
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
@@ -200,12 +205,13 @@ test: deps deploy-deps browser-deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	@tests/run.sh $(plain_suites) $(server_cycle_check) $(rng_check) $(asan_suites) $(tsan_suites) \
+	    $(grpc_client_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	@tests/run.sh $(asan_suites)
+	@tests/run.sh $(asan_suites) "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
 
 tsan: deps
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
