@@ -258,7 +258,7 @@ static int build_body(infer_job *job, size_t *json_len, api_reply *reply)
     *json_len = job->body.len;
     if (reserve(job, *json_len + total, reply) != 0)
         return -1;
-    job->body.max = *json_len + total;
+    job->body.max = *json_len + total + 1;
     if (!api_buf_grow_to(&job->body, *json_len + total + 1))
         return fail(reply, 503, API_REASON_MEMORY, "out of memory");
     for (size_t i = 0; i < job->req->n_inputs; i++) {
