@@ -135,8 +135,15 @@ static bool set_field(const ProtobufCFieldDescriptor *f, void *msg, const json_t
 {
     if (f->label == PROTOBUF_C_LABEL_REPEATED)
         return set_repeated(f, msg, v);
-    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
-        *(uint32_t *)MEMBER(msg, f->quantifier_offset) = f->id;
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+        /* Members of a oneof share their storage: the first one given is kept (Triton's JSON
+         * may hold two, dynamic_batching and sequence_batching, where protobuf has room for
+         * one). */
+        uint32_t *which = (uint32_t *)MEMBER(msg, f->quantifier_offset);
+        if (*which != 0 && *which != f->id)
+            return true;
+        *which = f->id;
+    }
     else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset)
         *(protobuf_c_boolean *)MEMBER(msg, f->quantifier_offset) = 1;
     return set_value(f, MEMBER(msg, f->offset), v);
