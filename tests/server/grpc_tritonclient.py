@@ -121,6 +121,25 @@ def test_infer_fp16_bf16_and_precision():
     np.testing.assert_allclose(rb.as_numpy("output"), sdpa_ref(q, k, v), atol=0.05)
 
 
+def test_typed_contents_with_the_generated_stub():
+    # The docs' grpcurl example: typed fp32 contents, a bool parameter, through the stub alone.
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{PORT}"))
+    req = service_pb2.ModelInferRequest(model_name="sdpa")
+    req.parameters["causal"].bool_param = True
+    data = {"query": [1, 0, 0, 1, 1, 1], "key": [1, 0, 0, 1, 1, 1], "value": [1, 0, 0, 2, 3, 1]}
+    for name, values in data.items():
+        t = req.inputs.add(name=name, datatype="FP32", shape=[3, 2])
+        t.contents.fp32_contents.extend(values)
+    resp = stub.ModelInfer(req)
+    out = np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(3, 2)
+    a = {k: np.array(v, np.float32).reshape(3, 2) for k, v in data.items()}
+    np.testing.assert_allclose(out, sdpa_ref(a["query"], a["key"], a["value"], causal=True),
+                               atol=1e-6)
+    assert list(resp.outputs[0].shape) == [3, 2]
+
+
 def test_errors():
     q, k, v = qkv((1, 1, 3, 4))
     expect_error("NOT_FOUND", lambda: client.infer("nosuch", inputs_of([q, k, v])))
