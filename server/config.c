@@ -112,8 +112,9 @@ static const srv_option options[] = {
     {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
      "PATH", "once listening, write the bound --admin-port to this file"},
     {"grpc-port", "ATTND_GRPC_PORT", OPT_INT, OFF(grpc_port), -1, 65535, "-1", "N",
-     "serve KServe v2 over gRPC (inference.GRPCInferenceService, HTTP/2 without TLS) on this "
-     "port too, with the same models, limits, tokens and metrics (docs/grpc.md); 0 picks an "
+     "serve KServe v2 over gRPC (inference.GRPCInferenceService over HTTP/2; TLS with ALPN h2 "
+     "when --tls-cert is set) on this port too, with the same models, limits, tokens and "
+     "metrics (docs/grpc.md); 0 picks an "
      "ephemeral port (see --grpc-port-file); -1 (the default): off"},
     {"grpc-port-file", "ATTND_GRPC_PORT_FILE", OPT_STR, OFF(grpc_port_file), 0, 0, NULL, "PATH",
      "once listening, write the bound --grpc-port to this file"},

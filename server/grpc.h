@@ -1,6 +1,6 @@
 /*
  * grpc.h - the gRPC edge (--grpc-port): KServe v2's inference.GRPCInferenceService over HTTP/2
- * (nghttp2), plain (h2c). grpc_conn.c owns the listener, the connections and their thread (one
+ * (nghttp2), plain (h2c) or TLS with ALPN h2 (the HTTPS port's certificate). grpc_conn.c owns the listener, the connections and their thread (one
  * poll loop: every nghttp2 call happens on it); grpc_call.c owns the calls: headers, messages,
  * admission, the handoff of inferences to the engine pool, replies, trailers, metrics and log
  * lines. The replies themselves come from api/ (api_grpc_*), as HTTP's do.
@@ -86,6 +86,8 @@ struct grpc_conn {
     int fd;
     uint64_t number;
     nghttp2_session *session;
+    gnutls_session_t tls; /* NULL: h2c */
+    bool handshaken;      /* TLS: the handshake finished with ALPN h2 */
     int64_t last_io_ns;   /* the last byte read or written */
     int64_t stalled_since; /* nghttp2 had bytes to write that the socket would not take */
     grpc_call *calls; /* open streams with a call */

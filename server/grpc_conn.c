@@ -1,7 +1,9 @@
 /*
  * grpc_conn.c - the gRPC listener and its connections: one thread polls the listening socket,
  * every connection and an eventfd (finished inferences, the drain), feeds what arrives to each
- * connection's nghttp2 server session and writes what nghttp2 has to send. Streams become
+ * connection's nghttp2 server session and writes what nghttp2 has to send. With --tls-cert the
+ * port speaks TLS (GnuTLS, the HTTPS port's certificate, priorities and client CA) and requires
+ * ALPN h2; the handshake runs in the same loop, non-blocking. Streams become
  * calls (grpc_call.c); this file writes their responses: HEADERS, length-prefixed DATA from
  * the call's queue, and the grpc-status trailers.
  *
@@ -166,9 +168,20 @@ static ssize_t on_send(nghttp2_session *session, const uint8_t *data, size_t len
                        void *user_data)
 {
     grpc_conn *conn = user_data;
-    ssize_t n = send(conn->fd, data, length, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n;
     (void)session;
     (void)flags;
+    if (conn->tls) {
+        n = gnutls_record_send(conn->tls, data, length);
+        if (n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED)
+            return NGHTTP2_ERR_WOULDBLOCK;
+        if (n < 0)
+            return NGHTTP2_ERR_CALLBACK_FAILURE;
+        conn->last_io_ns = eng_now_ns();
+        conn->stalled_since = 0;
+        return n;
+    }
+    n = send(conn->fd, data, length, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
                    ? NGHTTP2_ERR_WOULDBLOCK
@@ -309,6 +322,8 @@ static void conn_free(srv_grpc *g, grpc_conn *conn)
         srv__grpc_call_closed(call, NGHTTP2_CANCEL);
     }
     nghttp2_session_del(conn->session);
+    if (conn->tls)
+        gnutls_deinit(conn->tls);
     close(conn->fd);
     if (conn->prev)
         conn->prev->next = conn->next;
@@ -344,7 +359,12 @@ static void accept_one(srv_grpc *g)
     conn->number = ++g->conn_counter;
     conn->last_io_ns = eng_now_ns();
     conn->session = session_new(conn);
-    if (!conn->session) {
+    conn->handshaken = !g->s->tls;
+    if (g->s->tls)
+        conn->tls = srv__tls_grpc_session(g->s->tls, fd);
+    if (!conn->session || (g->s->tls && !conn->tls)) {
+        if (conn->session)
+            nghttp2_session_del(conn->session);
         close(fd);
         free(conn);
         return;
@@ -358,28 +378,71 @@ static void accept_one(srv_grpc *g)
     g->n_conns++;
 }
 
+/* TLS: advances the handshake; once done, ALPN must have chosen h2. */
+static void handshake(grpc_conn *conn)
+{
+    gnutls_datum_t proto;
+    int rc = gnutls_handshake(conn->tls);
+    if (rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED)
+        return;
+    if (rc < 0 || gnutls_alpn_get_selected_protocol(conn->tls, &proto) < 0 || proto.size != 2 ||
+        memcmp(proto.data, "h2", 2) != 0) {
+        srv_log(SRV_LOG_DEBUG, "grpc: connection %llu: TLS handshake failed: %s",
+                (unsigned long long)conn->number, rc < 0 ? gnutls_strerror(rc) : "no ALPN h2");
+        conn->dead = true;
+        return;
+    }
+    conn->handshaken = true;
+    conn->last_io_ns = eng_now_ns();
+}
+
+/* What arrived: read (and decrypted) bytes fed to nghttp2. */
+static ssize_t conn_recv(grpc_conn *conn, uint8_t *buf, size_t cap)
+{
+    ssize_t n;
+    if (conn->tls) {
+        n = gnutls_record_recv(conn->tls, buf, cap);
+        if (n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED)
+            return -2;
+        return n < 0 ? -1 : n;
+    }
+    n = recv(conn->fd, buf, cap, MSG_DONTWAIT);
+    if (n < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
+    return n;
+}
+
 static void conn_read(grpc_conn *conn)
 {
     uint8_t buf[READ_CHUNK];
-    ssize_t n = recv(conn->fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        conn->dead = true;
+    if (!conn->handshaken) {
+        handshake(conn);
         return;
     }
-    if (n < 0)
-        return;
-    conn->last_io_ns = eng_now_ns();
-    ssize_t used = nghttp2_session_mem_recv(conn->session, buf, (size_t)n);
-    if (used < 0) {
-        if (used == NGHTTP2_ERR_FLOODED)
-            srv_log(SRV_LOG_WARN, "grpc: connection %llu dropped: control frame flood",
-                    (unsigned long long)conn->number);
-        conn->dead = true;
-    }
+    do {
+        ssize_t n = conn_recv(conn, buf, sizeof buf);
+        if (n == -2)
+            return;
+        if (n <= 0) {
+            conn->dead = true;
+            return;
+        }
+        conn->last_io_ns = eng_now_ns();
+        ssize_t used = nghttp2_session_mem_recv(conn->session, buf, (size_t)n);
+        if (used < 0) {
+            if (used == NGHTTP2_ERR_FLOODED)
+                srv_log(SRV_LOG_WARN, "grpc: connection %llu dropped: control frame flood",
+                        (unsigned long long)conn->number);
+            conn->dead = true;
+            return;
+        }
+    } while (conn->tls && gnutls_record_check_pending(conn->tls) > 0);
 }
 
 static void conn_flush(grpc_conn *conn)
 {
+    if (!conn->handshaken)
+        return;
     if (!conn->dead && nghttp2_session_send(conn->session) != 0)
         conn->dead = true;
     if (!conn->dead && !nghttp2_session_want_read(conn->session) &&
@@ -413,7 +476,7 @@ static void check_times(srv_grpc *g, grpc_conn *conn, int64_t now)
             srv__grpc_finish(c, 504, API_REASON_DEADLINE,
                              "deadline exceeded while receiving the request");
     }
-    if (nghttp2_session_want_write(conn->session)) {
+    if (conn->handshaken && nghttp2_session_want_write(conn->session)) {
         if (conn->stalled_since == 0)
             conn->stalled_since = now;
         else if (now - conn->stalled_since > (int64_t)s->send_timeout_s * 1000000000)
@@ -449,7 +512,8 @@ static void loop_turn(srv_grpc *g, struct pollfd *pfd, size_t cap)
     pfd[n++] = (struct pollfd){.fd = g->listen_fd, .events = POLLIN};
     for (grpc_conn *c = g->conns; c && n < cap; c = c->next) {
         short ev = POLLIN;
-        if (nghttp2_session_want_write(c->session))
+        if (!c->handshaken ? gnutls_record_get_direction(c->tls) == 1
+                           : nghttp2_session_want_write(c->session))
             ev |= POLLOUT;
         pfd[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }
@@ -467,7 +531,8 @@ static void loop_turn(srv_grpc *g, struct pollfd *pfd, size_t cap)
     size_t i = 2;
     int64_t now = eng_now_ns();
     for (grpc_conn *c = g->conns; c && i < n; c = c->next, i++)
-        if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
+        if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) ||
+            (!c->handshaken && (pfd[i].revents & POLLOUT)))
             conn_read(c);
     for (grpc_conn *c = g->conns, *next; c; c = next) {
         next = c->next;

@@ -1,8 +1,10 @@
 """Triton's Python gRPC client, unmodified, against attnd's --grpc-port.
 
 Run by check_grpc_tritonclient.sh, which starts the daemon and builds the client's stubs;
-argv: the gRPC port, and the HTTP port (statistics are compared across both). Each check
-prints "ok NAME" or "FAIL NAME: why"; the last line is "N passed, N failed".
+argv: the gRPC port, and the HTTP port (statistics are compared across both). With a third
+and fourth argument (a CA file and a bearer token) the daemon serves TLS and wants the token:
+only the TLS checks run. Each check prints "ok NAME" or "FAIL NAME: why"; the last line is
+"N passed, N failed".
 """
 import json
 import queue
@@ -15,7 +17,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 PORT, HTTP_PORT = int(sys.argv[1]), int(sys.argv[2])
-client = grpcclient.InferenceServerClient(f"127.0.0.1:{PORT}")
+TLS_CA, TOKEN = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
+client = grpcclient.InferenceServerClient(f"127.0.0.1:{PORT}", ssl=TLS_CA is not None,
+                                          root_certificates=TLS_CA)
 rng = np.random.default_rng(7)
 results = {"passed": 0, "failed": 0}
 
@@ -211,9 +215,35 @@ def test_statistics():
     assert {"sdpa", "demo"} <= {m["name"] for m in every}
 
 
-for name, fn in list(globals().items()):
-    if name.startswith("test_") and callable(fn):
-        check(name[5:], fn)
+def tls_infer_with_token():
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    assert client.is_server_live(headers=auth)
+    q, k, v = qkv((1, 2, 4, 8))
+    r = client.infer("sdpa", inputs_of([q, k, v]), headers=auth)
+    np.testing.assert_allclose(r.as_numpy("output"), sdpa_ref(q, k, v), atol=1e-5)
+
+
+def tls_without_token_is_unauthenticated():
+    expect_error("UNAUTHENTICATED", lambda: client.is_server_live())
+    e = expect_error("UNAUTHENTICATED",
+                     lambda: client.is_server_live(headers={"authorization": "Bearer nope"}))
+    assert TOKEN not in e.message()
+
+
+def tls_plain_client_is_refused():
+    plain = grpcclient.InferenceServerClient(f"127.0.0.1:{PORT}")
+    expect_error("UNAVAILABLE", lambda: plain.is_server_live(client_timeout=5))
+    plain.close()
+
+
+if TLS_CA:
+    for fn in (tls_infer_with_token, tls_without_token_is_unauthenticated,
+               tls_plain_client_is_refused):
+        check(fn.__name__, fn)
+else:
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            check(name[5:], fn)
 client.close()
 print(f"{results['passed']} passed, {results['failed']} failed")
 sys.exit(1 if results["failed"] else 0)

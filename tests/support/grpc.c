@@ -245,6 +245,9 @@ bool grpc_call(grpc_client *c, const char *path, const char *const *headers, con
     st->body_len = n;
     st->keep_open = false;
     ok = framed && grpc_start(c, path, headers, st) == 0 && grpc_wait(c, st, timeout_ms);
+    /* The status may come before the request is all sent: send the rest before the body goes. */
+    while (!st->closed && !c->dead && st->body_off < st->body_len)
+        grpc_pump(c, 10);
     free(framed);
     st->body = NULL;
     return ok;

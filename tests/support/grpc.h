@@ -55,7 +55,7 @@ int grpc_start(grpc_client *c, const char *path, const char *const *headers, grp
 bool grpc_wait(grpc_client *c, grpc_stream *st, int timeout_ms);
 /* Pumps the connection once for up to timeout_ms. */
 void grpc_pump(grpc_client *c, int timeout_ms);
-/* grpc_frame(msg) + grpc_start + grpc_wait. */
+/* grpc_frame(msg) + grpc_start + grpc_wait; returns once the request is all sent too. */
 bool grpc_call(grpc_client *c, const char *path, const char *const *headers, const void *msg,
                size_t len, int timeout_ms, grpc_stream *st);
 /* Resets the stream (CANCEL). */
