@@ -24,8 +24,10 @@ typedef struct grpc_job grpc_job;
 /* Bytes waiting to be written on a stream, in order. */
 typedef struct grpc_chunk {
     struct grpc_chunk *next;
+    const char *data; /* `bytes` below, or `owned` */
     size_t len, off;
-    char data[];
+    char *owned; /* a reply body handed over (eng_buf_free), or NULL */
+    char bytes[];
 } grpc_chunk;
 
 /* A message of a stream waiting for the inference before it to finish. */
@@ -126,6 +128,10 @@ void srv__grpc_free(srv_grpc *g);
 /* grpc_conn.c, for grpc_call.c: queues `len` bytes for the call's stream, and ends it with
  * the call's status (trailers; trailers-only when no data went out). */
 void srv__grpc_send(grpc_call *call, const void *data, size_t len);
+/* srv__grpc_send of a body from eng_buf_alloc, taken over without a copy. */
+void srv__grpc_send_owned(grpc_call *call, char *body, size_t len);
+/* Frees a chunk and what it owns. */
+void srv__grpc_chunk_free(grpc_chunk *c);
 void srv__grpc_finish(grpc_call *call, int http_status, api_reason reason, const char *message);
 
 /* grpc_call.c, for grpc_conn.c: a stream's events and the completion of its jobs. */

@@ -104,8 +104,8 @@ void srv__grpc_call_headers_done(grpc_call *call)
 
 /* ---- Replies ---------------------------------------------------------------------------------- */
 
-/* Sends reply's body as one length-prefixed message. */
-static void send_message(grpc_call *call, const api_reply *reply)
+/* Sends reply's body as one length-prefixed message; the body is taken over. */
+static void send_message(grpc_call *call, api_reply *reply)
 {
     unsigned char prefix[5] = {0, (unsigned char)(reply->body_len >> 24),
                                (unsigned char)(reply->body_len >> 16),
@@ -113,7 +113,11 @@ static void send_message(grpc_call *call, const api_reply *reply)
                                (unsigned char)reply->body_len};
     srv__grpc_send(call, prefix, sizeof prefix);
     if (reply->body_len)
-        srv__grpc_send(call, reply->body, reply->body_len);
+        srv__grpc_send_owned(call, reply->body, reply->body_len);
+    else
+        eng_buf_free(reply->body);
+    reply->body = NULL;
+    reply->body_len = 0;
 }
 
 /* A unary call's answer: the message and OK, or the error as its status. */
@@ -492,7 +496,7 @@ void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
     while (call->out) {
         grpc_chunk *c = call->out;
         call->out = c->next;
-        free(c);
+        srv__grpc_chunk_free(c);
     }
     api_lease_end(&call->lease);
     if (call->counted)
