@@ -49,6 +49,7 @@ struct grpc_call {
     int64_t timeout_ms; /* grpc-timeout; 0: none; -1: malformed */
     api_lease lease;    /* the messages' bytes as they arrive; its deadline is the call's */
     api_grpc_reader reader;
+    int64_t recv_since_ns;        /* the call's start, or the first byte of the message being read */
     grpc_msg *queue, *queue_tail; /* messages not yet served (ModelStreamInfer) */
     size_t messages;              /* messages read so far */
     grpc_job *job;                /* the inference in flight, or NULL */

@@ -37,6 +37,7 @@ grpc_call *srv__grpc_call_new(grpc_conn *conn, int32_t stream_id)
     snprintf(call->id, sizeof call->id, "grpc-%llu-%d", (unsigned long long)conn->number,
              (int)stream_id);
     api_lease_start(&call->lease, s->budget, eng_now_ns(), s->limits.max_timeout_ms);
+    call->recv_since_ns = call->lease.start_ns;
     api_grpc_reader_init(&call->reader);
     atomic_fetch_add(&s->active, 1);
     call->counted = true;
@@ -97,6 +98,11 @@ void srv__grpc_call_headers_done(grpc_call *call)
         srv__grpc_finish(call, 501, API_REASON_BAD_REQUEST, msg);
     } else if (call->timeout_ms < 0) {
         srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "grpc-timeout is malformed");
+    } else if (is_stream(call)) {
+        /* A stream lives as long as its client wants (grpc-timeout aside): --request-timeout-ms
+         * bounds each of its inferences instead. */
+        call->lease.ctl.deadline_ns =
+            call->timeout_ms > 0 ? call->lease.start_ns + call->timeout_ms * 1000000 : 0;
     } else {
         api_lease_shorten(&call->lease, call->timeout_ms);
     }
@@ -399,6 +405,8 @@ void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
         api_reply err;
         size_t used = 0, n = 0, held = 0;
         memset(&err, 0, sizeof err);
+        if (call->reader.prefix_len == 0)
+            call->recv_since_ns = eng_now_ns();
         api_grpc_read_result r =
             api_grpc_read(&call->reader, data, len, s->max_body_bytes, &call->lease, &used, &err);
         data += used;

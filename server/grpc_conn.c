@@ -335,16 +335,18 @@ static bool conn_busy(const grpc_conn *conn)
     return false;
 }
 
-/* Calls whose messages are not in by --receive-timeout-s (or their deadline) end with
- * DEADLINE_EXCEEDED; a peer that takes nothing for --send-timeout-s, or a connection idle
+/* Calls whose message is not in --receive-timeout-s after its first byte (or the call's start),
+ * or by their deadline, end with DEADLINE_EXCEEDED; a peer that takes nothing for --send-timeout-s, or a connection idle
  * for --idle-timeout-s, is closed. */
 static void check_times(srv_grpc *g, grpc_conn *conn, int64_t now)
 {
     const srv_server *s = g->s;
     for (grpc_call *c = conn->calls; c; c = c->next) {
-        if (c->finished || c->job || c->half_closed)
+        /* A stream waiting between messages is idle, not slow: --idle-timeout-s covers it. */
+        bool between = c->method == API_GRPC_MODEL_STREAM_INFER && c->reader.prefix_len == 0;
+        if (c->finished || c->job || c->half_closed || between)
             continue;
-        if (now - c->lease.start_ns > g->receive_timeout_ns)
+        if (now - c->recv_since_ns > g->receive_timeout_ns)
             srv__grpc_finish(c, 504, API_REASON_DEADLINE,
                              "the request's messages did not arrive within --receive-timeout-s");
         else if (c->lease.ctl.deadline_ns > 0 && now >= c->lease.ctl.deadline_ns)

@@ -314,6 +314,34 @@ static void test_sizes_memory_and_stalls(void)
     CHECK_EQ_INT(stall.grpc_status, 4);
     CHECK(now_s() - t0 >= 0.9);
     grpc_stream_free(&stall);
+
+    /* A ModelStreamInfer stream waiting between messages longer than --receive-timeout-s is
+     * idle, not slow: its next message is answered. */
+    grpc_stream s1;
+    tensor t[3];
+    uint64_t r = 21;
+    size_t len, n;
+    float *data = qkv(&r, 1, 3, t);
+    uint8_t *req = infer_request("sdpa", t, 3, NULL, 0, &len);
+    char *framed = grpc_frame(req, len, &n);
+    s1.body = framed;
+    s1.body_len = n;
+    s1.keep_open = true;
+    CHECK(grpc_start(&c, SVC "ModelStreamInfer", NULL, &s1) == 0);
+    for (int i = 0; i < 100 && !grpc_message_at(&s1, 0, &len) && !c.dead; i++)
+        grpc_pump(&c, 20);
+    CHECK(grpc_message_at(&s1, 0, &len) != NULL);
+    for (t0 = now_s(); now_s() - t0 < 1.6;)
+        grpc_pump(&c, 50);
+    CHECK(s1.grpc_status < 0 && !s1.closed);
+    grpc_send_more(&c, &s1, framed, n, true);
+    CHECK(grpc_wait(&c, &s1, 10000));
+    CHECK_EQ_INT(s1.grpc_status, 0);
+    CHECK(grpc_message_at(&s1, 1, &len) != NULL);
+    grpc_stream_free(&s1);
+    free(framed);
+    free(req);
+    free(data);
     grpc_client_close(&c);
     CHECK(metric_wait_le(g.d.port, "attnd_memory_reserved_bytes", 0, 5000));
     CHECK_EQ_INT(daemon_stop(&g.d), 0);

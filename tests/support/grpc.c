@@ -253,6 +253,16 @@ bool grpc_call(grpc_client *c, const char *path, const char *const *headers, con
     return ok;
 }
 
+void grpc_send_more(grpc_client *c, grpc_stream *st, const char *bytes, size_t len, bool end)
+{
+    st->body = bytes;
+    st->body_len = len;
+    st->body_off = 0;
+    st->keep_open = !end;
+    nghttp2_session_resume_data(c->session, st->id);
+    grpc_pump(c, 0);
+}
+
 void grpc_cancel(grpc_client *c, grpc_stream *st)
 {
     nghttp2_submit_rst_stream(c->session, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);

@@ -58,6 +58,9 @@ void grpc_pump(grpc_client *c, int timeout_ms);
 /* grpc_frame(msg) + grpc_start + grpc_wait; returns once the request is all sent too. */
 bool grpc_call(grpc_client *c, const char *path, const char *const *headers, const void *msg,
                size_t len, int timeout_ms, grpc_stream *st);
+/* Sends `len` more framed bytes on an open stream (keep_open), then ends it when `end`. The
+ * bytes must stay valid until sent (grpc_pump until st->body_off == st->body_len). */
+void grpc_send_more(grpc_client *c, grpc_stream *st, const char *bytes, size_t len, bool end);
 /* Resets the stream (CANCEL). */
 void grpc_cancel(grpc_client *c, grpc_stream *st);
 /* The i-th response message of st (its bytes after the prefix), or NULL. */
