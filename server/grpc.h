@@ -1,9 +1,10 @@
 /*
  * grpc.h - the gRPC edge (--grpc-port): KServe v2's inference.GRPCInferenceService over HTTP/2
- * (nghttp2), plain (h2c) or TLS with ALPN h2 (the HTTPS port's certificate). grpc_conn.c owns the listener, the connections and their thread (one
- * poll loop: every nghttp2 call happens on it); grpc_call.c owns the calls: headers, messages,
- * admission, the handoff of inferences to the engine pool, replies, trailers, metrics and log
- * lines. The replies themselves come from api/ (api_grpc_*), as HTTP's do.
+ * (nghttp2), plain (h2c) or TLS with ALPN h2 (the HTTPS port's certificate). grpc_conn.c owns the
+ * listener, the connections and their thread (one poll loop: every nghttp2 call happens on it);
+ * grpc_call.c owns the calls: headers, messages, admission, the handoff of inferences to the engine
+ * pool, replies, trailers, metrics and log lines. The replies themselves come from api/
+ * (api_grpc_*), as HTTP's do.
  *
  * Threads: the gRPC thread runs everything here except grpc_job's work (an engine worker),
  * which touches only its job and hands it back through the completion list.
@@ -49,7 +50,7 @@ struct grpc_call {
     int64_t timeout_ms; /* grpc-timeout; 0: none; -1: malformed */
     api_lease lease;    /* the messages' bytes as they arrive; its deadline is the call's */
     api_grpc_reader reader;
-    int64_t recv_since_ns;        /* the call's start, or the first byte of the message being read */
+    int64_t recv_since_ns; /* the call's start, or the first byte of the message being read */
     grpc_msg *queue, *queue_tail; /* messages not yet served (ModelStreamInfer) */
     size_t messages;              /* messages read so far */
     grpc_job *job;                /* the inference in flight, or NULL */
@@ -75,8 +76,8 @@ struct grpc_job {
     api_lease lease; /* the inference's memory, deadline and cancel flag */
     grpc_msg msg;
     bool stream;
-    int slot;      /* the model's statistics slot, or -1 */
-    bool pending;  /* counted in the model's pending gauge */
+    int slot;     /* the model's statistics slot, or -1 */
+    bool pending; /* counted in the model's pending gauge */
     uint32_t priority;
     api_session_ticket ticket;
     int64_t submit_ns, run_ns;
@@ -89,11 +90,11 @@ struct grpc_conn {
     int fd;
     uint64_t number;
     nghttp2_session *session;
-    gnutls_session_t tls; /* NULL: h2c */
-    bool handshaken;      /* TLS: the handshake finished with ALPN h2 */
-    int64_t last_io_ns;   /* the last byte read or written */
+    gnutls_session_t tls;  /* NULL: h2c */
+    bool handshaken;       /* TLS: the handshake finished with ALPN h2 */
+    int64_t last_io_ns;    /* the last byte read or written */
     int64_t stalled_since; /* nghttp2 had bytes to write that the socket would not take */
-    grpc_call *calls; /* open streams with a call */
+    grpc_call *calls;      /* open streams with a call */
     bool goaway_sent;
     bool dead; /* close at the end of this loop turn */
 };

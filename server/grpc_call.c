@@ -13,8 +13,8 @@
 #include "server/grpc.h"
 #include "server/log.h"
 
-#define HEADER_BYTES_MAX 16384 /* a request's header block, as HPACK decodes it */
-#define HEADER_ENTRY_COST 32   /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
+#define HEADER_BYTES_MAX  16384 /* a request's header block, as HPACK decodes it */
+#define HEADER_ENTRY_COST 32    /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
 
 static const char *const draining_msg =
     "the server is shutting down; retry on another replica (KV-cache sessions end with this "
@@ -108,15 +108,15 @@ void srv__grpc_call_headers_done(grpc_call *call)
     }
 }
 
-/* ---- Replies ---------------------------------------------------------------------------------- */
+/* ---- Replies ----------------------------------------------------------------------------------
+ */
 
 /* Sends reply's body as one length-prefixed message; the body is taken over. */
 static void send_message(grpc_call *call, api_reply *reply)
 {
-    unsigned char prefix[5] = {0, (unsigned char)(reply->body_len >> 24),
-                               (unsigned char)(reply->body_len >> 16),
-                               (unsigned char)(reply->body_len >> 8),
-                               (unsigned char)reply->body_len};
+    unsigned char prefix[5] = {
+        0, (unsigned char)(reply->body_len >> 24), (unsigned char)(reply->body_len >> 16),
+        (unsigned char)(reply->body_len >> 8), (unsigned char)reply->body_len};
     srv__grpc_send(call, prefix, sizeof prefix);
     if (reply->body_len)
         srv__grpc_send_owned(call, reply->body, reply->body_len);
@@ -174,7 +174,8 @@ static void free_msg(grpc_call *call, grpc_msg *m)
     m->held = 0;
 }
 
-/* ---- Inferences on the engine pool ------------------------------------------------------------ */
+/* ---- Inferences on the engine pool ------------------------------------------------------------
+ */
 
 static void job_run(void *arg, int64_t index);
 
@@ -215,8 +216,12 @@ static void job_run(void *arg, int64_t index)
         api_grpc_error(&job->reply, 504, API_REASON_DEADLINE,
                        "deadline exceeded while waiting for a worker");
     } else {
-        api_call call = {.body = job->msg.data, .body_len = job->msg.len, .pool = s->pool,
-                         .lease = &job->lease, .limits = &s->limits, .models = s->models,
+        api_call call = {.body = job->msg.data,
+                         .body_len = job->msg.len,
+                         .pool = s->pool,
+                         .lease = &job->lease,
+                         .limits = &s->limits,
+                         .models = s->models,
                          .sessions = s->sessions};
         api_grpc_infer(&call, job->stream, &job->reply);
     }
@@ -259,7 +264,8 @@ static grpc_job *job_new(grpc_call *call, grpc_msg *m)
     api_lease_start(&job->lease, s->budget, is_stream(call) ? now : call->lease.start_ns,
                     s->limits.max_timeout_ms);
     if (call->lease.ctl.deadline_ns > 0 &&
-        (job->lease.ctl.deadline_ns == 0 || call->lease.ctl.deadline_ns < job->lease.ctl.deadline_ns))
+        (job->lease.ctl.deadline_ns == 0 ||
+         call->lease.ctl.deadline_ns < job->lease.ctl.deadline_ns))
         job->lease.ctl.deadline_ns = call->lease.ctl.deadline_ns;
     api_lease_give_back(&call->lease, m->held);
     if (api_lease_reserve(&job->lease, m->held) == API_BUDGET_OK)
@@ -333,7 +339,8 @@ static void submit(grpc_call *call, grpc_msg *m)
     }
 }
 
-/* ---- Messages ---------------------------------------------------------------------------------- */
+/* ---- Messages ----------------------------------------------------------------------------------
+ */
 
 static bool pop_msg(grpc_call *call, grpc_msg *out)
 {
@@ -372,8 +379,11 @@ static void serve_unary(grpc_call *call, grpc_msg *m)
     if (call->method == API_GRPC_MODEL_STATISTICS) {
         statistics(call, m, &reply);
     } else {
-        api_call c = {.body = m->data, .body_len = m->len, .models = s->models,
-                      .limits = &s->limits, .sessions = s->sessions};
+        api_call c = {.body = m->data,
+                      .body_len = m->len,
+                      .models = s->models,
+                      .limits = &s->limits,
+                      .sessions = s->sessions};
         api_grpc_unary(call->method, !atomic_load(&s->draining), &c, &reply);
     }
     free_msg(call, m);
@@ -438,8 +448,7 @@ void srv__grpc_call_end_stream(grpc_call *call)
     if (call->finished)
         return;
     if (call->reader.prefix_len > 0) {
-        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST,
-                         "the stream ended inside a message");
+        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "the stream ended inside a message");
     } else if (is_stream(call)) {
         stream_next(call);
     } else if (pop_msg(call, &m)) {
@@ -449,7 +458,8 @@ void srv__grpc_call_end_stream(grpc_call *call)
     }
 }
 
-/* ---- Completion -------------------------------------------------------------------------------- */
+/* ---- Completion --------------------------------------------------------------------------------
+ */
 
 static void log_call(const grpc_call *call, int64_t now)
 {

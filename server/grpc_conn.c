@@ -32,9 +32,9 @@
 #include "server/grpc.h"
 #include "server/log.h"
 
-#define MAX_STREAMS     100
-#define READ_CHUNK      ((size_t)64 * 1024)
-#define POLL_MS         100
+#define MAX_STREAMS      100
+#define READ_CHUNK       ((size_t)64 * 1024)
+#define POLL_MS          100
 #define MAX_OUTBOUND_ACK 64
 
 /* ---- nghttp2's callbacks ------------------------------------------------------------------- */
@@ -325,7 +325,8 @@ static void conn_flush(grpc_conn *conn)
         conn->dead = true;
 }
 
-/* ---- Time limits ------------------------------------------------------------------------------ */
+/* ---- Time limits ------------------------------------------------------------------------------
+ */
 
 static bool conn_busy(const grpc_conn *conn)
 {
@@ -336,8 +337,8 @@ static bool conn_busy(const grpc_conn *conn)
 }
 
 /* Calls whose message is not in --receive-timeout-s after its first byte (or the call's start),
- * or by their deadline, end with DEADLINE_EXCEEDED; a peer that takes nothing for --send-timeout-s, or a connection idle
- * for --idle-timeout-s, is closed. */
+ * or by their deadline, end with DEADLINE_EXCEEDED; a peer that takes nothing for --send-timeout-s,
+ * or a connection idle for --idle-timeout-s, is closed. */
 static void check_times(srv_grpc *g, grpc_conn *conn, int64_t now)
 {
     const srv_server *s = g->s;
@@ -376,8 +377,8 @@ static void check_drain(srv_grpc *g)
     }
     for (grpc_conn *c = g->conns; c; c = c->next)
         nghttp2_submit_goaway(c->session, NGHTTP2_FLAG_NONE,
-                              nghttp2_session_get_last_proc_stream_id(c->session),
-                              NGHTTP2_NO_ERROR, NULL, 0);
+                              nghttp2_session_get_last_proc_stream_id(c->session), NGHTTP2_NO_ERROR,
+                              NULL, 0);
 }
 
 /* ---- The thread ----------------------------------------------------------------------------- */
@@ -439,7 +440,8 @@ static void *grpc_thread(void *arg)
 
 static int listen_on(const char *host, int port, int *bound, char *err, size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char service[8];

@@ -29,7 +29,9 @@ static void percent_encode(const char *in, char *out, size_t cap)
 }
 
 #define NV(n, v, vlen)                                                                             \
-    {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen), NGHTTP2_NV_FLAG_NONE}
+    {                                                                                              \
+        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen), NGHTTP2_NV_FLAG_NONE                \
+    }
 
 static int submit_trailers(grpc_call *call, bool with_headers)
 {
@@ -163,4 +165,3 @@ void srv__grpc_wake(srv_grpc *g)
         (void)r;
     }
 }
-

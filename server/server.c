@@ -431,7 +431,7 @@ void srv_server_free(srv_server *s)
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
-    srv__grpc_free(s->grpc); /* after the workers: the jobs they finished */
+    srv__grpc_free(s->grpc);        /* after the workers: the jobs they finished */
     api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);

@@ -22,10 +22,10 @@
 #include "api/proto/grpc.h"
 #include "grpc_service.pb-c.h"
 
-#define RAW_FIELD        7 /* ModelInferRequest.raw_input_contents */
-#define MAX_RAW          64
-#define JSON_HEADER_MAX  ((size_t)1 << 20)
-#define UNPACK_PER_BYTE  4 /* a bool content of one byte unpacks into a 4-byte boolean */
+#define RAW_FIELD       7 /* ModelInferRequest.raw_input_contents */
+#define MAX_RAW         64
+#define JSON_HEADER_MAX ((size_t)1 << 20)
+#define UNPACK_PER_BYTE 4 /* a bool content of one byte unpacks into a 4-byte boolean */
 
 typedef struct {
     const api_call *call;
@@ -93,8 +93,8 @@ static int split(infer_job *job, api_reply *reply)
     if (c.bad)
         return fail(reply, 400, API_REASON_BAD_REQUEST,
                     "malformed ModelInferRequest message (byte %zu)", c.pos);
-    job->req = inference__model_infer_request__unpack(NULL, job->rest_len,
-                                                      (const uint8_t *)job->rest);
+    job->req =
+        inference__model_infer_request__unpack(NULL, job->rest_len, (const uint8_t *)job->rest);
     if (!job->req)
         return fail(reply, 400, API_REASON_BAD_REQUEST, "malformed ModelInferRequest message");
     return 0;
@@ -243,8 +243,8 @@ static void write_header(api_buf *w, const Inference__ModelInferRequest *req, co
 static int build_body(infer_job *job, size_t *json_len, api_reply *reply)
 {
     size_t sizes[MAX_RAW], total;
-    const size_t max = job->call->limits ? job->call->limits->max_body_bytes
-                                         : api_limits_default().max_body_bytes;
+    const size_t max =
+        job->call->limits ? job->call->limits->max_body_bytes : api_limits_default().max_body_bytes;
     if (input_sizes(job, sizes, &total, reply) != 0)
         return -1;
     if (total > max)
@@ -289,11 +289,11 @@ static bool read_output(response *r, size_t o, const json_t *out, const char *da
 {
     Inference__ModelInferResponse__InferOutputTensor *t = &r->tensors[o];
     const json_t *shape = json_object_get(out, "shape");
-    json_int_t size = json_integer_value(
-        json_object_get(json_object_get(out, "parameters"), "binary_data_size"));
+    json_int_t size =
+        json_integer_value(json_object_get(json_object_get(out, "parameters"), "binary_data_size"));
     inference__model_infer_response__infer_output_tensor__init(t);
-    if (!json_is_string(json_object_get(out, "name")) || json_array_size(shape) > 8 ||
-        size < 0 || (size_t)size > len - *offset)
+    if (!json_is_string(json_object_get(out, "name")) || json_array_size(shape) > 8 || size < 0 ||
+        (size_t)size > len - *offset)
         return false;
     t->name = (char *)json_string_value(json_object_get(out, "name"));
     t->datatype = (char *)json_string_value(json_object_get(out, "datatype"));
@@ -366,8 +366,8 @@ static void pack_reply(infer_job *job, const ProtobufCMessage *msg, api_reply *v
 /* The v2 reply of a successful inference as a ModelInferResponse (or its stream form). */
 static void convert_reply(infer_job *job, bool stream, api_reply *v2, api_reply *reply)
 {
-    size_t json_len = v2->inference_header_len > 0 ? (size_t)v2->inference_header_len
-                                                    : v2->body_len;
+    size_t json_len =
+        v2->inference_header_len > 0 ? (size_t)v2->inference_header_len : v2->body_len;
     json_t *root = json_loadb(v2->body, json_len, 0, NULL);
     response *r = calloc(1, sizeof *r);
     if (!root || !r || !read_reply(r, root, v2, json_len)) {

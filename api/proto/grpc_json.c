@@ -98,7 +98,8 @@ static bool set_map(const ProtobufCFieldDescriptor *f, void *msg, const json_t *
     if (n && !arr)
         return false;
     *(void ***)MEMBER(msg, f->offset) = arr;
-    json_object_foreach ((json_t *)obj, key, val) {
+    json_object_foreach((json_t *)obj, key, val)
+    {
         json_t *entry = json_pack("{s:s,s:O}", "key", key, "value", val);
         bool ok = entry && set_message(ed, &arr[k], entry);
         json_decref(entry);
@@ -143,8 +144,7 @@ static bool set_field(const ProtobufCFieldDescriptor *f, void *msg, const json_t
         if (*which != 0 && *which != f->id)
             return true;
         *which = f->id;
-    }
-    else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset)
+    } else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset)
         *(protobuf_c_boolean *)MEMBER(msg, f->quantifier_offset) = 1;
     return set_value(f, MEMBER(msg, f->offset), v);
 }
@@ -154,7 +154,8 @@ bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj)
     const char *key;
     const json_t *v;
     bool ok = true;
-    json_object_foreach ((json_t *)obj, key, v) {
+    json_object_foreach((json_t *)obj, key, v)
+    {
         const ProtobufCFieldDescriptor *f =
             protobuf_c_message_descriptor_get_field_by_name(msg->descriptor, key);
         if (f && !json_is_null(v) && !set_field(f, msg, v))
@@ -270,8 +271,8 @@ static void repository_index(const api_call *call, api_reply *reply)
                                             API_V2_VERSION, "state", "READY"));
     for (size_t i = 0; i < n; i++)
         json_array_append_new(models, json_pack("{s:s,s:s,s:s}", "name",
-                                                api_models_at(call->models, i)->name,
-                                                "version", API_V2_VERSION, "state", "READY"));
+                                                api_models_at(call->models, i)->name, "version",
+                                                API_V2_VERSION, "state", "READY"));
     reply->status = 200;
     reply->body = json_dumps(root, JSON_COMPACT);
     reply->body_len = reply->body ? strlen(reply->body) : 0;

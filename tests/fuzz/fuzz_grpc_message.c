@@ -70,8 +70,8 @@ static void serve(const char *msg, size_t len)
     api_grpc_infer_peek pk;
     api_lease lease;
     api_reply reply;
-    api_call call = {.body = msg, .body_len = len, .pool = pool, .limits = &limits,
-                     .models = models};
+    api_call call = {
+        .body = msg, .body_len = len, .pool = pool, .limits = &limits, .models = models};
     api_grpc_infer_peek_read(msg, len, &pk);
     if (pk.peek.sequence_id && pk.peek.sequence_id_len == 0)
         abort();

@@ -178,15 +178,16 @@ int grpc_start(grpc_client *c, const char *path, const char *const *headers, grp
 {
     nghttp2_nv nva[24];
     size_t n = 0;
-    const char *fixed[] = {":method", "POST", ":scheme", "http", ":authority", "127.0.0.1",
-                           ":path", path, "content-type", "application/grpc", "te", "trailers"};
+    const char *fixed[] = {":method",   "POST",    ":scheme", "http",         ":authority",
+                           "127.0.0.1", ":path",   path,      "content-type", "application/grpc",
+                           "te",        "trailers"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i += 2) {
         bool overridden = false;
         for (size_t j = 0; headers && headers[j]; j += 2)
             overridden |= strcmp(headers[j], fixed[i]) == 0;
         if (!overridden)
-            nva[n++] = (nghttp2_nv){(uint8_t *)fixed[i], (uint8_t *)fixed[i + 1],
-                                    strlen(fixed[i]), strlen(fixed[i + 1]), 0};
+            nva[n++] = (nghttp2_nv){(uint8_t *)fixed[i], (uint8_t *)fixed[i + 1], strlen(fixed[i]),
+                                    strlen(fixed[i + 1]), 0};
     }
     for (size_t j = 0; headers && headers[j] && n < 24; j += 2)
         nva[n++] = (nghttp2_nv){(uint8_t *)headers[j], (uint8_t *)headers[j + 1],

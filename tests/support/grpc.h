@@ -30,7 +30,7 @@ typedef struct {
     uint32_t rst_code; /* the error code when it was reset; 0 otherwise */
     const char *body;  /* the request bytes to send (prefix included) */
     size_t body_len, body_off;
-    bool keep_open;    /* do not end the request stream after `body` */
+    bool keep_open; /* do not end the request stream after `body` */
 } grpc_stream;
 
 typedef struct {
