@@ -145,6 +145,8 @@ static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
     api_buf b;
     int slot = -1;
     memset(reply, 0, sizeof *reply);
+    /* A ModelStatisticsRequest has its name and version where a ModelInferRequest has its
+     * model_name and model_version (fields 1 and 2): the peek reads them. */
     if (!api_grpc_infer_peek_read(m->data, m->len, &named)) {
         api_grpc_error(reply, 400, API_REASON_BAD_REQUEST, "malformed ModelStatisticsRequest");
         return;

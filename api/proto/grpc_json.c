@@ -264,32 +264,26 @@ static void bool_reply(api_reply *reply, const ProtobufCMessageDescriptor *d)
 
 static void repository_index(const api_call *call, api_reply *reply)
 {
-    size_t n = call->models ? api_models_count(call->models) : 0;
-    json_t *models = json_array();
-    json_t *root = json_pack("{s:o}", "models", models);
-    json_array_append_new(models, json_pack("{s:s,s:s,s:s}", "name", "sdpa", "version",
-                                            API_V2_VERSION, "state", "READY"));
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(models, json_pack("{s:s,s:s,s:s}", "name",
-                                                api_models_at(call->models, i)->name, "version",
-                                                API_V2_VERSION, "state", "READY"));
-    reply->status = 200;
-    reply->body = json_dumps(root, JSON_COMPACT);
-    reply->body_len = reply->body ? strlen(reply->body) : 0;
-    json_decref(root);
-    /* json_dumps allocates with malloc; the reply's body must come from eng_buf_alloc */
-    if (reply->body) {
-        char *copy = eng_buf_alloc(reply->body_len + 1);
-        if (copy)
-            memcpy(copy, reply->body, reply->body_len + 1);
-        free(reply->body);
-        reply->body = copy;
-    }
-    if (!reply->body) {
+    Inference__RepositoryIndexResponse resp = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
+    size_t n = 1 + (call->models ? api_models_count(call->models) : 0);
+    Inference__RepositoryIndexResponse__ModelIndex *index = calloc(n, sizeof *index);
+    Inference__RepositoryIndexResponse__ModelIndex **ptrs = calloc(n, sizeof *ptrs);
+    if (!index || !ptrs) {
         api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            inference__repository_index_response__model_index__init(&index[i]);
+            index[i].name = (char *)(i == 0 ? "sdpa" : api_models_at(call->models, i - 1)->name);
+            index[i].version = (char *)API_V2_VERSION;
+            index[i].state = (char *)"READY";
+            ptrs[i] = &index[i];
+        }
+        resp.n_models = n;
+        resp.models = ptrs;
+        api__grpc_reply_pack(reply, &resp.base);
     }
-    reply_convert(reply, &inference__repository_index_response__descriptor, NULL);
+    free(index);
+    free(ptrs);
 }
 
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply)
