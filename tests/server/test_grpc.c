@@ -642,6 +642,8 @@ static void test_hostile_peers(void)
                 grpc_pump(&c, 20);
             CHECK(c.dead); /* closed by the daemon */
             grpc_client_close(&c);
+            for (int i = 0; i < 4; i++)
+                grpc_stream_free(&st[i]);
         }
         free(framed);
         free(req);
