@@ -13,7 +13,7 @@
  * message bytes (reserved in the memory budget as they arrive, within --max-body-bytes), time
  * (--receive-timeout-s until a call's messages are in, --send-timeout-s for a peer that stops
  * reading, --idle-timeout-s for a connection doing nothing) and connections
- * (--connection-limit).
+ * (--connection-limit: past it new ones wait in the listen backlog).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -387,7 +387,9 @@ static void loop_turn(srv_grpc *g, struct pollfd *pfd, size_t cap)
 {
     size_t n = 0;
     pfd[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
-    pfd[n++] = (struct pollfd){.fd = g->listen_fd, .events = POLLIN};
+    /* At --connection-limit new connections wait in the listen backlog, as on --port. */
+    pfd[n++] = (struct pollfd){.fd = g->n_conns < g->max_conns ? g->listen_fd : -1,
+                               .events = POLLIN};
     for (grpc_conn *c = g->conns; c && n < cap; c = c->next) {
         short ev = POLLIN;
         if (!c->handshaken ? gnutls_record_get_direction(c->tls) == 1
@@ -419,7 +421,7 @@ static void loop_turn(srv_grpc *g, struct pollfd *pfd, size_t cap)
         if (c->dead)
             conn_free(g, c);
     }
-    if (g->listen_fd >= 0 && (pfd[1].revents & POLLIN))
+    if (pfd[1].fd >= 0 && (pfd[1].revents & POLLIN))
         accept_one(g);
 }
 

@@ -653,6 +653,40 @@ static void test_hostile_peers(void)
     CHECK_EQ_INT(daemon_stop(&g.d), 0);
 }
 
+/* --connection-limit holds on the gRPC port: a connection past it waits (in the listen
+ * backlog, as on --port) and is served once a place is free. */
+static void test_connection_limit(void)
+{
+    grpc_daemon g;
+    grpc_client a, b, extra;
+    grpc_stream st, waiting;
+    const char *args[] = {"--connection-limit", "2", NULL};
+    if (start(&g, args) != 0 || grpc_client_open(&a, g.port) != 0 ||
+        grpc_client_open(&b, g.port) != 0) {
+        CHECK(false);
+        return;
+    }
+    CHECK(grpc_call(&a, SVC "ServerLive", NULL, "", 0, 5000, &st) && st.grpc_status == 0);
+    grpc_stream_free(&st);
+    CHECK(grpc_call(&b, SVC "ServerLive", NULL, "", 0, 5000, &st) && st.grpc_status == 0);
+    grpc_stream_free(&st);
+    if (grpc_client_open(&extra, g.port) == 0) {
+        static const char empty[5] = {0};
+        waiting.body = empty;
+        waiting.body_len = 5;
+        waiting.keep_open = false;
+        CHECK(grpc_start(&extra, SVC "ServerLive", NULL, &waiting) == 0);
+        CHECK(!grpc_wait(&extra, &waiting, 1000)); /* not served while two are open */
+        grpc_client_close(&a);
+        CHECK(grpc_wait(&extra, &waiting, 5000));
+        CHECK_EQ_INT(waiting.grpc_status, 0);
+        grpc_stream_free(&waiting);
+        grpc_client_close(&extra);
+    }
+    grpc_client_close(&b);
+    CHECK_EQ_INT(daemon_stop(&g.d), 0);
+}
+
 int main(void)
 {
     RUN_WITHIN(test_methods_and_statuses, 60);
@@ -662,5 +696,6 @@ int main(void)
     RUN_WITHIN(test_bearer_tokens, 60);
     RUN_WITHIN(test_drain, 120);
     RUN_WITHIN(test_hostile_peers, 120);
+    RUN_WITHIN(test_connection_limit, 60);
     return check_report();
 }
