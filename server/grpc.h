@@ -93,8 +93,10 @@ struct grpc_conn {
     gnutls_session_t tls;  /* NULL: h2c */
     bool handshaken;       /* TLS: the handshake finished with ALPN h2 */
     int64_t last_io_ns;    /* the last byte read or written */
-    int64_t stalled_since; /* nghttp2 had bytes to write that the socket would not take */
-    grpc_call *calls;      /* open streams with a call */
+    int64_t stalled_since; /* there were bytes to write that the socket would not take */
+    char *wbuf;            /* frames collected from nghttp2, written from woff to wlen */
+    size_t wlen, woff, wcap;
+    grpc_call *calls; /* open streams with a call */
     bool goaway_sent;
     bool dead; /* close at the end of this loop turn */
 };

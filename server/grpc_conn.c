@@ -36,35 +36,9 @@
 #define READ_CHUNK       ((size_t)64 * 1024)
 #define POLL_MS          100
 #define MAX_OUTBOUND_ACK 64
+#define WRITE_BATCH      ((size_t)64 * 1024) /* bytes of frames collected for one write */
 
 /* ---- nghttp2's callbacks ------------------------------------------------------------------- */
-
-static ssize_t on_send(nghttp2_session *session, const uint8_t *data, size_t length, int flags,
-                       void *user_data)
-{
-    grpc_conn *conn = user_data;
-    ssize_t n;
-    (void)session;
-    (void)flags;
-    if (conn->tls) {
-        n = gnutls_record_send(conn->tls, data, length);
-        if (n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED)
-            return NGHTTP2_ERR_WOULDBLOCK;
-        if (n < 0)
-            return NGHTTP2_ERR_CALLBACK_FAILURE;
-        conn->last_io_ns = eng_now_ns();
-        conn->stalled_since = 0;
-        return n;
-    }
-    n = send(conn->fd, data, length, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0)
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
-                   ? NGHTTP2_ERR_WOULDBLOCK
-                   : NGHTTP2_ERR_CALLBACK_FAILURE;
-    conn->last_io_ns = eng_now_ns();
-    conn->stalled_since = 0;
-    return n;
-}
 
 static grpc_call *stream_call(nghttp2_session *session, int32_t stream_id)
 {
@@ -163,7 +137,6 @@ static nghttp2_session *session_new(grpc_conn *conn)
         nghttp2_session_callbacks_del(cb);
         return NULL;
     }
-    nghttp2_session_callbacks_set_send_callback(cb, on_send);
     nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
@@ -197,6 +170,7 @@ static void conn_free(srv_grpc *g, grpc_conn *conn)
         srv__grpc_call_closed(call, NGHTTP2_CANCEL);
     }
     nghttp2_session_del(conn->session);
+    free(conn->wbuf);
     if (conn->tls)
         gnutls_deinit(conn->tls);
     close(conn->fd);
@@ -314,15 +288,81 @@ static void conn_read(grpc_conn *conn)
     } while (conn->tls && gnutls_record_check_pending(conn->tls) > 0);
 }
 
+/* Writes what the connection has buffered; false when the socket takes no more now (or
+ * failed: conn->dead). */
+static bool write_buffered(grpc_conn *conn)
+{
+    while (conn->woff < conn->wlen) {
+        const char *p = conn->wbuf + conn->woff;
+        size_t left = conn->wlen - conn->woff;
+        ssize_t n;
+        if (conn->tls) {
+            n = gnutls_record_send(conn->tls, p, left);
+            if (n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED)
+                return false;
+        } else {
+            n = send(conn->fd, p, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                return false;
+        }
+        if (n <= 0) {
+            conn->dead = true;
+            return false;
+        }
+        conn->woff += (size_t)n;
+        conn->last_io_ns = eng_now_ns();
+        conn->stalled_since = 0;
+    }
+    conn->woff = conn->wlen = 0;
+    return true;
+}
+
+/* Collects nghttp2's frames into the connection's buffer (up to about WRITE_BATCH bytes), so
+ * that a response's HEADERS, DATA and trailers leave in one write. */
+static void collect_frames(grpc_conn *conn)
+{
+    while (conn->wlen < WRITE_BATCH) {
+        const uint8_t *data;
+        ssize_t n = nghttp2_session_mem_send(conn->session, &data);
+        if (n < 0) {
+            conn->dead = true;
+            return;
+        }
+        if (n == 0)
+            return;
+        if (conn->wlen + (size_t)n > conn->wcap) {
+            size_t cap = conn->wlen + (size_t)n + WRITE_BATCH;
+            char *w = realloc(conn->wbuf, cap);
+            if (!w) {
+                conn->dead = true;
+                return;
+            }
+            conn->wbuf = w;
+            conn->wcap = cap;
+        }
+        memcpy(conn->wbuf + conn->wlen, data, (size_t)n);
+        conn->wlen += (size_t)n;
+    }
+}
+
 static void conn_flush(grpc_conn *conn)
 {
     if (!conn->handshaken)
         return;
-    if (!conn->dead && nghttp2_session_send(conn->session) != 0)
-        conn->dead = true;
-    if (!conn->dead && !nghttp2_session_want_read(conn->session) &&
+    while (!conn->dead && write_buffered(conn)) {
+        collect_frames(conn);
+        if (conn->wlen == 0)
+            break;
+    }
+    if (!conn->dead && conn->wlen == 0 && !nghttp2_session_want_read(conn->session) &&
         !nghttp2_session_want_write(conn->session))
         conn->dead = true;
+}
+
+/* Whether the connection has bytes to write. */
+static bool conn_wants_write(grpc_conn *conn)
+{
+    return conn->woff < conn->wlen || nghttp2_session_want_write(conn->session);
 }
 
 /* ---- Time limits ------------------------------------------------------------------------------
@@ -354,7 +394,7 @@ static void check_times(srv_grpc *g, grpc_conn *conn, int64_t now)
             srv__grpc_finish(c, 504, API_REASON_DEADLINE,
                              "deadline exceeded while receiving the request");
     }
-    if (conn->handshaken && nghttp2_session_want_write(conn->session)) {
+    if (conn->handshaken && conn_wants_write(conn)) {
         if (conn->stalled_since == 0)
             conn->stalled_since = now;
         else if (now - conn->stalled_since > (int64_t)s->send_timeout_s * 1000000000)
@@ -388,12 +428,11 @@ static void loop_turn(srv_grpc *g, struct pollfd *pfd, size_t cap)
     size_t n = 0;
     pfd[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
     /* At --connection-limit new connections wait in the listen backlog, as on --port. */
-    pfd[n++] = (struct pollfd){.fd = g->n_conns < g->max_conns ? g->listen_fd : -1,
-                               .events = POLLIN};
+    pfd[n++] =
+        (struct pollfd){.fd = g->n_conns < g->max_conns ? g->listen_fd : -1, .events = POLLIN};
     for (grpc_conn *c = g->conns; c && n < cap; c = c->next) {
         short ev = POLLIN;
-        if (!c->handshaken ? gnutls_record_get_direction(c->tls) == 1
-                           : nghttp2_session_want_write(c->session))
+        if (!c->handshaken ? gnutls_record_get_direction(c->tls) == 1 : conn_wants_write(c))
             ev |= POLLOUT;
         pfd[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }

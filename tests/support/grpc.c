@@ -23,15 +23,23 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* nghttp2's frames are collected and written together by grpc_flush: one write per burst. */
 static ssize_t on_send(nghttp2_session *s, const uint8_t *data, size_t len, int flags, void *user)
 {
     grpc_client *c = user;
-    ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)s;
     (void)flags;
-    if (n < 0)
-        return errno == EAGAIN ? NGHTTP2_ERR_WOULDBLOCK : NGHTTP2_ERR_CALLBACK_FAILURE;
-    return n;
+    if (c->wlen + len > c->wcap) {
+        size_t cap = (c->wlen + len) * 2;
+        char *w = realloc(c->wbuf, cap);
+        if (!w)
+            return NGHTTP2_ERR_CALLBACK_FAILURE;
+        c->wbuf = w;
+        c->wcap = cap;
+    }
+    memcpy(c->wbuf + c->wlen, data, len);
+    c->wlen += len;
+    return (ssize_t)len;
 }
 
 static int on_header(nghttp2_session *s, const nghttp2_frame *frame, const uint8_t *name,
@@ -125,12 +133,37 @@ int grpc_client_open(grpc_client *c, int port)
     nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 30}};
     nghttp2_submit_settings(s, NGHTTP2_FLAG_NONE, iv, 1);
     nghttp2_session_set_local_window_size(s, NGHTTP2_FLAG_NONE, 0, 1 << 30);
-    nghttp2_session_send(s);
+    grpc_flush(c);
     return 0;
+}
+
+void grpc_flush(grpc_client *c)
+{
+    size_t off = 0;
+    if (c->dead || nghttp2_session_send(c->session) != 0) {
+        c->dead = true;
+        return;
+    }
+    while (off < c->wlen) {
+        struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+        ssize_t n = send(c->fd, c->wbuf + off, c->wlen - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+        } else if (n < 0 && errno == EAGAIN) {
+            poll(&p, 1, 100);
+        } else {
+            c->dead = true;
+            break;
+        }
+    }
+    c->wlen = 0;
 }
 
 void grpc_client_close(grpc_client *c)
 {
+    free(c->wbuf);
+    c->wbuf = NULL;
+    c->wlen = c->wcap = 0;
     if (c->session)
         nghttp2_session_del(c->session);
     if (c->fd >= 0)
@@ -224,8 +257,7 @@ void grpc_pump(grpc_client *c, int timeout_ms)
         else if (n > 0 && nghttp2_session_mem_recv(c->session, buf, (size_t)n) < 0)
             c->dead = true;
     }
-    if (!c->dead && nghttp2_session_send(c->session) != 0)
-        c->dead = true;
+    grpc_flush(c);
 }
 
 bool grpc_wait(grpc_client *c, grpc_stream *st, int timeout_ms)
@@ -267,7 +299,7 @@ void grpc_send_more(grpc_client *c, grpc_stream *st, const char *bytes, size_t l
 void grpc_cancel(grpc_client *c, grpc_stream *st)
 {
     nghttp2_submit_rst_stream(c->session, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
-    nghttp2_session_send(c->session);
+    grpc_flush(c);
 }
 
 const char *grpc_message_at(const grpc_stream *st, size_t i, size_t *len)

@@ -38,6 +38,8 @@ typedef struct {
     void *session; /* nghttp2_session */
     bool goaway;   /* the server sent GOAWAY */
     bool dead;     /* the connection failed or was closed */
+    char *wbuf;    /* frames waiting for grpc_flush */
+    size_t wlen, wcap;
 } grpc_client;
 
 /* Connects and sends the preface; 0 or -1 (printed). */
@@ -53,6 +55,9 @@ int grpc_start(grpc_client *c, const char *path, const char *const *headers, grp
 /* Pumps the connection until st's status arrives (or it is reset) or timeout_ms passes; true
  * when it did. */
 bool grpc_wait(grpc_client *c, grpc_stream *st, int timeout_ms);
+/* Writes every frame nghttp2 has for the server (waiting for the socket when it must), without
+ * reading anything. */
+void grpc_flush(grpc_client *c);
 /* Pumps the connection once for up to timeout_ms. */
 void grpc_pump(grpc_client *c, int timeout_ms);
 /* grpc_frame(msg) + grpc_start + grpc_wait; returns once the request is all sent too. */
