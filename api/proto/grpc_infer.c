@@ -64,18 +64,15 @@ static int reserve(infer_job *job, size_t bytes, api_reply *reply)
                 bytes);
 }
 
-/* Splits the message into its raw contents (pointers) and the rest (a copy), then unpacks the
- * rest. */
-static int split(infer_job *job, api_reply *reply)
+/* Walks the message's top-level fields: the raw contents as pointers into it, and (with `rest`)
+ * the other fields copied into `rest`; returns the bytes of those others, or -1 when the
+ * message is malformed or has too many raw contents (reply filled). */
+static int64_t walk(infer_job *job, char *rest, api_reply *reply)
 {
     api__pb_cursor c = {.data = job->call->body, .len = job->call->body_len};
     api__pb_field f;
-    size_t start = 0;
-    if (reserve(job, job->call->body_len * (1 + UNPACK_PER_BYTE) + 4096, reply) != 0)
-        return -1;
-    job->rest = malloc(job->call->body_len + 1);
-    if (!job->rest)
-        return fail(reply, 503, API_REASON_MEMORY, "out of memory");
+    size_t start = 0, rest_len = 0;
+    job->n_raw = 0;
     while (api__pb_next(&c, &f)) {
         if (f.number == RAW_FIELD && f.type == 2) {
             if (job->n_raw == MAX_RAW)
@@ -84,15 +81,30 @@ static int split(infer_job *job, api_reply *reply)
             job->raw[job->n_raw].data = (uint8_t *)f.data;
             job->raw[job->n_raw++].len = f.len;
         } else {
-            size_t n = c.pos - start;
-            memcpy(job->rest + job->rest_len, job->call->body + start, n);
-            job->rest_len += n;
+            if (rest)
+                memcpy(rest + rest_len, job->call->body + start, c.pos - start);
+            rest_len += c.pos - start;
         }
         start = c.pos;
     }
     if (c.bad)
         return fail(reply, 400, API_REASON_BAD_REQUEST,
                     "malformed ModelInferRequest message (byte %zu)", c.pos);
+    return (int64_t)rest_len;
+}
+
+/* Splits the message into its raw contents (pointers) and the rest (a copy: names, shapes,
+ * parameters, typed contents), then unpacks the rest, reserving what unpacking may take. */
+static int split(infer_job *job, api_reply *reply)
+{
+    int64_t rest_len = walk(job, NULL, reply);
+    if (rest_len < 0 ||
+        reserve(job, (size_t)rest_len * (1 + UNPACK_PER_BYTE) + 4096, reply) != 0)
+        return -1;
+    job->rest = malloc((size_t)rest_len + 1);
+    if (!job->rest)
+        return fail(reply, 503, API_REASON_MEMORY, "out of memory");
+    job->rest_len = (size_t)walk(job, job->rest, reply);
     job->req =
         inference__model_infer_request__unpack(NULL, job->rest_len, (const uint8_t *)job->rest);
     if (!job->req)
