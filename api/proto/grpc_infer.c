@@ -98,8 +98,7 @@ static int64_t walk(infer_job *job, char *rest, api_reply *reply)
 static int split(infer_job *job, api_reply *reply)
 {
     int64_t rest_len = walk(job, NULL, reply);
-    if (rest_len < 0 ||
-        reserve(job, (size_t)rest_len * (1 + UNPACK_PER_BYTE) + 4096, reply) != 0)
+    if (rest_len < 0 || reserve(job, (size_t)rest_len * (1 + UNPACK_PER_BYTE) + 4096, reply) != 0)
         return -1;
     job->rest = malloc((size_t)rest_len + 1);
     if (!job->rest)
