@@ -587,9 +587,11 @@ typedef enum {
     API_GRPC_MODEL_CONFIG,
     API_GRPC_MODEL_STATISTICS,
     API_GRPC_REPOSITORY_INDEX,
+    API_GRPC_HEALTH_CHECK, /* grpc.health.v1.Health/Check: SERVING, NOT_SERVING while draining */
 } api_grpc_method;
 
-/* The method of a :path ("/inference.GRPCInferenceService/ModelInfer"), n bytes. */
+/* The method of a :path ("/inference.GRPCInferenceService/ModelInfer",
+ * "/grpc.health.v1.Health/Check"), n bytes. */
 api_grpc_method api_grpc_method_of(const char *path, size_t n);
 /* "ModelInfer", ...; "unimplemented" for API_GRPC_UNIMPLEMENTED. */
 const char *api_grpc_method_name(api_grpc_method method);
@@ -621,9 +623,9 @@ api_grpc_code api_grpc_code_of(int http_status);
  * routes do, for refusals the server decides. */
 void api_grpc_error(api_reply *reply, int http_status, api_reason reason, const char *msg);
 
-/* The cheap methods: ServerLive and ServerReady (`ready` says which answer), ModelReady,
- * ServerMetadata, ModelMetadata, ModelConfig and RepositoryIndex, from call->body's request
- * message (call->models, call->limits). Statistics come from the server's counters as the
+/* The cheap methods: ServerLive, ServerReady and HealthCheck (`ready` says which answer),
+ * ModelReady, ServerMetadata, ModelMetadata, ModelConfig and RepositoryIndex, from call->body's
+ * request message (call->models, call->limits). Statistics come from the server's counters as the
  * JSON of GET /v2/models/stats (stats_json), turned into a ModelStatisticsResponse. Any
  * thread. */
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply);

@@ -149,6 +149,8 @@ void srv__metrics_hangup(srv_metrics *m)
     atomic_fetch_add_explicit(&m->hangups, 1, memory_order_relaxed);
 }
 
+_Static_assert(SRV_GRPC_METHODS == API_GRPC_HEALTH_CHECK + 1, "a counter per gRPC method");
+
 void srv__metrics_grpc(srv_metrics *m, int method, int grpc_code, int64_t total_ns,
                        uint64_t bytes_in, uint64_t bytes_out)
 {

@@ -64,7 +64,7 @@ typedef struct {
 } srv_model_stats;
 
 /* gRPC methods (api_grpc_method) and status codes counted. */
-#define SRV_GRPC_METHODS 11
+#define SRV_GRPC_METHODS 12
 #define SRV_GRPC_CODES   17
 
 /* Counters of the whole daemon. */

@@ -286,6 +286,22 @@ static void repository_index(const api_call *call, api_reply *reply)
     free(ptrs);
 }
 
+/* grpc.health.v1's HealthCheckResponse {status: SERVING (1) or NOT_SERVING (2)}, written by
+ * hand: the health service's proto is not compiled in for one enum field. */
+static void health_check(bool ready, api_reply *reply)
+{
+    reply->body = eng_buf_alloc(2);
+    if (!reply->body) {
+        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
+        return;
+    }
+    reply->body[0] = 0x08; /* field 1, varint */
+    reply->body[1] = ready ? 1 : 2;
+    reply->body_len = 2;
+    reply->status = 200;
+    reply->content_type = API_GRPC_MESSAGE_TYPE;
+}
+
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply)
 {
     char name[128], version[32];
@@ -328,6 +344,9 @@ void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, ap
         return;
     case API_GRPC_REPOSITORY_INDEX:
         repository_index(call, reply);
+        return;
+    case API_GRPC_HEALTH_CHECK:
+        health_check(ready, reply);
         return;
     default:
         api_grpc_error(reply, 501, API_REASON_BAD_REQUEST, "method not implemented by attnd");

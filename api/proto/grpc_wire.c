@@ -24,16 +24,21 @@ static const char *const method_names[] = {
     [API_GRPC_MODEL_CONFIG] = "ModelConfig",
     [API_GRPC_MODEL_STATISTICS] = "ModelStatistics",
     [API_GRPC_REPOSITORY_INDEX] = "RepositoryIndex",
+    [API_GRPC_HEALTH_CHECK] = "HealthCheck",
 };
+
+#define HEALTH_CHECK "/grpc.health.v1.Health/Check"
 
 #define N_METHODS (sizeof method_names / sizeof method_names[0])
 
 api_grpc_method api_grpc_method_of(const char *path, size_t n)
 {
     const size_t prefix = sizeof SERVICE - 1;
+    if (path && n == sizeof HEALTH_CHECK - 1 && memcmp(path, HEALTH_CHECK, n) == 0)
+        return API_GRPC_HEALTH_CHECK;
     if (!path || n <= prefix || memcmp(path, SERVICE, prefix) != 0)
         return API_GRPC_UNIMPLEMENTED;
-    for (size_t m = 1; m < N_METHODS; m++) {
+    for (size_t m = 1; m < API_GRPC_HEALTH_CHECK; m++) {
         size_t len = strlen(method_names[m]);
         if (n - prefix == len && memcmp(path + prefix, method_names[m], len) == 0)
             return (api_grpc_method)m;

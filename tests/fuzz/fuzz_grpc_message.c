@@ -83,7 +83,7 @@ static void serve(const char *msg, size_t len)
         api_reply_free(&reply);
         api_lease_end(&lease);
     }
-    for (int m = API_GRPC_SERVER_LIVE; m <= API_GRPC_REPOSITORY_INDEX; m++) {
+    for (int m = API_GRPC_SERVER_LIVE; m <= API_GRPC_HEALTH_CHECK; m++) {
         if (m == API_GRPC_MODEL_INFER || m == API_GRPC_MODEL_STREAM_INFER ||
             m == API_GRPC_MODEL_STATISTICS)
             continue;

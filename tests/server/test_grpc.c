@@ -158,6 +158,13 @@ static void test_methods_and_statuses(void)
     CHECK(msg && len == 2 && msg[0] == 0x08 && msg[1] == 1); /* live: true */
     grpc_stream_free(&st);
 
+    /* grpc.health.v1: SERVING. */
+    CHECK(grpc_call(&c, "/grpc.health.v1.Health/Check", NULL, "", 0, 5000, &st));
+    CHECK_EQ_INT(st.grpc_status, 0);
+    msg = grpc_message_at(&st, 0, &len);
+    CHECK(msg && len == 2 && msg[0] == 0x08 && msg[1] == 1);
+    grpc_stream_free(&st);
+
     /* ModelReady {name: "nosuch"}: NOT_FOUND naming it. */
     CHECK(grpc_call(&c, SVC "ModelReady", NULL, "\x0a\x06nosuch", 8, 5000, &st));
     CHECK_EQ_INT(st.grpc_status, 5);

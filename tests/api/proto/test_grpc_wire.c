@@ -121,6 +121,10 @@ static void test_methods_and_codes(void)
     p = "/inference.GRPCInferenceService/RepositoryModelLoad";
     CHECK_EQ_INT(api_grpc_method_of(p, strlen(p)), API_GRPC_UNIMPLEMENTED);
     CHECK(strcmp(api_grpc_method_name(API_GRPC_REPOSITORY_INDEX), "RepositoryIndex") == 0);
+    p = "/grpc.health.v1.Health/Check";
+    CHECK_EQ_INT(api_grpc_method_of(p, strlen(p)), API_GRPC_HEALTH_CHECK);
+    p = "/grpc.health.v1.Health/Watch";
+    CHECK_EQ_INT(api_grpc_method_of(p, strlen(p)), API_GRPC_UNIMPLEMENTED);
     CHECK_EQ_INT(api_grpc_code_of(200), API_GRPC_OK);
     CHECK_EQ_INT(api_grpc_code_of(400), API_GRPC_INVALID_ARGUMENT);
     CHECK_EQ_INT(api_grpc_code_of(401), API_GRPC_UNAUTHENTICATED);
