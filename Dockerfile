@@ -24,6 +24,9 @@ RUN apt-get update \
         libjansson-dev \
         libopenblas-dev \
         zlib1g-dev \
+        libnghttp2-dev \
+        libprotobuf-c-dev \
+        protobuf-c-compiler \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -40,7 +43,8 @@ FROM debian:bookworm-20250520-slim AS runtime
 
 # One package per library that build/attnd links (readelf NEEDED); their own dependencies
 # (libgfortran for OpenBLAS) come with them. libgnutls30 is linked directly (TLS certificates
-# are loaded by attnd, so they can be reloaded). libc6 and libgcc-s1 are in the base image.
+# are loaded by attnd, so they can be reloaded); libnghttp2-14 and libprotobuf-c1 serve
+# --grpc-port. libc6 and libgcc-s1 are in the base image.
 # libopenblas0-pthread is the package that provides libopenblas.so.0 through the
 # libopenblas.so.0-<arch> alternative; OpenBLAS runs single-threaded inside each engine
 # worker (OPENBLAS_NUM_THREADS below, read when the library loads).
@@ -51,6 +55,8 @@ RUN apt-get update \
         libjansson4 \
         libopenblas0-pthread \
         zlib1g \
+        libnghttp2-14 \
+        libprotobuf-c1 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 attnd \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

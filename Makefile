@@ -35,7 +35,7 @@ ifneq ($(SAN),)
 CFLAGS_ALL += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS_ALL += -fsanitize=$(SAN)
 endif
-LIBS := -lmicrohttpd -lgnutls -ljansson -lopenblas -lz -lm
+LIBS := -lmicrohttpd -lnghttp2 -lgnutls -lprotobuf-c -ljansson -lopenblas -lz -lm
 
 ENGINE_SRC := $(wildcard engine/*.c)
 API_SRC := $(wildcard api/*.c api/*/*.c)
@@ -94,6 +94,27 @@ $(BUILD)/gen/inspector_page.o: $(PAGE_C)
 
 $(BUILD)/libserver.a: $(BUILD)/gen/inspector_page.o
 
+# KServe v2 over gRPC (api/proto/grpc_*.c): protoc-c turns Triton's service and model
+# configuration protos (api/proto/grpc/, unmodified) into C in $(BUILD)/gen, compiled into
+# libapi.a with the generator's own style of code (its warnings are not ours).
+PROTOS := api/proto/grpc/grpc_service.proto api/proto/grpc/model_config.proto
+PB_C := $(patsubst api/proto/grpc/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
+PB_H := $(PB_C:.c=.h)
+PB_CFLAGS := -std=c11 $(OPT) -g -pthread -I$(BUILD)/gen $(filter -fsanitize=% -fno-%,$(CFLAGS_ALL))
+
+$(PB_C) $(PB_H) &: $(PROTOS)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iapi/proto/grpc $(PROTOS)
+
+$(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(PB_H)
+	$(CC) $(PB_CFLAGS) -c $< -o $@
+
+$(BUILD)/libapi.a: $(PB_C:.c=.o)
+$(call obj,$(wildcard api/proto/grpc_*.c)): $(PB_H)
+$(call obj,$(wildcard api/proto/grpc_*.c)): CFLAGS_ALL += -I$(BUILD)/gen
+$(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/bench/bench_e2e.o: $(PB_H)
+$(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/bench/bench_e2e.o: CFLAGS_ALL += -I$(BUILD)/gen
+
 $(BUILD)/attnd: $(BUILD)/server/main.o $(MODULE_LIBS)
 	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -o $@
 
@@ -124,9 +145,10 @@ $(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
 
 DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
                 libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
-                wrk libgnutls28-dev openssl \
+                wrk libgnutls28-dev openssl libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
                 python3-numpy python3-requests python3-matplotlib \
-                python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging
+                python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging \
+                python3-grpcio python3-grpc-tools python3-protobuf
 # Debian's interpreter, which the python3-* packages above install into (the examples test and
 # make bench-report).
 PYTHON ?= /usr/bin/python3
@@ -153,10 +175,11 @@ run: deps
 
 ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
-# TSan runs the suites that exercise the pool, and the order of a session's or a v2 sequence's
-# requests across threads (api_session_turn); the rest gain nothing from it.
+# TSan runs the suites that exercise the pool, the order of a session's or a v2 sequence's
+# requests across threads (api_session_turn), and the gRPC thread's handoffs to the workers
+# (test_grpc); the rest gain nothing from it.
 TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c \
-                      tests/server/test_v2_sequences.c,$(TEST_SRC))
+                      tests/server/test_v2_sequences.c tests/server/test_grpc.c,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the
@@ -172,6 +195,11 @@ asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+
+# Triton's Python gRPC client, unmodified, against --grpc-port (plain and ASan+UBSan builds);
+# a skip line where ../shared/peers/tritonclient or Debian's python3-grpc-tools is missing.
+grpc_client_suites = "tests/server/check_grpc_tritonclient.sh $(BUILD)/attnd" \
+    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
 
 FUZZ_SMOKE_SECONDS ?= 30
 
@@ -206,12 +234,13 @@ test: deps deploy-deps browser-deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(asan_suites) $(tsan_suites) $(deploy_suites) \
+	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(asan_suites) $(tsan_suites) \
+	    $(grpc_client_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	@tests/run.sh $(asan_suites)
+	@tests/run.sh $(asan_suites) "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
 
 tsan: deps
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
@@ -344,9 +373,16 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 300
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(wildcard engine/*.h api/*.h api/*/*.h)
+FUZZ_PB_C := $(patsubst api/proto/grpc/%.proto,$(FUZZ_BUILD)/gen/%.pb-c.c,$(PROTOS))
+
+$(FUZZ_PB_C) &: $(PROTOS)
+	@mkdir -p $(FUZZ_BUILD)/gen
+	protoc-c --c_out=$(FUZZ_BUILD)/gen -Iapi/proto/grpc $(PROTOS)
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) $(wildcard engine/*.h api/*.h api/*/*.h)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) $< $(ENGINE_SRC) $(API_SRC) -ljansson -lopenblas -lz -lm -o $@
+	clang $(FUZZ_CFLAGS) -I$(FUZZ_BUILD)/gen $< $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) \
+	    -lprotobuf-c -ljansson -lopenblas -lz -lm -o $@
 
 fuzz-build: $(FUZZ_BINS)
 

@@ -576,4 +576,125 @@ void api_peek_free(api_peek *p);
 int64_t api_timeout_peek(const api_call *call);
 int64_t api_v2_timeout_peek(const api_call *call);
 
+/* ---- KServe v2 over gRPC (inference.GRPCInferenceService) ---------------------------------- */
+
+/* The gRPC side of the v2 protocol (api/proto/grpc_*.c): Triton's grpc_service.proto messages
+ * in and out, through the same routes as HTTP (api_v2_*): a ModelInferRequest becomes the v2
+ * request with binary tensors that api_v2_infer serves, and its reply a ModelInferResponse
+ * with raw_output_contents. Request messages are call->body (the message without gRPC's
+ * 5-byte prefix); a reply with status 200 holds the response message (content type
+ * "application/grpc"), any other its error message as plain text ("text/plain"), whose gRPC
+ * status is api_grpc_code_of(reply.status). */
+
+/* The methods served; API_GRPC_UNIMPLEMENTED for every other path. */
+typedef enum {
+    API_GRPC_UNIMPLEMENTED = 0,
+    API_GRPC_SERVER_LIVE,
+    API_GRPC_SERVER_READY,
+    API_GRPC_MODEL_READY,
+    API_GRPC_SERVER_METADATA,
+    API_GRPC_MODEL_METADATA,
+    API_GRPC_MODEL_INFER,
+    API_GRPC_MODEL_STREAM_INFER,
+    API_GRPC_MODEL_CONFIG,
+    API_GRPC_MODEL_STATISTICS,
+    API_GRPC_REPOSITORY_INDEX,
+    API_GRPC_HEALTH_CHECK, /* grpc.health.v1.Health/Check: SERVING, NOT_SERVING while draining */
+} api_grpc_method;
+
+/* The method of a :path ("/inference.GRPCInferenceService/ModelInfer",
+ * "/grpc.health.v1.Health/Check"), n bytes. */
+api_grpc_method api_grpc_method_of(const char *path, size_t n);
+/* "ModelInfer", ...; "unimplemented" for API_GRPC_UNIMPLEMENTED. */
+const char *api_grpc_method_name(api_grpc_method method);
+
+/* gRPC status codes (the ones attnd sends). */
+typedef enum {
+    API_GRPC_OK = 0,
+    API_GRPC_CANCELLED = 1,
+    API_GRPC_UNKNOWN = 2,
+    API_GRPC_INVALID_ARGUMENT = 3,
+    API_GRPC_DEADLINE_EXCEEDED = 4,
+    API_GRPC_NOT_FOUND = 5,
+    API_GRPC_PERMISSION_DENIED = 7,
+    API_GRPC_RESOURCE_EXHAUSTED = 8,
+    API_GRPC_FAILED_PRECONDITION = 9,
+    API_GRPC_CODE_UNIMPLEMENTED = 12,
+    API_GRPC_INTERNAL = 13,
+    API_GRPC_UNAVAILABLE = 14,
+    API_GRPC_UNAUTHENTICATED = 16,
+} api_grpc_code;
+
+/* The gRPC status of a reply's HTTP status (the status table's v2 codes): 400 and 415
+ * INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404 NOT_FOUND, 409 FAILED_PRECONDITION, 413 and 429
+ * RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, 504
+ * DEADLINE_EXCEEDED, others INTERNAL. */
+api_grpc_code api_grpc_code_of(int http_status);
+
+/* Fills `reply` with an error of `http_status` and message `msg` (plain text), as the gRPC
+ * routes do, for refusals the server decides. */
+void api_grpc_error(api_reply *reply, int http_status, api_reason reason, const char *msg);
+
+/* The cheap methods: ServerLive, ServerReady and HealthCheck (`ready` says which answer),
+ * ModelReady, ServerMetadata, ModelMetadata, ModelConfig and RepositoryIndex, from call->body's
+ * request message (call->models, call->limits). Statistics come from the server's counters as the
+ * JSON of GET /v2/models/stats (stats_json), turned into a ModelStatisticsResponse. Any
+ * thread. */
+void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply);
+void api_grpc_statistics(const char *stats_json, size_t len, api_reply *reply);
+
+/* What a ModelInferRequest says about queueing it, read on the I/O thread without decoding
+ * its tensors: its model and version (NUL-terminated, truncated to fit), and its timeout,
+ * priority and sequence_id as api_peek has them (sequence_id points into the message). */
+typedef struct {
+    char model[64], version[16];
+    api_peek peek;
+    char sequence_digits[24]; /* an integer sequence_id's digits (peek.sequence_id points here) */
+} api_grpc_infer_peek;
+
+/* False when the message is not a well-formed ModelInferRequest (the route says why). */
+bool api_grpc_infer_peek_read(const char *msg, size_t len, api_grpc_infer_peek *out);
+
+/* ModelInfer: call->body is a ModelInferRequest; the reply a ModelInferResponse whose outputs
+ * are all raw_output_contents (FP32, or BF16 with output_dtype). Runs api_v2_infer, so every
+ * limit, reservation (through call->lease), deadline and status is the HTTP route's.
+ * `stream`: ModelStreamInfer's form, a ModelStreamInferResponse holding the response or, on
+ * failure, the error_message (reply.status still says what failed). Engine worker. */
+void api_grpc_infer(const api_call *call, bool stream, api_reply *reply);
+
+/* Reads gRPC's length-prefixed messages from a stream's DATA, as bytes arrive. A message's
+ * declared length reserves nothing: its bytes are reserved in `lease` as they arrive (so a
+ * client that declares 2 GiB and sends nothing holds nothing). */
+typedef struct {
+    unsigned char prefix[5];
+    size_t prefix_len; /* bytes of the prefix read (5: reading the message) */
+    size_t length;     /* the message's declared length */
+    api_buf msg;       /* its bytes so far */
+    size_t held;       /* what msg holds of the lease */
+} api_grpc_reader;
+
+typedef enum {
+    API_GRPC_READ_MORE = 0, /* every byte consumed; the message is not complete */
+    API_GRPC_READ_MESSAGE,  /* a message is complete: take it (api_grpc_reader_take) */
+    API_GRPC_READ_ERROR,    /* `reply` holds the error (compressed, too large, no memory) */
+} api_grpc_read_result;
+
+void api_grpc_reader_init(api_grpc_reader *r);
+/* Consumes bytes of `data` (len) up to the end of the next message; *used says how many. A
+ * message above max_message bytes is 413 (RESOURCE_EXHAUSTED) before any of it is kept; a
+ * compressed one 501 (attnd offers no message compression); a reservation that fails 413 or
+ * 429 as api_lease_reserve says. */
+api_grpc_read_result api_grpc_read(api_grpc_reader *r, const unsigned char *data, size_t len,
+                                   size_t max_message, api_lease *lease, size_t *used,
+                                   api_reply *reply);
+/* The complete message (eng_buf_free it), its length in *len and its reservation in *held;
+ * the reader starts on the next message. */
+char *api_grpc_reader_take(api_grpc_reader *r, size_t *len, size_t *held);
+/* Frees a partial message and gives its reservation back to `lease`. */
+void api_grpc_reader_free(api_grpc_reader *r, api_lease *lease);
+
+/* gRPC's timeout header ("grpc-timeout": 1 to 8 digits and a unit of H, M, S, m, u, n) in
+ * milliseconds, rounded up; -1 when malformed. */
+int64_t api_grpc_timeout_ms(const char *value);
+
 #endif

@@ -111,6 +111,13 @@ static const srv_option options[] = {
      "an ephemeral port (see --admin-port-file); -1: none"},
     {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
      "PATH", "once listening, write the bound --admin-port to this file"},
+    {"grpc-port", "ATTND_GRPC_PORT", OPT_INT, OFF(grpc_port), -1, 65535, "-1", "N",
+     "serve KServe v2 over gRPC (inference.GRPCInferenceService over HTTP/2; TLS with ALPN h2 "
+     "when --tls-cert is set) on this port too, with the same models, limits, tokens and "
+     "metrics (docs/grpc.md); 0 picks an "
+     "ephemeral port (see --grpc-port-file); -1 (the default): off"},
+    {"grpc-port-file", "ATTND_GRPC_PORT_FILE", OPT_STR, OFF(grpc_port_file), 0, 0, NULL, "PATH",
+     "once listening, write the bound --grpc-port to this file"},
     {"send-timeout-s", "ATTND_SEND_TIMEOUT_S", OPT_INT, OFF(send_timeout_s), 1, 86400, "10", "S",
      "time a reply may go without the client accepting a byte; then the connection is cut "
      "(logged as 499 with reply_cut_off) and the reply's memory freed"},
@@ -436,6 +443,7 @@ void srv_config_free(srv_config *cfg)
     free(cfg->host);
     free(cfg->port_file);
     free(cfg->admin_port_file);
+    free(cfg->grpc_port_file);
     free(cfg->kernels);
     free(cfg->default_precision);
     for (size_t i = 0; i < cfg->n_models; i++) {

@@ -59,6 +59,8 @@ struct srv_server {
     uint64_t id_seed;
     atomic_uint_fast64_t id_counter;
 
+    struct srv_grpc *grpc; /* --grpc-port's listener and thread (grpc.h), or NULL */
+
     srv_tls *tls;   /* NULL: plain HTTP */
     srv_auth *auth; /* NULL: no bearer tokens */
 };

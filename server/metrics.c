@@ -157,6 +157,35 @@ void srv__metrics_work(srv_metrics *m, int64_t ns, bool deadline_missed)
         atomic_fetch_add_explicit(&m->wasted_ns, v, memory_order_relaxed);
 }
 
+_Static_assert(SRV_GRPC_METHODS == API_GRPC_HEALTH_CHECK + 1, "a counter per gRPC method");
+
+void srv__metrics_grpc(srv_metrics *m, int method, int grpc_code, int64_t total_ns,
+                       uint64_t bytes_in, uint64_t bytes_out)
+{
+    if (method < 0 || method >= SRV_GRPC_METHODS || grpc_code < 0 || grpc_code >= SRV_GRPC_CODES)
+        return;
+    atomic_fetch_add_explicit(&m->grpc_requests[method][grpc_code], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->grpc_ns[method], total_ns > 0 ? (uint64_t)total_ns : 0,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bytes_in, bytes_in, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->bytes_out, bytes_out, memory_order_relaxed);
+}
+
+/* The gRPC port's calls in attnd_requests_total: protocol="grpc", the method as the route and
+ * the gRPC status code. */
+static void grpc_render(const srv_metrics *m, api_buf *b)
+{
+    for (int r = 0; r < SRV_GRPC_METHODS; r++)
+        for (int c = 0; c < SRV_GRPC_CODES; c++) {
+            uint64_t v = load(&m->grpc_requests[r][c]);
+            if (v > 0)
+                api_buf_printf(b,
+                               "attnd_requests_total{protocol=\"grpc\",route=\"%s\",code=\"%d\"} "
+                               "%llu\n",
+                               api_grpc_method_name((api_grpc_method)r), c, (unsigned long long)v);
+        }
+}
+
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
                          api_buf *b)
 {
@@ -165,7 +194,8 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
     engine_info_render(b);
 
     family(b, "attnd_requests_total", "counter",
-           "HTTP requests answered, by route and status code.");
+           "Requests answered: HTTP by route and status code; gRPC (protocol=\"grpc\") by method "
+           "and gRPC status code.");
     for (int r = 0; r < SRV_ROUTE_COUNT; r++) {
         for (size_t c = 0; c < SRV_CODE_SLOTS; c++) {
             uint64_t v = load(&m->requests[r][c]);
@@ -179,6 +209,7 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
                                routes->label(r), (unsigned long long)v);
         }
     }
+    grpc_render(m, b);
 
     family(b, "attnd_request_duration_seconds", "histogram",
            "Time from the request line to the queued response, by route.");

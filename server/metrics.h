@@ -63,6 +63,10 @@ typedef struct {
     atomic_int_fast64_t pending; /* admitted, not yet running */
 } srv_model_stats;
 
+/* gRPC methods (api_grpc_method) and status codes counted. */
+#define SRV_GRPC_METHODS 12
+#define SRV_GRPC_CODES   17
+
 /* Counters of the whole daemon. */
 typedef struct {
     atomic_uint_fast64_t requests[SRV_ROUTE_COUNT][SRV_CODE_SLOTS];
@@ -73,6 +77,8 @@ typedef struct {
     atomic_uint_fast64_t slow_clients, hangups;
     atomic_uint_fast64_t work_ns, wasted_ns; /* worker time on requests; of it, on late ones */
     srv_model_stats model[SRV_MODELS_MAX];
+    atomic_uint_fast64_t grpc_requests[SRV_GRPC_METHODS][SRV_GRPC_CODES]; /* --grpc-port */
+    atomic_uint_fast64_t grpc_ns[SRV_GRPC_METHODS];
     srv_hist session_step; /* compute time of session steps (attention, truncate, fork) */
     atomic_uint_fast64_t session_tickets; /* requests given their place in a session's order */
 } srv_metrics;
@@ -96,6 +102,9 @@ typedef struct {
 void srv__metrics_request(srv_metrics *m, srv_route route, int status, int64_t total_ns,
                           uint64_t bytes_in, uint64_t bytes_out);
 void srv__metrics_stage(srv_metrics *m, srv_stage stage, int64_t ns);
+/* Counts one gRPC call (--grpc-port) of `method` (api_grpc_method) ended with `grpc_code`. */
+void srv__metrics_grpc(srv_metrics *m, int method, int grpc_code, int64_t total_ns,
+                       uint64_t bytes_in, uint64_t bytes_out);
 void srv__metrics_rejected(srv_metrics *m, api_reason reason);
 /* One connection closed because its client was too slow (the watcher), or one client that hung
  * up while its request was suspended or incomplete. */

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/grpc.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/request.h"
@@ -347,6 +348,17 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         if (!s->admin_mhd)
             goto fail;
     }
+    if (srv__grpc_start(s, cfg, &s->grpc, err, errlen) != SRV_OK)
+        goto fail;
+    if (s->grpc && cfg->grpc_port_file &&
+        write_port_file(cfg->grpc_port_file, srv__grpc_port(s->grpc)) != SRV_OK) {
+        snprintf(err, errlen, "--grpc-port-file %s: cannot write it: %s", cfg->grpc_port_file,
+                 strerror(errno));
+        goto fail;
+    }
+    if (s->grpc)
+        srv_log(SRV_LOG_INFO, "gRPC listener (KServe v2, h2c) on %s port %d", s->host,
+                srv__grpc_port(s->grpc));
     /* The admin port file first: whoever waits for --port-file (the readiness signal) then
      * finds the admin port written too. */
     if (s->admin_mhd && cfg->admin_port_file &&
@@ -390,6 +402,7 @@ void srv_server_drain(srv_server *s, int wake_fd)
             "draining: readiness is 503, no new connections; %lld requests in "
             "flight, up to %lld s to finish (--drain-timeout-s)",
             (long long)atomic_load(&s->active), (long long)(s->drain_timeout_ns / 1000000000));
+    srv__grpc_wake(s->grpc); /* GOAWAY on its connections */
     lfd = MHD_quiesce_daemon(s->mhd);
     if (lfd != MHD_INVALID_SOCKET)
         close(lfd);
@@ -412,6 +425,7 @@ void srv_server_drain(srv_server *s, int wake_fd)
                 (long long)atomic_load(&s->active));
         atomic_store(&s->drain_expired, true);
         srv__watch_wake(s->watch);
+        srv__grpc_wake(s->grpc);
     }
     /* Cancelled work stops at the next block boundary; a decode or encode in progress runs to
      * its end. Waiting is the only safe option: stopping libmicrohttpd with a suspended
@@ -443,9 +457,11 @@ void srv_server_free(srv_server *s)
         MHD_stop_daemon(s->admin_mhd);
     s->admin_mhd = NULL;
     srv__watch_stop(s->watch);
+    srv__grpc_stop(s->grpc);
     /* Runs what is still queued: only jobs the watcher already answered, which just drop
      * their reference. */
     eng_pool_free(s->pool);
+    srv__grpc_free(s->grpc);        /* after the workers: the jobs they finished */
     srv__sched_free(s->sched);      /* after the workers, the last to give slots back */
     api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);

@@ -110,6 +110,8 @@ typedef struct {
     int64_t connection_limit;       /* --connection-limit */
     int64_t admin_port;             /* --admin-port: -1 = none, 0 = an ephemeral port */
     char *admin_port_file;          /* --admin-port-file */
+    int64_t grpc_port;              /* --grpc-port: -1 = none, 0 = an ephemeral port */
+    char *grpc_port_file;           /* --grpc-port-file */
     int64_t send_timeout_s;         /* --send-timeout-s: a reply stalled this long is cut */
     int64_t idle_timeout_s;         /* --idle-timeout-s */
     int64_t drain_timeout_s;        /* --drain-timeout-s */

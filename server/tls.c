@@ -70,6 +70,7 @@ struct srv_tls {
     pthread_mutex_t mu;
     tls_cert *current;
     struct MHD_OptionItem options[4];
+    gnutls_certificate_credentials_t grpc_cred; /* --grpc-port's, made at its first handshake */
 };
 
 /* The retrieve function has no user pointer, so the server with TLS is found here: one per
@@ -380,6 +381,8 @@ bool srv__tls_describe_client_ca(srv_tls *t, char *out, size_t outlen)
 
 void srv__tls_free(srv_tls *t)
 {
+    if (t && t->grpc_cred)
+        gnutls_certificate_free_credentials(t->grpc_cred);
     srv_tls *self;
     if (!t)
         return;
@@ -561,4 +564,25 @@ size_t srv__tls_exchange(const srv_config *cfg, int fd, const char *req, size_t 
     gnutls_deinit(session);
     gnutls_certificate_free_credentials(cred);
     return got;
+}
+
+gnutls_session_t srv__tls_grpc_session(srv_tls *t, int fd)
+{
+    static const gnutls_datum_t h2 = {(unsigned char *)"h2", 2};
+    gnutls_session_t session;
+    if (!t->grpc_cred) {
+        if (gnutls_certificate_allocate_credentials(&t->grpc_cred) < 0)
+            return NULL;
+        gnutls_certificate_set_retrieve_function2(t->grpc_cred, retrieve_cert);
+    }
+    if (gnutls_init(&session, GNUTLS_SERVER | GNUTLS_NONBLOCK) < 0)
+        return NULL;
+    if (gnutls_priority_set_direct(session, t->priorities, NULL) < 0 ||
+        gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, t->grpc_cred) < 0 ||
+        gnutls_alpn_set_protocols(session, &h2, 1, GNUTLS_ALPN_MANDATORY) < 0) {
+        gnutls_deinit(session);
+        return NULL;
+    }
+    gnutls_transport_set_int(session, fd);
+    return session;
 }

@@ -5,6 +5,7 @@
 #ifndef ATTND_SERVER_TLS_H
 #define ATTND_SERVER_TLS_H
 
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 
 #include "server/server.h"
@@ -31,6 +32,11 @@ void srv__tls_free(srv_tls *t);
  * TLS in this process. */
 const struct MHD_OptionItem *srv__tls_options(srv_tls *t, unsigned *flags, char *err,
                                               size_t errlen);
+/* A server session on the non-blocking socket `fd` of a --grpc-port connection: the certificate
+ * (the newest chain at each handshake), priorities and --tls-client-ca of HTTPS, and ALPN "h2"
+ * required. NULL when it cannot be made. The gRPC thread; needs srv__tls_options to have run
+ * (the HTTPS listener starts first). */
+gnutls_session_t srv__tls_grpc_session(srv_tls *t, int fd);
 /* "CN=...,O=... (chain of N, expires 2027-01-01T00:00:00Z)" for the start and reload lines. */
 void srv__tls_describe(srv_tls *t, char *out, size_t outlen);
 

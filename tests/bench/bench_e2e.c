@@ -12,7 +12,10 @@
  *                certificate made with openssl at run time, default priorities: TLS 1.3 with
  *                AES-GCM here), over one kept-alive connection;
  *   small        a 3-token request (the README's example) over http and https: milliseconds
- *                per request on one kept-alive connection, over batches of SMALL_BATCH.
+ *                per request on one kept-alive connection, over batches of SMALL_BATCH;
+ *   grpc         the v2 request again as a ModelInferRequest with raw_input_contents, and the
+ *                small request, to the plain daemon's --grpc-port over one HTTP/2 connection
+ *                (tests/support/grpc.c, nghttp2).
  * The http and https runs of a case alternate (http, https, http, ...), so that the machine's
  * drift weighs on both alike; "tls cost" compares their medians.
  *
@@ -36,7 +39,9 @@
 #include "api/api.h"
 #include "api/core/memory.h"
 #include "api/wire/base64.h"
+#include "grpc_service.pb-c.h"
 #include "tests/support/daemon.h"
+#include "tests/support/grpc.h"
 #include "tests/support/rng.h"
 #include "tests/support/tls.h"
 
@@ -335,6 +340,120 @@ static void plain_and_tls(const char *what, conn_case *c, int n, const char *bod
                cpu_per_req[1] * 1e3, (cpu_per_req[1] / cpu_per_req[0] - 1) * 100);
 }
 
+/* ---- gRPC ---------------------------------------------------------------------------------- */
+
+#define INFER_PATH "/inference.GRPCInferenceService/ModelInfer"
+
+/* A ModelInferRequest for model sdpa with raw FP32 inputs q, k, v of `shape` (rank dims) and
+ * the bool parameter `flag` set when not NULL, framed for gRPC (malloc'd). */
+static char *grpc_infer_body(const float *const in[3], const int64_t *shape, size_t rank,
+                             const char *flag, size_t *len)
+{
+    Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
+    Inference__ModelInferRequest__InferInputTensor t[3], *tp[3];
+    ProtobufCBinaryData raw[3];
+    Inference__ModelInferRequest__ParametersEntry e =
+        INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT, *ep = &e;
+    Inference__InferParameter p = INFERENCE__INFER_PARAMETER__INIT;
+    const char *names[3] = {"query", "key", "value"};
+    size_t count = 1;
+    for (size_t d = 0; d < rank; d++)
+        count *= (size_t)shape[d];
+    for (int i = 0; i < 3; i++) {
+        inference__model_infer_request__infer_input_tensor__init(&t[i]);
+        t[i].name = (char *)names[i];
+        t[i].datatype = (char *)"FP32";
+        t[i].n_shape = rank;
+        t[i].shape = (int64_t *)shape;
+        tp[i] = &t[i];
+        raw[i].data = (uint8_t *)in[i];
+        raw[i].len = count * 4;
+    }
+    req.model_name = (char *)"sdpa";
+    req.n_inputs = req.n_raw_input_contents = 3;
+    req.inputs = tp;
+    req.raw_input_contents = raw;
+    if (flag) {
+        e.key = (char *)flag;
+        p.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+        p.bool_param = 1;
+        e.value = &p;
+        req.n_parameters = 1;
+        req.parameters = &ep;
+    }
+    size_t n = inference__model_infer_request__get_packed_size(&req);
+    uint8_t *msg = malloc(n);
+    if (!msg)
+        return NULL;
+    inference__model_infer_request__pack(&req, msg);
+    char *framed = grpc_frame(msg, n, len);
+    free(msg);
+    return framed;
+}
+
+/* One ModelInfer call; true when it answered OK with an output equal to `want` (NULL: any). */
+static bool grpc_infer_once(grpc_client *c, const char *body, size_t len, const float *want,
+                            size_t *down)
+{
+    grpc_stream st = {.body = body, .body_len = len};
+    size_t n;
+    bool ok = grpc_start(c, INFER_PATH, NULL, &st) == 0 && grpc_wait(c, &st, 600000) &&
+              st.grpc_status == 0;
+    const char *msg = ok ? grpc_message_at(&st, 0, &n) : NULL;
+    Inference__ModelInferResponse *r =
+        msg ? inference__model_infer_response__unpack(NULL, n, (const uint8_t *)msg) : NULL;
+    ok = r && r->n_raw_output_contents == 1;
+    if (ok && want)
+        ok = r->raw_output_contents[0].len == n_in * 4 &&
+             memcmp(r->raw_output_contents[0].data, want, n_in * 4) == 0;
+    *down = st.len;
+    if (r)
+        inference__model_infer_response__free_unpacked(r, NULL);
+    grpc_stream_free(&st);
+    return ok;
+}
+
+/* The large request and the small one over one gRPC connection to `port`. */
+static void grpc_lines(int port, double *t, const float *first)
+{
+    grpc_client c;
+    size_t len, down = 0;
+    const float *in[3] = {q, k, v};
+    const int64_t shape[4] = {B, H, L, D};
+    char *big = grpc_infer_body(in, shape, 4, NULL, &len);
+    bool ok = true;
+    if (!big || grpc_client_open(&c, port) != 0) {
+        printf("grpc lines skipped: no connection\n");
+        free(big);
+        return;
+    }
+    for (int r = -1; r < reps; r++) {
+        int64_t t0 = eng_now_ns();
+        ok = grpc_infer_once(&c, big, len, first, &down) && ok;
+        if (r >= 0)
+            t[r] = ms_since(t0);
+    }
+    report("grpc raw fp32", t, len, down, ok);
+    free(big);
+
+    /* The README's small example as tensors: [3, 2], causal. */
+    static const float sq[6] = {1, 0, 0, 1, 1, 1}, sv[6] = {1, 0, 0, 2, 3, 1};
+    const float *small[3] = {sq, sq, sv};
+    const int64_t small_shape[2] = {3, 2};
+    char *body = grpc_infer_body(small, small_shape, 2, "causal", &len);
+    ok = body != NULL;
+    for (int r = -1; r < reps && ok; r++) {
+        int64_t t0 = eng_now_ns();
+        for (int i = 0; i < SMALL_BATCH && ok; i++)
+            ok = grpc_infer_once(&c, body, len, NULL, &down);
+        if (r >= 0)
+            t[r] = ms_since(t0) / SMALL_BATCH;
+    }
+    report("grpc small (per req)", t, len, down, ok);
+    free(body);
+    grpc_client_close(&c);
+}
+
 int main(int argc, char **argv)
 {
     int threads = 0;
@@ -439,8 +558,12 @@ int main(int argc, char **argv)
     bool tls = tls_files_make(&pki) == 0;
     char nthreads[16];
     snprintf(nthreads, sizeof nthreads, "%d", threads);
-    const char *const args[] = {
-        "--threads", nthreads, "--max-body-bytes", "1GiB", "--max-memory-bytes", "8GiB", NULL};
+    char grpc_port_file[64];
+    snprintf(grpc_port_file, sizeof grpc_port_file, "/tmp/attnd_bench_grpc.%d", (int)getpid());
+    const char *const args[] = {"--threads",        nthreads,       "--max-body-bytes",
+                                "1GiB",             "--max-memory-bytes", "8GiB",
+                                "--grpc-port",      "0",            "--grpc-port-file",
+                                grpc_port_file,     NULL};
     const char *const tls_args[] = {
         "--threads", nthreads,     "--max-body-bytes", "1GiB",      "--max-memory-bytes",
         "8GiB",      "--tls-cert", pki.server_cert,    "--tls-key", pki.server_key,
@@ -467,6 +590,19 @@ int main(int argc, char **argv)
         }
         report("http v2 binary fp32", t, v2_len, r.body.len, ok);
         free(r.body.data);
+    }
+    {
+        FILE *f = fopen(grpc_port_file, "r");
+        int grpc_port = 0;
+        if (!f || fscanf(f, "%d", &grpc_port) != 1)
+            grpc_port = 0;
+        if (f)
+            fclose(f);
+        unlink(grpc_port_file);
+        if (grpc_port > 0)
+            grpc_lines(grpc_port, t, first);
+        else
+            printf("grpc lines skipped: no --grpc-port-file\n");
     }
     {
         double *ts = calloc((size_t)reps, sizeof *ts);

@@ -1,0 +1,55 @@
+/*
+ * grpc.h - what the files of the v2 gRPC protocol (proto/grpc_*.c) share: the content type of
+ * an error reply, a cursor over protobuf's wire format (grpc_wire.c), and the converter from the
+ * JSON of the HTTP routes to a protobuf-c message (grpc_json.c). Nothing outside
+ * proto/grpc_*.c includes it.
+ */
+#ifndef ATTND_API_PROTO_GRPC_H
+#define ATTND_API_PROTO_GRPC_H
+
+#include <jansson.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "api/api.h"
+
+#define API_GRPC_ERROR_TYPE   "text/plain"
+#define API_GRPC_MESSAGE_TYPE "application/grpc"
+
+/* Outputs of one inference reply, at most (sdpa has three). */
+#define API__GRPC_MAX_OUTPUTS 8
+
+/* Fields of a protobuf message in wire order, without decoding them. */
+typedef struct {
+    const char *data;
+    size_t len, pos;
+    bool bad; /* a malformed field ended the walk */
+} api__pb_cursor;
+
+typedef struct {
+    uint32_t number;
+    int type;         /* 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32 */
+    const char *data; /* types 1, 2, 5: the bytes */
+    size_t len;
+    uint64_t value; /* types 0, 1, 5: the value */
+} api__pb_field;
+
+/* The next field; false at the end or (c->bad) at a malformed one. */
+bool api__pb_next(api__pb_cursor *c, api__pb_field *f);
+bool api__pb_varint(api__pb_cursor *c, uint64_t *out);
+
+/* Fills `msg` (initialised, of descriptor d) from the JSON object `obj`: each key that names a
+ * field of the message (its proto name) is converted by the field's type (numbers, bools,
+ * strings, enums by name, nested messages, repeated fields, maps from objects); others are
+ * skipped. Allocates with malloc: protobuf_c_message_free_unpacked(msg, NULL) frees it. False
+ * when memory ran out or a value does not fit its field. */
+bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj);
+
+/* Packs `msg` into reply->body (200, application/grpc), reserving nothing (small messages);
+ * 503 when memory runs out. */
+void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg);
+
+/* The message of an error reply of the JSON routes ({"error": "..."}) as the plain text of a
+ * gRPC error reply, status kept. */
+void api__grpc_reply_from_json_error(api_reply *reply);
+
+#endif

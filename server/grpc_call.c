@@ -1,0 +1,583 @@
+/*
+ * grpc_call.c - one gRPC call (an HTTP/2 stream) from its headers to its log line: the checks
+ * every call passes (token, content type, method, grpc-timeout, the drain), its messages as
+ * they arrive (reserved in the memory budget byte by byte), the cheap methods answered on the
+ * gRPC thread, and inferences admitted like HTTP's (--max-queue, priority, deadline, a
+ * sequence's order) and run on an engine worker through api_grpc_infer. ModelStreamInfer runs
+ * its messages one after another, answering each with a message; the other methods take one.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/grpc.h"
+#include "server/log.h"
+
+#define HEADER_BYTES_MAX  16384 /* a request's header block, as HPACK decodes it */
+#define HEADER_ENTRY_COST 32    /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
+
+static const char *const draining_msg =
+    "the server is shutting down; retry on another replica (KV-cache sessions end with this "
+    "process: create them again there)";
+
+static bool is_stream(const grpc_call *call)
+{
+    return call->method == API_GRPC_MODEL_STREAM_INFER;
+}
+
+grpc_call *srv__grpc_call_new(grpc_conn *conn, int32_t stream_id)
+{
+    srv_server *s = conn->g->s;
+    grpc_call *call = calloc(1, sizeof *call);
+    if (!call)
+        return NULL;
+    call->conn = conn;
+    call->stream_id = stream_id;
+    call->http_status = 200;
+    snprintf(call->id, sizeof call->id, "grpc-%llu-%d", (unsigned long long)conn->number,
+             (int)stream_id);
+    api_lease_start(&call->lease, s->budget, eng_now_ns(), s->limits.max_timeout_ms);
+    call->recv_since_ns = call->lease.start_ns;
+    api_grpc_reader_init(&call->reader);
+    atomic_fetch_add(&s->active, 1);
+    call->counted = true;
+    return call;
+}
+
+static bool header_is(const uint8_t *name, size_t len, const char *want)
+{
+    return len == strlen(want) && memcmp(name, want, len) == 0;
+}
+
+static void copy_value(char *dst, size_t cap, const uint8_t *value, size_t len)
+{
+    size_t n = len < cap - 1 ? len : cap - 1;
+    memcpy(dst, value, n);
+    dst[n] = '\0';
+}
+
+int srv__grpc_call_header(grpc_call *call, const uint8_t *name, size_t namelen,
+                          const uint8_t *value, size_t valuelen)
+{
+    srv_server *s = call->conn->g->s;
+    char buf[512];
+    call->header_bytes += namelen + valuelen + HEADER_ENTRY_COST;
+    if (call->header_bytes > HEADER_BYTES_MAX)
+        return -1;
+    if (header_is(name, namelen, ":path")) {
+        if (valuelen >= sizeof call->path)
+            valuelen = 0; /* too long for any method: unimplemented */
+        copy_value(call->path, sizeof call->path, value, valuelen);
+    } else if (header_is(name, namelen, "content-type")) {
+        call->bad_content_type = valuelen < 16 || memcmp(value, "application/grpc", 16) != 0;
+    } else if (header_is(name, namelen, "grpc-timeout")) {
+        copy_value(buf, sizeof buf, value, valuelen < 16 ? valuelen : 16);
+        call->timeout_ms = api_grpc_timeout_ms(buf);
+    } else if (header_is(name, namelen, "authorization")) {
+        call->auth_seen = true;
+        copy_value(buf, sizeof buf, value, valuelen < sizeof buf - 1 ? valuelen : 0);
+        call->auth_ok = srv__auth_allows(s->auth, buf);
+    }
+    return 0;
+}
+
+void srv__grpc_call_headers_done(grpc_call *call)
+{
+    srv_server *s = call->conn->g->s;
+    char msg[200];
+    call->method = api_grpc_method_of(call->path, strlen(call->path));
+    if (s->auth && !call->auth_ok) {
+        srv__grpc_finish(call, 401, API_REASON_UNAUTHORIZED, srv__auth_refusal(call->auth_seen));
+    } else if (atomic_load(&s->draining)) {
+        srv__grpc_finish(call, 503, API_REASON_DRAINING, draining_msg);
+    } else if (call->bad_content_type) {
+        srv__grpc_finish(call, 415, API_REASON_BAD_REQUEST,
+                         "content-type must be application/grpc");
+    } else if (call->method == API_GRPC_UNIMPLEMENTED) {
+        snprintf(msg, sizeof msg, "method %.120s is not implemented by attnd", call->path);
+        srv__grpc_finish(call, 501, API_REASON_BAD_REQUEST, msg);
+    } else if (call->timeout_ms < 0) {
+        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "grpc-timeout is malformed");
+    } else if (is_stream(call)) {
+        /* A stream lives as long as its client wants (grpc-timeout aside): --request-timeout-ms
+         * bounds each of its inferences instead. */
+        call->lease.ctl.deadline_ns =
+            call->timeout_ms > 0 ? call->lease.start_ns + call->timeout_ms * 1000000 : 0;
+    } else {
+        api_lease_shorten(&call->lease, call->timeout_ms);
+    }
+}
+
+/* ---- Replies ----------------------------------------------------------------------------------
+ */
+
+/* Sends reply's body as one length-prefixed message; the body is taken over. */
+static void send_message(grpc_call *call, api_reply *reply)
+{
+    unsigned char prefix[5] = {
+        0, (unsigned char)(reply->body_len >> 24), (unsigned char)(reply->body_len >> 16),
+        (unsigned char)(reply->body_len >> 8), (unsigned char)reply->body_len};
+    srv__grpc_send(call, prefix, sizeof prefix);
+    if (reply->body_len)
+        srv__grpc_send_owned(call, reply->body, reply->body_len);
+    else
+        eng_buf_free(reply->body);
+    reply->body = NULL;
+    reply->body_len = 0;
+}
+
+/* A unary call's answer: the message and OK, or the error as its status. */
+static void answer(grpc_call *call, api_reply *reply)
+{
+    if (reply->status == 200) {
+        send_message(call, reply);
+        srv__grpc_finish(call, 200, API_REASON_NONE, NULL);
+    } else {
+        srv__grpc_finish(call, reply->status, reply->reason, reply->body ? reply->body : "");
+    }
+    api_reply_free(reply);
+}
+
+static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
+{
+    srv_server *s = call->conn->g->s;
+    api_grpc_infer_peek named;
+    api_buf b;
+    int slot = -1;
+    memset(reply, 0, sizeof *reply);
+    /* A ModelStatisticsRequest has its name and version where a ModelInferRequest has its
+     * model_name and model_version (fields 1 and 2): the peek reads them. */
+    if (!api_grpc_infer_peek_read(m->data, m->len, &named)) {
+        api_grpc_error(reply, 400, API_REASON_BAD_REQUEST, "malformed ModelStatisticsRequest");
+        return;
+    }
+    if (named.model[0]) {
+        if (!api_v2_model_known(s->models, named.model, named.version[0] ? named.version : NULL)) {
+            api_call c = {.body = m->data, .body_len = m->len, .models = s->models};
+            api_grpc_unary(API_GRPC_MODEL_READY, true, &c, reply); /* the 404 naming it */
+            return;
+        }
+        slot = srv__metrics_model_slot(s->models, named.model);
+    }
+    api_buf_init(&b, (size_t)1 << 20);
+    srv__metrics_stats_json(&s->metrics, s->models, slot, &b);
+    if (b.state == API_BUF_OK)
+        api_grpc_statistics(b.data, b.len, reply);
+    else
+        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
+    api_buf_free(&b);
+}
+
+static void free_msg(grpc_call *call, grpc_msg *m)
+{
+    eng_buf_free(m->data);
+    api_lease_give_back(&call->lease, m->held);
+    m->data = NULL;
+    m->held = 0;
+}
+
+/* ---- Inferences on the engine pool ------------------------------------------------------------
+ */
+
+static void job_run(void *arg, int64_t index);
+
+static void job_resume(void *arg)
+{
+    grpc_job *job = arg;
+    if (eng_pool_submit_at(job->g->s->pool, job->priority, job_run, job) != ENG_OK)
+        job_run(job, 0); /* the pool is stopping: run here, in order */
+}
+
+static void job_done(grpc_job *job)
+{
+    srv_grpc *g = job->g;
+    pthread_mutex_lock(&g->done_lock);
+    job->next = g->done;
+    g->done = job;
+    pthread_mutex_unlock(&g->done_lock);
+    srv__grpc_wake(g);
+}
+
+static void job_run(void *arg, int64_t index)
+{
+    grpc_job *job = arg;
+    (void)index;
+    srv_server *s = job->g->s;
+    if (job->ticket.session || job->ticket.sequence)
+        if (!api_session_turn(s->sessions, &job->ticket, job_resume, job))
+            return;
+    job->run_ns = eng_now_ns();
+    atomic_fetch_sub(&s->queued, 1);
+    atomic_fetch_add(&s->running, 1);
+    if (job->pending)
+        srv__metrics_model_pending(&s->metrics, job->slot, -1);
+    job->pending = false;
+    if (atomic_load(&job->lease.ctl.cancel)) {
+        api_grpc_error(&job->reply, API_STATUS_CLIENT_CLOSED, API_REASON_CANCELLED, "cancelled");
+    } else if (job->lease.ctl.deadline_ns > 0 && job->run_ns >= job->lease.ctl.deadline_ns) {
+        api_grpc_error(&job->reply, 504, API_REASON_DEADLINE,
+                       "deadline exceeded while waiting for a worker");
+    } else {
+        api_call call = {.body = job->msg.data,
+                         .body_len = job->msg.len,
+                         .pool = s->pool,
+                         .lease = &job->lease,
+                         .limits = &s->limits,
+                         .models = s->models,
+                         .sessions = s->sessions};
+        api_grpc_infer(&call, job->stream, &job->reply);
+    }
+    api_session_turn_end(s->sessions, &job->ticket);
+    eng_buf_free(job->msg.data);
+    job->msg.data = NULL;
+    api_lease_give_back(&job->lease, job->msg.held);
+    atomic_fetch_sub(&s->running, 1);
+    atomic_fetch_sub(&s->admitted, 1);
+    job_done(job);
+}
+
+static bool admit(srv_server *s)
+{
+    int_fast64_t admitted = atomic_load(&s->admitted);
+    do {
+        if (admitted >= s->max_queue)
+            return false;
+    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+    return true;
+}
+
+/* A job for message m of the call: its own lease (the message's bytes move into it), the
+ * deadline the tighter of the call's and the message's own timeout, and its priority, model
+ * slot and place in a sequence read from the message. NULL with the call finished on refusal. */
+static grpc_job *job_new(grpc_call *call, grpc_msg *m)
+{
+    srv_server *s = call->conn->g->s;
+    grpc_job *job = calloc(1, sizeof *job);
+    api_grpc_infer_peek pk;
+    int64_t now = eng_now_ns();
+    if (!job) {
+        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+        return NULL;
+    }
+    job->g = call->conn->g;
+    job->call = call;
+    job->stream = is_stream(call);
+    job->slot = -1;
+    api_lease_start(&job->lease, s->budget, is_stream(call) ? now : call->lease.start_ns,
+                    s->limits.max_timeout_ms);
+    if (call->lease.ctl.deadline_ns > 0 &&
+        (job->lease.ctl.deadline_ns == 0 ||
+         call->lease.ctl.deadline_ns < job->lease.ctl.deadline_ns))
+        job->lease.ctl.deadline_ns = call->lease.ctl.deadline_ns;
+    api_lease_give_back(&call->lease, m->held);
+    if (api_lease_reserve(&job->lease, m->held) == API_BUDGET_OK)
+        job->msg = *m;
+    else
+        eng_buf_free(m->data);
+    memset(m, 0, sizeof *m);
+    if (api_grpc_infer_peek_read(job->msg.data, job->msg.len, &pk)) {
+        api_lease_shorten(&job->lease, pk.peek.timeout_ms);
+        job->priority = pk.peek.priority >= 1 && pk.peek.priority <= s->limits.priority_levels
+                            ? (uint32_t)pk.peek.priority
+                            : s->limits.default_priority_level;
+        if (api_v2_model_known(s->models, pk.model, pk.version[0] ? pk.version : NULL))
+            job->slot = srv__metrics_model_slot(s->models, pk.model);
+        if (s->sessions && pk.peek.sequence_id &&
+            api_sequence_ticket_take(s->sessions, pk.model, pk.peek.sequence_id,
+                                     pk.peek.sequence_id_len, &job->ticket))
+            srv__metrics_session_ticket(&s->metrics);
+    } else {
+        job->priority = s->limits.default_priority_level;
+    }
+    return job;
+}
+
+/* Refuses a job before it reaches the pool: its reply is the refusal, answered at once. */
+static void job_refuse(grpc_job *job, int status, api_reason reason, const char *msg)
+{
+    srv_server *s = job->g->s;
+    api_session_turn_end(s->sessions, &job->ticket);
+    api_grpc_error(&job->reply, status, reason, msg);
+    srv__metrics_rejected(&s->metrics, reason);
+    eng_buf_free(job->msg.data);
+    job->msg.data = NULL;
+    job_done(job);
+}
+
+static void submit(grpc_call *call, grpc_msg *m)
+{
+    srv_server *s = call->conn->g->s;
+    char msg[120];
+    grpc_job *job = job_new(call, m);
+    if (!job)
+        return;
+    call->job = job;
+    job->submit_ns = eng_now_ns();
+    if (!job->msg.data) {
+        job_refuse(job, 429, API_REASON_MEMORY,
+                   "memory budget (--max-memory-bytes) is full; retry later");
+    } else if (atomic_load(&s->drain_expired)) {
+        job_refuse(job, 503, API_REASON_DRAINING, draining_msg);
+    } else if (job->lease.ctl.deadline_ns > 0 && job->submit_ns >= job->lease.ctl.deadline_ns) {
+        job_refuse(job, 504, API_REASON_DEADLINE, "deadline exceeded while receiving the request");
+    } else if (!admit(s)) {
+        snprintf(msg, sizeof msg, "the queue is full (--max-queue %lld); retry later",
+                 (long long)s->max_queue);
+        job_refuse(job, 429, API_REASON_QUEUE_FULL, msg);
+    } else {
+        atomic_fetch_add(&s->queued, 1);
+        if (job->slot >= 0) {
+            job->pending = true;
+            srv__metrics_model_pending(&s->metrics, job->slot, 1);
+        }
+        if (eng_pool_submit_at(s->pool, job->priority, job_run, job) != ENG_OK) {
+            atomic_fetch_sub(&s->queued, 1);
+            atomic_fetch_sub(&s->admitted, 1);
+            if (job->pending)
+                srv__metrics_model_pending(&s->metrics, job->slot, -1);
+            job->pending = false;
+            job_refuse(job, 503, API_REASON_INTERNAL, "could not queue the request");
+        }
+    }
+}
+
+/* ---- Messages ----------------------------------------------------------------------------------
+ */
+
+static bool pop_msg(grpc_call *call, grpc_msg *out)
+{
+    grpc_msg *m = call->queue;
+    if (!m)
+        return false;
+    call->queue = m->next;
+    if (!call->queue)
+        call->queue_tail = NULL;
+    *out = *m;
+    free(m);
+    return true;
+}
+
+/* The next message of a stream, once the one before it is answered; OK after the last. */
+static void stream_next(grpc_call *call)
+{
+    grpc_msg m;
+    if (call->job || call->finished)
+        return;
+    if (pop_msg(call, &m))
+        submit(call, &m);
+    else if (call->half_closed)
+        srv__grpc_finish(call, 200, API_REASON_NONE, NULL);
+}
+
+/* A unary call's one message: answered here, or submitted (ModelInfer). */
+static void serve_unary(grpc_call *call, grpc_msg *m)
+{
+    srv_server *s = call->conn->g->s;
+    api_reply reply;
+    if (call->method == API_GRPC_MODEL_INFER) {
+        submit(call, m);
+        return;
+    }
+    if (call->method == API_GRPC_MODEL_STATISTICS) {
+        statistics(call, m, &reply);
+    } else {
+        api_call c = {.body = m->data,
+                      .body_len = m->len,
+                      .models = s->models,
+                      .limits = &s->limits,
+                      .sessions = s->sessions};
+        api_grpc_unary(call->method, !atomic_load(&s->draining), &c, &reply);
+    }
+    free_msg(call, m);
+    answer(call, &reply);
+}
+
+static void queue_msg(grpc_call *call, char *data, size_t len, size_t held)
+{
+    grpc_msg *m = malloc(sizeof *m);
+    if (!m) {
+        eng_buf_free(data);
+        api_lease_give_back(&call->lease, held);
+        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+        return;
+    }
+    *m = (grpc_msg){.data = data, .len = len, .held = held};
+    if (call->queue_tail)
+        call->queue_tail->next = m;
+    else
+        call->queue = m;
+    call->queue_tail = m;
+}
+
+void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
+{
+    srv_server *s = call->conn->g->s;
+    call->bytes_in += len;
+    while (len > 0 && !call->finished) {
+        api_reply err;
+        size_t used = 0, n = 0, held = 0;
+        memset(&err, 0, sizeof err);
+        if (call->reader.prefix_len == 0)
+            call->recv_since_ns = eng_now_ns();
+        api_grpc_read_result r =
+            api_grpc_read(&call->reader, data, len, s->max_body_bytes, &call->lease, &used, &err);
+        data += used;
+        len -= used;
+        if (r == API_GRPC_READ_ERROR) {
+            api_grpc_reader_free(&call->reader, &call->lease);
+            srv__metrics_rejected(&s->metrics, err.reason);
+            answer(call, &err);
+        } else if (r == API_GRPC_READ_MESSAGE) {
+            char *msg = api_grpc_reader_take(&call->reader, &n, &held);
+            if (++call->messages > 1 && !is_stream(call)) {
+                eng_buf_free(msg);
+                api_lease_give_back(&call->lease, held);
+                srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST,
+                                 "a unary method takes one request message");
+                return;
+            }
+            queue_msg(call, msg, n, held);
+            if (is_stream(call))
+                stream_next(call);
+        }
+    }
+}
+
+void srv__grpc_call_end_stream(grpc_call *call)
+{
+    grpc_msg m;
+    call->half_closed = true;
+    if (call->finished)
+        return;
+    if (call->reader.prefix_len > 0) {
+        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "the stream ended inside a message");
+    } else if (is_stream(call)) {
+        stream_next(call);
+    } else if (pop_msg(call, &m)) {
+        serve_unary(call, &m);
+    } else {
+        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "no request message");
+    }
+}
+
+/* ---- Completion --------------------------------------------------------------------------------
+ */
+
+static void log_call(const grpc_call *call, int64_t now)
+{
+    api_buf b;
+    if (!srv_log_enabled(SRV_LOG_INFO))
+        return;
+    api_buf_init(&b, 4096);
+    srv__log_begin(&b, SRV_LOG_INFO);
+    api_buf_cstr(&b, ",\"msg\":\"request\",\"protocol\":\"grpc\",\"request_id\":");
+    api_buf_json_string(&b, call->id, strlen(call->id));
+    api_buf_printf(&b, ",\"method\":\"POST\",\"route\":\"grpc %s\",\"path\":",
+                   api_grpc_method_name(call->method));
+    api_buf_json_string(&b, call->path, strlen(call->path));
+    api_buf_printf(&b,
+                   ",\"status\":%d,\"grpc_status\":%d,\"messages\":%zu,\"bytes_in\":%llu,"
+                   "\"bytes_out\":%llu,\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
+                   "\"encode_ms\":%.3f,\"total_ms\":%.3f",
+                   call->http_status, call->grpc_status, call->messages,
+                   (unsigned long long)call->bytes_in, (unsigned long long)call->bytes_out,
+                   (double)call->queue_ns / 1e6, (double)call->last.decode_ns / 1e6,
+                   (double)call->last.compute_ns / 1e6, (double)call->last.encode_ns / 1e6,
+                   (double)(now - call->lease.start_ns) / 1e6);
+    if (call->reason != API_REASON_NONE)
+        api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(call->reason));
+    api_buf_cstr(&b, "}\n");
+    if (b.state == API_BUF_OK)
+        srv__log_write(b.data, b.len);
+    api_buf_free(&b);
+}
+
+void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
+{
+    srv_server *s = call->conn->g->s;
+    grpc_msg m;
+    int64_t now = eng_now_ns();
+    if (call->job) {
+        call->job->call = NULL;
+        atomic_store(&call->job->lease.ctl.cancel, true);
+    }
+    if (!call->finished || (error_code != NGHTTP2_NO_ERROR && call->out)) {
+        call->http_status = API_STATUS_CLIENT_CLOSED;
+        call->reason = API_REASON_CANCELLED;
+        call->grpc_status = API_GRPC_CANCELLED;
+        srv__metrics_hangup(&s->metrics);
+    }
+    log_call(call, now);
+    srv__metrics_grpc(&s->metrics, call->method, call->grpc_status, now - call->lease.start_ns,
+                      call->bytes_in, call->bytes_out);
+    while (pop_msg(call, &m))
+        free_msg(call, &m);
+    api_grpc_reader_free(&call->reader, &call->lease);
+    while (call->out) {
+        grpc_chunk *c = call->out;
+        call->out = c->next;
+        srv__grpc_chunk_free(c);
+    }
+    api_lease_end(&call->lease);
+    if (call->counted)
+        atomic_fetch_sub(&s->active, 1);
+    free(call);
+}
+
+static void job_answer(grpc_call *call, grpc_job *job)
+{
+    call->job = NULL;
+    call->queue_ns = job->run_ns > 0 ? job->run_ns - job->submit_ns : 0;
+    call->last = job->reply;
+    call->last.body = NULL;
+    if (!is_stream(call)) {
+        answer(call, &job->reply);
+        return;
+    }
+    if (job->reply.content_type && strcmp(job->reply.content_type, "application/grpc") == 0)
+        send_message(call, &job->reply);
+    else /* refused before it ran: the stream ends with its status */
+        srv__grpc_finish(call, job->reply.status, job->reply.reason,
+                         job->reply.body ? job->reply.body : "");
+    api_reply_free(&job->reply);
+    stream_next(call);
+}
+
+void srv__grpc_jobs_done(srv_grpc *g)
+{
+    srv_server *s = g->s;
+    grpc_job *list, *rev = NULL;
+    pthread_mutex_lock(&g->done_lock);
+    list = g->done;
+    g->done = NULL;
+    pthread_mutex_unlock(&g->done_lock);
+    while (list) { /* oldest first */
+        grpc_job *next = list->next;
+        list->next = rev;
+        rev = list;
+        list = next;
+    }
+    while (rev) {
+        grpc_job *job = rev;
+        int64_t now = eng_now_ns();
+        rev = job->next;
+        if (job->pending)
+            srv__metrics_model_pending(&s->metrics, job->slot, -1);
+        srv__metrics_infer(&s->metrics, job->slot, job->reply.status, job->reply.reason,
+                           now - job->lease.start_ns,
+                           job->run_ns > 0 ? job->run_ns - job->submit_ns : 0, &job->reply);
+        if (job->call)
+            job_answer(job->call, job);
+        api_reply_free(&job->reply);
+        api_lease_end(&job->lease);
+        free(job);
+    }
+}
+
+void srv__grpc_cancel_all(srv_grpc *g)
+{
+    for (grpc_conn *c = g->conns; c; c = c->next)
+        for (grpc_call *call = c->calls; call; call = call->next)
+            if (call->job)
+                atomic_store(&call->job->lease.ctl.cancel, true);
+}
