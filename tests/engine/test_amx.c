@@ -311,6 +311,18 @@ static void test_mode_follows_the_environment_and_the_cpu(void)
     CHECK((mode == ENG__AMX_HW) == (eng__amx_reason()[0] == '\0'));
 }
 
+static void test_engine_info_names_the_tiles_and_why_not(void)
+{
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    const char *want = eng__amx_active() == ENG__AMX_HW         ? "amx"
+                       : eng__amx_active() == ENG__AMX_EMULATED ? "amx-emulated ("
+                                                                : "off (";
+    CHECKF(strncmp(info.amx, want, strlen(want)) == 0, "info.amx '%s'", info.amx);
+    CHECK(strstr(info.amx, eng__amx_reason()) != NULL);
+    printf("  projections' tiles: %s\n", info.amx);
+}
+
 static void test_hardware_tiles_give_the_emulations_bits(void)
 {
     if (!eng__amx_hw_available()) {
@@ -348,6 +360,7 @@ int main(void)
     RUN(test_packing_places_pairs_in_tile_rows_and_pads_with_zeros);
     RUN(test_configuration_is_palette_one_with_full_tiles);
     RUN(test_mode_follows_the_environment_and_the_cpu);
+    RUN(test_engine_info_names_the_tiles_and_why_not);
     RUN(test_hardware_tiles_give_the_emulations_bits);
     return check_report();
 }
