@@ -10,6 +10,7 @@
  * the request has succeeded, and otherwise the reason is kept for the start-up log.
  */
 #include <cpuid.h>
+#include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,14 @@ static bool hw_ok;
 static eng__amx_mode mode;
 static char reason[160];
 static _Thread_local eng__amx_mode thread_config; /* the mode whose config this thread holds */
+
+/* The row loops around the tiles (rounding A, scaling C): AVX2 where the CPU has it (every CPU
+ * with AMX does), else plain C, with the same bits either way. */
+typedef struct {
+    void (*to_bf16)(const float *x, int64_t n, uint16_t *dst);
+    void (*store_row)(const float *s, int64_t n, float alpha, float beta, float *c);
+} row_ops;
+static row_ops rows;
 
 static uint64_t read_xcr0(void)
 {
@@ -69,9 +78,17 @@ static bool probe_hw(char *why, size_t len)
     return true;
 }
 
+static void to_bf16_scalar(const float *x, int64_t n, uint16_t *dst);
+static void to_bf16_avx2(const float *x, int64_t n, uint16_t *dst);
+static void store_row_scalar(const float *s, int64_t n, float alpha, float beta, float *c);
+static void store_row_avx2(const float *s, int64_t n, float alpha, float beta, float *c);
+
 static void choose(void)
 {
     char why[128] = "";
+    bool avx2 = __builtin_cpu_supports("avx2");
+    rows =
+        (row_ops){avx2 ? to_bf16_avx2 : to_bf16_scalar, avx2 ? store_row_avx2 : store_row_scalar};
     hw_ok = probe_hw(why, sizeof why);
     const char *forced = getenv("ATTND_BF16");
     if (forced && strcmp(forced, "amx-emulated") == 0)
@@ -177,38 +194,84 @@ size_t eng__amx_a_elems(int64_t k)
     return (size_t)(ENG__AMX_MR * eng__amx_depth(k));
 }
 
-/* Rows [i0, i0 + rows) of A rounded to bf16 into 32 rows of kp, zero past k and rows. */
-static void pack_a(const eng__amx_gemm *g, int64_t i0, int64_t rows, int64_t kp, uint16_t *dst)
+/* n fp32 to bf16 bits, as eng_f32_to_bf16: nearest even, a NaN kept as a quiet NaN. */
+static void to_bf16_scalar(const float *x, int64_t n, uint16_t *dst)
 {
-    memset(dst, 0, eng__amx_a_elems(g->k) * sizeof *dst);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *src = g->a + (i0 + r) * g->lda;
-        for (int64_t p = 0; p < g->k; p++)
-            dst[r * kp + p] = eng_f32_to_bf16(src[p]);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = eng_f32_to_bf16(x[i]);
+}
+
+/* The same bit operations on 8 lanes; the 16-bit results fit packus's unsigned saturation. */
+__attribute__((target("avx2"))) static void to_bf16_avx2(const float *x, int64_t n, uint16_t *dst)
+{
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF),
+                  quiet = _mm256_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256i u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
+        __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half), _mm256_and_si256(high, one));
+        r = _mm256_srli_epi32(r, 16);
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        r = _mm256_castps_si256(_mm256_blendv_ps(
+            _mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_or_si256(high, quiet)), nan));
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm256_castsi256_si128(packed));
     }
+    to_bf16_scalar(x + i, n - i, dst + i);
+}
+
+/* c[j] = alpha s[j] + beta c[j], or alpha s[j] when beta == 0 (c not read). */
+static void store_row_scalar(const float *s, int64_t n, float alpha, float beta, float *c)
+{
+    for (int64_t j = 0; j < n; j++)
+        c[j] = beta == 0.0f ? alpha * s[j] : alpha * s[j] + beta * c[j];
+}
+
+/* The same multiplies and add, unfused, on 8 lanes. */
+__attribute__((target("avx2"))) static void store_row_avx2(const float *s, int64_t n, float alpha,
+                                                           float beta, float *c)
+{
+    const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(beta);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_mul_ps(a, _mm256_loadu_ps(s + j));
+        if (beta != 0.0f)
+            v = _mm256_add_ps(v, _mm256_mul_ps(b, _mm256_loadu_ps(c + j)));
+        _mm256_storeu_ps(c + j, v);
+    }
+    store_row_scalar(s + j, n - j, alpha, beta, c + j);
+}
+
+/* Rows [i0, i0 + n) of A rounded to bf16 into 32 rows of kp, zero past k and n. */
+static void pack_a(const eng__amx_gemm *g, int64_t i0, int64_t n, int64_t kp, uint16_t *dst)
+{
+    for (int64_t r = 0; r < n; r++) {
+        rows.to_bf16(g->a + (i0 + r) * g->lda, g->k, dst + r * kp);
+        memset(dst + r * kp + g->k, 0, (size_t)(kp - g->k) * sizeof *dst);
+    }
+    memset(dst + n * kp, 0, (size_t)((ENG__AMX_MR - n) * kp) * sizeof *dst);
 }
 
 void eng__amx_sgemm(eng__amx_mode m, const eng__amx_gemm *g, uint16_t *a_scratch)
 {
     if (g->m <= 0 || g->n <= 0)
         return;
+    pthread_once(&once, choose);
     config_thread(m);
     const int64_t kp = eng__amx_depth(g->k), steps = kp / ENG__AMX_DEPTH, panel = kp * ENG__AMX_NR;
     void (*kernel)(int64_t, const uint16_t *, int64_t, const uint16_t *, float *) =
         m == ENG__AMX_HW ? eng__amx_kernel_hw : eng__amx_kernel_emu;
     _Alignas(64) float acc[ENG__AMX_MR * ENG__AMX_NR];
     for (int64_t i0 = 0; i0 < g->m; i0 += ENG__AMX_MR) {
-        int64_t rows = g->m - i0 < ENG__AMX_MR ? g->m - i0 : ENG__AMX_MR;
-        pack_a(g, i0, rows, kp, a_scratch);
+        int64_t n = g->m - i0 < ENG__AMX_MR ? g->m - i0 : ENG__AMX_MR;
+        pack_a(g, i0, n, kp, a_scratch);
         for (int64_t q = 0; q < g->n; q += ENG__AMX_NR) {
             int64_t cols = g->n - q < ENG__AMX_NR ? g->n - q : ENG__AMX_NR;
             kernel(steps, a_scratch, kp, g->b + q / ENG__AMX_NR * panel, acc);
-            for (int64_t r = 0; r < rows; r++) {
-                float *c = g->c + (i0 + r) * g->ldc + q;
-                const float *s = acc + r * ENG__AMX_NR;
-                for (int64_t j = 0; j < cols; j++)
-                    c[j] = g->beta == 0.0f ? g->alpha * s[j] : g->alpha * s[j] + g->beta * c[j];
-            }
+            for (int64_t r = 0; r < n; r++)
+                rows.store_row(acc + r * ENG__AMX_NR, cols, g->alpha, g->beta,
+                               g->c + (i0 + r) * g->ldc + q);
         }
     }
 }

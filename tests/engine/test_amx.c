@@ -171,6 +171,31 @@ static void test_emulated_tiles_are_within_the_float64_reference(void)
 
 /* ---- Special values ----------------------------------------------------------------------- */
 
+/* A is rounded to bf16 as eng_f32_to_bf16 rounds, whatever vector loop does it: ties to even
+ * both ways, overflow to infinity, NaN kept, denormals kept (then read as zero by the tiles). */
+static void test_a_is_rounded_to_nearest_even_like_the_scalar_conversion(void)
+{
+    const float finite[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -1.0f - 0x1p-8f, 0x1.ff8p0f,  0x1p-140f,
+                            -0x1p-149f,     0.0f,           -0.0f,           3.0f,        -2.5f,
+                            0x1.010p-126f,  0x1.fe8p0f,     -0x1.018p0f,     0x1.7f8p100f};
+    const float other[] = {0x1.fffffep127f, -0x1.fffffep127f, INFINITY, -INFINITY, NAN};
+    shape s = {3, 9, 40, 1.0f, 0.0f, false};
+    uint64_t rng = 256;
+    float *a = random_matrix(&rng, s.m * s.k), *b = random_matrix(&rng, s.k * s.n);
+    /* Rows 1 and 2 take the finite cases at varied lane positions, row 0 the others (one NaN
+     * makes its whole row NaN). */
+    for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
+        a[40 + (int64_t)i * 5] = finite[i];
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        a[(int64_t)i * 7] = other[i];
+    float *c = xcalloc((size_t)(s.m * s.n), sizeof *c), *want = xcalloc((size_t)(s.m * s.n), 4);
+    amx_product(ENG__AMX_EMULATED, &s, a, b, c);
+    model_product(&s, a, b, want);
+    for (int64_t i = 0; i < s.m * s.n; i++)
+        CHECKF(same_bits(c[i], want[i]), "element %lld: %a, model %a", (long long)i, c[i], want[i]);
+    free(a), free(b), free(c), free(want);
+}
+
 /* One element: the dot product of a and b (k long) on the emulated tiles. */
 static float emulated_dot(const float *a, const float *b, int64_t k)
 {
@@ -353,6 +378,7 @@ int main(void)
 {
     RUN(test_emulated_tiles_give_the_scalar_models_bits);
     RUN(test_emulated_tiles_are_within_the_float64_reference);
+    RUN(test_a_is_rounded_to_nearest_even_like_the_scalar_conversion);
     RUN(test_denormal_inputs_count_as_zero);
     RUN(test_denormal_results_flush_to_signed_zero);
     RUN(test_nan_and_infinity_propagate);
