@@ -78,7 +78,9 @@ size_t eng__amx_a_elems(int64_t k);
 
 /* C[m x n] = alpha * A B + beta * C: A fp32 [m x k] (row stride lda), rounded to bf16 as it is
  * copied into the tiles' rows; B packed by eng__amx_pack_b for this n and k. beta == 0 never
- * reads C. m, n, k >= 0 (an empty product leaves C as beta == 0 or beta scaling makes it). */
+ * reads C. m, n, k >= 0: no rows or columns leave C untouched; depth 0 gives C = beta C (0 when
+ * beta == 0). The sums follow TDPBF16PS (amx_emu.c): per 32 depths, even and odd partial sums,
+ * then added to the element; depth past k is zero. */
 typedef struct {
     int64_t m, n, k;
     float alpha, beta;
