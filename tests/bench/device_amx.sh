@@ -4,11 +4,13 @@
 # attention beside them (bench_sdpa prints the torch lines when python3 imports torch).
 #
 #     tests/bench/device_amx.sh [BUILD]      # BUILD: the folder of a build made elsewhere (build)
+#     THREADS="16" tests/bench/device_amx.sh # only some of the thread counts (default "2 16")
 #
 # Run from the repository root. Everything goes to stdout; nothing is written outside /tmp.
-# Expects 16 usable CPUs; a run takes a few minutes.
+# Expects 16 usable CPUs; each bench_sdpa run takes a few minutes (the 2-thread one longest).
 set -u
 BUILD=${1:-build}
+THREADS=${THREADS:-2 16}
 
 section() { printf '\n==== %s\n' "$*"; }
 
@@ -31,7 +33,7 @@ for t in test_sdpa_bf16 test_kernels; do
     "$BUILD/tests/engine/$t" | grep -v '^ok'
 done
 
-for n in 2 16; do
+for n in $THREADS; do
     last=$((n - 1))
     section "bench_sdpa comparison shapes, $n threads (CPUs 0-$last), fp32 and bf16, with PyTorch"
     ATTND_BENCH_ONLY=comparison taskset -c "0-$last" "$BUILD/tests/bench/bench_sdpa"
