@@ -171,8 +171,10 @@ bool eng_kernels_supported(const char *name);
 
 /* What the engine runs on, for the start-up log line and the info metric. */
 typedef struct {
-    char kernels[16];           /* the set in use */
-    char bf16[16];              /* bf16 products: "avx512bf16", "emulated" or "float32" (none) */
+    char kernels[16]; /* the set in use */
+    char bf16[16];    /* bf16 products: "avx512bf16", "emulated" or "float32" (none) */
+    /* The layer projections' bf16 tiles: "amx", "amx-emulated (why)" or "off (why)". */
+    char amx[192];
     char cpu[64];               /* the CPU's brand string */
     char features[160];         /* the vector features found usable ("avx2 fma avx512f ...") */
     char openblas_core[32];     /* openblas_get_corename(): the kernel OpenBLAS picked */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/amx.h"
 #include "engine/kernels.h"
 #include "engine/tile_avx512.h"
 #include "engine/vmath.h"
@@ -395,6 +396,12 @@ void eng_engine_info_get(eng_engine_info *info)
              k->tile_bf16 ? "avx512bf16"
              : k->tile    ? "emulated"
                           : "float32");
+    eng__amx_mode amx = eng__amx_active();
+    snprintf(info->amx, sizeof info->amx, "%s%s%s%s",
+             amx == ENG__AMX_HW         ? "amx"
+             : amx == ENG__AMX_EMULATED ? "amx-emulated"
+                                        : "off",
+             amx == ENG__AMX_HW ? "" : " (", eng__amx_reason(), amx == ENG__AMX_HW ? "" : ")");
     snprintf(info->cpu, sizeof info->cpu, "%s", cpu.model);
     snprintf(info->features, sizeof info->features, "%s", cpu.features);
     const char *core = openblas_get_corename();

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/amx.h"
 #include "engine/kernels.h"
 
 /* Tokens per projection task, at most (512 rows: E=512 layer ratio 0.87-0.89 causal, 128
@@ -85,6 +86,11 @@ typedef struct {
     /* Job i's fp32 weight packed once for all its tasks (the b_packed layout, panel stride
      * in_f * NR), or NULL: each task packs it. */
     float *packed[3];
+    /* bf16 products on AMX tiles (eng__amx_active, when the layer computes in bf16): every
+     * weight, fp32 or 16-bit, packed once into tile rows, and each task's rows of the input
+     * rounded into the A scratch. */
+    eng__amx_mode amx;
+    uint16_t *amx_packed[3];
     int64_t pack_parts; /* packing tasks per job */
 } linear_batch;
 
@@ -114,12 +120,21 @@ static size_t align16(size_t floats)
     return (floats + 15) / 16 * 16;
 }
 
-/* Floats of per-thread scratch a task of `rows` rows of job j needs, in this order: the GEMM's
- * packing, the widened rows of a 16-bit weight, and the staged product of a head-major job. */
-static size_t task_floats(const eng__kernels *ks, const linear_job *j, bool w16, int64_t rows)
+/* Floats of the GEMM's packing space for job j: the set's, or the AMX path's rows of A. */
+static size_t pack_floats(const eng__kernels *ks, bool amx, const linear_job *j)
 {
-    size_t floats = eng__sgemm_pack_floats(ks, j->out_f, j->in_f);
-    if (w16)
+    return amx ? (eng__amx_a_elems(j->in_f) + 1) / 2
+               : eng__sgemm_pack_floats(ks, j->out_f, j->in_f);
+}
+
+/* Floats of per-thread scratch a task of `rows` rows of job j needs, in this order: the GEMM's
+ * packing, the widened rows of a 16-bit weight (not on AMX tiles, which read its bits), and
+ * the staged product of a head-major job. */
+static size_t task_floats(const eng__kernels *ks, bool amx, const linear_job *j, bool w16,
+                          int64_t rows)
+{
+    size_t floats = pack_floats(ks, amx, j);
+    if (w16 && !amx)
         floats = align16(floats) + widen_floats(j->out_f, j->in_f);
     if (j->out_hstride)
         floats = align16(floats) + (size_t)(rows * j->out_f);
@@ -133,6 +148,20 @@ static void multiply(const linear_batch *lb, int i, const float *in, int64_t n, 
                      int64_t ld, float beta, float *pack, float *wide)
 {
     const linear_job *j = &lb->jobs[i];
+    if (lb->amx_packed[i]) {
+        eng__amx_gemm t = {.m = n,
+                           .n = j->out_f,
+                           .k = j->in_f,
+                           .alpha = 1.0f,
+                           .beta = beta,
+                           .a = in,
+                           .lda = j->in_ld,
+                           .b = lb->amx_packed[i],
+                           .c = out,
+                           .ldc = ld};
+        eng__amx_sgemm(lb->amx, &t, (uint16_t *)pack);
+        return;
+    }
     eng__gemm g = {.m = n,
                    .n = j->out_f,
                    .k = j->in_f,
@@ -196,14 +225,14 @@ static void linear_task(void *arg, int64_t index)
     if (t0 >= j->rows)
         return; /* a shorter job than the longest */
     int64_t n = j->rows - t0 < lb->chunk_rows ? j->rows - t0 : lb->chunk_rows;
-    const bool w16 = lb->w16[i] != NULL;
-    float *pack = eng__scratch(task_floats(lb->ks, j, w16, n) * sizeof(float));
+    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx;
+    float *pack = eng__scratch(task_floats(lb->ks, amx, j, w16, n) * sizeof(float));
     if (!pack && (lb->ks->tile || w16 || j->out_hstride)) {
         atomic_store(&lb->no_scratch, true);
         return;
     }
     /* Without scratch (the openblas set's plain products) there is nothing past the packing. */
-    float *next = pack ? pack + align16(eng__sgemm_pack_floats(lb->ks, j->out_f, j->in_f)) : NULL;
+    float *next = pack ? pack + align16(pack_floats(lb->ks, amx, j)) : NULL;
     float *wide = w16 ? next : NULL;
     if (w16)
         next += align16(widen_floats(j->out_f, j->in_f));
@@ -232,7 +261,13 @@ static void linear_task(void *arg, int64_t index)
  * tasks multiply, on a set with micro-kernels. */
 static bool packs_once(const linear_batch *lb, int i)
 {
-    return lb->ks->tile && !lb->w16[i] && lb->chunks * lb->B > 1;
+    return lb->ks->tile && !lb->w16[i] && lb->chunks * lb->B > 1 && lb->amx == ENG__AMX_OFF;
+}
+
+/* Bytes of job i's weight packed into AMX tile rows. */
+static size_t amx_weight_bytes(const linear_job *j)
+{
+    return eng__amx_panels_elems(j->out_f, j->in_f) * sizeof(uint16_t);
 }
 
 /* Packs PACK_ROWS output features of one job's weight: its rows are B^T of the product, and
@@ -243,13 +278,42 @@ static void pack_task(void *arg, int64_t index)
     int i = (int)(index / lb->pack_parts);
     const linear_job *j = &lb->jobs[i];
     int64_t f0 = index % lb->pack_parts * PACK_ROWS;
-    if (!lb->packed[i] || f0 >= j->out_f)
+    if ((!lb->packed[i] && !lb->amx_packed[i]) || f0 >= j->out_f)
         return;
     int64_t nf = j->out_f - f0 < PACK_ROWS ? j->out_f - f0 : PACK_ROWS;
+    if (lb->amx_packed[i]) {
+        /* PACK_ROWS is a multiple of the tiles' 32 columns: rows f0.. are whole panels. */
+        const void *w = lb->w16[i] ? (const void *)(lb->w16[i] + f0 * j->in_f)
+                                   : (const void *)(j->w + f0 * j->in_f);
+        eng__amx_pack_b(w, lb->w16[i] ? lb->w16_dtype : ENG_DTYPE_F32, j->in_f, true, j->in_f, nf,
+                        lb->amx_packed[i] + eng__amx_panels_elems(f0, j->in_f));
+        return;
+    }
     float *dst = lb->packed[i] + f0 * j->in_f;
     eng__sgemm_pack_panels(lb->ks, j->w + f0 * j->in_f, j->in_f, true, j->in_f, nf, dst);
     if (lb->bf16)
         lb->ks->round_bf16(dst, (int64_t)eng__sgemm_panels_floats(lb->ks, nf, j->in_f));
+}
+
+/* Every weight packed into AMX tile rows, in one buffer (freed by the caller), over the pool. */
+static eng_status pack_weights_amx(eng_pool *pool, linear_batch *lb, float **buffer, eng_ctl *ctl)
+{
+    int64_t most = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < lb->njobs; i++) {
+        bytes += amx_weight_bytes(&lb->jobs[i]);
+        most = lb->jobs[i].out_f > most ? lb->jobs[i].out_f : most;
+    }
+    *buffer = eng_buf_alloc(bytes);
+    if (!*buffer)
+        return ENG_ENOMEM;
+    unsigned char *next = (unsigned char *)*buffer;
+    for (int i = 0; i < lb->njobs; i++) {
+        lb->amx_packed[i] = (uint16_t *)(void *)next;
+        next += amx_weight_bytes(&lb->jobs[i]);
+    }
+    lb->pack_parts = (most + PACK_ROWS - 1) / PACK_ROWS;
+    return eng_pool_run(pool, pack_task, lb, lb->njobs * lb->pack_parts, ctl);
 }
 
 /* The weights packed once into one buffer (freed by the caller), split over the pool, rather
@@ -258,6 +322,8 @@ static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer,
 {
     int64_t most = 0;
     size_t floats = 0;
+    if (lb->amx != ENG__AMX_OFF)
+        return pack_weights_amx(pool, lb, buffer, ctl);
     for (int i = 0; i < lb->njobs; i++) {
         if (!packs_once(lb, i))
             continue;
@@ -299,6 +365,7 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     lb->chunk_rows = (most + chunks - 1) / chunks;
     lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
     lb->ks = eng__kernels_current();
+    lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
     atomic_init(&lb->no_scratch, false);
     float *packed = NULL;
     eng_status st = pack_weights(pool, lb, &packed, ctl);
@@ -593,18 +660,23 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
      * products in per-thread scratch (the workers and the caller): at most this much for the
      * widest projection over a whole chunk. */
     const eng__kernels *ks = eng__kernels_current();
+    const bool amx = sh.bf16 && eng__amx_active() != ENG__AMX_OFF;
     int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
     in_most = in_most > a->layer->vdim ? in_most : a->layer->vdim;
     in_most = in_most > sh.Q ? in_most : sh.Q;
     int64_t out_most = sh.E > sh.Q ? sh.E : sh.Q;
     int64_t rows_most = sh.L > sh.S_in ? sh.L : sh.S_in;
     const linear_job widest = {.out_f = out_most, .in_f = in_most, .out_hstride = 1};
-    size_t pack = task_floats(ks, &widest, a->layer->params16 != NULL,
+    size_t pack = task_floats(ks, amx, &widest, a->layer->params16 != NULL,
                               rows_most < CHUNK_ROWS ? rows_most : CHUNK_ROWS) *
                   sizeof(float);
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
-    if (ks->tile)
+    if (amx)
+        weights = amx_weight_bytes(&(linear_job){.out_f = sh.Q, .in_f = sh.E}) +
+                  amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->kdim}) +
+                  amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->vdim});
+    else if (ks->tile)
         weights = (eng__sgemm_panels_floats(ks, sh.Q, sh.E) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *

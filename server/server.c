@@ -230,9 +230,9 @@ static void log_engine(void)
     eng_engine_info_get(&info);
     srv_log(SRV_LOG_INFO,
             "engine kernels %s on %s (%s; L1d %zu KiB, L2 %zu KiB, blocks kc=%lld nc=%lld); "
-            "bf16 products %s; OpenBLAS core %s",
+            "bf16 products %s, projections' tiles %s; OpenBLAS core %s",
             info.kernels, info.cpu, info.features, info.l1d_bytes / 1024, info.l2_bytes / 1024,
-            (long long)info.kc, (long long)info.nc, info.bf16, info.openblas_core);
+            (long long)info.kc, (long long)info.nc, info.bf16, info.amx, info.openblas_core);
 }
 
 /* The watcher, with the deadlines it enforces and the counters it updates. */

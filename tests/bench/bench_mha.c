@@ -158,7 +158,8 @@ int main(int argc, char **argv)
         if (bc->bf16) {
             eng_engine_info info;
             eng_engine_info_get(&info);
-            printf(" precision=bf16 bf16_path=%s", info.bf16);
+            printf(" precision=bf16 bf16_path=%s projection_tiles=%.*s", info.bf16,
+                   (int)strcspn(info.amx, " "), info.amx);
             if (fp32_gflops > 0)
                 printf(" fp32_ratio=%.2f", gflops / fp32_gflops);
         } else if (!bc->causal) {

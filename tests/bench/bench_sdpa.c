@@ -15,6 +15,13 @@
  * B*Hkv*S*(D+D)*4, as a decode step that reads each kv head once for its whole group does.
  * ATTND_BENCH_ONLY=decode runs the decode cases and session decode steps alone. The session lines (KV-cache decode steps, concurrent sessions, a prefill
  * against eng_sdpa) follow; see "Sessions" below.
+ *
+ * After the cases: a scaling line (the (1,8,8192,8192,128) case at one thread against all of
+ * them, each against the FMA peak measured with it), and PyTorch's figure on the comparison
+ * shapes (tests/bench/torch_case.py) when python3 imports torch, else a skip line with the
+ * reason. bf16 lines carry the AMX tiles' peak (a TDPBF16PS loop) where the tiles are granted.
+ * ATTND_BENCH_THREADS=N runs on N threads instead of every usable CPU; ATTND_BENCH_ONLY=comparison
+ * runs only the shapes compared with PyTorch (and the scaling and torch lines).
  */
 /* clang-format on */
 #include <cblas.h>
@@ -124,11 +131,20 @@ static int64_t kv_heads(const bench_case *bc)
     return bc->hkv > 0 ? bc->hkv : bc->h;
 }
 
+/* The threads of a run: ATTND_BENCH_THREADS when set (the scaling line's one-thread child),
+ * else every CPU this process may use. */
+static int bench_threads(void)
+{
+    const char *env = getenv("ATTND_BENCH_THREADS");
+    long n = env ? strtol(env, NULL, 10) : 0;
+    return n > 0 && n <= 1024 ? (int)n : eng_cpu_count();
+}
+
 /* Prints the case's seconds on stdout for the parent. */
 static int run_case(const bench_case *bc)
 {
     eng_error err;
-    eng_pool *pool = eng_pool_new(0, &err);
+    eng_pool *pool = eng_pool_new(bench_threads(), &err);
     if (!pool) {
         fprintf(stderr, "bench: %s\n", err.message);
         return 1;
@@ -147,7 +163,7 @@ static int run_case(const bench_case *bc)
     c.args.causal = bc->causal;
     c.args.precision = bc->bf16 ? ENG_PRECISION_BFLOAT16 : ENG_PRECISION_FLOAT32;
     double peak;
-    double t = bench_best_seconds_and_peak(run_sdpa, &c, 2.0, bc->bf16, eng_cpu_count(), &peak);
+    double t = bench_best_seconds_and_peak(run_sdpa, &c, 2.0, bc->bf16, bench_threads(), &peak);
     printf("%.9f %.3f\n", t, peak);
     free(q);
     free(k);
@@ -431,9 +447,126 @@ static double fp32_gflops(const bench_case *bc, const double *gflops)
     return 0;
 }
 
+/* GFLOPS of the case's useful work in t seconds. */
+static double case_gflops_of(const bench_case *bc, double t)
+{
+    double flops = 4.0 * (double)(bc->b * bc->h) * (double)bc->l * (double)bc->s * (double)bc->d;
+    if (bc->causal && bc->l == bc->s)
+        flops /= 2;
+    return flops / t * 1e-9;
+}
+
+/* The index of the case with this shape and precision, or -1. */
+static int case_index(int64_t l, int64_t d, bool causal, bool bf16)
+{
+    for (int i = 0; i < NCASES; i++)
+        if (cases[i].b == 1 && cases[i].h == 8 && cases[i].l == l && cases[i].s == l &&
+            cases[i].d == d && cases[i].causal == causal && cases[i].bf16 == bf16 && !cases[i].hkv)
+            return i;
+    return -1;
+}
+
+/* The (1, 8, 8192, 8192, 128) case at one thread against the same case at all of them (measured
+ * above), each against the FMA peak measured in turns with it: how close to linear the engine
+ * scales, with the clock's drop under load taken out by the peaks. */
+static void print_scaling(int threads, const double *gflops, const double *peaks)
+{
+    int i = case_index(8192, 128, false, false);
+    if (i < 0 || gflops[i] <= 0)
+        return;
+    setenv("ATTND_BENCH_THREADS", "1", 1);
+    double values[2], rss;
+    int got = bench_measure_case_values(i, values, 2, &rss);
+    unsetenv("ATTND_BENCH_THREADS");
+    if (got != 2) {
+        printf("scaling case %d failed at 1 thread\n", i);
+        return;
+    }
+    double one = case_gflops_of(&cases[i], values[0]), one_ratio = one / values[1];
+    double all_ratio = gflops[i] / peaks[i];
+    const bench_case *bc = &cases[i];
+    printf("scaling b=%lld h=%lld l=%lld s=%lld d=%lld causal=0 threads=1 gflops=%.1f "
+           "peak_gflops=%.1f peak_ratio=%.2f threads=%d gflops=%.1f peak_gflops=%.1f "
+           "peak_ratio=%.2f speedup=%.2f scaling_efficiency=%.2f\n",
+           (long long)bc->b, (long long)bc->h, (long long)bc->l, (long long)bc->s, (long long)bc->d,
+           one, values[1], one_ratio, threads, gflops[i], peaks[i], all_ratio, gflops[i] / one,
+           all_ratio / one_ratio);
+    fflush(stdout);
+}
+
+/* The (B, H, L, S, D) shapes compared with PyTorch: B = 1, H = 8, L = S. */
+static const struct {
+    int64_t l, d;
+    bool causal;
+} shapes[] = {
+    {2048, 64, false}, {8192, 64, true}, {2048, 128, false}, {8192, 128, false}, {8192, 128, true}};
+#define NSHAPES (sizeof shapes / sizeof shapes[0])
+
+static bool compared_with_torch(const bench_case *bc)
+{
+    for (size_t s = 0; s < NSHAPES; s++)
+        if (case_index(shapes[s].l, shapes[s].d, shapes[s].causal, bc->bf16) == bc - cases)
+            return true;
+    return false;
+}
+
+/* PyTorch's attention (tests/bench/torch_case.py) on the issue's comparison shapes, beside
+ * attnd's figure measured above: one line each, or one skip line saying why there is none. */
+static void print_torch(int threads, const double *gflops)
+{
+    /* The exit status decides (an import may warn on stderr and still work); the error's last
+     * line is the reason. */
+    if (system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+        char why[256] = "";
+        FILE *probe = popen("python3 -c 'import torch' 2>&1 | tail -n 1", "r");
+        if (!probe || !fgets(why, sizeof why, probe))
+            why[0] = '\0';
+        if (probe)
+            pclose(probe);
+        why[strcspn(why, "\n")] = '\0';
+        printf("torch skipped: python3 cannot import torch (%s)\n",
+               why[0] ? why : "python3 did not run");
+        return;
+    }
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int i = case_index(shapes[s].l, shapes[s].d, shapes[s].causal, bf16);
+            char cmd[256], api[64] = "?", version[64] = "?";
+            snprintf(cmd, sizeof cmd,
+                     "python3 tests/bench/torch_case.py 1 8 %lld %lld %lld %d %s %d",
+                     (long long)shapes[s].l, (long long)shapes[s].l, (long long)shapes[s].d,
+                     shapes[s].causal, bf16 ? "bfloat16" : "float32", threads);
+            FILE *p = popen(cmd, "r");
+            double t = 0;
+            if (!p || fscanf(p, "%lf %63s %63s", &t, api, version) != 3)
+                t = 0;
+            if (p)
+                pclose(p);
+            if (t <= 0) {
+                printf("torch b=1 h=8 l=%lld d=%lld causal=%d precision=%s failed\n",
+                       (long long)shapes[s].l, (long long)shapes[s].d, shapes[s].causal,
+                       bf16 ? "bf16" : "fp32");
+                continue;
+            }
+            bench_case bc = {1,         8, shapes[s].l, shapes[s].l, shapes[s].d, shapes[s].causal,
+                             bf16 != 0, 0};
+            double torch_gflops = case_gflops_of(&bc, t);
+            printf("torch b=1 h=8 l=%lld s=%lld d=%lld causal=%d precision=%s threads=%d ms=%.1f "
+                   "gflops=%.1f api=%s torch=%s",
+                   (long long)shapes[s].l, (long long)shapes[s].l, (long long)shapes[s].d,
+                   shapes[s].causal, bf16 ? "bf16" : "fp32", threads, t * 1e3, torch_gflops, api,
+                   version);
+            if (i >= 0 && gflops[i] > 0)
+                printf(" attnd_gflops=%.1f attnd_ratio=%.2f", gflops[i], gflops[i] / torch_gflops);
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int threads = eng_cpu_count();
+    int threads = bench_threads();
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)
         return blas_child;
@@ -453,14 +586,20 @@ int main(int argc, char **argv)
            threads, base, mem, kernels, peak, best_core, blas_best);
     fflush(stdout);
     int failures = 0;
-    double case_gflops[NCASES] = {0};
+    double case_gflops[NCASES] = {0}, case_peak[NCASES] = {0};
+    char tile_why[128];
+    double tile_peak = bench_tile_peak_gflops(threads, tile_why, sizeof tile_why);
     /* ATTND_BENCH_ONLY=session runs the session section alone; =decode the decode shapes. */
     const char *only = getenv("ATTND_BENCH_ONLY");
     bool decode_only = only && strcmp(only, "decode") == 0;
+    /* =comparison: the shapes of PyTorch's comparison alone, then the scaling and torch lines. */
+    bool comparison_only = only && strcmp(only, "comparison") == 0;
     int ncases = only && strcmp(only, "session") == 0 ? 0 : NCASES;
     for (int i = 0; i < ncases; i++) {
         const bench_case *bc = &cases[i];
         if (decode_only && bc->l > 4)
+            continue;
+        if (comparison_only && !compared_with_torch(bc))
             continue;
         /* bf16 cases divide by the bf16 peak of the products they run. */
         if (bc->bf16 && !bench_peak_bf16_exists()) {
@@ -486,6 +625,7 @@ int main(int argc, char **argv)
             flops /= 2;
         double gflops = flops / t * 1e-9;
         case_gflops[i] = gflops;
+        case_peak[i] = peak_now;
         printf("sdpa b=%lld h=%lld l=%lld s=%lld d=%lld causal=%d ms=%.1f gflops=%.1f "
                "sgemm_gflops=%.1f ratio=%.2f rss_mb=%.0f kernels=%s peak_gflops=%.1f "
                "peak_ratio=%.2f blas_best_gflops=%.1f",
@@ -499,6 +639,11 @@ int main(int argc, char **argv)
             printf(" precision=bf16 bf16_path=%s", info.bf16);
             if (fp32 > 0)
                 printf(" fp32_ratio=%.2f", gflops / fp32);
+            /* The tiles' peak, where they are granted, shows the room above the path that ran. */
+            if (tile_peak > 0)
+                printf(" tile_peak_gflops=%.1f tile_ratio=%.3f", tile_peak, gflops / tile_peak);
+            else
+                printf(" tiles=none (%s)", tile_why);
         }
         if (bc->l <= 4) {
             double kv = 2.0 * (double)(bc->b * kv_heads(bc) * bc->s * bc->d) * sizeof(float);
@@ -509,6 +654,10 @@ int main(int argc, char **argv)
             printf(" kv_heads=%lld", (long long)kv_heads(bc));
         printf("\n");
         fflush(stdout);
+    }
+    if (ncases > 0 && !decode_only) {
+        print_scaling(threads, case_gflops, case_peak);
+        print_torch(threads, case_gflops);
     }
     failures += run_session_cases(threads, kernels, decode_only);
     return failures ? 1 : 0;

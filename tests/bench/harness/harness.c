@@ -4,6 +4,7 @@
 #include "tests/support/rng.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <errno.h>
 #include <immintrin.h>
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,6 +157,61 @@ __attribute__((target("avx512f,avx512bf16"))) static double peak_avx512bf16(void
     return 4.0 * 16 * PEAK_CHAINS * (double)PEAK_STEPS;
 }
 
+/* TDPBF16PS on resident tiles: each instruction is a 16 x 16 block of C over 32 depths (16384
+ * flops); four independent accumulators (tmm0-3) from two A and two B tiles, as the engine's
+ * micro-kernel uses them. The tile configuration is loaded on the calling thread. */
+__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(void)
+{
+    struct {
+        unsigned char palette, start_row, reserved[14];
+        unsigned short colsb[16];
+        unsigned char rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    const int64_t steps = PEAK_STEPS / 16;
+    for (int64_t i = 0; i < steps; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_release();
+    return 4.0 * 16384.0 * (double)steps;
+}
+
+/* Whether this process may run tile instructions (cpuid, XCR0, the kernel's permission,
+ * requested here); else why not. */
+static bool amx_granted(char *why, size_t len)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, NULL) < 7) {
+        snprintf(why, len, "no cpuid leaf 7");
+        return false;
+    }
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) {
+        snprintf(why, len, "the CPU has no AMX-TILE and AMX-BF16");
+        return false;
+    }
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x60000u) != 0x60000u) {
+        snprintf(why, len, "the OS does not enable the tile state");
+        return false;
+    }
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+        snprintf(why, len, "arch_prctl(ARCH_REQ_XCOMP_PERM) refused");
+        return false;
+    }
+    return true;
+}
+
 typedef struct {
     double (*loop)(void);
     double flops;
@@ -221,6 +278,14 @@ static double peak_best(double (*loop)(void), int threads)
 double bench_peak_gflops(const char *kernels, int threads)
 {
     return peak_best(peak_loop(kernels), threads);
+}
+
+double bench_tile_peak_gflops(int threads, char *why, size_t len)
+{
+    if (!amx_granted(why, len))
+        return 0;
+    why[0] = '\0';
+    return peak_best(peak_amx, threads);
 }
 
 bool bench_peak_bf16_exists(void)

@@ -38,6 +38,11 @@ double bench_sgemm_gflops(int threads);
  * threads at once: the silicon's peak for that set, which the benchmarks divide by. */
 double bench_peak_gflops(const char *kernels, int threads);
 
+/* GFLOPS of a TDPBF16PS loop on resident AMX tiles on `threads` threads at once: the tiles'
+ * peak. 0, with the reason in why, where the CPU, the OS or the kernel does not grant the
+ * tiles. */
+double bench_tile_peak_gflops(int threads, char *why, size_t len);
+
 /* Whether the bf16 products the engine runs have a peak loop: a register VDPBF16PS loop on
  * that path, or the set's fp32 FMA loop where bf16 operands are rounded for the fp32 kernel;
  * false when the set computes bf16 requests in float32 (openblas). */
