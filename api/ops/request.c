@@ -166,8 +166,9 @@ int api__req_decode_input(api__req *rq, const api__input *in, api__error *err)
     const api__tensor *t = in->t;
     if (api__tensor_in_place(t, in->elem)) {
         /* Used where it lies (the engine only reads its inputs): checked, not copied. */
-        if (api__tensor_convert(t->raw, t->dtype, t->count, 0, in->elem, in->flags,
-                                (void *)(uintptr_t)t->raw, in->field, err) != 0)
+        api__raw_elems raw = {t->raw, t->dtype, t->count, 0};
+        if (api__tensor_convert(&raw, in->elem, in->flags, (void *)(uintptr_t)t->raw, in->field,
+                                err) != 0)
             return -1;
         *in->dst = (void *)(uintptr_t)t->raw;
         return 0;
