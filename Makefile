@@ -148,7 +148,7 @@ DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libo
                 wrk libgnutls28-dev openssl libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
                 python3-numpy python3-requests python3-matplotlib \
                 python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging \
-                python3-grpcio python3-grpc-tools python3-protobuf
+                python3-grpcio python3-grpc-tools python3-protobuf universal-ctags
 # Debian's interpreter, which the python3-* packages above install into (the examples test and
 # make bench-report).
 PYTHON ?= /usr/bin/python3
@@ -210,16 +210,19 @@ FUZZ_SMOKE_SECONDS ?= 30
 
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
 # build, the kernel set the engine picks, no daemon, no network, no sanitizers; and the source
-# checks (no tier has a cycle, tests/ has one random generator).
+# checks (no tier has a cycle, tests/ has one random generator, no function has over 8
+# parameters).
 CHECK_BINS := $(filter $(BUILD)/tests/engine/% $(BUILD)/tests/api/%,$(TEST_BINS))
 # No include or call cycle between the files of a tier (reads the sources and the tier's library).
 cycle_checks = $(foreach t,server api engine,"tests/check_cycles.sh $(t) $(BUILD)/lib$(t).a")
 # One random generator in the tests (tests/support/rng.h): no test file carries its own.
 rng_check = "tests/check_rng.sh tests"
+# No function outside the micro-kernels takes more than 8 parameters.
+params_check = "tests/check_params.sh"
 
 check: deps
 	$(MAKE) $(CHECK_BINS) $(MODULE_LIBS)
-	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(cycle_checks) $(rng_check)
+	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(cycle_checks) $(rng_check) $(params_check)
 
 # The SDPA case matrix's output bits per kernel set (tests/engine/check_sdpa_bits.sh): record
 # them on the tree before a change that must keep every bit, then compare on the tree after.
@@ -239,7 +242,7 @@ test: deps deploy-deps browser-deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) fuzz-build
-	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(asan_suites) $(tsan_suites) \
+	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(params_check) $(asan_suites) $(tsan_suites) \
 	    $(grpc_client_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 

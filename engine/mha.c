@@ -141,13 +141,26 @@ static size_t task_floats(const eng__kernels *ks, bool amx, const linear_job *j,
     return floats;
 }
 
-/* out[n x out_f] (row stride ld) = in W^T + beta out for job i (rows of `in` at in_ld), on
- * the weight packed once, or packing it into `pack`, or WIDEN_ROWS output features at a time:
- * a 16-bit weight widened into `wide`, and any weight on the openblas set. */
-static void multiply(const linear_batch *lb, int i, const float *in, int64_t n, float *out,
-                     int64_t ld, float beta, float *pack, float *wide)
+/* The rows one task of a job multiplies: n rows of `in` (row stride the job's in_ld) into
+ * `out` (row stride ld), added to beta times what `out` holds. */
+typedef struct {
+    const float *in;
+    int64_t n;
+    float *out;
+    int64_t ld;
+    float beta;
+} task_rows;
+
+/* out[n x out_f] (row stride ld) = in W^T + beta out for job i, on the weight packed once, or
+ * packing it into `pack`, or WIDEN_ROWS output features at a time: a 16-bit weight widened
+ * into `wide`, and any weight on the openblas set. */
+static void multiply(const linear_batch *lb, int i, const task_rows *r, float *pack, float *wide)
 {
     const linear_job *j = &lb->jobs[i];
+    const float *in = r->in;
+    const int64_t n = r->n, ld = r->ld;
+    const float beta = r->beta;
+    float *out = r->out;
     if (lb->amx_packed[i]) {
         eng__amx_gemm t = {.m = n,
                            .n = j->out_f,
@@ -247,7 +260,8 @@ static void linear_task(void *arg, int64_t index)
             memcpy(out + t * ld, j->bias, (size_t)j->out_f * sizeof(float));
         beta = 1.0f;
     }
-    multiply(lb, i, j->in + b * j->in_bstride + t0 * j->in_ld, n, out, ld, beta, pack, wide);
+    task_rows rows = {j->in + b * j->in_bstride + t0 * j->in_ld, n, out, ld, beta};
+    multiply(lb, i, &rows, pack, wide);
     if (j->rope)
         eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
                        lb->a->rope_style);
@@ -393,6 +407,18 @@ typedef struct {
     size_t x_floats;   /* the input [B, L, E] */
     size_t lse_floats; /* [B, H, L] for a layer's sinks, else 0 */
 } mha_shape;
+
+/* The tokens the input projections read: the query input, and the key and value inputs (the
+ * query input again for self-attention). */
+typedef struct {
+    const float *q, *k, *v;
+} mha_inputs;
+
+/* A call's request-sized buffers: the projected queries, the projected K then V rows
+ * (value_rows), the attention's output, and each query's log-sum-exp (NULL without sinks). */
+typedef struct {
+    float *q, *kv, *o, *lse;
+} mha_buffers;
 
 eng_precision eng_mha_precision(const eng_mha_args *a)
 {
@@ -748,8 +774,7 @@ static void append_keys(const eng_mha_args *a, const mha_shape *sh, float *kv)
 }
 
 static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
-                                 const float *xq, const float *xk, const float *xv, float *q,
-                                 float *kv, eng_ctl *ctl)
+                                 const mha_inputs *x, const mha_buffers *buf, eng_ctl *ctl)
 {
     const eng_layer *ly = a->layer;
     const int64_t D = sh->D, kv_head = sh->kv_rows * D;
@@ -762,14 +787,14 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                        .bf16 = sh->bf16,
                        .w16 = {ly->w16_q, ly->w16_k, ly->w16_v},
                        .w16_dtype = ly->w16_dtype};
-    lb.jobs[0] = (linear_job){.in = xq,
+    lb.jobs[0] = (linear_job){.in = x->q,
                               .in_bstride = sh->L * sh->E,
                               .in_ld = sh->E,
                               .w = ly->w_q,
                               .bias = ly->b_q,
                               .out_f = sh->Q,
                               .in_f = sh->E,
-                              .out = q,
+                              .out = buf->q,
                               .out_bstride = sh->L * sh->Q,
                               .out_hstride = sh->L * D,
                               .rows = sh->L,
@@ -777,14 +802,14 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .rope_heads = sh->H,
                               .pos0 = sh->q_offset,
                               .qk = ly->decoder ? DECODER_QUERY : DECODER_NONE};
-    lb.jobs[1] = (linear_job){.in = xk,
+    lb.jobs[1] = (linear_job){.in = x->k,
                               .in_bstride = sh->S_in * ly->kdim,
                               .in_ld = ly->kdim,
                               .w = ly->w_k,
                               .bias = ly->b_k,
                               .out_f = sh->W,
                               .in_f = ly->kdim,
-                              .out = kv,
+                              .out = buf->kv,
                               .out_bstride = sh->Hkv * kv_head,
                               .out_hstride = kv_head,
                               .rows = sh->S_in,
@@ -792,14 +817,14 @@ static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mh
                               .rope_heads = sh->Hkv,
                               .pos0 = sh->k_offset,
                               .qk = ly->decoder ? DECODER_KEY : DECODER_NONE};
-    lb.jobs[2] = (linear_job){.in = xv,
+    lb.jobs[2] = (linear_job){.in = x->v,
                               .in_bstride = sh->S_in * ly->vdim,
                               .in_ld = ly->vdim,
                               .w = ly->w_v,
                               .bias = ly->b_v,
                               .out_f = sh->W,
                               .in_f = ly->vdim,
-                              .out = value_rows(sh, kv),
+                              .out = value_rows(sh, buf->kv),
                               .out_bstride = sh->Hkv * kv_head,
                               .out_hstride = kv_head,
                               .rows = sh->S_in};
@@ -833,14 +858,14 @@ static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mh
 
 /* Appends the new tokens' K and V rows (each head's L rows of the K and V buffers) to the
  * cache and attends the queries over all of it. */
-static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh, float *q,
-                             float *kv, float *o, float *lse, eng_ctl *ctl, eng_error *err)
+static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
+                             const mha_buffers *buf, eng_ctl *ctl, eng_error *err)
 {
-    eng_view kview = eng_view_contiguous(kv, 1, sh->Hkv, sh->L, sh->D);
-    eng_view vview = eng_view_contiguous(value_rows(sh, kv), 1, sh->Hkv, sh->L, sh->D);
+    eng_view kview = eng_view_contiguous(buf->kv, 1, sh->Hkv, sh->L, sh->D);
+    eng_view vview = eng_view_contiguous(value_rows(sh, buf->kv), 1, sh->Hkv, sh->L, sh->D);
     eng_kv_rows k = eng_kv_rows_f32(kview), v = eng_kv_rows_f32(vview);
-    eng_sdpa_args s = cache_sdpa_args(a, sh, q, o, NULL);
-    s.lse = lse;
+    eng_sdpa_args s = cache_sdpa_args(a, sh, buf->q, buf->o, NULL);
+    s.lse = buf->lse;
     return eng_kv_step(pool, sh->cache, &k, &v, &s, ctl, err);
 }
 
@@ -897,10 +922,12 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_erro
         if (st != ENG_OK)
             goto stopped;
     }
-    if ((st = project_inputs(pool, a, &sh, xq, xk, xv, q, kv, ctl)) != ENG_OK)
+    const mha_inputs x = {xq, xk, xv};
+    const mha_buffers buf = {q, kv, o, lse};
+    if ((st = project_inputs(pool, a, &sh, &x, &buf, ctl)) != ENG_OK)
         goto stopped;
     if (sh.cache) {
-        if ((st = cache_step(pool, a, &sh, q, kv, o, lse, ctl, err)) != ENG_OK)
+        if ((st = cache_step(pool, a, &sh, &buf, ctl, err)) != ENG_OK)
             goto done; /* eng_kv_step left the sequence as it was */
     } else {
         append_keys(a, &sh, kv);

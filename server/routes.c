@@ -91,7 +91,7 @@ static srv_reply answer_model(srv_server *s, const srv_answer_args *args)
     return srv__reply_api(&reply);
 }
 
-/* ---- Sessions (api_sessions_*: ops/sessions.c, proto/native_sessions.c) ----------------- */
+/* ---- Sessions (api_sessions_*: ops/session_*.c, proto/native_sessions.c) ---------------- */
 
 static srv_reply answer_sessions(srv_server *s, const srv_answer_args *args)
 {

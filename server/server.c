@@ -158,14 +158,23 @@ static void raise_fd_limit(const srv_config *cfg)
                 (unsigned long long)rl.rlim_cur, (long long)cfg->connection_limit);
 }
 
-/* Starts a libmicrohttpd listener on cfg->host, `port` (0: ephemeral) taking `limit`
- * connections, and stores its bound port in *bound. `flag` names the port's option in errors;
- * `admin`: the listener of --admin-port.
- * NULL on failure, with `err` filled. */
-static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, int port,
-                                         unsigned limit, srv_tls *tls, const char *flag, bool admin,
-                                         int *bound, char *err, size_t errlen)
+/* One listener: its port (0: ephemeral), how many connections it takes, its TLS (NULL:
+ * plain), the option naming the port in errors, and whether it is --admin-port's. */
+typedef struct {
+    int port;
+    unsigned limit;
+    srv_tls *tls;
+    const char *flag;
+    bool admin;
+} listener_spec;
+
+/* Starts a libmicrohttpd listener on cfg->host as `ls` says, and stores its bound port in
+ * *bound. NULL on failure, with `err` filled. */
+static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg,
+                                         const listener_spec *ls, int *bound, char *err,
+                                         size_t errlen)
 {
+    const int port = ls->port;
     struct addrinfo hints, *ai = NULL;
     char port_str[16];
     unsigned flags;
@@ -188,7 +197,7 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
             MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    tls_opts = srv__tls_options(tls, &flags, err, errlen);
+    tls_opts = srv__tls_options(ls->tls, &flags, err, errlen);
     if (!tls_opts) {
         freeaddrinfo(ai);
         return NULL;
@@ -197,16 +206,16 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg, i
      * options before it on its own. */
     mhd = MHD_start_daemon(
         flags, (uint16_t)port, NULL, NULL, srv__mhd_access, s, MHD_OPTION_EXTERNAL_LOGGER,
-        srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, limit,
+        srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, ls->limit,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
-        admin ? srv__mhd_uri_admin : srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
+        ls->admin ? srv__mhd_uri_admin : srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
         srv__mhd_completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s,
         MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!mhd) {
-        snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port, flag,
-                 errno ? strerror(errno) : "see the log");
+        snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port,
+                 ls->flag, errno ? strerror(errno) : "see the log");
         return NULL;
     }
     di = MHD_get_daemon_info(mhd, MHD_DAEMON_INFO_BIND_PORT);
@@ -338,13 +347,14 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
 
     raise_fd_limit(cfg);
     /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
-    s->mhd = start_listener(s, cfg, (int)cfg->port, (unsigned)cfg->connection_limit, s->tls,
-                            "--port", false, &s->port, err, errlen);
+    listener_spec serving = {(int)cfg->port, (unsigned)cfg->connection_limit, s->tls, "--port",
+                             false};
+    s->mhd = start_listener(s, cfg, &serving, &s->port, err, errlen);
     if (!s->mhd)
         goto fail;
     if (cfg->admin_port >= 0) {
-        s->admin_mhd = start_listener(s, cfg, (int)cfg->admin_port, ADMIN_CONNECTIONS, NULL,
-                                      "--admin-port", true, &s->admin_port, err, errlen);
+        listener_spec admin = {(int)cfg->admin_port, ADMIN_CONNECTIONS, NULL, "--admin-port", true};
+        s->admin_mhd = start_listener(s, cfg, &admin, &s->admin_port, err, errlen);
         if (!s->admin_mhd)
             goto fail;
     }

@@ -5,7 +5,8 @@
  * Every failure the API reports carries a status, a reason, a message (one sentence for a
  * person, naming the flag when a limit was hit) and a field (the JSON path of the offending
  * part of the request). wire/reply.c turns it into a reply; the HTTP code and the native
- * "code" word come from the status table here, and nowhere else.
+ * "code" word come from the status table here, and nowhere else; so does the status an engine
+ * failure becomes (api__error_engine).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -102,4 +103,40 @@ int api__error_code(api__error *err, api_status status, const char *code, const 
 const char *api__error_code_word(const api__error *err)
 {
     return err->code[0] ? err->code : api_status_name(err->status);
+}
+
+int api__error_engine(api__error *err, eng_status st, const eng_error *e, const char *field,
+                      api__engine_input input)
+{
+    switch (st) {
+    case ENG_OK:
+        return 0;
+    case ENG_EINVAL:
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
+                              e->message);
+    case ENG_ENONFINITE:
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+                              field ? field : "output",
+                              "%s (inputs too large for float32 arithmetic?)", e->message);
+    case ENG_ETOOBIG:
+        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
+                              e->message);
+    case ENG_ENOMEM:
+        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                              "out of memory: %s", e->message);
+    case ENG_ECANCELLED:
+        return api__error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
+                              "the request was cancelled");
+    case ENG_EDEADLINE:
+        return api__error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
+                              "the request did not finish within its deadline");
+    case ENG_EIO:
+    case ENG_EFORMAT:
+        if (input == API_ENGINE_INPUT_REQUEST)
+            return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
+                                  "%s", e->message);
+        break;
+    }
+    return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, field, "engine: %s: %s",
+                          eng_status_str(st), e->message);
 }

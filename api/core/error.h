@@ -42,6 +42,20 @@ int api__error_invalid(api__error *err, const char *field, const char *fmt, ...)
 int api__error_code(api__error *err, api_status status, const char *code, const char *field,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Whose bytes an engine call read, which decides whether a malformed one (ENG_EFORMAT, ENG_EIO)
+ * is the client's fault or the server's. */
+typedef enum {
+    API_ENGINE_INPUT_SERVER = 0, /* the server's own files and models: 500 */
+    API_ENGINE_INPUT_REQUEST,    /* the request's data (inline weights): 400 */
+} api__engine_input;
+
+/* The one mapping of an engine status to an api status: fills `err` from st and e (its
+ * message), naming `field` (may be NULL) where the failure is the request's, and returns -1;
+ * returns 0 for ENG_OK. ENG_ECANCELLED and ENG_EDEADLINE get the generic message (callers that
+ * know the deadline say more first: api__req_engine_error). */
+int api__error_engine(api__error *err, eng_status st, const eng_error *e, const char *field,
+                      api__engine_input input);
+
 /* The native "code" word of `err`: its own, else its status's. */
 const char *api__error_code_word(const api__error *err);
 

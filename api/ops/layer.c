@@ -99,17 +99,8 @@ static int layer_error(eng_status st, const eng_error *e, api__error *err)
         snprintf(field, sizeof field, "weights.%s", e->field);
     else
         snprintf(field, sizeof field, "weights");
-    switch (st) {
-    case ENG_ETOOBIG:
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
-                              e->message);
-    case ENG_ENOMEM:
-        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
-                              "out of memory: %s", e->message);
-    default:
-        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
-                              e->message);
-    }
+    /* The engine read the request's own weights: a malformed one is the client's. */
+    return api__error_engine(err, st, e, field, API_ENGINE_INPUT_REQUEST);
 }
 
 /* Decodes the inline weights to float32 and builds the layer from them (the engine checks the

@@ -272,16 +272,15 @@ const api__option_def *api__option_find(const api__option_def *defs, size_t n, c
 /* Room for the names of the largest route (a protocol's own and its operation's options). */
 #define MAX_NAMES 48
 
-int api__unknown_name(const char *key, const char *field, const char *kind, const char *what,
-                      const char *const *own, size_t n_own, const api__option_def *opts,
-                      size_t n_opts, api__error *err)
+int api__unknown_name(const char *key, const char *field, const api__names *known, api__error *err)
 {
     const char *names[MAX_NAMES];
+    const char *kind = known->kind, *what = known->what;
     size_t n = 0;
-    for (size_t i = 0; i < n_own && n < MAX_NAMES; i++)
-        names[n++] = own[i];
-    for (size_t i = 0; i < n_opts && n < MAX_NAMES; i++)
-        names[n++] = opts[i].name;
+    for (size_t i = 0; i < known->n_own && n < MAX_NAMES; i++)
+        names[n++] = known->own[i];
+    for (size_t i = 0; i < known->n_opts && n < MAX_NAMES; i++)
+        names[n++] = known->opts[i].name;
     const char *best = api__closest_name(key, names, n);
     if (best)
         return api__error_invalid(err, field, "unknown %s \"%.60s\"; did you mean \"%s\"?", kind,

@@ -87,11 +87,18 @@ typedef struct {
 /* The option of defs[0..n) called `name`, or NULL. */
 const api__option_def *api__option_find(const api__option_def *defs, size_t n, const char *name);
 
-/* The 422 for an unknown `key` (the error's field is `field`): "did you mean" the closest name
- * of own[0..n_own) and opts[0..n_opts), else a list of them all: "unknown <kind> "<key>"; <what>
- * takes a, b and c". */
-int api__unknown_name(const char *key, const char *field, const char *kind, const char *what,
-                      const char *const *own, size_t n_own, const api__option_def *opts,
-                      size_t n_opts, api__error *err);
+/* The names a route takes, for the message about one it does not: what they are ("field",
+ * "parameter"), whose they are (a route, a model), a protocol's own and its operation's. */
+typedef struct {
+    const char *kind, *what;
+    const char *const *own;
+    size_t n_own;
+    const api__option_def *opts;
+    size_t n_opts;
+} api__names;
+
+/* The 422 for an unknown `key` (the error's field is `field`): "did you mean" the closest of
+ * the names, else a list of them all: "unknown <kind> "<key>"; <what> takes a, b and c". */
+int api__unknown_name(const char *key, const char *field, const api__names *names, api__error *err);
 
 #endif

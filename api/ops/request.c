@@ -166,8 +166,9 @@ int api__req_decode_input(api__req *rq, const api__input *in, api__error *err)
     const api__tensor *t = in->t;
     if (api__tensor_in_place(t, in->elem)) {
         /* Used where it lies (the engine only reads its inputs): checked, not copied. */
-        if (api__tensor_convert(t->raw, t->dtype, t->count, 0, in->elem, in->flags,
-                                (void *)(uintptr_t)t->raw, in->field, err) != 0)
+        api__raw_elems raw = {t->raw, t->dtype, t->count, 0};
+        if (api__tensor_convert(&raw, in->elem, in->flags, (void *)(uintptr_t)t->raw, in->field,
+                                err) != 0)
             return -1;
         *in->dst = (void *)(uintptr_t)t->raw;
         return 0;
@@ -217,36 +218,8 @@ void api__req_set_deadline(api__req *rq, int64_t timeout_ms)
 int api__req_engine_error(api__req *rq, eng_status st, const eng_error *e, const char *field,
                           api__error *err)
 {
-    switch (st) {
-    case ENG_OK:
-        return 0;
-    case ENG_EINVAL:
-        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field, "%s",
-                              e->message);
-    case ENG_ENONFINITE:
-        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
-                              field ? field : "output",
-                              "%s (inputs too large for float32 arithmetic?)", e->message);
-    case ENG_ETOOBIG:
-        return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, field, "%s",
-                              e->message);
-    case ENG_ENOMEM:
-        return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
-                              "out of memory: %s", e->message);
-    case ENG_ECANCELLED:
-    case ENG_EDEADLINE:
-        if (api__req_check_ctl(rq, err) != 0)
-            return -1;
-        /* The engine saw what eng_ctl_check no longer does: trust the engine. */
-        return st == ENG_ECANCELLED
-                   ? api__error_set(err, API_STATUS_CANCELLED, API_REASON_CANCELLED, NULL,
-                                    "the request was cancelled")
-                   : api__error_set(err, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE, NULL,
-                                    "the request did not finish within its deadline");
-    case ENG_EIO:
-    case ENG_EFORMAT:
-        break;
-    }
-    return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, field, "engine: %s: %s",
-                          eng_status_str(st), e->message);
+    /* The engine stopped at the control block: say which limit, when it still says so. */
+    if ((st == ENG_ECANCELLED || st == ENG_EDEADLINE) && api__req_check_ctl(rq, err) != 0)
+        return -1;
+    return api__error_engine(err, st, e, field, API_ENGINE_INPUT_SERVER);
 }

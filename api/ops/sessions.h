@@ -5,6 +5,10 @@
  * session's cache and attends over it. The routes (proto/native_sessions.c; KServe v2
  * sequences later) read their format into these and write the replies.
  *
+ * Its files: session_registry.c (sessions by id, their life, room in the pool),
+ * session_order.c (the tickets and turns server/ drives), session_routes.c (GET, list, DELETE,
+ * the description), session_step.c (the step operation).
+ *
  *     api__session *s;
  *     if (api__session_acquire(reg, id, &s, &err) != 0) return -1;   // 404s, sessions off
  *     ... eng_kv_step(pool, s->seq, ...) ...                          // nobody else changes it

@@ -55,7 +55,8 @@ int api__native_fields(void *job, void *op_req, const api__native_field *fields,
         const char *names[64];
         for (i = 0; i < n && i < 64; i++)
             names[i] = fields[i].name;
-        return api__unknown_name(key, key, "field", route, names, i, opts, n_opts, err);
+        api__names known = {"field", route, names, i, opts, n_opts};
+        return api__unknown_name(key, key, &known, err);
     }
     return 0;
 }
@@ -68,11 +69,13 @@ int api__native_reply(api_buf *w, api_reply *reply, api__error *err)
     return 0;
 }
 
-/* Appends "name": tensor to `w`; a non-finite value is a 422 naming its index. */
-static int tensor_field(api_buf *w, const char *name, const float *data, int rank,
-                        const int64_t *shape, api__form form, unsigned flags, eng_pool *pool,
-                        api__error *err)
+/* Appends "name": tensor (data of shape `sh`) to `w`; a non-finite value is a 422 naming its
+ * index. */
+static int tensor_field(api_buf *w, const char *name, const float *data, const api__out_shape *sh,
+                        api__form form, unsigned flags, eng_pool *pool, api__error *err)
 {
+    const int rank = sh->rank;
+    const int64_t *shape = sh->shape;
     size_t bad = 0;
     api_buf_char(w, '"');
     api_buf_cstr(w, name);
@@ -139,8 +142,8 @@ int api__native_outputs(const api__native_job *nj, api_buf *w, api__error *err)
             api_buf_char(w, ',');
         unsigned flags = (o == API__OUT_LSE ? API_ENCODE_NEG_INF_NULL : 0u) |
                          (nj->bf16_out ? API_ENCODE_BF16 : 0u);
-        if (tensor_field(w, api__out_names[o], *data, sh->rank, sh->shape, nj->form, flags,
-                         nj->rq.call->pool, err) != 0)
+        if (tensor_field(w, api__out_names[o], *data, sh, nj->form, flags, nj->rq.call->pool,
+                         err) != 0)
             return -1;
     }
     return 0;

@@ -1,7 +1,7 @@
 /*
  * native_sessions.c - the native routes of KV-cache sessions that carry a body (api.h):
  * POST /v1/sessions, /v1/sessions/{id}/attention, /truncate and /fork. The registry, the cheap
- * GET and DELETE routes and the step operation are ops/sessions.c; this file reads the native
+ * GET and DELETE routes and the step operation are ops/session_*.c; this file reads the native
  * format into them and writes the replies, through the one driver (serve.h).
  *
  * POST /v1/sessions

@@ -231,7 +231,8 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
             names[j] = defs[j].name;
         char what[80];
         snprintf(what, sizeof what, "model %.64s", job->model.name);
-        return api__unknown_name(key, field, "parameter", what, names, n_params, opts, n_opts, err);
+        api__names known = {"parameter", what, names, n_params, opts, n_opts};
+        return api__unknown_name(key, field, &known, err);
     }
     return 0;
 }

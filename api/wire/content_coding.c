@@ -177,10 +177,13 @@ static size_t next_size(size_t cap, size_t n, size_t max)
 
 /* One inflate pass with zlib window bits `wbits`. *header_bad is set when it failed on the
  * first bytes with a header error (so that raw deflate can be tried instead). */
-static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n, size_t max,
-                        api_lease *lease, char **out, size_t *out_len, size_t *reserved,
-                        bool *header_bad, api__error *err)
+static int inflate_pass(const api__inflate_job *job, int wbits, char **out, size_t *out_len,
+                        size_t *reserved, bool *header_bad, api__error *err)
 {
+    const api__coding coding = job->coding;
+    const char *src = job->src;
+    const size_t n = job->n, max = job->max;
+    api_lease *lease = job->lease;
     z_stream zs;
     char *buf = NULL;
     size_t cap = 0, len = 0, in_at = 0;
@@ -268,9 +271,11 @@ static int inflate_pass(api__coding coding, int wbits, const char *src, size_t n
     return -1;
 }
 
-int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_lease *lease,
-                 char **out, size_t *out_len, size_t *reserved, api__error *err)
+int api__inflate(const api__inflate_job *job, char **out, size_t *out_len, size_t *reserved,
+                 api__error *err)
 {
+    const api__coding coding = job->coding;
+    api__inflate_job capped = *job;
     bool header_bad = false;
     *out = NULL;
     *out_len = 0;
@@ -278,21 +283,19 @@ int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_
     if (coding != API_CODING_GZIP && coding != API_CODING_DEFLATE)
         return api__error_set(err, API_STATUS_INTERNAL, API_REASON_INTERNAL, NULL,
                               "api__inflate: not a coding");
-    if (max >= SIZE_MAX - 1)
-        max = SIZE_MAX - 2;
+    if (capped.max >= SIZE_MAX - 1)
+        capped.max = SIZE_MAX - 2;
     /* HTTP's deflate is the zlib format, but some clients send raw deflate: try that when the
      * zlib header is wrong. */
     int wbits = coding == API_CODING_GZIP ? 15 + 16 : 15;
-    if (inflate_pass(coding, wbits, src, n, max, lease, out, out_len, reserved, &header_bad, err) ==
-        0)
+    if (inflate_pass(&capped, wbits, out, out_len, reserved, &header_bad, err) == 0)
         return 0;
     if (coding == API_CODING_DEFLATE && header_bad) {
         api__error raw_err;
         memset(&raw_err, 0, sizeof raw_err);
-        api_lease_give_back(lease, *reserved);
+        api_lease_give_back(job->lease, *reserved);
         *reserved = 0;
-        if (inflate_pass(coding, -15, src, n, max, lease, out, out_len, reserved, &header_bad,
-                         &raw_err) == 0) {
+        if (inflate_pass(&capped, -15, out, out_len, reserved, &header_bad, &raw_err) == 0) {
             memset(err, 0, sizeof *err);
             return 0;
         }
@@ -405,8 +408,9 @@ static void route_decoded(api_route_fn route, api_error_style style, const api_c
     size_t plain_len = 0, reserved = 0;
     api__error err;
     memset(&err, 0, sizeof err);
-    if (api__inflate(coding, call->body ? call->body : "", call->body_len, limits.max_body_bytes,
-                     call->lease, &plain, &plain_len, &reserved, &err) != 0) {
+    api__inflate_job job = {coding, call->body ? call->body : "", call->body_len,
+                            limits.max_body_bytes, call->lease};
+    if (api__inflate(&job, &plain, &plain_len, &reserved, &err) != 0) {
         api_lease_give_back(call->lease, reserved);
         reply_from_error(reply, style, &err);
         reply->decode_ns = eng_now_ns() - t0;

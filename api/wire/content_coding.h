@@ -27,13 +27,21 @@ api__coding api__coding_parse(const char *value);
  * identity when neither is acceptable, the header is absent (NULL) or unparsable. */
 api__coding api__accept_encoding_pick(const char *value);
 
-/* Decompresses src[0..n) of `coding` (gzip or deflate) into a malloc'd buffer (*out, *out_len,
- * NUL-terminated past its end), never growing it beyond `max` bytes: 413 naming
- * --max-body-bytes past it. Every growth is reserved through the request's `lease` first;
- * *reserved gets the total to give back once the buffer is freed, also on failure. 400 for a
- * corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
-int api__inflate(api__coding coding, const char *src, size_t n, size_t max, api_lease *lease,
-                 char **out, size_t *out_len, size_t *reserved, api__error *err);
+/* A compressed body to inflate: src[0..n) of `coding` (gzip or deflate), to at most `max`
+ * bytes, every growth reserved through the request's `lease` first. */
+typedef struct {
+    api__coding coding;
+    const char *src;
+    size_t n, max;
+    api_lease *lease;
+} api__inflate_job;
+
+/* Decompresses job->src into a malloc'd buffer (*out, *out_len, NUL-terminated past its end),
+ * never growing it beyond job->max bytes: 413 naming --max-body-bytes past it. *reserved gets
+ * the total reserved through job->lease, to give back once the buffer is freed, also on
+ * failure. 400 for a corrupt or truncated stream, 429/413 from the budget, 503 out of memory. */
+int api__inflate(const api__inflate_job *job, char **out, size_t *out_len, size_t *reserved,
+                 api__error *err);
 
 /* Compresses src[0..n) as `coding` (gzip or deflate, zlib's fastest level) into a buffer from
  * eng_buf_alloc (it becomes a reply body); false when memory runs out. */

@@ -513,10 +513,12 @@ static int nonfinite_error(const char *field, size_t index, float v, api__error 
                           isnan(v) ? "NaN" : (v < 0 ? "-inf" : "inf"));
 }
 
-int api__tensor_convert(const void *src, api__dtype dtype, size_t count, size_t first,
-                        api__elem elem, unsigned flags, void *dst, const char *field,
-                        api__error *err)
+int api__tensor_convert(const api__raw_elems *in, api__elem elem, unsigned flags, void *dst,
+                        const char *field, api__error *err)
 {
+    const void *src = in->data;
+    const api__dtype dtype = in->dtype;
+    const size_t count = in->count, first = in->first;
     bool neg_inf_ok = (flags & API_DECODE_NEG_INF) != 0;
     if (elem == API_ELEM_BOOL) {
         if (dtype != API_DTYPE_BOOL)
@@ -656,7 +658,8 @@ static int decode_base64_range(const api__tensor *t, size_t at, size_t n, api__e
             return b64_error(name, t->b64, st, at + bad, err);
         if (!last && got != n / 4 * 3)
             goto inner_padding;
-        return api__tensor_convert(d, t->dtype, got / esize, first, elem, flags, d, name, err);
+        api__raw_elems decoded = {d, t->dtype, got / esize, first};
+        return api__tensor_convert(&decoded, elem, flags, d, name, err);
     }
     uint8_t buf[B64_STEP_CHARS / 4 * 3];
     for (size_t end = at + n; at < end; at += B64_STEP_CHARS) {
@@ -666,8 +669,8 @@ static int decode_base64_range(const api__tensor *t, size_t at, size_t n, api__e
             return b64_error(name, t->b64, st, at + bad, err);
         if (at + m != t->b64_len && got != sizeof buf)
             goto inner_padding;
-        if (api__tensor_convert(buf, t->dtype, got / esize, first, elem, flags,
-                                (float *)dst + first, name, err) != 0)
+        api__raw_elems decoded = {buf, t->dtype, got / esize, first};
+        if (api__tensor_convert(&decoded, elem, flags, (float *)dst + first, name, err) != 0)
             return -1;
         first += got / esize;
     }
@@ -715,7 +718,8 @@ static int decode_base64(const api__tensor *t, api__elem elem, unsigned flags, v
                               t->count, api__dtype_name(t->dtype), want);
     }
     /* Check the element type first: nothing is decoded into a buffer of the wrong kind. */
-    if (api__tensor_convert(t->b64, t->dtype, 0, 0, elem, flags, dst, name, err) != 0)
+    api__raw_elems none = {t->b64, t->dtype, 0, 0};
+    if (api__tensor_convert(&none, elem, flags, dst, name, err) != 0)
         return -1;
     /* Big tensors are decoded by every worker of the pool, a megabyte of text per task. When a
      * task fails, the tensor is decoded again in order, which finds the first error and says
@@ -747,8 +751,10 @@ bool api__tensor_in_place(const api__tensor *t, api__elem elem)
 int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem, unsigned flags,
                        void *dst, const char *field, eng_pool *pool, api__error *err)
 {
-    if (t->form == API_FORM_RAW)
-        return api__tensor_convert(t->raw, t->dtype, t->count, 0, elem, flags, dst, field, err);
+    if (t->form == API_FORM_RAW) {
+        api__raw_elems raw = {t->raw, t->dtype, t->count, 0};
+        return api__tensor_convert(&raw, elem, flags, dst, field, err);
+    }
     if (t->form == API_FORM_BASE64) {
         if (elem == API_ELEM_INT64)
             return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,

@@ -95,15 +95,21 @@ bool api__tensor_in_place(const api__tensor *t, api__elem elem);
 int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem, unsigned flags,
                        void *dst, const char *field, eng_pool *pool, api__error *err);
 
-/* Converts `count` little-endian elements of `dtype` at `src` into dst as `elem` (the binary
- * path: base64 after decoding, and KServe binary tensor data), with the checks above. `first`
- * is the index of src[0] in the whole tensor, for messages. INT64 takes int32 and int64 (the
- * raw form only); FLOAT takes float32, float16 and bfloat16; BF16 takes bfloat16 alone (the
- * bits copied, each checked finite); BOOL takes bool bytes 0 and 1.
- * dst may be src when the widths match (then nothing is written: a check in place). */
-int api__tensor_convert(const void *src, api__dtype dtype, size_t count, size_t first,
-                        api__elem elem, unsigned flags, void *dst, const char *field,
-                        api__error *err);
+/* `count` little-endian elements of `dtype` at `data`; `first` is the index of data[0] in the
+ * whole tensor, for messages. */
+typedef struct {
+    const void *data;
+    api__dtype dtype;
+    size_t count, first;
+} api__raw_elems;
+
+/* Converts the elements `in` into dst as `elem` (the binary path: base64 after decoding, and
+ * KServe binary tensor data), with the checks above. INT64 takes int32 and int64 (the raw form
+ * only); FLOAT takes float32, float16 and bfloat16; BF16 takes bfloat16 alone (the bits copied,
+ * each checked finite); BOOL takes bool bytes 0 and 1.
+ * dst may be in->data when the widths match (then nothing is written: a check in place). */
+int api__tensor_convert(const api__raw_elems *in, api__elem elem, unsigned flags, void *dst,
+                        const char *field, api__error *err);
 
 /* Encode flags. */
 /* -inf is allowed (lse), and kept as it is in base64 and binary. In text the two protocols'

@@ -227,9 +227,9 @@ static bool plain_text(const api_call *call, api_peek *out, const char **text, s
     out->lease = call->lease;
     if (!out->lease)
         api_lease_start(&own, NULL, 0, 0); /* no budget: nothing to give back */
-    if (api__inflate(coding, call->body, call->body_len, API_PEEK_INFLATE_MAX,
-                     out->lease ? out->lease : &own, &out->inflated, len, &out->reserved,
-                     &err) != 0) {
+    api__inflate_job job = {coding, call->body, call->body_len, API_PEEK_INFLATE_MAX,
+                            out->lease ? out->lease : &own};
+    if (api__inflate(&job, &out->inflated, len, &out->reserved, &err) != 0) {
         api_peek_free(out);
         out->unread = true;
         return false;

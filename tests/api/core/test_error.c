@@ -1,5 +1,5 @@
 /* test_error.c - api/core/error.c and api/wire/reply.c: the native error body, status codes and
- * reason names, and the default limits. */
+ * reason names, the status an engine failure becomes, and the default limits. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +151,55 @@ static void test_default_limits(void)
     CHECK_EQ_INT(l.max_timeout_ms, 60000);
 }
 
+/* Each engine status maps to one api status; a malformed input is the client's fault only when
+ * the request supplied it. */
+static void test_engine_statuses_map_to_api_statuses(void)
+{
+    static const struct {
+        eng_status st;
+        api__engine_input input;
+        api_status status;
+        api_reason reason;
+        bool field; /* the error names the field it was given */
+    } cases[] = {
+        {ENG_EINVAL, API_ENGINE_INPUT_SERVER, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+         true},
+        {ENG_ENONFINITE, API_ENGINE_INPUT_SERVER, API_STATUS_INVALID_ARGUMENT,
+         API_REASON_BAD_REQUEST, true},
+        {ENG_ETOOBIG, API_ENGINE_INPUT_REQUEST, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, true},
+        {ENG_ENOMEM, API_ENGINE_INPUT_SERVER, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, false},
+        {ENG_ECANCELLED, API_ENGINE_INPUT_SERVER, API_STATUS_CANCELLED, API_REASON_CANCELLED,
+         false},
+        {ENG_EDEADLINE, API_ENGINE_INPUT_SERVER, API_STATUS_DEADLINE_EXCEEDED, API_REASON_DEADLINE,
+         false},
+        {ENG_EFORMAT, API_ENGINE_INPUT_SERVER, API_STATUS_INTERNAL, API_REASON_INTERNAL, true},
+        {ENG_EIO, API_ENGINE_INPUT_SERVER, API_STATUS_INTERNAL, API_REASON_INTERNAL, true},
+        {ENG_EFORMAT, API_ENGINE_INPUT_REQUEST, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+         true},
+        {ENG_EIO, API_ENGINE_INPUT_REQUEST, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,
+         true},
+    };
+    eng_error e = {0};
+    snprintf(e.message, sizeof e.message, "the engine's words");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        api__error err = {0};
+        e.status = cases[i].st;
+        CHECK_EQ_INT(api__error_engine(&err, cases[i].st, &e, "key", cases[i].input), -1);
+        CHECKF(err.status == cases[i].status && err.reason == cases[i].reason,
+               "%s -> status %d reason %d", eng_status_str(cases[i].st), (int)err.status,
+               (int)err.reason);
+        CHECK_EQ_INT(strcmp(err.field, cases[i].field ? "key" : ""), 0);
+        if (cases[i].st != ENG_ECANCELLED && cases[i].st != ENG_EDEADLINE)
+            CHECKF(strstr(err.message, "the engine's words") != NULL, "message: %s", err.message);
+    }
+    api__error ok = {0};
+    CHECK_EQ_INT(api__error_engine(&ok, ENG_OK, &e, "key", API_ENGINE_INPUT_SERVER), 0);
+    CHECK_EQ_INT(ok.status, API_STATUS_OK);
+    api__error nofield = {0};
+    api__error_engine(&nofield, ENG_ENONFINITE, &e, NULL, API_ENGINE_INPUT_SERVER);
+    CHECK_EQ_INT(strcmp(nofield.field, "output"), 0);
+}
+
 int main(void)
 {
     RUN(test_error_reply_has_code_message_and_field);
@@ -160,6 +209,7 @@ int main(void)
     RUN(test_reasons_have_their_metric_names);
     RUN(test_messages_are_escaped_and_bounded);
     RUN(test_the_first_error_wins);
+    RUN(test_engine_statuses_map_to_api_statuses);
     RUN(test_default_limits);
     return check_report();
 }

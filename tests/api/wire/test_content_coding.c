@@ -107,8 +107,9 @@ static void test_roundtrip(void)
             size_t packed_len, plain_len, reserved;
             api__error err = {0};
             CHECK(api__deflate(codings[c], text, sizes[s], &packed, &packed_len));
-            int rc = api__inflate(codings[c], packed, packed_len, sizes[s], &unbudgeted, &plain,
-                                  &plain_len, &reserved, &err);
+            int rc = api__inflate(
+                &(api__inflate_job){codings[c], packed, packed_len, sizes[s], &unbudgeted}, &plain,
+                &plain_len, &reserved, &err);
             CHECKF(rc == 0, "size %zu coding %d: %s", sizes[s], (int)codings[c], err.message);
             CHECK(plain_len == sizes[s] && (sizes[s] == 0 || memcmp(plain, text, sizes[s]) == 0));
             CHECK(plain && plain[plain_len] == '\0');
@@ -134,8 +135,8 @@ static void test_foreign_streams(void)
         size_t n, plain_len, reserved;
         char *packed = zlib_pack(text, 50000, cases[i].wbits, &n), *plain = NULL;
         api__error err = {0};
-        int rc = api__inflate(cases[i].coding, packed, n, 1 << 20, &unbudgeted, &plain, &plain_len,
-                              &reserved, &err);
+        int rc = api__inflate(&(api__inflate_job){cases[i].coding, packed, n, 1 << 20, &unbudgeted},
+                              &plain, &plain_len, &reserved, &err);
         CHECKF(rc == 0 && plain_len == 50000 && memcmp(plain, text, 50000) == 0, "wbits %d: %s",
                cases[i].wbits, err.message);
         free(packed);
@@ -147,8 +148,8 @@ static void test_foreign_streams(void)
     memcpy(both, a, n1);
     memcpy(both + n1, b, n2);
     api__error err = {0};
-    CHECK(api__inflate(API_CODING_GZIP, both, n1 + n2, 1 << 20, &unbudgeted, &plain, &plain_len,
-                       &reserved, &err) == 0);
+    CHECK(api__inflate(&(api__inflate_job){API_CODING_GZIP, both, n1 + n2, 1 << 20, &unbudgeted},
+                       &plain, &plain_len, &reserved, &err) == 0);
     CHECK(plain_len == 50000 && memcmp(plain, text, 50000) == 0);
     free(a);
     free(b);
@@ -173,8 +174,8 @@ static void test_bomb(void)
     api_lease_start(&lease, budget, eng_now_ns(), 0);
     api__error err = {0};
     size_t max = (size_t)1 << 20;
-    int rc = api__inflate(API_CODING_GZIP, packed, packed_len, max, &lease, &plain, &plain_len,
-                          &reserved, &err);
+    int rc = api__inflate(&(api__inflate_job){API_CODING_GZIP, packed, packed_len, max, &lease},
+                          &plain, &plain_len, &reserved, &err);
     CHECK(rc != 0 && plain == NULL);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-body-bytes") != NULL, "%s", err.message);
@@ -188,15 +189,15 @@ static void test_bomb(void)
     eng_buf_free(packed);
     CHECK(api__deflate(API_CODING_DEFLATE, text, 1000, &packed, &packed_len));
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 1000, &lease, &plain, &plain_len,
-                       &reserved, &err) == 0);
+    CHECK(api__inflate(&(api__inflate_job){API_CODING_DEFLATE, packed, packed_len, 1000, &lease},
+                       &plain, &plain_len, &reserved, &err) == 0);
     CHECK(plain_len == 1000);
     free(plain);
     plain = NULL;
     api_lease_give_back(&lease, reserved);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, packed, packed_len, 999, &lease, &plain, &plain_len,
-                       &reserved, &err) != 0);
+    CHECK(api__inflate(&(api__inflate_job){API_CODING_DEFLATE, packed, packed_len, 999, &lease},
+                       &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     api_lease_give_back(&lease, reserved);
     CHECK_EQ_INT(api_budget_in_use(budget), 0);
@@ -213,21 +214,24 @@ static void test_corrupt_and_truncated(void)
     CHECK(api__deflate(API_CODING_GZIP, text, 20000, &packed, &packed_len));
 
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len / 2, 1 << 20, &unbudgeted, &plain,
-                       &plain_len, &reserved, &err) != 0);
+    CHECK(api__inflate(
+              &(api__inflate_job){API_CODING_GZIP, packed, packed_len / 2, 1 << 20, &unbudgeted},
+              &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "truncated") != NULL, "%s", err.message);
 
     memset(&err, 0, sizeof err);
     packed[packed_len / 2] ^= 0x55;
     packed[packed_len / 2 + 1] ^= 0x33;
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &unbudgeted, &plain,
-                       &plain_len, &reserved, &err) != 0);
+    CHECK(
+        api__inflate(&(api__inflate_job){API_CODING_GZIP, packed, packed_len, 1 << 20, &unbudgeted},
+                     &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
 
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, "not gzip at all", 15, 1 << 20, &unbudgeted, &plain,
-                       &plain_len, &reserved, &err) != 0);
+    CHECK(api__inflate(
+              &(api__inflate_job){API_CODING_GZIP, "not gzip at all", 15, 1 << 20, &unbudgeted},
+              &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "gzip") != NULL, "%s", err.message);
     eng_buf_free(packed);
@@ -238,8 +242,9 @@ static void test_corrupt_and_truncated(void)
     memcpy(extra, packed, packed_len);
     memcpy(extra + packed_len, "junk", 4);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_DEFLATE, extra, packed_len + 4, 1 << 20, &unbudgeted, &plain,
-                       &plain_len, &reserved, &err) != 0);
+    CHECK(api__inflate(
+              &(api__inflate_job){API_CODING_DEFLATE, extra, packed_len + 4, 1 << 20, &unbudgeted},
+              &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_MALFORMED_REQUEST);
     CHECKF(strstr(err.message, "extra") != NULL, "%s", err.message);
     CHECK(plain == NULL);
@@ -259,8 +264,8 @@ static void test_budget(void)
     api_lease lease;
     api_lease_start(&lease, tiny, eng_now_ns(), 0);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &lease, &plain, &plain_len,
-                       &reserved, &err) != 0);
+    CHECK(api__inflate(&(api__inflate_job){API_CODING_GZIP, packed, packed_len, 1 << 20, &lease},
+                       &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_TOO_LARGE);
     CHECKF(strstr(err.message, "--max-memory-bytes") != NULL, "%s", err.message);
     api_lease_give_back(&lease, reserved);
@@ -271,8 +276,8 @@ static void test_budget(void)
     CHECK(api_budget_reserve(busy, ((size_t)16 << 20) - 1000) == API_BUDGET_OK);
     api_lease_start(&lease, busy, eng_now_ns(), 0);
     memset(&err, 0, sizeof err);
-    CHECK(api__inflate(API_CODING_GZIP, packed, packed_len, 1 << 20, &lease, &plain, &plain_len,
-                       &reserved, &err) != 0);
+    CHECK(api__inflate(&(api__inflate_job){API_CODING_GZIP, packed, packed_len, 1 << 20, &lease},
+                       &plain, &plain_len, &reserved, &err) != 0);
     CHECK_EQ_INT(err.status, API_STATUS_OVERLOADED);
     api_lease_give_back(&lease, reserved);
     api_budget_release(busy, ((size_t)16 << 20) - 1000);
@@ -310,8 +315,8 @@ static char *unpack(const api_reply *r, api__coding coding, size_t *len)
     char *plain = NULL;
     size_t reserved;
     api__error err = {0};
-    if (api__inflate(coding, r->body, r->body_len, 1 << 30, &unbudgeted, &plain, len, &reserved,
-                     &err) != 0)
+    if (api__inflate(&(api__inflate_job){coding, r->body, r->body_len, 1 << 30, &unbudgeted},
+                     &plain, len, &reserved, &err) != 0)
         return NULL;
     return plain;
 }
