@@ -352,8 +352,9 @@ static char *grpc_infer_body(const float *const in[3], const int64_t *shape, siz
     Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor t[3], *tp[3];
     ProtobufCBinaryData raw[3];
-    Inference__ModelInferRequest__ParametersEntry e =
-        INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT, *ep = &e;
+    Inference__ModelInferRequest__ParametersEntry
+        e = INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT,
+        *ep = &e;
     Inference__InferParameter p = INFERENCE__INFER_PARAMETER__INIT;
     const char *names[3] = {"query", "key", "value"};
     size_t count = 1;
@@ -560,10 +561,17 @@ int main(int argc, char **argv)
     snprintf(nthreads, sizeof nthreads, "%d", threads);
     char grpc_port_file[64];
     snprintf(grpc_port_file, sizeof grpc_port_file, "/tmp/attnd_bench_grpc.%d", (int)getpid());
-    const char *const args[] = {"--threads",        nthreads,       "--max-body-bytes",
-                                "1GiB",             "--max-memory-bytes", "8GiB",
-                                "--grpc-port",      "0",            "--grpc-port-file",
-                                grpc_port_file,     NULL};
+    const char *const args[] = {"--threads",
+                                nthreads,
+                                "--max-body-bytes",
+                                "1GiB",
+                                "--max-memory-bytes",
+                                "8GiB",
+                                "--grpc-port",
+                                "0",
+                                "--grpc-port-file",
+                                grpc_port_file,
+                                NULL};
     const char *const tls_args[] = {
         "--threads", nthreads,     "--max-body-bytes", "1GiB",      "--max-memory-bytes",
         "8GiB",      "--tls-cert", pki.server_cert,    "--tls-key", pki.server_key,

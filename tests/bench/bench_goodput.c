@@ -297,11 +297,12 @@ static void print_offer(int port, run_t *run, double multiple, double capacity, 
     stats s = summarize(run, sent, true);
     double busy = metric_value(port, "attnd_worker_seconds_total") - busy0;
     double waste = metric_value(port, "attnd_wasted_compute_seconds_total") - waste0;
-    printf("goodput offered_x=%.0f offered_per_s=%.1f goodput_ratio=%.2f p50_ms=%.1f p99_ms=%.1f "
-           "deadline_ms=%.0f refused_pct=%.1f late_pct=%.1f other=%zu wasted_pct=%.1f busy_s=%.1f\n",
-           multiple, (double)sent / opt.seconds, (double)s.ok / opt.seconds / capacity, s.p50 * 1e3,
-           s.p99 * 1e3, deadline * 1e3, 100 * share(s.refused, s.n), 100 * share(s.late, s.n),
-           s.other, busy > 0 ? 100 * waste / busy : 0, busy);
+    printf(
+        "goodput offered_x=%.0f offered_per_s=%.1f goodput_ratio=%.2f p50_ms=%.1f p99_ms=%.1f "
+        "deadline_ms=%.0f refused_pct=%.1f late_pct=%.1f other=%zu wasted_pct=%.1f busy_s=%.1f\n",
+        multiple, (double)sent / opt.seconds, (double)s.ok / opt.seconds / capacity, s.p50 * 1e3,
+        s.p99 * 1e3, deadline * 1e3, 100 * share(s.refused, s.n), 100 * share(s.late, s.n), s.other,
+        busy > 0 ? 100 * waste / busy : 0, busy);
 }
 
 /* The sum of stage `stage` of attnd_request_stage_seconds, in seconds. */
