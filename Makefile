@@ -387,9 +387,26 @@ $(FUZZ_PB_C) &: $(PROTOS)
 	@mkdir -p $(FUZZ_BUILD)/gen
 	protoc-c --c_out=$(FUZZ_BUILD)/gen -Iapi/proto/grpc $(PROTOS)
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) $(wildcard engine/*.h api/*.h api/*/*.h)
+# The engine and api objects are compiled once for every harness (instrumented, not linked with
+# libFuzzer's main), each harness then only compiles itself and links them.
+FUZZ_OBJ_CFLAGS := $(filter-out -fsanitize=fuzzer%,$(FUZZ_CFLAGS)) -fsanitize=fuzzer-no-link \
+                   -I$(FUZZ_BUILD)/gen -MMD -MP
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(ENGINE_SRC) $(API_SRC)) $(FUZZ_PB_C:.c=.o)
+
+$(FUZZ_BUILD)/obj/%.o: %.c | $(FUZZ_PB_C)
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -I$(FUZZ_BUILD)/gen $< $(ENGINE_SRC) $(API_SRC) $(FUZZ_PB_C) \
+	clang $(FUZZ_OBJ_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/gen/%.pb-c.o: $(FUZZ_BUILD)/gen/%.pb-c.c
+	clang $(FUZZ_OBJ_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/libfuzzed.a: $(FUZZ_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libfuzzed.a
+	@mkdir -p $(@D)
+	clang $(FUZZ_CFLAGS) -I$(FUZZ_BUILD)/gen -MMD -MP $< $(FUZZ_BUILD)/libfuzzed.a \
 	    -lprotobuf-c -ljansson -lopenblas -lz -lm -o $@
 
 fuzz-build: $(FUZZ_BINS)
