@@ -3,7 +3,8 @@
  * the family (model_type), the sizes, the biases, the RoPE (transformers 5's rope_parameters
  * and 4's rope_theta / rotary_emb_base / rope_scaling / partial_rotary_factor / rotary_pct /
  * rotary_dim, Gemma 3's rope_local_base_freq), the q/k norms, the scale, the logit softcap
- * and whether this layer slides a window (layer_types, or the family's older keys).
+ * and whether this layer slides a window (layer_types, or the family's older keys). A Gemma 3
+ * text config (gemma3_text, or gemma3's text_config) is read over Gemma3TextConfig's defaults.
  *
  * Everything the layer cannot be served without is checked here and refused with the field
  * that stops it: an unknown model_type, an unsupported rope_type, a layer past
@@ -99,6 +100,22 @@ static const hf_family families[] = {
      .scale = HF_SCALE_PRE_ATTN},
     {.model_type = "gemma3_text",
      .prefix = {LAYERS_PREFIX},
+     .q = "q_proj",
+     .k = "k_proj",
+     .v = "v_proj",
+     .o = "o_proj",
+     .bias_qkv = {"attention_bias", false},
+     .bias_o = {"attention_bias", false},
+     .rope = true,
+     .norm = ENG_QK_NORM_RMS,
+     .norm_plus_one = true,
+     .norm_q = "q_norm",
+     .norm_k = "k_norm",
+     .window = HF_WINDOW_PATTERN,
+     .scale = HF_SCALE_PRE_ATTN},
+    {.model_type = "gemma3", /* Gemma3ForConditionalGeneration: text_config's layers */
+     .prefix = {"model.language_model.layers.%lld.self_attn.",
+                "language_model.model.layers.%lld.self_attn."},
      .q = "q_proj",
      .k = "k_proj",
      .v = "v_proj",
@@ -675,6 +692,46 @@ static int read_softcap(const json_t *cfg, hf_config *c, hf_error *e)
     return 0;
 }
 
+/* ---- Gemma 3 ------------------------------------------------------------------------------ */
+
+/* What transformers' Gemma3TextConfig takes for the attention's keys a config leaves out (it
+ * saves only those that differ): a Gemma 3 text config is read over these. */
+static json_t *gemma3_text_defaults(void)
+{
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:b, s:i, s:i, s:i}",
+                     "hidden_size", 2304, "num_hidden_layers", 26, "num_attention_heads", 8,
+                     "num_key_value_heads", 4, "head_dim", 256, "max_position_embeddings", 131072,
+                     "rms_norm_eps", 1e-6, "rope_theta", 1e6, "rope_local_base_freq", 1e4,
+                     "attention_bias", 0, "query_pre_attn_scalar", 256, "sliding_window", 4096,
+                     "sliding_window_pattern", 6);
+}
+
+/* The text config of a Gemma 3 checkpoint (gemma3: its text_config; gemma3_text: itself) over
+ * the defaults; a new reference, or NULL with e set. */
+static json_t *gemma3_text_config(const json_t *cfg, bool nested, hf_error *e)
+{
+    const json_t *text = nested ? json_object_get(cfg, "text_config") : cfg;
+    if (nested && text && !json_is_null(text) && !json_is_object(text)) {
+        hf_fail(e, "text_config", "config.json: text_config must be an object");
+        return NULL;
+    }
+    json_t *merged = gemma3_text_defaults();
+    if (!merged || (text && json_is_object(text) && json_object_update(merged, (json_t *)text))) {
+        json_decref(merged);
+        hf_fail(e, "config.json", "out of memory reading config.json");
+        return NULL;
+    }
+    return merged;
+}
+
+static int read_layer(const json_t *cfg, hf_config *c, hf_error *e)
+{
+    if (read_sizes(cfg, c, e) || read_window(cfg, c, e) || read_rope(cfg, c, e) ||
+        read_scale(cfg, c, e) || read_norm(cfg, c, e) || read_softcap(cfg, c, e))
+        return -1;
+    return 0;
+}
+
 int hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error *e)
 {
     memset(c, 0, sizeof *c);
@@ -687,15 +744,18 @@ int hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error *e)
     if (!c->family)
         return hf_fail(e, "model_type",
                        "config.json: model_type \"%.40s\" is not a family attnd serves (llama, "
-                       "mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, phi, gpt2, gpt_neox, "
-                       "falcon, olmo2, starcoder2, gptj, gpt_oss, granite, stablelm)",
+                       "mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, phi, gpt2, "
+                       "gpt_neox, falcon, olmo2, starcoder2, gptj, gpt_oss, granite, stablelm)",
                        json_string_value(mt));
     c->layer = layer > 0 ? layer : 0;
     snprintf(c->spec.family, sizeof c->spec.family, "%s", c->family->model_type);
     c->spec.layer_index = c->layer;
     c->sinks = c->family->sinks;
-    if (read_sizes(cfg, c, e) || read_window(cfg, c, e) || read_rope(cfg, c, e) ||
-        read_scale(cfg, c, e) || read_norm(cfg, c, e) || read_softcap(cfg, c, e))
-        return -1;
-    return 0;
+    bool nested = strcmp(c->family->model_type, "gemma3") == 0;
+    if (!nested && strcmp(c->family->model_type, "gemma3_text") != 0)
+        return read_layer(cfg, c, e);
+    json_t *text = gemma3_text_config(cfg, nested, e);
+    int rc = text ? read_layer(text, c, e) : -1;
+    json_decref(text);
+    return rc;
 }

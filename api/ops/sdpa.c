@@ -136,15 +136,8 @@ static int check_shapes(api__sdpa_req *r, api__error *err)
                                   "[%lld]",
                                   api__tensor_shape_str(&r->slopes, ms, sizeof ms),
                                   (long long)r->H);
-    if (r->has_sinks && !(r->sinks.rank == 1 && r->sinks.shape[0] == r->H))
-        return api__error_invalid(err, "sinks",
-                                  "sinks has shape %s; there is one sink logit per query head: "
-                                  "[%lld]",
-                                  api__tensor_shape_str(&r->sinks, ms, sizeof ms), (long long)r->H);
-    if (r->has_sinks && r->weights != ENG_WEIGHTS_NONE)
-        return api__error_invalid(err, "sinks",
-                                  "sinks take a share of each softmax that the weights would not "
-                                  "show: leave return_weights out");
+    if (r->has_sinks && api__sinks_check(&r->sinks, r->H, r->weights, err) != 0)
+        return -1;
     if (r->additive != r->has_additive_weights)
         return api__error_invalid(err, "additive_weights", "%s",
                                   r->additive
@@ -482,6 +475,8 @@ static int sdpa_decode(void *op, api__error *err)
             continue;
         if (api__req_decode_input(s->rq, &in[i], err) != 0)
             return -1;
+        if (in[i].dst == (void **)&s->sinks && api__sinks_check_values(s->sinks, r->H, err) != 0)
+            return -1;
         for (size_t j = 0; in[i].dst == (void **)&s->kvlen && j < r->kvlen.count; j++) {
             if (s->kvlen[j] < 0 || s->kvlen[j] > r->S) {
                 char name[48];
@@ -526,23 +521,46 @@ static const char *request_field(const char *engine_field)
     return engine_field;
 }
 
-/* Each query head's sink logit joins its softmax: the attention's rows scaled by
- * Z / (Z + e^sink) = 1 / (1 + exp(sink - lse)), exactly, and the lse made that of all the
- * logits, the sink's included. */
-static void apply_sinks(api__sdpa *s)
+int api__sinks_check(const api__tensor *sinks, int64_t H, eng_weights_mode weights,
+                     api__error *err)
 {
-    const api__sdpa_req *r = &s->r;
-    const eng_view *o = &s->args.out;
-    for (int64_t b = 0; b < r->B; b++)
-        for (int64_t h = 0; h < r->H; h++)
-            for (int64_t i = 0; i < r->L; i++) {
-                float *lse = &s->lse[(b * r->H + h) * r->L + i];
-                double sink = s->sinks[h], m = *lse;
+    char ms[64];
+    if (!(sinks->rank == 1 && sinks->shape[0] == H))
+        return api__error_invalid(err, "sinks",
+                                  "sinks has shape %s; there is one sink logit per query head: "
+                                  "[%lld]",
+                                  api__tensor_shape_str(sinks, ms, sizeof ms), (long long)H);
+    if (weights != ENG_WEIGHTS_NONE)
+        return api__error_invalid(err, "sinks",
+                                  "sinks take a share of each softmax that the weights would not "
+                                  "show: leave return_weights out");
+    return 0;
+}
+
+int api__sinks_check_values(const float *sinks, int64_t H, api__error *err)
+{
+    for (int64_t h = 0; h < H; h++)
+        if (!isfinite(sinks[h]))
+            return api__error_invalid(err, "sinks",
+                                      "sinks[%lld] is %g; a sink logit must be finite",
+                                      (long long)h, (double)sinks[h]);
+    return 0;
+}
+
+/* The rows scaled by Z / (Z + e^sink) = 1 / (1 + exp(sink - lse)), exactly. */
+void api__sinks_apply(const float *sinks, const eng_view *o, float *lse)
+{
+    int64_t B = o->ne[0], H = o->ne[1], L = o->ne[2];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < L; i++) {
+                float *l = &lse[(b * H + h) * L + i];
+                double sink = sinks[h], m = *l;
                 double keep = isinf(m) ? 0.0 : 1.0 / (1.0 + exp(sink - m));
                 float *row = o->data + b * o->stride[0] + h * o->stride[1] + i * o->stride[2];
-                for (int64_t d = 0; d < r->Dv; d++)
+                for (int64_t d = 0; d < o->ne[3]; d++)
                     row[d] = (float)(row[d] * keep);
-                *lse = (float)(isinf(m) ? sink : fmax(m, sink) + log1p(exp(-fabs(m - sink))));
+                *l = (float)(isinf(m) ? sink : fmax(m, sink) + log1p(exp(-fabs(m - sink))));
             }
 }
 
@@ -556,7 +574,7 @@ static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
     int64_t t0 = eng_now_ns();
     eng_status st = eng_sdpa(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &eerr);
     if (st == ENG_OK && s->r.has_sinks)
-        apply_sinks(s);
+        api__sinks_apply(s->sinks, &s->args.out, s->lse);
     *compute_ns = eng_now_ns() - t0;
     if (st != ENG_OK)
         return api__req_engine_error(s->rq, st, &eerr,

@@ -65,6 +65,17 @@ typedef struct {
  * kv_lengths against S. Its outputs are output, weights and lse. */
 extern const api__op api__sdpa_op;
 
+/* Attention sinks, shared with the session step (sessions.c): 422 naming "sinks" unless the
+ * tensor is [H] with no weights asked for (checked before decoding) and, once decoded, every
+ * logit finite. */
+int api__sinks_check(const api__tensor *sinks, int64_t H, eng_weights_mode weights,
+                     api__error *err);
+int api__sinks_check_values(const float *sinks, int64_t H, api__error *err);
+
+/* Each query head's sink logit joins its softmax: scales the rows of out [B, H, L, Dv] (as its
+ * view strides them) and makes lse [B, H, L] that of all the logits, the sink's included. */
+void api__sinks_apply(const float *sinks, const eng_view *out, float *lse);
+
 /* The options every protocol reads the same way into an api__sdpa_req (options.h): num_heads,
  * num_kv_heads, scale, softcap, precision, causal, query_offset, timeout_ms. */
 extern const api__option_def api__sdpa_options[];

@@ -82,7 +82,7 @@ static int step_shapes(api__session_step *st, api__error *err)
                                   "the session is empty: append key and value before attending");
     if (r->has_mask || r->has_kpm || r->has_kvlen || r->additive)
         return api__error_invalid(err, "attn_mask", "a session step takes no masks");
-    return 0;
+    return r->has_sinks ? api__sinks_check(&r->sinks, st->H, r->weights, err) : 0;
 }
 
 static int step_elements(api__session_step *st, api__error *err)
@@ -100,7 +100,7 @@ static int step_elements(api__session_step *st, api__error *err)
             ok = ok && !__builtin_mul_overflow(heads * (size_t)st->n_q, (size_t)st->S, &o) &&
                  api__size_add(&total, o);
         }
-        if (r->return_lse)
+        if (r->return_lse || r->has_sinks)
             ok = ok && api__size_add(&total, (size_t)(st->H * st->n_q));
     }
     if (!ok || total > max)
@@ -187,7 +187,7 @@ static int step_check(void *op, api__error *err)
     return 0;
 }
 
-enum { STEP_INPUTS = 3 };
+enum { STEP_INPUTS = 4 };
 
 static void step_inputs(api__session_step *st, api__input in[STEP_INPUTS])
 {
@@ -196,6 +196,7 @@ static void step_inputs(api__session_step *st, api__input in[STEP_INPUTS])
         {&r->q, r->has_q, API_ELEM_FLOAT, 0, (void **)&st->q, "query"},
         {&r->k, r->has_k, API_ELEM_FLOAT, 0, (void **)&st->k, "key"},
         {&r->v, r->has_v, API_ELEM_FLOAT, 0, (void **)&st->v, "value"},
+        {&r->sinks, r->has_sinks, API_ELEM_FLOAT, 0, (void **)&st->sinks, "sinks"},
     };
     memcpy(in, defs, sizeof defs);
 }
@@ -214,7 +215,7 @@ static bool step_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
         ok = ok && api__req_output_bytes(st->os.count, tensors);
         if (st->r.weights != ENG_WEIGHTS_NONE)
             ok = ok && api__req_output_bytes(st->ws.count, tensors);
-        if (st->r.return_lse)
+        if (st->r.return_lse || st->r.has_sinks)
             ok = ok && api__req_output_bytes(st->ls.count, tensors);
     }
     *scratch = eng_kv_attend_scratch_bytes(st->s->seq, &st->args, st->n_new,
@@ -234,7 +235,10 @@ static int step_decode(void *op, api__error *err)
         (api__req_alloc_output(st->rq, &st->out, st->os.count, err) != 0 ||
          (st->r.weights != ENG_WEIGHTS_NONE &&
           api__req_alloc_output(st->rq, &st->weights, st->ws.count, err) != 0) ||
-         (st->r.return_lse && api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
+         ((st->r.return_lse || st->r.has_sinks) &&
+          api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
+        return -1;
+    if (st->r.has_sinks && api__sinks_check_values(st->sinks, st->H, err) != 0)
         return -1;
     api__req_parse_done(st->rq);
     if (st->r.has_q) {
@@ -275,6 +279,8 @@ static int step_run(void *op, int64_t *compute_ns, api__error *err)
     if (fail)
         return -1;
     st->length = eng_kv_seq_length(st->s->seq);
+    if (rc == ENG_OK && st->r.has_q && st->r.has_sinks)
+        api__sinks_apply(st->sinks, &st->args.out, st->lse);
     if (rc == ENG_OK)
         return 0;
     if (api__session_too_long(st->reg, st->s, rc, &e, "key", err))

@@ -173,7 +173,7 @@ typedef struct {
     api__session *s;
     int64_t H, Hkv, D, Dv, n_new, n_q, S; /* S: the length after the append */
     api__out_shape os, ws, ls;
-    float *q, *k, *v, *out, *weights, *lse;
+    float *q, *k, *v, *sinks, *out, *weights, *lse;
     eng_sdpa_args args;
     int64_t length; /* after run */
 } api__session_step;

@@ -24,8 +24,9 @@
  *                          appended first; absent: attend only
  *   expect_length          the length the step expects before it appends: else 409
  *   scale, softcap, precision, causal (default bottom_right: the queries are the last
- *   positions), query_offset, window, alibi, return_weights, return_lse, output_encoding,
- *   output_dtype, timeout_ms, num_heads / num_kv_heads (must match) as on /v1/attention
+ *   positions), query_offset, window, alibi, sinks ([H] logits), return_weights, return_lse,
+ *   output_encoding, output_dtype, timeout_ms, num_heads / num_kv_heads (must match) as on
+ *   /v1/attention
  * POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}
  * POST /v1/sessions/{id}/fork {"ttl_s"?}; the body may be empty
  */
@@ -377,6 +378,14 @@ static int s_alibi(void *jp, const json_t *v, const char *name, api__error *err)
     return api__option_bool(v, name, &job->st.r.alibi, err);
 }
 
+static int s_sinks(void *jp, const json_t *v, const char *name, api__error *err)
+{
+    step_job *job = jp;
+    if (json_is_null(v))
+        return 0;
+    return s_tensor(job, v, name, &job->st.r.sinks, &job->st.r.has_sinks, err);
+}
+
 static int s_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
 {
     step_job *job = jp;
@@ -412,6 +421,7 @@ static const api__native_field step_fields[] = {
     {"expect_length", s_expect_length},
     {"window", s_window},
     {"alibi", s_alibi},
+    {"sinks", s_sinks},
     {"return_weights", s_return_weights},
     {"return_lse", s_return_lse},
     {"output_encoding", s_output_encoding},

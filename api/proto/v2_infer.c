@@ -20,7 +20,8 @@
  *             DESIGN.md section 5. attn_mask: BOOL (true = may attend) or FP32 added to the
  *             scores (FP16/BF16 binary; -inf as JSON -Infinity, as tritonclient writes it, or
  *             null). key_padding_mask: BOOL [B, S] or
- *             [S] (true = padding). kv_lengths: INT64 or INT32 [B].
+ *             [S] (true = padding). kv_lengths: INT64 or INT32 [B]. sinks: FP32 [H], a logit
+ *             per query head that joins each softmax (gpt-oss; finite; not with weights).
  *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
  *             precision ("float32", "bfloat16"), output_dtype ("bfloat16": every output BF16,
  *             as binary data), num_heads, num_kv_heads, window_left, window_right (-1 or

@@ -75,8 +75,9 @@ static const model_desc sdpa_desc = {
            {"value", "FP32", 4, VAR4, false},
            {"attn_mask", "BOOL", 4, VAR4, true},
            {"key_padding_mask", "BOOL", 2, VAR4, true},
-           {"kv_lengths", "INT64", 1, VAR4, true}},
-    .n_in = 6,
+           {"kv_lengths", "INT64", 1, VAR4, true},
+           {"sinks", "FP32", 1, VAR4, true}},
+    .n_in = 7,
     .out = {{"output", "FP32", 4, VAR4, false}, {"lse", "FP32", 3, VAR4, false}},
     .n_out = 2,
 };

@@ -269,7 +269,7 @@ static bool input_takes(const char *name, api__dtype dtype, bool *json_ok)
 {
     bool qkv = strcmp(name, "query") == 0 || strcmp(name, "key") == 0 ||
                strcmp(name, "value") == 0 || strcmp(name, "input") == 0 ||
-               strcmp(name, "memory") == 0;
+               strcmp(name, "memory") == 0 || strcmp(name, "sinks") == 0;
     *json_ok = dtype == API_DTYPE_FLOAT32 || dtype == API_DTYPE_BOOL || dtype == API_DTYPE_INT64 ||
                dtype == API_DTYPE_INT32;
     if (qkv)
@@ -725,6 +725,7 @@ static const v2_input sdpa_inputs[] = {
     {"attn_mask", offsetof(api__sdpa_req, mask), offsetof(api__sdpa_req, has_mask), NULL},
     {"key_padding_mask", offsetof(api__sdpa_req, kpm), offsetof(api__sdpa_req, has_kpm), NULL},
     {"kv_lengths", offsetof(api__sdpa_req, kvlen), offsetof(api__sdpa_req, has_kvlen), NULL},
+    {"sinks", offsetof(api__sdpa_req, sinks), offsetof(api__sdpa_req, has_sinks), NULL},
 };
 
 static const v2_input layer_inputs[] = {

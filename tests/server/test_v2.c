@@ -394,11 +394,13 @@ static void test_metadata(void)
         if (j) {
             json_t *in = json_object_get(j, "inputs");
             CHECK(strcmp(json_string_value(json_object_get(j, "name")), "sdpa") == 0);
-            CHECK(json_array_size(in) == 6);
+            CHECK(json_array_size(in) == 7);
             json_t *q = json_array_get(in, 0);
             CHECK(strcmp(json_string_value(json_object_get(q, "name")), "query") == 0);
             CHECK(strcmp(json_string_value(json_object_get(q, "datatype")), "FP32") == 0);
             CHECK(json_integer_value(json_array_get(json_object_get(q, "shape"), 0)) == -1);
+            json_t *sinks = json_array_get(in, 6);
+            CHECK(strcmp(json_string_value(json_object_get(sinks, "name")), "sinks") == 0);
             CHECK(json_array_size(json_object_get(j, "outputs")) == 2);
             json_decref(j);
         }

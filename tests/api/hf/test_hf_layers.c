@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "api/ops/hf.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/rng.h"
@@ -654,6 +655,136 @@ static void test_heads_wider_than_the_hidden_size_step_as_the_whole(void)
     CHECK(system(cmd) == 0);
 }
 
+/* ---- Gemma 3 multimodal ------------------------------------------------------------------- */
+
+/* Copies the safetensors file `from` to `to` with every tensor name under "model." moved under
+ * `prefix` instead (the data section unchanged, the header padded to 8 bytes again). */
+static bool rename_tensors(const char *from, const char *to, const char *prefix)
+{
+    FILE *f = fopen(from, "rb");
+    if (!f)
+        return false;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *bytes = size > 8 ? malloc((size_t)size) : NULL;
+    bool ok = bytes && fread(bytes, 1, (size_t)size, f) == (size_t)size;
+    fclose(f);
+    uint64_t n = 0;
+    for (int i = 7; ok && i >= 0; i--)
+        n = n << 8 | bytes[i];
+    json_t *header = ok && n <= (uint64_t)size - 8
+                         ? json_loadb((const char *)bytes + 8, (size_t)n, 0, NULL)
+                         : NULL;
+    json_t *renamed = json_object();
+    const char *key;
+    json_t *val;
+    json_object_foreach(header, key, val)
+    {
+        char name[256];
+        if (strncmp(key, "model.", 6) == 0)
+            snprintf(name, sizeof name, "%s%s", prefix, key + 6);
+        else
+            snprintf(name, sizeof name, "%s", key);
+        json_object_set(renamed, name, val);
+    }
+    char *text = header ? json_dumps(renamed, JSON_COMPACT) : NULL;
+    size_t len = text ? strlen(text) : 0, padded = (len + 7) / 8 * 8;
+    FILE *out = text ? fopen(to, "wb") : NULL;
+    ok = out != NULL;
+    for (int i = 0; ok && i < 8; i++)
+        ok = fputc((int)((padded >> (8 * i)) & 0xff), out) != EOF;
+    ok = ok && fwrite(text, 1, len, out) == len;
+    for (size_t i = len; ok && i < padded; i++)
+        ok = fputc(' ', out) != EOF;
+    ok = ok && fwrite(bytes + 8 + n, 1, (size_t)size - 8 - (size_t)n, out) ==
+                   (size_t)size - 8 - (size_t)n;
+    if (out)
+        ok = fclose(out) == 0 && ok;
+    free(text);
+    json_decref(renamed);
+    json_decref(header);
+    free(bytes);
+    return ok;
+}
+
+/* The gemma3 case as Gemma3ForConditionalGeneration saves it: the text config nested (without
+ * the keys whose values are Gemma3TextConfig's defaults, as transformers leaves them out) and
+ * the layers under the language model, in both layouts of the tensor names. */
+static void test_gemma3_multimodal_checkpoints_serve_their_text_layers(void)
+{
+    static const char *const prefixes[] = {"model.language_model.", "language_model.model."};
+    static const char *const defaults[] = {"rms_norm_eps", "attention_bias",
+                                           "attn_logit_softcapping", "rope_parameters"};
+    char tmp[] = "/tmp/attnd_hf_gemma3_XXXXXX", path[256], from[256], name[64], err[600];
+    hf_case c;
+    CHECK(mkdtemp(tmp) != NULL);
+    if (!load_case("gemma3", &c))
+        return;
+    snprintf(path, sizeof path, "%s/gemma3/config.json", cases_dir);
+    json_t *text = json_load_file(path, 0, NULL);
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        json_object_del(text, defaults[i]);
+    json_t *cfg = json_pack("{s:s, s:[s], s:o}", "model_type", "gemma3", "architectures",
+                            "Gemma3ForConditionalGeneration", "text_config", text);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    CHECK(json_dump_file(cfg, path, 0) == 0);
+    json_decref(cfg);
+    snprintf(from, sizeof from, "%s/gemma3/model.safetensors", cases_dir);
+    for (size_t p = 0; p < 2; p++) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        CHECK(rename_tensors(from, path, prefixes[p]));
+        snprintf(name, sizeof name, "gemma3_multimodal_%zu", p);
+        eng_layer *l = api_checkpoint_load(name, tmp, c.layer, NULL, err, sizeof err);
+        CHECKF(l != NULL, "%s: %s", prefixes[p], err);
+        if (l && api_models_add(models, l, err, sizeof err)) {
+            char *b = mha_body(name, &c, 0, c.L, "");
+            result r = call_route(api_mha, NULL, NULL, b);
+            double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+            CHECKF(e <= RTOL, "%s: %d, %.3g x max|output|", prefixes[p], r.status, e);
+            json_decref(r.json);
+            free(b);
+        }
+    }
+    free_case(&c);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0);
+}
+
+/* A Gemma 3 text config with nothing in it is Gemma3TextConfig's defaults: 8 heads, 4 kv heads
+ * of 256 over a hidden size of 2304, 26 layers of which every sixth is global (RoPE base 1e6,
+ * no window) and the rest local (base 1e4, a window of 4096), scale 256^-1/2. */
+static void test_gemma3_text_config_defaults_are_transformers(void)
+{
+    const char *configs[] = {"{\"model_type\":\"gemma3\",\"text_config\":{}}",
+                             "{\"model_type\":\"gemma3\"}", "{\"model_type\":\"gemma3_text\"}"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        json_t *cfg = json_loads(configs[i], 0, NULL);
+        static hf_config local, global;
+        hf_error e = {0};
+        CHECKF(hf_config_read(cfg, 0, &local, &e) == 0, "%s: %s", configs[i], e.message);
+        CHECKF(hf_config_read(cfg, 5, &global, &e) == 0, "%s: %s", configs[i], e.message);
+        CHECKF(local.E == 2304 && local.H == 8 && local.Hkv == 4 && local.D == 256 &&
+                   local.layers == 26,
+               "%s: E %lld H %lld Hkv %lld D %lld layers %lld", configs[i], (long long)local.E,
+               (long long)local.H, (long long)local.Hkv, (long long)local.D,
+               (long long)local.layers);
+        CHECKF(local.spec.window == 4096 && local.spec.rope.base == 1e4, "%s: local %lld %g",
+               configs[i], (long long)local.spec.window, local.spec.rope.base);
+        CHECKF(global.spec.window == 0 && global.spec.rope.base == 1e6, "%s: global %lld %g",
+               configs[i], (long long)global.spec.window, global.spec.rope.base);
+        CHECKF(local.spec.scale == 1.0f / 16.0f && !local.bias_qkv && local.spec.softcap == 0,
+               "%s: scale %g", configs[i], (double)local.spec.scale);
+        json_decref(cfg);
+    }
+    json_t *bad = json_loads("{\"model_type\":\"gemma3\",\"text_config\":[]}", 0, NULL);
+    static hf_config c;
+    hf_error e = {0};
+    CHECK(hf_config_read(bad, 0, &c, &e) != 0 && strcmp(e.field, "text_config") == 0);
+    json_decref(bad);
+}
+
 int main(void)
 {
     eng_error err;
@@ -674,6 +805,8 @@ int main(void)
     RUN_WITHIN(test_transformers_4_configs_give_the_same_layers, 60);
     RUN_WITHIN(test_longrope_at_its_short_factors, 60);
     RUN_WITHIN(test_dynamic_ntk_below_its_context, 60);
+    RUN_WITHIN(test_gemma3_multimodal_checkpoints_serve_their_text_layers, 60);
+    RUN_WITHIN(test_gemma3_text_config_defaults_are_transformers, 10);
     api_models_free(models);
     eng_pool_free(pool);
     return check_report();
