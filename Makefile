@@ -183,21 +183,25 @@ TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the
-# engine picks on its own only where that instruction is fast, and the layer suites once more
-# on the emulated AMX tiles (ATTND_BF16=amx-emulated), which run on any CPU the code the
+# engine picks on its own only where that instruction is fast, and the layer and bf16 attention
+# suites once more on the emulated AMX tiles (ATTND_BF16=amx-emulated), which run on any CPU the code the
 # hardware tiles run where the CPU and the OS grant them. The other suites, and the sanitizer
 # runs, use the set the engine picks (auto).
 AMX_SUITES := test_mha test_layer16 test_mha_session
+# The attention's bf16 suites on the emulated tiles run quick: the emulation is scalar, and the
+# largest case (L = S = 8192) would take it many minutes.
+AMX_SDPA_SUITES := test_sdpa_bf16 test_sdpa_bf16_views test_sdpa_amx
 KERNEL_SETS := avx512 avx2 generic openblas
 ENGINE_TEST_BINS := $(filter $(BUILD)/tests/engine/%,$(TEST_BINS))
 plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND_BIN=$(BUILD)/attnd $(t)") \
     $(foreach k,$(KERNEL_SETS),$(foreach t,$(ENGINE_TEST_BINS),"ATTND_KERNELS=$(k) $(t)")) \
     "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16" \
     "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16_views" \
-    $(foreach t,$(AMX_SUITES),"ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)")
+    $(foreach t,$(AMX_SUITES),"ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)") \
+    $(foreach t,$(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)")
 asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)") \
-    $(foreach t,$(AMX_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
+    $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 

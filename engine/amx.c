@@ -259,7 +259,8 @@ void eng__amx_sgemm(eng__amx_mode m, const eng__amx_gemm *g, uint16_t *a_scratch
         return;
     pthread_once(&once, choose);
     config_thread(m);
-    const int64_t kp = eng__amx_depth(g->k), steps = kp / ENG__AMX_DEPTH, panel = kp * ENG__AMX_NR;
+    const int64_t kp = eng__amx_depth(g->k), steps = kp / ENG__AMX_DEPTH,
+                  panel = g->b_panel_stride ? g->b_panel_stride : kp * ENG__AMX_NR;
     void (*kernel)(int64_t, const uint16_t *, int64_t, const uint16_t *, float *) =
         m == ENG__AMX_HW ? eng__amx_kernel_hw : eng__amx_kernel_emu;
     _Alignas(64) float acc[ENG__AMX_MR * ENG__AMX_NR];

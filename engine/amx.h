@@ -80,13 +80,16 @@ size_t eng__amx_a_elems(int64_t k);
  * copied into the tiles' rows; B packed by eng__amx_pack_b for this n and k. beta == 0 never
  * reads C. m, n, k >= 0: no rows or columns leave C untouched; depth 0 gives C = beta C (0 when
  * beta == 0). The sums follow TDPBF16PS (amx_emu.c): per 32 depths, even and odd partial sums,
- * then added to the element; depth past k is zero. */
+ * then added to the element; depth past k is zero. b_panel_stride: elements from one panel of
+ * B to the next, 0 for eng__amx_depth(k) * 32 (a B packed deeper than k, read from a tile step
+ * on, sets it to its own). */
 typedef struct {
     int64_t m, n, k;
     float alpha, beta;
     const float *a;
     int64_t lda;
     const uint16_t *b;
+    int64_t b_panel_stride;
     float *c;
     int64_t ldc;
 } eng__amx_gemm;

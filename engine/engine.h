@@ -172,7 +172,8 @@ bool eng_kernels_supported(const char *name);
 /* What the engine runs on, for the start-up log line and the info metric. */
 typedef struct {
     char kernels[16]; /* the set in use */
-    char bf16[16];    /* bf16 products: "avx512bf16", "emulated" or "float32" (none) */
+    char bf16[16];    /* bf16 products: "amx", "amx-emulated", "avx512bf16", "emulated" or
+                       * "float32" (none) */
     /* The layer projections' bf16 tiles: "amx", "amx-emulated (why)" or "off (why)". */
     char amx[192];
     char cpu[64];               /* the CPU's brand string */

@@ -392,11 +392,13 @@ void eng_engine_info_get(eng_engine_info *info)
     const eng__kernels *k = eng__kernels_current();
     memset(info, 0, sizeof *info);
     snprintf(info->kernels, sizeof info->kernels, "%s", k->name);
-    snprintf(info->bf16, sizeof info->bf16, "%s",
-             k->tile_bf16 ? "avx512bf16"
-             : k->tile    ? "emulated"
-                          : "float32");
     eng__amx_mode amx = eng__amx_active();
+    snprintf(info->bf16, sizeof info->bf16, "%s",
+             !k->tile                   ? "float32"
+             : amx == ENG__AMX_HW       ? "amx"
+             : amx == ENG__AMX_EMULATED ? "amx-emulated"
+             : k->tile_bf16             ? "avx512bf16"
+                                        : "emulated");
     snprintf(info->amx, sizeof info->amx, "%s%s%s%s",
              amx == ENG__AMX_HW         ? "amx"
              : amx == ENG__AMX_EMULATED ? "amx-emulated"

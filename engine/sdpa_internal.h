@@ -16,15 +16,16 @@
 
 #include <stdatomic.h>
 
+#include "engine/amx.h"
 #include "engine/kernels.h"
 
 /* How the products run: streaming raw K and V rows through the vector kernels (few query rows
  * in all), register tiles over packed panels, or cblas_sgemm (the openblas set). */
 typedef enum { SDPA_STREAM, SDPA_PANELS, SDPA_BLAS } sdpa_path;
 
-/* The products' operands: fp32, bf16 multiplied by VDPBF16PS, or bf16 values rounded for the
- * fp32 kernel. */
-typedef enum { SDPA_FP32, SDPA_BF16_NATIVE, SDPA_BF16_ROUNDED } sdpa_products;
+/* The products' operands: fp32, bf16 multiplied by VDPBF16PS, bf16 values rounded for the
+ * fp32 kernel, or bf16 on AMX tiles (TDPBF16PS, the hardware's or the emulation). */
+typedef enum { SDPA_FP32, SDPA_BF16_NATIVE, SDPA_BF16_ROUNDED, SDPA_BF16_AMX } sdpa_products;
 
 /* Where K and V come from: fp32 views, bf16 views (eng_sdpa_args k16, v16), or the block table
  * of a paged KV cache (any of its dtypes). */
@@ -39,7 +40,8 @@ typedef struct {
     size_t widen;  /* a block's 16-bit K and V rows widened to fp32 */
     size_t total;
     size_t qf_floats;
-    size_t q16, p16, k16, v16; /* bf16: Q rows, a P panel, K and V pair panels (elements) */
+    size_t q16, p16, k16, v16; /* bf16: Q rows, a P panel, K and V pair panels (elements);
+                                * AMX: p16 is the tiles' A rows, k16 and v16 their B panels */
     size_t q16_elems, p16_elems;
 } sdpa_layout;
 
@@ -51,6 +53,7 @@ typedef struct {
     eng_ctl *ctl;
     sdpa_path path;
     sdpa_products products;
+    eng__amx_mode amx; /* the tile instructions of SDPA_BF16_AMX, else ENG__AMX_OFF */
     sdpa_source source;
     const eng__kv_paged *paged; /* the block table (source SDPA_PAGED), else NULL */
     eng_dtype kv_dtype;         /* of K and V rows: the table's, or the views' */
@@ -143,7 +146,8 @@ typedef struct {
 /* One key block's operands: its rows where they are (kr, vr: fp32; kh, vh: 16-bit rows read
  * in place), and for the micro-kernels the K^T panels (NR keys each, D deep, panel stride D
  * NR) and V panels (NR columns each, one row per key, panel stride v_stride), or their bf16
- * pair panels. */
+ * pair panels (with AMX: eng__amx_pack_b's panels of K^T, D deep, and of V, the block's keys
+ * deep). */
 typedef struct {
     const float *kr, *vr;
     int64_t ldk, ldv;
@@ -194,6 +198,12 @@ static inline bool kv16(const plan *p)
 static inline bool bf16(const plan *p)
 {
     return p->products != SDPA_FP32;
+}
+
+/* Keys of one panel of the products: a panel's keys start on a multiple of it. */
+static inline int64_t key_panel(const plan *p)
+{
+    return p->products == SDPA_BF16_AMX ? ENG__AMX_NR : p->ks->nr;
 }
 
 /* Query heads of a task: its slots' heads. */
@@ -249,7 +259,7 @@ void sdpa__blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int
 bool sdpa__blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status *st);
 
 /* For rows [i, i + rows) of batch b: kb's keys that some row may see by position, c0 rounded
- * down to a whole panel of NR keys. False when no row sees any. */
+ * down to a whole panel of keys (key_panel). False when no row sees any. */
 bool sdpa__panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_block *kb);
 
 /* Softcap, ALiBi, the attention mask, padding and the position range on the scores `row` of

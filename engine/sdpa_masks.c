@@ -212,7 +212,7 @@ bool sdpa__panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_blo
     row_range(p, b, i, &lo, &hi);
     row_range(p, b, i + rows - 1, &lo_last, &hi_last);
     int64_t first = clamp64(lo - kb->j0, 0, kb->cols), end = clamp64(hi_last - kb->j0, 0, kb->cols);
-    kb->c0 = first / p->ks->nr * p->ks->nr;
+    kb->c0 = first / key_panel(p) * key_panel(p);
     kb->n = end - kb->c0;
     return first < end;
 }

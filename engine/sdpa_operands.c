@@ -119,6 +119,22 @@ static void pack_block16(const plan *p, int64_t b, int64_t hk, int64_t j0, int64
     }
 }
 
+/* The AMX panels of the block, packed into the task's scratch s from its fp32 rows, or from
+ * the bits of its 16-bit rows: K^T D deep, V the block's keys deep. */
+static void pack_block_amx(const plan *p, int64_t cols, const float *s, block_panels *bp)
+{
+    uint16_t *k_area = (uint16_t *)s + p->lay.k16, *v_area = (uint16_t *)s + p->lay.v16;
+    const eng_dtype dtype = bp->kr ? ENG_DTYPE_F32 : p->kv_dtype;
+    eng__amx_pack_b(bp->kr ? (const void *)bp->kr : bp->kh, dtype, bp->ldk, true, p->D, cols,
+                    k_area);
+    eng__amx_pack_b(bp->vr ? (const void *)bp->vr : bp->vh, dtype, bp->ldv, false, cols, p->Dv,
+                    v_area);
+    bp->k16 = k_area;
+    bp->k16_stride = eng__amx_depth(p->D) * ENG__AMX_NR;
+    bp->v16 = v_area;
+    bp->v16_stride = eng__amx_depth(cols) * ENG__AMX_NR;
+}
+
 /* The panels of keys [j0, j0+cols) of (b, kv head hk) from their rows in bp: the call's
  * prepacked ones where it has them, else packed once here into the block panel space of the
  * task's scratch s. */
@@ -127,6 +143,10 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
 {
     if (p->products == SDPA_BF16_NATIVE) {
         pack_block16(p, b, hk, j0, cols, s, bp);
+        return;
+    }
+    if (p->products == SDPA_BF16_AMX) {
+        pack_block_amx(p, cols, s, bp);
         return;
     }
     float *area = (float *)s + p->lay.panels;

@@ -1,6 +1,6 @@
 /*
  * sdpa_plan.c - the plan of one call, made once: the path (streaming, panels, cblas), the
- * products (fp32, bf16 native or rounded) and the source (views, 16-bit views, paged cache);
+ * products (fp32, bf16 native, rounded or on AMX tiles) and the source (views, 16-bit views, paged cache);
  * the work split into tasks (query blocks, grouped heads, slots, key chunks); whether K and V
  * are prepacked; and the layout of each task's scratch block.
  */
@@ -193,6 +193,31 @@ static size_t qf_floats(const plan *p)
     return align16((size_t)(((task_rows(p) + mr - 1) / mr * mr + mr) * p->D));
 }
 
+/* AMX: one block's K^T and V panels, then the tiles' A rows (Q rows D deep, or P rows a
+ * block's keys deep), in bf16 elements. */
+static size_t amx_k_elems(const plan *p)
+{
+    return align32(eng__amx_panels_elems(p->bc, p->D));
+}
+
+static size_t amx_v_elems(const plan *p)
+{
+    return align32(eng__amx_panels_elems(p->Dv, p->bc));
+}
+
+static size_t amx_panels_floats(const plan *p)
+{
+    size_t elems = amx_k_elems(p) + amx_v_elems(p) +
+                   align32(eng__amx_a_elems(p->D > p->bc ? p->D : p->bc));
+    return align16((elems + 1) / 2);
+}
+
+/* One key block's panels, of whichever products the micro-kernels run. */
+static size_t block_panels_floats(const plan *p)
+{
+    return p->products == SDPA_BF16_AMX ? amx_panels_floats(p) : fp32_panels_floats(p);
+}
+
 static size_t task_panels_floats(const plan *p)
 {
     if (p->path != SDPA_PANELS) /* openblas or streaming: only bf16 Q rows, widened */
@@ -202,7 +227,7 @@ static size_t task_panels_floats(const plan *p)
                        eng__bf16_panels_elems(p->ks->nr, p->Dv, p->bc);
         return align16((elems + 1) / 2);
     }
-    return fp32_panels_floats(p) + (bf16(p) || p->q16 ? qf_floats(p) : 0);
+    return block_panels_floats(p) + (bf16(p) || p->q16 ? qf_floats(p) : 0);
 }
 
 /* Whether a task widens 16-bit K and V rows into its scratch: a paged cache's that the
@@ -226,7 +251,7 @@ static void plan_layout(plan *p)
     y->pack = task_head_floats(p);
     y->panels = y->pack + task_pack_floats(p);
     y->qf_floats = qf_floats(p);
-    y->qf = y->panels + (p->path == SDPA_PANELS ? fp32_panels_floats(p) : 0);
+    y->qf = y->panels + (p->path == SDPA_PANELS ? block_panels_floats(p) : 0);
     y->widen = y->panels + task_panels_floats(p);
     y->total = y->widen + task_widen_floats(p);
     y->q16_elems = q16_elems(p);
@@ -235,6 +260,11 @@ static void plan_layout(plan *p)
     y->p16 = y->q16 + y->q16_elems;
     y->k16 = y->p16 + y->p16_elems;
     y->v16 = y->k16 + k16_elems(p);
+    if (p->products == SDPA_BF16_AMX) {
+        y->k16 = 2 * y->panels;
+        y->v16 = y->k16 + amx_k_elems(p);
+        y->p16 = y->v16 + amx_v_elems(p);
+    }
 }
 
 /* Bytes of one prepacked element. */
@@ -246,14 +276,14 @@ static size_t prepack_elem_bytes(const plan *p)
 /* Packing K and V once per (b, kv head) pays when more than one task multiplies them (query
  * blocks, the query heads of a grouped-query group in tasks of their own) with the kernel
  * set's GEMM. Its memory is about that of K and V, so it is capped: beyond PREPACK_MAX_BYTES,
- * scratch stays O(block) and tasks pack per block. */
+ * scratch stays O(block) and tasks pack per block, as they always do for AMX tiles. */
 static void plan_prepack(plan *p)
 {
     p->prepack = false;
     /* Tasks that multiply each (b, kv head)'s K and V: its query blocks, times its query heads
      * unless one task takes them all. */
     if (p->path != SDPA_PANELS || p->add_q || p->a->additive_w_q ||
-        p->nqb * (p->group / p->task_heads) < 2)
+        p->products == SDPA_BF16_AMX || p->nqb * (p->group / p->task_heads) < 2)
         return;
     /* From a paged cache, panels are packed a cache block at a time: each must hold whole
      * panels of keys. */
@@ -325,7 +355,9 @@ void sdpa__plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, i
     p->group = p->H / p->Hkv;
     p->scale = a->scale_set ? a->scale : (float)(1.0 / sqrt((double)p->D));
     p->offset = resolve_offset(a);
+    p->amx = eng_sdpa_precision(a) == ENG_PRECISION_FLOAT32 ? ENG__AMX_OFF : eng__amx_active();
     p->products = eng_sdpa_precision(a) == ENG_PRECISION_FLOAT32 ? SDPA_FP32
+                  : p->amx != ENG__AMX_OFF                       ? SDPA_BF16_AMX
                   : p->ks->tile_bf16                             ? SDPA_BF16_NATIVE
                                                                  : SDPA_BF16_ROUNDED;
     p->dp = (p->D + 1) / 2 * 2;

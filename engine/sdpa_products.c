@@ -1,7 +1,7 @@
 /*
  * sdpa_products.c - one panel of query rows against one key block: S = scale Q K^T (register
  * tiles over the block's panels, the wide tile where the set has one, VDPBF16PS on pair
- * panels, or cblas), or additive scores; the online softmax of each row; then O += P V, P read
+ * panels, TDPBF16PS on AMX panels, or cblas), or additive scores; the online softmax of each row; then O += P V, P read
  * where the softmax wrote it.
  */
 #include <math.h>
@@ -121,6 +121,44 @@ static void values_wide_gemm(const plan *p, mat s, int64_t rows, const key_block
     }
 }
 
+/* s[rows x n] = scale Q K^T on AMX tiles: the task's rounded Q rows against the K^T panels of
+ * the panel keys of kb (kb->c0 is a whole panel of them). */
+static void scores_amx(const plan *p, const q_rows *q, const key_block *kb,
+                       const block_panels *bp, mat s, const float *scratch)
+{
+    eng__amx_gemm g = {.m = q->n,
+                       .n = kb->n,
+                       .k = p->D,
+                       .alpha = p->scale,
+                       .beta = 0.0f,
+                       .a = scratch + p->lay.qf + q->t * p->D,
+                       .lda = p->D,
+                       .b = bp->k16 + kb->c0 / ENG__AMX_NR * bp->k16_stride,
+                       .b_panel_stride = bp->k16_stride,
+                       .c = s.x,
+                       .ldc = s.ld};
+    eng__amx_sgemm(p->amx, &g, (uint16_t *)scratch + p->lay.p16);
+}
+
+/* o[rows x Dv] += P V on AMX tiles: P rounded to bf16 as the tiles' rows take it, against the
+ * V panels from key c0 (a whole tile step: kb->c0 is a whole panel of keys). */
+static void values_amx(const plan *p, int64_t rows, const key_block *kb, const block_panels *bp,
+                       mat s, mat o, const float *scratch)
+{
+    eng__amx_gemm g = {.m = rows,
+                       .n = p->Dv,
+                       .k = kb->n,
+                       .alpha = 1.0f,
+                       .beta = 1.0f,
+                       .a = s.x,
+                       .lda = s.ld,
+                       .b = bp->v16 + kb->c0 / ENG__AMX_DEPTH * ENG__AMX_DEPTH * ENG__AMX_NR,
+                       .b_panel_stride = bp->v16_stride,
+                       .c = o.x,
+                       .ldc = o.ld};
+    eng__amx_sgemm(p->amx, &g, (uint16_t *)scratch + p->lay.p16);
+}
+
 /* Row q->t of the task is row q->i's: with bf16 its rounded copy lives there. */
 void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, const block_panels *bp,
                         mat s, const float *scratch)
@@ -130,6 +168,8 @@ void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, con
     float *pack = (float *)scratch + p->lay.pack;
     if (p->add_q) {
         sdpa__additive_scores(p, q, kb->j0 + kb->c0, kb->n, s);
+    } else if (p->products == SDPA_BF16_AMX) {
+        scores_amx(p, q, kb, bp, s, scratch);
     } else if (p->products == SDPA_BF16_ROUNDED || (!bf16(p) && p->q16)) {
         mat qf = {(float *)scratch + p->lay.qf + q->t * p->D, p->D};
         scores_gemm(p, qf, rows, bp, kb, s, pack);
@@ -153,12 +193,16 @@ void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, con
     }
 }
 
-/* With bf16, P is rounded first: in place for the fp32 kernel, or into the task's P panel for
- * VDPBF16PS. */
+/* With bf16, P is rounded first: in place for the fp32 kernel, into the task's P panel for
+ * VDPBF16PS, or into the tiles' rows. */
 void sdpa__panel_values(const plan *p, int64_t rows, const key_block *kb, const block_panels *bp,
                         mat s, mat o, const float *scratch)
 {
     const int64_t nr = p->ks->nr, n = kb->n;
+    if (p->products == SDPA_BF16_AMX) {
+        values_amx(p, rows, kb, bp, s, o, scratch);
+        return;
+    }
     if (p->products != SDPA_BF16_NATIVE) {
         if (bf16(p))
             for (int64_t r = 0; r < rows; r++)

@@ -28,10 +28,15 @@ for t in test_mha test_layer16 test_mha_session; do
     echo "-- $t (ATTND_BF16=amx-emulated)"
     ATTND_BF16=amx-emulated "$BUILD/tests/engine/$t" | grep -v '^ok'
 done
-for t in test_sdpa_bf16 test_kernels; do
-    echo "-- $t"
+for t in test_sdpa_amx test_sdpa_bf16 test_sdpa_bf16_views; do
+    echo "-- $t (auto: hardware tiles)"
     "$BUILD/tests/engine/$t" | grep -v '^ok'
 done
+echo "-- test_sdpa_amx (ATTND_BF16=amx-emulated)"
+ATTND_BF16=amx-emulated "$BUILD/tests/engine/test_sdpa_amx" | grep -v '^ok'
+echo "-- test_kernels"
+"$BUILD/tests/engine/test_kernels" | grep -v '^ok'
+
 
 for n in $THREADS; do
     last=$((n - 1))

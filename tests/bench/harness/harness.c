@@ -240,9 +240,11 @@ static double (*peak_bf16_loop(void))(void)
 {
     eng_engine_info info;
     eng_engine_info_get(&info);
+    if (strcmp(info.bf16, "amx") == 0)
+        return peak_amx;
     if (strcmp(info.bf16, "avx512bf16") == 0)
         return peak_avx512bf16;
-    if (strcmp(info.bf16, "emulated") == 0)
+    if (strcmp(info.bf16, "emulated") == 0 || strcmp(info.bf16, "amx-emulated") == 0)
         return peak_loop(info.kernels);
     return NULL;
 }
