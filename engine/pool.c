@@ -302,19 +302,17 @@ eng_pool *eng_pool_new(int threads, eng_error *err)
 
 eng_status eng_pool_add_spare(eng_pool *pool, eng_error *err)
 {
+    /* Under the lock, so that concurrent calls start one spare (which then waits for the lock). */
     pthread_mutex_lock(&pool->mu);
-    bool already = pool->has_spare;
-    pthread_mutex_unlock(&pool->mu);
-    if (already)
-        return ENG_OK;
-    int rc = pthread_create(&pool->spare, NULL, spare_main, pool);
-    if (rc != 0)
-        return eng__fail(err, ENG_ENOMEM, "spare", "cannot start the spare thread: %s",
-                         strerror(rc));
-    pthread_mutex_lock(&pool->mu);
-    pool->has_spare = true;
-    if (spare_has_work(pool))
-        pthread_cond_signal(&pool->spare_wake);
+    if (!pool->has_spare) {
+        int rc = pthread_create(&pool->spare, NULL, spare_main, pool);
+        if (rc != 0) {
+            pthread_mutex_unlock(&pool->mu);
+            return eng__fail(err, ENG_ENOMEM, "spare", "cannot start the spare thread: %s",
+                             strerror(rc));
+        }
+        pool->has_spare = true;
+    }
     pthread_mutex_unlock(&pool->mu);
     return ENG_OK;
 }
