@@ -117,6 +117,12 @@ eng_pool *eng_pool_new(int threads, eng_error *err);
  * no-op. No other thread may use the pool during or after this call. */
 void eng_pool_free(eng_pool *pool);
 
+/* Adds one spare thread to the pool that runs a queued job only while every worker is busy with
+ * less urgent work (a higher priority value): an urgent request then need not wait for a long
+ * one's task to end. It sleeps otherwise, so it takes no core from work the workers can do. A
+ * second call is a no-op. Not counted by eng_pool_threads. */
+eng_status eng_pool_add_spare(eng_pool *pool, eng_error *err);
+
 int eng_pool_threads(const eng_pool *pool);
 
 /* Tasks queued but not yet started, over all requests (for metrics and admission). */

@@ -14,7 +14,8 @@
  * deadlock-free: even with every worker blocked in a nested call, each caller can finish its own
  * job alone. Before each of its own indices it takes one of a more urgent job at the head of the
  * queue, if there is one, so that urgent work does not wait for a worker while the pool's
- * threads are all busy with a less urgent request.
+ * threads are all busy with a less urgent request. An optional spare thread
+ * (eng_pool_add_spare) takes the head job while every worker is busy with less urgent work.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -50,7 +51,15 @@ struct eng_pool {
     bool stopping;
     int threads;
     pthread_t *workers;
+    /* What each worker runs: the priority of the job of its current task, or IDLE. */
+    uint32_t *running;
+    int idle; /* workers waiting for work */
+    bool has_spare;
+    pthread_cond_t spare_wake; /* the spare may have work, or the pool is stopping */
+    pthread_t spare;
 };
+
+#define IDLE UINT32_MAX
 
 /* The ticket and priority of the job whose task this thread is running; ticket 0 outside any
  * task. */
@@ -58,6 +67,18 @@ static _Thread_local uint64_t current_ticket;
 static _Thread_local uint32_t current_priority;
 
 /* ---- Queue (callers hold pool->mu) ---------------------------------------------------------- */
+
+/* True when the head job is more urgent than every task the workers are running and none of
+ * them is free to take it: the spare's turn. */
+static bool spare_has_work(const eng_pool *pool)
+{
+    if (!pool->has_spare || !pool->head || pool->idle > 0)
+        return false;
+    for (int w = 0; w < pool->threads; w++)
+        if (pool->running[w] <= pool->head->priority)
+            return false;
+    return true;
+}
 
 static void queue_insert(eng_pool *pool, job *j)
 {
@@ -71,6 +92,8 @@ static void queue_insert(eng_pool *pool, job *j)
     j->link = *at;
     *at = j;
     pool->pending += j->count;
+    if (spare_has_work(pool))
+        pthread_cond_signal(&pool->spare_wake);
 }
 
 static void queue_remove(eng_pool *pool, job *j)
@@ -153,28 +176,81 @@ static bool run_urgent(eng_pool *pool, job *own)
 
 /* ---- Workers -------------------------------------------------------------------------------- */
 
+/* Takes the next index of the head job and runs it (or finds the job stopped), completing the
+ * job when that was its last index. `slot` is the worker's entry in running[], or NULL. */
+static void run_head(eng_pool *pool, uint32_t *slot)
+{
+    job *j = pool->head;
+    int64_t index = job_claim(pool, j);
+    if (index < 0) {
+        /* Skipped to the end because its request stopped. */
+        if (j->finished == j->count)
+            job_complete(pool, j);
+        return;
+    }
+    if (slot)
+        *slot = j->priority;
+    if (job_run_one(pool, j, index))
+        job_complete(pool, j);
+}
+
+typedef struct {
+    eng_pool *pool;
+    int index;
+} worker_arg;
+
 static void *worker_main(void *arg)
+{
+    eng_pool *pool = ((worker_arg *)arg)->pool;
+    int w = ((worker_arg *)arg)->index;
+    free(arg);
+    pthread_mutex_lock(&pool->mu);
+    uint32_t *slot = &pool->running[w];
+    for (;;) {
+        if (!pool->head && !pool->stopping) {
+            *slot = IDLE;
+            pool->idle++;
+            while (!pool->head && !pool->stopping)
+                pthread_cond_wait(&pool->work, &pool->mu);
+            pool->idle--;
+        }
+        if (!pool->head)
+            break; /* stopping, and the queue is empty */
+        run_head(pool, slot);
+    }
+    *slot = IDLE;
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+/* The spare: runs head jobs only while spare_has_work, so it never competes with the workers
+ * for work they are free to take. It leaves the queue to the workers when the pool stops. */
+static void *spare_main(void *arg)
 {
     eng_pool *pool = arg;
     pthread_mutex_lock(&pool->mu);
     for (;;) {
-        while (!pool->head && !pool->stopping)
-            pthread_cond_wait(&pool->work, &pool->mu);
-        if (!pool->head)
-            break; /* stopping, and the queue is empty */
-        job *j = pool->head;
-        int64_t index = job_claim(pool, j);
-        if (index < 0) {
-            /* Skipped to the end because its request stopped. */
-            if (j->finished == j->count)
-                job_complete(pool, j);
-            continue;
-        }
-        if (job_run_one(pool, j, index))
-            job_complete(pool, j);
+        while (!pool->stopping && !spare_has_work(pool))
+            pthread_cond_wait(&pool->spare_wake, &pool->mu);
+        if (pool->stopping)
+            break;
+        run_head(pool, NULL);
     }
     pthread_mutex_unlock(&pool->mu);
     return NULL;
+}
+
+static bool start_worker(eng_pool *pool, int index)
+{
+    worker_arg *a = malloc(sizeof *a);
+    if (!a)
+        return false;
+    *a = (worker_arg){pool, index};
+    if (pthread_create(&pool->workers[index], NULL, worker_main, a) != 0) {
+        free(a);
+        return false;
+    }
+    return true;
 }
 
 eng_pool *eng_pool_new(int threads, eng_error *err)
@@ -191,27 +267,54 @@ eng_pool *eng_pool_new(int threads, eng_error *err)
 
     eng_pool *pool = calloc(1, sizeof *pool);
     pthread_t *workers = calloc((size_t)threads, sizeof *workers);
-    if (!pool || !workers) {
+    uint32_t *running = malloc((size_t)threads * sizeof *running);
+    if (!pool || !workers || !running) {
         free(pool);
         free(workers);
+        free(running);
         eng__fail(err, ENG_ENOMEM, "threads", "cannot allocate a pool of %d threads", threads);
         return NULL;
     }
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->work, NULL);
     pthread_cond_init(&pool->done, NULL);
+    pthread_cond_init(&pool->spare_wake, NULL);
     pool->workers = workers;
+    pool->running = running;
+    /* Busy until each worker reaches its loop, so the spare does not start early. */
+    for (int i = 0; i < threads; i++)
+        running[i] = 0;
     for (int i = 0; i < threads; i++) {
-        int rc = pthread_create(&workers[i], NULL, worker_main, pool);
-        if (rc != 0) {
+        if (!start_worker(pool, i)) {
+            pthread_mutex_lock(&pool->mu);
             pool->threads = i;
+            pthread_mutex_unlock(&pool->mu);
             eng_pool_free(pool);
-            eng__fail(err, ENG_ENOMEM, "threads", "cannot start worker %d: %s", i, strerror(rc));
+            eng__fail(err, ENG_ENOMEM, "threads", "cannot start worker %d", i);
             return NULL;
         }
     }
+    pthread_mutex_lock(&pool->mu);
     pool->threads = threads;
+    pthread_mutex_unlock(&pool->mu);
     return pool;
+}
+
+eng_status eng_pool_add_spare(eng_pool *pool, eng_error *err)
+{
+    /* Under the lock, so that concurrent calls start one spare (which then waits for the lock). */
+    pthread_mutex_lock(&pool->mu);
+    if (!pool->has_spare) {
+        int rc = pthread_create(&pool->spare, NULL, spare_main, pool);
+        if (rc != 0) {
+            pthread_mutex_unlock(&pool->mu);
+            return eng__fail(err, ENG_ENOMEM, "spare", "cannot start the spare thread: %s",
+                             strerror(rc));
+        }
+        pool->has_spare = true;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return ENG_OK;
 }
 
 void eng_pool_free(eng_pool *pool)
@@ -221,12 +324,18 @@ void eng_pool_free(eng_pool *pool)
     pthread_mutex_lock(&pool->mu);
     pool->stopping = true;
     pthread_cond_broadcast(&pool->work);
+    pthread_cond_broadcast(&pool->spare_wake);
+    bool spare = pool->has_spare;
     pthread_mutex_unlock(&pool->mu);
+    if (spare)
+        pthread_join(pool->spare, NULL);
     for (int i = 0; i < pool->threads; i++)
         pthread_join(pool->workers[i], NULL);
     pthread_mutex_destroy(&pool->mu);
     pthread_cond_destroy(&pool->work);
     pthread_cond_destroy(&pool->done);
+    pthread_cond_destroy(&pool->spare_wake);
+    free(pool->running);
     free(pool->workers);
     free(pool);
 }

@@ -332,6 +332,11 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
                  (long long)cfg->threads, eerr.message);
         goto fail;
     }
+    /* Short requests need not wait for a task of a long one to end (docs/goodput.md). */
+    if (eng_pool_add_spare(s->pool, &eerr) != ENG_OK) {
+        snprintf(err, errlen, "cannot start the engine's spare worker: %s", eerr.message);
+        goto fail;
+    }
     s->threads = eng_pool_threads(s->pool);
     s->sched = srv__sched_new(s->threads, &srv__req_sched_ops);
     if (!s->sched) {

@@ -616,6 +616,146 @@ static void test_a_helping_thread_runs_more_urgent_jobs_first(void)
     eng_pool_free(p);
 }
 
+/* ---- The spare thread ------------------------------------------------------------------------ */
+
+/* With the one worker held by a priority-1 job, a spare runs a priority-0 submission at once,
+ * but leaves one of priority 1 queued: it takes only work more urgent than the workers'. */
+static void test_spare_runs_only_more_urgent_work_while_workers_are_busy(void)
+{
+    eng_pool *p = new_pool(1);
+    if (!p)
+        return;
+    eng_error err;
+    memset(&err, 0, sizeof err);
+    CHECKF(eng_pool_add_spare(p, &err) == ENG_OK, "eng_pool_add_spare: %s", err.message);
+    CHECK(eng_pool_add_spare(p, &err) == ENG_OK);
+    CHECK_EQ_INT(eng_pool_threads(p), 1);
+    gate g;
+    gate_init(&g);
+    CHECK(eng_pool_submit_at(p, 1, gate_task, &g) == ENG_OK);
+    wait_flag(&g.started);
+    submit_log log;
+    submit_log_init(&log);
+    submit_item same = {&log, 1}, urgent = {&log, 0};
+    CHECK(eng_pool_submit_at(p, 1, submit_task, &same) == ENG_OK);
+    CHECK(eng_pool_submit_at(p, 0, submit_task, &urgent) == ENG_OK);
+    wait_count(&log.ran, 1);
+    CHECK_EQ_INT(log.order[0], 0);
+    sleep_us(50 * 1000);
+    CHECK_EQ_INT(atomic_load(&log.ran), 1);
+    CHECK_EQ_INT(eng_pool_pending(p), 1);
+    atomic_store(&g.release, true);
+    wait_count(&log.ran, 2);
+    CHECK_EQ_INT(log.order[1], 1);
+    eng_pool_free(p);
+}
+
+/* Short requests among long ones: a long request (priority 1) fans out over every worker in
+ * tasks of long_ms each, over and over; short requests (priority 0, short_ms of work) arrive
+ * one at a time. Their latency, submission to end, is measured alone and then during the
+ * long ones. */
+typedef struct {
+    eng_pool *pool;
+    int64_t long_ns;
+    int64_t count; /* tasks per long request */
+    atomic_bool stop, stopped;
+} flood;
+
+static void spin_ns(int64_t ns)
+{
+    int64_t end = eng_now_ns() + ns;
+    while (eng_now_ns() < end) {
+    }
+}
+
+static void long_task(void *arg, int64_t index)
+{
+    (void)index;
+    spin_ns(((flood *)arg)->long_ns);
+}
+
+static void flood_task(void *arg, int64_t index)
+{
+    (void)index;
+    flood *f = arg;
+    while (!atomic_load(&f->stop))
+        CHECK(eng_pool_run(f->pool, long_task, f, f->count, NULL) == ENG_OK);
+    atomic_store(&f->stopped, true);
+}
+
+typedef struct {
+    int64_t work_ns, submitted_ns;
+    atomic_llong latency_ns; /* -1 until it ran */
+} short_req;
+
+static void short_task(void *arg, int64_t index)
+{
+    (void)index;
+    short_req *r = arg;
+    spin_ns(r->work_ns);
+    atomic_store(&r->latency_ns, eng_now_ns() - r->submitted_ns);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The 95th percentile latency of `n` short requests submitted one after another, each at a
+ * different point of whatever else runs. */
+static int64_t short_p95_ns(eng_pool *p, int n, int64_t work_ns)
+{
+    int64_t lat[64];
+    for (int i = 0; i < n && i < 64; i++) {
+        short_req r = {.work_ns = work_ns};
+        atomic_init(&r.latency_ns, -1);
+        r.submitted_ns = eng_now_ns();
+        CHECK(eng_pool_submit_at(p, 0, short_task, &r) == ENG_OK);
+        while (atomic_load(&r.latency_ns) < 0)
+            sleep_us(100);
+        lat[i] = atomic_load(&r.latency_ns);
+        sleep_us(1000 + (i * 3371) % 7000);
+    }
+    qsort(lat, (size_t)n, sizeof lat[0], cmp_i64);
+    return lat[(n * 95 - 1) / 100];
+}
+
+/* Without the spare a short request waits for a long task to end (up to long_ms); with it, its
+ * tail stays within a generous factor (10, for a loaded machine or a sanitizer) of its tail
+ * alone. The long tasks are 100 times the short request's work, so the bound fails without the
+ * spare. */
+static void test_spare_keeps_short_latency_among_long_tasks(void)
+{
+    int threads = 2;
+    eng_pool *p = new_pool(threads);
+    if (!p)
+        return;
+    eng_error err;
+    memset(&err, 0, sizeof err);
+    CHECKF(eng_pool_add_spare(p, &err) == ENG_OK, "eng_pool_add_spare: %s", err.message);
+    int n = quick ? 30 : 60;
+    int64_t work_ns = 2 * 1000 * 1000;
+    int64_t alone = short_p95_ns(p, n, work_ns);
+
+    flood f = {.pool = p, .long_ns = 100 * work_ns, .count = 4 * threads};
+    atomic_init(&f.stop, false);
+    atomic_init(&f.stopped, false);
+    CHECK(eng_pool_submit_at(p, 1, flood_task, &f) == ENG_OK);
+    sleep_us(20 * 1000);
+    int64_t mixed = short_p95_ns(p, n, work_ns);
+    atomic_store(&f.stop, true);
+    wait_flag(&f.stopped);
+
+    int64_t bound = 10 * alone;
+    printf("    short p95 alone %.2f ms, among long tasks of %.0f ms %.2f ms (bound %.2f ms)\n",
+           (double)alone / 1e6, (double)f.long_ns / 1e6, (double)mixed / 1e6,
+           (double)bound / 1e6);
+    CHECKF(mixed <= bound, "short p95 among long tasks %.2f ms > 10 x alone (%.2f ms)",
+           (double)mixed / 1e6, (double)alone / 1e6);
+    eng_pool_free(p);
+}
+
 /* eng_pool_free lets the tasks already queued run before it stops the workers. */
 typedef struct {
     gate *g;
@@ -972,6 +1112,8 @@ int main(void)
     RUN_WITHIN(test_submissions_run_by_priority_then_fifo, 20);
     RUN_WITHIN(test_nested_jobs_keep_their_priority, 20);
     RUN_WITHIN(test_a_helping_thread_runs_more_urgent_jobs_first, 20);
+    RUN_WITHIN(test_spare_runs_only_more_urgent_work_while_workers_are_busy, 20);
+    RUN_WITHIN(test_spare_keeps_short_latency_among_long_tasks, 60);
     RUN_WITHIN(test_free_runs_queued_tasks_first, 20);
     RUN_WITHIN(test_earlier_request_is_served_first, 30);
     RUN_WITHIN(test_nested_job_inherits_its_request_place, 30);
