@@ -65,4 +65,15 @@ struct srv_server {
     srv_auth *auth; /* NULL: no bearer tokens */
 };
 
+/* Takes one slot of --max-queue for either edge (HTTP, gRPC); false when the queue is full. */
+static inline bool srv__admit(srv_server *s)
+{
+    int_fast64_t admitted = atomic_load(&s->admitted);
+    do {
+        if (admitted >= s->max_queue)
+            return false;
+    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+    return true;
+}
+
 #endif

@@ -236,16 +236,6 @@ static void job_run(void *arg, int64_t index)
     job_done(job);
 }
 
-static bool admit(srv_server *s)
-{
-    int_fast64_t admitted = atomic_load(&s->admitted);
-    do {
-        if (admitted >= s->max_queue)
-            return false;
-    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
-    return true;
-}
-
 /* A job for message m of the call: its own lease (the message's bytes move into it), the
  * deadline the tighter of the call's and the message's own timeout, and its priority, model
  * slot and place in a sequence read from the message. NULL with the call finished on refusal. */
@@ -320,7 +310,7 @@ static void submit(grpc_call *call, grpc_msg *m)
         job_refuse(job, 503, API_REASON_DRAINING, draining_msg);
     } else if (job->lease.ctl.deadline_ns > 0 && job->submit_ns >= job->lease.ctl.deadline_ns) {
         job_refuse(job, 504, API_REASON_DEADLINE, "deadline exceeded while receiving the request");
-    } else if (!admit(s)) {
+    } else if (!srv__admit(s)) {
         snprintf(msg, sizeof msg, "the queue is full (--max-queue %lld); retry later",
                  (long long)s->max_queue);
         job_refuse(job, 429, API_REASON_QUEUE_FULL, msg);

@@ -717,17 +717,6 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
     return req->lease.ctl.deadline_ns;
 }
 
-/* Takes one slot of --max-queue; false when the queue is full. */
-static bool admit(srv_server *s)
-{
-    int_fast64_t admitted = atomic_load(&s->admitted);
-    do {
-        if (admitted >= s->max_queue)
-            return false;
-    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
-    return true;
-}
-
 /* The body is in: answer a refusal decided while it arrived, or admit the request (its deadline,
  * priority and place in a session's order read from the body into *peek) and queue it. */
 static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
@@ -752,7 +741,7 @@ static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
     }
     if (srv__req_overloaded(s, req, deadline - now, req->priority, msg, sizeof msg, &retry_s))
         return refuse_overloaded(req, msg, retry_s);
-    if (!admit(s))
+    if (!srv__admit(s))
         return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
                       "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
 
