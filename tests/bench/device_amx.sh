@@ -21,16 +21,16 @@ nproc
 python3 -c 'import torch; print("torch", torch.__version__, "threads", torch.get_num_threads())' 2>&1 | tail -n 1
 
 section "engine AMX suites (hardware tiles where granted)"
-"$BUILD/tests/engine/test_amx"
+ATTND_BF16=amx "$BUILD/tests/engine/test_amx"
 for t in test_mha test_layer16 test_mha_session; do
-    echo "-- $t (auto: hardware tiles)"
-    "$BUILD/tests/engine/$t" | grep -v '^ok'
+    echo "-- $t (ATTND_BF16=amx: hardware tiles)"
+    ATTND_BF16=amx "$BUILD/tests/engine/$t" | grep -v '^ok'
     echo "-- $t (ATTND_BF16=amx-emulated)"
     ATTND_BF16=amx-emulated "$BUILD/tests/engine/$t" | grep -v '^ok'
 done
 for t in test_sdpa_amx test_sdpa_bf16 test_sdpa_bf16_views; do
-    echo "-- $t (auto: hardware tiles)"
-    "$BUILD/tests/engine/$t" | grep -v '^ok'
+    echo "-- $t (ATTND_BF16=amx: hardware tiles)"
+    ATTND_BF16=amx "$BUILD/tests/engine/$t" | grep -v '^ok'
 done
 echo "-- test_sdpa_amx (ATTND_BF16=amx-emulated)"
 ATTND_BF16=amx-emulated "$BUILD/tests/engine/test_sdpa_amx" | grep -v '^ok'
@@ -41,8 +41,8 @@ echo "-- test_kernels"
 for n in $THREADS; do
     last=$((n - 1))
     section "bench_sdpa comparison shapes, $n threads (CPUs 0-$last), fp32 and bf16, with PyTorch"
-    ATTND_BENCH_ONLY=comparison taskset -c "0-$last" "$BUILD/tests/bench/bench_sdpa"
+    ATTND_BF16=amx ATTND_BENCH_ONLY=comparison taskset -c "0-$last" "$BUILD/tests/bench/bench_sdpa"
 done
 
 section "bench_mha at 16 threads (bf16 projections on the tiles)"
-taskset -c 0-15 "$BUILD/tests/bench/bench_mha"
+ATTND_BF16=amx taskset -c 0-15 "$BUILD/tests/bench/bench_mha"
