@@ -241,11 +241,16 @@ sdpa-bits: deps
 	$(MAKE) $(SDPA_BITS)
 	@tests/engine/check_sdpa_bits.sh compare $(SDPA_BITS) $(SDPA_BITS_DIR)
 
+# The builds of make test use every core (.ci/run calls plain `make test`); the suites run one
+# at a time.
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
 test: deps deploy-deps browser-deps
-	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
-	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
-	$(MAKE) fuzz-build
+	$(MAKE) -j$(BUILD_JOBS) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
+	$(MAKE) -j$(BUILD_JOBS) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
+	$(MAKE) -j$(BUILD_JOBS) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd \
+	    $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+	$(MAKE) -j$(BUILD_JOBS) fuzz-build
 	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(params_check) $(asan_suites) $(tsan_suites) \
 	    $(grpc_client_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
