@@ -19,6 +19,7 @@
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/rng.h"
+#include "tests/support/route.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/util.h"
 
@@ -42,10 +43,7 @@ typedef struct {
     float *input, *output; /* [L, E] each */
 } hf_case;
 
-typedef struct {
-    int status;
-    json_t *json;
-} result;
+typedef test_reply result;
 
 /* ---- Set-up ------------------------------------------------------------------------------- */
 
@@ -114,14 +112,7 @@ static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions
                      .models = models,
                      .sessions = reg,
                      .model = model};
-    api_reply reply;
-    result r = {0};
-    fn(&call, &reply);
-    r.status = reply.status;
-    if (reply.body && reply.body_len)
-        r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
+    return test_route(fn, &call);
 }
 
 /* A body {"model", "input": rows [t0, t0 + n) of x, "output_encoding": "flat", extra}. */
@@ -153,6 +144,32 @@ static double rel_error(const json_t *reply, const hf_case *c, int64_t t0, int64
 }
 
 /* GET /v1/models/NAME. */
+/* Model `name` over the case's whole input through /v1/mha: max|diff| / max|output| against
+ * transformers, INFINITY when the reply (its status in *status) is not 200. */
+static double mha_error(const char *name, const hf_case *c, int *status)
+{
+    char *body = mha_body(name, c, 0, c->L, "");
+    result r = call_route(api_mha, NULL, NULL, body);
+    double err = r.status == 200 ? rel_error(r.json, c, 0, c->L) : INFINITY;
+    *status = r.status;
+    json_decref(r.json);
+    free(body);
+    return err;
+}
+
+/* Layer c->layer of the checkpoint in `dir`, loaded and added as model `name`, through
+ * /v1/mha (mha_error); INFINITY with the reason in err when it was not served. */
+static double checkpoint_error(const char *name, const char *dir, const hf_case *c, int *status,
+                               char *err, size_t err_len)
+{
+    *status = 0;
+    eng_layer *l = api_checkpoint_load(name, dir, c->layer, NULL, err, err_len);
+    if (!l || !api_models_add(models, l, err, err_len))
+        return INFINITY;
+    err[0] = '\0';
+    return mha_error(name, c, status);
+}
+
 static result describe(const char *name)
 {
     api_reply reply;
@@ -177,14 +194,11 @@ static void test_each_family_matches_transformers_through_v1_mha(void)
         hf_case c;
         if (!load_case(families[i], &c))
             continue;
-        char *body = mha_body(families[i], &c, 0, c.L, "");
-        result r = call_route(api_mha, NULL, NULL, body);
-        double err = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
+        int status;
+        double err = mha_error(families[i], &c, &status);
         printf("  %-16s /v1/mha          max|diff|/max|out| = %.2e\n", families[i], err);
-        CHECKF(err <= RTOL, "%s: /v1/mha status %d, error %.3g x max|output|", families[i],
-               r.status, err);
-        json_decref(r.json);
-        free(body);
+        CHECKF(err <= RTOL, "%s: /v1/mha status %d, error %.3g x max|output|", families[i], status,
+               err);
         free_case(&c);
     }
 }
@@ -465,16 +479,9 @@ static void test_transformers_4_configs_give_the_same_layers(void)
         CHECK(json_dump_file(cfg, path, 0) == 0);
         json_decref(cfg);
         snprintf(name, sizeof name, "v4_%s", some[i]);
-        eng_layer *l = api_checkpoint_load(name, dir, c.layer, NULL, err, sizeof err);
-        CHECKF(l != NULL, "%s (4.x config): %s", some[i], err);
-        if (l && api_models_add(models, l, err, sizeof err)) {
-            char *b = mha_body(name, &c, 0, c.L, "");
-            result r = call_route(api_mha, NULL, NULL, b);
-            double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
-            CHECKF(e <= RTOL, "%s (4.x config): %d, %.3g x max|output|", some[i], r.status, e);
-            json_decref(r.json);
-            free(b);
-        }
+        int status;
+        double e = checkpoint_error(name, dir, &c, &status, err, sizeof err);
+        CHECKF(e <= RTOL, "%s (4.x config): %d, %.3g x max|output| %s", some[i], status, e, err);
         free_case(&c);
     }
     char cmd[128];
@@ -735,16 +742,9 @@ static void test_gemma3_multimodal_checkpoints_serve_their_text_layers(void)
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
         CHECK(rename_tensors(from, path, prefixes[p]));
         snprintf(name, sizeof name, "gemma3_multimodal_%zu", p);
-        eng_layer *l = api_checkpoint_load(name, tmp, c.layer, NULL, err, sizeof err);
-        CHECKF(l != NULL, "%s: %s", prefixes[p], err);
-        if (l && api_models_add(models, l, err, sizeof err)) {
-            char *b = mha_body(name, &c, 0, c.L, "");
-            result r = call_route(api_mha, NULL, NULL, b);
-            double e = r.status == 200 ? rel_error(r.json, &c, 0, c.L) : INFINITY;
-            CHECKF(e <= RTOL, "%s: %d, %.3g x max|output|", prefixes[p], r.status, e);
-            json_decref(r.json);
-            free(b);
-        }
+        int status;
+        double e = checkpoint_error(name, tmp, &c, &status, err, sizeof err);
+        CHECKF(e <= RTOL, "%s: %d, %.3g x max|output| %s", prefixes[p], status, e, err);
     }
     free_case(&c);
     char cmd[128];

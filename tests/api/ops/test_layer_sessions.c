@@ -18,6 +18,7 @@
 #include "api/api.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/route.h"
 #include "tests/support/util.h"
 
 #define E         64 /* the demo layer: 4 heads of 16 */
@@ -28,10 +29,7 @@ static api_models *models;
 
 /* ---- Calls ------------------------------------------------------------------------------- */
 
-typedef struct {
-    int status;
-    json_t *json;
-} result;
+typedef test_reply result;
 
 static void result_free(result *r)
 {
@@ -50,16 +48,7 @@ static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions
                      .sessions = reg,
                      .session = path_id,
                      .model = model};
-    api_reply reply;
-    result r = {0};
-    fn(&call, &reply);
-    r.status = reply.status;
-    if (reply.body && reply.body_len)
-        r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    CHECKF(r.json != NULL || !reply.body_len, "reply is not JSON: %.*s", (int)reply.body_len,
-           reply.body);
-    api_reply_free(&reply);
-    return r;
+    return test_route(fn, &call);
 }
 
 static result mha(api_sessions *reg, const char *body)

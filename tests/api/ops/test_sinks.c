@@ -15,6 +15,7 @@
 #include "api/api.h"
 #include "tests/support/check.h"
 #include "tests/support/rng.h"
+#include "tests/support/route.h"
 
 #define B  1
 #define H  4
@@ -26,22 +27,13 @@
 static eng_pool *pool;
 static api_sessions *reg;
 
-typedef struct {
-    int status;
-    json_t *json;
-} result;
+typedef test_reply result;
 
 static result attention(const char *body)
 {
     api_call call = {
         .body = body, .body_len = strlen(body), .content_type = "application/json", .pool = pool};
-    api_reply reply;
-    result r = {0};
-    api_attention(&call, &reply);
-    r.status = reply.status;
-    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
+    return test_route(api_attention, &call);
 }
 
 /* A nested JSON array of n values of x in the shape [1, heads, rows, D]. */
@@ -317,10 +309,7 @@ static result v2_infer(const inputs *in, bool causal, bool sinks)
                      .content_type = "application/json",
                      .pool = pool,
                      .model = "sdpa"};
-    api_reply reply;
-    api_v2_infer(&call, &reply);
-    result r = {reply.status, json_loadb(reply.body, reply.body_len, 0, NULL)};
-    api_reply_free(&reply);
+    result r = test_route(api_v2_infer, &call);
     free(body);
     return r;
 }
@@ -355,11 +344,7 @@ static result session_call(void (*fn)(const api_call *, api_reply *), const char
                      .pool = pool,
                      .sessions = reg,
                      .session = id};
-    api_reply reply;
-    fn(&call, &reply);
-    result r = {reply.status, json_loadb(reply.body, reply.body_len, 0, NULL)};
-    api_reply_free(&reply);
-    return r;
+    return test_route(fn, &call);
 }
 
 /* The one batch of a nested [1, ...] array. */
