@@ -129,6 +129,43 @@ static void test_base64_decodes_every_dtype(void)
     CHECK(mask[0] == 1 && mask[1] == 0 && mask[2] == 1);
 }
 
+/* Float32 bytes (the binary path) are checked a block at a time: a non-finite value anywhere,
+ * first or last in a block or in the tail, is found at its index, copying or in place; -inf
+ * passes only where allowed, and every other value arrives unchanged. */
+static void test_float32_bytes_find_a_non_finite_value_at_any_index(void)
+{
+    enum { N = 300 };
+    static const size_t at[] = {0, 1, 63, 64, 127, 128, 255, 256, 299};
+    float src[N], out[N];
+    uint64_t rng = 5;
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        for (int bad = 0; bad < 3; bad++) {
+            for (size_t i = 0; i < N; i++)
+                src[i] = (float)rng_sym(&rng, 100.0);
+            src[at[k]] = bad == 0 ? NAN : bad == 1 ? INFINITY : -INFINITY;
+            api__raw_elems raw = {.data = src, .dtype = API_DTYPE_FLOAT32, .count = N, .first = 7};
+            api__error err = {0};
+            char want[32];
+            snprintf(want, sizeof want, "x element %zu ", 7 + at[k]);
+            for (int in_place = 0; in_place < 2; in_place++) {
+                void *dst = in_place ? (void *)src : out;
+                CHECKF(api__tensor_convert(&raw, API_ELEM_FLOAT, 0, dst, "x", &err) == -1 &&
+                           strstr(err.message, want) != NULL,
+                       "value %d at %zu (in place %d): %s", bad, at[k], in_place, err.message);
+                memset(&err, 0, sizeof err);
+                bool allowed = bad == 2;
+                int rc =
+                    api__tensor_convert(&raw, API_ELEM_FLOAT, API_DECODE_NEG_INF, dst, "x", &err);
+                CHECKF(rc == (allowed ? 0 : -1), "value %d at %zu with -inf allowed: %d", bad,
+                       at[k], rc);
+                memset(&err, 0, sizeof err);
+                if (allowed && !in_place)
+                    CHECK(memcmp(out, src, sizeof src) == 0);
+            }
+        }
+    }
+}
+
 static void test_integers_decode_exactly(void)
 {
     int64_t out[64];
@@ -959,6 +996,7 @@ int main(void)
     RUN(test_numbers_narrow_to_the_nearest_float);
     RUN(test_flat_form_takes_shape_and_data);
     RUN(test_base64_decodes_every_dtype);
+    RUN(test_float32_bytes_find_a_non_finite_value_at_any_index);
     RUN(test_integers_decode_exactly);
     RUN(test_negative_infinity_only_where_allowed);
     RUN(test_every_malformed_tensor_names_its_field);
