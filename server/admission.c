@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Buckets per octave of body bytes, and octaves (bodies up to 2^64 bytes). */
@@ -16,13 +17,15 @@
 /* How far from a learned size an estimate reaches, in buckets. */
 #define EXTRAPOLATE_BUCKETS SUB_BUCKETS
 
+/* The longest Retry-After an overloaded queue suggests. */
+#define RETRY_AFTER_MAX_S 3600
+
 /* A request expected to take this much worker time or more is long: it fans out over the
  * pool, and short requests of its level go first. */
 #define LONG_COST_NS ((int64_t)5 * 1000 * 1000)
 
 struct srv_sched {
     pthread_mutex_t mu;
-    const srv_sched_ops *ops;
     int slots;
     int running, running_long;
     int64_t area_ns, area_at;       /* the integral of `running` over time, and when it was taken */
@@ -229,9 +232,9 @@ static void dispatch(srv_sched *s, int64_t now)
         bool any = pick_locked(s, now, &expired, &go);
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < expired.n; i++)
-            s->ops->expire(expired.e[i]->req);
+            expired.e[i]->ops->expire(expired.e[i]->req);
         if (any)
-            s->ops->start(go->req, srv__sched_pool_priority(go->level, go->lng));
+            go->ops->start(go->req, srv__sched_pool_priority(go->level, go->lng));
         if (!any && expired.n == 0)
             return;
     }
@@ -239,7 +242,7 @@ static void dispatch(srv_sched *s, int64_t now)
 
 /* ---- Public --------------------------------------------------------------------------------- */
 
-srv_sched *srv__sched_new(int slots, const srv_sched_ops *ops)
+srv_sched *srv__sched_new(int slots)
 {
     srv_sched *s;
     if (slots < 1 || slots > (int)(sizeof s->started / sizeof s->started[0]))
@@ -248,7 +251,6 @@ srv_sched *srv__sched_new(int slots, const srv_sched_ops *ops)
     if (!s)
         return NULL;
     pthread_mutex_init(&s->mu, NULL);
-    s->ops = ops;
     s->slots = slots;
     return s;
 }
@@ -289,6 +291,27 @@ int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t n
         ahead += soonest;
     pthread_mutex_unlock(&s->mu);
     return ahead;
+}
+
+bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
+                           srv_sched_refusal *r)
+{
+    int64_t margin = 0, cost = srv__sched_cost(s, ask->route, ask->bytes, &margin), wait, over;
+    if (cost <= 0)
+        return false;
+    wait = srv__sched_wait(s, cost, ask->level, now);
+    margin = wait > 0 ? margin : 0; /* as pick_locked judges it: no margin when it starts now */
+    if (wait + cost + margin <= ask->left_ns)
+        return false;
+    over = wait + cost + margin - ask->left_ns;
+    r->retry_s = (int)(over / 1000000000 + 1);
+    r->retry_s = r->retry_s > RETRY_AFTER_MAX_S ? RETRY_AFTER_MAX_S : r->retry_s;
+    snprintf(r->msg, sizeof r->msg,
+             "overloaded: about %lld ms of queued work plus %lld ms for this request would end "
+             "past its deadline (%lld ms left); retry later",
+             (long long)(wait / 1000000), (long long)(cost / 1000000),
+             (long long)(ask->left_ns / 1000000));
+    return true;
 }
 
 void srv__sched_enqueue(srv_sched *s, srv_sched_entry *e, int64_t now)

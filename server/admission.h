@@ -17,8 +17,9 @@
  * body is read, so it can refuse (429) a request whose expected wait plus cost is past its
  * deadline.
  *
- * The scheduler knows requests only through srv_sched_entry and srv_sched_ops; http.c embeds
- * the entry in its request. Any thread; one mutex inside.
+ * The scheduler knows requests only through srv_sched_entry and the srv_sched_ops it names:
+ * HTTP requests (dispatch.c) and gRPC inferences (grpc_call.c) embed an entry and wait in the
+ * same list. Any thread; one mutex inside.
  */
 #ifndef ATTND_SERVER_ADMISSION_H
 #define ATTND_SERVER_ADMISSION_H
@@ -34,8 +35,18 @@ typedef enum {
     SRV_SCHED_STARTED, /* handed to the pool: holds a slot until srv__sched_done */
 } srv_sched_state;
 
+/* What the scheduler does to a request, always without its lock held; each takes over the
+ * reference the waiting list held. start: hand it to the pool at `pool_priority` (its worker
+ * ends with srv__sched_done); expire: answer 504 now without running it, unless it was answered
+ * meanwhile. */
+typedef struct {
+    void (*start)(void *req, uint32_t pool_priority);
+    void (*expire)(void *req);
+} srv_sched_ops;
+
 /* A request as the scheduler sees it; the caller fills the fields above `state`. */
 typedef struct srv_sched_entry {
+    const srv_sched_ops *ops; /* how to start or expire req */
     void *req;
     int route;           /* the cost model's key, with bytes */
     uint64_t bytes;      /* the body's size */
@@ -52,17 +63,8 @@ typedef struct srv_sched_entry {
     struct srv_sched_entry *prev, *next;
 } srv_sched_entry;
 
-/* What the scheduler does to a request, always without its lock held; each takes over the
- * reference the waiting list held. start: hand it to the pool at `pool_priority` (its worker
- * ends with srv__sched_done); expire: answer 504 now without running it, unless it was answered
- * meanwhile. */
-typedef struct {
-    void (*start)(void *req, uint32_t pool_priority);
-    void (*expire)(void *req);
-} srv_sched_ops;
-
 /* `slots` requests run at once at most (the pool's workers). NULL when out of memory. */
-srv_sched *srv__sched_new(int slots, const srv_sched_ops *ops);
+srv_sched *srv__sched_new(int slots);
 void srv__sched_free(srv_sched *s);
 
 /* The expected worker time of a request of `route` with a body of `bytes`, from what requests of
@@ -74,6 +76,25 @@ int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin
 /* The expected time until a request of `cost_ns` at `level` would start, from the requests
  * waiting ahead of it and the rest of those running. */
 int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t now);
+
+/* A request asking to be admitted: its key in the cost model, its level and its time. */
+typedef struct {
+    int route;
+    uint64_t bytes;
+    uint32_t level;
+    int64_t left_ns; /* until its deadline */
+} srv_sched_ask;
+
+/* What an overloaded queue tells the request it refuses. */
+typedef struct {
+    int retry_s;   /* seconds after which the queue should have room for it */
+    char msg[240]; /* the queued work, its own cost and its time left */
+} srv_sched_refusal;
+
+/* Whether the request would wait and run past its deadline (then *r says why); false while
+ * nothing is learned of its size, so that the scheduler decides. */
+bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
+                           srv_sched_refusal *r);
 
 /* Queues `e` (filled above `state`) and starts what the free slots allow. The list holds the
  * request's job reference until it is started, expired, or removed. */

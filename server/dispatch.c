@@ -9,9 +9,6 @@
 #include "server/half_close.h"
 #include "server/request.h"
 
-/* The longest Retry-After the queue is allowed to suggest. */
-#define RETRY_AFTER_MAX_S 3600
-
 static void job_run(void *arg, int64_t index);
 
 /* A session request whose turn came (api_session_turn parked it): back to the pool at its
@@ -161,7 +158,7 @@ static void sched_expire(void *arg)
     drop_unstarted(s, req);
 }
 
-const srv_sched_ops srv__req_sched_ops = {.start = sched_start, .expire = sched_expire};
+static const srv_sched_ops req_sched_ops = {.start = sched_start, .expire = sched_expire};
 
 /* ---- Admission ------------------------------------------------------------------------------ */
 
@@ -191,28 +188,22 @@ void srv__req_unqueue(srv_server *s, srv_req *req)
 bool srv__req_overloaded(srv_server *s, srv_req *req, int64_t left_ns, uint32_t level, char *msg,
                          size_t size, int *retry_s)
 {
-    uint64_t bytes = req->has_length ? req->content_length : req->body.len;
-    int64_t margin = 0, cost = srv__sched_cost(s->sched, req->route, bytes, &margin), wait, over;
-    if (cost <= 0)
-        return false; /* nothing learned yet: the scheduler will see */
-    wait = srv__sched_wait(s->sched, cost, level, eng_now_ns());
-    margin = wait > 0 ? margin : 0; /* as the scheduler judges it (admission.h) */
-    if (wait + cost + margin <= left_ns)
+    srv_sched_ask ask = {.route = req->route,
+                         .bytes = req->has_length ? req->content_length : req->body.len,
+                         .level = level,
+                         .left_ns = left_ns};
+    srv_sched_refusal r;
+    if (!srv__sched_overloaded(s->sched, &ask, eng_now_ns(), &r))
         return false;
-    over = wait + cost + margin - left_ns;
-    *retry_s = (int)(over / 1000000000 + 1);
-    *retry_s = *retry_s > RETRY_AFTER_MAX_S ? RETRY_AFTER_MAX_S : *retry_s;
-    snprintf(msg, size,
-             "overloaded: about %lld ms of queued work plus %lld ms for this request would end "
-             "past its deadline (%lld ms left); retry later",
-             (long long)(wait / 1000000), (long long)(cost / 1000000),
-             (long long)(left_ns / 1000000));
+    snprintf(msg, size, "%s", r.msg);
+    *retry_s = r.retry_s;
     return true;
 }
 
 void srv__req_dispatch(srv_server *s, srv_req *req, int64_t now)
 {
     srv_sched_entry *e = &req->sched;
+    e->ops = &req_sched_ops;
     e->req = req;
     e->route = req->route;
     e->bytes = req->body.len;

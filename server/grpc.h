@@ -79,6 +79,8 @@ struct grpc_job {
     int slot;     /* the model's statistics slot, or -1 */
     bool pending; /* counted in the model's pending gauge */
     uint32_t priority;
+    uint32_t pool_priority; /* the one the scheduler started it at */
+    srv_sched_entry sched;  /* its place with the scheduler, beside HTTP's requests */
     api_session_ticket ticket;
     int64_t submit_ns, run_ns;
     api_reply reply;

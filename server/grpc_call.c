@@ -3,7 +3,8 @@
  * every call passes (token, content type, method, grpc-timeout, the drain), its messages as
  * they arrive (reserved in the memory budget byte by byte), the cheap methods answered on the
  * gRPC thread, and inferences admitted like HTTP's (--max-queue, priority, deadline, a
- * sequence's order) and run on an engine worker through api_grpc_infer. ModelStreamInfer runs
+ * sequence's order, the scheduler of admission.h) and run on an engine worker through
+ * api_grpc_infer. ModelStreamInfer runs
  * its messages one after another, answering each with a message; the other methods take one.
  */
 #include <stdio.h>
@@ -13,8 +14,10 @@
 #include "server/grpc.h"
 #include "server/log.h"
 
-#define HEADER_BYTES_MAX  16384 /* a request's header block, as HPACK decodes it */
-#define HEADER_ENTRY_COST 32    /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
+#define HEADER_BYTES_MAX 16384 /* a request's header block, as HPACK decodes it */
+/* The scheduler learns the cost of gRPC inferences in a row of their own, after HTTP's routes. */
+#define SCHED_ROUTE       SRV_ROUTE_COUNT
+#define HEADER_ENTRY_COST 32 /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
 
 static const char *const draining_msg =
     "the server is shutting down; retry on another replica (KV-cache sessions end with this "
@@ -184,7 +187,7 @@ static void job_run(void *arg, int64_t index);
 static void job_resume(void *arg)
 {
     grpc_job *job = arg;
-    if (eng_pool_submit_at(job->g->s->pool, job->priority, job_run, job) != ENG_OK)
+    if (eng_pool_submit_at(job->g->s->pool, job->pool_priority, job_run, job) != ENG_OK)
         job_run(job, 0); /* the pool is stopping: run here, in order */
 }
 
@@ -198,15 +201,29 @@ static void job_done(grpc_job *job)
     srv__grpc_wake(g);
 }
 
+/* What a finished inference teaches the scheduler about its cost. */
+static srv_sched_learn job_learn(const api_reply *reply)
+{
+    if (reply->status >= 200 && reply->status < 300)
+        return SRV_SCHED_LEARN_COST;
+    return reply->reason == API_REASON_DEADLINE ? SRV_SCHED_LEARN_AT_LEAST
+                                                : SRV_SCHED_LEARN_NOTHING;
+}
+
+/* Runs one inference on an engine worker. A step of a sequence gives its scheduler slot back
+ * and waits for its turn without holding the worker (as HTTP's requests do, dispatch.c). */
 static void job_run(void *arg, int64_t index)
 {
     grpc_job *job = arg;
     (void)index;
     srv_server *s = job->g->s;
-    if (job->ticket.session || job->ticket.sequence)
+    if (job->ticket.session || job->ticket.sequence) {
+        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
         if (!api_session_turn(s->sessions, &job->ticket, job_resume, job))
             return;
+    }
     job->run_ns = eng_now_ns();
+    srv__sched_begin(s->sched, &job->sched, job->run_ns);
     atomic_fetch_sub(&s->queued, 1);
     atomic_fetch_add(&s->running, 1);
     if (job->pending)
@@ -227,6 +244,9 @@ static void job_run(void *arg, int64_t index)
                          .sessions = s->sessions};
         api_grpc_infer(&call, job->stream, &job->reply);
     }
+    int64_t done_ns = eng_now_ns();
+    srv__metrics_work(&s->metrics, done_ns - job->run_ns, job->reply.reason == API_REASON_DEADLINE);
+    srv__sched_done(s->sched, &job->sched, job_learn(&job->reply), done_ns);
     api_session_turn_end(s->sessions, &job->ticket);
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;
@@ -294,10 +314,75 @@ static void job_refuse(grpc_job *job, int status, api_reason reason, const char 
     job_done(job);
 }
 
+/* A job that left the queue without running gives its place back. */
+static void job_unqueue(grpc_job *job)
+{
+    srv_server *s = job->g->s;
+    atomic_fetch_sub(&s->queued, 1);
+    atomic_fetch_sub(&s->admitted, 1);
+    if (job->pending)
+        srv__metrics_model_pending(&s->metrics, job->slot, -1);
+    job->pending = false;
+}
+
+static void sched_start(void *arg, uint32_t pool_priority)
+{
+    grpc_job *job = arg;
+    srv_server *s = job->g->s;
+    job->pool_priority = pool_priority;
+    if (eng_pool_submit_at(s->pool, pool_priority, job_run, job) == ENG_OK)
+        return;
+    srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
+    job_unqueue(job);
+    job_refuse(job, 503, API_REASON_INTERNAL, "could not queue the request");
+}
+
+/* A job that would end past its deadline even if it started now: 504, without running. */
+static void sched_expire(void *arg)
+{
+    grpc_job *job = arg;
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "deadline exceeded while waiting for a worker: about %lld ms of work, %lld ms left",
+             (long long)(job->sched.cost_ns / 1000000),
+             (long long)((job->sched.deadline_ns - eng_now_ns()) / 1000000));
+    job_unqueue(job);
+    job_refuse(job, 504, API_REASON_DEADLINE, msg);
+}
+
+static const srv_sched_ops job_sched_ops = {.start = sched_start, .expire = sched_expire};
+
+/* Hands an admitted job to the scheduler, which starts it on the pool when its turn comes. */
+static void job_dispatch(srv_server *s, grpc_job *job)
+{
+    srv_sched_entry *e = &job->sched;
+    e->ops = &job_sched_ops;
+    e->req = job;
+    e->route = SCHED_ROUTE;
+    e->bytes = job->msg.len;
+    e->level = job->priority;
+    e->deadline_ns = job->lease.ctl.deadline_ns;
+    e->cost_ns = srv__sched_cost(s->sched, SCHED_ROUTE, job->msg.len, NULL);
+    srv__sched_enqueue(s->sched, e, job->submit_ns);
+}
+
+/* Whether the queued work in front of the job and its own cost would end past its deadline;
+ * then `over` says how much and when to retry. */
+static bool job_overloaded(srv_server *s, const grpc_job *job, srv_sched_refusal *over)
+{
+    srv_sched_ask ask = {.route = SCHED_ROUTE,
+                         .bytes = job->msg.len,
+                         .level = job->priority,
+                         .left_ns = job->lease.ctl.deadline_ns - job->submit_ns};
+    return job->lease.ctl.deadline_ns > 0 &&
+           srv__sched_overloaded(s->sched, &ask, job->submit_ns, over);
+}
+
 static void submit(grpc_call *call, grpc_msg *m)
 {
     srv_server *s = call->conn->g->s;
     char msg[120];
+    srv_sched_refusal over;
     grpc_job *job = job_new(call, m);
     if (!job)
         return;
@@ -310,6 +395,8 @@ static void submit(grpc_call *call, grpc_msg *m)
         job_refuse(job, 503, API_REASON_DRAINING, draining_msg);
     } else if (job->lease.ctl.deadline_ns > 0 && job->submit_ns >= job->lease.ctl.deadline_ns) {
         job_refuse(job, 504, API_REASON_DEADLINE, "deadline exceeded while receiving the request");
+    } else if (job_overloaded(s, job, &over)) {
+        job_refuse(job, 429, API_REASON_QUEUE_FULL, over.msg);
     } else if (!srv__admit(s)) {
         snprintf(msg, sizeof msg, "the queue is full (--max-queue %lld); retry later",
                  (long long)s->max_queue);
@@ -320,14 +407,7 @@ static void submit(grpc_call *call, grpc_msg *m)
             job->pending = true;
             srv__metrics_model_pending(&s->metrics, job->slot, 1);
         }
-        if (eng_pool_submit_at(s->pool, job->priority, job_run, job) != ENG_OK) {
-            atomic_fetch_sub(&s->queued, 1);
-            atomic_fetch_sub(&s->admitted, 1);
-            if (job->pending)
-                srv__metrics_model_pending(&s->metrics, job->slot, -1);
-            job->pending = false;
-            job_refuse(job, 503, API_REASON_INTERNAL, "could not queue the request");
-        }
+        job_dispatch(s, job);
     }
 }
 

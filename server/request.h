@@ -121,9 +121,6 @@ void srv__req_call_headers(const srv_req *req, api_call *call);
 
 /* ---- dispatch.c ---------------------------------------------------------------------------- */
 
-/* The scheduler's operations on a srv_req (admission.h). */
-extern const srv_sched_ops srv__req_sched_ops;
-
 /* Takes the request's place in its session's or sequence's order (MHD thread, at admission). */
 void srv__req_take_ticket(srv_server *s, srv_req *req, const api_peek *peek);
 

@@ -338,7 +338,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
     s->threads = eng_pool_threads(s->pool);
-    s->sched = srv__sched_new(s->threads, &srv__req_sched_ops);
+    s->sched = srv__sched_new(s->threads);
     if (!s->sched) {
         snprintf(err, errlen, "cannot allocate the scheduler of %d workers", s->threads);
         goto fail;

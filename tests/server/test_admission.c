@@ -44,7 +44,7 @@ static const srv_sched_ops ops = {.start = on_start, .expire = on_expire};
 static srv_sched *fresh(int slots)
 {
     memset(&seen, 0, sizeof seen);
-    return srv__sched_new(slots, &ops);
+    return srv__sched_new(slots);
 }
 
 /* An entry whose req is itself, so that the ops see which one they got. */
@@ -52,6 +52,7 @@ static void entry(srv_sched_entry *e, uint64_t bytes, uint32_t level, int64_t de
                   int64_t cost)
 {
     memset(e, 0, sizeof *e);
+    e->ops = &ops;
     e->req = e;
     e->route = ROUTE;
     e->bytes = bytes;
@@ -89,6 +90,30 @@ static void test_cost_is_learned_per_route_and_size(void)
     CHECK_EQ_INT(srv__sched_cost(s, ROUTE, BYTES, &margin1), 125 * MS);
     CHECKF(margin1 > margin0, "margin %lld after a slower run, %lld before", (long long)margin1,
            (long long)margin0);
+    srv__sched_free(s);
+}
+
+/* Admission from what is learned: nothing known admits; a request whose queued work plus its
+ * own cost ends past its deadline is refused, told when to retry and why. */
+static void test_overloaded_when_wait_and_cost_pass_the_deadline(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_refusal r;
+    srv_sched_ask ask = {.route = ROUTE, .bytes = BYTES, .level = 1, .left_ns = 50 * MS};
+    CHECK(!srv__sched_overloaded(s, &ask, 0, &r)); /* nothing learned yet */
+    teach(s, BYTES, 0, 100 * MS);
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    CHECK_EQ_INT(r.retry_s, 1);
+    CHECKF(strstr(r.msg, "100 ms for this request") && strstr(r.msg, "50 ms left"), "%s", r.msg);
+    ask.left_ns = 150 * MS;
+    CHECK(!srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    /* One running on the only slot since 1000 ms: 100 ms of it left ahead of this one. */
+    srv_sched_entry busy;
+    entry(&busy, BYTES, 1, NO_DEADLN, 100 * MS);
+    srv__sched_enqueue(s, &busy, 1000 * MS);
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    CHECKF(strstr(r.msg, "about 100 ms of queued work") != NULL, "%s", r.msg);
+    srv__sched_done(s, &busy, SRV_SCHED_LEARN_NOTHING, 1100 * MS);
     srv__sched_free(s);
 }
 
@@ -247,6 +272,7 @@ static void test_expected_wait_counts_the_work_ahead(void)
 int main(void)
 {
     RUN(test_cost_is_learned_per_route_and_size);
+    RUN(test_overloaded_when_wait_and_cost_pass_the_deadline);
     RUN(test_time_shared_with_others_is_divided);
     RUN(test_time_waiting_in_the_pool_is_not_cost);
     RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);

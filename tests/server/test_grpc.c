@@ -365,7 +365,8 @@ static uint8_t *slow_request(uint64_t *r, float **data, size_t *len)
     return infer_request("sdpa", t, 3, NULL, 0, len);
 }
 
-/* grpc-timeout bounds the call (DEADLINE_EXCEEDED); a full queue is RESOURCE_EXHAUSTED; a reset
+/* grpc-timeout bounds the call (DEADLINE_EXCEEDED); a full queue, or one whose work would end
+ * past the call's deadline, is RESOURCE_EXHAUSTED; a reset
  * stream cancels its inference (logged as CANCELLED); metrics and log lines count them. */
 static void test_deadline_queue_cancel_metrics(void)
 {
@@ -400,6 +401,21 @@ static void test_deadline_queue_cancel_metrics(void)
     for (int i = 0; i < 500 && !late.closed && !c.dead; i++)
         grpc_pump(&c, 10);
     grpc_stream_free(&late);
+
+    /* The goodput scheduler (admission.h) learned its cost from the first: a call whose
+     * deadline is half of that is refused at admission, never started; the worker time of the
+     * one that ran is counted, none of it wasted. */
+    char half[32];
+    snprintf(half, sizeof half, "%lldm", (long long)(one * 500));
+    const char *half_deadline[] = {"grpc-timeout", half, NULL};
+    grpc_stream o;
+    CHECK(grpc_call(&c, SVC "ModelInfer", half_deadline, req, len, 60000, &o));
+    CHECKF(o.grpc_status == 8 && strstr(o.message, "overloaded") != NULL,
+           "grpc-timeout %s after %.0f ms alone: status %d: %s", half, one * 1e3, o.grpc_status,
+           o.message);
+    grpc_stream_free(&o);
+    CHECK(metric_value(g.d.port, "attnd_worker_seconds_total") > 0);
+    CHECK(metric_value(g.d.port, "attnd_wasted_compute_seconds_total") == 0);
 
     /* Two at once with --max-queue 1: the second is refused. */
     size_t n;
