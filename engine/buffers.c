@@ -3,8 +3,8 @@
  *
  * A request of a long sequence allocates tens of megabytes (its body, its decoded tensors, its
  * output) and frees them a second later. Fresh memory is not free: every 4 KiB page faults on
- * first touch, and on this kind of virtual machine that costs about 0.3 ms per MiB (64 MiB:
- * 20 ms), as much as the HTTP transfer itself. So freed buffers of 1 MiB and more stay mapped in
+ * first touch, which on a virtual machine costs about as much as the HTTP transfer of the same
+ * bytes (`make bench`'s e2e lines). So freed buffers of 1 MiB and more stay mapped in
  * a small cache, up to a limit the embedder sets (0, the default, keeps nothing), and the next
  * request of a similar size takes one over with its pages already present. Buffers nobody asked
  * for in a while are given back (eng_buf_trim), so an idle process returns to its small size.

@@ -5,8 +5,8 @@
  *    closes (or resets) while its request waits or computes goes unnoticed. The watcher polls
  *    the socket of every suspended request for POLLRDHUP/POLLHUP/POLLERR: a request still in the
  *    queue is finished at once (its worker will skip it), a running one gets ctl.cancel set,
- *    which the engine checks between blocks. poll() wakes on the event, so this takes
- *    microseconds, well within the 100 ms the issue asks for.
+ *    which the engine checks between blocks. poll() wakes on the event, so a hang-up is
+ *    seen at once, not at the next tick.
  *    A FIN alone (POLLRDHUP) does not say whether the client closed its socket or only its
  *    sending side (shutdown(SHUT_WR), `nc -N`), still waiting for the reply. Only a write can
  *    tell: an HTTP/1.1 request gets an interim "100 Continue" (RFC 9110 section 15.2: a client
