@@ -685,10 +685,10 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
  * (admissions happen on this thread only, so none can slip in before it), its route applies
  * the timeout, and the I/O thread does not scan a long body for nothing (a scan of tens of
  * megabytes holds every other connection); it then runs at the default priority, which
- * orders only the sub-jobs it fans out against requests that arrive while it runs. A v2 inference is read
- * whenever sessions are on, since a step of a sequence needs its place in the sequence's order
- * (on_body_complete) even when nothing is admitted: the next step may arrive while it runs; so
- * is a route whose body may name a session (SRV_ROUTE_BODY_SESSION, POST /v1/mha). Only for
+ * orders only the sub-jobs it fans out against requests that arrive while it runs. A v2 inference
+ * is read whenever sessions are on, since a step of a sequence needs its place in the sequence's
+ * order (on_body_complete) even when nothing is admitted: the next step may arrive while it runs;
+ * so is a route whose body may name a session (SRV_ROUTE_BODY_SESSION, POST /v1/mha). Only for
  * those is a compressed body inflated here (up to API_PEEK_INFLATE_MAX; one larger is marked
  * req->body_unread, and its route refuses it if it is a step); for a timeout alone it is not
  * worth the I/O thread's time. *peek gets what the body said (its sequence_id points into
