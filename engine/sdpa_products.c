@@ -1,8 +1,8 @@
 /*
  * sdpa_products.c - one panel of query rows against one key block: S = scale Q K^T (register
  * tiles over the block's panels, the wide tile where the set has one, VDPBF16PS on pair
- * panels, TDPBF16PS on AMX panels, or cblas), or additive scores; the online softmax of each row; then O += P V, P read
- * where the softmax wrote it.
+ * panels, TDPBF16PS on AMX panels, or cblas), or additive scores; the online softmax of each row;
+ * then O += P V, P read where the softmax wrote it.
  */
 #include <math.h>
 #include <string.h>
@@ -123,8 +123,8 @@ static void values_wide_gemm(const plan *p, mat s, int64_t rows, const key_block
 
 /* s[rows x n] = scale Q K^T on AMX tiles: the task's rounded Q rows against the K^T panels of
  * the panel keys of kb (kb->c0 is a whole panel of them). */
-static void scores_amx(const plan *p, const q_rows *q, const key_block *kb,
-                       const block_panels *bp, mat s, const float *scratch)
+static void scores_amx(const plan *p, const q_rows *q, const key_block *kb, const block_panels *bp,
+                       mat s, const float *scratch)
 {
     eng__amx_gemm g = {.m = q->n,
                        .n = kb->n,

@@ -231,12 +231,11 @@ static int step_decode(void *op, api__error *err)
     for (size_t i = 0; i < STEP_INPUTS; i++)
         if (in[i].present && api__req_decode_input(st->rq, &in[i], err) != 0)
             return -1;
-    if (st->r.has_q &&
-        (api__req_alloc_output(st->rq, &st->out, st->os.count, err) != 0 ||
-         (st->r.weights != ENG_WEIGHTS_NONE &&
-          api__req_alloc_output(st->rq, &st->weights, st->ws.count, err) != 0) ||
-         ((st->r.return_lse || st->r.has_sinks) &&
-          api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
+    if (st->r.has_q && (api__req_alloc_output(st->rq, &st->out, st->os.count, err) != 0 ||
+                        (st->r.weights != ENG_WEIGHTS_NONE &&
+                         api__req_alloc_output(st->rq, &st->weights, st->ws.count, err) != 0) ||
+                        ((st->r.return_lse || st->r.has_sinks) &&
+                         api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
         return -1;
     if (st->r.has_sinks && api__sinks_check_values(st->sinks, st->H, err) != 0)
         return -1;

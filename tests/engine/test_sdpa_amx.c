@@ -96,8 +96,16 @@ static void model_product(const float *a, int64_t lda, const float *b, int64_t l
     uint16_t *bp = aligned_floats((eng__amx_panels_elems(n, k) + 1) / 2);
     uint16_t *as = aligned_floats((eng__amx_a_elems(k) + 1) / 2);
     eng__amx_pack_b(b, ENG_DTYPE_F32, ldb, b_trans, k, n, bp);
-    eng__amx_gemm g = {.m = m, .n = n, .k = k, .alpha = alpha, .beta = beta, .a = a, .lda = lda,
-                       .b = bp, .c = c, .ldc = ldc};
+    eng__amx_gemm g = {.m = m,
+                       .n = n,
+                       .k = k,
+                       .alpha = alpha,
+                       .beta = beta,
+                       .a = a,
+                       .lda = lda,
+                       .b = bp,
+                       .c = c,
+                       .ldc = ldc};
     eng__amx_sgemm(eng__amx_active(), &g, as);
     free(bp);
     free(as);

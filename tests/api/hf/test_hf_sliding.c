@@ -90,7 +90,8 @@ static bool read_config(const char *family, layer_config *lc)
         yarn(rope, lc);
     } else {
         for (int64_t i = 0; i < lc->D / 2; i++)
-            lc->inv_freq[i] = pow(number(rope, "rope_theta", 10000), -(double)(2 * i) / (double)lc->D);
+            lc->inv_freq[i] =
+                pow(number(rope, "rope_theta", 10000), -(double)(2 * i) / (double)lc->D);
     }
     const char *slides = json_string_value(json_array_get(json_object_get(cfg, "layer_types"), 0));
     bool ok = slides && strcmp(slides, "sliding_attention") == 0 && lc->window > 0 &&
@@ -109,9 +110,9 @@ static float *widen(const eng_layer *l, const float *w, const uint16_t *w16, int
 {
     float *out = malloc((size_t)n * sizeof *out);
     for (int64_t i = 0; i < n; i++)
-        out[i] = w ? w[i]
-                   : l->w16_dtype == ENG_DTYPE_BF16 ? eng_bf16_to_f32(w16[i])
-                                                    : eng_f16_to_f32(w16[i]);
+        out[i] = w                                ? w[i]
+                 : l->w16_dtype == ENG_DTYPE_BF16 ? eng_bf16_to_f32(w16[i])
+                                                  : eng_f16_to_f32(w16[i]);
     return out;
 }
 
