@@ -69,12 +69,12 @@ static int too_many(const api__layer *s, size_t in, size_t out, bool overflow, a
 /* The options that exclude each other, whatever the wire format. */
 static int check_options(const api__layer_req *r, api__error *err)
 {
-    if (r->has_memory && (r->has_key || r->has_value))
-        return api__error_invalid(err, r->has_key ? "key" : "value",
+    if (r->memory.present && (r->key.present || r->value.present))
+        return api__error_invalid(err, r->key.present ? "key" : "value",
                                   "give memory (keys and values from the same tokens) or key and "
                                   "value, not both");
-    if (r->has_key != r->has_value)
-        return api__error_invalid(err, r->has_key ? "value" : "key",
+    if (r->key.present != r->value.present)
+        return api__error_invalid(err, r->key.present ? "value" : "key",
                                   "key and value come together (or use memory)");
     if (r->offset_set && (r->causal == API_CAUSAL_TOP_LEFT || r->causal == API_CAUSAL_BOTTOM_RIGHT))
         return api__error_invalid(err, "query_offset",
@@ -227,11 +227,11 @@ static int decoder_fits(const api__layer *s, api__error *err)
                                   "model \"%s\" has %s%lld%s: a request cannot change its window",
                                   l->name, left >= 0 ? "window [" : "no window (",
                                   (long long)(left >= 0 ? left : 0), left >= 0 ? ", 0]" : ")");
-    if (r->has_memory || r->has_key || r->add_zero_attn)
+    if (r->memory.present || r->key.present || r->add_zero_attn)
         return api__error_invalid(err,
-                                  r->has_memory ? "memory"
-                                  : r->has_key  ? "key"
-                                                : "add_zero_attn",
+                                  r->memory.present ? "memory"
+                                  : r->key.present  ? "key"
+                                                    : "add_zero_attn",
                                   "model \"%s\" is a decoder layer: it attends over its own "
                                   "input tokens",
                                   l->name);
@@ -284,7 +284,7 @@ static int check_shapes(api__layer *s, api__error *err)
                                   "input has shape %s; its last dimension must be the layer's "
                                   "embed_dim (%lld)",
                                   is, (long long)l->embed_dim);
-    if (r->has_memory) {
+    if (r->memory.present) {
         if (l->kdim != l->vdim)
             return api__error_invalid(err, "memory",
                                       "the layer has kdim %lld and vdim %lld: give key and value "
@@ -292,7 +292,7 @@ static int check_shapes(api__layer *s, api__error *err)
                                       (long long)l->kdim, (long long)l->vdim);
         if (check_tokens(r, &r->memory, "memory", l->kdim, "kdim", &s->S, err) != 0)
             return -1;
-    } else if (r->has_key) {
+    } else if (r->key.present) {
         int64_t Sv = 0;
         if (check_tokens(r, &r->key, "key", l->kdim, "kdim", &s->S, err) != 0 ||
             check_tokens(r, &r->value, "value", l->vdim, "vdim", &Sv, err) != 0)
@@ -309,18 +309,19 @@ static int check_shapes(api__layer *s, api__error *err)
                                       (long long)l->embed_dim);
         s->S = s->L;
     }
-    if (r->has_memory || r->has_key) {
-        const api__tensor *m = r->has_memory ? &r->memory : &r->key;
-        const api__tensor *ts[2] = {m, r->has_key ? &r->value : NULL};
+    if (r->memory.present || r->key.present) {
+        const api__tensor *m = r->memory.present ? &r->memory : &r->key;
+        const api__tensor *ts[2] = {m, r->key.present ? &r->value : NULL};
         for (int i = 0; i < 2; i++)
             if (ts[i] && ts[i]->dtype == API_DTYPE_BOOL)
                 return api__error_invalid(
-                    err, i == 0 ? (r->has_memory ? "memory" : "key") : "value",
-                    "%s must hold numbers", i == 0 ? (r->has_memory ? "memory" : "key") : "value");
+                    err, i == 0 ? (r->memory.present ? "memory" : "key") : "value",
+                    "%s must hold numbers",
+                    i == 0 ? (r->memory.present ? "memory" : "key") : "value");
     }
-    if (r->has_mask && api__mask_check_attn(&r->mask, s->B, H, s->L, s->S, err) != 0)
+    if (r->mask.present && api__mask_check_attn(&r->mask, s->B, H, s->L, s->S, err) != 0)
         return -1;
-    if (r->has_kpm && api__mask_check_key_padding(&r->kpm, s->B, s->S, err) != 0)
+    if (r->kpm.present && api__mask_check_key_padding(&r->kpm, s->B, s->S, err) != 0)
         return -1;
     return 0;
 }
@@ -409,12 +410,12 @@ static int session_check(api__layer *s, api__error *err)
 {
     const api__layer_req *r = &s->r;
     const api__session *ss = s->sess;
-    const char *none = r->has_memory   ? "memory"
-                       : r->has_key    ? "key"
-                       : r->has_mask   ? "attn_mask"
-                       : r->has_kpm    ? "key_padding_mask"
-                       : r->offset_set ? "query_offset"
-                                       : NULL;
+    const char *none = r->memory.present ? "memory"
+                       : r->key.present  ? "key"
+                       : r->mask.present ? "attn_mask"
+                       : r->kpm.present  ? "key_padding_mask"
+                       : r->offset_set   ? "query_offset"
+                                         : NULL;
     if (session_fits_layer(s, err) != 0)
         return -1;
     if (s->B != 1)
@@ -511,7 +512,7 @@ static void build_args(api__layer *s)
     const api__layer_req *r = &s->r;
     eng_mha_args *a = &s->args;
     float *ph = &s->placeholder;
-    bool cross = r->has_memory || r->has_key;
+    bool cross = r->memory.present || r->key.present;
     memset(a, 0, sizeof *a);
     a->layer = s->layer;
     a->B = s->B;
@@ -538,11 +539,11 @@ static void build_args(api__layer *s)
     a->window_left = w->left;
     a->window_right_set = w->right_set;
     a->window_right = w->right;
-    if (r->has_kpm) {
+    if (r->kpm.present) {
         a->key_padding = (const uint8_t *)ph;
         a->key_padding_stride = r->kpm.rank == 2 ? s->S : 0;
     }
-    if (r->has_mask)
+    if (r->mask.present)
         a->attn_mask = api__mask_view(&r->mask, ph);
     a->add_zero_attn = r->add_zero_attn;
     a->positional = r->positional;
@@ -567,9 +568,9 @@ static void bind_buffers(api__layer *s)
         a->value_in = s->v_in;
     }
     a->out = s->out;
-    if (r->has_kpm)
+    if (r->kpm.present)
         a->key_padding = s->kpm;
-    if (r->has_mask)
+    if (r->mask.present)
         a->attn_mask.data =
             r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
     if (a->weights)
@@ -658,13 +659,13 @@ static void input_defs(api__layer *s, api__input in[N_INPUTS])
     bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
     const api__input defs[N_INPUTS] = {
         {&r->input, true, API_ELEM_FLOAT, 0, (void **)&s->x, "input"},
-        {&r->memory, r->has_memory, API_ELEM_FLOAT, 0, (void **)&s->k_in, "memory"},
-        {&r->key, r->has_key, API_ELEM_FLOAT, 0, (void **)&s->k_in, "key"},
-        {&r->value, r->has_value, API_ELEM_FLOAT, 0, (void **)&s->v_in, "value"},
-        {&r->mask, r->has_mask, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
+        {&r->memory, r->memory.present, API_ELEM_FLOAT, 0, (void **)&s->k_in, "memory"},
+        {&r->key, r->key.present, API_ELEM_FLOAT, 0, (void **)&s->k_in, "key"},
+        {&r->value, r->value.present, API_ELEM_FLOAT, 0, (void **)&s->v_in, "value"},
+        {&r->mask, r->mask.present, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
          mask_bool ? 0 : API_DECODE_NEG_INF, mask_bool ? (void **)&s->mask_b : (void **)&s->mask_f,
          "attn_mask"},
-        {&r->kpm, r->has_kpm, API_ELEM_BOOL, 0, (void **)&s->kpm, "key_padding_mask"},
+        {&r->kpm, r->kpm.present, API_ELEM_BOOL, 0, (void **)&s->kpm, "key_padding_mask"},
     };
     memcpy(in, defs, sizeof defs);
 }
@@ -693,7 +694,7 @@ static int layer_decode(void *op, api__error *err)
     for (size_t i = 0; i < N_INPUTS; i++)
         if (in[i].present && api__req_decode_input(s->rq, &in[i], err) != 0)
             return -1;
-    if (s->r.has_memory)
+    if (s->r.memory.present)
         s->v_in = s->k_in; /* keys and values from the same tokens */
     if (api__req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
         (s->r.weights != ENG_WEIGHTS_NONE &&
@@ -726,7 +727,7 @@ static const char *request_field(const api__layer_req *r, const char *engine_fie
         return NULL;
     if (strcmp(engine_field, "memory") == 0 || strcmp(engine_field, "k") == 0 ||
         strcmp(engine_field, "v") == 0)
-        return r->has_key ? "key" : r->has_memory ? "memory" : "input";
+        return r->key.present ? "key" : r->memory.present ? "memory" : "input";
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (strcmp(engine_field, map[i][0]) == 0)
             return map[i][1];

@@ -36,7 +36,6 @@ typedef struct {
     int64_t num_heads, num_kv_heads;          /* 0: not given (must match a model's) */
 
     api__tensor input, memory, key, value, mask, kpm;
-    bool has_input, has_memory, has_key, has_value, has_mask, has_kpm;
     api__causal causal;
     bool offset_set;
     int64_t query_offset;

@@ -156,11 +156,10 @@ int api__option_encoding(const json_t *v, const char *name, bool *set, api__form
 /* ---- Fields several routes spell alike --------------------------------------------------- */
 
 int api__req_tensor(const api__req *rq, const json_t *v, const char *name, api__tensor *t,
-                    bool *has, api__error *err)
+                    api__error *err)
 {
     if (json_is_null(v))
         return 0;
-    *has = true;
     return api__tensor_probe(&rq->body, v, name, rq->limits.max_elements, t, err);
 }
 

@@ -55,10 +55,10 @@ int api__option_weights(const json_t *v, const char *name, eng_weights_mode *out
 /* "nested" | "flat" | "base64" (sets *set) | null. */
 int api__option_encoding(const json_t *v, const char *name, bool *set, api__form *out,
                          api__error *err);
-/* A tensor field: null leaves it absent; otherwise *has is set and the tensor probed (not
- * decoded) with the request's element limit. */
+/* A tensor field: null leaves it absent; otherwise the tensor is probed (not decoded) with the
+ * request's element limit, which marks it present. */
 int api__req_tensor(const api__req *rq, const json_t *v, const char *name, api__tensor *t,
-                    bool *has, api__error *err);
+                    api__error *err);
 /* true | false (null is the caller's to handle). */
 int api__option_bool(const json_t *v, const char *name, bool *out, api__error *err);
 /* "sinusoidal" | "rope" | "alibi" | "none" | null (unchanged). */

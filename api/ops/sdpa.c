@@ -122,21 +122,21 @@ static int check_shapes(api__sdpa_req *r, api__error *err)
                                   "%s)",
                                   (long long)Dk, (long long)r->D, ks, qs);
 
-    if (r->has_mask && api__mask_check_attn(&r->mask, r->B, r->H, r->L, r->S, err) != 0)
+    if (r->mask.present && api__mask_check_attn(&r->mask, r->B, r->H, r->L, r->S, err) != 0)
         return -1;
-    if (r->has_kpm && api__mask_check_key_padding(&r->kpm, r->B, r->S, err) != 0)
+    if (r->kpm.present && api__mask_check_key_padding(&r->kpm, r->B, r->S, err) != 0)
         return -1;
-    if (r->has_kvlen && !(r->kvlen.rank == 1 && r->kvlen.shape[0] == r->B))
+    if (r->kvlen.present && !(r->kvlen.rank == 1 && r->kvlen.shape[0] == r->B))
         return api__error_invalid(err, "kv_lengths",
                                   "kv_lengths has shape %s; it must be [B] = [%lld]",
                                   api__tensor_shape_str(&r->kvlen, ms, sizeof ms), (long long)r->B);
-    if (r->has_slopes && !(r->slopes.rank == 1 && r->slopes.shape[0] == r->H))
+    if (r->slopes.present && !(r->slopes.rank == 1 && r->slopes.shape[0] == r->H))
         return api__error_invalid(err, "alibi",
                                   "alibi has shape %s; explicit slopes are one per query head: "
                                   "[%lld]",
                                   api__tensor_shape_str(&r->slopes, ms, sizeof ms),
                                   (long long)r->H);
-    if (r->has_sinks && api__sinks_check(&r->sinks, r->H, r->weights, err) != 0)
+    if (r->sinks.present && api__sinks_check(&r->sinks, r->H, r->weights, err) != 0)
         return -1;
     if (r->additive != r->has_additive_weights)
         return api__error_invalid(err, "additive_weights", "%s",
@@ -195,7 +195,7 @@ static int check_elements(const api__sdpa *s, api__error *err)
         overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, r->S, &overflow));
     else if (r->weights == ENG_WEIGHTS_MEAN)
         overflow |= !api__size_add(&out, count_product(r->B, 1, r->L, r->S, &overflow));
-    if (r->return_lse || r->has_sinks)
+    if (r->return_lse || r->sinks.present)
         overflow |= !api__size_add(&out, count_product(r->B, r->H, r->L, 1, &overflow));
     size_t total = in;
     overflow |= !api__size_add(&total, out);
@@ -346,12 +346,12 @@ static void build_args(api__sdpa *s)
     a->window_left = r->window.left;
     a->window_right_set = r->window.right_set;
     a->window_right = r->window.right;
-    if (r->has_kpm) {
+    if (r->kpm.present) {
         a->key_padding = s->kpm;
         a->key_padding_stride = r->kpm.rank == 2 ? r->S : 0;
     }
     a->kv_lengths = s->kvlen;
-    if (r->has_mask)
+    if (r->mask.present)
         a->attn_mask =
             api__mask_view(&r->mask, r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b
                                                                      : (const void *)s->mask_f);
@@ -397,10 +397,10 @@ static void bind_buffers(api__sdpa *s)
     a->k16 = s->k16;
     a->v16 = s->v16;
     a->out.data = s->out;
-    if (r->has_kpm)
+    if (r->kpm.present)
         a->key_padding = s->kpm;
     a->kv_lengths = s->kvlen;
-    if (r->has_mask)
+    if (r->mask.present)
         a->attn_mask.data =
             r->mask.dtype == API_DTYPE_BOOL ? (const void *)s->mask_b : (const void *)s->mask_f;
     a->alibi_slopes = s->slopes;
@@ -423,22 +423,22 @@ static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
     api__sdpa_req *r = &s->r;
     bool mask_bool = r->mask.dtype == API_DTYPE_BOOL;
     const api__input defs[N_INPUTS] = {
-        {&r->q, r->has_q, s->q_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+        {&r->q, r->q.present, s->q_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
          s->q_bf16 ? (void **)&s->q16 : (void **)&s->q, "query"},
-        {&r->k, r->has_k, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+        {&r->k, r->k.present, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
          s->kv_bf16 ? (void **)&s->k16 : (void **)&s->k, "key"},
-        {&r->v, r->has_v, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
+        {&r->v, r->v.present, s->kv_bf16 ? API_ELEM_BF16 : API_ELEM_FLOAT, 0,
          s->kv_bf16 ? (void **)&s->v16 : (void **)&s->v, "value"},
-        {&r->mask, r->has_mask, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
+        {&r->mask, r->mask.present, mask_bool ? API_ELEM_BOOL : API_ELEM_FLOAT,
          mask_bool ? 0 : API_DECODE_NEG_INF, mask_bool ? (void **)&s->mask_b : (void **)&s->mask_f,
          "attn_mask"},
-        {&r->kpm, r->has_kpm, API_ELEM_BOOL, 0, (void **)&s->kpm, "key_padding_mask"},
-        {&r->kvlen, r->has_kvlen, API_ELEM_INT64, 0, (void **)&s->kvlen, "kv_lengths"},
-        {&r->slopes, r->has_slopes, API_ELEM_FLOAT, 0, (void **)&s->slopes, "alibi"},
+        {&r->kpm, r->kpm.present, API_ELEM_BOOL, 0, (void **)&s->kpm, "key_padding_mask"},
+        {&r->kvlen, r->kvlen.present, API_ELEM_INT64, 0, (void **)&s->kvlen, "kv_lengths"},
+        {&r->slopes, r->slopes.present, API_ELEM_FLOAT, 0, (void **)&s->slopes, "alibi"},
         {&r->wq, r->additive, API_ELEM_FLOAT, 0, (void **)&s->wq, "additive_weights.w_q"},
         {&r->wk, r->additive, API_ELEM_FLOAT, 0, (void **)&s->wk, "additive_weights.w_k"},
         {&r->ww, r->additive, API_ELEM_FLOAT, 0, (void **)&s->ww, "additive_weights.w"},
-        {&r->sinks, r->has_sinks, API_ELEM_FLOAT, 0, (void **)&s->sinks, "sinks"},
+        {&r->sinks, r->sinks.present, API_ELEM_FLOAT, 0, (void **)&s->sinks, "sinks"},
     };
     memcpy(in, defs, sizeof defs);
 }
@@ -455,7 +455,7 @@ static bool sdpa_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
         ok = ok && api__req_output_bytes(s->os.count, tensors);
         if (r->weights != ENG_WEIGHTS_NONE)
             ok = ok && api__req_output_bytes(s->ws.count, tensors);
-        if (r->return_lse || r->has_sinks)
+        if (r->return_lse || r->sinks.present)
             ok = ok && api__req_output_bytes(s->ls.count, tensors);
     }
     *scratch = eng_sdpa_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
@@ -489,7 +489,7 @@ static int sdpa_decode(void *op, api__error *err)
     if (api__req_alloc_output(s->rq, &s->out, s->os.count, err) != 0 ||
         (r->weights != ENG_WEIGHTS_NONE &&
          api__req_alloc_output(s->rq, &s->weights, s->ws.count, err) != 0) ||
-        ((r->return_lse || r->has_sinks) &&
+        ((r->return_lse || r->sinks.present) &&
          api__req_alloc_output(s->rq, &s->lse, s->ls.count, err) != 0))
         return -1;
     /* The tree is no longer needed: give its memory back before the long part. */
@@ -521,8 +521,7 @@ static const char *request_field(const char *engine_field)
     return engine_field;
 }
 
-int api__sinks_check(const api__tensor *sinks, int64_t H, eng_weights_mode weights,
-                     api__error *err)
+int api__sinks_check(const api__tensor *sinks, int64_t H, eng_weights_mode weights, api__error *err)
 {
     char ms[64];
     if (!(sinks->rank == 1 && sinks->shape[0] == H))
@@ -573,7 +572,7 @@ static int sdpa_run(void *op, int64_t *compute_ns, api__error *err)
     memset(&eerr, 0, sizeof eerr);
     int64_t t0 = eng_now_ns();
     eng_status st = eng_sdpa(s->rq->call->pool, &s->args, &s->rq->lease->ctl, &eerr);
-    if (st == ENG_OK && s->r.has_sinks)
+    if (st == ENG_OK && s->r.sinks.present)
         api__sinks_apply(s->sinks, &s->args.out, s->lse);
     *compute_ns = eng_now_ns() - t0;
     if (st != ENG_OK)

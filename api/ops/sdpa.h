@@ -17,9 +17,9 @@
  * attn_mask, key_padding_mask, kv_lengths, alibi, num_heads... */
 
 typedef struct {
+    /* Each knows whether the request gave it (present); sinks: attention sinks, a logit per
+     * query head that joins each softmax. */
     api__tensor q, k, v, mask, kpm, kvlen, slopes, wq, wk, ww, sinks;
-    bool has_q, has_k, has_v, has_mask, has_kpm, has_kvlen, has_slopes, has_wq, has_wk, has_ww;
-    bool has_sinks; /* attention sinks: a logit per query head that joins each softmax */
     bool additive, has_additive_weights;
 
     int64_t num_heads, num_kv_heads; /* 0: not given */

@@ -56,33 +56,34 @@ static int step_shapes(api__session_step *st, api__error *err)
         return api__error_invalid(err, "num_kv_heads",
                                   "num_kv_heads is %lld but the session has %lld",
                                   (long long)r->num_kv_heads, (long long)st->Hkv);
-    if (r->has_k != r->has_v)
-        return api__error_invalid(err, r->has_k ? "value" : "key",
+    if (r->k.present != r->v.present)
+        return api__error_invalid(err, r->k.present ? "value" : "key",
                                   "key and value are appended together: give both or neither");
-    if (!r->has_q && !r->has_k)
+    if (!r->q.present && !r->k.present)
         return api__error_invalid(err, "query",
                                   "a step needs a query (attend), key and value (append), or "
                                   "all three");
     int64_t nv = 0;
-    if (r->has_k && (step_rows(&r->k, "key", st->Hkv, st->D, "kv heads", &st->n_new, err) != 0 ||
-                     step_rows(&r->v, "value", st->Hkv, st->Dv, "kv heads", &nv, err) != 0))
+    if (r->k.present &&
+        (step_rows(&r->k, "key", st->Hkv, st->D, "kv heads", &st->n_new, err) != 0 ||
+         step_rows(&r->v, "value", st->Hkv, st->Dv, "kv heads", &nv, err) != 0))
         return -1;
-    if (r->has_k && nv != st->n_new)
+    if (r->k.present && nv != st->n_new)
         return api__error_invalid(err, "value", "value has %lld tokens but key %lld", (long long)nv,
                                   (long long)st->n_new);
-    if (r->has_q && step_rows(&r->q, "query", st->H, st->D, "heads", &st->n_q, err) != 0)
+    if (r->q.present && step_rows(&r->q, "query", st->H, st->D, "heads", &st->n_q, err) != 0)
         return -1;
     int64_t length;
     if (api__session_check_append(s, st->expect_set, st->expect_length, st->n_new, "key", &length,
                                   err) != 0)
         return -1;
     st->S = length + st->n_new;
-    if (r->has_q && st->S == 0)
+    if (r->q.present && st->S == 0)
         return api__error_invalid(err, "query",
                                   "the session is empty: append key and value before attending");
-    if (r->has_mask || r->has_kpm || r->has_kvlen || r->additive)
+    if (r->mask.present || r->kpm.present || r->kvlen.present || r->additive)
         return api__error_invalid(err, "attn_mask", "a session step takes no masks");
-    return r->has_sinks ? api__sinks_check(&r->sinks, st->H, r->weights, err) : 0;
+    return r->sinks.present ? api__sinks_check(&r->sinks, st->H, r->weights, err) : 0;
 }
 
 static int step_elements(api__session_step *st, api__error *err)
@@ -91,7 +92,7 @@ static int step_elements(api__session_step *st, api__error *err)
     size_t max = st->rq->limits.max_elements, total = 0;
     bool ok = api__size_add(&total, r->q.count) && api__size_add(&total, r->k.count) &&
               api__size_add(&total, r->v.count);
-    if (r->has_q) {
+    if (r->q.present) {
         size_t o = 0;
         ok = ok && !__builtin_mul_overflow((size_t)(st->H * st->n_q), (size_t)st->Dv, &o) &&
              api__size_add(&total, o);
@@ -100,7 +101,7 @@ static int step_elements(api__session_step *st, api__error *err)
             ok = ok && !__builtin_mul_overflow(heads * (size_t)st->n_q, (size_t)st->S, &o) &&
                  api__size_add(&total, o);
         }
-        if (r->return_lse || r->has_sinks)
+        if (r->return_lse || r->sinks.present)
             ok = ok && api__size_add(&total, (size_t)(st->H * st->n_q));
     }
     if (!ok || total > max)
@@ -180,7 +181,7 @@ static int step_check(void *op, api__error *err)
     if (step_shapes(st, err) != 0 || step_elements(st, err) != 0)
         return -1;
     api__req_set_deadline(st->rq, st->r.timeout_ms);
-    if (st->r.has_q) {
+    if (st->r.q.present) {
         step_out_shapes(st);
         step_args(st);
     }
@@ -193,10 +194,10 @@ static void step_inputs(api__session_step *st, api__input in[STEP_INPUTS])
 {
     api__sdpa_req *r = &st->r;
     const api__input defs[STEP_INPUTS] = {
-        {&r->q, r->has_q, API_ELEM_FLOAT, 0, (void **)&st->q, "query"},
-        {&r->k, r->has_k, API_ELEM_FLOAT, 0, (void **)&st->k, "key"},
-        {&r->v, r->has_v, API_ELEM_FLOAT, 0, (void **)&st->v, "value"},
-        {&r->sinks, r->has_sinks, API_ELEM_FLOAT, 0, (void **)&st->sinks, "sinks"},
+        {&r->q, r->q.present, API_ELEM_FLOAT, 0, (void **)&st->q, "query"},
+        {&r->k, r->k.present, API_ELEM_FLOAT, 0, (void **)&st->k, "key"},
+        {&r->v, r->v.present, API_ELEM_FLOAT, 0, (void **)&st->v, "value"},
+        {&r->sinks, r->sinks.present, API_ELEM_FLOAT, 0, (void **)&st->sinks, "sinks"},
     };
     memcpy(in, defs, sizeof defs);
 }
@@ -209,13 +210,13 @@ static bool step_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
     *tensors = 0;
     *scratch = 0;
     bool ok = api__input_bytes(in, STEP_INPUTS, tensors);
-    if (!st->r.has_q)
+    if (!st->r.q.present)
         return ok;
     if (outputs) {
         ok = ok && api__req_output_bytes(st->os.count, tensors);
         if (st->r.weights != ENG_WEIGHTS_NONE)
             ok = ok && api__req_output_bytes(st->ws.count, tensors);
-        if (st->r.return_lse || st->r.has_sinks)
+        if (st->r.return_lse || st->r.sinks.present)
             ok = ok && api__req_output_bytes(st->ls.count, tensors);
     }
     *scratch = eng_kv_attend_scratch_bytes(st->s->seq, &st->args, st->n_new,
@@ -231,16 +232,16 @@ static int step_decode(void *op, api__error *err)
     for (size_t i = 0; i < STEP_INPUTS; i++)
         if (in[i].present && api__req_decode_input(st->rq, &in[i], err) != 0)
             return -1;
-    if (st->r.has_q && (api__req_alloc_output(st->rq, &st->out, st->os.count, err) != 0 ||
-                        (st->r.weights != ENG_WEIGHTS_NONE &&
-                         api__req_alloc_output(st->rq, &st->weights, st->ws.count, err) != 0) ||
-                        ((st->r.return_lse || st->r.has_sinks) &&
-                         api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
+    if (st->r.q.present && (api__req_alloc_output(st->rq, &st->out, st->os.count, err) != 0 ||
+                            (st->r.weights != ENG_WEIGHTS_NONE &&
+                             api__req_alloc_output(st->rq, &st->weights, st->ws.count, err) != 0) ||
+                            ((st->r.return_lse || st->r.sinks.present) &&
+                             api__req_alloc_output(st->rq, &st->lse, st->ls.count, err) != 0)))
         return -1;
-    if (st->r.has_sinks && api__sinks_check_values(st->sinks, st->H, err) != 0)
+    if (st->r.sinks.present && api__sinks_check_values(st->sinks, st->H, err) != 0)
         return -1;
     api__req_parse_done(st->rq);
-    if (st->r.has_q) {
+    if (st->r.q.present) {
         st->args.q.data = st->q;
         st->args.out.data = st->out;
         st->args.weights = st->weights;
@@ -255,13 +256,13 @@ static eng_status step_engine(void *op, eng_error *e)
     api__session_step *st = op;
     api__req *rq = st->rq;
     eng_kv_rows kr, vr;
-    if (st->r.has_k) {
+    if (st->r.k.present) {
         kr = eng_kv_rows_f32(step_view(st->k, st->r.k.rank, st->Hkv, st->n_new, st->D));
         vr = eng_kv_rows_f32(step_view(st->v, st->r.v.rank, st->Hkv, st->n_new, st->Dv));
     }
-    return eng_kv_step(rq->call->pool, st->s->seq, st->r.has_k ? &kr : NULL,
-                       st->r.has_k ? &vr : NULL, st->r.has_q ? &st->args : NULL, &rq->lease->ctl,
-                       e);
+    return eng_kv_step(rq->call->pool, st->s->seq, st->r.k.present ? &kr : NULL,
+                       st->r.k.present ? &vr : NULL, st->r.q.present ? &st->args : NULL,
+                       &rq->lease->ctl, e);
 }
 
 static int step_run(void *op, int64_t *compute_ns, api__error *err)
@@ -278,7 +279,7 @@ static int step_run(void *op, int64_t *compute_ns, api__error *err)
     if (fail)
         return -1;
     st->length = eng_kv_seq_length(st->s->seq);
-    if (rc == ENG_OK && st->r.has_q && st->r.has_sinks)
+    if (rc == ENG_OK && st->r.q.present && st->r.sinks.present)
         api__sinks_apply(st->sinks, &st->args.out, st->lse);
     if (rc == ENG_OK)
         return 0;
@@ -296,7 +297,7 @@ static const api__out_shape *step_output(void *op, int o, float ***slot)
     api__session_step *st = op;
     float **data = NULL;
     const api__out_shape *shape = NULL;
-    if (!st->r.has_q) {
+    if (!st->r.q.present) {
     } else if (o == API__OUT_OUTPUT) {
         data = &st->out;
         shape = &st->os;

@@ -75,37 +75,37 @@ _Static_assert(offsetof(attn_job, head) == 0, "api__serve takes the job for its 
 static int f_query(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.q, &job->s.r.has_q, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.q, err);
 }
 
 static int f_key(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.k, &job->s.r.has_k, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.k, err);
 }
 
 static int f_value(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.v, &job->s.r.has_v, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.v, err);
 }
 
 static int f_attn_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, err);
 }
 
 static int f_key_padding_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, err);
 }
 
 static int f_kv_lengths(void *jp, const json_t *v, const char *name, api__error *err)
 {
     attn_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kvlen, &job->s.r.has_kvlen, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kvlen, err);
 }
 
 static int f_score(void *jp, const json_t *v, const char *name, api__error *err)
@@ -127,7 +127,6 @@ static int f_additive_weights(void *jp, const json_t *v, const char *name, api__
     static const char *const keys[3] = {"w_q", "w_k", "w"};
     api__sdpa_req *r = &job->s.r;
     api__tensor *tensors[3] = {&r->wq, &r->wk, &r->ww};
-    bool *has[3] = {&r->has_wq, &r->has_wk, &r->has_ww};
     char field[64];
     const char *key;
     json_t *val;
@@ -146,11 +145,11 @@ static int f_additive_weights(void *jp, const json_t *v, const char *name, api__
         if (i == 3)
             return api__error_invalid(err, field, "unknown key \"%.40s\"; %s has w_q, w_k and w",
                                       key, name);
-        if (api__req_tensor(&job->head.rq, val, field, tensors[i], has[i], err) != 0)
+        if (api__req_tensor(&job->head.rq, val, field, tensors[i], err) != 0)
             return -1;
     }
     for (size_t i = 0; i < 3; i++) {
-        if (!*has[i]) {
+        if (!tensors[i]->present) {
             snprintf(field, sizeof field, "%s.%s", name, keys[i]);
             return api__error_invalid(err, field, "%s is required", field);
         }
@@ -175,7 +174,7 @@ static int f_alibi(void *jp, const json_t *v, const char *name, api__error *err)
     if (!json_is_array(v) && !json_is_object(v))
         return api__error_invalid(err, name,
                                   "%s must be true, false or an array of one slope per head", name);
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, &job->s.r.has_slopes, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.slopes, err);
 }
 
 static int f_sinks(void *jp, const json_t *v, const char *name, api__error *err)
@@ -183,7 +182,7 @@ static int f_sinks(void *jp, const json_t *v, const char *name, api__error *err)
     attn_job *job = jp;
     if (json_is_null(v))
         return 0;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.sinks, &job->s.r.has_sinks, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.sinks, err);
 }
 
 static int f_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
@@ -241,8 +240,8 @@ static int parse_fields(attn_job *job, api__error *err)
     if (api__native_fields(job, &job->s.r, attn_fields, sizeof attn_fields / sizeof attn_fields[0],
                            api__sdpa_options, api__sdpa_n_options, "/v1/attention", err) != 0)
         return -1;
-    if (!job->s.r.has_q || !job->s.r.has_k || !job->s.r.has_v) {
-        const char *missing = !job->s.r.has_q ? "query" : !job->s.r.has_k ? "key" : "value";
+    if (!job->s.r.q.present || !job->s.r.k.present || !job->s.r.v.present) {
+        const char *missing = !job->s.r.q.present ? "query" : !job->s.r.k.present ? "key" : "value";
         return api__error_invalid(err, missing, "%s is required", missing);
     }
     return 0;

@@ -121,12 +121,11 @@ static int f_weights(void *jp, const json_t *v, const char *name, api__error *er
     json_object_foreach((json_t *)v, key, val)
     {
         size_t i = r->n_weights++;
-        bool has = false;
         snprintf(r->wt_name[i], sizeof r->wt_name[i], "%.60s", key);
         snprintf(r->wt_field[i], sizeof r->wt_field[i], "%s.%.60s", name, key);
         if (json_is_null(val))
             return api__error_invalid(err, r->wt_field[i], "%s must be a tensor", r->wt_field[i]);
-        if (api__req_tensor(&job->head.rq, val, r->wt_field[i], &r->wt[i], &has, err) != 0)
+        if (api__req_tensor(&job->head.rq, val, r->wt_field[i], &r->wt[i], err) != 0)
             return -1;
         if (r->wt[i].dtype == API_DTYPE_BOOL || r->wt[i].rank > 4)
             return api__error_invalid(err, r->wt_field[i], "%s must hold numbers, of rank 1 to 4",
@@ -154,37 +153,37 @@ static int f_num_kv_heads(void *jp, const json_t *v, const char *name, api__erro
 static int f_input(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.input, &job->s.r.has_input, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.input, err);
 }
 
 static int f_memory(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.memory, &job->s.r.has_memory, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.memory, err);
 }
 
 static int f_key(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.key, &job->s.r.has_key, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.key, err);
 }
 
 static int f_value(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.value, &job->s.r.has_value, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.value, err);
 }
 
 static int f_attn_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, &job->s.r.has_mask, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.mask, err);
 }
 
 static int f_key_padding_mask(void *jp, const json_t *v, const char *name, api__error *err)
 {
     mha_job *job = jp;
-    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, &job->s.r.has_kpm, err);
+    return api__req_tensor(&job->head.rq, v, name, &job->s.r.kpm, err);
 }
 
 static int f_window(void *jp, const json_t *v, const char *name, api__error *err)
@@ -254,7 +253,7 @@ static int parse_fields(mha_job *job, api__error *err)
     if (api__native_fields(job, &job->s.r, mha_fields, sizeof mha_fields / sizeof mha_fields[0],
                            api__layer_options, api__layer_n_options, "/v1/mha", err) != 0)
         return -1;
-    if (!r->has_input)
+    if (!r->input.present)
         return api__error_invalid(err, "input", "input is required");
     if (r->model && r->has_weights)
         return api__error_invalid(err, "weights",

@@ -335,28 +335,28 @@ typedef struct {
 
 _Static_assert(offsetof(step_job, head) == 0, "api__serve takes the job for its api__req");
 
-static int s_tensor(step_job *job, const json_t *v, const char *name, api__tensor *t, bool *has,
+static int s_tensor(step_job *job, const json_t *v, const char *name, api__tensor *t,
                     api__error *err)
 {
-    return api__req_tensor(&job->head.rq, v, name, t, has, err);
+    return api__req_tensor(&job->head.rq, v, name, t, err);
 }
 
 static int s_query(void *jp, const json_t *v, const char *name, api__error *err)
 {
     step_job *job = jp;
-    return s_tensor(job, v, name, &job->st.r.q, &job->st.r.has_q, err);
+    return s_tensor(job, v, name, &job->st.r.q, err);
 }
 
 static int s_key(void *jp, const json_t *v, const char *name, api__error *err)
 {
     step_job *job = jp;
-    return s_tensor(job, v, name, &job->st.r.k, &job->st.r.has_k, err);
+    return s_tensor(job, v, name, &job->st.r.k, err);
 }
 
 static int s_value(void *jp, const json_t *v, const char *name, api__error *err)
 {
     step_job *job = jp;
-    return s_tensor(job, v, name, &job->st.r.v, &job->st.r.has_v, err);
+    return s_tensor(job, v, name, &job->st.r.v, err);
 }
 
 static int s_expect_length(void *jp, const json_t *v, const char *name, api__error *err)
@@ -383,7 +383,7 @@ static int s_sinks(void *jp, const json_t *v, const char *name, api__error *err)
     step_job *job = jp;
     if (json_is_null(v))
         return 0;
-    return s_tensor(job, v, name, &job->st.r.sinks, &job->st.r.has_sinks, err);
+    return s_tensor(job, v, name, &job->st.r.sinks, err);
 }
 
 static int s_return_weights(void *jp, const json_t *v, const char *name, api__error *err)
@@ -460,7 +460,7 @@ static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     const api__session_step *st = &job->st;
     if (api__native_outputs(&job->head, w, err) != 0)
         return -1;
-    if (st->r.has_q)
+    if (st->r.q.present)
         api_buf_char(w, ',');
     api_buf_printf(w,
                    "\"length\":%lld,\"meta\":{\"session\":\"%s\",\"appended\":%lld,"
@@ -470,7 +470,7 @@ static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
                    (long long)st->S, (long long)st->H, (long long)st->Hkv, (long long)st->D,
                    (long long)st->Dv);
     snprintf(reply->session, sizeof reply->session, "%s", st->s->id);
-    if (st->r.has_q)
+    if (st->r.q.present)
         api_buf_printf(w, ",\"precision\":\"%s\"",
                        api__precision_name(eng_sdpa_precision(&st->args)));
     api_buf_printf(w, ",\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n", (double)reply->decode_ns / 1e6,

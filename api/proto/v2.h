@@ -65,10 +65,10 @@ typedef struct {
 } v2_job;
 
 /* An input of a kind of model: its name, and where the kind's operation request keeps its
- * tensor and its "given" flag (offsets in api__sdpa_req or api__layer_req). */
+ * tensor (an offset in api__sdpa_req or api__layer_req). */
 typedef struct {
     const char *name;
-    size_t tensor, given;
+    size_t tensor;
     const char *required; /* NULL: optional; else what it is, for the message when missing */
 } v2_input;
 

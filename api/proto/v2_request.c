@@ -239,15 +239,13 @@ static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
 
 /* ---- Inputs --------------------------------------------------------------------------------- */
 
-/* The tensor slot of input `name` of the job's model (and its "given" flag), or NULL. */
-static api__tensor *input_slot(v2_job *job, const char *name, bool **given)
+/* The tensor slot of input `name` of the job's model, or NULL. */
+static api__tensor *input_slot(v2_job *job, const char *name)
 {
     for (size_t i = 0; i < job->kind->n_inputs; i++) {
         const v2_input *in = &job->kind->inputs[i];
-        if (strcmp(name, in->name) == 0) {
-            *given = v2_req_field(job, in->given);
+        if (strcmp(name, in->name) == 0)
             return v2_req_field(job, in->tensor);
-        }
     }
     return NULL;
 }
@@ -439,14 +437,13 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
     }
     if (!name)
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    bool *has = NULL;
-    api__tensor *t = input_slot(job, name, &has);
+    api__tensor *t = input_slot(job, name);
     if (!t)
         return unknown_input(job, name, field, err);
-    if (*has)
+    if (t->present)
         return api__error_invalid(err, name, "input %s is given twice", name);
-    *has = true;
     memset(t, 0, sizeof *t);
+    t->present = true;
     if (!shape || !datatype)
         return api__error_invalid(err, name, "input %s needs \"shape\" and \"datatype\"", name);
     snprintf(sub, sizeof sub, "%s.shape", name);
@@ -660,7 +657,7 @@ int api__v2_request_parse(v2_job *job, api__error *err)
                               job->bin_len, job->bin_used);
     for (size_t i = 0; i < job->kind->n_inputs; i++) {
         const v2_input *in = &job->kind->inputs[i];
-        if (in->required && !*(bool *)v2_req_field(job, in->given))
+        if (in->required && !((const api__tensor *)v2_req_field(job, in->tensor))->present)
             return api__error_invalid(err, in->name, "input \"%s\" is required (%s)", in->name,
                                       in->required);
     }
@@ -719,21 +716,20 @@ int api__v2_outputs_settle(v2_job *job, api__error *err)
 /* ---- The kinds of model --------------------------------------------------------------------- */
 
 static const v2_input sdpa_inputs[] = {
-    {"query", offsetof(api__sdpa_req, q), offsetof(api__sdpa_req, has_q), "the queries"},
-    {"key", offsetof(api__sdpa_req, k), offsetof(api__sdpa_req, has_k), "the keys"},
-    {"value", offsetof(api__sdpa_req, v), offsetof(api__sdpa_req, has_v), "the values"},
-    {"attn_mask", offsetof(api__sdpa_req, mask), offsetof(api__sdpa_req, has_mask), NULL},
-    {"key_padding_mask", offsetof(api__sdpa_req, kpm), offsetof(api__sdpa_req, has_kpm), NULL},
-    {"kv_lengths", offsetof(api__sdpa_req, kvlen), offsetof(api__sdpa_req, has_kvlen), NULL},
-    {"sinks", offsetof(api__sdpa_req, sinks), offsetof(api__sdpa_req, has_sinks), NULL},
+    {"query", offsetof(api__sdpa_req, q), "the queries"},
+    {"key", offsetof(api__sdpa_req, k), "the keys"},
+    {"value", offsetof(api__sdpa_req, v), "the values"},
+    {"attn_mask", offsetof(api__sdpa_req, mask), NULL},
+    {"key_padding_mask", offsetof(api__sdpa_req, kpm), NULL},
+    {"kv_lengths", offsetof(api__sdpa_req, kvlen), NULL},
+    {"sinks", offsetof(api__sdpa_req, sinks), NULL},
 };
 
 static const v2_input layer_inputs[] = {
-    {"input", offsetof(api__layer_req, input), offsetof(api__layer_req, has_input),
-     "the tokens, [L, E] or [B, L, E]"},
-    {"memory", offsetof(api__layer_req, memory), offsetof(api__layer_req, has_memory), NULL},
-    {"attn_mask", offsetof(api__layer_req, mask), offsetof(api__layer_req, has_mask), NULL},
-    {"key_padding_mask", offsetof(api__layer_req, kpm), offsetof(api__layer_req, has_kpm), NULL},
+    {"input", offsetof(api__layer_req, input), "the tokens, [L, E] or [B, L, E]"},
+    {"memory", offsetof(api__layer_req, memory), NULL},
+    {"attn_mask", offsetof(api__layer_req, mask), NULL},
+    {"key_padding_mask", offsetof(api__layer_req, kpm), NULL},
 };
 
 _Static_assert(sizeof sdpa_inputs / sizeof sdpa_inputs[0] <= API__V2_MAX_INPUTS &&

@@ -109,9 +109,9 @@ int api__v2_sdpa_sequence(v2_job *job, api__error *err)
     api__sdpa_req *r = &job->s.r;
     char name[160];
     bool create;
-    if (!r->has_q || !r->has_k || !r->has_v)
+    if (!r->q.present || !r->k.present || !r->v.present)
         return api__error_invalid(err, "inputs", "a step of a sequence takes query, key and value");
-    if (r->has_mask || r->has_kpm || r->has_kvlen)
+    if (r->mask.present || r->kpm.present || r->kvlen.present)
         return api__error_invalid(err, "inputs", "a step of a sequence takes no masks");
     bool batch = r->q.rank >= 3;
     if (drop_batch(&r->q, "query", err) != 0 || drop_batch(&r->k, "key", err) != 0 ||

@@ -355,6 +355,7 @@ int api__tensor_probe(const api__body *b, const json_t *v, const char *field, si
                       api__tensor *t, api__error *err)
 {
     memset(t, 0, sizeof *t);
+    t->present = true;
     const api__body_span *sp = api__body_span_of(b, v);
     if (sp && sp->kind == API_SPAN_NUMBERS) {
         /* Nested arrays of numbers, checked (grammar, rectangular) by the body's scanner. */

@@ -56,6 +56,7 @@ typedef enum {
 
 /* A tensor found in a request: where its values are and what shape they claim. */
 typedef struct {
+    bool present; /* the request gave it: set by a probe (a zeroed tensor is absent) */
     api__form form;
     api__dtype dtype; /* for the text forms, from the first element */
     int rank;
