@@ -670,20 +670,14 @@ static void input_defs(api__layer *s, api__input in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-static bool layer_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
+static bool layer_size(void *op, api__sizes *sz)
 {
     api__layer *s = op;
     api__input in[N_INPUTS];
     input_defs(s, in);
-    *tensors = 0;
-    bool ok = api__input_bytes(in, N_INPUTS, tensors);
-    if (outputs) {
-        ok = ok && api__req_output_bytes(s->os.count, tensors);
-        if (s->r.weights != ENG_WEIGHTS_NONE)
-            ok = ok && api__req_output_bytes(s->ws.count, tensors);
-    }
-    *scratch = eng_mha_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
-    return ok;
+    bool ok = api__input_bytes(in, N_INPUTS, &sz->tensors);
+    return ok && api__size_add(&sz->scratch, eng_mha_scratch_bytes(
+                                                 &s->args, eng_pool_threads(s->rq->call->pool)));
 }
 
 static int layer_decode(void *op, api__error *err)
@@ -845,12 +839,12 @@ static eng_precision layer_precision(const void *op)
 }
 
 const api__op api__layer_op = {
-    .check = layer_check,
-    .bytes = layer_bytes,
-    .decode = layer_decode,
-    .run = layer_run,
+    .steps = {.check = layer_check,
+              .size = layer_size,
+              .decode = layer_decode,
+              .run = layer_run,
+              .batch = layer_batch,
+              .free = layer_free},
     .output = layer_output,
     .precision = layer_precision,
-    .batch = layer_batch,
-    .free = layer_free,
 };

@@ -2,8 +2,9 @@
  * operation.h - the one interface of api/'s operations (sdpa.h: scaled dot-product attention,
  * layer.h: the multi-head attention layer), so that a route of any protocol runs either the
  * same way: it fills the operation's request from its wire format (tensors probed, not
- * decoded), then check, bytes (to reserve), decode, run, and encodes the outputs in its own
- * format. Names in messages are the request's fields, which every protocol shares.
+ * decoded), then runs the operation's steps (check, size to reserve, decode, run) inside its
+ * own (api__steps: the one table both share) and encodes the outputs in its own format. Names
+ * in messages are the request's fields, which every protocol shares.
  */
 #ifndef ATTND_API_OPS_OPERATION_H
 #define ATTND_API_OPS_OPERATION_H
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "api/core/error.h"
+#include "api/wire/buf.h"
 
 /* The shape of an output: its rank follows the operation's main input (a rank-2 query or
  * input drops the batch axis). */
@@ -25,21 +27,47 @@ typedef struct {
 /* The outputs an operation may compute, in the order replies list them. */
 enum { API__OUT_OUTPUT = 0, API__OUT_WEIGHTS, API__OUT_LSE, API__N_OUTPUTS };
 
-/* An operation's steps; each takes its state (api__sdpa, api__layer), whose rq is set. */
+/* What a request reserves before anything is allocated (api__req_reserve_run), each step
+ * adding its part: an operation its decoded inputs, buffers of its own and the engine's
+ * scratch; a route the outputs, wherever it puts them, and an upper bound of its reply. */
 typedef struct {
-    /* Checks the request against itself and the limits, sets the deadline and the outputs'
-     * shapes. 422 names the field; 413 --max-elements. */
-    int (*check)(void *op, api__error *err);
-    /* Bytes the call will allocate beyond the body: decoded inputs (none for raw tensors used
-     * in place), the outputs when `outputs` (a route that places them in its reply counts them
-     * there), and the engine's scratch. False when a sum overflows. */
-    bool (*bytes)(void *op, bool outputs, size_t *tensors, size_t *scratch);
-    /* Allocates and decodes every input, allocates the outputs the route did not place, and
-     * frees the body tree (its reservation goes back to the budget). */
-    int (*decode)(void *op, api__error *err);
+    size_t tensors, scratch, text;
+} api__sizes;
+
+/* The steps of serving one request, in their order, one vocabulary for the routes of every
+ * protocol (serve.h) and the operations they run. An operation has check, size, decode, run,
+ * batch and free; a route adds read, place and encode, and its check, size, decode and run
+ * are its operation's with its wire format around them. Each takes its job (a route's) or its
+ * state (an operation's: api__sdpa, api__layer, whose rq is set); NULL: nothing to do. */
+typedef struct {
+    /* Reads the body (framing, Content-Type, size, JSON) before check reads its fields. */
+    int (*read)(void *job, api__error *err);
+    /* Reads the request and checks it against itself and the limits: fields, shapes, the
+     * deadline, the outputs' shapes. 422 names the field; 413 --max-elements. */
+    int (*check)(void *job, api__error *err);
+    /* Adds the bytes the call will allocate beyond the body to *sz; false when a sum
+     * overflows. */
+    bool (*size)(void *job, api__sizes *sz);
+    /* After the reservation, before decode: points outputs into the reply when the route sends
+     * them as they are. */
+    int (*place)(void *job, api_buf *w, api__error *err);
+    /* Allocates and decodes every input, allocates the outputs not placed, and frees the body
+     * tree (its reservation goes back to the budget). */
+    int (*decode)(void *job, api__error *err);
     /* Runs the engine (checking the deadline and the cancel flag first); *compute_ns gets its
      * time. */
-    int (*run)(void *op, int64_t *compute_ns, api__error *err);
+    int (*run)(void *job, int64_t *compute_ns, api__error *err);
+    /* Fills the status, content type and body of `reply` (from `w`, or what place made). */
+    int (*encode)(void *job, api_buf *w, api_reply *reply, api__error *err);
+    /* The inferences the request runs (its batch), which the v2 models' metrics count. */
+    int64_t (*batch)(const void *job);
+    /* Frees what the job owns beyond its api__req, on every path; safe to call twice. */
+    void (*free)(void *job);
+} api__steps;
+
+/* An operation: its steps, and what a route asks of it between them. */
+typedef struct {
+    api__steps steps;
     /* Output `o` (API__OUT_*) after check: its shape, with *slot (when slot is not NULL) the
      * pointer to its values, which a route may set before decode to place it in its reply.
      * NULL when this request does not compute it. */
@@ -47,10 +75,6 @@ typedef struct {
     /* The precision run computes in (after check): what the request asked for, or float32
      * where the kernels in use cannot compute bfloat16 (replies name it). */
     eng_precision (*precision)(const void *op);
-    /* The batch size: the inferences the request runs. */
-    int64_t (*batch)(const void *op);
-    /* Frees what the state owns beyond its rq; safe to call twice. NULL: nothing. */
-    void (*free)(void *op);
 } api__op;
 
 /* The names of the outputs in messages and replies: "output", "weights", "lse". */

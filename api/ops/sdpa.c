@@ -443,23 +443,18 @@ static void input_defs(api__sdpa *s, api__input in[N_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-static bool sdpa_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
+/* The inputs, the log-sum-exp that sinks need when it is not an output, and the scratch. */
+static bool sdpa_size(void *op, api__sizes *sz)
 {
     api__sdpa *s = op;
     const api__sdpa_req *r = &s->r;
     api__input in[N_INPUTS];
     input_defs(s, in);
-    *tensors = 0;
-    bool ok = api__input_bytes(in, N_INPUTS, tensors);
-    if (outputs) {
-        ok = ok && api__req_output_bytes(s->os.count, tensors);
-        if (r->weights != ENG_WEIGHTS_NONE)
-            ok = ok && api__req_output_bytes(s->ws.count, tensors);
-        if (r->return_lse || r->sinks.present)
-            ok = ok && api__req_output_bytes(s->ls.count, tensors);
-    }
-    *scratch = eng_sdpa_scratch_bytes(&s->args, eng_pool_threads(s->rq->call->pool));
-    return ok;
+    bool ok = api__input_bytes(in, N_INPUTS, &sz->tensors);
+    if (r->sinks.present && !r->return_lse)
+        ok = ok && api__req_output_bytes(s->ls.count, &sz->tensors);
+    return ok && api__size_add(&sz->scratch, eng_sdpa_scratch_bytes(
+                                                 &s->args, eng_pool_threads(s->rq->call->pool)));
 }
 
 /* ---- Decoding ---------------------------------------------------------------------------- */
@@ -614,11 +609,11 @@ static eng_precision sdpa_precision(const void *op)
 }
 
 const api__op api__sdpa_op = {
-    .check = sdpa_check,
-    .bytes = sdpa_bytes,
-    .decode = sdpa_decode,
-    .run = sdpa_run,
+    .steps = {.check = sdpa_check,
+              .size = sdpa_size,
+              .decode = sdpa_decode,
+              .run = sdpa_run,
+              .batch = sdpa_batch},
     .output = sdpa_output,
     .precision = sdpa_precision,
-    .batch = sdpa_batch,
 };

@@ -202,26 +202,21 @@ static void step_inputs(api__session_step *st, api__input in[STEP_INPUTS])
     memcpy(in, defs, sizeof defs);
 }
 
-static bool step_bytes(void *op, bool outputs, size_t *tensors, size_t *scratch)
+/* The inputs and, for a step with queries, the log-sum-exp that sinks need when it is not an
+ * output, and the scratch. */
+static bool step_size(void *op, api__sizes *sz)
 {
     api__session_step *st = op;
     api__input in[STEP_INPUTS];
     step_inputs(st, in);
-    *tensors = 0;
-    *scratch = 0;
-    bool ok = api__input_bytes(in, STEP_INPUTS, tensors);
+    bool ok = api__input_bytes(in, STEP_INPUTS, &sz->tensors);
     if (!st->r.q.present)
         return ok;
-    if (outputs) {
-        ok = ok && api__req_output_bytes(st->os.count, tensors);
-        if (st->r.weights != ENG_WEIGHTS_NONE)
-            ok = ok && api__req_output_bytes(st->ws.count, tensors);
-        if (st->r.return_lse || st->r.sinks.present)
-            ok = ok && api__req_output_bytes(st->ls.count, tensors);
-    }
-    *scratch = eng_kv_attend_scratch_bytes(st->s->seq, &st->args, st->n_new,
-                                           eng_pool_threads(st->rq->call->pool));
-    return ok;
+    if (st->r.sinks.present && !st->r.return_lse)
+        ok = ok && api__req_output_bytes(st->ls.count, &sz->tensors);
+    return ok && api__size_add(&sz->scratch,
+                               eng_kv_attend_scratch_bytes(st->s->seq, &st->args, st->n_new,
+                                                           eng_pool_threads(st->rq->call->pool)));
 }
 
 static int step_decode(void *op, api__error *err)
@@ -334,12 +329,12 @@ static eng_precision step_precision(const void *op)
 }
 
 const api__op api__session_step_op = {
-    .check = step_check,
-    .bytes = step_bytes,
-    .decode = step_decode,
-    .run = step_run,
+    .steps = {.check = step_check,
+              .size = step_size,
+              .decode = step_decode,
+              .run = step_run,
+              .batch = step_batch,
+              .free = step_free},
     .output = step_output,
     .precision = step_precision,
-    .batch = step_batch,
-    .free = step_free,
 };

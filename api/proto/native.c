@@ -91,43 +91,44 @@ static int tensor_field(api_buf *w, const char *name, const float *data, const a
     return api__buf_error(w, err);
 }
 
-bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text)
+bool api__native_size(void *job, api__sizes *sz)
 {
     api__native_job *nj = job;
-    bool sized = nj->op->bytes(nj->state, true, tensors, scratch);
-    *text = 1024; /* the reply's braces, keys and meta */
+    bool ok = nj->op->steps.size(nj->state, sz);
+    ok = ok && api__size_add(&sz->text, 1024); /* the reply's braces, keys and meta */
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         const api__out_shape *sh = nj->op->output(nj->state, o, NULL);
-        if (sh && !api__size_add(
-                      text, api__tensor_encoded_bound(nj->form, sh->rank, sh->shape, sh->count)))
-            return false;
+        if (sh)
+            ok = ok && api__req_output_bytes(sh->count, &sz->tensors) &&
+                 api__size_add(&sz->text,
+                               api__tensor_encoded_bound(nj->form, sh->rank, sh->shape, sh->count));
     }
-    return sized;
+    return ok;
 }
 
 int api__native_decode(void *job, api__error *err)
 {
     api__native_job *nj = job;
-    return nj->op->decode(nj->state, err);
+    return nj->op->steps.decode(nj->state, err);
 }
 
-int api__native_compute(void *job, int64_t *compute_ns, api__error *err)
+int api__native_run(void *job, int64_t *compute_ns, api__error *err)
 {
     api__native_job *nj = job;
-    return nj->op->run(nj->state, compute_ns, err);
+    return nj->op->steps.run(nj->state, compute_ns, err);
 }
 
-int64_t api__native_inferences(const void *job)
+int64_t api__native_batch(const void *job)
 {
     const api__native_job *nj = job;
-    return nj->op->batch(nj->state);
+    return nj->op->steps.batch(nj->state);
 }
 
 void api__native_free(void *job)
 {
     api__native_job *nj = job;
-    if (nj->op->free)
-        nj->op->free(nj->state);
+    if (nj->op->steps.free)
+        nj->op->steps.free(nj->state);
 }
 
 int api__native_outputs(const api__native_job *nj, api_buf *w, api__error *err)

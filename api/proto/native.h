@@ -16,7 +16,7 @@
 #include "api/wire/buf.h"
 #include "api/wire/tensor.h"
 
-/* The read step (api__route) of a native JSON route: the cancel flag and deadline, 415 for a
+/* The read step (api__steps) of a native JSON route: the cancel flag and deadline, 415 for a
  * Content-Type other than JSON, 413 for a body past --max-body-bytes, then the JSON parse
  * (api__req_parse). `job` starts with its api__req. */
 int api__native_read(void *job, api__error *err);
@@ -45,18 +45,17 @@ typedef struct {
     api__req rq;       /* first: api__serve finds it there */
     const api__op *op; /* api__sdpa_op, api__layer_op */
     void *state;       /* the operation's state, in the route's job; its rq is &rq */
-    api__form form;    /* of the reply's tensors: set by the route's parse step */
+    api__form form;    /* of the reply's tensors: set by the route's check step */
     bool bf16_out;     /* "output_dtype": "bfloat16": the tensors as bf16 */
 } api__native_job;
 
-/* Steps of api__route for a job that starts with an api__native_job. size: the operation's
- * bytes with its outputs, and an upper bound of the reply (its braces, keys and meta, and each
- * output the operation computes, in `form`). decode, compute: the operation's. inferences:
- * its batch. free: its free. */
-bool api__native_size(void *job, size_t *tensors, size_t *scratch, size_t *text);
+/* Steps (api__steps) of a route whose job starts with an api__native_job. size: the
+ * operation's, the outputs it computes, and an upper bound of the reply (its braces, keys and
+ * meta, and each output in `form`). decode, run, batch, free: the operation's. */
+bool api__native_size(void *job, api__sizes *sz);
 int api__native_decode(void *job, api__error *err);
-int api__native_compute(void *job, int64_t *compute_ns, api__error *err);
-int64_t api__native_inferences(const void *job);
+int api__native_run(void *job, int64_t *compute_ns, api__error *err);
+int64_t api__native_batch(const void *job);
 void api__native_free(void *job);
 
 /* The start of a native reply: '{' and "name": tensor for each output the operation computed,

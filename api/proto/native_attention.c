@@ -284,25 +284,25 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 
 /* ---- The call: this route's steps of api__serve ----------------------------------------- */
 
-static int parse(void *p, api__error *err)
+static int check(void *p, api__error *err)
 {
     attn_job *job = p;
     if (parse_fields(job, err) != 0)
         return -1;
     job->head.form = reply_form(job);
-    return job->head.op->check(job->head.state, err);
+    return job->head.op->steps.check(job->head.state, err);
 }
 
 static const api__route attn_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = api__native_read,
-    .parse = parse,
-    .size = api__native_size,
-    .decode = api__native_decode,
-    .compute = api__native_compute,
-    .encode = encode_reply,
-    .inferences = api__native_inferences,
-    .free = api__native_free,
+    .steps = {.read = api__native_read,
+              .check = check,
+              .size = api__native_size,
+              .decode = api__native_decode,
+              .run = api__native_run,
+              .encode = encode_reply,
+              .batch = api__native_batch,
+              .free = api__native_free},
 };
 
 void api_attention(const api_call *call, api_reply *reply)

@@ -309,26 +309,26 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
 
 /* ---- The call: this route's steps of api__serve ----------------------------------------- */
 
-static int parse(void *p, api__error *err)
+static int check(void *p, api__error *err)
 {
     mha_job *job = p;
     job->s.r.causal = API_CAUSAL_UNSET; /* not given: the layer's default, or a session's */
     if (parse_fields(job, err) != 0)
         return -1;
     job->head.form = reply_form(job);
-    return job->head.op->check(job->head.state, err);
+    return job->head.op->steps.check(job->head.state, err);
 }
 
-/* No inferences step: reply->inferences feeds only the KServe v2 models' metrics. */
+/* No batch step: reply->inferences feeds only the KServe v2 models' metrics. */
 static const api__route mha_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = api__native_read,
-    .parse = parse,
-    .size = api__native_size,
-    .decode = api__native_decode,
-    .compute = api__native_compute,
-    .encode = encode_reply,
-    .free = api__native_free,
+    .steps = {.read = api__native_read,
+              .check = check,
+              .size = api__native_size,
+              .decode = api__native_decode,
+              .run = api__native_run,
+              .encode = encode_reply,
+              .free = api__native_free},
 };
 
 void api_mha(const api_call *call, api_reply *reply)

@@ -72,11 +72,10 @@ static int reply_created(const api__session *s, api_buf *w, api_reply *reply, ap
     return 0;
 }
 
-static bool no_tensors(void *job, size_t *tensors, size_t *scratch, size_t *text)
+static bool no_tensors(void *job, api__sizes *sz)
 {
     (void)job;
-    *tensors = *scratch = 0;
-    *text = 4096;
+    sz->text = 4096;
     return true;
 }
 
@@ -216,7 +215,7 @@ static const api__native_field create_fields[] = {
     {"model", c_model},
 };
 
-static int create_parse(void *p, api__error *err)
+static int create_check(void *p, api__error *err)
 {
     create_job *job = p;
     job->reg = job->rq.call->sessions;
@@ -244,7 +243,7 @@ static int create_parse(void *p, api__error *err)
     return 0;
 }
 
-static int create_compute(void *p, int64_t *compute_ns, api__error *err)
+static int create_run(void *p, int64_t *compute_ns, api__error *err)
 {
     create_job *job = p;
     eng_error e;
@@ -308,13 +307,13 @@ static int create_read(void *p, api__error *err)
 
 static const api__route create_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = create_read,
-    .parse = create_parse,
-    .size = no_tensors,
-    .decode = no_decode,
-    .compute = create_compute,
-    .encode = create_encode,
-    .free = create_free,
+    .steps = {.read = create_read,
+              .check = create_check,
+              .size = no_tensors,
+              .decode = no_decode,
+              .run = create_run,
+              .encode = create_encode,
+              .free = create_free},
 };
 
 void api_sessions_create(const api_call *call, api_reply *reply)
@@ -434,7 +433,7 @@ static int step_read(void *p, api__error *err)
     return check_on(&job->head.rq, err) != 0 ? -1 : api__native_read(p, err);
 }
 
-static int step_parse(void *p, api__error *err)
+static int step_check(void *p, api__error *err)
 {
     step_job *job = p;
     api__session_step *st = &job->st;
@@ -451,7 +450,7 @@ static int step_parse(void *p, api__error *err)
         return api__error_invalid(err, "query_offset",
                                   "query_offset conflicts with an explicit causal alignment");
     job->head.form = job->encoding_set ? job->encoding : st->r.q.form;
-    return job->head.op->check(job->head.state, err);
+    return job->head.op->steps.check(job->head.state, err);
 }
 
 static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
@@ -480,14 +479,14 @@ static int step_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
 
 static const api__route step_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = step_read,
-    .parse = step_parse,
-    .size = api__native_size,
-    .decode = api__native_decode,
-    .compute = api__native_compute,
-    .encode = step_encode,
-    .inferences = api__native_inferences,
-    .free = api__native_free,
+    .steps = {.read = step_read,
+              .check = step_check,
+              .size = api__native_size,
+              .decode = api__native_decode,
+              .run = api__native_run,
+              .encode = step_encode,
+              .batch = api__native_batch,
+              .free = api__native_free},
 };
 
 void api_session_attention(const api_call *call, api_reply *reply)
@@ -556,7 +555,7 @@ static int edit_read(void *p, api__error *err)
     return api__native_read(p, err);
 }
 
-static int edit_parse(void *p, api__error *err)
+static int edit_check(void *p, api__error *err)
 {
     edit_job *job = p;
     if (!job->rq.body.root)
@@ -575,7 +574,7 @@ static int edit_parse(void *p, api__error *err)
     return 0;
 }
 
-static int edit_compute(void *p, int64_t *compute_ns, api__error *err)
+static int edit_run(void *p, int64_t *compute_ns, api__error *err)
 {
     edit_job *job = p;
     api_sessions *reg = job->rq.call->sessions;
@@ -636,13 +635,13 @@ static void edit_free(void *p)
 
 static const api__route edit_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = edit_read,
-    .parse = edit_parse,
-    .size = no_tensors,
-    .decode = no_decode,
-    .compute = edit_compute,
-    .encode = edit_encode,
-    .free = edit_free,
+    .steps = {.read = edit_read,
+              .check = edit_check,
+              .size = no_tensors,
+              .decode = no_decode,
+              .run = edit_run,
+              .encode = edit_encode,
+              .free = edit_free},
 };
 
 static void edit(const api_call *call, api_reply *reply, bool fork)

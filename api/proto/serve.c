@@ -1,5 +1,5 @@
 /*
- * serve.c - the one request driver: the stages of every inference route, native or KServe v2,
+ * serve.c - the one request driver: the steps of every inference route, native or KServe v2,
  * so that a status, a message, a reservation or a timing never differs between them by
  * accident.
  */
@@ -8,31 +8,31 @@
 #include "api/proto/serve.h"
 #include "api/wire/reply.h"
 
-/* The stages of api__serve up to a filled reply; -1 with `err` filled at the first that fails. */
-static int serve_stages(const api__route *route, void *job, api__req *rq, api_buf *w,
-                        api_reply *reply, api__error *err)
+/* The steps of api__serve up to a filled reply; -1 with `err` filled at the first that fails. */
+static int serve_steps(const api__steps *steps, void *job, api__req *rq, api_buf *w,
+                       api_reply *reply, api__error *err)
 {
-    if ((route->read && route->read(job, err) != 0) || route->parse(job, err) != 0)
+    if ((steps->read && steps->read(job, err) != 0) || steps->check(job, err) != 0)
         return -1;
 
     /* Size everything, reserve it, then allocate and decode. */
-    size_t tensors = 0, scratch = 0, text = 0;
-    bool sized = route->size(job, &tensors, &scratch, &text);
-    if (api__req_reserve_run(rq, sized, tensors, text, scratch, err) != 0)
+    api__sizes sz = {0, 0, 0};
+    bool sized = steps->size(job, &sz);
+    if (api__req_reserve_run(rq, sized, sz.tensors, sz.text, sz.scratch, err) != 0)
         return -1;
-    api_buf_init(w, text);
+    api_buf_init(w, sz.text);
 
-    if ((route->place && route->place(job, w, err) != 0) || route->decode(job, err) != 0)
+    if ((steps->place && steps->place(job, w, err) != 0) || steps->decode(job, err) != 0)
         return -1;
     reply->decode_ns = eng_now_ns() - rq->call_ns;
-    if (route->compute(job, &reply->compute_ns, err) != 0)
+    if (steps->run(job, &reply->compute_ns, err) != 0)
         return -1;
     int64_t t_computed = eng_now_ns();
-    if (route->encode(job, w, reply, err) != 0)
+    if (steps->encode(job, w, reply, err) != 0)
         return -1;
     reply->encode_ns = eng_now_ns() - t_computed;
-    if (route->inferences)
-        reply->inferences = route->inferences(job);
+    if (steps->batch)
+        reply->inferences = steps->batch(job);
     return 0;
 }
 
@@ -51,7 +51,7 @@ void api__serve(const api__route *route, void *job, const api_call *call, api_re
     api__req_init(rq, call);
     api_buf_init(&w, 0);
 
-    if (serve_stages(route, job, rq, &w, reply, &err) != 0) {
+    if (serve_steps(&route->steps, job, rq, &w, reply, &err) != 0) {
         api__reply_from_error(reply, route->style, &err);
         if (reply->decode_ns == 0)
             reply->decode_ns = eng_now_ns() - rq->call_ns;
@@ -60,7 +60,7 @@ void api__serve(const api__route *route, void *job, const api_call *call, api_re
         api__req_keep_text(rq, reply->body_len);
     }
     api_buf_free(&w);
-    if (route->free)
-        route->free(job);
+    if (route->steps.free)
+        route->steps.free(job);
     api__req_free(rq);
 }

@@ -11,47 +11,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/ops/operation.h"
 #include "api/ops/request.h"
 #include "api/wire/buf.h"
 
-/* The steps of a route. Each takes the route's job (see api__serve) and returns 0, or -1 with
- * `err` filled. */
+/* A route: its steps (operation.h: read, check, size, place, decode, run, encode, batch,
+ * free; read, place, batch and free may be NULL) and the style of its error replies. */
 typedef struct {
-    api_error_style style; /* of every error reply */
-    /* Reads the body into rq->body before `parse` (framing, Content-Type, size, JSON); NULL
-     * when `parse` reads it itself. */
-    int (*read)(void *job, api__error *err);
-    /* Reads the request into the job and checks it: fields, shapes, limits, the deadline. */
-    int (*parse)(void *job, api__error *err);
-    /* Bytes of the decoded tensors, the engine's scratch and an upper bound of the reply
-     * (also its writer's maximum); false when a sum overflowed. */
-    bool (*size)(void *job, size_t *tensors, size_t *scratch, size_t *text);
-    /* After the reservation, before decoding: points outputs into the reply when the route
-     * sends them as they are (into `w` or a buffer of its own). NULL: none. */
-    int (*place)(void *job, api_buf *w, api__error *err);
-    /* Allocates and decodes the inputs and frees the body tree. */
-    int (*decode)(void *job, api__error *err);
-    /* Runs the engine; *compute_ns gets its time. */
-    int (*compute)(void *job, int64_t *compute_ns, api__error *err);
-    /* Fills the status, content type and body of `reply` (from `w`, or what `place` made),
-     * whose decode_ns and compute_ns are set. */
-    int (*encode)(void *job, api_buf *w, api_reply *reply, api__error *err);
-    /* The batch the reply counts in reply->inferences; NULL: none counted. */
-    int64_t (*inferences)(const void *job);
-    /* Frees what the job owns beyond its api__req, on every path; NULL: nothing. */
-    void (*free)(void *job);
+    api_error_style style;
+    api__steps steps;
 } api__route;
 
-/* Serves one request with `route`: route->read, route->parse; the sizes from route->size
- * reserved at once (api__req_reserve_run) before anything is allocated; a writer capped at the
- * reply bound; route->place; route->decode, whose end is reply->decode_ns (from rq->call_ns);
- * route->compute; route->encode, timed from the end of the compute. A failure at any stage
- * becomes an error reply in route->style, with decode_ns measured up to the failure when
- * decoding never finished.
+/* Serves one request with route->steps: read, check; the sizes from size reserved at once
+ * (api__req_reserve_run) before anything is allocated; a writer capped at the reply bound
+ * (sizes.text); place; decode, whose end is reply->decode_ns (from rq->call_ns); run; encode,
+ * timed from the end of the run; batch into reply->inferences. A failure at any step becomes
+ * an error reply in route->style, with decode_ns measured up to the failure when decoding
+ * never finished.
  *
  * `job` is the route's zeroed job, whose first member is its api__req (initialised here from
  * `call`); NULL (its allocation failed) is answered 503. The job's own pointers to that
- * api__req are the route's to set. Frees the writer, then route->free(job), then the api__req;
+ * api__req are the route's to set. Frees the writer, then the free step, then the api__req;
  * the job itself stays the caller's. Always fills `reply`. */
 void api__serve(const api__route *route, void *job, const api_call *call, api_reply *reply);
 

@@ -115,7 +115,7 @@ static int model_check(v2_job *job, api__error *err)
         return -1;
     if (job->kind->bind(job, err) != 0)
         return -1;
-    return job->op->check(job->op_state, err);
+    return job->op->steps.check(job->op_state, err);
 }
 
 /* The JSON up to the first output's data: names, shapes and, for binary outputs, sizes. An
@@ -211,7 +211,7 @@ static int check_finite(v2_job *job, int o, api__error *err)
 
 _Static_assert(offsetof(v2_job, rq) == 0, "api__serve takes the job for its api__req");
 
-static int parse(void *p, api__error *err)
+static int check(void *p, api__error *err)
 {
     v2_job *job = p;
     if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0)
@@ -221,7 +221,7 @@ static int parse(void *p, api__error *err)
 
 /* Sizes everything before anything is allocated. When every output is binary the engine
  * writes into the reply itself, so the outputs count once, as part of the reply. */
-static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
+static bool size(void *p, api__sizes *sz)
 {
     v2_job *job = p;
     /* The engine writes fp32: BF16 outputs are converted into the reply after it, never
@@ -242,12 +242,12 @@ static bool sizes(void *p, size_t *tensors, size_t *scratch, size_t *text)
                 64;
         }
     }
-    bool ok = job->op->bytes(job->op_state, false, tensors, scratch);
+    bool ok = job->op->steps.size(job->op_state, sz);
     for (int o = 0; o < API__N_OUTPUTS; o++)
         if (output_shape(job, o) && !(job->all_binary && job->want[o]))
-            ok = ok && api__req_output_bytes(output_shape(job, o)->count, tensors);
-    *text = header_bound(job) + V2_BINARY_ALIGN;
-    return ok && api__size_add(text, job->json_text) && api__size_add(text, job->binary_bytes);
+            ok = ok && api__req_output_bytes(output_shape(job, o)->count, &sz->tensors);
+    return ok && api__size_add(&sz->text, header_bound(job) + V2_BINARY_ALIGN) &&
+           api__size_add(&sz->text, job->json_text) && api__size_add(&sz->text, job->binary_bytes);
 }
 
 /* All binary: the whole reply is made now, JSON then outputs, and the engine writes the outputs
@@ -286,13 +286,13 @@ static int place(void *p, api_buf *w, api__error *err)
 static int decode(void *p, api__error *err)
 {
     v2_job *job = p;
-    return job->op->decode(job->op_state, err);
+    return job->op->steps.decode(job->op_state, err);
 }
 
-static int compute(void *p, int64_t *compute_ns, api__error *err)
+static int run(void *p, int64_t *compute_ns, api__error *err)
 {
     v2_job *job = p;
-    return job->op->run(job->op_state, compute_ns, err);
+    return job->op->steps.run(job->op_state, compute_ns, err);
 }
 
 /* One binary output's bytes: fp32 as computed, or rounded to bf16. */
@@ -358,17 +358,17 @@ static int encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     return 0;
 }
 
-static int64_t inferences(const void *p)
+static int64_t batch(const void *p)
 {
     const v2_job *job = p;
-    return job->op->batch(job->op_state);
+    return job->op->steps.batch(job->op_state);
 }
 
 static void free_job(void *p)
 {
     v2_job *job = p;
-    if (job->op->free)
-        job->op->free(job->op_state);
+    if (job->op->steps.free)
+        job->op->steps.free(job->op_state);
     /* The end of a sequence frees its session once its last step is done (even a failed one:
      * Triton ends the sequence with its END request whatever happens to it). */
     if (job->seq_set && job->seq_end && job->session[0])
@@ -379,14 +379,14 @@ static void free_job(void *p)
 
 static const api__route v2_route = {
     .style = API_ERRORS_V2,
-    .parse = parse,
-    .size = sizes,
-    .place = place,
-    .decode = decode,
-    .compute = compute,
-    .encode = encode,
-    .inferences = inferences,
-    .free = free_job,
+    .steps = {.check = check,
+              .size = size,
+              .place = place,
+              .decode = decode,
+              .run = run,
+              .encode = encode,
+              .batch = batch,
+              .free = free_job},
 };
 
 void api_v2_infer(const api_call *call, api_reply *reply)

@@ -657,16 +657,15 @@ static int stub_step(void *p, char step, api__error *err)
     return 0;
 }
 
-static int stub_parse(void *p, api__error *err)
+static int stub_check(void *p, api__error *err)
 {
-    return stub_step(p, 'p', err);
+    return stub_step(p, 'k', err);
 }
 
-static bool stub_size(void *p, size_t *tensors, size_t *scratch, size_t *text)
+static bool stub_size(void *p, api__sizes *sz)
 {
     api__error err = {0};
-    *tensors = *scratch = 0;
-    *text = 64;
+    sz->text = 64;
     return stub_step(p, 's', &err) == 0;
 }
 
@@ -675,10 +674,10 @@ static int stub_decode(void *p, api__error *err)
     return stub_step(p, 'd', err);
 }
 
-static int stub_compute(void *p, int64_t *compute_ns, api__error *err)
+static int stub_run(void *p, int64_t *compute_ns, api__error *err)
 {
     *compute_ns = 5;
-    return stub_step(p, 'c', err);
+    return stub_step(p, 'r', err);
 }
 
 static int stub_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
@@ -689,7 +688,7 @@ static int stub_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     return api__native_reply(w, reply, err);
 }
 
-static int64_t stub_inferences(const void *p)
+static int64_t stub_batch(const void *p)
 {
     (void)p;
     return 3;
@@ -703,14 +702,14 @@ static void stub_free(void *p)
 
 static const api__route stub_steps = {
     .style = API_ERRORS_NATIVE,
-    .read = api__native_read,
-    .parse = stub_parse,
-    .size = stub_size,
-    .decode = stub_decode,
-    .compute = stub_compute,
-    .encode = stub_encode,
-    .inferences = stub_inferences,
-    .free = stub_free,
+    .steps = {.read = api__native_read,
+              .check = stub_check,
+              .size = stub_size,
+              .decode = stub_decode,
+              .run = stub_run,
+              .encode = stub_encode,
+              .batch = stub_batch,
+              .free = stub_free},
 };
 
 static void test_serve_runs_the_steps_in_order_and_frees_on_every_path(void)
@@ -721,8 +720,8 @@ static void test_serve_runs_the_steps_in_order_and_frees_on_every_path(void)
         int status;
         const char *trace;
     } serves[] = {
-        {NULL, 0, 200, "psdcef"},  {NULL, 'p', 422, "pf"},     {NULL, 'd', 422, "psdf"},
-        {NULL, 'c', 422, "psdcf"}, {NULL, 'e', 422, "psdcef"}, {"text/plain", 0, 415, "f"},
+        {NULL, 0, 200, "ksdref"},  {NULL, 'k', 422, "kf"},     {NULL, 'd', 422, "ksdf"},
+        {NULL, 'r', 422, "ksdrf"}, {NULL, 'e', 422, "ksdref"}, {"text/plain", 0, 415, "f"},
     };
     for (size_t i = 0; i < sizeof serves / sizeof serves[0]; i++) {
         api_call call = {
