@@ -1,8 +1,8 @@
 /*
  * sdpa_plan.c - the plan of one call, made once: the path (streaming, panels, cblas), the
- * products (fp32, bf16 native, rounded or on AMX tiles) and the source (views, 16-bit views, paged cache);
- * the work split into tasks (query blocks, grouped heads, slots, key chunks); whether K and V
- * are prepacked; and the layout of each task's scratch block.
+ * products (fp32, bf16 native, rounded or on AMX tiles) and the source (views, 16-bit views, paged
+ * cache); the work split into tasks (query blocks, grouped heads, slots, key chunks); whether K and
+ * V are prepacked; and the layout of each task's scratch block.
  */
 #include <math.h>
 #include <string.h>
@@ -207,8 +207,8 @@ static size_t amx_v_elems(const plan *p)
 
 static size_t amx_panels_floats(const plan *p)
 {
-    size_t elems = amx_k_elems(p) + amx_v_elems(p) +
-                   align32(eng__amx_a_elems(p->D > p->bc ? p->D : p->bc));
+    size_t elems =
+        amx_k_elems(p) + amx_v_elems(p) + align32(eng__amx_a_elems(p->D > p->bc ? p->D : p->bc));
     return align16((elems + 1) / 2);
 }
 
@@ -282,8 +282,8 @@ static void plan_prepack(plan *p)
     p->prepack = false;
     /* Tasks that multiply each (b, kv head)'s K and V: its query blocks, times its query heads
      * unless one task takes them all. */
-    if (p->path != SDPA_PANELS || p->add_q || p->a->additive_w_q ||
-        p->products == SDPA_BF16_AMX || p->nqb * (p->group / p->task_heads) < 2)
+    if (p->path != SDPA_PANELS || p->add_q || p->a->additive_w_q || p->products == SDPA_BF16_AMX ||
+        p->nqb * (p->group / p->task_heads) < 2)
         return;
     /* From a paged cache, panels are packed a cache block at a time: each must hold whole
      * panels of keys. */

@@ -749,8 +749,7 @@ static void test_spare_keeps_short_latency_among_long_tasks(void)
 
     int64_t bound = 10 * alone;
     printf("    short p95 alone %.2f ms, among long tasks of %.0f ms %.2f ms (bound %.2f ms)\n",
-           (double)alone / 1e6, (double)f.long_ns / 1e6, (double)mixed / 1e6,
-           (double)bound / 1e6);
+           (double)alone / 1e6, (double)f.long_ns / 1e6, (double)mixed / 1e6, (double)bound / 1e6);
     CHECKF(mixed <= bound, "short p95 among long tasks %.2f ms > 10 x alone (%.2f ms)",
            (double)mixed / 1e6, (double)alone / 1e6);
     eng_pool_free(p);
