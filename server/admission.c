@@ -89,7 +89,9 @@ int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin
 }
 
 /* Exponential averages over the last few requests of the bucket, of the cost and of its
- * deviation (as TCP estimates a round trip). A request stopped at its deadline only raises the
+ * deviation (as TCP estimates a round trip). The mean rises fast and falls slowly: a request
+ * started on an estimate that is too low is stopped at its deadline, its work wasted, while
+ * one that is too high is only refused. A request stopped at its deadline only raises the
  * estimate. mu held. */
 static void learn_locked(srv_sched *s, const srv_sched_entry *e, srv_sched_learn how, int64_t now)
 {
@@ -107,7 +109,7 @@ static void learn_locked(srv_sched *s, const srv_sched_entry *e, srv_sched_learn
         return;
     }
     diff = sample - *mean;
-    *mean += diff / 4;
+    *mean += diff > 0 ? diff / 2 : diff / 8;
     *dev += ((diff < 0 ? -diff : diff) - *dev) / 4;
 }
 
