@@ -33,6 +33,7 @@ struct srv_sched {
     srv_sched_entry *started[1024]; /* running, for their remaining time; slots <= 1024 */
     struct {
         int64_t mean, dev; /* learned worker ns and its mean deviation; mean 0: none yet */
+        int64_t tail;      /* learned ns from the worker's end until the reply was written */
     } cost[N_ROUTES][N_BUCKETS];
 };
 
@@ -88,6 +89,13 @@ int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin
     return c;
 }
 
+/* Moves the average *avg toward `sample`: half of the way up, an eighth down. */
+static void average_up_fast(int64_t *avg, int64_t sample)
+{
+    int64_t diff = sample - *avg;
+    *avg += diff > 0 ? diff / 2 : diff / 8;
+}
+
 /* Exponential averages over the last few requests of the bucket, of the cost and of its
  * deviation (as TCP estimates a round trip). The mean rises fast and falls slowly: a request
  * started on an estimate that is too low is stopped at its deadline, its work wasted, while
@@ -109,7 +117,7 @@ static void learn_locked(srv_sched *s, const srv_sched_entry *e, srv_sched_learn
         return;
     }
     diff = sample - *mean;
-    *mean += diff > 0 ? diff / 2 : diff / 8;
+    average_up_fast(mean, sample);
     *dev += ((diff < 0 ? -diff : diff) - *dev) / 4;
 }
 
@@ -117,6 +125,12 @@ static void learn_locked(srv_sched *s, const srv_sched_entry *e, srv_sched_learn
 static int64_t dev_locked(const srv_sched *s, const srv_sched_entry *e)
 {
     return s->cost[route_row(e->route)][bucket_of(e->bytes)].dev;
+}
+
+/* The learned time a reply of the size of `bytes` takes after its worker. mu held. */
+static int64_t tail_locked(const srv_sched *s, int route, uint64_t bytes)
+{
+    return s->cost[route_row(route)][bucket_of(bytes)].tail;
 }
 
 /* Brings the integral of the running count up to `now`. mu held. */
@@ -172,7 +186,8 @@ static bool goes_before(const srv_sched_entry *a, const srv_sched_entry *b, bool
 static bool hopeless(const srv_sched *s, const srv_sched_entry *e, int64_t now)
 {
     int64_t margin = s->running > 0 ? 2 * dev_locked(s, e) : 0;
-    return e->deadline_ns > 0 && e->cost_ns > 0 && now + e->cost_ns + margin > e->deadline_ns;
+    return e->deadline_ns > 0 && e->cost_ns > 0 &&
+           now + e->cost_ns + e->tail_ns + margin > e->deadline_ns;
 }
 
 /* A list of entries to act on once mu is released. */
@@ -303,6 +318,9 @@ bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
         return false;
     wait = srv__sched_wait(s, cost, ask->level, now);
     margin = wait > 0 ? margin : 0; /* as pick_locked judges it: no margin when it starts now */
+    pthread_mutex_lock(&s->mu);
+    margin += tail_locked(s, ask->route, ask->bytes);
+    pthread_mutex_unlock(&s->mu);
     if (wait + cost + margin <= ask->left_ns)
         return false;
     over = wait + cost + margin - ask->left_ns;
@@ -321,6 +339,7 @@ void srv__sched_enqueue(srv_sched *s, srv_sched_entry *e, int64_t now)
     e->lng = e->cost_ns >= LONG_COST_NS;
     e->arrival_ns = now;
     pthread_mutex_lock(&s->mu);
+    e->tail_ns = tail_locked(s, e->route, e->bytes);
     list_push(s, e);
     pthread_mutex_unlock(&s->mu);
     dispatch(s, now);
@@ -367,4 +386,17 @@ void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, in
     e->state = SRV_SCHED_OFF;
     pthread_mutex_unlock(&s->mu);
     dispatch(s, now);
+}
+
+void srv__sched_sent(srv_sched *s, const srv_sched_entry *e, int64_t send_ns)
+{
+    if (send_ns <= 0)
+        return;
+    pthread_mutex_lock(&s->mu);
+    int64_t *tail = &s->cost[route_row(e->route)][bucket_of(e->bytes)].tail;
+    if (*tail == 0)
+        *tail = send_ns;
+    else
+        average_up_fast(tail, send_ns);
+    pthread_mutex_unlock(&s->mu);
 }

@@ -8,12 +8,13 @@
  * gains nothing from sharing it, and two long ones sharing it both finish late). The next one to
  * start is the most urgent level's, short before long; within that, oldest first while the
  * queue is healthy, newest first (adaptive LIFO) once the oldest waiting request has spent half
- * of its deadline waiting. A request that cannot finish by its deadline is never started: it is
- * answered 504 at once and the worker goes to one that can.
+ * of its deadline waiting. A request that cannot finish by its deadline (its reply written) is
+ * never started: it is answered 504 at once and the worker goes to one that can.
  *
  * Costs are learned: each finished request teaches the estimate of its route and body size
  * (a quarter of an octave of bytes), as the time it took divided by the mean number of
- * requests that shared the pool with it. The server asks for a cost from Content-Length before the
+ * requests that shared the pool with it, and the time its reply took to be written after it.
+ * The server asks for a cost from Content-Length before the
  * body is read, so it can refuse (429) a request whose expected wait plus cost is past its
  * deadline.
  *
@@ -56,6 +57,7 @@ typedef struct srv_sched_entry {
 
     srv_sched_state state;
     bool lng;           /* long: runs alone among long ones, after short ones of its level */
+    int64_t tail_ns;    /* the time its reply is expected to take after its worker */
     int64_t arrival_ns; /* entered the waiting list */
     int64_t start_ns;   /* handed to the pool */
     int64_t run_ns;     /* a worker began it (srv__sched_begin), or its start */
@@ -117,6 +119,10 @@ typedef enum {
 
 /* A started request gave its slot back; starts what the slot allows. */
 void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now);
+
+/* The reply of started request `e` was written to its client `send_ns` after its worker ended:
+ * the time a reply of its size takes, which its deadline must leave room for too. */
+void srv__sched_sent(srv_sched *s, const srv_sched_entry *e, int64_t send_ns);
 
 /* The pool priority of a request at `level`: short requests of a level run before long ones. */
 uint32_t srv__sched_pool_priority(uint32_t level, bool lng);

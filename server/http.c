@@ -978,6 +978,8 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (req->submit_ns > 0) {
         queue_ns = (req->run_ns > 0 ? req->run_ns : req->done_ns) - req->submit_ns;
         srv__metrics_stage(&s->metrics, SRV_STAGE_QUEUE, queue_ns);
+        if (req->run_ns > 0 && status == 200)
+            srv__sched_sent(s->sched, &req->sched, now - req->done_ns);
         if (req->run_ns > 0) {
             srv__metrics_stage(&s->metrics, SRV_STAGE_DECODE, req->reply.decode_ns);
             srv__metrics_stage(&s->metrics, SRV_STAGE_COMPUTE, req->reply.compute_ns);

@@ -249,6 +249,28 @@ static void test_a_request_that_cannot_finish_is_never_started(void)
     srv__sched_free(s);
 }
 
+/* A deadline is met when the reply is written, not when the worker ends: the time replies of a
+ * size took to be written after their worker counts in both judgements. */
+static void test_the_reply_s_writing_time_counts_against_the_deadline(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_refusal r;
+    srv_sched_ask ask = {.route = ROUTE, .bytes = BYTES, .level = 1, .left_ns = 110 * MS};
+    srv_sched_entry sent, fits_worker;
+    teach(s, BYTES, 0, 100 * MS);
+    CHECK(!srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    entry(&sent, BYTES, 1, NO_DEADLN, 0);
+    srv__sched_sent(s, &sent, 20 * MS);
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    /* Its worker would end at 1100 ms, before its deadline of 1110, but not its reply. */
+    entry(&fits_worker, BYTES, 1, 1110 * MS, 100 * MS);
+    srv__sched_enqueue(s, &fits_worker, 1000 * MS);
+    CHECK_EQ_INT(seen.n_started, 1); /* the one teach ran */
+    CHECK_EQ_INT(seen.n_expired, 1);
+    CHECK(seen.expired[0] == &fits_worker);
+    srv__sched_free(s);
+}
+
 static void test_expected_wait_counts_the_work_ahead(void)
 {
     srv_sched *s = fresh(1);
@@ -284,5 +306,6 @@ int main(void)
     RUN(test_newest_first_once_the_oldest_waited_half_its_deadline);
     RUN(test_a_request_that_cannot_finish_is_never_started);
     RUN(test_expected_wait_counts_the_work_ahead);
+    RUN(test_the_reply_s_writing_time_counts_against_the_deadline);
     return check_report();
 }
