@@ -50,7 +50,7 @@ obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
-.PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build deps \
+.PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build pa-grpc deps \
         deploy-deps deploy-check format format-check clean browser-deps browser-test load soak \
         bench-wrk bench-perf-analyzer bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
@@ -148,7 +148,9 @@ DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libo
                 wrk libgnutls28-dev openssl libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
                 python3-numpy python3-requests python3-matplotlib \
                 python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging \
-                python3-grpcio python3-grpc-tools python3-protobuf universal-ctags
+                python3-grpcio python3-grpc-tools python3-protobuf universal-ctags \
+                libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev \
+                rapidjson-dev libb64-dev
 # Debian's interpreter, which the python3-* packages above install into (the examples test and
 # make bench-report).
 PYTHON ?= /usr/bin/python3
@@ -205,10 +207,12 @@ asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
 tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
     "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 
-# Triton's Python gRPC client, unmodified, against --grpc-port (plain and ASan+UBSan builds);
-# a skip line where ../shared/peers/tritonclient or Debian's python3-grpc-tools is missing.
+# Triton's Python gRPC client, unmodified, against --grpc-port (plain and ASan+UBSan builds),
+# and Triton's perf_analyzer with its gRPC backend (plain build; pa-grpc builds it); a skip line
+# where ../shared/peers or a Debian package is missing.
 grpc_client_suites = "tests/server/check_grpc_tritonclient.sh $(BUILD)/attnd" \
-    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
+    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd" \
+    "tests/server/check_perf_analyzer_grpc.sh $(BUILD)/attnd"
 
 FUZZ_SMOKE_SECONDS ?= 30
 
@@ -251,9 +255,14 @@ test: deps deploy-deps browser-deps
 	$(MAKE) -j$(BUILD_JOBS) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd \
 	    $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	$(MAKE) -j$(BUILD_JOBS) fuzz-build
+	@$(MAKE) pa-grpc || echo "perf_analyzer (gRPC) was not built: its check says why"
 	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(params_check) $(asan_suites) $(tsan_suites) \
 	    $(grpc_client_suites) $(deploy_suites) \
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
+
+# Triton's perf_analyzer with its gRPC client backend, from ../shared/peers, in build/pa-grpc.
+pa-grpc: deps
+	@tests/bench/build_perf_analyzer_grpc.sh
 
 asan: deps
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
@@ -358,7 +367,8 @@ bench-wrk: all
 
 # Triton's perf_analyzer (built from ../shared/peers/perf_analyzer into build/pa) against a local
 # daemon: model sdpa at (1, PA_HEADS, PA_SEQ, 64) and the demo layer at (1, PA_SEQ, 64), over
-# PA_CONCURRENCY. A benchmark (minutes), not part of make test.
+# PA_CONCURRENCY; then small requests at concurrency 8 over HTTP and gRPC (build/pa-grpc). A
+# benchmark (minutes), not part of make test.
 PA_SEQ ?= 2048
 PA_HEADS ?= 8
 PA_CONCURRENCY ?= 1:4

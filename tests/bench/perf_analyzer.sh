@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Profiles attnd with Triton's load tester, perf_analyzer (HTTP, binary tensors), as KServe and
 # Triton users do: model sdpa on (1, H, L, 64) self-attention and a registered layer (the
-# built-in demo, E = 64) on (1, L, E), each over a concurrency sweep. A benchmark, not a test
-# (make bench-perf-analyzer); docs/benchmarks.md, "Load testing with perf_analyzer", explains the flags.
+# built-in demo, E = 64) on (1, L, E), each over a concurrency sweep; then small requests at
+# concurrency 8 over HTTP and over gRPC (--grpc-port), with their ratio. A benchmark, not a test
+# (make bench-perf-analyzer); docs/benchmarks.md, "Load testing with perf_analyzer", explains
+# the flags.
 #
 #   tests/bench/perf_analyzer.sh ATTND_BIN [SEQ_LEN] [HEADS] [CONCURRENCY]
 #
 # perf_analyzer is built once from ../shared/peers/perf_analyzer into build/pa (its build.sh
-# installs what it needs with apt-get, as root). The input data files are made here: the
+# installs what it needs with apt-get, as root), and with its gRPC backend into build/pa-grpc
+# (build_perf_analyzer_grpc.sh). The input data files are made here: the
 # optional inputs (masks, lengths, a layer's memory) are left out, which the models' configs
 # allow; attnd listens on an ephemeral port of 127.0.0.1 and is stopped at the end.
 set -euo pipefail
@@ -50,8 +53,10 @@ shape=1x${heads}x${seq_len}x64
 [ -s "$layer" ] || tensors_json "$layer" "input:1x${seq_len}x64"
 
 port_file=$work/attnd.port
-rm -f "$port_file"
-"$bin" --host 127.0.0.1 --port 0 --port-file "$port_file" --log-level warn >"$work/attnd.log" 2>&1 &
+grpc_port_file=$work/attnd.grpc.port
+rm -f "$port_file" "$grpc_port_file"
+"$bin" --host 127.0.0.1 --port 0 --port-file "$port_file" --grpc-port 0 \
+    --grpc-port-file "$grpc_port_file" --log-level warn >"$work/attnd.log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null' EXIT
 for _ in $(seq 100); do
@@ -68,3 +73,25 @@ for model in sdpa demo; do
     "$pa" -m "$model" -u "$url" -i http --input-data "$data" --concurrency-range "$concurrency" \
         --measurement-interval 5000 --stability-percentage 30 --max-trials 6
 done
+
+# The protocols side by side: small requests (the README's 3-token example as model sdpa's
+# (1, 1, 3, 2)) at concurrency 8, HTTP then gRPC, from the one binary built with both backends.
+small=$work/data/sdpa_small.json
+[ -s "$small" ] || tensors_json "$small" "query:1x1x3x2" "key:1x1x3x2" "value:1x1x3x2"
+if "$here/tests/bench/build_perf_analyzer_grpc.sh"; then
+    pa_both=$here/build/pa-grpc/build/perf_analyzer
+    rate() { # protocol, port: infer/sec at concurrency 8
+        "$pa_both" -m sdpa -u "127.0.0.1:$2" -i "$1" --input-data "$small" --concurrency-range 8 \
+            --measurement-interval 3000 --stability-percentage 30 --max-trials 6 |
+            sed -n 's/^Concurrency: 8, throughput: \([0-9.]*\) infer\/sec.*/\1/p'
+    }
+    http_rate=$(rate http "$(cat "$port_file")")
+    grpc_rate=$(rate grpc "$(cat "$grpc_port_file")")
+    awk -v h="$http_rate" -v g="$grpc_rate" 'BEGIN {
+        if (h > 0 && g > 0)
+            printf "perf_analyzer small c8: http %.0f infer/s, grpc %.0f infer/s, grpc/http %.2f\n", h, g, g / h
+        else
+            printf "perf_analyzer small c8: no rate (http \"%s\", grpc \"%s\")\n", h, g }'
+else
+    echo "perf_analyzer small c8: skipped, the gRPC build is missing a piece (above)"
+fi

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds Triton's perf_analyzer with its gRPC client backend (-i grpc, and -i http too) into
+# build/pa-grpc/build/perf_analyzer: the sources of ../shared/peers/perf_analyzer (triton-src.tgz)
+# without its HTTP-only patch, the C++ messages and stubs of Triton's protos
+# (../shared/peers/tritonclient) made with Debian's protoc and grpc_cpp_plugin, and the peer's
+# Makefile with the gRPC client library added. Nothing is done when the binary is there.
+#
+#   tests/bench/build_perf_analyzer_grpc.sh        (make deps installs libgrpc++-dev,
+#                                                   protobuf-compiler-grpc, rapidjson-dev, ...)
+#
+# Exits 2 with the reason when a piece is missing.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+peers=${ATTND_PEERS:-$here/../shared/peers}
+work=$here/build/pa-grpc
+bin=$work/build/perf_analyzer
+
+[ -x "$bin" ] && exit 0
+missing() {
+    echo "perf_analyzer (gRPC): $1" >&2
+    exit 2
+}
+[ -f "$peers/perf_analyzer/triton-src.tgz" ] || missing "no $peers/perf_analyzer/triton-src.tgz"
+[ -f "$peers/tritonclient/triton-protos-83adf7c.tgz" ] || missing "no Triton protos in $peers"
+plugin=$(command -v grpc_cpp_plugin) || missing "grpc_cpp_plugin missing (protobuf-compiler-grpc)"
+command -v protoc >/dev/null || missing "protoc missing (protobuf-compiler)"
+pkg-config --exists grpc++ protobuf || missing "grpc++ or protobuf missing (libgrpc++-dev)"
+[ -f /usr/include/rapidjson/rapidjson.h ] || missing "rapidjson missing (rapidjson-dev)"
+[ -f /usr/include/b64/cencode.h ] || missing "libb64 missing (libb64-dev)"
+
+rm -rf "$work/src"
+mkdir -p "$work/src/gen"
+tar -xzf "$peers/perf_analyzer/triton-src.tgz" -C "$work/src"
+tar -xzf "$peers/tritonclient/triton-protos-83adf7c.tgz" -C "$work/src"
+protoc -I "$work/src/protos" --cpp_out="$work/src/gen" --grpc_out="$work/src/gen" \
+    --plugin=protoc-gen-grpc="$plugin" grpc_service.proto model_config.proto
+
+lib=src/client/src/c++/library
+gen=src/gen
+# The peer's Makefile, with the gRPC client and the messages it speaks, and without
+# PERF_ANALYZER_HTTP_ONLY (its CPPFLAGS are replaced whole).
+make -C "$work" -f "$peers/perf_analyzer/Makefile" -j"$(nproc)" \
+    PA=src/perf_analyzer CLIENT=src/client COMMON=src/common BUILD=build GIT_SHA=263c5f6 \
+    CXXFLAGS="-O1 -g0 -std=c++20 -pthread -fPIC" \
+    CPPFLAGS="-DTRITON_ENABLE_ZLIB=1 -DDOCTEST_CONFIG_DISABLE -DPERF_ANALYZER_VERSION=0.0.0 \
+-DGIT_SHA=263c5f6 -Isrc/perf_analyzer/src -Isrc/perf_analyzer/src/session_concurrency \
+-I$lib -Isrc/common/include -I$gen $(pkg-config --cflags grpc++ protobuf)" \
+    LIB_SRCS="$lib/http_client.cc $lib/grpc_client.cc $lib/common.cc $lib/cencode.cc \
+$lib/json_utils.cc $lib/shm_utils.cc $gen/grpc_service.pb.cc $gen/grpc_service.grpc.pb.cc \
+$gen/model_config.pb.cc" \
+    LDLIBS="-lcurl -lz -lb64 -ldl -pthread $(pkg-config --libs grpc++ protobuf)"
+"$bin" --version
