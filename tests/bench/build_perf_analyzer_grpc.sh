@@ -39,7 +39,8 @@ lib=src/client/src/c++/library
 gen=src/gen
 # The peer's Makefile, with the gRPC client and the messages it speaks, and without
 # PERF_ANALYZER_HTTP_ONLY (its CPPFLAGS are replaced whole).
-make -C "$work" -f "$peers/perf_analyzer/Makefile" -j"$(nproc)" \
+echo "perf_analyzer (gRPC): building into $work"
+make -s -C "$work" -f "$peers/perf_analyzer/Makefile" -j"$(nproc)" \
     PA=src/perf_analyzer CLIENT=src/client COMMON=src/common BUILD=build GIT_SHA=263c5f6 \
     CXXFLAGS="-O1 -g0 -std=c++20 -pthread -fPIC" \
     CPPFLAGS="-DTRITON_ENABLE_ZLIB=1 -DDOCTEST_CONFIG_DISABLE -DPERF_ANALYZER_VERSION=0.0.0 \
