@@ -313,17 +313,18 @@ int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t n
 bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
                            srv_sched_refusal *r)
 {
-    int64_t margin = 0, cost = srv__sched_cost(s, ask->route, ask->bytes, &margin), wait, over;
+    int64_t margin = 0, cost = srv__sched_cost(s, ask->route, ask->bytes, &margin), wait, tail,
+            over;
     if (cost <= 0)
         return false;
     wait = srv__sched_wait(s, cost, ask->level, now);
     margin = wait > 0 ? margin : 0; /* as pick_locked judges it: no margin when it starts now */
     pthread_mutex_lock(&s->mu);
-    margin += tail_locked(s, ask->route, ask->bytes);
+    tail = tail_locked(s, ask->route, ask->bytes);
     pthread_mutex_unlock(&s->mu);
-    if (wait + cost + margin <= ask->left_ns)
+    if (wait + cost + tail + margin <= ask->left_ns)
         return false;
-    over = wait + cost + margin - ask->left_ns;
+    over = wait + cost + tail + margin - ask->left_ns;
     r->retry_s = (int)(over / 1000000000 + 1);
     r->retry_s = r->retry_s > RETRY_AFTER_MAX_S ? RETRY_AFTER_MAX_S : r->retry_s;
     snprintf(r->msg, sizeof r->msg,

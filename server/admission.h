@@ -14,9 +14,8 @@
  * Costs are learned: each finished request teaches the estimate of its route and body size
  * (a quarter of an octave of bytes), as the time it took divided by the mean number of
  * requests that shared the pool with it, and the time its reply took to be written after it.
- * The server asks for a cost from Content-Length before the
- * body is read, so it can refuse (429) a request whose expected wait plus cost is past its
- * deadline.
+ * The server asks for a cost from Content-Length before the body is read, so it can refuse
+ * (429) a request whose expected wait plus cost is past its deadline.
  *
  * The scheduler knows requests only through srv_sched_entry and the srv_sched_ops it names:
  * HTTP requests (dispatch.c) and gRPC inferences (grpc_call.c) embed an entry and wait in the
