@@ -44,6 +44,7 @@ struct srv_server {
     srv_sched *sched;       /* admitted requests until a worker starts them (admission.h) */
     api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
     struct MHD_Daemon *mhd;
+    int quiesced_fd;              /* the listening socket the drain took back, or -1 */
     struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
     int admin_port;
     srv_metrics metrics;

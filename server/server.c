@@ -3,12 +3,13 @@
  * graceful drain, and stop.
  *
  * Drain order matters. Readiness turns 503 first (a flag read by /v2/health/ready and by
- * admission), then libmicrohttpd stops accepting and the listening socket is closed so new
- * connections are refused at once instead of waiting in the backlog. Requests in flight get up
- * to --drain-timeout-s; then the watcher answers queued ones 503 and cancels running ones,
- * whose workers notice at the next block boundary. MHD_stop_daemon must never run while a
- * connection is suspended, so the drain returns only once every suspended connection has been
- * resumed.
+ * admission), then libmicrohttpd stops accepting and the listening socket is shut down so new
+ * connections are refused at once instead of waiting in the backlog (closed only once
+ * libmicrohttpd's thread is joined: that thread may still take it out of its epoll set). Requests
+ * in flight get up to --drain-timeout-s; then the watcher answers queued ones 503 and cancels
+ * running ones, whose workers notice at the next block boundary. MHD_stop_daemon must never run
+ * while a connection is suspended, so the drain returns only once every suspended connection has
+ * been resumed.
  */
 #include "server/daemon.h"
 
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -271,6 +273,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         return NULL;
     }
     s->models = models;
+    s->quiesced_fd = -1;
     s->host = dup_str(cfg->host);
     s->max_body_bytes = cfg->max_body_bytes;
     s->max_queue = cfg->max_queue;
@@ -419,8 +422,10 @@ void srv_server_drain(srv_server *s, int wake_fd)
             (long long)atomic_load(&s->active), (long long)(s->drain_timeout_ns / 1000000000));
     srv__grpc_wake(s->grpc); /* GOAWAY on its connections */
     lfd = MHD_quiesce_daemon(s->mhd);
-    if (lfd != MHD_INVALID_SOCKET)
-        close(lfd);
+    if (lfd != MHD_INVALID_SOCKET) {
+        shutdown(lfd, SHUT_RDWR);
+        s->quiesced_fd = lfd;
+    }
 
     deadline = eng_now_ns() + s->drain_timeout_ns;
     while (atomic_load(&s->active) > 0 && eng_now_ns() < deadline) {
@@ -468,6 +473,8 @@ void srv_server_free(srv_server *s)
     if (s->mhd)
         MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    if (s->quiesced_fd >= 0)
+        close(s->quiesced_fd);
     if (s->admin_mhd)
         MHD_stop_daemon(s->admin_mhd);
     s->admin_mhd = NULL;
