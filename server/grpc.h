@@ -64,9 +64,11 @@ struct grpc_call {
     int http_status; /* what the log and metrics count (200 or the failure's) */
     api_reason reason;
     uint64_t bytes_in, bytes_out;
-    int64_t queue_ns; /* the last inference's wait for a worker */
-    api_reply last;   /* timings of the last reply, for the log line (body freed) */
-    bool counted;     /* active (s->active) counted */
+    int64_t queue_ns;         /* the last inference's wait for a worker */
+    api_reply last;           /* timings of the last reply, for the log line (body freed) */
+    srv_sched_entry answered; /* a unary call's inference, to tell the scheduler its sending */
+    int64_t answered_ns;      /* when that inference's worker ended; 0: none ran */
+    bool counted;             /* active (s->active) counted */
 };
 
 struct grpc_job {
@@ -82,7 +84,7 @@ struct grpc_job {
     uint32_t pool_priority; /* the one the scheduler started it at */
     srv_sched_entry sched;  /* its place with the scheduler, beside HTTP's requests */
     api_session_ticket ticket;
-    int64_t submit_ns, run_ns;
+    int64_t submit_ns, run_ns, done_ns;
     api_reply reply;
 };
 

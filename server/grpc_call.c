@@ -244,9 +244,10 @@ static void job_run(void *arg, int64_t index)
                          .sessions = s->sessions};
         api_grpc_infer(&call, job->stream, &job->reply);
     }
-    int64_t done_ns = eng_now_ns();
-    srv__metrics_work(&s->metrics, done_ns - job->run_ns, job->reply.reason == API_REASON_DEADLINE);
-    srv__sched_done(s->sched, &job->sched, job_learn(&job->reply), done_ns);
+    job->done_ns = eng_now_ns();
+    srv__metrics_work(&s->metrics, job->done_ns - job->run_ns,
+                      job->reply.reason == API_REASON_DEADLINE);
+    srv__sched_done(s->sched, &job->sched, job_learn(&job->reply), job->done_ns);
     api_session_turn_end(s->sessions, &job->ticket);
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;
@@ -577,6 +578,9 @@ void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
         call->grpc_status = API_GRPC_CANCELLED;
         srv__metrics_hangup(&s->metrics);
     }
+    /* As HTTP's completion does: the scheduler counts a reply's writing against deadlines. */
+    if (call->answered_ns > 0 && call->grpc_status == API_GRPC_OK && error_code == NGHTTP2_NO_ERROR)
+        srv__sched_sent(s->sched, &call->answered, now - call->answered_ns);
     log_call(call, now);
     srv__metrics_grpc(&s->metrics, call->method, call->grpc_status, now - call->lease.start_ns,
                       call->bytes_in, call->bytes_out);
@@ -601,6 +605,10 @@ static void job_answer(grpc_call *call, grpc_job *job)
     call->last = job->reply;
     call->last.body = NULL;
     if (!is_stream(call)) {
+        if (job->run_ns > 0 && job_learn(&job->reply) == SRV_SCHED_LEARN_COST) {
+            call->answered = job->sched;
+            call->answered_ns = job->done_ns;
+        }
         answer(call, &job->reply);
         return;
     }
