@@ -26,11 +26,11 @@
 
 struct srv_sched {
     pthread_mutex_t mu;
-    int slots;
+    int slots; /* the pool's workers; one more while a long request runs (its spare) */
     int running, running_long;
     int64_t area_ns, area_at;       /* the integral of `running` over time, and when it was taken */
     srv_sched_entry *head, *tail;   /* waiting, oldest first */
-    srv_sched_entry *started[1024]; /* running, for their remaining time; slots <= 1024 */
+    srv_sched_entry *started[1025]; /* running, for their remaining time: slots + 1 */
     struct {
         int64_t mean, dev; /* learned worker ns and its mean deviation; mean 0: none yet */
         int64_t tail;      /* learned ns from the worker's end until the reply was written */
@@ -190,6 +190,14 @@ static bool hopeless(const srv_sched *s, const srv_sched_entry *e, int64_t now)
            now + e->cost_ns + e->tail_ns + margin > e->deadline_ns;
 }
 
+/* How many requests may run now: one per worker, and while a long one runs one short more, on
+ * the pool's spare thread, so that a short request need not wait for a worker the long one
+ * holds (with one worker, for the whole of it). mu held. */
+static int room_locked(const srv_sched *s)
+{
+    return s->slots + (s->running_long > 0 ? 1 : 0);
+}
+
 /* A list of entries to act on once mu is released. */
 typedef struct {
     srv_sched_entry *e[64];
@@ -202,7 +210,7 @@ static bool pick_locked(srv_sched *s, int64_t now, batch *expired, srv_sched_ent
 {
     srv_sched_entry *best = NULL, *next;
     bool lifo;
-    if (s->running >= s->slots || !s->head)
+    if (s->running >= room_locked(s) || !s->head)
         return false;
     /* Adaptive LIFO: once the oldest has waited half of its deadline, the queue is past its
      * target, and the newest (most likely to finish in time) go first. */
@@ -215,7 +223,7 @@ static bool pick_locked(srv_sched *s, int64_t now, batch *expired, srv_sched_ent
             expired->e[expired->n++] = e;
             continue;
         }
-        if (e->lng && s->running_long > 0)
+        if (e->lng && (s->running_long > 0 || s->running >= s->slots))
             continue;
         if (!best || goes_before(e, best, lifo))
             best = e;
@@ -230,7 +238,7 @@ static bool pick_locked(srv_sched *s, int64_t now, batch *expired, srv_sched_ent
     s->running++;
     if (best->lng)
         s->running_long++;
-    for (int i = 0; i < s->slots; i++)
+    for (int i = 0; i <= s->slots; i++)
         if (!s->started[i]) {
             s->started[i] = best;
             break;
@@ -262,7 +270,7 @@ static void dispatch(srv_sched *s, int64_t now)
 srv_sched *srv__sched_new(int slots)
 {
     srv_sched *s;
-    if (slots < 1 || slots > (int)(sizeof s->started / sizeof s->started[0]))
+    if (slots < 1 || slots >= (int)(sizeof s->started / sizeof s->started[0]))
         return NULL;
     s = calloc(1, sizeof *s);
     if (!s)
@@ -293,7 +301,7 @@ int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t n
     for (const srv_sched_entry *e = s->head; e; e = e->next)
         if (e->level < level || (e->level == level && (lng || !e->lng)))
             ahead += e->cost_ns;
-    for (int i = 0; i < s->slots; i++) {
+    for (int i = 0; i <= s->slots; i++) {
         const srv_sched_entry *e = s->started[i];
         int64_t left;
         if (!e)
@@ -304,7 +312,7 @@ int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t n
             ahead += left; /* one long at a time: it waits for the running one */
         soonest = left < soonest ? left : soonest;
     }
-    if (s->running >= s->slots && soonest != INT64_MAX && !lng)
+    if (!lng && s->running >= room_locked(s) && soonest != INT64_MAX)
         ahead += soonest;
     pthread_mutex_unlock(&s->mu);
     return ahead;
@@ -378,7 +386,7 @@ void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, in
     }
     area_update(s, now);
     learn_locked(s, e, learn, now);
-    for (int i = 0; i < s->slots; i++)
+    for (int i = 0; i <= s->slots; i++)
         if (s->started[i] == e)
             s->started[i] = NULL;
     s->running--;

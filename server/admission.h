@@ -5,9 +5,10 @@
  *
  * Admitted requests wait here, not in the pool's queue, and at most as many run at once as the
  * pool has workers; of those, at most one is long (a request that fans out over the whole pool
- * gains nothing from sharing it, and two long ones sharing it both finish late). The next one to
- * start is the most urgent level's, short before long; within that, oldest first while the
- * queue is healthy, newest first (adaptive LIFO) once the oldest waiting request has spent half
+ * gains nothing from sharing it, and two long ones sharing it both finish late). While a long
+ * one runs, one short request more may run, on the pool's spare thread (eng_pool_add_spare). The
+ * next one to start is the most urgent level's, short before long; within that, oldest first while
+ * the queue is healthy, newest first (adaptive LIFO) once the oldest waiting request has spent half
  * of its deadline waiting. A request that cannot finish by its deadline (its reply written) is
  * never started: it is answered 504 at once and the worker goes to one that can.
  *
@@ -64,7 +65,8 @@ typedef struct srv_sched_entry {
     struct srv_sched_entry *prev, *next;
 } srv_sched_entry;
 
-/* `slots` requests run at once at most (the pool's workers). NULL when out of memory. */
+/* `slots` requests run at once at most (the pool's workers, 1 to 1024), one more beside a long
+ * one (the spare's). NULL when out of memory or out of range. */
 srv_sched *srv__sched_new(int slots);
 void srv__sched_free(srv_sched *s);
 

@@ -190,6 +190,39 @@ static void test_one_long_at_a_time_and_short_ones_first(void)
     srv__sched_free(s);
 }
 
+/* One worker: a long request holds it, and a short one still starts at once, on the pool's spare
+ * thread; one short beside it at most, and the next long waits for a worker of its own. */
+static void test_a_short_request_runs_beside_a_long_one(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_entry lng, next_lng, sh1, sh2;
+    entry(&lng, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&next_lng, BYTES, 2, NO_DEADLN, 100 * MS);
+    entry(&sh1, BYTES, 2, NO_DEADLN, 1 * MS);
+    entry(&sh2, BYTES, 2, NO_DEADLN, 1 * MS);
+    srv__sched_enqueue(s, &lng, 0);
+    CHECK_EQ_INT(srv__sched_wait(s, 1 * MS, 2, 0), 0); /* the spare is free */
+    srv__sched_enqueue(s, &sh1, 1 * MS);
+    CHECK_EQ_INT(seen.n_started, 2);
+    CHECK(seen.started[1] == &sh1);
+    /* Both places taken: a short one waits for the sooner to end (sh1, at 2 ms). */
+    CHECK_EQ_INT(srv__sched_wait(s, 1 * MS, 2, 1 * MS), 1 * MS);
+    srv__sched_enqueue(s, &sh2, 1 * MS);
+    srv__sched_enqueue(s, &next_lng, 1 * MS);
+    CHECK_EQ_INT(seen.n_started, 2);
+    srv__sched_done(s, &sh1, SRV_SCHED_LEARN_NOTHING, 2 * MS);
+    CHECK_EQ_INT(seen.n_started, 3);
+    CHECK(seen.started[2] == &sh2);
+    /* The long one ends while sh2 runs: sh2 holds the one worker, so next_lng waits for it. */
+    srv__sched_done(s, &lng, SRV_SCHED_LEARN_NOTHING, 100 * MS);
+    CHECK_EQ_INT(seen.n_started, 3);
+    srv__sched_done(s, &sh2, SRV_SCHED_LEARN_NOTHING, 101 * MS);
+    CHECK_EQ_INT(seen.n_started, 4);
+    CHECK(seen.started[3] == &next_lng);
+    srv__sched_done(s, &next_lng, SRV_SCHED_LEARN_NOTHING, 201 * MS);
+    srv__sched_free(s);
+}
+
 static void test_urgent_level_first_then_oldest(void)
 {
     srv_sched *s = fresh(1);
@@ -302,6 +335,7 @@ int main(void)
     RUN(test_time_waiting_in_the_pool_is_not_cost);
     RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);
     RUN(test_one_long_at_a_time_and_short_ones_first);
+    RUN(test_a_short_request_runs_beside_a_long_one);
     RUN(test_urgent_level_first_then_oldest);
     RUN(test_newest_first_once_the_oldest_waited_half_its_deadline);
     RUN(test_a_request_that_cannot_finish_is_never_started);
