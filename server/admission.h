@@ -12,6 +12,10 @@
  * of its deadline waiting. A request that cannot finish by its deadline (its reply written) is
  * never started: it is answered 504 at once and the worker goes to one that can.
  *
+ * A tiny request (expected to take at most SRV_SCHED_HERE_NS) that starts while a long one runs
+ * runs on the thread that queued it, when its entry allows (srv_sched_where): every worker
+ * thread is busy then, and a hand-off waits for the kernel to schedule one.
+ *
  * Costs are learned: each finished request teaches the estimate of its route and body size
  * (a quarter of an octave of bytes), as the time it took divided by the mean number of
  * requests that shared the pool with it, and the time its reply took to be written after it.
@@ -36,12 +40,22 @@ typedef enum {
     SRV_SCHED_STARTED, /* handed to the pool: holds a slot until srv__sched_done */
 } srv_sched_state;
 
+/* Where a started request runs. */
+typedef enum {
+    SRV_SCHED_ON_POOL = 0, /* handed to the pool at its priority */
+    SRV_SCHED_HERE,        /* run by the thread in srv__sched_enqueue, before it returns */
+} srv_sched_where;
+
+/* The most a request may be expected to cost to run SRV_SCHED_HERE: the thread that queues
+ * requests (libmicrohttpd's) serves no other connection meanwhile. */
+#define SRV_SCHED_HERE_NS ((int64_t)500 * 1000)
+
 /* What the scheduler does to a request, always without its lock held; each takes over the
- * reference the waiting list held. start: hand it to the pool at `pool_priority` (its worker
- * ends with srv__sched_done); expire: answer 504 now without running it, unless it was answered
- * meanwhile. */
+ * reference the waiting list held. start: run it `where` says, at `pool_priority` on the pool
+ * (whoever runs it ends with srv__sched_done); expire: answer 504 now without running it,
+ * unless it was answered meanwhile. */
 typedef struct {
-    void (*start)(void *req, uint32_t pool_priority);
+    void (*start)(void *req, uint32_t pool_priority, srv_sched_where where);
     void (*expire)(void *req);
 } srv_sched_ops;
 
@@ -54,6 +68,7 @@ typedef struct srv_sched_entry {
     uint32_t level;      /* 1 is most urgent */
     int64_t deadline_ns; /* absolute, eng_now_ns clock */
     int64_t cost_ns;     /* srv__sched_cost's estimate (0: unknown) */
+    bool may_run_here;   /* the thread that queues it may run it (SRV_SCHED_HERE) */
 
     srv_sched_state state;
     bool lng;           /* long: runs alone among long ones, after short ones of its level */
@@ -99,8 +114,9 @@ typedef struct {
 bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
                            srv_sched_refusal *r);
 
-/* Queues `e` (filled above `state`) and starts what the free slots allow. The list holds the
- * request's job reference until it is started, expired, or removed. */
+/* Queues `e` (filled above `state`) and starts what the free slots allow, `e` perhaps on this
+ * thread (SRV_SCHED_HERE). The list holds the request's job reference until it is started,
+ * expired, or removed. */
 void srv__sched_enqueue(srv_sched *s, srv_sched_entry *e, int64_t now);
 
 /* Takes `e` out of the waiting list, for a request answered while it waited (the watcher);

@@ -1,7 +1,8 @@
 /*
  * dispatch.c - from admission to the engine workers: a request's expected wait against its
  * deadline (the 429 of an overloaded queue), its handoff to the scheduler (admission.h), and
- * its run on a worker (job_run), which hands the reply back to the MHD thread.
+ * its run on a worker (job_run), which hands the reply back to the MHD thread; a tiny request
+ * beside a long one runs on the MHD thread itself (SRV_SCHED_HERE).
  */
 #include <stdio.h>
 #include <string.h>
@@ -116,12 +117,16 @@ static void job_run(void *arg, int64_t index)
 /* ---- The scheduler's operations ---------------------------------------------------------------
  */
 
-static void sched_start(void *arg, uint32_t pool_priority)
+static void sched_start(void *arg, uint32_t pool_priority, srv_sched_where where)
 {
     srv_req *req = arg;
     srv_server *s = req->srv;
     int expected = REQ_QUEUED;
     req->pool_priority = pool_priority;
+    if (where == SRV_SCHED_HERE) {
+        job_run(req, 0);
+        return;
+    }
     if (eng_pool_submit_at(s->pool, pool_priority, job_run, req) == ENG_OK)
         return;
     srv__sched_done(s->sched, &req->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
@@ -210,5 +215,7 @@ void srv__req_dispatch(srv_server *s, srv_req *req, int64_t now)
     e->level = req->priority;
     e->deadline_ns = req->watch.deadline_ns;
     e->cost_ns = srv__sched_cost(s->sched, req->route, req->body.len, NULL);
+    /* Not a step of a session: it may have to wait for its turn, which the MHD thread must not. */
+    e->may_run_here = !req->ticket.session && !req->ticket.sequence;
     srv__sched_enqueue(s->sched, e, now);
 }

@@ -326,10 +326,13 @@ static void job_unqueue(grpc_job *job)
     job->pending = false;
 }
 
-static void sched_start(void *arg, uint32_t pool_priority)
+/* Always on the pool: job_dispatch leaves may_run_here false, since the connection's thread
+ * writes every stream's frames. */
+static void sched_start(void *arg, uint32_t pool_priority, srv_sched_where where)
 {
     grpc_job *job = arg;
     srv_server *s = job->g->s;
+    (void)where;
     job->pool_priority = pool_priority;
     if (eng_pool_submit_at(s->pool, pool_priority, job_run, job) == ENG_OK)
         return;

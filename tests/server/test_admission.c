@@ -20,15 +20,17 @@
 typedef struct {
     srv_sched_entry *started[MAX_SEEN], *expired[MAX_SEEN];
     uint32_t priority[MAX_SEEN];
+    srv_sched_where where[MAX_SEEN];
     int n_started, n_expired;
 } seen_t;
 
 static seen_t seen;
 
-static void on_start(void *req, uint32_t pool_priority)
+static void on_start(void *req, uint32_t pool_priority, srv_sched_where where)
 {
     if (seen.n_started < MAX_SEEN) {
         seen.priority[seen.n_started] = pool_priority;
+        seen.where[seen.n_started] = where;
         seen.started[seen.n_started++] = req;
     }
 }
@@ -223,6 +225,64 @@ static void test_a_short_request_runs_beside_a_long_one(void)
     srv__sched_free(s);
 }
 
+/* Where the last request started ran. */
+static srv_sched_where last_where(void)
+{
+    return seen.n_started > 0 ? seen.where[seen.n_started - 1] : SRV_SCHED_ON_POOL;
+}
+
+/* Beside a long request, a tiny one that allows it runs on the thread that queues it, since
+ * every worker thread is busy; anything else goes to the pool: one whose cost is unknown or
+ * more than SRV_SCHED_HERE_NS, one that may not, one queued while no long one runs, and one
+ * that waited and is started by the thread that ended another. */
+static void test_a_tiny_request_beside_a_long_one_runs_where_it_is_queued(void)
+{
+    const int64_t tiny = SRV_SCHED_HERE_NS / 5;
+    srv_sched *s = fresh(1);
+    srv_sched_entry lng, e, unknown, big, held, waits;
+    entry(&e, BYTES, 2, NO_DEADLN, tiny);
+    e.may_run_here = true;
+    srv__sched_enqueue(s, &e, 0);
+    CHECK(seen.started[0] == &e && last_where() == SRV_SCHED_ON_POOL); /* no long one runs */
+    srv__sched_done(s, &e, SRV_SCHED_LEARN_NOTHING, 1 * MS);
+
+    entry(&lng, BYTES, 2, NO_DEADLN, 100 * MS);
+    lng.may_run_here = true;
+    srv__sched_enqueue(s, &lng, 1 * MS);
+    CHECK(seen.started[1] == &lng && last_where() == SRV_SCHED_ON_POOL); /* long: never here */
+    entry(&e, BYTES, 2, NO_DEADLN, tiny);
+    e.may_run_here = true;
+    srv__sched_enqueue(s, &e, 2 * MS);
+    CHECK(seen.started[2] == &e && last_where() == SRV_SCHED_HERE);
+    srv__sched_done(s, &e, SRV_SCHED_LEARN_NOTHING, 2 * MS + tiny);
+
+    entry(&unknown, BYTES, 2, NO_DEADLN, 0);
+    unknown.may_run_here = true;
+    srv__sched_enqueue(s, &unknown, 3 * MS);
+    CHECK(seen.started[3] == &unknown && last_where() == SRV_SCHED_ON_POOL);
+    srv__sched_done(s, &unknown, SRV_SCHED_LEARN_NOTHING, 4 * MS);
+    entry(&big, BYTES, 2, NO_DEADLN, SRV_SCHED_HERE_NS + 1);
+    big.may_run_here = true;
+    srv__sched_enqueue(s, &big, 5 * MS);
+    CHECK(seen.started[4] == &big && last_where() == SRV_SCHED_ON_POOL);
+    srv__sched_done(s, &big, SRV_SCHED_LEARN_NOTHING, 6 * MS);
+    entry(&held, BYTES, 2, NO_DEADLN, tiny); /* a step of a session, say */
+    srv__sched_enqueue(s, &held, 7 * MS);
+    CHECK(seen.started[5] == &held && last_where() == SRV_SCHED_ON_POOL);
+
+    /* The long one and `held` fill both places: `waits` is started later, by the thread that
+     * ends `held`, and that thread hands it to the pool. */
+    entry(&waits, BYTES, 2, NO_DEADLN, tiny);
+    waits.may_run_here = true;
+    srv__sched_enqueue(s, &waits, 7 * MS);
+    CHECK_EQ_INT(seen.n_started, 6);
+    srv__sched_done(s, &held, SRV_SCHED_LEARN_NOTHING, 8 * MS);
+    CHECK(seen.n_started == 7 && seen.started[6] == &waits && last_where() == SRV_SCHED_ON_POOL);
+    srv__sched_done(s, &waits, SRV_SCHED_LEARN_NOTHING, 9 * MS);
+    srv__sched_done(s, &lng, SRV_SCHED_LEARN_NOTHING, 101 * MS);
+    srv__sched_free(s);
+}
+
 static void test_urgent_level_first_then_oldest(void)
 {
     srv_sched *s = fresh(1);
@@ -336,6 +396,7 @@ int main(void)
     RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);
     RUN(test_one_long_at_a_time_and_short_ones_first);
     RUN(test_a_short_request_runs_beside_a_long_one);
+    RUN(test_a_tiny_request_beside_a_long_one_runs_where_it_is_queued);
     RUN(test_urgent_level_first_then_oldest);
     RUN(test_newest_first_once_the_oldest_waited_half_its_deadline);
     RUN(test_a_request_that_cannot_finish_is_never_started);
