@@ -16,6 +16,8 @@
  * queue, if there is one, so that urgent work does not wait for a worker while the pool's
  * threads are all busy with a less urgent request. An optional spare thread
  * (eng_pool_add_spare) takes the head job while every worker is busy with less urgent work.
+ * Tasks of background jobs (eng_pool_set_background) run at SCHED_IDLE, so that the threads
+ * that wake for other work need not wait for a scheduler tick to get a CPU.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -57,6 +59,7 @@ struct eng_pool {
     bool has_spare;
     pthread_cond_t spare_wake; /* the spare may have work, or the pool is stopping */
     pthread_t spare;
+    bool (*is_background)(uint32_t priority); /* NULL: no background work */
 };
 
 #define IDLE UINT32_MAX
@@ -65,6 +68,30 @@ struct eng_pool {
  * task. */
 static _Thread_local uint64_t current_ticket;
 static _Thread_local uint32_t current_priority;
+/* The scheduling policy this thread runs at: SCHED_OTHER, or SCHED_IDLE in background work. */
+static _Thread_local int current_policy = SCHED_OTHER;
+
+/* ---- Background work ------------------------------------------------------------------------ */
+
+static void use_policy(int policy)
+{
+    struct sched_param none = {.sched_priority = 0};
+    if (policy != current_policy && pthread_setschedparam(pthread_self(), policy, &none) == 0)
+        current_policy = policy;
+}
+
+/* Whether a thread may enter SCHED_IDLE and leave it again, tried on a thread of its own: the
+ * kernel refuses the way back without CAP_SYS_NICE or RLIMIT_NICE >= 20, and a thread left at
+ * SCHED_IDLE would starve. */
+static void *try_idle_and_back(void *arg)
+{
+    struct sched_param none = {.sched_priority = 0};
+    int *rc = arg;
+    *rc = pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);
+    if (*rc == 0)
+        *rc = pthread_setschedparam(pthread_self(), SCHED_OTHER, &none);
+    return NULL;
+}
 
 /* ---- Queue (callers hold pool->mu) ---------------------------------------------------------- */
 
@@ -137,9 +164,14 @@ static bool job_run_one(eng_pool *pool, job *j, int64_t index)
     pthread_mutex_unlock(&pool->mu);
     uint64_t outer = current_ticket;
     uint32_t outer_priority = current_priority;
+    int outer_policy = current_policy;
     current_ticket = j->ticket;
     current_priority = j->priority;
+    if (pool->is_background)
+        use_policy(pool->is_background(j->priority) ? SCHED_IDLE : SCHED_OTHER);
     j->fn(j->arg, index);
+    if (pool->is_background)
+        use_policy(outer_policy);
     current_ticket = outer;
     current_priority = outer_priority;
     pthread_mutex_lock(&pool->mu);
@@ -338,6 +370,29 @@ void eng_pool_free(eng_pool *pool)
     free(pool->running);
     free(pool->workers);
     free(pool);
+}
+
+bool eng_pool_set_background(eng_pool *pool, bool (*is_background)(uint32_t priority), char *why,
+                             size_t why_len)
+{
+    pthread_t t;
+    int rc = 0;
+    if (pthread_create(&t, NULL, try_idle_and_back, &rc) != 0) {
+        snprintf(why, why_len, "cannot start a thread to try SCHED_IDLE");
+        return false;
+    }
+    pthread_join(t, NULL);
+    if (rc != 0) {
+        snprintf(why, why_len,
+                 "a thread cannot leave SCHED_IDLE again (%s: needs CAP_SYS_NICE or "
+                 "RLIMIT_NICE >= 20)",
+                 strerror(rc));
+        return false;
+    }
+    pthread_mutex_lock(&pool->mu);
+    pool->is_background = is_background;
+    pthread_mutex_unlock(&pool->mu);
+    return true;
 }
 
 int eng_pool_threads(const eng_pool *pool)

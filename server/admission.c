@@ -310,6 +310,11 @@ uint32_t srv__sched_pool_priority(uint32_t level, bool lng)
     return level * 2 + (lng ? 1 : 0);
 }
 
+bool srv__sched_pool_priority_long(uint32_t pool_priority)
+{
+    return pool_priority % 2 == 1;
+}
+
 int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t now)
 {
     bool lng = cost_ns >= LONG_COST_NS;

@@ -265,6 +265,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
 {
     srv_server *s;
     eng_error eerr;
+    char why[160];
 
     s = calloc(1, sizeof *s);
     if (!s) {
@@ -340,6 +341,11 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot start the engine's spare worker: %s", eerr.message);
         goto fail;
     }
+    /* ... nor for a CPU the long one's tasks hold (docs/goodput.md). */
+    if (eng_pool_set_background(s->pool, srv__sched_pool_priority_long, why, sizeof why))
+        srv_log(SRV_LOG_INFO, "long requests' tasks run at SCHED_IDLE (background work)");
+    else
+        srv_log(SRV_LOG_INFO, "long requests' tasks run at the workers' own priority: %s", why);
     s->threads = eng_pool_threads(s->pool);
     s->sched = srv__sched_new(s->threads);
     if (!s->sched) {

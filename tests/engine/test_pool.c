@@ -19,8 +19,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -616,6 +619,97 @@ static void test_a_helping_thread_runs_more_urgent_jobs_first(void)
     eng_pool_free(p);
 }
 
+/* ---- Background work ------------------------------------------------------------------------ */
+
+static bool odd_is_background(uint32_t priority)
+{
+    return priority % 2 == 1;
+}
+
+typedef struct {
+    eng_pool *pool;
+    atomic_int policy, nested_policy;
+} policy_probe;
+
+static void nested_policy_task(void *arg, int64_t index)
+{
+    (void)index;
+    atomic_store(&((policy_probe *)arg)->nested_policy, sched_getscheduler(0));
+}
+
+/* Records the policy it runs at, and that of a job it starts (which keeps its priority). */
+static void policy_task(void *arg, int64_t index)
+{
+    policy_probe *pp = arg;
+    (void)index;
+    atomic_store(&pp->policy, sched_getscheduler(0));
+    eng_pool_run(pp->pool, nested_policy_task, pp, 1, NULL);
+}
+
+static int policy_of_a_job(eng_pool *p, uint32_t priority, int *nested)
+{
+    policy_probe pp = {.pool = p};
+    atomic_init(&pp.policy, -1);
+    atomic_init(&pp.nested_policy, -1);
+    CHECK(eng_pool_submit_at(p, priority, policy_task, &pp) == ENG_OK);
+    while (atomic_load(&pp.nested_policy) < 0)
+        sleep_us(1000);
+    *nested = atomic_load(&pp.nested_policy);
+    return atomic_load(&pp.policy);
+}
+
+/* Tasks of background jobs run at SCHED_IDLE, with the jobs they start; the same worker runs
+ * other work at its own policy again. Where the process may not leave SCHED_IDLE, the pool
+ * says why and changes nothing. */
+static void test_background_work_runs_at_sched_idle(void)
+{
+    eng_pool *p = new_pool(1);
+    char why[160] = "";
+    int nested;
+    if (!p)
+        return;
+    if (!eng_pool_set_background(p, odd_is_background, why, sizeof why)) {
+        CHECKF(strstr(why, "SCHED_IDLE") != NULL, "why: %s", why);
+        printf("skip: background work at SCHED_IDLE: %s\n", why);
+        CHECK_EQ_INT(policy_of_a_job(p, 1, &nested), SCHED_OTHER);
+        eng_pool_free(p);
+        return;
+    }
+    CHECK_EQ_INT(policy_of_a_job(p, 0, &nested), SCHED_OTHER);
+    CHECK_EQ_INT(nested, SCHED_OTHER);
+    CHECK_EQ_INT(policy_of_a_job(p, 1, &nested), SCHED_IDLE);
+    CHECK_EQ_INT(nested, SCHED_IDLE);
+    CHECK_EQ_INT(policy_of_a_job(p, 2, &nested), SCHED_OTHER);
+    CHECK_EQ_INT(nested, SCHED_OTHER);
+    eng_pool_free(p);
+}
+
+/* An unprivileged process (here root turned into nobody, in a child) cannot return from
+ * SCHED_IDLE, so the pool refuses background work and says why. */
+static void test_background_work_is_refused_without_a_way_back(void)
+{
+    if (geteuid() != 0) {
+        printf("skip: not root, so no child can drop the privilege to leave SCHED_IDLE (the "
+               "case above ran as this user)\n");
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit none = {0, 0};
+        char why[160] = "";
+        if (setrlimit(RLIMIT_NICE, &none) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(3);
+        eng_error err;
+        eng_pool *p = eng_pool_new(1, &err);
+        bool on = p && eng_pool_set_background(p, odd_is_background, why, sizeof why);
+        eng_pool_free(p);
+        _exit(on ? 1 : strstr(why, "CAP_SYS_NICE") ? 0 : 2);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+}
+
 /* ---- The spare thread ------------------------------------------------------------------------ */
 
 /* With the one worker held by a priority-1 job, a spare runs a priority-0 submission at once,
@@ -1113,6 +1207,8 @@ int main(void)
     RUN_WITHIN(test_a_helping_thread_runs_more_urgent_jobs_first, 20);
     RUN_WITHIN(test_spare_runs_only_more_urgent_work_while_workers_are_busy, 20);
     RUN_WITHIN(test_spare_keeps_short_latency_among_long_tasks, 60);
+    RUN_WITHIN(test_background_work_runs_at_sched_idle, 20);
+    RUN_WITHIN(test_background_work_is_refused_without_a_way_back, 20);
     RUN_WITHIN(test_free_runs_queued_tasks_first, 20);
     RUN_WITHIN(test_earlier_request_is_served_first, 30);
     RUN_WITHIN(test_nested_job_inherits_its_request_place, 30);
