@@ -364,6 +364,44 @@ static void test_the_reply_s_writing_time_counts_against_the_deadline(void)
     srv__sched_free(s);
 }
 
+/* With others running, a request must end with a fiftieth of its time to spare, for its client's
+ * own part (connecting, receiving the reply); on an idle pool it starts if its cost fits. Costs
+ * of 4 ms, learned forty times alike, so that their deviation is next to nothing. */
+static void test_the_client_s_slack_counts_against_the_deadline_of_a_busy_pool(void)
+{
+    const int64_t us = 1000, cost = 4 * MS, t0 = 1000 * MS;
+    srv_sched *s = fresh(2);
+    srv_sched_refusal r;
+    srv_sched_ask ask = {.route = ROUTE, .bytes = BYTES, .level = 1, .left_ns = 8100 * us};
+    srv_sched_entry busy, tight, alone, roomy;
+    for (int i = 0; i < 40; i++)
+        teach(s, BYTES, i * 10 * MS, cost);
+    memset(&seen, 0, sizeof seen);
+    entry(&alone, BYTES, 1, t0 + cost + 50 * us, cost);
+    srv__sched_enqueue(s, &alone, t0); /* idle pool: 4 ms fit in 4.05 */
+    CHECK(seen.n_started == 1 && seen.started[0] == &alone);
+    srv__sched_done(s, &alone, SRV_SCHED_LEARN_NOTHING, t0 + cost);
+
+    entry(&busy, BYTES, 1, NO_DEADLN, cost);
+    srv__sched_enqueue(s, &busy, 2 * t0);
+    /* Beside `busy`, 4 ms of work and a fiftieth of 4.05 ms pass 4.05 ms... */
+    entry(&tight, BYTES, 1, 2 * t0 + cost + 50 * us, cost);
+    srv__sched_enqueue(s, &tight, 2 * t0);
+    CHECK(seen.n_expired == 1 && seen.expired[0] == &tight);
+    /* ... and fit in 4.2 ms. */
+    entry(&roomy, BYTES, 1, 2 * t0 + cost + 200 * us, cost);
+    srv__sched_enqueue(s, &roomy, 2 * t0);
+    CHECK(seen.n_started == 3 && seen.started[2] == &roomy);
+    /* Admission from the headers with both slots taken: 4 ms of wait, 4 of work and a fiftieth
+     * of the time left pass 8.1 ms, and fit in 8.2. */
+    CHECK(srv__sched_overloaded(s, &ask, 2 * t0, &r));
+    ask.left_ns = 8200 * us;
+    CHECK(!srv__sched_overloaded(s, &ask, 2 * t0, &r));
+    srv__sched_done(s, &busy, SRV_SCHED_LEARN_NOTHING, 2 * t0 + cost);
+    srv__sched_done(s, &roomy, SRV_SCHED_LEARN_NOTHING, 2 * t0 + cost);
+    srv__sched_free(s);
+}
+
 static void test_expected_wait_counts_the_work_ahead(void)
 {
     srv_sched *s = fresh(1);
@@ -402,5 +440,6 @@ int main(void)
     RUN(test_a_request_that_cannot_finish_is_never_started);
     RUN(test_expected_wait_counts_the_work_ahead);
     RUN(test_the_reply_s_writing_time_counts_against_the_deadline);
+    RUN(test_the_client_s_slack_counts_against_the_deadline_of_a_busy_pool);
     return check_report();
 }
