@@ -1263,7 +1263,7 @@ static void test_deadline_misses_under_load(void)
     http_resp r;
     double alone = long_request_alone(longest()), timeout_s, seconds, goodput, busy, wasted,
            counted, capacity;
-    char quick[64 * 1024], timeout_arg[32];
+    char *quick = NULL, timeout_arg[32];
     const char *const args[] = {"--request-timeout-ms", timeout_arg, "--max-queue", "16",
                                 "--log-level",          "warn",      NULL};
     size_t quick_ok = 0, quick_429 = 0, quick_504 = 0;
@@ -1283,11 +1283,14 @@ static void test_deadline_misses_under_load(void)
     l.longs = longest();
     l.n_longs = 1;
     CHECK(loader_start(&l));
-    /* Once requests wait, one with a 50 ms deadline of its own: behind a long request it cannot
-     * finish in time, so it is refused at admission or answered 504, unless the worker frees up
-     * just as it arrives (then it is served, and sent again). */
-    snprintf(quick, sizeof quick, "{\"timeout_ms\":50,%s", small_bodies[0].text + 1);
-    for (int attempt = 0; attempt < 10 && quick_429 + quick_504 == 0; attempt++) {
+    /* Once requests wait, a long one with a 50 ms deadline of its own: one long request runs at a
+     * time, so behind the others it cannot finish in time, and it is refused at admission or
+     * answered 504 (a small one would run beside them, on the pool's spare thread). */
+    quick = malloc(longest()->len + 32);
+    CHECK(quick != NULL);
+    if (quick)
+        snprintf(quick, longest()->len + 32, "{\"timeout_ms\":50,%s", longest()->text + 1);
+    for (int attempt = 0; quick && attempt < 10 && quick_429 + quick_504 == 0; attempt++) {
         double q = 0, run = 0;
         for (double until = now_s() + 5; now_s() < until;) {
             if (scrape2(d.port, "attnd_queue_depth", &q, "attnd_running_requests", &run) &&
@@ -1353,6 +1356,7 @@ static void test_deadline_misses_under_load(void)
     CHECK(metric_value(d.port, "attnd_running_requests") == 0);
     CHECK(metric_value(d.port, "attnd_queue_depth") == 0);
     loader_free(&l);
+    free(quick);
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 

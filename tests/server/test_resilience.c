@@ -1,8 +1,9 @@
 /*
  * test_resilience.c - attnd under pressure: a full queue (429), the memory budget (413 or 429,
  * with or without "Expect: 100-continue"), deadlines (504; the flag's and a request's own, also
- * while queued), clients that hang up while their request waits or computes, SIGTERM with
- * requests in flight (drain, 503 while draining, exit 0), the drain timeout, and slow clients.
+ * while queued, and while a long body arrives), clients that hang up while their request waits or
+ * computes, SIGTERM with requests in flight (drain, 503 while draining, exit 0), the drain timeout,
+ * and slow clients.
  *
  * "Slow" requests are real attention calls sized to take about a second ("medium") or a few
  * seconds ("long") on one worker, with a small base64 body; tests observe the daemon through
@@ -420,6 +421,72 @@ static void test_deadlines_get_504(void)
         http_resp_free(&r);
     }
     free(short_body);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* A native self-attention body of `tokens` tokens (D 64, base64) that opens with its own
+ * "timeout_ms". */
+static char *timed_b64_body(int tokens, int timeout_ms, size_t *len)
+{
+    const size_t n = (size_t)tokens * 64;
+    const int64_t shape[2] = {tokens, 64};
+    float *x = calloc(n, sizeof *x);
+    char *t = x ? json_tensor_b64(x, shape, 2) : NULL, *out = NULL;
+    free(x);
+    if (t) {
+        size_t cap = 3 * strlen(t) + 96;
+        out = malloc(cap);
+        if (out) {
+            int w = snprintf(out, cap, "{\"timeout_ms\":%d,\"query\":%s,\"key\":%s,\"value\":%s}",
+                             timeout_ms, t, t, t);
+            *len = w > 0 ? (size_t)w : 0;
+        }
+    }
+    free(t);
+    return out;
+}
+
+/* A long body is not kept once its own timeout has passed while it still arrives: its buffer
+ * is freed at the next bytes (the rest is read and discarded), and the answer is 504 naming the
+ * body's own timeout. Until then the body is held as it grows. */
+static void test_a_body_past_its_own_timeout_is_not_kept(void)
+{
+    const char *const args[] = {"--threads", "1", NULL};
+    const size_t first = (size_t)256 * 1024, next = (size_t)64 * 1024;
+    const char *reserved = "attnd_memory_reserved_bytes";
+    daemon_proc d;
+    char head[256], *resp = NULL;
+    size_t len = 0;
+    bool closed;
+    char *body = timed_b64_body(4096, 100, &len);
+    int fd;
+
+    if (!body || daemon_start(&d, args) != 0) {
+        free(body);
+        CHECK(0);
+        return;
+    }
+    fd = raw_connect(d.port);
+    CHECK(fd >= 0);
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "Connection: close\r\nContent-Length: %zu\r\n\r\n",
+             len);
+    raw_send(fd, head, strlen(head));
+    raw_send(fd, body, first);
+    CHECKF(metric_wait(d.port, reserved, (double)first, 5000), "%s %.0f while its body arrives",
+           reserved, metric_value(d.port, reserved));
+    sleep_ms(150); /* past its 100 ms */
+    raw_send(fd, body + first, next);
+    CHECKF(metric_wait_le(d.port, reserved, 0, 5000), "%s %.0f after its timeout", reserved,
+           metric_value(d.port, reserved));
+    raw_send(fd, body + first + next, len - first - next);
+    resp = raw_read_all(fd, 10000, &closed);
+    CHECKF(raw_status(resp) == 504, "got %.80s", resp ? resp : "nothing");
+    CHECKF(resp && strstr(resp, "own timeout, 100 ms"), "%.300s", resp ? resp : "");
+    free(resp);
+    close(fd);
+    free(body);
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
@@ -863,6 +930,7 @@ int main(void)
     RUN(test_memory_budget);
     RUN(test_deadlines_get_504);
     RUN(test_queue_deadline_answered_in_time);
+    RUN(test_a_body_past_its_own_timeout_is_not_kept);
     RUN(test_own_timeout_holds_in_the_queue);
     RUN(test_priority_orders_the_queue);
     RUN(test_sigterm_drains_in_flight_requests);
