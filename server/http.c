@@ -624,9 +624,24 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
 
 /* ---- Body --------------------------------------------------------------------------------- */
 
+/* Answers a refusal decided while the body arrives at once, written to the socket (plain HTTP
+ * only: libmicrohttpd 0.9.75 sends no response before the body's end). A client that reads
+ * while it sends (libcurl) stops sending and closes; one that does not gets the answer after
+ * its last byte, which is read and discarded (the access handler) before the connection
+ * closes, so that it never sees a reset. */
+static void answer_mid_body(srv_server *s, srv_req *req)
+{
+    if (s->tls)
+        return; /* answered at the body's end (refuse_pending) */
+    srv__req_fail(req, req->refusal, "%s", req->refusal_msg);
+    req->reply.retry_after_s = req->refusal_retry_s;
+    srv__req_send_direct(req);
+    req->answered_mid_body = true;
+}
+
 /* A long body that is still arriving is judged as soon as its own timeout can be read from
  * its start: a request that would wait past its deadline (429) or whose deadline has passed
- * (504) is refused then, its buffer freed and the rest of its body discarded as it arrives.
+ * (504) is answered then, its buffer freed and the rest of its body discarded as it arrives.
  * Judged only at its end, every such body was copied into fresh memory first: at four times
  * capacity in bench_goodput (8 MiB bodies, Zen 5, 2 cores) that page-faulting copy took the
  * whole I/O thread, uploads fell behind, and every request ended past its deadline. The
@@ -649,6 +664,7 @@ static void early_admission(srv_server *s, srv_req *req)
                 "deadline exceeded while receiving the request (the body's own timeout, %lld ms)",
                 (long long)req->own_timeout_ms);
             srv__req_release_body(req);
+            answer_mid_body(s, req);
         }
         return;
     }
@@ -677,6 +693,7 @@ static void early_admission(srv_server *s, srv_req *req)
             set_refusal(req, SRV_REFUSE_OVERLOADED, "%s", msg);
             req->refusal_retry_s = retry_s;
             srv__req_release_body(req);
+            answer_mid_body(s, req);
         }
     }
     api_peek_free(&peek);
@@ -909,8 +926,13 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
             return rc;
         /* A POST without a body: it is complete already. */
     }
+    if (req->answered_mid_body && *upload_data_size > 0) {
+        req->bytes_in += *upload_data_size; /* discarded: the close waits for its end */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
     if (req->sent_directly)
-        return MHD_NO; /* a worker wrote the reply (half_close.c): only the close is left */
+        return MHD_NO; /* the reply was written (half_close.c): only the close is left */
     if (req->responded) {
         /* Answered early; whatever body libmicrohttpd still hands over is discarded. */
         *upload_data_size = 0;

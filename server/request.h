@@ -69,6 +69,7 @@ typedef struct srv_req {
                           body (api_call.body_unread) */
     bool early_peeked; /* the start of a long body was read for its timeout */
     int64_t early_deadline_ns; /* the deadline that start gave (0: none): receiving stops then */
+    bool answered_mid_body;    /* refused and answered while the body still arrived */
     int64_t own_timeout_ms;    /* the body's own timeout when it is tighter than
                                   --request-timeout-ms, else 0; set with the queue deadline */
     uint32_t priority;         /* its Triton level (1 most urgent), --default-priority-level unless

@@ -446,18 +446,20 @@ static char *timed_b64_body(int tokens, int timeout_ms, size_t *len)
     return out;
 }
 
-/* A long body is not kept once its own timeout has passed while it still arrives: its buffer
- * is freed at the next bytes (the rest is read and discarded), and the answer is 504 naming the
- * body's own timeout. Until then the body is held as it grows. */
+/* A long body is not kept once its own timeout has passed while it still arrives: at the next
+ * bytes its buffer is freed and the answer, 504 naming the body's own timeout, is sent at once,
+ * so that a client reading while it sends can stop. One that sends on has the rest read and
+ * discarded, and the connection closes after its last byte, with no second answer. Until its
+ * timeout the body is held as it grows. */
 static void test_a_body_past_its_own_timeout_is_not_kept(void)
 {
     const char *const args[] = {"--threads", "1", NULL};
     const size_t first = (size_t)256 * 1024, next = (size_t)64 * 1024;
     const char *reserved = "attnd_memory_reserved_bytes";
     daemon_proc d;
-    char head[256], *resp = NULL;
+    char head[256], *resp = NULL, *rest = NULL;
     size_t len = 0;
-    bool closed;
+    bool closed = false, closed_early = true;
     char *body = timed_b64_body(4096, 100, &len);
     int fd;
 
@@ -480,11 +482,17 @@ static void test_a_body_past_its_own_timeout_is_not_kept(void)
     raw_send(fd, body + first, next);
     CHECKF(metric_wait_le(d.port, reserved, 0, 5000), "%s %.0f after its timeout", reserved,
            metric_value(d.port, reserved));
-    raw_send(fd, body + first + next, len - first - next);
-    resp = raw_read_all(fd, 10000, &closed);
-    CHECKF(raw_status(resp) == 504, "got %.80s", resp ? resp : "nothing");
+    resp = raw_read_all(fd, 1000, &closed_early);
+    CHECKF(raw_status(resp) == 504, "before the rest of the body: %.80s", resp ? resp : "nothing");
     CHECKF(resp && strstr(resp, "own timeout, 100 ms"), "%.300s", resp ? resp : "");
+    CHECK(!closed_early);
+    CHECK_EQ_INT(raw_send(fd, body + first + next, len - first - next), 0);
+    rest = raw_read_all(fd, 10000, &closed);
+    CHECK(closed);
+    CHECKF(rest && rest[0] == '\0', "after the body: %.80s", rest ? rest : "");
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"deadline\"}", 1, 2000));
     free(resp);
+    free(rest);
     close(fd);
     free(body);
     CHECK_EQ_INT(daemon_stop(&d), 0);
