@@ -642,10 +642,9 @@ static void answer_mid_body(srv_server *s, srv_req *req)
 /* A long body that is still arriving is judged as soon as its own timeout can be read from
  * its start: a request that would wait past its deadline (429) or whose deadline has passed
  * (504) is answered then, its buffer freed and the rest of its body discarded as it arrives.
- * Judged only at its end, every such body was copied into fresh memory first: at four times
- * capacity in bench_goodput (8 MiB bodies, Zen 5, 2 cores) that page-faulting copy took the
- * whole I/O thread, uploads fell behind, and every request ended past its deadline. The
- * start is read up to its last comma, so that no number in it is cut short. */
+ * Judged only at its end, every refused body is first copied into fresh memory on the I/O
+ * thread, and past capacity that copy starves the uploads of the requests that could still
+ * finish. The start is read up to its last comma, so that no number in it is cut short. */
 static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);

@@ -424,6 +424,18 @@ static void test_deadlines_get_504(void)
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+/* Opens a connection and sends the header block of a POST /v1/attention whose body of `len`
+ * bytes the caller sends; the socket, or -1. */
+static int raw_post_head(int port, size_t len)
+{
+    char head[256];
+    int fd = raw_connect(port);
+    post_head(head, sizeof head, len, "Connection: close\r\n");
+    if (fd >= 0)
+        raw_send(fd, head, strlen(head));
+    return fd;
+}
+
 /* A native self-attention body of `tokens` tokens (D 64, base64) that opens with its own
  * "timeout_ms". */
 static char *timed_b64_body(int tokens, int timeout_ms, size_t *len)
@@ -457,7 +469,7 @@ static void test_a_body_past_its_own_timeout_is_not_kept(void)
     const size_t first = (size_t)256 * 1024, next = (size_t)64 * 1024;
     const char *reserved = "attnd_memory_reserved_bytes";
     daemon_proc d;
-    char head[256], *resp = NULL, *rest = NULL;
+    char *resp = NULL, *rest = NULL;
     size_t len = 0;
     bool closed = false, closed_early = true;
     char *body = timed_b64_body(4096, 100, &len);
@@ -468,13 +480,8 @@ static void test_a_body_past_its_own_timeout_is_not_kept(void)
         CHECK(0);
         return;
     }
-    fd = raw_connect(d.port);
+    fd = raw_post_head(d.port, len);
     CHECK(fd >= 0);
-    snprintf(head, sizeof head,
-             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-             "Connection: close\r\nContent-Length: %zu\r\n\r\n",
-             len);
-    raw_send(fd, head, strlen(head));
     raw_send(fd, body, first);
     CHECKF(metric_wait(d.port, reserved, (double)first, 5000), "%s %.0f while its body arrives",
            reserved, metric_value(d.port, reserved));
@@ -508,7 +515,6 @@ static void test_queue_deadline_answered_in_time(void)
                                 "1000",      NULL};
     daemon_proc d;
     bg_request b;
-    char head[256];
     char *resp;
     bool closed;
     double a_start, a_answered;
@@ -519,14 +525,9 @@ static void test_queue_deadline_answered_in_time(void)
         CHECK(0);
         return;
     }
-    fd = raw_connect(d.port);
-    CHECK(fd >= 0);
-    snprintf(head, sizeof head,
-             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-             "Connection: close\r\nContent-Length: %zu\r\n\r\n",
-             medium_len);
     a_start = now_s();
-    raw_send(fd, head, strlen(head));
+    fd = raw_post_head(d.port, medium_len);
+    CHECK(fd >= 0);
     raw_send(fd, medium_body, half);
     sleep_ms(400);
     bg_start(&b, d.port, long_body);
