@@ -123,12 +123,13 @@ void eng_pool_free(eng_pool *pool);
  * second call is a no-op. Not counted by eng_pool_threads. */
 eng_status eng_pool_add_spare(eng_pool *pool, eng_error *err);
 
-/* Background work: while a pool thread runs a task of a job whose priority `is_background`
- * accepts, it runs at the OS's idle priority (SCHED_IDLE), and at its own again for other work.
- * Any other thread that wakes (the daemon's I/O thread, the spare with a short request) then
- * takes the CPU at once, where among equals it could wait for the next scheduler tick. Only
- * where a thread may leave SCHED_IDLE again (CAP_SYS_NICE, or an RLIMIT_NICE of 20 or more):
- * otherwise false, nothing changes, and `why` says so. Call before any job is submitted. */
+/* Background work: the fan-out (eng_pool_run) of a submitted job whose priority `is_background`
+ * accepts runs at the OS's idle priority (SCHED_IDLE); the submitted task itself, and all other
+ * work, at the thread's own. Any other thread that wakes (the daemon's I/O thread, the spare
+ * with a short request) then takes the CPU at once, where among equals it could wait for the
+ * next scheduler tick. Only where a thread may leave SCHED_IDLE again (CAP_SYS_NICE, or an
+ * RLIMIT_NICE of 20 or more): otherwise false, nothing changes, and `why` says so. Call before
+ * any job is submitted. */
 bool eng_pool_set_background(eng_pool *pool, bool (*is_background)(uint32_t priority), char *why,
                              size_t why_len);
 

@@ -16,8 +16,8 @@
  * queue, if there is one, so that urgent work does not wait for a worker while the pool's
  * threads are all busy with a less urgent request. An optional spare thread
  * (eng_pool_add_spare) takes the head job while every worker is busy with less urgent work.
- * Tasks of background jobs (eng_pool_set_background) run at SCHED_IDLE, so that the threads
- * that wake for other work need not wait for a scheduler tick to get a CPU.
+ * The jobs that tasks of background jobs start (eng_pool_set_background) run at SCHED_IDLE, so
+ * that the threads that wake for other work need not wait for a scheduler tick to get a CPU.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -40,6 +40,7 @@ typedef struct job {
     int64_t finished; /* indices run or skipped */
     eng_status status;
     bool detached; /* from eng_pool_submit: the worker that finishes it frees it */
+    bool nested;   /* started by a task of another job, whose ticket and priority it keeps */
     struct job *link;
 } job;
 
@@ -78,6 +79,14 @@ static void use_policy(int policy)
     struct sched_param none = {.sched_priority = 0};
     if (policy != current_policy && pthread_setschedparam(pthread_self(), policy, &none) == 0)
         current_policy = policy;
+}
+
+/* Whether `j` runs at SCHED_IDLE: a job that a background job's task started (its fan-out). A
+ * submitted task itself (a request's decoding and encoding, on one thread) keeps its policy:
+ * at SCHED_IDLE any other runnable thread held it up, for up to five times its time. */
+static bool runs_in_background(const eng_pool *pool, const job *j)
+{
+    return j->nested && pool->is_background(j->priority);
 }
 
 /* Whether a thread may enter SCHED_IDLE and leave it again, tried on a thread of its own: the
@@ -168,7 +177,7 @@ static bool job_run_one(eng_pool *pool, job *j, int64_t index)
     current_ticket = j->ticket;
     current_priority = j->priority;
     if (pool->is_background)
-        use_policy(pool->is_background(j->priority) ? SCHED_IDLE : SCHED_OTHER);
+        use_policy(runs_in_background(pool, j) ? SCHED_IDLE : SCHED_OTHER);
     j->fn(j->arg, index);
     if (pool->is_background)
         use_policy(outer_policy);
@@ -420,6 +429,7 @@ eng_status eng_pool_run(eng_pool *pool, eng_task_fn fn, void *arg, int64_t count
     pthread_mutex_lock(&pool->mu);
     j.ticket = current_ticket ? current_ticket : ++pool->last_ticket;
     j.priority = current_ticket ? current_priority : 0;
+    j.nested = current_ticket != 0;
     queue_insert(pool, &j);
     if (count > 1)
         pthread_cond_broadcast(&pool->work);

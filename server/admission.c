@@ -21,9 +21,14 @@
 #define RETRY_AFTER_MAX_S 3600
 
 /* The share of a request's time left at the end for what its client does outside the daemon's
- * view (connecting, receiving the last of the reply): bench_goodput's clients saw the p99 of
- * the requests served up to 0.3% past their deadline without it (Zen 3, 2 cores). */
-#define CLIENT_SLACK_DIV 50
+ * view (waiting to be accepted, receiving the last of the reply), which the deadline must cover
+ * too: it grows with the client's own load, a few percent with hundreds of uploads in flight. */
+#define CLIENT_SLACK_DIV 20
+
+/* A request starts beside others only when its deadline leaves this many times its cost's mean
+ * deviation to spare (TCP's retransmission timer leaves four, RFC 6298): a long request's cost
+ * has a long tail, since its background tasks yield to every other thread that runs. */
+#define DEV_MARGIN 3
 
 /* A request expected to take this much worker time or more is long: it fans out over the
  * pool, and short requests of its level go first. */
@@ -71,7 +76,7 @@ static int64_t cost_locked(const srv_sched *s, int route, uint64_t bytes, int64_
     int b = bucket_of(bytes);
     for (int i = 0; i < N_BUCKETS; i++)
         row[i] = s->cost[route_row(route)][i].mean;
-    *margin = 2 * s->cost[route_row(route)][b].dev;
+    *margin = DEV_MARGIN * s->cost[route_row(route)][b].dev;
     for (int d = 0; d <= EXTRAPOLATE_BUCKETS; d++) {
         int at = -1;
         if (b - d >= 0 && row[b - d] > 0)
@@ -186,15 +191,15 @@ static bool goes_before(const srv_sched_entry *a, const srv_sched_entry *b, bool
 }
 
 /* It is unlikely to finish by its deadline even if it starts now: a worker is better spent on
- * one that will. With others running it must leave room for twice its cost's deviation and its
- * client's slack too; on an idle pool the expected cost alone decides, so that an estimate too
- * high is still corrected by the requests that run. mu held. */
+ * one that will. With others running it must leave room for DEV_MARGIN times its cost's
+ * deviation and its client's slack too; on an idle pool the expected cost alone decides, so
+ * that an estimate too high is still corrected by the requests that run. mu held. */
 static bool hopeless(const srv_sched *s, const srv_sched_entry *e, int64_t now)
 {
     if (e->deadline_ns <= 0 || e->cost_ns <= 0)
         return false;
     int64_t slack = (e->deadline_ns - e->arrival_ns) / CLIENT_SLACK_DIV;
-    int64_t margin = s->running > 0 ? 2 * dev_locked(s, e) + slack : 0;
+    int64_t margin = s->running > 0 ? DEV_MARGIN * dev_locked(s, e) + slack : 0;
     return now + e->cost_ns + e->tail_ns + margin > e->deadline_ns;
 }
 

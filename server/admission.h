@@ -87,8 +87,8 @@ void srv__sched_free(srv_sched *s);
 
 /* The expected worker time of a request of `route` with a body of `bytes`, from what requests of
  * that route and a similar size took: 0 when nothing is known yet. *margin (may be NULL) gets
- * twice the usual deviation of that bucket: the scheduler starts a request beside others only
- * when its deadline leaves room for both. */
+ * three times the usual deviation of that bucket: the scheduler starts a request beside others
+ * only when its deadline leaves room for both. */
 int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin);
 
 /* The expected time until a request of `cost_ns` at `level` would start, from the requests

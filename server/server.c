@@ -343,9 +343,9 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     }
     /* ... nor for a CPU the long one's tasks hold (docs/goodput.md). */
     if (eng_pool_set_background(s->pool, srv__sched_pool_priority_long, why, sizeof why))
-        srv_log(SRV_LOG_INFO, "long requests' tasks run at SCHED_IDLE (background work)");
+        srv_log(SRV_LOG_INFO, "long requests' fan-out runs at SCHED_IDLE (background work)");
     else
-        srv_log(SRV_LOG_INFO, "long requests' tasks run at the workers' own priority: %s", why);
+        srv_log(SRV_LOG_INFO, "long requests' fan-out runs at the workers' own priority: %s", why);
     s->threads = eng_pool_threads(s->pool);
     s->sched = srv__sched_new(s->threads);
     if (!s->sched) {
