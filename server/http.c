@@ -639,32 +639,37 @@ static void answer_mid_body(srv_server *s, srv_req *req)
     req->answered_mid_body = true;
 }
 
-/* A long body that is still arriving is judged as soon as its own timeout can be read from
- * its start: a request that would wait past its deadline (429) or whose deadline has passed
- * (504) is answered then, its buffer freed and the rest of its body discarded as it arrives.
- * Judged only at its end, every refused body is first copied into fresh memory on the I/O
- * thread, and past capacity that copy starves the uploads of the requests that could still
- * finish. The start is read up to its last comma, so that no number in it is cut short. */
+/* The deadline of a body that is still arriving: the lease's (--request-timeout-ms, from the
+ * request line), or the tighter one its start gave once it was read. */
+static int64_t receiving_deadline(const srv_req *req)
+{
+    return req->early_deadline_ns > 0 ? req->early_deadline_ns : req->lease.ctl.deadline_ns;
+}
+
+/* A long body that is still arriving is judged at each chunk: once its deadline has passed
+ * (504), and as soon as its own timeout can be read from its start, whether it would wait past
+ * that (429). Refused, its buffer is freed, the answer sent at once and the rest of its body
+ * discarded as it arrives. Judged only at its end, every refused body is first copied into fresh
+ * memory on the I/O thread, and past capacity that copy starves the uploads of the requests that
+ * could still finish; a 504 then came up to a third past the deadline it names. The start is
+ * read up to its last comma, so that no number in it is cut short. */
 static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_peek peek;
-    char msg[200];
+    char msg[200], origin[64];
     int retry_s = 0;
-    int64_t now;
+    int64_t now, deadline;
 
     if (req->refused || !req->has_length || req->body.len >= req->content_length)
         return;
-    if (req->early_deadline_ns > 0) {
-        now = eng_now_ns();
-        if (now >= req->early_deadline_ns) {
-            set_refusal(
-                req, SRV_REFUSE_DEADLINE,
-                "deadline exceeded while receiving the request (the body's own timeout, %lld ms)",
-                (long long)req->own_timeout_ms);
-            srv__req_release_body(req);
-            answer_mid_body(s, req);
-        }
+    deadline = receiving_deadline(req);
+    if (deadline > 0 && eng_now_ns() >= deadline) {
+        srv__req_deadline_origin(req, origin, sizeof origin);
+        set_refusal(req, SRV_REFUSE_DEADLINE, "deadline exceeded while receiving the request (%s)",
+                    origin);
+        srv__req_release_body(req);
+        answer_mid_body(s, req);
         return;
     }
     if (req->early_peeked || req->body.len < EARLY_PEEK_BYTES || !rd || !rd->peek ||
@@ -681,9 +686,8 @@ static void early_admission(srv_server *s, srv_req *req)
         uint32_t level = peek.priority >= 1 && peek.priority <= s->limits.priority_levels
                              ? (uint32_t)peek.priority
                              : s->limits.default_priority_level;
-        int64_t own = req->lease.start_ns + peek.timeout_ms * 1000000,
-                set = req->lease.ctl.deadline_ns;
-        int64_t deadline = set > 0 && set < own ? set : own;
+        int64_t own = req->lease.start_ns + peek.timeout_ms * 1000000;
+        deadline = deadline > 0 && deadline < own ? deadline : own;
         req->own_timeout_ms = peek.timeout_ms;
         req->early_deadline_ns = deadline;
         now = eng_now_ns();

@@ -627,10 +627,10 @@ static void print_stats(const char *label, const class_stats *s, double seconds)
 {
     printf("  %-6s sent %zu (%.1f/s): 200 %zu (%.1f/s), 429 %zu, 503 %zu, 504 %zu, other %zu, "
            "transport errors %zu; 200 latency p50 %.1f ms p99 %.1f ms max %.1f ms; 429 p50 %.2f "
-           "ms p99 %.2f ms\n",
+           "ms p99 %.2f ms; 504 max %.1f ms\n",
            label, s->n, (double)s->n / seconds, s->ok, (double)s->ok / seconds, s->rejected,
            s->unavailable, s->deadline, s->other_status, s->transport, s->p50 * 1e3, s->p99 * 1e3,
-           s->max * 1e3, s->p50_429 * 1e3, s->p99_429 * 1e3);
+           s->max * 1e3, s->p50_429 * 1e3, s->p99_429 * 1e3, s->max_504 * 1e3);
 }
 
 /* Only 200 and 429 (with Retry-After), no transport error, every body what its status says. */

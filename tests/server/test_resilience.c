@@ -458,25 +458,22 @@ static char *timed_b64_body(int tokens, int timeout_ms, size_t *len)
     return out;
 }
 
-/* A long body is not kept once its own timeout has passed while it still arrives: at the next
- * bytes its buffer is freed and the answer, 504 naming the body's own timeout, is sent at once,
- * so that a client reading while it sends can stop. One that sends on has the rest read and
- * discarded, and the connection closes after its last byte, with no second answer. Until its
- * timeout the body is held as it grows. */
-static void test_a_body_past_its_own_timeout_is_not_kept(void)
+/* A long body is not kept once its deadline has passed while it still arrives: at the next
+ * bytes its buffer is freed and the answer, 504 naming `origin`, is sent at once, so that a
+ * client reading while it sends can stop. One that sends on has the rest read and discarded,
+ * and the connection closes after its last byte, with no second answer. Until its deadline the
+ * body is held as it grows. The daemon runs with `args`; its deadline passes within `wait_ms`. */
+static void check_body_not_kept_past_deadline(const char *const *args, const char *body, size_t len,
+                                              int wait_ms, const char *origin)
 {
-    const char *const args[] = {"--threads", "1", NULL};
     const size_t first = (size_t)256 * 1024, next = (size_t)64 * 1024;
     const char *reserved = "attnd_memory_reserved_bytes";
     daemon_proc d;
     char *resp = NULL, *rest = NULL;
-    size_t len = 0;
     bool closed = false, closed_early = true;
-    char *body = timed_b64_body(4096, 100, &len);
     int fd;
 
     if (!body || daemon_start(&d, args) != 0) {
-        free(body);
         CHECK(0);
         return;
     }
@@ -485,13 +482,13 @@ static void test_a_body_past_its_own_timeout_is_not_kept(void)
     raw_send(fd, body, first);
     CHECKF(metric_wait(d.port, reserved, (double)first, 5000), "%s %.0f while its body arrives",
            reserved, metric_value(d.port, reserved));
-    sleep_ms(150); /* past its 100 ms */
+    sleep_ms(wait_ms);
     raw_send(fd, body + first, next);
-    CHECKF(metric_wait_le(d.port, reserved, 0, 5000), "%s %.0f after its timeout", reserved,
+    CHECKF(metric_wait_le(d.port, reserved, 0, 5000), "%s %.0f after its deadline", reserved,
            metric_value(d.port, reserved));
     resp = raw_read_all(fd, 1000, &closed_early);
     CHECKF(raw_status(resp) == 504, "before the rest of the body: %.80s", resp ? resp : "nothing");
-    CHECKF(resp && strstr(resp, "own timeout, 100 ms"), "%.300s", resp ? resp : "");
+    CHECKF(resp && strstr(resp, origin), "%.300s", resp ? resp : "");
     CHECK(!closed_early);
     CHECK_EQ_INT(raw_send(fd, body + first + next, len - first - next), 0);
     rest = raw_read_all(fd, 10000, &closed);
@@ -501,8 +498,27 @@ static void test_a_body_past_its_own_timeout_is_not_kept(void)
     free(resp);
     free(rest);
     close(fd);
-    free(body);
     CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* The body's own timeout_ms, read from its first bytes, ends its upload. */
+static void test_a_body_past_its_own_timeout_is_not_kept(void)
+{
+    const char *const args[] = {"--threads", "1", NULL};
+    size_t len = 0;
+    char *body = timed_b64_body(4096, 100, &len);
+    check_body_not_kept_past_deadline(args, body, len, 150, "the request's timeout of 100 ms");
+    free(body);
+}
+
+/* So does --request-timeout-ms, known from the request line, whatever the body says. */
+static void test_a_body_past_the_servers_timeout_is_not_kept(void)
+{
+    const char *const args[] = {"--threads", "1", "--request-timeout-ms", "100", NULL};
+    size_t len = 0;
+    char *body = timed_b64_body(4096, 60000, &len);
+    check_body_not_kept_past_deadline(args, body, len, 150, "--request-timeout-ms 100");
+    free(body);
 }
 
 /* A request whose deadline passes while it still waits for a worker is answered 504 at that
@@ -940,6 +956,7 @@ int main(void)
     RUN(test_deadlines_get_504);
     RUN(test_queue_deadline_answered_in_time);
     RUN(test_a_body_past_its_own_timeout_is_not_kept);
+    RUN(test_a_body_past_the_servers_timeout_is_not_kept);
     RUN(test_own_timeout_holds_in_the_queue);
     RUN(test_priority_orders_the_queue);
     RUN(test_sigterm_drains_in_flight_requests);
