@@ -639,31 +639,24 @@ static void answer_mid_body(srv_server *s, srv_req *req)
     req->answered_mid_body = true;
 }
 
-/* The deadline of a body that is still arriving: the lease's (--request-timeout-ms, from the
- * request line), or the tighter one its start gave once it was read. */
-static int64_t receiving_deadline(const srv_req *req)
-{
-    return req->early_deadline_ns > 0 ? req->early_deadline_ns : req->lease.ctl.deadline_ns;
-}
-
-/* A long body that is still arriving is judged at each chunk: once its deadline has passed
- * (504), and as soon as its own timeout can be read from its start, whether it would wait past
- * that (429). Refused, its buffer is freed, the answer sent at once and the rest of its body
- * discarded as it arrives. Judged only at its end, every refused body is first copied into fresh
- * memory on the I/O thread, and past capacity that copy starves the uploads of the requests that
- * could still finish; a 504 then came up to a third past the deadline it names. The start is
- * read up to its last comma, so that no number in it is cut short. */
+/* A long body that is still arriving is judged at each chunk: once its deadline (its lease's:
+ * --request-timeout-ms from the request line) has passed, 504; as soon as its own timeout can be
+ * read from its start, that shortens the lease, and a request that would wait past it gets 429.
+ * Refused, its buffer is freed, the answer sent at once and the rest of its body discarded as it
+ * arrives. Judged only at its end, every refused body is first copied into fresh memory on the I/O
+ * thread, and past capacity that copy starves the uploads of the requests that could still finish;
+ * a 504 then came up to a third past the deadline it names. The start is read up to its last comma,
+ * so that no number in it is cut short. */
 static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_peek peek;
     char msg[200], origin[64];
     int retry_s = 0;
-    int64_t now, deadline;
+    int64_t now, deadline = req->lease.ctl.deadline_ns;
 
     if (req->refused || !req->has_length || req->body.len >= req->content_length)
         return;
-    deadline = receiving_deadline(req);
     if (deadline > 0 && eng_now_ns() >= deadline) {
         srv__req_deadline_origin(req, origin, sizeof origin);
         set_refusal(req, SRV_REFUSE_DEADLINE, "deadline exceeded while receiving the request (%s)",
@@ -686,10 +679,9 @@ static void early_admission(srv_server *s, srv_req *req)
         uint32_t level = peek.priority >= 1 && peek.priority <= s->limits.priority_levels
                              ? (uint32_t)peek.priority
                              : s->limits.default_priority_level;
-        int64_t own = req->lease.start_ns + peek.timeout_ms * 1000000;
-        deadline = deadline > 0 && deadline < own ? deadline : own;
         req->own_timeout_ms = peek.timeout_ms;
-        req->early_deadline_ns = deadline;
+        api_lease_shorten(&req->lease, req->own_timeout_ms);
+        deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
         if (now < deadline &&
             srv__req_overloaded(s, req, deadline - now, level, msg, sizeof msg, &retry_s)) {
@@ -795,7 +787,8 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
     req->priority = peek->priority >= 1 && peek->priority <= s->limits.priority_levels
                         ? (uint32_t)peek->priority
                         : s->limits.default_priority_level;
-    req->own_timeout_ms = ms > 0 && ms < s->limits.max_timeout_ms ? ms : 0;
+    if (ms > 0 && ms < s->limits.max_timeout_ms) /* else what the body's start said, if read */
+        req->own_timeout_ms = ms;
     api_lease_shorten(&req->lease, req->own_timeout_ms);
     return req->lease.ctl.deadline_ns;
 }

@@ -68,15 +68,15 @@ typedef struct srv_req {
     bool body_unread;  /* compressed past what admission inflates, on a route that orders by its
                           body (api_call.body_unread) */
     bool early_peeked; /* the start of a long body was read for its timeout */
-    int64_t early_deadline_ns; /* the deadline that start gave (0: none): receiving stops then */
-    bool answered_mid_body;    /* refused and answered while the body still arrived */
-    int64_t own_timeout_ms;    /* the body's own timeout when it is tighter than
-                                  --request-timeout-ms, else 0; set with the queue deadline */
-    uint32_t priority;         /* its Triton level (1 most urgent), --default-priority-level unless
-                                  the body says */
-    uint32_t pool_priority;    /* the pool priority it was started at (srv__sched_pool_priority) */
-    int refusal_retry_s;       /* > 0: the Retry-After of `refusal`, computed from the queue */
-    srv_sched_entry sched;     /* its place with the scheduler (admission.h) */
+    bool answered_mid_body; /* refused and answered while the body still arrived */
+    int64_t own_timeout_ms; /* the body's own timeout when it is tighter than
+                               --request-timeout-ms, else 0; set when the body's start
+                               is read, or with the queue deadline */
+    uint32_t priority;      /* its Triton level (1 most urgent), --default-priority-level unless
+                               the body says */
+    uint32_t pool_priority; /* the pool priority it was started at (srv__sched_pool_priority) */
+    int refusal_retry_s;    /* > 0: the Retry-After of `refusal`, computed from the queue */
+    srv_sched_entry sched;  /* its place with the scheduler (admission.h) */
 
     /* Handed between threads as the state machine says. */
     api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
