@@ -30,7 +30,7 @@ const SHOTS = path.join(repo, 'build/browser');
 const FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync'];
 
-// The golden case 2 of ../shared/golden/seed_cases.json, as the preset must send it.
+// The golden case 2 of tests/engine/cases/seed_cases.json, as the preset must send it.
 const GOLDEN = {
   query: [[1, 0], [0, 1], [1, 1]],
   key: [[1, 0], [0, 1], [1, 1]],

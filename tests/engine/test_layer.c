@@ -26,8 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const golden_paths[] = {"../shared/golden/seed_cases.json",
-                                           "/work/shared/golden/seed_cases.json"};
+#define GOLDEN_PATH "tests/engine/cases/seed_cases.json"
 
 static eng_pool *pool;
 
@@ -737,19 +736,14 @@ static void test_demo_layer_is_present_and_deterministic(void)
 
 static json_t *load_golden(void)
 {
-    for (size_t i = 0; i < sizeof golden_paths / sizeof golden_paths[0]; i++) {
-        json_t *root = json_load_file(golden_paths[i], 0, NULL);
-        if (root)
-            return root;
-    }
-    return NULL;
+    return json_load_file(GOLDEN_PATH, 0, NULL);
 }
 
 /* seed_cases.json "multi-head arithmetic": embed_dim 512 with 8 heads gives head_dim 64. */
 static void test_golden_multi_head_arithmetic(void)
 {
     json_t *root = load_golden();
-    CHECKF(root != NULL, "cannot read %s", golden_paths[0]);
+    CHECKF(root != NULL, "cannot read %s", GOLDEN_PATH);
     if (!root)
         return;
     int found = 0;

@@ -46,7 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GOLDEN_PATH     "../shared/golden/seed_cases.json"
+#define GOLDEN_PATH     "tests/engine/cases/seed_cases.json"
 #define SDPA_CASES_PATH "tests/engine/cases/sdpa_cases.json"
 
 static eng_pool *pool;

@@ -62,7 +62,7 @@ static void test_keep_alive(void)
     http_handle_free(h);
 }
 
-/* The hand-computed example of /work/shared/golden/seed_cases.json, end to end. */
+/* The hand-computed example of tests/engine/cases/seed_cases.json, end to end. */
 static void test_seed_cases(void)
 {
     static const double causal[6] = {1, 0, 0.33023845, 1.33952310, 1.75872460, 1.00000000};

@@ -1,6 +1,6 @@
 /* test_hf_layers.c - the attention of a Hugging Face checkpoint's layer, as transformers
  * computes it: tests/api/hf/cases/<family>/ holds a tiny checkpoint of each family (made by
- * transformers 5.17 from random bf16 weights; ../shared/hf_layers/README.md) and
+ * transformers 5.17 from random bf16 weights by tests/api/hf/make_cases.py; cases/README.md) and
  * attnd_case.json with the input and output of one layer's attention module in the model's own
  * forward pass. Each is loaded with api_checkpoint_load (what --model NAME=DIR:layer=K does) and
  * must reproduce that output within 1e-5 x max|output|: through POST /v1/mha {"model", "input"},
