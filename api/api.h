@@ -4,8 +4,8 @@
  * api/ turns the bytes of a request into validated engine arguments, runs the engine, and turns
  * the result (or the failure) into the bytes and HTTP status of the reply. It is pure functions
  * on byte buffers: no sockets, so every path is testable without a server. Only api/ includes
- * <jansson.h>, and only api/ maps statuses to HTTP codes. Semantics: ../shared/DESIGN.md
- * sections 3 to 5.
+ * <jansson.h>, and only api/ maps statuses to HTTP codes. Semantics: docs/semantics.md; routes
+ * and statuses: docs/http-api.md.
  *
  * Usage (what the daemon does on an engine worker for POST /v1/attention):
  *
@@ -290,7 +290,7 @@ char *api_reply_take_body(api_reply *reply, size_t *len);
  * body is NULL only if even that could not be allocated). Runs on an engine worker; the engine
  * call fans out over `pool` and returns when done, so this blocks for the request's compute.
  *
- * The request format is DESIGN.md section 5; api/proto/native_attention.c opens
+ * The request format is docs/semantics.md's; api/proto/native_attention.c opens
  * with the exact field list.
  * Statuses: 200; 400 malformed JSON (jansson's message with line, column and byte; this
  * includes numbers too large for a double, like 1e999, and nesting deeper than 2048); 413 body,
@@ -313,7 +313,7 @@ void api_models_list(const api_models *models, api_reply *reply);
 void api_models_get(const api_models *models, const char *name, api_reply *reply);
 
 /* POST /v1/mha: a multi-head attention layer (call->models by "model", or inline "weights")
- * on token embeddings, self- or cross-attention. The request format is DESIGN.md section 6;
+ * on token embeddings, self- or cross-attention. The request format is docs/semantics.md's;
  * api/proto/native_mha.c opens with the exact field list. Statuses and behaviour as api_attention,
  * plus 404 for an unknown model. With "session" (call->sessions) it is one decoder-layer step
  * of that KV-cache session: the input's keys and values are appended and its queries attend
@@ -331,7 +331,7 @@ void api_reply_error_status(api_reply *reply, api_error_style style, api_status 
                             api_reason reason, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
-/* ---- KV-cache sessions (issue 16, DESIGN.md section 9) ---------------------------------- */
+/* ---- KV-cache sessions (docs/sessions.md) ---------------------------------------------- */
 
 /* The registry of a daemon's sessions: each a KV cache of one sequence (engine.h eng_kv_*) in
  * one pool of --kv-cache-bytes, under an id that is random, URL-safe and unguessable ("s" and

@@ -4,7 +4,7 @@
  * The engine knows nothing of HTTP or JSON. It takes fp32 tensors as strided views, runs a
  * flash-style kernel (two block products per key block, fused masks, online softmax) whose
  * tasks fan out over one pool of workers, and reports failures as eng_status values with a
- * message naming the offending field. Semantics follow ../shared/DESIGN.md section 5.
+ * message naming the offending field. Semantics: docs/semantics.md.
  *
  * The engine owns its hot kernels: the block products and projections run on attnd's own
  * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels.h), chosen once
@@ -337,7 +337,7 @@ typedef struct {
     float *lse;     /* [B, H, L] natural-log sum of exp; -inf for a row with no visible key */
 } eng_sdpa_args;
 
-/* Computes attention as DESIGN.md section 5 specifies. A query row with no visible key gets
+/* Computes attention as docs/semantics.md specifies. A query row with no visible key gets
  * output 0, weights 0 and lse -inf. Validates every argument (shapes, strides, overflow of every
  * size product, BLAS index limits) before it allocates or computes; on failure returns the
  * status with `err` naming the field, and leaves the outputs unspecified. Scratch memory is
@@ -621,7 +621,7 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
 
 /* ---- KV-cache sessions -------------------------------------------------------------------- */
 
-/* Paged KV caches for incremental decoding (issue 16). A pool holds fixed-size blocks of
+/* Paged KV caches for incremental decoding (docs/sessions.md). A pool holds fixed-size blocks of
  * block_tokens tokens under a byte budget; a sequence keeps its K and V in blocks of the pool
  * (not contiguous: a block table), in float32, bfloat16 or float16. Attention over a sequence
  * is eng_sdpa's, every option included, with K and V read through the block table by the same

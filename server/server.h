@@ -5,8 +5,8 @@
  * libmicrohttpd (only this module includes <microhttpd.h>), routing, body accumulation with
  * caps, admission control, the suspend/resume handoff of each request to an engine worker,
  * deadlines, cancellation of work whose client hung up, metrics, request logs, configuration
- * from flags and environment, and the graceful drain on SIGTERM. Design: ../shared/DESIGN.md
- * sections 2, 3 and 8; issues 3 and 6.
+ * from flags and environment, and the graceful drain on SIGTERM. The life of a request:
+ * docs/architecture.md; flags, limits and drain: docs/operations.md.
  *
  * Usage (what main.c does):
  *
