@@ -35,6 +35,10 @@ if [ -z "$nginx" ]; then
     skip "compose without Docker: nginx is not installed (apt-get install nginx, or set ATTND_NGINX)"
     finish
 fi
+if ! command -v curl >/dev/null; then
+    fail "the curl command is missing (make deps-test installs it)"
+    finish
+fi
 if [ ! -x "$bin" ] || [ ! -x "$client" ]; then
     skip "compose without Docker: $bin or $client is not built yet"
     finish
@@ -43,12 +47,9 @@ fi
 tmp=$(mktemp -d)
 pids=()
 nginx_pid=""
-# shellcheck disable=SC2317 # called by the EXIT trap
-cleanup() {
-    for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null && wait "$p" 2>/dev/null
-    done
-    # TERM makes nginx's master stop its workers before it exits.
+# Stops the nginx this script started, master and workers: TERM makes the master stop its
+# workers before it exits; KILL only where it does not within 5 s.
+stop_nginx() {
     if [ -n "$nginx_pid" ] && kill -TERM "$nginx_pid" 2>/dev/null; then
         for _ in $(seq 50); do
             kill -0 "$nginx_pid" 2>/dev/null || break
@@ -57,6 +58,14 @@ cleanup() {
         kill -KILL "$nginx_pid" 2>/dev/null
         wait "$nginx_pid" 2>/dev/null
     fi
+    nginx_pid=""
+}
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+    for p in "${pids[@]}"; do
+        kill -KILL "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
+    stop_nginx
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -132,6 +141,7 @@ for _ in 1 2 3 4 5; do
         sleep 0.1
     done
     [ "$started" = 1 ] && break
+    stop_nginx # running but not answering on this port: the next try starts another
 done
 if [ "$started" != 1 ]; then
     fail "nginx did not start: $(tr '\n' ' ' <"$tmp/nginx.err" | tail -c 400)"
