@@ -51,6 +51,7 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build pa-grpc deps \
+        deps-test fresh-check \
         deploy-deps deploy-check format format-check clean browser-deps browser-test load soak \
         bench-wrk bench-perf-analyzer bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
@@ -143,35 +144,60 @@ $(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
-DEB_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
-                libcurl4-openssl-dev zlib1g-dev clang libclang-rt-14-dev chromium fonts-dejavu-core \
-                wrk libgnutls28-dev openssl libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
-                python3-numpy python3-requests python3-matplotlib \
-                python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging \
-                python3-grpcio python3-grpc-tools python3-protobuf universal-ctags \
-                libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev \
-                rapidjson-dev libb64-dev
+# What building and running the daemon needs (make deps, make run).
+RUN_PACKAGES := build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
+                zlib1g-dev libgnutls28-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler
+# What the suites, benchmarks and examples need on top (make deps-test, make test): the test
+# client library and command-line tools, the sanitizers and libFuzzer, the inspector page's
+# browser, the Python clients of the examples and of Triton's, and what perf_analyzer builds with.
+TEST_PACKAGES := $(RUN_PACKAGES) libcurl4-openssl-dev clang libclang-rt-14-dev chromium \
+                 fonts-dejavu-core wrk openssl ca-certificates \
+                 python3-numpy python3-requests python3-matplotlib \
+                 python3-geventhttpclient python3-rapidjson python3-aiohttp python3-packaging \
+                 python3-grpcio python3-grpc-tools python3-protobuf universal-ctags \
+                 libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev \
+                 rapidjson-dev libb64-dev
+# Commands the tests run, as COMMAND:PACKAGE: Debian's package is installed only where the
+# command is missing, so that a Node.js installed another way (Node 18 and later) is kept.
+TEST_COMMANDS := curl:curl node:nodejs npm:npm
 # Debian's interpreter, which the python3-* packages above install into (the examples test and
 # make bench-report).
 PYTHON ?= /usr/bin/python3
 
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+# Installs the packages in $(1) and the commands in $(2) that are missing: as root with
+# apt-get, otherwise it names them and fails.
+define install_missing
+	@missing=$$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; \
-	done); \
+	done; for c in $(2); do command -v $${c%%:*} >/dev/null || echo $${c#*:}; done); \
 	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ]; then \
 	        echo "installing:" $$missing; \
 	        apt-get update -qq && \
 	        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	    else \
-	        echo "missing packages:" $$missing "- run 'make deps' as root"; exit 1; \
+	        echo "missing packages:" $$missing "- run 'make $@' as root"; exit 1; \
 	    fi; \
 	fi
+endef
 
+deps:
+	$(call install_missing,$(RUN_PACKAGES),)
+
+deps-test:
+	$(call install_missing,$(TEST_PACKAGES),$(TEST_COMMANDS))
+
+# make run ARGS='--port 9000 --threads 2': flags after the defaults, so that they win.
+ARGS ?=
 run: deps
 	$(MAKE) all
-	$(BUILD)/attnd --host 127.0.0.1 --port 8080
+	$(BUILD)/attnd --host 127.0.0.1 --port 8080 $(ARGS)
+
+# Triton's client, perf_analyzer and ggml for the checks and benchmarks that compare with them:
+# a folder with tritonclient/, perf_analyzer/ and ggml/ (see docs/benchmarks.md). Where one is
+# missing, its suite or benchmark prints a skip line that says how to get it.
+ATTND_PEERS ?= $(abspath ../shared/peers)
+export ATTND_PEERS
 
 # ---- Tests --------------------------------------------------------------------------------
 
@@ -228,7 +254,7 @@ rng_check = "tests/check_rng.sh tests"
 # No function outside the micro-kernels takes more than 8 parameters.
 params_check = "tests/check_params.sh"
 
-check: deps
+check: deps-test
 	$(MAKE) $(CHECK_BINS) $(MODULE_LIBS)
 	@ATTND_TEST_QUICK=1 tests/run.sh $(CHECK_BINS) $(cycle_checks) $(rng_check) $(params_check)
 
@@ -237,11 +263,11 @@ check: deps
 SDPA_BITS := $(BUILD)/tests/engine/sdpa_bits
 SDPA_BITS_DIR ?= build/sdpa_bits
 
-sdpa-bits-record: deps
+sdpa-bits-record: deps-test
 	$(MAKE) $(SDPA_BITS)
 	@tests/engine/check_sdpa_bits.sh record $(SDPA_BITS) $(SDPA_BITS_DIR)
 
-sdpa-bits: deps
+sdpa-bits: deps-test
 	$(MAKE) $(SDPA_BITS)
 	@tests/engine/check_sdpa_bits.sh compare $(SDPA_BITS) $(SDPA_BITS_DIR)
 
@@ -249,7 +275,7 @@ sdpa-bits: deps
 # at a time.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-test: deps deploy-deps browser-deps
+test: deps-test deploy-deps browser-deps
 	$(MAKE) -j$(BUILD_JOBS) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
 	$(MAKE) -j$(BUILD_JOBS) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	$(MAKE) -j$(BUILD_JOBS) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd \
@@ -261,18 +287,18 @@ test: deps deploy-deps browser-deps
 	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
 
 # Triton's perf_analyzer with its gRPC client backend, from ../shared/peers, in build/pa-grpc.
-pa-grpc: deps
+pa-grpc: deps-test
 	@tests/bench/build_perf_analyzer_grpc.sh
 
-asan: deps
+asan: deps-test
 	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
 	@tests/run.sh $(asan_suites) "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
 
-tsan: deps
+tsan: deps-test
 	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
 	@tests/run.sh $(tsan_suites)
 
-bench: deps
+bench: deps-test
 	$(MAKE) $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do $$b || exit 1; done
 
@@ -283,14 +309,14 @@ bench: deps
 BENCH_LOG ?= $(firstword $(wildcard $(BUILD)/bench.log) docs/bench/zen5-2026-12-02.log)
 PEER_LOGS ?= $(if $(filter $(BUILD)/%,$(BENCH_LOG)),$(wildcard $(BUILD)/peers/*.log))
 REPORT_DIR ?= $(BUILD)/report
-bench-report: deps
+bench-report: deps-test
 	$(PYTHON) tests/bench/report.py $(REPORT_DIR) $(BENCH_LOG) $(PEER_LOGS)
 
 # The peers of the charts, on this machine, into $(BUILD)/peers: ggml's CPU flash attention
 # (built from ../shared/peers/ggml) and PyTorch's attention where a torch module is importable
 # (a skip line otherwise). A benchmark (minutes): run it on a quiet machine.
 GGML_PEER := ../shared/peers/ggml
-bench-peers: deps
+bench-peers: deps-test
 	@mkdir -p $(BUILD)/peers
 	@if [ -d $(GGML_PEER) ]; then \
 	    bash $(GGML_PEER)/build.sh "" $(abspath $(BUILD))/ggml >/dev/null && \
@@ -298,11 +324,18 @@ bench-peers: deps
 	else echo "skip ggml peer: $(GGML_PEER) is missing"; fi
 	$(PYTHON) tests/bench/torch_sdpa.py | tee $(BUILD)/peers/torch.log
 
+# ---- The README's two commands on a bare Debian 12 (tests/check_fresh.sh) ------------------
+
+# A debootstrap root with make and git, a clone of the committed tree, make run and make test
+# inside it. As root; the time of a whole make test and its package installs. Not in make test.
+fresh-check:
+	@tests/check_fresh.sh
+
 # ---- Examples of README.md and docs/*.md (tests/docs), against a real daemon --------------
 
 docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd" "$(PYTHON) tests/bench/check_report.py"
 
-docs-test: deps
+docs-test: deps-test
 	$(MAKE) all
 	@tests/run.sh $(docs_suites)
 
@@ -331,13 +364,13 @@ $(NGINX):
 	dpkg-deb --fsys-tarfile $(NGINX_DIR)/deb/nginx_*.deb | tar -xf - -C $(NGINX_DIR) ./usr/sbin/nginx
 
 # The npm packages of the manifest checks (tests/deploy/package-lock.json), and nginx.
-deploy-deps:
+deploy-deps: deps-test
 	@cd tests/deploy && { [ -f node_modules/.package-lock.json ] && \
 	    [ ! package-lock.json -nt node_modules/.package-lock.json ] || \
 	    npm ci --no-audit --no-fund --loglevel=error; }
 	@$(MAKE) --no-print-directory $(NGINX) || echo "nginx unavailable: check_compose.sh will skip"
 
-deploy-check: deps deploy-deps
+deploy-check: deps-test deploy-deps
 	$(MAKE) all $(DEPLOY_CLIENT)
 	@tests/run.sh $(deploy_suites)
 
@@ -348,12 +381,12 @@ LOAD_SECONDS ?= 20
 load_suites = "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --duration $(LOAD_SECONDS)" \
     "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --faults"
 
-load: deps
+load: deps-test
 	$(MAKE) all $(LOAD_GEN)
 	@tests/run.sh $(load_suites)
 
 # Thirty minutes at twice capacity, RSS and descriptors printed every minute; not in make test.
-soak: deps
+soak: deps-test
 	$(MAKE) all $(LOAD_GEN)
 	@TEST_TIMEOUT=2400 tests/run.sh "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --soak"
 
@@ -372,7 +405,7 @@ bench-wrk: all
 PA_SEQ ?= 2048
 PA_HEADS ?= 8
 PA_CONCURRENCY ?= 1:4
-bench-perf-analyzer: deps
+bench-perf-analyzer: deps-test
 	$(MAKE) all
 	tests/bench/perf_analyzer.sh $(BUILD)/attnd $(PA_SEQ) $(PA_HEADS) $(PA_CONCURRENCY)
 
@@ -383,12 +416,12 @@ bench-perf-analyzer: deps
 browser_suites = "ATTND_BIN=$(BUILD)/attnd tests/browser/run.sh"
 
 # The npm packages of the browser tests (tests/browser/package-lock.json).
-browser-deps:
+browser-deps: deps-test
 	@cd tests/browser && { [ -f node_modules/.package-lock.json ] && \
 	    [ ! package-lock.json -nt node_modules/.package-lock.json ] || \
 	    npm ci --no-audit --no-fund --loglevel=error; }
 
-browser-test: deps browser-deps
+browser-test: deps-test browser-deps
 	$(MAKE) all
 	@tests/run.sh $(browser_suites)
 
@@ -430,7 +463,7 @@ $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libfuzzed.a
 
 fuzz-build: $(FUZZ_BINS)
 
-fuzz: deps
+fuzz: deps-test
 	$(MAKE) fuzz-build
 	tests/fuzz/run.sh $(FUZZ_SECONDS)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds Triton's perf_analyzer with its gRPC client backend (-i grpc, and -i http too) into
-# build/pa-grpc/build/perf_analyzer: the sources of ../shared/peers/perf_analyzer (triton-src.tgz)
+# build/pa-grpc/build/perf_analyzer: the sources of $ATTND_PEERS/perf_analyzer (triton-src.tgz)
 # without its HTTP-only patch, the C++ messages and stubs of Triton's protos
-# (../shared/peers/tritonclient) made with Debian's protoc and grpc_cpp_plugin, and the peer's
+# ($ATTND_PEERS/tritonclient) made with Debian's protoc and grpc_cpp_plugin, and the peer's
 # Makefile with the gRPC client library added. Nothing is done when the binary was built from
 # the same inputs: the two archives, the peer's Makefile, this script, and the versions of
 # protoc, gRPC and protobuf (a checksum beside the binary, so a checkout that only touches a
@@ -16,7 +16,7 @@ set -euo pipefail
 # make and tar fail with status 2 too, which would read as a missing piece.
 trap 'exit 1' ERR
 here=$(cd "$(dirname "$0")/../.." && pwd)
-peers=${ATTND_PEERS:-$here/../shared/peers}
+peers=${ATTND_PEERS:-}
 work=$here/build/pa-grpc
 bin=$work/build/perf_analyzer
 
@@ -24,6 +24,7 @@ missing() {
     echo "perf_analyzer (gRPC): $1" >&2
     exit 2
 }
+[ -n "$peers" ] || missing "ATTND_PEERS is not set (a folder with perf_analyzer/ and tritonclient/)"
 { [ -f "$peers/perf_analyzer/triton-src.tgz" ] && [ -f "$peers/perf_analyzer/Makefile" ]; } ||
     missing "no $peers/perf_analyzer/triton-src.tgz or its Makefile"
 [ -f "$peers/tritonclient/triton-protos-83adf7c.tgz" ] || missing "no Triton protos in $peers"

@@ -8,8 +8,9 @@
 #
 #   tests/bench/perf_analyzer.sh ATTND_BIN [SEQ_LEN] [HEADS] [CONCURRENCY]
 #
-# perf_analyzer is built once from ../shared/peers/perf_analyzer into build/pa (its build.sh
-# installs what it needs with apt-get, as root), and with its gRPC backend into build/pa-grpc
+# perf_analyzer is the one on PATH (Triton's SDK image, or pip install perf-analyzer), or else
+# is built once from $ATTND_PEERS/perf_analyzer into build/pa (its build.sh installs what it
+# needs with apt-get, as root), and with its gRPC backend into build/pa-grpc
 # (build_perf_analyzer_grpc.sh). The input data files are made here: the
 # optional inputs (masks, lengths, a layer's memory) are left out, which the models' configs
 # allow; attnd listens on an ephemeral port of 127.0.0.1 and is stopped at the end.
@@ -19,12 +20,18 @@ seq_len=${2:-2048}
 heads=${3:-8}
 concurrency=${4:-1:4}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-peer=$here/../shared/peers/perf_analyzer
 work=$here/build/pa
 pa=$work/build/perf_analyzer
 
-if [ ! -x "$pa" ]; then
-    [ -d "$peer" ] || { echo "perf_analyzer: $peer is missing"; exit 2; }
+if command -v perf_analyzer >/dev/null; then
+    pa=$(command -v perf_analyzer)
+elif [ ! -x "$pa" ]; then
+    peer=${ATTND_PEERS:+$ATTND_PEERS/perf_analyzer}
+    if [ -z "$peer" ] || [ ! -d "$peer" ]; then
+        echo "skip: no perf_analyzer on PATH (Triton's SDK image, or pip install perf-analyzer)"
+        echo "and no \$ATTND_PEERS/perf_analyzer to build it from"
+        exit 0
+    fi
     WORK=$work bash "$peer/build.sh"
 fi
 

@@ -11,7 +11,8 @@ own that links the repository's files, `build/` being the folder of ATTND_BIN. S
 their curl with `--fail-with-body` unless it writes the status itself (`-w`), and a `fails`
 block must print an "error" reply; Python blocks run with this interpreter and must exit 0.
 A Python block that imports a module this machine lacks (numpy, requests, tritonclient) prints
-a skip line naming it. Triton's client comes from ../shared/peers/tritonclient when present.
+a skip line naming it. Triton's client is the one python3 imports, or else the sources in
+$ATTND_PEERS/tritonclient when that is set.
 
 Also checked: every `--flag` written as code and every ATTND_* variable in those files is one
 that `ATTND_BIN --help` lists, and every relative link leads to a file and heading that exist.
@@ -32,7 +33,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FENCE = re.compile(r"^```(sh|bash|python)\s+example\b(.*)$")
 BLOCK_TIMEOUT_S = 120
 # ATTND_* variables that are not a flag's: read by the engine or the test harness.
-OTHER_VARIABLES = {"ATTND_BF16", "ATTND_BIN", "ATTND_TEST_QUICK", "ATTND_NGINX"}
+OTHER_VARIABLES = {"ATTND_BF16", "ATTND_BIN", "ATTND_TEST_QUICK", "ATTND_NGINX", "ATTND_PEERS"}
 # Flags of other tools the docs show as code: perf_analyzer's, apt-get's.
 OTHER_FLAGS = {"--input-data", "--measurement-interval", "--request-parameter",
                "--stability-percentage", "--concurrency-range", "--no-install-recommends"}
@@ -111,15 +112,15 @@ def start_daemon(binary, work):
 
 
 def tritonclient_path(work):
-    """A folder holding Triton's Python client, unpacked from the shared peers, or None."""
-    for peers in (os.path.join(ROOT, "..", "shared", "peers"), os.path.join(ROOT, "shared", "peers")):
-        tgz = glob.glob(os.path.join(peers, "tritonclient", "tritonclient-*.tgz"))
-        if tgz:
-            dest = os.path.join(work, "tritonclient")
-            with tarfile.open(tgz[0]) as t:
-                t.extractall(dest)
-            return dest
-    return None
+    """A folder holding Triton's Python client unpacked from $ATTND_PEERS/tritonclient, or None."""
+    peers = os.environ.get("ATTND_PEERS")
+    tgz = glob.glob(os.path.join(peers, "tritonclient", "tritonclient-*.tgz")) if peers else []
+    if not tgz:
+        return None
+    dest = os.path.join(work, "tritonclient")
+    with tarfile.open(tgz[0]) as t:
+        t.extractall(dest)
+    return dest
 
 
 def imported_modules(text):
