@@ -1,18 +1,18 @@
 # attnd container image: a Debian bookworm builder compiles build/attnd, and a bookworm-slim
 # runtime carries only the shared libraries that binary links against.
 #
-#   docker build -t attnd:local .
-#   docker run --rm -p 8080:8080 attnd:local
+#   docker build -t attnd:0.1.0 .         (the tag the Kubernetes base uses; docs/deployment.md)
+#   docker run --rm -p 8080:8080 attnd:0.1.0
 #   docker run --rm -p 8080:8080 -v "$PWD/models:/models:ro" \
-#       -e ATTND_MODEL=encoder=/models/encoder.safetensors attnd:local
+#       -e ATTND_MODEL=encoder=/models/encoder.safetensors attnd:0.1.0
 #
-# No Docker engine runs on the project's machines, so `make test` proves this file another way
-# (tests/deploy/check_image.sh): the runtime packages below are exactly those that provide the
-# libraries build/attnd needs, every attnd flag and ATTND_* variable used here exists in
-# `attnd --help`, and the file passes a structural lint. See deploy/README.md.
+# `make test` proves this file without a Docker engine (tests/deploy/check_image.sh): the
+# runtime packages below are exactly those that provide the libraries build/attnd needs, every
+# attnd flag and ATTND_* variable used here exists in `attnd --help`, and the file passes a
+# structural lint. See docs/deployment.md.
 
 # ---- build stage ---------------------------------------------------------------------------
-# The same Debian release as the project's machines, where the ldd check runs.
+# Debian 12 (bookworm), the release attnd is built and tested on, where the ldd check runs.
 FROM debian:bookworm-20250520 AS build
 
 RUN apt-get update \
