@@ -3,10 +3,12 @@
  * environment, then the command line.
  *
  * Every option is a row of `options` below (name, environment mirror, type, bounds, default,
- * help), Redis-style: parsing, validation and --help are all driven by the table, so an option
- * cannot be documented with one default and run with another. Defaults are written as text and
- * go through the same parser as user input; tests/server/test_config.c checks that each one
- * parses and lies within its bounds.
+ * accepted values, help), Redis-style: parsing, validation and --help are all driven by the
+ * table, so an option cannot be documented with one default and run with another, nor accept a
+ * value its help does not list. Defaults are written as text and go through the same parser as
+ * user input; tests/server/test_config.c checks that each one parses and lies within its bounds.
+ * A variable the engine reads for itself (ATTND_BF16) is a row too, without a flag, so that
+ * --help lists every knob from this one table.
  */
 #include "server/server.h"
 
@@ -17,15 +19,17 @@
 #include <string.h>
 
 typedef enum {
-    OPT_STR,   /* char *, any non-empty text */
-    OPT_INT,   /* int64_t within [min, max] */
-    OPT_SIZE,  /* size_t within [min, max], with K/M/G/T suffixes */
-    OPT_LEVEL, /* srv_log_level by name */
-    OPT_MODEL, /* NAME=PATH, repeatable, appended to models[] */
+    OPT_STR,    /* char *, any non-empty text */
+    OPT_INT,    /* int64_t within [min, max] */
+    OPT_SIZE,   /* size_t within [min, max]: bytes, or KiB, MiB, GiB, TiB (srv_parse_size) */
+    OPT_CHOICE, /* char *, one of `choices` */
+    OPT_LEVEL,  /* srv_log_level: the index of its name in `choices` */
+    OPT_MODEL,  /* NAME=PATH, repeatable, appended to models[] */
+    OPT_ENGINE, /* no flag and no field: a variable the engine reads itself, listed by --help */
 } opt_type;
 
 typedef struct {
-    const char *name; /* the flag without its leading "--" */
+    const char *name; /* the flag without its leading "--"; NULL for OPT_ENGINE */
     const char *env;  /* environment mirror */
     opt_type type;
     size_t offset; /* of the field in srv_config */
@@ -33,99 +37,110 @@ typedef struct {
     const char *def; /* default, as text; NULL: none (OPT_STR may stay NULL, OPT_MODEL empty) */
     const char *arg; /* placeholder shown by --help */
     const char *help;
+    const char *const *choices; /* the accepted values, NULL-terminated (OPT_CHOICE, OPT_LEVEL,
+                                   OPT_ENGINE); NULL for the other types */
 } srv_option;
 
 #define GiB        (INT64_C(1) << 30)
 #define OFF(field) offsetof(srv_config, field)
 
+/* The names engine/kernels.c's eng_kernels_select takes. */
+static const char *const kernel_sets[] = {"auto", "avx512", "avx2", "generic", "openblas", NULL};
+static const char *const precisions[] = {"float32", "bfloat16", NULL};
+/* In srv_log_level's order. */
+static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
+/* The values engine/kernels.c and engine/amx.c compare ATTND_BF16 with; they read any other
+ * value as no value. */
+static const char *const bf16_paths[] = {"native", "emulated", "amx", "amx-emulated", NULL};
+
 /* clang-format off */
 static const srv_option options[] = {
     {"host", "ATTND_HOST", OPT_STR, OFF(host), 0, 0, "127.0.0.1", "ADDR",
-     "address to listen on (IPv4 or IPv6 literal, or a name)"},
+     "address to listen on (IPv4 or IPv6 literal, or a name)", NULL},
     {"port", "ATTND_PORT", OPT_INT, OFF(port), 0, 65535, "8080", "N",
-     "TCP port; 0 picks an ephemeral port (see --port-file)"},
+     "TCP port; 0 picks an ephemeral port (see --port-file)", NULL},
     {"port-file", "ATTND_PORT_FILE", OPT_STR, OFF(port_file), 0, 0, NULL, "PATH",
-     "once listening, write the bound port to this file (for tests and supervisors)"},
+     "once listening, write the bound port to this file (for tests and supervisors)", NULL},
     {"threads", "ATTND_THREADS", OPT_INT, OFF(threads), 0, 1024, "0", "N",
-     "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)"},
-    {"kernels", "ATTND_KERNELS", OPT_STR, OFF(kernels), 0, 0, "auto", "SET",
+     "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)", NULL},
+    {"kernels", "ATTND_KERNELS", OPT_CHOICE, OFF(kernels), 0, 0, "auto", "SET",
      "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
-     "(portable C) or openblas; a set the CPU lacks stops the start"},
-    {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_STR, OFF(default_precision), 0, 0,
+     "(portable C) or openblas; a set the CPU lacks stops the start (exit 1)", kernel_sets},
+    {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_CHOICE, OFF(default_precision), 0, 0,
      "float32", "NAME", "precision of the products for requests that do not say "
      "(\"precision\" on /v1/attention, the v2 sdpa parameter): float32, or bfloat16 (bf16 "
-     "operands, fp32 sums and softmax; the openblas kernel set computes float32)"},
+     "operands, fp32 sums and softmax; the openblas kernel set computes float32)", precisions},
     {"max-body-bytes", "ATTND_MAX_BODY_BYTES", OPT_SIZE, OFF(max_body_bytes), 1, 16 * GiB,
      "256MiB", "SIZE", "largest request body; larger ones get 413 (from Content-Length, or "
-     "once a chunked body passes it)"},
+     "once a chunked body passes it)", NULL},
     {"max-elements", "ATTND_MAX_ELEMENTS", OPT_INT, OFF(max_elements), 1, INT64_C(1) << 40,
-     "268435456", "N", "most tensor elements in one request (inputs and outputs); beyond: 413"},
+     "268435456", "N", "most tensor elements in one request (inputs and outputs); beyond: 413", NULL},
     {"max-memory-bytes", "ATTND_MAX_MEMORY_BYTES", OPT_SIZE, OFF(max_memory_bytes), 1 << 20,
      INT64_C(1) << 50, "4GiB", "SIZE", "memory budget shared by all requests (bodies, "
-     "tensors, scratch); a request that can never fit gets 413, one that cannot fit now 429"},
+     "tensors, scratch); a request that can never fit gets 413, one that cannot fit now 429", NULL},
     {"buffer-cache-bytes", "ATTND_BUFFER_CACHE_BYTES", OPT_SIZE, OFF(buffer_cache_bytes), 0,
      INT64_C(1) << 50, "256MiB", "SIZE", "freed request buffers of 1 MiB and more kept mapped "
      "for the next requests (fresh pages cost about 0.3 ms per MiB to fault in), on top of "
-     "--max-memory-bytes; released after 10 s unused; 0 keeps none"},
+     "--max-memory-bytes; released after 10 s unused; 0 keeps none", NULL},
     {"kv-cache-bytes", "ATTND_KV_CACHE_BYTES", OPT_SIZE, OFF(kv_cache_bytes), 0,
      INT64_C(1) << 50, "1GiB", "SIZE", "the KV cache of the sessions (/v1/sessions, v2 "
      "sequence_id): one pool of paged blocks, a budget of its own next to --max-memory-bytes "
      "(which the steps' tensors and scratch count against); a full pool evicts the least "
-     "recently used idle session; 0 turns sessions off (their routes answer 501)"},
+     "recently used idle session; 0 turns sessions off (their routes answer 501)", NULL},
     {"kv-block-tokens", "ATTND_KV_BLOCK_TOKENS", OPT_INT, OFF(kv_block_tokens), 1, 65536, "64",
      "N", "tokens per KV-cache block (multiples of 32 let prefills prepack); a session's "
-     "last block is what it may waste"},
+     "last block is what it may waste", NULL},
     {"session-ttl-s", "ATTND_SESSION_TTL_S", OPT_INT, OFF(session_ttl_s), 0, INT64_C(1) << 31,
      "600", "S", "a session idle this long is freed (its id then answers 404 session_evicted); "
-     "a session's own \"ttl_s\" overrides it; 0: never"},
+     "a session's own \"ttl_s\" overrides it; 0: never", NULL},
     {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
-     "requests queued or running on the engine at once; beyond: 429 with Retry-After"},
+     "requests queued or running on the engine at once; beyond: 429 with Retry-After", NULL},
     {"priority-levels", "ATTND_PRIORITY_LEVELS", OPT_INT, OFF(priority_levels), 1, 255, "2",
      "N", "Triton's priority_levels: a v2 request with parameters.priority P in [1, N] waits "
      "ahead of every request with a larger P (1 is the most urgent), in arrival order within a "
      "level; P above N is 400; 0 or none means --default-priority-level; native /v1 routes "
-     "always run at the default level"},
+     "always run at the default level", NULL},
     {"default-priority-level", "ATTND_DEFAULT_PRIORITY_LEVEL", OPT_INT,
      OFF(default_priority_level), 1, 255, "2", "N", "Triton's default_priority_level: the "
-     "level of requests that name none, in [1, --priority-levels]"},
+     "level of requests that name none, in [1, --priority-levels]", NULL},
     {"request-timeout-ms", "ATTND_REQUEST_TIMEOUT_MS", OPT_INT, OFF(request_timeout_ms), 1,
      INT64_C(86400000), "60000", "MS", "deadline of a request from its arrival, queue and "
-     "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504"},
+     "compute included (a request's \"timeout_ms\" may only shorten it); a miss gets 504", NULL},
     {"header-timeout-s", "ATTND_HEADER_TIMEOUT_S", OPT_INT, OFF(header_timeout_s), 1, 86400,
      "10", "S", "time a client has to send its headers once its request line arrives, and a "
      "new connection its first request line; slower clients are disconnected (a connection "
-     "trickling its request line or headers holds a slot only this long)"},
+     "trickling its request line or headers holds a slot only this long)", NULL},
     {"min-upload-rate", "ATTND_MIN_UPLOAD_RATE", OPT_SIZE, OFF(min_upload_rate), 0,
      INT64_C(1) << 40, "1KiB", "BYTES", "bytes per second a body must average, counted from "
-     "--header-timeout-s after its request line; slower uploads are disconnected; 0: none"},
+     "--header-timeout-s after its request line; slower uploads are disconnected; 0: none", NULL},
     {"receive-timeout-s", "ATTND_RECEIVE_TIMEOUT_S", OPT_INT, OFF(receive_timeout_s), 1, 86400,
      "60", "S", "time a client has to send the whole request (headers and body) once its "
-     "request line arrives; slower clients are disconnected"},
+     "request line arrives; slower clients are disconnected", NULL},
     {"connection-limit", "ATTND_CONNECTION_LIMIT", OPT_INT, OFF(connection_limit), 1, 1000000,
      "4096", "N", "open client connections on --port at once (attnd raises its descriptor "
      "limit to fit); beyond it new connections are not refused: they wait in the kernel's "
-     "listen backlog until one closes, and are refused only once the backlog is full"},
+     "listen backlog until one closes, and are refused only once the backlog is full", NULL},
     {"admin-port", "ATTND_ADMIN_PORT", OPT_INT, OFF(admin_port), -1, 65535, "-1", "N",
      "a second listener serving only /v2/health/live, /v2/health/ready and /metrics, with its "
      "own 64 connections, so that probes and scrapes answer while --port is saturated; 0 picks "
-     "an ephemeral port (see --admin-port-file); -1: none"},
+     "an ephemeral port (see --admin-port-file); -1: none", NULL},
     {"admin-port-file", "ATTND_ADMIN_PORT_FILE", OPT_STR, OFF(admin_port_file), 0, 0, NULL,
-     "PATH", "once listening, write the bound --admin-port to this file"},
+     "PATH", "once listening, write the bound --admin-port to this file", NULL},
     {"grpc-port", "ATTND_GRPC_PORT", OPT_INT, OFF(grpc_port), -1, 65535, "-1", "N",
      "serve KServe v2 over gRPC (inference.GRPCInferenceService over HTTP/2; TLS with ALPN h2 "
      "when --tls-cert is set) on this port too, with the same models, limits, tokens and "
      "metrics (docs/grpc.md); 0 picks an "
-     "ephemeral port (see --grpc-port-file); -1 (the default): off"},
+     "ephemeral port (see --grpc-port-file); -1 (the default): off", NULL},
     {"grpc-port-file", "ATTND_GRPC_PORT_FILE", OPT_STR, OFF(grpc_port_file), 0, 0, NULL, "PATH",
-     "once listening, write the bound --grpc-port to this file"},
+     "once listening, write the bound --grpc-port to this file", NULL},
     {"send-timeout-s", "ATTND_SEND_TIMEOUT_S", OPT_INT, OFF(send_timeout_s), 1, 86400, "10", "S",
      "time a reply may go without the client accepting a byte; then the connection is cut "
-     "(logged as 499 with reply_cut_off) and the reply's memory freed"},
+     "(logged as 499 with reply_cut_off) and the reply's memory freed", NULL},
     {"idle-timeout-s", "ATTND_IDLE_TIMEOUT_S", OPT_INT, OFF(idle_timeout_s), 1, 86400, "60",
-     "S", "close a connection with no traffic (or no complete request line) for this long"},
+     "S", "close a connection with no traffic (or no complete request line) for this long", NULL},
     {"drain-timeout-s", "ATTND_DRAIN_TIMEOUT_S", OPT_INT, OFF(drain_timeout_s), 0, 86400, "30",
      "S", "on SIGTERM/SIGINT, time in-flight requests get to finish before they are "
-     "cancelled (answered 503)"},
+     "cancelled (answered 503)", NULL},
     {"model", "ATTND_MODEL", OPT_MODEL, OFF(models), 0, 0, NULL,
      "NAME=PATH[:heads=N[:kv_heads=M]] or NAME=DIR[:layer=K]",
      "serve the safetensors layer at PATH (F32, F16 or BF16; nn.MultiheadAttention, "
@@ -134,19 +149,19 @@ static const srv_option options[] = {
      "num_kv_heads; or the attention of layer K (default 0) of the Hugging Face checkpoint "
      "in directory DIR (config.json and model.safetensors or an index and shards; see "
      "docs/huggingface.md); a model that cannot be loaded stops the start (exit 2); "
-     "repeatable (the variable takes a comma-separated list)"},
+     "repeatable (the variable takes a comma-separated list)", NULL},
     {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
-     "error, warn, info or debug"},
+     "error, warn, info or debug", level_names},
     {"tls-cert", "ATTND_TLS_CERT", OPT_STR, OFF(tls_cert), 0, 0, NULL, "FILE",
      "serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key; re-read on "
      "SIGHUP (new handshakes get the new one); a file that cannot be loaded stops the start "
-     "(exit 2)"},
+     "(exit 2)", NULL},
     {"tls-key", "ATTND_TLS_KEY", OPT_STR, OFF(tls_key), 0, 0, NULL, "FILE",
      "the PEM private key of --tls-cert (PKCS#1, PKCS#8, encrypted with "
-     "--tls-key-password-file); re-read on SIGHUP"},
+     "--tls-key-password-file); re-read on SIGHUP", NULL},
     {"tls-key-password-file", "ATTND_TLS_KEY_PASSWORD_FILE", OPT_STR,
      OFF(tls_key_password_file), 0, 0, NULL, "FILE",
-     "file holding the password of an encrypted --tls-key (a final line break is ignored)"},
+     "file holding the password of an encrypted --tls-key (a final line break is ignored)", NULL},
     {"tls-priorities", "ATTND_TLS_PRIORITIES", OPT_STR, OFF(tls_priorities), 0, 0,
      "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-128-GCM:+AES-256-GCM:"
      "+CHACHA20-POLY1305:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA:-GROUP-ALL:"
@@ -155,21 +170,29 @@ static const srv_option options[] = {
      "AEAD ciphers only (AES-GCM, ChaCha20-Poly1305) and forward-secret key exchange only, on "
      "X25519 first (the key share OpenSSL, curl and Go clients send: preferring P-256, as "
      "GnuTLS' NORMAL does, cost them a HelloRetryRequest round trip per handshake), then P-256, "
-     "P-384, P-521"},
+     "P-384, P-521", NULL},
     {"tls-client-ca", "ATTND_TLS_CLIENT_CA", OPT_STR, OFF(tls_client_ca), 0, 0, NULL, "FILE",
      "mutual TLS: clients must present a certificate that chains to a CA in this PEM file, "
-     "or the handshake fails; re-read on SIGHUP (new handshakes verify against the new CAs)"},
+     "or the handshake fails; re-read on SIGHUP (new handshakes verify against the new CAs)", NULL},
     {"auth-token-file", "ATTND_AUTH_TOKEN_FILE", OPT_STR, OFF(auth_token_file), 0, 0, NULL,
      "FILE", "require \"Authorization: Bearer TOKEN\" on every route but /v2/health/live, "
      "/v2/health/ready and the page shell at /, TOKEN being a line of this file (at least 16 "
      "of A-Z a-z 0-9 - . _ ~ + / =; blank and # lines skipped; several allow rotation); "
-     "others get 401; re-read on SIGHUP"},
+     "others get 401; re-read on SIGHUP", NULL},
+    {NULL, "ATTND_BF16", OPT_ENGINE, 0, 0, 0, NULL, "MODE",
+     "which code computes the bf16 products of requests in precision bfloat16; read by the "
+     "engine once at start, no flag. Unset: VDPBF16PS on AMD CPUs with AVX512-BF16 (avx512 "
+     "kernel set), elsewhere the operands rounded to bf16 for the fp32 micro-kernels; no AMX "
+     "tiles. native: VDPBF16PS on any CPU with AVX512-BF16 (avx512 kernel set; rounding "
+     "elsewhere). emulated: rounding, always. amx: as unset, and the layer projections and both "
+     "attention products on AMX tiles where the CPU and the OS grant them. amx-emulated: as "
+     "unset, and the same tile code over a portable scalar emulation of the tile instructions "
+     "(slow: for tests). Any other value counts as unset. The start-up log line and "
+     "attnd_engine_info's bf16 label say which path runs", bf16_paths},
 };
 /* clang-format on */
 
 #define N_OPTIONS (sizeof options / sizeof options[0])
-
-static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
 const char *srv_status_str(srv_status status)
 {
@@ -201,46 +224,37 @@ static srv_status parse_int(const char *text, int64_t *out)
     return SRV_OK;
 }
 
+/* The suffixes a size may end with, and what each multiplies by: the binary units the help
+ * and docs/operations.md write, and their one-letter forms. Nothing else: "1GB" or "1gb" would
+ * read as a decimal gigabyte to some and a gibibyte to others, so neither is taken. */
+static const struct {
+    const char *suffix;
+    unsigned shift;
+} size_suffixes[] = {
+    {"", 0},   {"K", 10},   {"KiB", 10}, {"M", 20},   {"MiB", 20},
+    {"G", 30}, {"GiB", 30}, {"T", 40},   {"TiB", 40},
+};
+
 srv_status srv_parse_size(const char *text, uint64_t *out)
 {
     char *end = NULL;
     unsigned long long v;
-    unsigned shift = 0;
     if (!text || !isdigit((unsigned char)text[0]))
         return SRV_EINVAL;
     errno = 0;
     v = strtoull(text, &end, 10);
     if (errno != 0 || end == text)
         return SRV_EINVAL;
-    switch (toupper((unsigned char)*end)) {
-    case 'K':
-        shift = 10;
-        break;
-    case 'M':
-        shift = 20;
-        break;
-    case 'G':
-        shift = 30;
-        break;
-    case 'T':
-        shift = 40;
-        break;
-    default:
-        break;
+    for (size_t i = 0; i < sizeof size_suffixes / sizeof size_suffixes[0]; i++) {
+        unsigned shift = size_suffixes[i].shift;
+        if (strcmp(end, size_suffixes[i].suffix) != 0)
+            continue;
+        if (v > (ULLONG_MAX >> shift))
+            return SRV_EINVAL;
+        *out = (uint64_t)v << shift;
+        return SRV_OK;
     }
-    if (shift != 0) {
-        end++;
-        if (*end == 'i' || *end == 'I')
-            end++;
-    }
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end != '\0')
-        return SRV_EINVAL;
-    if (shift != 0 && v > (ULLONG_MAX >> shift))
-        return SRV_EINVAL;
-    *out = (uint64_t)v << shift;
-    return SRV_OK;
+    return SRV_EINVAL;
 }
 
 /* Copies `n` bytes of `s` into a new NUL-terminated string. */
@@ -353,6 +367,22 @@ static srv_status add_model(srv_config *cfg, const char *text, size_t n, const c
     return SRV_OK;
 }
 
+/* The accepted values of `o`, as "a, b or c", into buf. */
+static void choices_text(const srv_option *o, char *buf, size_t len)
+{
+    size_t n = 0, at = 0;
+    while (o->choices[n])
+        n++;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && at < len; i++) {
+        const char *sep = i == 0 ? "" : i + 1 == n ? " or " : ", ";
+        int w = snprintf(buf + at, len - at, "%s%s", sep, o->choices[i]);
+        if (w < 0)
+            return;
+        at += (size_t)w;
+    }
+}
+
 /* Parses `text` for option `o` into `cfg`. `who` names the source ("--port", "ATTND_PORT") in
  * the error message. */
 static srv_status set_option(srv_config *cfg, const srv_option *o, const char *text,
@@ -389,23 +419,39 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
         if (srv_parse_size(text, &v) != SRV_OK || v < (uint64_t)o->min || v > (uint64_t)o->max ||
             v > SIZE_MAX) {
             snprintf(err, errlen,
-                     "%s: \"%.64s\" is not a size in [%lld, %lld] bytes (suffixes K, M, G, T "
-                     "= KiB, MiB, GiB, TiB)",
+                     "%s: \"%.64s\" is not a size in [%lld, %lld] bytes: write a whole number "
+                     "of bytes, or one followed by KiB, MiB, GiB or TiB (or K, M, G, T)",
                      who, text, (long long)o->min, (long long)o->max);
             return SRV_EINVAL;
         }
         *(size_t *)(void *)field = (size_t)v;
         return SRV_OK;
     }
-    case OPT_LEVEL:
-        for (size_t i = 0; i < sizeof level_names / sizeof level_names[0]; i++) {
-            if (strcmp(text, level_names[i]) == 0) {
-                *(srv_log_level *)(void *)field = (srv_log_level)i;
-                return SRV_OK;
-            }
+    case OPT_CHOICE:
+    case OPT_LEVEL: {
+        size_t i = 0;
+        while (o->choices[i] && strcmp(text, o->choices[i]) != 0)
+            i++;
+        if (!o->choices[i]) {
+            char names[160];
+            choices_text(o, names, sizeof names);
+            snprintf(err, errlen, "%s: \"%.64s\" is not accepted; use %s", who, text, names);
+            return SRV_EINVAL;
         }
-        snprintf(err, errlen, "%s: \"%.64s\" is not one of error, warn, info, debug", who, text);
-        return SRV_EINVAL;
+        if (o->type == OPT_LEVEL) {
+            *(srv_log_level *)(void *)field = (srv_log_level)i;
+            return SRV_OK;
+        }
+        char **slot = (char **)(void *)field;
+        char *copy = dup_n(text, strlen(text));
+        if (!copy)
+            return SRV_ENOMEM;
+        free(*slot);
+        *slot = copy;
+        return SRV_OK;
+    }
+    case OPT_ENGINE:
+        return SRV_OK; /* the engine reads it; defensive: no caller passes such a row */
     case OPT_MODEL: {
         /* The environment form carries a comma-separated list; a flag carries one model. */
         bool list = strncmp(who, "--", 2) != 0;
@@ -430,7 +476,8 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
 static const srv_option *find_option(const char *name, size_t len)
 {
     for (size_t i = 0; i < N_OPTIONS; i++) {
-        if (strlen(options[i].name) == len && memcmp(options[i].name, name, len) == 0)
+        if (options[i].name && strlen(options[i].name) == len &&
+            memcmp(options[i].name, name, len) == 0)
             return &options[i];
     }
     return NULL;
@@ -477,7 +524,7 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
         }
     }
     for (size_t i = 0; i < N_OPTIONS && st == SRV_OK; i++) {
-        const char *v = getenv(options[i].env);
+        const char *v = options[i].type == OPT_ENGINE ? NULL : getenv(options[i].env);
         if (v)
             st = set_option(cfg, &options[i], v, options[i].env, err, errlen);
     }
@@ -529,6 +576,13 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
         snprintf(who, sizeof who, "--%s", o->name);
         st = set_option(cfg, o, value, who, err, errlen);
     }
+    if (st == SRV_OK && cfg->default_priority_level > cfg->priority_levels) {
+        snprintf(err, errlen,
+                 "--default-priority-level %lld is above --priority-levels %lld: the default "
+                 "must be one of the levels, 1 to --priority-levels",
+                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
+        st = SRV_EINVAL;
+    }
     if (st == SRV_ENOMEM)
         snprintf(err, errlen, "out of memory while reading the configuration");
     if (st != SRV_OK)
@@ -536,26 +590,54 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
     return st;
 }
 
+/* One entry of --help: the flag (or the variable, for a row without one), its help, and a
+ * line of facts from the row itself. */
+static void usage_option(FILE *out, const srv_option *o)
+{
+    if (o->name)
+        fprintf(out, "  --%s %s\n", o->name, o->arg);
+    else
+        fprintf(out, "  %s=%s\n", o->env, o->arg);
+    fprintf(out, "      %s\n      default: %s", o->help, o->def ? o->def : "(none)");
+    if (o->type == OPT_INT || o->type == OPT_SIZE)
+        fprintf(out, "; range: %lld..%lld", (long long)o->min, (long long)o->max);
+    for (size_t i = 0; o->choices && o->choices[i]; i++)
+        fprintf(out, "%s%s", i == 0 ? "; one of: " : ", ", o->choices[i]);
+    fprintf(out, "; env: %s\n", o->env);
+}
+
 void srv_config_usage(FILE *out)
 {
     fprintf(
         out,
-        "usage: attnd [--option value | --option=value]...\n\n"
+        "usage: attnd [--option value | --option=value]...\n"
+        "       attnd --healthcheck [--option value | --option=value]...\n\n"
         "Serves transformer attention over HTTP: scaled dot-product attention (POST\n"
         "/v1/attention), multi-head attention layers from safetensors files (POST /v1/mha,\n"
         "GET /v1/models), the Open Inference Protocol / KServe v2 with Triton's binary\n"
         "tensors (/v2/...), Prometheus metrics (/metrics) and an inspector page (GET /).\n"
-        "Each option may also be set by its environment variable; a flag wins.\n\n"
-        "  --healthcheck\n      probe the daemon these options describe (GET /v2/health/ready on "
-        "--host and the port the daemon wrote to --port-file, else --port) and exit 0 if it is "
-        "ready, else 1\n\n");
-    for (size_t i = 0; i < N_OPTIONS; i++) {
-        const srv_option *o = &options[i];
-        fprintf(out, "  --%s %s\n      %s\n      default: %s", o->name, o->arg, o->help,
-                o->def ? o->def : "(none)");
-        if (o->type == OPT_INT || o->type == OPT_SIZE)
-            fprintf(out, "; range: %lld..%lld", (long long)o->min, (long long)o->max);
-        fprintf(out, "; env: %s\n", o->env);
-    }
-    fprintf(out, "  --help\n      print this text and exit\n");
+        "Each option may also be set by its environment variable; a flag wins. A SIZE or\n"
+        "BYTES value is a whole number of bytes, or one followed by KiB, MiB, GiB or TiB\n"
+        "(K, M, G, T alone mean the same); nothing else (no 1GB, 1gb, 1.5GiB).\n"
+        "Exit status: 0 after a drain, 1 when the server cannot start, 2 for a bad\n"
+        "configuration (a value its option does not accept, a model, certificate or token\n"
+        "file that cannot be used).\n\n"
+        "  --healthcheck\n"
+        "      a mode, not an option: read the other options (flags and variables) as the daemon "
+        "would, ask GET /v2/health/ready of the daemon they describe, and exit 0 when it "
+        "answers 200 within 2 s, else 1 (2 for a bad configuration). It connects to --host "
+        "(0.0.0.0 and :: through loopback). With --admin-port set (not -1) it asks that "
+        "listener, in plain HTTP: on the port in --admin-port-file when that file holds one, "
+        "else on --admin-port. Otherwise it asks the serving port: the port in --port-file "
+        "when that file holds one, else --port, over TLS when --tls-cert is set (presenting "
+        "--tls-cert as its client certificate when --tls-client-ca is set and "
+        "--tls-key-password-file is not)\n");
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (options[i].name)
+            usage_option(out, &options[i]);
+    fprintf(out, "  --help\n      print this text and exit\n\n"
+                 "Read by the engine from the environment only (no flag):\n");
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (!options[i].name)
+            usage_option(out, &options[i]);
 }

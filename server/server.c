@@ -289,6 +289,7 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->limits.max_body_bytes = cfg->max_body_bytes;
     s->limits.max_elements = (size_t)cfg->max_elements;
     s->limits.max_timeout_ms = cfg->request_timeout_ms;
+    /* Defensive, as is the precision's check below: srv_config_parse refuses both (exit 2). */
     if (cfg->default_priority_level > cfg->priority_levels) {
         snprintf(err, errlen, "--default-priority-level %lld is above --priority-levels %lld",
                  (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
