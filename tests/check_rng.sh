@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when a C file of tests/ carries a random generator of its own instead of the one in
-# tests/support/rng.h (issue 15: one seeded generator, so that a case names its seed and every
-# suite draws from the same, known sequence).
+# tests/support/rng.h (one seeded generator, so that a case names its seed and every suite
+# draws from the same, known sequence).
 #
 # What counts as a generator of its own, by the marks each kind leaves in the source:
 #   - the C library's: rand(), srand(), rand_r(), random(), srandom(), drand48() and kin;

@@ -6,9 +6,9 @@
  * options with their defaults. From there everything is here, so both routes validate, budget,
  * decode and compute a request identically:
  *
- *   check        derive B, H, Hkv, L, S, D, Dv from the ranks (DESIGN.md section 5), check
- *                every tensor against them, the element limit over inputs and outputs, the
- *                deadline, and the output shapes;
+ *   check        derive B, H, Hkv, L, S, D, Dv from the ranks (docs/semantics.md, "Shapes
+ *                and heads"), check every tensor against them, the element limit over
+ *                inputs and outputs, the deadline, and the output shapes;
  *   bytes        what decoding and computing will allocate, for the budget (reserved by
  *                the route together with its reply);
  *   decode       allocate and decode the inputs (raw float32 and bool tensors of the v2

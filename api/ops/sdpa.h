@@ -60,9 +60,9 @@ typedef struct {
 } api__sdpa;
 
 /* The operation (operation.h) on an api__sdpa whose rq is set and whose request r a route
- * filled. check derives B, H, Hkv, L, S, D, Dv from the ranks (DESIGN.md section 5) and checks
- * every tensor against them and the element limit over inputs and outputs; decode also checks
- * kv_lengths against S. Its outputs are output, weights and lse. */
+ * filled. check derives B, H, Hkv, L, S, D, Dv from the ranks (docs/semantics.md#shapes-and-heads)
+ * and checks every tensor against them and the element limit over inputs and outputs; decode
+ * also checks kv_lengths against S. Its outputs are output, weights and lse. */
 extern const api__op api__sdpa_op;
 
 /* Attention sinks, shared with the session step (sessions.c): 422 naming "sinks" unless the

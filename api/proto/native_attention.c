@@ -1,7 +1,7 @@
 /*
  * native_attention.c - POST /v1/attention: request body -> validated eng_sdpa call -> reply body.
  *
- * The request is a JSON object with these fields (DESIGN.md section 5); any other field is
+ * The request is a JSON object with these fields (docs/semantics.md); any other field is
  * refused with 422 naming it, because a typo such as "casual" silently ignored would return a
  * plausible wrong answer:
  *

@@ -1,7 +1,7 @@
 /*
- * native_mha.c - POST /v1/mha: a multi-head attention layer on token embeddings (DESIGN.md section
- * 6), with the weights of a registered model or given inline: request body -> validated
- * eng_mha call -> reply body.
+ * native_mha.c - POST /v1/mha: a multi-head attention layer on token embeddings
+ * (docs/semantics.md#multi-head-attention-layers), with the weights of a registered model or
+ * given inline: request body -> validated eng_mha call -> reply body.
  *
  * The request is a JSON object with these fields; any other is refused with 422 naming it:
  *

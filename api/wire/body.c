@@ -585,7 +585,8 @@ static int parse_error(const char *body, const json_error_t *jerr, api__error *e
                               "out of memory while parsing the request body");
     if (json_error_code(jerr) == json_error_numeric_overflow && jerr->position >= 0) {
         /* JSON itself sets no range on numbers (RFC 8259 section 6): the text is well-formed,
-         * the value is out of range, as for any other field (DESIGN.md section 3). */
+         * the value is out of range, which is 422 as for any other field
+         * (docs/http-api.md#errors-and-statuses). */
         char field[128];
         json_path_at(body, (size_t)jerr->position, field, sizeof field);
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST,

@@ -1,5 +1,5 @@
 /*
- * bench_session.c - a KV-cache decode step over HTTP (issue 16's session section): one
+ * bench_session.c - a KV-cache decode step over HTTP: one
  * session of S tokens (default 32,768) with H heads of D (default 32 x 128) in a real attnd,
  * filled by append-only steps, then single-token steps (one token's q, k and v as base64 JSON,
  * about 48 KB in) timed as
@@ -10,21 +10,22 @@
  *             download) over one kept-alive connection;
  *
  * each against the time a streaming read of the cache's bytes takes at the rate measured in
- * this process right before (stream_ratio = compute / (cache bytes / stream rate); issue 16
- * asks compute <= 1.3 and http <= 1.5 x that), for a float32 and a bfloat16 cache. Every step's
- * output is checked finite and of the right size; the last one's length is S + steps.
+ * this process right before (stream_ratio = compute / (cache bytes / stream rate); the
+ * targets are compute <= 1.3 and http <= 1.5 x that), for a float32 and a bfloat16 cache.
+ * Every step's output is checked finite and of the right size; the last one's length is
+ * S + steps.
  *
- * Then the two other cases of issue 16's Speed section, with shapes of their own:
+ * Then two other cases, with shapes of their own:
  *
  *   concurrent  64 sessions of 2,048 tokens, 32 query heads sharing 8 key/value heads of 128
  *               (a grouped-query model; float32, 16 MiB of cache each, 1 GiB in all: far past
  *               the caches, so a step is a read of its session's K/V from memory), each stepped
  *               by a client thread of its own over HTTP for CONCURRENT_SECONDS: the K/V bytes
  *               all steps read per second, against the streaming read of this run
- *               (stream_ratio; the issue asks >= 0.60);
+ *               (stream_ratio; the target is >= 0.60);
  *   prefill     8,192 tokens of 8 heads of 128 (float32) appended to an empty session with
  *               their queries, against the same causal attention through POST /v1/attention:
- *               tokens per second of the daemon's compute time (ratio; the issue asks >= 0.90),
+ *               tokens per second of the daemon's compute time (ratio; the target is >= 0.90),
  *               and of the whole request as the client sees it (http_ratio).
  *
  *     build/tests/bench/bench_session [--tokens S] [--heads H] [--head-dim D] [--reps N]

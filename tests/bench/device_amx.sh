@@ -1,5 +1,5 @@
 #!/bin/sh
-# device_amx.sh - the AMX path on a machine whose CPU has the tiles (issue 32): the engine's AMX
+# device_amx.sh - the AMX path on a machine whose CPU has the tiles: the engine's AMX
 # suites, then bench_sdpa's fp32 and bf16 comparison shapes at 2 and 16 threads with PyTorch's
 # attention beside them (bench_sdpa prints the torch lines when python3 imports torch).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the container image without a Docker engine (none runs on the project's machines):
+# Proves the container image without a Docker engine, so that it runs wherever make test does:
 #
 # 1. lint: the Dockerfile passes dockerfile-utils' validator and the project's structural rules
 #    (image.mjs lint); hadolint too when it is installed (it is in neither Debian's apt nor
@@ -9,8 +9,8 @@
 #    (readelf NEEDED, resolved by ldd, dpkg -S on the real path) are exactly the packages the
 #    runtime stage installs, less those every Debian base image has (libc6, libgcc-s1,
 #    zlib1g); and every library ldd resolves, direct or not, comes from those packages'
-#    dependency closure (apt-cache depends --recurse) or the base image. The project's machines
-#    run Debian 12, the release of the image, so the host's resolution is the image's.
+#    dependency closure (apt-cache depends --recurse) or the base image. On a Debian 12 host,
+#    the release of the image, the host's resolution is the image's (elsewhere this is skipped).
 # 3. flags: every attnd flag and ATTND_* variable used by the Dockerfile and deploy/ exists in
 #    `build/attnd --help`.
 #
@@ -27,8 +27,8 @@ bin=${1:-${ATTND_BIN:-$root/build/attnd}}
 # allowed in its list (zlib1g is named there because the Makefile links -lz).
 base_packages="libc6 libgcc-s1 zlib1g"
 # Flags the Dockerfile and manifests use that the daemon does not offer yet: reported as
-# skipped, not failed, until --help lists them. --healthcheck is issue 7's request to the
-# server: GET /v2/health/ready on the configured host and port, exit 0 on 200, else 1.
+# skipped, not failed, until --help lists them. --healthcheck is the daemon probing itself:
+# GET /v2/health/ready on the configured host and port, exit 0 on 200, else 1.
 pending_flags="healthcheck"
 
 . "$root/tests/support/check.sh"

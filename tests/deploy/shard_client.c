@@ -218,8 +218,8 @@ static bool read_matrix(const json_t *t, size_t rows, size_t cols, double *out)
     return true;
 }
 
-/* The lse of a rank-2 query, read as [H, L]: DESIGN.md section 5 gives [H, L] (the batch axis
- * dropped); a one-head reply written as [L] is accepted too. */
+/* The lse of a rank-2 query, read as [H, L]: docs/semantics.md#outputs gives [H, L] (the batch
+ * axis dropped); a one-head reply written as [L] is accepted too. */
 static bool read_lse(const json_t *t, size_t heads, size_t rows, double *out)
 {
     json_t *wrapped;

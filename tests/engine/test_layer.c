@@ -1,6 +1,6 @@
 /*
  * test_layer.c - the specification of layer assembly: eng_layer_from_tensors under each
- * naming scheme DESIGN.md section 6 accepts, its refusals, eng_layer_params and the built-in
+ * naming scheme docs/layers.md lists, its refusals, eng_layer_params and the built-in
  * demo layer.
  *
  * A scheme is right when the assembled layer computes what the tensors mean: every case runs

@@ -1,6 +1,7 @@
 /*
- * test_mha.c - the specification of eng_mha, the multi-head attention layer (DESIGN.md
- * section 6, engine.h), checked against the float64 reference of tests/support/ref_mha.c.
+ * test_mha.c - the specification of eng_mha, the multi-head attention layer
+ * (docs/semantics.md#multi-head-attention-layers, engine.h), checked against the float64
+ * reference of tests/support/ref_mha.c.
  *
  * Layers here are assembled by hand from test-owned arrays (eng_layer is a public struct), so
  * a failure points at the forward pass, not at eng_layer_from_tensors (tests/engine/
@@ -1227,7 +1228,7 @@ static float *run_layer(eng_mha_args *a, float **weights)
     return out;
 }
 
-/* DESIGN.md: a boolean attn_mask entry true means "may attend" (PyTorch SDPA polarity, not
+/* docs/semantics.md: a boolean attn_mask entry true means "may attend" (PyTorch SDPA polarity, not
  * nn.MultiheadAttention's). A mask allowing only key 0 makes every output row W_o v_0 + b_o. */
 static void test_bool_attn_mask_true_means_attend(void)
 {
@@ -1308,7 +1309,7 @@ static void test_key_padding_true_means_ignore(void)
 }
 
 /* A query row that sees no key gives attention output 0, so the layer outputs b_o there, and
- * weights 0 (DESIGN.md section 6: zeros, not torch's NaN). */
+ * weights 0 (docs/semantics.md#rows-that-see-no-key: zeros, not torch's NaN). */
 static void test_rows_without_visible_keys_give_the_output_bias(void)
 {
     uint64_t rng = 172;

@@ -1,7 +1,8 @@
 /*
  * test_position.c - the specification of the positional encodings and number conversions the
  * attention layers use: eng_rope_apply, eng_sinusoidal_add, eng_alibi_default_slopes,
- * eng_f16_to_f32 and eng_bf16_to_f32 (DESIGN.md sections 5 and 6).
+ * eng_f16_to_f32 and eng_bf16_to_f32 (docs/semantics.md: "ALiBi" and "Multi-head attention
+ * layers").
  *
  * Expectations are the formulas written out in the test, in double:
  * - RoPE: pair d of a head turns by theta = p * base^(-2d/D); the pairs are (d, d + D/2) for the

@@ -1,6 +1,6 @@
 /*
  * test_safetensors.c - the specification of eng_layer_load: reading a layer from a safetensors
- * file (DESIGN.md section 6, engine.h), and refusing every malformed file cleanly.
+ * file (docs/layers.md, engine.h), and refusing every malformed file cleanly.
  *
  * Fixtures are written at test time by tests/support/safetensors_writer.c into a fresh
  * temporary folder (removed at the end). Well-formed files must load to exactly the tensors

@@ -1,5 +1,5 @@
 /*
- * test_sdpa.c - the specification of eng_sdpa (DESIGN.md sections 5 and 7), checked against
+ * test_sdpa.c - the specification of eng_sdpa (docs/semantics.md), checked against
  * hand-computed golden cases and against the float64 reference in tests/support/ref.c.
  *
  * Each test names one behaviour. The randomised ones build arguments with a fixed-seed
@@ -1805,8 +1805,8 @@ static void test_grouped_decode_reads_each_kv_block_once(void)
 
 /* ---- Properties of the engine itself --------------------------------------------------------- */
 
-/* DESIGN.md section 5: attention over a key set split in two equals the LSE-weighted merge of
- * the two halves' outputs. */
+/* docs/semantics.md#outputs: attention over a key set split in two equals the LSE-weighted
+ * merge of the two halves' outputs. */
 static void test_lse_merges_key_shards(void)
 {
     uint64_t rng = 124;

@@ -1,4 +1,4 @@
--- wrk_small.lua - the throughput benchmark of the closing note (a benchmark, not a test):
+-- wrk_small.lua - the throughput benchmark of `make bench-wrk` (a benchmark, not a test):
 -- POST /v1/attention with small requests, one head, 16x64 query, key and value as nested JSON
 -- (the "small" class of loadgen.c), each connection sending them back to back.
 --

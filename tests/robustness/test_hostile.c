@@ -1,6 +1,7 @@
 /*
- * test_hostile.c - hostile and broken clients against a real attnd (issue 17): raw sockets on
- * 127.0.0.1, each reproduction of the issue as one case, bounded in count and time.
+ * test_hostile.c - hostile and broken clients against a real attnd (docs/operations.md, "Hostile
+ * and broken clients"): raw sockets on 127.0.0.1, each misbehaving client as one case, bounded
+ * in count and time.
  *
  * No client may lock the others out, desync the framing, or leave a connection stuck: after
  * each case a normal request still succeeds, and at the end no socket of the daemon's port is

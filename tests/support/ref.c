@@ -2,7 +2,7 @@
  * ref.c - the float64 reference SDPA of ref.h.
  *
  * Written for obviousness, not speed: one score per (b, h, i, j) from the strided views, the
- * visibility rules as one predicate that mirrors DESIGN.md section 5 line by line, a two-pass
+ * visibility rules as one predicate that mirrors docs/semantics.md line by line, a two-pass
  * softmax (maximum, then sum) in double, and the output as the weighted sum of value rows.
  */
 #include "tests/support/ref.h"

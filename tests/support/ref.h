@@ -3,7 +3,7 @@
  *
  * The engine is a blocked fp32 kernel with an online softmax, fused masks and key-split merges;
  * the reference is the textbook formula written out once per (batch, head, query, key), in
- * double, straight from DESIGN.md section 5. It takes the very eng_sdpa_args the engine takes
+ * double, straight from docs/semantics.md. It takes the very eng_sdpa_args the engine takes
  * (strided views, every option) so that a test builds one argument struct and runs both.
  *
  *     ref_result r;
@@ -47,7 +47,7 @@ void ref_result_free(ref_result *res);
 int64_t ref_query_offset(const eng_sdpa_args *args);
 
 /* Whether key j may be seen by query i of batch b, head h under the visibility rules of
- * DESIGN.md section 5 (causal, window, key padding, kv_lengths, boolean attn_mask), except
+ * docs/semantics.md (causal, window, key padding, kv_lengths, boolean attn_mask), except
  * that the last args->open_tail_keys keys are seen by every query (engine.h: appended keys,
  * untouched by masks and ALiBi). A float attn_mask never hides a key here; a -inf entry hides
  * it later, through its score. */

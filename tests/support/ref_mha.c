@@ -3,7 +3,7 @@
  *
  * Written for obviousness, not speed: every intermediate (inputs with their encodings, the
  * projections, the appended keys, each head's output) is its own double array, each step one
- * loop nest that reads like the formula in DESIGN.md section 6. The attention core is written
+ * loop nest that reads like the formula in docs/semantics.md. The attention core is written
  * here rather than borrowed from ref_sdpa so that the projected q, k and v stay in double and
  * the MHA-specific rules (input-key positions, appended keys untouched by masks and ALiBi)
  * are spelled out where they apply.
@@ -100,7 +100,7 @@ static int64_t mask_offset(const eng_mask *m, int64_t b, int64_t h, int64_t i, i
 }
 
 /* Whether input key j (j < S) may be seen by query i at position p in batch b, head h: the
- * rules of DESIGN.md section 5 that hide a key outright. */
+ * rules of docs/semantics.md#which-keys-a-query-sees that hide a key outright. */
 static bool input_key_visible(const eng_mha_args *a, int64_t b, int64_t h, int64_t i, int64_t p,
                               int64_t j)
 {

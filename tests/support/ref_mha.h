@@ -1,6 +1,6 @@
 /*
  * ref_mha.h - a float64 reference for eng_mha: torch's nn.MultiheadAttention forward, written
- * out naively from DESIGN.md section 6.
+ * out naively from docs/semantics.md#multi-head-attention-layers.
  *
  * The engine projects with fp32 sgemm, rotates in place, appends keys into a packed K|V
  * buffer, runs its blocked SDPA kernel over strided head views and projects again. The
@@ -17,7 +17,7 @@
  * The appended keys are visible to every query and get no mask or ALiBi term (torch pads its
  * masks with "attend" for them; engine.h says the same). Positions: p_i = i + offset where the
  * offset is 0 (top-left), S - L with S the number of *input* keys (bottom-right), or
- * query_offset; key j sits at j. Masks have the polarity of DESIGN.md section 5: a boolean
+ * query_offset; key j sits at j. Masks have the polarity of docs/semantics.md: a boolean
  * attn_mask entry that is nonzero means "may attend", a key_padding entry that is nonzero
  * means "ignore". A query row with no visible key gives attention output 0 (so the layer
  * output is b_o) and weights 0.

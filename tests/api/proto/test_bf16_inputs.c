@@ -1,4 +1,4 @@
-/* test_bf16_inputs.c - bfloat16 query, key and value used as sent (issue 14): base64 "dtype":
+/* test_bf16_inputs.c - bfloat16 query, key and value used as sent: base64 "dtype":
  * "bfloat16" on POST /v1/attention and BF16 binary tensors on the KServe v2 route, with
  * "precision": "bfloat16", reach eng_sdpa as bfloat16 without a float32 copy in memory.
  *

@@ -1,5 +1,5 @@
 /* test_native_attention.c - POST /v1/attention end to end against the float64 reference: each
- * option of DESIGN.md section 5, in each rank and wire form, gives through the API what ref_sdpa
+ * option of docs/semantics.md, in each rank and wire form, gives through the API what ref_sdpa
  * gives for the same problem set up directly in [B, H, L, D] layout. This pins down the mapping
  * from the request to the engine (strided rank-2/3 views, mask shapes and polarity, alignments,
  * output shapes and forms), independently of how api/ builds its arguments. */

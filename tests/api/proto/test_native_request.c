@@ -525,7 +525,7 @@ static bool quick(void)
     return q && *q && strcmp(q, "0") != 0;
 }
 
-/* A reply to any input is JSON with a status from DESIGN.md section 3. */
+/* A reply to any input is JSON with a status of docs/http-api.md#errors-and-statuses. */
 static void check_sane_reply(const char *body, size_t len)
 {
     api_call call = {.body = body, .body_len = len, .pool = pool};
