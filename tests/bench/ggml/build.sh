@@ -91,7 +91,7 @@ commit=${GGML_COMMIT:-$commit}
 echo "ggml tree: $tree  commit: $commit"
 case $commit in
 d99724f2*) ;;
-*) echo "note: the harness was written for ggml-org/ggml d99724f2; this is $commit" ;;
+*) echo "note: the harness was written for ggml-org/ggml d99724f2; this is $commit" >&2 ;;
 esac
 
 if ! command -v cmake >/dev/null; then
@@ -108,7 +108,7 @@ cmake -S "$tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -D
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF 2>&1 |
     tee "$work/cmake_config.log"
 cmake --build "$work/build" -j"$jobs" >"$work/build.log" 2>&1 || {
-    tail -50 "$work/build.log"
+    tail -50 "$work/build.log" >&2
     exit 1
 }
 grep -E "CPU backend variant|x86 detected" "$work/cmake_config.log" || true
