@@ -118,6 +118,10 @@ static inline void *v2_req_field(v2_job *job, size_t offset)
     return (char *)job->req + offset;
 }
 
+/* Whether model m's metadata lists output o (an API__OUT_*): those an infer without "outputs"
+ * returns. v2_model.c. */
+bool api__v2_output_listed(const model_ref *m, int o);
+
 /* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
 bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
 
@@ -131,8 +135,10 @@ bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
 int api__v2_request_parse(v2_job *job, api__error *err);
 
 /* After api__v2_request_parse: settles which outputs are returned and computed (weights and lse
- * only when returned), which are binary, and the request's timeout (api__v2_timeout_ms). 422
- * when the outputs listed contradict return_weights or return_lse. */
+ * only when returned; without "outputs", every output the model's metadata lists, weights when
+ * return_weights asks and lse unless return_lse is false), which are binary, and the request's
+ * timeout (api__v2_timeout_ms). 422 when the outputs listed contradict return_weights or
+ * return_lse. */
 int api__v2_outputs_settle(v2_job *job, api__error *err);
 
 #endif

@@ -30,9 +30,11 @@
  *             (microseconds) and priority (accepted, ignored). Any other name is refused (a
  *             typo such as "casual" silently ignored would return a plausible wrong answer).
  *   outputs   output [B, H, L, Dv] (after the query's rank), weights [B, H, L, S] or mean
- *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", output is
- *             returned plus weights / lse when return_weights / return_lse ask for them; with
- *             it, exactly the ones listed (listing weights alone means per_head).
+ *             [B, L, S], lse [B, H, L] (-inf as JSON -Infinity). Without "outputs", every
+ *             output the model's metadata lists (v2_model.c: output and lse), as the KServe v2
+ *             protocol has it, plus weights when return_weights asks for them, less lse when
+ *             return_lse is false; the L x S weights are never returned unasked. With
+ *             "outputs", exactly the ones listed (listing weights alone means per_head).
  *
  * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
  * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
@@ -54,7 +56,8 @@
  *             all of it (bottom-right causal unless causal is false), end frees it after the
  *             step; no memory, masks, query_offset or add_zero_attn then.
  *   outputs   output [B, L, E] (after the input's rank), weights [B, H, L, S'] or mean
- *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above.
+ *             [B, L, S'] with S' = S plus the keys the layer appends; selected as above (a
+ *             layer's metadata lists output alone).
  *
  * The reply is {"model_name", "model_version": "1", "id"?, "outputs": [{"name", "datatype":
  * "FP32", "shape", "data": [flat]}]}; an output asked for as binary has "parameters":

@@ -27,13 +27,15 @@
  * GET .../ready -> {"name", "ready": true}.
  *
  * The tensors listed are those every request may send and what a request gets back when it
- * asks for nothing else. Each shape is the canonical layout (PyTorch's [B, H, L, D] for sdpa,
- * [B, L, E] for a layer); the protocol has one rank and one datatype per tensor, so the other
- * forms the infer route takes (ranks 2 and 3, FP16/BF16 binary, FP32 masks, INT32 lengths; see
- * v2_infer.c) are documented there and in api/openapi.yaml. The attention weights are not a listed
- * output: they are L x S per head, and clients that request every listed output (perf_analyzer
- * does) would otherwise measure the weights rather than attention. A request gets them with
- * the parameter return_weights or by naming "weights" in its outputs.
+ * asks for nothing else: an infer without "outputs" returns every listed output, as the KServe
+ * v2 protocol says (api__v2_output_listed). Each shape is the canonical layout, PyTorch's
+ * [B, H, L, D] for sdpa and [B, L, E] for a layer; the protocol has one rank and one datatype
+ * per tensor, so the other forms the infer route takes (ranks 2 and 3, FP16/BF16 binary, FP32
+ * masks, INT32 lengths; see v2_infer.c) are documented there and in api/openapi.yaml. The
+ * attention weights are not a listed output: they are L x S per head, and clients that request
+ * every listed output (perf_analyzer does) would otherwise measure the weights rather than
+ * attention. A request gets them with the parameter return_weights or by naming "weights" in
+ * its outputs.
  */
 #include <stdio.h>
 #include <string.h>
@@ -179,6 +181,15 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
 static model_desc describe(const model_ref *m)
 {
     return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->layer);
+}
+
+bool api__v2_output_listed(const model_ref *m, int o)
+{
+    model_desc d = describe(m);
+    for (int i = 0; i < d.n_out; i++)
+        if (strcmp(d.out[i].name, api__out_names[o]) == 0)
+            return true;
+    return false;
 }
 
 void api_v2_server_metadata(api_reply *reply)

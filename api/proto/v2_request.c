@@ -681,9 +681,16 @@ int api__v2_outputs_settle(v2_job *job, api__error *err)
                                            : v2_req_field(job, job->kind->return_lse);
     int64_t *timeout_ms = v2_req_field(job, job->kind->timeout_ms);
     if (!job->outputs_given) {
-        job->want[API__OUT_OUTPUT] = true;
-        job->want[API__OUT_WEIGHTS] = *weights != ENG_WEIGHTS_NONE;
-        job->want[API__OUT_LSE] = *return_lse;
+        /* KServe v2: a request without "outputs" gets every output of the model, as its
+         * metadata lists them (never the L x S weights), and return_weights or an explicit
+         * return_lse false change that as they say. */
+        for (int o = 0; o < job->kind->n_outputs; o++)
+            job->want[o] = api__v2_output_listed(&job->model, o);
+        if (*weights != ENG_WEIGHTS_NONE)
+            job->want[API__OUT_WEIGHTS] = true;
+        if (job->lse_param_set)
+            job->want[API__OUT_LSE] = *return_lse;
+        *return_lse = job->want[API__OUT_LSE];
     } else {
         if (job->want[API__OUT_WEIGHTS] && job->weights_param_off)
             return api__error_invalid(err, "return_weights",

@@ -122,7 +122,8 @@ static char *v2_body(size_t *len, size_t *header_len)
                  n_in * 4);
         sb_str(&b, tmp);
     }
-    sb_str(&b, "]}");
+    /* The output alone, as the other paths return it (without "outputs" lse comes too). */
+    sb_str(&b, "],\"outputs\":[{\"name\":\"output\"}]}");
     *header_len = b.len;
     sb_mem(&b, q, n_in * 4);
     sb_mem(&b, k, n_in * 4);
@@ -344,8 +345,9 @@ static void plain_and_tls(const char *what, conn_case *c, int n, const char *bod
 
 #define INFER_PATH "/inference.GRPCInferenceService/ModelInfer"
 
-/* A ModelInferRequest for model sdpa with raw FP32 inputs q, k, v of `shape` (rank dims) and
- * the bool parameter `flag` set when not NULL, framed for gRPC (malloc'd). */
+/* A ModelInferRequest for model sdpa with raw FP32 inputs q, k, v of `shape` (rank dims),
+ * asking for the output alone (as the other paths return it), with the bool parameter `flag`
+ * set when not NULL, framed for gRPC (malloc'd). */
 static char *grpc_infer_body(const float *const in[3], const int64_t *shape, size_t rank,
                              const char *flag, size_t *len)
 {
@@ -356,6 +358,9 @@ static char *grpc_infer_body(const float *const in[3], const int64_t *shape, siz
         e = INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT,
         *ep = &e;
     Inference__InferParameter p = INFERENCE__INFER_PARAMETER__INIT;
+    Inference__ModelInferRequest__InferRequestedOutputTensor
+        out = INFERENCE__MODEL_INFER_REQUEST__INFER_REQUESTED_OUTPUT_TENSOR__INIT,
+        *outp = &out;
     const char *names[3] = {"query", "key", "value"};
     size_t count = 1;
     for (size_t d = 0; d < rank; d++)
@@ -374,6 +379,9 @@ static char *grpc_infer_body(const float *const in[3], const int64_t *shape, siz
     req.n_inputs = req.n_raw_input_contents = 3;
     req.inputs = tp;
     req.raw_input_contents = raw;
+    out.name = (char *)"output";
+    req.n_outputs = 1;
+    req.outputs = &outp;
     if (flag) {
         e.key = (char *)flag;
         p.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;

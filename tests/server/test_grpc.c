@@ -214,8 +214,9 @@ static void test_methods_and_statuses(void)
     CHECK_EQ_INT(daemon_stop(&g.d), 0);
 }
 
-/* ModelInfer's output equals the HTTP route's for the same tensors, bit for bit, and invalid
- * requests carry the route's message. */
+/* ModelInfer's outputs equal the HTTP route's for the same tensors, bit for bit: without
+ * outputs named, both return every output the model lists (output, then lse). Invalid requests
+ * carry the route's message. */
 static void test_infer_matches_http(void)
 {
     grpc_daemon g;
@@ -237,7 +238,7 @@ static void test_infer_matches_http(void)
     const char *msg = grpc_message_at(&st, 0, &out_len);
     Inference__ModelInferResponse *resp =
         msg ? inference__model_infer_response__unpack(NULL, out_len, (const uint8_t *)msg) : NULL;
-    CHECK(resp && resp->n_outputs == 1 && resp->n_raw_output_contents == 1);
+    CHECK(resp && resp->n_outputs == 2 && resp->n_raw_output_contents == 2);
 
     /* The same request over HTTP, JSON in and out. */
     char *body = NULL;
@@ -254,17 +255,26 @@ static void test_infer_matches_http(void)
     fprintf(f, "]}");
     fclose(f);
     http_resp h;
-    double want[80];
+    double want[80], want_lse[10];
     const char *ct[] = {"Content-Type: application/json", NULL};
     CHECK_EQ_INT(http_do(NULL, g.d.port, "POST", "/v2/models/sdpa/infer", ct, body, blen, &h), 200);
     CHECK_EQ_INT(json_numbers(h.body, "data", want, 80), 80);
-    if (resp && resp->n_raw_output_contents == 1) {
-        CHECK_EQ_INT((long)resp->raw_output_contents[0].len, 80 * 4);
-        CHECK_EQ_INT((long)resp->outputs[0]->n_shape, 4);
-        CHECK(strcmp(resp->outputs[0]->datatype, "FP32") == 0);
-        const float *got = (const float *)resp->raw_output_contents[0].data;
-        for (int k = 0; k < 80 && resp->raw_output_contents[0].len == 320; k++)
-            CHECK_NEAR(got[k], want[k], 1e-6);
+    const char *lse_at = h.body ? strstr(h.body, "\"name\":\"lse\"") : NULL;
+    CHECK_EQ_INT(json_numbers(lse_at, "data", want_lse, 10), 10);
+    if (resp && resp->n_raw_output_contents == 2) {
+        const char *names[2] = {"output", "lse"};
+        const double *wants[2] = {want, want_lse};
+        const size_t counts[2] = {80, 10}, ranks[2] = {4, 3};
+        for (int o = 0; o < 2; o++) {
+            CHECK(strcmp(resp->outputs[o]->name, names[o]) == 0);
+            CHECK_EQ_INT((long)resp->raw_output_contents[o].len, (long)(counts[o] * 4));
+            CHECK_EQ_INT((long)resp->outputs[o]->n_shape, (long)ranks[o]);
+            CHECK(strcmp(resp->outputs[o]->datatype, "FP32") == 0);
+            const float *got = (const float *)resp->raw_output_contents[o].data;
+            for (size_t k = 0; k < counts[o] && resp->raw_output_contents[o].len == counts[o] * 4;
+                 k++)
+                CHECK_NEAR(got[k], wants[o][k], 1e-6);
+        }
     }
     http_resp_free(&h);
     free(body);

@@ -326,34 +326,44 @@ static double *reference(const problem *p, bool half)
     return out;
 }
 
-/* The "output" of a 200 reply (JSON data or binary after the header); malloc'd floats. */
+/* The "output" of a 200 reply (JSON data, or binary after the header at the offset the binary
+ * outputs listed before it leave); malloc'd floats. The binary outputs must fill the rest of
+ * the body exactly. */
 static float *output_of(const resp *r, size_t header_len, size_t n, bool *binary)
 {
     json_t *j = json_of(r->body, header_len ? header_len : r->len), *o;
     float *out = NULL;
-    size_t i;
+    size_t i, at = header_len;
+    bool any_binary = false;
     if (!j)
         return NULL;
     json_array_foreach(json_object_get(j, "outputs"), i, o)
     {
-        if (strcmp(json_string_value(json_object_get(o, "name")), "output") != 0)
+        json_t *data = json_object_get(o, "data");
+        size_t bytes = (size_t)json_integer_value(
+            json_object_get(json_object_get(o, "parameters"), "binary_data_size"));
+        any_binary |= data == NULL;
+        if (strcmp(json_string_value(json_object_get(o, "name")), "output") != 0) {
+            at += data ? 0 : bytes;
             continue;
+        }
         CHECK(strcmp(json_string_value(json_object_get(o, "datatype")), "FP32") == 0);
         out = malloc(n * 4);
-        json_t *data = json_object_get(o, "data");
         *binary = data == NULL;
         if (data) {
             CHECK(json_array_size(data) == n);
             for (size_t k = 0; k < n && k < json_array_size(data); k++)
                 out[k] = (float)json_number_value(json_array_get(data, k));
         } else {
-            json_t *size = json_object_get(json_object_get(o, "parameters"), "binary_data_size");
-            CHECK((size_t)json_integer_value(size) == n * 4);
-            CHECK(r->len == header_len + n * 4);
-            if (r->len >= header_len + n * 4)
-                memcpy(out, r->body + header_len, n * 4);
+            CHECK(bytes == n * 4);
+            CHECK(r->len >= at + n * 4);
+            if (r->len >= at + n * 4)
+                memcpy(out, r->body + at, n * 4);
+            at += bytes;
         }
     }
+    if (any_binary)
+        CHECKF(r->len == at, "the binary outputs end at %zu of %zu bytes", at, r->len);
     json_decref(j);
     CHECK(out != NULL);
     return out;
@@ -456,8 +466,9 @@ static void test_metadata(void)
     resp_free(&r);
 }
 
-/* "output_dtype": "bfloat16": the outputs come back as BF16 binary data (two little-endian
- * bytes per value, the result rounded to nearest even), and one asked for as JSON is refused. */
+/* "output_dtype": "bfloat16": the outputs (without "outputs", output and lse) come back as
+ * BF16 binary data (two little-endian bytes per value, the result rounded to nearest even), and
+ * one asked for as JSON is refused. */
 static void test_bf16_outputs_are_binary(void)
 {
     static const char *const json_h[] = {"Content-Type: application/json", NULL};
@@ -473,15 +484,20 @@ static void test_bf16_outputs_are_binary(void)
     CHECKF(r.status == 200, "%ld %.300s", r.status, r.body);
     size_t hlen =
         (size_t)strtoull(header(&r, "Inference-Header-Content-Length", got, sizeof got), NULL, 10);
-    CHECKF(hlen > 0 && hlen + 4 == r.len, "JSON part %zu of %zu bytes", hlen, r.len);
-    if (hlen > 0 && hlen + 4 == r.len) {
-        const unsigned char want[4] = {0x80, 0x3F, 0x80, 0x40}; /* bf16 1.0 and 4.0 */
-        CHECK(memcmp(r.body + hlen, want, 4) == 0);
+    CHECKF(hlen > 0 && hlen + 6 == r.len, "JSON part %zu of %zu bytes", hlen, r.len);
+    if (hlen > 0 && hlen + 6 == r.len) {
+        /* output: bf16 1.0 and 4.0; lse: log 2 = 0.693 rounds to bf16 0x3F31 */
+        const unsigned char want[6] = {0x80, 0x3F, 0x80, 0x40, 0x31, 0x3F};
+        CHECK(memcmp(r.body + hlen, want, 6) == 0);
         json_t *j = json_of(r.body, hlen);
-        json_t *out = j ? json_array_get(json_object_get(j, "outputs"), 0) : NULL;
-        CHECK(out && strcmp(json_string_value(json_object_get(out, "datatype")), "BF16") == 0);
-        CHECK(out && json_integer_value(json_object_get(json_object_get(out, "parameters"),
-                                                        "binary_data_size")) == 4);
+        const char *names[2] = {"output", "lse"};
+        for (int o = 0; o < 2; o++) {
+            json_t *out = j ? json_array_get(json_object_get(j, "outputs"), (size_t)o) : NULL;
+            CHECK(out && strcmp(json_string_value(json_object_get(out, "name")), names[o]) == 0);
+            CHECK(out && strcmp(json_string_value(json_object_get(out, "datatype")), "BF16") == 0);
+            CHECK(out && json_integer_value(json_object_get(json_object_get(out, "parameters"),
+                                                            "binary_data_size")) == 4 - 2 * o);
+        }
         json_decref(j);
     }
     resp_free(&r);

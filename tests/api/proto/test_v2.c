@@ -471,7 +471,14 @@ static void test_infer_json(void)
             CHECK(strcmp(json_string_value(json_object_get(root, "model_name")), "sdpa") == 0);
             CHECK(strcmp(json_string_value(json_object_get(root, "model_version")), "1") == 0);
             CHECK(strcmp(json_string_value(json_object_get(root, "id")), "req-42") == 0);
-            CHECK_EQ_INT(json_array_size(json_object_get(root, "outputs")), 1);
+            /* No "outputs": every output the metadata lists, output then lse. */
+            json_t *outs = json_object_get(root, "outputs");
+            CHECK_EQ_INT(json_array_size(outs), 2);
+            const char *first = json_string_value(json_object_get(json_array_get(outs, 0), "name"));
+            const char *second =
+                json_string_value(json_object_get(json_array_get(outs, 1), "name"));
+            CHECK(first && strcmp(first, "output") == 0);
+            CHECK(second && strcmp(second, "lse") == 0);
             json_decref(root);
         }
         int64_t shape[4];
@@ -480,15 +487,22 @@ static void test_infer_json(void)
         float *out = reply_output(&r, "output", shape, &rank, &binary);
         CHECK(out != NULL && !binary);
         CHECK(rank == 4 && shape[0] == 2 && shape[1] == 2 && shape[2] == 3 && shape[3] == 3);
+        binary = true;
+        float *lse = reply_output(&r, "lse", shape, &rank, &binary);
+        CHECK(lse != NULL && !binary);
+        CHECK(rank == 3 && shape[0] == 2 && shape[1] == 2 && shape[2] == 3);
         ref_result ref;
         float *bufs[3];
         reference(&p, "FP32", (eng_sdpa_args){0}, &ref, bufs);
         if (out)
             check_close(out, ref.out, 2 * 2 * 3 * 3, 2e-6, "output");
+        if (lse)
+            check_close(lse, ref.lse, 2 * 2 * 3, 2e-5, "lse");
         ref_result_free(&ref);
         for (int i = 0; i < 3; i++)
             free(bufs[i]);
         free(out);
+        free(lse);
         api_reply_free(&r);
     }
     problem_free(&p);
@@ -562,7 +576,10 @@ static void test_infer_half_inputs(void)
 }
 
 /* "outputs" selects what is returned, each in the form asked (binary_data overrides
- * binary_data_output), in the order of the model's outputs. */
+ * binary_data_output), in the order of the model's outputs. Without it, every output the
+ * model's metadata lists (output and lse), as the KServe v2 protocol says: return_weights adds
+ * the weights, which never come unasked, return_lse false drops lse, binary_data_output makes
+ * them all binary. */
 static void test_infer_selected_outputs(void)
 {
     problem p;
@@ -588,6 +605,11 @@ static void test_infer_selected_outputs(void)
          false, false},
         {"{\"return_lse\":true}", "[{\"name\":\"output\"}]", true, false, false, false, false,
          false},
+        {NULL, NULL, true, false, true, false, false, false},
+        {"{\"binary_data_output\":true}", NULL, true, false, true, true, false, true},
+        {"{\"return_lse\":false}", NULL, true, false, false, false, false, false},
+        {"{\"return_weights\":\"per_head\",\"binary_data_output\":true}", NULL, true, true, true,
+         true, true, true},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         api_reply r;
