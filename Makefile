@@ -28,7 +28,7 @@ OPT ?= -O2
 
 WARNINGS := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes \
             -Wformat=2 -Wvla -Werror
-# Never a fast-math flag: it breaks the -inf handling of masked scores (DESIGN.md section 7).
+# Never a fast-math flag: it breaks the -inf handling of masked scores (docs/semantics.md).
 CFLAGS_ALL := -std=c11 $(OPT) -g $(WARNINGS) -D_GNU_SOURCE -pthread -MMD -MP -I. $(CFLAGS)
 LDFLAGS_ALL := -pthread $(LDFLAGS)
 ifneq ($(SAN),)
@@ -51,7 +51,8 @@ TEST_BINS := $(patsubst %.c,$(BUILD)/%,$(TEST_SRC))
 BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 .PHONY: all tests run check test asan tsan bench sdpa-bits sdpa-bits-record fuzz fuzz-build pa-grpc deps \
-        deps-test fresh-check \
+        deps-test fresh-check test-builds test-build-plain test-build-asan test-build-tsan \
+        test-build-pa-grpc \
         deploy-deps deploy-check format format-check clean browser-deps browser-test load soak \
         bench-wrk bench-perf-analyzer bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
@@ -220,27 +221,48 @@ AMX_SUITES := test_mha test_layer16 test_mha_session
 # largest case (L = S = 8192) would take it many minutes.
 AMX_SDPA_SUITES := test_sdpa_bf16 test_sdpa_bf16_views test_sdpa_amx
 KERNEL_SETS := avx512 avx2 generic openblas
-ENGINE_TEST_BINS := $(filter $(BUILD)/tests/engine/%,$(TEST_BINS))
-plain_suites = $(foreach t,$(filter-out $(ENGINE_TEST_BINS),$(TEST_BINS)),"ATTND_BIN=$(BUILD)/attnd $(t)") \
-    $(foreach k,$(KERNEL_SETS),$(foreach t,$(ENGINE_TEST_BINS),"ATTND_KERNELS=$(k) $(t)")) \
-    "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16" \
+# The runs of the suites built from the sources in $(1): the plain build's (engine suites once
+# per kernel set, the others against the plain daemon), the ASan+UBSan build's (quick sizes),
+# and the TSan build's (those of TSAN_TESTS).
+plain_runs = $(foreach t,$(patsubst %.c,$(BUILD)/%,$(filter-out tests/engine/%,$(1))),\
+        "ATTND_BIN=$(BUILD)/attnd $(t)") \
+    $(foreach k,$(KERNEL_SETS),$(foreach t,$(patsubst %.c,$(BUILD)/%,$(filter tests/engine/%,$(1))),\
+        "ATTND_KERNELS=$(k) $(t)"))
+asan_runs = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(1)),\
+    "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
+tsan_runs = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(filter $(TSAN_TESTS),$(1))),\
+    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+all_runs = $(call plain_runs,$(1)) $(call asan_runs,$(1)) $(call tsan_runs,$(1))
+# The bf16 paths that the kernel sets alone do not reach: VDPBF16PS, and the emulated tiles.
+bf16_path_runs = "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16" \
     "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16_views" \
     $(foreach t,$(AMX_SUITES),"ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)") \
-    $(foreach t,$(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)")
-asan_suites = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(TEST_SRC)),\
-    "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)") \
+    $(foreach t,$(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)") \
     $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
-tsan_suites = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS)),\
-    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+asan_suites = $(call asan_runs,$(TEST_SRC)) \
+    $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
+tsan_suites = $(call tsan_runs,$(TEST_SRC))
+
+# make test runs TEST_JOBS suites at a time (tests/run.sh -j): most of them wait on sockets,
+# timers and child processes more than they compute. The longest start first, so that none is
+# left running by itself at the end. The suites that measure a latency or a capacity and derive
+# their bounds from it (ALONE_TESTS, the load suites, perf_analyzer's stability windows) run
+# afterwards one at a time, with the machine to themselves.
+TEST_JOBS ?= 3
+ALONE_TESTS := tests/server/test_resilience.c tests/engine/test_pool.c
+LONG_TESTS := tests/robustness/test_hostile.c tests/engine/test_sdpa.c tests/engine/test_sdpa_bf16.c
+SHORT_TESTS := $(filter-out $(ALONE_TESTS) $(LONG_TESTS),$(TEST_SRC))
 
 # Triton's Python gRPC client, unmodified, against --grpc-port (plain and ASan+UBSan builds),
 # and Triton's perf_analyzer with its gRPC backend (plain build; pa-grpc builds it); a skip line
-# where ../shared/peers or a Debian package is missing.
+# where $(ATTND_PEERS) or a Debian package is missing.
 grpc_client_suites = "tests/server/check_grpc_tritonclient.sh $(BUILD)/attnd" \
-    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd" \
-    "tests/server/check_perf_analyzer_grpc.sh $(BUILD)/attnd"
+    "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
+pa_grpc_suite = "tests/server/check_perf_analyzer_grpc.sh $(BUILD)/attnd"
 
 FUZZ_SMOKE_SECONDS ?= 30
+# Each harness is a suite of its own, so that they run beside the others.
+fuzz_suites = $(foreach f,$(FUZZ_BINS),"tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(patsubst $(FUZZ_BUILD)/fuzz_%,%,$(f))")
 
 # The fast loop: the engine and api unit suites (with the data cases in tests/api/cases), plain
 # build, the kernel set the engine picks, no daemon, no network, no sanitizers; and the source
@@ -275,18 +297,25 @@ sdpa-bits: deps-test
 # at a time.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-test: deps-test deploy-deps browser-deps
-	$(MAKE) -j$(BUILD_JOBS) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
-	$(MAKE) -j$(BUILD_JOBS) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
-	$(MAKE) -j$(BUILD_JOBS) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd \
-	    $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
-	$(MAKE) -j$(BUILD_JOBS) fuzz-build
-	@$(MAKE) pa-grpc || echo "perf_analyzer (gRPC) was not built: its check says why"
-	@tests/run.sh $(plain_suites) $(cycle_checks) $(rng_check) $(params_check) $(asan_suites) $(tsan_suites) \
-	    $(grpc_client_suites) $(deploy_suites) \
-	    $(load_suites) $(browser_suites) $(docs_suites) "tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS)"
+# The four builds of make test share the cores through make's job server.
+test-build-plain:
+	$(MAKE) tests $(DEPLOY_CLIENT) $(LOAD_GEN)
+test-build-asan:
+	$(MAKE) BUILD=$(ASAN_BUILD) SAN=address,undefined tests
+test-build-tsan:
+	$(MAKE) BUILD=$(TSAN_BUILD) SAN=thread $(TSAN_BUILD)/attnd $(patsubst %.c,$(TSAN_BUILD)/%,$(TSAN_TESTS))
+test-build-pa-grpc:
+	@tests/bench/build_perf_analyzer_grpc.sh || echo "perf_analyzer (gRPC) was not built: its check says why"
+test-builds: test-build-plain test-build-asan test-build-tsan fuzz-build test-build-pa-grpc
 
-# Triton's perf_analyzer with its gRPC client backend, from ../shared/peers, in build/pa-grpc.
+test: deps-test deploy-deps browser-deps
+	$(MAKE) -j$(BUILD_JOBS) test-builds
+	@tests/run.sh -j $(TEST_JOBS) $(bf16_path_runs) $(call all_runs,$(LONG_TESTS)) $(fuzz_suites) \
+	    $(docs_suites) $(deploy_suites) $(browser_suites) $(grpc_client_suites) \
+	    $(call all_runs,$(SHORT_TESTS)) $(cycle_checks) $(rng_check) $(params_check) \
+	    --alone $(call all_runs,$(ALONE_TESTS)) $(load_suites) $(pa_grpc_suite)
+
+# Triton's perf_analyzer with its gRPC client backend, from $(ATTND_PEERS), in build/pa-grpc.
 pa-grpc: deps-test
 	@tests/bench/build_perf_analyzer_grpc.sh
 
@@ -313,15 +342,16 @@ bench-report: deps-test
 	$(PYTHON) tests/bench/report.py $(REPORT_DIR) $(BENCH_LOG) $(PEER_LOGS)
 
 # The peers of the charts, on this machine, into $(BUILD)/peers: ggml's CPU flash attention
-# (built from ../shared/peers/ggml) and PyTorch's attention where a torch module is importable
-# (a skip line otherwise). A benchmark (minutes): run it on a quiet machine.
-GGML_PEER := ../shared/peers/ggml
+# (tests/bench/ggml, built from GGML_SRC: a ggml checkout at d99724f2 or its source archive) and
+# PyTorch's attention where a torch module is importable (a skip line otherwise). A benchmark
+# (minutes): run it on a quiet machine.
+GGML_SRC ?= $(firstword $(wildcard $(ATTND_PEERS)/ggml/ggml-src-*.tgz))
 bench-peers: deps-test
 	@mkdir -p $(BUILD)/peers
-	@if [ -d $(GGML_PEER) ]; then \
-	    bash $(GGML_PEER)/build.sh "" $(abspath $(BUILD))/ggml >/dev/null && \
-	    $(GGML_PEER)/run.sh $(abspath $(BUILD))/ggml/ggml_fa_bench | tee $(BUILD)/peers/ggml.log; \
-	else echo "skip ggml peer: $(GGML_PEER) is missing"; fi
+	@if [ -n "$(GGML_SRC)" ] && [ -e "$(GGML_SRC)" ]; then \
+	    bash tests/bench/ggml/build.sh $(GGML_SRC) $(abspath $(BUILD))/ggml >/dev/null && \
+	    tests/bench/ggml/run.sh $(abspath $(BUILD))/ggml/ggml_fa_bench | tee $(BUILD)/peers/ggml.log; \
+	else echo "skip ggml peer: set GGML_SRC to a ggml checkout (ggml-org/ggml d99724f2) or its source archive"; fi
 	$(PYTHON) tests/bench/torch_sdpa.py | tee $(BUILD)/peers/torch.log
 
 # ---- The README's two commands on a bare Debian 12 (tests/check_fresh.sh) ------------------
@@ -333,7 +363,8 @@ fresh-check:
 
 # ---- Examples of README.md and docs/*.md (tests/docs), against a real daemon --------------
 
-docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd" "$(PYTHON) tests/bench/check_report.py"
+docs_suites = "$(PYTHON) tests/docs/run_examples.py $(BUILD)/attnd" \
+    "$(PYTHON) tests/docs/check_flags_table.py $(BUILD)/attnd" "$(PYTHON) tests/bench/check_report.py"
 
 docs-test: deps-test
 	$(MAKE) all
@@ -390,7 +421,7 @@ soak: deps-test
 	$(MAKE) all $(LOAD_GEN)
 	@TEST_TIMEOUT=2400 tests/run.sh "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --soak"
 
-# The wrk figure of the closing notes (a benchmark, not a test): small requests, 32 connections.
+# wrk's throughput of small requests at 32 connections (a benchmark, not a test).
 bench-wrk: all
 	@rm -f $(BUILD)/wrk.port; \
 	$(BUILD)/attnd --port 0 --port-file $(BUILD)/wrk.port --log-level warn >/dev/null & pid=$$!; \
@@ -398,7 +429,7 @@ bench-wrk: all
 	wrk -t2 -c32 -d10s -s tests/load/wrk_small.lua http://127.0.0.1:$$(cat $(BUILD)/wrk.port); \
 	kill $$pid; wait $$pid
 
-# Triton's perf_analyzer (built from ../shared/peers/perf_analyzer into build/pa) against a local
+# Triton's perf_analyzer (on PATH, or built from $(ATTND_PEERS)/perf_analyzer into build/pa) against a local
 # daemon: model sdpa at (1, PA_HEADS, PA_SEQ, 64) and the demo layer at (1, PA_SEQ, 64), over
 # PA_CONCURRENCY; then small requests at concurrency 8 over HTTP and gRPC (build/pa-grpc). A
 # benchmark (minutes), not part of make test.

@@ -129,8 +129,8 @@ typedef struct {
 /* Fills `cfg` from defaults, then the ATTND_<NAME> environment variables, then argv (a flag
  * wins over its environment mirror). Flags are "--name value" or "--name=value". On failure
  * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
- * `cfg` freed; "--help" returns SRV_HELP. Sizes accept K, M, G, T suffixes (binary: K = KiB =
- * 1024, an optional "iB" or "B" may follow). --model is parsed and stored here (the files are
+ * `cfg` freed; "--help" returns SRV_HELP. Sizes are whole bytes, optionally followed by KiB,
+ * MiB, GiB, TiB or their one-letter forms K, M, G, T (binary: K = KiB = 1024). --model is parsed and stored here (the files are
  * read by srv_models_load). Main thread only (getenv). */
 srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
@@ -140,14 +140,16 @@ void srv_config_free(srv_config *cfg);
 /* Writes --help: every flag with its argument, default, bounds and environment variable. */
 void srv_config_usage(FILE *out);
 
-/* `attnd --healthcheck`: GET /v2/health/ready on the configured host (a wildcard address is
- * probed on loopback) within `timeout_ms`, on the port the daemon wrote to cfg->port_file when
- * that file holds one (so that a container's HEALTHCHECK, which shares the environment but not
- * the command line, follows a --port flag), else on cfg->port; returns the exit status: 0
- * when the daemon answers 200, 1 otherwise (with a line on stderr). */
+/* `attnd --healthcheck`: GET /v2/health/ready within `timeout_ms`. With an admin listener
+ * (cfg->admin_port set) it asks that one in plain HTTP, on the port in cfg->admin_port_file
+ * when that file holds one, else cfg->admin_port; otherwise the serving port, over TLS when
+ * cfg->tls_cert is set, on the port in cfg->port_file when that file holds one (so that a
+ * container's HEALTHCHECK, which shares the environment but not the command line, follows a
+ * --port flag), else cfg->port. A wildcard host is probed on loopback. Returns the exit status:
+ * 0 when the daemon answers 200, 1 otherwise (with a line on stderr). */
 int srv_healthcheck(const srv_config *cfg, int timeout_ms);
 
-/* Parses a size such as "256MiB", "64k" or "1048576" into *out. SRV_OK or SRV_EINVAL. */
+/* Parses a size such as "256MiB", "64K" or "1048576" into *out. SRV_OK or SRV_EINVAL. */
 srv_status srv_parse_size(const char *text, uint64_t *out);
 
 /* ---- The server ---------------------------------------------------------------------------- */

@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer harness in build/fuzz for SECONDS each (default 30) on a working copy of
-# its seed corpus, and ends with "N passed, N failed": a harness passes when the fuzzer finds
-# nothing (exit 0). Crash inputs land in build/fuzz/artifacts/.
+# Runs the libFuzzer harnesses of build/fuzz named (every one by default) for SECONDS each
+# (default 30) on a working copy of its seed corpus, and ends with "N passed, N failed": a
+# harness passes when the fuzzer finds nothing (exit 0). Crash inputs land in
+# build/fuzz/artifacts/.
 #
-#   tests/fuzz/run.sh 30
+#   tests/fuzz/run.sh 30                     every harness
+#   tests/fuzz/run.sh 30 v2_infer safetensors  build/fuzz/fuzz_v2_infer and fuzz_safetensors
 set -u
 seconds=${1:-30}
+shift
 . "$(dirname "$0")/../support/check.sh"
 mkdir -p build/fuzz/artifacts
-for bin in build/fuzz/fuzz_*; do
-    [ -x "$bin" ] || continue
+bins=()
+for name in "$@"; do
+    bins+=("build/fuzz/fuzz_$name")
+done
+if [ "${#bins[@]}" -eq 0 ]; then
+    for bin in build/fuzz/fuzz_*; do
+        [ -x "$bin" ] && bins+=("$bin")
+    done
+fi
+for bin in "${bins[@]}"; do
     name=${bin##*/fuzz_}
+    if [ ! -x "$bin" ]; then
+        fail "fuzz_$name: $bin is not built (make fuzz-build)"
+        continue
+    fi
     work=build/fuzz/corpus/$name
     mkdir -p "$work"
     cp -n tests/fuzz/corpus/"$name"/* "$work"/ 2>/dev/null
