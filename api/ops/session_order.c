@@ -29,6 +29,8 @@ bool api_session_ticket_take(api_sessions *reg, const char *id, api_session_tick
     if (!reg || !id)
         return false;
     pthread_mutex_lock(&reg->lock);
+    /* A session idle past its TTL is gone before it is pinned: the ticket would keep it. */
+    api__sessions_expire_locked(reg);
     api__session *s = api__sessions_find_locked(reg, id);
     if (s) {
         s->refs++;

@@ -442,6 +442,32 @@ static void test_ttl_expiry(void)
     api_sessions_free(reg);
 }
 
+/* A step takes its ticket at admission, with nothing else touching the registry in between:
+ * a session idle past its TTL is gone then too, however quiet the daemon is. */
+static void test_ttl_expiry_at_the_ticket(void)
+{
+    api_sessions *reg = registry((size_t)1 << 20, 16, 600);
+    char a[40];
+    if (!reg)
+        return;
+    CHECK(create(reg, "{\"num_heads\":1,\"head_dim\":8,\"ttl_s\":1}", a));
+    result r = append_zeros(reg, a, 4);
+    CHECK_EQ_INT(r.status, 200);
+    result_free(&r);
+    sleep_ms(1300);
+    api_session_ticket t;
+    CHECK(!api_session_ticket_take(reg, a, &t));
+    CHECK(t.session == NULL);
+    r = append_zeros(reg, a, 1);
+    CHECK_EQ_INT(r.status, 404);
+    CHECK(error_code(&r) && strcmp(error_code(&r), "session_evicted") == 0);
+    result_free(&r);
+    api_sessions_stats st;
+    api_sessions_stats_get(reg, &st);
+    CHECK_EQ_INT(st.evicted_ttl, 1);
+    api_sessions_free(reg);
+}
+
 static void test_expect_length_conflict(void)
 {
     api_sessions *reg = registry((size_t)1 << 20, 16, 600);
@@ -937,6 +963,7 @@ int main(void)
     RUN(test_append_only_then_attend_only);
     RUN(test_eviction_under_a_cache_of_three);
     RUN(test_ttl_expiry);
+    RUN(test_ttl_expiry_at_the_ticket);
     RUN(test_expect_length_conflict);
     RUN(test_limits_and_shapes);
     RUN(test_malformed_and_unknown_ids);
