@@ -130,8 +130,8 @@ typedef struct {
  * wins over its environment mirror). Flags are "--name value" or "--name=value". On failure
  * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
  * `cfg` freed; "--help" returns SRV_HELP. Sizes are whole bytes, optionally followed by KiB,
- * MiB, GiB, TiB or their one-letter forms K, M, G, T (binary: K = KiB = 1024). --model is parsed and stored here (the files are
- * read by srv_models_load). Main thread only (getenv). */
+ * MiB, GiB, TiB or their one-letter forms K, M, G, T (binary: K = KiB = 1024). --model is
+ * parsed and stored here (the files are read by srv_models_load). Main thread only (getenv). */
 srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
 /* Frees the strings of `cfg`; safe on a zeroed or already freed config. */
