@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -139,12 +140,17 @@ int daemon_start(daemon_proc *d, const char *const *args)
     argv[argc] = NULL;
 
     fflush(stdout);
+    pid_t parent = getpid();
     d->pid = fork();
     if (d->pid < 0) {
         printf("daemon_start: fork: %s\n", strerror(errno));
         return -1;
     }
     if (d->pid == 0) {
+        /* A test that crashes or is killed takes its daemon with it (the signal comes when the
+         * thread that forked ends: tests start daemons from their main thread). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
         int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (out < 0 || err < 0)
