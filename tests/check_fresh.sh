@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make fresh-check: the README's two commands on a bare Debian 12. Builds a minimal bookworm root
 # with debootstrap (minbase, plus make and git), clones the committed tree into it with no
-# ../shared beside it, then inside it runs `make run` until the daemon answers its health check,
+# folder beside it, then inside it runs `make run` until the daemon answers its health check,
 # and `make test` to its end. Needs root (debootstrap, chroot, mounts) and reaches Debian's and
 # npm's registries as this machine does: its apt sources and settings, and its extra CA
 # certificates, are copied into the root first. Minutes (a whole make test, package installs

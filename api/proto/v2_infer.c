@@ -17,10 +17,10 @@
  *
  *   inputs    query, key, value: FP32 (JSON or binary), FP16 or BF16 (binary only: JSON has no
  *             16-bit floats); rank 4 [B, H, L, D], rank 3 [B, L, E] or rank 2 [L, E], as in
- *             DESIGN.md section 5. attn_mask: BOOL (true = may attend) or FP32 added to the
- *             scores (FP16/BF16 binary; -inf as JSON -Infinity, as tritonclient writes it, or
- *             null). key_padding_mask: BOOL [B, S] or
- *             [S] (true = padding). kv_lengths: INT64 or INT32 [B]. sinks: FP32 [H], a logit
+ *             docs/semantics.md, "Shapes and heads". attn_mask: BOOL (true = may attend) or
+ *             FP32 added to the scores (FP16/BF16 binary; -inf as JSON -Infinity, as
+ *             tritonclient writes it, or null). key_padding_mask: BOOL [B, S] or [S] (true =
+ *             padding). kv_lengths: INT64 or INT32 [B]. sinks: FP32 [H], a logit
  *             per query head that joins each softmax (gpt-oss; finite; not with weights).
  *   parameters causal (true, false, "top_left", "bottom_right"), query_offset, scale, softcap,
  *             precision ("float32", "bfloat16"), output_dtype ("bfloat16": every output BF16,
@@ -37,8 +37,8 @@
  *             "outputs", exactly the ones listed (listing weights alone means per_head).
  *
  * POST /v2/models/{layer}[/versions/1]/infer, a registered layer (GET /v1/models; "demo"),
- * takes the same request with the options of /v1/mha (DESIGN.md section 6), through the same
- * path in layer.c:
+ * takes the same request with the options of /v1/mha (docs/semantics.md, "Multi-head attention
+ * layers"), through the same path in layer.c:
  *
  *   inputs    input: FP32 (JSON or binary), FP16 or BF16 (binary only), [L, E] or [B, L, E]
  *             with E the layer's embed_dim. memory (cross-attention; keys and values from these
