@@ -24,7 +24,7 @@ die() {
 }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot and mounts)"
 command -v debootstrap >/dev/null || {
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 } || die "debootstrap is missing and could not be installed"
 
 # Signals every process whose root is the fresh root (make run's daemon, what a failed run left).
