@@ -110,8 +110,4 @@ void eng__amx_kernel_emu(int64_t steps, const uint16_t *a, int64_t lda, const ui
 void eng__amx_config_load_hw(const eng__amx_config *cfg);
 void eng__amx_config_load_emu(const eng__amx_config *cfg);
 
-/* `reps` rounds of four TDPBF16PS on resident tiles (32 x 32 x 32 each): the tiles' peak, for
- * benchmarks. Only after the configuration is loaded. */
-void eng__amx_peak_hw(int64_t reps);
-
 #endif

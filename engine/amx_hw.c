@@ -30,13 +30,3 @@
 #define AMX_FN(name)           AMX_HW eng__amx_##name##_hw
 
 #include "engine/amx_body.h"
-
-AMX_HW void eng__amx_peak_hw(int64_t reps)
-{
-    for (int64_t r = 0; r < reps; r++) {
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-}

@@ -75,11 +75,6 @@ static srv_status write_port_file(const char *path, int port)
     return SRV_OK;
 }
 
-int srv_server_port(const srv_server *s)
-{
-    return s->port;
-}
-
 /* A --model: a checkpoint directory's layer, or a safetensors file's. */
 static eng_layer *load_model(const srv_model *m, eng_error *eerr)
 {

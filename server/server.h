@@ -181,9 +181,6 @@ srv_status srv_security_check(const srv_config *cfg, char *err, size_t errlen);
  * force. Main thread. */
 void srv_server_reload(srv_server *s);
 
-/* The TCP port the server is bound to. */
-int srv_server_port(const srv_server *s);
-
 /* Graceful drain: readiness turns 503 at once, the listener stops accepting, and requests in
  * flight run to completion for up to --drain-timeout-s; past it, remaining work is cancelled and
  * answered 503. Returns once no connection is suspended, so srv_server_free may stop the
