@@ -56,7 +56,4 @@ int api_status_http(api_error_style style, api_status status);
 /* The "code" word of the native error body ("invalid_argument"); never NULL. */
 const char *api_status_name(api_status status);
 
-/* Whether a reply with `status` carries Retry-After (429 and 503). */
-bool api_status_retry(api_status status);
-
 #endif

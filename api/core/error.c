@@ -47,7 +47,8 @@ const char *api_status_name(api_status status)
     return statuses[status].name;
 }
 
-bool api_status_retry(api_status status)
+/* Whether a reply with `status` carries Retry-After (429 and 503). */
+static bool status_retry(api_status status)
 {
     return statuses[status].retry;
 }
@@ -59,7 +60,7 @@ int api__error_vset(api__error *err, api_status status, api_reason reason, const
         return -1;
     err->status = status;
     err->reason = reason;
-    err->retry_after_s = api_status_retry(status) ? 1 : 0;
+    err->retry_after_s = status_retry(status) ? 1 : 0;
     err->code[0] = '\0';
     snprintf(err->field, sizeof err->field, "%s", field ? field : "");
     vsnprintf(err->message, sizeof err->message, fmt, ap);

@@ -85,9 +85,6 @@ typedef struct {
     float short_factor[2048]; /* LongRoPE's, which spec.rope.short_factor points to */
 } hf_config;
 
-/* The family of `model_type`, or NULL. */
-const hf_family *hf_family_find(const char *model_type);
-
 /* Reads `cfg` (the parsed config.json) for layer `layer` (< 0: 0) into `out`. */
 int hf_config_read(const json_t *cfg, int64_t layer, hf_config *out, hf_error *e);
 

@@ -191,7 +191,8 @@ static const hf_family families[] = {
      .norm_k = "k_layernorm"},
 };
 
-const hf_family *hf_family_find(const char *model_type)
+/* The family of `model_type`, or NULL. */
+static const hf_family *family_find(const char *model_type)
 {
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (strcmp(families[i].model_type, model_type) == 0)
@@ -688,7 +689,7 @@ int hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error *e)
     const json_t *mt = json_object_get(cfg, "model_type");
     if (!json_is_string(mt))
         return hf_fail(e, "model_type", "config.json has no model_type string");
-    c->family = hf_family_find(json_string_value(mt));
+    c->family = family_find(json_string_value(mt));
     if (!c->family)
         return hf_fail(e, "model_type",
                        "config.json: model_type \"%.40s\" is not a family attnd serves (llama, "

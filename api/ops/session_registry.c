@@ -405,7 +405,9 @@ void api__session_release(api_sessions *reg, api__session *s)
     pthread_mutex_unlock(&reg->lock);
 }
 
-bool api__sessions_make_room(api_sessions *reg, const api__session *self, size_t bytes)
+/* Evicts least recently used idle sessions (not `self`, none with a ticket outstanding or
+ * acquired) until `bytes` of the pool are free or none is left; true when they are. */
+static bool make_room(api_sessions *reg, const api__session *self, size_t bytes)
 {
     for (;;) {
         eng_kv_pool_stats ps;
@@ -484,7 +486,7 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
         *st = step(arg, e);
         if (*st != ENG_ENOMEM || e->cause != ENG_CAUSE_KV_CACHE_FULL)
             return 0;
-        if (!api__sessions_make_room(reg, s, eng_kv_seq_append_bytes(s->seq, new_tokens)))
+        if (!make_room(reg, s, eng_kv_seq_append_bytes(s->seq, new_tokens)))
             return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
                                   "the KV cache (--kv-cache-bytes, %.1f MiB) is full of "
                                   "sessions with steps in flight; retry shortly",

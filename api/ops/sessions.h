@@ -94,10 +94,6 @@ int api__session_acquire(api_sessions *reg, const char *id, api__session **out, 
 /* Records the session's length, bytes and last use, and lets the next request have it. */
 void api__session_release(api_sessions *reg, api__session *s);
 
-/* Evicts least recently used idle sessions (not `self`, none with a ticket outstanding or
- * acquired) until `bytes` of the pool are free or none is left; true when they are. */
-bool api__sessions_make_room(api_sessions *reg, const api__session *self, size_t bytes);
-
 /* The registry's pool, for a new sequence. */
 eng_kv_pool *api__sessions_pool(api_sessions *reg);
 /* The default TTL (--session-ttl-s). */
