@@ -319,13 +319,13 @@ static void head_block_task(void *arg, int64_t index)
     if (!s)
         return;
     const sdpa_task t = {b, h, i0, rows, output_rows(p, b, h, i0, s), s};
-    if (sdpa__attend(p, &t, 0, p->S) != ENG_OK)
+    if (eng__sdpa_attend(p, &t, 0, p->S) != ENG_OK)
         return;
     finish_heads(p, b, h, i0, rows, &t.hr);
     for (int64_t g = 0; g < task_head_count(p) && a->weights_mode == ENG_WEIGHTS_PER_HEAD; g++) {
         const weights_out out = {a->weights + ((b * p->H + h + g) * p->L + i0) * p->S, 1.0f, false};
         memset(out.w, 0, (size_t)(rows * p->S) * sizeof(float));
-        if (sdpa__head_weights(p, &t, g, &out) != ENG_OK)
+        if (eng__sdpa_head_weights(p, &t, g, &out) != ENG_OK)
             return;
     }
 }
@@ -345,11 +345,11 @@ static void mean_block_task(void *arg, int64_t index)
     memset(out.w, 0, (size_t)(rows * p->S) * sizeof(float));
     for (int64_t h = 0; h < p->H; h += task_head_count(p)) {
         const sdpa_task t = {b, h, i0, rows, output_rows(p, b, h, i0, s), s};
-        if (sdpa__attend(p, &t, 0, p->S) != ENG_OK)
+        if (eng__sdpa_attend(p, &t, 0, p->S) != ENG_OK)
             return;
         finish_heads(p, b, h, i0, rows, &t.hr);
         for (int64_t g = 0; g < task_head_count(p); g++)
-            if (sdpa__head_weights(p, &t, g, &out) != ENG_OK)
+            if (eng__sdpa_head_weights(p, &t, g, &out) != ENG_OK)
                 return;
     }
 }
@@ -383,7 +383,7 @@ static void chunk_task(void *arg, int64_t index)
                          s};
     int64_t kbeg = c * p->chunk_len;
     int64_t kend = kbeg + p->chunk_len < p->S ? kbeg + p->chunk_len : p->S;
-    sdpa__attend(p, &t, kbeg, kend);
+    eng__sdpa_attend(p, &t, kbeg, kend);
 }
 
 /* Split decoding, step 2: merge the chunks of one (b, h) by their maxima and sums. */
@@ -439,9 +439,9 @@ static eng_status run_plan(eng_pool *pool, plan *p, eng_error *err)
 {
     eng_status st = ENG_OK;
     if (p->add_q)
-        st = eng_pool_run(pool, sdpa__additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
+        st = eng_pool_run(pool, eng__sdpa_additive_project_task, p, p->B * (p->H + p->Hkv), p->ctl);
     if (st == ENG_OK && (p->kpack || p->kpack16))
-        st = eng_pool_run(pool, sdpa__prepack_task, p, p->B * p->Hkv, p->ctl);
+        st = eng_pool_run(pool, eng__sdpa_prepack_task, p, p->B * p->Hkv, p->ctl);
     if (st == ENG_OK)
         st = run_attention(pool, p);
     if (st == ENG_OK && atomic_load(&p->no_scratch))
@@ -476,13 +476,13 @@ size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_pa
                                      int threads)
 {
     plan p;
-    sdpa__plan_init(&p, args, kv, threads > 0 ? threads : 1);
+    eng__sdpa_plan_init(&p, args, kv, threads > 0 ? threads : 1);
     /* One scratch block per thread that may run a task: the workers and this caller; a 16-bit
      * cache's prepacking widens one cache block per thread. */
     size_t per_thread = p.lay.total;
     if (p.prepack && p.source == SDPA_PAGED && p.kv_dtype != ENG_DTYPE_F32)
         per_thread += (size_t)(kv->block_tokens * (p.D + p.Dv));
-    return sdpa__heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
+    return eng__sdpa_heap_bytes(&p) + (size_t)(threads + 1) * per_thread * sizeof(float);
 }
 
 eng_status eng__sdpa_validate(const eng_sdpa_args *a, eng_error *err)
@@ -508,7 +508,7 @@ static eng_status sdpa_run(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
                          "scoring");
 
     plan p;
-    sdpa__plan_init(&p, a, kv, eng_pool_threads(pool));
+    eng__sdpa_plan_init(&p, a, kv, eng_pool_threads(pool));
     p.ctl = ctl;
     p.kv_rows = kv_rows;
 
@@ -535,7 +535,7 @@ static eng_status sdpa_run(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
         p.add_k = additive ? additive + nq : NULL;
     }
     /* Without the memory for shared K and V panels, each task packs its own blocks. */
-    float *packed = p.prepack ? eng_buf_alloc(sdpa__prepack_bytes(&p)) : NULL;
+    float *packed = p.prepack ? eng_buf_alloc(eng__sdpa_prepack_bytes(&p)) : NULL;
     if (packed && p.products == SDPA_BF16_NATIVE) {
         p.kpack16 = (uint16_t *)packed;
         p.vpack16 = p.kpack16 + p.B * p.Hkv * p.kpack_head;
@@ -545,7 +545,7 @@ static eng_status sdpa_run(eng_pool *pool, const eng_sdpa_args *a, const eng__kv
     }
     if ((a->alibi && !p.slopes) || (p.chunks > 1 && !parts) || (a->additive_w_q && !additive)) {
         st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate %zu bytes of attention state",
-                       sdpa__heap_bytes(&p));
+                       eng__sdpa_heap_bytes(&p));
     } else {
         st = run_plan(pool, &p, err);
     }

@@ -26,22 +26,23 @@ static eng_status attend_panel(plan *p, const q_rows *q, const key_block *kb,
 {
     eng_status st;
     const int64_t n = kb->n;
-    sdpa__panel_scores(p, q, kb, bp, s, scratch);
+    eng__sdpa_panel_scores(p, q, kb, bp, s, scratch);
     for (int64_t r = 0; r < q->n; r++) {
         float *row = s.x + r * s.ld, bmax;
         bool rebase;
         /* Masks and biases in the same sweep as the softmax: the row stays in L1. */
-        sdpa__bias_row(p, q->b, q->h, q->i + r, kb, row);
-        if ((st = sdpa__softmax_row(p, row, n, &acc->m[r], &acc->l[r], &rebase, &bmax)) != ENG_OK)
+        eng__sdpa_bias_row(p, q->b, q->h, q->i + r, kb, row);
+        if ((st = eng__sdpa_softmax_row(p, row, n, &acc->m[r], &acc->l[r], &rebase, &bmax)) !=
+            ENG_OK)
             return st;
         if (!rebase)
             continue;
         const q_rows one = {q->b, q->h, q->i + r, 1, q->t + r};
-        sdpa__panel_scores(p, &one, kb, bp, (mat){row, s.ld}, scratch);
-        sdpa__bias_row(p, q->b, q->h, q->i + r, kb, row);
-        sdpa__rebase_row(p, row, n, bmax, acc->o.x + r * acc->o.ld, &acc->m[r], &acc->l[r]);
+        eng__sdpa_panel_scores(p, &one, kb, bp, (mat){row, s.ld}, scratch);
+        eng__sdpa_bias_row(p, q->b, q->h, q->i + r, kb, row);
+        eng__sdpa_rebase_row(p, row, n, bmax, acc->o.x + r * acc->o.ld, &acc->m[r], &acc->l[r]);
     }
-    sdpa__panel_values(p, q->n, kb, bp, s, acc->o, scratch);
+    eng__sdpa_panel_values(p, q->n, kb, bp, s, acc->o, scratch);
     return ENG_OK;
 }
 
@@ -52,14 +53,14 @@ static eng_status attend_block(plan *p, const sdpa_task *t, int64_t h0, const ke
                                const head_rows *hr)
 {
     if (p->path == SDPA_STREAM)
-        return sdpa__stream_block(p, t, h0, kb, hr);
-    block_panels bp = sdpa__block_operands(p, t->b, h0 / p->group, kb, t->s);
+        return eng__sdpa_stream_block(p, t, h0, kb, hr);
+    block_panels bp = eng__sdpa_block_operands(p, t->b, h0 / p->group, kb, t->s);
     const int64_t height = p->ks->panel_rows, rows = t->rows;
     for (int64_t r0 = 0; r0 < rows; r0 += height) {
         int64_t pr = rows - r0 < height ? rows - r0 : height;
         key_block k = *kb;
         /* Positions, and so the visible keys, are the same for every head. */
-        if (k.kind == KEYS_BOUNDARY && !sdpa__panel_keys(p, t->b, t->i0 + r0, pr, &k))
+        if (k.kind == KEYS_BOUNDARY && !eng__sdpa_panel_keys(p, t->b, t->i0 + r0, pr, &k))
             continue;
         for (int64_t g = 0; g < p->task_heads; g++) {
             const q_rows q = {t->b, h0 + g, t->i0 + r0, pr, g * rows + r0};
@@ -88,7 +89,7 @@ static head_rows slot_rows(const plan *p, const head_rows *hr, int64_t slot, int
 
 /* Slot after slot in each key block: where several kv heads lie side by side, a streaming task
  * reads their rows in the order they lie. */
-eng_status sdpa__attend(plan *p, const sdpa_task *t, int64_t kbeg, int64_t kend)
+eng_status eng__sdpa_attend(plan *p, const sdpa_task *t, int64_t kbeg, int64_t kend)
 {
     const head_rows *hr = &t->hr;
     for (int64_t g = 0; g < task_head_count(p); g++) {
@@ -101,14 +102,14 @@ eng_status sdpa__attend(plan *p, const sdpa_task *t, int64_t kbeg, int64_t kend)
         }
         if (bf16(p) || p->q16) {
             const q_rows q = {t->b, t->h + g, t->i0, t->rows, g * t->rows};
-            sdpa__round_queries(p, &q, t->s);
+            eng__sdpa_round_queries(p, &q, t->s);
         }
     }
     key_blocks it;
     key_block kb;
     eng_status st = ENG_OK;
-    sdpa__blocks_init(p, &it, t->b, t->i0, t->rows, kbeg, kend);
-    while (sdpa__blocks_next(p, &it, &kb, &st))
+    eng__sdpa_blocks_init(p, &it, t->b, t->i0, t->rows, kbeg, kend);
+    while (eng__sdpa_blocks_next(p, &it, &kb, &st))
         for (int64_t slot = 0; slot < p->task_slots; slot++) {
             const head_rows hs = slot_rows(p, hr, slot, t->rows);
             eng_status bst = attend_block(p, t, t->h + slot * p->task_heads, &kb, &hs);

@@ -9,7 +9,7 @@
  * packed into panels), and the flash loop (sdpa_flash.c) computes each panel of rows with
  * sdpa_products.c (Q K^T, masks and biases, the online softmax, P V), or a decode step streams
  * the rows instead (sdpa_stream.c). Weights are a second pass over the same blocks
- * (sdpa_weights.c). Names here carry the sdpa__ prefix.
+ * (sdpa_weights.c). The functions here carry the eng__sdpa_ prefix.
  */
 #ifndef ATTND_ENGINE_SDPA_INTERNAL_H
 #define ATTND_ENGINE_SDPA_INTERNAL_H
@@ -237,97 +237,98 @@ static inline int64_t score_rows(const plan *p)
 /* ---- sdpa_plan.c -------------------------------------------------------------------------- */
 
 /* The plan of call a (kv: the paged source, or NULL) on `threads` workers. */
-void sdpa__plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, int threads);
+void eng__sdpa_plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, int threads);
 
 /* Bytes a call allocates on the heap (besides per-thread scratch), and of them the
  * prepacked K and V. */
-size_t sdpa__heap_bytes(const plan *p);
-size_t sdpa__prepack_bytes(const plan *p);
+size_t eng__sdpa_heap_bytes(const plan *p);
+size_t eng__sdpa_prepack_bytes(const plan *p);
 
 /* ---- sdpa_masks.c ------------------------------------------------------------------------- */
 
 /* The keys that rows [i0, i0 + rows) of batch b may see by position, within [kbeg, kend). */
-key_span sdpa__rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
-                         int64_t kend);
+key_span eng__sdpa_rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
+                             int64_t kend);
 
 /* The key blocks of keys [kbeg, kend) for rows [i0, i0 + rows) of batch b. */
-void sdpa__blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
-                       int64_t kbeg, int64_t kend);
+void eng__sdpa_blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
+                           int64_t kbeg, int64_t kend);
 
 /* The next block with a key some row may see into *kb (c0 = 0, n = cols): false when none is
  * left, or when ctl stops the call (*st then says why). */
-bool sdpa__blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status *st);
+bool eng__sdpa_blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status *st);
 
 /* For rows [i, i + rows) of batch b: kb's keys that some row may see by position, c0 rounded
  * down to a whole panel of keys (key_panel). False when no row sees any. */
-bool sdpa__panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_block *kb);
+bool eng__sdpa_panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_block *kb);
 
 /* Softcap, ALiBi, the attention mask, padding and the position range on the scores `row` of
  * query row i of head (b, h) against the keys [j0 + c0, j0 + c0 + n) of kb. */
-void sdpa__bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const key_block *kb,
-                    float *row);
+void eng__sdpa_bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const key_block *kb,
+                        float *row);
 
 /* ---- sdpa_operands.c ---------------------------------------------------------------------- */
 
 /* The operands of block kb of (b, kv head hk), rows widened or packed into the scratch s. */
-block_panels sdpa__block_operands(const plan *p, int64_t b, int64_t hk, const key_block *kb,
-                                  const float *s);
+block_panels eng__sdpa_block_operands(const plan *p, int64_t b, int64_t hk, const key_block *kb,
+                                      const float *s);
 
 /* With bf16 products or bf16 Q rows: the rows of q rounded (or copied, or widened) into the
  * task's Q rows of scratch s from task row q->t. */
-void sdpa__round_queries(const plan *p, const q_rows *q, float *s);
+void eng__sdpa_round_queries(const plan *p, const q_rows *q, float *s);
 
 /* K and V of (b, kv head) `index` packed into the shared panels (a pool task). */
-void sdpa__prepack_task(void *arg, int64_t index);
+void eng__sdpa_prepack_task(void *arg, int64_t index);
 
 /* W_q q of one (b, h), or W_k k of one (b, kv head) (a pool task). */
-void sdpa__additive_project_task(void *arg, int64_t index);
+void eng__sdpa_additive_project_task(void *arg, int64_t index);
 
 /* ---- sdpa_products.c ---------------------------------------------------------------------- */
 
 /* s (row stride lds) = the products of rows q against the panel keys of kb with operands bp,
  * before anything modifies them; scratch is the task's. */
-void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, const block_panels *bp,
-                        mat s, const float *scratch);
+void eng__sdpa_panel_scores(const plan *p, const q_rows *q, const key_block *kb,
+                            const block_panels *bp, mat s, const float *scratch);
 
 /* o (accumulators of rows) += P V for the probabilities in s and the panel keys of kb. */
-void sdpa__panel_values(const plan *p, int64_t rows, const key_block *kb, const block_panels *bp,
-                        mat s, mat o, const float *scratch);
+void eng__sdpa_panel_values(const plan *p, int64_t rows, const key_block *kb,
+                            const block_panels *bp, mat s, mat o, const float *scratch);
 
 /* The additive scores of rows q against keys [j0, j0 + n) into s. */
-void sdpa__additive_scores(const plan *p, const q_rows *q, int64_t j0, int64_t n, mat s);
+void eng__sdpa_additive_scores(const plan *p, const q_rows *q, int64_t j0, int64_t n, mat s);
 
 /* The online-softmax update of one row of n scores with its reference maximum *m and sum *l;
  * *rebase set when the block maximum *bmax jumped too far (then rebase the recomputed row). */
-eng_status sdpa__softmax_row(plan *p, float *row, int64_t n, float *m, float *l, bool *rebase,
-                             float *bmax);
+eng_status eng__sdpa_softmax_row(plan *p, float *row, int64_t n, float *m, float *l, bool *rebase,
+                                 float *bmax);
 
 /* Rebases a row on the block maximum bmax: its accumulator orow and sum are rescaled and its
  * recomputed scores become exponentials of the new reference. */
-void sdpa__rebase_row(plan *p, float *row, int64_t n, float bmax, float *orow, float *m, float *l);
+void eng__sdpa_rebase_row(plan *p, float *row, int64_t n, float bmax, float *orow, float *m,
+                          float *l);
 
 /* ---- sdpa_stream.c ------------------------------------------------------------------------ */
 
 /* Query row i of head (b, h), task row t, as the streaming kernels read it. */
-const float *sdpa__stream_query(const plan *p, const q_rows *q, const float *s);
+const float *eng__sdpa_stream_query(const plan *p, const q_rows *q, const float *s);
 
 /* Whether a streaming task of nt rows multiplies with the bf16 pair kernels. */
-bool sdpa__stream_pairs(const plan *p, int64_t nt);
+bool eng__sdpa_stream_pairs(const plan *p, int64_t nt);
 
 /* s (row stride kb->n) = the scores of rows [i, i + n) of each of `heads` heads from (b, h)
  * (q: their row pointers) against the keys of kb in bp's rows. */
-void sdpa__stream_scores(const plan *p, const q_rows *q, int64_t heads, const float *const *qr,
-                         const block_panels *bp, const key_block *kb, bool pairs, float *s);
+void eng__sdpa_stream_scores(const plan *p, const q_rows *q, int64_t heads, const float *const *qr,
+                             const block_panels *bp, const key_block *kb, bool pairs, float *s);
 
 /* One key block for the few rows of every head of a streaming task's slot. */
-eng_status sdpa__stream_block(plan *p, const sdpa_task *t, int64_t h0, const key_block *kb,
-                              const head_rows *hr);
+eng_status eng__sdpa_stream_block(plan *p, const sdpa_task *t, int64_t h0, const key_block *kb,
+                                  const head_rows *hr);
 
 /* ---- sdpa_flash.c ------------------------------------------------------------------------- */
 
 /* Online softmax over the visible keys of [kbeg, kend) for task t's rows: each head's output
  * rows get the unnormalised sum of exp(s - m) v, with the row maxima m and sums l. */
-eng_status sdpa__attend(plan *p, const sdpa_task *t, int64_t kbeg, int64_t kend);
+eng_status eng__sdpa_attend(plan *p, const sdpa_task *t, int64_t kbeg, int64_t kend);
 
 /* ---- sdpa_weights.c ----------------------------------------------------------------------- */
 
@@ -339,7 +340,7 @@ typedef struct {
     bool accumulate;
 } weights_out;
 
-/* The weights of head g of task t (after sdpa__attend has set its maxima and sums). */
-eng_status sdpa__head_weights(plan *p, const sdpa_task *t, int64_t g, const weights_out *out);
+/* The weights of head g of task t (after eng__sdpa_attend has set its maxima and sums). */
+eng_status eng__sdpa_head_weights(plan *p, const sdpa_task *t, int64_t g, const weights_out *out);
 
 #endif

@@ -100,7 +100,8 @@ static void apply_ranges(const plan *p, int64_t b, int64_t i0, int64_t rows, int
     }
 }
 
-void sdpa__bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const key_block *kb, float *row)
+void eng__sdpa_bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const key_block *kb,
+                        float *row)
 {
     const eng_sdpa_args *a = p->a;
     const int64_t j0 = kb->j0 + kb->c0, cols = kb->n;
@@ -118,8 +119,8 @@ void sdpa__bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const key_bl
         apply_ranges(p, b, i, 1, j0, cols, row);
 }
 
-key_span sdpa__rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
-                         int64_t kend)
+key_span eng__sdpa_rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
+                             int64_t kend)
 {
     int64_t lo0, hi0, lo1, hi1;
     row_range(p, b, i0, &lo0, &hi0);
@@ -164,10 +165,10 @@ static int64_t block_cols(const plan *p, int64_t j0, int64_t to)
 
 /* Blocks start on whole panels of NR keys from the first visible one (or kbeg), so that they
  * find their K panels among the prepacked ones; then come the open tail's keys. */
-void sdpa__blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
-                       int64_t kbeg, int64_t kend)
+void eng__sdpa_blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
+                           int64_t kbeg, int64_t kend)
 {
-    it->span = sdpa__rows_span(p, b, i0, rows, kbeg, kend);
+    it->span = eng__sdpa_rows_span(p, b, i0, rows, kbeg, kend);
     it->b = b;
     it->tail = false;
     it->tail_lo = kbeg > p->S_main ? kbeg : p->S_main;
@@ -180,7 +181,7 @@ void sdpa__blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int
     }
 }
 
-bool sdpa__blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status *st)
+bool eng__sdpa_blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status *st)
 {
     for (;;) {
         if (it->j0 >= it->end) {
@@ -206,7 +207,7 @@ bool sdpa__blocks_next(const plan *p, key_blocks *it, key_block *kb, eng_status 
 
 /* Row ranges never shrink as i grows: the first row bounds the start, the last the end. Keys
  * before the start that a panel takes (to start on a whole panel) are masked by the rows. */
-bool sdpa__panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_block *kb)
+bool eng__sdpa_panel_keys(const plan *p, int64_t b, int64_t i, int64_t rows, key_block *kb)
 {
     int64_t lo, hi, lo_last, hi_last;
     row_range(p, b, i, &lo, &hi);

@@ -178,8 +178,8 @@ static void pack_block(const plan *p, int64_t b, int64_t hk, int64_t j0, int64_t
 /* The operands of keys [j0, j0+cols) of (b, kv head hk): their rows in place (16-bit ones
  * widened into the task's scratch s, unless the streaming kernels or the packing read them),
  * and, when the micro-kernel multiplies them, their panels. */
-block_panels sdpa__block_operands(const plan *p, int64_t b, int64_t hk, const key_block *kb,
-                                  const float *s)
+block_panels eng__sdpa_block_operands(const plan *p, int64_t b, int64_t hk, const key_block *kb,
+                                      const float *s)
 {
     const int64_t j0 = kb->j0, cols = kb->cols;
     block_panels bp = {0};
@@ -231,7 +231,7 @@ static void copy_bf16_row(const uint16_t *x, int64_t n, uint16_t *dst)
  * widened for fp32 products) into the task's Q rows from task row `first`; the rows past
  * them, which the micro-kernel reads but never stores, and the P panel are zeroed (a task of
  * several heads fills them in order, so only the last head's zeroing stays). */
-void sdpa__round_queries(const plan *p, const q_rows *q, float *s)
+void eng__sdpa_round_queries(const plan *p, const q_rows *q, float *s)
 {
     const int64_t b = q->b, h = q->h, i0 = q->i, rows = q->n, first = q->t;
     const size_t end = (size_t)(first + rows);
@@ -311,7 +311,7 @@ static void prepack_views16(plan *p, int64_t index, const uint16_t *k, int64_t l
 /* Packing step: K^T and V panels of one (b, kv head), a cache block at a time from a paged
  * cache (a 16-bit one widened first); bf16 views are packed from their bits (rounding them
  * again would change nothing). */
-void sdpa__prepack_task(void *arg, int64_t index)
+void eng__sdpa_prepack_task(void *arg, int64_t index)
 {
     plan *p = arg;
     int64_t b = index / p->Hkv, hk = index % p->Hkv;
@@ -350,7 +350,7 @@ void sdpa__prepack_task(void *arg, int64_t index)
 }
 
 /* Additive scoring, step 0: W_q q for one (b, h), or W_k k for one (b, kv head). */
-void sdpa__additive_project_task(void *arg, int64_t index)
+void eng__sdpa_additive_project_task(void *arg, int64_t index)
 {
     plan *p = arg;
     const eng_sdpa_args *a = p->a;

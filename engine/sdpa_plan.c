@@ -304,7 +304,7 @@ static void plan_prepack(plan *p)
 }
 
 /* Bytes of the prepacked K and V. */
-size_t sdpa__prepack_bytes(const plan *p)
+size_t eng__sdpa_prepack_bytes(const plan *p)
 {
     if (!p->prepack)
         return 0;
@@ -332,7 +332,7 @@ eng_precision eng_sdpa_precision(const eng_sdpa_args *a)
     return ENG_PRECISION_FLOAT32;
 }
 
-void sdpa__plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, int threads)
+void eng__sdpa_plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, int threads)
 {
     memset(p, 0, sizeof *p);
     atomic_init(&p->nonfinite, false);
@@ -368,7 +368,7 @@ void sdpa__plan_init(plan *p, const eng_sdpa_args *a, const eng__kv_paged *kv, i
 }
 
 /* Bytes eng_sdpa allocates on the heap for one call (besides per-thread scratch). */
-size_t sdpa__heap_bytes(const plan *p)
+size_t eng__sdpa_heap_bytes(const plan *p)
 {
     size_t bytes = 0;
     if (p->a->alibi && !p->a->alibi_slopes)
@@ -378,5 +378,5 @@ size_t sdpa__heap_bytes(const plan *p)
     if (p->a->additive_w_q)
         bytes += (size_t)((p->B * p->H * p->L + p->B * p->Hkv * p->S) * p->a->additive_dim) *
                  sizeof(float);
-    return bytes + sdpa__prepack_bytes(p);
+    return bytes + eng__sdpa_prepack_bytes(p);
 }

@@ -81,7 +81,7 @@ static void values_gemm(const plan *p, mat s, int64_t rows, const key_block *kb,
     eng__sgemm(p->ks, &g, pack);
 }
 
-void sdpa__additive_scores(const plan *p, const q_rows *q, int64_t j0, int64_t n, mat s)
+void eng__sdpa_additive_scores(const plan *p, const q_rows *q, int64_t j0, int64_t n, mat s)
 {
     int64_t A = p->a->additive_dim;
     const float *qa = p->add_q + ((q->b * p->H + q->h) * p->L + q->i) * A;
@@ -160,14 +160,14 @@ static void values_amx(const plan *p, int64_t rows, const key_block *kb, const b
 }
 
 /* Row q->t of the task is row q->i's: with bf16 its rounded copy lives there. */
-void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, const block_panels *bp,
-                        mat s, const float *scratch)
+void eng__sdpa_panel_scores(const plan *p, const q_rows *q, const key_block *kb,
+                            const block_panels *bp, mat s, const float *scratch)
 {
     const eng_sdpa_args *a = p->a;
     const int64_t nr = p->ks->nr, rows = q->n;
     float *pack = (float *)scratch + p->lay.pack;
     if (p->add_q) {
-        sdpa__additive_scores(p, q, kb->j0 + kb->c0, kb->n, s);
+        eng__sdpa_additive_scores(p, q, kb->j0 + kb->c0, kb->n, s);
     } else if (p->products == SDPA_BF16_AMX) {
         scores_amx(p, q, kb, bp, s, scratch);
     } else if (p->products == SDPA_BF16_ROUNDED || (!bf16(p) && p->q16)) {
@@ -195,8 +195,8 @@ void sdpa__panel_scores(const plan *p, const q_rows *q, const key_block *kb, con
 
 /* With bf16, P is rounded first: in place for the fp32 kernel, into the task's P panel for
  * VDPBF16PS, or into the tiles' rows. */
-void sdpa__panel_values(const plan *p, int64_t rows, const key_block *kb, const block_panels *bp,
-                        mat s, mat o, const float *scratch)
+void eng__sdpa_panel_values(const plan *p, int64_t rows, const key_block *kb,
+                            const block_panels *bp, mat s, mat o, const float *scratch)
 {
     const int64_t nr = p->ks->nr, n = kb->n;
     if (p->products == SDPA_BF16_AMX) {
@@ -259,9 +259,9 @@ static eng_status first_block_row(plan *p, float *row, int64_t cols, float *m, f
  * needs exp(s - m) to stay in range, so a block whose maximum exceeds m by at most
  * RESCALE_SLACK simply adds to l (p <= e^SLACK), and only a larger jump (rare: a maximum that
  * arrives late) needs the row rebased: then *rebase is set, *bmax is the block maximum, and the
- * row holds nothing useful: the caller recomputes its scores and calls sdpa__rebase_row. */
-eng_status sdpa__softmax_row(plan *p, float *row, int64_t n, float *m, float *l, bool *rebase,
-                             float *bmax)
+ * row holds nothing useful: the caller recomputes its scores and calls eng__sdpa_rebase_row. */
+eng_status eng__sdpa_softmax_row(plan *p, float *row, int64_t n, float *m, float *l, bool *rebase,
+                                 float *bmax)
 {
     *rebase = false;
     if (*m == -INFINITY)
@@ -279,7 +279,8 @@ eng_status sdpa__softmax_row(plan *p, float *row, int64_t n, float *m, float *l,
     return ENG_OK;
 }
 
-void sdpa__rebase_row(plan *p, float *row, int64_t n, float bmax, float *orow, float *m, float *l)
+void eng__sdpa_rebase_row(plan *p, float *row, int64_t n, float bmax, float *orow, float *m,
+                          float *l)
 {
     float alpha = expf(*m - bmax);
     for (int64_t d = 0; d < p->Dv; d++)

@@ -20,7 +20,7 @@ typedef struct {
 } hf_error;
 
 /* Fills `e` (the first failure wins) and returns -1. */
-int hf_fail(hf_error *e, const char *field, const char *fmt, ...)
+int api__hf_fail(hf_error *e, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* How a family stores the q, k and v projections. */
@@ -86,32 +86,32 @@ typedef struct {
 } hf_config;
 
 /* Reads `cfg` (the parsed config.json) for layer `layer` (< 0: 0) into `out`. */
-int hf_config_read(const json_t *cfg, int64_t layer, hf_config *out, hf_error *e);
+int api__hf_config_read(const json_t *cfg, int64_t layer, hf_config *out, hf_error *e);
 
 /* The checkpoint's files: the index's weight map (or the one file), mapped on demand. */
 typedef struct hf_files hf_files;
 
 /* Opens DIR's weights: model.safetensors.index.json (whose shards must exist) or
  * model.safetensors. Nothing is read past the index until a tensor is asked for. */
-hf_files *hf_files_open(const char *dir, hf_error *e);
-void hf_files_close(hf_files *f);
+hf_files *api__hf_files_open(const char *dir, hf_error *e);
+void api__hf_files_close(hf_files *f);
 
 /* Tensor `name` of the checkpoint, pointing into its mapped shard (valid until close; `out`
  * NULL only asks whether it is there); 1 when found, 0 when absent, -1 on a bad shard. */
-int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e);
+int api__hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e);
 
 /* Bytes of the shards' data that the tensors asked for span. */
-size_t hf_files_bytes_read(const hf_files *f);
+size_t api__hf_files_bytes_read(const hf_files *f);
 
-/* The header checks of one shard's bytes (as hf_files_tensor makes them), for the fuzzer:
+/* The header checks of one shard's bytes (as api__hf_files_tensor makes them), for the fuzzer:
  * JSON, dtypes, shapes against byte counts, offsets inside the data and not overlapping. */
-int hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e);
+int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e);
 
 /* The checks of an index's text (JSON, a weight_map of file names inside `dir`, each shard
- * present), as hf_files_open makes them, for the fuzzer. */
-int hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
+ * present), as api__hf_files_open makes them, for the fuzzer. */
+int api__hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
 
-/* The layer of a checkpoint: hf_config_read, then its tensors from `files`. */
-eng_layer *hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e);
+/* The layer of a checkpoint: api__hf_config_read, then its tensors from `files`. */
+eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e);
 
 #endif

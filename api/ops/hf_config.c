@@ -17,7 +17,7 @@
 
 #include "api/ops/hf.h"
 
-int hf_fail(hf_error *e, const char *field, const char *fmt, ...)
+int api__hf_fail(hf_error *e, const char *field, const char *fmt, ...)
 {
     if (e->message[0])
         return -1;
@@ -226,11 +226,11 @@ static int get_count(const json_t *cfg, const char *const *keys, int64_t fallbac
             *out = fallback;
             return 0;
         }
-        return hf_fail(e, keys[0], "config.json has no %s", keys[0]);
+        return api__hf_fail(e, keys[0], "config.json has no %s", keys[0]);
     }
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > max)
-        return hf_fail(e, key, "config.json: %s must be an integer in [1, %lld]", key,
-                       (long long)max);
+        return api__hf_fail(e, key, "config.json: %s must be an integer in [1, %lld]", key,
+                            (long long)max);
     *out = json_integer_value(v);
     return 0;
 }
@@ -244,7 +244,7 @@ static int get_number(const json_t *obj, const char *key, double fallback, doubl
         return 0;
     }
     if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return hf_fail(e, key, "config.json: %s must be a number", key);
+        return api__hf_fail(e, key, "config.json: %s must be a number", key);
     *out = json_number_value(v);
     return 0;
 }
@@ -257,7 +257,7 @@ static int get_bool(const json_t *obj, const char *key, bool fallback, bool *out
         return 0;
     }
     if (!json_is_boolean(v))
-        return hf_fail(e, key, "config.json: %s must be true or false", key);
+        return api__hf_fail(e, key, "config.json: %s must be true or false", key);
     *out = json_is_true(v);
     return 0;
 }
@@ -287,19 +287,20 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
     if (get_count(cfg, k_d, c->E / c->H, 1 << 16, &c->D, e))
         return -1;
     if (!json_integer_value(json_object_get(cfg, "head_dim")) && c->E % c->H != 0)
-        return hf_fail(e, "num_attention_heads",
-                       "config.json: hidden size %lld is not a multiple of %lld heads (and no "
-                       "head_dim says the head size)",
-                       (long long)c->E, (long long)c->H);
+        return api__hf_fail(e, "num_attention_heads",
+                            "config.json: hidden size %lld is not a multiple of %lld heads (and no "
+                            "head_dim says the head size)",
+                            (long long)c->E, (long long)c->H);
     if (c->D * c->H > (int64_t)1 << 24)
-        return hf_fail(e, "head_dim", "config.json: head_dim %lld times %lld heads is over 2^24",
-                       (long long)c->D, (long long)c->H);
+        return api__hf_fail(e, "head_dim",
+                            "config.json: head_dim %lld times %lld heads is over 2^24",
+                            (long long)c->D, (long long)c->H);
     if (c->D * c->H != c->E)
         c->spec.head_dim = c->D;
     if (c->layer >= c->layers)
-        return hf_fail(e, "num_hidden_layers",
-                       "layer %lld is past the model's num_hidden_layers = %lld",
-                       (long long)c->layer, (long long)c->layers);
+        return api__hf_fail(e, "num_hidden_layers",
+                            "layer %lld is past the model's num_hidden_layers = %lld",
+                            (long long)c->layer, (long long)c->layers);
     c->qkv = c->family->qkv;
     c->groups = c->H;
     if (strcmp(c->family->model_type, "falcon") == 0) {
@@ -310,7 +311,7 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
             get_bool(cfg, "multi_query", true, &multi_query, e))
             return -1;
         if (alibi)
-            return hf_fail(e, "alibi", "config.json: Falcon with alibi is not supported");
+            return api__hf_fail(e, "alibi", "config.json: Falcon with alibi is not supported");
         if (new_arch) {
             if (get_count(cfg, k_falcon_kv, c->H, 1 << 16, &c->Hkv, e))
                 return -1;
@@ -323,9 +324,9 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
         }
     }
     if (c->H % c->Hkv != 0)
-        return hf_fail(e, "num_key_value_heads",
-                       "config.json: %lld heads are not a multiple of %lld key/value heads",
-                       (long long)c->H, (long long)c->Hkv);
+        return api__hf_fail(e, "num_key_value_heads",
+                            "config.json: %lld heads are not a multiple of %lld key/value heads",
+                            (long long)c->H, (long long)c->Hkv);
     return bias_of(cfg, c->family->bias_qkv, &c->bias_qkv, e) ||
                    bias_of(cfg, c->family->bias_o, &c->bias_o, e)
                ? -1
@@ -344,15 +345,16 @@ static int layer_slides(const json_t *cfg, const hf_config *c, bool *slides, hf_
         const json_t *t = json_array_get(types, (size_t)c->layer);
         if (!json_is_array(types) || (int64_t)json_array_size(types) != c->layers || !t ||
             !json_is_string(t))
-            return hf_fail(e, "layer_types",
-                           "config.json: layer_types must list num_hidden_layers = %lld strings",
-                           (long long)c->layers);
+            return api__hf_fail(
+                e, "layer_types",
+                "config.json: layer_types must list num_hidden_layers = %lld strings",
+                (long long)c->layers);
         const char *s = json_string_value(t);
         if (strcmp(s, "sliding_attention") != 0 && strcmp(s, "full_attention") != 0)
-            return hf_fail(e, "layer_types",
-                           "config.json: layer_types[%lld] is \"%.40s\"; attnd serves "
-                           "\"full_attention\" and \"sliding_attention\"",
-                           (long long)c->layer, s);
+            return api__hf_fail(e, "layer_types",
+                                "config.json: layer_types[%lld] is \"%.40s\"; attnd serves "
+                                "\"full_attention\" and \"sliding_attention\"",
+                                (long long)c->layer, s);
         *slides = strcmp(s, "sliding_attention") == 0;
         return 0;
     }
@@ -377,9 +379,9 @@ static int layer_slides(const json_t *cfg, const hf_config *c, bool *slides, hf_
         if (get_number(cfg, "sliding_window_pattern", 6, &pattern, e))
             return -1;
         if (pattern < 1 || pattern > 1e6)
-            return hf_fail(e, "sliding_window_pattern",
-                           "config.json: sliding_window_pattern "
-                           "must be a positive integer");
+            return api__hf_fail(e, "sliding_window_pattern",
+                                "config.json: sliding_window_pattern "
+                                "must be a positive integer");
         *slides = (c->layer + 1) % (int64_t)pattern != 0;
         return 0;
     }
@@ -395,8 +397,8 @@ static int read_window(const json_t *cfg, hf_config *c, hf_error *e)
     if (!slides || !w || json_is_null(w))
         return 0;
     if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > INT32_MAX)
-        return hf_fail(e, "sliding_window",
-                       "config.json: sliding_window must be a positive integer below 2^31");
+        return api__hf_fail(e, "sliding_window",
+                            "config.json: sliding_window must be a positive integer below 2^31");
     c->spec.window = json_integer_value(w);
     return 0;
 }
@@ -414,7 +416,8 @@ static const json_t *rope_object(const json_t *cfg, bool slides, hf_error *e, in
         if (by_type)
             p = by_type;
         if (!json_is_object(p))
-            *rc = hf_fail(e, "rope_parameters", "config.json: rope_parameters must be an object");
+            *rc = api__hf_fail(e, "rope_parameters",
+                               "config.json: rope_parameters must be an object");
         return p;
     }
     /* Gemma 3 (4.x): local layers turn at rope_local_base_freq, unscaled. */
@@ -422,7 +425,8 @@ static const json_t *rope_object(const json_t *cfg, bool slides, hf_error *e, in
         return NULL;
     p = json_object_get(cfg, "rope_scaling");
     if (p && !json_is_null(p) && !json_is_object(p))
-        *rc = hf_fail(e, "rope_scaling", "config.json: rope_scaling must be an object or null");
+        *rc =
+            api__hf_fail(e, "rope_scaling", "config.json: rope_scaling must be an object or null");
     return p && json_is_object(p) ? p : NULL;
 }
 
@@ -433,7 +437,7 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
         t = json_object_get(p, "type");
     const char *s = t && json_is_string(t) ? json_string_value(t) : "default";
     if (t && !json_is_null(t) && !json_is_string(t))
-        return hf_fail(e, "rope_type", "config.json: rope_type must be a string");
+        return api__hf_fail(e, "rope_type", "config.json: rope_type must be a string");
     static const struct {
         const char *name;
         eng_rope_scaling scaling;
@@ -445,10 +449,11 @@ static int rope_type(const json_t *p, eng_rope_params *r, hf_error *e)
             r->scaling = types[i].scaling;
             return 0;
         }
-    return hf_fail(e, "rope_type",
-                   "config.json: rope_type \"%.40s\" is not supported (default, linear, llama3, "
-                   "yarn, longrope and dynamic are)",
-                   s);
+    return api__hf_fail(
+        e, "rope_type",
+        "config.json: rope_type \"%.40s\" is not supported (default, linear, llama3, "
+        "yarn, longrope and dynamic are)",
+        s);
 }
 
 /* The base: the rope object's rope_theta, else the top level's (Gemma 3 4.x: its
@@ -479,18 +484,19 @@ static int rotary_dim(const json_t *cfg, const json_t *p, int64_t D, int64_t *ou
     if (pct >= 0 && !(p && json_object_get(p, "partial_rotary_factor")))
         f = pct;
     if (!(f > 0 && f <= 1))
-        return hf_fail(e, "partial_rotary_factor",
-                       "config.json: partial_rotary_factor must be in (0, 1]");
+        return api__hf_fail(e, "partial_rotary_factor",
+                            "config.json: partial_rotary_factor must be in (0, 1]");
     *out = (int64_t)((double)D * f);
     if (rd && !json_is_null(rd)) {
         if (!json_is_integer(rd) || json_integer_value(rd) < 2 || json_integer_value(rd) > D)
-            return hf_fail(e, "rotary_dim", "config.json: rotary_dim must be in [2, head size]");
+            return api__hf_fail(e, "rotary_dim",
+                                "config.json: rotary_dim must be in [2, head size]");
         *out = json_integer_value(rd);
     }
     if (*out % 2 != 0)
-        return hf_fail(e, "partial_rotary_factor",
-                       "config.json: the rotary part of a head (%lld channels) must be even",
-                       (long long)*out);
+        return api__hf_fail(e, "partial_rotary_factor",
+                            "config.json: the rotary part of a head (%lld channels) must be even",
+                            (long long)*out);
     return 0;
 }
 
@@ -503,14 +509,15 @@ static int read_longrope(const json_t *cfg, const json_t *p, hf_config *c, doubl
     const json_t *f = json_object_get(p, "short_factor");
     size_t half = (size_t)(r->rotary_dim / 2);
     if (!json_is_array(f) || json_array_size(f) != half || half > 2048)
-        return hf_fail(e, "short_factor",
-                       "config.json: longrope needs short_factor, %zu numbers (one per rotated "
-                       "pair)",
-                       half);
+        return api__hf_fail(
+            e, "short_factor",
+            "config.json: longrope needs short_factor, %zu numbers (one per rotated "
+            "pair)",
+            half);
     for (size_t i = 0; i < half; i++) {
         const json_t *v = json_array_get(f, i);
         if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-            return hf_fail(e, "short_factor", "config.json: short_factor[%zu] must be > 0", i);
+            return api__hf_fail(e, "short_factor", "config.json: short_factor[%zu] must be > 0", i);
         c->short_factor[i] = (float)json_number_value(v);
     }
     r->short_factor = c->short_factor;
@@ -518,8 +525,8 @@ static int read_longrope(const json_t *cfg, const json_t *p, hf_config *c, doubl
     if (get_number(cfg, "original_max_position_embeddings", 0, &original, e))
         return -1;
     if (original > MAX_POSITIONS)
-        return hf_fail(e, "original_max_position_embeddings",
-                       "config.json: original_max_position_embeddings is over 2^40");
+        return api__hf_fail(e, "original_max_position_embeddings",
+                            "config.json: original_max_position_embeddings is over 2^40");
     if (original > 0) {
         r->original_max_positions = original;
         r->factor = max_pos / original;
@@ -544,8 +551,8 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         get_number(cfg, "max_position_embeddings", 2048, &max_pos, e))
         return -1;
     if (!(max_pos >= 1 && max_pos <= MAX_POSITIONS))
-        return hf_fail(e, "max_position_embeddings",
-                       "config.json: max_position_embeddings must be in [1, 2^40]");
+        return api__hf_fail(e, "max_position_embeddings",
+                            "config.json: max_position_embeddings must be in [1, 2^40]");
     r->style = c->family->rope_style;
     if (r->scaling == ENG_ROPE_SCALING_NONE)
         return 0;
@@ -561,8 +568,8 @@ static int read_rope(const json_t *cfg, hf_config *c, hf_error *e)
         get_bool(p, "truncate", true, &r->truncate, e))
         return -1;
     if (r->original_max_positions > MAX_POSITIONS)
-        return hf_fail(e, "original_max_position_embeddings",
-                       "config.json: original_max_position_embeddings is over 2^40");
+        return api__hf_fail(e, "original_max_position_embeddings",
+                            "config.json: original_max_position_embeddings is over 2^40");
     /* dynamic NTK keeps the default frequencies up to max_position_embeddings */
     if (r->scaling == ENG_ROPE_SCALING_DYNAMIC)
         r->max_positions = (int64_t)max_pos;
@@ -583,8 +590,8 @@ static int read_scale(const json_t *cfg, hf_config *c, hf_error *e)
         if (get_number(cfg, "query_pre_attn_scalar", (double)c->D, &v, e))
             return -1;
         if (!(v > 0))
-            return hf_fail(e, "query_pre_attn_scalar",
-                           "config.json: query_pre_attn_scalar must be positive");
+            return api__hf_fail(e, "query_pre_attn_scalar",
+                                "config.json: query_pre_attn_scalar must be positive");
         s->scale = (float)pow(v, -0.5);
         break;
     case HF_SCALE_MULTIPLIER:
@@ -619,7 +626,7 @@ static int read_norm(const json_t *cfg, hf_config *c, hf_error *e)
     const json_t *v = first_of(cfg, eps_keys, &key);
     s->qk_norm_eps = f->norm == ENG_QK_NORM_RMS ? 1e-6 : 1e-5;
     if (v && (!json_is_number(v) || !(json_number_value(v) >= 0)))
-        return hf_fail(e, key, "config.json: %s must be a number >= 0", key);
+        return api__hf_fail(e, key, "config.json: %s must be a number >= 0", key);
     if (v)
         s->qk_norm_eps = json_number_value(v);
     s->qk_norm = f->norm;
@@ -635,8 +642,8 @@ static int read_softcap(const json_t *cfg, hf_config *c, hf_error *e)
     if (get_number(cfg, "attn_logit_softcapping", 0, &cap, e))
         return -1;
     if (cap < 0)
-        return hf_fail(e, "attn_logit_softcapping",
-                       "config.json: attn_logit_softcapping must be positive or null");
+        return api__hf_fail(e, "attn_logit_softcapping",
+                            "config.json: attn_logit_softcapping must be positive or null");
     c->spec.softcap = (float)cap;
     return 0;
 }
@@ -661,13 +668,13 @@ static json_t *gemma3_text_config(const json_t *cfg, bool nested, hf_error *e)
 {
     const json_t *text = nested ? json_object_get(cfg, "text_config") : cfg;
     if (nested && text && !json_is_null(text) && !json_is_object(text)) {
-        hf_fail(e, "text_config", "config.json: text_config must be an object");
+        api__hf_fail(e, "text_config", "config.json: text_config must be an object");
         return NULL;
     }
     json_t *merged = gemma3_text_defaults();
     if (!merged || (text && json_is_object(text) && json_object_update(merged, (json_t *)text))) {
         json_decref(merged);
-        hf_fail(e, "config.json", "out of memory reading config.json");
+        api__hf_fail(e, "config.json", "out of memory reading config.json");
         return NULL;
     }
     return merged;
@@ -681,21 +688,22 @@ static int read_layer(const json_t *cfg, hf_config *c, hf_error *e)
     return 0;
 }
 
-int hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error *e)
+int api__hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error *e)
 {
     memset(c, 0, sizeof *c);
     if (!json_is_object(cfg))
-        return hf_fail(e, "config.json", "config.json is not a JSON object");
+        return api__hf_fail(e, "config.json", "config.json is not a JSON object");
     const json_t *mt = json_object_get(cfg, "model_type");
     if (!json_is_string(mt))
-        return hf_fail(e, "model_type", "config.json has no model_type string");
+        return api__hf_fail(e, "model_type", "config.json has no model_type string");
     c->family = family_find(json_string_value(mt));
     if (!c->family)
-        return hf_fail(e, "model_type",
-                       "config.json: model_type \"%.40s\" is not a family attnd serves (llama, "
-                       "mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, phi, gpt2, "
-                       "gpt_neox, falcon, olmo2, starcoder2, gptj, gpt_oss, granite, stablelm)",
-                       json_string_value(mt));
+        return api__hf_fail(
+            e, "model_type",
+            "config.json: model_type \"%.40s\" is not a family attnd serves (llama, "
+            "mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3, phi, gpt2, "
+            "gpt_neox, falcon, olmo2, starcoder2, gptj, gpt_oss, granite, stablelm)",
+            json_string_value(mt));
     c->layer = layer > 0 ? layer : 0;
     snprintf(c->spec.family, sizeof c->spec.family, "%s", c->family->model_type);
     c->spec.layer_index = c->layer;

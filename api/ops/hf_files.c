@@ -84,31 +84,32 @@ static int check_entry(const char *file, const char *name, const json_t *v, uint
     const json_t *off = json_object_get(v, "data_offsets");
     if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
         json_array_size(off) != 2 || json_array_size(shape) > 8)
-        return hf_fail(e, name, "%s: tensor '%.100s' needs dtype, shape and data_offsets", file,
-                       name);
+        return api__hf_fail(e, name, "%s: tensor '%.100s' needs dtype, shape and data_offsets",
+                            file, name);
     int size = dtype_size(json_string_value(dt), NULL);
     if (size == 0)
-        return hf_fail(e, name, "%s: tensor '%.100s' has unknown dtype \"%.16s\"", file, name,
-                       json_string_value(dt));
+        return api__hf_fail(e, name, "%s: tensor '%.100s' has unknown dtype \"%.16s\"", file, name,
+                            json_string_value(dt));
     uint64_t bytes = (uint64_t)(size < 0 ? -size : size);
     for (size_t d = 0; d < json_array_size(shape); d++) {
         const json_t *n = json_array_get(shape, d);
         if (!json_is_integer(n) || json_integer_value(n) < 0 ||
             __builtin_mul_overflow(bytes, (uint64_t)json_integer_value(n), &bytes))
-            return hf_fail(e, name, "%s: tensor '%.100s' has a bad shape", file, name);
+            return api__hf_fail(e, name, "%s: tensor '%.100s' has a bad shape", file, name);
     }
     const json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
     if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
         json_integer_value(en) < json_integer_value(b))
-        return hf_fail(e, name, "%s: tensor '%.100s' has bad data_offsets", file, name);
+        return api__hf_fail(e, name, "%s: tensor '%.100s' has bad data_offsets", file, name);
     out->begin = (uint64_t)json_integer_value(b);
     out->end = (uint64_t)json_integer_value(en);
     out->name = name;
     if (out->end > data_len)
-        return hf_fail(e, name, "%s: tensor '%.100s' runs past the end of the file", file, name);
+        return api__hf_fail(e, name, "%s: tensor '%.100s' runs past the end of the file", file,
+                            name);
     if (out->end - out->begin != bytes)
-        return hf_fail(e, name, "%s: tensor '%.100s': data_offsets do not match dtype and shape",
-                       file, name);
+        return api__hf_fail(
+            e, name, "%s: tensor '%.100s': data_offsets do not match dtype and shape", file, name);
     return 0;
 }
 
@@ -121,7 +122,7 @@ static int check_header(const char *file, const json_t *h, uint64_t data_len, hf
     const json_t *v;
     int rc = 0;
     if (!spans)
-        return hf_fail(e, file, "%s: out of memory", file);
+        return api__hf_fail(e, file, "%s: out of memory", file);
     json_object_foreach((json_t *)h, name, v)
     {
         if (strcmp(name, "__metadata__") == 0)
@@ -134,8 +135,8 @@ static int check_header(const char *file, const json_t *h, uint64_t data_len, hf
         qsort(spans, k, sizeof *spans, span_cmp);
         for (size_t i = 1; i < k && rc == 0; i++)
             if (spans[i].begin < spans[i - 1].end && spans[i].begin != spans[i].end)
-                rc = hf_fail(e, spans[i].name, "%s: tensors '%.80s' and '%.80s' overlap", file,
-                             spans[i - 1].name, spans[i].name);
+                rc = api__hf_fail(e, spans[i].name, "%s: tensors '%.80s' and '%.80s' overlap", file,
+                                  spans[i - 1].name, spans[i].name);
     }
     free(spans);
     return rc;
@@ -147,17 +148,17 @@ static int parse_shard(const unsigned char *bytes, size_t size, const char *file
 {
     uint64_t n = 0;
     if (size < 8)
-        return hf_fail(e, file, "%s: shorter than the 8-byte header length", file);
+        return api__hf_fail(e, file, "%s: shorter than the 8-byte header length", file);
     for (int i = 7; i >= 0; i--)
         n = n << 8 | bytes[i];
     if (n > MAX_HEADER_BYTES || n > size - 8)
-        return hf_fail(e, file, "%s: header length beyond the file or the 100,000,000-byte limit",
-                       file);
+        return api__hf_fail(
+            e, file, "%s: header length beyond the file or the 100,000,000-byte limit", file);
     json_error_t je;
     json_t *h = json_loadb((const char *)bytes + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
     if (!h || !json_is_object(h)) {
         json_decref(h);
-        return hf_fail(e, file, "%s: the header is not a JSON object: %.120s", file, je.text);
+        return api__hf_fail(e, file, "%s: the header is not a JSON object: %.120s", file, je.text);
     }
     if (check_header(file, h, size - 8 - n, e) != 0) {
         json_decref(h);
@@ -168,7 +169,7 @@ static int parse_shard(const unsigned char *bytes, size_t size, const char *file
     return 0;
 }
 
-int hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e)
+int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e)
 {
     json_t *h = NULL;
     size_t start;
@@ -200,24 +201,24 @@ static int add_shard(hf_files *f, const char *file, hf_error *e)
         if (strcmp(f->shards[i].name, file) == 0)
             return 0;
     if (!shard_name_ok(file))
-        return hf_fail(e, "weight_map",
-                       "model.safetensors.index.json names shard \"%.80s\", "
-                       "which is not a file name inside the directory",
-                       file);
+        return api__hf_fail(e, "weight_map",
+                            "model.safetensors.index.json names shard \"%.80s\", "
+                            "which is not a file name inside the directory",
+                            file);
     if (f->n_shards == MAX_SHARDS)
-        return hf_fail(e, "weight_map", "the index names over %d shards", MAX_SHARDS);
+        return api__hf_fail(e, "weight_map", "the index names over %d shards", MAX_SHARDS);
     char *path = path_join(f->dir, file);
     struct stat st;
     bool ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
     free(path);
     if (!ok)
-        return hf_fail(e, file,
-                       "shard %.100s, which model.safetensors.index.json names, is "
-                       "missing from %.200s",
-                       file, f->dir);
+        return api__hf_fail(e, file,
+                            "shard %.100s, which model.safetensors.index.json names, is "
+                            "missing from %.200s",
+                            file, f->dir);
     f->shards[f->n_shards].name = strdup(file);
     if (!f->shards[f->n_shards].name)
-        return hf_fail(e, file, "out of memory");
+        return api__hf_fail(e, file, "out of memory");
     f->n_shards++;
     return 0;
 }
@@ -249,9 +250,9 @@ static int parse_index(hf_files *f, const char *text, size_t len, const char *pa
     const json_t *map = idx ? json_object_get(idx, "weight_map") : NULL;
     if (!idx || !json_is_object(map)) {
         json_decref(idx);
-        return hf_fail(e, "model.safetensors.index.json",
-                       "%.200s: not a JSON object with a weight_map object%s%.120s", path,
-                       idx ? "" : ": ", idx ? "" : je.text);
+        return api__hf_fail(e, "model.safetensors.index.json",
+                            "%.200s: not a JSON object with a weight_map object%s%.120s", path,
+                            idx ? "" : ": ", idx ? "" : je.text);
     }
     f->weight_map = json_incref((json_t *)map);
     json_decref(idx);
@@ -260,8 +261,8 @@ static int parse_index(hf_files *f, const char *text, size_t len, const char *pa
     json_object_foreach(f->weight_map, name, v)
     {
         if (!json_is_string(v))
-            return hf_fail(e, "weight_map", "%.200s: weight_map[\"%.80s\"] is not a file name",
-                           path, name);
+            return api__hf_fail(e, "weight_map", "%.200s: weight_map[\"%.80s\"] is not a file name",
+                                path, name);
         if (add_shard(f, json_string_value(v), e) != 0)
             return -1;
     }
@@ -273,8 +274,8 @@ static int open_index(hf_files *f, const char *path, hf_error *e)
     size_t len = 0;
     char *text = read_small(path, MAX_INDEX_BYTES, &len);
     if (!text)
-        return hf_fail(e, "model.safetensors.index.json",
-                       "%.200s: cannot read it (or it is over 256 MiB)", path);
+        return api__hf_fail(e, "model.safetensors.index.json",
+                            "%.200s: cannot read it (or it is over 256 MiB)", path);
     int rc = parse_index(f, text, len, path, e);
     free(text);
     return rc;
@@ -285,21 +286,21 @@ static hf_files *files_new(const char *dir, hf_error *e)
     hf_files *f = calloc(1, sizeof *f);
     if (!f || !(f->dir = strdup(dir))) {
         free(f);
-        hf_fail(e, "", "out of memory");
+        api__hf_fail(e, "", "out of memory");
         return NULL;
     }
     return f;
 }
 
-int hf_index_check(const char *dir, const char *text, size_t len, hf_error *e)
+int api__hf_index_check(const char *dir, const char *text, size_t len, hf_error *e)
 {
     hf_files *f = files_new(dir, e);
     int rc = f ? parse_index(f, text, len, "model.safetensors.index.json", e) : -1;
-    hf_files_close(f);
+    api__hf_files_close(f);
     return rc;
 }
 
-hf_files *hf_files_open(const char *dir, hf_error *e)
+hf_files *api__hf_files_open(const char *dir, hf_error *e)
 {
     hf_files *f = files_new(dir, e);
     if (!f)
@@ -313,18 +314,19 @@ hf_files *hf_files_open(const char *dir, hf_error *e)
     else if (single && stat(single, &st) == 0)
         rc = add_shard(f, "model.safetensors", e);
     else
-        rc = hf_fail(e, "model.safetensors",
-                     "%.200s has neither model.safetensors nor model.safetensors.index.json", dir);
+        rc = api__hf_fail(e, "model.safetensors",
+                          "%.200s has neither model.safetensors nor model.safetensors.index.json",
+                          dir);
     free(index);
     free(single);
     if (rc != 0) {
-        hf_files_close(f);
+        api__hf_files_close(f);
         return NULL;
     }
     return f;
 }
 
-void hf_files_close(hf_files *f)
+void api__hf_files_close(hf_files *f)
 {
     if (!f)
         return;
@@ -348,12 +350,13 @@ static int map_shard(hf_files *f, shard *s, hf_error *e)
     struct stat st;
     int rc = 0;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-        rc = hf_fail(e, s->name, "%.200s: not a readable, non-empty file", path ? path : s->name);
+        rc = api__hf_fail(e, s->name, "%.200s: not a readable, non-empty file",
+                          path ? path : s->name);
     } else {
         s->size = (size_t)st.st_size;
         void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED)
-            rc = hf_fail(e, s->name, "%.200s: cannot map: %s", path, strerror(errno));
+            rc = api__hf_fail(e, s->name, "%.200s: cannot map: %s", path, strerror(errno));
         else
             s->map = m;
     }
@@ -365,7 +368,7 @@ static int map_shard(hf_files *f, shard *s, hf_error *e)
     return rc;
 }
 
-int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e)
+int api__hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e)
 {
     const char *file = "model.safetensors";
     if (f->weight_map) {
@@ -379,22 +382,22 @@ int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error
         if (strcmp(f->shards[i].name, file) == 0)
             s = &f->shards[i];
     if (!s || map_shard(f, s, e) != 0)
-        return s ? -1 : hf_fail(e, name, "no shard for tensor '%.100s'", name);
+        return s ? -1 : api__hf_fail(e, name, "no shard for tensor '%.100s'", name);
     const json_t *t = json_object_get(s->header, name);
     if (!t)
-        return f->weight_map ? hf_fail(e, name,
-                                       "the index puts tensor '%.100s' in %.100s, which does "
-                                       "not have it",
-                                       name, s->name)
+        return f->weight_map ? api__hf_fail(e, name,
+                                            "the index puts tensor '%.100s' in %.100s, which does "
+                                            "not have it",
+                                            name, s->name)
                              : 0;
     eng_dtype dt;
     const json_t *shape = json_object_get(t, "shape");
     if (dtype_size(json_string_value(json_object_get(t, "dtype")), &dt) <= 0)
-        return hf_fail(e, name, "%s: tensor '%.100s' is %s; attnd reads F32, F16 and BF16", s->name,
-                       name, json_string_value(json_object_get(t, "dtype")));
+        return api__hf_fail(e, name, "%s: tensor '%.100s' is %s; attnd reads F32, F16 and BF16",
+                            s->name, name, json_string_value(json_object_get(t, "dtype")));
     if (json_array_size(shape) < 1 || json_array_size(shape) > 4)
-        return hf_fail(e, name, "%s: tensor '%.100s' has rank %zu", s->name, name,
-                       json_array_size(shape));
+        return api__hf_fail(e, name, "%s: tensor '%.100s' has rank %zu", s->name, name,
+                            json_array_size(shape));
     const json_t *offsets = json_object_get(t, "data_offsets");
     uint64_t begin = (uint64_t)json_integer_value(json_array_get(offsets, 0));
     uint64_t end = (uint64_t)json_integer_value(json_array_get(offsets, 1));
@@ -411,7 +414,7 @@ int hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error
     return 1;
 }
 
-size_t hf_files_bytes_read(const hf_files *f)
+size_t api__hf_files_bytes_read(const hf_files *f)
 {
     return f->bytes_read;
 }

@@ -39,10 +39,10 @@ static int find(gather *g, const char *stem, const char *suffix, bool required, 
                 char *full, size_t full_len, hf_error *e)
 {
     snprintf(full, full_len, "%s%s%s", g->prefix, stem, suffix);
-    int rc = hf_files_tensor(g->files, full, t, e);
+    int rc = api__hf_files_tensor(g->files, full, t, e);
     if (rc == 0 && required)
-        return hf_fail(e, full, "the checkpoint has no tensor '%s' (layer %lld of %s)", full,
-                       (long long)g->c->layer, g->c->family->model_type);
+        return api__hf_fail(e, full, "the checkpoint has no tensor '%s' (layer %lld of %s)", full,
+                            (long long)g->c->layer, g->c->family->model_type);
     return rc;
 }
 
@@ -62,7 +62,8 @@ static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int
         snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "",
                  (long long)t->shape[d]);
     snprintf(have + strlen(have), sizeof have - strlen(have), "]");
-    return hf_fail(e, full, "tensor '%s' has shape %s; the config makes it %s", full, have, want);
+    return api__hf_fail(e, full, "tensor '%s' has shape %s; the config makes it %s", full, have,
+                        want);
 }
 
 static int add_ref(gather *g, const char *engine_name, eng_tensor_ref t, const char *full)
@@ -103,7 +104,7 @@ static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
     unsigned char *dst = keep_copy(g, (size_t)rows * row_bytes);
     const unsigned char *src = t->data;
     if (!dst)
-        return hf_fail(e, "", "out of memory");
+        return api__hf_fail(e, "", "out of memory");
     *out = *t;
     out->data = dst;
     out->rank = cols > 1 ? 2 : 1;
@@ -205,7 +206,7 @@ static int output(gather *g, hf_error *e)
         unsigned char *dst = keep_copy(g, (size_t)(c->E * c->E) * es);
         const unsigned char *src = t.data;
         if (!dst)
-            return hf_fail(e, "", "out of memory");
+            return api__hf_fail(e, "", "out of memory");
         for (int64_t r = 0; r < c->E; r++)
             for (int64_t k = 0; k < c->E; k++)
                 memcpy(dst + (size_t)(r * c->E + k) * es, src + (size_t)(k * c->E + r) * es, es);
@@ -240,11 +241,12 @@ static int per_head_norm(gather *g, const char *stem, int64_t heads, const char 
             joined = t;
             joined.shape[0] = heads * D;
             if (!(dst = keep_copy(g, (size_t)(heads * D) * elem_size(t.dtype))))
-                return hf_fail(e, "", "out of memory");
+                return api__hf_fail(e, "", "out of memory");
             joined.data = dst;
         }
         if (t.dtype != joined.dtype)
-            return hf_fail(e, full, "tensor '%s' has another dtype than the first head's", full);
+            return api__hf_fail(e, full, "tensor '%s' has another dtype than the first head's",
+                                full);
         memcpy(dst + (size_t)(h * D) * elem_size(t.dtype), t.data, (size_t)D * elem_size(t.dtype));
     }
     return add_ref(g, engine_name, joined, full);
@@ -318,16 +320,16 @@ static int choose_prefix(gather *g, hf_error *e)
             return rc < 0 ? -1 : 0;
     }
     expand_prefix(f->prefix[0], g->c->layer, g->prefix, sizeof g->prefix);
-    return hf_fail(e, "", "the checkpoint has no tensor '%s%s.weight' (layer %lld of %s)",
-                   g->prefix, f->o, (long long)g->c->layer, f->model_type);
+    return api__hf_fail(e, "", "the checkpoint has no tensor '%s%s.weight' (layer %lld of %s)",
+                        g->prefix, f->o, (long long)g->c->layer, f->model_type);
 }
 
-eng_layer *hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e)
+eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e)
 {
     gather *g = calloc(1, sizeof *g);
     eng_layer *l = NULL;
     if (!g) {
-        hf_fail(e, "", "out of memory");
+        api__hf_fail(e, "", "out of memory");
         return NULL;
     }
     g->c = c;
@@ -348,7 +350,7 @@ eng_layer *hf_layer_build(const char *name, const hf_config *c, hf_files *files,
             for (size_t i = 0; i < g->n; i++) /* the engine names its tensor: name ours */
                 if (strcmp(g->refs[i].name, err.field) == 0)
                     field = g->names[i];
-            hf_fail(e, field, "%s (%s)", err.message, field);
+            api__hf_fail(e, field, "%s (%s)", err.message, field);
         }
     }
     for (size_t i = 0; i < g->n_copies; i++)
@@ -367,15 +369,16 @@ static json_t *read_config(const char *dir, hf_error *e)
     FILE *fp = path ? fopen((snprintf(path, n, "%s/config.json", dir), path), "rb") : NULL;
     json_t *cfg = NULL;
     if (!fp) {
-        hf_fail(e, "config.json", "%.200s: no config.json (a checkpoint directory has one)", dir);
+        api__hf_fail(e, "config.json", "%.200s: no config.json (a checkpoint directory has one)",
+                     dir);
     } else {
         json_error_t je;
         cfg = json_loadf(fp, JSON_REJECT_DUPLICATES, &je);
         if (!cfg)
-            hf_fail(e, "config.json", "%.200s is not JSON: line %d: %.120s", path, je.line,
-                    je.text);
+            api__hf_fail(e, "config.json", "%.200s is not JSON: line %d: %.120s", path, je.line,
+                         je.text);
         else if (je.position > (int)MAX_CONFIG_BYTES || !json_is_object(cfg)) {
-            hf_fail(e, "config.json", "%.200s is not a JSON object (of at most 16 MiB)", path);
+            api__hf_fail(e, "config.json", "%.200s is not a JSON object (of at most 16 MiB)", path);
             json_decref(cfg);
             cfg = NULL;
         }
@@ -394,11 +397,12 @@ eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer,
     eng_layer *l = NULL;
     json_t *cfg = read_config(dir, &e);
     hf_files *files = NULL;
-    if (cfg && hf_config_read(cfg, layer, &c, &e) == 0 && (files = hf_files_open(dir, &e)))
-        l = hf_layer_build(name, &c, files, &e);
+    if (cfg && api__hf_config_read(cfg, layer, &c, &e) == 0 &&
+        (files = api__hf_files_open(dir, &e)))
+        l = api__hf_layer_build(name, &c, files, &e);
     if (bytes_read)
-        *bytes_read = files ? hf_files_bytes_read(files) : 0;
-    hf_files_close(files);
+        *bytes_read = files ? api__hf_files_bytes_read(files) : 0;
+    api__hf_files_close(files);
     json_decref(cfg);
     if (!l)
         snprintf(err, errlen, "%s: %s%s%s", dir, e.message, e.field[0] ? " [field: " : "",

@@ -67,13 +67,13 @@ static void test_bf16_calls_plan_the_tile_products(void)
     amx_call c;
     call_init(&c, 300, 500, 64, 64, 1);
     plan p;
-    sdpa__plan_init(&p, &c.a, NULL, 2);
+    eng__sdpa_plan_init(&p, &c.a, NULL, 2);
     CHECK_EQ_INT(p.products, SDPA_BF16_AMX);
     CHECK_EQ_INT(p.amx, eng__amx_active());
     CHECK_EQ_INT(p.path, SDPA_PANELS);
     CHECK(!p.prepack); /* each task packs its key blocks into the tiles' layout */
     c.a.precision = ENG_PRECISION_FLOAT32;
-    sdpa__plan_init(&p, &c.a, NULL, 2);
+    eng__sdpa_plan_init(&p, &c.a, NULL, 2);
     CHECK_EQ_INT(p.products, SDPA_FP32);
     CHECK_EQ_INT(p.amx, ENG__AMX_OFF);
     call_free(&c);
@@ -118,23 +118,23 @@ static void check_panel(int64_t D, int64_t Dv, int64_t cols, int64_t c0, int64_t
     amx_call c;
     call_init(&c, rows, cols, D, Dv, (uint64_t)(D * 1000 + cols * 10 + c0 + rows));
     plan p;
-    sdpa__plan_init(&p, &c.a, NULL, 1);
+    eng__sdpa_plan_init(&p, &c.a, NULL, 1);
     float *scratch = aligned_floats(p.lay.total);
     const q_rows q = {0, 0, 0, rows, 0};
-    sdpa__round_queries(&p, &q, scratch);
+    eng__sdpa_round_queries(&p, &q, scratch);
     key_block kb = {.j0 = 0, .cols = cols, .kind = KEYS_INSIDE, .c0 = c0, .n = cols - c0};
-    block_panels bp = sdpa__block_operands(&p, 0, 0, &kb, scratch);
+    block_panels bp = eng__sdpa_block_operands(&p, 0, 0, &kb, scratch);
     float *s = xcalloc((size_t)(rows * cols), sizeof *s), *o = xcalloc((size_t)(rows * Dv), 4);
     float *want_s = xcalloc((size_t)(rows * cols), sizeof *s);
     float *want_o = xcalloc((size_t)(rows * Dv), sizeof *o);
-    sdpa__panel_scores(&p, &q, &kb, &bp, (mat){s, cols}, scratch);
+    eng__sdpa_panel_scores(&p, &q, &kb, &bp, (mat){s, cols}, scratch);
     model_product(c.q, D, c.k + c0 * D, D, true, rows, kb.n, D, p.scale, 0.0f, want_s, cols);
     CHECKF(memcmp(s, want_s, (size_t)(rows * cols) * sizeof *s) == 0,
            "scores D=%lld cols=%lld c0=%lld rows=%lld: not the tiles' bits", (long long)D,
            (long long)cols, (long long)c0, (long long)rows);
     for (int64_t i = 0; i < rows * Dv; i++)
         o[i] = want_o[i] = (float)i * 0.25f; /* P V adds to what the rows hold */
-    sdpa__panel_values(&p, rows, &kb, &bp, (mat){s, cols}, (mat){o, Dv}, scratch);
+    eng__sdpa_panel_values(&p, rows, &kb, &bp, (mat){s, cols}, (mat){o, Dv}, scratch);
     model_product(want_s, cols, c.v + c0 * Dv, Dv, false, rows, Dv, kb.n, 1.0f, 1.0f, want_o, Dv);
     CHECKF(memcmp(o, want_o, (size_t)(rows * Dv) * sizeof *o) == 0,
            "P V D=%lld Dv=%lld cols=%lld c0=%lld rows=%lld: not the tiles' bits", (long long)D,
@@ -171,10 +171,10 @@ static void test_panel_keys_start_on_tile_panels(void)
     c.a.window_left_set = true; /* rows from i see keys from i - 20 on */
     c.a.window_left = 20;
     plan p;
-    sdpa__plan_init(&p, &c.a, NULL, 1);
+    eng__sdpa_plan_init(&p, &c.a, NULL, 1);
     for (int64_t i = 40; i < 200; i += 7) {
         key_block kb = {.j0 = 0, .cols = 200, .kind = KEYS_BOUNDARY};
-        CHECK(sdpa__panel_keys(&p, 0, i, 4, &kb));
+        CHECK(eng__sdpa_panel_keys(&p, 0, i, 4, &kb));
         CHECKF(kb.c0 % ENG__AMX_NR == 0 && kb.c0 <= i - 20 && kb.c0 + ENG__AMX_NR > i - 20,
                "rows from %lld: keys from %lld, want the tile panel of key %lld", (long long)i,
                (long long)kb.c0, (long long)(i - 20));

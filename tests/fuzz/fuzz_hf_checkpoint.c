@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         hf_config c;
         for (int64_t layer = 0; cfg && layer < 2; layer++) {
             memset(&e, 0, sizeof e);
-            if (hf_config_read(cfg, layer, &c, &e) == 0 && c.spec.rope.rotary_dim > 0) {
+            if (api__hf_config_read(cfg, layer, &c, &e) == 0 && c.spec.rope.rotary_dim > 0) {
                 float inv[2048], factor;
                 eng_error err;
                 if (c.spec.rope.rotary_dim / 2 <= 2048)
@@ -43,10 +43,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     }
     case 1:
-        hf_index_check("/nonexistent-attnd-fuzz", text, n, &e);
+        api__hf_index_check("/nonexistent-attnd-fuzz", text, n, &e);
         break;
     default:
-        hf_shard_check((const unsigned char *)text, n, "input", &e);
+        api__hf_shard_check((const unsigned char *)text, n, "input", &e);
         break;
     }
     return 0;

@@ -763,8 +763,8 @@ static void test_gemma3_text_config_defaults_are_transformers(void)
         json_t *cfg = json_loads(configs[i], 0, NULL);
         static hf_config local, global;
         hf_error e = {0};
-        CHECKF(hf_config_read(cfg, 0, &local, &e) == 0, "%s: %s", configs[i], e.message);
-        CHECKF(hf_config_read(cfg, 5, &global, &e) == 0, "%s: %s", configs[i], e.message);
+        CHECKF(api__hf_config_read(cfg, 0, &local, &e) == 0, "%s: %s", configs[i], e.message);
+        CHECKF(api__hf_config_read(cfg, 5, &global, &e) == 0, "%s: %s", configs[i], e.message);
         CHECKF(local.E == 2304 && local.H == 8 && local.Hkv == 4 && local.D == 256 &&
                    local.layers == 26,
                "%s: E %lld H %lld Hkv %lld D %lld layers %lld", configs[i], (long long)local.E,
@@ -781,7 +781,7 @@ static void test_gemma3_text_config_defaults_are_transformers(void)
     json_t *bad = json_loads("{\"model_type\":\"gemma3\",\"text_config\":[]}", 0, NULL);
     static hf_config c;
     hf_error e = {0};
-    CHECK(hf_config_read(bad, 0, &c, &e) != 0 && strcmp(e.field, "text_config") == 0);
+    CHECK(api__hf_config_read(bad, 0, &c, &e) != 0 && strcmp(e.field, "text_config") == 0);
     json_decref(bad);
 }
 
