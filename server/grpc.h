@@ -3,8 +3,9 @@
  * (nghttp2), plain (h2c) or TLS with ALPN h2 (the HTTPS port's certificate). grpc_conn.c owns the
  * listener, the connections and their thread (one poll loop: every nghttp2 call happens on it);
  * grpc_call.c owns the calls: headers, messages, admission, the handoff of inferences to the engine
- * pool, replies, trailers, metrics and log lines. The replies themselves come from api/
- * (api_grpc_*), as HTTP's do.
+ * pool, their status, metrics and log lines; grpc_write.c queues what a call sends on its stream
+ * (HEADERS, the messages, the status as trailers) and wakes the thread. The replies themselves
+ * come from api/ (api_grpc_*), as HTTP's do.
  *
  * Threads: the gRPC thread runs everything here except grpc_job's work (an engine worker),
  * which touches only its job and hands it back through the completion list.
@@ -126,21 +127,23 @@ struct srv_grpc {
 srv_status srv__grpc_start(srv_server *s, const srv_config *cfg, srv_grpc **out, char *err,
                            size_t errlen);
 int srv__grpc_port(const srv_grpc *g);
-/* Wakes the thread (the drain began or expired). Any thread. */
-void srv__grpc_wake(srv_grpc *g);
 /* Stops the thread and closes every connection (calls in flight are cancelled); their jobs
  * are finished by the pool. Then, after eng_pool_free, srv__grpc_free frees what is left. */
 void srv__grpc_stop(srv_grpc *g);
 void srv__grpc_free(srv_grpc *g);
 
-/* grpc_conn.c, for grpc_call.c: queues `len` bytes for the call's stream, and ends it with
- * the call's status (trailers; trailers-only when no data went out). */
+/* grpc_write.c, for grpc_call.c and grpc_conn.c: srv__grpc_send queues `len` bytes for the
+ * call's stream, and srv__grpc_finish ends it with the call's status (trailers; trailers-only
+ * when no data went out). */
 void srv__grpc_send(grpc_call *call, const void *data, size_t len);
 /* srv__grpc_send of a body from eng_buf_alloc, taken over without a copy. */
 void srv__grpc_send_owned(grpc_call *call, char *body, size_t len);
 /* Frees a chunk and what it owns. */
 void srv__grpc_chunk_free(grpc_chunk *c);
 void srv__grpc_finish(grpc_call *call, int http_status, api_reason reason, const char *message);
+/* Wakes the thread (a job finished, the stop, the drain began or expired); NULL is a no-op.
+ * Any thread. */
+void srv__grpc_wake(srv_grpc *g);
 
 /* grpc_call.c, for grpc_conn.c: a stream's events and the completion of its jobs. */
 grpc_call *srv__grpc_call_new(grpc_conn *conn, int32_t stream_id);

@@ -3,9 +3,10 @@
  * every connection and an eventfd (finished inferences, the drain), feeds what arrives to each
  * connection's nghttp2 server session and writes what nghttp2 has to send. With --tls-cert the
  * port speaks TLS (GnuTLS, the HTTPS port's certificate, priorities and client CA) and requires
- * ALPN h2; the handshake runs in the same loop, non-blocking. Streams become
- * calls (grpc_call.c); this file writes their responses: HEADERS, length-prefixed DATA from
- * the call's queue, and the grpc-status trailers.
+ * ALPN h2; the handshake runs in the same loop, non-blocking. Streams become calls
+ * (grpc_call.c), whose responses (HEADERS, length-prefixed DATA from the call's queue, the
+ * grpc-status trailers) grpc_write.c hands to nghttp2; this file collects the frames nghttp2
+ * makes of them and writes them to the socket.
  *
  * What a hostile peer can hold: streams (SETTINGS_MAX_CONCURRENT_STREAMS), header bytes
  * (grpc_call.c's cap, and nghttp2's HPACK table limits), buffered control frames (nghttp2's

@@ -377,8 +377,8 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         goto fail;
     }
     if (s->grpc)
-        srv_log(SRV_LOG_INFO, "gRPC listener (KServe v2, h2c) on %s port %d", s->host,
-                srv__grpc_port(s->grpc));
+        srv_log(SRV_LOG_INFO, "gRPC listener (KServe v2, %s) on %s port %d",
+                s->tls ? "h2 (TLS, ALPN)" : "h2c", s->host, srv__grpc_port(s->grpc));
     /* The admin port file first: whoever waits for --port-file (the readiness signal) then
      * finds the admin port written too. */
     if (s->admin_mhd && cfg->admin_port_file &&
