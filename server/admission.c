@@ -218,9 +218,9 @@ typedef struct {
 } batch;
 
 /* Where started request `e` runs: on this thread when it was just queued here, allows it, is
- * known to be tiny and a long one holds the workers (measured on Zen 3, 2 cores: small requests
- * handed to the pool's spare beside a long one waited 1 to 4.5 ms for it to be scheduled, and
- * as long again for libmicrohttpd's thread to send the reply, against 0.1 ms of work). mu held. */
+ * known to be tiny and a long one holds the workers. Handed to the pool's spare thread instead,
+ * a tiny request would wait longer for that thread to be scheduled beside the long one, and
+ * again for libmicrohttpd's thread to send its reply, than its work takes. mu held. */
 static srv_sched_where where_locked(const srv_sched *s, const srv_sched_entry *e,
                                     const srv_sched_entry *queued_here)
 {

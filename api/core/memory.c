@@ -6,9 +6,9 @@
 
 #include "api/core/memory.h"
 
-/* 64 bytes: a cache line, and what the engine's vector loads like. Huge pages (2 MiB
- * alignment and MADV_HUGEPAGE) were measured for 16 MiB tensors: 5 ms less per request in a
- * warm process, but up to 30 ms more on the first touch (compaction), so they are not used. */
+/* 64 bytes: a cache line, and what the engine's vector loads like. Not huge pages (2 MiB
+ * alignment and MADV_HUGEPAGE): the compaction a first touch can set off costs a request more
+ * than they save a warm process on large tensors. */
 size_t api__aligned_size(size_t n)
 {
     if (n > SIZE_MAX - 63)

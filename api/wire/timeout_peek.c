@@ -109,8 +109,8 @@ static bool skip_nested(cursor *c)
         switch (nesting[(unsigned char)*c->p]) {
         case PLAIN:
             c->p++;
-            /* Most of a tensor is digits and separators: passing 8 at a time makes rows of
-             * numbers 2.5 times as fast (64 MB in about 15 ms rather than 37). */
+            /* Most of a tensor is digits and separators: one test passes 8 bytes with no
+             * quote or bracket, so that a large body is not skipped a byte at a time. */
             while (c->end - c->p >= 8 && !any_structural8((const unsigned char *)c->p))
                 c->p += 8;
             break;
