@@ -512,4 +512,5 @@ format-check:
 clean:
 	rm -rf build
 
--include $(shell find $(BUILD) -name '*.d' -type f 2>/dev/null)
+# Our dependency files; build/fresh holds make fresh-check's Debian root, whose *.d are not ours.
+-include $(shell find $(BUILD) -path $(BUILD)/fresh -prune -o -name '*.d' -type f -print 2>/dev/null)

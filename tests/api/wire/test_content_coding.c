@@ -4,6 +4,7 @@
  * limit), corrupt and truncated streams (400), the memory budget (413 / 429), and api_call_encoded
  * around real routes: a gzip request, a compressed reply, the error forms of both protocols. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,10 +490,14 @@ static void test_call_encoded_routes(void)
     char *plain = unpack(&r, API_CODING_GZIP, &len);
     CHECK(plain != NULL);
     if (plain) {
-        CHECK(r.inference_header_len > 0 && len == (size_t)r.inference_header_len + 8);
-        float out[2];
-        memcpy(out, plain + r.inference_header_len, 8);
+        /* The model's default outputs, in binary: output [1, 2], then lse [1]. */
+        CHECKF(r.inference_header_len > 0 && len == (size_t)r.inference_header_len + 12,
+               "%zu bytes, header %zu", len, (size_t)r.inference_header_len);
+        float out[3] = {0, 0, 0};
+        if (len == (size_t)r.inference_header_len + 12)
+            memcpy(out, plain + r.inference_header_len, 12);
         CHECK(out[0] == 3 && out[1] == 4);
+        CHECK_NEAR(out[2], 1 / sqrt(2.0), 1e-6); /* the one score, q.k / sqrt(D) */
     }
     free(plain);
     api_reply_free(&r);
