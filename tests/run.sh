@@ -37,17 +37,28 @@ case $jobs in
     ;;
 esac
 
+# Suites that share the machine run without CAP_SYS_NICE. A daemon under test then keeps its
+# long requests' fan-out at its workers' priority, as it does wherever it may not use
+# SCHED_IDLE: at SCHED_IDLE (docs/goodput.md) every runnable thread of a neighbour suite would
+# hold it up, for as long as that suite runs. The suites after --alone keep the capability.
+beside=()
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+    beside=(setpriv --bounding-set=-sys_nice)
+fi
+
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 passed=0
 failed=0
 
-# Runs command $2 under the timeout with its output in $scratch/$1.log, and leaves its exit
-# status, the seconds it took and the CPU seconds it used (user and system, its processes
-# included) in $scratch/$1.rc.
+# Runs command $2 under the timeout, after the words of $3 (a prefix: none, or beside's), with
+# its output in $scratch/$1.log, and leaves its exit status, the seconds it took and the CPU
+# seconds it used (user and system, its processes included) in $scratch/$1.rc.
 run_one() {
-    local TIMEFORMAT='%R %U %S' rc
-    { time timeout -k 10 "$limit" bash -c "$2" >"$scratch/$1.log" 2>&1; } 2>"$scratch/$1.time"
+    local TIMEFORMAT='%R %U %S' rc prefix
+    read -r -a prefix <<<"${3:-}"
+    { time timeout -k 10 "$limit" "${prefix[@]}" bash -c "$2" >"$scratch/$1.log" 2>&1; } \
+        2>"$scratch/$1.time"
     rc=$?
     echo "$rc $(awk '{ printf "%.1f %.1f", $1, $2 + $3 }' "$scratch/$1.time")" >"$scratch/$1.rc"
 }
@@ -87,7 +98,7 @@ for cmd in "${shared[@]}"; do
         report "${running[$done_pid]}" "${shared[${running[$done_pid]}]}"
         unset "running[$done_pid]"
     done
-    run_one "$n" "$cmd" &
+    run_one "$n" "$cmd" "${beside[*]}" &
     running[$!]=$n
     n=$((n + 1))
 done
