@@ -14,6 +14,7 @@
  *
  * The tile registers are thread-local, like the hardware's, so workers may run kernels at once.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -56,41 +57,94 @@ static void emu_store(int t, void *base, long stride)
         memcpy((unsigned char *)base + (long)r * stride, emu.tile[t][r], (size_t)colsb);
 }
 
-/* A denormal as zero of the same sign: both the inputs' DAZ and the results' FTZ. */
-static float flush(float x)
-{
-    return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x;
-}
-
+/* Element i of a tile row of bf16 as fp32, a denormal read as zero of its sign (DAZ). */
 static float bf16_at(const unsigned char *row, int i)
 {
     uint16_t h;
     memcpy(&h, row + 2 * i, sizeof h);
-    return flush(eng_bf16_to_f32(h));
+    uint32_t bits = (uint32_t)((h & 0x7f80) ? h : h & 0x8000) << 16;
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
 }
 
-static float f32_at(const unsigned char *row, int i)
+/* The operands of one TDPBF16PS converted once, since every element takes part in 16 products:
+ * A's rows as pairs, B's pair rows split into the even and the odd element of each column, C as
+ * fp32. Past a tile's configured rows and bytes the tile holds zeros, so whole rows of 16
+ * columns may be computed and the configured part stored. */
+typedef struct {
+    float a[TILE_ROWS][TILE_COLSB / 2];
+    float b_even[TILE_ROWS][TILE_ROWS], b_odd[TILE_ROWS][TILE_ROWS];
+    float c[TILE_ROWS][TILE_ROWS];
+} dp_operands;
+
+/* The arithmetic of TDPBF16PS, on a dp_operands private to the thread, over the rows and pairs
+ * that emu_dpbf16ps has just written with the sanitizers watching. Their checks in these loops
+ * would keep them scalar, and this arithmetic is most of a sanitized run of the emulated
+ * kernels. */
+#define DP_ARITH     __attribute__((no_sanitize("address", "undefined", "thread")))
+#define DP_ARITH_INL static inline __attribute__((always_inline)) DP_ARITH
+
+/* A denormal as zero of the same sign (the results' FTZ), written as a comparison and a select
+ * so that the loops vectorize. */
+DP_ARITH_INL float flush(float x)
 {
-    float x;
-    memcpy(&x, row + 4 * i, sizeof x);
-    return x;
+    return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x;
+}
+
+/* C[m][n] += even + odd for m < rows and all 16 columns n, the partial sums over the pairs k in
+ * order. k runs outside n, so each (m, n) sees its terms in the order of a loop per element,
+ * while a row's 16 independent sums form one vector. */
+DP_ARITH_INL void dp_rows(dp_operands *op, int rows, int pairs)
+{
+    for (int m = 0; m < rows; m++) {
+        float even[TILE_ROWS] = {0}, odd[TILE_ROWS] = {0};
+        for (int k = 0; k < pairs; k++) {
+            const float ae = op->a[m][2 * k], ao = op->a[m][2 * k + 1];
+            for (int n = 0; n < TILE_ROWS; n++) {
+                even[n] = flush(fmaf(ae, op->b_even[k][n], even[n]));
+                odd[n] = flush(fmaf(ao, op->b_odd[k][n], odd[n]));
+            }
+        }
+        for (int n = 0; n < TILE_ROWS; n++)
+            op->c[m][n] = flush(flush(op->c[m][n]) + flush(even[n] + odd[n]));
+    }
+}
+
+/* Without -mfma, fmaf is a call into libm; where the CPU has the instruction this clone inlines
+ * it. Both round the exact a * b + c once to nearest even, so they give the same bits. */
+__attribute__((target("fma"))) DP_ARITH static void dp_rows_fma(dp_operands *op, int rows,
+                                                                int pairs)
+{
+    dp_rows(op, rows, pairs);
+}
+
+DP_ARITH static void dp_rows_libm(dp_operands *op, int rows, int pairs)
+{
+    dp_rows(op, rows, pairs);
 }
 
 static void emu_dpbf16ps(int tc, int ta, int tb)
 {
     const int rows = emu.cfg.rows[tc], cols = emu.cfg.colsb[tc] / 4, pairs = emu.cfg.colsb[ta] / 4;
+    dp_operands op;
     for (int m = 0; m < rows; m++) {
-        for (int n = 0; n < cols; n++) {
-            float even = 0.0f, odd = 0.0f;
-            for (int k = 0; k < pairs; k++) {
-                const unsigned char *ar = emu.tile[ta][m], *br = emu.tile[tb][k];
-                even = flush(fmaf(bf16_at(ar, 2 * k), bf16_at(br, 2 * n), even));
-                odd = flush(fmaf(bf16_at(ar, 2 * k + 1), bf16_at(br, 2 * n + 1), odd));
-            }
-            float sum = flush(flush(f32_at(emu.tile[tc][m], n)) + flush(even + odd));
-            memcpy(emu.tile[tc][m] + 4 * n, &sum, sizeof sum);
+        for (int i = 0; i < 2 * pairs; i++)
+            op.a[m][i] = bf16_at(emu.tile[ta][m], i);
+        memcpy(op.c[m], emu.tile[tc][m], sizeof op.c[m]);
+    }
+    for (int k = 0; k < pairs; k++) {
+        for (int n = 0; n < TILE_ROWS; n++) {
+            op.b_even[k][n] = bf16_at(emu.tile[tb][k], 2 * n);
+            op.b_odd[k][n] = bf16_at(emu.tile[tb][k], 2 * n + 1);
         }
     }
+    if (__builtin_cpu_supports("fma"))
+        dp_rows_fma(&op, rows, pairs);
+    else
+        dp_rows_libm(&op, rows, pairs);
+    for (int m = 0; m < rows; m++)
+        memcpy(emu.tile[tc][m], op.c[m], 4 * (size_t)cols);
 }
 
 #define TILE_CONFIG(cfg)            emu_config(cfg)

@@ -266,6 +266,118 @@ static void test_zero_sizes(void)
     CHECK(c[1] == 6.0f);
 }
 
+/* ---- The tile instruction ----------------------------------------------------------------- */
+
+/* A random bf16 around 2^(center - 127): mostly normals within 2^+-3 of it, and signed zeros,
+ * denormals and (rarely) infinities, so that products overflow, underflow and cancel. */
+static uint16_t random_bf16(uint64_t *rng, int center)
+{
+    const uint16_t sign = (uint16_t)(rng_below(rng, 2) << 15);
+    const uint64_t kind = rng_below(rng, 256);
+    if (kind < 16)
+        return sign; /* +-0 */
+    if (kind < 32)
+        return (uint16_t)(sign | rng_int(rng, 1, 0x7f)); /* a denormal */
+    if (kind < 33)
+        return (uint16_t)(sign | 0x7f80); /* an infinity */
+    int64_t biased = center + rng_int(rng, -3, 3);
+    biased = biased < 1 ? 1 : biased > 254 ? 254 : biased;
+    return (uint16_t)(sign | biased << 7 | (int64_t)rng_below(rng, 128));
+}
+
+/* A bf16 as the tiles read it: a denormal is a zero of its sign. */
+static float bf16_flushed(uint16_t h)
+{
+    return flush(eng_bf16_to_f32(h));
+}
+
+/* TDPBF16PS as the SDM defines it, on operands in memory: c[m][n] (row stride ldc) for m <
+ * rows, n < cols, over `pairs` bf16 pairs of a's rows (stride lda) and of b's pair rows (32
+ * bf16, a tile row of 64 bytes). */
+static void model_dpbf16ps(float *c, int ldc, const uint16_t *a, int64_t lda, const uint16_t *b,
+                           int rows, int cols, int pairs)
+{
+    for (int m = 0; m < rows; m++) {
+        for (int n = 0; n < cols; n++) {
+            float even = 0.0f, odd = 0.0f;
+            for (int k = 0; k < pairs; k++) {
+                const uint16_t *ap = a + m * lda + 2 * k, *bp = b + k * 32 + 2 * n;
+                even = flush(fmaf(bf16_flushed(ap[0]), bf16_flushed(bp[0]), even));
+                odd = flush(fmaf(bf16_flushed(ap[1]), bf16_flushed(bp[1]), odd));
+            }
+            float *out = &c[m * ldc + n];
+            *out = flush(flush(*out) + flush(even + odd));
+        }
+    }
+}
+
+/* eng__amx_kernel_emu on configurations of partial tiles (the first of each kind full): A's two
+ * tiles of rows[0] and rows[1] rows and `pairs` pairs, B's two of `pairs` pair rows and cols[0]
+ * and cols[1] columns, C's four of the matching rows and columns, over `steps` steps, against
+ * the model on the same memory. What the stores leave alone must stay as it was. */
+static void test_emulated_tdpbf16ps_on_partial_tiles_gives_the_definitions_bits(void)
+{
+    /* The operands' scales (biased exponents): around 1, products near the denormal range,
+     * products near overflow, and the two mixed. */
+    const int centers[][2] = {{127, 127}, {64, 63}, {190, 189}, {64, 190}};
+    uint64_t rng = 512;
+    int64_t cases = 0, failed = 0;
+    for (int ci = 0; ci < 4; ci++) {
+        for (int t = 0; t < 60; t++, cases++) {
+            int rows[2] = {(int)rng_int(&rng, 1, 16), (int)rng_int(&rng, 1, 16)};
+            int cols[2] = {(int)rng_int(&rng, 1, 16), (int)rng_int(&rng, 1, 16)};
+            int pairs = (int)rng_int(&rng, 1, 16);
+            if (t == 0)
+                rows[0] = rows[1] = cols[0] = cols[1] = pairs = 16;
+            const int steps = (int)rng_int(&rng, 1, 3);
+            const int64_t lda = 32 * steps;
+            eng__amx_config cfg;
+            eng__amx_config_fill(&cfg);
+            for (int i = 0; i < 4; i++) { /* C: tmm0-3 */
+                cfg.rows[i] = (uint8_t)rows[i / 2];
+                cfg.colsb[i] = (uint16_t)(4 * cols[i % 2]);
+            }
+            for (int i = 0; i < 2; i++) {
+                cfg.rows[4 + i] = (uint8_t)rows[i]; /* A: tmm4-5 */
+                cfg.colsb[4 + i] = (uint16_t)(4 * pairs);
+                cfg.rows[6 + i] = (uint8_t)pairs; /* B: tmm6-7 */
+                cfg.colsb[6 + i] = (uint16_t)(4 * cols[i]);
+            }
+            uint16_t *a = xcalloc((size_t)(32 * lda), sizeof *a);
+            uint16_t *b = xcalloc((size_t)(1024 * steps), sizeof *b);
+            for (int64_t i = 0; i < 32 * lda; i++)
+                a[i] = random_bf16(&rng, centers[ci][0]);
+            for (int64_t i = 0; i < 1024 * steps; i++)
+                b[i] = random_bf16(&rng, centers[ci][1]);
+            float c[32 * 32], want[32 * 32], acc[32 * 32] = {0};
+            for (int i = 0; i < 32 * 32; i++)
+                c[i] = want[i] = rng_sym(&rng, 1.0);
+            eng__amx_config_load_emu(&cfg);
+            eng__amx_kernel_emu(steps, a, lda, b, c);
+            /* C tile q = (i, j): A's tile i times B's tile j, stored at rows 16 i, columns 16 j. */
+            for (int s = 0; s < steps; s++)
+                for (int q = 0; q < 4; q++)
+                    model_dpbf16ps(acc + q / 2 * 16 * 32 + q % 2 * 16, 32,
+                                   a + q / 2 * 16 * lda + 32 * s, lda, b + 1024 * s + q % 2 * 512,
+                                   rows[q / 2], cols[q % 2], pairs);
+            for (int q = 0; q < 4; q++)
+                for (int m = 0; m < rows[q / 2]; m++)
+                    for (int n = 0; n < cols[q % 2]; n++) {
+                        const int at = (q / 2 * 16 + m) * 32 + q % 2 * 16 + n;
+                        want[at] = acc[at];
+                    }
+            failed += memcmp(c, want, sizeof c) != 0;
+            free(a), free(b);
+        }
+    }
+    CHECKF(failed == 0, "%lld of %lld cases differ from the model", (long long)failed,
+           (long long)cases);
+    /* Back to the configuration eng__amx_sgemm believes this thread holds. */
+    eng__amx_config cfg;
+    eng__amx_config_fill(&cfg);
+    eng__amx_config_load_emu(&cfg);
+}
+
 /* ---- Packing ------------------------------------------------------------------------------ */
 
 static void test_packing_places_pairs_in_tile_rows_and_pads_with_zeros(void)
@@ -383,6 +495,7 @@ int main(void)
     RUN(test_denormal_results_flush_to_signed_zero);
     RUN(test_nan_and_infinity_propagate);
     RUN(test_zero_sizes);
+    RUN(test_emulated_tdpbf16ps_on_partial_tiles_gives_the_definitions_bits);
     RUN(test_packing_places_pairs_in_tile_rows_and_pads_with_zeros);
     RUN(test_configuration_is_palette_one_with_full_tiles);
     RUN(test_mode_follows_the_environment_and_the_cpu);
