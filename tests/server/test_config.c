@@ -347,6 +347,20 @@ static char *usage_entry(const char *text, const char *head)
     return out;
 }
 
+/* The entry of --help for `head`, checked to mention each of words[0..n); malloc'd, NULL when
+ * --help has no such entry (a failed check). */
+static char *usage_entry_mentioning(const char *head, const char *const *words, size_t n)
+{
+    char *text = usage_text();
+    char *entry = text ? usage_entry(text, head) : NULL;
+    CHECKF(entry != NULL, "--help has no entry %s", head);
+    for (size_t i = 0; entry && i < n; i++)
+        CHECKF(strstr(entry, words[i]) != NULL, "%s's help lacks \"%s\": %s", head, words[i],
+               entry);
+    free(text);
+    return entry;
+}
+
 /* --help lists every flag with its default and its environment variable. */
 static void test_usage_lists_everything(void)
 {
@@ -410,16 +424,10 @@ static void test_usage_says_what_healthcheck_probes(void)
         "else 1",
         "2 for a bad",
     };
-    char *text = usage_text();
-    char *entry = text ? usage_entry(text, "--healthcheck") : NULL;
-    CHECK(entry != NULL);
-    for (size_t i = 0; entry && i < sizeof names / sizeof names[0]; i++)
-        CHECKF(strstr(entry, names[i]) != NULL, "--healthcheck's help lacks \"%s\": %s", names[i],
-               entry);
+    char *entry = usage_entry_mentioning("--healthcheck", names, sizeof names / sizeof names[0]);
     /* The admin listener comes first: the serving port is the fallback, not the rule. */
     CHECK(entry && strstr(entry, "--admin-port") < strstr(entry, "--port-file"));
     free(entry);
-    free(text);
 }
 
 /* ATTND_BF16 has no flag, but --help lists it (from the same table) with every value the
@@ -430,12 +438,8 @@ static void test_usage_lists_the_engine_variables(void)
         "native:",         "emulated:", "amx:",
         "amx-emulated:",   "Unset:",    "Any other value counts as unset",
         "env: ATTND_BF16", "no flag"};
+    char *entry = usage_entry_mentioning("ATTND_BF16", values, sizeof values / sizeof values[0]);
     char *text = usage_text();
-    char *entry = text ? usage_entry(text, "ATTND_BF16") : NULL;
-    CHECK(entry != NULL);
-    for (size_t i = 0; entry && i < sizeof values / sizeof values[0]; i++)
-        CHECKF(strstr(entry, values[i]) != NULL, "ATTND_BF16's help lacks \"%s\": %s", values[i],
-               entry);
     CHECK(text && strstr(text, "--bf16") == NULL);
     free(entry);
     free(text);
