@@ -234,13 +234,14 @@ tsan_runs = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(filter $(TSAN_TESTS),$(
     "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 all_runs = $(call plain_runs,$(1)) $(call asan_runs,$(1)) $(call tsan_runs,$(1))
 # The bf16 paths that the kernel sets alone do not reach: VDPBF16PS, and the emulated tiles.
+asan_tile_runs = $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),\
+    "ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
 bf16_path_runs = "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16" \
     "ATTND_KERNELS=avx512 ATTND_BF16=native $(BUILD)/tests/engine/test_sdpa_bf16_views" \
     $(foreach t,$(AMX_SUITES),"ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)") \
     $(foreach t,$(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(BUILD)/tests/engine/$(t)") \
-    $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
-asan_suites = $(call asan_runs,$(TEST_SRC)) \
-    $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),"ATTND_TEST_QUICK=1 ATTND_BF16=amx-emulated $(ASAN_BUILD)/tests/engine/$(t)")
+    $(asan_tile_runs)
+asan_suites = $(call asan_runs,$(TEST_SRC)) $(asan_tile_runs)
 tsan_suites = $(call tsan_runs,$(TEST_SRC))
 
 # make test runs TEST_JOBS suites at a time (tests/run.sh -j): most of them wait on sockets,
