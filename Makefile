@@ -129,6 +129,7 @@ DAEMON_BENCHES := $(patsubst %,$(BUILD)/tests/bench/%,bench_e2e bench_session be
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
 $(filter-out $(DAEMON_BENCHES),$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
+                                          $(BUILD)/tests/support/engine_env.o \
                                           $(BUILD)/libengine.a
 	$(CC) $(LDFLAGS_ALL) $^ -lopenblas -lm -o $@
 

@@ -9,9 +9,11 @@
  * permission the first tile instruction raises SIGILL, so the hardware path runs only once
  * the request has succeeded, and otherwise the reason is kept for the start-up log.
  */
+#include <assert.h>
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +30,11 @@
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool hw_ok;
-static eng__amx_mode mode;
-static char reason[160];
+/* What each bf16 path gives, worked out once by probe(): its mode, and why the hardware tiles
+ * do not run with it. Switching paths is then one atomic store. */
+static eng__amx_mode path_mode[ENG_BF16_PATH_COUNT];
+static char path_reason[ENG_BF16_PATH_COUNT][160];
+static _Atomic eng_bf16_path path;                /* zero: auto */
 static _Thread_local eng__amx_mode thread_config; /* the mode whose config this thread holds */
 
 /* The row loops around the tiles (rounding A, scaling C): AVX2 where the CPU has it (every CPU
@@ -83,51 +88,66 @@ static void to_bf16_avx2(const float *x, int64_t n, uint16_t *dst);
 static void store_row_scalar(const float *s, int64_t n, float alpha, float beta, float *c);
 static void store_row_avx2(const float *s, int64_t n, float alpha, float beta, float *c);
 
-static void choose(void)
+#define PATH_NAME(value, name) name,
+static const char *const path_names[ENG_BF16_PATH_COUNT] = {ENG_BF16_PATH_LIST(PATH_NAME)};
+#undef PATH_NAME
+
+/* The mode of path `p` and its reason. The hardware tiles run only when asked for until a run
+ * on an AMX CPU has checked them against the emulation (tests/bench/device_amx.sh): no bf16
+ * request is served by code not yet seen to be right there. */
+static void describe_path(eng_bf16_path p, const char *why_not_hw)
+{
+    char *why = path_reason[p];
+    size_t len = sizeof path_reason[p];
+    path_mode[p] = p == ENG_BF16_AMX_EMULATED   ? ENG__AMX_EMULATED
+                   : p == ENG_BF16_AMX && hw_ok ? ENG__AMX_HW
+                                                : ENG__AMX_OFF;
+    if (path_mode[p] == ENG__AMX_HW)
+        why[0] = '\0';
+    else if (path_mode[p] == ENG__AMX_EMULATED)
+        snprintf(why, len, "bf16 path %s; hardware tiles: %s", path_names[p],
+                 hw_ok ? "granted" : why_not_hw);
+    else if (!hw_ok)
+        snprintf(why, len, "%s", why_not_hw);
+    else if (p == ENG_BF16_AUTO)
+        snprintf(why, len, "the tiles are granted; bf16 path amx uses them");
+    else
+        snprintf(why, len, "bf16 path %s runs no tiles", path_names[p]);
+}
+
+static void probe(void)
 {
     char why[128] = "";
     bool avx2 = __builtin_cpu_supports("avx2");
     rows =
         (row_ops){avx2 ? to_bf16_avx2 : to_bf16_scalar, avx2 ? store_row_avx2 : store_row_scalar};
     hw_ok = probe_hw(why, sizeof why);
-    /* The hardware tiles only on request until a run on an AMX CPU has checked them against
-     * the emulation (tests/bench/device_amx.sh): no bf16 request is served by code not yet seen
-     * to be right there. */
-    const char *forced = getenv("ATTND_BF16");
-    if (forced && strcmp(forced, "amx-emulated") == 0)
-        mode = ENG__AMX_EMULATED;
-    else if (forced && strcmp(forced, "amx") == 0)
-        mode = hw_ok ? ENG__AMX_HW : ENG__AMX_OFF;
-    else
-        mode = ENG__AMX_OFF;
-    if (mode == ENG__AMX_HW)
-        reason[0] = '\0';
-    else if (mode == ENG__AMX_EMULATED)
-        snprintf(reason, sizeof reason, "ATTND_BF16=%s (hardware tiles: %s)", forced,
-                 hw_ok ? "granted" : why);
-    else if (hw_ok && forced)
-        snprintf(reason, sizeof reason, "ATTND_BF16=%s selects another bf16 path", forced);
-    else if (hw_ok)
-        snprintf(reason, sizeof reason, "the tiles are granted; ATTND_BF16=amx uses them");
-    else
-        snprintf(reason, sizeof reason, "%s", why);
+    for (int p = 0; p < ENG_BF16_PATH_COUNT; p++)
+        describe_path((eng_bf16_path)p, why);
+}
+
+void eng__amx_configure(eng_bf16_path p)
+{
+    assert((unsigned)p < ENG_BF16_PATH_COUNT);
+    pthread_once(&once, probe);
+    atomic_store(&path, p);
 }
 
 eng__amx_mode eng__amx_active(void)
 {
-    pthread_once(&once, choose);
-    return mode;
+    pthread_once(&once, probe);
+    return path_mode[atomic_load(&path)];
 }
 
 const char *eng__amx_reason(void)
 {
-    pthread_once(&once, choose);
-    return reason;
+    pthread_once(&once, probe);
+    return path_reason[atomic_load(&path)];
 }
 
 bool eng__amx_hw_available(void)
 {
-    pthread_once(&once, choose);
+    pthread_once(&once, probe);
     return hw_ok;
 }
 
@@ -262,7 +282,7 @@ void eng__amx_sgemm(eng__amx_mode m, const eng__amx_gemm *g, uint16_t *a_scratch
 {
     if (g->m <= 0 || g->n <= 0)
         return;
-    pthread_once(&once, choose);
+    pthread_once(&once, probe);
     config_thread(m);
     const int64_t kp = eng__amx_depth(g->k), steps = kp / ENG__AMX_DEPTH,
                   panel = g->b_panel_stride ? g->b_panel_stride : kp * ENG__AMX_NR;

@@ -5,7 +5,7 @@
  * (amx_hw.c, gcc's _tile_* intrinsics under a target attribute) and against a portable
  * emulation of them with the semantics Intel documents (amx_emu.c). The hardware build runs
  * where cpuid, XCR0 and the kernel grant the tile state; the emulated one runs anywhere and
- * is what tests (and ATTND_BF16=amx-emulated) use on CPUs without AMX, so that the packing,
+ * is what tests (and the bf16 path amx-emulated) use on CPUs without AMX, so that the packing,
  * the tiling and the tails are exercised on every machine.
  *
  *     eng__amx_mode mode = eng__amx_active();          // once per call, like the kernel set
@@ -42,17 +42,22 @@ typedef struct {
     uint8_t rows[16];
 } eng__amx_config;
 
-/* The mode for this process, chosen once: ATTND_BF16=amx-emulated forces the emulation, any
- * other forced bf16 path (native, emulated) turns the tiles off, and otherwise the hardware
- * runs when the CPU has AMX-TILE and AMX-BF16, the OS enables the tile state in XCR0 and
- * arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) grants it. Any thread. */
+/* Takes the mode of bf16 path `path` for the engine calls that start after it (eng_init):
+ * amx-emulated runs the emulation; amx the hardware, where the CPU has AMX-TILE and AMX-BF16,
+ * the OS enables the tile state in XCR0 and arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+ * grants it, else nothing; every other path runs no tiles. Until it is called the mode is
+ * auto's. Not concurrently with itself. */
+void eng__amx_configure(eng_bf16_path path);
+
+/* The mode engine calls starting now use (read it once per call, like the kernel set). Any
+ * thread. */
 eng__amx_mode eng__amx_active(void);
 
-/* Why the hardware tiles do not run (for the start-up log: what the CPU, the OS or the kernel
- * lacks, or the ATTND_BF16 value that chose otherwise), or "" when they do. */
+/* Why the hardware tiles do not run in that mode (for the start-up log: what the CPU, the OS or
+ * the kernel lacks, or the bf16 path that chose otherwise), or "" when they do. */
 const char *eng__amx_reason(void);
 
-/* Whether this CPU and OS grant the tiles, whatever ATTND_BF16 says (for tests and benches). */
+/* Whether this CPU and OS grant the tiles, whatever the bf16 path (for tests and benches). */
 bool eng__amx_hw_available(void);
 
 /* The shared tile configuration of every kernel above. */

@@ -7,13 +7,17 @@
  * message naming the offending field. Semantics: docs/semantics.md.
  *
  * The engine owns its hot kernels: the block products and projections run on attnd's own
- * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels.h), chosen once
- * per process from cpuid and xgetbv, whatever CPU OpenBLAS's tables know. OpenBLAS remains as
- * the `openblas` kernel set: fallback, test reference and benchmark baseline.
+ * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels.h), chosen per
+ * process from cpuid and xgetbv, whatever CPU OpenBLAS's tables know. OpenBLAS remains as the
+ * `openblas` kernel set: fallback, test reference and benchmark baseline. What a process may
+ * choose (the kernel set, the bf16 path) it passes as values to eng_init; the engine reads no
+ * environment.
  *
  * Usage:
  *
  *     eng_error err;
+ *     eng_options opts = {.kernels = ENG_KERNELS_AUTO, .bf16 = ENG_BF16_AUTO}; // the defaults
+ *     if (eng_init(&opts, &err) != ENG_OK) { fprintf(stderr, "%s\n", err.message); return 1; }
  *     eng_pool *pool = eng_pool_new(0, &err);          // 0: one worker per usable CPU
  *     if (!pool) { fprintf(stderr, "%s\n", err.message); return 1; }
  *
@@ -166,23 +170,62 @@ eng_status eng_pool_submit_at(eng_pool *pool, uint32_t priority, eng_task_fn fn,
  * cfs_quota) quota rounded up; at least 1. */
 int eng_cpu_count(void);
 
-/* ---- Kernels ------------------------------------------------------------------------------ */
+/* ---- Options ------------------------------------------------------------------------------ */
 
-/* The engine's products and exponentials run on one kernel set per process: "avx512" (AVX-512F
- * micro-kernels), "avx2" (AVX2 + FMA), "generic" (portable C) or "openblas" (cblas_sgemm, the
- * fallback and reference). Until selected, the set is ATTND_KERNELS from the environment when
- * the CPU supports it, else the best one the CPU and OS support (auto). */
+/* What a process chooses for the engine, as values: the daemon reads them from its flags and
+ * variables (server/config.c), the tests from theirs (tests/support/engine_env.c). Each list is
+ * X(value, name); the names are those --kernels and ATTND_BF16 take. */
 
-/* Selects a set by name ("auto" or NULL: ATTND_KERNELS, else the best). A set this CPU or OS
- * cannot run, or an unknown name, is ENG_EINVAL with a message naming what is missing; the
- * set in use then stays. Call it at start-up, before engine calls: a call in flight keeps the
- * set it started with, so switching between calls (as tests do) is safe. */
-eng_status eng_kernels_select(const char *name, eng_error *err);
+/* The kernel set the products and exponentials run on: "auto" (the widest this CPU and OS run:
+ * avx512, else avx2, else openblas), "avx512" (AVX-512F micro-kernels), "avx2" (AVX2 + FMA),
+ * "generic" (portable C) or "openblas" (cblas_sgemm: fallback and reference). */
+#define ENG_KERNEL_CHOICE_LIST(X)                                                                  \
+    X(ENG_KERNELS_AUTO, "auto")                                                                    \
+    X(ENG_KERNELS_AVX512, "avx512")                                                                \
+    X(ENG_KERNELS_AVX2, "avx2")                                                                    \
+    X(ENG_KERNELS_GENERIC, "generic")                                                              \
+    X(ENG_KERNELS_OPENBLAS, "openblas")
+
+/* Which code computes the bf16 products of bfloat16 requests: "auto" (VDPBF16PS in the avx512
+ * set on AMD CPUs with AVX512-BF16, which run it at the FMA rate; elsewhere the operands rounded
+ * to bf16 for the fp32 micro-kernels), "native" (VDPBF16PS wherever the CPU has AVX512-BF16),
+ * "emulated" (rounding, always), "amx" (as auto, and the layer projections and both attention
+ * products on AMX tiles where the CPU and the OS grant them) or "amx-emulated" (as auto, and
+ * the same tile code over a portable emulation of the tile instructions: slow, for tests). */
+#define ENG_BF16_PATH_LIST(X)                                                                      \
+    X(ENG_BF16_AUTO, "auto")                                                                       \
+    X(ENG_BF16_NATIVE, "native")                                                                   \
+    X(ENG_BF16_EMULATED, "emulated")                                                               \
+    X(ENG_BF16_AMX, "amx")                                                                         \
+    X(ENG_BF16_AMX_EMULATED, "amx-emulated")
+
+#define ENG_OPTION_ENUM(value, name) value,
+typedef enum { ENG_KERNEL_CHOICE_LIST(ENG_OPTION_ENUM) ENG_KERNEL_CHOICE_COUNT } eng_kernel_choice;
+typedef enum { ENG_BF16_PATH_LIST(ENG_OPTION_ENUM) ENG_BF16_PATH_COUNT } eng_bf16_path;
+#undef ENG_OPTION_ENUM
+
+/* The engine's options; zero is "auto" for each, the engine's own choice. */
+typedef struct {
+    eng_kernel_choice kernels;
+    eng_bf16_path bf16;
+} eng_options;
+
+/* Applies `opts` (NULL: the defaults) to the engine calls that start after it: a call in flight
+ * keeps the kernel set it began with, so tests switch sets between calls. A process that never
+ * calls it runs on the defaults. ENG_EINVAL, with `err` (field "kernels" or "bf16") naming what
+ * is missing and the options in force unchanged, for a kernel set this CPU or OS cannot run or
+ * a value outside the lists above. A bf16 path the CPU cannot take is not an error: native
+ * falls back to rounding, amx to no tiles, and eng_engine_info_get says which path runs and
+ * why. Call it at start-up, before the pool; not concurrently with itself. */
+eng_status eng_init(const eng_options *opts, eng_error *err);
+
+/* The options in force: the defaults until eng_init takes others. Any thread. */
+void eng_options_get(eng_options *opts);
 
 /* The name of the set in use ("avx512", "avx2", "generic" or "openblas"). */
 const char *eng_kernels_name(void);
 
-/* True when this CPU and OS can run the named set. */
+/* True when this CPU and OS can run the named set ("avx512", ...; "auto" is not a set). */
 bool eng_kernels_supported(const char *name);
 
 /* What the engine runs on, for the start-up log line and the info metric. */

@@ -1,7 +1,7 @@
 /*
  * kernels.c - which kernel set the engine runs: what the CPU and the OS support (cpuid,
- * xgetbv), the cache blocking each set gets from the cache sizes cpuid reports, the choice made
- * once per process (forced by name or automatic), and the description the daemon logs.
+ * xgetbv), the cache blocking each set gets from the cache sizes cpuid reports, the choice the
+ * process passes to eng_init (a set by name, or auto) and the description the daemon logs.
  *
  * cpuid alone is not enough for AVX: the OS must also save the wider registers on a context
  * switch, which XCR0 (read with xgetbv) says. A CPU with AVX-512F under an OS that does not
@@ -217,9 +217,15 @@ static const char *const set_names[SET_COUNT] = {"avx512", "avx2", "generic", "o
 
 static cpu_info cpu;
 static eng__kernels sets[SET_COUNT];
+/* The avx512 set with the VDPBF16PS micro-kernel for bf16 products, for the bf16 paths that
+ * take it; a set of its own, so that a call in flight keeps the products it began with. */
+static eng__kernels avx512_bf16;
 static bool set_supported[SET_COUNT];
 static pthread_once_t sets_once = PTHREAD_ONCE_INIT;
 static _Atomic(const eng__kernels *) current;
+/* The options in force (eng_options_get); zero: auto, until eng_init takes others. */
+static _Atomic eng_kernel_choice kernels_in_force;
+static _Atomic eng_bf16_path bf16_in_force;
 
 static int set_index(const char *name)
 {
@@ -227,6 +233,33 @@ static int set_index(const char *name)
         if (strcmp(name, set_names[i]) == 0)
             return i;
     return -1;
+}
+
+/* The choice "auto" makes: the widest set this CPU and OS run. */
+static set_id set_auto(void)
+{
+    return set_supported[SET_AVX512] ? SET_AVX512
+           : set_supported[SET_AVX2] ? SET_AVX2
+                                     : SET_OPENBLAS;
+}
+
+/* The set `choice` names; auto's for auto. */
+static set_id set_of(eng_kernel_choice choice)
+{
+    switch (choice) {
+    case ENG_KERNELS_AVX512:
+        return SET_AVX512;
+    case ENG_KERNELS_AVX2:
+        return SET_AVX2;
+    case ENG_KERNELS_GENERIC:
+        return SET_GENERIC;
+    case ENG_KERNELS_OPENBLAS:
+        return SET_OPENBLAS;
+    case ENG_KERNELS_AUTO:
+    case ENG_KERNEL_CHOICE_COUNT:
+        break;
+    }
+    return set_auto();
 }
 
 static int64_t clamp_block(int64_t x, int64_t lo, int64_t hi, int64_t multiple)
@@ -250,16 +283,21 @@ void eng__blocking(const eng__cache_sizes *caches, int mr, int nr, int64_t *kc, 
 
 /* Whether bf16 requests use VDPBF16PS (where the CPU has it) or round their operands and run
  * the fp32 micro-kernel: AMD retires VDPBF16PS at the FMA rate (twice the fp32 work), Intel's
- * Xeons at a fraction of it, where rounding and fp32 FMA give the same result faster.
- * ATTND_BF16=native|emulated overrides (tests, benchmarks). */
-static bool bf16_native_wanted(void)
+ * Xeons at a fraction of it, where rounding and fp32 FMA give the same result faster. The
+ * native and emulated paths override that (tests, benchmarks). */
+static bool bf16_native(eng_bf16_path path)
 {
-    const char *forced = getenv("ATTND_BF16");
-    if (forced && strcmp(forced, "emulated") == 0)
+    if (path == ENG_BF16_EMULATED)
         return false;
-    if (forced && strcmp(forced, "native") == 0)
+    if (path == ENG_BF16_NATIVE)
         return cpu.avx512bf16;
     return cpu.avx512bf16 && cpu.amd;
+}
+
+/* The set engine calls run on with kernel set `id` and bf16 path `path`. */
+static const eng__kernels *set_with_path(set_id id, eng_bf16_path path)
+{
+    return id == SET_AVX512 && bf16_native(path) ? &avx512_bf16 : &sets[id];
 }
 
 /* The named vector kernels when this CPU runs them, else NULL. */
@@ -294,10 +332,6 @@ static void init_sets(void)
         .nr = ENG__AVX512_NR,
         .vec = eng__vec_variant("avx512"),
         .round_bf16 = eng__bf16_round_floats_avx512};
-    if (bf16_native_wanted()) {
-        sets[SET_AVX512].tile_bf16 = eng__tile_bf16_avx512;
-        sets[SET_AVX512].to_bf16 = eng__to_bf16_avx512;
-    }
     sets[SET_AVX2] = (eng__kernels){.name = "avx2",
                                     .tile = eng__tile_avx2,
                                     .mr = ENG__AVX2_MR,
@@ -324,21 +358,19 @@ static void init_sets(void)
         eng__blocking(&cpu.caches, sets[i].mr, sets[i].nr, &sets[i].kc, &sets[i].nc);
         sets[i].panel_rows = sets[i].tile ? sets[i].mr : BLAS_PANEL_ROWS;
     }
-    const eng__kernels *chosen = set_supported[SET_AVX512] ? &sets[SET_AVX512]
-                                 : set_supported[SET_AVX2] ? &sets[SET_AVX2]
-                                                           : &sets[SET_OPENBLAS];
-    /* The environment may force a set for processes that never call eng_kernels_select
-     * (tests, benchmarks); a name this CPU cannot run is left to eng_kernels_select to report. */
-    const char *forced = getenv("ATTND_KERNELS");
-    int i = forced ? set_index(forced) : -1;
-    atomic_store(&current, i >= 0 && set_supported[i] ? &sets[i] : chosen);
+    avx512_bf16 = sets[SET_AVX512];
+    avx512_bf16.tile_bf16 = eng__tile_bf16_avx512;
+    avx512_bf16.to_bf16 = eng__to_bf16_avx512;
+    /* The defaults, for a process that never calls eng_init. */
+    atomic_store(&current, set_with_path(set_auto(), ENG_BF16_AUTO));
 }
 
 const eng__kernels *eng__kernels_named(const char *name)
 {
     pthread_once(&sets_once, init_sets);
     int i = set_index(name);
-    return i >= 0 && set_supported[i] ? &sets[i] : NULL;
+    return i >= 0 && set_supported[i] ? set_with_path((set_id)i, atomic_load(&bf16_in_force))
+                                      : NULL;
 }
 
 const eng__kernels *eng__kernels_current(void)
@@ -354,32 +386,38 @@ bool eng_kernels_supported(const char *name)
     return name && eng__kernels_named(name) != NULL;
 }
 
-eng_status eng_kernels_select(const char *name, eng_error *err)
+eng_status eng_init(const eng_options *opts, eng_error *err)
 {
+    const eng_options o = opts ? *opts : (eng_options){ENG_KERNELS_AUTO, ENG_BF16_AUTO};
     pthread_once(&sets_once, init_sets);
-    if (!name)
-        name = getenv("ATTND_KERNELS");
-    if (!name || strcmp(name, "auto") == 0) {
-        const eng__kernels *best = set_supported[SET_AVX512] ? &sets[SET_AVX512]
-                                   : set_supported[SET_AVX2] ? &sets[SET_AVX2]
-                                                             : &sets[SET_OPENBLAS];
-        atomic_store(&current, best);
-        return ENG_OK;
-    }
-    int i = set_index(name);
-    if (i < 0)
+    if ((unsigned)o.kernels >= ENG_KERNEL_CHOICE_COUNT)
         return eng__fail(err, ENG_EINVAL, "kernels",
-                         "unknown kernel set '%s': use auto, avx512, avx2, generic or openblas",
-                         name);
-    if (!set_supported[i])
-        return eng__fail(
-            err, ENG_EINVAL, "kernels",
-            "kernel set '%s' needs %s, which this CPU or OS does not provide "
-            "(it has: %s)",
-            name, i == SET_AVX512 ? "AVX-512F and DQ with the zmm state enabled" : "AVX2 and FMA",
-            cpu.features);
-    atomic_store(&current, &sets[i]);
+                         "kernel choice %u is not one of auto, avx512, avx2, generic or openblas",
+                         (unsigned)o.kernels);
+    if ((unsigned)o.bf16 >= ENG_BF16_PATH_COUNT)
+        return eng__fail(err, ENG_EINVAL, "bf16",
+                         "bf16 path %u is not one of auto, native, emulated, amx or amx-emulated",
+                         (unsigned)o.bf16);
+    set_id id = set_of(o.kernels);
+    if (!set_supported[id])
+        return eng__fail(err, ENG_EINVAL, "kernels",
+                         "kernel set '%s' needs %s, which this CPU or OS does not provide "
+                         "(it has: %s)",
+                         set_names[id],
+                         id == SET_AVX512 ? "AVX-512F and DQ with the zmm state enabled"
+                                          : "AVX2 and FMA",
+                         cpu.features);
+    eng__amx_configure(o.bf16);
+    atomic_store(&current, set_with_path(id, o.bf16));
+    atomic_store(&kernels_in_force, o.kernels);
+    atomic_store(&bf16_in_force, o.bf16);
     return ENG_OK;
+}
+
+void eng_options_get(eng_options *opts)
+{
+    opts->kernels = atomic_load(&kernels_in_force);
+    opts->bf16 = atomic_load(&bf16_in_force);
 }
 
 const char *eng_kernels_name(void)

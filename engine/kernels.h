@@ -8,9 +8,9 @@
  * reports. The `openblas` set has no micro-kernel: eng__sgemm hands its products to
  * cblas_sgemm, which keeps OpenBLAS available as fallback, test reference and baseline.
  *
- * The set is chosen once (eng_kernels_select, or on first use from ATTND_KERNELS, else the
- * best the CPU and the OS support); every engine call reads it once at its start, so a call in
- * flight keeps the set it began with.
+ * The set is the one eng_init's options name (auto until then: the best the CPU and the OS
+ * support); every engine call reads it once at its start, so a call in flight keeps the set it
+ * began with.
  */
 #ifndef ATTND_ENGINE_KERNELS_H
 #define ATTND_ENGINE_KERNELS_H

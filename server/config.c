@@ -7,8 +7,10 @@
  * table, so an option cannot be documented with one default and run with another, nor accept a
  * value its help does not list. Defaults are written as text and go through the same parser as
  * user input; tests/server/test_config.c checks that each one parses and lies within its bounds.
- * A variable the engine reads for itself (ATTND_BF16) is a row too, without a flag, so that
- * --help lists every knob from this one table.
+ * A variable without a flag (ATTND_BF16, a knob for tests and benchmarks more than for
+ * operators) is a row too, so that --help lists every knob from this one table. The engine's
+ * options are parsed here into eng_options, which the server hands to eng_init: the engine
+ * reads no environment.
  */
 #include "server/server.h"
 
@@ -23,13 +25,12 @@ typedef enum {
     OPT_INT,    /* int64_t within [min, max] */
     OPT_SIZE,   /* size_t within [min, max]: bytes, or KiB, MiB, GiB, TiB (srv_parse_size) */
     OPT_CHOICE, /* char *, one of `choices` */
-    OPT_LEVEL,  /* srv_log_level: the index of its name in `choices` */
+    OPT_ENUM,   /* an enum (int-sized, see below): the index of its name in `choices` */
     OPT_MODEL,  /* NAME=PATH, repeatable, appended to models[] */
-    OPT_ENGINE, /* no flag and no field: a variable the engine reads itself, listed by --help */
 } opt_type;
 
 typedef struct {
-    const char *name; /* the flag without its leading "--"; NULL for OPT_ENGINE */
+    const char *name; /* the flag without its leading "--"; NULL: a variable without a flag */
     const char *env;  /* environment mirror */
     opt_type type;
     size_t offset; /* of the field in srv_config */
@@ -37,21 +38,27 @@ typedef struct {
     const char *def; /* default, as text; NULL: none (OPT_STR may stay NULL, OPT_MODEL empty) */
     const char *arg; /* placeholder shown by --help */
     const char *help;
-    const char *const *choices; /* the accepted values, NULL-terminated (OPT_CHOICE, OPT_LEVEL,
-                                   OPT_ENGINE); NULL for the other types */
+    const char *const *choices; /* the accepted values, NULL-terminated (OPT_CHOICE, OPT_ENUM);
+                                   NULL for the other types */
 } srv_option;
 
 #define GiB        (INT64_C(1) << 30)
 #define OFF(field) offsetof(srv_config, field)
 
-/* The names engine/kernels.c's eng_kernels_select takes. */
-static const char *const kernel_sets[] = {"auto", "avx512", "avx2", "generic", "openblas", NULL};
+/* OPT_ENUM stores a name's index through an int: the enum types it fills must be int-sized
+ * (their values all lie in [0, INT_MAX], so int and the enum's own type alias). */
+_Static_assert(sizeof(srv_log_level) == sizeof(int), "OPT_ENUM field");
+_Static_assert(sizeof(eng_kernel_choice) == sizeof(int), "OPT_ENUM field");
+_Static_assert(sizeof(eng_bf16_path) == sizeof(int), "OPT_ENUM field");
+
+#define ENGINE_NAME(value, name) name,
+/* In the order of the engine's enums (engine.h), from the same lists. */
+static const char *const kernel_sets[] = {ENG_KERNEL_CHOICE_LIST(ENGINE_NAME) NULL};
+static const char *const bf16_paths[] = {ENG_BF16_PATH_LIST(ENGINE_NAME) NULL};
+#undef ENGINE_NAME
 static const char *const precisions[] = {"float32", "bfloat16", NULL};
 /* In srv_log_level's order. */
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
-/* The values engine/kernels.c and engine/amx.c compare ATTND_BF16 with; they read any other
- * value as no value. */
-static const char *const bf16_paths[] = {"native", "emulated", "amx", "amx-emulated", NULL};
 
 /* clang-format off */
 static const srv_option options[] = {
@@ -63,7 +70,7 @@ static const srv_option options[] = {
      "once listening, write the bound port to this file (for tests and supervisors)", NULL},
     {"threads", "ATTND_THREADS", OPT_INT, OFF(threads), 0, 1024, "0", "N",
      "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)", NULL},
-    {"kernels", "ATTND_KERNELS", OPT_CHOICE, OFF(kernels), 0, 0, "auto", "SET",
+    {"kernels", "ATTND_KERNELS", OPT_ENUM, OFF(engine.kernels), 0, 0, "auto", "SET",
      "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
      "(portable C) or openblas; a set the CPU lacks stops the start (exit 1)", kernel_sets},
     {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_CHOICE, OFF(default_precision), 0, 0,
@@ -150,7 +157,7 @@ static const srv_option options[] = {
      "in directory DIR (config.json and model.safetensors or an index and shards; see "
      "docs/huggingface.md); a model that cannot be loaded stops the start (exit 2); "
      "repeatable (the variable takes a comma-separated list)", NULL},
-    {"log-level", "ATTND_LOG_LEVEL", OPT_LEVEL, OFF(log_level), 0, 0, "info", "LEVEL",
+    {"log-level", "ATTND_LOG_LEVEL", OPT_ENUM, OFF(log_level), 0, 0, "info", "LEVEL",
      "error, warn, info or debug", level_names},
     {"tls-cert", "ATTND_TLS_CERT", OPT_STR, OFF(tls_cert), 0, 0, NULL, "FILE",
      "serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key; re-read on "
@@ -179,16 +186,18 @@ static const srv_option options[] = {
      "/v2/health/ready and the page shell at /, TOKEN being a line of this file (at least 16 "
      "of A-Z a-z 0-9 - . _ ~ + / =; blank and # lines skipped; several allow rotation); "
      "others get 401; re-read on SIGHUP", NULL},
-    {NULL, "ATTND_BF16", OPT_ENGINE, 0, 0, 0, NULL, "MODE",
-     "which code computes the bf16 products of requests in precision bfloat16; read by the "
-     "engine once at start, no flag. Unset: VDPBF16PS on AMD CPUs with AVX512-BF16 (avx512 "
-     "kernel set), elsewhere the operands rounded to bf16 for the fp32 micro-kernels; no AMX "
-     "tiles. native: VDPBF16PS on any CPU with AVX512-BF16 (avx512 kernel set; rounding "
-     "elsewhere). emulated: rounding, always. amx: as unset, and the layer projections and both "
-     "attention products on AMX tiles where the CPU and the OS grant them. amx-emulated: as "
-     "unset, and the same tile code over a portable scalar emulation of the tile instructions "
-     "(slow: for tests). Any other value counts as unset. The start-up log line and "
-     "attnd_engine_info's bf16 label say which path runs", bf16_paths},
+    {NULL, "ATTND_BF16", OPT_ENUM, OFF(engine.bf16), 0, 0, "auto", "PATH",
+     "which code computes the bf16 products of requests in precision bfloat16 (no flag: a knob "
+     "for tests and benchmarks). auto: VDPBF16PS on AMD CPUs with AVX512-BF16 (avx512 kernel "
+     "set), where it runs at the FMA rate; elsewhere the operands rounded to bf16 for the fp32 "
+     "micro-kernels, which on Intel's CPUs is the faster of the two; no AMX tiles. native: "
+     "VDPBF16PS on any CPU with AVX512-BF16 (avx512 kernel set; rounding elsewhere), slower "
+     "than rounding on Intel. emulated: rounding, always. amx: as auto, and the layer "
+     "projections and both attention products on AMX tiles where the CPU and the OS grant "
+     "them (experimental; off otherwise, and the start-up log says why). amx-emulated: as "
+     "auto, and the same tile code over a portable scalar emulation of the tile instructions "
+     "(many times slower: for tests). Another value stops the start (exit 2). The start-up "
+     "log line and attnd_engine_info's bf16 label say which path runs", bf16_paths},
 };
 /* clang-format on */
 
@@ -428,7 +437,7 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
         return SRV_OK;
     }
     case OPT_CHOICE:
-    case OPT_LEVEL: {
+    case OPT_ENUM: {
         size_t i = 0;
         while (o->choices[i] && strcmp(text, o->choices[i]) != 0)
             i++;
@@ -438,8 +447,8 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
             snprintf(err, errlen, "%s: \"%.64s\" is not accepted; use %s", who, text, names);
             return SRV_EINVAL;
         }
-        if (o->type == OPT_LEVEL) {
-            *(srv_log_level *)(void *)field = (srv_log_level)i;
+        if (o->type == OPT_ENUM) {
+            *(int *)(void *)field = (int)i;
             return SRV_OK;
         }
         char **slot = (char **)(void *)field;
@@ -450,8 +459,6 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
         *slot = copy;
         return SRV_OK;
     }
-    case OPT_ENGINE:
-        return SRV_OK; /* the engine reads it; defensive: no caller passes such a row */
     case OPT_MODEL: {
         /* The environment form carries a comma-separated list; a flag carries one model. */
         bool list = strncmp(who, "--", 2) != 0;
@@ -491,7 +498,6 @@ void srv_config_free(srv_config *cfg)
     free(cfg->port_file);
     free(cfg->admin_port_file);
     free(cfg->grpc_port_file);
-    free(cfg->kernels);
     free(cfg->default_precision);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
@@ -519,12 +525,13 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
 
     for (size_t i = 0; i < N_OPTIONS && st == SRV_OK; i++) {
         if (options[i].def) {
-            snprintf(who, sizeof who, "default of --%s", options[i].name);
+            snprintf(who, sizeof who, "default of %s%s", options[i].name ? "--" : "",
+                     options[i].name ? options[i].name : options[i].env);
             st = set_option(cfg, &options[i], options[i].def, who, err, errlen);
         }
     }
     for (size_t i = 0; i < N_OPTIONS && st == SRV_OK; i++) {
-        const char *v = options[i].type == OPT_ENGINE ? NULL : getenv(options[i].env);
+        const char *v = getenv(options[i].env);
         if (v)
             st = set_option(cfg, &options[i], v, options[i].env, err, errlen);
     }
@@ -636,7 +643,7 @@ void srv_config_usage(FILE *out)
         if (options[i].name)
             usage_option(out, &options[i]);
     fprintf(out, "  --help\n      print this text and exit\n\n"
-                 "Read by the engine from the environment only (no flag):\n");
+                 "Set by the environment only (no flag):\n");
     for (size_t i = 0; i < N_OPTIONS; i++)
         if (!options[i].name)
             usage_option(out, &options[i]);

@@ -312,9 +312,8 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot create the memory budget (--max-memory-bytes)");
         goto fail;
     }
-    if (eng_kernels_select(cfg->kernels, &eerr) != ENG_OK) {
-        snprintf(err, errlen, "--kernels %s: %s", cfg->kernels ? cfg->kernels : "auto",
-                 eerr.message);
+    if (eng_init(&cfg->engine, &eerr) != ENG_OK) {
+        snprintf(err, errlen, "engine options (--kernels, ATTND_BF16): %s", eerr.message);
         goto fail;
     }
     if (cfg->kv_cache_bytes > 0) {

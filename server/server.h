@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/engine.h"
+
 /* ---- Status codes -------------------------------------------------------------------------- */
 
 /* X(name, description): one list so that codes and their strings cannot drift apart. */
@@ -91,7 +93,7 @@ typedef struct {
     int64_t port;                   /* --port: 0 = an ephemeral port */
     char *port_file;                /* --port-file: write the bound port here once listening */
     int64_t threads;                /* --threads: engine workers, 0 = CPUs this process may use */
-    char *kernels;                  /* --kernels: auto, avx512, avx2, generic or openblas */
+    eng_options engine;             /* --kernels, ATTND_BF16 */
     char *default_precision;        /* --default-precision: float32 or bfloat16 */
     size_t max_body_bytes;          /* --max-body-bytes */
     int64_t max_elements;           /* --max-elements */

@@ -41,6 +41,7 @@
 #include "api/wire/base64.h"
 #include "grpc_service.pb-c.h"
 #include "tests/support/daemon.h"
+#include "tests/support/engine_env.h"
 #include "tests/support/grpc.h"
 #include "tests/support/rng.h"
 #include "tests/support/tls.h"
@@ -465,6 +466,12 @@ static void grpc_lines(int port, double *t, const float *first)
 
 int main(int argc, char **argv)
 {
+    /* The in-process baseline runs on the options the daemon reads from the same variables. */
+    char why[320];
+    if (test_engine_init(why, sizeof why) != TEST_ENGINE_READY) {
+        fprintf(stderr, "bench_e2e: %s\n", why);
+        return 2;
+    }
     int threads = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {

@@ -27,6 +27,7 @@
 
 #include "engine/engine.h"
 #include "tests/bench/harness/harness.h"
+#include "tests/support/engine_env.h"
 
 typedef struct {
     int64_t b, h, l, e;
@@ -110,6 +111,11 @@ static int run_case(const bench_case *bc)
 
 int main(int argc, char **argv)
 {
+    char why[320];
+    if (test_engine_init(why, sizeof why) != TEST_ENGINE_READY) {
+        fprintf(stderr, "bench_mha: %s\n", why);
+        return 2;
+    }
     int threads = eng_cpu_count();
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)

@@ -37,6 +37,7 @@
 
 #include "engine/engine.h"
 #include "tests/bench/harness/harness.h"
+#include "tests/support/engine_env.h"
 
 typedef struct {
     int64_t b, h, l, s, d;
@@ -566,6 +567,11 @@ static void print_torch(int threads, const double *gflops)
 
 int main(int argc, char **argv)
 {
+    char why[320];
+    if (test_engine_init(why, sizeof why) != TEST_ENGINE_READY) {
+        fprintf(stderr, "bench_sdpa: %s\n", why);
+        return 2;
+    }
     int threads = bench_threads();
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)

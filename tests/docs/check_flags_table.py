@@ -6,7 +6,7 @@
 Every entry of `ATTND_BIN --help` (a flag such as `--port`, a mode such as `--healthcheck`, or a
 variable without a flag such as ATTND_BF16) must be a row of the first table under "## Flags"
 with the same variable and the same default, and every row of that table must be an entry of
---help. A row names one flag (or none, for a variable the engine reads) in backticks in its
+--help. A row names one flag (or none, for a variable without a flag) in backticks in its
 first cell, its variable in the second and its default in the third: the first text in
 backticks, or "none" where --help says "(none)". Prints an "ok" or "FAIL" line per entry and
 per row, and ends with "N passed, N failed" (exit 1 when anything failed).

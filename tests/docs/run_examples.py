@@ -32,7 +32,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FENCE = re.compile(r"^```(sh|bash|python)\s+example\b(.*)$")
 BLOCK_TIMEOUT_S = 120
-# ATTND_* variables that are not a flag's: read by the engine or the test harness.
+# ATTND_* variables that are not a flag's: ATTND_BF16 (a variable only) and the test harness's.
 OTHER_VARIABLES = {"ATTND_BF16", "ATTND_BIN", "ATTND_TEST_QUICK", "ATTND_NGINX", "ATTND_PEERS"}
 # Flags of other tools the docs show as code: perf_analyzer's, apt-get's.
 OTHER_FLAGS = {"--input-data", "--measurement-interval", "--request-parameter",

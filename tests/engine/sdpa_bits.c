@@ -6,7 +6,8 @@
  * (fp32 views, bf16 views, interleaved views, the paged cache in f32, bf16 and f16) and option
  * (masks, windows, padding, lengths, ALiBi, softcap, additive scoring, weights, lse, key split)
  * meets each shape once. Prints one line per case: its name, the status and an FNV-1a hash of
- * the output, weights and lse bits. The kernel set is the engine's (ATTND_KERNELS).
+ * the output, weights and lse bits. The kernel set and the bf16 path are ATTND_KERNELS and
+ * ATTND_BF16 (tests/support/engine_env.h).
  *
  *     sdpa_bits [THREADS]          (default 3: enough for the key split and the pool's order)
  */
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "tests/support/engine_env.h"
 #include "tests/support/rng.h"
 
 typedef struct {
@@ -342,6 +344,13 @@ static void run_case(eng_pool *pool, const inputs *in, int opt, bool bf16, sourc
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? (int)strtol(argv[1], NULL, 10) : 3;
+    char why[320];
+    test_engine_state engine = test_engine_init(why, sizeof why);
+    if (engine != TEST_ENGINE_READY) {
+        /* check_sdpa_bits.sh reads a first line without this set's name as a skip. */
+        printf("# kernels none: %s\n", why);
+        return engine == TEST_ENGINE_UNSUPPORTED ? 0 : 1;
+    }
     eng_error err = {0};
     eng_pool *pool = eng_pool_new(threads, &err);
     if (!pool) {

@@ -434,18 +434,26 @@ static void test_configuration_is_palette_one_with_full_tiles(void)
 
 /* ---- Modes -------------------------------------------------------------------------------- */
 
-static void test_mode_follows_the_environment_and_the_cpu(void)
+/* The mode each bf16 path gives, for calls that start after eng_init takes it. */
+static void test_mode_follows_the_bf16_path_and_the_cpu(void)
 {
-    const char *forced = getenv("ATTND_BF16");
-    eng__amx_mode mode = eng__amx_active();
-    if (forced && strcmp(forced, "amx-emulated") == 0)
-        CHECK_EQ_INT(mode, ENG__AMX_EMULATED);
-    else if (forced && strcmp(forced, "amx") == 0)
-        CHECK_EQ_INT(mode, eng__amx_hw_available() ? ENG__AMX_HW : ENG__AMX_OFF);
-    else /* the hardware tiles only when asked for */
-        CHECK_EQ_INT(mode, ENG__AMX_OFF);
-    /* Anything but the hardware says why. */
-    CHECK((mode == ENG__AMX_HW) == (eng__amx_reason()[0] == '\0'));
+    eng_options before;
+    eng_options_get(&before);
+    for (int p = 0; p < ENG_BF16_PATH_COUNT; p++) {
+        eng_options opts = {before.kernels, (eng_bf16_path)p};
+        CHECK_EQ_INT(eng_init(&opts, NULL), ENG_OK);
+        eng__amx_mode mode = eng__amx_active();
+        if (p == ENG_BF16_AMX_EMULATED)
+            CHECK_EQ_INT(mode, ENG__AMX_EMULATED);
+        else if (p == ENG_BF16_AMX)
+            CHECK_EQ_INT(mode, eng__amx_hw_available() ? ENG__AMX_HW : ENG__AMX_OFF);
+        else /* the hardware tiles only when asked for */
+            CHECK_EQ_INT(mode, ENG__AMX_OFF);
+        /* Anything but the hardware says why. */
+        CHECKF((mode == ENG__AMX_HW) == (eng__amx_reason()[0] == '\0'), "path %d: reason '%s'", p,
+               eng__amx_reason());
+    }
+    CHECK_EQ_INT(eng_init(&before, NULL), ENG_OK);
 }
 
 static void test_engine_info_names_the_tiles_and_why_not(void)
@@ -488,6 +496,8 @@ static void test_hardware_tiles_give_the_emulations_bits(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     RUN(test_emulated_tiles_give_the_scalar_models_bits);
     RUN(test_emulated_tiles_are_within_the_float64_reference);
     RUN(test_a_is_rounded_to_nearest_even_like_the_scalar_conversion);
@@ -498,7 +508,7 @@ int main(void)
     RUN(test_emulated_tdpbf16ps_on_partial_tiles_gives_the_definitions_bits);
     RUN(test_packing_places_pairs_in_tile_rows_and_pads_with_zeros);
     RUN(test_configuration_is_palette_one_with_full_tiles);
-    RUN(test_mode_follows_the_environment_and_the_cpu);
+    RUN(test_mode_follows_the_bf16_path_and_the_cpu);
     RUN(test_engine_info_names_the_tiles_and_why_not);
     RUN(test_hardware_tiles_give_the_emulations_bits);
     return check_report();

@@ -17,57 +17,173 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static const char *const set_names[] = {"avx512", "avx2", "generic", "openblas"};
 #define N_SETS ((int)(sizeof set_names / sizeof set_names[0]))
 
 static bool quick;
 
-/* ---- Selection ----------------------------------------------------------------------------- */
+/* ---- Options ------------------------------------------------------------------------------- */
 
-static void test_unknown_set_is_refused_by_name(void)
+/* set_names's sets as eng_init's choices. */
+static const eng_kernel_choice set_choices[] = {ENG_KERNELS_AVX512, ENG_KERNELS_AVX2,
+                                                ENG_KERNELS_GENERIC, ENG_KERNELS_OPENBLAS};
+
+/* The set auto must pick: the widest this CPU and OS run. */
+static const char *widest_set(void)
 {
-    const char *before = eng_kernels_name();
-    eng_error err;
-    memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(eng_kernels_select("avx9000", &err), ENG_EINVAL);
-    CHECK(strstr(err.message, "avx9000") != NULL);
-    CHECK(strcmp(err.field, "kernels") == 0);
-    CHECK(strcmp(eng_kernels_name(), before) == 0); /* the set in use stays */
+    return eng_kernels_supported("avx512") ? "avx512"
+           : eng_kernels_supported("avx2") ? "avx2"
+                                           : "openblas";
 }
 
-static void test_each_supported_set_can_be_selected(void)
+static bool same_options(const eng_options *a, const eng_options *b)
 {
-    const char *before = eng_kernels_name();
+    return a->kernels == b->kernels && a->bf16 == b->bf16;
+}
+
+static void test_values_outside_the_lists_are_refused(void)
+{
+    eng_options before, after;
+    eng_options_get(&before);
+    const char *name = eng_kernels_name();
+    eng_options bad_set = {ENG_KERNEL_CHOICE_COUNT, ENG_BF16_AUTO};
+    eng_options bad_path = {ENG_KERNELS_AUTO, ENG_BF16_PATH_COUNT};
+    eng_error err;
+    memset(&err, 0, sizeof err);
+    CHECK_EQ_INT(eng_init(&bad_set, &err), ENG_EINVAL);
+    CHECK(strcmp(err.field, "kernels") == 0 && strstr(err.message, "openblas") != NULL);
+    memset(&err, 0, sizeof err);
+    CHECK_EQ_INT(eng_init(&bad_path, &err), ENG_EINVAL);
+    CHECK(strcmp(err.field, "bf16") == 0 && strstr(err.message, "amx-emulated") != NULL);
+    /* The options in force stay. */
+    eng_options_get(&after);
+    CHECK(same_options(&before, &after));
+    CHECK(strcmp(eng_kernels_name(), name) == 0);
+}
+
+static void test_each_supported_set_can_be_chosen(void)
+{
+    eng_options before;
+    eng_options_get(&before);
     for (int i = 0; i < N_SETS; i++) {
+        eng_options opts = {set_choices[i], before.bf16}, now;
         eng_error err;
         memset(&err, 0, sizeof err);
-        eng_status st = eng_kernels_select(set_names[i], &err);
+        eng_status st = eng_init(&opts, &err);
+        eng_options_get(&now);
         if (eng_kernels_supported(set_names[i])) {
             CHECK_EQ_INT(st, ENG_OK);
             CHECK(strcmp(eng_kernels_name(), set_names[i]) == 0);
+            CHECK(same_options(&now, &opts));
         } else {
-            /* The message says what the CPU lacks and what it has. */
+            /* The message says what the CPU lacks and what it has; the set in use stays. */
             CHECK_EQ_INT(st, ENG_EINVAL);
+            CHECK(strcmp(err.field, "kernels") == 0);
             CHECK(strstr(err.message, set_names[i]) != NULL);
             CHECK(strstr(err.message, "it has") != NULL);
+            CHECK(!same_options(&now, &opts));
         }
     }
     /* generic and openblas run anywhere. */
     CHECK(eng_kernels_supported("generic"));
     CHECK(eng_kernels_supported("openblas"));
-    CHECK_EQ_INT(eng_kernels_select(before, NULL), ENG_OK);
+    CHECK(!eng_kernels_supported("auto"));
+    CHECK_EQ_INT(eng_init(&before, NULL), ENG_OK);
 }
 
 static void test_auto_picks_the_widest_supported_set(void)
 {
-    const char *before = eng_kernels_name();
-    CHECK_EQ_INT(eng_kernels_select("auto", NULL), ENG_OK);
-    const char *want = eng_kernels_supported("avx512") ? "avx512"
-                       : eng_kernels_supported("avx2") ? "avx2"
-                                                       : "openblas";
-    CHECK(strcmp(eng_kernels_name(), want) == 0);
-    CHECK_EQ_INT(eng_kernels_select(before, NULL), ENG_OK);
+    eng_options before, now;
+    eng_options_get(&before);
+    eng_options opts = {ENG_KERNELS_AUTO, before.bf16};
+    CHECK_EQ_INT(eng_init(&opts, NULL), ENG_OK);
+    CHECK(strcmp(eng_kernels_name(), widest_set()) == 0);
+    /* NULL is the defaults: auto for both. */
+    CHECK_EQ_INT(eng_init(&(eng_options){ENG_KERNELS_GENERIC, ENG_BF16_EMULATED}, NULL), ENG_OK);
+    CHECK_EQ_INT(eng_init(NULL, NULL), ENG_OK);
+    eng_options_get(&now);
+    CHECK(now.kernels == ENG_KERNELS_AUTO && now.bf16 == ENG_BF16_AUTO);
+    CHECK(strcmp(eng_kernels_name(), widest_set()) == 0);
+    CHECK_EQ_INT(eng_init(&before, NULL), ENG_OK);
+}
+
+/* Each bf16 path picks the code that eng_engine_info names: rounding for emulated, VDPBF16PS
+ * for native in the avx512 set where the CPU has it, the emulated tiles for amx-emulated. */
+static void test_bf16_path_picks_the_products(void)
+{
+    eng_options before;
+    eng_options_get(&before);
+    for (int i = 0; i < N_SETS; i++) {
+        if (!eng_kernels_supported(set_names[i]) || set_choices[i] == ENG_KERNELS_OPENBLAS)
+            continue; /* openblas computes bf16 requests in float32 */
+        static const struct {
+            eng_bf16_path path;
+            const char *bf16;
+        } paths[] = {{ENG_BF16_EMULATED, "emulated"},
+                     {ENG_BF16_NATIVE, "avx512bf16"},
+                     {ENG_BF16_AMX_EMULATED, "amx-emulated"}};
+        for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+            eng_options opts = {set_choices[i], paths[p].path};
+            CHECK_EQ_INT(eng_init(&opts, NULL), ENG_OK);
+            eng_engine_info info;
+            eng_engine_info_get(&info);
+            const char *want = paths[p].bf16;
+            if (paths[p].path == ENG_BF16_NATIVE &&
+                (set_choices[i] != ENG_KERNELS_AVX512 || !strstr(info.features, "avx512bf16")))
+                want = "emulated"; /* native falls back to rounding */
+            CHECKF(strcmp(info.bf16, want) == 0, "%s, bf16 path %d: bf16 '%s', want '%s'",
+                   set_names[i], (int)paths[p].path, info.bf16, want);
+            CHECK((eng__kernels_current()->tile_bf16 != NULL) == (strcmp(want, "avx512bf16") == 0));
+        }
+    }
+    CHECK_EQ_INT(eng_init(&before, NULL), ENG_OK);
+}
+
+/* What a process that never calls eng_init runs on (main's --defaults mode). */
+static int print_defaults(void)
+{
+    eng_options o;
+    eng_options_get(&o);
+    eng_engine_info info;
+    eng_engine_info_get(&info);
+    printf("%s %d %d %s\n", eng_kernels_name(), (int)o.kernels, (int)o.bf16, info.bf16);
+    return 0;
+}
+
+/* A process that never calls eng_init runs on the defaults, whatever its environment says:
+ * this binary again, in its --defaults mode, with both variables naming something else. */
+static void test_without_eng_init_the_defaults_run(void)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        setenv("ATTND_KERNELS", "generic", 1);
+        setenv("ATTND_BF16", "amx-emulated", 1);
+        execl("/proc/self/exe", "test_kernels", "--defaults", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char out[256] = "";
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof out - 1 && (n = read(fds[0], out + got, sizeof out - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fds[0]);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+          WEXITSTATUS(status) == 0);
+    char want[64];
+    snprintf(want, sizeof want, "%s 0 0 ", widest_set());
+    CHECKF(strncmp(out, want, strlen(want)) == 0, "without eng_init: '%s', want '%s...'", out,
+           want);
+    CHECKF(!strstr(out, "amx"), "without eng_init: '%s' runs tiles", out);
 }
 
 static void test_engine_info_names_set_cpu_and_openblas(void)
@@ -815,15 +931,19 @@ static void test_vector_bf16_pairs(void)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--defaults") == 0)
+        return print_defaults();
     if (test_kernels_skip())
         return 0;
     const char *q = getenv("ATTND_TEST_QUICK");
     quick = q && strcmp(q, "1") == 0;
-    RUN_WITHIN(test_unknown_set_is_refused_by_name, 30);
-    RUN_WITHIN(test_each_supported_set_can_be_selected, 30);
+    RUN_WITHIN(test_values_outside_the_lists_are_refused, 30);
+    RUN_WITHIN(test_each_supported_set_can_be_chosen, 30);
     RUN_WITHIN(test_auto_picks_the_widest_supported_set, 30);
+    RUN_WITHIN(test_bf16_path_picks_the_products, 30);
+    RUN_WITHIN(test_without_eng_init_the_defaults_run, 30);
     RUN_WITHIN(test_engine_info_names_set_cpu_and_openblas, 30);
     RUN_WITHIN(test_blocking_never_comes_from_a_zero, 30);
     RUN_WITHIN(test_cache_sizes_fall_through_sources, 30);

@@ -184,6 +184,8 @@ static void test_panel_keys_start_on_tile_panels(void)
 
 int main(void)
 {
+    if (test_kernels_skip())
+        return 0;
     RUN(test_bf16_calls_plan_the_tile_products);
     RUN(test_panel_products_are_the_tiles_bits);
     RUN(test_panel_keys_start_on_tile_panels);

@@ -36,6 +36,7 @@ static const char *const all_env[] = {
     "ATTND_LOG_LEVEL",
     "ATTND_DEFAULT_PRECISION",
     "ATTND_KERNELS",
+    "ATTND_BF16",
     "ATTND_BUFFER_CACHE_BYTES",
     "ATTND_KV_CACHE_BYTES",
     "ATTND_MIN_UPLOAD_RATE",
@@ -430,14 +431,13 @@ static void test_usage_says_what_healthcheck_probes(void)
     free(entry);
 }
 
-/* ATTND_BF16 has no flag, but --help lists it (from the same table) with every value the
- * engine compares it with and what each does. */
-static void test_usage_lists_the_engine_variables(void)
+/* ATTND_BF16 has no flag, but --help lists it (from the same table) with every value it takes,
+ * what each does, and what another value does. */
+static void test_usage_lists_the_variables_without_a_flag(void)
 {
-    static const char *const values[] = {
-        "native:",         "emulated:", "amx:",
-        "amx-emulated:",   "Unset:",    "Any other value counts as unset",
-        "env: ATTND_BF16", "no flag"};
+    static const char *const values[] = {"auto:",         "native:", "emulated:",       "amx:",
+                                         "amx-emulated:", "exit 2",  "env: ATTND_BF16", "no flag",
+                                         "default: auto"};
     char *entry = usage_entry_mentioning("ATTND_BF16", values, sizeof values / sizeof values[0]);
     char *text = usage_text();
     CHECK(text && strstr(text, "--bf16") == NULL);
@@ -527,6 +527,7 @@ static void test_bad_configuration_exits_2(void)
         {{"--max-body-bytes", "1.5GiB"}, NULL, {"--max-body-bytes", "GiB"}},
         {{"--kv-cache-bytes", "-1"}, NULL, {"--kv-cache-bytes", "GiB"}},
         {{NULL}, "ATTND_KERNELS=bogus", {"ATTND_KERNELS", "avx512"}},
+        {{NULL}, "ATTND_BF16=bogus", {"ATTND_BF16", "amx-emulated"}},
         {{NULL}, "ATTND_MAX_MEMORY_BYTES=4gb", {"ATTND_MAX_MEMORY_BYTES", "GiB"}},
         {{"--default-priority-level", "3"},
          NULL,
@@ -703,6 +704,56 @@ static void test_default_precision(void)
     srv_config_free(&cfg);
 }
 
+/* The engine's options are read into eng_options, as values, for eng_init: --kernels (or
+ * ATTND_KERNELS; the flag wins) and ATTND_BF16, auto for both by default. */
+static void test_engine_options(void)
+{
+    static const struct {
+        const char *name;
+        eng_bf16_path path;
+    } paths[] = {{"auto", ENG_BF16_AUTO},
+                 {"native", ENG_BF16_NATIVE},
+                 {"emulated", ENG_BF16_EMULATED},
+                 {"amx", ENG_BF16_AMX},
+                 {"amx-emulated", ENG_BF16_AMX_EMULATED}};
+    srv_config cfg;
+    char err[512] = "";
+    clear_env();
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.engine.kernels, ENG_KERNELS_AUTO);
+    CHECK_EQ_INT(cfg.engine.bf16, ENG_BF16_AUTO);
+    srv_config_free(&cfg);
+    const char *const generic[] = {"--kernels", "generic", NULL};
+    setenv("ATTND_KERNELS", "avx2", 1);
+    CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.engine.kernels, ENG_KERNELS_AVX2);
+    srv_config_free(&cfg);
+    CHECK_EQ_INT(parse(&cfg, generic, err, sizeof err), SRV_OK);
+    CHECK_EQ_INT(cfg.engine.kernels, ENG_KERNELS_GENERIC);
+    srv_config_free(&cfg);
+    clear_env();
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        setenv("ATTND_BF16", paths[i].name, 1);
+        CHECKF(parse(&cfg, NULL, err, sizeof err) == SRV_OK, "ATTND_BF16=%s: %s", paths[i].name,
+               err);
+        CHECKF(cfg.engine.bf16 == paths[i].path, "ATTND_BF16=%s: path %d", paths[i].name,
+               (int)cfg.engine.bf16);
+        srv_config_free(&cfg);
+    }
+    /* Another value, an empty one and another case are refused, naming the variable and
+     * every value it takes. */
+    static const char *const bad[] = {"bogus", "", "AMX"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("ATTND_BF16", bad[i], 1);
+        CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_EINVAL);
+        CHECKF(strstr(err, "ATTND_BF16") != NULL, "error: %s", err);
+        for (size_t n = 0; n < sizeof paths / sizeof paths[0]; n++)
+            CHECKF(strstr(err, paths[n].name) != NULL, "error \"%s\" lacks %s", err, paths[n].name);
+        srv_config_free(&cfg);
+    }
+    clear_env();
+}
+
 /* Every option that takes one of a few names refuses any other while the configuration is
  * read, naming the flag (or its variable) and every accepted name: --kernels, as the engine
  * would only have found it at start-up, --default-precision and --log-level. */
@@ -843,6 +894,7 @@ int main(void)
     RUN(test_defaults);
     RUN(test_defaults_match_api_limits);
     RUN(test_default_precision);
+    RUN(test_engine_options);
     RUN(test_named_values_are_checked_with_the_others);
     RUN(test_default_priority_level_within_the_levels);
     RUN(test_flag_forms);
@@ -856,7 +908,7 @@ int main(void)
     RUN(test_help);
     RUN(test_usage_lists_everything);
     RUN(test_usage_says_what_healthcheck_probes);
-    RUN(test_usage_lists_the_engine_variables);
+    RUN(test_usage_lists_the_variables_without_a_flag);
     RUN_WITHIN(test_bad_configuration_exits_2, 120);
     RUN_WITHIN(test_healthcheck_probes_the_admin_port_first, 120);
     RUN(test_models);

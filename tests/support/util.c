@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "engine/engine.h"
+#include "tests/support/engine_env.h"
 
 void *xcalloc(size_t n, size_t size)
 {
@@ -62,14 +63,20 @@ bool test_engine_start(eng_pool **pool, int *status)
 
 bool test_kernels_skip(void)
 {
-    const char *name = getenv("ATTND_KERNELS");
-    if (name && strcmp(name, "auto") != 0 && !eng_kernels_supported(name)) {
-        printf("skip: kernel set %s: this CPU or OS does not support it\n0 passed, 0 failed\n",
-               name);
+    char why[320];
+    switch (test_engine_init(why, sizeof why)) {
+    case TEST_ENGINE_READY:
+        printf("kernels: %s\n", eng_kernels_name());
+        return false;
+    case TEST_ENGINE_UNSUPPORTED:
+        printf("skip: %s\n0 passed, 0 failed\n", why);
         return true;
+    case TEST_ENGINE_BAD:
+        break;
     }
-    printf("kernels: %s\n", eng_kernels_name());
-    return false;
+    /* A misspelt variable would otherwise test the defaults under another name. */
+    printf("FAIL %s\n0 passed, 1 failed\n", why);
+    exit(1);
 }
 
 void *guarded_alloc(size_t bytes, guarded *g)

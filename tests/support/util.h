@@ -16,9 +16,11 @@
 
 #include "tests/support/rng.h"
 
-/* For the engine suites, which the Makefile runs once per kernel set with ATTND_KERNELS set:
+/* For the engine suites, which the Makefile runs once per kernel set with ATTND_KERNELS set
+ * (and some with ATTND_BF16): passes both to the engine (test_engine_init, engine_env.h), then
  * true (after printing a skip line naming the set and "0 passed, 0 failed") when this CPU or
- * OS cannot run the set, so that the binary ends at once; otherwise prints the set in use. */
+ * OS cannot run the set, so that the binary ends at once; otherwise prints the set in use. A
+ * value that is none of its variable's names ends the process with a FAIL line (exit 1). */
 bool test_kernels_skip(void);
 
 /* True when ATTND_TEST_QUICK is set to anything but "" or "0" (the sanitizer builds): suites
