@@ -216,7 +216,8 @@ typedef struct {
  * is missing and the options in force unchanged, for a kernel set this CPU or OS cannot run or
  * a value outside the lists above. A bf16 path the CPU cannot take is not an error: native
  * falls back to rounding, amx to no tiles, and eng_engine_info_get says which path runs and
- * why. Call it at start-up, before the pool; not concurrently with itself. */
+ * why. Call it at start-up, before the first engine call (tests call it again between calls);
+ * not concurrently with itself. */
 eng_status eng_init(const eng_options *opts, eng_error *err);
 
 /* The options in force: the defaults until eng_init takes others. Any thread. */

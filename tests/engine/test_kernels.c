@@ -136,7 +136,11 @@ static void test_bf16_path_picks_the_products(void)
                 want = "emulated"; /* native falls back to rounding */
             CHECKF(strcmp(info.bf16, want) == 0, "%s, bf16 path %d: bf16 '%s', want '%s'",
                    set_names[i], (int)paths[p].path, info.bf16, want);
-            CHECK((eng__kernels_current()->tile_bf16 != NULL) == (strcmp(want, "avx512bf16") == 0));
+            /* Under the tiles, the set's own bf16 products are auto's, which depend on the
+             * CPU's vendor: only the two paths that name them are checked. */
+            if (paths[p].path != ENG_BF16_AMX_EMULATED)
+                CHECK((eng__kernels_current()->tile_bf16 != NULL) ==
+                      (strcmp(want, "avx512bf16") == 0));
         }
     }
     CHECK_EQ_INT(eng_init(&before, NULL), ENG_OK);
