@@ -172,6 +172,40 @@ void eng__tile_bf16_avx512(int64_t kp, const uint16_t *a, int64_t lda, const uin
                            int64_t ldc, float alpha, float beta, int m, int n);
 void eng__to_bf16_avx512(const float *x, int64_t n, uint16_t *dst);
 
+/* ---- Few-row products (gemv.c, gemv_avx2.c, gemv_avx512.c) ----------------------------------
+ *
+ * y[r][f] = x[r] . w_f (+ bias[f]) for a handful of rows x[r] against the weight rows w_f
+ * where they lie ([out_features, in_features] row-major, fp32 or 16-bit), each 16-bit weight
+ * widened in registers: a decode step streams its weights once instead of packing them. Each
+ * y[r][f] is one chain of vector partial sums over k, reduced by one fixed tree, so its bits
+ * do not depend on `rows`, on the other rows, on n or on which features share the call, and
+ * 16-bit weights give the bits of fp32 weights of the same values (exact widening, the same
+ * sums in the same order). The variants differ from each other and from the blocked product
+ * in that order only. */
+typedef struct {
+    const float *const *x; /* rows of k floats */
+    float *const *y;       /* rows of n floats: y[r][f] for features 0..n-1 of this call */
+    int rows;              /* 1 or more */
+    const void *w;         /* n rows of k elements of `dtype`, row stride ldw elements */
+    eng_dtype dtype;       /* F32, BF16 or F16 */
+    int64_t ldw, k, n;     /* k, n >= 1 */
+    const float *bias;     /* n floats added to the products, or NULL */
+    bool round_bf16;       /* weights rounded to bf16 (nearest even) as they are read */
+} eng__gemv;
+
+typedef void (*eng__gemv_fn)(const eng__gemv *g);
+
+void eng__gemv_scalar(const eng__gemv *g);
+void eng__gemv_avx2(const eng__gemv *g);
+void eng__gemv_avx512(const eng__gemv *g);
+
+/* The named variant ("avx512", "avx2", "scalar"), or NULL when this CPU lacks it (tests). */
+eng__gemv_fn eng__gemv_variant(const char *name);
+
+/* The variant kernel set `ks` computes few-row products with: its own instruction set, and
+ * for openblas the best this CPU has (cblas would widen 16-bit weights on every call). */
+eng__gemv_fn eng__gemv_of(const eng__kernels *ks);
+
 /* The micro-kernels, one per file and instruction set (gemm_avx512.c, gemm_avx2.c, gemm.c). */
 #define ENG__AVX512_MR  12
 #define ENG__AVX512_NR  32

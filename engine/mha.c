@@ -21,7 +21,9 @@
  *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
  * are added to copies of the inputs before the projections. The projections run on the kernel
- * set's GEMM (kernels.h), the same one as the attention's block products.
+ * set's GEMM (kernels.h), the same one as the attention's block products, except products of
+ * few rows (FEW_ROWS, a decode step): those read each weight once where it lies, 16-bit ones
+ * widened in registers (eng__gemv), instead of packing it for rows that would use it once.
  *
  * A step over a KV cache (eng_mha_args.kv_cache) projects only the new tokens, at the
  * positions after the cache's length, and instead of the sdpa call appends their K and V rows
@@ -47,6 +49,19 @@
  * several tasks share a weight: a multiple of every kernel set's NR, and small enough that
  * an E=512 layer's three weights make 12 tasks, which two workers share equally. */
 #define PACK_ROWS 128
+
+/* Products of at most this many rows, all batches together (a decode step, a speculative
+ * verification, a short prompt), read the weights where they lie (eng__gemv, kernels.h), split
+ * by output features; longer ones pack them for the blocked product, which then does more work
+ * per weight byte. One bound for fp32 and 16-bit weights, so that a 16-bit layer keeps computing
+ * the bits of its fp32 twin. At most the rows one few-row task keeps pointers to. */
+#define FEW_ROWS 16
+
+/* Output features per few-row task: at least this many (a multiple of every eng__gemv
+ * variant's block of features), else enough for about FEW_TASKS_PER_THREAD tasks per thread,
+ * so that tasks of uneven speed even out. */
+#define FEW_FEATURES_MIN     16
+#define FEW_TASKS_PER_THREAD 8
 
 /* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
 typedef enum { DECODER_NONE = 0, DECODER_QUERY, DECODER_KEY } decoder_rows;
@@ -92,6 +107,13 @@ typedef struct {
     eng__amx_mode amx;
     uint16_t *amx_packed[3];
     int64_t pack_parts; /* packing tasks per job */
+    /* Few-row products (run_few_rows): the set's variant, output features per task, each
+     * job's tasks, and each head-major job's product rows [B, rows, out_f] before they are
+     * turned and scattered into heads (else NULL: the rows are written in place). */
+    eng__gemv_fn gemv;
+    int64_t few_features;
+    int64_t few_tasks[3];
+    float *stage[3];
 } linear_batch;
 
 /* Weight rows (output features) widened per step of a 16-bit weight: the step's fp32 rows are
@@ -226,6 +248,20 @@ static void scatter_heads(const linear_batch *lb, const linear_job *j, const flo
     }
 }
 
+/* What follows the product of a job's rows t0 .. t0 + n - 1 of batch b (at `out`, row stride
+ * ld): RoPE, a decoder layer's norms, and a head-major job's scatter into heads. */
+static void finish_rows(const linear_batch *lb, const linear_job *j, float *out, int64_t n,
+                        int64_t ld, int64_t b, int64_t t0)
+{
+    if (j->rope)
+        eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
+                       lb->a->rope_style);
+    if (j->qk)
+        eng__decoder_project(lb->a->layer, j->qk == DECODER_QUERY, out, n, ld, j->pos0 + t0);
+    if (j->out_hstride)
+        scatter_heads(lb, j, out, n, b, t0);
+}
+
 static void linear_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
@@ -262,13 +298,7 @@ static void linear_task(void *arg, int64_t index)
     }
     task_rows rows = {j->in + b * j->in_bstride + t0 * j->in_ld, n, out, ld, beta};
     multiply(lb, i, &rows, pack, wide);
-    if (j->rope)
-        eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
-                       lb->a->rope_style);
-    if (j->qk)
-        eng__decoder_project(lb->a->layer, j->qk == DECODER_QUERY, out, n, ld, j->pos0 + t0);
-    if (j->out_hstride)
-        scatter_heads(lb, j, out, n, b, t0);
+    finish_rows(lb, j, out, n, ld, b, t0);
 }
 
 /* Whether job i's weight is packed once before its tasks run: an fp32 weight that several
@@ -360,6 +390,101 @@ static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer,
     return eng_pool_run(pool, pack_task, lb, lb->njobs * lb->pack_parts, ctl);
 }
 
+/* ---- Few rows ------------------------------------------------------------------------------ */
+
+/* Output features [f0, f0 + few_features) of one job for all its rows of every batch. */
+static void few_task(void *arg, int64_t index)
+{
+    linear_batch *lb = arg;
+    int i = 0;
+    while (index >= lb->few_tasks[i])
+        index -= lb->few_tasks[i++];
+    const linear_job *j = &lb->jobs[i];
+    const int64_t f0 = index * lb->few_features;
+    const float *x[FEW_ROWS];
+    float *y[FEW_ROWS];
+    int rows = 0;
+    for (int64_t b = 0; b < lb->B; b++)
+        for (int64_t t = 0; t < j->rows; t++, rows++) {
+            x[rows] = j->in + b * j->in_bstride + t * j->in_ld;
+            y[rows] = (lb->stage[i] ? lb->stage[i] + (b * j->rows + t) * j->out_f
+                                    : j->out + b * j->out_bstride + t * j->out_ld) +
+                      f0;
+        }
+    eng__gemv g = {.x = x,
+                   .y = y,
+                   .rows = rows,
+                   .dtype = lb->w16[i] ? lb->w16_dtype : ENG_DTYPE_F32,
+                   .ldw = j->in_f,
+                   .k = j->in_f,
+                   .n = j->out_f - f0 < lb->few_features ? j->out_f - f0 : lb->few_features,
+                   .bias = j->bias ? j->bias + f0 : NULL,
+                   .round_bf16 = lb->bf16};
+    g.w = lb->w16[i] ? (const void *)(lb->w16[i] + f0 * j->in_f)
+                     : (const void *)(j->w + f0 * j->in_f);
+    lb->gemv(&g);
+}
+
+/* Whether job i's rows need work after their product. */
+static bool needs_finish(const linear_job *j)
+{
+    return j->rows > 0 && (j->rope || j->qk || j->out_hstride);
+}
+
+/* finish_rows over all rows of batch b of one job, once every feature of them is there. */
+static void few_finish_task(void *arg, int64_t index)
+{
+    linear_batch *lb = arg;
+    const int i = (int)(index / lb->B);
+    const int64_t b = index % lb->B;
+    const linear_job *j = &lb->jobs[i];
+    if (!needs_finish(j))
+        return;
+    if (lb->stage[i])
+        finish_rows(lb, j, lb->stage[i] + b * j->rows * j->out_f, j->rows, j->out_f, b, 0);
+    else
+        finish_rows(lb, j, j->out + b * j->out_bstride, j->rows, j->out_ld, b, 0);
+}
+
+/* The jobs' products on eng__gemv, split by output features over the pool, then their rows
+ * finished per job and batch. Nothing is packed: the weights are read once, where they lie. */
+static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
+{
+    int64_t features = 0, tasks = 0, threads = eng_pool_threads(pool);
+    size_t staged = 0; /* at most FEW_ROWS rows of each job: check_mha sized bigger buffers */
+    bool finish = false;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        features += j->rows > 0 ? j->out_f : 0;
+        staged += j->out_hstride ? (size_t)(lb->B * j->rows * j->out_f) : 0;
+        finish = finish || needs_finish(j);
+    }
+    int64_t per = features / (threads * FEW_TASKS_PER_THREAD);
+    lb->few_features = per > FEW_FEATURES_MIN
+                           ? (per + FEW_FEATURES_MIN - 1) / FEW_FEATURES_MIN * FEW_FEATURES_MIN
+                           : FEW_FEATURES_MIN;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        lb->few_tasks[i] = j->rows > 0 ? (j->out_f + lb->few_features - 1) / lb->few_features : 0;
+        tasks += lb->few_tasks[i];
+    }
+    float *stage = staged ? eng_buf_alloc(staged * sizeof(float)) : NULL;
+    if (staged && !stage)
+        return ENG_ENOMEM;
+    float *next = stage;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        lb->stage[i] = j->out_hstride ? next : NULL;
+        next += j->out_hstride ? lb->B * j->rows * j->out_f : 0;
+    }
+    lb->gemv = eng__gemv_of(lb->ks);
+    eng_status st = eng_pool_run(pool, few_task, lb, tasks, ctl);
+    if (st == ENG_OK && finish)
+        st = eng_pool_run(pool, few_finish_task, lb, lb->njobs * lb->B, ctl);
+    eng_buf_free(stage);
+    return st;
+}
+
 /* Splits the longest job into equal chunks of at most CHUNK_ROWS rows, and into more when
  * that is what it takes to give every worker a task: 600 rows on two workers are two tasks
  * of 300, not 512 and 88. */
@@ -370,6 +495,9 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
         most = lb->jobs[i].rows > most ? lb->jobs[i].rows : most;
     if (most == 0)
         return ENG_OK;
+    lb->ks = eng__kernels_current();
+    if (most <= FEW_ROWS / lb->B)
+        return run_few_rows(pool, lb, ctl);
     int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
     int64_t per_chunk = lb->njobs * lb->B;
     if (chunks * per_chunk < threads)
@@ -378,7 +506,6 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
         chunks = most;
     lb->chunk_rows = (most + chunks - 1) / chunks;
     lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
-    lb->ks = eng__kernels_current();
     lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
     atomic_init(&lb->no_scratch, false);
     float *packed = NULL;
@@ -696,6 +823,9 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     size_t pack = task_floats(ks, amx, &widest, a->layer->params16 != NULL,
                               rows_most < CHUNK_ROWS ? rows_most : CHUNK_ROWS) *
                   sizeof(float);
+    /* Few-row products stage the input projections' rows instead of packing (run_few_rows). */
+    if (rows_most <= FEW_ROWS / sh.B)
+        pack += (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float);
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
     if (amx)

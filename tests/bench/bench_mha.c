@@ -14,6 +14,14 @@
  * self-attention (L = S). The layer has biases (nn.MultiheadAttention's default). The
  * engine's buffer cache is on, as in the daemon (--buffer-cache-bytes), so repetitions reuse
  * the layer's intermediate buffers instead of faulting in fresh pages.
+ *
+ * Then decoding: one-token steps over a KV cache of 256 tokens through Llama-shaped layers
+ * with bf16 weights generated here (hidden 2048 and 4096, 32 heads, 8 kv heads, no biases),
+ * against the time a plain summing loop on the same threads takes to read the same weight
+ * bytes once, measured in turns in the same process. A step has to read every weight once,
+ * so the ratio says how close it comes to the memory's pace:
+ *
+ *   mha decode e=4096 h=32 kv=8 d=128 cache=256 weights_mb=84.0 step_ms=3.9 stream_ms=3.1 ratio=1.26
  */
 /* clang-format on */
 #include <cblas.h>
@@ -25,7 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "engine/internal.h"
 #include "tests/bench/harness/harness.h"
 #include "tests/support/engine_env.h"
 
@@ -41,6 +49,13 @@ static const bench_case cases[] = {
     {1, 8, 2048, 512, false, true},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* Decode steps of Llama-shaped layers: hidden E, 32 heads of E / 32, 8 kv heads. */
+static const int64_t decode_hidden[] = {2048, 4096};
+#define NDECODE       ((int)(sizeof decode_hidden / sizeof decode_hidden[0]))
+#define DECODE_H      32
+#define DECODE_HKV    8
+#define DECODE_CACHED 256
 
 /* ---- One case (in a child process) ------------------------------------------------------ */
 
@@ -109,6 +124,173 @@ static int run_case(const bench_case *bc)
     return secs > 0 ? 0 : 1;
 }
 
+/* ---- Decode steps (in a child process) ---------------------------------------------------- */
+
+typedef struct {
+    eng_pool *pool;
+    eng_mha_args args;
+    eng_kv_seq *seq;
+} step_ctx;
+
+/* One token through the layer over the cache, which goes back to its length after. */
+static eng_status run_step(void *p)
+{
+    step_ctx *c = p;
+    eng_error err;
+    eng_status st = eng_mha(c->pool, &c->args, NULL, &err);
+    if (st != ENG_OK)
+        fprintf(stderr, "bench: decode step: %s: %s\n", err.field, err.message);
+    eng_kv_seq_truncate(c->seq, DECODE_CACHED, NULL);
+    return st;
+}
+
+/* The plain loop a step's weight reads are held against: each task sums its slice of the
+ * bytes as 64-bit words, nothing else. */
+typedef struct {
+    eng_pool *pool;
+    const uint64_t *words;
+    int64_t count, parts;
+    uint64_t sums[64];
+} stream_ctx;
+
+static void stream_task(void *arg, int64_t part)
+{
+    stream_ctx *c = arg;
+    int64_t per = (c->count + c->parts - 1) / c->parts, end = (part + 1) * per;
+    uint64_t sum = 0;
+    for (int64_t i = part * per; i < end && i < c->count; i++)
+        sum += c->words[i];
+    c->sums[part] = sum;
+}
+
+static eng_status run_stream(void *p)
+{
+    stream_ctx *c = p;
+    return eng_pool_run(c->pool, stream_task, c, c->parts, NULL);
+}
+
+/* Bytes of the four bf16 matrices of decode_layer(E): all its weights. */
+static int64_t weight_bytes(int64_t E)
+{
+    int64_t D = E / DECODE_H;
+    return (2 * E * DECODE_H * D + 2 * E * DECODE_HKV * D) * (int64_t)sizeof(uint16_t);
+}
+
+/* A Llama-shaped layer (hidden E, bf16 matrices kept in 16 bits, no biases). */
+static eng_layer *decode_layer(int64_t E, eng_error *err)
+{
+    int64_t D = E / DECODE_H, Q = DECODE_H * D, W = DECODE_HKV * D;
+    const struct {
+        const char *name;
+        int64_t rows, cols;
+    } parts[4] = {{"q_proj.weight", Q, E},
+                  {"k_proj.weight", W, E},
+                  {"v_proj.weight", W, E},
+                  {"o_proj.weight", E, Q}};
+    eng_tensor_ref t[4];
+    uint16_t *bits[4];
+    for (int i = 0; i < 4; i++) {
+        size_t n = (size_t)(parts[i].rows * parts[i].cols);
+        float *f = bench_random_floats(n, (unsigned)(21 + i), 1.0f / 64);
+        bits[i] = malloc(n * sizeof(uint16_t));
+        if (!bits[i])
+            exit(1);
+        for (size_t j = 0; j < n; j++)
+            bits[i][j] = eng_f32_to_bf16(f[j]);
+        free(f);
+        t[i] = (eng_tensor_ref){
+            parts[i].name, ENG_DTYPE_BF16, bits[i], 2, {parts[i].rows, parts[i].cols}};
+    }
+    eng_layer *l = eng__layer_assemble("decode", t, 4, DECODE_H, DECODE_HKV, D, true, err);
+    for (int i = 0; i < 4; i++)
+        free(bits[i]);
+    return l;
+}
+
+/* Prints the best step's and the best stream's seconds, taken in turns. */
+static int run_decode(int64_t E)
+{
+    eng_error err;
+    eng_pool *pool = eng_pool_new(0, &err);
+    eng_layer *layer = pool ? decode_layer(E, &err) : NULL;
+    if (!layer) {
+        fprintf(stderr, "bench: decode layer: %s\n", err.message);
+        return 1;
+    }
+    eng_buf_cache_limit((size_t)256 << 20);
+    eng_kv_shape shape = {.num_kv_heads = DECODE_HKV,
+                          .head_dim = E / DECODE_H,
+                          .value_head_dim = E / DECODE_H,
+                          .dtype = ENG_DTYPE_BF16};
+    eng_kv_pool *kvp = eng_kv_pool_new((size_t)256 << 20, 64, &err);
+    eng_kv_seq *seq = kvp ? eng_kv_seq_new(kvp, &shape, &err) : NULL;
+    if (!seq) {
+        fprintf(stderr, "bench: cache: %s\n", err.message);
+        return 1;
+    }
+    float *prompt = bench_random_floats((size_t)(DECODE_CACHED * E), 31, 1.0f);
+    float *x = bench_random_floats((size_t)E, 32, 1.0f);
+    float *out = bench_random_floats((size_t)(DECODE_CACHED * E), 33, 1.0f);
+    step_ctx c = {.pool = pool, .seq = seq};
+    c.args.layer = layer;
+    c.args.B = 1;
+    c.args.L = DECODE_CACHED;
+    c.args.x = prompt;
+    c.args.out = out;
+    c.args.causal = true;
+    c.args.align = ENG_ALIGN_BOTTOM_RIGHT;
+    c.args.kv_cache = seq;
+    if (eng_mha(pool, &c.args, NULL, &err) != ENG_OK) {
+        fprintf(stderr, "bench: prefill: %s\n", err.message);
+        return 1;
+    }
+    c.args.L = 1;
+    c.args.x = x;
+    stream_ctx s = {.pool = pool,
+                    .words = (const uint64_t *)(const void *)layer->params16,
+                    .count = weight_bytes(E) / (int64_t)sizeof(uint64_t),
+                    .parts = 4 * eng_pool_threads(pool)};
+    if (s.parts > 64)
+        s.parts = 64;
+    double step = 1e30, stream = 1e30;
+    for (int round = 0; round < 5; round++) {
+        double a = bench_best_seconds(run_step, &c, 0.2),
+               b = bench_best_seconds(run_stream, &s, 0.2);
+        if (a < 0 || b < 0)
+            return 1;
+        step = a < step ? a : step;
+        stream = b < stream ? b : stream;
+    }
+    printf("%.9f %.9f %.3f\n", step, stream, (double)weight_bytes(E) / 1e6);
+    free(prompt), free(x), free(out);
+    eng_kv_seq_free(seq);
+    eng_kv_pool_free(kvp);
+    eng_layer_free(layer);
+    eng_pool_free(pool);
+    return 0;
+}
+
+static int decode_lines(void)
+{
+    int failures = 0;
+    for (int i = 0; i < NDECODE; i++) {
+        int64_t E = decode_hidden[i];
+        double values[3], rss;
+        if (bench_measure_case_values(NCASES + i, values, 3, &rss) != 3) {
+            printf("mha decode e=%lld failed\n", (long long)E);
+            failures++;
+            continue;
+        }
+        printf("mha decode e=%lld h=%d kv=%d d=%lld cache=%d weights_mb=%.1f step_ms=%.2f "
+               "stream_ms=%.2f ratio=%.2f kernels=%s\n",
+               (long long)E, DECODE_H, DECODE_HKV, (long long)(E / DECODE_H), DECODE_CACHED,
+               values[2], values[0] * 1e3, values[1] * 1e3, values[0] / values[1],
+               eng_kernels_name());
+        fflush(stdout);
+    }
+    return failures;
+}
+
 int main(int argc, char **argv)
 {
     char why[320];
@@ -120,9 +302,11 @@ int main(int argc, char **argv)
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)
         return blas_child;
-    int child = bench_child_case(argc, argv, NCASES);
+    int child = bench_child_case(argc, argv, NCASES + NDECODE);
     if (child != -1)
-        return child < 0 ? 2 : run_case(&cases[child]);
+        return child < 0        ? 2
+               : child < NCASES ? run_case(&cases[child])
+                                : run_decode(decode_hidden[child - NCASES]);
     const char *kernels = eng_kernels_name();
     double base = bench_sgemm_gflops(threads);
     double peak = bench_peak_gflops(kernels, threads);
@@ -174,5 +358,6 @@ int main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
+    failures += decode_lines();
     return failures ? 1 : 0;
 }

@@ -17,7 +17,7 @@
  * cache that do not match the layer, and failures after the projections (a full pool, a
  * cancelled call, max_tokens) that leave the cache's length as it was.
  */
-#include "engine/engine.h"
+#include "engine/internal.h"
 #include "tests/support/check.h"
 #include "tests/support/util.h"
 
@@ -303,6 +303,96 @@ static void test_bf16_layer_steps_over_a_bf16_cache(void)
                      bf16 ? "bf16 layer, bf16 cache" : "bf16 asked, float32 computed, bf16 cache");
 }
 
+/* A layer of bf16 matrices kept in 16 bits (as a bf16 model file gives it), of the values of
+ * layer_new's fp32 layer `fp32` rounded to bf16, and *twin, an fp32 layer of those values. */
+static eng_layer *bf16_layer_new(const eng_layer *fp32, eng_layer **twin)
+{
+    int64_t E = fp32->embed_dim, W = fp32->num_kv_heads * (E / fp32->num_heads);
+    const float *w[4] = {fp32->w_q, fp32->w_k, fp32->w_v, fp32->w_o};
+    const int64_t rows[4] = {E, W, W, E};
+    const char *names[8] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                            "q_proj.bias",   "k_proj.bias",   "v_proj.bias",   "o_proj.bias"};
+    const float *bias[4] = {fp32->b_q, fp32->b_k, fp32->b_v, fp32->b_o};
+    eng_tensor_ref half[8], full[8];
+    uint16_t *bits[4];
+    float *values[4];
+    for (int i = 0; i < 4; i++) {
+        size_t n = (size_t)(rows[i] * E);
+        bits[i] = xcalloc(n, sizeof(uint16_t));
+        values[i] = xcalloc(n, sizeof(float));
+        for (size_t j = 0; j < n; j++) {
+            bits[i][j] = eng_f32_to_bf16(w[i][j]);
+            values[i][j] = eng_bf16_to_f32(bits[i][j]);
+        }
+        half[i] = (eng_tensor_ref){names[i], ENG_DTYPE_BF16, bits[i], 2, {rows[i], E, 0, 0}};
+        full[i] = (eng_tensor_ref){names[i], ENG_DTYPE_F32, values[i], 2, {rows[i], E, 0, 0}};
+        half[4 + i] = full[4 + i] =
+            (eng_tensor_ref){names[4 + i], ENG_DTYPE_F32, bias[i], 1, {rows[i], 0, 0, 0}};
+    }
+    eng_error err;
+    int64_t H = fp32->num_heads, Hkv = fp32->num_kv_heads;
+    eng_layer *l = eng__layer_assemble("bf16", half, 8, H, Hkv, 0, true, &err);
+    CHECKF(l && l->params16, "a bf16 layer: %s", l ? "its matrices are fp32" : err.message);
+    *twin = eng_layer_from_tensors("twin", full, 8, H, Hkv, &err);
+    CHECKF(*twin != NULL, "its fp32 twin: %s", *twin ? "" : err.message);
+    for (int i = 0; i < 4; i++)
+        free(bits[i]), free(values[i]);
+    return l;
+}
+
+/* Steps of 1, 2, 7 and 16 tokens (a decode step, speculative verifications, a short chunk) take
+ * the few-row products (engine/kernels.h, eng__gemv), and the prefill the blocked ones: every
+ * step within STEP_RTOL of the full layer, and a layer of bf16 weights, which reads them in 16
+ * bits, gives the bits of its fp32 twin at every step. */
+static void test_few_row_steps_of_a_16bit_layer_give_its_fp32_twins_bits(void)
+{
+    enum { P = 21, STEPS = 5 };
+    static const int64_t lengths[STEPS] = {1, 1, 2, 7, 16};
+    layer_spec sp = {.E = 48, .H = 6, .Hkv = 2};
+    run_opts o = {.positional = ENG_POSITIONAL_ROPE};
+    eng_layer *base = layer_new(&sp, 6), *twin = NULL;
+    eng_layer *half = base ? bf16_layer_new(base, &twin) : NULL;
+    if (!half || !twin) {
+        eng_layer_free(base), eng_layer_free(half), eng_layer_free(twin);
+        return;
+    }
+    int64_t E = sp.E, N = P + 27;
+    uint64_t rng = 78;
+    float *x = xcalloc((size_t)(N * E), sizeof(float));
+    for (int64_t i = 0; i < N * E; i++)
+        x[i] = rng_sym(&rng, 1.0);
+    cache c16 = cache_new(half, ENG_DTYPE_F32, (size_t)16 << 20, 0);
+    cache c32 = cache_new(twin, ENG_DTYPE_F32, (size_t)16 << 20, 0);
+    float *o16 = xcalloc((size_t)(N * E), sizeof(float)),
+          *o32 = xcalloc((size_t)(N * E), sizeof(float));
+    int64_t n0 = 0;
+    double worst = 0;
+    for (int s = -1; s < STEPS && c16.seq && c32.seq; s++) {
+        int64_t L = s < 0 ? P : lengths[s];
+        for (int k = 0; k < 2; k++) {
+            eng_mha_args a = args_of(k ? twin : half, &o, x + n0 * E, L, k ? o32 : o16);
+            a.align = ENG_ALIGN_BOTTOM_RIGHT;
+            a.kv_cache = k ? c32.seq : c16.seq;
+            eng_error err;
+            CHECKF(eng_mha(pool, &a, NULL, &err) == ENG_OK, "step of %lld at %lld: %s",
+                   (long long)L, (long long)n0, err.message);
+        }
+        CHECKF(memcmp(o16, o32, (size_t)(L * E) * sizeof(float)) == 0,
+               "step of %lld at %lld: the bf16 layer's bits are not its fp32 twin's", (long long)L,
+               (long long)n0);
+        float *full = full_layer(twin, &o, x, n0 + L, NULL);
+        worst = fmax(worst, rel_diff(o32, full + n0 * E, (size_t)(L * E)));
+        free(full);
+        n0 += L;
+    }
+    CHECKF(worst <= STEP_RTOL, "the steps differ from the full layer by %.3g x max|out|", worst);
+    printf("     steps of 1 to 16 tokens within %.2e x max|out| of the full layer\n", worst);
+    cache_free(&c16);
+    cache_free(&c32);
+    free(x), free(o16), free(o32);
+    eng_layer_free(base), eng_layer_free(half), eng_layer_free(twin);
+}
+
 /* ---- What a step refuses ------------------------------------------------------------------ */
 
 /* eng_mha on `a` must fail with `status`, its field `field` and a message containing `text`,
@@ -537,6 +627,7 @@ int main(void)
     RUN_WITHIN(test_grouped_query_layer_steps_share_kv_heads, 60);
     RUN_WITHIN(test_step_weights_are_the_full_layers_rows, 60);
     RUN_WITHIN(test_bf16_layer_steps_over_a_bf16_cache, 60);
+    RUN_WITHIN(test_few_row_steps_of_a_16bit_layer_give_its_fp32_twins_bits, 60);
     RUN_WITHIN(test_options_without_meaning_over_a_cache_are_refused, 60);
     RUN_WITHIN(test_cache_of_another_shape_is_refused_naming_it, 60);
     RUN_WITHIN(test_failed_steps_leave_the_cache_as_it_was, 60);
