@@ -73,13 +73,12 @@ eng__gemv_fn eng__gemv_variant(const char *name)
 {
     if (strcmp(name, "scalar") == 0)
         return eng__gemv_scalar;
+    /* The sets' own check (cpuid and the OS's XCR0); F16C comes with every CPU that has AVX2
+     * and FMA, as vmath_avx2.c assumes too. */
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                       __builtin_cpu_supports("f16c")
-                   ? eng__gemv_avx2
-                   : NULL;
+        return eng__kernels_named("avx2") ? eng__gemv_avx2 : NULL;
     if (strcmp(name, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") ? eng__gemv_avx512 : NULL;
+        return eng__kernels_named("avx512") ? eng__gemv_avx512 : NULL;
     return NULL;
 }
 

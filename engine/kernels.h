@@ -181,7 +181,7 @@ void eng__to_bf16_avx512(const float *x, int64_t n, uint16_t *dst);
  * do not depend on `rows`, on the other rows, on n or on which features share the call, and
  * 16-bit weights give the bits of fp32 weights of the same values (exact widening, the same
  * sums in the same order). The variants differ from each other and from the blocked product
- * in that order only. */
+ * in that order, and the portable one also rounds each product before adding it (no FMA). */
 typedef struct {
     const float *const *x; /* rows of k floats */
     float *const *y;       /* rows of n floats: y[r][f] for features 0..n-1 of this call */

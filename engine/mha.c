@@ -425,7 +425,7 @@ static void few_task(void *arg, int64_t index)
     lb->gemv(&g);
 }
 
-/* Whether job i's rows need work after their product. */
+/* Whether a job's rows need work after their product (RoPE, norms, the head scatter). */
 static bool needs_finish(const linear_job *j)
 {
     return j->rows > 0 && (j->rope || j->qk || j->out_hstride);
