@@ -209,7 +209,8 @@ TSAN_BUILD := build/tsan
 # requests across threads (api_session_turn), and the gRPC thread's handoffs to the workers
 # (test_grpc); the rest gain nothing from it.
 TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c \
-                      tests/server/test_v2_sequences.c tests/server/test_grpc.c,$(TEST_SRC))
+                      tests/server/test_v2_sequences.c tests/server/test_grpc.c \
+                      tests/server/test_job.c,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the

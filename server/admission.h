@@ -23,8 +23,8 @@
  * (429) a request whose expected wait plus cost is past its deadline.
  *
  * The scheduler knows requests only through srv_sched_entry and the srv_sched_ops it names:
- * HTTP requests (dispatch.c) and gRPC inferences (grpc_call.c) embed an entry and wait in the
- * same list. Any thread; one mutex inside.
+ * The jobs of both edges (job.h: HTTP requests and gRPC inferences) embed an entry and wait in
+ * the same list. Any thread; one mutex inside.
  */
 #ifndef ATTND_SERVER_ADMISSION_H
 #define ATTND_SERVER_ADMISSION_H

@@ -9,7 +9,7 @@
  *   MHD      libmicrohttpd's internal epoll thread: every callback in http.c runs on it;
  *   watcher  watch.c: polls the sockets of suspended requests for a hang-up, enforces the
  *            receive deadline of slow clients and the queue deadline, applies the drain timeout;
- *   workers  the engine pool: decode, compute and encode one request each (http.c's job_run).
+ *   workers  the engine pool: decode, compute and encode one request each (job.c's job_run).
  */
 #ifndef ATTND_SERVER_DAEMON_H
 #define ATTND_SERVER_DAEMON_H
@@ -50,10 +50,11 @@ struct srv_server {
     srv_metrics metrics;
     srv_watch *watch; /* the watcher thread and the connection list (watch.c) */
 
-    atomic_bool draining;          /* readiness 503, new requests 503 */
-    atomic_bool drain_expired;     /* the drain timeout passed: cancel what is left */
+    atomic_bool draining;      /* readiness 503, new requests 503 */
+    atomic_bool drain_expired; /* the drain timeout passed: cancel what is left */
+    /* The jobs of both edges; only job.c changes these three. */
     atomic_int_fast64_t active;    /* requests between the URI callback and completion */
-    atomic_int_fast64_t admitted;  /* jobs in the pool's queue or running (--max-queue) */
+    atomic_int_fast64_t admitted;  /* jobs waiting or running (--max-queue) */
     atomic_int_fast64_t queued;    /* jobs waiting for a worker, not yet answered */
     atomic_int_fast64_t running;   /* jobs a worker is running */
     atomic_int_fast64_t suspended; /* connections suspended and not yet resumed */
@@ -65,16 +66,5 @@ struct srv_server {
     srv_tls *tls;   /* NULL: plain HTTP */
     srv_auth *auth; /* NULL: no bearer tokens */
 };
-
-/* Takes one slot of --max-queue for either edge (HTTP, gRPC); false when the queue is full. */
-static inline bool srv__admit(srv_server *s)
-{
-    int_fast64_t admitted = atomic_load(&s->admitted);
-    do {
-        if (admitted >= s->max_queue)
-            return false;
-    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
-    return true;
-}
 
 #endif

@@ -7,8 +7,9 @@
  * (HEADERS, the messages, the status as trailers) and wakes the thread. The replies themselves
  * come from api/ (api_grpc_*), as HTTP's do.
  *
- * Threads: the gRPC thread runs everything here except grpc_job's work (an engine worker),
- * which touches only its job and hands it back through the completion list.
+ * Threads: the gRPC thread runs everything here except a grpc_job's run (job.h: an engine
+ * worker, or the scheduler when it expires), which touches only its job and hands it back
+ * through the completion list.
  */
 #ifndef ATTND_SERVER_GRPC_H
 #define ATTND_SERVER_GRPC_H
@@ -17,6 +18,7 @@
 #include <pthread.h>
 
 #include "server/daemon.h"
+#include "server/job.h"
 
 typedef struct srv_grpc srv_grpc;
 typedef struct grpc_conn grpc_conn;
@@ -76,16 +78,13 @@ struct grpc_job {
     grpc_job *next;  /* the completion list */
     grpc_call *call; /* NULL once the stream is gone: the reply is dropped */
     srv_grpc *g;
+    srv_job job;     /* its admission, wait and run, beside HTTP's requests (job.h) */
     api_lease lease; /* the inference's memory, deadline and cancel flag */
     grpc_msg msg;
     bool stream;
-    int slot;     /* the model's statistics slot, or -1 */
-    bool pending; /* counted in the model's pending gauge */
-    uint32_t priority;
-    uint32_t pool_priority; /* the one the scheduler started it at */
-    srv_sched_entry sched;  /* its place with the scheduler, beside HTTP's requests */
-    api_session_ticket ticket;
-    int64_t submit_ns, run_ns, done_ns;
+    int slot;               /* the model's statistics slot, or -1 */
+    bool pending;           /* counted in the model's pending gauge */
+    int64_t own_timeout_ms; /* the message's own timeout when it set the deadline, else 0 */
     api_reply reply;
 };
 
@@ -141,6 +140,9 @@ void srv__grpc_send_owned(grpc_call *call, char *body, size_t len);
 /* Frees a chunk and what it owns. */
 void srv__grpc_chunk_free(grpc_chunk *c);
 void srv__grpc_finish(grpc_call *call, int http_status, api_reason reason, const char *message);
+/* srv__grpc_finish with server/'s own outcome `o`: its status from the outcome table (outcome.h),
+ * as HTTP's refusals take theirs. */
+void srv__grpc_finish_as(grpc_call *call, srv_outcome o, const char *message);
 /* Wakes the thread (a job finished, the stop, the drain began or expired); NULL is a no-op.
  * Any thread. */
 void srv__grpc_wake(srv_grpc *g);

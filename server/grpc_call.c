@@ -2,10 +2,10 @@
  * grpc_call.c - one gRPC call (an HTTP/2 stream) from its headers to its log line: the checks
  * every call passes (token, content type, method, grpc-timeout, the drain), its messages as
  * they arrive (reserved in the memory budget byte by byte), the cheap methods answered on the
- * gRPC thread, and inferences admitted like HTTP's (--max-queue, priority, deadline, a
- * sequence's order, the scheduler of admission.h) and run on an engine worker through
- * api_grpc_infer. ModelStreamInfer runs
- * its messages one after another, answering each with a message; the other methods take one.
+ * gRPC thread, and inferences, which are jobs as HTTP's requests are (job.h: --max-queue,
+ * priority, deadline, a sequence's order, the scheduler, an engine worker) running
+ * api_grpc_infer. ModelStreamInfer runs its messages one after another, answering each with a
+ * message; the other methods take one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,18 +14,18 @@
 #include "server/grpc.h"
 #include "server/log.h"
 
-#define HEADER_BYTES_MAX 16384 /* a request's header block, as HPACK decodes it */
-/* The scheduler learns the cost of gRPC inferences in a row of their own, after HTTP's routes. */
-#define SCHED_ROUTE       SRV_ROUTE_COUNT
-#define HEADER_ENTRY_COST 32 /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
-
-static const char *const draining_msg =
-    "the server is shutting down; retry on another replica (KV-cache sessions end with this "
-    "process: create them again there)";
+#define HEADER_BYTES_MAX  16384 /* a request's header block, as HPACK decodes it */
+#define HEADER_ENTRY_COST 32    /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
 
 static bool is_stream(const grpc_call *call)
 {
     return call->method == API_GRPC_MODEL_STREAM_INFER;
+}
+
+/* A reply that is server/'s own outcome `o`, for a message answered on the gRPC thread or a job. */
+static void error_reply(api_reply *reply, srv_outcome o, const char *msg)
+{
+    api_grpc_error(reply, srv__outcome_http(o, API_ERRORS_V2), srv__outcome(o)->reason, msg);
 }
 
 grpc_call *srv__grpc_call_new(grpc_conn *conn, int32_t stream_id)
@@ -90,17 +90,16 @@ void srv__grpc_call_headers_done(grpc_call *call)
     char msg[200];
     call->method = api_grpc_method_of(call->path, strlen(call->path));
     if (s->auth && !call->auth_ok) {
-        srv__grpc_finish(call, 401, API_REASON_UNAUTHORIZED, srv__auth_refusal(call->auth_seen));
+        srv__grpc_finish_as(call, SRV_REFUSE_UNAUTHORIZED, srv__auth_refusal(call->auth_seen));
     } else if (atomic_load(&s->draining)) {
-        srv__grpc_finish(call, 503, API_REASON_DRAINING, draining_msg);
+        srv__grpc_finish_as(call, SRV_REFUSE_DRAINING, SRV_DRAINING_MSG);
     } else if (call->bad_content_type) {
-        srv__grpc_finish(call, 415, API_REASON_BAD_REQUEST,
-                         "content-type must be application/grpc");
+        srv__grpc_finish_as(call, SRV_REFUSE_MEDIA, "content-type must be application/grpc");
     } else if (call->method == API_GRPC_UNIMPLEMENTED) {
         snprintf(msg, sizeof msg, "method %.120s is not implemented by attnd", call->path);
-        srv__grpc_finish(call, 501, API_REASON_BAD_REQUEST, msg);
+        srv__grpc_finish_as(call, SRV_REFUSE_NO_METHOD, msg);
     } else if (call->timeout_ms < 0) {
-        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "grpc-timeout is malformed");
+        srv__grpc_finish_as(call, SRV_REFUSE_BAD_HEADER, "grpc-timeout is malformed");
     } else if (is_stream(call)) {
         /* A stream lives as long as its client wants (grpc-timeout aside): --request-timeout-ms
          * bounds each of its inferences instead. */
@@ -134,7 +133,7 @@ static void answer(grpc_call *call, api_reply *reply)
 {
     if (reply->status == 200) {
         send_message(call, reply);
-        srv__grpc_finish(call, 200, API_REASON_NONE, NULL);
+        srv__grpc_finish_as(call, SRV_ANSWER_OK, NULL);
     } else {
         srv__grpc_finish(call, reply->status, reply->reason, reply->body ? reply->body : "");
     }
@@ -151,7 +150,7 @@ static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
     /* A ModelStatisticsRequest has its name and version where a ModelInferRequest has its
      * model_name and model_version (fields 1 and 2): the peek reads them. */
     if (!api_grpc_infer_peek_read(m->data, m->len, &named)) {
-        api_grpc_error(reply, 400, API_REASON_BAD_REQUEST, "malformed ModelStatisticsRequest");
+        error_reply(reply, SRV_REFUSE_FRAMING, "malformed ModelStatisticsRequest");
         return;
     }
     if (named.model[0]) {
@@ -167,7 +166,7 @@ static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
     if (b.state == API_BUF_OK)
         api_grpc_statistics(b.data, b.len, reply);
     else
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
+        error_reply(reply, SRV_REFUSE_NO_MEMORY, "out of memory");
     api_buf_free(&b);
 }
 
@@ -179,21 +178,42 @@ static void free_msg(grpc_call *call, grpc_msg *m)
     m->held = 0;
 }
 
-/* ---- Inferences on the engine pool ------------------------------------------------------------
+/* ---- Inferences, as jobs (job.h) -------------------------------------------------------------
  */
 
-static void job_run(void *arg, int64_t index);
-
-static void job_resume(void *arg)
+static void job_work(srv_job *sj)
 {
-    grpc_job *job = arg;
-    if (eng_pool_submit_at(job->g->s->pool, job->pool_priority, job_run, job) != ENG_OK)
-        job_run(job, 0); /* the pool is stopping: run here, in order */
+    grpc_job *job = sj->owner;
+    srv_server *s = job->g->s;
+    if (job->pending)
+        srv__metrics_model_pending(&s->metrics, job->slot, -1);
+    job->pending = false;
+    api_call call = {.body = job->msg.data,
+                     .body_len = job->msg.len,
+                     .pool = s->pool,
+                     .lease = &job->lease,
+                     .limits = &s->limits,
+                     .models = s->models,
+                     .sessions = s->sessions};
+    api_grpc_infer(&call, job->stream, &job->reply);
+    eng_buf_free(job->msg.data);
+    job->msg.data = NULL;
+    api_lease_give_back(&job->lease, job->msg.held);
+    job->msg.held = 0;
 }
 
-static void job_done(grpc_job *job)
+static void job_fail(srv_job *sj, srv_outcome o, const char *msg)
 {
+    grpc_job *job = sj->owner;
+    error_reply(&job->reply, o, msg);
+}
+
+/* Every job comes back through the completion list: the gRPC thread answers its call. */
+static void job_end(srv_job *sj, srv_job_end how)
+{
+    grpc_job *job = sj->owner;
     srv_grpc *g = job->g;
+    (void)how; /* nothing abandons a gRPC job: its call cancels it instead */
     pthread_mutex_lock(&g->done_lock);
     job->next = g->done;
     g->done = job;
@@ -201,79 +221,38 @@ static void job_done(grpc_job *job)
     srv__grpc_wake(g);
 }
 
-/* What a finished inference teaches the scheduler about its cost. */
-static srv_sched_learn job_learn(const api_reply *reply)
+static void job_deadline_origin(const srv_job *sj, char *buf, size_t size)
 {
-    if (reply->status >= 200 && reply->status < 300)
-        return SRV_SCHED_LEARN_COST;
-    return reply->reason == API_REASON_DEADLINE ? SRV_SCHED_LEARN_AT_LEAST
-                                                : SRV_SCHED_LEARN_NOTHING;
+    const grpc_job *job = sj->owner;
+    const grpc_call *call = job->call;
+    if (job->own_timeout_ms > 0)
+        snprintf(buf, size, "the request's timeout of %lld ms", (long long)job->own_timeout_ms);
+    else if (call && call->timeout_ms > 0 && !job->stream)
+        snprintf(buf, size, "grpc-timeout of %lld ms", (long long)call->timeout_ms);
+    else
+        snprintf(buf, size, "--request-timeout-ms %lld",
+                 (long long)(job->g->s->request_timeout_ns / 1000000));
 }
 
-/* Runs one inference on an engine worker. A step of a sequence gives its scheduler slot back
- * and waits for its turn without holding the worker (as HTTP's requests do, dispatch.c). */
-static void job_run(void *arg, int64_t index)
-{
-    grpc_job *job = arg;
-    (void)index;
-    srv_server *s = job->g->s;
-    if (job->ticket.session || job->ticket.sequence) {
-        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
-        if (!api_session_turn(s->sessions, &job->ticket, job_resume, job))
-            return;
-    }
-    job->run_ns = eng_now_ns();
-    srv__sched_begin(s->sched, &job->sched, job->run_ns);
-    atomic_fetch_sub(&s->queued, 1);
-    atomic_fetch_add(&s->running, 1);
-    if (job->pending)
-        srv__metrics_model_pending(&s->metrics, job->slot, -1);
-    job->pending = false;
-    if (atomic_load(&job->lease.ctl.cancel)) {
-        api_grpc_error(&job->reply, API_STATUS_CLIENT_CLOSED, API_REASON_CANCELLED, "cancelled");
-    } else if (job->lease.ctl.deadline_ns > 0 && job->run_ns >= job->lease.ctl.deadline_ns) {
-        api_grpc_error(&job->reply, 504, API_REASON_DEADLINE,
-                       "deadline exceeded while waiting for a worker");
-    } else {
-        api_call call = {.body = job->msg.data,
-                         .body_len = job->msg.len,
-                         .pool = s->pool,
-                         .lease = &job->lease,
-                         .limits = &s->limits,
-                         .models = s->models,
-                         .sessions = s->sessions};
-        api_grpc_infer(&call, job->stream, &job->reply);
-    }
-    job->done_ns = eng_now_ns();
-    srv__metrics_work(&s->metrics, job->done_ns - job->run_ns,
-                      job->reply.reason == API_REASON_DEADLINE);
-    srv__sched_done(s->sched, &job->sched, job_learn(&job->reply), job->done_ns);
-    api_session_turn_end(s->sessions, &job->ticket);
-    eng_buf_free(job->msg.data);
-    job->msg.data = NULL;
-    api_lease_give_back(&job->lease, job->msg.held);
-    atomic_fetch_sub(&s->running, 1);
-    atomic_fetch_sub(&s->admitted, 1);
-    job_done(job);
-}
+static const srv_job_ops grpc_job_ops = {
+    .work = job_work, .fail = job_fail, .end = job_end, .deadline_origin = job_deadline_origin};
 
 /* A job for message m of the call: its own lease (the message's bytes move into it), the
- * deadline the tighter of the call's and the message's own timeout, and its priority, model
- * slot and place in a sequence read from the message. NULL with the call finished on refusal. */
-static grpc_job *job_new(grpc_call *call, grpc_msg *m)
+ * deadline the tighter of the call's and the message's own timeout, and its model slot read from
+ * the message; *pk gets what the message says of its priority and sequence. NULL when out of
+ * memory. */
+static grpc_job *job_new(grpc_call *call, grpc_msg *m, api_grpc_infer_peek *pk, bool *peeked)
 {
     srv_server *s = call->conn->g->s;
     grpc_job *job = calloc(1, sizeof *job);
-    api_grpc_infer_peek pk;
-    int64_t now = eng_now_ns();
-    if (!job) {
-        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+    int64_t now = eng_now_ns(), deadline;
+    if (!job)
         return NULL;
-    }
     job->g = call->conn->g;
     job->call = call;
     job->stream = is_stream(call);
     job->slot = -1;
+    srv__job_init(&job->job, s, &grpc_job_ops, job, &job->lease, &job->reply);
     api_lease_start(&job->lease, s->budget, is_stream(call) ? now : call->lease.start_ns,
                     s->limits.max_timeout_ms);
     if (call->lease.ctl.deadline_ns > 0 &&
@@ -286,133 +265,64 @@ static grpc_job *job_new(grpc_call *call, grpc_msg *m)
     else
         eng_buf_free(m->data);
     memset(m, 0, sizeof *m);
-    if (api_grpc_infer_peek_read(job->msg.data, job->msg.len, &pk)) {
-        api_lease_shorten(&job->lease, pk.peek.timeout_ms);
-        job->priority = pk.peek.priority >= 1 && pk.peek.priority <= s->limits.priority_levels
-                            ? (uint32_t)pk.peek.priority
-                            : s->limits.default_priority_level;
-        if (api_v2_model_known(s->models, pk.model, pk.version[0] ? pk.version : NULL))
-            job->slot = srv__metrics_model_slot(s->models, pk.model);
-        if (s->sessions && pk.peek.sequence_id &&
-            api_sequence_ticket_take(s->sessions, pk.model, pk.peek.sequence_id,
-                                     pk.peek.sequence_id_len, &job->ticket))
-            srv__metrics_session_ticket(&s->metrics);
-    } else {
-        job->priority = s->limits.default_priority_level;
+    *peeked = api_grpc_infer_peek_read(job->msg.data, job->msg.len, pk);
+    if (*peeked) {
+        deadline = job->lease.ctl.deadline_ns;
+        api_lease_shorten(&job->lease, pk->peek.timeout_ms);
+        if (job->lease.ctl.deadline_ns != deadline)
+            job->own_timeout_ms = pk->peek.timeout_ms;
+        if (api_v2_model_known(s->models, pk->model, pk->version[0] ? pk->version : NULL))
+            job->slot = srv__metrics_model_slot(s->models, pk->model);
     }
     return job;
 }
 
-/* Refuses a job before it reaches the pool: its reply is the refusal, answered at once. */
-static void job_refuse(grpc_job *job, int status, api_reason reason, const char *msg)
+/* A job refused before it was admitted: its reply is the refusal, answered at once. */
+static void job_refuse(grpc_job *job, srv_outcome o, const char *msg)
 {
-    srv_server *s = job->g->s;
-    api_session_turn_end(s->sessions, &job->ticket);
-    api_grpc_error(&job->reply, status, reason, msg);
-    srv__metrics_rejected(&s->metrics, reason);
+    job_fail(&job->job, o, msg);
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;
-    job_done(job);
-}
-
-/* A job that left the queue without running gives its place back. */
-static void job_unqueue(grpc_job *job)
-{
-    srv_server *s = job->g->s;
-    atomic_fetch_sub(&s->queued, 1);
-    atomic_fetch_sub(&s->admitted, 1);
-    if (job->pending)
-        srv__metrics_model_pending(&s->metrics, job->slot, -1);
-    job->pending = false;
-}
-
-/* Always on the pool: job_dispatch leaves may_run_here false, since the connection's thread
- * writes every stream's frames. */
-static void sched_start(void *arg, uint32_t pool_priority, srv_sched_where where)
-{
-    grpc_job *job = arg;
-    srv_server *s = job->g->s;
-    (void)where;
-    job->pool_priority = pool_priority;
-    if (eng_pool_submit_at(s->pool, pool_priority, job_run, job) == ENG_OK)
-        return;
-    srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
-    job_unqueue(job);
-    job_refuse(job, 503, API_REASON_INTERNAL, "could not queue the request");
-}
-
-/* A job that would end past its deadline even if it started now: 504, without running. */
-static void sched_expire(void *arg)
-{
-    grpc_job *job = arg;
-    char msg[160];
-    snprintf(msg, sizeof msg,
-             "deadline exceeded while waiting for a worker: about %lld ms of work, %lld ms left",
-             (long long)(job->sched.cost_ns / 1000000),
-             (long long)((job->sched.deadline_ns - eng_now_ns()) / 1000000));
-    job_unqueue(job);
-    job_refuse(job, 504, API_REASON_DEADLINE, msg);
-}
-
-static const srv_sched_ops job_sched_ops = {.start = sched_start, .expire = sched_expire};
-
-/* Hands an admitted job to the scheduler, which starts it on the pool when its turn comes. */
-static void job_dispatch(srv_server *s, grpc_job *job)
-{
-    srv_sched_entry *e = &job->sched;
-    e->ops = &job_sched_ops;
-    e->req = job;
-    e->route = SCHED_ROUTE;
-    e->bytes = job->msg.len;
-    e->level = job->priority;
-    e->deadline_ns = job->lease.ctl.deadline_ns;
-    e->cost_ns = srv__sched_cost(s->sched, SCHED_ROUTE, job->msg.len, NULL);
-    srv__sched_enqueue(s->sched, e, job->submit_ns);
-}
-
-/* Whether the queued work in front of the job and its own cost would end past its deadline;
- * then `over` says how much and when to retry. */
-static bool job_overloaded(srv_server *s, const grpc_job *job, srv_sched_refusal *over)
-{
-    srv_sched_ask ask = {.route = SCHED_ROUTE,
-                         .bytes = job->msg.len,
-                         .level = job->priority,
-                         .left_ns = job->lease.ctl.deadline_ns - job->submit_ns};
-    return job->lease.ctl.deadline_ns > 0 &&
-           srv__sched_overloaded(s->sched, &ask, job->submit_ns, over);
+    job_end(&job->job, SRV_JOB_ANSWERED);
 }
 
 static void submit(grpc_call *call, grpc_msg *m)
 {
     srv_server *s = call->conn->g->s;
-    char msg[120];
-    srv_sched_refusal over;
-    grpc_job *job = job_new(call, m);
-    if (!job)
+    api_grpc_infer_peek pk;
+    bool peeked = false;
+    srv_job_refusal no;
+    grpc_job *job = job_new(call, m, &pk, &peeked);
+    if (!job) {
+        srv__grpc_finish_as(call, SRV_REFUSE_NO_MEMORY, "out of memory");
         return;
-    call->job = job;
-    job->submit_ns = eng_now_ns();
-    if (!job->msg.data) {
-        job_refuse(job, 429, API_REASON_MEMORY,
-                   "memory budget (--max-memory-bytes) is full; retry later");
-    } else if (atomic_load(&s->drain_expired)) {
-        job_refuse(job, 503, API_REASON_DRAINING, draining_msg);
-    } else if (job->lease.ctl.deadline_ns > 0 && job->submit_ns >= job->lease.ctl.deadline_ns) {
-        job_refuse(job, 504, API_REASON_DEADLINE, "deadline exceeded while receiving the request");
-    } else if (job_overloaded(s, job, &over)) {
-        job_refuse(job, 429, API_REASON_QUEUE_FULL, over.msg);
-    } else if (!srv__admit(s)) {
-        snprintf(msg, sizeof msg, "the queue is full (--max-queue %lld); retry later",
-                 (long long)s->max_queue);
-        job_refuse(job, 429, API_REASON_QUEUE_FULL, msg);
-    } else {
-        atomic_fetch_add(&s->queued, 1);
-        if (job->slot >= 0) {
-            job->pending = true;
-            srv__metrics_model_pending(&s->metrics, job->slot, 1);
-        }
-        job_dispatch(s, job);
     }
+    call->job = job;
+    if (!job->msg.data) {
+        job_refuse(job, SRV_REFUSE_MEMORY_BUSY,
+                   "memory budget (--max-memory-bytes) is full; retry later");
+        return;
+    }
+    /* Never run on the gRPC thread: it writes every stream's frames. */
+    srv_job_where where = {.route = SRV_JOB_ROUTE_GRPC,
+                           .bytes = job->msg.len,
+                           .level = srv__job_level(s, peeked ? pk.peek.priority : 0),
+                           .may_run_here = false};
+    if (!srv__job_admit(&job->job, &where, eng_now_ns(), &no)) {
+        job_refuse(job, no.outcome, no.msg);
+        return;
+    }
+    if (job->slot >= 0) {
+        job->pending = true;
+        srv__metrics_model_pending(&s->metrics, job->slot, 1);
+    }
+    if (peeked && pk.peek.sequence_id) {
+        srv_job_order order = {.model = pk.model,
+                               .sequence_id = pk.peek.sequence_id,
+                               .sequence_id_len = pk.peek.sequence_id_len};
+        srv__job_take_turn(&job->job, &order);
+    }
+    srv__job_start(&job->job, job->job.submit_ns);
 }
 
 /* ---- Messages ----------------------------------------------------------------------------------
@@ -440,7 +350,7 @@ static void stream_next(grpc_call *call)
     if (pop_msg(call, &m))
         submit(call, &m);
     else if (call->half_closed)
-        srv__grpc_finish(call, 200, API_REASON_NONE, NULL);
+        srv__grpc_finish_as(call, SRV_ANSWER_OK, NULL);
 }
 
 /* A unary call's one message: answered here, or submitted (ModelInfer). */
@@ -472,7 +382,7 @@ static void queue_msg(grpc_call *call, char *data, size_t len, size_t held)
     if (!m) {
         eng_buf_free(data);
         api_lease_give_back(&call->lease, held);
-        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+        srv__grpc_finish_as(call, SRV_REFUSE_NO_MEMORY, "out of memory");
         return;
     }
     *m = (grpc_msg){.data = data, .len = len, .held = held};
@@ -506,8 +416,8 @@ void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
             if (++call->messages > 1 && !is_stream(call)) {
                 eng_buf_free(msg);
                 api_lease_give_back(&call->lease, held);
-                srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST,
-                                 "a unary method takes one request message");
+                srv__grpc_finish_as(call, SRV_REFUSE_FRAMING,
+                                    "a unary method takes one request message");
                 return;
             }
             queue_msg(call, msg, n, held);
@@ -524,13 +434,13 @@ void srv__grpc_call_end_stream(grpc_call *call)
     if (call->finished)
         return;
     if (call->reader.prefix_len > 0) {
-        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "the stream ended inside a message");
+        srv__grpc_finish_as(call, SRV_REFUSE_FRAMING, "the stream ended inside a message");
     } else if (is_stream(call)) {
         stream_next(call);
     } else if (pop_msg(call, &m)) {
         serve_unary(call, &m);
     } else {
-        srv__grpc_finish(call, 400, API_REASON_BAD_REQUEST, "no request message");
+        srv__grpc_finish_as(call, SRV_REFUSE_FRAMING, "no request message");
     }
 }
 
@@ -573,11 +483,11 @@ void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
     int64_t now = eng_now_ns();
     if (call->job) {
         call->job->call = NULL;
-        atomic_store(&call->job->lease.ctl.cancel, true);
+        srv__job_cancel(&call->job->job, SRV_REFUSE_CLIENT_GONE);
     }
     if (!call->finished || (error_code != NGHTTP2_NO_ERROR && call->out)) {
-        call->http_status = API_STATUS_CLIENT_CLOSED;
-        call->reason = API_REASON_CANCELLED;
+        call->http_status = srv__outcome_http(SRV_REFUSE_CLIENT_GONE, API_ERRORS_V2);
+        call->reason = srv__outcome(SRV_REFUSE_CLIENT_GONE)->reason;
         call->grpc_status = API_GRPC_CANCELLED;
         srv__metrics_hangup(&s->metrics);
     }
@@ -604,13 +514,13 @@ void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
 static void job_answer(grpc_call *call, grpc_job *job)
 {
     call->job = NULL;
-    call->queue_ns = job->run_ns > 0 ? job->run_ns - job->submit_ns : 0;
+    call->queue_ns = job->job.run_ns > 0 ? job->job.run_ns - job->job.submit_ns : 0;
     call->last = job->reply;
     call->last.body = NULL;
     if (!is_stream(call)) {
-        if (job->run_ns > 0 && job_learn(&job->reply) == SRV_SCHED_LEARN_COST) {
-            call->answered = job->sched;
-            call->answered_ns = job->done_ns;
+        if (job->job.run_ns > 0 && job->reply.status == 200) {
+            call->answered = job->job.sched;
+            call->answered_ns = job->job.done_ns;
         }
         answer(call, &job->reply);
         return;
@@ -644,9 +554,11 @@ void srv__grpc_jobs_done(srv_grpc *g)
         rev = job->next;
         if (job->pending)
             srv__metrics_model_pending(&s->metrics, job->slot, -1);
-        srv__metrics_infer(&s->metrics, job->slot, job->reply.status, job->reply.reason,
-                           now - job->lease.start_ns,
-                           job->run_ns > 0 ? job->run_ns - job->submit_ns : 0, &job->reply);
+        srv__metrics_infer(
+            &s->metrics, job->slot, job->reply.status, job->reply.reason, now - job->lease.start_ns,
+            job->job.run_ns > 0 ? job->job.run_ns - job->job.submit_ns : 0, &job->reply);
+        if (job->job.run_ns == 0) /* refused or expired: counted as HTTP's refusals are */
+            srv__metrics_rejected(&s->metrics, job->reply.reason);
         if (job->call)
             job_answer(job->call, job);
         api_reply_free(&job->reply);
@@ -660,5 +572,5 @@ void srv__grpc_cancel_all(srv_grpc *g)
     for (grpc_conn *c = g->conns; c; c = c->next)
         for (grpc_call *call = c->calls; call; call = call->next)
             if (call->job)
-                atomic_store(&call->job->lease.ctl.cancel, true);
+                srv__job_cancel(&call->job->job, SRV_REFUSE_DRAINING);
 }

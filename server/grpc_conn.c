@@ -389,11 +389,11 @@ static void check_times(srv_grpc *g, grpc_conn *conn, int64_t now)
         if (c->finished || c->job || c->half_closed || between)
             continue;
         if (now - c->recv_since_ns > g->receive_timeout_ns)
-            srv__grpc_finish(c, 504, API_REASON_DEADLINE,
-                             "the request's messages did not arrive within --receive-timeout-s");
+            srv__grpc_finish_as(c, SRV_REFUSE_DEADLINE,
+                                "the request's messages did not arrive within --receive-timeout-s");
         else if (c->lease.ctl.deadline_ns > 0 && now >= c->lease.ctl.deadline_ns)
-            srv__grpc_finish(c, 504, API_REASON_DEADLINE,
-                             "deadline exceeded while receiving the request");
+            srv__grpc_finish_as(c, SRV_REFUSE_DEADLINE,
+                                "deadline exceeded while receiving the request");
     }
     if (conn->handshaken && conn_wants_write(conn)) {
         if (conn->stalled_since == 0)

@@ -112,7 +112,7 @@ void srv__grpc_send(grpc_call *call, const void *data, size_t len)
 {
     grpc_chunk *c = malloc(sizeof *c + len);
     if (!c) {
-        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+        srv__grpc_finish_as(call, SRV_REFUSE_NO_MEMORY, "out of memory");
         return;
     }
     *c = (grpc_chunk){.data = c->bytes, .len = len};
@@ -125,7 +125,7 @@ void srv__grpc_send_owned(grpc_call *call, char *body, size_t len)
     grpc_chunk *c = malloc(sizeof *c);
     if (!c) {
         eng_buf_free(body);
-        srv__grpc_finish(call, 503, API_REASON_MEMORY, "out of memory");
+        srv__grpc_finish_as(call, SRV_REFUSE_NO_MEMORY, "out of memory");
         return;
     }
     *c = (grpc_chunk){.data = body, .len = len, .owned = body};
@@ -136,6 +136,11 @@ void srv__grpc_chunk_free(grpc_chunk *c)
 {
     eng_buf_free(c->owned);
     free(c);
+}
+
+void srv__grpc_finish_as(grpc_call *call, srv_outcome o, const char *message)
+{
+    srv__grpc_finish(call, srv__outcome_http(o, API_ERRORS_V2), srv__outcome(o)->reason, message);
 }
 
 void srv__grpc_finish(grpc_call *call, int http_status, api_reason reason, const char *message)

@@ -8,9 +8,9 @@
  * body size); decoding and encoding a request happen on a worker. Handlers and refusals make reply
  * values (reply.h); send_reply below is the one place that queues them with libmicrohttpd.
  *
- * A request (srv_req) and who owns it when: request.h. Admission ends here by handing the
- * request to dispatch.c, which queues it with the scheduler (admission.h) and runs it on a
- * worker.
+ * A request (srv_req) and who owns it when: request.h. Admission ends here by starting the
+ * request's job (job.h, the same for gRPC's inferences: http_job.c says how an HTTP request
+ * runs), which waits with the scheduler (admission.h) and runs on a worker.
  */
 #include "server/http.h"
 
@@ -36,11 +36,6 @@
 /* How much of a long body is in when its own timeout and priority are first read from it
  * (early_admission): past the header block of any JSON a client writes by hand. */
 #define EARLY_PEEK_BYTES ((size_t)16 * 1024)
-
-/* The draining 503: KV-cache sessions live in this process, so they end with it. */
-#define DRAINING_MSG                                                                               \
-    "the server is shutting down; retry on another replica (KV-cache sessions end with this "      \
-    "process: create them again there)"
 
 /* Routes the request by its path (routes.c); a path too long to store matches nothing. */
 static void route(srv_req *req)
@@ -91,35 +86,26 @@ static void watch_unref(void *arg)
 static bool watch_queued(void *arg)
 {
     srv_req *req = arg;
-    return atomic_load(&req->state) == REQ_QUEUED;
+    return atomic_load(&req->job.state) == SRV_JOB_QUEUED;
 }
 
 static bool watch_abandon(void *arg, srv_watch_why why)
 {
     srv_req *req = arg;
-    int expected = REQ_QUEUED;
-    char origin[64];
-    if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
-        return false;
-    atomic_fetch_sub(&req->srv->queued, 1);
+    char origin[64], msg[120];
     switch (why) {
     case SRV_WATCH_HANGUP:
-        srv__req_fail(req, SRV_REFUSE_CLIENT_GONE,
-                      "the client closed the connection while the request was queued");
-        break;
+        return srv__job_abandon(&req->job, SRV_REFUSE_CLIENT_GONE,
+                                "the client closed the connection while the request was queued");
     case SRV_WATCH_DEADLINE:
         srv__req_deadline_origin(req, origin, sizeof origin);
-        srv__req_fail(req, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)",
-                      origin);
-        break;
+        snprintf(msg, sizeof msg, "deadline exceeded while waiting for a worker (%s)", origin);
+        return srv__job_abandon(&req->job, SRV_REFUSE_DEADLINE, msg);
     case SRV_WATCH_DRAIN:
-        srv__req_fail(req, SRV_REFUSE_DRAINING,
-                      "the server is shutting down (--drain-timeout-s passed)");
-        break;
+        return srv__job_abandon(&req->job, SRV_REFUSE_DRAINING,
+                                "the server is shutting down (--drain-timeout-s passed)");
     }
-    req->done_ns = eng_now_ns();
-    srv__req_unqueue(req->srv, req);
-    return true;
+    return false;
 }
 
 static void watch_cancel(void *arg, srv_watch_why why)
@@ -127,9 +113,8 @@ static void watch_cancel(void *arg, srv_watch_why why)
     srv_req *req = arg;
     if (why == SRV_WATCH_HANGUP)
         atomic_store(&req->client_gone, true);
-    else if (why == SRV_WATCH_DRAIN)
-        atomic_store(&req->drain_cancelled, true);
-    atomic_store(&req->lease.ctl.cancel, true);
+    srv__job_cancel(&req->job,
+                    why == SRV_WATCH_DRAIN ? SRV_REFUSE_DRAINING : SRV_REFUSE_CLIENT_GONE);
 }
 
 static void watch_resume(void *arg)
@@ -210,7 +195,7 @@ static enum MHD_Result send_reply(srv_req *req, srv_reply *r)
     srv__reply_each_header(r, num, add_header, resp);
     /* Close when the body was not read (a keep-alive connection would parse it as the next
      * request) and while draining (so that clients reconnect to another replica). */
-    if (r->refusal && req->body_expected && atomic_load(&req->state) == REQ_RECEIVING &&
+    if (r->refusal && req->body_expected && atomic_load(&req->job.state) == SRV_JOB_NEW &&
         !req->seen_body_end)
         close = true;
     if (close || atomic_load(&req->srv->draining))
@@ -261,11 +246,12 @@ static enum MHD_Result refuse_pending(srv_req *req)
     return send_reply(req, &r);
 }
 
-/* Answers 429 now: the expected wait plus the request's cost is past its deadline. */
-static enum MHD_Result refuse_overloaded(srv_req *req, const char *msg, int retry_s)
+/* Answers a request its job's admission refused (job.h). */
+static enum MHD_Result refuse_job(srv_req *req, const srv_job_refusal *no)
 {
-    srv_reply r = srv__reply_refusal(error_style(req), SRV_REFUSE_OVERLOADED, "%s", msg);
-    r.retry_after_s = retry_s;
+    srv_reply r = srv__reply_refusal(error_style(req), no->outcome, "%s", no->msg);
+    if (no->retry_s > 0)
+        r.retry_after_s = no->retry_s;
     return send_reply(req, &r);
 }
 
@@ -524,6 +510,23 @@ static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *
     return send_reply(req, &r);
 }
 
+/* Whether a request with `left_ns` until its deadline would wait and run past it, judged from
+ * Content-Length before its body is in; then `msg` and *retry_s say why and when to retry. */
+static bool overloaded(srv_server *s, const srv_req *req, int64_t left_ns, uint32_t level,
+                       char *msg, size_t size, int *retry_s)
+{
+    srv_sched_ask ask = {.route = req->route,
+                         .bytes = req->has_length ? req->content_length : req->body.len,
+                         .level = level,
+                         .left_ns = left_ns};
+    srv_sched_refusal r;
+    if (!srv__sched_overloaded(s->sched, &ask, eng_now_ns(), &r))
+        return false;
+    snprintf(msg, size, "%s", r.msg);
+    *retry_s = r.retry_s;
+    return true;
+}
+
 /* Admission refusals that can be decided from the headers: draining, a full queue, a body that
  * cannot fit in the budget, a queue holding more work than the request's deadline allows (its
  * cost estimated from Content-Length: admission.h). They wait for a body that is on its way
@@ -532,19 +535,17 @@ static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *
  * get a reset instead of the 503 or 429. */
 static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
 {
+    srv_job_refusal no;
     if (atomic_load(&s->draining)) {
         if (!req->body_expected)
-            return refuse(req, SRV_REFUSE_DRAINING, true, DRAINING_MSG);
-        set_refusal(req, SRV_REFUSE_DRAINING, DRAINING_MSG);
+            return refuse(req, SRV_REFUSE_DRAINING, true, SRV_DRAINING_MSG);
+        set_refusal(req, SRV_REFUSE_DRAINING, SRV_DRAINING_MSG);
         return refuse_from_headers(req);
     }
-    if (atomic_load(&s->admitted) >= s->max_queue) {
+    if (!srv__job_room(s, &no)) {
         if (!req->body_expected)
-            return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
-                          "the queue is full (--max-queue %lld); retry later",
-                          (long long)s->max_queue);
-        set_refusal(req, SRV_REFUSE_QUEUE_FULL, "the queue is full (--max-queue %lld); retry later",
-                    (long long)s->max_queue);
+            return refuse_job(req, &no);
+        set_refusal(req, no.outcome, "%s", no.msg);
         return refuse_from_headers(req);
     }
     /* Nothing is reserved for the announced length: a Content-Length is a promise, not bytes,
@@ -564,8 +565,8 @@ static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
         }
     }
     if (req->has_length && req->content_length > 0 &&
-        srv__req_overloaded(s, req, s->request_timeout_ns, 1, req->refusal_msg,
-                            sizeof req->refusal_msg, &req->refusal_retry_s)) {
+        overloaded(s, req, s->request_timeout_ns, 1, req->refusal_msg, sizeof req->refusal_msg,
+                   &req->refusal_retry_s)) {
         /* Even at the most urgent level and with the longest deadline, it would end late. */
         req->refused = true;
         req->refusal = SRV_REFUSE_OVERLOADED;
@@ -651,7 +652,7 @@ static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_peek peek;
-    char msg[200], origin[64];
+    char msg[240], origin[64];
     int retry_s = 0;
     int64_t now, deadline = req->lease.ctl.deadline_ns;
 
@@ -676,15 +677,13 @@ static void early_admission(srv_server *s, srv_req *req)
     srv__req_call_headers(req, &call);
     rd->peek(&call, &peek);
     if (peek.timeout_ms > 0 && peek.timeout_ms < s->limits.max_timeout_ms) {
-        uint32_t level = peek.priority >= 1 && peek.priority <= s->limits.priority_levels
-                             ? (uint32_t)peek.priority
-                             : s->limits.default_priority_level;
+        uint32_t level = srv__job_level(s, peek.priority);
         req->own_timeout_ms = peek.timeout_ms;
         api_lease_shorten(&req->lease, req->own_timeout_ms);
         deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
         if (now < deadline &&
-            srv__req_overloaded(s, req, deadline - now, level, msg, sizeof msg, &retry_s)) {
+            overloaded(s, req, deadline - now, level, msg, sizeof msg, &retry_s)) {
             set_refusal(req, SRV_REFUSE_OVERLOADED, "%s", msg);
             req->refusal_retry_s = retry_s;
             srv__req_release_body(req);
@@ -784,9 +783,7 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
         req->body_unread = orders && peek->unread;
     }
     ms = peek->timeout_ms;
-    req->priority = peek->priority >= 1 && peek->priority <= s->limits.priority_levels
-                        ? (uint32_t)peek->priority
-                        : s->limits.default_priority_level;
+    req->priority = srv__job_level(s, peek->priority);
     if (ms > 0 && ms < s->limits.max_timeout_ms) /* else what the body's start said, if read */
         req->own_timeout_ms = ms;
     api_lease_shorten(&req->lease, req->own_timeout_ms);
@@ -798,43 +795,31 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
 static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
+    srv_job_refusal no;
     int64_t now, deadline;
-    char origin[64], msg[200];
-    int retry_s = 0;
 
     req->seen_body_end = true;
     srv__conn_busy(s->watch, &req->watch);
     if (req->refused)
         return refuse_pending(req);
-    if (atomic_load(&s->drain_expired))
-        return refuse(req, SRV_REFUSE_DRAINING, false, DRAINING_MSG);
     deadline = request_deadline(s, req, peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
-    if (now >= deadline) {
-        srv__req_deadline_origin(req, origin, sizeof origin);
-        return refuse(req, SRV_REFUSE_DEADLINE, false,
-                      "deadline exceeded while receiving the request (%s)", origin);
-    }
-    if (srv__req_overloaded(s, req, deadline - now, req->priority, msg, sizeof msg, &retry_s))
-        return refuse_overloaded(req, msg, retry_s);
-    if (!srv__admit(s))
-        return refuse(req, SRV_REFUSE_QUEUE_FULL, false,
-                      "the queue is full (--max-queue %lld); retry later", (long long)s->max_queue);
+    srv_job_where where = {
+        .route = req->route, .bytes = req->body.len, .level = req->priority, .may_run_here = true};
+    if (!srv__job_admit(&req->job, &where, now, &no))
+        return refuse_job(req, &no);
 
     atomic_store(&req->lease.ctl.cancel, false);
     req->watch.deadline_ns = deadline; /* the watcher's copy, read while the request waits */
-    req->submit_ns = now;
-    atomic_store(&req->state, REQ_QUEUED);
-    atomic_fetch_add(&s->queued, 1);
     if (rd->stats)
         rd->stats->admitted(&s->metrics, &req->stats);
     atomic_fetch_add(&req->refs, 1); /* the job's reference */
     atomic_fetch_add(&s->suspended, 1);
-    srv__req_take_ticket(s, req, peek);
+    srv__req_take_turn(req, peek);
     api_peek_free(peek); /* now: once queued, the request's lease is its worker's */
     MHD_suspend_connection(req->conn);
     srv__watch_add(s->watch, &req->watch);
-    srv__req_dispatch(s, req, now);
+    srv__job_start(&req->job, now);
     return MHD_YES;
 }
 
@@ -858,8 +843,7 @@ static void *request_begin(srv_server *s, const char *uri, struct MHD_Connection
     if (!req)
         return NULL;
     atomic_init(&req->refs, 1);
-    atomic_init(&req->state, REQ_RECEIVING);
-    atomic_init(&req->drain_cancelled, false);
+    srv__job_init(&req->job, s, &srv__http_job_ops, req, &req->lease, &req->reply);
     atomic_init(&req->client_gone, false);
     atomic_init(&req->stats.pending, false);
     req->stats.slot = -1; /* counted nowhere until the route's hooks say otherwise */
@@ -934,7 +918,7 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (atomic_load(&req->state) == REQ_RECEIVING) {
+    if (atomic_load(&req->job.state) == SRV_JOB_NEW) {
         if (*upload_data_size > 0) {
             enum MHD_Result rc = on_body_chunk(s, req, upload_data, *upload_data_size);
             *upload_data_size = 0;
@@ -942,7 +926,7 @@ enum MHD_Result srv__mhd_access(void *cls, struct MHD_Connection *conn, const ch
         }
         return on_body_complete(s, req);
     }
-    if (atomic_load(&req->state) == REQ_DONE)
+    if (atomic_load(&req->job.state) == SRV_JOB_FINISHED)
         return send_computed(req);
     return MHD_YES; /* defensive: called while the request is with a worker */
 }
@@ -957,8 +941,8 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
 {
     /* receive: first byte of the request to its last; send: the reply's handoff to the
      * connection until libmicrohttpd has written it all. */
-    int64_t receive_ns = req->submit_ns > 0 ? req->submit_ns - req->lease.start_ns : 0;
-    int64_t send_ns = req->done_ns > 0 ? now - req->done_ns : 0;
+    int64_t receive_ns = req->job.submit_ns > 0 ? req->job.submit_ns - req->lease.start_ns : 0;
+    int64_t send_ns = req->job.done_ns > 0 ? now - req->job.done_ns : 0;
     api_buf b;
     if (!srv_log_enabled(SRV_LOG_INFO))
         return;
@@ -1056,12 +1040,12 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         reason = srv__outcome(unanswered)->reason;
     }
 
-    if (req->submit_ns > 0) {
-        queue_ns = (req->run_ns > 0 ? req->run_ns : req->done_ns) - req->submit_ns;
+    if (req->job.submit_ns > 0) {
+        queue_ns = (req->job.run_ns > 0 ? req->job.run_ns : req->job.done_ns) - req->job.submit_ns;
         srv__metrics_stage(&s->metrics, SRV_STAGE_QUEUE, queue_ns);
-        if (req->run_ns > 0 && status == 200)
-            srv__sched_sent(s->sched, &req->sched, now - req->done_ns);
-        if (req->run_ns > 0) {
+        if (req->job.run_ns > 0 && status == 200)
+            srv__sched_sent(s->sched, &req->job.sched, now - req->job.done_ns);
+        if (req->job.run_ns > 0) {
             srv__metrics_stage(&s->metrics, SRV_STAGE_DECODE, req->reply.decode_ns);
             srv__metrics_stage(&s->metrics, SRV_STAGE_COMPUTE, req->reply.compute_ns);
             srv__metrics_stage(&s->metrics, SRV_STAGE_ENCODE, req->reply.encode_ns);

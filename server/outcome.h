@@ -19,7 +19,8 @@
  * attnd_slow_clients_total; MEMORY_NEVER: more than the whole budget; MEMORY_BUSY: the budget
  * is held by others; MEDIA: Content-Encoding, Content-Type; NO_HANDLER, NO_STATUS: our bugs;
  * NOT_READY: readiness while draining; NO_MEMORY: allocation failed for a body; OVERLOADED:
- * the queued work would make it late (its Retry-After is computed from the queue). */
+ * the queued work would make it late (its Retry-After is computed from the queue); NO_METHOD: a
+ * gRPC method attnd does not serve. */
 #define SRV_OUTCOME_LIST(X)                                                                        \
     X(SRV_ANSWER_OK, API_STATUS_OK, API_REASON_NONE, 0)                                            \
     X(SRV_ANSWER_NOT_MODIFIED, API_STATUS_NOT_MODIFIED, API_REASON_NONE, 0)                        \
@@ -41,6 +42,7 @@
     X(SRV_REFUSE_NO_HANDLER, API_STATUS_INTERNAL, API_REASON_INTERNAL, 0)                          \
     X(SRV_REFUSE_NO_STATUS, API_STATUS_INTERNAL, API_REASON_INTERNAL, 0)                           \
     X(SRV_REFUSE_TRANSFER_CODING, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, 0)           \
+    X(SRV_REFUSE_NO_METHOD, API_STATUS_NOT_IMPLEMENTED, API_REASON_BAD_REQUEST, 0)                 \
     X(SRV_REFUSE_DRAINING, API_STATUS_UNAVAILABLE, API_REASON_DRAINING, 0)                         \
     X(SRV_REFUSE_NOT_READY, API_STATUS_UNAVAILABLE, API_REASON_NONE, 0)                            \
     X(SRV_REFUSE_NO_MEMORY, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, 0)                          \

@@ -1,5 +1,5 @@
 /*
- * request.c - the parts of a request's life cycle that http.c and dispatch.c share
+ * request.c - the parts of a request's life cycle that http.c and http_job.c share
  * (request.h): its references, its body's memory, the refusal of a request that never runs,
  * resuming its connection, and writing its reply to a client that half-closed.
  */

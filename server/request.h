@@ -1,23 +1,23 @@
 /*
  * request.h - one HTTP request to the daemon (srv_req) and the parts of its life cycle that
- * http.c (headers, body, replies) and dispatch.c (the scheduler, the engine workers) share.
+ * http.c (headers, body, replies) and http_job.c (its run as a job: job.h) share.
  *
  * Ownership: created by the URI callback when the request line arrives, it belongs to the MHD
- * thread until the body is complete. It is then suspended and handed to the scheduler with a
+ * thread until the body is complete. It is then suspended and started as a job (job.h) with a
  * second reference (the job's); the MHD thread does not touch it while it is suspended.
- * Whoever finishes it (the worker, the scheduler when it cannot finish by its deadline, or the
- * watcher through srv_watch_ops when it abandons a request still waiting) fills `reply`, marks
- * it REQ_DONE and resumes the connection, and after that never touches it again except to drop
- * its reference. The MHD thread then queues the reply and, at NOTIFY_COMPLETED, logs, counts
- * and drops its reference; the last reference frees it.
+ * Whoever finishes it (the job: a worker, or the scheduler when it cannot finish by its
+ * deadline; or the watcher through srv_watch_ops when it abandons a request still waiting) fills
+ * `reply`, marks the job SRV_JOB_FINISHED and resumes the connection, and after that never
+ * touches it again except to drop its reference. The MHD thread then queues the reply and, at
+ * NOTIFY_COMPLETED, logs, counts and drops its reference; the last reference frees it.
  */
 #ifndef ATTND_SERVER_REQUEST_H
 #define ATTND_SERVER_REQUEST_H
 
 #include <stdatomic.h>
 
-#include "server/admission.h"
 #include "server/daemon.h"
+#include "server/job.h"
 #include "server/outcome.h"
 #include "server/request_check.h"
 #include "server/routes.h"
@@ -25,16 +25,10 @@
 #define REQUEST_ID_MAX 128
 #define PATH_MAX_LEN   256 /* a longer path matches no route (404) */
 
-typedef enum {
-    REQ_RECEIVING = 0, /* MHD thread: headers and body arriving */
-    REQ_QUEUED,        /* suspended, with the scheduler or the pool, no worker yet */
-    REQ_RUNNING,       /* a worker runs the route's work function */
-    REQ_DONE,          /* reply ready, connection resumed (or about to be) */
-} srv_req_state;
-
 typedef struct srv_req {
     atomic_int refs;
-    atomic_int state; /* srv_req_state */
+    srv_job job; /* its state (SRV_JOB_NEW while headers and body arrive), times and place with
+                    the scheduler once admitted */
     srv_server *srv;
     struct MHD_Connection *conn;
     srv_watched watch; /* what the watcher sees of it (watch.h) */
@@ -63,8 +57,7 @@ typedef struct srv_req {
     uint64_t bytes_in; /* body bytes received, including those drained after a rejection */
     bool refused;      /* refused while receiving: answer `refusal` once the body is in */
     srv_outcome refusal;
-    char refusal_msg[200];
-    int64_t submit_ns, run_ns, done_ns; /* the start is lease.start_ns */
+    char refusal_msg[240];
     bool body_unread;  /* compressed past what admission inflates, on a route that orders by its
                           body (api_call.body_unread) */
     bool early_peeked; /* the start of a long body was read for its timeout */
@@ -74,15 +67,12 @@ typedef struct srv_req {
                                is read, or with the queue deadline */
     uint32_t priority;      /* its Triton level (1 most urgent), --default-priority-level unless
                                the body says */
-    uint32_t pool_priority; /* the pool priority it was started at (srv__sched_pool_priority) */
     int refusal_retry_s;    /* > 0: the Retry-After of `refusal`, computed from the queue */
-    srv_sched_entry sched;  /* its place with the scheduler (admission.h) */
 
     /* Handed between threads as the state machine says. */
     api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
     api_reply reply;
-    atomic_bool drain_cancelled; /* cancelled by the drain timeout: answer 503 */
-    atomic_bool client_gone;     /* the client hung up while the request was suspended */
+    atomic_bool client_gone; /* the client hung up while the request was suspended */
 
     /* Set when the response is queued (MHD thread). */
     int status;
@@ -94,9 +84,6 @@ typedef struct srv_req {
     bool admin;         /* arrived on --admin-port: only health and metrics are served */
     bool send_timer;    /* the connection's timeout is --send-timeout-s until completion */
     int cut_status;     /* > 0: a reply of this status was queued but never delivered whole */
-    api_session_ticket ticket; /* a SRV_ROUTE_SESSION request's place in its session's order, or
-                                  a SRV_ROUTE_SEQUENCE one's in its sequence's: taken at
-                                  admission (this thread), ended by job_run */
 } srv_req;
 
 /* Frees the body and gives its share of the lease back (the thread that owns the request). */
@@ -122,21 +109,13 @@ void srv__req_send_direct(srv_req *req);
 /* The captured headers, as api/ takes them. */
 void srv__req_call_headers(const srv_req *req, api_call *call);
 
-/* ---- dispatch.c ---------------------------------------------------------------------------- */
+/* ---- http_job.c ---------------------------------------------------------------------------- */
 
-/* Takes the request's place in its session's or sequence's order (MHD thread, at admission). */
-void srv__req_take_ticket(srv_server *s, srv_req *req, const api_peek *peek);
+/* How an HTTP request runs as a job. */
+extern const srv_job_ops srv__http_job_ops;
 
-/* Whether a request with `left_ns` until its deadline would wait and run past it; then fills
- * `msg` and *retry_s (the seconds after which the queue should have room for it). */
-bool srv__req_overloaded(srv_server *s, srv_req *req, int64_t left_ns, uint32_t level, char *msg,
-                         size_t size, int *retry_s);
-
-/* Takes a request the watcher answered while it waited out of the scheduler's list, with its
- * ticket and its place against --max-queue (watcher thread). */
-void srv__req_unqueue(srv_server *s, srv_req *req);
-
-/* Hands an admitted, suspended request (with its job reference taken) to the scheduler. */
-void srv__req_dispatch(srv_server *s, srv_req *req, int64_t now);
+/* Takes the request's place in the session's or sequence's order its route names (MHD thread,
+ * at admission). */
+void srv__req_take_turn(srv_req *req, const api_peek *peek);
 
 #endif

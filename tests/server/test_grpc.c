@@ -475,6 +475,57 @@ static void test_deadline_queue_cancel_metrics(void)
     CHECK_EQ_INT(daemon_stop(&g.d), 0);
 }
 
+/* Both edges hand their inferences to one job (server/job.h): while a gRPC inference holds the
+ * only place of --max-queue, an HTTP inference and a second gRPC one are refused with the same
+ * outcome (429 and RESOURCE_EXHAUSTED, the same message), and both refusals are counted in the
+ * same series. */
+static void test_same_outcomes_as_http(void)
+{
+    grpc_daemon g;
+    grpc_client c;
+    grpc_stream a, b;
+    uint64_t r = 7;
+    float *data;
+    size_t len, n;
+    const char *args[] = {"--threads", "1", "--max-queue", "1", NULL};
+    uint8_t *req = slow_request(&r, &data, &len);
+    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
+        CHECK(false);
+        free(req);
+        free(data);
+        return;
+    }
+    char *framed = grpc_frame(req, len, &n);
+    a.body = framed;
+    a.body_len = n;
+    a.keep_open = false;
+    grpc_start(&c, SVC "ModelInfer", NULL, &a);
+    while (a.body_off < a.body_len && !c.dead)
+        grpc_pump(&c, 10);
+    CHECK(metric_wait(g.d.port, "attnd_running_requests", 1, 10000));
+
+    CHECK(grpc_call(&c, SVC "ModelInfer", NULL, req, len, 60000, &b));
+    CHECK_EQ_INT(b.grpc_status, 8);
+    http_resp h;
+    const char *ct[] = {"Content-Type: application/json", NULL};
+    static const char body[] = "{\"inputs\":[]}";
+    CHECK_EQ_INT(
+        http_do(NULL, g.d.port, "POST", "/v2/models/sdpa/infer", ct, body, strlen(body), &h), 429);
+    CHECKF(strstr(b.message, "the queue is full (--max-queue 1)") != NULL, "gRPC: %s", b.message);
+    CHECKF(h.body && strstr(h.body, b.message) != NULL, "HTTP: %s, gRPC: %s", h.body, b.message);
+    http_resp_free(&h);
+    grpc_stream_free(&b);
+    CHECK(grpc_wait(&c, &a, 60000));
+    CHECKF(a.grpc_status == 0, "status %d: %s", a.grpc_status, a.message);
+    grpc_stream_free(&a);
+    CHECK(metric_wait(g.d.port, "attnd_rejected_total{reason=\"queue_full\"}", 2, 5000));
+    grpc_client_close(&c);
+    free(framed);
+    free(req);
+    free(data);
+    CHECK_EQ_INT(daemon_stop(&g.d), 0);
+}
+
 static void test_bearer_tokens(void)
 {
     grpc_daemon g;
@@ -725,6 +776,7 @@ int main(void)
     RUN_WITHIN(test_infer_matches_http, 60);
     RUN_WITHIN(test_sizes_memory_and_stalls, 60);
     RUN_WITHIN(test_deadline_queue_cancel_metrics, 240);
+    RUN_WITHIN(test_same_outcomes_as_http, 120);
     RUN_WITHIN(test_bearer_tokens, 60);
     RUN_WITHIN(test_drain, 120);
     RUN_WITHIN(test_hostile_peers, 120);

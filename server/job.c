@@ -1,0 +1,301 @@
+/*
+ * job.c - the life of an inference from its admission to its answer, for both edges (job.h):
+ * admission, the scheduler's operations, the run on a worker, the counters and the outcome of a
+ * job that ends without running.
+ */
+#include "server/job.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "server/metrics.h"
+
+static void job_run(void *arg, int64_t index);
+
+void srv__job_init(srv_job *job, srv_server *s, const srv_job_ops *ops, void *owner,
+                   api_lease *lease, api_reply *reply)
+{
+    memset(job, 0, sizeof *job);
+    job->ops = ops;
+    job->owner = owner;
+    job->s = s;
+    job->lease = lease;
+    job->reply = reply;
+    atomic_init(&job->state, SRV_JOB_NEW);
+    atomic_init(&job->cancelled, SRV_ANSWER_OK);
+}
+
+uint32_t srv__job_level(const srv_server *s, uint64_t priority)
+{
+    return priority >= 1 && priority <= s->limits.priority_levels
+               ? (uint32_t)priority
+               : s->limits.default_priority_level;
+}
+
+/* ---- Admission ------------------------------------------------------------------------------ */
+
+static bool refuse(srv_job_refusal *no, srv_outcome o, int retry_s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static bool refuse(srv_job_refusal *no, srv_outcome o, int retry_s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(no->msg, sizeof no->msg, fmt, ap);
+    va_end(ap);
+    no->outcome = o;
+    no->retry_s = retry_s;
+    return false;
+}
+
+/* Takes one slot of --max-queue; false when the queue is full. */
+static bool take_slot(srv_server *s)
+{
+    int_fast64_t admitted = atomic_load(&s->admitted);
+    do {
+        if (admitted >= s->max_queue)
+            return false;
+    } while (!atomic_compare_exchange_weak(&s->admitted, &admitted, admitted + 1));
+    return true;
+}
+
+static bool queue_full(const srv_server *s, srv_job_refusal *no)
+{
+    return refuse(no, SRV_REFUSE_QUEUE_FULL, 0, "the queue is full (--max-queue %lld); retry later",
+                  (long long)s->max_queue);
+}
+
+bool srv__job_room(srv_server *s, srv_job_refusal *no)
+{
+    return atomic_load(&s->admitted) < s->max_queue || queue_full(s, no);
+}
+
+bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_job_refusal *no)
+{
+    srv_server *s = job->s;
+    int64_t deadline = job->lease->ctl.deadline_ns;
+    srv_sched_entry *e = &job->sched;
+    srv_sched_refusal over;
+    char origin[64];
+
+    e->route = where->route;
+    e->bytes = where->bytes;
+    e->level = where->level;
+    e->may_run_here = where->may_run_here;
+    e->deadline_ns = deadline;
+    if (atomic_load(&s->drain_expired))
+        return refuse(no, SRV_REFUSE_DRAINING, 0, "%s", SRV_DRAINING_MSG);
+    if (deadline > 0 && now >= deadline) {
+        job->ops->deadline_origin(job, origin, sizeof origin);
+        return refuse(no, SRV_REFUSE_DEADLINE, 0,
+                      "deadline exceeded while receiving the request (%s)", origin);
+    }
+    srv_sched_ask ask = {
+        .route = e->route, .bytes = e->bytes, .level = e->level, .left_ns = deadline - now};
+    if (deadline > 0 && srv__sched_overloaded(s->sched, &ask, now, &over))
+        return refuse(no, SRV_REFUSE_OVERLOADED, over.retry_s, "%s", over.msg);
+    if (!take_slot(s))
+        return queue_full(s, no);
+    job->submit_ns = now;
+    return true;
+}
+
+void srv__job_take_turn(srv_job *job, const srv_job_order *order)
+{
+    srv_server *s = job->s;
+    bool taken = false;
+    if (!s->sessions)
+        return;
+    if (order->session && order->session[0])
+        taken = api_session_ticket_take(s->sessions, order->session, &job->ticket);
+    else if (order->model && order->sequence_id)
+        taken = api_sequence_ticket_take(s->sessions, order->model, order->sequence_id,
+                                         order->sequence_id_len, &job->ticket);
+    if (taken)
+        srv__metrics_session_ticket(&s->metrics);
+}
+
+/* ---- Ends --------------------------------------------------------------------------------- */
+
+/* Fills the reply of a job that ends without running with refusal `o`. */
+static void fail(srv_job *job, srv_outcome o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fail(srv_job *job, srv_outcome o, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    job->ops->fail(job, o, msg);
+}
+
+/* A job leaves: its turn goes to the next step of its order, its slot of --max-queue is free
+ * (before the edge answers: the client may send the next request at once), and the edge gets it
+ * back. */
+static void leave(srv_job *job, srv_job_end how)
+{
+    srv_server *s = job->s;
+    api_session_turn_end(s->sessions, &job->ticket);
+    atomic_fetch_sub(&s->admitted, 1);
+    job->ops->end(job, how);
+}
+
+/* Ends a job that waited, if nobody answered it meanwhile, with refusal `o`; true when it did. */
+static bool finish_waiting(srv_job *job, srv_outcome o, const char *msg)
+{
+    int expected = SRV_JOB_QUEUED;
+    if (!atomic_compare_exchange_strong(&job->state, &expected, SRV_JOB_FINISHED))
+        return false;
+    atomic_fetch_sub(&job->s->queued, 1);
+    job->ops->fail(job, o, msg);
+    job->done_ns = eng_now_ns();
+    return true;
+}
+
+bool srv__job_abandon(srv_job *job, srv_outcome o, const char *msg)
+{
+    if (!finish_waiting(job, o, msg))
+        return false;
+    if (srv__sched_remove(job->s->sched, &job->sched))
+        leave(job, SRV_JOB_DROPPED);
+    /* else the scheduler is starting it: job_run or sched_start finds it finished and drops it */
+    return true;
+}
+
+void srv__job_cancel(srv_job *job, srv_outcome why)
+{
+    int none = SRV_ANSWER_OK;
+    atomic_compare_exchange_strong(&job->cancelled, &none, (int)why);
+    atomic_store(&job->lease->ctl.cancel, true);
+}
+
+/* ---- The run on a worker ------------------------------------------------------------------ */
+
+static void job_resume(void *arg)
+{
+    srv_job *job = arg;
+    if (eng_pool_submit_at(job->s->pool, job->pool_priority, job_run, job) != ENG_OK)
+        job_run(job, 0); /* the pool is stopping: run here, in order */
+}
+
+/* What a job that gave its slot back teaches the cost model. */
+static srv_sched_learn learned(const api_reply *reply)
+{
+    if (reply->status >= 200 && reply->status < 300)
+        return SRV_SCHED_LEARN_COST;
+    return reply->reason == API_REASON_DEADLINE ? SRV_SCHED_LEARN_AT_LEAST
+                                                : SRV_SCHED_LEARN_NOTHING;
+}
+
+/* The work itself, unless the job was cancelled or its deadline passed while it waited. */
+static void work(srv_job *job)
+{
+    char origin[64];
+    srv_outcome why = (srv_outcome)atomic_load(&job->cancelled);
+    if (atomic_load(&job->lease->ctl.cancel)) {
+        fail(job, why == SRV_REFUSE_DRAINING ? why : SRV_REFUSE_CLIENT_GONE, "%s",
+             why == SRV_REFUSE_DRAINING ? "the server is shutting down (--drain-timeout-s passed)"
+                                        : "cancelled: the client went away");
+    } else if (job->lease->ctl.deadline_ns > 0 && job->run_ns >= job->lease->ctl.deadline_ns) {
+        job->ops->deadline_origin(job, origin, sizeof origin);
+        fail(job, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)", origin);
+    } else {
+        job->ops->work(job);
+    }
+}
+
+/* Runs a job on an engine worker. A step of a session or sequence first gives its scheduler
+ * slot back (the step it waits for may still need one) and waits for its turn without holding
+ * the worker: parked, it returns here and is resubmitted when the step before it ends. */
+static void job_run(void *arg, int64_t index)
+{
+    srv_job *job = arg;
+    srv_server *s = job->s;
+    int expected = SRV_JOB_QUEUED;
+    (void)index;
+
+    if (job->ticket.session || job->ticket.sequence) {
+        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
+        if (!api_session_turn(s->sessions, &job->ticket, job_resume, job))
+            return; /* parked: the job's reference goes with it */
+    }
+    if (!atomic_compare_exchange_strong(&job->state, &expected, SRV_JOB_RUNNING)) {
+        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
+        leave(job, SRV_JOB_DROPPED); /* answered while it waited */
+        return;
+    }
+    atomic_fetch_sub(&s->queued, 1);
+    atomic_fetch_add(&s->running, 1);
+    job->run_ns = eng_now_ns();
+    srv__sched_begin(s->sched, &job->sched, job->run_ns);
+    work(job);
+    api_session_turn_end(s->sessions, &job->ticket); /* the next step may run */
+    if (atomic_load(&job->cancelled) == SRV_REFUSE_DRAINING && job->reply->status != 200) {
+        int64_t decode = job->reply->decode_ns, compute = job->reply->compute_ns;
+        fail(job, SRV_REFUSE_DRAINING, "the server is shutting down (--drain-timeout-s passed)");
+        job->reply->decode_ns = decode;
+        job->reply->compute_ns = compute;
+    }
+    job->done_ns = eng_now_ns();
+    srv__metrics_work(&s->metrics, job->done_ns - job->run_ns,
+                      job->reply->reason == API_REASON_DEADLINE);
+    srv__sched_done(s->sched, &job->sched, learned(job->reply), job->done_ns);
+    atomic_store(&job->state, SRV_JOB_FINISHED);
+    atomic_fetch_sub(&s->running, 1);
+    leave(job, SRV_JOB_ANSWERED);
+}
+
+/* ---- The scheduler's operations ----------------------------------------------------------- */
+
+static void sched_start(void *arg, uint32_t pool_priority, srv_sched_where where)
+{
+    srv_job *job = arg;
+    srv_server *s = job->s;
+    job->pool_priority = pool_priority;
+    if (where == SRV_SCHED_HERE) {
+        job_run(job, 0);
+        return;
+    }
+    if (eng_pool_submit_at(s->pool, pool_priority, job_run, job) == ENG_OK)
+        return;
+    srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
+    leave(job, finish_waiting(job, SRV_REFUSE_INTERNAL, "could not queue the request")
+                   ? SRV_JOB_ANSWERED
+                   : SRV_JOB_DROPPED);
+}
+
+/* A job that would finish past its deadline even if it started now: 504 at once, so that no
+ * worker time goes to a reply nobody can use. */
+static void sched_expire(void *arg)
+{
+    srv_job *job = arg;
+    char msg[200], origin[64];
+    int64_t now = eng_now_ns();
+    job->ops->deadline_origin(job, origin, sizeof origin);
+    snprintf(msg, sizeof msg,
+             "deadline exceeded while waiting for a worker: about %lld ms of work, %lld ms left "
+             "(%s)",
+             (long long)(job->sched.cost_ns / 1000000),
+             (long long)((job->sched.deadline_ns - now) / 1000000), origin);
+    leave(job, finish_waiting(job, SRV_REFUSE_DEADLINE, msg) ? SRV_JOB_ANSWERED : SRV_JOB_DROPPED);
+}
+
+static const srv_sched_ops job_sched_ops = {.start = sched_start, .expire = sched_expire};
+
+void srv__job_start(srv_job *job, int64_t now)
+{
+    srv_server *s = job->s;
+    srv_sched_entry *e = &job->sched;
+    e->ops = &job_sched_ops;
+    e->req = job;
+    e->cost_ns = srv__sched_cost(s->sched, e->route, e->bytes, NULL);
+    /* A step that may wait for its turn must not block the thread that starts it. */
+    if (job->ticket.session || job->ticket.sequence)
+        e->may_run_here = false;
+    atomic_store(&job->state, SRV_JOB_QUEUED);
+    atomic_fetch_add(&s->queued, 1);
+    srv__sched_enqueue(s->sched, e, now);
+}
