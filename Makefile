@@ -37,7 +37,7 @@ LDFLAGS_ALL += -fsanitize=$(SAN)
 endif
 LIBS := -lmicrohttpd -lnghttp2 -lgnutls -lprotobuf-c -ljansson -lopenblas -lz -lm
 
-ENGINE_SRC := $(wildcard engine/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/*/*.c)
 API_SRC := $(wildcard api/*.c api/*/*.c)
 SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 SUPPORT_SRC := $(wildcard tests/support/*.c)
@@ -503,7 +503,7 @@ fuzz: deps-test
 
 # ---- Style --------------------------------------------------------------------------------
 
-FORMAT_FILES = $(wildcard engine/*.[ch] api/*.[ch] api/*/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch] tests/api/*/*.[ch] \
+FORMAT_FILES = $(wildcard engine/*.[ch] engine/*/*.[ch] api/*.[ch] api/*/*.[ch] server/*.[ch] server/assets/*.c tests/*/*.[ch] tests/api/*/*.[ch] \
                             tests/bench/harness/*.[ch])
 
 format:

@@ -7,8 +7,8 @@
  * message naming the offending field. Semantics: docs/semantics.md.
  *
  * The engine owns its hot kernels: the block products and projections run on attnd's own
- * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels.h), chosen per
- * process from cpuid and xgetbv, whatever CPU OpenBLAS's tables know. OpenBLAS remains as the
+ * packed GEMM micro-kernels (AVX-512F, AVX2+FMA or portable C, engine/kernels/kernels.h), chosen
+ * per process from cpuid and xgetbv, whatever CPU OpenBLAS's tables know. OpenBLAS remains as the
  * `openblas` kernel set: fallback, test reference and benchmark baseline. What a process may
  * choose (the kernel set, the bf16 path) it passes as values to eng_init; the engine reads no
  * environment.

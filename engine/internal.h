@@ -78,7 +78,7 @@ const eng__vec_ops *eng__vec_variant(const char *name);
  * that callers which build the operands first can fail before doing that work. */
 eng_status eng__sdpa_validate(const eng_sdpa_args *args, eng_error *err);
 
-/* K and V read through a block table (the paged KV cache, engine/kvcache.c) instead of the
+/* K and V read through a block table (the paged KV cache, engine/layers/kvcache.c) instead of the
  * views args->k and args->v, which then give the shape only ([1, Hkv, S, D] and [1, Hkv, S,
  * Dv]; their data is never read). Block t holds tokens [t T, t T + T), T = block_tokens:
  * K as [Hkv][T][D], then V as [Hkv][T][Dv], elements of `dtype` (F32, BF16 or F16). */

@@ -1,5 +1,5 @@
 /*
- * test_amx.c - the specification of the AMX bf16 path (engine/amx.h): the packing of B into
+ * test_amx.c - the specification of the AMX bf16 path (engine/kernels/amx.h): the packing of B into
  * tile rows, the 32 x 32 blocks over 2 x 2 tiles with tails in every dimension, and TDPBF16PS
  * as Intel's SDM describes it (two fp32 partial sums per element over a tile's 16 pairs, FMA
  * rounded to nearest even, denormal inputs read as zero, denormal results flushed to zero).
@@ -9,7 +9,7 @@
  * bf16-rounded inputs. The hardware tiles run only where the CPU and the OS grant them, and
  * must then give the emulation's bits; elsewhere a skip line names what is missing.
  */
-#include "engine/amx.h"
+#include "engine/kernels/amx.h"
 #include "tests/support/check.h"
 #include "tests/support/rng.h"
 #include "tests/support/util.h"

@@ -1,5 +1,5 @@
-/* test_half.c - engine/half.c: float16 and bfloat16 conversions, exact where they must be and
- * rounded to nearest even where they narrow. GCC's _Float16 (libgcc's soft conversion) is the
+/* test_half.c - engine/kernels/half.c: float16 and bfloat16 conversions, exact where they must be
+ * and rounded to nearest even where they narrow. GCC's _Float16 (libgcc's soft conversion) is the
  * independent reference for float16 rounding. */
 #include <math.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * test_kernels.c - the specification of the engine's own kernels (engine/kernels.h): every
+ * test_kernels.c - the specification of the engine's own kernels (engine/kernels/kernels.h): every
  * kernel set this CPU supports computes the same products as a float64 reference, on ragged
  * sizes and unaligned strides, and every vector exponential agrees with the scalar one on the
  * edge cases the softmax relies on. A set this CPU lacks is skipped with a line naming it.
@@ -8,8 +8,8 @@
  * accumulation of K terms, each rounded once, plus the final scaling): a dropped or doubled
  * term of magnitude ~1/4 would exceed it by far.
  */
-#include "engine/kernels.h"
-#include "engine/tile_avx512.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/tile_avx512.h"
 #include "tests/support/check.h"
 #include "tests/support/util.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_mha_decode.c - the specification of few-row products (engine/kernels.h, eng__gemv),
+ * test_mha_decode.c - the specification of few-row products (engine/kernels/kernels.h, eng__gemv),
  * which eng_mha's projections take for products of few rows (a decode step, a speculative
  * verification, a short prompt), reading fp32 and 16-bit weights where they lie.
  *
@@ -18,7 +18,7 @@
  * a 16-bit layer bit for bit what an fp32 layer of the same values gives; and a one-token call
  * gives the bits of the set's few-row kernel, which shows the path is the one taken.
  */
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 #include "tests/support/check.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/util.h"

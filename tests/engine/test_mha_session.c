@@ -341,9 +341,9 @@ static eng_layer *bf16_layer_new(const eng_layer *fp32, eng_layer **twin)
 }
 
 /* Steps of 1, 2, 7 and 16 tokens (a decode step, speculative verifications, a short chunk) take
- * the few-row products (engine/kernels.h, eng__gemv), and the prefill the blocked ones: every
- * step within STEP_RTOL of the full layer, and a layer of bf16 weights, which reads them in 16
- * bits, gives the bits of its fp32 twin at every step. */
+ * the few-row products (engine/kernels/kernels.h, eng__gemv), and the prefill the blocked ones:
+ * every step within STEP_RTOL of the full layer, and a layer of bf16 weights, which reads them in
+ * 16 bits, gives the bits of its fp32 twin at every step. */
 static void test_few_row_steps_of_a_16bit_layer_give_its_fp32_twins_bits(void)
 {
     enum { P = 21, STEPS = 5 };

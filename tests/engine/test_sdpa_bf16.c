@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 #include "tests/support/check.h"
 #include "tests/support/ref.h"
 #include "tests/support/util.h"

@@ -1,5 +1,5 @@
 /*
- * fuzz_safetensors.c - libFuzzer harness for the safetensors reader (engine/safetensors.c).
+ * fuzz_safetensors.c - libFuzzer harness for the safetensors reader (engine/layers/safetensors.c).
  *
  * Any bytes go in as a whole file; the reader must answer with a layer or an error, never
  * crash, hang, leak or read out of bounds. Run by `make fuzz` (long) and `make test` (smoke).

@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/amx.h"
-#include "engine/kernels.h"
-#include "engine/tile_avx512.h"
-#include "engine/vmath.h"
+#include "engine/kernels/amx.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/tile_avx512.h"
+#include "engine/kernels/vmath.h"
 
 /* XCR0 bits: SSE and AVX state (1, 2), then the AVX-512 opmask and zmm state (5, 6, 7). */
 #define XCR0_AVX    0x6u

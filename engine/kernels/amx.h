@@ -19,8 +19,8 @@
  * two tiles of 16 pair rows x 16 columns (tmm6-7): one step is a 32 x 32 block of C over 32
  * depths, four TDPBF16PS. Depth is zero-padded to a multiple of 32, rows and columns to 32.
  */
-#ifndef ATTND_ENGINE_AMX_H
-#define ATTND_ENGINE_AMX_H
+#ifndef ATTND_ENGINE_KERNELS_AMX_H
+#define ATTND_ENGINE_KERNELS_AMX_H
 
 #include "engine/internal.h"
 

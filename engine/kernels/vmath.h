@@ -3,8 +3,8 @@
  * the exponential's constants, the key groups of the decoding kernels, and each file's table.
  * Only those files and kernels.c (which picks one table per kernel set) include it.
  */
-#ifndef ATTND_ENGINE_VMATH_H
-#define ATTND_ENGINE_VMATH_H
+#ifndef ATTND_ENGINE_KERNELS_VMATH_H
+#define ATTND_ENGINE_KERNELS_VMATH_H
 
 #include "engine/internal.h"
 

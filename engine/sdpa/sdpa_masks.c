@@ -4,7 +4,7 @@
  */
 #include <math.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* Keys [lo, hi) that query row i of batch b may see by position and length (masks and padding
  * come on top), within the batch's keys: a window that starts past them leaves lo = hi = their

@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #define AVX2   __attribute__((target("avx2,fma,f16c")))
 #define INLINE AVX2 static inline __attribute__((always_inline))

@@ -14,8 +14,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "engine/kernels.h"
-#include "engine/tile_avx512.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/tile_avx512.h"
 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 

@@ -1,5 +1,5 @@
 /*
- * sdpa_internal.h - what the files of scaled dot-product attention share, and nothing else of
+ * plan.h - what the files of scaled dot-product attention share, and nothing else of
  * engine/ includes.
  *
  * One call: sdpa.c checks the arguments, sdpa_plan.c makes a plan once (the path, the products,
@@ -11,13 +11,13 @@
  * the rows instead (sdpa_stream.c). Weights are a second pass over the same blocks
  * (sdpa_weights.c). The functions here carry the eng__sdpa_ prefix.
  */
-#ifndef ATTND_ENGINE_SDPA_INTERNAL_H
-#define ATTND_ENGINE_SDPA_INTERNAL_H
+#ifndef ATTND_ENGINE_SDPA_PLAN_H
+#define ATTND_ENGINE_SDPA_PLAN_H
 
 #include <stdatomic.h>
 
-#include "engine/amx.h"
-#include "engine/kernels.h"
+#include "engine/kernels/amx.h"
+#include "engine/kernels/kernels.h"
 
 /* How the products run: streaming raw K and V rows through the vector kernels (few query rows
  * in all), register tiles over packed panels, or cblas_sgemm (the openblas set). */

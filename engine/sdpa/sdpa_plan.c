@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 #define BR_MAX            256 /* query rows per task */
 #define BR_MIN            16  /* smallest block worth a GEMM when shrinking for parallelism */

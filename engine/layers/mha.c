@@ -14,9 +14,9 @@
  * L1 sets: the attention would pack V instead of reading it in place, and pack K from rows
  * that evict each other.
  *
- * A decoder layer (eng_layer_decoder, engine/decoder.c) has q H D wide (D its own head size),
- * normalises and turns the q and k rows of each projection task while they are staged, brings
- * its scale, softcap and window to the attention, and its sinks rescale each head's output
+ * A decoder layer (eng_layer_decoder, engine/layers/decoder.c) has q H D wide (D its own head
+ * size), normalises and turns the q and k rows of each projection task while they are staged,
+ * brings its scale, softcap and window to the attention, and its sinks rescale each head's output
  * rows from the attention's log-sum-exp before the output projection.
  *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
@@ -38,8 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/amx.h"
-#include "engine/kernels.h"
+#include "engine/kernels/amx.h"
+#include "engine/kernels/kernels.h"
 
 /* Tokens per projection task, at most (512 rows: E=512 layer ratio 0.87-0.89 causal, 128
  * rows: 0.83-0.86, when each task packed its weight itself). */

@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/amx.h"
+#include "engine/kernels/amx.h"
 
 #define TILES      8
 #define TILE_ROWS  16
@@ -154,4 +154,4 @@ static void emu_dpbf16ps(int tc, int ta, int tb)
 #define TILE_DPBF16PS(c, a, b)      emu_dpbf16ps(c, a, b)
 #define AMX_FN(name)                eng__amx_##name##_emu
 
-#include "engine/amx_body.h"
+#include "engine/kernels/amx_body.h"

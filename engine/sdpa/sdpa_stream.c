@@ -6,7 +6,7 @@
  * lone row over a paged bf16 cache takes the pair kernels, which multiply bf16 rows without
  * widening them.
  */
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 const float *eng__sdpa_stream_query(const plan *p, const q_rows *q, const float *s)
 {

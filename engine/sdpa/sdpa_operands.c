@@ -6,7 +6,7 @@
  */
 #include <string.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* Where the K and V rows of key j0 of (b, kv head hk) are, and their row strides (elements of
  * the source's type); from a paged cache the rows run on to the end of j0's cache block. */

@@ -4,7 +4,7 @@
  * each row's final maximum m and sum l (not exp(s - lse): lse rounded to float loses log(l)
  * next to scores of 1e9).
  */
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* The score block of rows q x the keys of kb with everything applied, as the attention
  * computed it (with bf16: from the task's rounded Q rows), row stride kb->cols. */

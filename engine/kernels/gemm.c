@@ -14,7 +14,7 @@
 #include <cblas.h>
 #include <string.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 static int64_t round_up(int64_t x, int64_t m)
 {

@@ -10,7 +10,7 @@
  */
 #include <immintrin.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #define AVX2 __attribute__((target("avx2,fma")))
 

@@ -1,13 +1,13 @@
 /*
  * sdpa.c - scaled dot-product attention: the entry points, the argument checks, and the tasks
- * that run a plan (sdpa_plan.c) on the pool. sdpa_internal.h tells how the parts fit.
+ * that run a plan (sdpa_plan.c) on the pool. plan.h tells how the parts fit.
  *
  * A task computes a block of query rows of one (batch, head), or of every head of a kv group
  * when query rows are few (decoding), against the keys they can see (sdpa_flash.c). When tasks
  * are few but keys many, the keys are split into chunks computed in parallel and merged by
  * their log-sum-exp. Weights are a second pass (sdpa_weights.c). K and V come from the
  * caller's views (eng_sdpa) or the block table of a paged KV cache (eng__sdpa_paged, for
- * engine/kvcache.c).
+ * engine/layers/kvcache.c).
  */
 #include <float.h>
 #include <limits.h>
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* Positions and window bounds stay far from INT64_MAX so that p_i + right + 1 cannot wrap. */
 #define POSITION_LIMIT (INT64_C(1) << 60)

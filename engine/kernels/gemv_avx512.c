@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #define AVX512 __attribute__((target("avx512f")))
 #define INLINE AVX512 static inline __attribute__((always_inline))

@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 int64_t eng__bf16_panel_stride(int64_t nr, int64_t k)
 {

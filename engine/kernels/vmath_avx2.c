@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/vmath.h"
+#include "engine/kernels/vmath.h"
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------ */
 

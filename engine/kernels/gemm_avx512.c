@@ -7,8 +7,8 @@
  * spare, and 24 + 2 + 1 registers fit in the 32 zmm. Loads are 2 + 12 per 24 FMAs (the
  * broadcasts fold into the FMAs), within the two load ports. Ragged edges use masked stores.
  *
- * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa_products.c): S = Q K^T
- * over two K^T panels at once, and O += P V over two V panels or over V's rows where they lie
+ * The wide tile (6 x 64) serves the flash loop's two products (engine/sdpa/sdpa_products.c): S = Q
+ * K^T over two K^T panels at once, and O += P V over two V panels or over V's rows where they lie
  * (wide_rows: any row stride, masked loads that stop at column n), whole key range in one
  * depth; and the GEMM driver (gemm.c) runs every other product of the set on it, over pairs of
  * panels. One broadcast of A then feeds four FMAs instead of two, so a step loads 4 + 6 per 24
@@ -20,8 +20,8 @@
  */
 #include <immintrin.h>
 
-#include "engine/kernels.h"
-#include "engine/tile_avx512.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/tile_avx512.h"
 
 #define AVX512 __attribute__((target("avx512f")))
 

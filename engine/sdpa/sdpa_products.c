@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* How far a block's maximum may exceed a row's reference maximum before the row is rebased:
  * exp(s - m) then stays below e^8, far from float's range, and rebases are rare. */

@@ -9,7 +9,7 @@
  */
 #include <immintrin.h>
 
-#include "engine/amx.h"
+#include "engine/kernels/amx.h"
 
 #define AMX_HW __attribute__((target("amx-tile,amx-bf16")))
 
@@ -29,4 +29,4 @@
 #define TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_FN(name)           AMX_HW eng__amx_##name##_hw
 
-#include "engine/amx_body.h"
+#include "engine/kernels/amx_body.h"

@@ -8,7 +8,7 @@
  */
 #include <string.h>
 
-#include "engine/kernels.h"
+#include "engine/kernels/kernels.h"
 
 enum {
     LANES = 8,     /* partial sums per output */

@@ -10,8 +10,8 @@
  * Only they and kernels.c include it; the functions carry the avx512f target, so that they inline
  * into kernels compiled for AVX-512F (or a superset) in a binary built for any x86-64.
  */
-#ifndef ATTND_ENGINE_TILE_AVX512_H
-#define ATTND_ENGINE_TILE_AVX512_H
+#ifndef ATTND_ENGINE_KERNELS_TILE_AVX512_H
+#define ATTND_ENGINE_KERNELS_TILE_AVX512_H
 
 #include <immintrin.h>
 #include <stdint.h>

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/vmath.h"
+#include "engine/kernels/vmath.h"
 
 /* ---- Scalar ---------------------------------------------------------------------------------- */
 

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/sdpa_internal.h"
+#include "engine/sdpa/plan.h"
 
 /* A panel's accumulators: output rows o, row maxima m and sums l. */
 typedef struct {
