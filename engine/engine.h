@@ -663,6 +663,28 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_e
  * (the append's blocks are the cache pool's: eng_kv_seq_append_bytes). */
 size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
 
+/* One member of a batched call (eng_mha_batch): its own pass, control block and error. */
+typedef struct {
+    const eng_mha_args *args; /* its layer must be the batch's */
+    eng_ctl *ctl;             /* its deadline and cancel flag; may be NULL */
+    eng_error *err;           /* may be NULL */
+    eng_status status;        /* written: what eng_mha(pool, args, ctl, err) would return */
+} eng_mha_member;
+
+/* Runs `count` passes of one layer as one call (dynamic batching): each projection is one
+ * product over the rows of every member (the weights read once), positions, RoPE and KV-cache
+ * appends are per member, the attentions run in parallel across members and heads, then one
+ * output projection. Every member computes what eng_mha computes for it alone: the same
+ * checks and errors, and the same bits when its products take the same path (few-row products,
+ * whose bits do not depend on the rows beside them, while all the batch's rows are few; else
+ * within float rounding). A member that fails its checks, is cancelled or passes its deadline,
+ * or whose cache cannot grow fails alone with its status, its sequence left as it was; the
+ * others go on. `members` of distinct kv_cache sequences (or none); every args->layer the same.
+ * It allocates at most the sum of its members' eng_mha_scratch_bytes, so that what each
+ * member reserved alone covers the batch. Returns ENG_OK when every member succeeded, else the
+ * first failing member's status. */
+eng_status eng_mha_batch(eng_pool *pool, eng_mha_member *members, int count);
+
 /* ---- KV-cache sessions -------------------------------------------------------------------- */
 
 /* Paged KV caches for incremental decoding (docs/sessions.md). A pool holds fixed-size blocks of
