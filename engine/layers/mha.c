@@ -66,34 +66,44 @@
 /* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
 typedef enum { DECODER_NONE = 0, DECODER_QUERY, DECODER_KEY } decoder_rows;
 
-/* One projection y = x W^T + b over B batches of `rows` tokens, optionally rotated. */
+/* A run of a projection's rows that share their source, destination and positions: one batch
+ * of one pass. A job's rows are its parts' rows one after another, so that the passes of a
+ * batched call (eng_mha_batch) share one product, each weight read once for all of them. */
 typedef struct {
-    const float *in;
-    int64_t in_bstride, in_ld; /* row t of batch b is in + b*in_bstride + t*in_ld */
-    const float *w;            /* [out_f, in_f] */
-    const float *bias;         /* [out_f] or NULL */
-    int64_t out_f, in_f;
+    const eng_mha_args *a; /* the pass: its RoPE style and base */
+    const float *in;       /* `rows` rows of the job's in_f floats, one after another */
+    /* Plain jobs: rows of out_f floats one after another. Head-major: head g's head_dim
+     * columns of row t at out + g*out_hstride + t*head_dim. */
     float *out;
-    int64_t out_bstride, out_ld;
-    /* 0: row t of batch b is out + b*out_bstride + t*out_ld. Else head-major: head g's
-     * head_dim columns of row t are at out + b*out_bstride + g*out_hstride + t*head_dim. */
     int64_t out_hstride;
     int64_t rows;
-    bool rope;
-    int64_t rope_heads, pos0;
+    int64_t first; /* the job's index of its first row (set by the job's caller) */
+    int64_t pos0;  /* the position of its first token (RoPE, a decoder layer's norms) */
+    bool rope;     /* RoPE turns these rows (eng_mha_args.positional) */
+} linear_part;
+
+/* One projection y = x W^T + b over the rows of its parts, optionally rotated. */
+typedef struct {
+    const float *w;    /* [out_f, in_f] */
+    const float *bias; /* [out_f] or NULL */
+    int64_t out_f, in_f;
+    bool head_major;
+    int64_t rope_heads;
     decoder_rows qk; /* a decoder layer's norm and RoPE on these rows */
+    const linear_part *parts;
+    int64_t nparts;
+    int64_t rows; /* the parts' rows, all together */
 } linear_job;
 
 typedef struct {
-    const eng_mha_args *a;
+    const eng_layer *layer;
     const eng__kernels *ks; /* read once per call */
     atomic_bool no_scratch; /* some task could not get its packing space */
     linear_job jobs[3];
     int njobs;
-    int64_t B, chunks; /* chunks per batch of the longest job */
+    int64_t chunks; /* chunks of the longest job */
     int64_t chunk_rows;
     int64_t head_dim;
-    float rope_base;
     bool bf16; /* weights rounded to bf16 as they are packed (the inputs come rounded) */
     /* Job i's weight in 16 bits instead of jobs[i].w (a layer's w16_*), or NULL. */
     const uint16_t *w16[3];
@@ -108,7 +118,7 @@ typedef struct {
     uint16_t *amx_packed[3];
     int64_t pack_parts; /* packing tasks per job */
     /* Few-row products (run_few_rows): the set's variant, output features per task, each
-     * job's tasks, and each head-major job's product rows [B, rows, out_f] before they are
+     * job's tasks, and each head-major job's product rows [rows, out_f] before they are
      * turned and scattered into heads (else NULL: the rows are written in place). */
     eng__gemv_fn gemv;
     int64_t few_features;
@@ -150,37 +160,39 @@ static size_t pack_floats(const eng__kernels *ks, bool amx, const linear_job *j)
 }
 
 /* Floats of per-thread scratch a task of `rows` rows of job j needs, in this order: the GEMM's
- * packing, the widened rows of a 16-bit weight (not on AMX tiles, which read its bits), and
- * the staged product of a head-major job. */
+ * packing, the widened rows of a 16-bit weight (not on AMX tiles, which read its bits), the
+ * staged product of a head-major job or of rows of several parts, and those rows' input
+ * gathered into one block (`spans`). */
 static size_t task_floats(const eng__kernels *ks, bool amx, const linear_job *j, bool w16,
-                          int64_t rows)
+                          int64_t rows, bool spans)
 {
     size_t floats = pack_floats(ks, amx, j);
     if (w16 && !amx)
         floats = align16(floats) + widen_floats(j->out_f, j->in_f);
-    if (j->out_hstride)
+    if (j->head_major || spans)
         floats = align16(floats) + (size_t)(rows * j->out_f);
+    if (spans)
+        floats = align16(floats) + (size_t)(rows * j->in_f);
     return floats;
 }
 
-/* The rows one task of a job multiplies: n rows of `in` (row stride the job's in_ld) into
- * `out` (row stride ld), added to beta times what `out` holds. */
+/* The rows one task of a job multiplies: n rows of `in` (row stride the job's in_f) into
+ * `out` (row stride its out_f), added to beta times what `out` holds. */
 typedef struct {
     const float *in;
     int64_t n;
     float *out;
-    int64_t ld;
     float beta;
 } task_rows;
 
-/* out[n x out_f] (row stride ld) = in W^T + beta out for job i, on the weight packed once, or
+/* out[n x out_f] = in W^T + beta out for job i, on the weight packed once, or
  * packing it into `pack`, or WIDEN_ROWS output features at a time: a 16-bit weight widened
  * into `wide`, and any weight on the openblas set. */
 static void multiply(const linear_batch *lb, int i, const task_rows *r, float *pack, float *wide)
 {
     const linear_job *j = &lb->jobs[i];
     const float *in = r->in;
-    const int64_t n = r->n, ld = r->ld;
+    const int64_t n = r->n, ld = j->out_f;
     const float beta = r->beta;
     float *out = r->out;
     if (lb->amx_packed[i]) {
@@ -190,7 +202,7 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
                            .alpha = 1.0f,
                            .beta = beta,
                            .a = in,
-                           .lda = j->in_ld,
+                           .lda = j->in_f,
                            .b = lb->amx_packed[i],
                            .c = out,
                            .ldc = ld};
@@ -203,7 +215,7 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
                    .alpha = 1.0f,
                    .beta = beta,
                    .a = in,
-                   .lda = j->in_ld,
+                   .lda = j->in_f,
                    .b = j->w,
                    .ldb = j->in_f,
                    .b_trans = true,
@@ -236,47 +248,72 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
     }
 }
 
-/* Rows t0.. of a head-major job's batch b from the n staged rows (row stride out_f). */
-static void scatter_heads(const linear_batch *lb, const linear_job *j, const float *stage,
-                          int64_t n, int64_t b, int64_t t0)
+/* The part of job j that holds row r of the job. */
+static const linear_part *part_at(const linear_job *j, int64_t r)
 {
-    const int64_t D = lb->head_dim;
+    int64_t lo = 0, hi = j->nparts - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (j->parts[mid].first <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return &j->parts[lo];
+}
+
+/* What follows the product of n rows of part p from its row t0 on, staged at `rows` (row
+ * stride out_f): RoPE and a decoder layer's norms at their positions, then a head-major job's
+ * scatter into heads or a plain job's copy into the part's rows. */
+static void finish_part(const linear_batch *lb, const linear_job *j, const linear_part *p,
+                        float *rows, int64_t n, int64_t t0)
+{
+    const int64_t D = lb->head_dim, ld = j->out_f;
+    if (p->rope)
+        eng_rope_apply(rows, n, ld, j->rope_heads, D, p->pos0 + t0,
+                       p->a->rope_base > 0.0f ? p->a->rope_base : 10000.0f, p->a->rope_style);
+    if (j->qk)
+        eng__decoder_project(lb->layer, j->qk == DECODER_QUERY, rows, n, ld, p->pos0 + t0);
+    if (!j->head_major) {
+        memcpy(p->out + t0 * ld, rows, (size_t)(n * ld) * sizeof(float));
+        return;
+    }
     for (int64_t g = 0; g < j->out_f / D; g++) {
-        float *dst = j->out + b * j->out_bstride + g * j->out_hstride + t0 * D;
+        float *dst = p->out + g * p->out_hstride + t0 * D;
         for (int64_t t = 0; t < n; t++)
-            memcpy(dst + t * D, stage + t * j->out_f + g * D, (size_t)D * sizeof(float));
+            memcpy(dst + t * D, rows + t * ld + g * D, (size_t)D * sizeof(float));
     }
 }
 
-/* What follows the product of a job's rows t0 .. t0 + n - 1 of batch b (at `out`, row stride
- * ld): RoPE, a decoder layer's norms, and a head-major job's scatter into heads. */
-static void finish_rows(const linear_batch *lb, const linear_job *j, float *out, int64_t n,
-                        int64_t ld, int64_t b, int64_t t0)
+/* Rows [r0, r0 + n) of job j, staged at `rows`, finished part by part. */
+static void finish_rows(const linear_batch *lb, const linear_job *j, float *rows, int64_t r0,
+                        int64_t n)
 {
-    if (j->rope)
-        eng_rope_apply(out, n, ld, j->rope_heads, lb->head_dim, j->pos0 + t0, lb->rope_base,
-                       lb->a->rope_style);
-    if (j->qk)
-        eng__decoder_project(lb->a->layer, j->qk == DECODER_QUERY, out, n, ld, j->pos0 + t0);
-    if (j->out_hstride)
-        scatter_heads(lb, j, out, n, b, t0);
+    for (int64_t r = r0; r < r0 + n;) {
+        const linear_part *p = part_at(j, r);
+        int64_t t0 = r - p->first, m = p->rows - t0 < r0 + n - r ? p->rows - t0 : r0 + n - r;
+        finish_part(lb, j, p, rows + (r - r0) * j->out_f, m, t0);
+        r += m;
+    }
 }
 
+/* One chunk of a job's rows. Rows of one part are read where they lie, and a plain job's
+ * written there; rows of several parts are gathered into one block of the task's scratch and
+ * their product staged, so that the chunk is one product whatever passes its rows belong to. */
 static void linear_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
-    int64_t c = index % lb->chunks;
-    index /= lb->chunks;
-    int64_t b = index % lb->B;
-    const int i = (int)(index / lb->B);
+    const int i = (int)(index / lb->chunks);
     const linear_job *j = &lb->jobs[i];
-    int64_t t0 = c * lb->chunk_rows;
-    if (t0 >= j->rows)
+    const int64_t r0 = index % lb->chunks * lb->chunk_rows;
+    if (r0 >= j->rows)
         return; /* a shorter job than the longest */
-    int64_t n = j->rows - t0 < lb->chunk_rows ? j->rows - t0 : lb->chunk_rows;
+    const int64_t n = j->rows - r0 < lb->chunk_rows ? j->rows - r0 : lb->chunk_rows;
+    const linear_part *p = part_at(j, r0);
+    const bool spans = r0 + n > p->first + p->rows, staged = j->head_major || spans;
     const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx;
-    float *pack = eng__scratch(task_floats(lb->ks, amx, j, w16, n) * sizeof(float));
-    if (!pack && (lb->ks->tile || w16 || j->out_hstride)) {
+    float *pack = eng__scratch(task_floats(lb->ks, amx, j, w16, n, spans) * sizeof(float));
+    if (!pack && (lb->ks->tile || w16 || staged)) {
         atomic_store(&lb->no_scratch, true);
         return;
     }
@@ -285,27 +322,38 @@ static void linear_task(void *arg, int64_t index)
     float *wide = w16 ? next : NULL;
     if (w16)
         next += align16(widen_floats(j->out_f, j->in_f));
-    /* Head-major rows are staged (row stride out_f), the others written in place. */
-    float *out = j->out_hstride ? next : j->out + b * j->out_bstride + t0 * j->out_ld;
-    int64_t ld = j->out_hstride ? j->out_f : j->out_ld;
+    float *out = staged ? next : p->out + (r0 - p->first) * j->out_f;
+    const float *in = p->in + (r0 - p->first) * j->in_f;
+    if (spans) {
+        float *gathered = next + align16((size_t)(n * j->out_f));
+        for (int64_t r = r0; r < r0 + n;) {
+            const linear_part *q = part_at(j, r);
+            int64_t t0 = r - q->first, m = q->rows - t0 < r0 + n - r ? q->rows - t0 : r0 + n - r;
+            memcpy(gathered + (r - r0) * j->in_f, q->in + t0 * j->in_f,
+                   (size_t)(m * j->in_f) * sizeof(float));
+            r += m;
+        }
+        in = gathered;
+    }
     /* The bias goes in first and the product is added to it (beta = 1): one pass over the
      * output instead of zeroing it (beta = 0) and a second pass adding the bias. */
     float beta = 0.0f;
     if (j->bias) {
         for (int64_t t = 0; t < n; t++)
-            memcpy(out + t * ld, j->bias, (size_t)j->out_f * sizeof(float));
+            memcpy(out + t * j->out_f, j->bias, (size_t)j->out_f * sizeof(float));
         beta = 1.0f;
     }
-    task_rows rows = {j->in + b * j->in_bstride + t0 * j->in_ld, n, out, ld, beta};
+    task_rows rows = {in, n, out, beta};
     multiply(lb, i, &rows, pack, wide);
-    finish_rows(lb, j, out, n, ld, b, t0);
+    if (staged)
+        finish_rows(lb, j, out, r0, n);
 }
 
 /* Whether job i's weight is packed once before its tasks run: an fp32 weight that several
  * tasks multiply, on a set with micro-kernels. */
 static bool packs_once(const linear_batch *lb, int i)
 {
-    return lb->ks->tile && !lb->w16[i] && lb->chunks * lb->B > 1 && lb->amx == ENG__AMX_OFF;
+    return lb->ks->tile && !lb->w16[i] && lb->chunks > 1 && lb->amx == ENG__AMX_OFF;
 }
 
 /* Bytes of job i's weight packed into AMX tile rows. */
@@ -392,7 +440,7 @@ static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer,
 
 /* ---- Few rows ------------------------------------------------------------------------------ */
 
-/* Output features [f0, f0 + few_features) of one job for all its rows of every batch. */
+/* Output features [f0, f0 + few_features) of one job for all its rows, of every part. */
 static void few_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
@@ -404,13 +452,15 @@ static void few_task(void *arg, int64_t index)
     const float *x[FEW_ROWS];
     float *y[FEW_ROWS];
     int rows = 0;
-    for (int64_t b = 0; b < lb->B; b++)
-        for (int64_t t = 0; t < j->rows; t++, rows++) {
-            x[rows] = j->in + b * j->in_bstride + t * j->in_ld;
-            y[rows] = (lb->stage[i] ? lb->stage[i] + (b * j->rows + t) * j->out_f
-                                    : j->out + b * j->out_bstride + t * j->out_ld) +
-                      f0;
+    for (int64_t k = 0; k < j->nparts; k++) {
+        const linear_part *p = &j->parts[k];
+        for (int64_t t = 0; t < p->rows; t++, rows++) {
+            x[rows] = p->in + t * j->in_f;
+            y[rows] =
+                (lb->stage[i] ? lb->stage[i] + (p->first + t) * j->out_f : p->out + t * j->out_f) +
+                f0;
         }
+    }
     eng__gemv g = {.x = x,
                    .y = y,
                    .rows = rows,
@@ -425,39 +475,39 @@ static void few_task(void *arg, int64_t index)
     lb->gemv(&g);
 }
 
-/* Whether a job's rows need work after their product (RoPE, norms, the head scatter). */
+/* Whether a job's rows need work after their product (RoPE, norms, the head scatter): the
+ * rows of head-major jobs, the only ones turned or normalised, which few_task staged. */
 static bool needs_finish(const linear_job *j)
 {
-    return j->rows > 0 && (j->rope || j->qk || j->out_hstride);
+    return j->rows > 0 && j->head_major;
 }
 
-/* finish_rows over all rows of batch b of one job, once every feature of them is there. */
+/* finish_part over all rows of one part, once every feature of them is there. */
 static void few_finish_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
-    const int i = (int)(index / lb->B);
-    const int64_t b = index % lb->B;
+    int i = 0;
+    while (index >= lb->jobs[i].nparts)
+        index -= lb->jobs[i++].nparts;
     const linear_job *j = &lb->jobs[i];
-    if (!needs_finish(j))
-        return;
-    if (lb->stage[i])
-        finish_rows(lb, j, lb->stage[i] + b * j->rows * j->out_f, j->rows, j->out_f, b, 0);
-    else
-        finish_rows(lb, j, j->out + b * j->out_bstride, j->rows, j->out_ld, b, 0);
+    const linear_part *p = &j->parts[index];
+    if (needs_finish(j))
+        finish_part(lb, j, p, lb->stage[i] + p->first * j->out_f, p->rows, 0);
 }
 
 /* The jobs' products on eng__gemv, split by output features over the pool, then their rows
- * finished per job and batch. Nothing is packed: the weights are read once, where they lie. */
+ * finished per part. Nothing is packed: the weights are read once, where they lie. */
 static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 {
-    int64_t features = 0, tasks = 0, threads = eng_pool_threads(pool);
+    int64_t features = 0, tasks = 0, parts = 0, threads = eng_pool_threads(pool);
     size_t staged = 0; /* at most FEW_ROWS rows of each job: check_mha sized bigger buffers */
     bool finish = false;
     for (int i = 0; i < lb->njobs; i++) {
         const linear_job *j = &lb->jobs[i];
         features += j->rows > 0 ? j->out_f : 0;
-        staged += j->out_hstride ? (size_t)(lb->B * j->rows * j->out_f) : 0;
+        staged += j->head_major ? (size_t)(j->rows * j->out_f) : 0;
         finish = finish || needs_finish(j);
+        parts += j->nparts;
     }
     int64_t per = features / (threads * FEW_TASKS_PER_THREAD);
     lb->few_features = per > FEW_FEATURES_MIN
@@ -474,13 +524,13 @@ static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     float *next = stage;
     for (int i = 0; i < lb->njobs; i++) {
         const linear_job *j = &lb->jobs[i];
-        lb->stage[i] = j->out_hstride ? next : NULL;
-        next += j->out_hstride ? lb->B * j->rows * j->out_f : 0;
+        lb->stage[i] = j->head_major ? next : NULL;
+        next += j->head_major ? j->rows * j->out_f : 0;
     }
     lb->gemv = eng__gemv_of(lb->ks);
     eng_status st = eng_pool_run(pool, few_task, lb, tasks, ctl);
     if (st == ENG_OK && finish)
-        st = eng_pool_run(pool, few_finish_task, lb, lb->njobs * lb->B, ctl);
+        st = eng_pool_run(pool, few_finish_task, lb, parts, ctl);
     eng_buf_free(stage);
     return st;
 }
@@ -496,12 +546,11 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     if (most == 0)
         return ENG_OK;
     lb->ks = eng__kernels_current();
-    if (most <= FEW_ROWS / lb->B)
+    if (most <= FEW_ROWS)
         return run_few_rows(pool, lb, ctl);
     int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    int64_t per_chunk = lb->njobs * lb->B;
-    if (chunks * per_chunk < threads)
-        chunks = (threads + per_chunk - 1) / per_chunk;
+    if (chunks * lb->njobs < threads)
+        chunks = (threads + lb->njobs - 1) / lb->njobs;
     if (chunks > most)
         chunks = most;
     lb->chunk_rows = (most + chunks - 1) / chunks;
@@ -511,11 +560,10 @@ static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     float *packed = NULL;
     eng_status st = pack_weights(pool, lb, &packed, ctl);
     if (st == ENG_OK)
-        st = eng_pool_run(pool, linear_task, lb, lb->njobs * lb->B * lb->chunks, ctl);
+        st = eng_pool_run(pool, linear_task, lb, lb->njobs * lb->chunks, ctl);
     eng_buf_free(packed);
     return st == ENG_OK && atomic_load(&lb->no_scratch) ? ENG_ENOMEM : st;
 }
-
 /* ---- Shapes and checks -------------------------------------------------------------------- */
 
 typedef struct {
@@ -809,9 +857,10 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
         eng_sdpa_args s = sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
         attention = eng_sdpa_scratch_bytes(&s, threads);
     }
-    /* Projection tasks pack a weight block, widen 16-bit weight rows and stage head-major
-     * products in per-thread scratch (the workers and the caller): at most this much for the
-     * widest projection over a whole chunk. */
+    /* Projection tasks pack a weight block, widen 16-bit weight rows, stage head-major
+     * products and gather the rows of a chunk that spans batches (or the passes of a batched
+     * call: this pass's share of such a chunk is at most its own rows) in per-thread scratch
+     * (the workers and the caller): at most this much for the widest projection. */
     const eng__kernels *ks = eng__kernels_current();
     const bool amx = sh.bf16 && eng__amx_active() != ENG__AMX_OFF;
     int64_t in_most = sh.E > a->layer->kdim ? sh.E : a->layer->kdim;
@@ -819,10 +868,10 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     in_most = in_most > sh.Q ? in_most : sh.Q;
     int64_t out_most = sh.E > sh.Q ? sh.E : sh.Q;
     int64_t rows_most = sh.L > sh.S_in ? sh.L : sh.S_in;
-    const linear_job widest = {.out_f = out_most, .in_f = in_most, .out_hstride = 1};
-    size_t pack = task_floats(ks, amx, &widest, a->layer->params16 != NULL,
-                              rows_most < CHUNK_ROWS ? rows_most : CHUNK_ROWS) *
-                  sizeof(float);
+    const linear_job widest = {.out_f = out_most, .in_f = in_most, .head_major = true};
+    int64_t chunk_most = sh.B * rows_most < CHUNK_ROWS ? sh.B * rows_most : CHUNK_ROWS;
+    size_t pack =
+        task_floats(ks, amx, &widest, a->layer->params16 != NULL, chunk_most, true) * sizeof(float);
     /* Few-row products stage the input projections' rows instead of packing (run_few_rows). */
     if (rows_most <= FEW_ROWS / sh.B)
         pack += (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float);
@@ -903,186 +952,455 @@ static void append_keys(const eng_mha_args *a, const mha_shape *sh, float *kv)
         }
 }
 
-static eng_status project_inputs(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
-                                 const mha_inputs *x, const mha_buffers *buf, eng_ctl *ctl)
+/* ---- Passes ------------------------------------------------------------------------------- */
+
+/* One pass of a call (a member of eng_mha_batch; eng_mha is a batch of one): its arguments,
+ * shape and buffers, and how it stands. A pass fails alone: once `live` is false its member's
+ * status and error say why, and nothing more is done for it. */
+typedef struct {
+    eng_mha_member *m;
+    const eng_mha_args *a;
+    mha_shape sh;
+    float *q, *kv, *o, *copies, *lse;
+    mha_inputs x;
+    bool live;
+    bool appended; /* its tokens are in its cache: a failure now truncates them away */
+} mha_pass;
+
+/* Ends a pass with `st`, its error already written, and takes back what it appended. */
+static void pass_fail(mha_pass *p, eng_status st)
 {
+    p->m->status = st;
+    p->live = false;
+    if (p->appended) /* cannot fail: the length before the step is at most the length now */
+        eng_kv_seq_truncate(p->sh.cache, p->sh.cached, NULL);
+    p->appended = false;
+}
+
+/* Ends a pass stopped between or inside its stages: cancelled, past its deadline, or without
+ * the memory of a product. */
+static void pass_stop(mha_pass *p, eng_status st)
+{
+    eng__fail(p->m->err, st, "", "attention stopped: %s", eng_status_str(st));
+    pass_fail(p, st);
+}
+
+/* Stops a live pass whose control block says so; true when it goes on. */
+static bool pass_goes_on(mha_pass *p)
+{
+    eng_status st;
+    if (p->live && (st = eng_ctl_check(p->m->ctl)) != ENG_OK)
+        pass_stop(p, st);
+    return p->live;
+}
+
+/* Everything eng_mha checks before doing any work: the arguments, then the attention's options
+ * (over a cache, as eng_kv_step will, with K and V the size the cache will have), so that no
+ * projection is spent on a pass the attention would refuse. */
+static eng_status check_pass(const eng_mha_args *a, mha_shape *sh, eng_error *err)
+{
+    eng_status st;
+    if (!a)
+        return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
+    if ((st = check_mha(a, sh, err)) != ENG_OK)
+        return st;
+    float placeholder;
+    eng_sdpa_args probe = sh->cache
+                              ? cache_sdpa_args(a, sh, &placeholder, &placeholder, &placeholder)
+                              : sdpa_args(a, sh, &placeholder, &placeholder, &placeholder);
+    return eng__sdpa_validate(&probe, err);
+}
+
+/* check_pass, then what a batch adds: one layer for every pass (`layer`, the first member's),
+ * and no sequence stepped by two of them. */
+static eng_status check_member(const eng_mha_member *members, int i, const eng_layer *layer,
+                               mha_shape *sh)
+{
+    const eng_mha_args *a = members[i].args;
+    eng_error *err = members[i].err;
+    eng_status st = check_pass(a, sh, err);
+    if (st != ENG_OK)
+        return st;
+    if (a->layer != layer)
+        return eng__fail(err, ENG_EINVAL, "layer",
+                         "the passes of a batch run one layer: member %d runs '%s', the batch "
+                         "'%s'",
+                         i, a->layer->name, layer->name);
+    for (int k = 0; a->kv_cache && k < i; k++)
+        if (members[k].args && members[k].args->kv_cache == a->kv_cache)
+            return eng__fail(err, ENG_EINVAL, "kv_cache",
+                             "members %d and %d of a batch step the same sequence: each pass "
+                             "appends to its own",
+                             k, i);
+    return ENG_OK;
+}
+
+/* The pass's request-sized buffers (eng_buf's cache spares them the page faults of fresh
+ * memory), and its inputs: x, key_in and value_in where they lie, or copies with the
+ * sinusoidal encoding added or rounded to bf16. */
+static eng_status pass_prepare(eng_pool *pool, mha_pass *p)
+{
+    const mha_shape *sh = &p->sh;
+    const eng_mha_args *a = p->a;
+    p->q = eng_buf_alloc(sh->q_floats * sizeof(float));
+    p->kv = eng_buf_alloc(sh->kv_floats * sizeof(float));
+    p->o = eng_buf_alloc(sh->o_floats * sizeof(float));
+    p->copies = sh->copy_floats ? eng_buf_alloc(sh->copy_floats * sizeof(float)) : NULL;
+    p->lse = sh->lse_floats ? eng_buf_alloc(sh->lse_floats * sizeof(float)) : NULL;
+    if (!p->q || !p->kv || !p->o || (sh->copy_floats && !p->copies) || (sh->lse_floats && !p->lse))
+        return ENG_ENOMEM;
+    p->x = (mha_inputs){a->x, sh->self ? a->x : a->key_in, sh->self ? a->x : a->value_in};
+    if (!p->copies)
+        return ENG_OK;
     const eng_layer *ly = a->layer;
-    const int64_t D = sh->D, kv_head = sh->kv_rows * D;
-    bool rope = a->positional == ENG_POSITIONAL_ROPE;
-    linear_batch lb = {.a = a,
+    eng_ctl *ctl = p->m->ctl;
+    float *next = p->copies;
+    eng_status st = copy_input(pool, sh, a->x, next, sh->L, sh->E, sh->q_offset, ctl);
+    p->x.q = next;
+    next += sh->x_floats;
+    if (sh->self && (!sh->sinusoid || sh->q_offset == sh->k_offset)) {
+        p->x.k = p->x.v = p->x.q; /* the same tokens at the same positions */
+        return st;
+    }
+    bool shared = p->x.k == p->x.v;
+    if (st == ENG_OK)
+        st = copy_input(pool, sh, p->x.k, next, sh->S_in, ly->kdim, sh->k_offset, ctl);
+    p->x.k = next;
+    next += sh->B * sh->S_in * ly->kdim;
+    if (shared) {
+        p->x.v = p->x.k;
+    } else {
+        if (st == ENG_OK)
+            st = copy_input(pool, sh, p->x.v, next, sh->S_in, ly->vdim, sh->k_offset, ctl);
+        p->x.v = next;
+    }
+    return st;
+}
+
+static void pass_release(mha_pass *p)
+{
+    eng_buf_free(p->q);
+    eng_buf_free(p->kv);
+    eng_buf_free(p->o);
+    eng_buf_free(p->copies);
+    eng_buf_free(p->lse);
+}
+
+/* The live passes that compute in bf16 (`bf16`) or not: a product rounds its weights one way
+ * or the other, so each precision is a product of its own. */
+static bool in_group(const mha_pass *p, bool bf16)
+{
+    return p->live && p->sh.bf16 == bf16;
+}
+
+/* The control block a product of one group takes: the pass's own when it is the only one, so
+ * that a lone pass stops inside its product as eng_mha always did; a product shared by several
+ * runs to its end, and each checks its own between the stages. */
+static eng_ctl *group_ctl(mha_pass *ps, int count, bool bf16, int *live)
+{
+    eng_ctl *ctl = NULL;
+    *live = 0;
+    for (int i = 0; i < count; i++)
+        if (in_group(&ps[i], bf16)) {
+            ctl = ps[i].m->ctl;
+            ++*live;
+        }
+    return *live == 1 ? ctl : NULL;
+}
+
+/* Ends the group's passes after its product: those the product failed, and those their control
+ * blocks stop. */
+static void group_after(mha_pass *ps, int count, bool bf16, eng_status st)
+{
+    for (int i = 0; i < count; i++) {
+        if (!in_group(&ps[i], bf16))
+            continue;
+        if (st != ENG_OK)
+            pass_stop(&ps[i], st);
+        else
+            pass_goes_on(&ps[i]);
+    }
+}
+
+/* The q, k and v projections of one group: each one product over the rows of every pass (each
+ * batch of each a part), RoPE and a decoder layer's norms at each pass's own positions, every
+ * head's rows scattered into that pass's buffers. */
+static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
+{
+    int live;
+    eng_ctl *ctl = group_ctl(ps, count, bf16, &live);
+    if (live == 0)
+        return;
+    int64_t nparts = 0;
+    for (int i = 0; i < count; i++)
+        nparts += in_group(&ps[i], bf16) ? ps[i].sh.B : 0;
+    linear_part *parts = malloc((size_t)(3 * nparts) * sizeof *parts);
+    if (!parts) {
+        group_after(ps, count, bf16, ENG_ENOMEM);
+        return;
+    }
+    linear_part *qp = parts, *kp = parts + nparts, *vp = parts + 2 * nparts;
+    int64_t n = 0, qrows = 0, krows = 0;
+    const mha_shape *sh = NULL;
+    for (int i = 0; i < count; i++) {
+        if (!in_group(&ps[i], bf16))
+            continue;
+        const mha_pass *p = &ps[i];
+        const eng_mha_args *a = p->a;
+        sh = &p->sh;
+        const int64_t D = sh->D, kv_head = sh->kv_rows * D;
+        const bool rope = a->positional == ENG_POSITIONAL_ROPE;
+        for (int64_t b = 0; b < sh->B; b++, n++) {
+            float *k = p->kv + b * sh->Hkv * kv_head;
+            qp[n] = (linear_part){a,
+                                  p->x.q + b * sh->L * sh->E,
+                                  p->q + b * sh->L * sh->Q,
+                                  sh->L * D,
+                                  sh->L,
+                                  qrows,
+                                  sh->q_offset,
+                                  rope};
+            kp[n] = (linear_part){a,
+                                  p->x.k + b * sh->S_in * a->layer->kdim,
+                                  k,
+                                  kv_head,
+                                  sh->S_in,
+                                  krows,
+                                  sh->k_offset,
+                                  rope};
+            vp[n] = (linear_part){a,
+                                  p->x.v + b * sh->S_in * a->layer->vdim,
+                                  value_rows(sh, p->kv) + b * sh->Hkv * kv_head,
+                                  kv_head,
+                                  sh->S_in,
+                                  krows,
+                                  sh->k_offset,
+                                  false};
+            qrows += sh->L;
+            krows += sh->S_in;
+        }
+    }
+    const eng_layer *ly = ps[0].a->layer;
+    linear_batch lb = {.layer = ly,
                        .njobs = 3,
-                       .B = sh->B,
-                       .head_dim = D,
-                       .rope_base = a->rope_base > 0.0f ? a->rope_base : 10000.0f,
-                       .bf16 = sh->bf16,
+                       .head_dim = sh->D,
+                       .bf16 = bf16,
                        .w16 = {ly->w16_q, ly->w16_k, ly->w16_v},
                        .w16_dtype = ly->w16_dtype};
-    lb.jobs[0] = (linear_job){.in = x->q,
-                              .in_bstride = sh->L * sh->E,
-                              .in_ld = sh->E,
-                              .w = ly->w_q,
+    lb.jobs[0] = (linear_job){.w = ly->w_q,
                               .bias = ly->b_q,
                               .out_f = sh->Q,
                               .in_f = sh->E,
-                              .out = buf->q,
-                              .out_bstride = sh->L * sh->Q,
-                              .out_hstride = sh->L * D,
-                              .rows = sh->L,
-                              .rope = rope,
+                              .head_major = true,
                               .rope_heads = sh->H,
-                              .pos0 = sh->q_offset,
-                              .qk = ly->decoder ? DECODER_QUERY : DECODER_NONE};
-    lb.jobs[1] = (linear_job){.in = x->k,
-                              .in_bstride = sh->S_in * ly->kdim,
-                              .in_ld = ly->kdim,
-                              .w = ly->w_k,
+                              .qk = ly->decoder ? DECODER_QUERY : DECODER_NONE,
+                              .parts = qp,
+                              .nparts = n,
+                              .rows = qrows};
+    lb.jobs[1] = (linear_job){.w = ly->w_k,
                               .bias = ly->b_k,
                               .out_f = sh->W,
                               .in_f = ly->kdim,
-                              .out = buf->kv,
-                              .out_bstride = sh->Hkv * kv_head,
-                              .out_hstride = kv_head,
-                              .rows = sh->S_in,
-                              .rope = rope,
+                              .head_major = true,
                               .rope_heads = sh->Hkv,
-                              .pos0 = sh->k_offset,
-                              .qk = ly->decoder ? DECODER_KEY : DECODER_NONE};
-    lb.jobs[2] = (linear_job){.in = x->v,
-                              .in_bstride = sh->S_in * ly->vdim,
-                              .in_ld = ly->vdim,
-                              .w = ly->w_v,
+                              .qk = ly->decoder ? DECODER_KEY : DECODER_NONE,
+                              .parts = kp,
+                              .nparts = n,
+                              .rows = krows};
+    lb.jobs[2] = (linear_job){.w = ly->w_v,
                               .bias = ly->b_v,
                               .out_f = sh->W,
                               .in_f = ly->vdim,
-                              .out = value_rows(sh, buf->kv),
-                              .out_bstride = sh->Hkv * kv_head,
-                              .out_hstride = kv_head,
-                              .rows = sh->S_in};
-    return run_linear(pool, &lb, ctl);
+                              .head_major = true,
+                              .parts = vp,
+                              .nparts = n,
+                              .rows = krows};
+    eng_status st = run_linear(pool, &lb, ctl);
+    free(parts);
+    group_after(ps, count, bf16, st);
 }
 
-static eng_status project_output(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
-                                 const float *o, eng_ctl *ctl)
+/* The output projection of one group: one product over every pass's attention output, each
+ * pass's rows written to its own `out`. */
+static void project_output(eng_pool *pool, mha_pass *ps, int count, bool bf16)
 {
-    const eng_layer *ly = a->layer;
-    linear_batch lb = {.a = a,
+    int live;
+    eng_ctl *ctl = group_ctl(ps, count, bf16, &live);
+    if (live == 0)
+        return;
+    linear_part *parts = malloc((size_t)live * sizeof *parts);
+    if (!parts) {
+        group_after(ps, count, bf16, ENG_ENOMEM);
+        return;
+    }
+    int64_t n = 0, rows = 0;
+    const mha_shape *sh = NULL;
+    for (int i = 0; i < count; i++) {
+        if (!in_group(&ps[i], bf16))
+            continue;
+        sh = &ps[i].sh;
+        parts[n++] = (linear_part){
+            .a = ps[i].a, .in = ps[i].o, .out = ps[i].a->out, .rows = sh->B * sh->L, .first = rows};
+        rows += sh->B * sh->L;
+    }
+    const eng_layer *ly = ps[0].a->layer;
+    linear_batch lb = {.layer = ly,
                        .njobs = 1,
-                       .B = sh->B,
                        .head_dim = sh->D,
-                       .bf16 = sh->bf16,
+                       .bf16 = bf16,
                        .w16 = {ly->w16_o},
                        .w16_dtype = ly->w16_dtype};
-    lb.jobs[0] = (linear_job){.in = o,
-                              .in_bstride = sh->L * sh->Q,
-                              .in_ld = sh->Q,
-                              .w = ly->w_o,
+    lb.jobs[0] = (linear_job){.w = ly->w_o,
                               .bias = ly->b_o,
                               .out_f = sh->E,
                               .in_f = sh->Q,
-                              .out = a->out,
-                              .out_bstride = sh->L * sh->E,
-                              .out_ld = sh->E,
-                              .rows = sh->L};
-    return run_linear(pool, &lb, ctl);
+                              .parts = parts,
+                              .nparts = n,
+                              .rows = rows};
+    eng_status st = run_linear(pool, &lb, ctl);
+    free(parts);
+    for (int i = 0; i < count; i++)
+        if (st != ENG_OK && in_group(&ps[i], bf16))
+            pass_stop(&ps[i], st);
 }
 
 /* Appends the new tokens' K and V rows (each head's L rows of the K and V buffers) to the
  * cache and attends the queries over all of it. */
-static eng_status cache_step(eng_pool *pool, const eng_mha_args *a, const mha_shape *sh,
-                             const mha_buffers *buf, eng_ctl *ctl, eng_error *err)
+static eng_status cache_step(eng_pool *pool, const mha_pass *p)
 {
-    eng_view kview = eng_view_contiguous(buf->kv, 1, sh->Hkv, sh->L, sh->D);
-    eng_view vview = eng_view_contiguous(value_rows(sh, buf->kv), 1, sh->Hkv, sh->L, sh->D);
+    const mha_shape *sh = &p->sh;
+    eng_view kview = eng_view_contiguous(p->kv, 1, sh->Hkv, sh->L, sh->D);
+    eng_view vview = eng_view_contiguous(value_rows(sh, p->kv), 1, sh->Hkv, sh->L, sh->D);
     eng_kv_rows k = eng_kv_rows_f32(kview), v = eng_kv_rows_f32(vview);
-    eng_sdpa_args s = cache_sdpa_args(a, sh, buf->q, buf->o, NULL);
-    s.lse = buf->lse;
-    return eng_kv_step(pool, sh->cache, &k, &v, &s, ctl, err);
+    eng_sdpa_args s = cache_sdpa_args(p->a, sh, p->q, p->o, NULL);
+    s.lse = p->lse;
+    return eng_kv_step(pool, sh->cache, &k, &v, &s, p->m->ctl, p->m->err);
+}
+
+/* One pass's attention, then what its output takes before the output projection: the sinks'
+ * share, and the rounding to bf16 of the products' operand. */
+static void attend(eng_pool *pool, mha_pass *p)
+{
+    const mha_shape *sh = &p->sh;
+    eng_status st;
+    if (sh->cache) {
+        st = cache_step(pool, p);
+        p->appended = st == ENG_OK; /* else eng_kv_step left the sequence as it was */
+    } else {
+        append_keys(p->a, sh, p->kv);
+        eng_sdpa_args s = sdpa_args(p->a, sh, p->q, p->kv, p->o);
+        s.lse = p->lse;
+        st = eng_sdpa(pool, &s, p->m->ctl, p->m->err);
+    }
+    if (st != ENG_OK) {
+        pass_fail(p, st); /* the attention wrote why */
+        return;
+    }
+    if (p->lse)
+        eng__decoder_sinks(p->a->layer, p->o, sh->B, sh->L, p->lse);
+    if (sh->bf16) /* the output projection's operand, as the products take them */
+        sh->ks->round_bf16(p->o, (int64_t)sh->o_floats);
+}
+
+typedef struct {
+    eng_pool *pool;
+    mha_pass **live;
+} attend_job;
+
+static void attend_task(void *arg, int64_t i)
+{
+    attend_job *j = arg;
+    attend(j->pool, j->live[i]);
+}
+
+/* The attentions of the live passes, in parallel: one task per pass, each fanning its heads
+ * (and a decode step's keys) out over the pool in turn, so that workers idle in one pass's
+ * attention help another's. Each stops on its own control block. */
+static void attend_all(eng_pool *pool, mha_pass *ps, int count, mha_pass **live)
+{
+    int64_t n = 0;
+    for (int i = 0; i < count; i++)
+        if (ps[i].live)
+            live[n++] = &ps[i];
+    if (n <= 1) {
+        if (n == 1)
+            attend(pool, live[0]);
+        return;
+    }
+    attend_job j = {pool, live};
+    eng_pool_run(pool, attend_task, &j, n, NULL); /* no control block: it runs every task */
+}
+
+/* Every stage of the call over its passes, each stage once for all of them. */
+static void run_passes(eng_pool *pool, mha_pass *ps, int count, mha_pass **live)
+{
+    for (int g = 0; g < 2; g++)
+        project_inputs(pool, ps, count, g == 1);
+    attend_all(pool, ps, count, live);
+    for (int i = 0; i < count; i++)
+        pass_goes_on(&ps[i]);
+    for (int g = 0; g < 2; g++)
+        project_output(pool, ps, count, g == 1);
+}
+
+eng_status eng_mha_batch(eng_pool *pool, eng_mha_member *members, int count)
+{
+    if (count <= 0 || !members)
+        return count == 0 ? ENG_OK : ENG_EINVAL;
+    /* One pass needs no allocation of its own: eng_mha is this call with one member. */
+    mha_pass one, *one_live;
+    mha_pass *ps = &one;
+    mha_pass **live = &one_live;
+    if (count > 1) {
+        ps = calloc((size_t)count, sizeof *ps + sizeof *live);
+        live = (mha_pass **)(void *)(ps + count);
+    }
+    if (!ps) {
+        for (int i = 0; i < count; i++)
+            members[i].status = eng__fail(members[i].err, ENG_ENOMEM, "",
+                                          "cannot allocate the batch of %d passes", count);
+        return ENG_ENOMEM;
+    }
+    const eng_layer *layer = NULL;
+    for (int i = 0; i < count && !layer; i++)
+        layer = members[i].args ? members[i].args->layer : NULL;
+    for (int i = 0; i < count; i++) {
+        mha_pass *p = &ps[i];
+        memset(p, 0, sizeof *p);
+        p->m = &members[i];
+        p->a = members[i].args;
+        p->live = true;
+        eng_status st = pool ? check_member(members, i, layer, &p->sh)
+                             : eng__fail(p->m->err, ENG_EINVAL, "", "no pool or no arguments");
+        if (st != ENG_OK) {
+            pass_fail(p, st);
+            continue;
+        }
+        if (!pass_goes_on(p))
+            continue;
+        if ((st = pass_prepare(pool, p)) == ENG_ENOMEM)
+            pass_fail(p, eng__fail(p->m->err, st, "", "cannot allocate the layer's buffers"));
+        else if (st != ENG_OK)
+            pass_stop(p, st);
+    }
+    run_passes(pool, ps, count, live);
+    eng_status first = ENG_OK;
+    for (int i = 0; i < count; i++) {
+        if (ps[i].live)
+            members[i].status = ENG_OK;
+        if (first == ENG_OK)
+            first = members[i].status;
+        pass_release(&ps[i]);
+    }
+    if (ps != &one)
+        free(ps);
+    return first;
 }
 
 eng_status eng_mha(eng_pool *pool, const eng_mha_args *a, eng_ctl *ctl, eng_error *err)
 {
-    mha_shape sh;
-    eng_status st;
     if (!pool || !a)
         return eng__fail(err, ENG_EINVAL, "", "no pool or no arguments");
-    if ((st = check_mha(a, &sh, err)) != ENG_OK)
-        return st;
-    /* Check the attention options before spending the projections on them (over a cache, as
-     * eng_kv_step will, with K and V the size the cache will have). */
-    float placeholder;
-    eng_sdpa_args probe = sh.cache
-                              ? cache_sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder)
-                              : sdpa_args(a, &sh, &placeholder, &placeholder, &placeholder);
-    if ((st = eng__sdpa_validate(&probe, err)) != ENG_OK)
-        return st;
-
-    /* Request-sized buffers: eng_buf's cache spares them the page faults of fresh memory. */
-    float *q = eng_buf_alloc(sh.q_floats * sizeof(float));
-    float *kv = eng_buf_alloc(sh.kv_floats * sizeof(float));
-    float *o = eng_buf_alloc(sh.o_floats * sizeof(float));
-    float *copies = sh.copy_floats ? eng_buf_alloc(sh.copy_floats * sizeof(float)) : NULL;
-    float *lse = sh.lse_floats ? eng_buf_alloc(sh.lse_floats * sizeof(float)) : NULL;
-    if (!q || !kv || !o || (sh.copy_floats && !copies) || (sh.lse_floats && !lse)) {
-        st = eng__fail(err, ENG_ENOMEM, "", "cannot allocate the layer's buffers");
-        goto done;
-    }
-    const float *xq = a->x, *xk = sh.self ? a->x : a->key_in, *xv = sh.self ? a->x : a->value_in;
-    if (copies) {
-        const eng_layer *ly = a->layer;
-        float *next = copies;
-        st = copy_input(pool, &sh, a->x, next, sh.L, sh.E, sh.q_offset, ctl);
-        xq = next;
-        next += sh.x_floats;
-        if (sh.self && (!sh.sinusoid || sh.q_offset == sh.k_offset)) {
-            xk = xv = xq; /* the same tokens at the same positions */
-        } else {
-            bool shared = xk == xv;
-            if (st == ENG_OK)
-                st = copy_input(pool, &sh, xk, next, sh.S_in, ly->kdim, sh.k_offset, ctl);
-            xk = next;
-            next += sh.B * sh.S_in * ly->kdim;
-            if (shared) {
-                xv = xk;
-            } else {
-                if (st == ENG_OK)
-                    st = copy_input(pool, &sh, xv, next, sh.S_in, ly->vdim, sh.k_offset, ctl);
-                xv = next;
-            }
-        }
-        if (st != ENG_OK)
-            goto stopped;
-    }
-    const mha_inputs x = {xq, xk, xv};
-    const mha_buffers buf = {q, kv, o, lse};
-    if ((st = project_inputs(pool, a, &sh, &x, &buf, ctl)) != ENG_OK)
-        goto stopped;
-    if (sh.cache) {
-        if ((st = cache_step(pool, a, &sh, &buf, ctl, err)) != ENG_OK)
-            goto done; /* eng_kv_step left the sequence as it was */
-    } else {
-        append_keys(a, &sh, kv);
-        eng_sdpa_args s = sdpa_args(a, &sh, q, kv, o);
-        s.lse = lse;
-        if ((st = eng_sdpa(pool, &s, ctl, err)) != ENG_OK)
-            goto done;
-    }
-    if (lse)
-        eng__decoder_sinks(a->layer, o, sh.B, sh.L, lse);
-    if (sh.bf16) /* the output projection's operand, as the products take them */
-        sh.ks->round_bf16(o, (int64_t)sh.o_floats);
-    if ((st = project_output(pool, a, &sh, o, ctl)) != ENG_OK) {
-        if (sh.cache) /* cannot fail: the length before the step is at most the length now */
-            eng_kv_seq_truncate(sh.cache, sh.cached, NULL);
-        goto stopped;
-    }
-    goto done;
-stopped:
-    eng__fail(err, st, "", "attention stopped: %s", eng_status_str(st));
-done:
-    eng_buf_free(q);
-    eng_buf_free(kv);
-    eng_buf_free(o);
-    eng_buf_free(copies);
-    eng_buf_free(lse);
-    return st;
+    eng_mha_member m = {.args = a, .ctl = ctl, .err = err};
+    return eng_mha_batch(pool, &m, 1);
 }
