@@ -532,6 +532,8 @@ typedef struct {
                          that the server can take the step's ticket at admission), when it is
                          one of 1 to 39 bytes without escapes; "" otherwise. Not checked: the
                          route answers for an id that names no session */
+    char model[64];   /* native: the top-level "model" string on the same terms (the layer a
+                         /v1/mha request names, for api_batch_key); "" otherwise */
     bool unread;      /* a gzip or deflate body that could not be inflated here (more than
                          API_PEEK_INFLATE_MAX bytes of it, a corrupt stream, or no memory for it
                          in the budget now): nothing above was read */
@@ -553,7 +555,7 @@ typedef struct {
  * and (v2) inference_header_length; nothing else. Fills all of *out; api_peek_free releases it.
  *
  * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
- * no priority) and "session" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
+ * no priority), "session" and "model" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
  * inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
  * (microseconds), the tighter of the two, Triton's "priority", and Triton's "sequence_id" (for
  * api_sequence_ticket_take), in one walk over the JSON before the binary tensor data.
@@ -561,7 +563,7 @@ typedef struct {
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
  * A value that is not an integer in the route's range reads as 0. Never an error: the route
  * validates the body and reports what is wrong. Cheap: a native body where no quote opens
- * "timeout" or "session" costs one memchr pass over its quotes, a v2 body without the text
+ * "timeout", "session" or "model" costs one memchr pass over its quotes, a v2 body without the text
  * "parameters" one memmem; otherwise one pass over the top level, which skips strings with
  * memchr. A gzip or deflate body is inflated first, at most API_PEEK_INFLATE_MAX bytes of it,
  * reserved through call->lease (when it has one); past that, or when it cannot be, out->unread
@@ -575,6 +577,38 @@ void api_peek_free(api_peek *p);
 /* The timeout_ms of api_peek_native and api_peek_v2 alone. */
 int64_t api_timeout_peek(const api_call *call);
 int64_t api_v2_timeout_peek(const api_call *call);
+
+/* ---- Dynamic batching --------------------------------------------------------------------- */
+
+/* The routes whose requests may run together: layer passes (POST /v1/mha, session steps
+ * included, and KServe v2 inference of a layer model) that name the same layer. */
+typedef enum {
+    API_BATCH_NONE = 0, /* runs alone */
+    API_BATCH_MHA,      /* api_mha */
+    API_BATCH_V2_INFER, /* api_v2_infer */
+} api_batch_route;
+
+/* One request of a batch: what api_mha or api_v2_infer would take and fill. */
+typedef struct {
+    api_batch_route route;
+    const api_call *call; /* with a lease, as the server's calls have */
+    api_reply *reply;
+} api_batch_member;
+
+/* The layer a waiting request of `route` runs, as a key that the requests which may share one
+ * engine call have in common: from call->model (v2), or the body's "model" or the model of its
+ * "session" (peek, api_peek_native). 0 when it cannot be known cheaply (no peek, an inline
+ * layer, an unknown name): the request then runs alone. Any thread (the server's I/O thread). */
+uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_peek *peek);
+
+/* Serves `n` requests as their routes would one by one, each with its own reply, status,
+ * deadline and errors, except that the layer passes of those that name the same layer run as
+ * one engine call (eng_mha_batch) of at most `max_rows` input rows, their projections' weights
+ * read once. A member that fails (its request, its deadline, its cancellation, its session)
+ * fails alone. A member with a Content-Encoding runs alone, as api_call_encoded runs it; the
+ * replies are compressed as api_call_encoded compresses them. Every member's route is
+ * API_BATCH_MHA or API_BATCH_V2_INFER. On an engine worker. */
+void api_call_batch(const api_batch_member *members, int n, int64_t max_rows);
 
 /* ---- KServe v2 over gRPC (inference.GRPCInferenceService) ---------------------------------- */
 

@@ -413,12 +413,13 @@ void srv__sched_begin(srv_sched *s, srv_sched_entry *e, int64_t now)
     pthread_mutex_unlock(&s->mu);
 }
 
-void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now)
+/* Gives e's slot back, having learned what `learn` says; false when it held none. */
+static bool release(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now)
 {
     pthread_mutex_lock(&s->mu);
     if (e->state != SRV_SCHED_STARTED) {
         pthread_mutex_unlock(&s->mu);
-        return;
+        return false;
     }
     area_update(s, now);
     learn_locked(s, e, learn, now);
@@ -430,7 +431,18 @@ void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, in
         s->running_long--;
     e->state = SRV_SCHED_OFF;
     pthread_mutex_unlock(&s->mu);
-    dispatch(s, now, NULL);
+    return true;
+}
+
+void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now)
+{
+    if (release(s, e, learn, now))
+        dispatch(s, now, NULL);
+}
+
+void srv__sched_release(srv_sched *s, srv_sched_entry *e, int64_t now)
+{
+    release(s, e, SRV_SCHED_LEARN_NOTHING, now);
 }
 
 void srv__sched_sent(srv_sched *s, const srv_sched_entry *e, int64_t send_ns)

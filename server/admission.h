@@ -137,6 +137,10 @@ typedef enum {
 /* A started request gave its slot back; starts what the slot allows. */
 void srv__sched_done(srv_sched *s, srv_sched_entry *e, srv_sched_learn learn, int64_t now);
 
+/* Gives started request `e`'s slot back, learning nothing and starting nothing: for its
+ * srv_sched_ops.start, whose caller goes on to start what the slot allows. */
+void srv__sched_release(srv_sched *s, srv_sched_entry *e, int64_t now);
+
 /* The reply of started request `e` was written to its client `send_ns` after its worker ended:
  * the time a reply of its size takes, which its deadline must leave room for too. */
 void srv__sched_sent(srv_sched *s, const srv_sched_entry *e, int64_t send_ns);

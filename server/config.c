@@ -102,6 +102,10 @@ static const srv_option options[] = {
      "a session's own \"ttl_s\" overrides it; 0: never", NULL},
     {"max-queue", "ATTND_MAX_QUEUE", OPT_INT, OFF(max_queue), 1, 1000000, "64", "N",
      "requests queued or running on the engine at once; beyond: 429 with Retry-After", NULL},
+    {"max-batch-rows", "ATTND_MAX_BATCH_ROWS", OPT_INT, OFF(max_batch_rows), 1, 65536, "64",
+     "N", "dynamic batching: layer passes of one model that wait while the engine is busy run "
+     "as one engine call (the weights read once) of at most N input rows; 1 runs every request "
+     "alone", NULL},
     {"priority-levels", "ATTND_PRIORITY_LEVELS", OPT_INT, OFF(priority_levels), 1, 255, "2",
      "N", "Triton's priority_levels: a v2 request with parameters.priority P in [1, N] waits "
      "ahead of every request with a larger P (1 is the most urgent), in arrival order within a "

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "server/admission.h"
 #include "server/auth.h"
+#include "server/batch.h"
 #include "server/metrics.h"
 #include "server/tls.h"
 #include "server/watch.h"
@@ -42,6 +43,8 @@ struct srv_server {
     api_budget *budget;
     eng_pool *pool;
     srv_sched *sched;       /* admitted requests until a worker starts them (admission.h) */
+    srv_batcher *batcher;   /* the lanes of jobs that may share engine calls; NULL: off */
+    int64_t max_batch_rows; /* --max-batch-rows: input rows of one engine call of a batch */
     api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
     struct MHD_Daemon *mhd;
     int quiesced_fd;              /* the listening socket the drain took back, or -1 */

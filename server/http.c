@@ -790,6 +790,18 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
     return req->lease.ctl.deadline_ns;
 }
 
+/* The layer a request of a batching route runs (api_batch_key), when batching is on: from the
+ * path's model (v2) or what the peek read (/v1/mha); 0 otherwise. */
+static uint64_t batch_key(const srv_server *s, const srv_req *req, const api_peek *peek)
+{
+    const srv_route_def *rd = srv__route_def(req->route);
+    if (!s->batcher || !rd || rd->batch == API_BATCH_NONE)
+        return 0;
+    api_call call = {
+        .models = s->models, .sessions = s->sessions, .model = srv__param(&req->params, "model")};
+    return api_batch_key(rd->batch, &call, peek);
+}
+
 /* The body is in: answer a refusal decided while it arrived, or admit the request (its deadline,
  * priority and place in a session's order read from the body into *peek) and queue it. */
 static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
@@ -804,8 +816,11 @@ static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
         return refuse_pending(req);
     deadline = request_deadline(s, req, peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
-    srv_job_where where = {
-        .route = req->route, .bytes = req->body.len, .level = req->priority, .may_run_here = true};
+    srv_job_where where = {.route = req->route,
+                           .bytes = req->body.len,
+                           .level = req->priority,
+                           .may_run_here = true,
+                           .batch_key = batch_key(s, req, peek)};
     if (!srv__job_admit(&req->job, &where, now, &no))
         return refuse_job(req, &no);
 

@@ -9,30 +9,57 @@
 #include "server/half_close.h"
 #include "server/request.h"
 
-static void work(srv_job *job)
+/* The api call of req's route (its body and headers, its lease, the server's limits, layers
+ * and sessions, and the path's parameters), counted as started in the route's statistics. */
+static void fill_call(srv_req *req, api_call *call)
+{
+    srv_server *s = req->srv;
+    memset(call, 0, sizeof *call);
+    call->body = req->body.data ? req->body.data : "";
+    call->body_len = req->body.len;
+    call->pool = s->pool;
+    call->lease = &req->lease;
+    call->limits = &s->limits;
+    call->models = s->models;
+    call->sessions = s->sessions;
+    call->session = srv__param(&req->params, "id");
+    call->model = srv__param(&req->params, "model");
+    call->version = srv__param(&req->params, "version");
+    call->body_unread = req->body_unread;
+    srv__req_call_headers(req, call);
+    const srv_route_def *rd = srv__route_def(req->route);
+    if (rd->stats)
+        rd->stats->started(&s->metrics, &req->stats);
+}
+
+/* What follows the call: a session step's metric, and the body's memory back. */
+static void called(srv_job *job)
 {
     srv_req *req = job->owner;
     srv_server *s = req->srv;
-    const srv_route_def *rd = srv__route_def(req->route);
-    api_call call;
-
-    memset(&call, 0, sizeof call);
-    call.body = req->body.data ? req->body.data : "";
-    call.body_len = req->body.len;
-    call.pool = s->pool;
-    call.lease = &req->lease;
-    call.limits = &s->limits;
-    call.models = s->models;
-    call.sessions = s->sessions;
-    call.session = srv__param(&req->params, "id");
-    call.body_unread = req->body_unread;
-    srv__req_call_headers(req, &call);
-    if (rd->stats)
-        rd->stats->started(&s->metrics, &req->stats);
-    rd->work(&req->params, &call, &req->reply);
     if (req->reply.session[0] && req->reply.status >= 200 && req->reply.status < 300)
         srv__metrics_session_step(&s->metrics, req->reply.compute_ns);
     srv__req_release_body(req);
+}
+
+static void work(srv_job *job)
+{
+    srv_req *req = job->owner;
+    api_call call;
+    fill_call(req, &call);
+    srv__route_def(req->route)->work(&req->params, &call, &req->reply);
+    called(job);
+}
+
+static bool batch_call(srv_job *job, api_batch_member *m)
+{
+    srv_req *req = job->owner;
+    const srv_route_def *rd = srv__route_def(req->route);
+    if (rd->batch == API_BATCH_NONE)
+        return false;
+    fill_call(req, &req->call);
+    *m = (api_batch_member){.route = rd->batch, .call = &req->call, .reply = &req->reply};
+    return true;
 }
 
 static void fail(srv_job *job, srv_outcome o, const char *msg)
@@ -61,8 +88,12 @@ static void deadline_origin(const srv_job *job, char *buf, size_t size)
     srv__req_deadline_origin(job->owner, buf, size);
 }
 
-const srv_job_ops srv__http_job_ops = {
-    .work = work, .fail = fail, .end = end, .deadline_origin = deadline_origin};
+const srv_job_ops srv__http_job_ops = {.work = work,
+                                       .fail = fail,
+                                       .end = end,
+                                       .deadline_origin = deadline_origin,
+                                       .batch_call = batch_call,
+                                       .batch_called = called};
 
 /* A SRV_ROUTE_SESSION request's session is its {id}; a SRV_ROUTE_BODY_SESSION one's the body's
  * "session"; a SRV_ROUTE_SEQUENCE one's place is its model's v2 sequence. */

@@ -6,7 +6,9 @@
 #include "server/job.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/metrics.h"
@@ -82,8 +84,9 @@ bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_j
     e->route = where->route;
     e->bytes = where->bytes;
     e->level = where->level;
-    e->may_run_here = where->may_run_here;
+    e->may_run_here = where->may_run_here && !where->batch_key;
     e->deadline_ns = deadline;
+    job->batch.key = where->batch_key;
     if (atomic_load(&s->drain_expired))
         return refuse(no, SRV_REFUSE_DRAINING, 0, "%s", SRV_DRAINING_MSG);
     if (deadline > 0 && now >= deadline) {
@@ -190,8 +193,9 @@ static srv_sched_learn learned(const api_reply *reply)
                                                 : SRV_SCHED_LEARN_NOTHING;
 }
 
-/* The work itself, unless the job was cancelled or its deadline passed while it waited. */
-static void work(srv_job *job)
+/* Whether the job may still run: false, with its reply filled, when it was cancelled or its
+ * deadline passed while it waited. */
+static bool still_wanted(srv_job *job)
 {
     char origin[64];
     srv_outcome why = (srv_outcome)atomic_load(&job->cancelled);
@@ -199,39 +203,47 @@ static void work(srv_job *job)
         fail(job, why == SRV_REFUSE_DRAINING ? why : SRV_REFUSE_CLIENT_GONE, "%s",
              why == SRV_REFUSE_DRAINING ? "the server is shutting down (--drain-timeout-s passed)"
                                         : "cancelled: the client went away");
-    } else if (job->lease->ctl.deadline_ns > 0 && job->run_ns >= job->lease->ctl.deadline_ns) {
+        return false;
+    }
+    if (job->lease->ctl.deadline_ns > 0 && job->run_ns >= job->lease->ctl.deadline_ns) {
         job->ops->deadline_origin(job, origin, sizeof origin);
         fail(job, SRV_REFUSE_DEADLINE, "deadline exceeded while waiting for a worker (%s)", origin);
-    } else {
-        job->ops->work(job);
+        return false;
     }
+    return true;
 }
 
-/* Runs a job on an engine worker. A step of a session or sequence first gives its scheduler
- * slot back (the step it waits for may still need one) and waits for its turn without holding
- * the worker: parked, it returns here and is resubmitted when the step before it ends. */
-static void job_run(void *arg, int64_t index)
+/* Whether it is the job's turn in its session's or sequence's order (or it has none); false
+ * when it is parked, to be resubmitted (job_resume) when the step before it ends. */
+static bool turn_now(srv_job *job)
 {
-    srv_job *job = arg;
+    if (!job->ticket.session && !job->ticket.sequence)
+        return true;
+    return api_session_turn(job->s->sessions, &job->ticket, job_resume, job);
+}
+
+/* The job is a worker's now: false when it was answered while it waited (then it is gone). */
+static bool begin_running(srv_job *job)
+{
     srv_server *s = job->s;
     int expected = SRV_JOB_QUEUED;
-    (void)index;
-
-    if (job->ticket.session || job->ticket.sequence) {
-        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
-        if (!api_session_turn(s->sessions, &job->ticket, job_resume, job))
-            return; /* parked: the job's reference goes with it */
-    }
     if (!atomic_compare_exchange_strong(&job->state, &expected, SRV_JOB_RUNNING)) {
         srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
-        leave(job, SRV_JOB_DROPPED); /* answered while it waited */
-        return;
+        leave(job, SRV_JOB_DROPPED);
+        return false;
     }
     atomic_fetch_sub(&s->queued, 1);
     atomic_fetch_add(&s->running, 1);
     job->run_ns = eng_now_ns();
     srv__sched_begin(s->sched, &job->sched, job->run_ns);
-    work(job);
+    return true;
+}
+
+/* The job's reply is final: the next step of its order may run, what it taught, and back to
+ * its edge. */
+static void finish_running(srv_job *job)
+{
+    srv_server *s = job->s;
     api_session_turn_end(s->sessions, &job->ticket); /* the next step may run */
     if (atomic_load(&job->cancelled) == SRV_REFUSE_DRAINING && job->reply->status != 200) {
         int64_t decode = job->reply->decode_ns, compute = job->reply->compute_ns;
@@ -240,12 +252,69 @@ static void job_run(void *arg, int64_t index)
         job->reply->compute_ns = compute;
     }
     job->done_ns = eng_now_ns();
-    srv__metrics_work(&s->metrics, job->done_ns - job->run_ns,
+    srv__metrics_work(&s->metrics,
+                      (job->done_ns - job->run_ns) / (job->sharing > 1 ? job->sharing : 1),
                       job->reply->reason == API_REASON_DEADLINE);
     srv__sched_done(s->sched, &job->sched, learned(job->reply), job->done_ns);
     atomic_store(&job->state, SRV_JOB_FINISHED);
     atomic_fetch_sub(&s->running, 1);
     leave(job, SRV_JOB_ANSWERED);
+}
+
+/* Runs a job on an engine worker. A step of a session or sequence first gives its scheduler
+ * slot back (the step it waits for may still need one) and waits for its turn without holding
+ * the worker; a resumed one that may share an engine call goes to its lane. */
+static void job_run(void *arg, int64_t index)
+{
+    srv_job *job = arg;
+    srv_server *s = job->s;
+    (void)index;
+    if (job->ticket.session || job->ticket.sequence)
+        srv__sched_done(s->sched, &job->sched, SRV_SCHED_LEARN_NOTHING, eng_now_ns());
+    if (!turn_now(job))
+        return; /* parked: the job's reference goes with it */
+    if (job->batch.key && s->batcher &&
+        srv__batcher_add(s->batcher, &job->batch, job->pool_priority))
+        return;
+    if (!begin_running(job))
+        return;
+    if (still_wanted(job))
+        job->ops->work(job);
+    finish_running(job);
+}
+
+/* A group of one lane (batch.h): the jobs still wanted run as one api_call_batch; one whose
+ * edge cannot batch runs alone. */
+void srv__job_run_group(void *ctx, srv_batch_item **items, int n)
+{
+    srv_server *s = ctx;
+    srv_job **in = calloc((size_t)n, sizeof *in);
+    api_batch_member *m = calloc((size_t)n, sizeof *m);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        srv_job *job = (srv_job *)((char *)items[i] - offsetof(srv_job, batch));
+        if (!begin_running(job))
+            continue;
+        if (!still_wanted(job)) {
+            finish_running(job);
+        } else if (in && m && job->ops->batch_call && job->ops->batch_call(job, &m[k])) {
+            in[k++] = job;
+        } else {
+            job->ops->work(job);
+            finish_running(job);
+        }
+    }
+    if (k > 0) {
+        srv__metrics_batch(&s->metrics, k);
+        api_call_batch(m, k, s->max_batch_rows);
+    }
+    for (int j = 0; j < k; j++) {
+        in[j]->sharing = k;
+        in[j]->ops->batch_called(in[j]);
+        finish_running(in[j]);
+    }
+    free(in);
+    free(m);
 }
 
 /* ---- The scheduler's operations ----------------------------------------------------------- */
@@ -255,6 +324,14 @@ static void sched_start(void *arg, uint32_t pool_priority, srv_sched_where where
     srv_job *job = arg;
     srv_server *s = job->s;
     job->pool_priority = pool_priority;
+    /* A job that may share an engine call waits in its layer's lane (batch.h), not in the pool's
+     * queue, and without a slot: its batch is what started meanwhile, which a slot each would
+     * have kept waiting. The scheduler goes on to start the next. */
+    if (job->batch.key && s->batcher) {
+        srv__sched_release(s->sched, &job->sched, eng_now_ns());
+        if (!turn_now(job) || srv__batcher_add(s->batcher, &job->batch, pool_priority))
+            return;
+    }
     if (where == SRV_SCHED_HERE) {
         job_run(job, 0);
         return;

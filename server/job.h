@@ -31,6 +31,7 @@
 #include <stdatomic.h>
 
 #include "server/admission.h"
+#include "server/batch.h"
 #include "server/daemon.h"
 #include "server/outcome.h"
 
@@ -59,16 +60,23 @@ typedef struct {
     void (*end)(srv_job *job, srv_job_end how);
     /* What set the job's deadline, for a 504's message ("--request-timeout-ms 60000"). */
     void (*deadline_origin)(const srv_job *job, char *buf, size_t size);
+    /* For a job admitted with a batch key, on a worker: fills *m with the call work would make
+     * and returns true, and the job runs in a batch (api_call_batch), after which batch_called
+     * does what work does after its call; false: it runs alone, with work. NULL: never. */
+    bool (*batch_call)(srv_job *job, api_batch_member *m);
+    void (*batch_called)(srv_job *job);
 } srv_job_ops;
 
 /* Where a job waits: its row in the cost model and its priority level. */
 typedef struct {
-    int route;         /* the cost model's key: an srv_route, or SRV_JOB_ROUTE_GRPC */
-    uint64_t bytes;    /* its request's size */
-    uint32_t level;    /* 1 is most urgent (srv__job_level) */
-    bool may_run_here; /* the thread that starts it may run it (SRV_SCHED_HERE): false for a
-                          step that may wait for its turn, and for an edge whose thread must
-                          not block */
+    int route;          /* the cost model's key: an srv_route, or SRV_JOB_ROUTE_GRPC */
+    uint64_t bytes;     /* its request's size */
+    uint32_t level;     /* 1 is most urgent (srv__job_level) */
+    bool may_run_here;  /* the thread that starts it may run it (SRV_SCHED_HERE): false for a
+                           step that may wait for its turn, and for an edge whose thread must
+                           not block */
+    uint64_t batch_key; /* api_batch_key: jobs with the same nonzero key may run as one batch
+                           (--max-batch-rows); 0: alone */
 } srv_job_where;
 
 /* The answer to a request refused for the drain: KV-cache sessions live in this process, so they
@@ -107,6 +115,8 @@ struct srv_job {
     api_session_ticket ticket;          /* its place in a session's or sequence's order */
     uint32_t pool_priority;             /* the one the scheduler started it at */
     srv_sched_entry sched;              /* its place with the scheduler */
+    srv_batch_item batch;               /* its place in its layer's lane; key 0: runs alone */
+    int sharing;                        /* the jobs of its batch, which share its worker time */
     int64_t submit_ns, run_ns, done_ns; /* admitted, began on a worker, reply final */
 };
 
@@ -130,6 +140,10 @@ bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_j
 
 /* Takes the job's place in the order `order` names, if any (edge's thread, after admission). */
 void srv__job_take_turn(srv_job *job, const srv_job_order *order);
+
+/* Runs a group of jobs that waited in one lane of s->batcher (batch.h's srv_batch_fn, ctx the
+ * server). */
+void srv__job_run_group(void *ctx, srv_batch_item **items, int n);
 
 /* Hands an admitted job to the scheduler, which starts it when a worker is free (perhaps on this
  * thread, before this returns, when `where` allowed it). */

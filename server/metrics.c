@@ -157,6 +157,12 @@ void srv__metrics_work(srv_metrics *m, int64_t ns, bool deadline_missed)
         atomic_fetch_add_explicit(&m->wasted_ns, v, memory_order_relaxed);
 }
 
+void srv__metrics_batch(srv_metrics *m, int n)
+{
+    atomic_fetch_add_explicit(&m->batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->batched, (uint64_t)n, memory_order_relaxed);
+}
+
 _Static_assert(SRV_GRPC_METHODS == API_GRPC_HEALTH_CHECK + 1, "a counter per gRPC method");
 
 void srv__metrics_grpc(srv_metrics *m, int method, int grpc_code, int64_t total_ns,
@@ -278,6 +284,13 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
            "(past their deadline): work nobody could use.");
     api_buf_printf(b, "attnd_wasted_compute_seconds_total %.6f\n",
                    (double)load(&m->wasted_ns) / 1e9);
+    family(b, "attnd_batches_total", "counter",
+           "Groups of layer passes that waited for the same layer and ran together "
+           "(--max-batch-rows); a group of one is an idle engine's request.");
+    api_buf_printf(b, "attnd_batches_total %llu\n", (unsigned long long)load(&m->batches));
+    family(b, "attnd_batched_requests_total", "counter",
+           "Requests that ran in those groups: over attnd_batches_total, the mean batch size.");
+    api_buf_printf(b, "attnd_batched_requests_total %llu\n", (unsigned long long)load(&m->batched));
 }
 
 /* ---- Triton's per-model families (KServe v2 routes) ---------------------------------------- */

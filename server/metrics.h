@@ -76,6 +76,7 @@ typedef struct {
     atomic_uint_fast64_t bytes_in, bytes_out;
     atomic_uint_fast64_t slow_clients, hangups;
     atomic_uint_fast64_t work_ns, wasted_ns; /* worker time on requests; of it, on late ones */
+    atomic_uint_fast64_t batches, batched;   /* groups run from the lanes, and their requests */
     srv_model_stats model[SRV_MODELS_MAX];
     atomic_uint_fast64_t grpc_requests[SRV_GRPC_METHODS][SRV_GRPC_CODES]; /* --grpc-port */
     atomic_uint_fast64_t grpc_ns[SRV_GRPC_METHODS];
@@ -112,6 +113,8 @@ void srv__metrics_slow_client(srv_metrics *m);
 void srv__metrics_hangup(srv_metrics *m);
 /* `ns` of worker time went to one request; `deadline_missed`: it still ended 504. */
 void srv__metrics_work(srv_metrics *m, int64_t ns, bool deadline_missed);
+/* A group of `n` requests ran from a lane (dynamic batching). */
+void srv__metrics_batch(srv_metrics *m, int n);
 /* Appends the Prometheus text exposition of `m` and `g` to `b`. */
 void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_route_names *routes,
                          api_buf *b);

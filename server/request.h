@@ -72,6 +72,7 @@ typedef struct srv_req {
     /* Handed between threads as the state machine says. */
     api_lease lease; /* its memory, deadline and cancel flag, from arrival to completion */
     api_reply reply;
+    api_call call;           /* what a batch serves it with (http_job.c), while its batch runs */
     atomic_bool client_gone; /* the client hung up while the request was suspended */
 
     /* Set when the response is queued (MHD thread). */

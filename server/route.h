@@ -91,7 +91,8 @@ enum {
  * worker when the row has one (else `answer`). A worker route whose body may set its own
  * timeout (and priority) has `peek`, which reads them on the MHD thread before the request is
  * queued (api_peek_native, api_peek_v2), so that the deadline holds while the request waits for
- * a worker and the request waits at its priority. */
+ * a worker and the request waits at its priority. A row with `batch` lets the requests that
+ * wait for the same layer run as one batch (job.h). */
 typedef struct {
     const char *pattern;
     const char *allow;     /* allowed methods, as sent in the Allow header of a 405: "GET, HEAD" */
@@ -102,6 +103,8 @@ typedef struct {
     void (*peek)(const api_call *call, api_peek *out); /* NULL: the body sets no timeout
                                                           and no priority */
     const srv_stats_hooks *stats;                      /* NULL: the per-route series only */
+    api_batch_route batch; /* its requests may run in batches (api_batch_key): the api route
+                              its work runs; API_BATCH_NONE: alone */
 } srv_route_def;
 
 /* Matches `path` against `pattern` segment by segment. Returns false when the shape differs;

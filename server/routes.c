@@ -154,52 +154,56 @@ static void work_mha(const srv_params *params, const api_call *call, api_reply *
 #define V2     API_ERRORS_V2
 #define GET    "GET, HEAD"
 #define PROBE  (SRV_ROUTE_ADMIN | SRV_ROUTE_OPEN) /* kubelet probes: --admin-port, no token */
+#define ALONE  API_BATCH_NONE
 
 static const srv_route_def routes[] = {
-    {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_peek_native, NULL},
-    {"/v1/mha", "POST", NATIVE, SRV_ROUTE_BODY_SESSION, NULL, work_mha, api_peek_native, NULL},
-    {"/v1/models", GET, NATIVE, 0, answer_models, NULL, NULL, NULL},
+    {"/v1/attention", "POST", NATIVE, 0, NULL, work_attention, api_peek_native, NULL, ALONE},
+    {"/v1/mha", "POST", NATIVE, SRV_ROUTE_BODY_SESSION, NULL, work_mha, api_peek_native, NULL,
+     API_BATCH_MHA},
+    {"/v1/models", GET, NATIVE, 0, answer_models, NULL, NULL, NULL, ALONE},
     {"/v1/sessions", "GET, HEAD, POST", NATIVE, 0, answer_sessions, work_sessions_create,
-     api_peek_native, NULL},
-    {"/v1/sessions/{id}", "GET, HEAD, DELETE", NATIVE, 0, answer_session, NULL, NULL, NULL},
+     api_peek_native, NULL, ALONE},
+    {"/v1/sessions/{id}", "GET, HEAD, DELETE", NATIVE, 0, answer_session, NULL, NULL, NULL, ALONE},
     {"/v1/sessions/{id}/attention", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_attention,
-     api_peek_native, NULL},
+     api_peek_native, NULL, ALONE},
     {"/v1/sessions/{id}/truncate", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_truncate,
-     NULL, NULL},
+     NULL, NULL, ALONE},
     {"/v1/sessions/{id}/fork", "POST", NATIVE, SRV_ROUTE_SESSION, NULL, work_session_fork, NULL,
-     NULL},
-    {"/v1/models/{name}", GET, NATIVE, 0, answer_model, NULL, NULL, NULL},
-    {"/v2/health/live", GET, V2, PROBE, answer_live, NULL, NULL, NULL},
-    {"/v2/health/ready", GET, V2, PROBE, answer_ready, NULL, NULL, NULL},
-    {"/v2", GET, V2, 0, srv__answer_v2_server, NULL, NULL, NULL},
+     NULL, ALONE},
+    {"/v1/models/{name}", GET, NATIVE, 0, answer_model, NULL, NULL, NULL, ALONE},
+    {"/v2/health/live", GET, V2, PROBE, answer_live, NULL, NULL, NULL, ALONE},
+    {"/v2/health/ready", GET, V2, PROBE, answer_ready, NULL, NULL, NULL, ALONE},
+    {"/v2", GET, V2, 0, srv__answer_v2_server, NULL, NULL, NULL, ALONE},
     /* The path open_inference_rest.yaml writes for server metadata. */
-    {"/v2/", GET, V2, 0, srv__answer_v2_server, NULL, NULL, NULL},
-    {"/v2/models/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL},
-    {"/v2/models/{model}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL},
-    {"/v2/models/{model}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL, NULL},
-    {"/v2/models/{model}/config", GET, V2, 0, srv__answer_v2_config, NULL, NULL, NULL},
-    {"/v2/models/{model}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL},
+    {"/v2/", GET, V2, 0, srv__answer_v2_server, NULL, NULL, NULL, ALONE},
+    {"/v2/models/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL, ALONE},
+    {"/v2/models/{model}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL, ALONE},
+    {"/v2/models/{model}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL, NULL, ALONE},
+    {"/v2/models/{model}/config", GET, V2, 0, srv__answer_v2_config, NULL, NULL, NULL, ALONE},
+    {"/v2/models/{model}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL, NULL, ALONE},
     {"/v2/models/{model}/infer", "POST", V2, SRV_ROUTE_SEQUENCE, NULL, srv__work_v2_infer,
-     api_peek_v2, &srv__v2_infer_stats},
-    {"/v2/models/{model}/versions/{version}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL},
+     api_peek_v2, &srv__v2_infer_stats, API_BATCH_V2_INFER},
+    {"/v2/models/{model}/versions/{version}", GET, V2, 0, srv__answer_v2_model, NULL, NULL, NULL,
+     ALONE},
     {"/v2/models/{model}/versions/{version}/ready", GET, V2, 0, srv__answer_v2_ready, NULL, NULL,
-     NULL},
+     NULL, ALONE},
     {"/v2/models/{model}/versions/{version}/config", GET, V2, 0, srv__answer_v2_config, NULL, NULL,
-     NULL},
+     NULL, ALONE},
     {"/v2/models/{model}/versions/{version}/stats", GET, V2, 0, srv__answer_v2_stats, NULL, NULL,
-     NULL},
+     NULL, ALONE},
     {"/v2/models/{model}/versions/{version}/infer", "POST", V2, SRV_ROUTE_SEQUENCE, NULL,
-     srv__work_v2_infer, api_peek_v2, &srv__v2_infer_stats},
+     srv__work_v2_infer, api_peek_v2, &srv__v2_infer_stats, API_BATCH_V2_INFER},
     /* Scrapes reach --admin-port without a token; on --port they need one. */
-    {"/metrics", GET, NATIVE, SRV_ROUTE_ADMIN, answer_metrics, NULL, NULL, NULL},
+    {"/metrics", GET, NATIVE, SRV_ROUTE_ADMIN, answer_metrics, NULL, NULL, NULL, ALONE},
     /* The page's shell holds no data: its API calls carry the token the user types in. */
-    {"/", GET, NATIVE, SRV_ROUTE_OPEN, srv__answer_page, NULL, NULL, NULL},
+    {"/", GET, NATIVE, SRV_ROUTE_OPEN, srv__answer_page, NULL, NULL, NULL, ALONE},
 };
 
 #undef NATIVE
 #undef V2
 #undef GET
 #undef PROBE
+#undef ALONE
 
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 _Static_assert(N_ROUTES < SRV_ROUTE_OTHER, "raise SRV_ROUTE_COUNT in metrics.h");

@@ -347,6 +347,13 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
         snprintf(err, errlen, "cannot allocate the scheduler of %d workers", s->threads);
         goto fail;
     }
+    s->max_batch_rows = cfg->max_batch_rows;
+    if (s->max_batch_rows > 1 &&
+        !(s->batcher = srv__batcher_new((int)s->max_batch_rows, s->pool, srv__job_run_group, s))) {
+        snprintf(err, errlen, "cannot allocate the batcher (--max-batch-rows %lld)",
+                 (long long)s->max_batch_rows);
+        goto fail;
+    }
     if (start_watcher(s, cfg) != SRV_OK) {
         snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
         goto fail;
@@ -486,6 +493,7 @@ void srv_server_free(srv_server *s)
     eng_pool_free(s->pool);
     srv__grpc_free(s->grpc);        /* after the workers: the jobs they finished */
     srv__sched_free(s->sched);      /* after the workers, the last to give slots back */
+    srv__batcher_free(s->batcher);  /* after the workers: every lane drained */
     api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);
     api_budget_free(s->budget);

@@ -103,6 +103,7 @@ typedef struct {
     int64_t kv_block_tokens;        /* --kv-block-tokens: tokens per KV-cache block */
     int64_t session_ttl_s;          /* --session-ttl-s: idle expiry of a session (0: none) */
     int64_t max_queue;              /* --max-queue: requests queued or running on workers */
+    int64_t max_batch_rows;         /* --max-batch-rows: rows of a batch's engine call; 1: off */
     int64_t priority_levels;        /* --priority-levels: Triton's priority_levels */
     int64_t default_priority_level; /* --default-priority-level, in [1, priority_levels] */
     int64_t request_timeout_ms;     /* --request-timeout-ms */

@@ -734,6 +734,22 @@ static eng_status layer_engine(void *op, eng_error *e)
     return eng_mha(s->rq->call->pool, &s->args, &s->rq->lease->ctl, e);
 }
 
+/* The end of a run whose engine call returned `st`: a session's new length and positions, or
+ * the error in the request's words. */
+static int run_result(api__layer *s, eng_status st, const eng_error *e, api__error *err)
+{
+    api_sessions *reg = s->rq->call->sessions;
+    if (s->sess)
+        s->length = eng_kv_seq_length(s->sess->seq);
+    if (st == ENG_OK && s->sess)
+        session_positions_keep(s);
+    if (st == ENG_OK)
+        return 0;
+    if (s->sess && api__session_too_long(reg, s->sess, st, e, "input", err))
+        return -1;
+    return api__req_engine_error(s->rq, st, e, request_field(&s->r, e->field), err);
+}
+
 static int layer_run(void *op, int64_t *compute_ns, api__error *err)
 {
     api__layer *s = op;
@@ -752,15 +768,74 @@ static int layer_run(void *op, int64_t *compute_ns, api__error *err)
     *compute_ns = eng_now_ns() - t0;
     if (fail)
         return -1;
-    if (s->sess)
-        s->length = eng_kv_seq_length(s->sess->seq);
-    if (st == ENG_OK && s->sess)
-        session_positions_keep(s);
-    if (st == ENG_OK)
-        return 0;
-    if (s->sess && api__session_too_long(reg, s->sess, st, &e, "input", err))
-        return -1;
-    return api__req_engine_error(s->rq, st, &e, request_field(&s->r, e.field), err);
+    return run_result(s, st, &e, err);
+}
+
+/* A pass that may share an engine call: one over a registered layer (an inline one is the
+ * request's own). */
+static const void *layer_batch_key(const void *op, int64_t *rows)
+{
+    const api__layer *s = op;
+    *rows = s->B * s->L;
+    return s->inline_layer ? NULL : s->layer;
+}
+
+/* Whether session `sess` already steps in members[0..n) (a step of it must see the one before
+ * it: the later one runs alone, after the batch). */
+static bool steps_already(api__layer *const *members, int n, const api__session *sess)
+{
+    for (int i = 0; sess && i < n; i++)
+        if (members[i]->sess == sess)
+            return true;
+    return false;
+}
+
+/* The passes of one layer as one engine call. A member whose cache pool was full runs again
+ * alone, where api__session_with_room can make room for it. */
+static void layer_run_batch(void *const *ops, int n, int64_t *compute_ns, int *rc, api__error *errs)
+{
+    api__layer **in = calloc((size_t)n, sizeof *in);
+    eng_mha_member *m = calloc((size_t)n, sizeof *m);
+    eng_error *e = calloc((size_t)n, sizeof *e);
+    int *at = calloc((size_t)n, sizeof *at), k = 0;
+    bool *alone = calloc((size_t)n, sizeof *alone);
+    if (!in || !m || !e || !at || !alone) {
+        for (int i = 0; i < n; i++)
+            rc[i] = layer_run(ops[i], &compute_ns[i], &errs[i]);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        api__layer *s = ops[i];
+        rc[i] = api__req_check_ctl(s->rq, &errs[i]);
+        alone[i] = rc[i] == 0 && steps_already(in, k, s->sess);
+        if (rc[i] != 0 || alone[i])
+            continue;
+        in[k] = s;
+        at[k] = i;
+        m[k] = (eng_mha_member){.args = &s->args, .ctl = &s->rq->lease->ctl, .err = &e[k]};
+        k++;
+    }
+    int64_t t0 = eng_now_ns();
+    if (k > 0)
+        eng_mha_batch(in[0]->rq->call->pool, m, k);
+    int64_t took = eng_now_ns() - t0;
+    for (int j = 0; j < k; j++) {
+        int i = at[j];
+        compute_ns[i] = took;
+        alone[i] =
+            in[j]->sess && m[j].status == ENG_ENOMEM && e[j].cause == ENG_CAUSE_KV_CACHE_FULL;
+        if (!alone[i])
+            rc[i] = run_result(in[j], m[j].status, &e[j], &errs[i]);
+    }
+    for (int i = 0; i < n; i++)
+        if (alone[i])
+            rc[i] = layer_run(ops[i], &compute_ns[i], &errs[i]);
+done:
+    free(in);
+    free(m);
+    free(e);
+    free(at);
+    free(alone);
 }
 
 static void layer_free(void *op)
@@ -847,4 +922,6 @@ const api__op api__layer_op = {
               .free = layer_free},
     .output = layer_output,
     .precision = layer_precision,
+    .batch_key = layer_batch_key,
+    .run_batch = layer_run_batch,
 };

@@ -34,6 +34,8 @@ typedef struct {
     size_t tensors, scratch, text;
 } api__sizes;
 
+struct api__op;
+
 /* The steps of serving one request, in their order, one vocabulary for the routes of every
  * protocol (serve.h) and the operations they run. An operation has check, size, decode, run,
  * batch and free; a route adds read, place and encode, and its check, size, decode and run
@@ -63,10 +65,13 @@ typedef struct {
     int64_t (*batch)(const void *job);
     /* Frees what the job owns beyond its api__req, on every path; safe to call twice. */
     void (*free)(void *job);
+    /* A route's operation and its state, for a batch (api__serve_batch); NULL: the route's
+     * requests run alone. */
+    void *(*operation)(void *job, const struct api__op **op);
 } api__steps;
 
 /* An operation: its steps, and what a route asks of it between them. */
-typedef struct {
+typedef struct api__op {
     api__steps steps;
     /* Output `o` (API__OUT_*) after check: its shape, with *slot (when slot is not NULL) the
      * pointer to its values, which a route may set before decode to place it in its reply.
@@ -75,6 +80,13 @@ typedef struct {
     /* The precision run computes in (after check): what the request asked for, or float32
      * where the kernels in use cannot compute bfloat16 (replies name it). */
     eng_precision (*precision)(const void *op);
+    /* After decode: what requests whose run may share one engine call have in common (those
+     * with the same key run as one, run_batch), and *rows, the input rows this one adds; NULL
+     * (or no batch_key): it runs alone. */
+    const void *(*batch_key)(const void *op, int64_t *rows);
+    /* The run step of n requests of one batch_key as one engine call: rc[i] (0 or -1),
+     * compute_ns[i] and errs[i] as run gives them for ops[i] alone. */
+    void (*run_batch)(void *const *ops, int n, int64_t *compute_ns, int *rc, api__error *errs);
 } api__op;
 
 /* The names of the outputs in messages and replies: "output", "weights", "lse". */

@@ -159,6 +159,14 @@ static void hex(char *out, const unsigned char *raw, size_t n)
     }
 }
 
+void api__session_model(api_sessions *reg, const char *id, char *model, size_t len)
+{
+    pthread_mutex_lock(&reg->lock);
+    const api__session *s = api__sessions_find_locked(reg, id);
+    snprintf(model, len, "%s", s ? s->model : "");
+    pthread_mutex_unlock(&reg->lock);
+}
+
 api__session *api__sessions_find_locked(api_sessions *reg, const char *id)
 {
     for (api__session *s = reg->buckets[api__sessions_bucket(id)]; s; s = s->hnext)

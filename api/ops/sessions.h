@@ -117,6 +117,9 @@ void api__session_set_name(api_sessions *reg, api__session *s, const char *name)
  * positions of the session it was forked from (NULL: none yet). */
 void api__session_set_model(api_sessions *reg, api__session *s, const char *model,
                             const api__session_positions *positions);
+/* The layer model of session `id` into model[len] ("" when there is none, or no such
+ * session). */
+void api__session_model(api_sessions *reg, const char *id, char *model, size_t len);
 /* Ends the session `id` as its sequence ended (sequence_end, or a new sequence_start): counted
  * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
  * reference). No-op when there is no such session. */

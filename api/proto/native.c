@@ -118,6 +118,13 @@ int api__native_run(void *job, int64_t *compute_ns, api__error *err)
     return nj->op->steps.run(nj->state, compute_ns, err);
 }
 
+void *api__native_operation(void *job, const api__op **op)
+{
+    api__native_job *nj = job;
+    *op = nj->op;
+    return nj->state;
+}
+
 int64_t api__native_batch(const void *job)
 {
     const api__native_job *nj = job;

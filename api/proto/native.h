@@ -51,8 +51,9 @@ typedef struct {
 
 /* Steps (api__steps) of a route whose job starts with an api__native_job. size: the
  * operation's, the outputs it computes, and an upper bound of the reply (its braces, keys and
- * meta, and each output in `form`). decode, run, batch, free: the operation's. */
+ * meta, and each output in `form`). decode, run, batch, free, operation: the operation's. */
 bool api__native_size(void *job, api__sizes *sz);
+void *api__native_operation(void *job, const api__op **op);
 int api__native_decode(void *job, api__error *err);
 int api__native_run(void *job, int64_t *compute_ns, api__error *err);
 int64_t api__native_batch(const void *job);

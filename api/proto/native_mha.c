@@ -328,17 +328,30 @@ static const api__route mha_steps = {
               .decode = api__native_decode,
               .run = api__native_run,
               .encode = encode_reply,
-              .free = api__native_free},
+              .free = api__native_free,
+              .operation = api__native_operation},
 };
 
-void api_mha(const api_call *call, api_reply *reply)
+static void *job_new(const api_call *call, api_reply *reply, bool *answered)
 {
+    (void)call;
+    (void)reply;
+    *answered = false;
     mha_job *job = calloc(1, sizeof *job);
     if (job) {
         job->head.op = &api__layer_op;
         job->head.state = &job->s;
         job->s.rq = &job->head.rq;
     }
+    return job;
+}
+
+const api__batchable api__mha_batchable = {.route = &mha_steps, .job_new = job_new};
+
+void api_mha(const api_call *call, api_reply *reply)
+{
+    bool answered;
+    mha_job *job = job_new(call, reply, &answered);
     api__serve(&mha_steps, job, call, reply);
     free(job);
 }

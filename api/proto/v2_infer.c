@@ -380,6 +380,13 @@ static void free_job(void *p)
     job->blob = NULL;
 }
 
+static void *operation(void *p, const api__op **op)
+{
+    v2_job *job = p;
+    *op = job->op;
+    return job->op_state;
+}
+
 static const api__route v2_route = {
     .style = API_ERRORS_V2,
     .steps = {.check = check,
@@ -389,15 +396,18 @@ static const api__route v2_route = {
               .run = run,
               .encode = encode,
               .batch = batch,
-              .free = free_job},
+              .free = free_job,
+              .operation = operation},
 };
 
-void api_v2_infer(const api_call *call, api_reply *reply)
+static void *job_new(const api_call *call, api_reply *reply, bool *answered)
 {
     v2_job *job = calloc(1, sizeof *job);
+    *answered = false;
     if (job && !api__v2_model_find(call, &job->model, reply)) {
         free(job);
-        return;
+        *answered = true;
+        return NULL;
     }
     if (job) {
         job->s.rq = &job->rq;
@@ -409,6 +419,16 @@ void api_v2_infer(const api_call *call, api_reply *reply)
         job->op_state = (char *)job + job->kind->state;
         job->req = (char *)job + job->kind->request;
     }
-    api__serve(&v2_route, job, call, reply);
+    return job;
+}
+
+const api__batchable api__v2_infer_batchable = {.route = &v2_route, .job_new = job_new};
+
+void api_v2_infer(const api_call *call, api_reply *reply)
+{
+    bool answered;
+    v2_job *job = job_new(call, reply, &answered);
+    if (!answered)
+        api__serve(&v2_route, job, call, reply);
     free(job);
 }

@@ -15,10 +15,12 @@
  * "priority_levels", "default_priority_level"}, "model_transaction_policy": {"decoupled":
  * false}, "response_cache": {"enable": false}}. Triton keeps a model's priority levels inside
  * "dynamic_batching", the scheduler that owns its priority queue, and that is where
- * tritonclient users look for them. With max_batch_size 0 Triton's dynamic batcher forms no
- * batches (every request runs alone, as in attnd) and a queue delay of 0 holds nothing back, so
- * the object says what attnd does: one queue, ordered by priority, no batching (perf_analyzer
- * only notes the scheduler's name). With sessions on (call->sessions), model sdpa and every
+ * tritonclient users look for them. max_batch_size stays 0 because every request's batch axis is
+ * part of its shape (clients send whole shapes, and perf_analyzer adds no batch dimension), and
+ * a queue delay of 0 holds nothing back: the object says what attnd does, one queue ordered by
+ * priority, where the requests of one layer model that wait while the engine is busy run as
+ * one engine call, each with its own shapes and reply (--max-batch-rows; model sdpa's run
+ * alone). With sessions on (call->sessions), model sdpa and every
  * layer whose keys and values can be a cache of its own tokens (self-attention, no bias_kv:
  * api__layer_steps_a_cache) add "sequence_batching" {"max_sequence_idle_microseconds":
  * --session-ttl-s}: their requests may carry sequence_id / sequence_start / sequence_end

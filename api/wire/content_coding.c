@@ -363,7 +363,7 @@ static void reply_from_error(api_reply *reply, api_error_style style, const api_
  * successful replies: error bodies are small, and clients read them on paths that do not
  * decompress (tritonclient's error path decodes the raw bytes as UTF-8, and aiohttp always
  * sends Accept-Encoding), so Triton, too, compresses only successful inference replies. */
-static void compress_reply(const api_call *call, api_error_style style, api_reply *reply)
+void api__reply_compress(const api_call *call, api_error_style style, api_reply *reply)
 {
     api_lease *lease = call->lease;
     api__coding coding = api__accept_encoding_pick(call->accept_encoding);
@@ -449,7 +449,7 @@ void api_call_encoded(api_route_fn route, api_error_style style, const api_call 
         leased.lease = &own;
     }
     route_decoded(route, style, &leased, coding, reply);
-    compress_reply(&leased, style, reply);
+    api__reply_compress(&leased, style, reply);
     if (leased.lease == &own)
         api_lease_end(&own);
 }

@@ -47,4 +47,9 @@ int api__inflate(const api__inflate_job *job, char **out, size_t *out_len, size_
  * eng_buf_alloc (it becomes a reply body); false when memory runs out. */
 bool api__deflate(api__coding coding, const char *src, size_t n, char **out, size_t *out_len);
 
+/* Compresses a 200 reply in the coding call->accept_encoding prefers (gzip or deflate) when
+ * that makes it smaller, reserving the worst case through call->lease (not NULL) first; the
+ * reply stays as it is otherwise. reply->encode_ns grows by the time taken. */
+void api__reply_compress(const api_call *call, api_error_style style, api_reply *reply);
+
 #endif

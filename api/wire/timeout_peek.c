@@ -1,6 +1,6 @@
 /*
  * timeout_peek.c - a request's own timeout and priority, a v2 request's sequence and the
- * session of a /v1/mha step, read from its body before any worker decodes it.
+ * session and model of a /v1/mha step, read from its body before any worker decodes it.
  *
  * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
  * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
@@ -11,14 +11,15 @@
  * of less urgent ones. A v2 request may also be a step of a sequence, Triton's "sequence_id" in
  * the same object, and a POST /v1/mha one of a session, its top-level "session", which the
  * server needs as it admits the request: only there is its place in the order of the sequence
- * (or session) the order of arrival. It asks here, on its I/O thread, where parsing a 64 MB body
- * would cost everyone else what it saves one request. So this reads only what it must, every
- * value in one walk:
+ * (or session) the order of arrival. The layer a /v1/mha request names ("model", or its
+ * session's) lets waiting requests of one layer run as one batch (api_batch_key). It asks here, on
+ * its I/O thread, where parsing a 64 MB body would cost everyone else what it saves one request. So
+ * this reads only what it must, every value in one walk:
  *
- *   1. a gate: memchr over the quotes of a native body for one that opens "timeout_ms" or
- *      "session" (tensors in base64 or numbers hold few quotes), memmem for "parameters" in a
- *      v2 one (where its values live): a body that does not contain them (most of them) costs
- *      one pass at memory speed, and nothing is parsed;
+ *   1. a gate: memchr over the quotes of a native body for one that opens "timeout_ms",
+ *      "session" or "model" (tensors in base64 or numbers hold few quotes), memmem for "parameters"
+ * in a v2 one (where its values live): a body that does not contain them (most of them) costs one
+ * pass at memory speed, and nothing is parsed;
  *   2. otherwise the top level is walked, skipping values without parsing them: strings with
  *      memchr for the closing quote (one preceded by an odd number of backslashes is escaped),
  *      arrays and objects by their bracket depth outside strings. Only a member of the top-level
@@ -265,7 +266,7 @@ static bool any_quoted(const char *text, size_t len, const char *const *words, s
 }
 
 /* Reads the string at c->p into out[cap] when it is one of 1 to cap - 1 bytes without escapes
- * (a session id is "s" and hex digits); false for anything else. */
+ * (a session id is "s" and hex digits, a model a --model name); false for anything else. */
 static bool read_plain_string(cursor *c, char *out, size_t cap)
 {
     if (!at(c, '"'))
@@ -281,27 +282,42 @@ static bool read_plain_string(cursor *c, char *out, size_t cap)
     return true;
 }
 
+/* A session id or model name at c->p into out[cap] (read_plain_string), or "" past a value that
+ * is not one (a number, an escape: no ticket, no batch, and the walk goes on for the timeout);
+ * false only for a value that cannot be skipped. */
+static bool read_name(cursor *c, char *out, size_t cap)
+{
+    const char *value = c->p;
+    if (read_plain_string(c, out, cap))
+        return true;
+    out[0] = '\0';
+    c->p = value;
+    return skip_value(c);
+}
+
 void api_peek_native(const api_call *call, api_peek *out)
 {
-    static const char *const words[] = {"timeout_ms\"", "session\""};
+    static const char *const words[] = {"timeout_ms\"", "session\"", "model\""};
     const char *key;
     size_t key_len;
     int64_t ms;
-    bool timeout_seen = false, session_seen = false;
+    bool timeout_seen = false, session_seen = false, model_seen = false;
     cursor c;
     const char *text;
     size_t len;
     *out = (api_peek){0};
     if (!api__content_type_json(call->content_type) || !plain_text(call, out, &text, &len) ||
-        !any_quoted(text, len, words, 2))
+        !any_quoted(text, len, words, 3))
         return;
     c.p = text;
     c.end = text + len;
     if (!enter_object(&c))
         return;
-    /* Until both are read; a value neither can be read as ends the walk (its route refuses it). */
+    /* Until all three are read; a value none can be read as ends the walk (its route refuses
+     * it). */
     for (bool first = true;
-         !(timeout_seen && session_seen) && next_member(&c, first, &key, &key_len); first = false) {
+         !(timeout_seen && session_seen && model_seen) && next_member(&c, first, &key, &key_len);
+         first = false) {
         bool ok;
         if (key_is(key, key_len, "timeout_ms")) {
             timeout_seen = true;
@@ -309,16 +325,11 @@ void api_peek_native(const api_call *call, api_peek *out)
             if (ok)
                 out->timeout_ms = ms;
         } else if (key_is(key, key_len, "session")) {
-            /* Not an id (a number, an escape): no ticket, and the walk goes on for the
-             * timeout. */
-            const char *value = c.p;
             session_seen = true;
-            ok = read_plain_string(&c, out->session, sizeof out->session);
-            if (!ok) {
-                out->session[0] = '\0';
-                c.p = value;
-                ok = skip_value(&c);
-            }
+            ok = read_name(&c, out->session, sizeof out->session);
+        } else if (key_is(key, key_len, "model")) {
+            model_seen = true;
+            ok = read_name(&c, out->model, sizeof out->model);
         } else {
             ok = skip_value(&c);
         }

@@ -1,0 +1,325 @@
+/*
+ * test_batching.c - dynamic batching through a real daemon: layer passes of one model that
+ * wait while the engine is busy run as groups (attnd_batches_total, attnd_batched_requests_total)
+ * and answer what they answer alone; session steps, plain /v1/mha calls and KServe v2 inference
+ * share a group; a member with a bad input, a stale expect_length or a deleted session fails
+ * alone with its own status; --max-batch-rows caps a group and 1 turns batching off.
+ *
+ * Two daemons get the same traffic: one batching (the default) and one with --max-batch-rows 1,
+ * whose replies are the reference. A group's rows here are at most 16, so the engine takes the
+ * same few-row products for the group as for each request alone (engine.h, eng_mha_batch), and
+ * the outputs must be the same bits. The engine is kept busy by a long /v1/mha of the same layer
+ * (its lane's first group) while the others are sent; its length is chosen from a measurement
+ * in the same run, so that it outlasts sending them many times over.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+#include "tests/support/rng.h"
+
+enum { E = 64, PROMPT = 8, SESSIONS = 6 };
+
+static const char *const JSON[] = {"Content-Type: application/json", NULL};
+
+/* One daemon and the sessions made on it (the same prompts on both). */
+typedef struct {
+    daemon_proc d;
+    char id[SESSIONS + 1][40]; /* the last one is deleted before the steps */
+} server;
+
+static server batching, alone;
+
+static long post(const server *s, const char *path, const char *body, http_resp *r)
+{
+    return http_do(NULL, s->d.port, "POST", path, JSON, body, strlen(body), r);
+}
+
+/* A /v1/mha body of `n` tokens of `x` (E wide, base64) with `fields` (malloc'd). */
+static char *mha_body(const float *x, int64_t n, int64_t width, const char *fields)
+{
+    int64_t shape[2] = {n, width};
+    char *t = json_tensor_b64(x, shape, 2);
+    size_t len = strlen(t) + strlen(fields) + 32;
+    char *b = malloc(len);
+    snprintf(b, len, "{\"input\":%s,%s}", t, fields);
+    free(t);
+    return b;
+}
+
+/* A v2 inference body of one token of the demo layer as JSON numbers (malloc'd). */
+static char *v2_body(const float *x)
+{
+    size_t len = 128 + (size_t)E * 24;
+    char *b = malloc(len);
+    int at = snprintf(b, len,
+                      "{\"inputs\":[{\"name\":\"input\",\"shape\":[1,1,%d],"
+                      "\"datatype\":\"FP32\",\"data\":[",
+                      E);
+    for (int i = 0; i < E; i++)
+        at += snprintf(b + at, len - (size_t)at, "%s%.9g", i ? "," : "", (double)x[i]);
+    snprintf(b + at, len - (size_t)at, "]}]}");
+    return b;
+}
+
+/* The text of the reply's outputs ("output" natively, "outputs" in v2), for comparing bits. */
+static char *outputs_of(const char *body)
+{
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *o = json_object_get(j, "output");
+    if (!o)
+        o = json_object_get(j, "outputs");
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    return text;
+}
+
+static bool make_sessions(server *s, const float *prompt)
+{
+    char fields[160];
+    for (int i = 0; i <= SESSIONS; i++) {
+        http_resp r;
+        post(s, "/v1/sessions", "{\"model\":\"demo\"}", &r);
+        json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+        const char *id = json_string_value(json_object_get(j, "id"));
+        bool ok = r.status == 201 && id && strlen(id) < 40;
+        if (ok)
+            snprintf(s->id[i], sizeof s->id[i], "%s", id);
+        json_decref(j);
+        http_resp_free(&r);
+        CHECKF(ok, "creating session %d", i);
+        if (!ok)
+            return false;
+        snprintf(fields, sizeof fields, "\"session\":\"%s\",\"positional\":\"rope\"", s->id[i]);
+        char *body = mha_body(prompt + (size_t)i * PROMPT * E, PROMPT, E, fields);
+        post(s, "/v1/mha", body, &r);
+        free(body);
+        CHECKF(r.status == 200, "prompt of session %d: %ld %.200s", i, r.status, r.body);
+        http_resp_free(&r);
+    }
+    char path[64];
+    http_resp r;
+    snprintf(path, sizeof path, "/v1/sessions/%s", s->id[SESSIONS]);
+    http_do(NULL, s->d.port, "DELETE", path, NULL, NULL, 0, &r);
+    CHECKF(r.status == 204, "delete: %ld", r.status);
+    http_resp_free(&r);
+    return true;
+}
+
+/* The requests sent while the engine is busy, and what came back. */
+enum { STEPS = SESSIONS, PLAIN = STEPS, V2, BAD_WIDTH, BAD_LENGTH, DELETED, N_REQ };
+
+typedef struct {
+    const server *s;
+    const char *path;
+    char *body;
+    http_resp r;
+    pthread_t t;
+} request;
+
+static void *send_one(void *arg)
+{
+    request *q = arg;
+    post(q->s, q->path, q->body, &q->r);
+    return NULL;
+}
+
+static void requests_make(request *q, const server *s, const float *tok)
+{
+    char fields[192];
+    for (int i = 0; i < N_REQ; i++) {
+        q[i].s = s;
+        q[i].path = "/v1/mha";
+        const char *id = s->id[i < STEPS ? i : 0];
+        long length = PROMPT;
+        int64_t width = E;
+        if (i == BAD_WIDTH)
+            width = E / 2;
+        if (i == BAD_LENGTH)
+            length = PROMPT + 5;
+        if (i == DELETED)
+            id = s->id[SESSIONS];
+        if (i == PLAIN)
+            snprintf(fields, sizeof fields, "\"model\":\"demo\",\"positional\":\"rope\"");
+        else
+            snprintf(fields, sizeof fields,
+                     "\"session\":\"%s\",\"expect_length\":%ld,\"positional\":\"rope\"", id,
+                     length);
+        q[i].body = i == V2 ? v2_body(tok + (size_t)i * E)
+                            : mha_body(tok + (size_t)i * E, 1, width, fields);
+        if (i == V2)
+            q[i].path = "/v2/models/demo/infer";
+    }
+}
+
+static void requests_free(request *q)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        free(q[i].body);
+        http_resp_free(&q[i].r);
+    }
+}
+
+/* Sends q[] at once, each on its own connection, behind `hold` (a long request of the same
+ * layer, or NULL), and waits for every reply. */
+static void send_all(request *q, request *hold)
+{
+    if (hold) {
+        pthread_create(&hold->t, NULL, send_one, hold);
+        metric_wait(hold->s->d.port, "attnd_running_requests", 1, 10000);
+    }
+    for (int i = 0; i < N_REQ; i++)
+        pthread_create(&q[i].t, NULL, send_one, &q[i]);
+    for (int i = 0; i < N_REQ; i++)
+        pthread_join(q[i].t, NULL);
+    if (hold)
+        pthread_join(hold->t, NULL);
+}
+
+/* A /v1/mha of `n` tokens of the demo layer, non-causal: its time grows as n^2 (malloc'd). */
+static char *long_body(int64_t n)
+{
+    float *x = calloc((size_t)(n * E), sizeof *x);
+    uint64_t rng = 5;
+    for (int64_t i = 0; i < n * E; i++)
+        x[i] = (float)rng_sym(&rng, 1.0);
+    char *b = mha_body(x, n, E, "\"model\":\"demo\"");
+    free(x);
+    return b;
+}
+
+static double seconds_of(const server *s, const char *body)
+{
+    http_resp r;
+    double t0 = now_s();
+    post(s, "/v1/mha", body, &r);
+    double t = now_s() - t0;
+    CHECKF(r.status == 200, "%ld %.200s", r.status, r.body);
+    http_resp_free(&r);
+    return t;
+}
+
+/* A long request that outlasts sending N_REQ requests (measured: one step's round trip)
+ * fifty times. */
+static char *hold_body(const server *s, const float *tok)
+{
+    char *step = mha_body(tok, 1, E, "\"model\":\"demo\"");
+    double t_step = seconds_of(s, step);
+    free(step);
+    int64_t n = 1024;
+    char *b = long_body(n);
+    while (seconds_of(s, b) < 50 * N_REQ * t_step && n < 32768) {
+        free(b);
+        n *= 2;
+        b = long_body(n);
+    }
+    return b;
+}
+
+static void test_waiting_passes_run_together_and_answer_as_alone(void)
+{
+    float prompt[(SESSIONS + 1) * PROMPT * E], tok[N_REQ * E];
+    uint64_t rng = 11;
+    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
+        prompt[i] = (float)rng_sym(&rng, 1.0);
+    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+        tok[i] = (float)rng_sym(&rng, 1.0);
+    if (!make_sessions(&batching, prompt) || !make_sessions(&alone, prompt))
+        return;
+
+    request ref[N_REQ], got[N_REQ], hold = {.s = &batching, .path = "/v1/mha"};
+    requests_make(ref, &alone, tok);
+    requests_make(got, &batching, tok);
+    send_all(ref, NULL);
+    hold.body = hold_body(&batching, tok);
+    double groups0 = metric_value(batching.d.port, "attnd_batches_total");
+    double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
+    send_all(got, &hold);
+    CHECKF(hold.r.status == 200, "the long request: %ld", hold.r.status);
+
+    for (int i = 0; i < N_REQ; i++) {
+        CHECKF(got[i].r.status == ref[i].r.status, "request %d: %ld batched, %ld alone: %.200s", i,
+               got[i].r.status, ref[i].r.status, got[i].r.body ? got[i].r.body : "");
+        if (got[i].r.status != 200 || ref[i].r.status != 200)
+            continue;
+        char *a = outputs_of(got[i].r.body), *b = outputs_of(ref[i].r.body);
+        CHECKF(a && b && strcmp(a, b) == 0, "request %d: the batched output differs from alone", i);
+        free(a);
+        free(b);
+    }
+    CHECK_EQ_INT((int)ref[BAD_WIDTH].r.status, 422);
+    CHECK(ref[BAD_WIDTH].r.body && strstr(ref[BAD_WIDTH].r.body, "input"));
+    CHECK_EQ_INT((int)ref[BAD_LENGTH].r.status, 409);
+    CHECK_EQ_INT((int)ref[DELETED].r.status, 404);
+    for (int i = 0; i < STEPS; i++)
+        CHECKF(ref[i].r.status == 200, "step %d alone: %ld %.200s", i, ref[i].r.status,
+               ref[i].r.body ? ref[i].r.body : "");
+
+    /* The long request and those behind it: fewer groups than requests, every one counted but
+     * the deleted session's step, whose layer is unknown when it is admitted (it runs alone). */
+    double groups = metric_value(batching.d.port, "attnd_batches_total") - groups0;
+    double members = metric_value(batching.d.port, "attnd_batched_requests_total") - members0;
+    printf("  %d requests behind a long one of %.1f MB ran in %.0f groups\n", N_REQ,
+           (double)strlen(hold.body) / 1e6, groups - 1);
+    CHECKF(members == N_REQ, "%.0f requests ran from the lanes, want %d", members, N_REQ);
+    CHECKF(groups >= 2 && groups <= 1 + N_REQ / 2.0,
+           "%.0f groups for %d requests: they did not wait together", groups, N_REQ + 1);
+    CHECK_EQ_INT((int)metric_value(alone.d.port, "attnd_batches_total"), 0);
+
+    free(hold.body);
+    http_resp_free(&hold.r);
+    requests_free(ref);
+    requests_free(got);
+}
+
+/* --max-batch-rows 2: groups of at most two one-token requests, however many wait. */
+static void test_max_batch_rows_caps_a_group(void)
+{
+    server capped;
+    const char *const args[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", "--max-batch-rows",
+                                "2",         NULL};
+    if (daemon_start(&capped.d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    float prompt[(SESSIONS + 1) * PROMPT * E], tok[N_REQ * E];
+    uint64_t rng = 12;
+    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
+        prompt[i] = (float)rng_sym(&rng, 1.0);
+    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+        tok[i] = (float)rng_sym(&rng, 1.0);
+    if (make_sessions(&capped, prompt)) {
+        request q[N_REQ], hold = {.s = &capped, .path = "/v1/mha"};
+        requests_make(q, &capped, tok);
+        hold.body = long_body(2048);
+        double groups0 = metric_value(capped.d.port, "attnd_batches_total");
+        send_all(q, &hold);
+        double groups = metric_value(capped.d.port, "attnd_batches_total") - groups0;
+        CHECKF(groups >= N_REQ / 2, "%.0f groups for %d requests in groups of at most 2", groups,
+               N_REQ);
+        free(hold.body);
+        http_resp_free(&hold.r);
+        requests_free(q);
+    }
+    CHECK_EQ_INT(daemon_stop(&capped.d), 0);
+}
+
+int main(void)
+{
+    const char *const on[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", NULL};
+    const char *const off[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", "--max-batch-rows",
+                               "1",         NULL};
+    if (daemon_start(&batching.d, on) != 0 || daemon_start(&alone.d, off) != 0) {
+        printf("FAIL cannot start attnd\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN_WITHIN(test_waiting_passes_run_together_and_answer_as_alone, 240);
+    CHECK_EQ_INT(daemon_stop(&batching.d), 0);
+    CHECK_EQ_INT(daemon_stop(&alone.d), 0);
+    RUN_WITHIN(test_max_batch_rows_caps_a_group, 120);
+    return check_report();
+}
