@@ -12,7 +12,7 @@
 
 #include "api/api.h"
 
-#define API_GRPC_ERROR_TYPE   "text/plain"
+#define API_GRPC_ERROR_TYPE   API_ERRORS_GRPC_TYPE
 #define API_GRPC_MESSAGE_TYPE "application/grpc"
 
 /* Outputs of one inference reply, at most (sdpa has three). */

@@ -137,37 +137,46 @@ static void write_decoder_parameters(api_buf *w, const eng_layer *l, bool triton
     api_buf_char(w, '}');
 }
 
-bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
+int api__v2_model_lookup(const api_models *models, const char *name, const char *version,
+                         model_ref *m, api__error *err)
 {
-    const char *name = call->model ? call->model : "";
+    name = name ? name : "";
     memset(m, 0, sizeof *m);
     m->name = name;
     if (strcmp(name, "sdpa") == 0) {
         m->kind = MODEL_SDPA;
-    } else if (call->models && (m->layer = api_models_find(call->models, name)) != NULL) {
+    } else if (models && (m->layer = api_models_find(models, name)) != NULL) {
         m->kind = MODEL_LAYER;
     } else {
         api_buf w;
         api_buf_init(&w, 1024);
-        for (size_t i = 0; call->models && i < api_models_count(call->models); i++) {
+        for (size_t i = 0; models && i < api_models_count(models); i++) {
             api_buf_cstr(&w, ", ");
-            api_buf_cstr(&w, api_models_at(call->models, i)->name);
+            api_buf_cstr(&w, api_models_at(models, i)->name);
         }
-        api_reply_error_status(reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST,
-                               NULL, "unknown model \"%.64s\"; models: sdpa%.*s", name,
-                               w.state == API_BUF_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
-                               w.data ? w.data : "");
+        api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
+                       "unknown model \"%.64s\"; models: sdpa%.*s", name,
+                       w.state == API_BUF_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                       w.data ? w.data : "");
         api_buf_free(&w);
-        return false;
+        return -1;
     }
-    if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
-        api_reply_error_status(
-            reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
+    if (version && strcmp(version, API_V2_VERSION) != 0)
+        return api__error_set(
+            err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
             "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
-            name, call->version);
-        return false;
-    }
-    return true;
+            name, version);
+    return 0;
+}
+
+bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
+{
+    api__error err = {0};
+    if (api__v2_model_lookup(call->models, call->model, call->version, m, &err) == 0)
+        return true;
+    memset(reply, 0, sizeof *reply);
+    api__reply_from_error(reply, API_ERRORS_V2, &err);
+    return false;
 }
 
 bool api_v2_model_known(const api_models *models, const char *model, const char *version)

@@ -16,7 +16,9 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
 {
     api_buf w;
     api_buf_init(&w, 4096);
-    if (style == API_ERRORS_V2) {
+    if (style == API_ERRORS_GRPC) {
+        api_buf_cstr(&w, err->message);
+    } else if (style == API_ERRORS_V2) {
         api_buf_cstr(&w, "{\"error\":");
         api_buf_json_string(&w, err->message, strlen(err->message));
         api_buf_cstr(&w, "}\n");
@@ -35,7 +37,7 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
 
     eng_buf_free(reply->body);
     reply->status = http;
-    reply->content_type = "application/json";
+    reply->content_type = style == API_ERRORS_GRPC ? API_ERRORS_GRPC_TYPE : "application/json";
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;
     reply->inference_header_len = 0;
