@@ -17,7 +17,9 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
     api_buf w;
     api_buf_init(&w, 4096);
     if (style == API_ERRORS_GRPC) {
+        /* NUL-terminated (not counted), as api_grpc_error's: the gRPC edge reads it as text. */
         api_buf_cstr(&w, err->message);
+        api_buf_char(&w, '\0');
     } else if (style == API_ERRORS_V2) {
         api_buf_cstr(&w, "{\"error\":");
         api_buf_json_string(&w, err->message, strlen(err->message));
@@ -43,7 +45,7 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
     reply->inference_header_len = 0;
     if (w.state == API_BUF_OK) {
         reply->body = w.data;
-        reply->body_len = w.len;
+        reply->body_len = style == API_ERRORS_GRPC ? w.len - 1 : w.len;
     } else {
         api_buf_free(&w);
         reply->body = NULL;
