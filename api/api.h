@@ -479,6 +479,23 @@ void api_v2_model_ready(const api_call *call, api_reply *reply);
 /* Whether {model, version} (version may be NULL) names a model: for metrics labels. */
 bool api_v2_model_known(const api_models *models, const char *model, const char *version);
 
+/* One model's counters for Triton's statistics extension, as the server keeps them: the data of
+ * both GET /v2/models[/{m}]/stats and gRPC's ModelStatistics. */
+typedef struct {
+    uint64_t count, ns;
+} api_stat_duration;
+
+typedef struct {
+    const char *name; /* borrowed for the call */
+    uint64_t last_inference_ms, inference_count, execution_count;
+    api_stat_duration success, fail, queue, compute_input, compute_infer, compute_output;
+} api_model_stats;
+
+/* Appends GET /v2/models[/{m}]/stats's body, {"model_stats": [...]}, for the n models `st` (in
+ * their order; each of version API_V2_VERSION, its cache_hit and cache_miss 0 and no batch_stats),
+ * to `b`. Any thread. */
+void api_v2_statistics_json(const api_model_stats *st, size_t n, api_buf *b);
+
 /* POST /v2/models/{m}[/versions/{v}]/infer: the inference request, JSON or with the binary
  * tensor extension (call->inference_header_length), to eng_sdpa (model "sdpa") or eng_mha (a
  * layer). The same limits, budget, deadlines and cancellation as api_attention. Statuses: 200;
@@ -637,11 +654,10 @@ void api_grpc_error(api_reply *reply, int http_status, api_reason reason, const 
 
 /* The cheap methods: ServerLive, ServerReady and HealthCheck (`ready` says which answer),
  * ModelReady, ServerMetadata, ModelMetadata, ModelConfig and RepositoryIndex, from call->body's
- * request message (call->models, call->limits). Statistics come from the server's counters as the
- * JSON of GET /v2/models/stats (stats_json), turned into a ModelStatisticsResponse. Any
- * thread. */
+ * request message (call->models, call->limits). Statistics come from the server's counters (the
+ * n models `st`, as for api_v2_statistics_json) as a ModelStatisticsResponse. Any thread. */
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply);
-void api_grpc_statistics(const char *stats_json, size_t len, api_reply *reply);
+void api_grpc_statistics(const api_model_stats *st, size_t n, api_reply *reply);
 
 /* What a ModelInferRequest says about queueing it, read on the I/O thread without decoding
  * its tensors: its model and version (NUL-terminated, truncated to fit), and its timeout,

@@ -2,9 +2,9 @@
  * v2.h - the KServe v2 protocol's inference job, shared by proto/v2_request.c (which parses a
  * request into it), proto/v2_infer.c (which runs it and answers), proto/v2_model.c (the
  * model lookup) and proto/grpc_infer.c (the same protocol over gRPC: its own reader and writer,
- * the same job, checks and steps). Nothing outside proto/v2_*.c and proto/grpc_infer.c includes
- * it; the protocol itself is described at the top of v2_infer.c (inference) and v2_model.c
- * (metadata and configuration).
+ * the same job, checks and steps; grpc_unary.c looks models up). Nothing outside proto/v2_*.c and
+ * proto/grpc_*.c includes it; the protocol itself is described at the top of v2_infer.c (inference)
+ * and v2_model.c (metadata and configuration).
  *
  * The type names are unprefixed because they never leave these files; the functions, which
  * the linker sees, carry api__v2_.

@@ -348,3 +348,35 @@ void api_v2_model_ready(const api_call *call, api_reply *reply)
     api_buf_cstr(&w, ",\"ready\":true}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
+
+static void duration_json(api_buf *b, const char *name, api_stat_duration d, bool last)
+{
+    api_buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)d.count,
+                   (unsigned long long)d.ns, last ? "" : ",");
+}
+
+void api_v2_statistics_json(const api_model_stats *st, size_t n, api_buf *b)
+{
+    const api_stat_duration none = {0, 0};
+    api_buf_cstr(b, "{\"model_stats\":[");
+    for (size_t i = 0; i < n; i++) {
+        api_buf_cstr(b, i == 0 ? "{\"name\":" : ",{\"name\":");
+        api_buf_json_string(b, st[i].name, strlen(st[i].name));
+        api_buf_printf(b,
+                       ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
+                       "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
+                       (unsigned long long)st[i].last_inference_ms,
+                       (unsigned long long)st[i].inference_count,
+                       (unsigned long long)st[i].execution_count);
+        duration_json(b, "success", st[i].success, false);
+        duration_json(b, "fail", st[i].fail, false);
+        duration_json(b, "queue", st[i].queue, false);
+        duration_json(b, "compute_input", st[i].compute_input, false);
+        duration_json(b, "compute_infer", st[i].compute_infer, false);
+        duration_json(b, "compute_output", st[i].compute_output, false);
+        duration_json(b, "cache_hit", none, false);
+        duration_json(b, "cache_miss", none, true);
+        api_buf_cstr(b, "},\"batch_stats\":[]}");
+    }
+    api_buf_cstr(b, "]}\n");
+}
