@@ -641,6 +641,7 @@ static void test_bad_requests_as_over_http(void)
     qkv_new(&p, 1, 2, 4, 6, 4);
     tcase base = {.model = "sdpa"};
     qkv_inputs(&p, &base);
+    static float tokens[4 * 64]; /* a layer model's input */
     tcase c;
     char what[64];
     for (int k = 0;; k++) {
@@ -738,6 +739,7 @@ static void test_bad_requests_as_over_http(void)
         case 24: /* a layer model's input of the wrong width */
             c.model = "demo";
             c.in[0].name = "input";
+            c.in[0].bytes = tokens;
             c.in[0].rank = 2;
             c.in[0].shape[0] = 4;
             c.in[0].shape[1] = 8;
@@ -747,6 +749,7 @@ static void test_bad_requests_as_over_http(void)
         case 25: /* an option of the layer model that sdpa's are not */
             c.model = "demo";
             c.in[0].name = "input";
+            c.in[0].bytes = tokens;
             c.in[0].rank = 2;
             c.in[0].shape[0] = 2;
             c.in[0].shape[1] = 64;
