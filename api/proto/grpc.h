@@ -44,7 +44,7 @@ bool api__pb_varint(api__pb_cursor *c, uint64_t *out);
  * when memory ran out or a value does not fit its field. grpc_json.c. */
 bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj);
 
-/* Turns the JSON reply of an HTTP route (metadata, configuration) into the response message of
+/* Turns the JSON reply of an HTTP route (the configuration) into the response message of
  * descriptor d, from the whole reply or, with `wrap`, the field of the response named so holding
  * it; an error reply's message becomes plain text, status kept. grpc_json.c. */
 void api__grpc_reply_convert(api_reply *reply, const ProtobufCMessageDescriptor *d,

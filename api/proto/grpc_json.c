@@ -1,10 +1,9 @@
 /*
- * grpc_json.c - the replies of the HTTP routes that gRPC's methods share whole (the metadata and
- * the configuration: api_v2_server_metadata, api_v2_model_metadata, api_v2_model_config), whose
- * JSON already uses the protos' field names, converted into the response messages field by
- * field through protobuf-c's descriptors. Triton's model configuration is a large message of
- * which attnd fills a few fields; one generic converter keeps the JSON the only place they are
- * written.
+ * grpc_json.c - ModelConfig's response: the reply of GET /v2/models/{m}/config
+ * (api_v2_model_config), whose JSON already uses the protos' field names, converted into the
+ * message field by field through protobuf-c's descriptors. Triton's model configuration is a
+ * large nested message of which attnd fills a few fields; one generic converter keeps that JSON
+ * the only place they are written.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,10 +1,10 @@
 /*
- * grpc_unary.c - the cheap methods of the v2 gRPC protocol: liveness, readiness and health, the
- * repository index and model statistics built as their response messages directly, and the
- * metadata and configuration of the HTTP routes (api_v2_server_metadata, api_v2_model_metadata,
- * api_v2_model_config), whose JSON already uses the protos' field names, converted by
- * grpc_json.c.
+ * grpc_unary.c - the cheap methods of the v2 gRPC protocol, each response message built from the
+ * data the HTTP routes write as JSON (v2_model.c's model lookup and descriptions, the server's
+ * counters): liveness, readiness and health, server and model metadata, the repository index and
+ * model statistics. ModelConfig alone is the HTTP route's JSON converted (grpc_json.c).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +103,53 @@ static void health_check(bool ready, api_reply *reply)
     reply->content_type = API_GRPC_MESSAGE_TYPE;
 }
 
+static void server_metadata(api_reply *reply)
+{
+    Inference__ServerMetadataResponse resp = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+    resp.name = (char *)API__V2_SERVER_NAME;
+    resp.version = (char *)API__V2_SERVER_VERSION;
+    resp.n_extensions = api__v2_n_extensions;
+    resp.extensions = (char **)(uintptr_t)api__v2_extensions;
+    api__grpc_reply_pack(reply, &resp.base);
+}
+
+/* n of a model's tensors as TensorMetadata in t[], pointed at by ptrs[]. */
+static void tensor_metadata(const tensor_desc *d, int n,
+                            Inference__ModelMetadataResponse__TensorMetadata *t,
+                            Inference__ModelMetadataResponse__TensorMetadata **ptrs)
+{
+    for (int i = 0; i < n; i++) {
+        inference__model_metadata_response__tensor_metadata__init(&t[i]);
+        t[i].name = (char *)d[i].name;
+        t[i].datatype = (char *)d[i].datatype;
+        t[i].n_shape = (size_t)d[i].rank;
+        t[i].shape = (int64_t *)(uintptr_t)d[i].dims;
+        ptrs[i] = &t[i];
+    }
+}
+
+/* GET /v2/models/{m}'s name, versions, platform and tensors (a decoder layer's parameters have
+ * no field in the message). */
+static void model_metadata(const model_ref *m, api_reply *reply)
+{
+    Inference__ModelMetadataResponse resp = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+    Inference__ModelMetadataResponse__TensorMetadata in[MAX_TENSORS], out[MAX_TENSORS];
+    Inference__ModelMetadataResponse__TensorMetadata *in_ptrs[MAX_TENSORS], *out_ptrs[MAX_TENSORS];
+    char *versions[1] = {(char *)API_V2_VERSION};
+    model_desc d = api__v2_model_desc(m);
+    tensor_metadata(d.in, d.n_in, in, in_ptrs);
+    tensor_metadata(d.out, d.n_out, out, out_ptrs);
+    resp.name = (char *)m->name;
+    resp.n_versions = 1;
+    resp.versions = versions;
+    resp.platform = (char *)d.platform;
+    resp.n_inputs = (size_t)d.n_in;
+    resp.inputs = in_ptrs;
+    resp.n_outputs = (size_t)d.n_out;
+    resp.outputs = out_ptrs;
+    api__grpc_reply_pack(reply, &resp.base);
+}
+
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply)
 {
     char name[128], version[32];
@@ -124,23 +171,21 @@ void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, ap
         else
             api_grpc_error(reply, 503, API_REASON_DRAINING, "draining");
         return;
-    case API_GRPC_MODEL_READY: {
+    case API_GRPC_MODEL_READY:
+    case API_GRPC_MODEL_METADATA: {
         /* Every model attnd knows is ready: the lookup is the answer. */
         model_ref m;
         api__error err = {0};
-        if (api__v2_model_lookup(call->models, c.model, c.version, &m, &err) == 0)
+        if (api__v2_model_lookup(call->models, c.model, c.version, &m, &err) != 0)
+            api__reply_from_error(reply, API_ERRORS_GRPC, &err);
+        else if (method == API_GRPC_MODEL_READY)
             bool_reply(reply, &inference__model_ready_response__descriptor);
         else
-            api__reply_from_error(reply, API_ERRORS_GRPC, &err);
+            model_metadata(&m, reply);
         return;
     }
     case API_GRPC_SERVER_METADATA:
-        api_v2_server_metadata(reply);
-        api__grpc_reply_convert(reply, &inference__server_metadata_response__descriptor, NULL);
-        return;
-    case API_GRPC_MODEL_METADATA:
-        api_v2_model_metadata(&c, reply);
-        api__grpc_reply_convert(reply, &inference__model_metadata_response__descriptor, NULL);
+        server_metadata(reply);
         return;
     case API_GRPC_MODEL_CONFIG:
         api_v2_model_config(&c, reply);

@@ -120,6 +120,33 @@ static inline void *v2_req_field(v2_job *job, size_t offset)
     return (char *)job->req + offset;
 }
 
+/* What GET /v2 and ServerMetadata report (v2_model.c). */
+#define API__V2_SERVER_NAME    "attnd"
+#define API__V2_SERVER_VERSION "0.1.0"
+extern const char *const api__v2_extensions[];
+extern const size_t api__v2_n_extensions;
+
+/* One tensor of a model's metadata and configuration: dims of -1 are variable. */
+typedef struct {
+    const char *name;
+    const char *datatype; /* the protocol's name ("FP32"); Triton's is "TYPE_" and this */
+    int rank;
+    int64_t dims[4];
+    bool optional; /* an input a request may leave out */
+} tensor_desc;
+
+enum { MAX_TENSORS = 8 };
+
+/* What a model's metadata and configuration describe: its platform and tensors. */
+typedef struct {
+    const char *platform;
+    tensor_desc in[MAX_TENSORS], out[MAX_TENSORS];
+    int n_in, n_out;
+} model_desc;
+
+/* The description of model m (found by api__v2_model_lookup). v2_model.c. */
+model_desc api__v2_model_desc(const model_ref *m);
+
 /* Whether model m's metadata lists output o (an API__OUT_*): those an infer without "outputs"
  * returns. v2_model.c. */
 bool api__v2_output_listed(const model_ref *m, int o);

@@ -43,27 +43,8 @@
 #include "api/proto/v2.h"
 #include "api/wire/reply.h"
 
-/* The version GET /v2 reports. */
-#define V2_SERVER_VERSION "0.1.0"
-
-static const char *const v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
-
-/* One tensor of a model: dims of -1 are variable. */
-typedef struct {
-    const char *name;
-    const char *datatype; /* the protocol's name ("FP32"); Triton's is "TYPE_" and this */
-    int rank;
-    int64_t dims[4];
-    bool optional; /* an input a request may leave out */
-} tensor_desc;
-
-enum { MAX_TENSORS = 8 };
-
-typedef struct {
-    const char *platform;
-    tensor_desc in[MAX_TENSORS], out[MAX_TENSORS];
-    int n_in, n_out;
-} model_desc;
+const char *const api__v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
+const size_t api__v2_n_extensions = sizeof api__v2_extensions / sizeof api__v2_extensions[0];
 
 #define VAR4                                                                                       \
     {                                                                                              \
@@ -186,15 +167,14 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
     return strcmp(model, "sdpa") == 0 || (models && api_models_find(models, model) != NULL);
 }
 
-/* The description of a model found by api__v2_model_find. */
-static model_desc describe(const model_ref *m)
+model_desc api__v2_model_desc(const model_ref *m)
 {
     return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->layer);
 }
 
 bool api__v2_output_listed(const model_ref *m, int o)
 {
-    model_desc d = describe(m);
+    model_desc d = api__v2_model_desc(m);
     for (int i = 0; i < d.n_out; i++)
         if (strcmp(d.out[i].name, api__out_names[o]) == 0)
             return true;
@@ -206,11 +186,12 @@ void api_v2_server_metadata(api_reply *reply)
     api_buf w;
     memset(reply, 0, sizeof *reply);
     api_buf_init(&w, 4096);
-    api_buf_cstr(&w, "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
-    for (size_t i = 0; i < sizeof v2_extensions / sizeof v2_extensions[0]; i++) {
+    api_buf_cstr(&w, "{\"name\":\"" API__V2_SERVER_NAME "\",\"version\":\"" API__V2_SERVER_VERSION
+                     "\",\"extensions\":[");
+    for (size_t i = 0; i < api__v2_n_extensions; i++) {
         if (i > 0)
             api_buf_char(&w, ',');
-        api_buf_json_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
+        api_buf_json_string(&w, api__v2_extensions[i], strlen(api__v2_extensions[i]));
     }
     /* What the engine computes with, as the start-up log and attnd_engine_info say: an
      * extra member, which v2 clients ignore and operators can read without a scrape. */
@@ -295,7 +276,7 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
     api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
-    model_desc d = describe(&m);
+    model_desc d = api__v2_model_desc(&m);
     api_buf_printf(
         &w, ",\"versions\":[\"" API_V2_VERSION "\"],\"platform\":\"%s\",\"inputs\":", d.platform);
     write_meta_tensors(&w, d.in, d.n_in);
@@ -313,7 +294,7 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
     api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
-    model_desc d = describe(&m);
+    model_desc d = api__v2_model_desc(&m);
     api_buf_printf(&w,
                    ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
                    "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",

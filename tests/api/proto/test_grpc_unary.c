@@ -2,7 +2,7 @@
  * against the v2 HTTP routes they answer for: ModelStatistics carries the same counters as GET
  * /v2/models/stats's JSON (both written from one api_model_stats array), ModelReady refuses an
  * unknown model or version with the status and message of GET /v2/models/{m}/ready, and
- * ModelMetadata names what the HTTP metadata names. */
+ * ModelMetadata and ServerMetadata say what GET /v2/models/{m} and GET /v2 say. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,23 +135,85 @@ static void test_model_ready_as_over_http(void)
     }
 }
 
-static void test_model_metadata(void)
+/* A TensorMetadata list equals the JSON's [{name, datatype, shape}]. */
+static void check_tensors(Inference__ModelMetadataResponse__TensorMetadata **t, size_t n,
+                          const json_t *list, const char *model)
 {
-    uint8_t buf[256];
-    size_t len = model_request("sdpa", NULL, buf);
-    api_call call = {.body = (const char *)buf, .body_len = len, .models = models};
-    api_reply g;
-    api_grpc_unary(API_GRPC_MODEL_METADATA, true, &call, &g);
+    CHECKF(n == json_array_size(list), "%s: %zu tensors, HTTP %zu", model, n,
+           json_array_size(list));
+    for (size_t i = 0; i < n && i < json_array_size(list); i++) {
+        const json_t *j = json_array_get(list, i), *shape = json_object_get(j, "shape");
+        CHECK(strcmp(t[i]->name, json_string_value(json_object_get(j, "name"))) == 0);
+        CHECK(strcmp(t[i]->datatype, json_string_value(json_object_get(j, "datatype"))) == 0);
+        CHECK(t[i]->n_shape == json_array_size(shape));
+        for (size_t d = 0; d < t[i]->n_shape && d < json_array_size(shape); d++)
+            CHECK(t[i]->shape[d] == json_integer_value(json_array_get(shape, d)));
+    }
+}
+
+/* ModelMetadata says what GET /v2/models/{m} says (its decoder parameters aside, which the
+ * message has no field for), and refuses what it refuses in its words. */
+static void test_model_metadata_as_over_http(void)
+{
+    const char *cases[][2] = {{"sdpa", NULL}, {"demo", "1"}, {"nosuch", NULL}, {"demo", "3"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint8_t buf[256];
+        size_t len = model_request(cases[k][0], cases[k][1], buf);
+        api_call call = {.body = (const char *)buf, .body_len = len, .models = models};
+        api_call http = {.models = models, .model = cases[k][0], .version = cases[k][1]};
+        api_reply g, h;
+        api_grpc_unary(API_GRPC_MODEL_METADATA, true, &call, &g);
+        api_v2_model_metadata(&http, &h);
+        json_t *root = json_loadb(h.body, h.body_len, 0, NULL);
+        CHECKF(g.status == h.status, "%s: gRPC %d, HTTP %d", cases[k][0], g.status, h.status);
+        if (h.status == 200) {
+            Inference__ModelMetadataResponse *r =
+                inference__model_metadata_response__unpack(NULL, g.body_len, (uint8_t *)g.body);
+            const json_t *versions = json_object_get(root, "versions");
+            CHECK(r && strcmp(r->name, json_string_value(json_object_get(root, "name"))) == 0);
+            CHECK(r &&
+                  strcmp(r->platform, json_string_value(json_object_get(root, "platform"))) == 0);
+            CHECK(r && r->n_versions == 1 && json_array_size(versions) == 1 &&
+                  strcmp(r->versions[0], json_string_value(json_array_get(versions, 0))) == 0);
+            if (r) {
+                check_tensors(r->inputs, r->n_inputs, json_object_get(root, "inputs"), cases[k][0]);
+                check_tensors(r->outputs, r->n_outputs, json_object_get(root, "outputs"),
+                              cases[k][0]);
+                inference__model_metadata_response__free_unpacked(r, NULL);
+            }
+        } else {
+            const char *want = json_string_value(json_object_get(root, "error"));
+            CHECKF(want && g.body && strcmp(g.body, want) == 0, "gRPC %s, HTTP %s",
+                   g.body ? g.body : "(none)", want ? want : "(none)");
+        }
+        json_decref(root);
+        api_reply_free(&g);
+        api_reply_free(&h);
+    }
+}
+
+/* ServerMetadata says what GET /v2 says (its engine member aside). */
+static void test_server_metadata_as_over_http(void)
+{
+    api_call call = {.body = "", .body_len = 0, .models = models};
+    api_reply g, h;
+    api_grpc_unary(API_GRPC_SERVER_METADATA, true, &call, &g);
+    api_v2_server_metadata(&h);
     CHECK_EQ_INT(g.status, 200);
-    Inference__ModelMetadataResponse *r =
-        inference__model_metadata_response__unpack(NULL, g.body_len, (uint8_t *)g.body);
-    CHECK(r && strcmp(r->name, "sdpa") == 0 && r->n_inputs == 7 && r->n_outputs == 2);
-    if (r && r->n_inputs == 7)
-        CHECK(strcmp(r->inputs[0]->name, "query") == 0 &&
-              strcmp(r->inputs[0]->datatype, "FP32") == 0 && r->inputs[0]->n_shape == 4);
+    json_t *root = json_loadb(h.body, h.body_len, 0, NULL);
+    const json_t *ext = json_object_get(root, "extensions");
+    Inference__ServerMetadataResponse *r =
+        inference__server_metadata_response__unpack(NULL, g.body_len, (uint8_t *)g.body);
+    CHECK(r && strcmp(r->name, json_string_value(json_object_get(root, "name"))) == 0 &&
+          strcmp(r->version, json_string_value(json_object_get(root, "version"))) == 0);
+    CHECK(r && r->n_extensions == json_array_size(ext) && r->n_extensions >= 3);
+    for (size_t i = 0; r && i < r->n_extensions && i < json_array_size(ext); i++)
+        CHECK(strcmp(r->extensions[i], json_string_value(json_array_get(ext, i))) == 0);
     if (r)
-        inference__model_metadata_response__free_unpacked(r, NULL);
+        inference__server_metadata_response__free_unpacked(r, NULL);
+    json_decref(root);
     api_reply_free(&g);
+    api_reply_free(&h);
 }
 
 int main(void)
@@ -163,7 +225,8 @@ int main(void)
     }
     RUN(test_statistics_as_over_http);
     RUN(test_model_ready_as_over_http);
-    RUN(test_model_metadata);
+    RUN(test_model_metadata_as_over_http);
+    RUN(test_server_metadata_as_over_http);
     api_models_free(models);
     return check_report();
 }
