@@ -21,6 +21,7 @@
  * message as plain text (API_ERRORS_GRPC); a stream carries it as its error_message.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,8 +87,13 @@ static int walk(grpc_job *job, char *rest, size_t *rest_len, api__error *err)
 static int unpack(grpc_job *job, api__error *err)
 {
     size_t rest_len;
-    if (walk(job, NULL, &rest_len, err) != 0 ||
-        api__req_reserve(&job->v.rq, rest_len * (1 + UNPACK_PER_BYTE) + 4096, false,
+    if (walk(job, NULL, &rest_len, err) != 0)
+        return -1;
+    /* rest_len <= the message's length <= --max-body-bytes; saturated all the same. */
+    size_t unpacked = rest_len > (SIZE_MAX - 4096) / (1 + UNPACK_PER_BYTE)
+                          ? SIZE_MAX
+                          : rest_len * (1 + UNPACK_PER_BYTE) + 4096;
+    if (api__req_reserve(&job->v.rq, unpacked, false,
                          "the message's names, shapes, parameters and typed contents", err) != 0)
         return -1;
     char *rest = malloc(rest_len + 1);
