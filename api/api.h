@@ -228,6 +228,9 @@ typedef struct {
     bool body_unread;       /* the server could not read the compressed body as it admitted the
                                request (api_peek.unread): a step it names a session or a v2
                                sequence for has no place in that order, and is refused (413) */
+    bool body_movable;      /* the caller owns body's buffer, frees it after the call and reads
+                               nothing of it meanwhile: the route may move bytes within it
+                               (gRPC moves a raw tensor onto its alignment, to use it in place) */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */

@@ -193,7 +193,8 @@ static void job_work(srv_job *sj)
                      .lease = &job->lease,
                      .limits = &s->limits,
                      .models = s->models,
-                     .sessions = s->sessions};
+                     .sessions = s->sessions,
+                     .body_movable = true};
     api_grpc_infer(&call, job->stream, &job->reply);
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;

@@ -8,7 +8,8 @@
  * parameters, typed contents: small) unpacked. Each input fills its tensor of the operation's
  * request through v2_request.c's checks (api__v2_input_begin, api__v2_input_datatype,
  * api__v2_input_raw): raw contents as raw bytes, used where they lie in the message when they
- * are aligned for their datatype (api__tensor_in_place), else converted once; typed contents
+ * are aligned for their datatype (api__tensor_in_place) or can be moved onto the alignment over
+ * their own tag and length (call->body_movable), else converted once; typed contents
  * (fp32_contents for FP32, int_contents for INT32, int64_contents for INT64, bool_contents for
  * BOOL) the same way from protobuf-c's arrays, bools as bytes. Each parameter goes through
  * api__v2_parameter as the JSON scalar the HTTP route reads (the options' parsers take one), so
@@ -40,6 +41,7 @@ typedef struct {
     v2_job v; /* first: its api__req is api__serve's */
     bool stream;
     ProtobufCBinaryData raw[MAX_RAW]; /* pointers into the message */
+    size_t raw_head[MAX_RAW];         /* the bytes of each one's tag and length, before it */
     size_t n_raw;
     Inference__ModelInferRequest *req; /* the rest of the message, unpacked */
 } grpc_job;
@@ -70,6 +72,7 @@ static int walk(grpc_job *job, char *rest, size_t *rest_len, api__error *err)
             if (job->n_raw == MAX_RAW)
                 return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST,
                                       NULL, "raw_input_contents: more than %d entries", MAX_RAW);
+            job->raw_head[job->n_raw] = (size_t)(f.data - (call->body + start));
             job->raw[job->n_raw].data = (uint8_t *)(uintptr_t)f.data;
             job->raw[job->n_raw++].len = f.len;
         } else {
@@ -251,6 +254,22 @@ static int typed_input(grpc_job *job, const Inference__ModelInferRequest__InferI
                              (int64_t)(n * api__dtype_size(dtype)), bytes, err);
 }
 
+/* Raw contents i of `dtype`, moved back onto the alignment of its elements over its own tag and
+ * length (read already) when the caller lets the route move bytes of the message and they make
+ * room: the operation then reads the tensor where it lies instead of converting a copy. Only the
+ * dtypes that are used as they are (float32 and int64) are worth the move. */
+static void realign(grpc_job *job, size_t i, api__dtype dtype)
+{
+    size_t size = api__dtype_size(dtype);
+    size_t off = (uintptr_t)job->raw[i].data % size;
+    if (!job->v.rq.call->body_movable || off == 0 || off > job->raw_head[i] ||
+        (dtype != API_DTYPE_FLOAT32 && dtype != API_DTYPE_INT64))
+        return;
+    memmove(job->raw[i].data - off, job->raw[i].data, job->raw[i].len);
+    job->raw[i].data -= off;
+    job->raw_head[i] -= off;
+}
+
 static int read_input(grpc_job *job, size_t i, api__error *err)
 {
     const Inference__ModelInferRequest__InferInputTensor *in = job->req->inputs[i];
@@ -268,10 +287,14 @@ static int read_input(grpc_job *job, size_t i, api__error *err)
     snprintf(sub, sizeof sub, "%s.datatype", in->name);
     if (api__v2_input_datatype(in->name, in->datatype, sub, &dtype, &json_ok, err) != 0)
         return -1;
-    if (job->n_raw)
-        return api__v2_input_raw(t, in->name, in->datatype, dtype, (int64_t)job->raw[i].len,
-                                 (const char *)job->raw[i].data, err);
-    return typed_input(job, in, t, dtype, err);
+    if (!job->n_raw)
+        return typed_input(job, in, t, dtype, err);
+    if (api__v2_input_raw(t, in->name, in->datatype, dtype, (int64_t)job->raw[i].len,
+                          (const char *)job->raw[i].data, err) != 0)
+        return -1;
+    realign(job, i, dtype);
+    t->raw = job->raw[i].data;
+    return 0;
 }
 
 /* The request's id, parameters, inputs and outputs into the job, in the order the HTTP route

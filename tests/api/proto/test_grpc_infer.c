@@ -3,9 +3,10 @@
  * request written twice, as a ModelInferRequest (api_grpc_infer) and as the v2 body with binary
  * tensor data and binary_data_output (api_v2_infer), and the two outcomes must agree - the same
  * status and message for a refusal, the same outputs (names, datatypes, shapes and bytes, bit
- * for bit), id and precision for an answer. Covered: raw tensors of each datatype, typed
- * contents, every parameter of model sdpa and a layer model, parameters of each InferParameter
- * type (and of none), bad inputs (datatype, shape, byte count, missing, unknown, given twice),
+ * for bit), id and precision for an answer. Covered: raw tensors of each datatype (moved onto
+ * their alignment and used in place where the caller allows it), typed contents, every
+ * parameter of model sdpa and a layer model, parameters of each InferParameter type (and of
+ * none), bad inputs (datatype, shape, byte count, missing, unknown, given twice),
  * unknown parameters and outputs, the gRPC-only refusals (raw and typed contents mixed or
  * missing, contents of another datatype), ModelStreamInfer's replies, sequences (a session per
  * sequence_id, as over HTTP), and that every byte reserved comes back to the budget. */
@@ -23,6 +24,7 @@ static eng_pool *pool;
 static api_budget *budget;
 static api_models *models;
 static api_sessions *sessions;
+static bool movable; /* gRPC calls let the route move bytes of their message (as the server does) */
 
 /* ---- Cases ---------------------------------------------------------------------------------- */
 
@@ -300,7 +302,8 @@ static void run_route(bool grpc, bool stream, const char *body, size_t len, cons
                      .pool = pool,
                      .lease = &lease,
                      .models = models,
-                     .sessions = sessions};
+                     .sessions = sessions,
+                     .body_movable = grpc && movable};
     if (grpc) {
         api_grpc_infer(&call, stream, reply);
     } else {
@@ -540,6 +543,63 @@ static void test_raw_round_trip(void)
         for (int i = 0; i < 3; i++)
             free(half[i]);
     }
+    qkv_free(&p);
+}
+
+/* The smallest memory budget (to 256 bytes) with which gRPC serves case c, its message `shift`
+ * bytes past an alignment, movable or not. */
+static size_t smallest_budget(const tcase *c, size_t shift, bool move)
+{
+    size_t lo = 0, hi = (size_t)64 << 20;
+    while (hi - lo > 256) {
+        size_t mid = lo + (hi - lo) / 2, len;
+        char *base;
+        const char *msg = grpc_message(c, shift, &len, &base);
+        api_budget *b = api_budget_new(mid);
+        api_lease lease;
+        api_reply r;
+        api_lease_start(&lease, b, eng_now_ns(), 0);
+        api_call call = {
+            .body = msg, .body_len = len, .pool = pool, .lease = &lease, .body_movable = move};
+        api_grpc_infer(&call, false, &r);
+        if (r.status == 200)
+            hi = mid;
+        else
+            lo = mid;
+        api_reply_free(&r);
+        api_lease_end(&lease);
+        api_budget_free(b);
+        eng_buf_free(base);
+    }
+    return hi;
+}
+
+/* Where the caller lets the route move bytes of its message (the server does), raw FP32 inputs
+ * off their alignment are moved onto it and used in place: the same outputs as v2's, and a
+ * request that needs less memory by their bytes than when they are converted into copies. Each
+ * raw input here takes 32 KiB plus a 4-byte tag and length, so all three share the message's
+ * alignment: misaligned at three shifts of four. */
+static void test_raw_moved_onto_alignment(void)
+{
+    qkv p;
+    qkv_new(&p, 1, 2, 256, 256, 16);
+    tcase c = {.model = "sdpa"};
+    qkv_inputs(&p, &c);
+    int saved = 0;
+    movable = true;
+    for (size_t shift = 0; shift < 4; shift++) {
+        outcome r;
+        run_both(&c, false, shift, &r);
+        CHECKF(r.grpc.status == 200 && r.v2.status == 200, "shift %zu: %d %d", shift, r.grpc.status,
+               r.v2.status);
+        check_same_outputs(&r, r.resp, "moved");
+        outcome_free(&r);
+        size_t copied = smallest_budget(&c, shift, false), moved = smallest_budget(&c, shift, true);
+        CHECKF(moved <= copied, "shift %zu: %zu bytes moved, %zu copied", shift, moved, copied);
+        saved += copied >= moved + 2 * 32768;
+    }
+    movable = false;
+    CHECK_EQ_INT(saved, 3);
     qkv_free(&p);
 }
 
@@ -909,6 +969,7 @@ int main(void)
         return 1;
     }
     RUN(test_raw_round_trip);
+    RUN(test_raw_moved_onto_alignment);
     RUN(test_typed_contents);
     RUN(test_parameters);
     RUN(test_bad_requests_as_over_http);
