@@ -675,8 +675,10 @@ typedef struct {
 bool api_grpc_infer_peek_read(const char *msg, size_t len, api_grpc_infer_peek *out);
 
 /* ModelInfer: call->body is a ModelInferRequest; the reply a ModelInferResponse whose outputs
- * are all raw_output_contents (FP32, or BF16 with output_dtype). Runs api_v2_infer, so every
- * limit, reservation (through call->lease), deadline and status is the HTTP route's.
+ * are all raw_output_contents (FP32, or BF16 with output_dtype). The v2 inference route's job,
+ * checks and steps read from protobuf, so every limit, reservation (through call->lease),
+ * deadline, status and message is the HTTP route's; with call->body_movable, raw FP32 and INT64
+ * inputs may be moved within the body onto their alignment.
  * `stream`: ModelStreamInfer's form, a ModelStreamInferResponse holding the response or, on
  * failure, the error_message (reply.status still says what failed). Engine worker. */
 void api_grpc_infer(const api_call *call, bool stream, api_reply *reply);
