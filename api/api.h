@@ -228,6 +228,9 @@ typedef struct {
     bool body_unread;       /* the server could not read the compressed body as it admitted the
                                request (api_peek.unread): a step it names a session or a v2
                                sequence for has no place in that order, and is refused (413) */
+    bool body_movable;      /* the caller owns body's buffer, frees it after the call and reads
+                               nothing of it meanwhile: the route may move bytes within it
+                               (gRPC moves a raw tensor onto its alignment, to use it in place) */
 } api_call;
 
 /* Why a request failed, for the attnd_rejected_total{reason} metric. */
@@ -479,6 +482,23 @@ void api_v2_model_ready(const api_call *call, api_reply *reply);
 /* Whether {model, version} (version may be NULL) names a model: for metrics labels. */
 bool api_v2_model_known(const api_models *models, const char *model, const char *version);
 
+/* One model's counters for Triton's statistics extension, as the server keeps them: the data of
+ * both GET /v2/models[/{m}]/stats and gRPC's ModelStatistics. */
+typedef struct {
+    uint64_t count, ns;
+} api_stat_duration;
+
+typedef struct {
+    const char *name; /* borrowed for the call */
+    uint64_t last_inference_ms, inference_count, execution_count;
+    api_stat_duration success, fail, queue, compute_input, compute_infer, compute_output;
+} api_model_stats;
+
+/* Appends GET /v2/models[/{m}]/stats's body, {"model_stats": [...]}, for the n models `st` (in
+ * their order; each of version API_V2_VERSION, its cache_hit and cache_miss 0 and no batch_stats),
+ * to `b`. Any thread. */
+void api_v2_statistics_json(const api_model_stats *st, size_t n, api_buf *b);
+
 /* POST /v2/models/{m}[/versions/{v}]/infer: the inference request, JSON or with the binary
  * tensor extension (call->inference_header_length), to eng_sdpa (model "sdpa") or eng_mha (a
  * layer). The same limits, budget, deadlines and cancellation as api_attention. Statuses: 200;
@@ -671,11 +691,10 @@ void api_grpc_error(api_reply *reply, int http_status, api_reason reason, const 
 
 /* The cheap methods: ServerLive, ServerReady and HealthCheck (`ready` says which answer),
  * ModelReady, ServerMetadata, ModelMetadata, ModelConfig and RepositoryIndex, from call->body's
- * request message (call->models, call->limits). Statistics come from the server's counters as the
- * JSON of GET /v2/models/stats (stats_json), turned into a ModelStatisticsResponse. Any
- * thread. */
+ * request message (call->models, call->limits). Statistics come from the server's counters (the
+ * n models `st`, as for api_v2_statistics_json) as a ModelStatisticsResponse. Any thread. */
 void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply);
-void api_grpc_statistics(const char *stats_json, size_t len, api_reply *reply);
+void api_grpc_statistics(const api_model_stats *st, size_t n, api_reply *reply);
 
 /* What a ModelInferRequest says about queueing it, read on the I/O thread without decoding
  * its tensors: its model and version (NUL-terminated, truncated to fit), and its timeout,
@@ -690,8 +709,10 @@ typedef struct {
 bool api_grpc_infer_peek_read(const char *msg, size_t len, api_grpc_infer_peek *out);
 
 /* ModelInfer: call->body is a ModelInferRequest; the reply a ModelInferResponse whose outputs
- * are all raw_output_contents (FP32, or BF16 with output_dtype). Runs api_v2_infer, so every
- * limit, reservation (through call->lease), deadline and status is the HTTP route's.
+ * are all raw_output_contents (FP32, or BF16 with output_dtype). The v2 inference route's job,
+ * checks and steps read from protobuf, so every limit, reservation (through call->lease),
+ * deadline, status and message is the HTTP route's; with call->body_movable, raw FP32 and INT64
+ * inputs may be moved within the body onto their alignment.
  * `stream`: ModelStreamInfer's form, a ModelStreamInferResponse holding the response or, on
  * failure, the error_message (reply.status still says what failed). Engine worker. */
 void api_grpc_infer(const api_call *call, bool stream, api_reply *reply);

@@ -48,7 +48,12 @@ typedef enum {
     API_ERRORS_NATIVE = 0, /* {"error": {"code", "message", "field"}} */
     API_ERRORS_V2,         /* {"error": "message"}; an invalid request (422 natively) is 400, as
                               Triton and KServe answer INVALID_ARG */
+    API_ERRORS_GRPC,       /* v2 over gRPC: the v2 statuses, the message as plain text
+                              (API_ERRORS_GRPC_TYPE), which becomes grpc-message */
 } api_error_style;
+
+/* The content type of an API_ERRORS_GRPC error reply. */
+#define API_ERRORS_GRPC_TYPE "text/plain"
 
 /* The HTTP code of `status` in `style`. */
 int api_status_http(api_error_style style, api_status status);

@@ -144,7 +144,6 @@ static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
 {
     srv_server *s = call->conn->g->s;
     api_grpc_infer_peek named;
-    api_buf b;
     int slot = -1;
     memset(reply, 0, sizeof *reply);
     /* A ModelStatisticsRequest has its name and version where a ModelInferRequest has its
@@ -161,13 +160,13 @@ static void statistics(grpc_call *call, const grpc_msg *m, api_reply *reply)
         }
         slot = srv__metrics_model_slot(s->models, named.model);
     }
-    api_buf_init(&b, (size_t)1 << 20);
-    srv__metrics_stats_json(&s->metrics, s->models, slot, &b);
-    if (b.state == API_BUF_OK)
-        api_grpc_statistics(b.data, b.len, reply);
+    size_t n;
+    api_model_stats *st = srv__metrics_model_stats(&s->metrics, s->models, slot, &n);
+    if (st)
+        api_grpc_statistics(st, n, reply);
     else
         error_reply(reply, SRV_REFUSE_NO_MEMORY, "out of memory");
-    api_buf_free(&b);
+    free(st);
 }
 
 static void free_msg(grpc_call *call, grpc_msg *m)
@@ -194,7 +193,8 @@ static void job_work(srv_job *sj)
                      .lease = &job->lease,
                      .limits = &s->limits,
                      .models = s->models,
-                     .sessions = s->sessions};
+                     .sessions = s->sessions,
+                     .body_movable = true};
     api_grpc_infer(&call, job->stream, &job->reply);
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;

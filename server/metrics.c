@@ -9,6 +9,7 @@
 #include "server/metrics.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <stddef.h>
 #include <string.h>
@@ -451,43 +452,35 @@ void srv__metrics_render_models(const srv_metrics *m, const api_models *models, 
     }
 }
 
-static void duration_json(api_buf *b, const char *name, uint64_t count, uint64_t ns, bool last)
-{
-    api_buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)count,
-                   (unsigned long long)ns, last ? "" : ",");
-}
-
-void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, api_buf *b)
+api_model_stats *srv__metrics_model_stats(const srv_metrics *m, const api_models *models, int slot,
+                                          size_t *n_out)
 {
     int n = model_count(models);
-    bool first = true;
-    api_buf_cstr(b, "{\"model_stats\":[");
+    api_model_stats *out = calloc((size_t)n, sizeof *out);
+    size_t k = 0;
+    *n_out = 0;
+    if (!out)
+        return NULL;
     for (int i = 0; i < n; i++) {
         const srv_model_stats *st = &m->model[i];
-        const char *name = model_name(models, i);
         uint64_t ok = load(&st->success);
         if (slot >= 0 && i != slot)
             continue;
-        api_buf_cstr(b, first ? "{\"name\":" : ",{\"name\":");
-        first = false;
-        api_buf_json_string(b, name, strlen(name));
-        api_buf_printf(b,
-                       ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
-                       "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
-                       (unsigned long long)load(&st->last_ms),
-                       (unsigned long long)load(&st->inferences),
-                       (unsigned long long)load(&st->executions));
-        duration_json(b, "success", ok, load(&st->success_ns), false);
-        duration_json(b, "fail", load(&st->fail), load(&st->fail_ns), false);
-        duration_json(b, "queue", load(&st->queue_count), load(&st->queue_ns), false);
-        duration_json(b, "compute_input", ok, load(&st->input_ns), false);
-        duration_json(b, "compute_infer", ok, load(&st->infer_ns), false);
-        duration_json(b, "compute_output", ok, load(&st->output_ns), false);
-        duration_json(b, "cache_hit", 0, 0, false);
-        duration_json(b, "cache_miss", 0, 0, true);
-        api_buf_cstr(b, "},\"batch_stats\":[]}");
+        out[k++] = (api_model_stats){
+            .name = model_name(models, i),
+            .last_inference_ms = load(&st->last_ms),
+            .inference_count = load(&st->inferences),
+            .execution_count = load(&st->executions),
+            .success = {ok, load(&st->success_ns)},
+            .fail = {load(&st->fail), load(&st->fail_ns)},
+            .queue = {load(&st->queue_count), load(&st->queue_ns)},
+            .compute_input = {ok, load(&st->input_ns)},
+            .compute_infer = {ok, load(&st->infer_ns)},
+            .compute_output = {ok, load(&st->output_ns)},
+        };
     }
-    api_buf_cstr(b, "]}\n");
+    *n_out = k;
+    return out;
 }
 
 void srv__metrics_session_step(srv_metrics *m, int64_t compute_ns)

@@ -138,7 +138,10 @@ void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason,
                         int64_t queue_ns, const api_reply *reply);
 /* Appends Triton's nv_inference_* families, labelled model and version, for every model. */
 void srv__metrics_render_models(const srv_metrics *m, const api_models *models, api_buf *b);
-/* Appends GET /v2/models[/{m}]/stats's {"model_stats": [...]} for one slot, or all (-1). */
-void srv__metrics_stats_json(const srv_metrics *m, const api_models *models, int slot, api_buf *b);
+/* The statistics of one slot, or all (-1), as api/ writes them (api_v2_statistics_json,
+ * api_grpc_statistics): a malloc'd array of *n (names borrowed from `models`); NULL when memory
+ * runs out. */
+api_model_stats *srv__metrics_model_stats(const srv_metrics *m, const api_models *models, int slot,
+                                          size_t *n);
 
 #endif

@@ -10,6 +10,7 @@
  */
 #include "server/v2.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/daemon.h"
@@ -76,9 +77,14 @@ srv_reply srv__answer_v2_stats(srv_server *s, const srv_answer_args *args)
         }
         slot = srv__metrics_model_slot(s->models, call.model);
     }
+    size_t n;
+    api_model_stats *st = srv__metrics_model_stats(&s->metrics, s->models, slot, &n);
     api_buf_init(&b, (size_t)1 << 20);
-    srv__metrics_stats_json(&s->metrics, s->models, slot, &b);
-    body = api_buf_take(&b, &len);
+    if (st)
+        api_v2_statistics_json(st, n, &b);
+    free(st);
+    body = st ? api_buf_take(&b, &len) : NULL;
+    api_buf_free(&b);
     if (!body)
         return srv__reply_refusal(args->style, SRV_REFUSE_INTERNAL, "out of memory");
     return srv__reply_body(SRV_ANSWER_OK, "application/json", body, len);

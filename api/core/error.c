@@ -39,7 +39,7 @@ static const struct {
 
 int api_status_http(api_error_style style, api_status status)
 {
-    return statuses[status].http[style == API_ERRORS_V2];
+    return statuses[status].http[style != API_ERRORS_NATIVE];
 }
 
 const char *api_status_name(api_status status)

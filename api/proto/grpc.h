@@ -1,8 +1,8 @@
 /*
  * grpc.h - what the files of the v2 gRPC protocol (proto/grpc_*.c) share: the content type of
- * an error reply, a cursor over protobuf's wire format (grpc_wire.c), and the converter from the
- * JSON of the HTTP routes to a protobuf-c message (grpc_json.c). Nothing outside
- * proto/grpc_*.c includes it.
+ * an error reply, a cursor over protobuf's wire format (grpc_wire.c), the packing of a response
+ * (grpc_unary.c) and the converter from the JSON of the HTTP routes to a protobuf-c message
+ * (grpc_json.c). Nothing outside proto/grpc_*.c includes it.
  */
 #ifndef ATTND_API_PROTO_GRPC_H
 #define ATTND_API_PROTO_GRPC_H
@@ -12,7 +12,7 @@
 
 #include "api/api.h"
 
-#define API_GRPC_ERROR_TYPE   "text/plain"
+#define API_GRPC_ERROR_TYPE   API_ERRORS_GRPC_TYPE
 #define API_GRPC_MESSAGE_TYPE "application/grpc"
 
 /* Outputs of one inference reply, at most (sdpa has three). */
@@ -41,15 +41,17 @@ bool api__pb_varint(api__pb_cursor *c, uint64_t *out);
  * field of the message (its proto name) is converted by the field's type (numbers, bools,
  * strings, enums by name, nested messages, repeated fields, maps from objects); others are
  * skipped. Allocates with malloc: protobuf_c_message_free_unpacked(msg, NULL) frees it. False
- * when memory ran out or a value does not fit its field. */
+ * when memory ran out or a value does not fit its field. grpc_json.c. */
 bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj);
 
-/* Packs `msg` into reply->body (200, application/grpc), reserving nothing (small messages);
- * 503 when memory runs out. */
-void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg);
+/* Turns the JSON reply of an HTTP route (the configuration) into the response message of
+ * descriptor d, from the whole reply or, with `wrap`, the field of the response named so holding
+ * it; an error reply's message becomes plain text, status kept. grpc_json.c. */
+void api__grpc_reply_convert(api_reply *reply, const ProtobufCMessageDescriptor *d,
+                             const char *wrap);
 
-/* The message of an error reply of the JSON routes ({"error": "..."}) as the plain text of a
- * gRPC error reply, status kept. */
-void api__grpc_reply_from_json_error(api_reply *reply);
+/* Packs `msg` into reply->body (200, application/grpc), reserving nothing (small messages);
+ * 503 when memory runs out. grpc_unary.c. */
+void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg);
 
 #endif

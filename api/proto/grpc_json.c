@@ -1,8 +1,9 @@
 /*
- * grpc_json.c - the cheap methods of the v2 gRPC protocol: the same replies as the HTTP routes
- * (api_v2_server_metadata, api_v2_model_metadata, api_v2_model_config, api_v2_model_ready, the
- * statistics JSON), whose JSON already uses the protos' field names, converted into the
- * response messages field by field through protobuf-c's descriptors.
+ * grpc_json.c - ModelConfig's response: the reply of GET /v2/models/{m}/config
+ * (api_v2_model_config), whose JSON already uses the protos' field names, converted into the
+ * message field by field through protobuf-c's descriptors. Triton's model configuration is a
+ * large nested message of which attnd fills a few fields; one generic converter keeps that JSON
+ * the only place they are written.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -178,22 +179,9 @@ static bool set_message(const ProtobufCMessageDescriptor *d, void **slot, const 
     return api__grpc_from_json(m, v);
 }
 
-void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg)
-{
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    api_reply_free(reply);
-    reply->body = eng_buf_alloc(n ? n : 1);
-    if (!reply->body) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
-    }
-    reply->body_len = protobuf_c_message_pack(msg, (uint8_t *)reply->body);
-    reply->status = 200;
-    reply->reason = API_REASON_NONE;
-    reply->content_type = API_GRPC_MESSAGE_TYPE;
-}
-
-void api__grpc_reply_from_json_error(api_reply *reply)
+/* The message of an error reply of the JSON routes ({"error": "..."}) as the plain text of a
+ * gRPC error reply, status kept. */
+static void reply_from_json_error(api_reply *reply)
 {
     json_t *root = json_loadb(reply->body ? reply->body : "", reply->body_len, 0, NULL);
     const json_t *e = json_object_get(root, "error");
@@ -203,15 +191,13 @@ void api__grpc_reply_from_json_error(api_reply *reply)
     json_decref(root);
 }
 
-/* Turns a JSON reply of an HTTP route into the response message of descriptor d, built from
- * the object `pick` names in it (NULL: the whole reply) or the whole reply under `wrap` (a
- * field of the response holding it). */
-static void reply_convert(api_reply *reply, const ProtobufCMessageDescriptor *d, const char *wrap)
+void api__grpc_reply_convert(api_reply *reply, const ProtobufCMessageDescriptor *d,
+                             const char *wrap)
 {
     json_t *root, *obj;
     ProtobufCMessage *msg;
     if (reply->status != 200) {
-        api__grpc_reply_from_json_error(reply);
+        reply_from_json_error(reply);
         return;
     }
     root = json_loadb(reply->body, reply->body_len, 0, NULL);
@@ -227,143 +213,4 @@ static void reply_convert(api_reply *reply, const ProtobufCMessageDescriptor *d,
         protobuf_c_message_free_unpacked(msg, NULL);
     json_decref(obj);
     json_decref(root);
-}
-
-/* The {name, version} of a model request message: ModelReady, ModelMetadata, ModelConfig and
- * ModelStatistics all put them in fields 1 and 2. */
-static bool model_of(const api_call *call, char *name, size_t name_cap, char *version,
-                     size_t version_cap)
-{
-    api__pb_cursor c = {.data = call->body, .len = call->body_len};
-    api__pb_field f;
-    name[0] = version[0] = '\0';
-    while (api__pb_next(&c, &f)) {
-        char *dst = f.number == 1 ? name : f.number == 2 ? version : NULL;
-        size_t cap = f.number == 1 ? name_cap : version_cap;
-        if (dst && f.type == 2) {
-            size_t n = f.len < cap - 1 ? f.len : cap - 1;
-            memcpy(dst, f.data, n);
-            dst[n] = '\0';
-        }
-    }
-    return !c.bad;
-}
-
-static void bool_reply(api_reply *reply, const ProtobufCMessageDescriptor *d)
-{
-    ProtobufCMessage *msg = malloc(d->sizeof_message);
-    if (!msg) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
-    }
-    d->message_init(msg);
-    *(protobuf_c_boolean *)MEMBER(msg, d->fields[0].offset) = 1;
-    api__grpc_reply_pack(reply, msg);
-    free(msg);
-}
-
-static void repository_index(const api_call *call, api_reply *reply)
-{
-    Inference__RepositoryIndexResponse resp = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
-    size_t n = 1 + (call->models ? api_models_count(call->models) : 0);
-    Inference__RepositoryIndexResponse__ModelIndex *index = calloc(n, sizeof *index);
-    Inference__RepositoryIndexResponse__ModelIndex **ptrs = calloc(n, sizeof *ptrs);
-    if (!index || !ptrs) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            inference__repository_index_response__model_index__init(&index[i]);
-            index[i].name = (char *)(i == 0 ? "sdpa" : api_models_at(call->models, i - 1)->name);
-            index[i].version = (char *)API_V2_VERSION;
-            index[i].state = (char *)"READY";
-            ptrs[i] = &index[i];
-        }
-        resp.n_models = n;
-        resp.models = ptrs;
-        api__grpc_reply_pack(reply, &resp.base);
-    }
-    free(index);
-    free(ptrs);
-}
-
-/* grpc.health.v1's HealthCheckResponse {status: SERVING (1) or NOT_SERVING (2)}, written by
- * hand: the health service's proto is not compiled in for one enum field. */
-static void health_check(bool ready, api_reply *reply)
-{
-    reply->body = eng_buf_alloc(2);
-    if (!reply->body) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
-    }
-    reply->body[0] = 0x08; /* field 1, varint */
-    reply->body[1] = ready ? 1 : 2;
-    reply->body_len = 2;
-    reply->status = 200;
-    reply->content_type = API_GRPC_MESSAGE_TYPE;
-}
-
-void api_grpc_unary(api_grpc_method method, bool ready, const api_call *call, api_reply *reply)
-{
-    char name[128], version[32];
-    api_call c = *call;
-    memset(reply, 0, sizeof *reply);
-    if (!model_of(call, name, sizeof name, version, sizeof version)) {
-        api_grpc_error(reply, 400, API_REASON_BAD_REQUEST, "malformed request message");
-        return;
-    }
-    c.model = name;
-    c.version = version[0] ? version : NULL;
-    switch (method) {
-    case API_GRPC_SERVER_LIVE:
-        bool_reply(reply, &inference__server_live_response__descriptor);
-        return;
-    case API_GRPC_SERVER_READY:
-        if (ready)
-            bool_reply(reply, &inference__server_ready_response__descriptor);
-        else
-            api_grpc_error(reply, 503, API_REASON_DRAINING, "draining");
-        return;
-    case API_GRPC_MODEL_READY:
-        api_v2_model_ready(&c, reply);
-        if (reply->status == 200)
-            bool_reply(reply, &inference__model_ready_response__descriptor);
-        else
-            api__grpc_reply_from_json_error(reply);
-        return;
-    case API_GRPC_SERVER_METADATA:
-        api_v2_server_metadata(reply);
-        reply_convert(reply, &inference__server_metadata_response__descriptor, NULL);
-        return;
-    case API_GRPC_MODEL_METADATA:
-        api_v2_model_metadata(&c, reply);
-        reply_convert(reply, &inference__model_metadata_response__descriptor, NULL);
-        return;
-    case API_GRPC_MODEL_CONFIG:
-        api_v2_model_config(&c, reply);
-        reply_convert(reply, &inference__model_config_response__descriptor, "config");
-        return;
-    case API_GRPC_REPOSITORY_INDEX:
-        repository_index(call, reply);
-        return;
-    case API_GRPC_HEALTH_CHECK:
-        health_check(ready, reply);
-        return;
-    default:
-        api_grpc_error(reply, 501, API_REASON_BAD_REQUEST, "method not implemented by attnd");
-        return;
-    }
-}
-
-void api_grpc_statistics(const char *stats_json, size_t len, api_reply *reply)
-{
-    memset(reply, 0, sizeof *reply);
-    reply->body = eng_buf_alloc(len + 1);
-    if (!reply->body) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
-    }
-    memcpy(reply->body, stats_json, len);
-    reply->body_len = len;
-    reply->status = 200;
-    reply_convert(reply, &inference__model_statistics_response__descriptor, NULL);
 }

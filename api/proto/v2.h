@@ -1,8 +1,10 @@
 /*
  * v2.h - the KServe v2 protocol's inference job, shared by proto/v2_request.c (which parses a
- * request into it), proto/v2_infer.c (which runs it and answers) and proto/v2_model.c (the
- * model lookup). Nothing outside proto/v2_*.c includes it; the protocol itself is described at
- * the top of v2_infer.c (inference) and v2_model.c (metadata and configuration).
+ * request into it), proto/v2_infer.c (which runs it and answers), proto/v2_model.c (the
+ * model lookup) and proto/grpc_infer.c (the same protocol over gRPC: its own reader and writer,
+ * the same job, checks and steps; grpc_unary.c looks models up). Nothing outside proto/v2_*.c and
+ * proto/grpc_*.c includes it; the protocol itself is described at the top of v2_infer.c (inference)
+ * and v2_model.c (metadata and configuration).
  *
  * The type names are unprefixed because they never leave these files; the functions, which
  * the linker sees, carry api__v2_.
@@ -118,12 +120,48 @@ static inline void *v2_req_field(v2_job *job, size_t offset)
     return (char *)job->req + offset;
 }
 
+/* What GET /v2 and ServerMetadata report (v2_model.c). */
+#define API__V2_SERVER_NAME    "attnd"
+#define API__V2_SERVER_VERSION "0.1.0"
+extern const char *const api__v2_extensions[];
+extern const size_t api__v2_n_extensions;
+
+/* One tensor of a model's metadata and configuration: dims of -1 are variable. */
+typedef struct {
+    const char *name;
+    const char *datatype; /* the protocol's name ("FP32"); Triton's is "TYPE_" and this */
+    int rank;
+    int64_t dims[4];
+    bool optional; /* an input a request may leave out */
+} tensor_desc;
+
+enum { MAX_TENSORS = 8 };
+
+/* What a model's metadata and configuration describe: its platform and tensors. */
+typedef struct {
+    const char *platform;
+    tensor_desc in[MAX_TENSORS], out[MAX_TENSORS];
+    int n_in, n_out;
+} model_desc;
+
+/* The description of model m (found by api__v2_model_lookup). v2_model.c. */
+model_desc api__v2_model_desc(const model_ref *m);
+
 /* Whether model m's metadata lists output o (an API__OUT_*): those an infer without "outputs"
  * returns. v2_model.c. */
 bool api__v2_output_listed(const model_ref *m, int o);
 
+/* Finds model `name` (NULL: "") of version `version` (NULL: any) among "sdpa" and `models`;
+ * 404 naming the models there are when there is none. */
+int api__v2_model_lookup(const api_models *models, const char *name, const char *version,
+                         model_ref *m, api__error *err);
+
 /* Finds call->model (and call->version); on failure fills a 404 reply and returns false. */
 bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
+
+/* Points the job's operation at its model's kind (job->model set, the rest zeroed): the pointers
+ * to its api__req, causal "not given", kind, op, op_state and req. */
+void api__v2_job_init(v2_job *job);
 
 /* Reads the body of job->rq.call into the job (v2_request.c): the Content-Type, the body size
  * and Inference-Header-Content-Length checked first, then id, parameters, inputs (tensors
@@ -134,11 +172,89 @@ bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply);
  * Whatever it allocates belongs to job->rq. */
 int api__v2_request_parse(v2_job *job, api__error *err);
 
+/* The pieces of api__v2_request_parse that another reader of the same request (gRPC) uses, so
+ * that each check and message exists once. */
+
+/* Parameter `key` of the request (the model's own, its operation's options, Triton's reserved
+ * ones; 422 naming "parameters.<key>" for anything else). */
+int api__v2_parameter(v2_job *job, const char *key, const json_t *v, api__error *err);
+
+/* Input `name` (`field` names it in messages: "inputs[i]"): its tensor slot, marked present and
+ * otherwise zeroed, into *t. 422 when the model has no such input or it is given twice. */
+int api__v2_input_begin(v2_job *job, const char *name, const char *field, api__tensor **t,
+                        api__error *err);
+
+/* The datatype `datatype` (NULL: not a string) of input `name`, into *dtype when the input takes
+ * it; *json_ok says whether JSON numbers can carry it. 422 naming `field` otherwise. */
+int api__v2_input_datatype(const char *name, const char *datatype, const char *field,
+                           api__dtype *dtype, bool *json_ok, api__error *err);
+
+/* Input t (its shape set) as `size` raw bytes of `dtype` at `bytes` (borrowed until the request
+ * ends); 422 when size is not the shape's count times the datatype's size. */
+int api__v2_input_raw(api__tensor *t, const char *name, const char *datatype, api__dtype dtype,
+                      int64_t size, const char *bytes, api__error *err);
+
+/* 422 naming the first input the model requires that the request lacks. */
+int api__v2_inputs_complete(v2_job *job, api__error *err);
+
+/* Output `name` asked for (`field` names it in messages): *o its API__OUT_*; 422 when the model
+ * has no such output or it is asked for twice. */
+int api__v2_output_want(v2_job *job, const char *name, const char *field, int *o, api__error *err);
+
 /* After api__v2_request_parse: settles which outputs are returned and computed (weights and lse
  * only when returned; without "outputs", every output the model's metadata lists, weights when
  * return_weights asks and lse unless return_lse is false), which are binary, and the request's
  * timeout (api__v2_timeout_ms). 422 when the outputs listed contradict return_weights or
  * return_lse. */
 int api__v2_outputs_settle(v2_job *job, api__error *err);
+
+/* After api__v2_outputs_settle: the sequence's step or the model's binding, then the
+ * operation's check (v2_infer.c). */
+int api__v2_model_check(v2_job *job, api__error *err);
+
+/* Steps of the v2 inference route (api__steps) that gRPC's shares: the operation's decode, run
+ * and batch, and the job's free (which ends a sequence at its sequence_end). */
+int api__v2_decode(void *job, api__error *err);
+int api__v2_run(void *job, int64_t *compute_ns, api__error *err);
+int64_t api__v2_batch(const void *job);
+void api__v2_free(void *job);
+
+/* Output o of the job, which the request returns or computes. */
+static inline const api__out_shape *v2_output_shape(const v2_job *job, int o)
+{
+    return job->op->output(job->op_state, o, NULL);
+}
+
+/* Where output o is (or will be) written. */
+static inline float **v2_output_slot(v2_job *job, int o)
+{
+    float **slot = NULL;
+    job->op->output(job->op_state, o, &slot);
+    return slot;
+}
+
+static inline float *v2_output_data(v2_job *job, int o)
+{
+    return *v2_output_slot(job, o);
+}
+
+/* Bytes of one output element as bytes are sent: 4 (FP32), or 2 with output_dtype bfloat16. */
+static inline size_t v2_elem_bytes(const v2_job *job)
+{
+    return job->bf16_out ? 2 : 4;
+}
+
+/* The datatype of every output: "FP32", or "BF16" with output_dtype bfloat16. */
+static inline const char *v2_output_datatype(const v2_job *job)
+{
+    return job->bf16_out ? "BF16" : "FP32";
+}
+
+/* 422 when output o (computed) holds a value the protocol's JSON could not carry either (the
+ * engine never returns one, so it is an error, never silently sent); -inf is lse's. */
+int api__v2_output_finite(v2_job *job, int o, api__error *err);
+
+/* Appends output o's bytes to w: fp32 as computed, or rounded to bf16. */
+int api__v2_output_bytes(v2_job *job, int o, api_buf *w, api__error *err);
 
 #endif

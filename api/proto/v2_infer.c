@@ -89,28 +89,9 @@
 
 /* ---- Reply ---------------------------------------------------------------------------------- */
 
-/* Output o, which the request returns or computes. */
-static const api__out_shape *output_shape(const v2_job *job, int o)
-{
-    return job->op->output(job->op_state, o, NULL);
-}
-
-/* Where output o is (or will be) written. */
-static float **output_slot(v2_job *job, int o)
-{
-    float **slot = NULL;
-    job->op->output(job->op_state, o, &slot);
-    return slot;
-}
-
-static float *output_data(v2_job *job, int o)
-{
-    return *output_slot(job, o);
-}
-
 /* ---- The model's operation (sdpa.c or layer.c) ---------------------------------------------- */
 
-static int model_check(v2_job *job, api__error *err)
+int api__v2_model_check(v2_job *job, api__error *err)
 {
     if (job->seq_set && job->rq.call->sessions && job->rq.call->body_unread)
         return api__sessions_unordered(err, "parameters.sequence_id");
@@ -134,25 +115,19 @@ static size_t header_bound(const v2_job *job)
     return n;
 }
 
-/* Bytes of one output element on the wire: 4 (FP32), or 2 with output_dtype bfloat16. */
-static size_t elem_bytes(const v2_job *job)
-{
-    return job->bf16_out ? 2 : 4;
-}
-
 /* Appends the output entries; JSON outputs with their data (after the compute), binary ones
  * with their sizes only. */
 static int write_outputs(v2_job *job, api_buf *w, api__error *err)
 {
     bool first = true;
     for (int o = 0; o < API__N_OUTPUTS; o++) {
-        const api__out_shape *sh = output_shape(job, o);
+        const api__out_shape *sh = v2_output_shape(job, o);
         if (!job->want[o])
             continue;
         api_buf_cstr(w, first ? "" : ",");
         first = false;
         api_buf_printf(w, "{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[", api__out_names[o],
-                       job->bf16_out ? "BF16" : "FP32");
+                       v2_output_datatype(job));
         for (int d = 0; d < sh->rank; d++) {
             if (d > 0)
                 api_buf_char(w, ',');
@@ -161,18 +136,18 @@ static int write_outputs(v2_job *job, api_buf *w, api__error *err)
         api_buf_char(w, ']');
         if (job->binary[o]) {
             api_buf_printf(w, ",\"parameters\":{\"binary_data_size\":%zu}}",
-                           sh->count * elem_bytes(job));
+                           sh->count * v2_elem_bytes(job));
             continue;
         }
         size_t bad = 0;
         const int64_t flat[1] = {(int64_t)sh->count};
         api_buf_cstr(w, ",\"data\":");
-        switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_NESTED,
+        switch (api__tensor_encode(w, v2_output_data(job, o), 1, flat, API_FORM_NESTED,
                                    o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
         case API_ENCODE_OK:
             break;
         case API_ENCODE_NONFINITE:
-            return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
+            return api__tensor_nonfinite_result(err, api__out_names[o], v2_output_data(job, o), bad,
                                                 sh->rank, sh->shape);
         case API_ENCODE_FULL:
             return api__buf_error(w, err);
@@ -196,12 +171,10 @@ static void write_header_start(v2_job *job, api_buf *w)
     api_buf_cstr(w, ",\"outputs\":[");
 }
 
-/* Checks a binary output for values the protocol's JSON could not carry either: the engine
- * never returns them, so one is an error, never silently sent. */
-static int check_finite(v2_job *job, int o, api__error *err)
+int api__v2_output_finite(v2_job *job, int o, api__error *err)
 {
-    const api__out_shape *sh = output_shape(job, o);
-    const float *data = output_data(job, o);
+    const api__out_shape *sh = v2_output_shape(job, o);
+    const float *data = v2_output_data(job, o);
     for (size_t i = 0; i < sh->count; i++) {
         if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY))
             return api__tensor_nonfinite_result(err, api__out_names[o], data, i, sh->rank,
@@ -219,7 +192,7 @@ static int check(void *p, api__error *err)
     v2_job *job = p;
     if (api__v2_request_parse(job, err) != 0 || api__v2_outputs_settle(job, err) != 0)
         return -1;
-    return model_check(job, err);
+    return api__v2_model_check(job, err);
 }
 
 /* Sizes everything before anything is allocated. When every output is binary the engine
@@ -233,10 +206,10 @@ static bool size(void *p, api__sizes *sz)
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
-        const api__out_shape *sh = output_shape(job, o);
+        const api__out_shape *sh = v2_output_shape(job, o);
         if (job->binary[o]) {
             job->any_binary = true;
-            job->binary_bytes += sh->count * elem_bytes(job); /* within --max-elements */
+            job->binary_bytes += sh->count * v2_elem_bytes(job); /* within --max-elements */
         } else {
             job->all_binary = false;
             job->json_text +=
@@ -247,8 +220,8 @@ static bool size(void *p, api__sizes *sz)
     }
     bool ok = job->op->steps.size(job->op_state, sz);
     for (int o = 0; o < API__N_OUTPUTS; o++)
-        if (output_shape(job, o) && !(job->all_binary && job->want[o]))
-            ok = ok && api__req_output_bytes(output_shape(job, o)->count, &sz->tensors);
+        if (v2_output_shape(job, o) && !(job->all_binary && job->want[o]))
+            ok = ok && api__req_output_bytes(v2_output_shape(job, o)->count, &sz->tensors);
     return ok && api__size_add(&sz->text, header_bound(job) + V2_BINARY_ALIGN) &&
            api__size_add(&sz->text, job->json_text) && api__size_add(&sz->text, job->binary_bytes);
 }
@@ -280,40 +253,40 @@ static int place(void *p, api_buf *w, api__error *err)
     for (int o = 0; o < API__N_OUTPUTS; o++) {
         if (!job->want[o])
             continue;
-        *output_slot(job, o) = (float *)(void *)(job->blob + at);
-        at += output_shape(job, o)->count * 4;
+        *v2_output_slot(job, o) = (float *)(void *)(job->blob + at);
+        at += v2_output_shape(job, o)->count * 4;
     }
     return 0;
 }
 
-static int decode(void *p, api__error *err)
+int api__v2_decode(void *p, api__error *err)
 {
     v2_job *job = p;
     return job->op->steps.decode(job->op_state, err);
 }
 
-static int run(void *p, int64_t *compute_ns, api__error *err)
+int api__v2_run(void *p, int64_t *compute_ns, api__error *err)
 {
     v2_job *job = p;
     return job->op->steps.run(job->op_state, compute_ns, err);
 }
 
-/* One binary output's bytes: fp32 as computed, or rounded to bf16. */
-static int write_binary(v2_job *job, int o, api_buf *w, api__error *err)
+int api__v2_output_bytes(v2_job *job, int o, api_buf *w, api__error *err)
 {
-    const api__out_shape *sh = output_shape(job, o);
+    const api__out_shape *sh = v2_output_shape(job, o);
     if (!job->bf16_out) {
-        api_buf_mem(w, output_data(job, o), sh->count * 4);
+        api_buf_mem(w, v2_output_data(job, o), sh->count * 4);
         return 0;
     }
     size_t bad = 0;
     const int64_t flat[1] = {(int64_t)sh->count};
     unsigned flags = API_ENCODE_BF16 | (o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0u);
-    switch (api__tensor_encode(w, output_data(job, o), 1, flat, API_FORM_RAW, flags, NULL, &bad)) {
+    switch (
+        api__tensor_encode(w, v2_output_data(job, o), 1, flat, API_FORM_RAW, flags, NULL, &bad)) {
     case API_ENCODE_OK:
         return 0;
     case API_ENCODE_NONFINITE:
-        return api__tensor_nonfinite_result(err, api__out_names[o], output_data(job, o), bad,
+        return api__tensor_nonfinite_result(err, api__out_names[o], v2_output_data(job, o), bad,
                                             sh->rank, sh->shape);
     case API_ENCODE_FULL:
         break;
@@ -332,7 +305,7 @@ static int write_reply(v2_job *job, api_buf *w, api__error *err)
         api_buf_char(w, '\n');
     job->json_len = w->len;
     for (int o = 0; o < API__N_OUTPUTS; o++)
-        if (job->want[o] && job->binary[o] && write_binary(job, o, w, err) != 0)
+        if (job->want[o] && job->binary[o] && api__v2_output_bytes(job, o, w, err) != 0)
             return -1;
     if (w->state != API_BUF_OK)
         return api__buf_error(w, err);
@@ -345,7 +318,7 @@ static int encode(void *p, api_buf *w, api_reply *reply, api__error *err)
 {
     v2_job *job = p;
     for (int o = 0; o < API__N_OUTPUTS; o++)
-        if (job->want[o] && job->binary[o] && check_finite(job, o, err) != 0)
+        if (job->want[o] && job->binary[o] && api__v2_output_finite(job, o, err) != 0)
             return -1;
     if (!job->all_binary && write_reply(job, w, err) != 0)
         return -1;
@@ -361,13 +334,13 @@ static int encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     return 0;
 }
 
-static int64_t batch(const void *p)
+int64_t api__v2_batch(const void *p)
 {
     const v2_job *job = p;
     return job->op->steps.batch(job->op_state);
 }
 
-static void free_job(void *p)
+void api__v2_free(void *p)
 {
     v2_job *job = p;
     if (job->op->steps.free)
@@ -392,13 +365,25 @@ static const api__route v2_route = {
     .steps = {.check = check,
               .size = size,
               .place = place,
-              .decode = decode,
-              .run = run,
+              .decode = api__v2_decode,
+              .run = api__v2_run,
               .encode = encode,
-              .batch = batch,
-              .free = free_job,
+              .batch = api__v2_batch,
+              .free = api__v2_free,
               .operation = operation},
 };
+
+void api__v2_job_init(v2_job *job)
+{
+    job->s.rq = &job->rq;
+    job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
+    job->l.rq = &job->rq;
+    job->l.r.causal = API_CAUSAL_UNSET; /* likewise: off, or bottom-right over a sequence */
+    job->kind = api__v2_kind(&job->model);
+    job->op = job->kind->op;
+    job->op_state = (char *)job + job->kind->state;
+    job->req = (char *)job + job->kind->request;
+}
 
 static void *job_new(const api_call *call, api_reply *reply, bool *answered)
 {
@@ -409,16 +394,8 @@ static void *job_new(const api_call *call, api_reply *reply, bool *answered)
         *answered = true;
         return NULL;
     }
-    if (job) {
-        job->s.rq = &job->rq;
-        job->s.r.causal = API_CAUSAL_UNSET; /* "not given", for a sequence's default */
-        job->l.rq = &job->rq;
-        job->l.r.causal = API_CAUSAL_UNSET; /* likewise: off, or bottom-right over a sequence */
-        job->kind = api__v2_kind(&job->model);
-        job->op = job->kind->op;
-        job->op_state = (char *)job + job->kind->state;
-        job->req = (char *)job + job->kind->request;
-    }
+    if (job)
+        api__v2_job_init(job);
     return job;
 }
 

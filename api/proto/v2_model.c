@@ -45,27 +45,8 @@
 #include "api/proto/v2.h"
 #include "api/wire/reply.h"
 
-/* The version GET /v2 reports. */
-#define V2_SERVER_VERSION "0.1.0"
-
-static const char *const v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
-
-/* One tensor of a model: dims of -1 are variable. */
-typedef struct {
-    const char *name;
-    const char *datatype; /* the protocol's name ("FP32"); Triton's is "TYPE_" and this */
-    int rank;
-    int64_t dims[4];
-    bool optional; /* an input a request may leave out */
-} tensor_desc;
-
-enum { MAX_TENSORS = 8 };
-
-typedef struct {
-    const char *platform;
-    tensor_desc in[MAX_TENSORS], out[MAX_TENSORS];
-    int n_in, n_out;
-} model_desc;
+const char *const api__v2_extensions[] = {"binary_tensor_data", "parameters", "statistics"};
+const size_t api__v2_n_extensions = sizeof api__v2_extensions / sizeof api__v2_extensions[0];
 
 #define VAR4                                                                                       \
     {                                                                                              \
@@ -139,37 +120,46 @@ static void write_decoder_parameters(api_buf *w, const eng_layer *l, bool triton
     api_buf_char(w, '}');
 }
 
-bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
+int api__v2_model_lookup(const api_models *models, const char *name, const char *version,
+                         model_ref *m, api__error *err)
 {
-    const char *name = call->model ? call->model : "";
+    name = name ? name : "";
     memset(m, 0, sizeof *m);
     m->name = name;
     if (strcmp(name, "sdpa") == 0) {
         m->kind = MODEL_SDPA;
-    } else if (call->models && (m->layer = api_models_find(call->models, name)) != NULL) {
+    } else if (models && (m->layer = api_models_find(models, name)) != NULL) {
         m->kind = MODEL_LAYER;
     } else {
         api_buf w;
         api_buf_init(&w, 1024);
-        for (size_t i = 0; call->models && i < api_models_count(call->models); i++) {
+        for (size_t i = 0; models && i < api_models_count(models); i++) {
             api_buf_cstr(&w, ", ");
-            api_buf_cstr(&w, api_models_at(call->models, i)->name);
+            api_buf_cstr(&w, api_models_at(models, i)->name);
         }
-        api_reply_error_status(reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST,
-                               NULL, "unknown model \"%.64s\"; models: sdpa%.*s", name,
-                               w.state == API_BUF_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
-                               w.data ? w.data : "");
+        api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
+                       "unknown model \"%.64s\"; models: sdpa%.*s", name,
+                       w.state == API_BUF_OK ? (int)(w.len < 600 ? w.len : 600) : 0,
+                       w.data ? w.data : "");
         api_buf_free(&w);
-        return false;
+        return -1;
     }
-    if (call->version && strcmp(call->version, API_V2_VERSION) != 0) {
-        api_reply_error_status(
-            reply, API_ERRORS_V2, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
+    if (version && strcmp(version, API_V2_VERSION) != 0)
+        return api__error_set(
+            err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, NULL,
             "model \"%.64s\" has no version \"%.64s\"; its only version is \"" API_V2_VERSION "\"",
-            name, call->version);
-        return false;
-    }
-    return true;
+            name, version);
+    return 0;
+}
+
+bool api__v2_model_find(const api_call *call, model_ref *m, api_reply *reply)
+{
+    api__error err = {0};
+    if (api__v2_model_lookup(call->models, call->model, call->version, m, &err) == 0)
+        return true;
+    memset(reply, 0, sizeof *reply);
+    api__reply_from_error(reply, API_ERRORS_V2, &err);
+    return false;
 }
 
 bool api_v2_model_known(const api_models *models, const char *model, const char *version)
@@ -179,15 +169,14 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
     return strcmp(model, "sdpa") == 0 || (models && api_models_find(models, model) != NULL);
 }
 
-/* The description of a model found by api__v2_model_find. */
-static model_desc describe(const model_ref *m)
+model_desc api__v2_model_desc(const model_ref *m)
 {
     return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->layer);
 }
 
 bool api__v2_output_listed(const model_ref *m, int o)
 {
-    model_desc d = describe(m);
+    model_desc d = api__v2_model_desc(m);
     for (int i = 0; i < d.n_out; i++)
         if (strcmp(d.out[i].name, api__out_names[o]) == 0)
             return true;
@@ -199,11 +188,12 @@ void api_v2_server_metadata(api_reply *reply)
     api_buf w;
     memset(reply, 0, sizeof *reply);
     api_buf_init(&w, 4096);
-    api_buf_cstr(&w, "{\"name\":\"attnd\",\"version\":\"" V2_SERVER_VERSION "\",\"extensions\":[");
-    for (size_t i = 0; i < sizeof v2_extensions / sizeof v2_extensions[0]; i++) {
+    api_buf_cstr(&w, "{\"name\":\"" API__V2_SERVER_NAME "\",\"version\":\"" API__V2_SERVER_VERSION
+                     "\",\"extensions\":[");
+    for (size_t i = 0; i < api__v2_n_extensions; i++) {
         if (i > 0)
             api_buf_char(&w, ',');
-        api_buf_json_string(&w, v2_extensions[i], strlen(v2_extensions[i]));
+        api_buf_json_string(&w, api__v2_extensions[i], strlen(api__v2_extensions[i]));
     }
     /* What the engine computes with, as the start-up log and attnd_engine_info say: an
      * extra member, which v2 clients ignore and operators can read without a scrape. */
@@ -288,7 +278,7 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
     api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
-    model_desc d = describe(&m);
+    model_desc d = api__v2_model_desc(&m);
     api_buf_printf(
         &w, ",\"versions\":[\"" API_V2_VERSION "\"],\"platform\":\"%s\",\"inputs\":", d.platform);
     write_meta_tensors(&w, d.in, d.n_in);
@@ -306,7 +296,7 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
     api_buf w;
     if (!model_reply_start(call, reply, &m, &w))
         return;
-    model_desc d = describe(&m);
+    model_desc d = api__v2_model_desc(&m);
     api_buf_printf(&w,
                    ",\"platform\":\"%s\",\"backend\":\"attnd\",\"version_policy\":{\"specific\":"
                    "{\"versions\":[" API_V2_VERSION "]}},\"max_batch_size\":0,\"input\":",
@@ -340,4 +330,36 @@ void api_v2_model_ready(const api_call *call, api_reply *reply)
         return;
     api_buf_cstr(&w, ",\"ready\":true}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
+}
+
+static void duration_json(api_buf *b, const char *name, api_stat_duration d, bool last)
+{
+    api_buf_printf(b, "\"%s\":{\"count\":%llu,\"ns\":%llu}%s", name, (unsigned long long)d.count,
+                   (unsigned long long)d.ns, last ? "" : ",");
+}
+
+void api_v2_statistics_json(const api_model_stats *st, size_t n, api_buf *b)
+{
+    const api_stat_duration none = {0, 0};
+    api_buf_cstr(b, "{\"model_stats\":[");
+    for (size_t i = 0; i < n; i++) {
+        api_buf_cstr(b, i == 0 ? "{\"name\":" : ",{\"name\":");
+        api_buf_json_string(b, st[i].name, strlen(st[i].name));
+        api_buf_printf(b,
+                       ",\"version\":\"" API_V2_VERSION "\",\"last_inference\":%llu,"
+                       "\"inference_count\":%llu,\"execution_count\":%llu,\"inference_stats\":{",
+                       (unsigned long long)st[i].last_inference_ms,
+                       (unsigned long long)st[i].inference_count,
+                       (unsigned long long)st[i].execution_count);
+        duration_json(b, "success", st[i].success, false);
+        duration_json(b, "fail", st[i].fail, false);
+        duration_json(b, "queue", st[i].queue, false);
+        duration_json(b, "compute_input", st[i].compute_input, false);
+        duration_json(b, "compute_infer", st[i].compute_infer, false);
+        duration_json(b, "compute_output", st[i].compute_output, false);
+        duration_json(b, "cache_hit", none, false);
+        duration_json(b, "cache_miss", none, true);
+        api_buf_cstr(b, "},\"batch_stats\":[]}");
+    }
+    api_buf_cstr(b, "]}\n");
 }

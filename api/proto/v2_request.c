@@ -190,49 +190,46 @@ static int reserved_parameter(v2_job *job, const char *key, const json_t *v, con
     return 0;
 }
 
-/* The parameters of the model: its own above (v2's spelling of windows and outputs, Triton's
- * timeout and priority), else the options of its operation, else Triton's reserved ones. */
-static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
+int api__v2_parameter(v2_job *job, const char *key, const json_t *val, api__error *err)
 {
     const v2_param *defs = job->kind->params;
     size_t n_params = job->kind->n_params;
     const api__option_def *opts = job->kind->options;
     size_t n_opts = *job->kind->n_options;
+    char field[96];
+    size_t i = 0;
+    while (i < n_params && strcmp(defs[i].name, key) != 0)
+        i++;
+    snprintf(field, sizeof field, "parameters.%.60s", key);
+    if (i < n_params)
+        return defs[i].parse(job, val, field, err);
+    const api__option_def *opt = api__option_find(opts, n_opts, key);
+    if (opt)
+        return opt->parse(job->req, val, field, err);
+    int reserved = reserved_parameter(job, key, val, field, err);
+    if (reserved != 0)
+        return reserved < 0 ? -1 : 0;
+    const char *names[N_PARAMS_MAX];
+    for (size_t j = 0; j < n_params; j++)
+        names[j] = defs[j].name;
+    char what[80];
+    snprintf(what, sizeof what, "model %.64s", job->model.name);
+    api__names known = {"parameter", what, names, n_params, opts, n_opts};
+    return api__unknown_name(key, field, &known, err);
+}
+
+/* The "parameters" object of the request, each by api__v2_parameter. */
+static int parse_parameters(v2_job *job, const json_t *params, api__error *err)
+{
     const char *key;
     json_t *val;
-    char field[96];
     if (!json_is_object(params))
         return api__error_invalid(err, "parameters",
                                   "parameters must be an object of name: value pairs");
     json_object_foreach((json_t *)params, key, val)
     {
-        size_t i = 0;
-        while (i < n_params && strcmp(defs[i].name, key) != 0)
-            i++;
-        snprintf(field, sizeof field, "parameters.%.60s", key);
-        if (i < n_params) {
-            if (defs[i].parse(job, val, field, err) != 0)
-                return -1;
-            continue;
-        }
-        const api__option_def *opt = api__option_find(opts, n_opts, key);
-        if (opt) {
-            if (opt->parse(job->req, val, field, err) != 0)
-                return -1;
-            continue;
-        }
-        int reserved = reserved_parameter(job, key, val, field, err);
-        if (reserved < 0)
+        if (api__v2_parameter(job, key, val, err) != 0)
             return -1;
-        if (reserved)
-            continue;
-        const char *names[N_PARAMS_MAX];
-        for (size_t j = 0; j < n_params; j++)
-            names[j] = defs[j].name;
-        char what[80];
-        snprintf(what, sizeof what, "model %.64s", job->model.name);
-        api__names known = {"parameter", what, names, n_params, opts, n_opts};
-        return api__unknown_name(key, field, &known, err);
     }
     return 0;
 }
@@ -291,27 +288,33 @@ static const char *input_datatypes(const char *name)
     return "FP32, or FP16 / BF16 as binary data";
 }
 
-static int parse_datatype(const json_t *v, const char *name, const char *field, api__dtype *out,
-                          api__error *err)
+/* The datatype `s` (NULL: not a string) of input `name`, checked against what the input takes;
+ * *json_ok: whether JSON data can carry it. */
+int api__v2_input_datatype(const char *name, const char *s, const char *field, api__dtype *out,
+                           bool *json_ok, api__error *err)
 {
-    const char *s = json_string_value(v);
+    size_t i = 0;
     if (!s)
         return api__error_invalid(err, field, "%s must be a string such as \"FP32\"", field);
-    for (size_t i = 0; i < sizeof v2_datatypes / sizeof v2_datatypes[0]; i++) {
-        if (strcmp(s, v2_datatypes[i].name) == 0) {
-            *out = v2_datatypes[i].dtype;
-            return 0;
+    while (i < sizeof v2_datatypes / sizeof v2_datatypes[0] && strcmp(s, v2_datatypes[i].name) != 0)
+        i++;
+    if (i == sizeof v2_datatypes / sizeof v2_datatypes[0]) {
+        for (size_t j = 0; j < sizeof v2_other_datatypes / sizeof v2_other_datatypes[0]; j++) {
+            if (strcmp(s, v2_other_datatypes[j]) == 0)
+                return api__error_invalid(err, field,
+                                          "input %s does not take datatype %s; it takes %s", name,
+                                          s, input_datatypes(name));
         }
+        return api__error_invalid(err, field,
+                                  "%s \"%.32s\" is not a datatype of the protocol (BOOL, INT32, "
+                                  "INT64, FP16, BF16, FP32, ...)",
+                                  field, s);
     }
-    for (size_t i = 0; i < sizeof v2_other_datatypes / sizeof v2_other_datatypes[0]; i++) {
-        if (strcmp(s, v2_other_datatypes[i]) == 0)
-            return api__error_invalid(err, field, "input %s does not take datatype %s; it takes %s",
-                                      name, s, input_datatypes(name));
-    }
-    return api__error_invalid(err, field,
-                              "%s \"%.32s\" is not a datatype of the protocol (BOOL, INT32, INT64, "
-                              "FP16, BF16, FP32, ...)",
-                              field, s);
+    *out = v2_datatypes[i].dtype;
+    if (!input_takes(name, *out, json_ok))
+        return api__error_invalid(err, field, "input %s does not take datatype %s; it takes %s",
+                                  name, s, input_datatypes(name));
+    return 0;
 }
 
 /* binary_data_size, the one parameter an input takes; -1 when absent. */
@@ -404,11 +407,41 @@ static int unknown_input(v2_job *job, const char *name, const char *field, api__
                               best ? "\"?)" : "", job->model.name, list);
 }
 
+int api__v2_input_begin(v2_job *job, const char *name, const char *field, api__tensor **out,
+                        api__error *err)
+{
+    api__tensor *t = input_slot(job, name);
+    if (!t)
+        return unknown_input(job, name, field, err);
+    if (t->present)
+        return api__error_invalid(err, name, "input %s is given twice", name);
+    memset(t, 0, sizeof *t);
+    t->present = true;
+    *out = t;
+    return 0;
+}
+
+int api__v2_input_raw(api__tensor *t, const char *name, const char *datatype, api__dtype dtype,
+                      int64_t size, const char *bytes, api__error *err)
+{
+    size_t want = t->count * api__dtype_size(dtype); /* count <= max_elements <= 2^59 */
+    if (size < 0 || (uint64_t)size != want)
+        return api__error_invalid(err, name,
+                                  "input %s has binary_data_size %lld but %zu %s elements take "
+                                  "%zu bytes",
+                                  name, (long long)size, t->count, datatype, want);
+    t->form = API_FORM_RAW;
+    t->dtype = dtype;
+    t->raw = bytes;
+    return 0;
+}
+
 static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *err)
 {
     char field[64], sub[192];
     const char *key, *name = NULL;
     json_t *val, *shape = NULL, *datatype = NULL, *params = NULL, *data = NULL;
+    api__tensor *t;
     snprintf(field, sizeof field, "inputs[%zu]", index);
     if (!json_is_object(in))
         return api__error_invalid(err, field,
@@ -437,13 +470,8 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
     }
     if (!name)
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    api__tensor *t = input_slot(job, name);
-    if (!t)
-        return unknown_input(job, name, field, err);
-    if (t->present)
-        return api__error_invalid(err, name, "input %s is given twice", name);
-    memset(t, 0, sizeof *t);
-    t->present = true;
+    if (api__v2_input_begin(job, name, field, &t, err) != 0)
+        return -1;
     if (!shape || !datatype)
         return api__error_invalid(err, name, "input %s needs \"shape\" and \"datatype\"", name);
     snprintf(sub, sizeof sub, "%s.shape", name);
@@ -453,11 +481,8 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
     snprintf(sub, sizeof sub, "%s.datatype", name);
     api__dtype dtype = API_DTYPE_FLOAT32;
     bool json_ok;
-    if (parse_datatype(datatype, name, sub, &dtype, err) != 0)
+    if (api__v2_input_datatype(name, json_string_value(datatype), sub, &dtype, &json_ok, err) != 0)
         return -1;
-    if (!input_takes(name, dtype, &json_ok))
-        return api__error_invalid(err, sub, "input %s does not take datatype %s; it takes %s", name,
-                                  json_string_value(datatype), input_datatypes(name));
     int64_t size;
     snprintf(sub, sizeof sub, "%s.parameters", name);
     if (input_parameters(params, sub, &size, err) != 0)
@@ -465,7 +490,6 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
 
     if (size >= 0) {
         /* Binary tensor data: the next `size` bytes after the JSON. */
-        size_t want = t->count * api__dtype_size(dtype); /* count <= max_elements <= 2^59 */
         if (data)
             return api__error_invalid(
                 err, name, "input %s has both \"data\" and binary_data_size; give one", name);
@@ -475,21 +499,15 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
                                   "Inference-Header-Content-Length header to say where its JSON "
                                   "ends",
                                   name);
-        if ((uint64_t)size != want)
-            return api__error_invalid(err, name,
-                                      "input %s has binary_data_size %lld but %zu %s elements take "
-                                      "%zu bytes",
-                                      name, (long long)size, t->count, json_string_value(datatype),
-                                      want);
-        if (want > job->bin_len - job->bin_used)
+        if (api__v2_input_raw(t, name, json_string_value(datatype), dtype, size,
+                              job->bin + job->bin_used, err) != 0)
+            return -1;
+        if ((size_t)size > job->bin_len - job->bin_used)
             return api__error_set(err, API_STATUS_MALFORMED_REQUEST, API_REASON_BAD_REQUEST, name,
                                   "the binary data is truncated: input %s needs bytes %zu to %zu "
                                   "after the JSON, but only %zu follow it",
-                                  name, job->bin_used, job->bin_used + want, job->bin_len);
-        t->form = API_FORM_RAW;
-        t->dtype = dtype;
-        t->raw = job->bin + job->bin_used;
-        job->bin_used += want;
+                                  name, job->bin_used, job->bin_used + (size_t)size, job->bin_len);
+        job->bin_used += (size_t)size;
         return 0;
     }
     if (!data)
@@ -507,6 +525,23 @@ static int parse_input(v2_job *job, const json_t *in, size_t index, api__error *
 }
 
 /* ---- Outputs -------------------------------------------------------------------------------- */
+
+int api__v2_output_want(v2_job *job, const char *name, const char *field, int *out, api__error *err)
+{
+    int o = 0, n_outputs = job->kind->n_outputs;
+    while (o < n_outputs && strcmp(name, api__out_names[o]) != 0)
+        o++;
+    if (o == n_outputs)
+        return api__error_invalid(
+            err, field, "unknown output \"%.60s\"; model %.64s has %s", name, job->model.name,
+            n_outputs == API__N_OUTPUTS ? "output, weights and lse" : "output and weights");
+    if (job->want[o])
+        return api__error_invalid(err, field, "output %s is asked for twice", name);
+    job->want[o] = true;
+    job->outputs_given = true;
+    *out = o;
+    return 0;
+}
 
 static int parse_output(v2_job *job, const json_t *out, size_t index, api__error *err)
 {
@@ -533,16 +568,9 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api__error
     }
     if (!name)
         return api__error_invalid(err, field, "%s needs a \"name\" (a string)", field);
-    size_t o = 0, n_outputs = (size_t)job->kind->n_outputs;
-    while (o < n_outputs && strcmp(name, api__out_names[o]) != 0)
-        o++;
-    if (o == n_outputs)
-        return api__error_invalid(
-            err, field, "unknown output \"%.60s\"; model %.64s has %s", name, job->model.name,
-            n_outputs == API__N_OUTPUTS ? "output, weights and lse" : "output and weights");
-    if (job->want[o])
-        return api__error_invalid(err, field, "output %s is asked for twice", name);
-    job->want[o] = true;
+    int o;
+    if (api__v2_output_want(job, name, field, &o, err) != 0)
+        return -1;
     if (!params || json_is_null(params))
         return 0;
     if (!json_is_object(params))
@@ -558,6 +586,17 @@ static int parse_output(v2_job *job, const json_t *out, size_t index, api__error
         if (api__option_bool(val, sub, &job->binary[o], err) != 0)
             return -1;
         job->binary_set[o] = true;
+    }
+    return 0;
+}
+
+int api__v2_inputs_complete(v2_job *job, api__error *err)
+{
+    for (size_t i = 0; i < job->kind->n_inputs; i++) {
+        const v2_input *in = &job->kind->inputs[i];
+        if (in->required && !((const api__tensor *)v2_req_field(job, in->tensor))->present)
+            return api__error_invalid(err, in->name, "input \"%s\" is required (%s)", in->name,
+                                      in->required);
     }
     return 0;
 }
@@ -655,12 +694,8 @@ int api__v2_request_parse(v2_job *job, api__error *err)
                               "%zu bytes follow the JSON but the inputs' binary_data_size add up "
                               "to %zu",
                               job->bin_len, job->bin_used);
-    for (size_t i = 0; i < job->kind->n_inputs; i++) {
-        const v2_input *in = &job->kind->inputs[i];
-        if (in->required && !((const api__tensor *)v2_req_field(job, in->tensor))->present)
-            return api__error_invalid(err, in->name, "input \"%s\" is required (%s)", in->name,
-                                      in->required);
-    }
+    if (api__v2_inputs_complete(job, err) != 0)
+        return -1;
     if (outputs && !json_is_null(outputs)) {
         if (!json_is_array(outputs))
             return api__error_invalid(err, "outputs", "outputs must be an array");

@@ -16,7 +16,11 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
 {
     api_buf w;
     api_buf_init(&w, 4096);
-    if (style == API_ERRORS_V2) {
+    if (style == API_ERRORS_GRPC) {
+        /* NUL-terminated (not counted), as api_grpc_error's: the gRPC edge reads it as text. */
+        api_buf_cstr(&w, err->message);
+        api_buf_char(&w, '\0');
+    } else if (style == API_ERRORS_V2) {
         api_buf_cstr(&w, "{\"error\":");
         api_buf_json_string(&w, err->message, strlen(err->message));
         api_buf_cstr(&w, "}\n");
@@ -35,13 +39,13 @@ static void reply_write(api_reply *reply, api_error_style style, int http, const
 
     eng_buf_free(reply->body);
     reply->status = http;
-    reply->content_type = "application/json";
+    reply->content_type = style == API_ERRORS_GRPC ? API_ERRORS_GRPC_TYPE : "application/json";
     reply->retry_after_s = err->retry_after_s;
     reply->reason = err->reason;
     reply->inference_header_len = 0;
     if (w.state == API_BUF_OK) {
         reply->body = w.data;
-        reply->body_len = w.len;
+        reply->body_len = style == API_ERRORS_GRPC ? w.len - 1 : w.len;
     } else {
         api_buf_free(&w);
         reply->body = NULL;

@@ -145,15 +145,9 @@ static int shape_count(const int64_t *shape, int rank, const char *field, size_t
     return 0;
 }
 
-int api__shape_parse(const json_t *v, const char *field, size_t max_elements, int64_t *shape,
-                     int *rank, size_t *count, api__error *err)
+/* The checks of a shape's rank: at least 1, at most API_MAX_RANK. */
+static int shape_rank(size_t n, const char *field, api__error *err)
 {
-    char name[160];
-    if (!json_is_array(v))
-        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
-                              "%s must be an array of positive integers, found %s", field,
-                              json_kind(v));
-    size_t n = json_array_size(v);
     if (n == 0)
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                               "%s is empty: scalars are not tensors here, use [1]", field);
@@ -161,6 +155,40 @@ int api__shape_parse(const json_t *v, const char *field, size_t max_elements, in
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
                               "%s has %zu dimensions; at most %d are supported", field, n,
                               API_MAX_RANK);
+    return 0;
+}
+
+int api__shape_dims(const int64_t *dims, size_t n, const char *field, size_t max_elements,
+                    int64_t *shape, int *rank, size_t *count, api__error *err)
+{
+    char name[160];
+    if (shape_rank(n, field, err) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (dims[i] <= 0) {
+            snprintf(name, sizeof name, "%s[%zu]", field, i);
+            return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
+                                  "%s must be a positive integer, found %lld", name,
+                                  (long long)dims[i]);
+        }
+        shape[i] = dims[i];
+    }
+    *rank = (int)n;
+    return shape_count(shape, *rank, field, max_elements, count, err);
+}
+
+int api__shape_parse(const json_t *v, const char *field, size_t max_elements, int64_t *shape,
+                     int *rank, size_t *count, api__error *err)
+{
+    char name[160];
+    int64_t dims[API_MAX_RANK];
+    if (!json_is_array(v))
+        return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, field,
+                              "%s must be an array of positive integers, found %s", field,
+                              json_kind(v));
+    size_t n = json_array_size(v);
+    if (shape_rank(n, field, err) != 0)
+        return -1;
     for (size_t i = 0; i < n; i++) {
         const json_t *d = json_array_get(v, i);
         snprintf(name, sizeof name, "%s[%zu]", field, i);
@@ -170,14 +198,9 @@ int api__shape_parse(const json_t *v, const char *field, size_t max_elements, in
         if (!json_is_integer(d))
             return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
                                   "%s must be a positive integer, found %s", name, json_kind(d));
-        json_int_t x = json_integer_value(d);
-        if (x <= 0)
-            return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
-                                  "%s must be a positive integer, found %lld", name, (long long)x);
-        shape[i] = (int64_t)x;
+        dims[i] = (int64_t)json_integer_value(d);
     }
-    *rank = (int)n;
-    return shape_count(shape, *rank, field, max_elements, count, err);
+    return api__shape_dims(dims, n, field, max_elements, shape, rank, count, err);
 }
 
 /* ---- Probe ------------------------------------------------------------------------------- */

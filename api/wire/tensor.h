@@ -77,8 +77,15 @@ typedef struct {
 int api__tensor_probe(const api__body *b, const json_t *v, const char *field, size_t max_elements,
                       api__tensor *t, api__error *err);
 
+/* Checks the n dimensions `dims` of a shape given as numbers (gRPC's) and copies them into
+ * shape[], *rank and *count: 422 for a rank of 0 or above API_MAX_RANK or a dimension that is not
+ * positive (naming "<field>[i]"), 413 as api__tensor_probe for the count. */
+int api__shape_dims(const int64_t *dims, size_t n, const char *field, size_t max_elements,
+                    int64_t *shape, int *rank, size_t *count, api__error *err);
+
 /* Reads a shape array ("shape" of the flat and base64 forms, or a KServe v2 "shape") into
- * shape[], *rank and *count with the same checks as api__tensor_probe. */
+ * shape[], *rank and *count with the same checks as api__tensor_probe (api__shape_dims once its
+ * elements are integers). */
 int api__shape_parse(const json_t *v, const char *field, size_t max_elements, int64_t *shape,
                      int *rank, size_t *count, api__error *err);
 
