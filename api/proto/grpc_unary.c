@@ -15,21 +15,6 @@
 
 #define MEMBER(msg, offset) ((char *)(msg) + (offset))
 
-void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg)
-{
-    size_t n = protobuf_c_message_get_packed_size(msg);
-    api_reply_free(reply);
-    reply->body = eng_buf_alloc(n ? n : 1);
-    if (!reply->body) {
-        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
-        return;
-    }
-    reply->body_len = protobuf_c_message_pack(msg, (uint8_t *)reply->body);
-    reply->status = 200;
-    reply->reason = API_REASON_NONE;
-    reply->content_type = API_GRPC_MESSAGE_TYPE;
-}
-
 /* The {name, version} of a model request message: ModelReady, ModelMetadata, ModelConfig and
  * ModelStatistics all put them in fields 1 and 2. */
 static bool model_of(const api_call *call, char *name, size_t name_cap, char *version,

@@ -2,7 +2,8 @@
  * grpc_wire.c - gRPC's framing and the cheap readers of the v2 gRPC protocol: the method table,
  * the status mapping, the length-prefixed message reader, grpc-timeout, and the walk that reads
  * a ModelInferRequest's model, timeout, priority and sequence_id on the I/O thread without
- * decoding its tensors. Pure functions on bytes (the fuzz harness feeds them anything).
+ * decoding its tensors; and the packing of a reply message. Pure functions on bytes (the fuzz
+ * harness feeds them anything).
  */
 #include <stdio.h>
 #include <string.h>
@@ -371,4 +372,19 @@ bool api_grpc_infer_peek_read(const char *msg, size_t len, api_grpc_infer_peek *
             peek_param(f.data, f.len, out);
     }
     return !c.bad;
+}
+
+void api__grpc_reply_pack(api_reply *reply, const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    api_reply_free(reply);
+    reply->body = eng_buf_alloc(n ? n : 1);
+    if (!reply->body) {
+        api_grpc_error(reply, 503, API_REASON_MEMORY, "out of memory");
+        return;
+    }
+    reply->body_len = protobuf_c_message_pack(msg, (uint8_t *)reply->body);
+    reply->status = 200;
+    reply->reason = API_REASON_NONE;
+    reply->content_type = API_GRPC_MESSAGE_TYPE;
 }
