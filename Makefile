@@ -114,7 +114,8 @@ $(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(PB_H)
 $(BUILD)/libapi.a: $(PB_C:.c=.o)
 $(call obj,$(wildcard api/proto/grpc_*.c)): $(PB_H)
 $(call obj,$(wildcard api/proto/grpc_*.c)): CFLAGS_ALL += -I$(BUILD)/gen
-PB_TESTS := $(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/api/proto/test_grpc_infer.o \
+PB_TESTS := $(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/server/test_batching.o \
+            $(BUILD)/tests/api/proto/test_grpc_infer.o \
             $(BUILD)/tests/api/proto/test_grpc_unary.o \
             $(BUILD)/tests/bench/bench_e2e.o
 $(PB_TESTS): $(PB_H)

@@ -601,14 +601,17 @@ int64_t api_v2_timeout_peek(const api_call *call);
 /* ---- Dynamic batching --------------------------------------------------------------------- */
 
 /* The routes whose requests may run together: layer passes (POST /v1/mha, session steps
- * included, and KServe v2 inference of a layer model) that name the same layer. */
+ * included, and KServe v2 inference of a layer model over HTTP or gRPC) that name the same
+ * layer. */
 typedef enum {
-    API_BATCH_NONE = 0, /* runs alone */
-    API_BATCH_MHA,      /* api_mha */
-    API_BATCH_V2_INFER, /* api_v2_infer */
+    API_BATCH_NONE = 0,    /* runs alone */
+    API_BATCH_MHA,         /* api_mha */
+    API_BATCH_V2_INFER,    /* api_v2_infer */
+    API_BATCH_GRPC_INFER,  /* api_grpc_infer, not a stream */
+    API_BATCH_GRPC_STREAM, /* api_grpc_infer, a ModelStreamInfer message */
 } api_batch_route;
 
-/* One request of a batch: what api_mha or api_v2_infer would take and fill. */
+/* One request of a batch: what its route's function would take and fill. */
 typedef struct {
     api_batch_route route;
     const api_call *call; /* with a lease, as the server's calls have */
@@ -616,8 +619,8 @@ typedef struct {
 } api_batch_member;
 
 /* The layer a waiting request of `route` runs, as a key that the requests which may share one
- * engine call have in common: from call->model (v2), or the body's "model" or the model of its
- * "session" (peek, api_peek_native). 0 when it cannot be known cheaply (no peek, an inline
+ * engine call have in common: from call->model (v2 and gRPC: the model the path or the message
+ * names), or the body's "model" or the model of its "session" (peek, api_peek_native). 0 when it cannot be known cheaply (no peek, an inline
  * layer, an unknown name): the request then runs alone. Any thread (the server's I/O thread). */
 uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_peek *peek);
 
@@ -626,8 +629,8 @@ uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_pe
  * one engine call (eng_mha_batch) of at most `max_rows` input rows, their projections' weights
  * read once. A member that fails (its request, its deadline, its cancellation, its session)
  * fails alone. A member with a Content-Encoding runs alone, as api_call_encoded runs it; the
- * replies are compressed as api_call_encoded compresses them. Every member's route is
- * API_BATCH_MHA or API_BATCH_V2_INFER. On an engine worker. */
+ * replies are compressed as api_call_encoded compresses them. No member's route is
+ * API_BATCH_NONE. On an engine worker. */
 void api_call_batch(const api_batch_member *members, int n, int64_t max_rows);
 
 /* ---- KServe v2 over gRPC (inference.GRPCInferenceService) ---------------------------------- */

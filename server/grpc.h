@@ -81,6 +81,7 @@ struct grpc_job {
     srv_job job;     /* its admission, wait and run, beside HTTP's requests (job.h) */
     api_lease lease; /* the inference's memory, deadline and cancel flag */
     grpc_msg msg;
+    api_call api;    /* what a batch serves it with, while its batch runs */
     bool stream;
     int slot;               /* the model's statistics slot, or -1 */
     bool pending;           /* counted in the model's pending gauge */

@@ -180,26 +180,51 @@ static void free_msg(grpc_call *call, grpc_msg *m)
 /* ---- Inferences, as jobs (job.h) -------------------------------------------------------------
  */
 
-static void job_work(srv_job *sj)
+/* The api call of the inference (its message, which the call may move within), no longer
+ * pending for the model's metrics. */
+static void fill_call(grpc_job *job, api_call *call)
 {
-    grpc_job *job = sj->owner;
     srv_server *s = job->g->s;
     if (job->pending)
         srv__metrics_model_pending(&s->metrics, job->slot, -1);
     job->pending = false;
-    api_call call = {.body = job->msg.data,
-                     .body_len = job->msg.len,
-                     .pool = s->pool,
-                     .lease = &job->lease,
-                     .limits = &s->limits,
-                     .models = s->models,
-                     .sessions = s->sessions,
-                     .body_movable = true};
-    api_grpc_infer(&call, job->stream, &job->reply);
+    *call = (api_call){.body = job->msg.data,
+                       .body_len = job->msg.len,
+                       .pool = s->pool,
+                       .lease = &job->lease,
+                       .limits = &s->limits,
+                       .models = s->models,
+                       .sessions = s->sessions,
+                       .body_movable = true};
+}
+
+/* After the call: the message's memory back. */
+static void job_called(srv_job *sj)
+{
+    grpc_job *job = sj->owner;
     eng_buf_free(job->msg.data);
     job->msg.data = NULL;
     api_lease_give_back(&job->lease, job->msg.held);
     job->msg.held = 0;
+}
+
+static void job_work(srv_job *sj)
+{
+    grpc_job *job = sj->owner;
+    api_call call;
+    fill_call(job, &call);
+    api_grpc_infer(&call, job->stream, &job->reply);
+    job_called(sj);
+}
+
+static bool job_batch_call(srv_job *sj, api_batch_member *m)
+{
+    grpc_job *job = sj->owner;
+    fill_call(job, &job->api);
+    *m = (api_batch_member){.route = job->stream ? API_BATCH_GRPC_STREAM : API_BATCH_GRPC_INFER,
+                            .call = &job->api,
+                            .reply = &job->reply};
+    return true;
 }
 
 static void job_fail(srv_job *sj, srv_outcome o, const char *msg)
@@ -234,8 +259,12 @@ static void job_deadline_origin(const srv_job *sj, char *buf, size_t size)
                  (long long)(job->g->s->request_timeout_ns / 1000000));
 }
 
-static const srv_job_ops grpc_job_ops = {
-    .work = job_work, .fail = job_fail, .end = job_end, .deadline_origin = job_deadline_origin};
+static const srv_job_ops grpc_job_ops = {.work = job_work,
+                                         .fail = job_fail,
+                                         .end = job_end,
+                                         .deadline_origin = job_deadline_origin,
+                                         .batch_call = job_batch_call,
+                                         .batch_called = job_called};
 
 /* A job for message m of the call: its own lease (the message's bytes move into it), the
  * deadline the tighter of the call's and the message's own timeout, and its model slot read from
@@ -286,6 +315,16 @@ static void job_refuse(grpc_job *job, srv_outcome o, const char *msg)
     job_end(&job->job, SRV_JOB_ANSWERED);
 }
 
+/* The layer the inference runs, when batching is on (api_batch_key): the message's model. */
+static uint64_t batch_key(const srv_server *s, const grpc_job *job, const api_grpc_infer_peek *pk)
+{
+    api_peek none = {0};
+    api_call call = {.models = s->models, .model = pk->model};
+    if (!s->batcher)
+        return 0;
+    return api_batch_key(job->stream ? API_BATCH_GRPC_STREAM : API_BATCH_GRPC_INFER, &call, &none);
+}
+
 static void submit(grpc_call *call, grpc_msg *m)
 {
     srv_server *s = call->conn->g->s;
@@ -307,7 +346,8 @@ static void submit(grpc_call *call, grpc_msg *m)
     srv_job_where where = {.route = SRV_JOB_ROUTE_GRPC,
                            .bytes = job->msg.len,
                            .level = srv__job_level(s, peeked ? pk.peek.priority : 0),
-                           .may_run_here = false};
+                           .may_run_here = false,
+                           .batch_key = peeked ? batch_key(s, job, &pk) : 0};
     if (!srv__job_admit(&job->job, &where, eng_now_ns(), &no)) {
         job_refuse(job, no.outcome, no.msg);
         return;

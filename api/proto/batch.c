@@ -13,7 +13,8 @@ uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_pe
 {
     char model[sizeof peek->model];
     const char *name = NULL;
-    if (route == API_BATCH_V2_INFER) {
+    if (route == API_BATCH_V2_INFER || route == API_BATCH_GRPC_INFER ||
+        route == API_BATCH_GRPC_STREAM) {
         name = call->model;
     } else if (route == API_BATCH_MHA && peek->model[0]) {
         name = peek->model;
@@ -27,33 +28,61 @@ uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_pe
 
 static const api__batchable *batchable(api_batch_route route)
 {
-    return route == API_BATCH_V2_INFER ? &api__v2_infer_batchable : &api__mha_batchable;
+    switch (route) {
+    case API_BATCH_V2_INFER:
+        return &api__v2_infer_batchable;
+    case API_BATCH_GRPC_INFER:
+        return &api__grpc_infer_batchable;
+    case API_BATCH_GRPC_STREAM:
+        return &api__grpc_stream_batchable;
+    case API_BATCH_MHA:
+    case API_BATCH_NONE:
+        break;
+    }
+    return &api__mha_batchable;
+}
+
+/* Serves members[0..n) with api__serve_batch (in[] is room for n of its members). */
+static void serve_members(const api_batch_member *members, int n, api__serve_member *in,
+                          int64_t max_rows)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const api_batch_member *m = &members[i];
+        const api__batchable *bi = batchable(m->route);
+        bool answered = false;
+        /* A compressed body is inflated by api_call_encoded, alone. */
+        if (bi->whole && api__coding_parse(m->call->content_encoding) != API_CODING_IDENTITY) {
+            api_call_encoded(bi->whole, bi->route->style, m->call, m->reply);
+            continue;
+        }
+        void *job = bi->job_new(m->call, m->reply, &answered);
+        if (answered)
+            continue;
+        in[k++] = (api__serve_member){bi->route, job, m->call, m->reply}; /* NULL job: 503 */
+    }
+    if (k > 0)
+        api__serve_batch(in, k, max_rows);
+    for (int i = 0, j = 0; i < n && j < k; i++) { /* in[] holds members in their order */
+        if (in[j].call != members[i].call)
+            continue;
+        const api__batchable *bi = batchable(members[i].route);
+        api__reply_compress(in[j].call, in[j].route->style, in[j].reply);
+        if (bi->finish)
+            bi->finish(in[j].reply);
+        free(in[j++].job);
+    }
 }
 
 void api_call_batch(const api_batch_member *members, int n, int64_t max_rows)
 {
     api__serve_member *in = calloc((size_t)n, sizeof *in);
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        const api_batch_member *m = &members[i];
-        const api__batchable *b = batchable(m->route);
-        bool answered = false;
-        /* A compressed body is inflated by api_call_encoded, alone; so is every member when
-         * the batch's own memory cannot be had. */
-        if (!in || api__coding_parse(m->call->content_encoding) != API_CODING_IDENTITY) {
-            api_call_encoded(m->route == API_BATCH_V2_INFER ? api_v2_infer : api_mha,
-                             b->route->style, m->call, m->reply);
-            continue;
-        }
-        void *job = b->job_new(m->call, m->reply, &answered);
-        if (!answered) /* a NULL job is answered 503 by api__serve_batch */
-            in[k++] = (api__serve_member){b->route, job, m->call, m->reply};
-    }
-    if (k > 0)
-        api__serve_batch(in, k, max_rows);
-    for (int i = 0; i < k; i++) {
-        api__reply_compress(in[i].call, in[i].route->style, in[i].reply);
-        free(in[i].job);
+    if (in) {
+        serve_members(members, n, in, max_rows);
+    } else {
+        api__serve_member one; /* no memory for the batch: one at a time */
+        for (int i = 0; i < n; i++)
+            serve_members(&members[i], 1, &one, max_rows);
     }
     free(in);
 }

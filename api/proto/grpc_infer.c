@@ -490,7 +490,8 @@ static const api__route grpc_route = {
               .run = api__v2_run,
               .encode = encode,
               .batch = api__v2_batch,
-              .free = free_job},
+              .free = free_job,
+              .operation = api__v2_operation},
 };
 
 /* ModelStreamInfer carries a failure as a message: error_message, status kept for metrics. */
@@ -510,13 +511,46 @@ static void stream_error(api_reply *reply)
     }
 }
 
-void api_grpc_infer(const api_call *call, bool stream, api_reply *reply)
+/* A stream's reply: a failure becomes a message of the stream. */
+static void stream_finish(api_reply *reply)
+{
+    if (reply->status != 200)
+        stream_error(reply);
+}
+
+static void *job_of(bool stream)
 {
     grpc_job *job = calloc(1, sizeof *job);
     if (job)
         job->stream = stream;
+    return job;
+}
+
+static void *unary_job_new(const api_call *call, api_reply *reply, bool *answered)
+{
+    (void)call;
+    (void)reply;
+    *answered = false;
+    return job_of(false);
+}
+
+static void *stream_job_new(const api_call *call, api_reply *reply, bool *answered)
+{
+    (void)call;
+    (void)reply;
+    *answered = false;
+    return job_of(true);
+}
+
+const api__batchable api__grpc_infer_batchable = {.route = &grpc_route, .job_new = unary_job_new};
+const api__batchable api__grpc_stream_batchable = {
+    .route = &grpc_route, .job_new = stream_job_new, .finish = stream_finish};
+
+void api_grpc_infer(const api_call *call, bool stream, api_reply *reply)
+{
+    grpc_job *job = job_of(stream);
     api__serve(&grpc_route, job, call, reply);
     free(job);
-    if (stream && reply->status != 200)
-        stream_error(reply);
+    if (stream)
+        stream_finish(reply);
 }

@@ -346,7 +346,8 @@ static void *job_new(const api_call *call, api_reply *reply, bool *answered)
     return job;
 }
 
-const api__batchable api__mha_batchable = {.route = &mha_steps, .job_new = job_new};
+const api__batchable api__mha_batchable = {
+    .route = &mha_steps, .job_new = job_new, .whole = api_mha};
 
 void api_mha(const api_call *call, api_reply *reply)
 {

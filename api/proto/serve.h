@@ -52,13 +52,19 @@ void api__serve_batch(const api__serve_member *members, int n, int64_t max_rows)
 
 /* A route whose requests a batch may serve (api_call_batch): its steps, and how its job for
  * `call` is made: NULL with *answered false when memory ran out, NULL with *answered true when
- * it filled `reply` itself (a v2 request for an unknown model). free(job) frees it. */
+ * it filled `reply` itself (a v2 request for an unknown model). free(job) frees it. `finish`
+ * (may be NULL) completes a reply after the steps; `whole` (may be NULL: the route takes no
+ * Content-Encoding) is the route's function, which a compressed body runs through alone. */
 typedef struct {
     const api__route *route;
     void *(*job_new)(const api_call *call, api_reply *reply, bool *answered);
+    void (*finish)(api_reply *reply);
+    api_route_fn whole;
 } api__batchable;
 
-extern const api__batchable api__mha_batchable;      /* POST /v1/mha: native_mha.c */
-extern const api__batchable api__v2_infer_batchable; /* v2 inference: v2_infer.c */
+extern const api__batchable api__mha_batchable;         /* POST /v1/mha: native_mha.c */
+extern const api__batchable api__v2_infer_batchable;    /* v2 inference: v2_infer.c */
+extern const api__batchable api__grpc_infer_batchable;  /* ModelInfer: grpc_infer.c */
+extern const api__batchable api__grpc_stream_batchable; /* ModelStreamInfer's messages */
 
 #endif

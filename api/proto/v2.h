@@ -212,11 +212,13 @@ int api__v2_outputs_settle(v2_job *job, api__error *err);
  * operation's check (v2_infer.c). */
 int api__v2_model_check(v2_job *job, api__error *err);
 
-/* Steps of the v2 inference route (api__steps) that gRPC's shares: the operation's decode, run
- * and batch, and the job's free (which ends a sequence at its sequence_end). */
+/* Steps of the v2 inference route (api__steps) that gRPC's shares: the operation's decode, run,
+ * batch and the operation itself (for a batch of requests), and the job's free (which ends a
+ * sequence at its sequence_end). */
 int api__v2_decode(void *job, api__error *err);
 int api__v2_run(void *job, int64_t *compute_ns, api__error *err);
 int64_t api__v2_batch(const void *job);
+void *api__v2_operation(void *job, const api__op **op);
 void api__v2_free(void *job);
 
 /* Output o of the job, which the request returns or computes. */

@@ -353,7 +353,7 @@ void api__v2_free(void *p)
     job->blob = NULL;
 }
 
-static void *operation(void *p, const api__op **op)
+void *api__v2_operation(void *p, const api__op **op)
 {
     v2_job *job = p;
     *op = job->op;
@@ -370,7 +370,7 @@ static const api__route v2_route = {
               .encode = encode,
               .batch = api__v2_batch,
               .free = api__v2_free,
-              .operation = operation},
+              .operation = api__v2_operation},
 };
 
 void api__v2_job_init(v2_job *job)
@@ -399,7 +399,8 @@ static void *job_new(const api_call *call, api_reply *reply, bool *answered)
     return job;
 }
 
-const api__batchable api__v2_infer_batchable = {.route = &v2_route, .job_new = job_new};
+const api__batchable api__v2_infer_batchable = {
+    .route = &v2_route, .job_new = job_new, .whole = api_v2_infer};
 
 void api_v2_infer(const api_call *call, api_reply *reply)
 {

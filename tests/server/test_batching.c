@@ -2,8 +2,8 @@
  * test_batching.c - dynamic batching through a real daemon: layer passes of one model that
  * wait while the engine is busy run as groups (attnd_batches_total, attnd_batched_requests_total)
  * and answer what they answer alone; session steps, plain /v1/mha calls and KServe v2 inference
- * share a group; a member with a bad input, a stale expect_length or a deleted session fails
- * alone with its own status; --max-batch-rows caps a group and 1 turns batching off.
+ * over HTTP and gRPC share a group; a member with a bad input, a stale expect_length or a deleted
+ * session fails alone with its own status; --max-batch-rows caps a group and 1 turns batching off.
  *
  * Two daemons get the same traffic: one batching (the default) and one with --max-batch-rows 1,
  * whose replies are the reference. A group's rows here are at most 16, so the engine takes the
@@ -17,22 +17,54 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "grpc_service.pb-c.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/grpc.h"
 #include "tests/support/rng.h"
 
 enum { E = 64, PROMPT = 8, SESSIONS = 6 };
 
 static const char *const JSON[] = {"Content-Type: application/json", NULL};
 
-/* One daemon and the sessions made on it (the same prompts on both). */
+/* One daemon, its gRPC port and the sessions made on it (the same prompts on both). */
 typedef struct {
     daemon_proc d;
+    int grpc_port;
     char id[SESSIONS + 1][40]; /* the last one is deleted before the steps */
 } server;
 
 static server batching, alone;
+
+/* Starts s with `args` and --grpc-port 0, its port read from --grpc-port-file. */
+static int start(server *s, const char *const *args)
+{
+    char dir[] = "/tmp/attnd_batching_XXXXXX", file[64];
+    const char *all[16];
+    int n = 0;
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(file, sizeof file, "%s/port", dir);
+    all[n++] = "--grpc-port";
+    all[n++] = "0";
+    all[n++] = "--grpc-port-file";
+    all[n++] = file;
+    for (int i = 0; args[i] && n < 15; i++)
+        all[n++] = args[i];
+    all[n] = NULL;
+    int rc = daemon_start(&s->d, all);
+    FILE *f = rc == 0 ? fopen(file, "r") : NULL;
+    s->grpc_port = 0;
+    if (!f || fscanf(f, "%d", &s->grpc_port) != 1)
+        rc = -1;
+    if (f)
+        fclose(f);
+    unlink(file);
+    rmdir(dir);
+    return rc;
+}
 
 static long post(const server *s, const char *path, const char *body, http_resp *r)
 {
@@ -73,7 +105,9 @@ static char *outputs_of(const char *body)
     json_t *o = json_object_get(j, "output");
     if (!o)
         o = json_object_get(j, "outputs");
-    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    if (!o)
+        o = json_object_get(j, "hex");
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;
     json_decref(j);
     return text;
 }
@@ -111,20 +145,85 @@ static bool make_sessions(server *s, const float *prompt)
 }
 
 /* The requests sent while the engine is busy, and what came back. */
-enum { STEPS = SESSIONS, PLAIN = STEPS, V2, BAD_WIDTH, BAD_LENGTH, DELETED, N_REQ };
+enum { STEPS = SESSIONS, PLAIN = STEPS, V2, GRPC, BAD_WIDTH, BAD_LENGTH, DELETED, N_REQ };
 
 typedef struct {
     const server *s;
-    const char *path;
+    const char *path; /* NULL: a gRPC ModelInfer of `body` (packed, body_len bytes) */
     char *body;
-    http_resp r;
+    size_t body_len;
+    http_resp r; /* gRPC: status 200 for grpc-status 0, body the outputs' raw bytes as hex */
     pthread_t t;
 } request;
+
+/* A ModelInfer message of one token of the demo layer, raw FP32 (malloc'd). */
+static char *grpc_body(const float *x, size_t *len)
+{
+    Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
+    Inference__ModelInferRequest__InferInputTensor in, *inp = &in;
+    ProtobufCBinaryData raw = {.len = E * sizeof(float), .data = (uint8_t *)x};
+    int64_t shape[3] = {1, 1, E};
+    inference__model_infer_request__infer_input_tensor__init(&in);
+    req.model_name = (char *)"demo";
+    in.name = (char *)"input";
+    in.datatype = (char *)"FP32";
+    in.n_shape = 3;
+    in.shape = shape;
+    req.n_inputs = req.n_raw_input_contents = 1;
+    req.inputs = &inp;
+    req.raw_input_contents = &raw;
+    *len = inference__model_infer_request__get_packed_size(&req);
+    uint8_t *msg = malloc(*len);
+    inference__model_infer_request__pack(&req, msg);
+    return (char *)msg;
+}
+
+/* The outputs of a ModelInferResponse as {"hex": ...}, comparable as text (malloc'd). */
+static char *grpc_outputs(const grpc_stream *st)
+{
+    size_t len;
+    const char *msg = grpc_message_at(st, 0, &len);
+    Inference__ModelInferResponse *resp =
+        msg ? inference__model_infer_response__unpack(NULL, len, (const uint8_t *)msg) : NULL;
+    if (!resp || resp->n_raw_output_contents < 1) {
+        if (resp)
+            inference__model_infer_response__free_unpacked(resp, NULL);
+        return NULL;
+    }
+    const ProtobufCBinaryData *o = &resp->raw_output_contents[0];
+    char *text = malloc(2 * o->len + 16);
+    int at = sprintf(text, "{\"hex\":\"");
+    for (size_t i = 0; i < o->len; i++)
+        at += sprintf(text + at, "%02x", o->data[i]);
+    sprintf(text + at, "\"}");
+    inference__model_infer_response__free_unpacked(resp, NULL);
+    return text;
+}
+
+static void grpc_send(request *q)
+{
+    grpc_client c;
+    grpc_stream st;
+    memset(&q->r, 0, sizeof q->r);
+    if (grpc_client_open(&c, q->s->grpc_port) != 0)
+        return;
+    if (grpc_call(&c, "/inference.GRPCInferenceService/ModelInfer", NULL, q->body, q->body_len,
+                  60000, &st)) {
+        q->r.status = st.grpc_status == 0 ? 200 : 1000 + st.grpc_status;
+        if (st.grpc_status == 0)
+            q->r.body = grpc_outputs(&st);
+        grpc_stream_free(&st);
+    }
+    grpc_client_close(&c);
+}
 
 static void *send_one(void *arg)
 {
     request *q = arg;
-    post(q->s, q->path, q->body, &q->r);
+    if (q->path)
+        post(q->s, q->path, q->body, &q->r);
+    else
+        grpc_send(q);
     return NULL;
 }
 
@@ -153,6 +252,11 @@ static void requests_make(request *q, const server *s, const float *tok)
                             : mha_body(tok + (size_t)i * E, 1, width, fields);
         if (i == V2)
             q[i].path = "/v2/models/demo/infer";
+        if (i == GRPC) {
+            free(q[i].body);
+            q[i].body = grpc_body(tok + (size_t)i * E, &q[i].body_len);
+            q[i].path = NULL;
+        }
     }
 }
 
@@ -247,7 +351,9 @@ static void test_waiting_passes_run_together_and_answer_as_alone(void)
         if (got[i].r.status != 200 || ref[i].r.status != 200)
             continue;
         char *a = outputs_of(got[i].r.body), *b = outputs_of(ref[i].r.body);
-        CHECKF(a && b && strcmp(a, b) == 0, "request %d: the batched output differs from alone", i);
+        CHECKF(a && b && strcmp(a, b) == 0,
+               "request %d: the batched output differs from alone: %.80s vs %.80s", i,
+               a ? a : "(none)", b ? b : "(none)");
         free(a);
         free(b);
     }
@@ -282,7 +388,7 @@ static void test_max_batch_rows_caps_a_group(void)
     server capped;
     const char *const args[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", "--max-batch-rows",
                                 "2",         NULL};
-    if (daemon_start(&capped.d, args) != 0) {
+    if (start(&capped, args) != 0) {
         CHECK(0);
         return;
     }
@@ -313,7 +419,7 @@ int main(void)
     const char *const on[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", NULL};
     const char *const off[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", "--max-batch-rows",
                                "1",         NULL};
-    if (daemon_start(&batching.d, on) != 0 || daemon_start(&alone.d, off) != 0) {
+    if (start(&batching, on) != 0 || start(&alone, off) != 0) {
         printf("FAIL cannot start attnd\n0 passed, 1 failed\n");
         return 1;
     }
