@@ -30,9 +30,9 @@
 #include <string.h>
 
 #include "api/core/memory.h"
+#include "api/models/models.h"
 #include "api/ops/layer.h"
 #include "api/ops/masks.h"
-#include "api/ops/models.h"
 #include "api/wire/timeout.h"
 
 /* ---- Sizes ------------------------------------------------------------------------------- */

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/rng.h"

@@ -3,8 +3,8 @@
  * model.safetensors, or model.safetensors.index.json and its shards): the config reader
  * (hf_config.c), the files (hf_files.c) and the families' tensor names (hf_layer.c).
  */
-#ifndef ATTND_API_OPS_HF_H
-#define ATTND_API_OPS_HF_H
+#ifndef ATTND_API_MODELS_HF_H
+#define ATTND_API_MODELS_HF_H
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 #define MAX_INDEX_BYTES  ((size_t)256 << 20)
 #define MAX_HEADER_BYTES ((uint64_t)100000000) /* the safetensors format's own limit */

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 #define MAX_REFS 16
 

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 int api__hf_fail(hf_error *e, const char *field, const char *fmt, ...)
 {

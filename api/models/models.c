@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/ops/models.h"
+#include "api/models/models.h"
 
 struct api_models {
     eng_layer **layers;
