@@ -2,33 +2,28 @@
  * hf_files.c - a checkpoint's safetensors files: model.safetensors, or the shards that
  * model.safetensors.index.json maps tensor names to.
  *
- * A shard is mapped (never read whole) when one of its tensors is first asked for; its JSON
- * header is then checked in full (dtypes, shapes against byte counts, offsets inside the data,
- * no two tensors overlapping) before any tensor of it is used. Only the pages of the tensors
+ * A shard is mapped (never read whole) when one of its tensors is first asked for; its header
+ * is then checked in full by the safetensors reader (safetensors.c) before any tensor of it is
+ * used. Only the pages of the tensors
  * the layer copies are touched, so serving one layer of a large checkpoint reads little more
  * than that layer. Every shard the index names must exist when the index is opened.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "api/models/hf.h"
+#include "api/models/safetensors.h"
 
-#define MAX_INDEX_BYTES  ((size_t)256 << 20)
-#define MAX_HEADER_BYTES ((uint64_t)100000000) /* the safetensors format's own limit */
-#define MAX_SHARDS       4096
+#define MAX_INDEX_BYTES ((size_t)256 << 20)
+#define MAX_SHARDS      4096
 
 typedef struct {
     char *name; /* the file name inside the directory */
     unsigned char *map;
     size_t size;
-    json_t *header; /* parsed and checked on first use */
-    size_t data_start;
+    api__st st; /* parsed and checked on first use (st.header set) */
 } shard;
 
 struct hf_files {
@@ -39,142 +34,11 @@ struct hf_files {
     size_t bytes_read;
 };
 
-/* ---- Shard headers ------------------------------------------------------------------------ */
-
-typedef struct {
-    uint64_t begin, end;
-    const char *name;
-} span;
-
-static int span_cmp(const void *a, const void *b)
-{
-    const span *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
-}
-
-static int dtype_size(const char *dtype, eng_dtype *out)
-{
-    static const struct {
-        const char *name;
-        eng_dtype dtype;
-        int size;
-    } known[] = {{"F32", ENG_DTYPE_F32, 4}, {"F16", ENG_DTYPE_F16, 2}, {"BF16", ENG_DTYPE_BF16, 2}};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(dtype, known[i].name) == 0) {
-            if (out)
-                *out = known[i].dtype;
-            return known[i].size;
-        }
-    /* Other dtypes may sit in a shard (int64 buffers, say) as long as the layer needs none. */
-    static const char *const other[][2] = {{"F64", "8"},  {"I64", "8"},     {"U64", "8"},
-                                           {"I32", "4"},  {"U32", "4"},     {"I16", "2"},
-                                           {"U16", "2"},  {"I8", "1"},      {"U8", "1"},
-                                           {"BOOL", "1"}, {"F8_E4M3", "1"}, {"F8_E5M2", "1"}};
-    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
-        if (strcmp(dtype, other[i][0]) == 0)
-            return -(other[i][1][0] - '0');
-    return 0;
-}
-
-/* One entry's byte span, checked against its dtype and shape and the data's length. */
-static int check_entry(const char *file, const char *name, const json_t *v, uint64_t data_len,
-                       span *out, hf_error *e)
-{
-    const json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
-    const json_t *off = json_object_get(v, "data_offsets");
-    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
-        json_array_size(off) != 2 || json_array_size(shape) > 8)
-        return api__hf_fail(e, name, "%s: tensor '%.100s' needs dtype, shape and data_offsets",
-                            file, name);
-    int size = dtype_size(json_string_value(dt), NULL);
-    if (size == 0)
-        return api__hf_fail(e, name, "%s: tensor '%.100s' has unknown dtype \"%.16s\"", file, name,
-                            json_string_value(dt));
-    uint64_t bytes = (uint64_t)(size < 0 ? -size : size);
-    for (size_t d = 0; d < json_array_size(shape); d++) {
-        const json_t *n = json_array_get(shape, d);
-        if (!json_is_integer(n) || json_integer_value(n) < 0 ||
-            __builtin_mul_overflow(bytes, (uint64_t)json_integer_value(n), &bytes))
-            return api__hf_fail(e, name, "%s: tensor '%.100s' has a bad shape", file, name);
-    }
-    const json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
-    if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
-        json_integer_value(en) < json_integer_value(b))
-        return api__hf_fail(e, name, "%s: tensor '%.100s' has bad data_offsets", file, name);
-    out->begin = (uint64_t)json_integer_value(b);
-    out->end = (uint64_t)json_integer_value(en);
-    out->name = name;
-    if (out->end > data_len)
-        return api__hf_fail(e, name, "%s: tensor '%.100s' runs past the end of the file", file,
-                            name);
-    if (out->end - out->begin != bytes)
-        return api__hf_fail(
-            e, name, "%s: tensor '%.100s': data_offsets do not match dtype and shape", file, name);
-    return 0;
-}
-
-/* Checks every entry of a parsed header against `data_len` bytes of data. */
-static int check_header(const char *file, const json_t *h, uint64_t data_len, hf_error *e)
-{
-    size_t n = json_object_size(h), k = 0;
-    span *spans = calloc(n ? n : 1, sizeof *spans);
-    const char *name;
-    const json_t *v;
-    int rc = 0;
-    if (!spans)
-        return api__hf_fail(e, file, "%s: out of memory", file);
-    json_object_foreach((json_t *)h, name, v)
-    {
-        if (strcmp(name, "__metadata__") == 0)
-            continue;
-        if ((rc = check_entry(file, name, v, data_len, &spans[k], e)) != 0)
-            break;
-        k++;
-    }
-    if (rc == 0) {
-        qsort(spans, k, sizeof *spans, span_cmp);
-        for (size_t i = 1; i < k && rc == 0; i++)
-            if (spans[i].begin < spans[i - 1].end && spans[i].begin != spans[i].end)
-                rc = api__hf_fail(e, spans[i].name, "%s: tensors '%.80s' and '%.80s' overlap", file,
-                                  spans[i - 1].name, spans[i].name);
-    }
-    free(spans);
-    return rc;
-}
-
-/* Parses and checks the header of a shard's bytes; the header object in *out. */
-static int parse_shard(const unsigned char *bytes, size_t size, const char *file, json_t **out,
-                       size_t *data_start, hf_error *e)
-{
-    uint64_t n = 0;
-    if (size < 8)
-        return api__hf_fail(e, file, "%s: shorter than the 8-byte header length", file);
-    for (int i = 7; i >= 0; i--)
-        n = n << 8 | bytes[i];
-    if (n > MAX_HEADER_BYTES || n > size - 8)
-        return api__hf_fail(
-            e, file, "%s: header length beyond the file or the 100,000,000-byte limit", file);
-    json_error_t je;
-    json_t *h = json_loadb((const char *)bytes + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    if (!h || !json_is_object(h)) {
-        json_decref(h);
-        return api__hf_fail(e, file, "%s: the header is not a JSON object: %.120s", file, je.text);
-    }
-    if (check_header(file, h, size - 8 - n, e) != 0) {
-        json_decref(h);
-        return -1;
-    }
-    *out = h;
-    *data_start = 8 + (size_t)n;
-    return 0;
-}
-
 int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e)
 {
-    json_t *h = NULL;
-    size_t start;
-    int rc = parse_shard(bytes, size, file, &h, &start, e);
-    json_decref(h);
+    api__st st;
+    int rc = api__st_parse(&st, bytes, size, file, e);
+    api__st_release(&st);
     return rc;
 }
 
@@ -331,9 +195,8 @@ void api__hf_files_close(hf_files *f)
     if (!f)
         return;
     for (size_t i = 0; i < f->n_shards; i++) {
-        if (f->shards[i].map)
-            munmap(f->shards[i].map, f->shards[i].size);
-        json_decref(f->shards[i].header);
+        api__st_unmap(f->shards[i].map, f->shards[i].size);
+        api__st_release(&f->shards[i].st);
         free(f->shards[i].name);
     }
     json_decref(f->weight_map);
@@ -343,32 +206,19 @@ void api__hf_files_close(hf_files *f)
 
 static int map_shard(hf_files *f, shard *s, hf_error *e)
 {
-    if (s->header)
+    if (s->st.header)
         return 0;
     char *path = path_join(f->dir, s->name);
-    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-    struct stat st;
-    int rc = 0;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-        rc = api__hf_fail(e, s->name, "%.200s: not a readable, non-empty file",
-                          path ? path : s->name);
-    } else {
-        s->size = (size_t)st.st_size;
-        void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED)
-            rc = api__hf_fail(e, s->name, "%.200s: cannot map: %s", path, strerror(errno));
-        else
-            s->map = m;
-    }
-    if (fd >= 0)
-        close(fd);
+    int rc = path ? 0 : api__hf_fail(e, s->name, "out of memory");
+    if (rc == 0 && s->map == NULL)
+        rc = api__st_map(path, &s->map, &s->size, e);
     if (rc == 0)
-        rc = parse_shard(s->map, s->size, s->name, &s->header, &s->data_start, e);
+        rc = api__st_parse(&s->st, s->map, s->size, s->name, e);
     free(path);
     return rc;
 }
 
-int api__hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e)
+int api__hf_files_tensor(hf_files *f, const char *name, eng_weight *out, hf_error *e)
 {
     const char *file = "model.safetensors";
     if (f->weight_map) {
@@ -383,35 +233,15 @@ int api__hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_
             s = &f->shards[i];
     if (!s || map_shard(f, s, e) != 0)
         return s ? -1 : api__hf_fail(e, name, "no shard for tensor '%.100s'", name);
-    const json_t *t = json_object_get(s->header, name);
-    if (!t)
-        return f->weight_map ? api__hf_fail(e, name,
-                                            "the index puts tensor '%.100s' in %.100s, which does "
-                                            "not have it",
-                                            name, s->name)
-                             : 0;
-    eng_dtype dt;
-    const json_t *shape = json_object_get(t, "shape");
-    if (dtype_size(json_string_value(json_object_get(t, "dtype")), &dt) <= 0)
-        return api__hf_fail(e, name, "%s: tensor '%.100s' is %s; attnd reads F32, F16 and BF16",
-                            s->name, name, json_string_value(json_object_get(t, "dtype")));
-    if (json_array_size(shape) < 1 || json_array_size(shape) > 4)
-        return api__hf_fail(e, name, "%s: tensor '%.100s' has rank %zu", s->name, name,
-                            json_array_size(shape));
-    const json_t *offsets = json_object_get(t, "data_offsets");
-    uint64_t begin = (uint64_t)json_integer_value(json_array_get(offsets, 0));
-    uint64_t end = (uint64_t)json_integer_value(json_array_get(offsets, 1));
-    if (!out)
-        return 1;
-    memset(out, 0, sizeof *out);
-    out->name = name;
-    out->dtype = dt;
-    out->data = s->map + s->data_start + begin;
-    out->rank = (int)json_array_size(shape);
-    for (int d = 0; d < out->rank; d++)
-        out->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
-    f->bytes_read += (size_t)(end - begin);
-    return 1;
+    size_t bytes = 0;
+    int rc = api__st_tensor(&s->st, name, out, &bytes, e);
+    if (rc == 0 && f->weight_map)
+        return api__hf_fail(e, name,
+                            "the index puts tensor '%.100s' in %.100s, which does not have it",
+                            name, s->name);
+    if (rc == 1 && out)
+        f->bytes_read += bytes;
+    return rc;
 }
 
 size_t api__hf_files_bytes_read(const hf_files *f)
