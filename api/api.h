@@ -22,6 +22,15 @@
  *     api_reply_free(&reply);
  *     api_lease_end(&lease);            // the request is complete
  *
+ * At start-up, each --model (a safetensors file or a checkpoint directory) joins the registry
+ * that routes naming a model read:
+ *
+ *     api_models *models = api_models_new();           // holds "demo"
+ *     api_model_source src = {.name = "enc", .path = "enc.safetensors", .layer = -1};
+ *     char err[512];
+ *     if (!api_models_load(models, &src, err, sizeof err))
+ *         fprintf(stderr, "--model enc: %s\n", err);
+ *
  * Threads: every function is safe to call from any thread; api_budget is shared and
  * internally synchronised. Ownership: an api_call borrows everything it points to for the
  * call; an api_reply owns its body until api_reply_free (or api_reply_take_body).
@@ -179,17 +188,48 @@ void api_models_free(api_models *models); /* NULL is a no-op; frees the layers t
  * ([A-Za-z0-9_.-], 1 to 63 bytes). */
 bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errlen);
 
+/* What a --model names: a safetensors file with one attention layer (its tensors named as
+ * nn.MultiheadAttention's state dict, q_proj/k_proj/v_proj/o_proj or W_Q/W_K/W_V/W_O, its head
+ * counts from the header's __metadata__ unless given) or a Hugging Face checkpoint directory
+ * (config.json plus model.safetensors, or model.safetensors.index.json and its shards), of
+ * which one decoder layer's attention is served. Which of the two a path is, api decides. */
+typedef struct {
+    const char *name;        /* the model's name */
+    const char *path;        /* a file or a checkpoint directory */
+    int64_t layer;           /* a directory's layer; < 0: not given (layer 0) */
+    int64_t heads, kv_heads; /* a file's head counts; 0: from the file */
+} api_model_source;
+
+/* Loads `src` and registers its layer under src->name. The files are mapped for the call and
+ * only the layer's tensors read. The registered layer, or NULL with `err` filled: a sentence
+ * naming the path and the tensor or config field that stops the load, or why the name cannot
+ * be registered. Main thread, at start-up (as api_models_add). */
+const eng_layer *api_models_load(api_models *models, const api_model_source *src, char *err,
+                                 size_t errlen);
+
+/* What describes a layer read from a checkpoint: its family (config.json's model_type) and its
+ * index in that model. */
+typedef struct {
+    char family[32];
+    int64_t layer;
+} api_model_about;
+
 /* The attention of layer `layer` of the Hugging Face checkpoint in directory `dir`
  * (config.json plus model.safetensors, or model.safetensors.index.json and its shards; the
  * files are mapped and only that layer's attention tensors read), as a decoder layer named
  * `name`. *bytes_read (may be NULL) gets the bytes of the tensors read. NULL on failure, with
- * `err` naming the config field, file or tensor that stops it. */
+ * `err` naming the config field, file or tensor that stops it. api_models_add registers it
+ * without its description (api_models_load keeps it). */
 eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
                                char *err, size_t errlen);
 
-/* One line describing a layer for logs: family, layer, heads, kv heads, head size,
+/* One line describing a registered layer for logs: family, layer, heads, kv heads, head size,
  * positions, window, dtype, bytes of weights. */
-void api_layer_summary(const eng_layer *layer, char *buf, size_t len);
+void api_layer_summary(const api_models *models, const eng_layer *layer, char *buf, size_t len);
+
+/* The description of a registered layer (NULL for a layer that has none: the demo, a file's,
+ * or one added with api_models_add). */
+const api_model_about *api_models_about(const api_models *models, const eng_layer *layer);
 
 /* The layer called `name`, or NULL. */
 const eng_layer *api_models_find(const api_models *models, const char *name);

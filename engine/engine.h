@@ -35,6 +35,15 @@
  *         fprintf(stderr, "%s: %s\n", err.field, err.message);
  *     eng_pool_free(pool);
  *
+ * Layers take their weights by role, never by file or tensor name (api/models/ reads files and
+ * knows the names):
+ *
+ *     eng_layer_weights w = {0};                      // E = 2, one head, packed in_proj
+ *     float in_w[12] = {...}, out_w[4] = {...};
+ *     w.in_proj_w = (eng_weight){"in_proj_weight", ENG_DTYPE_F32, in_w, 2, {6, 2}};
+ *     w.o_w = (eng_weight){"out_proj.weight", ENG_DTYPE_F32, out_w, 2, {2, 2}};
+ *     eng_layer *layer = eng_layer_new("mine", &w, 1, 0, false, &err);  // copies the weights
+ *
  * Sessions (incremental decoding over a paged KV cache) are the last section: eng_kv_*.
  *
  * Threads: every function may be called from any thread, including from inside a pool task
@@ -419,7 +428,7 @@ void eng_sinusoidal_add(float *x, int64_t tokens, int64_t ld, int64_t dim, int64
 
 /* ---- Multi-head attention layers ---------------------------------------------------------- */
 
-/* ---- Decoder layers (Hugging Face checkpoints) -------------------------------------------- */
+/* ---- Decoder layers (causal, with their own positions and norms) ------------------------- */
 
 /* How a decoder layer's RoPE frequencies are rescaled (transformers' rope_type). */
 typedef enum {
@@ -463,9 +472,7 @@ typedef enum {
 
 /* What a decoder layer adds to the projections and the attention (eng_layer_decoder). */
 typedef struct {
-    char family[32];     /* where the layer comes from (a model_type), for descriptions */
-    int64_t layer_index; /* its index in that model, for descriptions */
-    int64_t head_dim;    /* D when H D is not the hidden size (Qwen 3, Gemma); 0: E / H */
+    int64_t head_dim; /* D when H D is not the hidden size (Qwen 3, Gemma); 0: E / H */
     eng_rope_params rope;
     eng_qk_norm qk_norm;   /* on q and k after their projections, before RoPE */
     bool qk_norm_whole;    /* over the whole projection (OLMo 2); else over each head */
@@ -480,14 +487,14 @@ typedef struct {
 /* A multi-head attention layer with the parameters of PyTorch's nn.MultiheadAttention
  * (batch_first), generalised to grouped-query heads. Weights are row-major [out_features,
  * in_features] as torch stores them, all in one block owned by the layer: fp32, or, for a
- * layer read from an F16 or BF16 safetensors file (eng_layer_load), the four projection
- * matrices kept in the file's 16 bits (w16_*; w_q, w_k, w_v and w_o are then NULL), half the
- * memory and nothing lost: F16 and BF16 widen to fp32 exactly, so every product is the one
+ * layer built from F16 or BF16 weights with keep16 (eng_layer_new, eng_layer_decoder), the
+ * four projection matrices kept in their 16 bits (w16_*; w_q, w_k, w_v and w_o are then NULL),
+ * half the memory and nothing lost: F16 and BF16 widen to fp32 exactly, so every product is the one
  * fp32 weights of the same values give, bit for bit (bfloat16 requests round them to bf16
  * as they pack them, which leaves BF16 weights as they are). Biases stay fp32. */
 typedef struct {
     char name[64];
-    char dtype[8];                /* the weights' dtype in their file ("F32", "F16", "BF16") */
+    char dtype[8];                /* the weights' dtype as given ("F32", "F16", "BF16") */
     int64_t embed_dim;            /* E */
     int64_t num_heads;            /* H */
     int64_t head_dim;             /* D: a decoder layer's own (q is H D wide); 0: E / H */
@@ -517,14 +524,31 @@ typedef struct {
     size_t decoder_floats; /* its length (0 for other layers) */
 } eng_layer;
 
-/* A named tensor the caller holds (little-endian, any alignment), borrowed for the call. */
+/* One weight the caller holds (little-endian, any alignment), borrowed for the call; absent
+ * when `data` is NULL. `label` is only what an error calls it (the caller's own name, say a
+ * checkpoint's tensor); NULL: the role's field name in eng_layer_weights. */
 typedef struct {
-    const char *name;
+    const char *label;
     eng_dtype dtype;
     const void *data;
     int rank; /* 1 to 4 */
     int64_t shape[4];
-} eng_tensor_ref;
+} eng_weight;
+
+/* A layer's weights by role, each [out_features, in_features] as torch stores them (W = Hkv D
+ * is the k/v width, Q = H D the query's). Zero-initialise and set the roles the layer has:
+ * either the packed in_proj (rows [W_q; W_k; W_v], needs Q = E) or q_w, k_w and v_w; o_w
+ * always. The q/k norms and the sinks belong to decoder layers (eng_layer_decoder) only. */
+typedef struct {
+    eng_weight in_proj_w; /* [E + 2W, E] */
+    eng_weight in_proj_b; /* [Q + 2W]: packed biases, also beside separate weights (torch) */
+    eng_weight q_w, k_w, v_w, o_w; /* [Q, E], [W, kdim], [W, vdim], [E, Q] */
+    eng_weight q_b, k_b, v_b, o_b; /* [Q], [W], [W], [E] */
+    eng_weight bias_k, bias_v;     /* add_bias_kv: W elements each, both or neither */
+    eng_weight q_norm_w, q_norm_b; /* D elements shared by the heads, or Q (whole, or per head) */
+    eng_weight k_norm_w, k_norm_b; /* D or W; the biases for ENG_QK_NORM_LAYER only */
+    eng_weight sinks;              /* [H] */
+} eng_layer_weights;
 
 /* Half-precision conversions: widening is exact for every fp16/bf16 value (NaN and -0 kept);
  * narrowing rounds to nearest, ties to even (overflow gives infinity, NaN stays NaN). */
@@ -549,34 +573,24 @@ size_t eng_layer_bytes(const eng_layer *layer);
  * (uniform in +-1/sqrt(E)). NULL when memory runs out. */
 eng_layer *eng_layer_demo(void);
 
-/* Builds a layer from named tensors, converted to fp32 and copied. Names: the
- * nn.MultiheadAttention state dict (in_proj_weight, in_proj_bias, q_proj_weight,
- * k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v), separate
- * projections (q_proj, k_proj, v_proj, o_proj, each .weight and optionally .bias), or
- * W_Q/W_K/W_V/W_O (.weight, optionally .bias). Every tensor must be known and used, each role
- * given once, and the shapes must make one layer with num_heads heads (and num_kv_heads;
- * 0 = num_heads). NULL on failure, with err naming the tensor. */
-eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
-                                  int64_t num_heads, int64_t num_kv_heads, eng_error *err);
+/* Builds a layer from weights by role: the roles present must make exactly one consistent
+ * layer with num_heads heads (and num_kv_heads; 0 = num_heads), each weight's shape its role's.
+ * Every weight is converted to fp32 and copied, except that with `keep16` the four projection
+ * matrices stay in their 16 bits when all four have one 16-bit dtype (see eng_layer). Which
+ * names a file or a request gives its weights is the caller's business: the engine reads roles.
+ * NULL on failure (EFORMAT for weights, EINVAL for head counts), with err naming the weight by
+ * its label. */
+eng_layer *eng_layer_new(const char *name, const eng_layer_weights *weights, int64_t num_heads,
+                         int64_t num_kv_heads, bool keep16, eng_error *err);
 
-/* Reads a layer from a safetensors file with the names above (F32, F16 or BF16 tensors); the
- * projection matrices stay 16-bit when all four are one 16-bit dtype (see eng_layer).
- * num_heads and num_kv_heads come from the header's __metadata__ ("num_heads",
- * "num_kv_heads") unless given here (> 0). The header is validated in full (JSON syntax, known
- * dtypes, shapes matching byte sizes, offsets in range and non-overlapping) before any tensor
- * is read; a failure is ENG_EFORMAT or ENG_EIO with err naming the file and the tensor. */
-eng_layer *eng_layer_load(const char *name, const char *path, int64_t num_heads,
-                          int64_t num_kv_heads, eng_error *err);
-
-/* A decoder layer: the projection tensors as eng_layer_from_tensors names them (16-bit
- * matrices kept in 16 bits), plus "q_norm.weight" and "k_norm.weight" ([D] shared by the heads,
- * or [H D] and [W]), "q_norm.bias" and "k_norm.bias" (LayerNorm), and "sinks" ([H]); with the
+/* A decoder layer: the projection weights as eng_layer_new takes them (16-bit matrices kept in
+ * 16 bits), self-attention without bias_k/bias_v, plus the q/k norm weights the spec's qk_norm
+ * needs (q_norm_b and k_norm_b for LayerNorm only) and the sinks when given; with the
  * positions, norms, scale, softcap and window of `spec`. eng_mha then applies them all: its
  * positional must be NONE, and its window, when unset, is the layer's. NULL on failure, with
- * err naming the tensor or the spec's field (rotary_dim, rope.factor, ...). */
-eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, size_t count,
-                             int64_t num_heads, int64_t num_kv_heads, const eng_decoder_spec *spec,
-                             eng_error *err);
+ * err naming the weight (by its label) or the spec's field (rotary_dim, rope.factor, ...). */
+eng_layer *eng_layer_decoder(const char *name, const eng_layer_weights *weights, int64_t num_heads,
+                             int64_t num_kv_heads, const eng_decoder_spec *spec, eng_error *err);
 
 /* The RoPE inverse frequencies of `rope` (rotary_dim / 2 of them) in transformers' float32
  * arithmetic, and the factor cos and sin take (1 unless YaRN). EINVAL naming the field. */

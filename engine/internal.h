@@ -105,17 +105,13 @@ eng_status eng__sdpa_counted(eng_pool *pool, const eng_sdpa_args *args, const en
 size_t eng__sdpa_paged_scratch_bytes(const eng_sdpa_args *args, const eng__kv_paged *kv,
                                      int threads);
 
-/* A layer from the bytes of a safetensors file (what eng_layer_load does after mapping the
- * file; `file` names it in messages). Separate so that fuzzers can call it on any bytes. */
-eng_layer *eng__layer_from_safetensors(const char *name, const char *file,
-                                       const unsigned char *bytes, size_t size, int64_t num_heads,
-                                       int64_t num_kv_heads, eng_error *err);
-
-/* eng_layer_from_tensors, keeping the four projection matrices in 16 bits (w16_*) when
- * `keep16` and they all have one 16-bit dtype; heads of head_dim (0: E / num_heads). */
-eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
+/* eng_layer_new with heads of head_dim (0: E / num_heads), for decoder layers. */
+eng_layer *eng__layer_assemble(const char *name, const eng_layer_weights *weights,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                bool keep16, eng_error *err);
+
+/* What an error calls weight `w` of role `role` (its field name): its label, else the role. */
+const char *eng__weight_label(const eng_weight *w, const char *role);
 
 /* A decoder layer's q/k norm and RoPE on n projected rows (row stride ld) of q (`query`) or k,
  * token t at position pos0 + t. */

@@ -21,7 +21,6 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,30 +74,6 @@ static srv_status write_port_file(const char *path, int port)
     return SRV_OK;
 }
 
-/* A --model: a checkpoint directory's layer, or a safetensors file's. */
-static eng_layer *load_model(const srv_model *m, eng_error *eerr)
-{
-    struct stat st;
-    if (stat(m->path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        if (m->layer >= 0) {
-            snprintf(eerr->message, sizeof eerr->message,
-                     "%.120s: :layer=%lld applies to a checkpoint directory, not a file", m->path,
-                     (long long)m->layer);
-            return NULL;
-        }
-        return eng_layer_load(m->name, m->path, m->heads, m->kv_heads, eerr);
-    }
-    if (m->heads > 0) {
-        snprintf(eerr->message, sizeof eerr->message,
-                 "%.120s is a checkpoint directory: its heads come from config.json, not "
-                 ":heads=",
-                 m->path);
-        return NULL;
-    }
-    return api_checkpoint_load(m->name, m->path, m->layer > 0 ? m->layer : 0, NULL, eerr->message,
-                               sizeof eerr->message);
-}
-
 api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
 {
     api_models *models = api_models_new();
@@ -108,28 +83,25 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
         const srv_model *m = &cfg->models[i];
-        eng_error eerr;
-        char why[256];
+        api_model_source src = {.name = m->name,
+                                .path = m->path,
+                                .layer = m->layer,
+                                .heads = m->heads,
+                                .kv_heads = m->kv_heads};
+        char why[512];
         int64_t t0 = eng_now_ns();
-        eng_layer *layer;
-        memset(&eerr, 0, sizeof eerr);
-        layer = load_model(m, &eerr);
+        const eng_layer *layer = api_models_load(models, &src, why, sizeof why);
         if (!layer) {
             /* The message names the file and the tensor or config field. */
-            snprintf(err, errlen, "--model %s: %s", m->name, eerr.message);
+            snprintf(err, errlen, "--model %s: %s", m->name, why);
             api_models_free(models);
             return NULL;
         }
-        api_layer_summary(layer, why, sizeof why);
+        api_layer_summary(models, layer, why, sizeof why);
         srv_log(SRV_LOG_INFO,
                 "loaded model %s from %s: %s; embed_dim %lld, %lld parameters in %.1f ms",
                 layer->name, m->path, why, (long long)layer->embed_dim,
                 (long long)eng_layer_params(layer), (double)(eng_now_ns() - t0) / 1e6);
-        if (!api_models_add(models, layer, why, sizeof why)) {
-            snprintf(err, errlen, "--model %s=%s: %s", m->name, m->path, why);
-            api_models_free(models);
-            return NULL;
-        }
     }
     return models;
 }

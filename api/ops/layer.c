@@ -30,9 +30,10 @@
 #include <string.h>
 
 #include "api/core/memory.h"
+#include "api/models/models.h"
+#include "api/models/weights.h"
 #include "api/ops/layer.h"
 #include "api/ops/masks.h"
-#include "api/ops/models.h"
 #include "api/wire/timeout.h"
 
 /* ---- Sizes ------------------------------------------------------------------------------- */
@@ -103,12 +104,12 @@ static int layer_error(eng_status st, const eng_error *e, api__error *err)
     return api__error_engine(err, st, e, field, API_ENGINE_INPUT_REQUEST);
 }
 
-/* Decodes the inline weights to float32 and builds the layer from them (the engine checks the
- * names, that each is used once, and that the shapes make one layer). */
+/* Decodes the inline weights to float32 and builds the layer from them (their names give the
+ * roles, models/weights.c; the engine checks that the shapes make one layer). */
 static int build_inline_layer(api__layer *s, api__error *err)
 {
     const api__layer_req *r = &s->r;
-    eng_tensor_ref refs[API_LAYER_MAX_WEIGHTS];
+    eng_weight refs[API_LAYER_MAX_WEIGHTS];
     float *bufs[API_LAYER_MAX_WEIGHTS] = {0};
     bool overflow = false;
     size_t total = weights_count(r, &overflow), bytes = 0;
@@ -136,7 +137,7 @@ static int build_inline_layer(api__layer *s, api__error *err)
         if (api__tensor_decode(&s->rq->body, t, API_ELEM_FLOAT, 0, bufs[i], r->wt_field[i],
                                s->rq->call->pool, err) != 0)
             goto done;
-        refs[i].name = r->wt_name[i];
+        refs[i].label = r->wt_name[i];
         refs[i].dtype = ENG_DTYPE_F32;
         refs[i].data = bufs[i];
         refs[i].rank = t->rank;
@@ -144,9 +145,10 @@ static int build_inline_layer(api__layer *s, api__error *err)
             refs[i].shape[d] = d < t->rank ? t->shape[d] : 0;
     }
     eng_error e;
+    eng_layer_weights roles;
     memset(&e, 0, sizeof e);
-    s->inline_layer =
-        eng_layer_from_tensors("inline", refs, r->n_weights, r->num_heads, r->num_kv_heads, &e);
+    if (api__weights_by_name(refs, r->n_weights, &roles, &e) == ENG_OK)
+        s->inline_layer = eng_layer_new("inline", &roles, r->num_heads, r->num_kv_heads, false, &e);
     if (!s->inline_layer) {
         layer_error(e.status, &e, err);
         goto done;
@@ -202,11 +204,13 @@ static int decoder_fits(const api__layer *s, api__error *err)
                         : r->rope_base_set                                        ? "rope_base"
                         : r->rope_style_set                                       ? "rope_style"
                                                                                   : NULL;
+    const api_model_about *about = api_models_about(s->rq->call->models, l);
     if (field)
         return api__error_invalid(err, field,
                                   "model \"%s\" is layer %lld of a %s checkpoint with its own "
                                   "positions (%s): leave %s out",
-                                  l->name, (long long)l->spec.layer_index, l->spec.family,
+                                  l->name, (long long)(about ? about->layer : 0),
+                                  about ? about->family : "decoder",
                                   l->spec.rope.rotary_dim ? "rope" : "none", field);
     /* Not given: a session's default (causal_default), which must not be false either. */
     bool off = r->causal == API_CAUSAL_OFF ||

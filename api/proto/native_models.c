@@ -27,9 +27,20 @@ static const char *rope_scaling_name(eng_rope_scaling s)
     return "default";
 }
 
-void api_layer_summary(const eng_layer *l, char *buf, size_t len)
+/* What a decoder layer's description calls its family and index: the registry's, or
+ * "decoder" and 0 for one registered without a description. */
+static const char *family_of(const api_models *models, const eng_layer *l, int64_t *index)
+{
+    const api_model_about *about = api_models_about(models, l);
+    *index = about ? about->layer : 0;
+    return about ? about->family : "decoder";
+}
+
+void api_layer_summary(const api_models *models, const eng_layer *l, char *buf, size_t len)
 {
     const eng_decoder_spec *sp = &l->spec;
+    int64_t index = 0;
+    const char *family = l->decoder ? family_of(models, l, &index) : "attention";
     char pos[128] = "none", window[32] = "none";
     if (l->decoder && sp->rope.rotary_dim)
         snprintf(pos, sizeof pos, "rope %s theta %g over %lld of %lld channels (%s pairs)",
@@ -41,20 +52,21 @@ void api_layer_summary(const eng_layer *l, char *buf, size_t len)
     snprintf(buf, len,
              "%s layer %lld, %lld heads (%lld kv) of %lld, positions %s, window %s, %s, %zu bytes "
              "of weights",
-             l->decoder ? sp->family : "attention", (long long)(l->decoder ? sp->layer_index : 0),
-             (long long)l->num_heads, (long long)l->num_kv_heads, (long long)eng_layer_head_dim(l),
-             pos, window, l->dtype, eng_layer_bytes(l));
+             family, (long long)index, (long long)l->num_heads, (long long)l->num_kv_heads,
+             (long long)eng_layer_head_dim(l), pos, window, l->dtype, eng_layer_bytes(l));
 }
 
 /* The settings a decoder layer carries: "decoder": {family, layer, positional, rope, window,
  * scale, softcap, qk_norm, sinks}. */
-static void describe_decoder(api_buf *w, const eng_layer *l)
+static void describe_decoder(api_buf *w, const api_models *models, const eng_layer *l)
 {
     const eng_decoder_spec *sp = &l->spec;
+    int64_t index;
+    const char *family = family_of(models, l, &index);
     api_buf_cstr(w, ",\"decoder\":{\"family\":");
-    api_buf_json_string(w, sp->family, strnlen(sp->family, sizeof sp->family));
-    api_buf_printf(w, ",\"layer\":%lld,\"causal\":true,\"positional\":\"%s\"",
-                   (long long)sp->layer_index, sp->rope.rotary_dim ? "rope" : "none");
+    api_buf_json_string(w, family, strlen(family));
+    api_buf_printf(w, ",\"layer\":%lld,\"causal\":true,\"positional\":\"%s\"", (long long)index,
+                   sp->rope.rotary_dim ? "rope" : "none");
     if (sp->rope.rotary_dim)
         api_buf_printf(w,
                        ",\"rope\":{\"theta\":%.17g,\"rotary_dim\":%lld,\"style\":\"%s\","
@@ -77,7 +89,7 @@ static void describe_decoder(api_buf *w, const eng_layer *l)
                    l->sinks ? "true" : "false");
 }
 
-void api__model_describe(api_buf *w, const eng_layer *l)
+void api__model_describe(api_buf *w, const api_models *models, const eng_layer *l)
 {
     api_buf_cstr(w, "{\"name\":");
     api_buf_json_string(w, l->name, strlen(l->name));
@@ -91,7 +103,7 @@ void api__model_describe(api_buf *w, const eng_layer *l)
     api_buf_json_string(w, l->dtype, strnlen(l->dtype, sizeof l->dtype));
     api_buf_printf(w, ",\"parameters\":%lld", (long long)eng_layer_params(l));
     if (l->decoder)
-        describe_decoder(w, l);
+        describe_decoder(w, models, l);
     api_buf_char(w, '}');
 }
 
@@ -104,7 +116,7 @@ void api_models_list(const api_models *models, api_reply *reply)
     for (size_t i = 0; i < api_models_count(models); i++) {
         if (i > 0)
             api_buf_char(&w, ',');
-        api__model_describe(&w, api_models_at(models, i));
+        api__model_describe(&w, models, api_models_at(models, i));
     }
     api_buf_cstr(&w, "]}\n");
     api__reply_json(reply, &w, API_ERRORS_NATIVE);
@@ -124,7 +136,7 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
         return;
     }
     api_buf_init(&w, (size_t)1 << 20);
-    api__model_describe(&w, l);
+    api__model_describe(&w, models, l);
     api_buf_char(&w, '\n');
     api__reply_json(reply, &w, API_ERRORS_NATIVE);
 }

@@ -35,8 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/models/models.h"
 #include "api/ops/layer.h"
-#include "api/ops/models.h"
 #include "api/ops/sessions.h"
 #include "api/proto/native.h"
 #include "api/wire/reply.h"

@@ -90,14 +90,16 @@ static model_desc layer_desc(const eng_layer *l)
 
 /* A decoder layer's settings as {name: value} pairs: as JSON values in the metadata, as
  * Triton's {"string_value": text} in the configuration. */
-static void write_decoder_parameters(api_buf *w, const eng_layer *l, bool triton)
+static void write_decoder_parameters(api_buf *w, const api_models *models, const eng_layer *l,
+                                     bool triton)
 {
     const eng_decoder_spec *sp = &l->spec;
+    const api_model_about *about = api_models_about(models, l);
     char values[8][64];
     const char *names[8] = {"family",   "layer",      "num_heads", "num_kv_heads",
                             "head_dim", "positional", "window",    "dtype"};
-    snprintf(values[0], sizeof values[0], "%s", sp->family);
-    snprintf(values[1], sizeof values[1], "%lld", (long long)sp->layer_index);
+    snprintf(values[0], sizeof values[0], "%s", about ? about->family : "decoder");
+    snprintf(values[1], sizeof values[1], "%lld", (long long)(about ? about->layer : 0));
     snprintf(values[2], sizeof values[2], "%lld", (long long)l->num_heads);
     snprintf(values[3], sizeof values[3], "%lld", (long long)l->num_kv_heads);
     snprintf(values[4], sizeof values[4], "%lld", (long long)eng_layer_head_dim(l));
@@ -285,7 +287,7 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
     api_buf_cstr(&w, ",\"outputs\":");
     write_meta_tensors(&w, d.out, d.n_out);
     if (m.kind != MODEL_SDPA && m.layer->decoder)
-        write_decoder_parameters(&w, m.layer, false);
+        write_decoder_parameters(&w, call->models, m.layer, false);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
@@ -317,7 +319,7 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
                        "\"direct\":{}}",
                        (long long)api__sessions_default_ttl(call->sessions) * 1000000);
     if (m.kind != MODEL_SDPA && m.layer->decoder)
-        write_decoder_parameters(&w, m.layer, true);
+        write_decoder_parameters(&w, call->models, m.layer, true);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }

@@ -169,10 +169,10 @@ eng_status eng_rope_inv_freq(const eng_rope_params *r, float *inv, float *attent
 
 typedef enum { EXTRA_Q_W, EXTRA_Q_B, EXTRA_K_W, EXTRA_K_B, EXTRA_SINKS, EXTRA_COUNT } extra_role;
 
-static const char *const extra_names[EXTRA_COUNT] = {"q_norm.weight", "q_norm.bias",
-                                                     "k_norm.weight", "k_norm.bias", "sinks"};
+static const char *const extra_roles[EXTRA_COUNT] = {"q_norm_w", "q_norm_b", "k_norm_w", "k_norm_b",
+                                                     "sinks"};
 
-static int64_t numel(const eng_tensor_ref *t)
+static int64_t numel(const eng_weight *t)
 {
     int64_t n = 1;
     for (int d = 0; d < t->rank; d++)
@@ -180,7 +180,7 @@ static int64_t numel(const eng_tensor_ref *t)
     return n;
 }
 
-static float element(const eng_tensor_ref *t, int64_t i)
+static float element(const eng_weight *t, int64_t i)
 {
     const unsigned char *p = t->data;
     if (t->dtype == ENG_DTYPE_F32) {
@@ -193,14 +193,14 @@ static float element(const eng_tensor_ref *t, int64_t i)
 }
 
 /* A norm vector [width] from a tensor of D (shared by the heads) or `width` elements. */
-static eng_status copy_norm(const eng_tensor_ref *t, int64_t D, int64_t width, bool whole,
-                            float plus, float *dst, eng_error *err)
+static eng_status copy_norm(const eng_weight *t, const char *role, int64_t D, int64_t width,
+                            bool whole, float plus, float *dst, eng_error *err)
 {
     int64_t n = numel(t);
+    const char *name = eng__weight_label(t, role);
     if (t->rank < 1 || (n != width && (whole || n != D)))
-        return eng__fail(err, ENG_EFORMAT, t->name,
-                         "tensor '%s' has %lld elements; expected %lld%s", t->name, (long long)n,
-                         (long long)width, whole ? "" : " (or one head's)");
+        return eng__fail(err, ENG_EFORMAT, name, "tensor '%s' has %lld elements; expected %lld%s",
+                         name, (long long)n, (long long)width, whole ? "" : " (or one head's)");
     for (int64_t i = 0; i < width; i++)
         dst[i] = plus + element(t, n == width ? i : i % D);
     return ENG_OK;
@@ -226,49 +226,47 @@ static eng_status check_spec(const eng_decoder_spec *sp, int64_t D, eng_error *e
     return ENG_OK;
 }
 
-/* Takes the decoder's own tensors out of the list; the rest go to the projection assembler. */
-static eng_status split_tensors(const eng_tensor_ref *tensors, size_t count,
-                                const eng_tensor_ref *extra[EXTRA_COUNT], eng_tensor_ref *rest,
-                                size_t *n_rest, eng_error *err)
+/* The decoder's own weights of `w`, by extra_role (NULL when absent). */
+static eng_status extra_weights(const eng_layer_weights *w, const eng_weight *extra[EXTRA_COUNT],
+                                eng_error *err)
 {
-    *n_rest = 0;
-    for (size_t i = 0; i < count; i++) {
-        int k = 0;
-        while (k < EXTRA_COUNT && strcmp(tensors[i].name, extra_names[k]) != 0)
-            k++;
-        if (k == EXTRA_COUNT) {
-            rest[(*n_rest)++] = tensors[i];
-            continue;
-        }
-        if (extra[k])
-            return eng__fail(err, ENG_EFORMAT, tensors[i].name, "tensor '%s' is given twice",
-                             tensors[i].name);
-        if (!tensors[i].data || tensors[i].rank < 1 || tensors[i].rank > 4)
-            return eng__fail(err, ENG_EFORMAT, tensors[i].name, "tensor '%s' has rank %d",
-                             tensors[i].name, tensors[i].rank);
-        extra[k] = &tensors[i];
+    const eng_weight *all[EXTRA_COUNT] = {&w->q_norm_w, &w->q_norm_b, &w->k_norm_w, &w->k_norm_b,
+                                          &w->sinks};
+    for (int k = 0; k < EXTRA_COUNT; k++) {
+        const eng_weight *t = all[k];
+        extra[k] = t->data ? t : NULL;
+        if (t->data && (t->rank < 1 || t->rank > 4))
+            return eng__fail(err, ENG_EFORMAT, eng__weight_label(t, extra_roles[k]),
+                             "tensor '%s' has rank %d", eng__weight_label(t, extra_roles[k]),
+                             t->rank);
+        for (int d = 0; t->data && d < t->rank; d++)
+            if (t->shape[d] <= 0 || t->shape[d] > (INT64_C(1) << 31))
+                return eng__fail(err, ENG_EFORMAT, eng__weight_label(t, extra_roles[k]),
+                                 "tensor '%s' has dimension %lld",
+                                 eng__weight_label(t, extra_roles[k]), (long long)t->shape[d]);
     }
     return ENG_OK;
 }
 
-static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[EXTRA_COUNT],
+static eng_status fill_decoder(eng_layer *l, const eng_weight *const extra[EXTRA_COUNT],
                                const eng_decoder_spec *sp, eng_error *err)
 {
     int64_t H = l->num_heads, D = eng_layer_head_dim(l), Q = H * D, W = l->num_kv_heads * D;
     bool norm = sp->qk_norm != ENG_QK_NORM_NONE, bias = sp->qk_norm == ENG_QK_NORM_LAYER;
     if (norm && (!extra[EXTRA_Q_W] || !extra[EXTRA_K_W]))
-        return eng__fail(err, ENG_EFORMAT, extra[EXTRA_Q_W] ? "k_norm.weight" : "q_norm.weight",
-                         "the layer's q/k norm has no weight '%s'",
-                         extra[EXTRA_Q_W] ? "k_norm.weight" : "q_norm.weight");
+        return eng__fail(err, ENG_EFORMAT, extra[EXTRA_Q_W] ? "k_norm_w" : "q_norm_w",
+                         "the layer's q/k norm has no weight %s",
+                         extra[EXTRA_Q_W] ? "k_norm_w" : "q_norm_w");
     for (int k = 0; k < EXTRA_SINKS; k++)
         if (extra[k] && (!norm || (!bias && (k == EXTRA_Q_B || k == EXTRA_K_B))))
-            return eng__fail(err, ENG_EFORMAT, extra_names[k],
+            return eng__fail(err, ENG_EFORMAT, eng__weight_label(extra[k], extra_roles[k]),
                              "tensor '%s' does not belong to this layer's q/k norm",
-                             extra_names[k]);
-    const eng_tensor_ref *sinks = extra[EXTRA_SINKS];
+                             eng__weight_label(extra[k], extra_roles[k]));
+    const eng_weight *sinks = extra[EXTRA_SINKS];
+    const char *sinks_name = eng__weight_label(sinks, "sinks");
     if (sinks && numel(sinks) != H)
-        return eng__fail(err, ENG_EFORMAT, "sinks", "tensor 'sinks' has %lld elements, not %lld",
-                         (long long)numel(sinks), (long long)H);
+        return eng__fail(err, ENG_EFORMAT, sinks_name, "tensor '%s' has %lld elements, not %lld",
+                         sinks_name, (long long)numel(sinks), (long long)H);
     int64_t n = sp->rope.rotary_dim / 2 + (norm ? 2 * (Q + W) : 0) + (sinks ? H : 0);
     l->decoder_params = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!l->decoder_params)
@@ -290,12 +288,13 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
                       {&l->k_norm_w, &l->k_norm_b, W, EXTRA_K_W, EXTRA_K_B}};
         for (int i = 0; i < 2 && st == ENG_OK; i++) {
             *parts[i].w = at;
-            st = copy_norm(extra[parts[i].rw], D, parts[i].width, sp->qk_norm_whole, plus, at, err);
+            st = copy_norm(extra[parts[i].rw], extra_roles[parts[i].rw], D, parts[i].width,
+                           sp->qk_norm_whole, plus, at, err);
             at += parts[i].width;
             if (st == ENG_OK && extra[parts[i].rb]) {
                 *parts[i].b = at;
-                st = copy_norm(extra[parts[i].rb], D, parts[i].width, sp->qk_norm_whole, 0.0f, at,
-                               err);
+                st = copy_norm(extra[parts[i].rb], extra_roles[parts[i].rb], D, parts[i].width,
+                               sp->qk_norm_whole, 0.0f, at, err);
             }
             at += parts[i].width;
         }
@@ -311,42 +310,40 @@ static eng_status fill_decoder(eng_layer *l, const eng_tensor_ref *const extra[E
     return st;
 }
 
-eng_layer *eng_layer_decoder(const char *name, const eng_tensor_ref *tensors, size_t count,
-                             int64_t num_heads, int64_t num_kv_heads, const eng_decoder_spec *spec,
-                             eng_error *err)
+eng_layer *eng_layer_decoder(const char *name, const eng_layer_weights *weights, int64_t num_heads,
+                             int64_t num_kv_heads, const eng_decoder_spec *spec, eng_error *err)
 {
-    const eng_tensor_ref *extra[EXTRA_COUNT] = {0};
-    eng_tensor_ref *rest = calloc(count ? count : 1, sizeof *rest);
-    size_t n_rest = 0;
-    eng_layer *l = NULL;
-    if (!rest) {
-        eng__fail(err, ENG_ENOMEM, "", "out of memory");
+    const eng_weight *extra[EXTRA_COUNT] = {0};
+    if (!spec || !weights) {
+        eng__fail(err, ENG_EINVAL, spec ? "weights" : "spec", "no decoder spec or no weights");
         return NULL;
     }
-    if (!spec) {
-        eng__fail(err, ENG_EINVAL, "spec", "no decoder spec");
-        goto done;
-    }
-    if (split_tensors(tensors, count, extra, rest, &n_rest, err) != ENG_OK)
-        goto done;
-    l = eng__layer_assemble(name, rest, n_rest, num_heads, num_kv_heads, spec ? spec->head_dim : 0,
-                            true, err);
+    if (extra_weights(weights, extra, err) != ENG_OK)
+        return NULL;
+    /* The projections alone go to the assembler, which refuses the decoder's own weights. */
+    eng_layer_weights projections = *weights;
+    memset(&projections.q_norm_w, 0, sizeof projections.q_norm_w);
+    memset(&projections.q_norm_b, 0, sizeof projections.q_norm_b);
+    memset(&projections.k_norm_w, 0, sizeof projections.k_norm_w);
+    memset(&projections.k_norm_b, 0, sizeof projections.k_norm_b);
+    memset(&projections.sinks, 0, sizeof projections.sinks);
+    eng_layer *l =
+        eng__layer_assemble(name, &projections, num_heads, num_kv_heads, spec->head_dim, true, err);
     if (!l)
-        goto done;
+        return NULL;
     if (l->bias_k || l->kdim != l->embed_dim || l->vdim != l->embed_dim) {
-        eng__fail(err, ENG_EFORMAT, l->bias_k ? "bias_k" : "k_proj.weight",
+        eng__fail(err, ENG_EFORMAT,
+                  l->bias_k ? eng__weight_label(&weights->bias_k, "bias_k")
+                            : eng__weight_label(&weights->k_w, "k_w"),
                   "a decoder layer is self-attention without bias_k/bias_v");
-        goto fail;
+        eng_layer_free(l);
+        return NULL;
     }
     if (check_spec(spec, eng_layer_head_dim(l), err) != ENG_OK ||
-        fill_decoder(l, extra, spec, err) != ENG_OK)
-        goto fail;
-    goto done;
-fail:
-    eng_layer_free(l);
-    l = NULL;
-done:
-    free(rest);
+        fill_decoder(l, extra, spec, err) != ENG_OK) {
+        eng_layer_free(l);
+        return NULL;
+    }
     return l;
 }
 

@@ -1,12 +1,13 @@
 /*
- * layer.c - multi-head attention layers: assembling one from named tensors, and the demo layer.
+ * layer.c - multi-head attention layers: assembling one from weights by role, and the demo layer.
  *
- * Three naming schemes are accepted (PyTorch's nn.MultiheadAttention state dict, Hugging
- * Face-style q_proj/k_proj/v_proj/o_proj, and the tutorial's W_Q/W_K/W_V/W_O). Each name maps
- * to a role; a layer is assembled by checking that the roles present make exactly one
- * consistent layer, then copying (and converting) every tensor into one parameter block.
+ * The caller says which role each weight plays (eng_layer_weights); a layer is assembled by
+ * checking that the roles present make exactly one consistent layer, then copying (and
+ * converting) every weight into one parameter block. Names of tensors in files or requests are
+ * the api's (api/models/): here a weight is only its role, and its label for messages.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,20 +30,29 @@ typedef enum {
     ROLE_COUNT
 } role;
 
+/* Where each projection role lies in eng_layer_weights, and what messages call it. */
 static const struct {
+    size_t offset;
     const char *name;
-    role role;
-} known_names[] = {
-    {"in_proj_weight", ROLE_IN_W}, {"in_proj_bias", ROLE_IN_B}, {"q_proj_weight", ROLE_Q_W},
-    {"k_proj_weight", ROLE_K_W},   {"v_proj_weight", ROLE_V_W}, {"out_proj.weight", ROLE_O_W},
-    {"out_proj.bias", ROLE_O_B},   {"bias_k", ROLE_BIAS_K},     {"bias_v", ROLE_BIAS_V},
-    {"q_proj.weight", ROLE_Q_W},   {"q_proj.bias", ROLE_Q_B},   {"k_proj.weight", ROLE_K_W},
-    {"k_proj.bias", ROLE_K_B},     {"v_proj.weight", ROLE_V_W}, {"v_proj.bias", ROLE_V_B},
-    {"o_proj.weight", ROLE_O_W},   {"o_proj.bias", ROLE_O_B},   {"W_Q.weight", ROLE_Q_W},
-    {"W_Q.bias", ROLE_Q_B},        {"W_K.weight", ROLE_K_W},    {"W_K.bias", ROLE_K_B},
-    {"W_V.weight", ROLE_V_W},      {"W_V.bias", ROLE_V_B},      {"W_O.weight", ROLE_O_W},
-    {"W_O.bias", ROLE_O_B},
+} roles[ROLE_COUNT] = {
+    {offsetof(eng_layer_weights, in_proj_w), "in_proj_w"},
+    {offsetof(eng_layer_weights, in_proj_b), "in_proj_b"},
+    {offsetof(eng_layer_weights, q_w), "q_w"},
+    {offsetof(eng_layer_weights, k_w), "k_w"},
+    {offsetof(eng_layer_weights, v_w), "v_w"},
+    {offsetof(eng_layer_weights, o_w), "o_w"},
+    {offsetof(eng_layer_weights, q_b), "q_b"},
+    {offsetof(eng_layer_weights, k_b), "k_b"},
+    {offsetof(eng_layer_weights, v_b), "v_b"},
+    {offsetof(eng_layer_weights, o_b), "o_b"},
+    {offsetof(eng_layer_weights, bias_k), "bias_k"},
+    {offsetof(eng_layer_weights, bias_v), "bias_v"},
 };
+
+const char *eng__weight_label(const eng_weight *w, const char *role_name)
+{
+    return w && w->label && w->label[0] ? w->label : role_name;
+}
 
 /* Parameters above this many are refused: 2^34 floats is 64 GiB. */
 #define MAX_LAYER_PARAMS (INT64_C(1) << 34)
@@ -61,7 +71,7 @@ static float load_element(const void *data, eng_dtype dtype, int64_t i)
 
 /* ---- Assembly ----------------------------------------------------------------------------- */
 
-static int64_t numel(const eng_tensor_ref *t)
+static int64_t numel(const eng_weight *t)
 {
     int64_t n = 1;
     for (int d = 0; d < t->rank; d++)
@@ -70,7 +80,7 @@ static int64_t numel(const eng_tensor_ref *t)
 }
 
 /* The 2-D shape of a weight, or false when it is not rank 2. */
-static bool matrix_shape(const eng_tensor_ref *t, int64_t *rows, int64_t *cols)
+static bool matrix_shape(const eng_weight *t, int64_t *rows, int64_t *cols)
 {
     if (t->rank != 2)
         return false;
@@ -80,75 +90,53 @@ static bool matrix_shape(const eng_tensor_ref *t, int64_t *rows, int64_t *cols)
 }
 
 typedef struct {
-    const eng_tensor_ref *by_role[ROLE_COUNT];
+    const eng_weight *by_role[ROLE_COUNT];
     int64_t E, H, Hkv, D, W, kdim, vdim;
     int64_t Q; /* the width of q and of the attention's output: H * D */
 } layer_plan;
 
-/* The name a missing q/k/v weight has in the naming scheme of the weights that are present. */
-static const char *missing_weight_name(const layer_plan *lp, role missing)
+/* What an error calls the weight of role r. */
+static const char *label(const layer_plan *lp, role r)
 {
-    static const char *const schemes[][3] = {
-        {"q_proj.weight", "k_proj.weight", "v_proj.weight"},
-        {"q_proj_weight", "k_proj_weight", "v_proj_weight"},
-        {"W_Q.weight", "W_K.weight", "W_V.weight"},
-    };
-    int slot = missing == ROLE_Q_W ? 0 : missing == ROLE_K_W ? 1 : 2;
-    for (size_t s = 0; s < sizeof schemes / sizeof schemes[0]; s++)
-        for (int k = 0; k < 3; k++) {
-            const eng_tensor_ref *t = lp->by_role[ROLE_Q_W + k];
-            if (t && strcmp(t->name, schemes[s][k]) == 0)
-                return schemes[s][slot];
-        }
-    return schemes[0][slot];
+    return eng__weight_label(lp->by_role[r], roles[r].name);
 }
 
-static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, size_t count,
-                               eng_error *err)
+static eng_status assign_roles(layer_plan *lp, const eng_layer_weights *w, eng_error *err)
 {
-    for (size_t i = 0; i < count; i++) {
-        const eng_tensor_ref *t = &tensors[i];
-        size_t k = 0;
-        while (k < sizeof known_names / sizeof known_names[0] &&
-               strcmp(known_names[k].name, t->name) != 0)
-            k++;
-        if (k == sizeof known_names / sizeof known_names[0])
-            return eng__fail(err, ENG_EFORMAT, t->name,
-                             "tensor '%s' is not a multi-head attention parameter", t->name);
-        role r = known_names[k].role;
-        if (lp->by_role[r])
-            return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' repeats '%s'", t->name,
-                             lp->by_role[r]->name);
-        if (t->rank < 1 || t->rank > 4 || !t->data)
-            return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has rank %d", t->name,
-                             t->rank);
+    for (int r = 0; r < ROLE_COUNT; r++) {
+        const eng_weight *t = (const eng_weight *)((const char *)w + roles[r].offset);
+        if (!t->data)
+            continue;
+        const char *name = eng__weight_label(t, roles[r].name);
+        if (t->rank < 1 || t->rank > 4)
+            return eng__fail(err, ENG_EFORMAT, name, "tensor '%s' has rank %d", name, t->rank);
         for (int d = 0; d < t->rank; d++)
             if (t->shape[d] <= 0 || t->shape[d] > (INT64_C(1) << 31))
-                return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has dimension %lld",
-                                 t->name, (long long)t->shape[d]);
+                return eng__fail(err, ENG_EFORMAT, name, "tensor '%s' has dimension %lld", name,
+                                 (long long)t->shape[d]);
+        if (t->dtype != ENG_DTYPE_F32 && t->dtype != ENG_DTYPE_F16 && t->dtype != ENG_DTYPE_BF16)
+            return eng__fail(err, ENG_EFORMAT, name, "tensor '%s' has an unknown dtype", name);
         lp->by_role[r] = t;
     }
-    /* torch keeps one packed in_proj_bias even when kdim/vdim split the weights into
-     * q_proj_weight, k_proj_weight and v_proj_weight. */
-    const eng_tensor_ref *const *r = lp->by_role;
+    /* A packed in_proj_b may sit beside separate q_w, k_w and v_w: torch keeps one packed
+     * bias even when kdim/vdim split the weights. */
+    const eng_weight *const *r = lp->by_role;
     bool separate_w = r[ROLE_Q_W] || r[ROLE_K_W] || r[ROLE_V_W];
     bool separate_b = r[ROLE_Q_B] || r[ROLE_K_B] || r[ROLE_V_B];
     if ((r[ROLE_IN_W] && (separate_w || separate_b)) || (r[ROLE_IN_B] && separate_b))
-        return eng__fail(err, ENG_EFORMAT, r[ROLE_IN_W] ? "in_proj_weight" : "in_proj_bias",
+        return eng__fail(err, ENG_EFORMAT,
+                         r[ROLE_IN_W] ? label(lp, ROLE_IN_W) : label(lp, ROLE_IN_B),
                          "both a packed in_proj and separate q/k/v projections are present");
     if (!r[ROLE_O_W])
-        return eng__fail(err, ENG_EFORMAT, "out_proj.weight",
-                         "no output projection (out_proj.weight, o_proj.weight or W_O.weight)");
+        return eng__fail(err, ENG_EFORMAT, roles[ROLE_O_W].name, "no output projection (o_w)");
     if (!r[ROLE_IN_W]) {
         static const role needed[3] = {ROLE_Q_W, ROLE_K_W, ROLE_V_W};
         for (int i = 0; i < 3; i++)
-            if (!r[needed[i]]) {
-                const char *name = missing_weight_name(lp, needed[i]);
-                return eng__fail(err, ENG_EFORMAT, name,
-                                 "no tensor '%s': the query, key and "
-                                 "value projection weights are incomplete",
-                                 name);
-            }
+            if (!r[needed[i]])
+                return eng__fail(err, ENG_EFORMAT, roles[needed[i]].name,
+                                 "no %s: the query, key and value projection weights are "
+                                 "incomplete",
+                                 roles[needed[i]].name);
     }
     if (!lp->by_role[ROLE_BIAS_K] != !lp->by_role[ROLE_BIAS_V])
         return eng__fail(err, ENG_EFORMAT, lp->by_role[ROLE_BIAS_K] ? "bias_v" : "bias_k",
@@ -158,21 +146,22 @@ static eng_status assign_roles(layer_plan *lp, const eng_tensor_ref *tensors, si
 
 static eng_status expect_vector(const layer_plan *lp, role r, int64_t n, eng_error *err)
 {
-    const eng_tensor_ref *t = lp->by_role[r];
+    const eng_weight *t = lp->by_role[r];
     if (t && numel(t) != n)
-        return eng__fail(err, ENG_EFORMAT, t->name, "tensor '%s' has %lld elements; expected %lld",
-                         t->name, (long long)numel(t), (long long)n);
+        return eng__fail(err, ENG_EFORMAT, label(lp, r),
+                         "tensor '%s' has %lld elements; expected %lld", label(lp, r),
+                         (long long)numel(t), (long long)n);
     return ENG_OK;
 }
 
 static eng_status expect_matrix(const layer_plan *lp, role r, int64_t rows, int64_t cols,
                                 eng_error *err)
 {
-    const eng_tensor_ref *t = lp->by_role[r];
+    const eng_weight *t = lp->by_role[r];
     int64_t tr, tc;
     if (!matrix_shape(t, &tr, &tc) || tr != rows || (cols > 0 && tc != cols))
-        return eng__fail(err, ENG_EFORMAT, t->name,
-                         "tensor '%s' must be [%lld, %lld] for embed_dim %lld", t->name,
+        return eng__fail(err, ENG_EFORMAT, label(lp, r),
+                         "tensor '%s' must be [%lld, %lld] for embed_dim %lld", label(lp, r),
                          (long long)rows, (long long)cols, (long long)lp->E);
     return ENG_OK;
 }
@@ -182,11 +171,12 @@ static eng_status expect_matrix(const layer_plan *lp, role r, int64_t rows, int6
 static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, int64_t head_dim,
                               eng_error *err)
 {
-    const eng_tensor_ref *o = lp->by_role[ROLE_O_W];
+    const eng_weight *o = lp->by_role[ROLE_O_W];
+    const char *o_name = label(lp, ROLE_O_W);
     int64_t rows, cols;
     if (!matrix_shape(o, &rows, &cols) || (head_dim <= 0 && rows != cols))
-        return eng__fail(err, ENG_EFORMAT, o->name, "tensor '%s' must be a square [E, E] matrix",
-                         o->name);
+        return eng__fail(err, ENG_EFORMAT, o_name, "tensor '%s' must be a square [E, E] matrix",
+                         o_name);
     lp->E = rows;
     if (heads <= 0 || heads > 65536 || (head_dim <= 0 && lp->E % heads != 0))
         return eng__fail_cause(err, ENG_CAUSE_HEAD_COUNT, ENG_EINVAL, "num_heads",
@@ -200,9 +190,9 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, i
     lp->Q = lp->H * lp->D;
     if (lp->by_role[ROLE_IN_W] && lp->Q != lp->E)
         return eng__fail(err, ENG_EINVAL, "head_dim",
-                         "a packed in_proj_weight needs heads of embed_dim / num_heads");
+                         "a packed in_proj needs heads of embed_dim / num_heads");
     if (cols != lp->Q)
-        return eng__fail(err, ENG_EFORMAT, o->name, "tensor '%s' must be [%lld, %lld]", o->name,
+        return eng__fail(err, ENG_EFORMAT, o_name, "tensor '%s' must be [%lld, %lld]", o_name,
                          (long long)lp->E, (long long)lp->Q);
     lp->Hkv = kv_heads > 0 ? kv_heads : heads;
     if (lp->H % lp->Hkv != 0)
@@ -235,12 +225,12 @@ static eng_status plan_shapes(layer_plan *lp, int64_t heads, int64_t kv_heads, i
         return st;
     int64_t params = 2 * lp->E * lp->Q + lp->W * (lp->kdim + lp->vdim) + lp->Q + lp->E + 4 * lp->W;
     if (params > MAX_LAYER_PARAMS)
-        return eng__fail(err, ENG_ETOOBIG, o->name, "the layer has over 2^34 parameters");
+        return eng__fail(err, ENG_ETOOBIG, o_name, "the layer has over 2^34 parameters");
     return ENG_OK;
 }
 
 /* Converts n elements of t, starting at element `first`, into dst. */
-static void copy_elements(float *dst, const eng_tensor_ref *t, int64_t first, int64_t n)
+static void copy_elements(float *dst, const eng_weight *t, int64_t first, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         dst[i] = load_element(t->data, t->dtype, first + i);
@@ -262,7 +252,7 @@ static const char *dtype_name(eng_dtype t)
 }
 
 /* Copies n 16-bit elements of t (little-endian), from element `first`, into dst. */
-static void copy_bits16(uint16_t *dst, const eng_tensor_ref *t, int64_t first, int64_t n)
+static void copy_bits16(uint16_t *dst, const eng_weight *t, int64_t first, int64_t n)
 {
     const unsigned char *p = (const unsigned char *)t->data + first * 2;
     for (int64_t i = 0; i < n; i++)
@@ -272,10 +262,9 @@ static void copy_bits16(uint16_t *dst, const eng_tensor_ref *t, int64_t first, i
 /* The one 16-bit dtype of the four projection matrices, or F32 when they are fp32 or mixed. */
 static eng_dtype matrices_dtype(const layer_plan *lp)
 {
-    const eng_tensor_ref *const *r = lp->by_role;
-    const eng_tensor_ref *m[4] = {r[ROLE_O_W], r[ROLE_IN_W] ? r[ROLE_IN_W] : r[ROLE_Q_W],
-                                  r[ROLE_IN_W] ? NULL : r[ROLE_K_W],
-                                  r[ROLE_IN_W] ? NULL : r[ROLE_V_W]};
+    const eng_weight *const *r = lp->by_role;
+    const eng_weight *m[4] = {r[ROLE_O_W], r[ROLE_IN_W] ? r[ROLE_IN_W] : r[ROLE_Q_W],
+                              r[ROLE_IN_W] ? NULL : r[ROLE_K_W], r[ROLE_IN_W] ? NULL : r[ROLE_V_W]};
     eng_dtype dt = m[0]->dtype;
     for (int i = 1; i < 4; i++)
         if (m[i] && m[i]->dtype != dt)
@@ -287,7 +276,7 @@ static eng_dtype matrices_dtype(const layer_plan *lp)
  * only its vectors) into a 16-bit block; false when memory runs out. */
 static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt)
 {
-    const eng_tensor_ref *const *r = lp->by_role;
+    const eng_weight *const *r = lp->by_role;
     int64_t E = lp->E, W = lp->W, Q = lp->Q;
     size_t n = (size_t)(2 * E * Q + W * (lp->kdim + lp->vdim));
     uint16_t *block = malloc(n * sizeof *block);
@@ -313,22 +302,32 @@ static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt
     return true;
 }
 
-eng_layer *eng_layer_from_tensors(const char *name, const eng_tensor_ref *tensors, size_t count,
-                                  int64_t num_heads, int64_t num_kv_heads, eng_error *err)
+eng_layer *eng_layer_new(const char *name, const eng_layer_weights *weights, int64_t num_heads,
+                         int64_t num_kv_heads, bool keep16, eng_error *err)
 {
-    return eng__layer_assemble(name, tensors, count, num_heads, num_kv_heads, 0, false, err);
+    if (weights && (weights->q_norm_w.data || weights->q_norm_b.data || weights->k_norm_w.data ||
+                    weights->k_norm_b.data || weights->sinks.data)) {
+        eng__fail(err, ENG_EFORMAT,
+                  weights->sinks.data ? eng__weight_label(&weights->sinks, "sinks") : "q_norm_w",
+                  "q/k norms and sinks belong to decoder layers (eng_layer_decoder)");
+        return NULL;
+    }
+    return eng__layer_assemble(name, weights, num_heads, num_kv_heads, 0, keep16, err);
 }
 
-eng_layer *eng__layer_assemble(const char *name, const eng_tensor_ref *tensors, size_t count,
+eng_layer *eng__layer_assemble(const char *name, const eng_layer_weights *weights,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                bool keep16, eng_error *err)
 {
     layer_plan lp;
     memset(&lp, 0, sizeof lp);
-    if (assign_roles(&lp, tensors, count, err) ||
-        plan_shapes(&lp, num_heads, num_kv_heads, head_dim, err))
+    if (!weights) {
+        eng__fail(err, ENG_EINVAL, "weights", "no weights");
         return NULL;
-    const eng_tensor_ref *const *r = lp.by_role;
+    }
+    if (assign_roles(&lp, weights, err) || plan_shapes(&lp, num_heads, num_kv_heads, head_dim, err))
+        return NULL;
+    const eng_weight *const *r = lp.by_role;
     bool packed = r[ROLE_IN_W] != NULL, packed_bias = r[ROLE_IN_B] != NULL;
     bool bq = packed_bias || r[ROLE_Q_B], bk = packed_bias || r[ROLE_K_B];
     bool bv = packed_bias || r[ROLE_V_B];
@@ -458,7 +457,7 @@ static double demo_uniform(uint64_t *state)
 eng_layer *eng_layer_demo(void)
 {
     enum { E = DEMO_E };
-    /* Generated as a torch state dict would hold them, then assembled like any loaded file. */
+    /* Generated as a torch state dict would hold them, then assembled like any other layer. */
     float *buf = malloc((size_t)(4 * E * E + 4 * E) * sizeof(float));
     if (!buf)
         return NULL;
@@ -473,13 +472,13 @@ eng_layer *eng_layer_demo(void)
         ow[i] = (float)(demo_uniform(&state) * bound);
     for (int i = 0; i < E; i++)
         ob[i] = (float)(demo_uniform(&state) * bound);
-    eng_tensor_ref t[4] = {
-        {"in_proj_weight", ENG_DTYPE_F32, w, 2, {3 * E, E}},
-        {"in_proj_bias", ENG_DTYPE_F32, b, 1, {3 * E}},
-        {"out_proj.weight", ENG_DTYPE_F32, ow, 2, {E, E}},
-        {"out_proj.bias", ENG_DTYPE_F32, ob, 1, {E}},
-    };
-    eng_layer *layer = eng_layer_from_tensors("demo", t, 4, DEMO_HEADS, 0, NULL);
+    eng_layer_weights t;
+    memset(&t, 0, sizeof t);
+    t.in_proj_w = (eng_weight){NULL, ENG_DTYPE_F32, w, 2, {3 * E, E}};
+    t.in_proj_b = (eng_weight){NULL, ENG_DTYPE_F32, b, 1, {3 * E}};
+    t.o_w = (eng_weight){NULL, ENG_DTYPE_F32, ow, 2, {E, E}};
+    t.o_b = (eng_weight){NULL, ENG_DTYPE_F32, ob, 1, {E}};
+    eng_layer *layer = eng_layer_new("demo", &t, DEMO_HEADS, 0, false, NULL);
     free(buf);
     return layer;
 }

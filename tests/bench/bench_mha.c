@@ -89,13 +89,13 @@ static int run_case(const bench_case *bc)
     float *in_b = bench_random_floats((size_t)(3 * E), 12, 0.1f);
     float *out_w = bench_random_floats((size_t)(E * E), 13, amp * 8);
     float *out_b = bench_random_floats((size_t)E, 14, 0.1f);
-    eng_tensor_ref t[4] = {
-        {"in_proj_weight", ENG_DTYPE_F32, in_w, 2, {3 * E, E}},
-        {"in_proj_bias", ENG_DTYPE_F32, in_b, 1, {3 * E}},
-        {"out_proj.weight", ENG_DTYPE_F32, out_w, 2, {E, E}},
-        {"out_proj.bias", ENG_DTYPE_F32, out_b, 1, {E}},
+    eng_layer_weights t = {
+        .in_proj_w = {"in_proj_weight", ENG_DTYPE_F32, in_w, 2, {3 * E, E}},
+        .in_proj_b = {"in_proj_bias", ENG_DTYPE_F32, in_b, 1, {3 * E}},
+        .o_w = {"out_proj.weight", ENG_DTYPE_F32, out_w, 2, {E, E}},
+        .o_b = {"out_proj.bias", ENG_DTYPE_F32, out_b, 1, {E}},
     };
-    eng_layer *layer = eng_layer_from_tensors("bench", t, 4, bc->h, 0, &err);
+    eng_layer *layer = eng_layer_new("bench", &t, bc->h, 0, false, &err);
     if (!layer) {
         fprintf(stderr, "bench: layer: %s\n", err.message);
         return 1;
@@ -187,8 +187,10 @@ static eng_layer *decode_layer(int64_t E, eng_error *err)
                   {"k_proj.weight", W, E},
                   {"v_proj.weight", W, E},
                   {"o_proj.weight", E, Q}};
-    eng_tensor_ref t[4];
+    eng_layer_weights t;
+    eng_weight *roles[4] = {&t.q_w, &t.k_w, &t.v_w, &t.o_w};
     uint16_t *bits[4];
+    memset(&t, 0, sizeof t);
     for (int i = 0; i < 4; i++) {
         size_t n = (size_t)(parts[i].rows * parts[i].cols);
         float *f = bench_random_floats(n, (unsigned)(21 + i), 1.0f / 64);
@@ -198,10 +200,10 @@ static eng_layer *decode_layer(int64_t E, eng_error *err)
         for (size_t j = 0; j < n; j++)
             bits[i][j] = eng_f32_to_bf16(f[j]);
         free(f);
-        t[i] = (eng_tensor_ref){
-            parts[i].name, ENG_DTYPE_BF16, bits[i], 2, {parts[i].rows, parts[i].cols}};
+        *roles[i] =
+            (eng_weight){parts[i].name, ENG_DTYPE_BF16, bits[i], 2, {parts[i].rows, parts[i].cols}};
     }
-    eng_layer *l = eng__layer_assemble("decode", t, 4, DECODE_H, DECODE_HKV, D, true, err);
+    eng_layer *l = eng__layer_assemble("decode", &t, DECODE_H, DECODE_HKV, D, true, err);
     for (int i = 0; i < 4; i++)
         free(bits[i]);
     return l;

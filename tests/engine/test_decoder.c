@@ -15,6 +15,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/rng.h"
 #include "tests/support/util.h"
 
@@ -77,19 +78,19 @@ static void params_init(params *p, const eng_decoder_spec *spec, bool sinks, uin
     p->has_sinks = sinks;
 }
 
-static eng_tensor_ref ref1(const char *name, const float *data, int64_t n)
+static eng_weight ref1(const char *name, const float *data, int64_t n)
 {
-    return (eng_tensor_ref){name, ENG_DTYPE_F32, data, 1, {n}};
+    return (eng_weight){name, ENG_DTYPE_F32, data, 1, {n}};
 }
 
-static eng_tensor_ref ref2(const char *name, const float *data, int64_t r, int64_t c)
+static eng_weight ref2(const char *name, const float *data, int64_t r, int64_t c)
 {
-    return (eng_tensor_ref){name, ENG_DTYPE_F32, data, 2, {r, c}};
+    return (eng_weight){name, ENG_DTYPE_F32, data, 2, {r, c}};
 }
 
 static eng_layer *build(const params *p, eng_error *err)
 {
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = 0;
     t[n++] = ref2("q_proj.weight", p->wq, QW, NE);
     t[n++] = ref2("k_proj.weight", p->wk, KW, NE);
@@ -111,7 +112,7 @@ static eng_layer *build(const params *p, eng_error *err)
     }
     if (p->has_sinks)
         t[n++] = ref1("sinks", p->sinks, NH);
-    return eng_layer_decoder("dec", t, n, NH, NKV, &p->spec, err);
+    return named_decoder("dec", t, n, NH, NKV, &p->spec, err);
 }
 
 /* y[rows] = W x + b in float64. */
@@ -496,21 +497,20 @@ static void test_refusals_name_the_field(void)
     p->spec = rope_spec(HD, ENG_ROPE_HALF);
     p->spec.qk_norm = ENG_QK_NORM_RMS;
     p->spec.qk_norm_whole = true;
-    eng_tensor_ref t[3] = {ref2("q_proj.weight", p->wq, QW, NE),
-                           ref2("k_proj.weight", p->wk, KW, NE),
-                           ref2("v_proj.weight", p->wv, KW, NE)};
-    eng_tensor_ref all[6] = {t[0],
-                             t[1],
-                             t[2],
-                             ref2("o_proj.weight", p->wo, NE, QW),
-                             ref1("q_norm.weight", p->qn, HD),
-                             ref1("k_norm.weight", p->kn, KW)};
+    eng_weight t[3] = {ref2("q_proj.weight", p->wq, QW, NE), ref2("k_proj.weight", p->wk, KW, NE),
+                       ref2("v_proj.weight", p->wv, KW, NE)};
+    eng_weight all[6] = {t[0],
+                         t[1],
+                         t[2],
+                         ref2("o_proj.weight", p->wo, NE, QW),
+                         ref1("q_norm.weight", p->qn, HD),
+                         ref1("k_norm.weight", p->kn, KW)};
     /* Over the whole projection the q norm needs NE weights, not one head's. */
-    CHECK(eng_layer_decoder("d", all, 6, NH, NKV, &p->spec, &err) == NULL &&
+    CHECK(named_decoder("d", all, 6, NH, NKV, &p->spec, &err) == NULL &&
           strcmp(err.field, "q_norm.weight") == 0);
     all[4] = ref1("sinks", p->sinks, NH - 1);
     p->spec.qk_norm = ENG_QK_NORM_NONE;
-    CHECK(eng_layer_decoder("d", all, 5, NH, NKV, &p->spec, &err) == NULL &&
+    CHECK(named_decoder("d", all, 5, NH, NKV, &p->spec, &err) == NULL &&
           strcmp(err.field, "sinks") == 0);
     /* eng_mha: a decoder layer has its own positions, and a sinks layer returns no weights. */
     p->spec = rope_spec(HD, ENG_ROPE_HALF);

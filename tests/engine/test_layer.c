@@ -1,7 +1,8 @@
 /*
- * test_layer.c - the specification of layer assembly: eng_layer_from_tensors under each
- * naming scheme docs/layers.md lists, its refusals, eng_layer_params and the built-in
- * demo layer.
+ * test_layer.c - the specification of layer assembly: eng_layer_new from the roles each
+ * naming scheme docs/layers.md lists gives (the names through api/models/weights.c, as a file
+ * or a request names its tensors: tests/support/named_layer.c), its refusals, eng_layer_params
+ * and the built-in demo layer.
  *
  * A scheme is right when the assembled layer computes what the tensors mean: every case runs
  * eng_mha on the layer and compares with the float64 reference (tests/support/ref_mha.c) fed
@@ -15,6 +16,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/util.h"
@@ -125,10 +127,10 @@ static ref_mha_weights raw_weights(const raw_layer *r)
     return w;
 }
 
-static eng_tensor_ref tref(const char *name, const float *data, int rank, int64_t d0, int64_t d1,
-                           int64_t d2)
+static eng_weight tref(const char *name, const float *data, int rank, int64_t d0, int64_t d1,
+                       int64_t d2)
 {
-    eng_tensor_ref t = {name, ENG_DTYPE_F32, data, rank, {d0, d1, d2, 0}};
+    eng_weight t = {name, ENG_DTYPE_F32, data, rank, {d0, d1, d2, 0}};
     return t;
 }
 
@@ -142,7 +144,7 @@ static const char *scheme_name(scheme s)
     return names[s];
 }
 
-static size_t scheme_tensors(const raw_layer *r, scheme s, eng_tensor_ref *t)
+static size_t scheme_tensors(const raw_layer *r, scheme s, eng_weight *t)
 {
     size_t n = 0;
     int64_t E = r->E, W = r->W;
@@ -271,7 +273,7 @@ static void expect_forward_matches(const eng_layer *l, const raw_layer *r, const
 /* Assembles r under scheme s and checks contents, parameter count and forward pass. */
 static void expect_scheme_works(const raw_layer *r, scheme s)
 {
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(r, s, t);
     char note[160];
     snprintf(note, sizeof note, "%s (E %lld, H %lld, Hkv %lld, kdim %lld, vdim %lld%s%s)",
@@ -280,7 +282,7 @@ static void expect_scheme_works(const raw_layer *r, scheme s)
              r->bias_kv ? ", bias_kv" : "");
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng_layer_from_tensors("scheme", t, n, r->H, r->Hkv == r->H ? 0 : r->Hkv, &err);
+    eng_layer *l = named_layer("scheme", t, n, r->H, r->Hkv == r->H ? 0 : r->Hkv, &err);
     CHECKF(l != NULL, "%s: refused: %s (%s, field '%s')", note, err.message,
            eng_status_str(err.status), err.field);
     if (!l)
@@ -367,7 +369,7 @@ static void test_f16_and_bf16_tensors_are_converted_exactly(void)
 {
     raw_layer r = raw_make(16, 2, 0, 0, 0, true, false, 340);
     for (int d = 0; d < 2; d++) {
-        eng_tensor_ref t[16];
+        eng_weight t[16];
         size_t n = scheme_tensors(&r, SCHEME_HF, t);
         uint16_t *halves[16];
         for (size_t i = 0; i < n; i++) {
@@ -382,7 +384,7 @@ static void test_f16_and_bf16_tensors_are_converted_exactly(void)
             t[i].dtype = d == 0 ? ENG_DTYPE_F16 : ENG_DTYPE_BF16;
         }
         eng_error err;
-        eng_layer *l = eng_layer_from_tensors("half", t, n, 2, 0, &err);
+        eng_layer *l = named_layer("half", t, n, 2, 0, &err);
         const char *note = d == 0 ? "F16 tensors" : "BF16 tensors";
         CHECKF(l != NULL, "%s refused: %s", note, err.message);
         if (l) {
@@ -400,12 +402,12 @@ static void test_f16_and_bf16_tensors_are_converted_exactly(void)
 /* ---- Refusals ------------------------------------------------------------------------------ */
 
 /* Expects NULL with `status` and err.field equal to one of the '|'-separated names. */
-static void expect_refused(const eng_tensor_ref *t, size_t n, int64_t heads, int64_t kv_heads,
+static void expect_refused(const eng_weight *t, size_t n, int64_t heads, int64_t kv_heads,
                            eng_status status, const char *fields, const char *note)
 {
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng_layer_from_tensors("bad", t, n, heads, kv_heads, &err);
+    eng_layer *l = named_layer("bad", t, n, heads, kv_heads, &err);
     CHECKF(l == NULL, "%s: accepted", note);
     eng_layer_free(l);
     if (l)
@@ -432,12 +434,12 @@ static void expect_refused(const eng_tensor_ref *t, size_t n, int64_t heads, int
 static void test_rejects_unknown_tensor_name(void)
 {
     raw_layer r = raw_make(8, 2, 0, 0, 0, true, false, 400);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_HF, t);
     t[n++] = tref("q_proj.scale", r.bq, 1, 8, 0, 0);
     expect_refused(t, n, 2, 0, ENG_EFORMAT, "q_proj.scale", "an extra unknown tensor");
     n = scheme_tensors(&r, SCHEME_TORCH_PACKED, t);
-    t[0].name = "in_proj.weight"; /* a typo of in_proj_weight */
+    t[0].label = "in_proj.weight"; /* a typo of in_proj_weight */
     expect_refused(t, n, 2, 0, ENG_EFORMAT, "in_proj.weight", "a misspelt name");
     raw_free(&r);
 }
@@ -445,7 +447,7 @@ static void test_rejects_unknown_tensor_name(void)
 static void test_rejects_a_role_given_twice(void)
 {
     raw_layer r = raw_make(8, 2, 0, 0, 0, true, false, 401);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_HF, t);
     t[n++] = tref("W_Q.weight", r.wq, 2, 8, 8, 0);
     expect_refused(t, n, 2, 0, ENG_EFORMAT, "W_Q.weight|q_proj.weight",
@@ -464,7 +466,7 @@ static void test_rejects_a_role_given_twice(void)
 static void test_rejects_packed_and_separate_projections_mixed(void)
 {
     raw_layer r = raw_make(8, 2, 0, 0, 0, true, false, 402);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_TORCH_PACKED, t);
     t[n++] = tref("k_proj.weight", r.wk, 2, 8, 8, 0);
     expect_refused(t, n, 2, 0, ENG_EFORMAT, "in_proj_weight|k_proj.weight",
@@ -481,11 +483,11 @@ static void test_rejects_missing_output_projection(void)
     raw_layer r = raw_make(8, 2, 0, 0, 0, false, false, 403);
     const scheme schemes[] = {SCHEME_TORCH_PACKED, SCHEME_HF, SCHEME_TUTORIAL};
     for (size_t s = 0; s < 3; s++) {
-        eng_tensor_ref t[16], kept[16];
+        eng_weight t[16], kept[16];
         size_t n = scheme_tensors(&r, schemes[s], t), m = 0;
         for (size_t i = 0; i < n; i++)
-            if (!strstr(t[i].name, "out_proj") && !strstr(t[i].name, "o_proj") &&
-                !strstr(t[i].name, "W_O"))
+            if (!strstr(t[i].label, "out_proj") && !strstr(t[i].label, "o_proj") &&
+                !strstr(t[i].label, "W_O"))
                 kept[m++] = t[i];
         char note[96];
         snprintf(note, sizeof note, "%s without its output projection", scheme_name(schemes[s]));
@@ -508,10 +510,10 @@ static void test_rejects_missing_key_projection(void)
                  {SCHEME_TUTORIAL, "W_K.weight"},
                  {SCHEME_TORCH_SEPARATE, "k_proj_weight"}};
     for (size_t c = 0; c < 3; c++) {
-        eng_tensor_ref t[16], kept[16];
+        eng_weight t[16], kept[16];
         size_t n = scheme_tensors(&r, cases[c].s, t), m = 0;
         for (size_t i = 0; i < n; i++)
-            if (strcmp(t[i].name, cases[c].k) != 0)
+            if (strcmp(t[i].label, cases[c].k) != 0)
                 kept[m++] = t[i];
         char note[96];
         snprintf(note, sizeof note, "%s without %s", scheme_name(cases[c].s), cases[c].k);
@@ -542,10 +544,10 @@ static void test_rejects_wrong_shapes(void)
         {SCHEME_TUTORIAL, "W_O.weight", 2, 2 * E, E / 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        eng_tensor_ref t[16];
+        eng_weight t[16];
         size_t n = scheme_tensors(&r, cases[c].s, t);
         for (size_t i = 0; i < n; i++)
-            if (strcmp(t[i].name, cases[c].name) == 0)
+            if (strcmp(t[i].label, cases[c].name) == 0)
                 t[i] = tref(cases[c].name, big, cases[c].rank, cases[c].d0, cases[c].d1, 0);
         char note[96];
         snprintf(note, sizeof note, "%s of shape [%lld, %lld] (rank %d)", cases[c].name,
@@ -553,7 +555,7 @@ static void test_rejects_wrong_shapes(void)
         expect_refused(t, n, 2, 0, ENG_EFORMAT, cases[c].name, note);
     }
     /* Degenerate shapes: a zero dimension, rank 0, rank 5. */
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_HF, t);
     t[1] = tref("k_proj.weight", big, 2, 0, E, 0);
     expect_refused(t, n, 2, 0, ENG_EFORMAT, "k_proj.weight", "k_proj.weight [0, E]");
@@ -587,10 +589,10 @@ static void test_rejects_bias_of_wrong_length(void)
         {SCHEME_HF, "bias_v", E - 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        eng_tensor_ref t[16];
+        eng_weight t[16];
         size_t n = scheme_tensors(&r, cases[c].s, t);
         for (size_t i = 0; i < n; i++)
-            if (strcmp(t[i].name, cases[c].name) == 0)
+            if (strcmp(t[i].label, cases[c].name) == 0)
                 t[i] = tref(cases[c].name, big, 1, cases[c].len, 0, 0);
         char note[96];
         snprintf(note, sizeof note, "%s of length %lld", cases[c].name, (long long)cases[c].len);
@@ -598,11 +600,11 @@ static void test_rejects_bias_of_wrong_length(void)
     }
     /* Grouped-query: k_proj.bias must be Hkv * D long, not E. */
     raw_layer g = raw_make(16, 4, 2, 0, 0, true, false, 407);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&g, SCHEME_HF, t);
     float *wide = xcalloc(16, sizeof(float));
     for (size_t i = 0; i < n; i++)
-        if (strcmp(t[i].name, "k_proj.bias") == 0)
+        if (strcmp(t[i].label, "k_proj.bias") == 0)
             t[i] = tref("k_proj.bias", wide, 1, 16, 0, 0);
     expect_refused(t, n, 4, 2, ENG_EFORMAT, "k_proj.bias", "GQA k_proj.bias of length E");
     free(wide);
@@ -614,7 +616,7 @@ static void test_rejects_bias_of_wrong_length(void)
 static void test_rejects_num_heads_not_dividing_embed_dim(void)
 {
     raw_layer r = raw_make(12, 4, 0, 0, 0, true, false, 408);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_TORCH_PACKED, t);
     const int64_t heads[] = {5, 8, 24, 0, -4};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
@@ -628,7 +630,7 @@ static void test_rejects_num_heads_not_dividing_embed_dim(void)
 static void test_rejects_num_kv_heads_not_dividing_num_heads(void)
 {
     raw_layer r = raw_make(24, 6, 0, 0, 0, true, false, 409);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_HF, t);
     const int64_t kv[] = {4, 5, 12};
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
@@ -644,7 +646,7 @@ static void test_rejects_num_kv_heads_not_dividing_num_heads(void)
 static void test_rejects_bias_k_without_bias_v(void)
 {
     raw_layer r = raw_make(8, 2, 0, 0, 0, true, true, 410);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_TORCH_PACKED, t);
     /* bias_k and bias_v are the last two. */
     expect_refused(t, n - 1, 2, 0, ENG_EFORMAT, "bias_v", "bias_k without bias_v");
@@ -660,10 +662,10 @@ static void test_rejects_bias_k_without_bias_v(void)
 static void test_parameter_count_equals_sum_of_tensor_sizes(void)
 {
     raw_layer r = raw_make(16, 4, 0, 0, 0, true, true, 420);
-    eng_tensor_ref t[16];
+    eng_weight t[16];
     size_t n = scheme_tensors(&r, SCHEME_TORCH_PACKED, t);
     eng_error err;
-    eng_layer *l = eng_layer_from_tensors("count", t, n, 4, 0, &err);
+    eng_layer *l = named_layer("count", t, n, 4, 0, &err);
     CHECK(l != NULL);
     /* in_proj 3E*E + 3E, out_proj E*E + E, bias_k/v 2E. */
     if (l)
@@ -673,7 +675,7 @@ static void test_parameter_count_equals_sum_of_tensor_sizes(void)
 
     r = raw_make(32, 8, 2, 0, 0, false, false, 421); /* W = 8 */
     n = scheme_tensors(&r, SCHEME_HF, t);
-    l = eng_layer_from_tensors("count", t, n, 8, 2, &err);
+    l = named_layer("count", t, n, 8, 2, &err);
     CHECK(l != NULL);
     if (l)
         CHECK_EQ_INT(eng_layer_params(l), 32 * 32 * 2 + 8 * 32 * 2);
@@ -682,7 +684,7 @@ static void test_parameter_count_equals_sum_of_tensor_sizes(void)
 
     r = raw_make(16, 2, 0, 5, 7, true, false, 422);
     n = scheme_tensors(&r, SCHEME_HF, t);
-    l = eng_layer_from_tensors("count", t, n, 2, 0, &err);
+    l = named_layer("count", t, n, 2, 0, &err);
     CHECK(l != NULL);
     if (l)
         CHECK_EQ_INT(eng_layer_params(l), 16 * 16 * 2 + 16 * 5 + 16 * 7 + 16 * 4);
@@ -761,10 +763,10 @@ static void test_golden_multi_head_arithmetic(void)
         if (E <= 0 || E > 4096 || H <= 0)
             continue;
         raw_layer r = raw_make(E, H, 0, 0, 0, false, false, 430);
-        eng_tensor_ref t[16];
+        eng_weight t[16];
         size_t n = scheme_tensors(&r, SCHEME_TUTORIAL, t);
         eng_error err;
-        eng_layer *l = eng_layer_from_tensors("golden", t, n, H, 0, &err);
+        eng_layer *l = named_layer("golden", t, n, H, 0, &err);
         CHECKF(l != NULL, "golden layer refused: %s", err.message);
         if (l) {
             CHECK_EQ_INT(l->embed_dim, E);

@@ -14,8 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/models/safetensors.h"
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/util.h"
 
@@ -69,7 +71,7 @@ static eng_layer *make_layers(const layer_case *c, stw_dtype dt, eng_layer **loa
     snprintf(path, sizeof path, "%s/layer_%d.safetensors", dir, (int)dt);
     stw_meta meta[2] = {{"num_heads", c->H == 4 ? "4" : "8"},
                         {"num_kv_heads", c->Hkv == 4 ? "4" : "2"}};
-    eng_tensor_ref refs[10];
+    eng_weight refs[10];
     size_t n;
     float *packed_w = NULL, *packed_b = NULL;
     if (!c->cross) {
@@ -86,12 +88,12 @@ static eng_layer *make_layers(const layer_case *c, stw_dtype dt, eng_layer **loa
                            {"bias_k", dt, 3, {1, 1, W}, r.bias_kv[0]},
                            {"bias_v", dt, 3, {1, 1, W}, r.bias_kv[1]}};
         CHECK(stw_save(path, t, 6, meta, 2));
-        eng_tensor_ref f[6] = {{"in_proj_weight", ENG_DTYPE_F32, packed_w, 2, {3 * E, E}},
-                               {"in_proj_bias", ENG_DTYPE_F32, packed_b, 1, {3 * E}},
-                               {"out_proj.weight", ENG_DTYPE_F32, r.w[3], 2, {E, E}},
-                               {"out_proj.bias", ENG_DTYPE_F32, r.b[3], 1, {E}},
-                               {"bias_k", ENG_DTYPE_F32, r.bias_kv[0], 3, {1, 1, W}},
-                               {"bias_v", ENG_DTYPE_F32, r.bias_kv[1], 3, {1, 1, W}}};
+        eng_weight f[6] = {{"in_proj_weight", ENG_DTYPE_F32, packed_w, 2, {3 * E, E}},
+                           {"in_proj_bias", ENG_DTYPE_F32, packed_b, 1, {3 * E}},
+                           {"out_proj.weight", ENG_DTYPE_F32, r.w[3], 2, {E, E}},
+                           {"out_proj.bias", ENG_DTYPE_F32, r.b[3], 1, {E}},
+                           {"bias_k", ENG_DTYPE_F32, r.bias_kv[0], 3, {1, 1, W}},
+                           {"bias_v", ENG_DTYPE_F32, r.bias_kv[1], 3, {1, 1, W}}};
         memcpy(refs, f, sizeof f);
         n = 6;
     } else {
@@ -104,21 +106,21 @@ static eng_layer *make_layers(const layer_case *c, stw_dtype dt, eng_layer **loa
                            {"v_proj.bias", dt, 1, {W}, r.b[2]},
                            {"o_proj.bias", dt, 1, {E}, r.b[3]}};
         CHECK(stw_save(path, t, 8, meta, 2));
-        eng_tensor_ref f[8] = {{"q_proj.weight", ENG_DTYPE_F32, r.w[0], 2, {E, E}},
-                               {"k_proj.weight", ENG_DTYPE_F32, r.w[1], 2, {W, c->kdim}},
-                               {"v_proj.weight", ENG_DTYPE_F32, r.w[2], 2, {W, c->vdim}},
-                               {"o_proj.weight", ENG_DTYPE_F32, r.w[3], 2, {E, E}},
-                               {"q_proj.bias", ENG_DTYPE_F32, r.b[0], 1, {E}},
-                               {"k_proj.bias", ENG_DTYPE_F32, r.b[1], 1, {W}},
-                               {"v_proj.bias", ENG_DTYPE_F32, r.b[2], 1, {W}},
-                               {"o_proj.bias", ENG_DTYPE_F32, r.b[3], 1, {E}}};
+        eng_weight f[8] = {{"q_proj.weight", ENG_DTYPE_F32, r.w[0], 2, {E, E}},
+                           {"k_proj.weight", ENG_DTYPE_F32, r.w[1], 2, {W, c->kdim}},
+                           {"v_proj.weight", ENG_DTYPE_F32, r.w[2], 2, {W, c->vdim}},
+                           {"o_proj.weight", ENG_DTYPE_F32, r.w[3], 2, {E, E}},
+                           {"q_proj.bias", ENG_DTYPE_F32, r.b[0], 1, {E}},
+                           {"k_proj.bias", ENG_DTYPE_F32, r.b[1], 1, {W}},
+                           {"v_proj.bias", ENG_DTYPE_F32, r.b[2], 1, {W}},
+                           {"o_proj.bias", ENG_DTYPE_F32, r.b[3], 1, {E}}};
         memcpy(refs, f, sizeof f);
         n = 8;
     }
     eng_error err;
-    *loaded = eng_layer_load("file", path, 0, 0, &err);
+    *loaded = api__st_layer_load("file", path, 0, 0, &err);
     CHECKF(*loaded != NULL, "[%s] load: %s", c->name, *loaded ? "" : err.message);
-    eng_layer *fp32 = eng_layer_from_tensors("fp32", refs, n, c->H, c->Hkv, &err);
+    eng_layer *fp32 = named_layer("fp32", refs, n, c->H, c->Hkv, &err);
     CHECKF(fp32 != NULL, "[%s] from tensors: %s", c->name, fp32 ? "" : err.message);
     unlink(path);
     for (int i = 0; i < 4; i++)
@@ -250,7 +252,7 @@ static void test_mixed_dtypes_stay_fp32(void)
     snprintf(path, sizeof path, "%s/mixed.safetensors", dir);
     CHECK(stw_save(path, t, 4, meta, 1));
     eng_error err;
-    eng_layer *l = eng_layer_load("mixed", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("mixed", path, 0, 0, &err);
     CHECK(l && l->w_q && !l->params16 && l->w16_dtype == ENG_DTYPE_F32);
     if (l)
         CHECK_EQ_INT(eng_layer_bytes(l), 4 * 4 * E * E);

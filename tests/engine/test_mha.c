@@ -4,7 +4,7 @@
  * reference of tests/support/ref_mha.c.
  *
  * Layers here are assembled by hand from test-owned arrays (eng_layer is a public struct), so
- * a failure points at the forward pass, not at eng_layer_from_tensors (tests/engine/
+ * a failure points at the forward pass, not at eng_layer_new (tests/engine/
  * test_layer.c covers assembly). Each randomised case runs the engine and the reference on one
  * eng_mha_args and compares:
  *
@@ -26,6 +26,7 @@
  */
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/util.h"
 
@@ -356,7 +357,7 @@ static void test_projections_without_biases_match_reference(void)
 }
 
 /* A torch state dict's packed in_proj_weight [3E, E] (rows W_q; W_k; W_v), with in_proj_bias
- * and without, assembled by eng_layer_from_tensors; the reference reads the packed array. */
+ * and without, assembled by eng_layer_new; the reference reads the packed array. */
 static void test_packed_in_proj_with_and_without_biases(void)
 {
     enum { E = 32, H = 4 };
@@ -368,12 +369,12 @@ static void test_packed_in_proj_with_and_without_biases(void)
     fill_sym(out_w, E * E, 1.0 / sqrt((double)E), &rng);
     fill_sym(out_b, E, 0.5, &rng);
     for (int with_bias = 0; with_bias < 2; with_bias++) {
-        eng_tensor_ref t[4] = {{"in_proj_weight", ENG_DTYPE_F32, in_w, 2, {3 * E, E}},
-                               {"out_proj.weight", ENG_DTYPE_F32, out_w, 2, {E, E}},
-                               {"in_proj_bias", ENG_DTYPE_F32, in_b, 1, {3 * E}},
-                               {"out_proj.bias", ENG_DTYPE_F32, out_b, 1, {E}}};
+        eng_weight t[4] = {{"in_proj_weight", ENG_DTYPE_F32, in_w, 2, {3 * E, E}},
+                           {"out_proj.weight", ENG_DTYPE_F32, out_w, 2, {E, E}},
+                           {"in_proj_bias", ENG_DTYPE_F32, in_b, 1, {3 * E}},
+                           {"out_proj.bias", ENG_DTYPE_F32, out_b, 1, {E}}};
         eng_error err;
-        eng_layer *l = eng_layer_from_tensors("packed", t, with_bias ? 4 : 2, H, 0, &err);
+        eng_layer *l = named_layer("packed", t, with_bias ? 4 : 2, H, 0, &err);
         CHECKF(l != NULL, "packed layer refused: %s", l ? "" : err.message);
         if (!l)
             continue;
@@ -1136,7 +1137,7 @@ static void test_sinusoidal_encoding_changes_the_output(void)
 /* ---- The tutorial layer -------------------------------------------------------------------- */
 
 /* The classic tutorial MultiHeadAttention: W_Q, W_K, W_V, W_O (nn.Linear(d_model, d_model,
- * bias=False)), d_model 512, 8 heads of 64, loaded by name through eng_layer_from_tensors. */
+ * bias=False)), d_model 512, 8 heads of 64, loaded by name through named_layer. */
 static void test_tutorial_multi_head_attention_d512_8_heads(void)
 {
     enum { E = 512, H = 8 };
@@ -1147,14 +1148,14 @@ static void test_tutorial_multi_head_attention_d512_8_heads(void)
         w[i] = xcalloc(E * E, sizeof(float));
         fill_sym(w[i], E * E, 1.0 / sqrt((double)E), &rng);
     }
-    eng_tensor_ref t[4] = {
+    eng_weight t[4] = {
         {"W_Q.weight", ENG_DTYPE_F32, w[0], 2, {E, E}},
         {"W_K.weight", ENG_DTYPE_F32, w[1], 2, {E, E}},
         {"W_V.weight", ENG_DTYPE_F32, w[2], 2, {E, E}},
         {"W_O.weight", ENG_DTYPE_F32, w[3], 2, {E, E}},
     };
     eng_error err;
-    eng_layer *layer = eng_layer_from_tensors("tutorial", t, 4, H, 0, &err);
+    eng_layer *layer = named_layer("tutorial", t, 4, H, 0, &err);
     CHECKF(layer != NULL, "tutorial layer refused: %s (%s)", err.message, err.field);
     if (layer) {
         CHECK_EQ_INT(layer->embed_dim, 512);

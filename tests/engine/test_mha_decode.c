@@ -20,6 +20,7 @@
  */
 #include "engine/kernels/kernels.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/util.h"
 
@@ -298,7 +299,7 @@ static eng_layer *layer_make(const shape *s, eng_dtype dtype, uint64_t seed, eng
     } parts[8] = {{"q_proj.weight", E, E}, {"k_proj.weight", W, E}, {"v_proj.weight", W, E},
                   {"o_proj.weight", E, E}, {"q_proj.bias", E, 0},   {"k_proj.bias", W, 0},
                   {"v_proj.bias", W, 0},   {"o_proj.bias", E, 0}};
-    eng_tensor_ref half[8], full[8];
+    eng_weight half[8], full[8];
     void *data[8];
     float *values[8];
     for (int i = 0; i < 8; i++) {
@@ -318,11 +319,11 @@ static eng_layer *layer_make(const shape *s, eng_dtype dtype, uint64_t seed, eng
             }
             values[i][j] = f;
         }
-        eng_tensor_ref t = {parts[i].name,
-                            ENG_DTYPE_F32,
-                            values[i],
-                            matrix ? 2 : 1,
-                            {parts[i].rows, parts[i].cols, 0, 0}};
+        eng_weight t = {parts[i].name,
+                        ENG_DTYPE_F32,
+                        values[i],
+                        matrix ? 2 : 1,
+                        {parts[i].rows, parts[i].cols, 0, 0}};
         full[i] = t;
         if (data[i]) {
             t.dtype = dtype;
@@ -331,10 +332,10 @@ static eng_layer *layer_make(const shape *s, eng_dtype dtype, uint64_t seed, eng
         half[i] = t;
     }
     eng_error err;
-    eng_layer *l = eng__layer_assemble("few", half, 8, s->H, s->Hkv, 0, true, &err);
+    eng_layer *l = named_layer16("few", half, 8, s->H, s->Hkv, &err);
     CHECKF(l != NULL, "layer: %s", l ? "" : err.message);
     if (fp32) {
-        *fp32 = eng_layer_from_tensors("fp32", full, 8, s->H, s->Hkv, &err);
+        *fp32 = named_layer("fp32", full, 8, s->H, s->Hkv, &err);
         CHECKF(*fp32 != NULL, "fp32 layer: %s", *fp32 ? "" : err.message);
     }
     for (int i = 0; i < 8; i++)

@@ -19,6 +19,7 @@
  */
 #include "engine/internal.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/util.h"
 
 #include <math.h>
@@ -41,7 +42,7 @@ typedef struct {
 } layer_spec;
 
 /* A layer with separate q/k/v/o projections and biases, uniform in +-1/sqrt(E) (biases +-0.5),
- * through eng_layer_from_tensors as a model file would give it. */
+ * through named_layer (the api's names, then eng_layer_new) as a model file would give it. */
 static eng_layer *layer_new(const layer_spec *sp, uint64_t seed)
 {
     uint64_t rng = seed;
@@ -61,23 +62,23 @@ static eng_layer *layer_new(const layer_spec *sp, uint64_t seed)
                  {"bias_k", W, 0, 1.0},
                  {"bias_v", W, 0, 1.0}};
     size_t n = sp->bias_kv ? 10 : 8;
-    eng_tensor_ref refs[10];
+    eng_weight refs[10];
     float *data[10];
     for (size_t i = 0; i < n; i++) {
         int64_t count = parts[i].rows * (parts[i].cols ? parts[i].cols : 1);
         data[i] = xcalloc((size_t)count, sizeof(float));
         for (int64_t j = 0; j < count; j++)
             data[i][j] = rng_sym(&rng, parts[i].amp);
-        refs[i] = (eng_tensor_ref){parts[i].name,
-                                   ENG_DTYPE_F32,
-                                   data[i],
-                                   parts[i].cols ? 2 : 1,
-                                   {parts[i].rows, parts[i].cols, 0, 0}};
+        refs[i] = (eng_weight){parts[i].name,
+                               ENG_DTYPE_F32,
+                               data[i],
+                               parts[i].cols ? 2 : 1,
+                               {parts[i].rows, parts[i].cols, 0, 0}};
     }
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng_layer_from_tensors("test", refs, n, sp->H, sp->Hkv, &err);
-    CHECKF(l != NULL, "eng_layer_from_tensors: %s: %s", err.field, err.message);
+    eng_layer *l = named_layer("test", refs, n, sp->H, sp->Hkv, &err);
+    CHECKF(l != NULL, "named_layer: %s: %s", err.field, err.message);
     for (size_t i = 0; i < n; i++)
         free(data[i]);
     return l;
@@ -313,7 +314,7 @@ static eng_layer *bf16_layer_new(const eng_layer *fp32, eng_layer **twin)
     const char *names[8] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
                             "q_proj.bias",   "k_proj.bias",   "v_proj.bias",   "o_proj.bias"};
     const float *bias[4] = {fp32->b_q, fp32->b_k, fp32->b_v, fp32->b_o};
-    eng_tensor_ref half[8], full[8];
+    eng_weight half[8], full[8];
     uint16_t *bits[4];
     float *values[4];
     for (int i = 0; i < 4; i++) {
@@ -324,16 +325,16 @@ static eng_layer *bf16_layer_new(const eng_layer *fp32, eng_layer **twin)
             bits[i][j] = eng_f32_to_bf16(w[i][j]);
             values[i][j] = eng_bf16_to_f32(bits[i][j]);
         }
-        half[i] = (eng_tensor_ref){names[i], ENG_DTYPE_BF16, bits[i], 2, {rows[i], E, 0, 0}};
-        full[i] = (eng_tensor_ref){names[i], ENG_DTYPE_F32, values[i], 2, {rows[i], E, 0, 0}};
+        half[i] = (eng_weight){names[i], ENG_DTYPE_BF16, bits[i], 2, {rows[i], E, 0, 0}};
+        full[i] = (eng_weight){names[i], ENG_DTYPE_F32, values[i], 2, {rows[i], E, 0, 0}};
         half[4 + i] = full[4 + i] =
-            (eng_tensor_ref){names[4 + i], ENG_DTYPE_F32, bias[i], 1, {rows[i], 0, 0, 0}};
+            (eng_weight){names[4 + i], ENG_DTYPE_F32, bias[i], 1, {rows[i], 0, 0, 0}};
     }
     eng_error err;
     int64_t H = fp32->num_heads, Hkv = fp32->num_kv_heads;
-    eng_layer *l = eng__layer_assemble("bf16", half, 8, H, Hkv, 0, true, &err);
+    eng_layer *l = named_layer16("bf16", half, 8, H, Hkv, &err);
     CHECKF(l && l->params16, "a bf16 layer: %s", l ? "its matrices are fp32" : err.message);
-    *twin = eng_layer_from_tensors("twin", full, 8, H, Hkv, &err);
+    *twin = named_layer("twin", full, 8, H, Hkv, &err);
     CHECKF(*twin != NULL, "its fp32 twin: %s", *twin ? "" : err.message);
     for (int i = 0; i < 4; i++)
         free(bits[i]), free(values[i]);

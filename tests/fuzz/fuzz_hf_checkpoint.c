@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -2,7 +2,7 @@
  * computes it: tests/api/hf/cases/<family>/ holds a tiny checkpoint of each family (made by
  * transformers 5.17 from random bf16 weights by tests/api/hf/make_cases.py; cases/README.md) and
  * attnd_case.json with the input and output of one layer's attention module in the model's own
- * forward pass. Each is loaded with api_checkpoint_load (what --model NAME=DIR:layer=K does) and
+ * forward pass. Each is loaded with api_models_load (what --model NAME=DIR:layer=K does) and
  * must reproduce that output within 1e-5 x max|output|: through POST /v1/mha {"model", "input"},
  * and again by a session (POST /v1/sessions {"model"}) stepped by a prefill and then one token
  * at a time, and through the v2 route with a sequence_id. GET /v1/models/NAME describes the
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/rng.h"
@@ -91,10 +91,11 @@ static bool register_all(void)
         if (!load_case(families[i], &c))
             return false;
         snprintf(dir, sizeof dir, "%s/%s", cases_dir, families[i]);
-        eng_layer *l = api_checkpoint_load(families[i], dir, c.layer, NULL, err, sizeof err);
+        api_model_source src = {.name = families[i], .path = dir, .layer = c.layer};
+        const eng_layer *l = api_models_load(models, &src, err, sizeof err);
         free_case(&c);
         CHECKF(l != NULL, "%s: %s", families[i], err);
-        if (!l || !api_models_add(models, l, err, sizeof err))
+        if (!l)
             return false;
     }
     return true;

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/ops/models.h"
+#include "api/models/models.h"
 #include "api/ops/options.h"
 #include "api/proto/native.h"
 #include "api/wire/base64.h"

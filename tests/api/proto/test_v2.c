@@ -19,6 +19,7 @@
 
 #include "api/proto/v2.h"
 #include "tests/support/check.h"
+#include "tests/support/named_layer.h"
 #include "tests/support/ref.h"
 #include "tests/support/ref_mha.h"
 #include "tests/support/rng.h"
@@ -1005,7 +1006,7 @@ static bool register_cross_layer(void)
     float *wq = randoms((size_t)(E * E)), *wk = randoms((size_t)(E * K)),
           *wv = randoms((size_t)(E * K)), *wo = randoms((size_t)(E * E)), *bq = randoms((size_t)E),
           *bk = randoms((size_t)E), *bv = randoms((size_t)E), *bo = randoms((size_t)E);
-    eng_tensor_ref refs[8] = {
+    eng_weight refs[8] = {
         {"q_proj_weight", ENG_DTYPE_F32, wq, 2, {E, E}},
         {"k_proj_weight", ENG_DTYPE_F32, wk, 2, {E, K}},
         {"v_proj_weight", ENG_DTYPE_F32, wv, 2, {E, K}},
@@ -1018,7 +1019,7 @@ static bool register_cross_layer(void)
     eng_error e;
     char msg[256];
     memset(&e, 0, sizeof e);
-    eng_layer *l = eng_layer_from_tensors("cross", refs, 8, 2, 0, &e);
+    eng_layer *l = named_layer("cross", refs, 8, 2, 0, &e);
     if (!l)
         fprintf(stderr, "cross layer: %s (%s)\n", e.message, e.field);
     bool ok = l && api_models_add(models, l, msg, sizeof msg);

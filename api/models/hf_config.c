@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 int api__hf_fail(hf_error *e, const char *field, const char *fmt, ...)
 {
@@ -705,8 +705,6 @@ int api__hf_config_read(const json_t *cfg, int64_t layer, hf_config *c, hf_error
             "gpt_neox, falcon, olmo2, starcoder2, gptj, gpt_oss, granite, stablelm)",
             json_string_value(mt));
     c->layer = layer > 0 ? layer : 0;
-    snprintf(c->spec.family, sizeof c->spec.family, "%s", c->family->model_type);
-    c->spec.layer_index = c->layer;
     c->sinks = c->family->sinks;
     bool nested = strcmp(c->family->model_type, "gemma3") == 0;
     if (!nested && strcmp(c->family->model_type, "gemma3_text") != 0)

@@ -1,16 +1,24 @@
 /*
  * hf.h - reading one attention layer of a Hugging Face checkpoint directory (config.json plus
  * model.safetensors, or model.safetensors.index.json and its shards): the config reader
- * (hf_config.c), the files (hf_files.c) and the families' tensor names (hf_layer.c).
+ * (hf_config.c), the files (hf_files.c, whose shards safetensors.c reads) and the families'
+ * tensor names and the roles they play for the engine (hf_layer.c).
+ *
+ * Usage (what api_models_load does with a directory):
+ *
+ *     char err[512];
+ *     api_model_about about;                           // family and layer, for descriptions
+ *     eng_layer *l = api__checkpoint_load("llama", dir, 2, NULL, &about, err, sizeof err);
  */
-#ifndef ATTND_API_OPS_HF_H
-#define ATTND_API_OPS_HF_H
+#ifndef ATTND_API_MODELS_HF_H
+#define ATTND_API_MODELS_HF_H
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/api.h"
 #include "engine/engine.h"
 
 /* A failure: the config field, file or tensor that stops the load, and a sentence. */
@@ -96,22 +104,31 @@ typedef struct hf_files hf_files;
 hf_files *api__hf_files_open(const char *dir, hf_error *e);
 void api__hf_files_close(hf_files *f);
 
-/* Tensor `name` of the checkpoint, pointing into its mapped shard (valid until close; `out`
- * NULL only asks whether it is there); 1 when found, 0 when absent, -1 on a bad shard. */
-int api__hf_files_tensor(hf_files *f, const char *name, eng_tensor_ref *out, hf_error *e);
+/* Tensor `name` of the checkpoint, pointing into its mapped shard and labelled with its name
+ * (valid until close; `out` NULL only asks whether it is there); 1 when found, 0 when absent,
+ * -1 on a bad shard or a tensor no weight can be (safetensors.h, api__st_tensor). */
+int api__hf_files_tensor(hf_files *f, const char *name, eng_weight *out, hf_error *e);
 
 /* Bytes of the shards' data that the tensors asked for span. */
 size_t api__hf_files_bytes_read(const hf_files *f);
 
-/* The header checks of one shard's bytes (as api__hf_files_tensor makes them), for the fuzzer:
- * JSON, dtypes, shapes against byte counts, offsets inside the data and not overlapping. */
+/* The header checks of one shard's bytes (api__st_parse, as api__hf_files_tensor makes them),
+ * for the fuzzer: JSON, dtypes, shapes against byte counts, offsets inside the data and not
+ * overlapping. */
 int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *file, hf_error *e);
 
 /* The checks of an index's text (JSON, a weight_map of file names inside `dir`, each shard
  * present), as api__hf_files_open makes them, for the fuzzer. */
 int api__hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
 
-/* The layer of a checkpoint: api__hf_config_read, then its tensors from `files`. */
+/* The layer of a checkpoint: api__hf_config_read, then its tensors from `files`, each given to
+ * the engine in its role (eng_layer_weights). */
 eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e);
+
+/* api_checkpoint_load, and what describes the layer (its family's model_type and its index)
+ * into `about` (may be NULL). */
+eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer,
+                                size_t *bytes_read, api_model_about *about, char *err,
+                                size_t errlen);
 
 #endif

@@ -1,6 +1,7 @@
 /*
- * test_safetensors.c - the specification of eng_layer_load: reading a layer from a safetensors
- * file (docs/layers.md, engine.h), and refusing every malformed file cleanly.
+ * test_safetensors.c - the specification of the safetensors reader and of a --model FILE's
+ * layer (api__st_layer_load, api/models/safetensors.h; docs/layers.md): reading a layer from a
+ * safetensors file, and refusing every malformed file cleanly.
  *
  * Fixtures are written at test time by tests/support/safetensors_writer.c into a fresh
  * temporary folder (removed at the end). Well-formed files must load to exactly the tensors
@@ -10,6 +11,7 @@
  * tensor is at fault, that tensor's name in err.field or the message. Nothing may crash or
  * leak: the sanitizer run (ATTND_TEST_QUICK=1) checks that.
  */
+#include "api/models/safetensors.h"
 #include "engine/engine.h"
 #include "tests/support/check.h"
 #include "tests/support/safetensors_writer.h"
@@ -113,7 +115,7 @@ static void expect_refused(const char *path, eng_status status, const char *tens
 {
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng_layer_load("bad", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("bad", path, 0, 0, &err);
     CHECKF(l == NULL, "%s: the file loaded", what);
     eng_layer_free(l);
     if (l)
@@ -195,7 +197,7 @@ static void test_loads_f32_f16_and_bf16_files_exactly(void)
         CHECK(stw_save(path, t, 6, meta, 2));
         eng_error err;
         memset(&err, 0, sizeof err);
-        eng_layer *l = eng_layer_load("model", path, 0, 0, &err);
+        eng_layer *l = api__st_layer_load("model", path, 0, 0, &err);
         CHECKF(l != NULL, "%s file refused: %s (%s)", names[d], err.message, err.field);
         if (!l)
             continue;
@@ -245,7 +247,7 @@ static void test_loads_grouped_query_layer_with_kv_heads_from_metadata(void)
     const char *path = path_for("hf_gqa.safetensors");
     CHECK(stw_save(path, t, 4, meta, 2));
     eng_error err;
-    eng_layer *l = eng_layer_load("gqa", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("gqa", path, 0, 0, &err);
     CHECKF(l != NULL, "refused: %s", l ? "" : err.message);
     if (l) {
         CHECK_EQ_INT(l->num_heads, H);
@@ -260,11 +262,11 @@ static void test_loads_grouped_query_layer_with_kv_heads_from_metadata(void)
     stw_meta wrong[] = {{"num_heads", "8"}, {"num_kv_heads", "4"}};
     const char *p2 = path_for("hf_gqa_wrong_meta.safetensors");
     CHECK(stw_save(p2, t, 4, wrong, 2));
-    l = eng_layer_load("gqa", p2, 0, 2, &err);
+    l = api__st_layer_load("gqa", p2, 0, 2, &err);
     CHECKF(l && l->num_kv_heads == HKV, "num_kv_heads argument 2 over metadata 4: %s",
            l ? "metadata won" : err.message);
     eng_layer_free(l);
-    l = eng_layer_load("gqa", p2, 0, 0, &err);
+    l = api__st_layer_load("gqa", p2, 0, 0, &err);
     CHECKF(l == NULL && names_tensor(&err, "k_proj.weight"),
            "metadata num_kv_heads 4 with k_proj.weight [8, 32]: %s", l ? "accepted" : err.message);
     eng_layer_free(l);
@@ -278,7 +280,7 @@ static void test_loads_unpadded_header_with_unaligned_data(void)
     const char *path =
         write_raw("unaligned.safetensors", header, strlen(header), strlen(header), 64);
     eng_error err;
-    eng_layer *l = eng_layer_load("u", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("u", path, 0, 0, &err);
     CHECKF(l != NULL, "refused: %s", l ? "" : err.message);
     if (l) {
         CHECK(memcmp(l->w_q, good_data, 2 * 2 * sizeof(float)) == 0);
@@ -302,21 +304,21 @@ static void test_num_heads_from_metadata_or_argument(void)
     CHECK(stw_save(without, t, 2, NULL, 0));
     eng_error err;
 
-    eng_layer *l = eng_layer_load("m", with, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("m", with, 0, 0, &err);
     CHECKF(l && l->num_heads == 4, "num_heads from __metadata__: %s",
            l ? "wrong count" : err.message);
     eng_layer_free(l);
-    l = eng_layer_load("m", with, 2, 0, &err); /* the argument wins */
+    l = api__st_layer_load("m", with, 2, 0, &err); /* the argument wins */
     CHECKF(l && l->num_heads == 2, "num_heads argument 2 over metadata 4: %s",
            l ? "metadata won" : err.message);
     eng_layer_free(l);
-    l = eng_layer_load("m", without, 8, 0, &err);
+    l = api__st_layer_load("m", without, 8, 0, &err);
     CHECKF(l && l->num_heads == 8, "num_heads from the argument alone: %s",
            l ? "wrong count" : err.message);
     eng_layer_free(l);
 
     memset(&err, 0, sizeof err);
-    l = eng_layer_load("m", without, 0, 0, &err);
+    l = api__st_layer_load("m", without, 0, 0, &err);
     CHECK(l == NULL);
     eng_layer_free(l);
     CHECKF(err.status == ENG_EFORMAT || err.status == ENG_EINVAL, "missing num_heads: %s",
@@ -339,7 +341,7 @@ static void test_rejects_bad_head_counts_in_metadata(void)
         const char *path = write_raw(name, header, strlen(header), strlen(header), 64);
         expect_refused(path, ENG_EFORMAT, "num_heads", what);
         eng_error err = {0};
-        CHECK(eng_layer_load("bad", path, 0, 0, &err) == NULL);
+        CHECK(api__st_layer_load("bad", path, 0, 0, &err) == NULL);
         CHECKF(err.cause == ENG_CAUSE_HEAD_COUNT, "%s: cause %d", what, (int)err.cause);
     }
     /* The format's metadata values are strings. */
@@ -386,7 +388,7 @@ static void test_base_of_the_malformed_cases_loads(void)
     const char *path =
         write_raw("good.safetensors", GOOD_HEADER, strlen(GOOD_HEADER), strlen(GOOD_HEADER), 64);
     eng_error err;
-    eng_layer *l = eng_layer_load("good", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("good", path, 0, 0, &err);
     CHECKF(l != NULL, "the base fixture does not load: %s", l ? "" : err.message);
     if (l) {
         CHECK_EQ_INT(l->embed_dim, 2);
@@ -587,7 +589,7 @@ static void test_accepts_escaped_names(void)
         "\xF0\x9F\x98\x80 \x7F\"}}";
     const char *mpath = write_raw("meta_ok.safetensors", meta, strlen(meta), strlen(meta), 64);
     eng_error merr;
-    eng_layer *ml = eng_layer_load("m", mpath, 0, 0, &merr);
+    eng_layer *ml = api__st_layer_load("m", mpath, 0, 0, &merr);
     CHECKF(ml != NULL, "valid escapes and UTF-8 in __metadata__ refused: %s",
            ml ? "" : merr.message);
     eng_layer_free(ml);
@@ -596,7 +598,7 @@ static void test_accepts_escaped_names(void)
                          "\"data_offsets\":[0,48]}," GOOD_OUT "," GOOD_META "}";
     const char *path = write_raw("escaped.safetensors", header, strlen(header), strlen(header), 64);
     eng_error err;
-    eng_layer *l = eng_layer_load("e", path, 0, 0, &err);
+    eng_layer *l = api__st_layer_load("e", path, 0, 0, &err);
     CHECKF(l != NULL, "in_proj\\u005fweight refused: %s", l ? "" : err.message);
     eng_layer_free(l);
 }

@@ -1,6 +1,6 @@
 /*
- * hf_layer.c - one layer's attention tensors of a checkpoint, named and laid out as
- * eng_layer_decoder takes them.
+ * hf_layer.c - one layer's attention tensors of a checkpoint, each in its role and laid out as
+ * eng_layer_decoder takes them (eng_layer_weights).
  *
  * Separate projections are used where they lie in the mapped shard. Fused ones are split:
  * [q; k; v] rows (Phi-3's qkv_proj, Falcon's multi-query query_key_value) by pointer; groups
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "api/ops/hf.h"
+#include "api/models/hf.h"
 
 #define MAX_REFS 16
 
@@ -21,8 +21,8 @@ typedef struct {
     const hf_config *c;
     hf_files *files;
     char prefix[96];
-    eng_tensor_ref refs[MAX_REFS];
-    char names[MAX_REFS][160]; /* checkpoint names of the refs, for messages */
+    eng_layer_weights w;
+    char names[MAX_REFS][160]; /* checkpoint names of the weights: their labels */
     size_t n;
     void *copies[MAX_REFS]; /* buffers of rearranged tensors, freed at the end */
     size_t n_copies;
@@ -35,7 +35,7 @@ static size_t elem_size(eng_dtype dt)
 
 /* Tensor `stem` + `suffix` of the layer into *t (NULL: only whether it is there); absent: 0
  * (or a failure when `required`). */
-static int find(gather *g, const char *stem, const char *suffix, bool required, eng_tensor_ref *t,
+static int find(gather *g, const char *stem, const char *suffix, bool required, eng_weight *t,
                 char *full, size_t full_len, hf_error *e)
 {
     snprintf(full, full_len, "%s%s%s", g->prefix, stem, suffix);
@@ -46,7 +46,7 @@ static int find(gather *g, const char *stem, const char *suffix, bool required, 
     return rc;
 }
 
-static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int64_t d0, int64_t d1,
+static int expect_shape(const eng_weight *t, const char *full, int rank, int64_t d0, int64_t d1,
                         hf_error *e)
 {
     bool ok = t->rank == rank && t->shape[0] == d0 && (rank == 1 || t->shape[1] == d1);
@@ -66,11 +66,12 @@ static int expect_shape(const eng_tensor_ref *t, const char *full, int rank, int
                         want);
 }
 
-static int add_ref(gather *g, const char *engine_name, eng_tensor_ref t, const char *full)
+/* Gives `t` the role `slot` (a field of g->w), labelled with its checkpoint name. */
+static int add_ref(gather *g, eng_weight *slot, eng_weight t, const char *full)
 {
-    t.name = engine_name;
     snprintf(g->names[g->n], sizeof g->names[0], "%s", full);
-    g->refs[g->n++] = t;
+    t.label = g->names[g->n++];
+    *slot = t;
     return 0;
 }
 
@@ -83,9 +84,9 @@ static void *keep_copy(gather *g, size_t bytes)
 }
 
 /* A weight ([rows, E]) or bias ([rows]) with rows at byte `offset` of `t`. */
-static eng_tensor_ref slice(const eng_tensor_ref *t, int64_t first_row, int64_t rows, int64_t cols)
+static eng_weight slice(const eng_weight *t, int64_t first_row, int64_t rows, int64_t cols)
 {
-    eng_tensor_ref s = *t;
+    eng_weight s = *t;
     s.data = (const unsigned char *)t->data + (size_t)(first_row * cols) * elem_size(t->dtype);
     s.rank = cols > 1 || t->rank == 2 ? 2 : 1;
     s.shape[0] = rows;
@@ -95,8 +96,8 @@ static eng_tensor_ref slice(const eng_tensor_ref *t, int64_t first_row, int64_t 
 
 /* The fused q/k/v tensor's rows in [q; k; v] order: grouped rows reordered, Conv1D transposed;
  * `cols` is 1 for a bias. */
-static int reorder(gather *g, const eng_tensor_ref *t, int64_t cols, hf_qkv qkv,
-                   eng_tensor_ref *out, hf_error *e)
+static int reorder(gather *g, const eng_weight *t, int64_t cols, hf_qkv qkv, eng_weight *out,
+                   hf_error *e)
 {
     const hf_config *c = g->c;
     int64_t D = c->D, rows = c->H * D + 2 * c->Hkv * D;
@@ -142,7 +143,7 @@ static int fused(gather *g, const char *suffix, hf_error *e)
     const hf_config *c = g->c;
     bool weight = strcmp(suffix, ".weight") == 0;
     int64_t E = c->E, Q = c->H * c->D, W = c->Hkv * c->D, rows = Q + 2 * W;
-    eng_tensor_ref t;
+    eng_weight t;
     char full[160];
     if (find(g, c->family->q, suffix, true, &t, full, sizeof full, e) != 1)
         return -1;
@@ -150,20 +151,20 @@ static int fused(gather *g, const char *suffix, hf_error *e)
     if (expect_shape(&t, full, weight ? 2 : 1, weight && conv ? E : rows, weight && conv ? rows : E,
                      e))
         return -1;
-    eng_tensor_ref ordered = t;
+    eng_weight ordered = t;
     int64_t cols = weight ? E : 1;
     if (c->qkv != HF_QKV_SPLIT && reorder(g, &t, cols, c->qkv, &ordered, e) != 0)
         return -1;
-    static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
-    static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    eng_weight *w_roles[3] = {&g->w.q_w, &g->w.k_w, &g->w.v_w};
+    eng_weight *b_roles[3] = {&g->w.q_b, &g->w.k_b, &g->w.v_b};
     int64_t first[3] = {0, Q, Q + W}, count[3] = {Q, W, W};
     for (int i = 0; i < 3; i++) {
-        eng_tensor_ref s = slice(&ordered, first[i], count[i], cols);
+        eng_weight s = slice(&ordered, first[i], count[i], cols);
         if (!weight) {
             s.rank = 1;
             s.shape[1] = 0;
         }
-        add_ref(g, weight ? w_names[i] : b_names[i], s, full);
+        add_ref(g, weight ? w_roles[i] : b_roles[i], s, full);
     }
     return 0;
 }
@@ -173,22 +174,22 @@ static int separate(gather *g, hf_error *e)
     const hf_config *c = g->c;
     int64_t E = c->E, W = c->Hkv * c->D;
     const char *stems[3] = {c->family->q, c->family->k, c->family->v};
-    static const char *const w_names[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
-    static const char *const b_names[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    eng_weight *w_roles[3] = {&g->w.q_w, &g->w.k_w, &g->w.v_w};
+    eng_weight *b_roles[3] = {&g->w.q_b, &g->w.k_b, &g->w.v_b};
     int64_t rows[3] = {c->H * c->D, W, W};
     for (int i = 0; i < 3; i++) {
-        eng_tensor_ref t;
+        eng_weight t;
         char full[160];
         if (find(g, stems[i], ".weight", true, &t, full, sizeof full, e) != 1 ||
             expect_shape(&t, full, 2, rows[i], E, e))
             return -1;
-        add_ref(g, w_names[i], t, full);
+        add_ref(g, w_roles[i], t, full);
         if (!c->bias_qkv)
             continue;
         if (find(g, stems[i], ".bias", true, &t, full, sizeof full, e) != 1 ||
             expect_shape(&t, full, 1, rows[i], 0, e))
             return -1;
-        add_ref(g, b_names[i], t, full);
+        add_ref(g, b_roles[i], t, full);
     }
     return 0;
 }
@@ -196,7 +197,7 @@ static int separate(gather *g, hf_error *e)
 static int output(gather *g, hf_error *e)
 {
     const hf_config *c = g->c;
-    eng_tensor_ref t;
+    eng_weight t;
     char full[160];
     if (find(g, c->family->o, ".weight", true, &t, full, sizeof full, e) != 1 ||
         expect_shape(&t, full, 2, c->E, c->H * c->D, e))
@@ -212,27 +213,26 @@ static int output(gather *g, hf_error *e)
                 memcpy(dst + (size_t)(r * c->E + k) * es, src + (size_t)(k * c->E + r) * es, es);
         t.data = dst;
     }
-    add_ref(g, "o_proj.weight", t, full);
+    add_ref(g, &g->w.o_w, t, full);
     if (!c->bias_o)
         return 0;
     if (find(g, c->family->o, ".bias", true, &t, full, sizeof full, e) != 1 ||
         expect_shape(&t, full, 1, c->E, 0, e))
         return -1;
-    return add_ref(g, "o_proj.bias", t, full);
+    return add_ref(g, &g->w.o_b, t, full);
 }
 
 /* StableLM's per-head norms (q_layernorm.norms.{h}.weight, [D] each) as one [heads D]. */
-static int per_head_norm(gather *g, const char *stem, int64_t heads, const char *engine_name,
-                         hf_error *e)
+static int per_head_norm(gather *g, const char *stem, int64_t heads, eng_weight *role, hf_error *e)
 {
     int64_t D = g->c->D;
     unsigned char *dst = NULL;
-    eng_tensor_ref joined;
+    eng_weight joined;
     char full[160];
     memset(&joined, 0, sizeof joined);
     for (int64_t h = 0; h < heads; h++) {
         char suffix[48];
-        eng_tensor_ref t;
+        eng_weight t;
         snprintf(suffix, sizeof suffix, ".norms.%lld.weight", (long long)h);
         if (find(g, stem, suffix, true, &t, full, sizeof full, e) != 1 ||
             expect_shape(&t, full, 1, D, 0, e))
@@ -249,7 +249,7 @@ static int per_head_norm(gather *g, const char *stem, int64_t heads, const char 
                                 full);
         memcpy(dst + (size_t)(h * D) * elem_size(t.dtype), t.data, (size_t)D * elem_size(t.dtype));
     }
-    return add_ref(g, engine_name, joined, full);
+    return add_ref(g, role, joined, full);
 }
 
 static int norms(gather *g, hf_error *e)
@@ -258,43 +258,43 @@ static int norms(gather *g, hf_error *e)
     if (c->spec.qk_norm == ENG_QK_NORM_NONE)
         return 0;
     if (c->qk_norm_per_head_tensors)
-        return per_head_norm(g, c->family->norm_q, c->H, "q_norm.weight", e) ||
-                       per_head_norm(g, c->family->norm_k, c->Hkv, "k_norm.weight", e)
+        return per_head_norm(g, c->family->norm_q, c->H, &g->w.q_norm_w, e) ||
+                       per_head_norm(g, c->family->norm_k, c->Hkv, &g->w.k_norm_w, e)
                    ? -1
                    : 0;
     const char *stems[2] = {c->family->norm_q, c->family->norm_k};
-    static const char *const w_names[2] = {"q_norm.weight", "k_norm.weight"};
-    static const char *const b_names[2] = {"q_norm.bias", "k_norm.bias"};
+    eng_weight *w_roles[2] = {&g->w.q_norm_w, &g->w.k_norm_w};
+    eng_weight *b_roles[2] = {&g->w.q_norm_b, &g->w.k_norm_b};
     int64_t widths[2] = {c->H * c->D, c->Hkv * c->D};
     for (int i = 0; i < 2; i++) {
-        eng_tensor_ref t;
+        eng_weight t;
         char full[160];
         int64_t want = c->spec.qk_norm_whole ? widths[i] : c->D;
         if (find(g, stems[i], ".weight", true, &t, full, sizeof full, e) != 1 ||
             expect_shape(&t, full, 1, want, 0, e))
             return -1;
-        add_ref(g, w_names[i], t, full);
+        add_ref(g, w_roles[i], t, full);
         if (c->spec.qk_norm != ENG_QK_NORM_LAYER)
             continue;
         int rc = find(g, stems[i], ".bias", false, &t, full, sizeof full, e);
         if (rc < 0 || (rc == 1 && expect_shape(&t, full, 1, want, 0, e)))
             return -1;
         if (rc == 1)
-            add_ref(g, b_names[i], t, full);
+            add_ref(g, b_roles[i], t, full);
     }
     return 0;
 }
 
 static int sinks(gather *g, hf_error *e)
 {
-    eng_tensor_ref t;
+    eng_weight t;
     char full[160];
     if (!g->c->sinks)
         return 0;
     if (find(g, "sinks", "", true, &t, full, sizeof full, e) != 1 ||
         expect_shape(&t, full, 1, g->c->H, 0, e))
         return -1;
-    return add_ref(g, "sinks", t, full);
+    return add_ref(g, &g->w.sinks, t, full);
 }
 
 /* A family's prefix template with the layer index in place of its "%lld". */
@@ -344,11 +344,12 @@ eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *f
     if (rc == 0) {
         eng_error err;
         memset(&err, 0, sizeof err);
-        l = eng_layer_decoder(name, g->refs, g->n, c->H, c->Hkv, &c->spec, &err);
+        l = eng_layer_decoder(name, &g->w, c->H, c->Hkv, &c->spec, &err);
         if (!l) {
+            /* The engine names a weight by its label, cut to its field's size: name it whole. */
             const char *field = err.field;
-            for (size_t i = 0; i < g->n; i++) /* the engine names its tensor: name ours */
-                if (strcmp(g->refs[i].name, err.field) == 0)
+            for (size_t i = 0; i < g->n && field[0]; i++)
+                if (strncmp(g->names[i], err.field, strlen(err.field)) == 0)
                     field = g->names[i];
             api__hf_fail(e, field, "%s (%s)", err.message, field);
         }
@@ -391,6 +392,13 @@ static json_t *read_config(const char *dir, hf_error *e)
 eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
                                char *err, size_t errlen)
 {
+    return api__checkpoint_load(name, dir, layer, bytes_read, NULL, err, errlen);
+}
+
+eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer,
+                                size_t *bytes_read, api_model_about *about, char *err,
+                                size_t errlen)
+{
     hf_error e;
     hf_config c;
     memset(&e, 0, sizeof e);
@@ -409,5 +417,9 @@ eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer,
                  e.field[0] ? e.field : "");
     if (!l && e.field[0] && errlen > 1)
         snprintf(err + strlen(err), errlen - strlen(err), "]");
+    if (l && about) {
+        snprintf(about->family, sizeof about->family, "%s", c.family->model_type);
+        about->layer = c.layer;
+    }
     return l;
 }

@@ -1,8 +1,8 @@
 /*
  * models.h - what the registry of named layers (api_models, api.h) checks of a name.
  */
-#ifndef ATTND_API_OPS_MODELS_H
-#define ATTND_API_OPS_MODELS_H
+#ifndef ATTND_API_MODELS_MODELS_H
+#define ATTND_API_MODELS_MODELS_H
 
 #include <stdbool.h>
 
