@@ -49,15 +49,15 @@ static eng_layer *layer_plain(int64_t E, int64_t H, int64_t Hkv, eng_dtype dtype
 {
     uint64_t rng = seed;
     int64_t W = Hkv * (E / H);
+    eng_layer_weights w;
+    memset(&w, 0, sizeof w);
     const struct {
-        const char *name;
+        eng_weight *role;
         int64_t rows, cols; /* cols 0: a vector */
-    } parts[] = {{"q_proj.weight", E, E}, {"k_proj.weight", W, E}, {"v_proj.weight", W, E},
-                 {"o_proj.weight", E, E}, {"q_proj.bias", E, 0},   {"k_proj.bias", W, 0},
-                 {"v_proj.bias", W, 0},   {"o_proj.bias", E, 0},   {"bias_k", W, 0},
-                 {"bias_v", W, 0}};
+    } parts[] = {{&w.q_w, E, E},    {&w.k_w, W, E},   {&w.v_w, W, E}, {&w.o_w, E, E},
+                 {&w.q_b, E, 0},    {&w.k_b, W, 0},   {&w.v_b, W, 0}, {&w.o_b, E, 0},
+                 {&w.bias_k, W, 0}, {&w.bias_v, W, 0}};
     size_t n = bias_kv ? 10 : 8;
-    eng_tensor_ref refs[10];
     void *data[10];
     for (size_t i = 0; i < n; i++) {
         bool matrix = parts[i].cols > 0, half = matrix && dtype == ENG_DTYPE_BF16;
@@ -70,16 +70,16 @@ static eng_layer *layer_plain(int64_t E, int64_t H, int64_t Hkv, eng_dtype dtype
             else
                 ((float *)data[i])[j] = f;
         }
-        refs[i] = (eng_tensor_ref){parts[i].name,
-                                   half ? ENG_DTYPE_BF16 : ENG_DTYPE_F32,
-                                   data[i],
-                                   matrix ? 2 : 1,
-                                   {parts[i].rows, parts[i].cols, 0, 0}};
+        *parts[i].role = (eng_weight){NULL,
+                                      half ? ENG_DTYPE_BF16 : ENG_DTYPE_F32,
+                                      data[i],
+                                      matrix ? 2 : 1,
+                                      {parts[i].rows, parts[i].cols, 0, 0}};
     }
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng__layer_assemble("batch", refs, n, H, Hkv, 0, true, &err);
-    CHECKF(l != NULL, "eng__layer_assemble: %s: %s", err.field, err.message);
+    eng_layer *l = eng_layer_new("batch", &w, H, Hkv, true, &err);
+    CHECKF(l != NULL, "eng_layer_new: %s: %s", err.field, err.message);
     CHECKF(!l || dtype == ENG_DTYPE_F32 || l->w16_q != NULL,
            "the bf16 layer is not kept in 16 bits");
     for (size_t i = 0; i < n; i++)
@@ -105,17 +105,19 @@ static eng_layer *layer_decoder(uint64_t seed)
     for (size_t f = 0; f < sizeof fills / sizeof fills[0]; f++)
         for (int i = 0; i < fills[f].n; i++)
             fills[f].p[i] = (float)(fills[f].offset + rng_sym(&rng, fills[f].amp));
-    eng_tensor_ref t[] = {{"q_proj.weight", ENG_DTYPE_F32, wq, 2, {Q, E}},
-                          {"k_proj.weight", ENG_DTYPE_F32, wk, 2, {W, E}},
-                          {"v_proj.weight", ENG_DTYPE_F32, wv, 2, {W, E}},
-                          {"o_proj.weight", ENG_DTYPE_F32, wo, 2, {E, Q}},
-                          {"q_proj.bias", ENG_DTYPE_F32, bq, 1, {Q}},
-                          {"k_proj.bias", ENG_DTYPE_F32, bk, 1, {W}},
-                          {"v_proj.bias", ENG_DTYPE_F32, bv, 1, {W}},
-                          {"o_proj.bias", ENG_DTYPE_F32, bo, 1, {E}},
-                          {"q_norm.weight", ENG_DTYPE_F32, qn, 1, {D}},
-                          {"k_norm.weight", ENG_DTYPE_F32, kn, 1, {D}},
-                          {"sinks", ENG_DTYPE_F32, sinks, 1, {H}}};
+    eng_layer_weights t = {
+        .q_w = {NULL, ENG_DTYPE_F32, wq, 2, {Q, E}},
+        .k_w = {NULL, ENG_DTYPE_F32, wk, 2, {W, E}},
+        .v_w = {NULL, ENG_DTYPE_F32, wv, 2, {W, E}},
+        .o_w = {NULL, ENG_DTYPE_F32, wo, 2, {E, Q}},
+        .q_b = {NULL, ENG_DTYPE_F32, bq, 1, {Q}},
+        .k_b = {NULL, ENG_DTYPE_F32, bk, 1, {W}},
+        .v_b = {NULL, ENG_DTYPE_F32, bv, 1, {W}},
+        .o_b = {NULL, ENG_DTYPE_F32, bo, 1, {E}},
+        .q_norm_w = {NULL, ENG_DTYPE_F32, qn, 1, {D}},
+        .k_norm_w = {NULL, ENG_DTYPE_F32, kn, 1, {D}},
+        .sinks = {NULL, ENG_DTYPE_F32, sinks, 1, {H}},
+    };
     eng_decoder_spec spec;
     memset(&spec, 0, sizeof spec);
     spec.rope.rotary_dim = D;
@@ -126,7 +128,7 @@ static eng_layer *layer_decoder(uint64_t seed)
     spec.window = 6;
     eng_error err;
     memset(&err, 0, sizeof err);
-    eng_layer *l = eng_layer_decoder("dec", t, sizeof t / sizeof t[0], H, HKV, &spec, &err);
+    eng_layer *l = eng_layer_decoder("dec", &t, H, HKV, &spec, &err);
     CHECKF(l != NULL, "eng_layer_decoder: %s: %s", err.field, err.message);
     return l;
 }
