@@ -129,7 +129,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 
 # Benchmarks measure the engine alone...
 DAEMON_BENCHES := $(patsubst %,$(BUILD)/tests/bench/%,bench_e2e bench_session bench_goodput \
-                                                      bench_checkpoint)
+                                                      bench_checkpoint bench_wire)
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
 $(filter-out $(DAEMON_BENCHES),$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \

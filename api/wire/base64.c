@@ -4,7 +4,9 @@
  * The decoder is strict, since a lenient one turns a client's encoding bug into wrong numbers:
  * no whitespace, no URL-safe alphabet, '=' only at the end, zero unused bits in the last group.
  * Padding may be left out (some encoders strip it); the tensor shape fixes the length anyway.
- * Both directions move four characters <-> three bytes per step with table look-ups.
+ * Long strings go 32 characters <-> 24 bytes at a time through base64_avx2.c where the CPU has
+ * AVX2; the ends, and a block with a character outside the alphabet, go four characters <-> three
+ * bytes per step with table look-ups, which also finds and reports the offending character.
  */
 #include <stdint.h>
 #include <string.h>
@@ -42,10 +44,19 @@ size_t api__base64_encoded_len(size_t n)
     return (n / 3 + (n % 3 != 0)) * 4;
 }
 
+bool api__base64_avx2(void)
+{
+    return __builtin_cpu_supports("avx2");
+}
+
 char *api__base64_encode(const void *src, size_t n, char *dst)
 {
     const uint8_t *s = src;
     size_t i = 0;
+    if (api__base64_avx2()) {
+        i = api__base64_encode_avx2(s, n, dst);
+        dst += i / 3 * 4;
+    }
     for (; n - i >= 3; i += 3) {
         uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
         dst[0] = b64_alphabet[v >> 18];
@@ -110,7 +121,7 @@ api__b64_status api__base64_decode(const char *src, size_t len, void *dst, size_
     const uint8_t *s = (const uint8_t *)src;
     uint8_t *d = dst;
     size_t chars = b64_data_chars(src, len);
-    size_t full = chars / 4 * 4, i;
+    size_t full = chars / 4 * 4, i = 0;
 
     *dst_len = 0;
     *bad_offset = 0;
@@ -122,7 +133,11 @@ api__b64_status api__base64_decode(const char *src, size_t len, void *dst, size_
         *bad_offset = len;
         return API_B64_BAD_LENGTH;
     }
-    for (i = 0; i < full; i += 4) {
+    if (d && api__base64_avx2()) {
+        i = api__base64_decode_avx2(src, full, d, api__base64_decoded_len(src, len));
+        d += i / 4 * 3;
+    }
+    for (; i < full; i += 4) {
         uint32_t a = b64_value[s[i]], b = b64_value[s[i + 1]], c = b64_value[s[i + 2]],
                  e = b64_value[s[i + 3]];
         if ((a | b | c | e) & 0x80) { /* some character was 255: invalid */

@@ -5,7 +5,9 @@
 #ifndef ATTND_API_WIRE_BASE64_H
 #define ATTND_API_WIRE_BASE64_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum {
     API_B64_OK = 0,
@@ -34,5 +36,16 @@ api__b64_status api__base64_decode(const char *src, size_t len, void *dst, size_
 
 /* The checks of api__base64_decode without the output: for error messages. */
 api__b64_status api__base64_validate(const char *src, size_t len, size_t *bad_offset);
+
+/* The AVX2 blocks (base64_avx2.c), for CPUs with AVX2 only: the decoder's takes 32 characters
+ * at a time from src[0..chars) into dst (dst_cap bytes) while all of a block's are in the
+ * alphabet and 32 bytes of room remain, the encoder's 24 bytes at a time while 28 of src are
+ * readable; each returns the characters (bytes) it consumed, a multiple of 32 (24), and the
+ * scalar code does the rest. */
+size_t api__base64_decode_avx2(const char *src, size_t chars, uint8_t *dst, size_t dst_cap);
+size_t api__base64_encode_avx2(const uint8_t *src, size_t n, char *dst);
+
+/* Whether api__base64_decode and api__base64_encode use the AVX2 blocks on this CPU. */
+bool api__base64_avx2(void);
 
 #endif

@@ -1,5 +1,7 @@
-/* test_base64.c - api/wire/base64.c: RFC 4648 vectors, round trips, and every way to be invalid. */
+/* test_base64.c - api/wire/base64.c: RFC 4648 vectors, round trips, and every way to be invalid;
+ * the AVX2 blocks (base64_avx2.c) against a reference written here, one character at a time. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +134,98 @@ static void test_validate_checks_without_writing(void)
     CHECK_EQ_INT(api__base64_validate("Zh==", 4, &bad), API_B64_BAD_PADDING);
 }
 
+/* ---- The AVX2 blocks ------------------------------------------------------------------------ */
+
+static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The value of c in the alphabet, or -1. */
+static int value_of(uint8_t c)
+{
+    const char *at = c ? memchr(alphabet, c, 64) : NULL;
+    return at ? (int)(at - alphabet) : -1;
+}
+
+static bool avx2_or_skip(const char *what)
+{
+    if (api__base64_avx2())
+        return true;
+    printf("skip %s: this CPU lacks AVX2 (the blocks never run here)\n", what);
+    return false;
+}
+
+/* Every byte value at every place of the blocks of a 160-character string: in the alphabet it
+ * decodes to the reference's bytes, outside it the error names its offset, as the scalar code
+ * reports it. */
+static void test_avx2_decoding_matches_the_reference_at_every_place(void)
+{
+    enum { CHARS = 160, BYTES = CHARS / 4 * 3 };
+    char text[CHARS];
+    uint8_t out[BYTES], want[BYTES];
+    uint64_t rng = 3;
+    if (!avx2_or_skip("test_avx2_decoding_matches_the_reference_at_every_place"))
+        return;
+    for (int i = 0; i < CHARS; i++)
+        text[i] = alphabet[rng_next(&rng) % 64];
+    int wrong = 0;
+    for (int at = 0; at < CHARS && wrong < 5; at++) {
+        char keep = text[at];
+        for (int c = 0; c < 256 && wrong < 5; c++) {
+            if (c == '=' && at >= CHARS - 2)
+                continue; /* padding there: test_rejects_non_canonical_padding_bits's case */
+            text[at] = (char)c;
+            size_t n, bad;
+            api__b64_status st = api__base64_decode(text, CHARS, out, &n, &bad);
+            if (value_of((uint8_t)c) < 0) {
+                wrong += st != API_B64_BAD_CHAR || bad != (size_t)at;
+                CHECKF(st == API_B64_BAD_CHAR && bad == (size_t)at,
+                       "byte %d at %d: status %d at %zu", c, at, st, bad);
+                continue;
+            }
+            for (int g = 0; g < CHARS / 4; g++) {
+                uint32_t v = 0;
+                for (int k = 0; k < 4; k++)
+                    v = v << 6 | (uint32_t)value_of((uint8_t)text[4 * g + k]);
+                want[3 * g] = (uint8_t)(v >> 16);
+                want[3 * g + 1] = (uint8_t)(v >> 8);
+                want[3 * g + 2] = (uint8_t)v;
+            }
+            wrong += st != API_B64_OK || n != BYTES || memcmp(out, want, BYTES) != 0;
+            CHECKF(st == API_B64_OK && n == BYTES && memcmp(out, want, BYTES) == 0,
+                   "byte %d at %d: decoded differently", c, at);
+        }
+        text[at] = keep;
+    }
+}
+
+/* Every length from 0 to 400 bytes of random data encodes to the reference's characters, and
+ * the blocks write nothing past the encoding. */
+static void test_avx2_encoding_matches_the_reference_at_every_length(void)
+{
+    enum { MAX = 400 };
+    uint8_t src[MAX];
+    char got[MAX / 3 * 4 + 8 + 64], want[MAX / 3 * 4 + 8];
+    uint64_t rng = 4;
+    if (!avx2_or_skip("test_avx2_encoding_matches_the_reference_at_every_length"))
+        return;
+    for (size_t n = 0; n <= MAX; n++) {
+        for (size_t i = 0; i < n; i++)
+            src[i] = (uint8_t)rng_next(&rng);
+        size_t len = 0;
+        for (size_t i = 0; i < n; i += 3) {
+            uint32_t v = (uint32_t)src[i] << 16 | (i + 1 < n ? (uint32_t)src[i + 1] << 8 : 0) |
+                         (i + 2 < n ? src[i + 2] : 0);
+            for (int k = 0; k < 4; k++)
+                want[len + (size_t)k] =
+                    (size_t)k <= n - i ? alphabet[(v >> (18 - 6 * k)) & 63] : '=';
+            len += 4;
+        }
+        memset(got, '#', sizeof got);
+        char *end = api__base64_encode(src, n, got);
+        CHECKF((size_t)(end - got) == len && memcmp(got, want, len) == 0 && got[len] == '#',
+               "%zu bytes encoded differently", n);
+    }
+}
+
 int main(void)
 {
     RUN(test_encodes_the_rfc4648_vectors);
@@ -141,5 +235,7 @@ int main(void)
     RUN(test_rejects_impossible_lengths);
     RUN(test_rejects_non_canonical_padding_bits);
     RUN(test_validate_checks_without_writing);
+    RUN(test_avx2_decoding_matches_the_reference_at_every_place);
+    RUN(test_avx2_encoding_matches_the_reference_at_every_length);
     return check_report();
 }
