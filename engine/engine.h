@@ -683,11 +683,12 @@ typedef struct {
  * the same bits when its products take the same path (few-row products, whose bits do not
  * depend on the rows beside them, while all the rows of its products, those of the members
  * of its precision, are few; else within float rounding). A member that fails its checks, is
- * cancelled or passes its deadline, or whose cache cannot grow fails alone with its status, its
- * sequence left as it was; the others go on. A product several members share runs to its end: each
- * member's ctl is checked before and between the stages, and inside its own attention (a lone
- * member's also inside its products, as in eng_mha). Refused, as the member's EINVAL: a layer other
- * than the first member's (field "layer"), a kv_cache another member steps too ("kv_cache").
+ * cancelled or passes its deadline, or whose cache cannot grow fails alone with its status,
+ * its sequence left as it was; the others go on. A product several members share runs to its
+ * end: each member's ctl is checked before and between the stages, and inside its own
+ * attention (a lone member's also inside its products, as in eng_mha). Refused, as the
+ * member's EINVAL: a layer other than the first valid member's (field "layer"), a kv_cache
+ * another member steps too ("kv_cache").
  *
  * It allocates at most the sum of its members' eng_mha_scratch_bytes, so that what each
  * member reserved alone covers the batch. Returns ENG_OK when every member succeeded (and for

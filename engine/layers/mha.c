@@ -74,12 +74,6 @@ typedef struct {
     const float *q, *k, *v;
 } mha_inputs;
 
-/* A call's request-sized buffers: the projected queries, the projected K then V rows
- * (value_rows), the attention's output, and each query's log-sum-exp (NULL without sinks). */
-typedef struct {
-    float *q, *kv, *o, *lse;
-} mha_buffers;
-
 eng_precision eng_mha_precision(const eng_mha_args *a)
 {
     if (a->precision == ENG_PRECISION_BFLOAT16 && eng__kernels_current()->tile)
@@ -448,6 +442,9 @@ typedef struct {
     eng_mha_member *m;
     const eng_mha_args *a;
     mha_shape sh;
+    /* Request-sized buffers: the projected queries, the projected K then V rows (value_rows),
+     * the attention's output, the inputs' copies (sinusoid, bf16) and each query's
+     * log-sum-exp (NULL without sinks). */
     float *q, *kv, *o, *copies, *lse;
     mha_inputs x;
     bool live;
@@ -498,9 +495,9 @@ static eng_status check_pass(const eng_mha_args *a, mha_shape *sh, eng_error *er
     return eng__sdpa_validate(&probe, err);
 }
 
-/* check_pass, then what a batch adds: one layer for every pass (`layer`, the first member's),
- * and no sequence stepped by two of them. */
-static eng_status check_member(const eng_mha_member *members, int i, const eng_layer *layer,
+/* check_pass, then what a batch adds: one layer for every pass (*layer, set by the first pass
+ * that passes its checks), and no sequence stepped by two of them. */
+static eng_status check_member(const eng_mha_member *members, int i, const eng_layer **layer,
                                mha_shape *sh)
 {
     const eng_mha_args *a = members[i].args;
@@ -508,11 +505,13 @@ static eng_status check_member(const eng_mha_member *members, int i, const eng_l
     eng_status st = check_pass(a, sh, err);
     if (st != ENG_OK)
         return st;
-    if (a->layer != layer)
+    if (!*layer)
+        *layer = a->layer;
+    if (a->layer != *layer)
         return eng__fail(err, ENG_EINVAL, "layer",
                          "the passes of a batch run one layer: member %d runs '%s', the batch "
                          "'%s'",
-                         i, a->layer->name, layer->name);
+                         i, a->layer->name, (*layer)->name);
     for (int k = 0; a->kv_cache && k < i; k++)
         if (members[k].args && members[k].args->kv_cache == a->kv_cache)
             return eng__fail(err, ENG_EINVAL, "kv_cache",
@@ -629,12 +628,14 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
     linear_part *qp = parts, *kp = parts + nparts, *vp = parts + 2 * nparts;
     int64_t n = 0, qrows = 0, krows = 0;
     const mha_shape *sh = NULL;
+    const eng_layer *ly = NULL; /* the batch's: every live pass's */
     for (int i = 0; i < count; i++) {
         if (!in_group(&ps[i], bf16))
             continue;
         const mha_pass *p = &ps[i];
         const eng_mha_args *a = p->a;
         sh = &p->sh;
+        ly = a->layer;
         const int64_t D = sh->D, kv_head = sh->kv_rows * D;
         const bool rope = a->positional == ENG_POSITIONAL_ROPE;
         for (int64_t b = 0; b < sh->B; b++, n++) {
@@ -667,7 +668,6 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
             krows += sh->S_in;
         }
     }
-    const eng_layer *ly = ps[0].a->layer;
     linear_batch lb = {.layer = ly,
                        .njobs = 3,
                        .head_dim = sh->D,
@@ -722,15 +722,16 @@ static void project_output(eng_pool *pool, mha_pass *ps, int count, bool bf16)
     }
     int64_t n = 0, rows = 0;
     const mha_shape *sh = NULL;
+    const eng_layer *ly = NULL;
     for (int i = 0; i < count; i++) {
         if (!in_group(&ps[i], bf16))
             continue;
         sh = &ps[i].sh;
+        ly = ps[i].a->layer;
         parts[n++] = (linear_part){
             .a = ps[i].a, .in = ps[i].o, .out = ps[i].a->out, .rows = sh->B * sh->L, .first = rows};
         rows += sh->B * sh->L;
     }
-    const eng_layer *ly = ps[0].a->layer;
     linear_batch lb = {.layer = ly,
                        .njobs = 1,
                        .head_dim = sh->D,
@@ -848,16 +849,14 @@ eng_status eng_mha_batch(eng_pool *pool, eng_mha_member *members, int count)
                                           "cannot allocate the batch of %d passes", count);
         return ENG_ENOMEM;
     }
-    const eng_layer *layer = NULL;
-    for (int i = 0; i < count && !layer; i++)
-        layer = members[i].args ? members[i].args->layer : NULL;
+    const eng_layer *layer = NULL; /* the batch's: the first valid pass's */
     for (int i = 0; i < count; i++) {
         mha_pass *p = &ps[i];
         memset(p, 0, sizeof *p);
         p->m = &members[i];
         p->a = members[i].args;
         p->live = true;
-        eng_status st = pool ? check_member(members, i, layer, &p->sh)
+        eng_status st = pool ? check_member(members, i, &layer, &p->sh)
                              : eng__fail(p->m->err, ENG_EINVAL, "", "no pool or no arguments");
         if (st != ENG_OK) {
             pass_fail(p, st);

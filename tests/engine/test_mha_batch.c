@@ -541,6 +541,16 @@ static void test_another_layer_or_a_shared_sequence_is_refused(void)
     CHECKF(strcmp(errs[3].field, "kv_cache") == 0, "field '%s'", errs[3].field);
     CHECK_EQ_INT(eng_kv_seq_length(ps[0].seq), 6); /* the first one's step only */
     CHECK_EQ_INT(eng_kv_seq_length(ps[1].seq), 5);
+    /* The batch's layer is the first valid member's: a first member without one is refused
+     * alone, and the others run. */
+    eng_mha_args none = ps[2].a;
+    none.layer = NULL;
+    eng_mha_member first_bad[2] = {{&none, NULL, &errs[0], ENG_OK},
+                                   {&ps[2].a, NULL, &errs[2], ENG_OK}};
+    CHECK_EQ_INT(eng_mha_batch(pool, first_bad, 2), ENG_EINVAL);
+    CHECK_EQ_INT(first_bad[0].status, ENG_EINVAL);
+    CHECKF(strcmp(errs[0].field, "layer") == 0, "field '%s'", errs[0].field);
+    CHECK_EQ_INT(first_bad[1].status, ENG_OK);
     CHECK_EQ_INT(eng_mha_batch(pool, m, 0), ENG_OK);
     CHECK_EQ_INT(eng_mha_batch(pool, NULL, 2), ENG_EINVAL);
     passes_free(ps, 3);
