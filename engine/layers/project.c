@@ -333,26 +333,28 @@ static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer,
 
 /* ---- Few rows ------------------------------------------------------------------------------ */
 
-/* Output features [f0, f0 + few_features) of one job for all its rows, of every part. */
+/* Output features [f0, f0 + few_features) of one job for one group of at most FEW_ROWS of its
+ * rows, of whatever parts. */
 static void few_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
     int i = 0;
-    while (index >= lb->few_tasks[i])
-        index -= lb->few_tasks[i++];
+    while (index >= lb->few_tasks[i] * lb->few_groups[i]) {
+        index -= lb->few_tasks[i] * lb->few_groups[i];
+        i++;
+    }
     const linear_job *j = &lb->jobs[i];
-    const int64_t f0 = index * lb->few_features;
+    const int64_t f0 = index % lb->few_tasks[i] * lb->few_features;
+    const int64_t r0 = index / lb->few_tasks[i] * FEW_ROWS;
+    const int64_t end = j->rows - r0 < FEW_ROWS ? j->rows : r0 + FEW_ROWS;
     const float *x[FEW_ROWS];
     float *y[FEW_ROWS];
     int rows = 0;
-    for (int64_t k = 0; k < j->nparts; k++) {
-        const linear_part *p = &j->parts[k];
-        for (int64_t t = 0; t < p->rows; t++, rows++) {
-            x[rows] = p->in + t * j->in_f;
-            y[rows] =
-                (lb->stage[i] ? lb->stage[i] + (p->first + t) * j->out_f : p->out + t * j->out_f) +
-                f0;
-        }
+    for (int64_t r = r0; r < end; r++, rows++) {
+        const linear_part *p = part_at(j, r);
+        const int64_t t = r - p->first;
+        x[rows] = p->in + t * j->in_f;
+        y[rows] = (lb->stage[i] ? lb->stage[i] + r * j->out_f : p->out + t * j->out_f) + f0;
     }
     eng__gemv g = {.x = x,
                    .y = y,
@@ -388,12 +390,13 @@ static void few_finish_task(void *arg, int64_t index)
         finish_part(lb, j, p, lb->stage[i] + p->first * j->out_f, p->rows, 0);
 }
 
-/* The jobs' products on eng__gemv, split by output features over the pool, then their rows
- * finished per part. Nothing is packed: the weights are read once, where they lie. */
+/* The jobs' products on eng__gemv, split by output features (and into groups of FEW_ROWS rows)
+ * over the pool, then their rows finished per part. Nothing is packed: the weights are read
+ * where they lie, once per group. */
 static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 {
     int64_t features = 0, tasks = 0, parts = 0, threads = eng_pool_threads(pool);
-    size_t staged = 0; /* at most FEW_ROWS rows of each job: check_mha sized bigger buffers */
+    size_t staged = 0; /* each pass's share is at most what its eng_mha_scratch_bytes counts */
     bool finish = false;
     for (int i = 0; i < lb->njobs; i++) {
         const linear_job *j = &lb->jobs[i];
@@ -409,7 +412,8 @@ static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     for (int i = 0; i < lb->njobs; i++) {
         const linear_job *j = &lb->jobs[i];
         lb->few_tasks[i] = j->rows > 0 ? (j->out_f + lb->few_features - 1) / lb->few_features : 0;
-        tasks += lb->few_tasks[i];
+        lb->few_groups[i] = (j->rows + FEW_ROWS - 1) / FEW_ROWS;
+        tasks += lb->few_tasks[i] * lb->few_groups[i];
     }
     float *stage = staged ? eng_buf_alloc(staged * sizeof(float)) : NULL;
     if (staged && !stage)
@@ -428,6 +432,28 @@ static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     return st;
 }
 
+/* Whether the few-row products serve the jobs: at most FEW_ROWS rows in all, or, in a batch of
+ * passes (parts of distinct eng_mha_args) of at most FEW_BATCH_ROWS, at most FEW_ROWS of each
+ * pass in each job, the rows each would take the few-row products with alone. */
+static bool takes_few_rows(const linear_batch *lb, int64_t most)
+{
+    if (most <= FEW_ROWS)
+        return true;
+    if (most > FEW_BATCH_ROWS)
+        return false;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        int64_t run = 0;
+        for (int64_t k = 0; k < j->nparts; k++) {
+            run = k > 0 && j->parts[k].a == j->parts[k - 1].a ? run + j->parts[k].rows
+                                                              : j->parts[k].rows;
+            if (run > FEW_ROWS)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* Splits the longest job into equal chunks of at most CHUNK_ROWS rows, and into more when
  * that is what it takes to give every worker a task: 600 rows on two workers are two tasks
  * of 300, not 512 and 88. */
@@ -439,7 +465,7 @@ eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     if (most == 0)
         return ENG_OK;
     lb->ks = eng__kernels_current();
-    if (most <= FEW_ROWS)
+    if (takes_few_rows(lb, most))
         return run_few_rows(pool, lb, ctl);
     int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
     if (chunks * lb->njobs < threads)
