@@ -222,7 +222,7 @@ TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server
 # suites once more on the emulated AMX tiles (ATTND_BF16=amx-emulated), which run on any CPU the code the
 # hardware tiles run where the CPU and the OS grant them. The other suites, and the sanitizer
 # runs, use the set the engine picks (auto).
-AMX_SUITES := test_mha test_layer16 test_mha_session
+AMX_SUITES := test_mha test_layer16 test_mha_session test_mha_batch
 # The attention's bf16 suites on the emulated tiles run quick: the emulation is scalar, and the
 # largest case (L = S = 8192) would take it many minutes.
 AMX_SDPA_SUITES := test_sdpa_bf16 test_sdpa_bf16_views test_sdpa_amx

@@ -674,7 +674,8 @@ eng_status eng_mha(eng_pool *pool, const eng_mha_args *args, eng_ctl *ctl, eng_e
 
 /* Bytes eng_mha allocates for `args` (projections, intermediates, scratch), for admission;
  * over a kv_cache, the attention's scratch over the cache as it will be after the append
- * (the append's blocks are the cache pool's: eng_kv_seq_append_bytes). */
+ * (the append's blocks are the cache pool's: eng_kv_seq_append_bytes). It also covers the
+ * pass's share of an eng_mha_batch call. */
 size_t eng_mha_scratch_bytes(const eng_mha_args *args, int threads);
 
 /* One member of a batched call (eng_mha_batch): its own pass, control block and error. */
@@ -686,17 +687,30 @@ typedef struct {
 } eng_mha_member;
 
 /* Runs `count` passes of one layer as one call (dynamic batching): each projection is one
- * product over the rows of every member (the weights read once), positions, RoPE and KV-cache
- * appends are per member, the attentions run in parallel across members and heads, then one
- * output projection. Every member computes what eng_mha computes for it alone: the same
- * checks and errors, and the same bits when its products take the same path (few-row products,
- * whose bits do not depend on the rows beside them, while all the batch's rows are few; else
- * within float rounding). A member that fails its checks, is cancelled or passes its deadline,
- * or whose cache cannot grow fails alone with its status, its sequence left as it was; the
- * others go on. `members` of distinct kv_cache sequences (or none); every args->layer the same.
+ * product over the rows of every member (the weights read once, or once per 16 steps of a
+ * large batch of decode steps: see below), positions, RoPE, a decoder
+ * layer's norms and KV-cache appends are per member, the attentions run in parallel across
+ * members and heads, then one output projection. Every option of eng_mha works in a batch;
+ * members computing in BFLOAT16 and in FLOAT32 (eng_mha_precision) read the weights rounded
+ * and not, so each precision is a product of its own.
+ *
+ * Every member computes what eng_mha computes for it alone: the same checks and errors, and
+ * the same bits when its products take the same path: few-row products, whose bits do not
+ * depend on the rows beside them, which a member of at most 16 rows takes alone and in a
+ * batch whose members of its precision have at most 16 rows each and 64 in all (in groups of
+ * 16 rows, each reading the weights once); else within float rounding. A member that fails its
+ * checks, is cancelled or passes its deadline, or whose cache cannot grow fails alone with its
+ * status, its sequence left as it was; the others go on. A product several members share runs to
+ * its end: each member's ctl is checked before and between the stages, and inside its own attention
+ * (a lone member's also inside its products, as in eng_mha). Refused, as the member's EINVAL: a
+ * layer other than the first valid member's (field "layer"), a kv_cache another member steps too
+ * ("kv_cache").
+ *
  * It allocates at most the sum of its members' eng_mha_scratch_bytes, so that what each
- * member reserved alone covers the batch. Returns ENG_OK when every member succeeded, else the
- * first failing member's status. */
+ * member reserved alone covers the batch. Returns ENG_OK when every member succeeded (and for
+ * count 0), else the first failing member's status; EINVAL for count < 0 or NULL members,
+ * writing no member. Borrowed for the call: `members` and what they point to (each args as
+ * eng_mha borrows it). Any thread, as eng_mha. */
 eng_status eng_mha_batch(eng_pool *pool, eng_mha_member *members, int count);
 
 /* ---- KV-cache sessions -------------------------------------------------------------------- */

@@ -20,10 +20,20 @@
  * rows from the attention's log-sum-exp before the output projection.
  *
  * m is x for self-attention or the key/value inputs for cross-attention. Sinusoidal encodings
- * are added to copies of the inputs before the projections. The projections run on the kernel
- * set's GEMM (kernels.h), the same one as the attention's block products, except products of
- * few rows (FEW_ROWS, a decode step): those read each weight once where it lies, 16-bit ones
- * widened in registers (eng__gemv), instead of packing it for rows that would use it once.
+ * are added to copies of the inputs before the projections. The projections (project.c) run on
+ * the kernel set's GEMM (kernels.h), the same one as the attention's block products, except
+ * products of few rows (FEW_ROWS, a decode step): those read each weight once where it lies,
+ * 16-bit ones widened in registers (eng__gemv), instead of packing it for rows that would use
+ * it once.
+ *
+ * A call runs passes (mha_pass): eng_mha_batch several of one layer, eng_mha one, through the
+ * same stages. Each projection is one product over the rows of every pass (each batch of each
+ * pass a part of the job, with its own positions and its own buffers), so that a batch of
+ * decode steps reads the weights once for all of them (once per FEW_ROWS steps of a larger
+ * batch, FEW_BATCH_ROWS in project.h); the attentions are the tasks of one pool job, a pass
+ * each, whose own heads fan out in turn. A pass fails alone: it is checked before any work,
+ * its control block between the stages, and once it fails it takes no part in the stages
+ * after, its appended tokens truncated away.
  *
  * A step over a KV cache (eng_mha_args.kv_cache) projects only the new tokens, at the
  * positions after the cache's length, and instead of the sdpa call appends their K and V rows
@@ -38,532 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kernels/amx.h"
-#include "engine/kernels/kernels.h"
+#include "engine/layers/project.h"
 
-/* Tokens per projection task, at most (512 rows: E=512 layer ratio 0.87-0.89 causal, 128
- * rows: 0.83-0.86, when each task packed its weight itself). */
-#define CHUNK_ROWS 512
-
-/* Weight rows (output features) per task of the packing that precedes the projections when
- * several tasks share a weight: a multiple of every kernel set's NR, and small enough that
- * an E=512 layer's three weights make 12 tasks, which two workers share equally. */
-#define PACK_ROWS 128
-
-/* Products of at most this many rows, all batches together (a decode step, a speculative
- * verification, a short prompt), read the weights where they lie (eng__gemv, kernels.h), split
- * by output features; longer ones pack them for the blocked product, which then does more work
- * per weight byte. One bound for fp32 and 16-bit weights, so that a 16-bit layer keeps computing
- * the bits of its fp32 twin. At most the rows one few-row task keeps pointers to. */
-#define FEW_ROWS 16
-
-/* Output features per few-row task: at least this many (a multiple of every eng__gemv
- * variant's block of features), else enough for about FEW_TASKS_PER_THREAD tasks per thread,
- * so that tasks of uneven speed even out. */
-#define FEW_FEATURES_MIN     16
-#define FEW_TASKS_PER_THREAD 8
-
-/* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
-typedef enum { DECODER_NONE = 0, DECODER_QUERY, DECODER_KEY } decoder_rows;
-
-/* A run of a projection's rows that share their source, destination and positions: one batch
- * of one pass. A job's rows are its parts' rows one after another, so that the passes of a
- * batched call (eng_mha_batch) share one product, each weight read once for all of them. */
-typedef struct {
-    const eng_mha_args *a; /* the pass: its RoPE style and base */
-    const float *in;       /* `rows` rows of the job's in_f floats, one after another */
-    /* Plain jobs: rows of out_f floats one after another. Head-major: head g's head_dim
-     * columns of row t at out + g*out_hstride + t*head_dim. */
-    float *out;
-    int64_t out_hstride;
-    int64_t rows;
-    int64_t first; /* the job's index of its first row (set by the job's caller) */
-    int64_t pos0;  /* the position of its first token (RoPE, a decoder layer's norms) */
-    bool rope;     /* RoPE turns these rows (eng_mha_args.positional) */
-} linear_part;
-
-/* One projection y = x W^T + b over the rows of its parts, optionally rotated. */
-typedef struct {
-    const float *w;    /* [out_f, in_f] */
-    const float *bias; /* [out_f] or NULL */
-    int64_t out_f, in_f;
-    bool head_major;
-    int64_t rope_heads;
-    decoder_rows qk; /* a decoder layer's norm and RoPE on these rows */
-    const linear_part *parts;
-    int64_t nparts;
-    int64_t rows; /* the parts' rows, all together */
-} linear_job;
-
-typedef struct {
-    const eng_layer *layer;
-    const eng__kernels *ks; /* read once per call */
-    atomic_bool no_scratch; /* some task could not get its packing space */
-    linear_job jobs[3];
-    int njobs;
-    int64_t chunks; /* chunks of the longest job */
-    int64_t chunk_rows;
-    int64_t head_dim;
-    bool bf16; /* weights rounded to bf16 as they are packed (the inputs come rounded) */
-    /* Job i's weight in 16 bits instead of jobs[i].w (a layer's w16_*), or NULL. */
-    const uint16_t *w16[3];
-    eng_dtype w16_dtype;
-    /* Job i's fp32 weight packed once for all its tasks (the b_packed layout, panel stride
-     * in_f * NR), or NULL: each task packs it. */
-    float *packed[3];
-    /* bf16 products on AMX tiles (eng__amx_active, when the layer computes in bf16): every
-     * weight, fp32 or 16-bit, packed once into tile rows, and each task's rows of the input
-     * rounded into the A scratch. */
-    eng__amx_mode amx;
-    uint16_t *amx_packed[3];
-    int64_t pack_parts; /* packing tasks per job */
-    /* Few-row products (run_few_rows): the set's variant, output features per task, each
-     * job's tasks, and each head-major job's product rows [rows, out_f] before they are
-     * turned and scattered into heads (else NULL: the rows are written in place). */
-    eng__gemv_fn gemv;
-    int64_t few_features;
-    int64_t few_tasks[3];
-    float *stage[3];
-} linear_batch;
-
-/* Weight rows (output features) widened per step of a 16-bit weight: the step's fp32 rows are
- * the product's B^T, and the micro-kernels sum each column of C alone, so the sums are those
- * of fp32 weights bit for bit (on the openblas set, multiply steps fp32 weights the same way).
- * A multiple of every kernel set's NR. */
-#define WIDEN_ROWS 128
-
-/* Floats of per-thread scratch a projection over a 16-bit weight of out_f x in_f needs for
- * its widened rows. */
-static size_t widen_floats(int64_t out_f, int64_t in_f)
-{
-    return (size_t)((out_f < WIDEN_ROWS ? out_f : WIDEN_ROWS) * in_f);
-}
-
-/* count 16-bit values of `dtype` to fp32 (exact). */
-static void widen16(eng_dtype dtype, const uint16_t *x, int64_t count, float *dst)
-{
-    for (int64_t i = 0; i < count; i++)
-        dst[i] = dtype == ENG_DTYPE_F16 ? eng_f16_to_f32(x[i]) : eng_bf16_to_f32(x[i]);
-}
-
-/* Floats to the next cache line. */
-static size_t align16(size_t floats)
-{
-    return (floats + 15) / 16 * 16;
-}
-
-/* Floats of the GEMM's packing space for job j: the set's, or the AMX path's rows of A. */
-static size_t pack_floats(const eng__kernels *ks, bool amx, const linear_job *j)
-{
-    return amx ? (eng__amx_a_elems(j->in_f) + 1) / 2
-               : eng__sgemm_pack_floats(ks, j->out_f, j->in_f);
-}
-
-/* Floats of per-thread scratch a task of `rows` rows of job j needs, in this order: the GEMM's
- * packing, the widened rows of a 16-bit weight (not on AMX tiles, which read its bits), the
- * staged product of a head-major job or of rows of several parts, and those rows' input
- * gathered into one block (`spans`). */
-static size_t task_floats(const eng__kernels *ks, bool amx, const linear_job *j, bool w16,
-                          int64_t rows, bool spans)
-{
-    size_t floats = pack_floats(ks, amx, j);
-    if (w16 && !amx)
-        floats = align16(floats) + widen_floats(j->out_f, j->in_f);
-    if (j->head_major || spans)
-        floats = align16(floats) + (size_t)(rows * j->out_f);
-    if (spans)
-        floats = align16(floats) + (size_t)(rows * j->in_f);
-    return floats;
-}
-
-/* The rows one task of a job multiplies: n rows of `in` (row stride the job's in_f) into
- * `out` (row stride its out_f), added to beta times what `out` holds. */
-typedef struct {
-    const float *in;
-    int64_t n;
-    float *out;
-    float beta;
-} task_rows;
-
-/* out[n x out_f] = in W^T + beta out for job i, on the weight packed once, or
- * packing it into `pack`, or WIDEN_ROWS output features at a time: a 16-bit weight widened
- * into `wide`, and any weight on the openblas set. */
-static void multiply(const linear_batch *lb, int i, const task_rows *r, float *pack, float *wide)
-{
-    const linear_job *j = &lb->jobs[i];
-    const float *in = r->in;
-    const int64_t n = r->n, ld = j->out_f;
-    const float beta = r->beta;
-    float *out = r->out;
-    if (lb->amx_packed[i]) {
-        eng__amx_gemm t = {.m = n,
-                           .n = j->out_f,
-                           .k = j->in_f,
-                           .alpha = 1.0f,
-                           .beta = beta,
-                           .a = in,
-                           .lda = j->in_f,
-                           .b = lb->amx_packed[i],
-                           .c = out,
-                           .ldc = ld};
-        eng__amx_sgemm(lb->amx, &t, (uint16_t *)pack);
-        return;
-    }
-    eng__gemm g = {.m = n,
-                   .n = j->out_f,
-                   .k = j->in_f,
-                   .alpha = 1.0f,
-                   .beta = beta,
-                   .a = in,
-                   .lda = j->in_f,
-                   .b = j->w,
-                   .ldb = j->in_f,
-                   .b_trans = true,
-                   .c = out,
-                   .ldc = ld,
-                   .b_packed = lb->packed[i],
-                   .b_panel_stride = j->in_f * lb->ks->nr,
-                   .b_round_bf16 = lb->bf16 && !lb->packed[i]};
-    /* The micro-kernels sum each column of C alone, whatever the product's width; cblas_sgemm
-     * may not (OpenBLAS 0.3.21's Haswell kernel gave a 160-column product other bits than
-     * 128 + 32 columns), so on the openblas set an fp32 weight goes in the steps a 16-bit one
-     * does, and layers of either make the same calls. */
-    if (!lb->w16[i] && lb->ks->tile) {
-        eng__sgemm(lb->ks, &g, pack);
-        return;
-    }
-    for (int64_t f0 = 0; f0 < j->out_f; f0 += WIDEN_ROWS) {
-        int64_t nf = j->out_f - f0 < WIDEN_ROWS ? j->out_f - f0 : WIDEN_ROWS;
-        const float *w = j->w + f0 * j->in_f;
-        if (lb->w16[i]) {
-            widen16(lb->w16_dtype, lb->w16[i] + f0 * j->in_f, nf * j->in_f, wide);
-            w = wide;
-        }
-        g.n = nf;
-        g.b = w;
-        g.c = out + f0;
-        g.b_packed = NULL;
-        g.b_round_bf16 = lb->bf16;
-        eng__sgemm(lb->ks, &g, pack);
-    }
-}
-
-/* The part of job j that holds row r of the job. */
-static const linear_part *part_at(const linear_job *j, int64_t r)
-{
-    int64_t lo = 0, hi = j->nparts - 1;
-    while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if (j->parts[mid].first <= r)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return &j->parts[lo];
-}
-
-/* What follows the product of n rows of part p from its row t0 on, staged at `rows` (row
- * stride out_f): RoPE and a decoder layer's norms at their positions, then a head-major job's
- * scatter into heads or a plain job's copy into the part's rows. */
-static void finish_part(const linear_batch *lb, const linear_job *j, const linear_part *p,
-                        float *rows, int64_t n, int64_t t0)
-{
-    const int64_t D = lb->head_dim, ld = j->out_f;
-    if (p->rope)
-        eng_rope_apply(rows, n, ld, j->rope_heads, D, p->pos0 + t0,
-                       p->a->rope_base > 0.0f ? p->a->rope_base : 10000.0f, p->a->rope_style);
-    if (j->qk)
-        eng__decoder_project(lb->layer, j->qk == DECODER_QUERY, rows, n, ld, p->pos0 + t0);
-    if (!j->head_major) {
-        memcpy(p->out + t0 * ld, rows, (size_t)(n * ld) * sizeof(float));
-        return;
-    }
-    for (int64_t g = 0; g < j->out_f / D; g++) {
-        float *dst = p->out + g * p->out_hstride + t0 * D;
-        for (int64_t t = 0; t < n; t++)
-            memcpy(dst + t * D, rows + t * ld + g * D, (size_t)D * sizeof(float));
-    }
-}
-
-/* Rows [r0, r0 + n) of job j, staged at `rows`, finished part by part. */
-static void finish_rows(const linear_batch *lb, const linear_job *j, float *rows, int64_t r0,
-                        int64_t n)
-{
-    for (int64_t r = r0; r < r0 + n;) {
-        const linear_part *p = part_at(j, r);
-        int64_t t0 = r - p->first, m = p->rows - t0 < r0 + n - r ? p->rows - t0 : r0 + n - r;
-        finish_part(lb, j, p, rows + (r - r0) * j->out_f, m, t0);
-        r += m;
-    }
-}
-
-/* One chunk of a job's rows. Rows of one part are read where they lie, and a plain job's
- * written there; rows of several parts are gathered into one block of the task's scratch and
- * their product staged, so that the chunk is one product whatever passes its rows belong to. */
-static void linear_task(void *arg, int64_t index)
-{
-    linear_batch *lb = arg;
-    const int i = (int)(index / lb->chunks);
-    const linear_job *j = &lb->jobs[i];
-    const int64_t r0 = index % lb->chunks * lb->chunk_rows;
-    if (r0 >= j->rows)
-        return; /* a shorter job than the longest */
-    const int64_t n = j->rows - r0 < lb->chunk_rows ? j->rows - r0 : lb->chunk_rows;
-    const linear_part *p = part_at(j, r0);
-    const bool spans = r0 + n > p->first + p->rows, staged = j->head_major || spans;
-    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx;
-    float *pack = eng__scratch(task_floats(lb->ks, amx, j, w16, n, spans) * sizeof(float));
-    if (!pack && (lb->ks->tile || w16 || staged)) {
-        atomic_store(&lb->no_scratch, true);
-        return;
-    }
-    /* Without scratch (the openblas set's plain products) there is nothing past the packing. */
-    float *next = pack ? pack + align16(pack_floats(lb->ks, amx, j)) : NULL;
-    float *wide = w16 ? next : NULL;
-    if (w16)
-        next += align16(widen_floats(j->out_f, j->in_f));
-    float *out = staged ? next : p->out + (r0 - p->first) * j->out_f;
-    const float *in = p->in + (r0 - p->first) * j->in_f;
-    if (spans) {
-        float *gathered = next + align16((size_t)(n * j->out_f));
-        for (int64_t r = r0; r < r0 + n;) {
-            const linear_part *q = part_at(j, r);
-            int64_t t0 = r - q->first, m = q->rows - t0 < r0 + n - r ? q->rows - t0 : r0 + n - r;
-            memcpy(gathered + (r - r0) * j->in_f, q->in + t0 * j->in_f,
-                   (size_t)(m * j->in_f) * sizeof(float));
-            r += m;
-        }
-        in = gathered;
-    }
-    /* The bias goes in first and the product is added to it (beta = 1): one pass over the
-     * output instead of zeroing it (beta = 0) and a second pass adding the bias. */
-    float beta = 0.0f;
-    if (j->bias) {
-        for (int64_t t = 0; t < n; t++)
-            memcpy(out + t * j->out_f, j->bias, (size_t)j->out_f * sizeof(float));
-        beta = 1.0f;
-    }
-    task_rows rows = {in, n, out, beta};
-    multiply(lb, i, &rows, pack, wide);
-    if (staged)
-        finish_rows(lb, j, out, r0, n);
-}
-
-/* Whether job i's weight is packed once before its tasks run: an fp32 weight that several
- * tasks multiply, on a set with micro-kernels. */
-static bool packs_once(const linear_batch *lb, int i)
-{
-    return lb->ks->tile && !lb->w16[i] && lb->chunks > 1 && lb->amx == ENG__AMX_OFF;
-}
-
-/* Bytes of job i's weight packed into AMX tile rows. */
-static size_t amx_weight_bytes(const linear_job *j)
-{
-    return eng__amx_panels_elems(j->out_f, j->in_f) * sizeof(uint16_t);
-}
-
-/* Packs PACK_ROWS output features of one job's weight: its rows are B^T of the product, and
- * rows f0.. are the panels from f0 / NR on. Rounded to bf16 as eng__sgemm would round them. */
-static void pack_task(void *arg, int64_t index)
-{
-    linear_batch *lb = arg;
-    int i = (int)(index / lb->pack_parts);
-    const linear_job *j = &lb->jobs[i];
-    int64_t f0 = index % lb->pack_parts * PACK_ROWS;
-    if ((!lb->packed[i] && !lb->amx_packed[i]) || f0 >= j->out_f)
-        return;
-    int64_t nf = j->out_f - f0 < PACK_ROWS ? j->out_f - f0 : PACK_ROWS;
-    if (lb->amx_packed[i]) {
-        /* PACK_ROWS is a multiple of the tiles' 32 columns: rows f0.. are whole panels. */
-        const void *w = lb->w16[i] ? (const void *)(lb->w16[i] + f0 * j->in_f)
-                                   : (const void *)(j->w + f0 * j->in_f);
-        eng__amx_pack_b(w, lb->w16[i] ? lb->w16_dtype : ENG_DTYPE_F32, j->in_f, true, j->in_f, nf,
-                        lb->amx_packed[i] + eng__amx_panels_elems(f0, j->in_f));
-        return;
-    }
-    float *dst = lb->packed[i] + f0 * j->in_f;
-    eng__sgemm_pack_panels(lb->ks, j->w + f0 * j->in_f, j->in_f, true, j->in_f, nf, dst);
-    if (lb->bf16)
-        lb->ks->round_bf16(dst, (int64_t)eng__sgemm_panels_floats(lb->ks, nf, j->in_f));
-}
-
-/* Every weight packed into AMX tile rows, in one buffer (freed by the caller), over the pool. */
-static eng_status pack_weights_amx(eng_pool *pool, linear_batch *lb, float **buffer, eng_ctl *ctl)
-{
-    int64_t most = 0;
-    size_t bytes = 0;
-    for (int i = 0; i < lb->njobs; i++) {
-        bytes += amx_weight_bytes(&lb->jobs[i]);
-        most = lb->jobs[i].out_f > most ? lb->jobs[i].out_f : most;
-    }
-    *buffer = eng_buf_alloc(bytes);
-    if (!*buffer)
-        return ENG_ENOMEM;
-    unsigned char *next = (unsigned char *)*buffer;
-    for (int i = 0; i < lb->njobs; i++) {
-        lb->amx_packed[i] = (uint16_t *)(void *)next;
-        next += amx_weight_bytes(&lb->jobs[i]);
-    }
-    lb->pack_parts = (most + PACK_ROWS - 1) / PACK_ROWS;
-    return eng_pool_run(pool, pack_task, lb, lb->njobs * lb->pack_parts, ctl);
-}
-
-/* The weights packed once into one buffer (freed by the caller), split over the pool, rather
- * than by every task of a job. */
-static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer, eng_ctl *ctl)
-{
-    int64_t most = 0;
-    size_t floats = 0;
-    if (lb->amx != ENG__AMX_OFF)
-        return pack_weights_amx(pool, lb, buffer, ctl);
-    for (int i = 0; i < lb->njobs; i++) {
-        if (!packs_once(lb, i))
-            continue;
-        floats += eng__sgemm_panels_floats(lb->ks, lb->jobs[i].out_f, lb->jobs[i].in_f);
-        most = lb->jobs[i].out_f > most ? lb->jobs[i].out_f : most;
-    }
-    if (floats == 0)
-        return ENG_OK;
-    *buffer = eng_buf_alloc(floats * sizeof(float));
-    if (!*buffer)
-        return ENG_ENOMEM;
-    float *next = *buffer;
-    for (int i = 0; i < lb->njobs; i++) {
-        if (!packs_once(lb, i))
-            continue;
-        lb->packed[i] = next;
-        next += eng__sgemm_panels_floats(lb->ks, lb->jobs[i].out_f, lb->jobs[i].in_f);
-    }
-    lb->pack_parts = (most + PACK_ROWS - 1) / PACK_ROWS;
-    return eng_pool_run(pool, pack_task, lb, lb->njobs * lb->pack_parts, ctl);
-}
-
-/* ---- Few rows ------------------------------------------------------------------------------ */
-
-/* Output features [f0, f0 + few_features) of one job for all its rows, of every part. */
-static void few_task(void *arg, int64_t index)
-{
-    linear_batch *lb = arg;
-    int i = 0;
-    while (index >= lb->few_tasks[i])
-        index -= lb->few_tasks[i++];
-    const linear_job *j = &lb->jobs[i];
-    const int64_t f0 = index * lb->few_features;
-    const float *x[FEW_ROWS];
-    float *y[FEW_ROWS];
-    int rows = 0;
-    for (int64_t k = 0; k < j->nparts; k++) {
-        const linear_part *p = &j->parts[k];
-        for (int64_t t = 0; t < p->rows; t++, rows++) {
-            x[rows] = p->in + t * j->in_f;
-            y[rows] =
-                (lb->stage[i] ? lb->stage[i] + (p->first + t) * j->out_f : p->out + t * j->out_f) +
-                f0;
-        }
-    }
-    eng__gemv g = {.x = x,
-                   .y = y,
-                   .rows = rows,
-                   .dtype = lb->w16[i] ? lb->w16_dtype : ENG_DTYPE_F32,
-                   .ldw = j->in_f,
-                   .k = j->in_f,
-                   .n = j->out_f - f0 < lb->few_features ? j->out_f - f0 : lb->few_features,
-                   .bias = j->bias ? j->bias + f0 : NULL,
-                   .round_bf16 = lb->bf16};
-    g.w = lb->w16[i] ? (const void *)(lb->w16[i] + f0 * j->in_f)
-                     : (const void *)(j->w + f0 * j->in_f);
-    lb->gemv(&g);
-}
-
-/* Whether a job's rows need work after their product (RoPE, norms, the head scatter): the
- * rows of head-major jobs, the only ones turned or normalised, which few_task staged. */
-static bool needs_finish(const linear_job *j)
-{
-    return j->rows > 0 && j->head_major;
-}
-
-/* finish_part over all rows of one part, once every feature of them is there. */
-static void few_finish_task(void *arg, int64_t index)
-{
-    linear_batch *lb = arg;
-    int i = 0;
-    while (index >= lb->jobs[i].nparts)
-        index -= lb->jobs[i++].nparts;
-    const linear_job *j = &lb->jobs[i];
-    const linear_part *p = &j->parts[index];
-    if (needs_finish(j))
-        finish_part(lb, j, p, lb->stage[i] + p->first * j->out_f, p->rows, 0);
-}
-
-/* The jobs' products on eng__gemv, split by output features over the pool, then their rows
- * finished per part. Nothing is packed: the weights are read once, where they lie. */
-static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
-{
-    int64_t features = 0, tasks = 0, parts = 0, threads = eng_pool_threads(pool);
-    size_t staged = 0; /* at most FEW_ROWS rows of each job: check_mha sized bigger buffers */
-    bool finish = false;
-    for (int i = 0; i < lb->njobs; i++) {
-        const linear_job *j = &lb->jobs[i];
-        features += j->rows > 0 ? j->out_f : 0;
-        staged += j->head_major ? (size_t)(j->rows * j->out_f) : 0;
-        finish = finish || needs_finish(j);
-        parts += j->nparts;
-    }
-    int64_t per = features / (threads * FEW_TASKS_PER_THREAD);
-    lb->few_features = per > FEW_FEATURES_MIN
-                           ? (per + FEW_FEATURES_MIN - 1) / FEW_FEATURES_MIN * FEW_FEATURES_MIN
-                           : FEW_FEATURES_MIN;
-    for (int i = 0; i < lb->njobs; i++) {
-        const linear_job *j = &lb->jobs[i];
-        lb->few_tasks[i] = j->rows > 0 ? (j->out_f + lb->few_features - 1) / lb->few_features : 0;
-        tasks += lb->few_tasks[i];
-    }
-    float *stage = staged ? eng_buf_alloc(staged * sizeof(float)) : NULL;
-    if (staged && !stage)
-        return ENG_ENOMEM;
-    float *next = stage;
-    for (int i = 0; i < lb->njobs; i++) {
-        const linear_job *j = &lb->jobs[i];
-        lb->stage[i] = j->head_major ? next : NULL;
-        next += j->head_major ? j->rows * j->out_f : 0;
-    }
-    lb->gemv = eng__gemv_of(lb->ks);
-    eng_status st = eng_pool_run(pool, few_task, lb, tasks, ctl);
-    if (st == ENG_OK && finish)
-        st = eng_pool_run(pool, few_finish_task, lb, parts, ctl);
-    eng_buf_free(stage);
-    return st;
-}
-
-/* Splits the longest job into equal chunks of at most CHUNK_ROWS rows, and into more when
- * that is what it takes to give every worker a task: 600 rows on two workers are two tasks
- * of 300, not 512 and 88. */
-static eng_status run_linear(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
-{
-    int64_t most = 0, threads = eng_pool_threads(pool);
-    for (int i = 0; i < lb->njobs; i++)
-        most = lb->jobs[i].rows > most ? lb->jobs[i].rows : most;
-    if (most == 0)
-        return ENG_OK;
-    lb->ks = eng__kernels_current();
-    if (most <= FEW_ROWS)
-        return run_few_rows(pool, lb, ctl);
-    int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    if (chunks * lb->njobs < threads)
-        chunks = (threads + lb->njobs - 1) / lb->njobs;
-    if (chunks > most)
-        chunks = most;
-    lb->chunk_rows = (most + chunks - 1) / chunks;
-    lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
-    lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
-    atomic_init(&lb->no_scratch, false);
-    float *packed = NULL;
-    eng_status st = pack_weights(pool, lb, &packed, ctl);
-    if (st == ENG_OK)
-        st = eng_pool_run(pool, linear_task, lb, lb->njobs * lb->chunks, ctl);
-    eng_buf_free(packed);
-    return st == ENG_OK && atomic_load(&lb->no_scratch) ? ENG_ENOMEM : st;
-}
 /* ---- Shapes and checks -------------------------------------------------------------------- */
 
 typedef struct {
@@ -588,12 +74,6 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v;
 } mha_inputs;
-
-/* A call's request-sized buffers: the projected queries, the projected K then V rows
- * (value_rows), the attention's output, and each query's log-sum-exp (NULL without sinks). */
-typedef struct {
-    float *q, *kv, *o, *lse;
-} mha_buffers;
 
 eng_precision eng_mha_precision(const eng_mha_args *a)
 {
@@ -871,16 +351,18 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     const linear_job widest = {.out_f = out_most, .in_f = in_most, .head_major = true};
     int64_t chunk_most = sh.B * rows_most < CHUNK_ROWS ? sh.B * rows_most : CHUNK_ROWS;
     size_t pack =
-        task_floats(ks, amx, &widest, a->layer->params16 != NULL, chunk_most, true) * sizeof(float);
+        eng__linear_task_floats(ks, amx, &widest, a->layer->params16 != NULL, chunk_most, true) *
+        sizeof(float);
     /* Few-row products stage the input projections' rows instead of packing (run_few_rows). */
     if (rows_most <= FEW_ROWS / sh.B)
         pack += (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float);
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
     if (amx)
-        weights = amx_weight_bytes(&(linear_job){.out_f = sh.Q, .in_f = sh.E}) +
-                  amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->kdim}) +
-                  amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->vdim});
+        weights =
+            eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.Q, .in_f = sh.E}) +
+            eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->kdim}) +
+            eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->vdim});
     else if (ks->tile)
         weights = (eng__sgemm_panels_floats(ks, sh.Q, sh.E) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
@@ -961,6 +443,9 @@ typedef struct {
     eng_mha_member *m;
     const eng_mha_args *a;
     mha_shape sh;
+    /* Request-sized buffers: the projected queries, the projected K then V rows (value_rows),
+     * the attention's output, the inputs' copies (sinusoid, bf16) and each query's
+     * log-sum-exp (NULL without sinks). */
     float *q, *kv, *o, *copies, *lse;
     mha_inputs x;
     bool live;
@@ -1011,9 +496,9 @@ static eng_status check_pass(const eng_mha_args *a, mha_shape *sh, eng_error *er
     return eng__sdpa_validate(&probe, err);
 }
 
-/* check_pass, then what a batch adds: one layer for every pass (`layer`, the first member's),
- * and no sequence stepped by two of them. */
-static eng_status check_member(const eng_mha_member *members, int i, const eng_layer *layer,
+/* check_pass, then what a batch adds: one layer for every pass (*layer, set by the first pass
+ * that passes its checks), and no sequence stepped by two of them. */
+static eng_status check_member(const eng_mha_member *members, int i, const eng_layer **layer,
                                mha_shape *sh)
 {
     const eng_mha_args *a = members[i].args;
@@ -1021,11 +506,13 @@ static eng_status check_member(const eng_mha_member *members, int i, const eng_l
     eng_status st = check_pass(a, sh, err);
     if (st != ENG_OK)
         return st;
-    if (a->layer != layer)
+    if (!*layer)
+        *layer = a->layer;
+    if (a->layer != *layer)
         return eng__fail(err, ENG_EINVAL, "layer",
                          "the passes of a batch run one layer: member %d runs '%s', the batch "
                          "'%s'",
-                         i, a->layer->name, layer->name);
+                         i, a->layer->name, (*layer)->name);
     for (int k = 0; a->kv_cache && k < i; k++)
         if (members[k].args && members[k].args->kv_cache == a->kv_cache)
             return eng__fail(err, ENG_EINVAL, "kv_cache",
@@ -1142,12 +629,14 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
     linear_part *qp = parts, *kp = parts + nparts, *vp = parts + 2 * nparts;
     int64_t n = 0, qrows = 0, krows = 0;
     const mha_shape *sh = NULL;
+    const eng_layer *ly = NULL; /* the batch's: every live pass's */
     for (int i = 0; i < count; i++) {
         if (!in_group(&ps[i], bf16))
             continue;
         const mha_pass *p = &ps[i];
         const eng_mha_args *a = p->a;
         sh = &p->sh;
+        ly = a->layer;
         const int64_t D = sh->D, kv_head = sh->kv_rows * D;
         const bool rope = a->positional == ENG_POSITIONAL_ROPE;
         for (int64_t b = 0; b < sh->B; b++, n++) {
@@ -1180,7 +669,6 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
             krows += sh->S_in;
         }
     }
-    const eng_layer *ly = ps[0].a->layer;
     linear_batch lb = {.layer = ly,
                        .njobs = 3,
                        .head_dim = sh->D,
@@ -1215,7 +703,7 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
                               .parts = vp,
                               .nparts = n,
                               .rows = krows};
-    eng_status st = run_linear(pool, &lb, ctl);
+    eng_status st = eng__linear_run(pool, &lb, ctl);
     free(parts);
     group_after(ps, count, bf16, st);
 }
@@ -1235,15 +723,16 @@ static void project_output(eng_pool *pool, mha_pass *ps, int count, bool bf16)
     }
     int64_t n = 0, rows = 0;
     const mha_shape *sh = NULL;
+    const eng_layer *ly = NULL;
     for (int i = 0; i < count; i++) {
         if (!in_group(&ps[i], bf16))
             continue;
         sh = &ps[i].sh;
+        ly = ps[i].a->layer;
         parts[n++] = (linear_part){
             .a = ps[i].a, .in = ps[i].o, .out = ps[i].a->out, .rows = sh->B * sh->L, .first = rows};
         rows += sh->B * sh->L;
     }
-    const eng_layer *ly = ps[0].a->layer;
     linear_batch lb = {.layer = ly,
                        .njobs = 1,
                        .head_dim = sh->D,
@@ -1257,7 +746,7 @@ static void project_output(eng_pool *pool, mha_pass *ps, int count, bool bf16)
                               .parts = parts,
                               .nparts = n,
                               .rows = rows};
-    eng_status st = run_linear(pool, &lb, ctl);
+    eng_status st = eng__linear_run(pool, &lb, ctl);
     free(parts);
     for (int i = 0; i < count; i++)
         if (st != ENG_OK && in_group(&ps[i], bf16))
@@ -1361,16 +850,14 @@ eng_status eng_mha_batch(eng_pool *pool, eng_mha_member *members, int count)
                                           "cannot allocate the batch of %d passes", count);
         return ENG_ENOMEM;
     }
-    const eng_layer *layer = NULL;
-    for (int i = 0; i < count && !layer; i++)
-        layer = members[i].args ? members[i].args->layer : NULL;
+    const eng_layer *layer = NULL; /* the batch's: the first valid pass's */
     for (int i = 0; i < count; i++) {
         mha_pass *p = &ps[i];
         memset(p, 0, sizeof *p);
         p->m = &members[i];
         p->a = members[i].args;
         p->live = true;
-        eng_status st = pool ? check_member(members, i, layer, &p->sh)
+        eng_status st = pool ? check_member(members, i, &layer, &p->sh)
                              : eng__fail(p->m->err, ENG_EINVAL, "", "no pool or no arguments");
         if (st != ENG_OK) {
             pass_fail(p, st);

@@ -22,6 +22,15 @@
  * so the ratio says how close it comes to the memory's pace:
  *
  *   mha decode e=4096 h=32 kv=8 d=128 cache=256 weights_mb=84.0 step_ms=3.9 stream_ms=3.1 ratio=1.26
+ *
+ * And dynamic batching: N = 1, 8 and 32 sequences of 256 cached tokens each take a one-token
+ * step, as one eng_mha_batch call and as N eng_mha calls one after another, against the same
+ * stream of the weights, all three in turns in one process. The batch reads the weights once
+ * for all N steps; the N calls read them N times:
+ *
+ *   mha decode batch e=4096 n=8 cache=256 batch_ms=5.1 alone_ms=31.0 stream_ms=3.1 batch_ratio=1.65 alone_ratio=10.0 speedup=6.08
+ *
+ * `--decode` runs the decode lines only (no sgemm baseline, no prefill cases).
  */
 /* clang-format on */
 #include <cblas.h>
@@ -56,6 +65,11 @@ static const int64_t decode_hidden[] = {2048, 4096};
 #define DECODE_H      32
 #define DECODE_HKV    8
 #define DECODE_CACHED 256
+
+/* Sequences stepped at once by eng_mha_batch, against as many eng_mha calls. */
+static const int batch_sizes[] = {1, 8, 32};
+#define NBATCH     ((int)(sizeof batch_sizes / sizeof batch_sizes[0]))
+#define BATCH_MOST 32
 
 /* ---- One case (in a child process) ------------------------------------------------------ */
 
@@ -272,6 +286,123 @@ static int run_decode(int64_t E)
     return 0;
 }
 
+/* ---- Batched decode steps (in a child process) -------------------------------------------- */
+
+typedef struct {
+    eng_pool *pool;
+    int n;
+    eng_mha_args args[BATCH_MOST];
+    eng_mha_member members[BATCH_MOST];
+    eng_kv_seq *seqs[BATCH_MOST];
+} batch_ctx;
+
+/* The caches back to their length after a step. */
+static void batch_rewind(batch_ctx *c)
+{
+    for (int i = 0; i < c->n; i++)
+        eng_kv_seq_truncate(c->seqs[i], DECODE_CACHED, NULL);
+}
+
+/* One token of each of n sequences as one eng_mha_batch call. */
+static eng_status run_batch(void *p)
+{
+    batch_ctx *c = p;
+    for (int i = 0; i < c->n; i++)
+        c->members[i] = (eng_mha_member){&c->args[i], NULL, NULL, ENG_OK};
+    eng_status st = eng_mha_batch(c->pool, c->members, c->n);
+    if (st != ENG_OK)
+        fprintf(stderr, "bench: batch of %d steps: %s\n", c->n, eng_status_str(st));
+    batch_rewind(c);
+    return st;
+}
+
+/* The same n steps as n eng_mha calls. */
+static eng_status run_alone(void *p)
+{
+    batch_ctx *c = p;
+    eng_status st = ENG_OK;
+    for (int i = 0; i < c->n && st == ENG_OK; i++) {
+        eng_error err;
+        if ((st = eng_mha(c->pool, &c->args[i], NULL, &err)) != ENG_OK)
+            fprintf(stderr, "bench: decode step: %s: %s\n", err.field, err.message);
+    }
+    batch_rewind(c);
+    return st;
+}
+
+/* Prints, for each of batch_sizes, the best batch's and the best n calls' seconds, then the
+ * best stream's seconds and the weights' MB, all taken in turns. The caches hold random K and
+ * V rows, appended directly: what a step costs does not depend on their values. */
+static int run_decode_batch(int64_t E)
+{
+    eng_error err;
+    eng_pool *pool = eng_pool_new(0, &err);
+    eng_layer *layer = pool ? decode_layer(E, &err) : NULL;
+    if (!layer) {
+        fprintf(stderr, "bench: decode layer: %s\n", err.message);
+        return 1;
+    }
+    eng_buf_cache_limit((size_t)256 << 20);
+    const int64_t D = E / DECODE_H;
+    eng_kv_shape shape = {
+        .num_kv_heads = DECODE_HKV, .head_dim = D, .value_head_dim = D, .dtype = ENG_DTYPE_BF16};
+    eng_kv_pool *kvp = eng_kv_pool_new((size_t)512 << 20, 64, &err);
+    float *rows = bench_random_floats((size_t)(DECODE_HKV * DECODE_CACHED * D), 34, 1.0f);
+    float *x = bench_random_floats((size_t)(BATCH_MOST * E), 35, 1.0f);
+    float *out = bench_random_floats((size_t)(BATCH_MOST * E), 36, 1.0f);
+    eng_kv_rows kv = eng_kv_rows_f32(eng_view_contiguous(rows, 1, DECODE_HKV, DECODE_CACHED, D));
+    static batch_ctx c;
+    c.pool = pool;
+    for (int i = 0; i < BATCH_MOST; i++) {
+        c.seqs[i] = kvp ? eng_kv_seq_new(kvp, &shape, &err) : NULL;
+        if (!c.seqs[i] || eng_kv_seq_append(c.seqs[i], &kv, &kv, &err) != ENG_OK) {
+            fprintf(stderr, "bench: cache: %s\n", err.message);
+            return 1;
+        }
+        eng_mha_args *a = &c.args[i];
+        memset(a, 0, sizeof *a);
+        a->layer = layer;
+        a->B = 1;
+        a->L = 1;
+        a->x = x + i * E;
+        a->out = out + i * E;
+        a->causal = true;
+        a->align = ENG_ALIGN_BOTTOM_RIGHT;
+        a->kv_cache = c.seqs[i];
+    }
+    stream_ctx s = {.pool = pool,
+                    .words = (const uint64_t *)(const void *)layer->params16,
+                    .count = weight_bytes(E) / (int64_t)sizeof(uint64_t),
+                    .parts = 4 * eng_pool_threads(pool)};
+    if (s.parts > 64)
+        s.parts = 64;
+    double batch[NBATCH], alone[NBATCH], stream = 1e30;
+    for (int k = 0; k < NBATCH; k++)
+        batch[k] = alone[k] = 1e30;
+    for (int round = 0; round < 3; round++)
+        for (int k = 0; k < NBATCH; k++) {
+            c.n = batch_sizes[k];
+            double a = bench_best_seconds(run_batch, &c, 0.2),
+                   b = bench_best_seconds(run_alone, &c, 0.2),
+                   t = bench_best_seconds(run_stream, &s, 0.1);
+            if (a < 0 || b < 0 || t < 0)
+                return 1;
+            batch[k] = a < batch[k] ? a : batch[k];
+            alone[k] = b < alone[k] ? b : alone[k];
+            stream = t < stream ? t : stream;
+        }
+    for (int k = 0; k < NBATCH; k++)
+        printf("%.9f %.9f ", batch[k], alone[k]);
+    printf("%.9f %.3f\n", stream, (double)weight_bytes(E) / 1e6);
+    for (int i = 0; i < BATCH_MOST; i++)
+        eng_kv_seq_free(c.seqs[i]);
+    free(rows), free(x), free(out);
+    eng_kv_pool_free(kvp);
+    eng_layer_free(layer);
+    eng_pool_free(pool);
+    return 0;
+}
+
 static int decode_lines(void)
 {
     int failures = 0;
@@ -290,6 +421,24 @@ static int decode_lines(void)
                eng_kernels_name());
         fflush(stdout);
     }
+    for (int i = 0; i < NDECODE; i++) {
+        int64_t E = decode_hidden[i];
+        double v[2 * NBATCH + 2], rss;
+        if (bench_measure_case_values(NCASES + NDECODE + i, v, 2 * NBATCH + 2, &rss) !=
+            2 * NBATCH + 2) {
+            printf("mha decode batch e=%lld failed\n", (long long)E);
+            failures++;
+            continue;
+        }
+        double stream = v[2 * NBATCH];
+        for (int k = 0; k < NBATCH; k++)
+            printf("mha decode batch e=%lld n=%d cache=%d batch_ms=%.2f alone_ms=%.2f "
+                   "stream_ms=%.2f batch_ratio=%.2f alone_ratio=%.2f speedup=%.2f kernels=%s\n",
+                   (long long)E, batch_sizes[k], DECODE_CACHED, v[2 * k] * 1e3, v[2 * k + 1] * 1e3,
+                   stream * 1e3, v[2 * k] / stream, v[2 * k + 1] / stream, v[2 * k + 1] / v[2 * k],
+                   eng_kernels_name());
+        fflush(stdout);
+    }
     return failures;
 }
 
@@ -304,11 +453,15 @@ int main(int argc, char **argv)
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)
         return blas_child;
-    int child = bench_child_case(argc, argv, NCASES + NDECODE);
+    int child = bench_child_case(argc, argv, NCASES + 2 * NDECODE);
     if (child != -1)
         return child < 0        ? 2
                : child < NCASES ? run_case(&cases[child])
-                                : run_decode(decode_hidden[child - NCASES]);
+               : child < NCASES + NDECODE
+                   ? run_decode(decode_hidden[child - NCASES])
+                   : run_decode_batch(decode_hidden[child - NCASES - NDECODE]);
+    if (argc > 1 && strcmp(argv[1], "--decode") == 0)
+        return decode_lines() ? 1 : 0;
     const char *kernels = eng_kernels_name();
     double base = bench_sgemm_gflops(threads);
     double peak = bench_peak_gflops(kernels, threads);

@@ -8,13 +8,14 @@
  * same output, attention weights and sequence length; on failure the sequence as it was.
  *
  * "The same output" is bit for bit when the batch's products and the pass's own take the
- * few-row path (at most FEW_ROWS = 16 rows in all, and in the pass alone): few-row products give
- * a row bits that do not depend on the rows beside it (engine/kernels/kernels.h), and
- * positions, RoPE, norms, cache appends and the attention are each pass's own. A batch of more
- * rows takes the blocked product, whose sums run in another order than the few-row sums the
- * passes take alone: within 1e-6 x max|out| (float rounding of sums of 64 terms is ~1e-7
- * relative; a row of another pass, a position off by one or a head of the wrong pass moves
- * outputs by tens of percent).
+ * few-row path: the pass alone has at most FEW_ROWS = 16 rows, and so has every pass of its
+ * precision in the batch, at most FEW_BATCH_ROWS = 64 rows in all (engine/layers/project.h).
+ * Few-row products give a row bits that do not depend on the rows beside it
+ * (engine/kernels/kernels.h), and positions, RoPE, norms, cache appends and the attention are
+ * each pass's own. Other batches take the blocked product, whose sums run in another order
+ * than the few-row sums the passes take alone: within 1e-6 x max|out| (float rounding of sums
+ * of 64 terms is ~1e-7 relative; a row of another pass, a position off by one or a head of
+ * the wrong pass moves outputs by tens of percent).
  *
  * The passes mix what a batch must keep apart: cache lengths, positions (none, RoPE, ALiBi,
  * sinusoid), sliding windows, grouped-query heads, fp32 and bf16 weights and bf16 requests, a
@@ -35,7 +36,7 @@
 #include <string.h>
 
 #define BLOCKED_RTOL 1e-6
-#define MAX_PASSES   12
+#define MAX_PASSES   32
 
 static eng_pool *pool;
 
@@ -441,9 +442,10 @@ static void test_passes_without_caches_give_the_bits_of_passes_alone(void)
     eng_layer_free(l);
 }
 
-/* More than FEW_ROWS rows in all: blocked products over every pass's rows (chunks that span
- * passes), against each pass alone on the few-row path: within float rounding. And a pass of
- * 40 rows, blocked alone too. */
+/* A pass of 40 rows among steps of 4: the blocked product over every pass's rows of its
+ * precision (chunks that span passes), against each pass alone, on the few-row path but for
+ * the long one: within float rounding. The bf16 requests, 8 rows, are a product of their own
+ * on the few-row path: the bits of each alone. */
 static void test_batches_of_many_rows_are_within_rounding_of_passes_alone(void)
 {
     const eng_dtype dtypes[] = {ENG_DTYPE_F32, ENG_DTYPE_BF16};
@@ -469,6 +471,43 @@ static void test_batches_of_many_rows_are_within_rounding_of_passes_alone(void)
         passes_free(ps, 8);
         eng_layer_free(l);
     }
+}
+
+/* Decode steps of more than FEW_ROWS rows in all, each of few rows: the few-row products in
+ * groups of FEW_ROWS rows (up to FEW_BATCH_ROWS = 64 rows), so each step still gets the bits
+ * it gets alone. 26 passes, 40 rows. */
+static void test_many_steps_of_few_rows_give_the_bits_of_steps_alone(void)
+{
+    eng_layer *l = layer_plain(64, 4, 2, ENG_DTYPE_BF16, false, 29);
+    if (!l)
+        return;
+    enum { N = 26 };
+    pass ps[N];
+    for (int i = 0; i < N; i++) {
+        pass_spec s = {.B = 1, .L = 1 + (i % 3 == 0), .cached = 2 + 5 * i};
+        s.positional = i % 4 == 1 ? ENG_POSITIONAL_ROPE : ENG_POSITIONAL_NONE;
+        pass_init(&ps[i], l, &s, (uint64_t)(800 + i));
+    }
+    run_and_compare("40 rows of steps", ps, N, 0);
+    passes_free(ps, N);
+    eng_layer_free(l);
+}
+
+/* Past FEW_BATCH_ROWS rows the blocked product again: 20 steps of 4 tokens, 80 rows, within
+ * rounding of the steps alone. */
+static void test_many_steps_past_the_few_row_batch_are_within_rounding(void)
+{
+    eng_layer *l = layer_plain(64, 4, 2, ENG_DTYPE_F32, false, 31);
+    if (!l)
+        return;
+    enum { N = 20 };
+    pass ps[N];
+    for (int i = 0; i < N; i++)
+        pass_init(&ps[i], l, &(pass_spec){.B = 1, .L = 4, .cached = 1 + 3 * i},
+                  (uint64_t)(900 + i));
+    run_and_compare("80 rows of steps", ps, N, BLOCKED_RTOL);
+    passes_free(ps, N);
+    eng_layer_free(l);
 }
 
 /* ---- Passes that fail, each alone ---------------------------------------------------------- */
@@ -543,6 +582,16 @@ static void test_another_layer_or_a_shared_sequence_is_refused(void)
     CHECKF(strcmp(errs[3].field, "kv_cache") == 0, "field '%s'", errs[3].field);
     CHECK_EQ_INT(eng_kv_seq_length(ps[0].seq), 6); /* the first one's step only */
     CHECK_EQ_INT(eng_kv_seq_length(ps[1].seq), 5);
+    /* The batch's layer is the first valid member's: a first member without one is refused
+     * alone, and the others run. */
+    eng_mha_args none = ps[2].a;
+    none.layer = NULL;
+    eng_mha_member first_bad[2] = {{&none, NULL, &errs[0], ENG_OK},
+                                   {&ps[2].a, NULL, &errs[2], ENG_OK}};
+    CHECK_EQ_INT(eng_mha_batch(pool, first_bad, 2), ENG_EINVAL);
+    CHECK_EQ_INT(first_bad[0].status, ENG_EINVAL);
+    CHECKF(strcmp(errs[0].field, "layer") == 0, "field '%s'", errs[0].field);
+    CHECK_EQ_INT(first_bad[1].status, ENG_OK);
     CHECK_EQ_INT(eng_mha_batch(pool, m, 0), ENG_OK);
     CHECK_EQ_INT(eng_mha_batch(pool, NULL, 2), ENG_EINVAL);
     passes_free(ps, 3);
@@ -577,6 +626,8 @@ int main(void)
     RUN_WITHIN(test_decoder_layer_steps_give_the_bits_of_steps_alone, 60);
     RUN_WITHIN(test_passes_without_caches_give_the_bits_of_passes_alone, 60);
     RUN_WITHIN(test_batches_of_many_rows_are_within_rounding_of_passes_alone, 60);
+    RUN_WITHIN(test_many_steps_of_few_rows_give_the_bits_of_steps_alone, 60);
+    RUN_WITHIN(test_many_steps_past_the_few_row_batch_are_within_rounding, 60);
     RUN_WITHIN(test_failing_passes_fail_alone, 60);
     RUN_WITHIN(test_another_layer_or_a_shared_sequence_is_refused, 60);
     RUN_WITHIN(test_one_member_is_eng_mha, 60);
