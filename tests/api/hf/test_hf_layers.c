@@ -257,6 +257,73 @@ static void test_each_family_matches_transformers_step_by_step(void)
     api_sessions_free(reg);
 }
 
+/* One family through SEQS sessions stepped together: the same prefill in each, then each
+ * token's steps as one batch (api_call_batch, one engine call): every session's output is the
+ * reference's. */
+enum { SEQS = 3 };
+
+static double batched_error(const char *family, const hf_case *c, api_sessions *reg)
+{
+    char body[128], sid[SEQS][64];
+    double worst = 0;
+    snprintf(body, sizeof body, "{\"model\":\"%s\"}", family);
+    for (int s = 0; s < SEQS; s++) {
+        result r = call_route(api_sessions_create, reg, NULL, body);
+        const char *id = json_string_value(json_object_get(r.json, "id"));
+        CHECKF(r.status == 201 && id, "%s: session create %d", family, r.status);
+        snprintf(sid[s], sizeof sid[s], "%s", id ? id : "");
+        json_decref(r.json);
+    }
+    for (int64_t t0 = 0; t0 < c->L && isfinite(worst);) {
+        int64_t n = t0 == 0 ? PREFILL : 1;
+        char *b[SEQS];
+        api_call calls[SEQS];
+        api_reply replies[SEQS];
+        api_batch_member m[SEQS];
+        for (int s = 0; s < SEQS; s++) {
+            char extra[128];
+            snprintf(extra, sizeof extra, ",\"session\":\"%s\",\"expect_length\":%lld", sid[s],
+                     (long long)t0);
+            b[s] = mha_body(family, c, t0, n, extra);
+            calls[s] = (api_call){.body = b[s],
+                                  .body_len = strlen(b[s]),
+                                  .content_type = "application/json",
+                                  .pool = pool,
+                                  .models = models,
+                                  .sessions = reg};
+            m[s] = (api_batch_member){API_BATCH_MHA, &calls[s], &replies[s]};
+        }
+        api_call_batch(m, SEQS, 64);
+        for (int s = 0; s < SEQS; s++) {
+            json_t *j = json_loadb(replies[s].body, replies[s].body_len, 0, NULL);
+            double e = replies[s].status == 200 && j ? rel_error(j, c, t0, n) : INFINITY;
+            CHECKF(replies[s].status == 200, "%s: batched step at %lld: %d", family, (long long)t0,
+                   replies[s].status);
+            worst = fmax(worst, e);
+            json_decref(j);
+            api_reply_free(&replies[s]);
+            free(b[s]);
+        }
+        t0 += n;
+    }
+    return worst;
+}
+
+static void test_each_family_matches_transformers_in_batched_steps(void)
+{
+    api_sessions *reg = registry();
+    for (size_t i = 0; reg && i < N_FAMILIES; i++) {
+        hf_case c;
+        if (!load_case(families[i], &c))
+            continue;
+        double err = batched_error(families[i], &c, reg);
+        printf("  %-16s batched steps    max|diff|/max|out| = %.2e\n", families[i], err);
+        CHECKF(err <= RTOL, "%s: batched steps: error %.3g x max|output|", families[i], err);
+        free_case(&c);
+    }
+    api_sessions_free(reg);
+}
+
 /* ---- What the layer says, and what contradicts it ----------------------------------------- */
 
 static void test_models_describe_the_checkpoint_layer(void)
@@ -798,6 +865,7 @@ int main(void)
     }
     RUN_WITHIN(test_each_family_matches_transformers_through_v1_mha, 120);
     RUN_WITHIN(test_each_family_matches_transformers_step_by_step, 120);
+    RUN_WITHIN(test_each_family_matches_transformers_in_batched_steps, 120);
     RUN_WITHIN(test_models_describe_the_checkpoint_layer, 30);
     RUN_WITHIN(test_requests_that_contradict_the_layer_are_422, 30);
     RUN_WITHIN(test_v2_infers_and_decodes_a_sequence_as_transformers, 60);
