@@ -281,7 +281,7 @@ static double batched_error(const char *family, const hf_case *c, api_sessions *
         api_reply replies[SEQS];
         api_batch_member m[SEQS];
         for (int s = 0; s < SEQS; s++) {
-            char extra[128];
+            char extra[256];
             snprintf(extra, sizeof extra, ",\"session\":\"%s\",\"expect_length\":%lld", sid[s],
                      (long long)t0);
             b[s] = mha_body(family, c, t0, n, extra);
