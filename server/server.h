@@ -89,36 +89,36 @@ typedef struct {
 
 /* Every option of the daemon; see the table in config.c for bounds, defaults and help. */
 typedef struct {
-    char *host;                     /* --host: address to bind */
-    int64_t port;                   /* --port: 0 = an ephemeral port */
-    char *port_file;                /* --port-file: write the bound port here once listening */
-    int64_t threads;                /* --threads: engine workers, 0 = CPUs this process may use */
-    eng_options engine;             /* --kernels, ATTND_BF16 */
-    char *default_precision;        /* --default-precision: float32 or bfloat16 */
-    size_t max_body_bytes;          /* --max-body-bytes */
-    int64_t max_elements;           /* --max-elements */
-    size_t max_memory_bytes;        /* --max-memory-bytes: the global budget */
-    size_t buffer_cache_bytes;      /* --buffer-cache-bytes: freed big buffers kept mapped */
-    size_t kv_cache_bytes;          /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
-    int64_t kv_block_tokens;        /* --kv-block-tokens: tokens per KV-cache block */
-    int64_t session_ttl_s;          /* --session-ttl-s: idle expiry of a session (0: none) */
-    int64_t max_queue;              /* --max-queue: requests queued or running on workers */
-    int64_t max_batch_rows;         /* --max-batch-rows: rows of a batch's engine call; 1: off */
-    int64_t priority_levels;        /* --priority-levels: Triton's priority_levels */
-    int64_t default_priority_level; /* --default-priority-level, in [1, priority_levels] */
-    int64_t request_timeout_ms;     /* --request-timeout-ms */
-    int64_t header_timeout_s;       /* --header-timeout-s: request line to the end of the headers */
-    size_t min_upload_rate;         /* --min-upload-rate: body bytes per second, 0 = none */
-    int64_t receive_timeout_s;      /* --receive-timeout-s: whole header and body */
-    int64_t connection_limit;       /* --connection-limit */
-    int64_t admin_port;             /* --admin-port: -1 = none, 0 = an ephemeral port */
-    char *admin_port_file;          /* --admin-port-file */
-    int64_t grpc_port;              /* --grpc-port: -1 = none, 0 = an ephemeral port */
-    char *grpc_port_file;           /* --grpc-port-file */
-    int64_t send_timeout_s;         /* --send-timeout-s: a reply stalled this long is cut */
-    int64_t idle_timeout_s;         /* --idle-timeout-s */
-    int64_t drain_timeout_s;        /* --drain-timeout-s */
-    srv_model *models;              /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
+    char *host;                      /* --host: address to bind */
+    int64_t port;                    /* --port: 0 = an ephemeral port */
+    char *port_file;                 /* --port-file: write the bound port here once listening */
+    int64_t threads;                 /* --threads: engine workers, 0 = CPUs this process may use */
+    eng_options engine;              /* --kernels, ATTND_BF16 */
+    eng_precision default_precision; /* --default-precision */
+    size_t max_body_bytes;           /* --max-body-bytes */
+    int64_t max_elements;            /* --max-elements */
+    size_t max_memory_bytes;         /* --max-memory-bytes: the global budget */
+    size_t buffer_cache_bytes;       /* --buffer-cache-bytes: freed big buffers kept mapped */
+    size_t kv_cache_bytes;           /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
+    int64_t kv_block_tokens;         /* --kv-block-tokens: tokens per KV-cache block */
+    int64_t session_ttl_s;           /* --session-ttl-s: idle expiry of a session (0: none) */
+    int64_t max_queue;               /* --max-queue: requests queued or running on workers */
+    int64_t max_batch_rows;          /* --max-batch-rows: rows of a batch's engine call; 1: off */
+    int64_t priority_levels;         /* --priority-levels: Triton's priority_levels */
+    int64_t default_priority_level;  /* --default-priority-level, in [1, priority_levels] */
+    int64_t request_timeout_ms;      /* --request-timeout-ms */
+    int64_t header_timeout_s;  /* --header-timeout-s: request line to the end of the headers */
+    size_t min_upload_rate;    /* --min-upload-rate: body bytes per second, 0 = none */
+    int64_t receive_timeout_s; /* --receive-timeout-s: whole header and body */
+    int64_t connection_limit;  /* --connection-limit */
+    int64_t admin_port;        /* --admin-port: -1 = none, 0 = an ephemeral port */
+    char *admin_port_file;     /* --admin-port-file */
+    int64_t grpc_port;         /* --grpc-port: -1 = none, 0 = an ephemeral port */
+    char *grpc_port_file;      /* --grpc-port-file */
+    int64_t send_timeout_s;    /* --send-timeout-s: a reply stalled this long is cut */
+    int64_t idle_timeout_s;    /* --idle-timeout-s */
+    int64_t drain_timeout_s;   /* --drain-timeout-s */
+    srv_model *models;         /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
     size_t n_models;
     srv_log_level log_level;     /* --log-level */
     char *tls_cert;              /* --tls-cert: PEM chain, leaf first; with --tls-key: HTTPS */

@@ -689,11 +689,11 @@ static void test_default_precision(void)
     char err[512] = "";
     clear_env();
     CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
-    CHECK(cfg.default_precision && strcmp(cfg.default_precision, "float32") == 0);
+    CHECK_EQ_INT(cfg.default_precision, ENG_PRECISION_FLOAT32);
     srv_config_free(&cfg);
     setenv("ATTND_DEFAULT_PRECISION", "bfloat16", 1);
     CHECK_EQ_INT(parse(&cfg, NULL, err, sizeof err), SRV_OK);
-    CHECK(cfg.default_precision && strcmp(cfg.default_precision, "bfloat16") == 0);
+    CHECK_EQ_INT(cfg.default_precision, ENG_PRECISION_BFLOAT16);
     srv_config_free(&cfg);
     clear_env();
     const char *const a[] = {"--default-precision", "fp8", "--port", "0", NULL};
