@@ -183,14 +183,6 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg,
     return mhd;
 }
 
-srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
-{
-    api_models *models = srv_models_load(cfg, err, errlen);
-    if (!models)
-        return NULL;
-    return srv_server_start_models(cfg, models, err, errlen);
-}
-
 /* What the engine computes with, once at start: the kernel set, the CPU, and the kernel
  * OpenBLAS chose for itself (the `openblas` set's, and a hint when it is a slow one). */
 static void log_engine(void)

@@ -17,15 +17,16 @@
  *         return 2;
  *     }
  *     srv_log_set_level(cfg.log_level);
- *     srv_server *s = srv_server_start(&cfg, err, sizeof err);   // listening when it returns
+ *     api_models *models = srv_models_load(&cfg, err, sizeof err);   // exit 2 when NULL
+ *     srv_server *s = srv_server_start_models(&cfg, models, err, sizeof err);  // listening
  *     if (!s) { ... }
  *     // ... wait for SIGTERM (the handler only writes a pipe) ...
- *     srv_server_drain(s);        // readiness 503, stop accepting, finish or cancel in-flight
- *     srv_server_free(s);         // stops libmicrohttpd, joins the engine workers
+ *     srv_server_drain(s, wake_fd); // readiness 503, stop accepting, finish or cancel
+ *     srv_server_free(s);           // stops libmicrohttpd, joins the engine workers
  *     srv_config_free(&cfg);
  *
- * Threads: srv_config_* and srv_server_start/drain/free are for the main thread; srv_log and
- * srv_server_request_drain_now may be called from any thread. Ownership: srv_server_start copies
+ * Threads: srv_config_*, srv_models_load and srv_server_start_models/drain/free are for the
+ * main thread; srv_log may be called from any thread. Ownership: srv_server_start_models copies
  * what it needs from the config; strings in srv_config are owned by it until srv_config_free.
  */
 #ifndef ATTND_SERVER_H
@@ -165,14 +166,12 @@ struct api_models;
  * tensor: a configuration error (attnd exits 2). Main thread. */
 struct api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen);
 
-/* Starts the server with `models` (from srv_models_load; taken over, also on failure). */
+/* Starts the server with `models` (from srv_models_load; taken over, also on failure): the
+ * engine pool, the watcher thread, libmicrohttpd on cfg->host:cfg->port (and the admin and gRPC
+ * listeners when set); writes the port files, prints the startup line (address and bound port)
+ * on stdout. NULL on failure with `err` filled (attnd exits 1). */
 srv_server *srv_server_start_models(const srv_config *cfg, struct api_models *models, char *err,
                                     size_t errlen);
-
-/* srv_models_load, then srv_server_start_models. Starts the engine pool, the watcher thread and
- * libmicrohttpd on cfg->host:cfg->port, prints the startup line (address and bound port) on stdout,
- * and writes cfg->port_file if set. NULL on failure with `err` filled. */
-srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen);
 
 /* Loads what --tls-* and --auth-token-file name and lets it go again, so that a certificate,
  * key or token file that cannot be used is a configuration error (attnd exits 2) found before
