@@ -32,7 +32,6 @@
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,17 +64,12 @@ const char *srv_status_str(srv_status status);
 /* Severity, most severe first: a message is written when its level <= the configured level. */
 typedef enum { SRV_LOG_ERROR = 0, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG } srv_log_level;
 
-/* "error", "warn", "info" or "debug". */
-const char *srv_log_level_str(srv_log_level level);
-
 void srv_log_set_level(srv_log_level level);
 bool srv_log_enabled(srv_log_level level);
 
 /* Writes one JSON line {"time", "level", "msg"} to stderr; `fmt` is printf-style and the
  * message is JSON-escaped. Any thread; lines never interleave. */
 void srv_log(srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void srv_logv(srv_log_level level, const char *fmt, va_list ap)
-    __attribute__((format(printf, 2, 0)));
 
 /* ---- Configuration ------------------------------------------------------------------------- */
 
