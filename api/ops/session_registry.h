@@ -1,6 +1,7 @@
 /*
  * session_registry.h - the registry's insides, shared by the files of the session module only
- * (session_registry.c, session_order.c, session_routes.c); every other file sees sessions.h.
+ * (session_registry.c, session_order.c, proto/native_sessions_get.c); every other file sees
+ * sessions.h.
  *
  * One mutex, `lock`, guards every field of the registry and the registry's fields of each
  * session (sessions.h); the functions named *_locked expect it held.

@@ -6,8 +6,8 @@
  * sequences later) read their format into these and write the replies.
  *
  * Its files: session_registry.c (sessions by id, their life, room in the pool),
- * session_order.c (the tickets and turns server/ drives), session_routes.c (GET, list, DELETE,
- * the description), session_step.c (the step operation).
+ * session_order.c (the tickets and turns server/ drives), proto/native_sessions_get.c (GET, list,
+ * DELETE, the description), session_step.c (the step operation).
  *
  *     api__session *s;
  *     if (api__session_acquire(reg, id, &s, &err) != 0) return -1;   // 404s, sessions off

@@ -1,5 +1,5 @@
 /*
- * session_routes.c - the routes of KV-cache sessions that carry no body (api.h: GET one, the
+ * native_sessions_get.c - the routes of KV-cache sessions that carry no body (api.h: GET one, the
  * list, DELETE) and the JSON description of a session that every session route replies with.
  */
 #include <errno.h>
