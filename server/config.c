@@ -490,6 +490,31 @@ static const srv_option *find_option(const char *name, size_t len)
     return NULL;
 }
 
+/* The checks that take more than one option: the default priority level is one of the levels,
+ * and the TLS flags come with what they need (the files themselves are read by
+ * srv_security_check). */
+static srv_status check_across(const srv_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->default_priority_level > cfg->priority_levels) {
+        snprintf(err, errlen,
+                 "--default-priority-level %lld is above --priority-levels %lld: the default "
+                 "must be one of the levels, 1 to --priority-levels",
+                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
+        return SRV_EINVAL;
+    }
+    if (!cfg->tls_cert != !cfg->tls_key) {
+        snprintf(err, errlen, "%s needs %s as well", cfg->tls_cert ? "--tls-cert" : "--tls-key",
+                 cfg->tls_cert ? "--tls-key" : "--tls-cert");
+        return SRV_EINVAL;
+    }
+    if (!cfg->tls_cert && (cfg->tls_client_ca || cfg->tls_key_password_file)) {
+        snprintf(err, errlen, "%s needs --tls-cert and --tls-key",
+                 cfg->tls_client_ca ? "--tls-client-ca" : "--tls-key-password-file");
+        return SRV_EINVAL;
+    }
+    return SRV_OK;
+}
+
 void srv_config_free(srv_config *cfg)
 {
     if (!cfg)
@@ -582,13 +607,8 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
         snprintf(who, sizeof who, "--%s", o->name);
         st = set_option(cfg, o, value, who, err, errlen);
     }
-    if (st == SRV_OK && cfg->default_priority_level > cfg->priority_levels) {
-        snprintf(err, errlen,
-                 "--default-priority-level %lld is above --priority-levels %lld: the default "
-                 "must be one of the levels, 1 to --priority-levels",
-                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
-        st = SRV_EINVAL;
-    }
+    if (st == SRV_OK)
+        st = check_across(cfg, err, errlen);
     if (st == SRV_ENOMEM)
         snprintf(err, errlen, "out of memory while reading the configuration");
     if (st != SRV_OK)

@@ -129,7 +129,9 @@ typedef struct {
  * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
  * `cfg` freed; "--help" returns SRV_HELP. Sizes are whole bytes, optionally followed by KiB,
  * MiB, GiB, TiB or their one-letter forms K, M, G, T (binary: K = KiB = 1024). --model is
- * parsed and stored here (the files are read by srv_models_load). Main thread only (getenv). */
+ * parsed and stored here (the files are read by srv_models_load). The checks across options
+ * are made here too: --default-priority-level within --priority-levels, --tls-cert with
+ * --tls-key, --tls-client-ca and --tls-key-password-file with both. Main thread only (getenv). */
 srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
 /* Frees the strings of `cfg`; safe on a zeroed or already freed config. */
