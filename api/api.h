@@ -615,8 +615,8 @@ typedef struct {
  * and (v2) inference_header_length; nothing else. Fills all of *out; api_peek_free releases it.
  *
  * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
- * no priority), "session" and "model" (which only /v1/mha has) in one walk. api_peek_v2 is for KServe v2
- * inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
+ * no priority), "session" and "model" (which only /v1/mha has) in one walk. api_peek_v2 is for
+ * KServe v2 inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
  * (microseconds), the tighter of the two, Triton's "priority", and Triton's "sequence_id" (for
  * api_sequence_ticket_take), in one walk over the JSON before the binary tensor data.
  *
@@ -660,8 +660,9 @@ typedef struct {
 
 /* The layer a waiting request of `route` runs, as a key that the requests which may share one
  * engine call have in common: from call->model (v2 and gRPC: the model the path or the message
- * names), or the body's "model" or the model of its "session" (peek, api_peek_native). 0 when it cannot be known cheaply (no peek, an inline
- * layer, an unknown name): the request then runs alone. Any thread (the server's I/O thread). */
+ * names), or the body's "model" or the model of its "session" (peek, api_peek_native). 0 when it
+ * cannot be known cheaply (no peek, an inline layer, an unknown name): the request then runs alone.
+ * Any thread (the server's I/O thread). */
 uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_peek *peek);
 
 /* Serves `n` requests as their routes would one by one, each with its own reply, status,

@@ -331,8 +331,15 @@ typedef enum {
  * biases, the softmax and the output stay fp32. The avx512, avx2 and generic sets compute it
  * (with VDPBF16PS where that is fast, else by rounding the operands for the fp32 kernel: the
  * same products); the openblas set, and additive scoring, compute FLOAT32 instead, which
- * eng_sdpa_precision tells beforehand. */
-typedef enum { ENG_PRECISION_FLOAT32 = 0, ENG_PRECISION_BFLOAT16 } eng_precision;
+ * eng_sdpa_precision tells beforehand. X(value, name), the names being those requests and
+ * --default-precision take. */
+#define ENG_PRECISION_LIST(X)                                                                      \
+    X(ENG_PRECISION_FLOAT32, "float32")                                                            \
+    X(ENG_PRECISION_BFLOAT16, "bfloat16")
+
+#define ENG_PRECISION_ENUM(value, name) value,
+typedef enum { ENG_PRECISION_LIST(ENG_PRECISION_ENUM) ENG_PRECISION_COUNT } eng_precision;
+#undef ENG_PRECISION_ENUM
 
 /* One SDPA call. Zero-initialise, then set what is needed: every zero field is the default. */
 typedef struct {

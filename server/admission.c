@@ -273,6 +273,12 @@ static bool pick_locked(srv_sched *s, int64_t now, batch *expired, srv_sched_ent
     return true;
 }
 
+/* The pool priority of a request at `level`: short requests of a level run before long ones. */
+static uint32_t priority_of(uint32_t level, bool lng)
+{
+    return level * 2 + (lng ? 1 : 0);
+}
+
 /* Starts what the free slots allow and answers the hopeless; takes mu. `queued_here` (or NULL)
  * is the entry this thread just queued. */
 static void dispatch(srv_sched *s, int64_t now, const srv_sched_entry *queued_here)
@@ -289,7 +295,7 @@ static void dispatch(srv_sched *s, int64_t now, const srv_sched_entry *queued_he
         for (int i = 0; i < expired.n; i++)
             expired.e[i]->ops->expire(expired.e[i]->req);
         if (any)
-            go->ops->start(go->req, srv__sched_pool_priority(go->level, go->lng), where);
+            go->ops->start(go->req, priority_of(go->level, go->lng), where);
         if (!any && expired.n == 0)
             return;
     }
@@ -316,11 +322,6 @@ void srv__sched_free(srv_sched *s)
         return;
     pthread_mutex_destroy(&s->mu);
     free(s);
-}
-
-uint32_t srv__sched_pool_priority(uint32_t level, bool lng)
-{
-    return level * 2 + (lng ? 1 : 0);
 }
 
 bool srv__sched_pool_priority_long(uint32_t pool_priority)

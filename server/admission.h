@@ -145,9 +145,6 @@ void srv__sched_release(srv_sched *s, srv_sched_entry *e, int64_t now);
  * the time a reply of its size takes, which its deadline must leave room for too. */
 void srv__sched_sent(srv_sched *s, const srv_sched_entry *e, int64_t send_ns);
 
-/* The pool priority of a request at `level`: short requests of a level run before long ones. */
-uint32_t srv__sched_pool_priority(uint32_t level, bool lng);
-
 /* Whether a pool priority is a long request's: the pool runs its tasks as background work. */
 bool srv__sched_pool_priority_long(uint32_t pool_priority);
 

@@ -10,10 +10,16 @@
  * A variable without a flag (ATTND_BF16, a knob for tests and benchmarks more than for
  * operators) is a row too, so that --help lists every knob from this one table. The engine's
  * options are parsed here into eng_options, which the server hands to eng_init: the engine
- * reads no environment.
+ * reads no environment. Named values (--kernels, --default-precision, ATTND_BF16) take their
+ * names from the engine's lists, so that no other file parses them again.
+ *
+ * Checks across options are made here too, at parse time (exit 2); srv__config_settings then
+ * turns an accepted configuration into the settings the server runs with (server.c starts
+ * things, it checks nothing).
  */
-#include "server/server.h"
+#include "server/daemon.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -21,12 +27,11 @@
 #include <string.h>
 
 typedef enum {
-    OPT_STR,    /* char *, any non-empty text */
-    OPT_INT,    /* int64_t within [min, max] */
-    OPT_SIZE,   /* size_t within [min, max]: bytes, or KiB, MiB, GiB, TiB (srv_parse_size) */
-    OPT_CHOICE, /* char *, one of `choices` */
-    OPT_ENUM,   /* an enum (int-sized, see below): the index of its name in `choices` */
-    OPT_MODEL,  /* NAME=PATH, repeatable, appended to models[] */
+    OPT_STR,   /* char *, any non-empty text */
+    OPT_INT,   /* int64_t within [min, max] */
+    OPT_SIZE,  /* size_t within [min, max]: bytes, or KiB, MiB, GiB, TiB (srv_parse_size) */
+    OPT_ENUM,  /* an enum (int-sized, see below): the index of its name in `choices` */
+    OPT_MODEL, /* NAME=PATH, repeatable, appended to models[] */
 } opt_type;
 
 typedef struct {
@@ -38,7 +43,7 @@ typedef struct {
     const char *def; /* default, as text; NULL: none (OPT_STR may stay NULL, OPT_MODEL empty) */
     const char *arg; /* placeholder shown by --help */
     const char *help;
-    const char *const *choices; /* the accepted values, NULL-terminated (OPT_CHOICE, OPT_ENUM);
+    const char *const *choices; /* the accepted values, NULL-terminated (OPT_ENUM);
                                    NULL for the other types */
 } srv_option;
 
@@ -50,13 +55,14 @@ typedef struct {
 _Static_assert(sizeof(srv_log_level) == sizeof(int), "OPT_ENUM field");
 _Static_assert(sizeof(eng_kernel_choice) == sizeof(int), "OPT_ENUM field");
 _Static_assert(sizeof(eng_bf16_path) == sizeof(int), "OPT_ENUM field");
+_Static_assert(sizeof(eng_precision) == sizeof(int), "OPT_ENUM field");
 
 #define ENGINE_NAME(value, name) name,
 /* In the order of the engine's enums (engine.h), from the same lists. */
 static const char *const kernel_sets[] = {ENG_KERNEL_CHOICE_LIST(ENGINE_NAME) NULL};
 static const char *const bf16_paths[] = {ENG_BF16_PATH_LIST(ENGINE_NAME) NULL};
+static const char *const precisions[] = {ENG_PRECISION_LIST(ENGINE_NAME) NULL};
 #undef ENGINE_NAME
-static const char *const precisions[] = {"float32", "bfloat16", NULL};
 /* In srv_log_level's order. */
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 
@@ -73,7 +79,7 @@ static const srv_option options[] = {
     {"kernels", "ATTND_KERNELS", OPT_ENUM, OFF(engine.kernels), 0, 0, "auto", "SET",
      "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
      "(portable C) or openblas; a set the CPU lacks stops the start (exit 1)", kernel_sets},
-    {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_CHOICE, OFF(default_precision), 0, 0,
+    {"default-precision", "ATTND_DEFAULT_PRECISION", OPT_ENUM, OFF(default_precision), 0, 0,
      "float32", "NAME", "precision of the products for requests that do not say "
      "(\"precision\" on /v1/attention, the v2 sdpa parameter): float32, or bfloat16 (bf16 "
      "operands, fp32 sums and softmax; the openblas kernel set computes float32)", precisions},
@@ -440,7 +446,6 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
         *(size_t *)(void *)field = (size_t)v;
         return SRV_OK;
     }
-    case OPT_CHOICE:
     case OPT_ENUM: {
         size_t i = 0;
         while (o->choices[i] && strcmp(text, o->choices[i]) != 0)
@@ -451,16 +456,7 @@ static srv_status set_option(srv_config *cfg, const srv_option *o, const char *t
             snprintf(err, errlen, "%s: \"%.64s\" is not accepted; use %s", who, text, names);
             return SRV_EINVAL;
         }
-        if (o->type == OPT_ENUM) {
-            *(int *)(void *)field = (int)i;
-            return SRV_OK;
-        }
-        char **slot = (char **)(void *)field;
-        char *copy = dup_n(text, strlen(text));
-        if (!copy)
-            return SRV_ENOMEM;
-        free(*slot);
-        *slot = copy;
+        *(int *)(void *)field = (int)i;
         return SRV_OK;
     }
     case OPT_MODEL: {
@@ -494,6 +490,31 @@ static const srv_option *find_option(const char *name, size_t len)
     return NULL;
 }
 
+/* The checks that take more than one option: the default priority level is one of the levels,
+ * and the TLS flags come with what they need (the files themselves are read by
+ * srv_security_check). */
+static srv_status check_across(const srv_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->default_priority_level > cfg->priority_levels) {
+        snprintf(err, errlen,
+                 "--default-priority-level %lld is above --priority-levels %lld: the default "
+                 "must be one of the levels, 1 to --priority-levels",
+                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
+        return SRV_EINVAL;
+    }
+    if (!cfg->tls_cert != !cfg->tls_key) {
+        snprintf(err, errlen, "%s needs %s as well", cfg->tls_cert ? "--tls-cert" : "--tls-key",
+                 cfg->tls_cert ? "--tls-key" : "--tls-cert");
+        return SRV_EINVAL;
+    }
+    if (!cfg->tls_cert && (cfg->tls_client_ca || cfg->tls_key_password_file)) {
+        snprintf(err, errlen, "%s needs --tls-cert and --tls-key",
+                 cfg->tls_client_ca ? "--tls-client-ca" : "--tls-key-password-file");
+        return SRV_EINVAL;
+    }
+    return SRV_OK;
+}
+
 void srv_config_free(srv_config *cfg)
 {
     if (!cfg)
@@ -502,7 +523,6 @@ void srv_config_free(srv_config *cfg)
     free(cfg->port_file);
     free(cfg->admin_port_file);
     free(cfg->grpc_port_file);
-    free(cfg->default_precision);
     for (size_t i = 0; i < cfg->n_models; i++) {
         free(cfg->models[i].name);
         free(cfg->models[i].path);
@@ -587,18 +607,39 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
         snprintf(who, sizeof who, "--%s", o->name);
         st = set_option(cfg, o, value, who, err, errlen);
     }
-    if (st == SRV_OK && cfg->default_priority_level > cfg->priority_levels) {
-        snprintf(err, errlen,
-                 "--default-priority-level %lld is above --priority-levels %lld: the default "
-                 "must be one of the levels, 1 to --priority-levels",
-                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
-        st = SRV_EINVAL;
-    }
+    if (st == SRV_OK)
+        st = check_across(cfg, err, errlen);
     if (st == SRV_ENOMEM)
         snprintf(err, errlen, "out of memory while reading the configuration");
     if (st != SRV_OK)
         srv_config_free(cfg);
     return st;
+}
+
+srv_status srv__config_settings(const srv_config *cfg, srv_server *s)
+{
+    assert(cfg->default_priority_level >= 1 &&
+           cfg->default_priority_level <= cfg->priority_levels); /* srv_config_parse's check */
+    s->host = dup_n(cfg->host, strlen(cfg->host));
+    if (!s->host)
+        return SRV_ENOMEM;
+    s->max_body_bytes = cfg->max_body_bytes;
+    s->max_queue = cfg->max_queue;
+    s->max_batch_rows = cfg->max_batch_rows;
+    s->max_memory_bytes = cfg->max_memory_bytes;
+    s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
+    s->send_timeout_s = (unsigned)cfg->send_timeout_s;
+    s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
+    s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
+    s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;
+    s->limits = api_limits_default();
+    s->limits.max_body_bytes = cfg->max_body_bytes;
+    s->limits.max_elements = (size_t)cfg->max_elements;
+    s->limits.max_timeout_ms = cfg->request_timeout_ms;
+    s->limits.default_precision = cfg->default_precision;
+    s->limits.priority_levels = (uint32_t)cfg->priority_levels;
+    s->limits.default_priority_level = (uint32_t)cfg->default_priority_level;
+    return SRV_OK;
 }
 
 /* One entry of --help: the flag (or the variable, for a row without one), its help, and a

@@ -27,7 +27,7 @@
 #include "server/watch.h"
 
 struct srv_server {
-    /* Settings, fixed after start. */
+    /* Settings, fixed after start (srv__config_settings, but for the bound ports and threads). */
     char *host;
     int port;
     int threads;
@@ -69,5 +69,12 @@ struct srv_server {
     srv_tls *tls;   /* NULL: plain HTTP */
     srv_auth *auth; /* NULL: no bearer tokens */
 };
+
+/* config.c: fills the settings of `s` that come from `cfg` alone (the host, the limits api/
+ * checks requests against with the precision and priority level of those that name none, the
+ * queue and batch bounds, the timeouts in the units their users count in). `cfg` is one
+ * srv_config_parse accepted: the checks across options are its. SRV_ENOMEM when the host
+ * cannot be copied. Main thread, before anything starts. */
+srv_status srv__config_settings(const srv_config *cfg, srv_server *s);
 
 #endif

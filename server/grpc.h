@@ -2,8 +2,9 @@
  * grpc.h - the gRPC edge (--grpc-port): KServe v2's inference.GRPCInferenceService over HTTP/2
  * (nghttp2), plain (h2c) or TLS with ALPN h2 (the HTTPS port's certificate). grpc_conn.c owns the
  * listener, the connections and their thread (one poll loop: every nghttp2 call happens on it);
- * grpc_call.c owns the calls: headers, messages, admission, the handoff of inferences to the engine
- * pool, their status, metrics and log lines; grpc_write.c queues what a call sends on its stream
+ * grpc_call.c owns the calls: headers, messages, the cheap methods, their status, metrics and log
+ * lines, and their inferences as jobs, which job.c admits, schedules and runs on the engine pool
+ * as it does HTTP's requests; grpc_write.c queues what a call sends on its stream
  * (HEADERS, the messages, the status as trailers) and wakes the thread. The replies themselves
  * come from api/ (api_grpc_*), as HTTP's do.
  *
@@ -81,7 +82,7 @@ struct grpc_job {
     srv_job job;     /* its admission, wait and run, beside HTTP's requests (job.h) */
     api_lease lease; /* the inference's memory, deadline and cancel flag */
     grpc_msg msg;
-    api_call api;    /* what a batch serves it with, while its batch runs */
+    api_call api; /* what a batch serves it with, while its batch runs */
     bool stream;
     int slot;               /* the model's statistics slot, or -1 */
     bool pending;           /* counted in the model's pending gauge */

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,7 +21,8 @@ static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const level_str[] = {"error", "warn", "info", "debug"};
 
-const char *srv_log_level_str(srv_log_level level)
+/* "error", "warn", "info" or "debug". */
+static const char *level_name(srv_log_level level)
 {
     return (unsigned)level < 4 ? level_str[level] : "info";
 }
@@ -35,7 +37,8 @@ bool srv_log_enabled(srv_log_level level)
     return (int)level <= atomic_load(&log_level);
 }
 
-void srv__log_time(char out[32])
+/* Writes the RFC 3339 UTC time with milliseconds ("2024-05-01T12:00:00.123Z") into out[32]. */
+static void log_time(char out[32])
 {
     struct timespec ts;
     struct tm tm;
@@ -49,8 +52,8 @@ void srv__log_time(char out[32])
 void srv__log_begin(api_buf *b, srv_log_level level)
 {
     char now[32];
-    srv__log_time(now);
-    api_buf_printf(b, "{\"time\":\"%s\",\"level\":\"%s\"", now, srv_log_level_str(level));
+    log_time(now);
+    api_buf_printf(b, "{\"time\":\"%s\",\"level\":\"%s\"", now, level_name(level));
 }
 
 void srv__log_write(const char *line, size_t len)
@@ -85,24 +88,19 @@ static void log_line(srv_log_level level, const char *text, size_t text_len, con
     api_buf_free(&b);
 }
 
-void srv_logv(srv_log_level level, const char *fmt, va_list ap)
+void srv_log(srv_log_level level, const char *fmt, ...)
 {
     char msg[2048];
+    va_list ap;
     int n;
     if (!srv_log_enabled(level))
         return;
+    va_start(ap, fmt);
     n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     if (n < 0)
         return;
     log_line(level, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1, NULL);
-}
-
-void srv_log(srv_log_level level, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    srv_logv(level, fmt, ap);
-    va_end(ap);
 }
 
 /* Messages libmicrohttpd writes when a client misbehaves or goes away: expected on a public

@@ -8,8 +8,6 @@
 #include "api/api.h"
 #include "server/server.h"
 
-/* Writes the RFC 3339 UTC time with milliseconds ("2024-05-01T12:00:00.123Z") into out[32]. */
-void srv__log_time(char out[32]);
 /* Appends the opening of a log line, {"time":"...","level":"...", to `b`. */
 void srv__log_begin(api_buf *b, srv_log_level level);
 /* Writes a complete line (without its newline) to stderr in one piece. Any thread. */

@@ -30,15 +30,6 @@
 #include "server/request.h"
 #include "server/security.h"
 
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -192,14 +183,6 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg,
     return mhd;
 }
 
-srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen)
-{
-    api_models *models = srv_models_load(cfg, err, errlen);
-    if (!models)
-        return NULL;
-    return srv_server_start_models(cfg, models, err, errlen);
-}
-
 /* What the engine computes with, once at start: the kernel set, the CPU, and the kernel
  * OpenBLAS chose for itself (the `openblas` set's, and a hint when it is a slow one). */
 static void log_engine(void)
@@ -227,66 +210,22 @@ static srv_status start_watcher(srv_server *s, const srv_config *cfg)
     return srv__watch_start(&wc, &s->watch);
 }
 
-srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, char *err,
-                                    size_t errlen)
+/* The memory budget, the engine (its options, the pool with its spare worker, the KV-cache
+ * sessions), the scheduler and the batcher. */
+static srv_status start_engine(srv_server *s, const srv_config *cfg, char *err, size_t errlen)
 {
-    srv_server *s;
     eng_error eerr;
     char why[160];
-
-    s = calloc(1, sizeof *s);
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
-        api_models_free(models);
-        return NULL;
-    }
-    s->models = models;
-    s->quiesced_fd = -1;
-    s->host = dup_str(cfg->host);
-    s->max_body_bytes = cfg->max_body_bytes;
-    s->max_queue = cfg->max_queue;
-    s->max_memory_bytes = cfg->max_memory_bytes;
-    s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
-    s->send_timeout_s = (unsigned)cfg->send_timeout_s;
-    s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;
-    s->idle_timeout_ns = cfg->idle_timeout_s * 1000000000;
-    s->drain_timeout_ns = cfg->drain_timeout_s * 1000000000;
-    s->id_seed = random_seed();
-    s->limits = api_limits_default();
-    s->limits.max_body_bytes = cfg->max_body_bytes;
-    s->limits.max_elements = (size_t)cfg->max_elements;
-    s->limits.max_timeout_ms = cfg->request_timeout_ms;
-    /* Defensive, as is the precision's check below: srv_config_parse refuses both (exit 2). */
-    if (cfg->default_priority_level > cfg->priority_levels) {
-        snprintf(err, errlen, "--default-priority-level %lld is above --priority-levels %lld",
-                 (long long)cfg->default_priority_level, (long long)cfg->priority_levels);
-        goto fail;
-    }
-    s->limits.priority_levels = (uint32_t)cfg->priority_levels;
-    s->limits.default_priority_level = (uint32_t)cfg->default_priority_level;
-    if (!cfg->default_precision || strcmp(cfg->default_precision, "float32") == 0) {
-        s->limits.default_precision = ENG_PRECISION_FLOAT32;
-    } else if (strcmp(cfg->default_precision, "bfloat16") == 0) {
-        s->limits.default_precision = ENG_PRECISION_BFLOAT16;
-    } else {
-        snprintf(err, errlen, "--default-precision %.40s: use float32 or bfloat16",
-                 cfg->default_precision);
-        goto fail;
-    }
-    if (!s->host) {
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
 
     eng_buf_cache_limit(cfg->buffer_cache_bytes);
     s->budget = api_budget_new(cfg->max_memory_bytes);
     if (!s->budget) {
         snprintf(err, errlen, "cannot create the memory budget (--max-memory-bytes)");
-        goto fail;
+        return SRV_ENOMEM;
     }
     if (eng_init(&cfg->engine, &eerr) != ENG_OK) {
         snprintf(err, errlen, "engine options (--kernels, ATTND_BF16): %s", eerr.message);
-        goto fail;
+        return SRV_EINVAL;
     }
     if (cfg->kv_cache_bytes > 0) {
         api_sessions_config sc = {.capacity_bytes = cfg->kv_cache_bytes,
@@ -294,19 +233,19 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
                                   .ttl_s = cfg->session_ttl_s};
         s->sessions = api_sessions_new(&sc, err, errlen);
         if (!s->sessions)
-            goto fail;
+            return SRV_ENOMEM;
     }
     log_engine();
     s->pool = eng_pool_new((int)cfg->threads, &eerr);
     if (!s->pool) {
         snprintf(err, errlen, "cannot start %lld engine workers (--threads): %s",
                  (long long)cfg->threads, eerr.message);
-        goto fail;
+        return SRV_EIO;
     }
     /* Short requests need not wait for a task of a long one to end (docs/goodput.md). */
     if (eng_pool_add_spare(s->pool, &eerr) != ENG_OK) {
         snprintf(err, errlen, "cannot start the engine's spare worker: %s", eerr.message);
-        goto fail;
+        return SRV_EIO;
     }
     /* ... nor for a CPU the long one's tasks hold (docs/goodput.md). */
     if (eng_pool_set_background(s->pool, srv__sched_pool_priority_long, why, sizeof why))
@@ -317,59 +256,63 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     s->sched = srv__sched_new(s->threads);
     if (!s->sched) {
         snprintf(err, errlen, "cannot allocate the scheduler of %d workers", s->threads);
-        goto fail;
+        return SRV_ENOMEM;
     }
-    s->max_batch_rows = cfg->max_batch_rows;
     if (s->max_batch_rows > 1 &&
         !(s->batcher = srv__batcher_new((int)s->max_batch_rows, s->pool, srv__job_run_group, s))) {
         snprintf(err, errlen, "cannot allocate the batcher (--max-batch-rows %lld)",
                  (long long)s->max_batch_rows);
-        goto fail;
+        return SRV_ENOMEM;
     }
-    if (start_watcher(s, cfg) != SRV_OK) {
-        snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
-        goto fail;
-    }
-    if (srv__security_start(cfg, &s->tls, &s->auth, err, errlen) != SRV_OK)
-        goto fail;
+    return SRV_OK;
+}
 
+/* TLS and the tokens, then the listeners: the serving port, the admin port and gRPC's. */
+static srv_status start_listeners(srv_server *s, const srv_config *cfg, char *err, size_t errlen)
+{
+    if (srv__security_start(cfg, &s->tls, &s->auth, err, errlen) != SRV_OK)
+        return SRV_EINVAL;
     raise_fd_limit(cfg);
     /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
     listener_spec serving = {(int)cfg->port, (unsigned)cfg->connection_limit, s->tls, "--port",
                              false};
     s->mhd = start_listener(s, cfg, &serving, &s->port, err, errlen);
     if (!s->mhd)
-        goto fail;
+        return SRV_EIO;
     if (cfg->admin_port >= 0) {
         listener_spec admin = {(int)cfg->admin_port, ADMIN_CONNECTIONS, NULL, "--admin-port", true};
         s->admin_mhd = start_listener(s, cfg, &admin, &s->admin_port, err, errlen);
         if (!s->admin_mhd)
-            goto fail;
+            return SRV_EIO;
     }
-    if (srv__grpc_start(s, cfg, &s->grpc, err, errlen) != SRV_OK)
-        goto fail;
-    if (s->grpc && cfg->grpc_port_file &&
-        write_port_file(cfg->grpc_port_file, srv__grpc_port(s->grpc)) != SRV_OK) {
-        snprintf(err, errlen, "--grpc-port-file %s: cannot write it: %s", cfg->grpc_port_file,
-                 strerror(errno));
-        goto fail;
-    }
-    if (s->grpc)
+    return srv__grpc_start(s, cfg, &s->grpc, err, errlen);
+}
+
+/* Writes a port file, naming its flag in `err` when it cannot. */
+static srv_status port_file(const char *path, const char *flag, int port, char *err, size_t errlen)
+{
+    if (!path || write_port_file(path, port) == SRV_OK)
+        return SRV_OK;
+    snprintf(err, errlen, "%s %s: cannot write it: %s", flag, path, strerror(errno));
+    return SRV_EIO;
+}
+
+/* Says where the daemon listens: the port files (--port-file last, since whoever waits for it
+ * takes it as the readiness signal and then finds the others written), the log and stdout. */
+static srv_status announce(const srv_server *s, const srv_config *cfg, char *err, size_t errlen)
+{
+    if (s->grpc) {
+        if (port_file(cfg->grpc_port_file, "--grpc-port-file", srv__grpc_port(s->grpc), err,
+                      errlen) != SRV_OK)
+            return SRV_EIO;
         srv_log(SRV_LOG_INFO, "gRPC listener (KServe v2, %s) on %s port %d",
                 s->tls ? "h2 (TLS, ALPN)" : "h2c", s->host, srv__grpc_port(s->grpc));
-    /* The admin port file first: whoever waits for --port-file (the readiness signal) then
-     * finds the admin port written too. */
-    if (s->admin_mhd && cfg->admin_port_file &&
-        write_port_file(cfg->admin_port_file, s->admin_port) != SRV_OK) {
-        snprintf(err, errlen, "--admin-port-file %s: cannot write it: %s", cfg->admin_port_file,
-                 strerror(errno));
-        goto fail;
     }
-    if (cfg->port_file && write_port_file(cfg->port_file, s->port) != SRV_OK) {
-        snprintf(err, errlen, "--port-file %s: cannot write it: %s", cfg->port_file,
-                 strerror(errno));
-        goto fail;
-    }
+    if (s->admin_mhd &&
+        port_file(cfg->admin_port_file, "--admin-port-file", s->admin_port, err, errlen) != SRV_OK)
+        return SRV_EIO;
+    if (port_file(cfg->port_file, "--port-file", s->port, err, errlen) != SRV_OK)
+        return SRV_EIO;
     if (s->admin_mhd)
         srv_log(SRV_LOG_INFO, "admin listener (health, metrics) on %s port %d", s->host,
                 s->admin_port);
@@ -383,6 +326,33 @@ srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, c
     else
         printf("attnd listening on %s://%s:%d\n", s->tls ? "https" : "http", s->host, s->port);
     fflush(stdout);
+    return SRV_OK;
+}
+
+srv_server *srv_server_start_models(const srv_config *cfg, api_models *models, char *err,
+                                    size_t errlen)
+{
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        api_models_free(models);
+        return NULL;
+    }
+    s->models = models;
+    s->quiesced_fd = -1;
+    s->id_seed = random_seed();
+    if (srv__config_settings(cfg, s) != SRV_OK) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (start_engine(s, cfg, err, errlen) != SRV_OK)
+        goto fail;
+    if (start_watcher(s, cfg) != SRV_OK) {
+        snprintf(err, errlen, "cannot start the watcher thread: %s", strerror(errno));
+        goto fail;
+    }
+    if (start_listeners(s, cfg, err, errlen) != SRV_OK || announce(s, cfg, err, errlen) != SRV_OK)
+        goto fail;
     return s;
 
 fail:

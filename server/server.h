@@ -17,21 +17,21 @@
  *         return 2;
  *     }
  *     srv_log_set_level(cfg.log_level);
- *     srv_server *s = srv_server_start(&cfg, err, sizeof err);   // listening when it returns
+ *     api_models *models = srv_models_load(&cfg, err, sizeof err);   // exit 2 when NULL
+ *     srv_server *s = srv_server_start_models(&cfg, models, err, sizeof err);  // listening
  *     if (!s) { ... }
  *     // ... wait for SIGTERM (the handler only writes a pipe) ...
- *     srv_server_drain(s);        // readiness 503, stop accepting, finish or cancel in-flight
- *     srv_server_free(s);         // stops libmicrohttpd, joins the engine workers
+ *     srv_server_drain(s, wake_fd); // readiness 503, stop accepting, finish or cancel
+ *     srv_server_free(s);           // stops libmicrohttpd, joins the engine workers
  *     srv_config_free(&cfg);
  *
- * Threads: srv_config_* and srv_server_start/drain/free are for the main thread; srv_log and
- * srv_server_request_drain_now may be called from any thread. Ownership: srv_server_start copies
+ * Threads: srv_config_*, srv_models_load and srv_server_start_models/drain/free are for the
+ * main thread; srv_log may be called from any thread. Ownership: srv_server_start_models copies
  * what it needs from the config; strings in srv_config are owned by it until srv_config_free.
  */
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,17 +64,12 @@ const char *srv_status_str(srv_status status);
 /* Severity, most severe first: a message is written when its level <= the configured level. */
 typedef enum { SRV_LOG_ERROR = 0, SRV_LOG_WARN, SRV_LOG_INFO, SRV_LOG_DEBUG } srv_log_level;
 
-/* "error", "warn", "info" or "debug". */
-const char *srv_log_level_str(srv_log_level level);
-
 void srv_log_set_level(srv_log_level level);
 bool srv_log_enabled(srv_log_level level);
 
 /* Writes one JSON line {"time", "level", "msg"} to stderr; `fmt` is printf-style and the
  * message is JSON-escaped. Any thread; lines never interleave. */
 void srv_log(srv_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void srv_logv(srv_log_level level, const char *fmt, va_list ap)
-    __attribute__((format(printf, 2, 0)));
 
 /* ---- Configuration ------------------------------------------------------------------------- */
 
@@ -89,36 +84,36 @@ typedef struct {
 
 /* Every option of the daemon; see the table in config.c for bounds, defaults and help. */
 typedef struct {
-    char *host;                     /* --host: address to bind */
-    int64_t port;                   /* --port: 0 = an ephemeral port */
-    char *port_file;                /* --port-file: write the bound port here once listening */
-    int64_t threads;                /* --threads: engine workers, 0 = CPUs this process may use */
-    eng_options engine;             /* --kernels, ATTND_BF16 */
-    char *default_precision;        /* --default-precision: float32 or bfloat16 */
-    size_t max_body_bytes;          /* --max-body-bytes */
-    int64_t max_elements;           /* --max-elements */
-    size_t max_memory_bytes;        /* --max-memory-bytes: the global budget */
-    size_t buffer_cache_bytes;      /* --buffer-cache-bytes: freed big buffers kept mapped */
-    size_t kv_cache_bytes;          /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
-    int64_t kv_block_tokens;        /* --kv-block-tokens: tokens per KV-cache block */
-    int64_t session_ttl_s;          /* --session-ttl-s: idle expiry of a session (0: none) */
-    int64_t max_queue;              /* --max-queue: requests queued or running on workers */
-    int64_t max_batch_rows;         /* --max-batch-rows: rows of a batch's engine call; 1: off */
-    int64_t priority_levels;        /* --priority-levels: Triton's priority_levels */
-    int64_t default_priority_level; /* --default-priority-level, in [1, priority_levels] */
-    int64_t request_timeout_ms;     /* --request-timeout-ms */
-    int64_t header_timeout_s;       /* --header-timeout-s: request line to the end of the headers */
-    size_t min_upload_rate;         /* --min-upload-rate: body bytes per second, 0 = none */
-    int64_t receive_timeout_s;      /* --receive-timeout-s: whole header and body */
-    int64_t connection_limit;       /* --connection-limit */
-    int64_t admin_port;             /* --admin-port: -1 = none, 0 = an ephemeral port */
-    char *admin_port_file;          /* --admin-port-file */
-    int64_t grpc_port;              /* --grpc-port: -1 = none, 0 = an ephemeral port */
-    char *grpc_port_file;           /* --grpc-port-file */
-    int64_t send_timeout_s;         /* --send-timeout-s: a reply stalled this long is cut */
-    int64_t idle_timeout_s;         /* --idle-timeout-s */
-    int64_t drain_timeout_s;        /* --drain-timeout-s */
-    srv_model *models;              /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
+    char *host;                      /* --host: address to bind */
+    int64_t port;                    /* --port: 0 = an ephemeral port */
+    char *port_file;                 /* --port-file: write the bound port here once listening */
+    int64_t threads;                 /* --threads: engine workers, 0 = CPUs this process may use */
+    eng_options engine;              /* --kernels, ATTND_BF16 */
+    eng_precision default_precision; /* --default-precision */
+    size_t max_body_bytes;           /* --max-body-bytes */
+    int64_t max_elements;            /* --max-elements */
+    size_t max_memory_bytes;         /* --max-memory-bytes: the global budget */
+    size_t buffer_cache_bytes;       /* --buffer-cache-bytes: freed big buffers kept mapped */
+    size_t kv_cache_bytes;           /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
+    int64_t kv_block_tokens;         /* --kv-block-tokens: tokens per KV-cache block */
+    int64_t session_ttl_s;           /* --session-ttl-s: idle expiry of a session (0: none) */
+    int64_t max_queue;               /* --max-queue: requests queued or running on workers */
+    int64_t max_batch_rows;          /* --max-batch-rows: rows of a batch's engine call; 1: off */
+    int64_t priority_levels;         /* --priority-levels: Triton's priority_levels */
+    int64_t default_priority_level;  /* --default-priority-level, in [1, priority_levels] */
+    int64_t request_timeout_ms;      /* --request-timeout-ms */
+    int64_t header_timeout_s;  /* --header-timeout-s: request line to the end of the headers */
+    size_t min_upload_rate;    /* --min-upload-rate: body bytes per second, 0 = none */
+    int64_t receive_timeout_s; /* --receive-timeout-s: whole header and body */
+    int64_t connection_limit;  /* --connection-limit */
+    int64_t admin_port;        /* --admin-port: -1 = none, 0 = an ephemeral port */
+    char *admin_port_file;     /* --admin-port-file */
+    int64_t grpc_port;         /* --grpc-port: -1 = none, 0 = an ephemeral port */
+    char *grpc_port_file;      /* --grpc-port-file */
+    int64_t send_timeout_s;    /* --send-timeout-s: a reply stalled this long is cut */
+    int64_t idle_timeout_s;    /* --idle-timeout-s */
+    int64_t drain_timeout_s;   /* --drain-timeout-s */
+    srv_model *models;         /* --model NAME=PATH[:heads=N[:kv_heads=M]], repeatable */
     size_t n_models;
     srv_log_level log_level;     /* --log-level */
     char *tls_cert;              /* --tls-cert: PEM chain, leaf first; with --tls-key: HTTPS */
@@ -134,7 +129,9 @@ typedef struct {
  * returns SRV_EINVAL with `err` naming the flag or variable and the accepted values, and leaves
  * `cfg` freed; "--help" returns SRV_HELP. Sizes are whole bytes, optionally followed by KiB,
  * MiB, GiB, TiB or their one-letter forms K, M, G, T (binary: K = KiB = 1024). --model is
- * parsed and stored here (the files are read by srv_models_load). Main thread only (getenv). */
+ * parsed and stored here (the files are read by srv_models_load). The checks across options
+ * are made here too: --default-priority-level within --priority-levels, --tls-cert with
+ * --tls-key, --tls-client-ca and --tls-key-password-file with both. Main thread only (getenv). */
 srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
 /* Frees the strings of `cfg`; safe on a zeroed or already freed config. */
@@ -165,14 +162,12 @@ struct api_models;
  * tensor: a configuration error (attnd exits 2). Main thread. */
 struct api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen);
 
-/* Starts the server with `models` (from srv_models_load; taken over, also on failure). */
+/* Starts the server with `models` (from srv_models_load; taken over, also on failure): the
+ * engine pool, the watcher thread, libmicrohttpd on cfg->host:cfg->port (and the admin and gRPC
+ * listeners when set); writes the port files, prints the startup line (address and bound port)
+ * on stdout. NULL on failure with `err` filled (attnd exits 1). */
 srv_server *srv_server_start_models(const srv_config *cfg, struct api_models *models, char *err,
                                     size_t errlen);
-
-/* srv_models_load, then srv_server_start_models. Starts the engine pool, the watcher thread and
- * libmicrohttpd on cfg->host:cfg->port, prints the startup line (address and bound port) on stdout,
- * and writes cfg->port_file if set. NULL on failure with `err` filled. */
-srv_server *srv_server_start(const srv_config *cfg, char *err, size_t errlen);
 
 /* Loads what --tls-* and --auth-token-file name and lets it go again, so that a certificate,
  * key or token file that cannot be used is a configuration error (attnd exits 2) found before

@@ -32,6 +32,7 @@
  */
 #include "server/tls.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gnutls/abstract.h>
@@ -235,22 +236,6 @@ done:
     return c;
 }
 
-/* The flags that only make sense with a certificate. */
-static srv_status check_flags(const srv_config *cfg, char *err, size_t errlen)
-{
-    if (!cfg->tls_cert != !cfg->tls_key) {
-        snprintf(err, errlen, "%s needs %s as well", cfg->tls_cert ? "--tls-cert" : "--tls-key",
-                 cfg->tls_cert ? "--tls-key" : "--tls-cert");
-        return SRV_EINVAL;
-    }
-    if (!cfg->tls_cert && (cfg->tls_client_ca || cfg->tls_key_password_file)) {
-        snprintf(err, errlen, "%s needs --tls-cert and --tls-key",
-                 cfg->tls_client_ca ? "--tls-client-ca" : "--tls-key-password-file");
-        return SRV_EINVAL;
-    }
-    return SRV_OK;
-}
-
 static srv_status check_priorities(const char *priorities, char *err, size_t errlen)
 {
     gnutls_priority_t p;
@@ -301,10 +286,11 @@ static srv_status load_client_ca(const char *path, gnutls_x509_trust_list_t *out
 srv_status srv__tls_new(const srv_config *cfg, srv_tls **out, char *err, size_t errlen)
 {
     srv_tls *t;
-    srv_status st = check_flags(cfg, err, errlen);
+    srv_status st;
     *out = NULL;
-    if (st != SRV_OK || !cfg->tls_cert)
-        return st;
+    if (!cfg->tls_cert)
+        return SRV_OK;
+    assert(cfg->tls_key); /* srv_config_parse refuses a certificate without its key */
     st = check_priorities(cfg->tls_priorities, err, errlen);
     if (st != SRV_OK)
         return st;

@@ -14,7 +14,8 @@ typedef struct srv_tls srv_tls;
 
 /* Loads --tls-cert/--tls-key (and --tls-key-password-file, --tls-client-ca) and checks
  * --tls-priorities: SRV_OK with *out NULL when TLS is off, SRV_EINVAL with `err` naming the
- * flag and the file when something cannot be loaded. Main thread. */
+ * flag and the file when something cannot be loaded. `cfg` is one srv_config_parse accepted
+ * (which pairs the flags). Main thread. */
 srv_status srv__tls_new(const srv_config *cfg, srv_tls **out, char *err, size_t errlen);
 /* Reads the certificate and key again; new handshakes get them, open connections keep theirs.
  * On failure the previous ones stay in use. Main thread. */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails when a function of engine/, api/ or server/ outside the micro-kernels (engine/gemm*.c,
-# engine/vmath*.c, engine/amx*.c, engine/tile_*.h and the eng__tile_* register tiles) takes more
+# Fails when a function of engine/, api/ or server/ outside the micro-kernels (engine/kernels/:
+# gemm*.c, vmath*.c, amx*.c, tile_*.h, and the eng__tile_* register tiles) takes more
 # than 8 parameters: past that, the arguments are a value that wants a name (a struct, or an enum
 # in place of flags tested together). Reads the definitions and prototypes ctags finds, and
 # counts the commas at the top level of each parameter list (a function pointer's own list is

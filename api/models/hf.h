@@ -121,10 +121,6 @@ int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *fil
  * present), as api__hf_files_open makes them, for the fuzzer. */
 int api__hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
 
-/* The layer of a checkpoint: api__hf_config_read, then its tensors from `files`, each given to
- * the engine in its role (eng_layer_weights). */
-eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e);
-
 /* api_checkpoint_load, and what describes the layer (its family's model_type and its index)
  * into `about` (may be NULL). */
 eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer,

@@ -324,7 +324,9 @@ static int choose_prefix(gather *g, hf_error *e)
                         g->prefix, f->o, (long long)g->c->layer, f->model_type);
 }
 
-eng_layer *api__hf_layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e)
+/* The layer of a checkpoint: api__hf_config_read, then its tensors from `files`, each given to
+ * the engine in its role (eng_layer_weights). */
+static eng_layer *layer_build(const char *name, const hf_config *c, hf_files *files, hf_error *e)
 {
     gather *g = calloc(1, sizeof *g);
     eng_layer *l = NULL;
@@ -407,7 +409,7 @@ eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer
     hf_files *files = NULL;
     if (cfg && api__hf_config_read(cfg, layer, &c, &e) == 0 &&
         (files = api__hf_files_open(dir, &e)))
-        l = api__hf_layer_build(name, &c, files, &e);
+        l = layer_build(name, &c, files, &e);
     if (bytes_read)
         *bytes_read = files ? api__hf_files_bytes_read(files) : 0;
     api__hf_files_close(files);

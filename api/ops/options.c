@@ -52,21 +52,26 @@ int api__option_softcap(const json_t *v, const char *name, float *out, api__erro
     return 0;
 }
 
+#define PRECISION_NAME(value, name) [value] = name,
+/* Indexed by eng_precision, from the engine's list (the names --default-precision takes too). */
+static const char *const precision_names[] = {ENG_PRECISION_LIST(PRECISION_NAME)};
+#undef PRECISION_NAME
+
 int api__option_precision(const json_t *v, const char *name, eng_precision *out, api__error *err)
 {
     const char *s = json_string_value(v);
-    if (s && strcmp(s, "float32") == 0)
-        *out = ENG_PRECISION_FLOAT32;
-    else if (s && strcmp(s, "bfloat16") == 0)
-        *out = ENG_PRECISION_BFLOAT16;
-    else
-        return api__error_invalid(err, name, "%s must be \"float32\" or \"bfloat16\"", name);
-    return 0;
+    for (int i = 0; s && i < ENG_PRECISION_COUNT; i++) {
+        if (strcmp(s, precision_names[i]) == 0) {
+            *out = (eng_precision)i;
+            return 0;
+        }
+    }
+    return api__error_invalid(err, name, "%s must be \"float32\" or \"bfloat16\"", name);
 }
 
 const char *api__precision_name(eng_precision precision)
 {
-    return precision == ENG_PRECISION_BFLOAT16 ? "bfloat16" : "float32";
+    return (unsigned)precision < ENG_PRECISION_COUNT ? precision_names[precision] : "float32";
 }
 
 int api__option_causal(const json_t *v, const char *name, api__causal *out, api__error *err)

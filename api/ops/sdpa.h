@@ -65,7 +65,7 @@ typedef struct {
  * also checks kv_lengths against S. Its outputs are output, weights and lse. */
 extern const api__op api__sdpa_op;
 
-/* Attention sinks, shared with the session step (sessions.c): 422 naming "sinks" unless the
+/* Attention sinks, shared with the session step (session_step.c): 422 naming "sinks" unless the
  * tensor is [H] with no weights asked for (checked before decoding) and, once decoded, every
  * logit finite. */
 int api__sinks_check(const api__tensor *sinks, int64_t H, eng_weights_mode weights,

@@ -67,7 +67,8 @@ void api__session_unref_locked(api__session *s)
         session_free(s);
 }
 
-void api__sessions_unlink_locked(api_sessions *reg, api__session *s)
+/* Takes `s` out of the hash and the list; the registry's reference goes. */
+static void unlink_locked(api_sessions *reg, api__session *s)
 {
     api__session **pp = &reg->buckets[api__sessions_bucket(s->id)];
     while (*pp && *pp != s)
@@ -110,7 +111,7 @@ static void evict_locked(api_sessions *reg, api__session *s, api__gone_reason wh
         reg->evicted_ttl++;
     else
         reg->evicted_pressure++;
-    api__sessions_unlink_locked(reg, s);
+    unlink_locked(reg, s);
 }
 
 void api__sessions_expire_locked(api_sessions *reg)
@@ -175,7 +176,8 @@ api__session *api__sessions_find_locked(api_sessions *reg, const char *id)
     return NULL;
 }
 
-int api__sessions_not_found_locked(api_sessions *reg, const char *id, api__error *err)
+/* The 404 of an id that names no live session; returns -1. */
+static int not_found_locked(api_sessions *reg, const char *id, api__error *err)
 {
     if (!id_well_formed(id))
         return api__error_code(err, API_STATUS_NOT_FOUND, "session_not_found", NULL,
@@ -242,7 +244,7 @@ void api_sessions_free(api_sessions *reg)
         return;
     pthread_mutex_lock(&reg->lock);
     while (reg->first)
-        api__sessions_unlink_locked(reg, reg->first);
+        unlink_locked(reg, reg->first);
     for (size_t b = 0; b < API_SESSIONS_BUCKETS;
          b++) { /* defensive: no request may still hold one */
         while (reg->lines[b]) {
@@ -380,7 +382,7 @@ int api__session_acquire(api_sessions *reg, const char *id, api__session **out, 
     api__sessions_expire_locked(reg);
     api__session *s = api__sessions_find_locked(reg, id ? id : "");
     if (!s) {
-        api__sessions_not_found_locked(reg, id, err);
+        not_found_locked(reg, id, err);
         pthread_mutex_unlock(&reg->lock);
         return -1;
     }
@@ -389,7 +391,7 @@ int api__session_acquire(api_sessions *reg, const char *id, api__session **out, 
         pthread_cond_wait(&reg->released, &reg->lock);
     if (!s->live) { /* deleted while we waited */
         api__session_unref_locked(s);
-        api__sessions_not_found_locked(reg, id, err);
+        not_found_locked(reg, id, err);
         pthread_mutex_unlock(&reg->lock);
         return -1;
     }
@@ -474,9 +476,63 @@ void api__sessions_end(api_sessions *reg, const char *id)
     api__session *s = api__sessions_find_locked(reg, id);
     if (s) {
         reg->ended++;
-        api__sessions_unlink_locked(reg, s);
+        unlink_locked(reg, s);
     }
     pthread_mutex_unlock(&reg->lock);
+}
+
+int api__sessions_view(api_sessions *reg, const char *id, api__session_view_fn fn, void *ctx,
+                       api__error *err)
+{
+    pthread_mutex_lock(&reg->lock);
+    api__sessions_expire_locked(reg);
+    api__session *s = api__sessions_find_locked(reg, id ? id : "");
+    if (s)
+        fn(ctx, s);
+    else
+        not_found_locked(reg, id, err);
+    pthread_mutex_unlock(&reg->lock);
+    return s ? 0 : -1;
+}
+
+int api__sessions_view_page(api_sessions *reg, api__session_page *page, api__session_view_fn fn,
+                            void *ctx, api__error *err)
+{
+    pthread_mutex_lock(&reg->lock);
+    api__sessions_expire_locked(reg);
+    api__session *s = reg->first;
+    if (page->after && page->after[0]) {
+        api__session *a = api__sessions_find_locked(reg, page->after);
+        if (!a) {
+            pthread_mutex_unlock(&reg->lock);
+            return api__error_invalid(err, "after",
+                                      "after must be the id of a live session (the \"next\" of "
+                                      "the page before)");
+        }
+        s = a->next;
+    }
+    page->more = false;
+    for (int64_t i = 0; s && i < page->n; i++, s = s->next) {
+        fn(ctx, s);
+        page->more = s->next != NULL;
+    }
+    page->live = reg->live;
+    pthread_mutex_unlock(&reg->lock);
+    return 0;
+}
+
+int api__sessions_delete(api_sessions *reg, const char *id, api__error *err)
+{
+    pthread_mutex_lock(&reg->lock);
+    api__session *s = api__sessions_find_locked(reg, id ? id : "");
+    if (s) {
+        reg->deleted++;
+        unlink_locked(reg, s);
+    } else {
+        not_found_locked(reg, id, err);
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return s ? 0 : -1;
 }
 
 static double mib(size_t bytes)

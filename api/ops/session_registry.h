@@ -1,6 +1,6 @@
 /*
  * session_registry.h - the registry's insides, shared by the files of the session module only
- * (session_registry.c, session_order.c, session_routes.c); every other file sees sessions.h.
+ * (session_registry.c, session_order.c); every other file sees sessions.h.
  *
  * One mutex, `lock`, guards every field of the registry and the registry's fields of each
  * session (sessions.h); the functions named *_locked expect it held.
@@ -62,11 +62,7 @@ struct api__line *api__sessions_line_find_locked(const api_sessions *reg, const 
 void api__turns_free(api__turns *tu);
 /* Drops one reference to `s`; the last frees it (its sequence's blocks go back to the pool). */
 void api__session_unref_locked(api__session *s);
-/* Takes `s` out of the hash and the list; the registry's reference goes. */
-void api__sessions_unlink_locked(api_sessions *reg, api__session *s);
 /* Frees the idle sessions past their TTL. */
 void api__sessions_expire_locked(api_sessions *reg);
-/* The 404 of an id that names no live session; returns -1. */
-int api__sessions_not_found_locked(api_sessions *reg, const char *id, api__error *err);
 
 #endif

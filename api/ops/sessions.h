@@ -6,8 +6,8 @@
  * sequences later) read their format into these and write the replies.
  *
  * Its files: session_registry.c (sessions by id, their life, room in the pool),
- * session_order.c (the tickets and turns server/ drives), session_routes.c (GET, list, DELETE,
- * the description), session_step.c (the step operation).
+ * session_order.c (the tickets and turns server/ drives), session_step.c (the step operation).
+ * The routes, GET and DELETE included, are proto/native_sessions.c's.
  *
  *     api__session *s;
  *     if (api__session_acquire(reg, id, &s, &err) != 0) return -1;   // 404s, sessions off
@@ -103,8 +103,6 @@ int64_t api__sessions_default_ttl(const api_sessions *reg);
 int api__sessions_add(api_sessions *reg, eng_kv_seq *seq, int64_t num_heads,
                       const api__session_opts *opts, int64_t ttl_s, api__session **out,
                       api__error *err);
-/* Writes the JSON description of `s` (its fields, then length and bytes as given). */
-void api__session_describe(api_buf *w, const api__session *s, int64_t length, size_t bytes);
 /* The bytes of the pool a session of `shape` with `length` tokens references. */
 size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, int64_t length);
 
@@ -124,6 +122,35 @@ void api__session_model(api_sessions *reg, const char *id, char *model, size_t l
  * as ended, no tombstone. A step in flight finishes first (the blocks go with the last
  * reference). No-op when there is no such session. */
 void api__sessions_end(api_sessions *reg, const char *id);
+
+/* A look at a live session under the registry's lock, for the routes that describe sessions
+ * without acquiring them: `fn` reads the session's fields (its length and bytes as of its last
+ * release) and must not call the registry. */
+typedef void (*api__session_view_fn)(void *ctx, const api__session *s);
+
+/* Shows session `id` to fn, once what is idle past its TTL has expired. 404 session_not_found
+ * or session_evicted when there is none. */
+int api__sessions_view(api_sessions *reg, const char *id, api__session_view_fn fn, void *ctx,
+                       api__error *err);
+
+/* A page of the live sessions in creation order: up to `n` from the one after `after` (NULL or
+ * "": from the first); api__sessions_view_page sets `more` (others follow the last one shown)
+ * and `live` (how many there are). */
+typedef struct {
+    const char *after;
+    int64_t n;
+    bool more;
+    int64_t live;
+} api__session_page;
+
+/* Shows the sessions of `page` to fn, in order, once what is idle past its TTL has expired.
+ * 400 naming "after" when it is not the id of a live session. */
+int api__sessions_view_page(api_sessions *reg, api__session_page *page, api__session_view_fn fn,
+                            void *ctx, api__error *err);
+
+/* Ends session `id` at once (DELETE), counted as deleted: a step in flight finishes first.
+ * 404 session_not_found or session_evicted when there is none. */
+int api__sessions_delete(api_sessions *reg, const char *id, api__error *err);
 
 /* The 501 of a route while sessions are off. */
 int api__sessions_off(api__error *err);

@@ -35,14 +35,6 @@ typedef struct {
 
 /* The next field; false at the end or (c->bad) at a malformed one. */
 bool api__pb_next(api__pb_cursor *c, api__pb_field *f);
-bool api__pb_varint(api__pb_cursor *c, uint64_t *out);
-
-/* Fills `msg` (initialised, of descriptor d) from the JSON object `obj`: each key that names a
- * field of the message (its proto name) is converted by the field's type (numbers, bools,
- * strings, enums by name, nested messages, repeated fields, maps from objects); others are
- * skipped. Allocates with malloc: protobuf_c_message_free_unpacked(msg, NULL) frees it. False
- * when memory ran out or a value does not fit its field. grpc_json.c. */
-bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj);
 
 /* Turns the JSON reply of an HTTP route (the configuration) into the response message of
  * descriptor d, from the whole reply or, with `wrap`, the field of the response named so holding

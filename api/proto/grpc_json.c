@@ -150,7 +150,12 @@ static bool set_field(const ProtobufCFieldDescriptor *f, void *msg, const json_t
     return set_value(f, MEMBER(msg, f->offset), v);
 }
 
-bool api__grpc_from_json(ProtobufCMessage *msg, const json_t *obj)
+/* Fills `msg` (initialised, of descriptor d) from the JSON object `obj`: each key that names a
+ * field of the message (its proto name) is converted by the field's type (numbers, bools,
+ * strings, enums by name, nested messages, repeated fields, maps from objects); others are
+ * skipped. Allocates with malloc: protobuf_c_message_free_unpacked(msg, NULL) frees it. False
+ * when memory ran out or a value does not fit its field. */
+static bool from_json(ProtobufCMessage *msg, const json_t *obj)
 {
     const char *key;
     const json_t *v;
@@ -176,7 +181,7 @@ static bool set_message(const ProtobufCMessageDescriptor *d, void **slot, const 
     if (!m)
         return false;
     d->message_init(m);
-    return api__grpc_from_json(m, v);
+    return from_json(m, v);
 }
 
 /* The message of an error reply of the JSON routes ({"error": "..."}) as the plain text of a
@@ -205,7 +210,7 @@ void api__grpc_reply_convert(api_reply *reply, const ProtobufCMessageDescriptor 
     msg = malloc(d->sizeof_message);
     if (msg)
         d->message_init(msg);
-    if (!root || !obj || !msg || !api__grpc_from_json(msg, obj))
+    if (!root || !obj || !msg || !from_json(msg, obj))
         api_grpc_error(reply, 500, API_REASON_INTERNAL, "cannot convert the reply to protobuf");
     else
         api__grpc_reply_pack(reply, msg);

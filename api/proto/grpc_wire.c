@@ -234,12 +234,28 @@ int64_t api_grpc_timeout_ms(const char *value)
 
 /* ---- Protobuf's wire format, top level only ------------------------------------------------ */
 
+/* A base-128 varint at the cursor into *out; false when the bytes end inside one or it passes
+ * 64 bits. */
+static bool pb_varint(api__pb_cursor *c, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 64 && c->pos < c->len; shift += 7) {
+        unsigned char b = (unsigned char)c->data[c->pos++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
 bool api__pb_next(api__pb_cursor *c, api__pb_field *f)
 {
     uint64_t key;
     if (c->pos >= c->len)
         return false;
-    if (!api__pb_varint(c, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX) {
+    if (!pb_varint(c, &key) || key >> 3 == 0 || key >> 3 > UINT32_MAX) {
         c->bad = true;
         return false;
     }
@@ -250,7 +266,7 @@ bool api__pb_next(api__pb_cursor *c, api__pb_field *f)
     f->value = 0;
     switch (f->type) {
     case 0:
-        if (!api__pb_varint(c, &f->value))
+        if (!pb_varint(c, &f->value))
             break;
         return true;
     case 1:
@@ -267,7 +283,7 @@ bool api__pb_next(api__pb_cursor *c, api__pb_field *f)
     }
     case 2: {
         uint64_t n;
-        if (!api__pb_varint(c, &n) || n > c->len - c->pos)
+        if (!pb_varint(c, &n) || n > c->len - c->pos)
             break;
         f->data = c->data + c->pos;
         f->len = (size_t)n;
@@ -278,20 +294,6 @@ bool api__pb_next(api__pb_cursor *c, api__pb_field *f)
         break;
     }
     c->bad = true;
-    return false;
-}
-
-bool api__pb_varint(api__pb_cursor *c, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (unsigned shift = 0; shift < 64 && c->pos < c->len; shift += 7) {
-        unsigned char b = (unsigned char)c->data[c->pos++];
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *out = v;
-            return true;
-        }
-    }
     return false;
 }
 

@@ -64,7 +64,4 @@ void api__native_free(void *job);
  * 422 naming its index. */
 int api__native_outputs(const api__native_job *nj, api_buf *w, api__error *err);
 
-/* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
-void api__model_describe(api_buf *w, const api_models *models, const eng_layer *l);
-
 #endif

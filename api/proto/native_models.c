@@ -89,7 +89,8 @@ static void describe_decoder(api_buf *w, const api_models *models, const eng_lay
                    l->sinks ? "true" : "false");
 }
 
-void api__model_describe(api_buf *w, const api_models *models, const eng_layer *l)
+/* Appends the JSON description of layer `l` (as GET /v1/models/{name} answers). */
+static void model_describe(api_buf *w, const api_models *models, const eng_layer *l)
 {
     api_buf_cstr(w, "{\"name\":");
     api_buf_json_string(w, l->name, strlen(l->name));
@@ -116,7 +117,7 @@ void api_models_list(const api_models *models, api_reply *reply)
     for (size_t i = 0; i < api_models_count(models); i++) {
         if (i > 0)
             api_buf_char(&w, ',');
-        api__model_describe(&w, models, api_models_at(models, i));
+        model_describe(&w, models, api_models_at(models, i));
     }
     api_buf_cstr(&w, "]}\n");
     api__reply_json(reply, &w, API_ERRORS_NATIVE);
@@ -136,7 +137,7 @@ void api_models_get(const api_models *models, const char *name, api_reply *reply
         return;
     }
     api_buf_init(&w, (size_t)1 << 20);
-    api__model_describe(&w, models, l);
+    model_describe(&w, models, l);
     api_buf_char(&w, '\n');
     api__reply_json(reply, &w, API_ERRORS_NATIVE);
 }

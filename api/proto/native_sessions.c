@@ -1,8 +1,10 @@
 /*
- * native_sessions.c - the native routes of KV-cache sessions that carry a body (api.h):
- * POST /v1/sessions, /v1/sessions/{id}/attention, /truncate and /fork. The registry, the cheap
- * GET and DELETE routes and the step operation are ops/session_*.c; this file reads the native
- * format into them and writes the replies, through the one driver (serve.h).
+ * native_sessions.c - the native routes of KV-cache sessions (api.h): POST /v1/sessions,
+ * /v1/sessions/{id}/attention, /truncate and /fork, which run through the one driver (serve.h),
+ * and GET /v1/sessions, GET and DELETE /v1/sessions/{id}, which carry no body and answer on the
+ * spot. The registry and the step operation are ops/session_*.c; this file reads the native
+ * format into them and writes the replies, every one of them with the same description of a
+ * session.
  *
  * POST /v1/sessions
  *   model                  a registered layer (GET /v1/models): the session is then its cache,
@@ -30,10 +32,12 @@
  * POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}
  * POST /v1/sessions/{id}/fork {"ttl_s"?}; the body may be empty
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/models/models.h"
 #include "api/ops/layer.h"
@@ -43,6 +47,50 @@
 #include "api/wire/timeout.h"
 
 /* ---- Shared ------------------------------------------------------------------------------ */
+
+static const char *dtype_name(eng_dtype d)
+{
+    return d == ENG_DTYPE_BF16 ? "bfloat16" : d == ENG_DTYPE_F16 ? "float16" : "float32";
+}
+
+static void time_iso(api_buf *w, int64_t t)
+{
+    struct tm tm;
+    char text[32];
+    time_t tt = (time_t)t;
+    gmtime_r(&tt, &tm);
+    strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    api_buf_char(w, '"');
+    api_buf_cstr(w, text);
+    api_buf_char(w, '"');
+}
+
+/* Writes the JSON description of `s` (its fields, then length and bytes as given), which every
+ * session route replies with. */
+static void describe(api_buf *w, const api__session *s, int64_t length, size_t bytes)
+{
+    api_buf_printf(w,
+                   "{\"id\":\"%s\",\"length\":%lld,\"bytes\":%zu,\"cache_dtype\":\"%s\","
+                   "\"num_heads\":%lld,\"num_kv_heads\":%lld,\"head_dim\":%lld,"
+                   "\"value_head_dim\":%lld,\"max_tokens\":",
+                   s->id, (long long)length, bytes, dtype_name(s->shape.dtype),
+                   (long long)s->num_heads, (long long)s->shape.num_kv_heads,
+                   (long long)s->shape.head_dim, (long long)s->shape.value_head_dim);
+    if (s->shape.max_tokens > 0)
+        api_buf_int(w, s->shape.max_tokens);
+    else
+        api_buf_cstr(w, "null");
+    api_buf_cstr(w, ",\"model\":");
+    if (s->model[0])
+        api_buf_json_string(w, s->model, strlen(s->model));
+    else
+        api_buf_cstr(w, "null");
+    api_buf_printf(w, ",\"ttl_s\":%lld,\"created\":", (long long)s->ttl_s);
+    time_iso(w, s->created_s);
+    api_buf_cstr(w, ",\"last_used\":");
+    time_iso(w, s->last_used_s);
+    api_buf_char(w, '}');
+}
 
 /* Sessions off: every route answers 501 (api__sessions_off) before reading the body. */
 static int check_on(const api__req *rq, api__error *err)
@@ -63,7 +111,7 @@ static int read_ttl(const json_t *v, const char *name, int64_t *ttl, api__error 
 /* The 201 of a new session: its description and its Location. */
 static int reply_created(const api__session *s, api_buf *w, api_reply *reply, api__error *err)
 {
-    api__session_describe(w, s, eng_kv_seq_length(s->seq), s->bytes);
+    describe(w, s, eng_kv_seq_length(s->seq), s->bytes);
     api_buf_char(w, '\n');
     if (api__native_reply(w, reply, err) != 0)
         return -1;
@@ -617,7 +665,7 @@ static int edit_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
         return reply_created(job->child, w, reply, err);
     api_sessions *reg = job->rq.call->sessions;
     int64_t length = eng_kv_seq_length(job->s->seq);
-    api__session_describe(w, job->s, length, api__session_bytes(reg, &job->s->shape, length));
+    describe(w, job->s, length, api__session_bytes(reg, &job->s->shape, length));
     api_buf_char(w, '\n');
     return api__native_reply(w, reply, err);
 }
@@ -661,4 +709,104 @@ void api_session_truncate(const api_call *call, api_reply *reply)
 void api_session_fork(const api_call *call, api_reply *reply)
 {
     edit(call, reply, true);
+}
+
+/* ---- GET and DELETE: no body, answered on the spot --------------------------------------- */
+
+static void describe_one(void *ctx, const api__session *s)
+{
+    describe(ctx, s, s->length, s->bytes);
+}
+
+void api_sessions_get(api_sessions *reg, const char *id, api_reply *reply)
+{
+    api__error err = {0};
+    api_buf w;
+    memset(reply, 0, sizeof *reply);
+    if (!reg) {
+        api__sessions_off(&err);
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    api_buf_init(&w, 4096);
+    if (api__sessions_view(reg, id, describe_one, &w, &err) != 0) {
+        api_buf_free(&w);
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    api_buf_char(&w, '\n');
+    api__reply_json(reply, &w, API_ERRORS_NATIVE);
+}
+
+/* The list's writer: a comma between sessions, and the id of the last one, the "next" of a
+ * page that others follow. */
+typedef struct {
+    api_buf *w;
+    int64_t shown;
+    char last[API_SESSION_ID_LEN + 1];
+} list_writer;
+
+static void describe_listed(void *ctx, const api__session *s)
+{
+    list_writer *lw = ctx;
+    if (lw->shown++ > 0)
+        api_buf_char(lw->w, ',');
+    describe(lw->w, s, s->length, s->bytes);
+    memcpy(lw->last, s->id, sizeof lw->last);
+}
+
+void api_sessions_list(api_sessions *reg, const char *limit, const char *after, api_reply *reply)
+{
+    api__error err = {0};
+    api_buf w;
+    api__session_page page = {.after = after, .n = 100};
+    list_writer lw = {.w = &w};
+    memset(reply, 0, sizeof *reply);
+    if (!reg) {
+        api__sessions_off(&err);
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    if (limit) {
+        char *end = NULL;
+        errno = 0;
+        long long n = strtoll(limit, &end, 10);
+        if (errno || end == limit || *end || n < 1 || n > 1000) {
+            api__error_invalid(&err, "limit", "limit must be an integer in [1, 1000]");
+            api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+            return;
+        }
+        page.n = n;
+    }
+    api_buf_init(&w, (size_t)page.n * 512 + 256);
+    api_buf_cstr(&w, "{\"sessions\":[");
+    if (api__sessions_view_page(reg, &page, describe_listed, &lw, &err) != 0) {
+        api_buf_free(&w);
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    api_buf_cstr(&w, "],\"next\":");
+    if (page.more)
+        api_buf_printf(&w, "\"%s\"", lw.last);
+    else
+        api_buf_cstr(&w, "null");
+    api_buf_printf(&w, ",\"live\":%lld}\n", (long long)page.live);
+    api__reply_json(reply, &w, API_ERRORS_NATIVE);
+}
+
+void api_sessions_delete(api_sessions *reg, const char *id, api_reply *reply)
+{
+    api__error err = {0};
+    memset(reply, 0, sizeof *reply);
+    if (!reg) {
+        api__sessions_off(&err);
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    if (api__sessions_delete(reg, id, &err) != 0) {
+        api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
+        return;
+    }
+    reply->status = api_status_http(API_ERRORS_NATIVE, API_STATUS_NO_CONTENT);
+    reply->content_type = "application/json";
 }

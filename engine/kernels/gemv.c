@@ -62,7 +62,7 @@ static void feature_rows(const eng__gemv *g, int64_t f, int r0, int nr)
     }
 }
 
-void eng__gemv_scalar(const eng__gemv *g)
+static void gemv_scalar(const eng__gemv *g)
 {
     for (int64_t f = 0; f < g->n; f++)
         for (int r0 = 0; r0 < g->rows; r0 += ROW_GROUP)
@@ -72,7 +72,7 @@ void eng__gemv_scalar(const eng__gemv *g)
 eng__gemv_fn eng__gemv_variant(const char *name)
 {
     if (strcmp(name, "scalar") == 0)
-        return eng__gemv_scalar;
+        return gemv_scalar;
     /* The sets' own check (cpuid and the OS's XCR0); F16C comes with every CPU that has AVX2
      * and FMA, as vmath_avx2.c assumes too. */
     if (strcmp(name, "avx2") == 0)
@@ -85,11 +85,11 @@ eng__gemv_fn eng__gemv_variant(const char *name)
 eng__gemv_fn eng__gemv_of(const eng__kernels *ks)
 {
     if (strcmp(ks->name, "generic") == 0)
-        return eng__gemv_scalar;
+        return gemv_scalar;
     eng__gemv_fn own = NULL;
     if (strcmp(ks->name, "avx512") == 0 || strcmp(ks->name, "avx2") == 0)
         own = eng__gemv_variant(ks->name);
     else if (!(own = eng__gemv_variant("avx512")))
         own = eng__gemv_variant("avx2");
-    return own ? own : eng__gemv_scalar;
+    return own ? own : gemv_scalar;
 }

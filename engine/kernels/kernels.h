@@ -195,7 +195,6 @@ typedef struct {
 
 typedef void (*eng__gemv_fn)(const eng__gemv *g);
 
-void eng__gemv_scalar(const eng__gemv *g);
 void eng__gemv_avx2(const eng__gemv *g);
 void eng__gemv_avx512(const eng__gemv *g);
 

@@ -246,10 +246,6 @@ size_t eng__sdpa_prepack_bytes(const plan *p);
 
 /* ---- sdpa_masks.c ------------------------------------------------------------------------- */
 
-/* The keys that rows [i0, i0 + rows) of batch b may see by position, within [kbeg, kend). */
-key_span eng__sdpa_rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
-                             int64_t kend);
-
 /* The key blocks of keys [kbeg, kend) for rows [i0, i0 + rows) of batch b. */
 void eng__sdpa_blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
                            int64_t kbeg, int64_t kend);

@@ -119,8 +119,9 @@ void eng__sdpa_bias_row(const plan *p, int64_t b, int64_t h, int64_t i, const ke
         apply_ranges(p, b, i, 1, j0, cols, row);
 }
 
-key_span eng__sdpa_rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
-                             int64_t kend)
+/* The keys that rows [i0, i0 + rows) of batch b may see by position, within [kbeg, kend). */
+static key_span rows_span(const plan *p, int64_t b, int64_t i0, int64_t rows, int64_t kbeg,
+                          int64_t kend)
 {
     int64_t lo0, hi0, lo1, hi1;
     row_range(p, b, i0, &lo0, &hi0);
@@ -168,7 +169,7 @@ static int64_t block_cols(const plan *p, int64_t j0, int64_t to)
 void eng__sdpa_blocks_init(const plan *p, key_blocks *it, int64_t b, int64_t i0, int64_t rows,
                            int64_t kbeg, int64_t kend)
 {
-    it->span = eng__sdpa_rows_span(p, b, i0, rows, kbeg, kend);
+    it->span = rows_span(p, b, i0, rows, kbeg, kend);
     it->b = b;
     it->tail = false;
     it->tail_lo = kbeg > p->S_main ? kbeg : p->S_main;

@@ -1,6 +1,6 @@
 /*
  * fuzz_hf_checkpoint.c - libFuzzer harness for the Hugging Face checkpoint readers
- * (api/ops/hf_config.c, hf_files.c): the first byte picks the reader, the rest is its input.
+ * (api/models/hf_config.c, hf_files.c): the first byte picks the reader, the rest is its input.
  *
  *   0: config.json, read for layers 0 and 1 (every family's fields, RoPE, windows, norms);
  *   1: model.safetensors.index.json of a directory without shards (the weight map's checks);
