@@ -46,6 +46,7 @@
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/util.h"
 
+enum { RETRY_MS = 5 };
 enum { PROMPT = 256, LONG_PROMPT = 4096, LONG_CHUNK = 512, MAX_CLIENTS = 64, MAX_LAT = 1 << 14 };
 
 static const int CLIENTS[] = {1, 8, 32, 64};
@@ -291,21 +292,27 @@ static bool server_start(server *sv, const char *model, bool batching)
     return ok;
 }
 
-/* POST `body` to /v1/mha: its engine time into *compute_ms (may be NULL). False (printed)
- * unless it answers 200 with an output. */
-static bool mha_post(void *h, int port, const char *body, size_t len, double *compute_ms)
+/* How a step ended. A rejection (429: the queue or the memory budget is full now) changes
+ * nothing in the session: a client tries again, as Retry-After asks. */
+typedef enum { STEP_OK, STEP_REJECTED, STEP_FAILED } step_end;
+
+/* POST `body` to /v1/mha: its engine time into *compute_ms (may be NULL). STEP_OK when it
+ * answers 200 with an output; a failure is printed. */
+static step_end mha_post(void *h, int port, const char *body, size_t len, double *compute_ms)
 {
     http_resp r;
     http_do(h, port, "POST", "/v1/mha", JSON, body, len, &r);
     double cms[1] = {0};
-    bool ok = r.status == 200 && r.body && strstr(r.body, "\"output\":") &&
-              json_numbers(r.body, "compute_ms", cms, 1) == 1;
-    if (!ok)
+    step_end end = r.status == 429 ? STEP_REJECTED : STEP_FAILED;
+    if (r.status == 200 && r.body && strstr(r.body, "\"output\":") &&
+        json_numbers(r.body, "compute_ms", cms, 1) == 1)
+        end = STEP_OK;
+    if (end == STEP_FAILED)
         fprintf(stderr, "bench_decode: /v1/mha: %ld %.300s\n", r.status, r.body ? r.body : "");
     if (compute_ms)
         *compute_ms = cms[0];
     http_resp_free(&r);
-    return ok;
+    return end;
 }
 
 /* A session of model big into id[40]. */
@@ -343,7 +350,7 @@ static bool sequences_make(server *sv, double *prefill_ms)
         size_t len;
         ok = session_new(h, sv->d.port, sv->id[i]);
         char *body = ok ? step_body(sv->id[i], prompt, -1, &len) : NULL;
-        ok = body && mha_post(h, sv->d.port, body, len, &ms[i]);
+        ok = body && mha_post(h, sv->d.port, body, len, &ms[i]) == STEP_OK;
         sv->length[i] = PROMPT;
         free(body);
     }
@@ -394,7 +401,7 @@ static bool long_sessions_make(server *sv, int n)
         for (int64_t at = 0; ok && at < LONG_PROMPT; at += LONG_CHUNK) {
             size_t len;
             char *body = step_body(id, chunk, at, &len);
-            ok = body && mha_post(h, sv->d.port, body, len, NULL);
+            ok = body && mha_post(h, sv->d.port, body, len, NULL) == STEP_OK;
             free(body);
         }
         sv->long_length[sv->n_long] = LONG_PROMPT;
@@ -418,7 +425,7 @@ typedef struct {
     double start_s, end_s; /* steps start in [start_s, end_s) */
     pthread_barrier_t *go;
     double *lat_ms; /* MAX_LAT */
-    int64_t steps;
+    int64_t steps, rejected;
     double compute_ms; /* HTTP: the sum of the steps' engine times */
     double last_s;
     bool failed;
@@ -436,10 +443,15 @@ static void http_steps(client *c)
         double cms = 0;
         char *body = step_body(id, c->tensor, *length, &len);
         double t0 = now_s();
-        bool ok = body && mha_post(h, sv->d.port, body, len, &cms);
+        step_end end = body ? mha_post(h, sv->d.port, body, len, &cms) : STEP_FAILED;
         double t1 = now_s();
         free(body);
-        if (!ok) {
+        if (end == STEP_REJECTED) {
+            c->rejected++;
+            sleep_ms(RETRY_MS);
+            continue;
+        }
+        if (end == STEP_FAILED) {
             c->failed = true;
             break;
         }
@@ -468,6 +480,13 @@ static void grpc_steps(client *c)
         bool ok = grpc_call(&g, "/inference.GRPCInferenceService/ModelInfer", NULL, msg, len,
                             120000, &st);
         double t1 = now_s();
+        /* RESOURCE_EXHAUSTED and UNAVAILABLE: the queue or the memory budget is full now. */
+        if (ok && (st.grpc_status == 8 || st.grpc_status == 14)) {
+            c->rejected++;
+            grpc_stream_free(&st);
+            sleep_ms(RETRY_MS);
+            continue;
+        }
         if (!ok || !grpc_reply_ok(&st, (size_t)sv->s.hidden)) {
             fprintf(stderr, "bench_decode: gRPC step: %d %s\n", st.grpc_status, st.message);
             c->failed = true;
@@ -502,7 +521,7 @@ static int cmp_double(const void *a, const void *b)
 
 /* What one case measured. */
 typedef struct {
-    int64_t steps;
+    int64_t steps, rejected;
     double seconds, p50_ms, p99_ms, mean_batch, compute_ms; /* mean_batch 0: no batches */
     bool ok;
 } result;
@@ -553,6 +572,7 @@ static result clients_run(server *sv, transport via, int n, bool long_cache)
     for (int i = 0; i < n; i++) {
         pthread_join(tid[i], NULL);
         res.steps += cl[i].steps;
+        res.rejected += cl[i].rejected;
         res.compute_ms += cl[i].compute_ms;
         res.ok = res.ok && !cl[i].failed;
         last = cl[i].last_s > last ? cl[i].last_s : last;
@@ -589,12 +609,12 @@ static void case_print(const server *sv, int64_t cache, int n, transport via, co
         snprintf(batch, sizeof batch, "%.2f", r->mean_batch);
     printf("decode hidden=%lld heads=%lld kv_heads=%lld head_dim=%lld cache=%lld clients=%d "
            "transport=%s batching=%s steps=%lld seconds=%.2f steps_per_s=%.1f p50_ms=%.1f "
-           "p99_ms=%.1f mean_batch=%s%s\n",
+           "p99_ms=%.1f mean_batch=%s rejected=%lld%s\n",
            (long long)sv->s.hidden, (long long)sv->s.heads, (long long)sv->s.kv_heads,
            (long long)sv->s.head_dim, (long long)cache, n, via == HTTP ? "http" : "grpc",
            sv->batching ? "on" : "off", (long long)r->steps, r->seconds,
            r->seconds > 0 ? (double)r->steps / r->seconds : 0, r->p50_ms, r->p99_ms, batch,
-           r->ok ? "" : " FAILED");
+           (long long)r->rejected, r->ok ? "" : " FAILED");
     fflush(stdout);
 }
 
@@ -602,7 +622,7 @@ static void case_print(const server *sv, int64_t cache, int n, transport via, co
 static int server_cases(server *sv, const char *model, int threads)
 {
     const shape *s = &sv->s;
-    double prefill_ms = 0;
+    double prefill_ms = 0, t0 = now_s();
     if (!server_start(sv, model, sv->batching) || !sequences_make(sv, &prefill_ms)) {
         printf("decode hidden=%lld batching=%s FAILED (start-up or prompts; stderr says why)\n",
                (long long)s->hidden, sv->batching ? "on" : "off");
@@ -610,6 +630,8 @@ static int server_cases(server *sv, const char *model, int threads)
             daemon_stop(&sv->d);
         return 1;
     }
+    fprintf(stderr, "bench_decode: hidden %lld, batching %s: started and prompted in %.1f s\n",
+            (long long)s->hidden, sv->batching ? "on" : "off", now_s() - t0);
     int rc = 0;
     for (size_t k = 0; k < sizeof CLIENTS / sizeof CLIENTS[0]; k++)
         for (int via = HTTP; via <= GRPC; via++) {
@@ -645,7 +667,11 @@ static int server_cases(server *sv, const char *model, int threads)
                "would take longer than the bench should\n",
                (long long)s->hidden, LONG_PROMPT, sv->batching ? "on" : "off", LONG_PROMPT);
     } else {
-        if (!long_sessions_make(sv, 8)) {
+        t0 = now_s();
+        bool made = long_sessions_make(sv, 8);
+        fprintf(stderr, "bench_decode: 8 prompts of %d tokens in %.1f s\n", LONG_PROMPT,
+                now_s() - t0);
+        if (!made) {
             printf("decode hidden=%lld cache=%d batching=%s FAILED (prompts; stderr says why)\n",
                    (long long)s->hidden, LONG_PROMPT, sv->batching ? "on" : "off");
             rc = 1;
