@@ -24,8 +24,10 @@
  * attnd_batches_total; "-" where the daemon made no batches). Per layer and daemon, a line sets
  * one step against the time a streaming read of the weights' bytes takes in this process right
  * before (stream_ratio = the step's engine time, meta.compute_ms of 1 client's steps, over
- * that), and the prompt's engine time. At hidden 2048 a cache of 4,096 tokens is stepped too,
- * by 1 and 8 clients over HTTP. A case whose steps fail prints FAILED and the bench exits 1.
+ * that), and the prompts' engine time (their projections' GFLOPS against the in-register FMA
+ * loop of the kernel set in use, tests/bench/harness). At hidden 2048 a cache of 4,096 tokens is
+ * stepped too, by 1 and 8 clients over HTTP. A case whose steps fail prints FAILED and the bench
+ * exits 1.
  *
  *     build/tests/bench/bench_decode [--seconds S] [--hidden 2048|4096|all]
  *
@@ -41,6 +43,7 @@
 
 #include "api/api.h"
 #include "grpc_service.pb-c.h"
+#include "tests/bench/harness/harness.h"
 #include "tests/support/daemon.h"
 #include "tests/support/grpc.h"
 #include "tests/support/safetensors_writer.h"
@@ -650,15 +653,19 @@ static int server_cases(server *sv, const char *model, int threads)
                 /* One step alone against the weights' streaming read, measured right now with
                  * the daemon idle. */
                 double wms = stream_ms(weight_bytes(s), threads);
+                double peak = bench_peak_gflops(eng_kernels_name(), threads);
                 double flop = 2.0 * PROMPT * (double)weight_bytes(s) / 2;
+                double gflops = prefill_ms > 0 ? flop / prefill_ms * 1e-6 : 0;
                 printf("decode step hidden=%lld batching=%s weights_mb=%.1f threads=%d "
                        "stream_ms=%.2f stream_gbps=%.1f compute_ms=%.2f http_p50_ms=%.2f "
-                       "stream_ratio=%.2f prefill_rows=%d prefill_ms=%.1f prefill_gflops=%.1f%s\n",
+                       "stream_ratio=%.2f prefill_rows=%d prefill_ms=%.1f prefill_gflops=%.1f "
+                       "kernels=%s peak_gflops=%.1f prefill_peak_ratio=%.2f%s\n",
                        (long long)s->hidden, sv->batching ? "on" : "off",
                        (double)weight_bytes(s) / 1e6, threads, wms,
                        wms > 0 ? (double)weight_bytes(s) / wms * 1e-6 : 0, r.compute_ms, r.p50_ms,
-                       wms > 0 ? r.compute_ms / wms : 0, PROMPT, prefill_ms,
-                       prefill_ms > 0 ? flop / prefill_ms * 1e-6 : 0, r.ok ? "" : " FAILED");
+                       wms > 0 ? r.compute_ms / wms : 0, PROMPT, prefill_ms, gflops,
+                       eng_kernels_name(), peak, peak > 0 ? gflops / peak : 0,
+                       r.ok ? "" : " FAILED");
                 fflush(stdout);
             }
         }
@@ -705,6 +712,11 @@ int main(int argc, char **argv)
     static const shape shapes[] = {{2048, 32, 8, 64, 64, true}, {4096, 32, 8, 128, 32, false}};
     double t0 = now_s();
     int threads = eng_cpu_count(), rc = 0;
+    eng_options opts;
+    eng_error err;
+    eng_options_get(&opts);
+    if (eng_init(&opts, &err) != ENG_OK) /* the kernel set the daemon picks, for the peak */
+        fprintf(stderr, "bench_decode: eng_init: %s\n", err.message);
     static server sv;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     for (size_t k = 0; k < 2; k++) {
