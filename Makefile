@@ -117,7 +117,7 @@ $(call obj,$(wildcard api/proto/grpc_*.c)): CFLAGS_ALL += -I$(BUILD)/gen
 PB_TESTS := $(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/server/test_batching.o \
             $(BUILD)/tests/api/proto/test_grpc_infer.o \
             $(BUILD)/tests/api/proto/test_grpc_unary.o \
-            $(BUILD)/tests/bench/bench_e2e.o
+            $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/tests/bench/bench_decode.o
 $(PB_TESTS): $(PB_H)
 $(PB_TESTS): CFLAGS_ALL += -I$(BUILD)/gen
 
@@ -129,7 +129,8 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 
 # Benchmarks measure the engine alone...
 DAEMON_BENCHES := $(patsubst %,$(BUILD)/tests/bench/%,bench_e2e bench_session bench_goodput \
-                                                      bench_checkpoint bench_wire)
+                                                      bench_checkpoint bench_decode \
+                                                      bench_wire)
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
 $(filter-out $(DAEMON_BENCHES),$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
@@ -142,11 +143,16 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 # ... except bench_e2e, bench_session (a KV-cache decode step over HTTP), bench_goodput
-# (open-loop offers past capacity) and bench_checkpoint (start-up and RSS serving one layer of a
-# generated 1 GiB checkpoint), which time api/ and a real daemon too.
+# (open-loop offers past capacity), bench_checkpoint (start-up and RSS serving one layer of a
+# generated 1 GiB checkpoint), bench_decode (sequences decoding through a generated layer,
+# batched and not, over HTTP and gRPC) and bench_wire (api/'s base64 codec), which time api/
+# and most a real daemon too.
 $(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
         $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
-	$(CC) $(LDFLAGS_ALL) $^ $(LIBS) -lcurl -o $@
+	$(CC) $(LDFLAGS_ALL) $(filter %.o,$^) $(filter %.a,$^) $(LIBS) -lcurl -o $@
+# bench_decode divides the prompts' rate by the harness's FMA peak (objects link before the
+# libraries they call).
+$(BUILD)/tests/bench/bench_decode: $(BENCH_HARNESS)
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
