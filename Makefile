@@ -150,9 +150,9 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 $(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
         $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
 	$(CC) $(LDFLAGS_ALL) $(filter %.o,$^) $(filter %.a,$^) $(LIBS) -lcurl -o $@
-# bench_decode divides the prompts' rate by the harness's FMA peak (objects link before the
-# libraries they call).
-$(BUILD)/tests/bench/bench_decode: $(BENCH_HARNESS)
+# bench_decode divides the prompts' rate by the harness's FMA peak, and it and bench_session
+# set steps against the harness's streaming read (objects link before the libraries they call).
+$(BUILD)/tests/bench/bench_decode $(BUILD)/tests/bench/bench_session: $(BENCH_HARNESS)
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 

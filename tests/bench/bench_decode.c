@@ -110,56 +110,12 @@ static bool checkpoint_write(const char *dir, const shape *s)
 
 /* ---- Streaming read ------------------------------------------------------------------------ */
 
-typedef struct {
-    const uint64_t *x;
-    size_t n;
-    uint64_t sum;
-} stream_part;
-
-/* Reads its part of the buffer once, XOR-ing 8-byte words into four accumulators (integer
- * work the core does faster than memory delivers; the result keeps the reads). */
-static void *stream_read(void *p)
-{
-    stream_part *s = p;
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    for (size_t i = 0; i + 4 <= s->n; i += 4) {
-        a0 ^= s->x[i];
-        a1 ^= s->x[i + 1];
-        a2 ^= s->x[i + 2];
-        a3 ^= s->x[i + 3];
-    }
-    s->sum = a0 ^ a1 ^ a2 ^ a3;
-    return NULL;
-}
-
 /* The best of eight streaming reads of `bytes` over `threads` threads, in ms: a step reads the
  * weights from wherever they sit between steps, and so does this read of a buffer of their
  * size. */
 static double stream_ms(int64_t bytes, int threads)
 {
-    size_t n = (size_t)bytes / sizeof(uint64_t);
-    uint64_t *x = malloc(n * sizeof *x);
-    pthread_t tid[64];
-    stream_part parts[64];
-    if (!x)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        x[i] = i;
-    threads = threads > 64 ? 64 : threads;
-    double best = 1e30;
-    for (int rep = 0; rep < 8; rep++) {
-        double t0 = now_s();
-        for (int i = 0; i < threads; i++) {
-            parts[i] = (stream_part){x + n / (size_t)threads * (size_t)i, n / (size_t)threads, 0};
-            pthread_create(&tid[i], NULL, stream_read, &parts[i]);
-        }
-        for (int i = 0; i < threads; i++)
-            pthread_join(tid[i], NULL);
-        double t = now_s() - t0;
-        best = t < best ? t : best;
-    }
-    free(x);
-    return best * 1e3;
+    return bench_stream_seconds((size_t)bytes, threads, 8) * 1e3;
 }
 
 /* ---- Requests ------------------------------------------------------------------------------ */

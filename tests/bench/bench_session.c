@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "tests/bench/harness/harness.h"
 #include "tests/support/daemon.h"
 #include "tests/support/util.h"
 
@@ -58,55 +59,12 @@ static const int64_t P_TOKENS = 8192, P_HEADS = 8, P_HEAD_DIM = 128;
 
 static const char *const json[] = {"Content-Type: application/json", NULL};
 
-typedef struct {
-    const uint64_t *x;
-    size_t n;
-    uint64_t sum;
-} stream_part;
-
-/* Reads its part of the buffer once, XOR-ing 8-byte words into four accumulators (integer
- * work the core does faster than memory delivers; the result keeps the reads). */
-static void *stream_read(void *p)
-{
-    stream_part *s = p;
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    for (size_t i = 0; i + 4 <= s->n; i += 4) {
-        a0 ^= s->x[i];
-        a1 ^= s->x[i + 1];
-        a2 ^= s->x[i + 2];
-        a3 ^= s->x[i + 3];
-    }
-    s->sum = a0 ^ a1 ^ a2 ^ a3;
-    return NULL;
-}
-
-/* The best of four streaming reads of 1 GiB over `threads` threads, in GB/s. */
+/* Streaming reads of 1 GiB over `threads` threads, in GB/s (the best of four). */
 static double stream_gbps(int threads)
 {
-    size_t n = (size_t)1 << 27;
-    uint64_t *x = malloc(n * sizeof *x);
-    pthread_t tid[64];
-    stream_part parts[64];
-    if (!x)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        x[i] = i;
-    if (threads > 64)
-        threads = 64;
-    double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = now_s();
-        for (int i = 0; i < threads; i++) {
-            parts[i] = (stream_part){x + n / (size_t)threads * (size_t)i, n / (size_t)threads, 0};
-            pthread_create(&tid[i], NULL, stream_read, &parts[i]);
-        }
-        for (int i = 0; i < threads; i++)
-            pthread_join(tid[i], NULL);
-        double t = now_s() - t0;
-        best = t < best ? t : best;
-    }
-    free(x);
-    return (double)(n * sizeof(uint64_t)) / best * 1e-9;
+    size_t bytes = (size_t)1 << 30;
+    double t = bench_stream_seconds(bytes, threads, 4);
+    return t > 0 ? (double)bytes / t * 1e-9 : 0;
 }
 
 /* A step body: n tokens of key and value (and n queries when `query`), base64 float32. */

@@ -32,6 +32,12 @@ double bench_best_seconds(bench_fn fn, void *ctx, double min_total);
 /* GFLOPS of a 2048^3 OpenBLAS sgemm on `threads` threads. */
 double bench_sgemm_gflops(int threads);
 
+/* The fastest of `reps` reads of a buffer of `bytes` (integers XOR-ed into four accumulators:
+ * work the core does faster than memory delivers) split over `threads` threads, in seconds:
+ * the time streaming that many bytes from wherever they sit between steps takes here. 0 when
+ * the buffer cannot be had. */
+double bench_stream_seconds(size_t bytes, int threads, int reps);
+
 /* GFLOPS of an in-register multiply-add loop (no memory traffic) of the instruction set the
  * kernel set `kernels` computes with (avx512: zmm FMA; avx2: ymm FMA; generic: SSE2 multiply
  * and add, what portable C compiles to; openblas: the widest this CPU has), on `threads`
