@@ -120,21 +120,6 @@ static double stream_ms(int64_t bytes, int threads)
 
 /* ---- Requests ------------------------------------------------------------------------------ */
 
-/* A base64 float32 tensor [rows, hidden] of random numbers (malloc'd). */
-static char *random_tensor(int64_t rows, int64_t hidden, uint64_t *rng)
-{
-    size_t count = (size_t)(rows * hidden);
-    float *x = malloc(count * sizeof *x);
-    int64_t dims[2] = {rows, hidden};
-    if (!x)
-        return NULL;
-    for (size_t i = 0; i < count; i++)
-        x[i] = (float)rng_sym(rng, 1.0);
-    char *t = json_tensor_b64(x, dims, 2);
-    free(x);
-    return t;
-}
-
 /* {"session": id, "input": tensor, "expect_length": n} (n < 0: none), malloc'd, into *len. */
 static char *step_body(const char *id, const char *tensor, int64_t expect, size_t *len)
 {
@@ -298,7 +283,7 @@ static bool sequences_make(server *sv, double *prefill_ms)
 {
     uint64_t rng = 21;
     int64_t E = sv->s.hidden;
-    char *prompt = random_tensor(PROMPT, E, &rng);
+    char *prompt = json_random_tensor_b64(PROMPT, E, &rng);
     float *x = malloc((size_t)(PROMPT * E) * sizeof *x);
     void *h = http_handle_new();
     double ms[MAX_CLIENTS];
@@ -351,7 +336,7 @@ static bool sequences_make(server *sv, double *prefill_ms)
 static bool long_sessions_make(server *sv, int n)
 {
     uint64_t rng = 22;
-    char *chunk = random_tensor(LONG_CHUNK, sv->s.hidden, &rng);
+    char *chunk = json_random_tensor_b64(LONG_CHUNK, sv->s.hidden, &rng);
     void *h = http_handle_new();
     bool ok = chunk != NULL;
     for (sv->n_long = 0; ok && sv->n_long < n; sv->n_long++) {
@@ -494,7 +479,7 @@ static result clients_run(server *sv, transport via, int n, bool long_cache)
     uint64_t rng = 31;
     result res = {.ok = true};
     int64_t E = sv->s.hidden;
-    char *tensor = random_tensor(1, E, &rng);
+    char *tensor = json_random_tensor_b64(1, E, &rng);
     float *token = malloc((size_t)E * sizeof *token);
     double *lat = malloc((size_t)n * MAX_LAT * sizeof *lat);
     if (!tensor || !token || !lat) {

@@ -86,21 +86,6 @@ static char *step_body(int64_t n, bool query, uint64_t *rng, size_t *len)
     return b;
 }
 
-/* A base64 float32 tensor [rows, width] of random numbers. */
-static char *random_tensor(int64_t rows, int64_t width, uint64_t *rng)
-{
-    size_t count = (size_t)(rows * width);
-    float *x = malloc(count * sizeof *x);
-    int64_t shape[2] = {rows, width};
-    if (!x)
-        return NULL;
-    for (size_t i = 0; i < count; i++)
-        x[i] = rng_sym(rng, 1.0);
-    char *t = json_tensor_b64(x, shape, 2);
-    free(x);
-    return t;
-}
-
 /* {"query": q?, "key": k?, "value": v?, <extra>} (each may be NULL), malloc'd, into *len. */
 static char *tensors_body(const char *q, const char *k, const char *v, const char *extra,
                           size_t *len)
@@ -271,7 +256,7 @@ static bool concurrent_fill(void *h, int port, stepper *clients, int *made)
     uint64_t rng = 12;
     char create[160];
     size_t len;
-    char *k = random_tensor(C_TOKENS, C_KV_HEADS * C_HEAD_DIM, &rng);
+    char *k = json_random_tensor_b64(C_TOKENS, C_KV_HEADS * C_HEAD_DIM, &rng);
     char *fill = k ? tensors_body(NULL, k, k, NULL, &len) : NULL;
     bool ok = fill != NULL;
     free(k);
@@ -342,8 +327,8 @@ static int run_concurrent(int port, int threads)
     size_t len = 0;
     int made = 0;
     void *h = http_handle_new();
-    char *q1 = random_tensor(1, C_HEADS * C_HEAD_DIM, &rng);
-    char *k1 = random_tensor(1, C_KV_HEADS * C_HEAD_DIM, &rng);
+    char *q1 = json_random_tensor_b64(1, C_HEADS * C_HEAD_DIM, &rng);
+    char *k1 = json_random_tensor_b64(1, C_KV_HEADS * C_HEAD_DIM, &rng);
     char *step = q1 && k1 ? tensors_body(q1, k1, k1, NULL, &len) : NULL;
     free(q1);
     free(k1);
@@ -400,9 +385,9 @@ static int run_prefill(int port, int threads)
     size_t att_len = 0, pre_len = 0;
     double att_c[PREFILL_REPS], att_w[PREFILL_REPS], pre_c[PREFILL_REPS], pre_w[PREFILL_REPS];
     void *h = http_handle_new();
-    char *q = random_tensor(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
-    char *k = random_tensor(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
-    char *v = random_tensor(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
+    char *q = json_random_tensor_b64(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
+    char *k = json_random_tensor_b64(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
+    char *v = json_random_tensor_b64(P_TOKENS, P_HEADS * P_HEAD_DIM, &rng);
     snprintf(extra, sizeof extra, "\"num_heads\":%lld,\"causal\":true", (long long)P_HEADS);
     char *att = q && k && v ? tensors_body(q, k, v, extra, &att_len) : NULL;
     char *pre = q && k && v ? tensors_body(q, k, v, NULL, &pre_len) : NULL;

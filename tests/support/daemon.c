@@ -679,6 +679,20 @@ char *json_tensor_b64(const float *data, const int64_t *shape, int rank)
     return out;
 }
 
+char *json_random_tensor_b64(int64_t rows, int64_t width, uint64_t *rng)
+{
+    size_t count = (size_t)(rows * width);
+    float *x = malloc(count * sizeof *x);
+    int64_t shape[2] = {rows, width};
+    if (!x)
+        return NULL;
+    for (size_t i = 0; i < count; i++)
+        x[i] = rng_sym(rng, 1.0);
+    char *t = json_tensor_b64(x, shape, 2);
+    free(x);
+    return t;
+}
+
 char *slow_attention_body(int64_t rows, int64_t keys, size_t *len)
 {
     const int64_t D = 8, H = 8;

@@ -135,6 +135,10 @@ char *b64_encode(const void *data, size_t n);
 /* A JSON tensor {"shape": [...], "dtype": "float32", "base64": "..."} (malloc'd). */
 char *json_tensor_b64(const float *data, const int64_t *shape, int rank);
 
+/* json_tensor_b64 of a [rows, width] tensor of numbers uniform in [-1, 1) from *rng (malloc'd;
+ * NULL when out of memory). */
+char *json_random_tensor_b64(int64_t rows, int64_t width, uint64_t *rng);
+
 /* A /v1/attention body whose compute visits about rows*keys scores on one worker and whose
  * size stays small: query [1, heads, rows/heads, 8], key/value [1, 1, keys, 8], base64. */
 char *slow_attention_body(int64_t rows, int64_t keys, size_t *len);
