@@ -354,8 +354,8 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
         eng__linear_task_floats(ks, amx, &widest, a->layer->params16 != NULL, chunk_most, true) *
         sizeof(float);
     /* Few-row products stage the input projections' rows instead of packing (run_few_rows). */
-    if (rows_most <= FEW_ROWS / sh.B)
-        pack += (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float);
+    const bool few = rows_most <= FEW_ROWS / sh.B;
+    size_t staged = few ? (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float) : 0;
     /* The weights packed once (pack_weights): the three input ones, or later the output one. */
     size_t weights = 0;
     if (amx)
@@ -368,9 +368,15 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *
                   sizeof(float);
+    size_t packing = (size_t)(threads + 1) * pack + weights;
+    /* A pass of few rows packs nothing, unless a batch of more than FEW_BATCH_ROWS rows takes it
+     * into the blocked product, which packs once for all of them: its share is its part of those
+     * rows, so that the members' reservations still cover the batch. */
+    if (few)
+        packing = (packing / (FEW_BATCH_ROWS + 1) + 1) * (size_t)(sh.B * rows_most);
     return (sh.q_floats + sh.kv_floats + sh.o_floats + sh.copy_floats + sh.lse_floats) *
                sizeof(float) +
-           attention + (size_t)(threads + 1) * pack + weights;
+           attention + (size_t)(threads + 1) * staged + packing;
 }
 
 /* ---- Forward ------------------------------------------------------------------------------ */
