@@ -220,7 +220,8 @@ TSAN_BUILD := build/tsan
 # (test_grpc); the rest gain nothing from it.
 TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c \
                       tests/server/test_v2_sequences.c tests/server/test_grpc.c \
-                      tests/server/test_job.c tests/server/test_batching.c,$(TEST_SRC))
+                      tests/server/test_job.c tests/server/test_batch.c \
+                      tests/server/test_batching.c,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the

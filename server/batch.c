@@ -10,7 +10,7 @@
 typedef struct lane {
     srv_batcher *b;
     uint64_t key;
-    srv_batch_item *head, *tail;
+    srv_batch_item *head; /* by priority, then arrival */
     struct lane *next;
 } lane;
 
@@ -71,8 +71,6 @@ static int take_locked(lane *l, srv_batch_item **group, int max)
         group[n++] = l->head;
         l->head = l->head->next;
     }
-    if (!l->head)
-        l->tail = NULL;
     return n;
 }
 
@@ -100,17 +98,24 @@ static void drain(void *arg, int64_t index)
     free(l);
 }
 
+/* Puts item in l's queue by its priority, in arrival order within one. mu held. */
+static void insert_locked(lane *l, srv_batch_item *item)
+{
+    srv_batch_item **at = &l->head;
+    while (*at && (*at)->priority <= item->priority)
+        at = &(*at)->next;
+    item->next = *at;
+    *at = item;
+}
+
 bool srv__batcher_add(srv_batcher *b, srv_batch_item *item, uint32_t pool_priority)
 {
     item->next = NULL;
+    item->priority = pool_priority;
     pthread_mutex_lock(&b->mu);
     lane *l = lane_find_locked(b, item->key);
     if (l) { /* its drainer takes it with the next group */
-        if (l->tail)
-            l->tail->next = item;
-        else
-            l->head = item;
-        l->tail = item;
+        insert_locked(l, item);
         pthread_mutex_unlock(&b->mu);
         return true;
     }
@@ -121,7 +126,7 @@ bool srv__batcher_add(srv_batcher *b, srv_batch_item *item, uint32_t pool_priori
     }
     l->b = b;
     l->key = item->key;
-    l->head = l->tail = item;
+    l->head = item;
     l->next = b->lanes;
     b->lanes = l;
     pthread_mutex_unlock(&b->mu);

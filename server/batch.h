@@ -27,7 +27,8 @@
 
 /* A work item, embedded in its owner; the batcher links it while it waits. */
 typedef struct srv_batch_item {
-    uint64_t key; /* nonzero */
+    uint64_t key;      /* nonzero */
+    uint32_t priority; /* set by srv__batcher_add */
     struct srv_batch_item *next;
 } srv_batch_item;
 
@@ -40,7 +41,8 @@ typedef struct srv_batcher srv_batcher;
 srv_batcher *srv__batcher_new(int max_items, eng_pool *pool, srv_batch_fn run, void *ctx);
 void srv__batcher_free(srv_batcher *b);
 
-/* Queues `item` in its key's lane, and hands the lane to the pool at `pool_priority` unless a
+/* Queues `item` in its key's lane, behind the items of its pool priority or a more urgent one
+ * (lower), ahead of the others, and hands the lane to the pool at `pool_priority` unless a
  * worker drains it already (a stopping pool: this thread drains it). False, with nothing
  * queued, when memory for a new lane ran out. */
 bool srv__batcher_add(srv_batcher *b, srv_batch_item *item, uint32_t pool_priority);
