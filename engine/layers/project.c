@@ -77,9 +77,9 @@ typedef struct {
     float beta;
 } task_rows;
 
-/* out[n x out_f] = in W^T + beta out for job i, on the weight packed once, or
- * packing it into `pack`, or WIDEN_ROWS output features at a time: a 16-bit weight widened
- * into `wide`, and any weight on the openblas set. */
+/* out[n x out_f] = in W^T + beta out for job i, on the layer's panels or the weight packed
+ * once for the call, or packing it into `pack`, or WIDEN_ROWS output features at a time: a
+ * 16-bit weight without panels widened into `wide`, and any weight on the openblas set. */
 static void multiply(const linear_batch *lb, int i, const task_rows *r, float *pack, float *wide)
 {
     const linear_job *j = &lb->jobs[i];
@@ -101,6 +101,7 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
         eng__amx_sgemm(lb->amx, &t, (uint16_t *)pack);
         return;
     }
+    const float *packed = lb->panels[i] ? lb->panels[i] : lb->packed[i];
     eng__gemm g = {.m = n,
                    .n = j->out_f,
                    .k = j->in_f,
@@ -113,14 +114,15 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
                    .b_trans = true,
                    .c = out,
                    .ldc = ld,
-                   .b_packed = lb->packed[i],
+                   .b_packed = packed,
                    .b_panel_stride = j->in_f * lb->ks->nr,
-                   .b_round_bf16 = lb->bf16 && !lb->packed[i]};
-    /* The micro-kernels sum each column of C alone, whatever the product's width; cblas_sgemm
-     * may not (OpenBLAS 0.3.21's Haswell kernel gave a 160-column product other bits than
-     * 128 + 32 columns), so on the openblas set an fp32 weight goes in the steps a 16-bit one
-     * does, and layers of either make the same calls. */
-    if (!lb->w16[i] && lb->ks->tile) {
+                   .b_round_bf16 = lb->bf16 && !packed};
+    /* The micro-kernels sum each column of C alone, whatever the product's width, so one
+     * product on panels gives the bits of WIDEN_ROWS-wide ones; cblas_sgemm may not (OpenBLAS
+     * 0.3.21's Haswell kernel gave a 160-column product other bits than 128 + 32 columns), so
+     * on the openblas set an fp32 weight goes in the steps a 16-bit one does, and layers of
+     * either make the same calls. */
+    if ((!lb->w16[i] || packed) && lb->ks->tile) {
         eng__sgemm(lb->ks, &g, pack);
         return;
     }
@@ -203,7 +205,7 @@ static void linear_task(void *arg, int64_t index)
     const int64_t n = j->rows - r0 < lb->chunk_rows ? j->rows - r0 : lb->chunk_rows;
     const linear_part *p = part_at(j, r0);
     const bool spans = r0 + n > p->first + p->rows, staged = j->head_major || spans;
-    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx;
+    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx && !lb->panels[i];
     float *pack =
         eng__scratch(eng__linear_task_floats(lb->ks, amx, j, w16, n, spans) * sizeof(float));
     if (!pack && (lb->ks->tile || w16 || staged)) {
@@ -242,11 +244,12 @@ static void linear_task(void *arg, int64_t index)
         finish_rows(lb, j, out, r0, n);
 }
 
-/* Whether job i's weight is packed once before its tasks run: an fp32 weight that several
- * tasks multiply, on a set with micro-kernels. */
+/* Whether job i's weight is packed once before its tasks run: an fp32 weight without the
+ * layer's panels that several tasks multiply, on a set with micro-kernels. */
 static bool packs_once(const linear_batch *lb, int i)
 {
-    return lb->ks->tile && !lb->w16[i] && lb->chunks > 1 && lb->amx == ENG__AMX_OFF;
+    return lb->ks->tile && !lb->w16[i] && !lb->panels[i] && lb->chunks > 1 &&
+           lb->amx == ENG__AMX_OFF;
 }
 
 /* Bytes of job i's weight packed into AMX tile rows. */
@@ -475,6 +478,11 @@ eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     lb->chunk_rows = (most + chunks - 1) / chunks;
     lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
     lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
+    /* The layer's panels hold its weights as they are, packed for one set: bf16 products round
+     * the weights as they pack them (and AMX tiles read their own layout), and another set may
+     * lay its panels out otherwise. Those calls pack as they go. */
+    if (lb->bf16 || lb->panels_kernels != (const void *)lb->ks)
+        memset(lb->panels, 0, sizeof lb->panels);
     atomic_init(&lb->no_scratch, false);
     float *packed = NULL;
     eng_status st = pack_weights(pool, lb, &packed, ctl);
