@@ -457,9 +457,48 @@ static bool takes_few_rows(const linear_batch *lb, int64_t most)
     return true;
 }
 
+/* Rows per task below which balanced_chunks splits no further: each task streams its weight's
+ * panels from memory, and with fewer rows to use each element on, the product would wait on
+ * the memory rather than on the FMAs. */
+#define BALANCE_ROWS_MIN 64
+
+/* At least `chunks` chunks, and more (of at least BALANCE_ROWS_MIN rows) while the largest task
+ * (the widest job's chunk) holds more than a worker's share of all the jobs' work, when every job
+ * reads the layer's panels: 256 rows of a q projection four times the width of k and v are then two
+ * tasks of 128 rows beside k's and v's, not one that a worker runs alone while the other finishes k
+ * and v and waits. Smaller chunks cost nothing there (the panels are read, not packed, per task),
+ * and every row's sums are the same in any chunk. Without panels each task packs or widens its
+ * weight, and the chunks stay as they are. */
+static int64_t balanced_chunks(const linear_batch *lb, int64_t chunks, int64_t most,
+                               int64_t threads)
+{
+    double total = 0;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        if (j->rows > 0 && !lb->panels[i])
+            return chunks;
+        total += (double)j->rows * (double)j->out_f * (double)j->in_f;
+    }
+    for (; chunks < most; chunks++) {
+        int64_t rows = (most + chunks - 1) / chunks;
+        if (rows < BALANCE_ROWS_MIN)
+            break;
+        double largest = 0;
+        for (int i = 0; i < lb->njobs; i++) {
+            const linear_job *j = &lb->jobs[i];
+            double task =
+                (double)(j->rows < rows ? j->rows : rows) * (double)j->out_f * (double)j->in_f;
+            largest = task > largest ? task : largest;
+        }
+        if (largest <= total / (double)threads)
+            break;
+    }
+    return chunks;
+}
+
 /* Splits the longest job into equal chunks of at most CHUNK_ROWS rows, and into more when
- * that is what it takes to give every worker a task: 600 rows on two workers are two tasks
- * of 300, not 512 and 88. */
+ * that is what it takes to give every worker a task (600 rows on two workers are two tasks
+ * of 300, not 512 and 88) or, on the layer's panels, to even out jobs of unequal widths. */
 eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 {
     int64_t most = 0, threads = eng_pool_threads(pool);
@@ -470,19 +509,20 @@ eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     lb->ks = eng__kernels_current();
     if (takes_few_rows(lb, most))
         return run_few_rows(pool, lb, ctl);
-    int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    if (chunks * lb->njobs < threads)
-        chunks = (threads + lb->njobs - 1) / lb->njobs;
-    if (chunks > most)
-        chunks = most;
-    lb->chunk_rows = (most + chunks - 1) / chunks;
-    lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
-    lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
     /* The layer's panels hold its weights as they are, packed for one set: bf16 products round
      * the weights as they pack them (and AMX tiles read their own layout), and another set may
      * lay its panels out otherwise. Those calls pack as they go. */
     if (lb->bf16 || lb->panels_kernels != (const void *)lb->ks)
         memset(lb->panels, 0, sizeof lb->panels);
+    int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    if (chunks * lb->njobs < threads)
+        chunks = (threads + lb->njobs - 1) / lb->njobs;
+    chunks = balanced_chunks(lb, chunks, most, threads);
+    if (chunks > most)
+        chunks = most;
+    lb->chunk_rows = (most + chunks - 1) / chunks;
+    lb->chunks = (most + lb->chunk_rows - 1) / lb->chunk_rows;
+    lb->amx = lb->bf16 ? eng__amx_active() : ENG__AMX_OFF;
     atomic_init(&lb->no_scratch, false);
     float *packed = NULL;
     eng_status st = pack_weights(pool, lb, &packed, ctl);
