@@ -34,7 +34,7 @@
  * cache), as a fraction of the FMA peak measured in turns with it in the same process. gflops
  * counts the four projections (2 rows x in x out each) and the causal half of the attention:
  *
- *   mha prefill e=4096 h=32 kv=8 d=128 rows=256 ms=160.2 gflops=134.0 peak_gflops=360.1 peak_ratio=0.37
+ *   mha prefill b=1 e=4096 h=32 kv=8 d=128 l=256 causal=1 ms=341.8 gflops=64.4 peak_gflops=96.2 peak_ratio=0.67 rss_mb=341 kernels=avx2
  *
  * `--decode` runs the decode lines only (no sgemm baseline, no prefill cases); `--prefill` the
  * prefill lines only.
@@ -459,7 +459,7 @@ static int prefill_lines(void)
         double flops =
             2.0 * L * (2.0 * (double)E * Q + 2.0 * (double)E * W) + 4.0 * L * L * Q / 2.0;
         double gflops = flops / values[0] * 1e-9;
-        printf("mha prefill e=%lld h=%d kv=%d d=%lld rows=%d ms=%.1f gflops=%.1f "
+        printf("mha prefill b=1 e=%lld h=%d kv=%d d=%lld l=%d causal=1 ms=%.1f gflops=%.1f "
                "peak_gflops=%.1f peak_ratio=%.2f rss_mb=%.0f kernels=%s\n",
                (long long)E, DECODE_H, DECODE_HKV, (long long)D, PREFILL_ROWS, values[0] * 1e3,
                gflops, values[1], gflops / values[1], rss, eng_kernels_name());
