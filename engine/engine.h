@@ -498,7 +498,8 @@ typedef struct {
  * four projection matrices kept in their 16 bits (w16_*; w_q, w_k, w_v and w_o are then NULL),
  * half the memory and nothing lost: F16 and BF16 widen to fp32 exactly, so every product is the one
  * fp32 weights of the same values give, bit for bit (bfloat16 requests round them to bf16
- * as they pack them, which leaves BF16 weights as they are). Biases stay fp32. */
+ * as they pack them, which leaves BF16 weights as they are). Biases stay fp32. Beside them the
+ * layer keeps the matrices packed for long inputs (panels_*): 4 bytes per matrix element more. */
 typedef struct {
     char name[64];
     char dtype[8];                /* the weights' dtype as given ("F32", "F16", "BF16") */
@@ -517,6 +518,16 @@ typedef struct {
     eng_dtype w16_dtype;          /* F16 or BF16 when w16_* hold the matrices; else F32 */
     const uint16_t *w16_q, *w16_k, *w16_v, *w16_o; /* as w_q, w_k, w_v, w_o, in 16 bits */
     uint16_t *params16;                            /* the block w16_* point into, or NULL */
+    /* The four matrices packed once, when the layer is made, for the blocked products of long
+     * inputs (a prefill): fp32 panels in the layout of the kernel set in force then
+     * (panels_kernels, which callers only compare), so that no call widens or packs them
+     * again. NULL on the openblas set, which packs nothing; a call on another set than
+     * panels_kernels, or in bfloat16 precision, packs as it goes, with the same bits. Few-row
+     * products (a decode step) read w_* or w16_* where they lie. */
+    const float *panels_q, *panels_k, *panels_v, *panels_o;
+    float *panels;              /* the block panels_* point into, or NULL */
+    size_t panels_floats;       /* its length */
+    const void *panels_kernels; /* the kernel set the panels are packed for */
     /* A causal decoder layer (eng_layer_decoder) when `decoder`: its spec, the RoPE inverse
      * frequencies [rotary_dim / 2] and the factor cos and sin take, the q/k norm weights
      * ([H D] and [W], per head repeated; biases NULL unless LayerNorm has them) and the
@@ -573,7 +584,8 @@ int64_t eng_layer_head_dim(const eng_layer *layer);
 /* The layer's parameter count. */
 int64_t eng_layer_params(const eng_layer *layer);
 
-/* Bytes of the layer's parameter blocks (fp32 and 16-bit), for logs and memory reports. */
+/* Bytes of the layer's parameter blocks (fp32 and 16-bit) and of its packed panels (4 bytes per
+ * matrix element, where the kernel set packs), for logs and memory reports. */
 size_t eng_layer_bytes(const eng_layer *layer);
 
 /* The built-in layer "demo": E = 64, 4 heads, biases, weights from a fixed-seed generator

@@ -67,6 +67,10 @@ static srv_status write_port_file(const char *path, int port)
 
 api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
 {
+    /* The kernel set first: a layer packs its matrices for the set in force when it is made
+     * (engine.h eng_layer.panels_*), and a call on another set would ignore them. A set this
+     * CPU lacks leaves auto in force here; srv_server_start_models reports it (exit 1). */
+    (void)eng_init(&cfg->engine, NULL);
     api_models *models = api_models_new();
     if (!models) {
         snprintf(err, errlen, "out of memory for the built-in demo layer");

@@ -3,8 +3,9 @@
  *
  * The caller says which role each weight plays (eng_layer_weights); a layer is assembled by
  * checking that the roles present make exactly one consistent layer, then copying (and
- * converting) every weight into one parameter block. Names of tensors in files or requests are
- * the api's (api/models/): here a weight is only its role, and its label for messages.
+ * converting) every weight into one parameter block, and packing the four matrices once into
+ * the panels of the blocked products. Names of tensors in files or requests are the api's
+ * (api/models/): here a weight is only its role, and its label for messages.
  */
 #include <math.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/kernels/kernels.h"
 
 typedef enum {
     ROLE_IN_W, /* packed [W_q; W_k; W_v] */
@@ -302,6 +304,74 @@ static bool keep_matrices16(eng_layer *layer, const layer_plan *lp, eng_dtype dt
     return true;
 }
 
+/* ---- Panels ------------------------------------------------------------------------------- */
+
+/* Weight rows (output features) widened at a time while a 16-bit matrix is packed: a multiple
+ * of every kernel set's NR, so that each step's rows are whole panels. */
+#define PANEL_STEP_ROWS 128
+
+/* Packs one matrix [out_f, in_f] (fp32 `w`, or 16-bit `w16` of the layer's dtype, widened
+ * exactly into `wide`, PANEL_STEP_ROWS rows of in_f floats) into panels at dst as a long
+ * input's product reads them (b_packed, panel stride in_f NR): B^T rows, packed as eng__sgemm
+ * would pack them, so that the products give the bits of a per-call packing. */
+static void pack_matrix(const eng__kernels *ks, const eng_layer *l, const float *w,
+                        const uint16_t *w16, int64_t out_f, int64_t in_f, float *wide, float *dst)
+{
+    if (w) {
+        eng__sgemm_pack_panels(ks, w, in_f, true, in_f, out_f, dst);
+        return;
+    }
+    for (int64_t f0 = 0; f0 < out_f; f0 += PANEL_STEP_ROWS) {
+        int64_t nf = out_f - f0 < PANEL_STEP_ROWS ? out_f - f0 : PANEL_STEP_ROWS;
+        const uint16_t *rows = w16 + f0 * in_f;
+        for (int64_t i = 0; i < nf * in_f; i++)
+            wide[i] =
+                l->w16_dtype == ENG_DTYPE_F16 ? eng_f16_to_f32(rows[i]) : eng_bf16_to_f32(rows[i]);
+        eng__sgemm_pack_panels(ks, wide, in_f, true, in_f, nf, dst + f0 * in_f);
+    }
+}
+
+/* The layer's matrices packed into panels for the kernel set in force (none on the openblas
+ * set, which packs nothing); false when memory runs out. Packing is a copy, so a layer made
+ * under one set and called under another packs as it goes and loses nothing. */
+static bool pack_panels(eng_layer *l)
+{
+    const eng__kernels *ks = eng__kernels_current();
+    if (!ks->tile)
+        return true;
+    const int64_t E = l->embed_dim, D = eng_layer_head_dim(l), W = l->num_kv_heads * D,
+                  Q = l->num_heads * D;
+    const int64_t out[4] = {Q, W, W, E}, in[4] = {E, l->kdim, l->vdim, Q};
+    const float *w[4] = {l->w_q, l->w_k, l->w_v, l->w_o};
+    const uint16_t *w16[4] = {l->w16_q, l->w16_k, l->w16_v, l->w16_o};
+    size_t floats = 0, widest = 0;
+    for (int i = 0; i < 4; i++) {
+        floats += eng__sgemm_panels_floats(ks, out[i], in[i]);
+        widest = (size_t)in[i] > widest ? (size_t)in[i] : widest;
+    }
+    /* Each matrix's panels are whole panels of NR floats x depth: 64-byte multiples when NR
+     * is 16 or 32, so every matrix starts aligned. */
+    float *block = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    float *wide = l->params16 ? malloc(PANEL_STEP_ROWS * widest * sizeof(float)) : NULL;
+    if (!block || (l->params16 && !wide)) {
+        free(block);
+        free(wide);
+        return false;
+    }
+    const float **panels[4] = {&l->panels_q, &l->panels_k, &l->panels_v, &l->panels_o};
+    float *at = block;
+    for (int i = 0; i < 4; i++) {
+        pack_matrix(ks, l, w[i], w16[i], out[i], in[i], wide, at);
+        *panels[i] = at;
+        at += eng__sgemm_panels_floats(ks, out[i], in[i]);
+    }
+    free(wide);
+    l->panels = block;
+    l->panels_floats = floats;
+    l->panels_kernels = ks;
+    return true;
+}
+
 eng_layer *eng_layer_new(const char *name, const eng_layer_weights *weights, int64_t num_heads,
                          int64_t num_kv_heads, bool keep16, eng_error *err)
 {
@@ -399,6 +469,12 @@ eng_layer *eng__layer_assemble(const char *name, const eng_layer_weights *weight
         eng__fail(err, ENG_ENOMEM, "", "cannot allocate %lld parameters", (long long)total);
         return NULL;
     }
+    if (!pack_panels(layer)) {
+        eng_layer_free(layer);
+        eng__fail(err, ENG_ENOMEM, "", "cannot allocate the packed panels of %lld parameters",
+                  (long long)(2 * E * Q + W * (lp.kdim + lp.vdim)));
+        return NULL;
+    }
     return layer;
 }
 
@@ -408,6 +484,7 @@ void eng_layer_free(eng_layer *layer)
         return;
     free(layer->params);
     free(layer->params16);
+    free(layer->panels);
     free(layer->decoder_params);
     free(layer);
 }
@@ -418,7 +495,7 @@ size_t eng_layer_bytes(const eng_layer *l)
             Q = l->num_heads * D;
     size_t matrices = (size_t)(2 * E * Q + W * (l->kdim + l->vdim));
     size_t all = (size_t)eng_layer_params(l);
-    size_t own = l->decoder_floats * sizeof(float);
+    size_t own = (l->decoder_floats + l->panels_floats) * sizeof(float);
     return own + (l->params16 ? matrices * sizeof(uint16_t) + (all - matrices) * sizeof(float)
                               : all * sizeof(float));
 }

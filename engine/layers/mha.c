@@ -350,20 +350,23 @@ size_t eng_mha_scratch_bytes(const eng_mha_args *a, int threads)
     int64_t rows_most = sh.L > sh.S_in ? sh.L : sh.S_in;
     const linear_job widest = {.out_f = out_most, .in_f = in_most, .head_major = true};
     int64_t chunk_most = sh.B * rows_most < CHUNK_ROWS ? sh.B * rows_most : CHUNK_ROWS;
+    /* The layer's panels serve float32 products on the set they were packed for. */
+    const bool panels = !sh.bf16 && a->layer->panels_kernels == (const void *)ks;
     size_t pack =
-        eng__linear_task_floats(ks, amx, &widest, a->layer->params16 != NULL, chunk_most, true) *
+        eng__linear_task_floats(ks, amx, &widest, a->layer->params16 && !panels, chunk_most, true) *
         sizeof(float);
     /* Few-row products stage the input projections' rows instead of packing (run_few_rows). */
     const bool few = rows_most <= FEW_ROWS / sh.B;
     size_t staged = few ? (size_t)(sh.B * (sh.L * sh.Q + 2 * sh.S_in * sh.W)) * sizeof(float) : 0;
-    /* The weights packed once (pack_weights): the three input ones, or later the output one. */
+    /* The weights packed once per call (pack_weights): the three input ones, or later the
+     * output one; none where the products read the layer's panels or widen 16-bit rows. */
     size_t weights = 0;
     if (amx)
         weights =
             eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.Q, .in_f = sh.E}) +
             eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->kdim}) +
             eng__linear_amx_weight_bytes(&(linear_job){.out_f = sh.W, .in_f = a->layer->vdim});
-    else if (ks->tile)
+    else if (ks->tile && !a->layer->params16 && !panels)
         weights = (eng__sgemm_panels_floats(ks, sh.Q, sh.E) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->kdim) +
                    eng__sgemm_panels_floats(ks, sh.W, a->layer->vdim)) *
@@ -680,7 +683,9 @@ static void project_inputs(eng_pool *pool, mha_pass *ps, int count, bool bf16)
                        .head_dim = sh->D,
                        .bf16 = bf16,
                        .w16 = {ly->w16_q, ly->w16_k, ly->w16_v},
-                       .w16_dtype = ly->w16_dtype};
+                       .w16_dtype = ly->w16_dtype,
+                       .panels = {ly->panels_q, ly->panels_k, ly->panels_v},
+                       .panels_kernels = ly->panels_kernels};
     lb.jobs[0] = (linear_job){.w = ly->w_q,
                               .bias = ly->b_q,
                               .out_f = sh->Q,
@@ -744,7 +749,9 @@ static void project_output(eng_pool *pool, mha_pass *ps, int count, bool bf16)
                        .head_dim = sh->D,
                        .bf16 = bf16,
                        .w16 = {ly->w16_o},
-                       .w16_dtype = ly->w16_dtype};
+                       .w16_dtype = ly->w16_dtype,
+                       .panels = {ly->panels_o},
+                       .panels_kernels = ly->panels_kernels};
     lb.jobs[0] = (linear_job){.w = ly->w_o,
                               .bias = ly->b_o,
                               .out_f = sh->E,

@@ -77,9 +77,9 @@ typedef struct {
     float beta;
 } task_rows;
 
-/* out[n x out_f] = in W^T + beta out for job i, on the weight packed once, or
- * packing it into `pack`, or WIDEN_ROWS output features at a time: a 16-bit weight widened
- * into `wide`, and any weight on the openblas set. */
+/* out[n x out_f] = in W^T + beta out for job i, on the layer's panels or the weight packed
+ * once for the call, or packing it into `pack`, or WIDEN_ROWS output features at a time: a
+ * 16-bit weight without panels widened into `wide`, and any weight on the openblas set. */
 static void multiply(const linear_batch *lb, int i, const task_rows *r, float *pack, float *wide)
 {
     const linear_job *j = &lb->jobs[i];
@@ -101,6 +101,7 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
         eng__amx_sgemm(lb->amx, &t, (uint16_t *)pack);
         return;
     }
+    const float *packed = lb->panels[i] ? lb->panels[i] : lb->packed[i];
     eng__gemm g = {.m = n,
                    .n = j->out_f,
                    .k = j->in_f,
@@ -113,14 +114,15 @@ static void multiply(const linear_batch *lb, int i, const task_rows *r, float *p
                    .b_trans = true,
                    .c = out,
                    .ldc = ld,
-                   .b_packed = lb->packed[i],
+                   .b_packed = packed,
                    .b_panel_stride = j->in_f * lb->ks->nr,
-                   .b_round_bf16 = lb->bf16 && !lb->packed[i]};
-    /* The micro-kernels sum each column of C alone, whatever the product's width; cblas_sgemm
-     * may not (OpenBLAS 0.3.21's Haswell kernel gave a 160-column product other bits than
-     * 128 + 32 columns), so on the openblas set an fp32 weight goes in the steps a 16-bit one
-     * does, and layers of either make the same calls. */
-    if (!lb->w16[i] && lb->ks->tile) {
+                   .b_round_bf16 = lb->bf16 && !packed};
+    /* The micro-kernels sum each column of C alone, whatever the product's width, so one
+     * product on panels gives the bits of WIDEN_ROWS-wide ones; cblas_sgemm may not (OpenBLAS
+     * 0.3.21's Haswell kernel gave a 160-column product other bits than 128 + 32 columns), so
+     * on the openblas set an fp32 weight goes in the steps a 16-bit one does, and layers of
+     * either make the same calls. */
+    if ((!lb->w16[i] || packed) && lb->ks->tile) {
         eng__sgemm(lb->ks, &g, pack);
         return;
     }
@@ -203,7 +205,7 @@ static void linear_task(void *arg, int64_t index)
     const int64_t n = j->rows - r0 < lb->chunk_rows ? j->rows - r0 : lb->chunk_rows;
     const linear_part *p = part_at(j, r0);
     const bool spans = r0 + n > p->first + p->rows, staged = j->head_major || spans;
-    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx;
+    const bool amx = lb->amx != ENG__AMX_OFF, w16 = lb->w16[i] != NULL && !amx && !lb->panels[i];
     float *pack =
         eng__scratch(eng__linear_task_floats(lb->ks, amx, j, w16, n, spans) * sizeof(float));
     if (!pack && (lb->ks->tile || w16 || staged)) {
@@ -242,11 +244,12 @@ static void linear_task(void *arg, int64_t index)
         finish_rows(lb, j, out, r0, n);
 }
 
-/* Whether job i's weight is packed once before its tasks run: an fp32 weight that several
- * tasks multiply, on a set with micro-kernels. */
+/* Whether job i's weight is packed once before its tasks run: an fp32 weight without the
+ * layer's panels that several tasks multiply, on a set with micro-kernels. */
 static bool packs_once(const linear_batch *lb, int i)
 {
-    return lb->ks->tile && !lb->w16[i] && lb->chunks > 1 && lb->amx == ENG__AMX_OFF;
+    return lb->ks->tile && !lb->w16[i] && !lb->panels[i] && lb->chunks > 1 &&
+           lb->amx == ENG__AMX_OFF;
 }
 
 /* Bytes of job i's weight packed into AMX tile rows. */
@@ -454,9 +457,48 @@ static bool takes_few_rows(const linear_batch *lb, int64_t most)
     return true;
 }
 
+/* Rows per task below which balanced_chunks splits no further: each task streams its weight's
+ * panels from memory, and with fewer rows to use each element on, the product would wait on
+ * the memory rather than on the FMAs. */
+#define BALANCE_ROWS_MIN 64
+
+/* At least `chunks` chunks, and more (of at least BALANCE_ROWS_MIN rows) while the largest task
+ * (the widest job's chunk) holds more than a worker's share of all the jobs' work, when every job
+ * reads the layer's panels: 256 rows of a q projection four times the width of k and v are then two
+ * tasks of 128 rows beside k's and v's, not one that a worker runs alone while the other finishes k
+ * and v and waits. Smaller chunks cost nothing there (the panels are read, not packed, per task),
+ * and every row's sums are the same in any chunk. Without panels each task packs or widens its
+ * weight, and the chunks stay as they are. */
+static int64_t balanced_chunks(const linear_batch *lb, int64_t chunks, int64_t most,
+                               int64_t threads)
+{
+    double total = 0;
+    for (int i = 0; i < lb->njobs; i++) {
+        const linear_job *j = &lb->jobs[i];
+        if (j->rows > 0 && !lb->panels[i])
+            return chunks;
+        total += (double)j->rows * (double)j->out_f * (double)j->in_f;
+    }
+    for (; chunks < most; chunks++) {
+        int64_t rows = (most + chunks - 1) / chunks;
+        if (rows < BALANCE_ROWS_MIN)
+            break;
+        double largest = 0;
+        for (int i = 0; i < lb->njobs; i++) {
+            const linear_job *j = &lb->jobs[i];
+            double task =
+                (double)(j->rows < rows ? j->rows : rows) * (double)j->out_f * (double)j->in_f;
+            largest = task > largest ? task : largest;
+        }
+        if (largest <= total / (double)threads)
+            break;
+    }
+    return chunks;
+}
+
 /* Splits the longest job into equal chunks of at most CHUNK_ROWS rows, and into more when
- * that is what it takes to give every worker a task: 600 rows on two workers are two tasks
- * of 300, not 512 and 88. */
+ * that is what it takes to give every worker a task (600 rows on two workers are two tasks
+ * of 300, not 512 and 88) or, on the layer's panels, to even out jobs of unequal widths. */
 eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 {
     int64_t most = 0, threads = eng_pool_threads(pool);
@@ -467,9 +509,15 @@ eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     lb->ks = eng__kernels_current();
     if (takes_few_rows(lb, most))
         return run_few_rows(pool, lb, ctl);
+    /* The layer's panels hold its weights as they are, packed for one set: bf16 products round
+     * the weights as they pack them (and AMX tiles read their own layout), and another set may
+     * lay its panels out otherwise. Those calls pack as they go. */
+    if (lb->bf16 || lb->panels_kernels != (const void *)lb->ks)
+        memset(lb->panels, 0, sizeof lb->panels);
     int64_t chunks = (most + CHUNK_ROWS - 1) / CHUNK_ROWS;
     if (chunks * lb->njobs < threads)
         chunks = (threads + lb->njobs - 1) / lb->njobs;
+    chunks = balanced_chunks(lb, chunks, most, threads);
     if (chunks > most)
         chunks = most;
     lb->chunk_rows = (most + chunks - 1) / chunks;

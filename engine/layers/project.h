@@ -4,7 +4,8 @@
  *
  * A projection job multiplies the rows of its parts (one batch of one pass each) by one weight:
  * few rows on the few-row products (eng__gemv, every weight read once where it lies), more on
- * the blocked product over chunks of rows (the weight packed once, or per task); then each
+ * the blocked product over chunks of rows (on the panels the layer packed when it was made,
+ * else the weight packed once per call, or per task); then each
  * part's rows are turned (RoPE), normalised (a decoder layer's q/k norms) at its own positions
  * and scattered into its heads. The functions here carry the eng__linear_ prefix.
  */
@@ -80,8 +81,13 @@ typedef struct {
     /* Job i's weight in 16 bits instead of jobs[i].w (a layer's w16_*), or NULL. */
     const uint16_t *w16[3];
     eng_dtype w16_dtype;
-    /* Job i's fp32 weight packed once for all its tasks (the b_packed layout, panel stride
-     * in_f * NR), or NULL: each task packs it. */
+    /* Job i's weight as the layer packed it when it was made (eng_layer.panels_*, the
+     * b_packed layout, panel stride in_f * NR), for the kernel set panels_kernels; or NULL.
+     * eng__linear_run drops them for another set, for bf16 products and for few rows. */
+    const float *panels[3];
+    const void *panels_kernels;
+    /* Job i's fp32 weight packed once for all its tasks of this call (the same layout), or
+     * NULL: each task packs it, or it has panels. */
     float *packed[3];
     /* bf16 products on AMX tiles (eng__amx_active, when the layer computes in bf16): every
      * weight, fp32 or 16-bit, packed once into tile rows, and each task's rows of the input
@@ -99,10 +105,10 @@ typedef struct {
     float *stage[3];
 } linear_batch;
 
-/* Runs the batch's jobs (lb's jobs, njobs, layer, head_dim, bf16, w16 and w16_dtype set; the
- * rest zero), splitting the longest job into equal chunks of at most CHUNK_ROWS rows, and into
- * more when that is what it takes to give every worker a task. ENG_ENOMEM when a buffer or a
- * task's scratch cannot be had; else what eng_pool_run returns for ctl. */
+/* Runs the batch's jobs (lb's jobs, njobs, layer, head_dim, bf16, w16, w16_dtype, panels and
+ * panels_kernels set; the rest zero), splitting the longest job into equal chunks of at most
+ * CHUNK_ROWS rows, and into more when that is what it takes to give every worker a task. ENG_ENOMEM
+ * when a buffer or a task's scratch cannot be had; else what eng_pool_run returns for ctl. */
 eng_status eng__linear_run(eng_pool *pool, linear_batch *lb, eng_ctl *ctl);
 
 /* Floats of per-thread scratch a task of `rows` rows of job j needs (on AMX tiles when `amx`,

@@ -30,7 +30,14 @@
  *
  *   mha decode batch e=4096 n=8 cache=256 batch_ms=5.1 alone_ms=31.0 stream_ms=3.1 batch_ratio=1.65 alone_ratio=10.0 speedup=6.08
  *
- * `--decode` runs the decode lines only (no sgemm baseline, no prefill cases).
+ * And prefill: a prompt of 256 tokens through the same bf16 layers (causal self-attention, no
+ * cache), as a fraction of the FMA peak measured in turns with it in the same process. gflops
+ * counts the four projections (2 rows x in x out each) and the causal half of the attention:
+ *
+ *   mha prefill b=1 e=4096 h=32 kv=8 d=128 l=256 causal=1 ms=341.8 gflops=64.4 peak_gflops=96.2 peak_ratio=0.67 rss_mb=341 kernels=avx2
+ *
+ * `--decode` runs the decode lines only (no sgemm baseline, no prefill cases); `--prefill` the
+ * prefill lines only.
  */
 /* clang-format on */
 #include <cblas.h>
@@ -70,6 +77,9 @@ static const int64_t decode_hidden[] = {2048, 4096};
 static const int batch_sizes[] = {1, 8, 32};
 #define NBATCH     ((int)(sizeof batch_sizes / sizeof batch_sizes[0]))
 #define BATCH_MOST 32
+
+/* Tokens of the prompt a prefill line runs through decode_layer(E), for each decode_hidden. */
+#define PREFILL_ROWS 256
 
 /* ---- One case (in a child process) ------------------------------------------------------ */
 
@@ -403,6 +413,61 @@ static int run_decode_batch(int64_t E)
     return 0;
 }
 
+/* ---- Prefill (in a child process) --------------------------------------------------------- */
+
+/* Prints the best prefill's seconds and the FMA peak's best shot, taken in turns. */
+static int run_prefill(int64_t E)
+{
+    eng_error err;
+    eng_pool *pool = eng_pool_new(0, &err);
+    eng_layer *layer = pool ? decode_layer(E, &err) : NULL;
+    if (!layer) {
+        fprintf(stderr, "bench: prefill layer: %s\n", err.message);
+        return 1;
+    }
+    eng_buf_cache_limit((size_t)256 << 20);
+    float *x = bench_random_floats((size_t)(PREFILL_ROWS * E), 37, 1.0f);
+    float *out = bench_random_floats((size_t)(PREFILL_ROWS * E), 38, 1.0f);
+    mha_ctx c = {.pool = pool};
+    c.args.layer = layer;
+    c.args.B = 1;
+    c.args.L = PREFILL_ROWS;
+    c.args.x = x;
+    c.args.out = out;
+    c.args.causal = true;
+    double peak;
+    double secs = bench_best_seconds_and_peak(run_mha, &c, 2.0, false, eng_cpu_count(), &peak);
+    printf("%.9f %.3f\n", secs, peak);
+    free(x), free(out);
+    eng_layer_free(layer);
+    eng_pool_free(pool);
+    return secs > 0 ? 0 : 1;
+}
+
+static int prefill_lines(void)
+{
+    int failures = 0;
+    for (int i = 0; i < NDECODE; i++) {
+        int64_t E = decode_hidden[i], D = E / DECODE_H;
+        double values[2], rss;
+        if (bench_measure_case_values(NCASES + 2 * NDECODE + i, values, 2, &rss) != 2) {
+            printf("mha prefill e=%lld failed\n", (long long)E);
+            failures++;
+            continue;
+        }
+        double L = PREFILL_ROWS, Q = (double)(DECODE_H * D), W = (double)(DECODE_HKV * D);
+        double flops =
+            2.0 * L * (2.0 * (double)E * Q + 2.0 * (double)E * W) + 4.0 * L * L * Q / 2.0;
+        double gflops = flops / values[0] * 1e-9;
+        printf("mha prefill b=1 e=%lld h=%d kv=%d d=%lld l=%d causal=1 ms=%.1f gflops=%.1f "
+               "peak_gflops=%.1f peak_ratio=%.2f rss_mb=%.0f kernels=%s\n",
+               (long long)E, DECODE_H, DECODE_HKV, (long long)D, PREFILL_ROWS, values[0] * 1e3,
+               gflops, values[1], gflops / values[1], rss, eng_kernels_name());
+        fflush(stdout);
+    }
+    return failures;
+}
+
 static int decode_lines(void)
 {
     int failures = 0;
@@ -453,15 +518,18 @@ int main(int argc, char **argv)
     int blas_child = bench_child_blas(argc, argv, threads);
     if (blas_child >= 0)
         return blas_child;
-    int child = bench_child_case(argc, argv, NCASES + 2 * NDECODE);
+    int child = bench_child_case(argc, argv, NCASES + 3 * NDECODE);
     if (child != -1)
-        return child < 0        ? 2
-               : child < NCASES ? run_case(&cases[child])
-               : child < NCASES + NDECODE
-                   ? run_decode(decode_hidden[child - NCASES])
-                   : run_decode_batch(decode_hidden[child - NCASES - NDECODE]);
+        return child < 0                  ? 2
+               : child < NCASES           ? run_case(&cases[child])
+               : child < NCASES + NDECODE ? run_decode(decode_hidden[child - NCASES])
+               : child < NCASES + 2 * NDECODE
+                   ? run_decode_batch(decode_hidden[child - NCASES - NDECODE])
+                   : run_prefill(decode_hidden[child - NCASES - 2 * NDECODE]);
     if (argc > 1 && strcmp(argv[1], "--decode") == 0)
         return decode_lines() ? 1 : 0;
+    if (argc > 1 && strcmp(argv[1], "--prefill") == 0)
+        return prefill_lines() ? 1 : 0;
     const char *kernels = eng_kernels_name();
     double base = bench_sgemm_gflops(threads);
     double peak = bench_peak_gflops(kernels, threads);
@@ -514,5 +582,6 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     failures += decode_lines();
+    failures += prefill_lines();
     return failures ? 1 : 0;
 }

@@ -218,8 +218,8 @@ static void test_loads_f32_f16_and_bf16_files_exactly(void)
                                     : d == 1 ? ENG_DTYPE_F16
                                              : ENG_DTYPE_BF16),
                "%s: the matrices are %s", names[d], l->params16 ? "16-bit" : "fp32");
-        CHECK_EQ_INT(eng_layer_bytes(l),
-                     (half ? 2 : 4) * 4 * E * E + 4 * (4 * E + 2 * E)); /* matrices, vectors */
+        CHECK_EQ_INT(eng_layer_bytes(l), (half ? 2 : 4) * 4 * E * E + 4 * (4 * E + 2 * E) +
+                                             (int64_t)l->panels_floats * 4); /* + panels */
         CHECKF(same_floats(l->b_q, in_b, E), "%s: b_q", names[d]);
         CHECKF(same_floats(l->b_k, in_b + E, E), "%s: b_k", names[d]);
         CHECKF(same_floats(l->b_v, in_b + 2 * E, E), "%s: b_v", names[d]);
