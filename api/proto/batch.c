@@ -3,7 +3,6 @@
  * the driver that serves a group with one engine call per layer (serve.c's batch steps).
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "api/ops/sessions.h"
 #include "api/proto/serve.h"
