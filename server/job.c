@@ -101,6 +101,10 @@ bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_j
     if (!take_slot(s))
         return queue_full(s, no);
     job->submit_ns = now;
+    /* Queued from here on, before the edge hands it to its watcher: a deadline that passes
+     * before the scheduler has it is still answered at once (srv__job_abandon). */
+    atomic_store(&job->state, SRV_JOB_QUEUED);
+    atomic_fetch_add(&s->queued, 1);
     return true;
 }
 
@@ -372,7 +376,5 @@ void srv__job_start(srv_job *job, int64_t now)
     /* A step that may wait for its turn must not block the thread that starts it. */
     if (job->ticket.session || job->ticket.sequence)
         e->may_run_here = false;
-    atomic_store(&job->state, SRV_JOB_QUEUED);
-    atomic_fetch_add(&s->queued, 1);
     srv__sched_enqueue(s->sched, e, now);
 }

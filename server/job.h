@@ -37,7 +37,7 @@
 
 typedef enum {
     SRV_JOB_NEW = 0,  /* the edge still reads it: not started */
-    SRV_JOB_QUEUED,   /* with the scheduler or the pool, no worker yet */
+    SRV_JOB_QUEUED,   /* admitted: with the scheduler, the pool or a lane, no worker yet */
     SRV_JOB_RUNNING,  /* a worker runs ops->work */
     SRV_JOB_FINISHED, /* the reply is final */
 } srv_job_state;
@@ -134,8 +134,9 @@ bool srv__job_room(srv_server *s, srv_job_refusal *no);
 
 /* Whether the job may wait with the scheduler: false, with *no, when the drain timeout passed,
  * its deadline (its lease's) has passed, the work queued ahead of it and its own would end past
- * that deadline, or --max-queue jobs are admitted. True takes its slot of --max-queue: the
- * caller then starts it. Edge's thread. */
+ * that deadline, or --max-queue jobs are admitted. True takes its slot of --max-queue and
+ * makes the job QUEUED (srv__job_abandon may answer it from then on): the caller then starts
+ * it. Edge's thread. */
 bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_job_refusal *no);
 
 /* Takes the job's place in the order `order` names, if any (edge's thread, after admission). */

@@ -556,6 +556,8 @@ static void test_queue_deadline_answered_in_time(void)
     CHECK(resp && strstr(resp, "--request-timeout-ms") != NULL);
     CHECKF(a_answered > 0.9 && a_answered < 1.0 + prompt_s(0.3, 1.0 / 8), "answered after %.3f s",
            a_answered);
+    /* B, with the later deadline, was still computing when A was answered. */
+    CHECK(metric_value(d.port, RUNNING) == 1);
     CHECK(metric_value(d.port, QUEUED) == 0);
     free(resp);
     close(fd);
