@@ -21,20 +21,22 @@
  * bytes once, measured in turns in the same process. A step has to read every weight once,
  * so the ratio says how close it comes to the memory's pace:
  *
- *   mha decode e=4096 h=32 kv=8 d=128 cache=256 weights_mb=84.0 step_ms=3.9 stream_ms=3.1 ratio=1.26
+ *   mha decode e=E h=H kv=KV d=D cache=C weights_mb=.. step_ms=.. stream_ms=.. ratio=..
  *
  * And dynamic batching: N = 1, 8 and 32 sequences of 256 cached tokens each take a one-token
  * step, as one eng_mha_batch call and as N eng_mha calls one after another, against the same
  * stream of the weights, all three in turns in one process. The batch reads the weights once
  * for all N steps; the N calls read them N times:
  *
- *   mha decode batch e=4096 n=8 cache=256 batch_ms=5.1 alone_ms=31.0 stream_ms=3.1 batch_ratio=1.65 alone_ratio=10.0 speedup=6.08
+ *   mha decode batch e=E n=N cache=C batch_ms=.. alone_ms=.. stream_ms=.. batch_ratio=..
+ *       alone_ratio=.. speedup=..
  *
  * And prefill: a prompt of 256 tokens through the same bf16 layers (causal self-attention, no
  * cache), as a fraction of the FMA peak measured in turns with it in the same process. gflops
  * counts the four projections (2 rows x in x out each) and the causal half of the attention:
  *
- *   mha prefill b=1 e=4096 h=32 kv=8 d=128 l=256 causal=1 ms=341.8 gflops=64.4 peak_gflops=96.2 peak_ratio=0.67 rss_mb=341 kernels=avx2
+ *   mha prefill b=1 e=E h=H kv=KV d=D l=256 causal=1 ms=.. gflops=.. peak_gflops=.. peak_ratio=..
+ *       rss_mb=.. kernels=SET
  *
  * `--decode` runs the decode lines only (no sgemm baseline, no prefill cases); `--prefill` the
  * prefill lines only.
