@@ -26,7 +26,6 @@
 /* clang-format on */
 #include <cblas.h>
 #include <errno.h>
-#include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,52 +60,13 @@ static const bench_case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
-typedef struct {
-    const float *data;
-    size_t n;
-    double sum;
-} stream_part;
-
-/* Sums a part of memory with four vector accumulators: about as fast as memory can be read. */
-__attribute__((target("avx2"))) static void *stream_read(void *p)
-{
-    stream_part *s = p;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (size_t i = 0; i + 32 <= s->n; i += 32)
-        for (int k = 0; k < 4; k++)
-            acc[k] = _mm256_add_ps(acc[k], _mm256_loadu_ps(s->data + i + 8 * (size_t)k));
-    float lanes[8];
-    _mm256_storeu_ps(lanes,
-                     _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (int k = 0; k < 8; k++)
-        s->sum += lanes[k];
-    return NULL;
-}
-
-/* Memory read bandwidth in GB/s: `threads` threads summing disjoint parts of 1 GiB. */
+/* Memory read bandwidth in GB/s: `threads` threads reading disjoint parts of 1 GiB (the best
+ * of four). */
 static double memory_gbps(int threads)
 {
-    size_t n = (size_t)1 << 28;
-    float *x = bench_random_floats(n, 4, 1.0f);
-    pthread_t tid[64];
-    stream_part parts[64];
-    if (threads > 64)
-        threads = 64;
-    double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = bench_seconds();
-        for (int i = 0; i < threads; i++) {
-            parts[i] = (stream_part){x + n / (size_t)threads * (size_t)i, n / (size_t)threads, 0};
-            pthread_create(&tid[i], NULL, stream_read, &parts[i]);
-        }
-        for (int i = 0; i < threads; i++)
-            pthread_join(tid[i], NULL);
-        double t = bench_seconds() - t0;
-        best = t < best ? t : best;
-    }
-    free(x);
-    return (double)(n * sizeof(float)) / best * 1e-9;
+    size_t bytes = (size_t)1 << 30;
+    double t = bench_stream_seconds(bytes, threads, 4);
+    return t > 0 ? (double)bytes / t * 1e-9 : 0;
 }
 
 /* ---- One case (in a child process) ------------------------------------------------------------
