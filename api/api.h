@@ -173,46 +173,58 @@ void api_lease_shorten(api_lease *lease, int64_t timeout_ms);
 /* Returns everything the lease still holds; a second call does nothing. */
 void api_lease_end(api_lease *lease);
 
-/* ---- Registered layers --------------------------------------------------------------------- */
+/* ---- Registered models -------------------------------------------------------------------- */
 
-/* The layers the daemon serves by name: the built-in "demo" and every --model NAME=PATH.
- * Built once at start-up on the main thread, read-only afterwards (so any thread may read). */
+/* The models the daemon serves by name: the built-in "demo" and every --model. Built once at
+ * start-up on the main thread, read-only afterwards (so any thread may read). */
 typedef struct api_models api_models;
+
+/* What describes a model read from a checkpoint: its family (config.json's model_type) and the
+ * index in the checkpoint of the model's first layer (K of :layer=K; 0 for every layer). */
+typedef struct {
+    char family[32];
+    int64_t layer;
+} api_model_about;
+
+/* A registered model: one attention layer (the demo, a file's, a checkpoint's :layer=K) or the
+ * attention layers of a whole checkpoint, in their order. Every layer bears the model's name and
+ * has its embed_dim, heads, kv heads and head size (their positions, windows and scales may
+ * differ); layer[i] is layer about->layer + i of its checkpoint. */
+typedef struct {
+    const char *name;
+    int64_t layers;                /* N >= 1 */
+    const eng_layer *const *layer; /* [N] */
+    const api_model_about *about; /* NULL: no checkpoint's (the demo, a file's, api_models_add's) */
+} api_model;
 
 /* A registry holding the demo layer; NULL when memory runs out. */
 api_models *api_models_new(void);
 void api_models_free(api_models *models); /* NULL is a no-op; frees the layers too */
 
-/* Registers `layer` under its name, taking ownership of it (also on failure, when it is
- * freed). Fails, with `err` filled, when the name is taken or not a valid model name
- * ([A-Za-z0-9_.-], 1 to 63 bytes). */
+/* Registers `layer` as a one-layer model under its name, taking ownership of it (also on
+ * failure, when it is freed). Fails, with `err` filled, when the name is taken or not a valid
+ * model name ([A-Za-z0-9_.-], 1 to 63 bytes). */
 bool api_models_add(api_models *models, eng_layer *layer, char *err, size_t errlen);
 
 /* What a --model names: a safetensors file with one attention layer (its tensors named as
  * nn.MultiheadAttention's state dict, q_proj/k_proj/v_proj/o_proj or W_Q/W_K/W_V/W_O, its head
  * counts from the header's __metadata__ unless given) or a Hugging Face checkpoint directory
  * (config.json plus model.safetensors, or model.safetensors.index.json and its shards), of
- * which one decoder layer's attention is served. Which of the two a path is, api decides. */
+ * which every decoder layer's attention is served, or one. Which of the two a path is, api
+ * decides. */
 typedef struct {
     const char *name;        /* the model's name */
     const char *path;        /* a file or a checkpoint directory */
-    int64_t layer;           /* a directory's layer; < 0: not given (layer 0) */
+    int64_t layer;           /* a directory's one layer; < 0: not given (every layer) */
     int64_t heads, kv_heads; /* a file's head counts; 0: from the file */
 } api_model_source;
 
-/* Loads `src` and registers its layer under src->name. The files are mapped for the call and
- * only the layer's tensors read. The registered layer, or NULL with `err` filled: a sentence
+/* Loads `src` and registers it under src->name. The files are mapped for the call and only the
+ * layers' attention tensors read. The registered model, or NULL with `err` filled: a sentence
  * naming the path and the tensor or config field that stops the load, or why the name cannot
  * be registered. Main thread, at start-up (as api_models_add). */
-const eng_layer *api_models_load(api_models *models, const api_model_source *src, char *err,
+const api_model *api_models_load(api_models *models, const api_model_source *src, char *err,
                                  size_t errlen);
-
-/* What describes a layer read from a checkpoint: its family (config.json's model_type) and its
- * index in that model. */
-typedef struct {
-    char family[32];
-    int64_t layer;
-} api_model_about;
 
 /* The attention of layer `layer` of the Hugging Face checkpoint in directory `dir`
  * (config.json plus model.safetensors, or model.safetensors.index.json and its shards; the
@@ -223,20 +235,21 @@ typedef struct {
 eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
                                char *err, size_t errlen);
 
-/* One line describing a registered layer for logs: family, layer, heads, kv heads, head size,
- * positions, window, dtype, bytes of weights. */
-void api_layer_summary(const api_models *models, const eng_layer *layer, char *buf, size_t len);
+/* One line describing a registered model for logs: family, layers, heads, kv heads, head size,
+ * positions, windows, dtype, bytes of weights (every layer's, panels included). */
+void api_model_summary(const api_model *model, char *buf, size_t len);
 
-/* The description of a registered layer (NULL for a layer that has none: the demo, a file's,
- * or one added with api_models_add). */
-const api_model_about *api_models_about(const api_models *models, const eng_layer *layer);
+/* The parameters of every layer of the model, and the bytes they and their packed panels take
+ * (eng_layer_params, eng_layer_bytes summed). */
+int64_t api_model_params(const api_model *model);
+size_t api_model_bytes(const api_model *model);
 
-/* The layer called `name`, or NULL. */
-const eng_layer *api_models_find(const api_models *models, const char *name);
+/* The model called `name`, or NULL. */
+const api_model *api_models_find(const api_models *models, const char *name);
 
-/* The number of layers and the i-th (in registration order, "demo" first). */
+/* The number of models and the i-th (in registration order, "demo" first). */
 size_t api_models_count(const api_models *models);
-const eng_layer *api_models_at(const api_models *models, size_t i);
+const api_model *api_models_at(const api_models *models, size_t i);
 
 /* ---- One call ------------------------------------------------------------------------------ */
 
@@ -253,7 +266,7 @@ typedef struct {
                                  the lease. NULL: a private one, ended by the call (no budget, no
                                  cancellation, the deadline from the limits counted from the call) */
     const api_limits *limits; /* NULL: api_limits_default() */
-    const api_models *models; /* the registered layers (routes that name a model) */
+    const api_models *models; /* the registered models (routes that name a model) */
     /* HTTP details some routes need (NULL when absent), captured by the server: */
     const char *content_encoding; /* Content-Encoding: undone by api_call_encoded */
     const char *accept_encoding;  /* Accept-Encoding: api_call_encoded compresses the reply */
@@ -592,8 +605,12 @@ typedef struct {
                          that the server can take the step's ticket at admission), when it is
                          one of 1 to 39 bytes without escapes; "" otherwise. Not checked: the
                          route answers for an id that names no session */
-    char model[64];   /* native: the top-level "model" string on the same terms (the layer a
+    char model[64];   /* native: the top-level "model" string on the same terms (the model a
                          /v1/mha request names, for api_batch_key); "" otherwise */
+    int64_t layer;    /* the layer of a multi-layer model the request names, for api_batch_key:
+                         native the top-level "layer", v2 "parameters.layer" (gRPC's
+                         parameters["layer"]), an integer below 2^31; 0 when not given or not
+                         readable cheaply */
     bool unread;      /* a gzip or deflate body that could not be inflated here (more than
                          API_PEEK_INFLATE_MAX bytes of it, a corrupt stream, or no memory for it
                          in the budget now): nothing above was read */
@@ -615,19 +632,20 @@ typedef struct {
  * and (v2) inference_header_length; nothing else. Fills all of *out; api_peek_free releases it.
  *
  * api_peek_native is for the native routes: the top-level "timeout_ms" (the native routes take
- * no priority), "session" and "model" (which only /v1/mha has) in one walk. api_peek_v2 is for
- * KServe v2 inference: the top-level "parameters" object's "timeout_ms" and Triton's "timeout"
- * (microseconds), the tighter of the two, Triton's "priority", and Triton's "sequence_id" (for
- * api_sequence_ticket_take), in one walk over the JSON before the binary tensor data.
+ * no priority), "session", "model" and "layer" (which only /v1/mha has) in one walk. api_peek_v2
+ * is for KServe v2 inference: the top-level "parameters" object's "timeout_ms" and Triton's
+ * "timeout" (microseconds), the tighter of the two, Triton's "priority", Triton's "sequence_id"
+ * (for api_sequence_ticket_take) and "layer", in one walk over the JSON before the binary tensor
+ * data.
  *
  * Exact about structure: a "timeout_ms" inside a string or a nested object does not count.
  * A value that is not an integer in the route's range reads as 0. Never an error: the route
  * validates the body and reports what is wrong. Cheap: a native body where no quote opens
- * "timeout", "session" or "model" costs one memchr pass over its quotes, a v2 body without the text
- * "parameters" one memmem; otherwise one pass over the top level, which skips strings with
- * memchr. A gzip or deflate body is inflated first, at most API_PEEK_INFLATE_MAX bytes of it,
- * reserved through call->lease (when it has one); past that, or when it cannot be, out->unread
- * is set and nothing else. A plain body allocates nothing. Any thread. */
+ * "timeout", "session", "model" or "layer" costs one memchr pass over its quotes, a v2 body
+ * without the text "parameters" one memmem; otherwise one pass over the top level, which skips
+ * strings with memchr. A gzip or deflate body is inflated first, at most API_PEEK_INFLATE_MAX bytes
+ * of it, reserved through call->lease (when it has one); past that, or when it cannot be,
+ * out->unread is set and nothing else. A plain body allocates nothing. Any thread. */
 void api_peek_native(const api_call *call, api_peek *out);
 void api_peek_v2(const api_call *call, api_peek *out);
 /* Frees what a peek inflated and gives its reservation back; *p is zeroed (and a zeroed peek
@@ -642,7 +660,7 @@ int64_t api_v2_timeout_peek(const api_call *call);
 
 /* The routes whose requests may run together: layer passes (POST /v1/mha, session steps
  * included, and KServe v2 inference of a layer model over HTTP or gRPC) that name the same
- * layer. */
+ * layer of the same model. */
 typedef enum {
     API_BATCH_NONE = 0,    /* runs alone */
     API_BATCH_MHA,         /* api_mha */
@@ -659,10 +677,12 @@ typedef struct {
 } api_batch_member;
 
 /* The layer a waiting request of `route` runs, as a key that the requests which may share one
- * engine call have in common: from call->model (v2 and gRPC: the model the path or the message
- * names), or the body's "model" or the model of its "session" (peek, api_peek_native). 0 when it
- * cannot be known cheaply (no peek, an inline layer, an unknown name): the request then runs alone.
- * Any thread (the server's I/O thread). */
+ * engine call have in common: the model from call->model (v2 and gRPC: the model the path or the
+ * message names), or the body's "model" or the model of its "session" (peek, api_peek_native),
+ * and its layer peek->layer. 0 when it cannot be known cheaply (no peek, an inline layer, an
+ * unknown name, a layer past the model's): the request then runs alone. Requests of one key
+ * may still run apart: api_call_batch groups them by the layer their check finds. Any thread
+ * (the server's I/O thread). */
 uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_peek *peek);
 
 /* Serves `n` requests as their routes would one by one, each with its own reply, status,
@@ -742,7 +762,7 @@ void api_grpc_statistics(const api_model_stats *st, size_t n, api_reply *reply);
 
 /* What a ModelInferRequest says about queueing it, read on the I/O thread without decoding
  * its tensors: its model and version (NUL-terminated, truncated to fit), and its timeout,
- * priority and sequence_id as api_peek has them (sequence_id points into the message). */
+ * priority, sequence_id and layer as api_peek has them (sequence_id points into the message). */
 typedef struct {
     char model[64], version[16];
     api_peek peek;

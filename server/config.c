@@ -163,10 +163,11 @@ static const srv_option options[] = {
      "serve the safetensors layer at PATH (F32, F16 or BF16; nn.MultiheadAttention, "
      "q_proj/k_proj/v_proj/o_proj or W_Q/W_K/W_V/W_O names) as model NAME, loaded at "
      "start-up; heads and kv_heads override the file's __metadata__ num_heads and "
-     "num_kv_heads; or the attention of layer K (default 0) of the Hugging Face checkpoint "
-     "in directory DIR (config.json and model.safetensors or an index and shards; see "
-     "docs/huggingface.md); a model that cannot be loaded stops the start (exit 2); "
-     "repeatable (the variable takes a comma-separated list)", NULL},
+     "num_kv_heads; or the attention of every layer (a request names one with \"layer\"), "
+     "or of layer K alone, of the Hugging Face checkpoint in directory DIR (config.json and "
+     "model.safetensors or an index and shards; see docs/huggingface.md); a model that "
+     "cannot be loaded stops the start (exit 2); repeatable (the variable takes a "
+     "comma-separated list)", NULL},
     {"log-level", "ATTND_LOG_LEVEL", OPT_ENUM, OFF(log_level), 0, 0, "info", "LEVEL",
      "error, warn, info or debug", level_names},
     {"tls-cert", "ATTND_TLS_CERT", OPT_STR, OFF(tls_cert), 0, 0, NULL, "FILE",

@@ -315,14 +315,15 @@ static void job_refuse(grpc_job *job, srv_outcome o, const char *msg)
     job_end(&job->job, SRV_JOB_ANSWERED);
 }
 
-/* The layer the inference runs, when batching is on (api_batch_key): the message's model. */
+/* The layer the inference runs, when batching is on (api_batch_key): the message's model and
+ * its parameter "layer". */
 static uint64_t batch_key(const srv_server *s, const grpc_job *job, const api_grpc_infer_peek *pk)
 {
-    api_peek none = {0};
     api_call call = {.models = s->models, .model = pk->model};
     if (!s->batcher)
         return 0;
-    return api_batch_key(job->stream ? API_BATCH_GRPC_STREAM : API_BATCH_GRPC_INFER, &call, &none);
+    return api_batch_key(job->stream ? API_BATCH_GRPC_STREAM : API_BATCH_GRPC_INFER, &call,
+                         &pk->peek);
 }
 
 static void submit(grpc_call *call, grpc_msg *m)

@@ -85,18 +85,18 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
                                 .kv_heads = m->kv_heads};
         char why[512];
         int64_t t0 = eng_now_ns();
-        const eng_layer *layer = api_models_load(models, &src, why, sizeof why);
-        if (!layer) {
+        const api_model *model = api_models_load(models, &src, why, sizeof why);
+        if (!model) {
             /* The message names the file and the tensor or config field. */
             snprintf(err, errlen, "--model %s: %s", m->name, why);
             api_models_free(models);
             return NULL;
         }
-        api_layer_summary(models, layer, why, sizeof why);
+        api_model_summary(model, why, sizeof why);
         srv_log(SRV_LOG_INFO,
                 "loaded model %s from %s: %s; embed_dim %lld, %lld parameters in %.1f ms",
-                layer->name, m->path, why, (long long)layer->embed_dim,
-                (long long)eng_layer_params(layer), (double)(eng_now_ns() - t0) / 1e6);
+                model->name, m->path, why, (long long)model->layer[0]->embed_dim,
+                (long long)api_model_params(model), (double)(eng_now_ns() - t0) / 1e6);
     }
     return models;
 }

@@ -79,7 +79,7 @@ typedef struct {
     char *name;
     char *path;
     int64_t heads, kv_heads; /* 0: from the file's __metadata__ */
-    int64_t layer;           /* the checkpoint's layer; -1: not given (0 for a directory) */
+    int64_t layer;           /* the checkpoint's one layer; -1: not given (every layer) */
 } srv_model;
 
 /* Every option of the daemon; see the table in config.c for bounds, defaults and help. */

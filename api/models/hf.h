@@ -1,5 +1,5 @@
 /*
- * hf.h - reading one attention layer of a Hugging Face checkpoint directory (config.json plus
+ * hf.h - reading the attention layers of a Hugging Face checkpoint directory (config.json plus
  * model.safetensors, or model.safetensors.index.json and its shards): the config reader
  * (hf_config.c), the files (hf_files.c, whose shards safetensors.c reads) and the families'
  * tensor names and the roles they play for the engine (hf_layer.c).
@@ -7,8 +7,10 @@
  * Usage (what api_models_load does with a directory):
  *
  *     char err[512];
- *     api_model_about about;                           // family and layer, for descriptions
- *     eng_layer *l = api__checkpoint_load("llama", dir, 2, NULL, &about, err, sizeof err);
+ *     api_model_about about;                           // family and first layer
+ *     int64_t n;
+ *     eng_layer **all = api__checkpoint_layers("llama", dir, -1, &n, &about, err, sizeof err);
+ *     eng_layer **one = api__checkpoint_layers("l2", dir, 2, &n, &about, err, sizeof err);
  */
 #ifndef ATTND_API_MODELS_HF_H
 #define ATTND_API_MODELS_HF_H
@@ -121,10 +123,12 @@ int api__hf_shard_check(const unsigned char *bytes, size_t size, const char *fil
  * present), as api__hf_files_open makes them, for the fuzzer. */
 int api__hf_index_check(const char *dir, const char *text, size_t len, hf_error *e);
 
-/* api_checkpoint_load, and what describes the layer (its family's model_type and its index)
- * into `about` (may be NULL). */
-eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer,
-                                size_t *bytes_read, api_model_about *about, char *err,
-                                size_t errlen);
+/* As api_checkpoint_load, layer `layer` of the checkpoint, or every layer in order when `layer`
+ * is < 0 (0 to num_hidden_layers - 1), each a decoder layer named `name`: an array of *n
+ * layers (the caller frees each and the array), and what describes them (the family's
+ * model_type and the index of the first) into `about`. NULL on failure, with `err` naming the
+ * config field, file or tensor (of which layer) that stops it; nothing is left allocated. */
+eng_layer **api__checkpoint_layers(const char *name, const char *dir, int64_t layer, int64_t *n,
+                                   api_model_about *about, char *err, size_t errlen);
 
 #endif

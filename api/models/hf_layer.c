@@ -391,37 +391,89 @@ static json_t *read_config(const char *dir, hf_error *e)
     return cfg;
 }
 
+/* A load: the checkpoint, its layers asked for, and what comes back. */
+typedef struct {
+    const char *name, *dir;
+    int64_t first; /* < 0: 0 */
+    bool all;      /* every layer from `first` on; else `first` alone */
+    eng_layer **layers;
+    int64_t n;
+    size_t bytes_read;
+    api_model_about about;
+} hf_load;
+
+/* Builds ld's layers from the parsed config and the open files; -1 with `e` filled (and every
+ * layer made so far freed) when one cannot be. */
+static int layers_build(hf_load *ld, const json_t *cfg, hf_files *files, hf_error *e)
+{
+    hf_config *c = malloc(sizeof *c);
+    if (!c)
+        return api__hf_fail(e, "", "out of memory");
+    int rc = api__hf_config_read(cfg, ld->first, c, e);
+    int64_t count = rc == 0 && ld->all ? c->layers - c->layer : 1;
+    ld->layers = rc == 0 ? calloc((size_t)count, sizeof *ld->layers) : NULL;
+    if (rc == 0 && !ld->layers)
+        rc = api__hf_fail(e, "", "out of memory");
+    if (rc == 0) {
+        snprintf(ld->about.family, sizeof ld->about.family, "%s", c->family->model_type);
+        ld->about.layer = c->layer;
+    }
+    for (int64_t i = 0; rc == 0 && i < count; i++) {
+        if (i > 0)
+            rc = api__hf_config_read(cfg, ld->about.layer + i, c, e);
+        if (rc == 0 && !(ld->layers[i] = layer_build(ld->name, c, files, e)))
+            rc = -1;
+        ld->n = rc == 0 ? i + 1 : ld->n;
+    }
+    if (rc != 0) {
+        for (int64_t i = 0; i < ld->n; i++)
+            eng_layer_free(ld->layers[i]);
+        free(ld->layers);
+        ld->layers = NULL;
+        ld->n = 0;
+    }
+    free(c);
+    return rc;
+}
+
+/* Reads the checkpoint's config and files and builds ld's layers; false with `err` filled. */
+static bool checkpoint_read(hf_load *ld, char *err, size_t errlen)
+{
+    hf_error e;
+    memset(&e, 0, sizeof e);
+    json_t *cfg = read_config(ld->dir, &e);
+    hf_files *files = cfg ? api__hf_files_open(ld->dir, &e) : NULL;
+    bool ok = files && layers_build(ld, cfg, files, &e) == 0;
+    ld->bytes_read = files ? api__hf_files_bytes_read(files) : 0;
+    api__hf_files_close(files);
+    json_decref(cfg);
+    if (!ok)
+        snprintf(err, errlen, "%s: %s%s%s", ld->dir, e.message, e.field[0] ? " [field: " : "",
+                 e.field[0] ? e.field : "");
+    if (!ok && e.field[0] && errlen > 1)
+        snprintf(err + strlen(err), errlen - strlen(err), "]");
+    return ok;
+}
+
 eng_layer *api_checkpoint_load(const char *name, const char *dir, int64_t layer, size_t *bytes_read,
                                char *err, size_t errlen)
 {
-    return api__checkpoint_load(name, dir, layer, bytes_read, NULL, err, errlen);
+    hf_load ld = {.name = name, .dir = dir, .first = layer};
+    bool ok = checkpoint_read(&ld, err, errlen);
+    eng_layer *l = ok ? ld.layers[0] : NULL;
+    free(ld.layers);
+    if (bytes_read)
+        *bytes_read = ld.bytes_read;
+    return l;
 }
 
-eng_layer *api__checkpoint_load(const char *name, const char *dir, int64_t layer,
-                                size_t *bytes_read, api_model_about *about, char *err,
-                                size_t errlen)
+eng_layer **api__checkpoint_layers(const char *name, const char *dir, int64_t layer, int64_t *n,
+                                   api_model_about *about, char *err, size_t errlen)
 {
-    hf_error e;
-    hf_config c;
-    memset(&e, 0, sizeof e);
-    eng_layer *l = NULL;
-    json_t *cfg = read_config(dir, &e);
-    hf_files *files = NULL;
-    if (cfg && api__hf_config_read(cfg, layer, &c, &e) == 0 &&
-        (files = api__hf_files_open(dir, &e)))
-        l = layer_build(name, &c, files, &e);
-    if (bytes_read)
-        *bytes_read = files ? api__hf_files_bytes_read(files) : 0;
-    api__hf_files_close(files);
-    json_decref(cfg);
-    if (!l)
-        snprintf(err, errlen, "%s: %s%s%s", dir, e.message, e.field[0] ? " [field: " : "",
-                 e.field[0] ? e.field : "");
-    if (!l && e.field[0] && errlen > 1)
-        snprintf(err + strlen(err), errlen - strlen(err), "]");
-    if (l && about) {
-        snprintf(about->family, sizeof about->family, "%s", c.family->model_type);
-        about->layer = c.layer;
-    }
-    return l;
+    hf_load ld = {.name = name, .dir = dir, .first = layer, .all = layer < 0};
+    bool ok = checkpoint_read(&ld, err, errlen);
+    *n = ld.n;
+    if (ok)
+        *about = ld.about;
+    return ld.layers;
 }

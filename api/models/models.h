@@ -1,5 +1,5 @@
 /*
- * models.h - what the registry of named layers (api_models, api.h) checks of a name.
+ * models.h - what the registry of named models (api_models, api.h) checks of a name.
  */
 #ifndef ATTND_API_MODELS_MODELS_H
 #define ATTND_API_MODELS_MODELS_H

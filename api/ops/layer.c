@@ -161,35 +161,60 @@ done:
     return rc;
 }
 
+/* Which of model m's layers the request runs: r.layer, which a model of several layers needs. */
+static int pick_layer(api__layer *s, const api_model *m, api__error *err)
+{
+    const api__layer_req *r = &s->r;
+    if (!r->layer_set && m->layers > 1)
+        return api__error_invalid(err, "layer",
+                                  "model \"%s\" has %lld layers: name the one to run with layer "
+                                  "(0 to %lld)",
+                                  m->name, (long long)m->layers, (long long)(m->layers - 1));
+    if (r->layer_set && r->layer >= m->layers)
+        return api__error_invalid(err, "layer",
+                                  "layer is %lld but model \"%s\" has %lld layer%s (0 to %lld)",
+                                  (long long)r->layer, m->name, (long long)m->layers,
+                                  m->layers == 1 ? "" : "s", (long long)(m->layers - 1));
+    s->index = r->layer_set ? r->layer : 0;
+    s->layer = m->layer[s->index];
+    return 0;
+}
+
 static int find_layer(api__layer *s, api__error *err)
 {
     const api__layer_req *r = &s->r;
-    const eng_layer *l = s->layer;
-    if (r->has_weights)
+    const api_model *m = s->model;
+    if (r->has_weights) {
+        if (r->layer_set && r->layer > 0)
+            return api__error_invalid(err, "layer",
+                                      "layer is %lld but inline weights are one layer (0)",
+                                      (long long)r->layer);
         return build_inline_layer(s, err);
-    if (!l) {
-        /* A session made for a model names the layer when the step does not. */
+    }
+    if (!m) {
+        /* A session made for a model names it when the step does not. */
         const char *name = r->model ? r->model : s->sess ? s->sess->model : "";
         if (!name[0] && s->sess)
             return api__error_invalid(err, "model",
                                       "session %s was created by its shape, not for a model: "
                                       "name the model (or give weights)",
                                       s->sess->id);
-        l = s->rq->call->models ? api_models_find(s->rq->call->models, name) : NULL;
-        if (!l)
+        m = s->rq->call->models ? api_models_find(s->rq->call->models, name) : NULL;
+        if (!m)
             return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
                                   "no model \"%.64s\"; GET /v1/models lists them", name);
     }
+    const eng_layer *l = m->layer[0]; /* the shape every layer shares */
     if (r->num_heads && r->num_heads != l->num_heads)
         return api__error_invalid(err, "num_heads",
                                   "num_heads is %lld but model \"%s\" has %lld heads; leave it out",
-                                  (long long)r->num_heads, l->name, (long long)l->num_heads);
+                                  (long long)r->num_heads, m->name, (long long)l->num_heads);
     if (r->num_kv_heads && r->num_kv_heads != l->num_kv_heads)
         return api__error_invalid(err, "num_kv_heads",
                                   "num_kv_heads is %lld but model \"%s\" has %lld; leave it out",
-                                  (long long)r->num_kv_heads, l->name, (long long)l->num_kv_heads);
-    s->layer = l;
-    return 0;
+                                  (long long)r->num_kv_heads, m->name, (long long)l->num_kv_heads);
+    s->model = m;
+    return pick_layer(s, m, err);
 }
 
 /* A decoder layer (from a checkpoint) carries its positions, window and causality: a request
@@ -204,12 +229,12 @@ static int decoder_fits(const api__layer *s, api__error *err)
                         : r->rope_base_set                                        ? "rope_base"
                         : r->rope_style_set                                       ? "rope_style"
                                                                                   : NULL;
-    const api_model_about *about = api_models_about(s->rq->call->models, l);
+    const api_model_about *about = s->model ? s->model->about : NULL;
     if (field)
         return api__error_invalid(err, field,
-                                  "model \"%s\" is layer %lld of a %s checkpoint with its own "
-                                  "positions (%s): leave %s out",
-                                  l->name, (long long)(about ? about->layer : 0),
+                                  "model \"%s\" runs layer %lld of a %s checkpoint, which has its "
+                                  "own positions (%s): leave %s out",
+                                  l->name, (long long)((about ? about->layer : 0) + s->index),
                                   about ? about->family : "decoder",
                                   l->spec.rope.rotary_dim ? "rope" : "none", field);
     /* Not given: a session's default (causal_default), which must not be false either. */
@@ -344,6 +369,13 @@ static int session_fits_layer(const api__layer *s, api__error *err)
             err, "session", "session %s is the KV cache of model \"%s\", not of %s%s%s", ss->id,
             ss->model, s->inline_layer ? "inline weights" : "model \"",
             s->inline_layer ? "" : l->name, s->inline_layer ? "" : "\"");
+    if (ss->layers != (s->model ? s->model->layers : 1))
+        return api__error_invalid(
+            err, "session",
+            "session %s holds the caches of %lld layer%s, but model \"%s\" has %lld: create the "
+            "session with \"model\"",
+            ss->id, (long long)ss->layers, ss->layers == 1 ? "" : "s", l->name,
+            (long long)(s->model ? s->model->layers : 1));
     if (ss->num_heads != l->num_heads || ss->shape.num_kv_heads != l->num_kv_heads ||
         ss->shape.head_dim != D || ss->shape.value_head_dim != D)
         return api__error_invalid(
@@ -441,14 +473,21 @@ static int session_check(api__layer *s, api__error *err)
                                   "the new tokens of a session step are its last positions: "
                                   "causal is bottom_right (true) or false, not top_left");
     int64_t length;
-    if (api__session_check_append(ss, r->expect_set, r->expect_length, s->L, "input", &length,
-                                  err) != 0)
+    if (api__session_check_append(ss, s->index, r->expect_set, r->expect_length, s->L, "input",
+                                  &length, err) != 0)
         return -1;
     s->S = length + s->L;
     return 0;
 }
 
 /* ---- Options ---------------------------------------------------------------------------- */
+
+static int o_layer(void *req, const json_t *v, const char *name, api__error *err)
+{
+    api__layer_req *r = req;
+    r->layer_set = true;
+    return api__option_int(v, name, 0, API_LAYER_MAX, &r->layer, err);
+}
 
 static int o_causal(void *req, const json_t *v, const char *name, api__error *err)
 {
@@ -501,10 +540,15 @@ static int o_timeout_ms(void *req, const json_t *v, const char *name, api__error
 }
 
 const api__option_def api__layer_options[] = {
-    {"causal", o_causal},         {"query_offset", o_query_offset},
-    {"positional", o_positional}, {"rope_base", o_rope_base},
-    {"rope_style", o_rope_style}, {"add_zero_attn", o_add_zero_attn},
-    {"precision", o_precision},   {"timeout_ms", o_timeout_ms},
+    {"layer", o_layer},
+    {"causal", o_causal},
+    {"query_offset", o_query_offset},
+    {"positional", o_positional},
+    {"rope_base", o_rope_base},
+    {"rope_style", o_rope_style},
+    {"add_zero_attn", o_add_zero_attn},
+    {"precision", o_precision},
+    {"timeout_ms", o_timeout_ms},
 };
 const size_t api__layer_n_options = sizeof api__layer_options / sizeof api__layer_options[0];
 
@@ -558,7 +602,7 @@ static void build_args(api__layer *s)
     a->precision = r->precision_set                         ? r->precision
                    : s->sess && s->sess->opts.precision_set ? s->sess->opts.precision
                                                             : s->rq->limits.default_precision;
-    a->kv_cache = s->sess ? s->sess->seq : NULL;
+    a->kv_cache = s->sess ? s->sess->cache[s->index].seq : NULL;
 }
 
 /* Points the engine arguments at the decoded buffers in place of build_args' placeholders. */
@@ -744,7 +788,7 @@ static int run_result(api__layer *s, eng_status st, const eng_error *e, api__err
 {
     api_sessions *reg = s->rq->call->sessions;
     if (s->sess)
-        s->length = eng_kv_seq_length(s->sess->seq);
+        s->length = eng_kv_seq_length(s->args.kv_cache);
     if (st == ENG_OK && s->sess)
         session_positions_keep(s);
     if (st == ENG_OK)
@@ -766,7 +810,8 @@ static int layer_run(void *op, int64_t *compute_ns, api__error *err)
     int64_t t0 = eng_now_ns();
     int fail = 0;
     if (s->sess) /* the pool may need room for the new tokens' keys and values */
-        fail = api__session_with_room(reg, s->sess, s->L, layer_engine, s, &st, &e, err);
+        fail = api__session_with_room(reg, s->sess, eng_kv_seq_append_bytes(s->args.kv_cache, s->L),
+                                      layer_engine, s, &st, &e, err);
     else
         st = layer_engine(s, &e);
     *compute_ns = eng_now_ns() - t0;

@@ -25,8 +25,15 @@
 
 #define API_LAYER_MAX_WEIGHTS 16
 
+/* The most a request's "layer" may say before it is compared with its model's layers (those
+ * the server's peek reads too). */
+#define API_LAYER_MAX ((int64_t)INT32_MAX)
+
 typedef struct {
-    const char *model; /* a registered layer's name (borrowed), or NULL */
+    const char *model; /* a registered model's name (borrowed), or NULL */
+    bool layer_set;    /* "layer": which of the model's layers; not given: 0, which a model of
+                          more than one layer refuses */
+    int64_t layer;
     /* Inline weights under a model file's tensor names (/v1/mha only). */
     bool has_weights;
     size_t n_weights;
@@ -61,7 +68,10 @@ typedef struct {
 typedef struct {
     api__req *rq;
     api__layer_req r;
-    const eng_layer *layer;  /* borrowed from the registry, or inline_layer; set by check */
+    const api_model *model;  /* the registered model (borrowed), or NULL for inline weights; a
+                                route may set it, else check finds r.model */
+    int64_t index;           /* which of its layers runs (r.layer): set by check */
+    const eng_layer *layer;  /* model->layer[index], or inline_layer; set by check */
     eng_layer *inline_layer; /* built from r.wt; owned, freed by free */
     int64_t B, L, S, Sx;     /* Sx: S plus the keys the layer appends */
     api__out_shape os, ws;   /* output and weights: filled by check */
@@ -78,23 +88,27 @@ typedef struct {
 } api__layer;
 
 /* The operation (operation.h) on an api__layer whose rq is set and whose request r a route
- * filled (and s->layer, when the route already knows the layer). check tests the options that
- * exclude each other and the element limit over the inputs, sets the deadline, finds the layer
- * (s->layer, else r.model in call->models: 404; or builds it from inline weights, reserving
- * them in the budget), checks every tensor against it and the element limit over inputs and
- * outputs. Its outputs are output and weights; free frees the inline layer.
+ * filled (and s->model, when the route already knows the model). check tests the options that
+ * exclude each other and the element limit over the inputs, sets the deadline, finds the model
+ * (s->model, else r.model in call->models: 404) and its layer r.layer (422 naming "layer" when a
+ * model of several layers is not told which, or when it has no such layer; inline weights are
+ * one layer), or builds the layer from inline weights, reserving them in the budget, checks
+ * every tensor against it and the element limit over inputs and outputs. Its outputs are output
+ * and weights; free frees the inline layer.
  *
  * With r.session, check also acquires the session (501 sessions off, 404 session_not_found /
  * session_evicted) and checks it against the layer: created for this model (r.model may then
  * be left out), or of its shape (422 "session"); one sequence (422 input), none of the options
- * a cache step refuses (422 naming them), expect_length (409), max_tokens (413). Causal is
- * then bottom-right unless the step (or the session's defaults) says false; the session's
- * window and precision apply unless the step gives its own. run makes room in the pool when
- * it is full (429 when it cannot) and sets s->length; free releases the session. */
+ * a cache step refuses (422 naming them), expect_length against the length of the layer's own
+ * cache (409), max_tokens (413). Causal is then bottom-right unless the step (or the session's
+ * defaults) says false; the session's window and precision apply unless the step gives its own.
+ * run appends to and attends over the layer's cache, makes room in the pool when it is full
+ * (429 when it cannot) and sets s->length (that cache's); free releases the session. */
 extern const api__op api__layer_op;
 
-/* The options every protocol reads the same way into an api__layer_req (options.h): causal,
- * query_offset, positional, rope_base, rope_style, add_zero_attn, precision, timeout_ms. */
+/* The options every protocol reads the same way into an api__layer_req (options.h): layer,
+ * causal, query_offset, positional, rope_base, rope_style, add_zero_attn, precision,
+ * timeout_ms. */
 extern const api__option_def api__layer_options[];
 extern const size_t api__layer_n_options;
 

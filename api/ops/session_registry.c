@@ -57,7 +57,8 @@ void api__turns_free(api__turns *tu)
 static void session_free(api__session *s)
 {
     api__turns_free(&s->turns); /* defensive: every ticket ends before the last reference goes */
-    eng_kv_seq_free(s->seq);
+    for (int64_t i = 0; i < s->layers; i++)
+        eng_kv_seq_free(s->cache[i].seq);
     free(s);
 }
 
@@ -282,14 +283,22 @@ void api_sessions_stats_get(api_sessions *reg, api_sessions_stats *st)
     st->tokens = ps.tokens;
 }
 
-eng_kv_pool *api__sessions_pool(api_sessions *reg)
-{
-    return reg->pool;
-}
-
 int64_t api__sessions_default_ttl(const api_sessions *reg)
 {
     return reg->ttl_s;
+}
+
+/* Records the lengths of s's caches, the shortest of them and the bytes of all: the lock held,
+ * or s acquired before anyone else may see it. */
+static void measure_locked(const api_sessions *reg, api__session *s)
+{
+    s->bytes = 0;
+    for (int64_t i = 0; i < s->layers; i++) {
+        int64_t n = eng_kv_seq_length(s->cache[i].seq);
+        s->cache[i].length = n;
+        s->length = i == 0 || n < s->length ? n : s->length;
+        s->bytes += api__session_bytes(reg, &s->shape, n);
+    }
 }
 
 size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, int64_t length)
@@ -331,25 +340,48 @@ static void new_id(const api_sessions *reg, char id[API_SESSION_ID_LEN + 1])
     id[API_SESSION_ID_LEN] = '\0';
 }
 
-int api__sessions_add(api_sessions *reg, eng_kv_seq *seq, int64_t num_heads,
+eng_kv_seq **api__session_caches_new(api_sessions *reg, const eng_kv_shape *shape, int64_t layers,
+                                     eng_error *e)
+{
+    eng_kv_seq **seqs = calloc((size_t)layers, sizeof *seqs);
+    if (!seqs) {
+        memset(e, 0, sizeof *e);
+        e->status = ENG_ENOMEM;
+        snprintf(e->message, sizeof e->message, "out of memory for %lld caches", (long long)layers);
+        return NULL;
+    }
+    for (int64_t i = 0; i < layers; i++) {
+        if (!(seqs[i] = eng_kv_seq_new(reg->pool, shape, e))) {
+            while (i > 0)
+                eng_kv_seq_free(seqs[--i]);
+            free(seqs);
+            return NULL;
+        }
+    }
+    return seqs;
+}
+
+int api__sessions_add(api_sessions *reg, eng_kv_seq *const *seqs, int64_t layers, int64_t num_heads,
                       const api__session_opts *opts, int64_t ttl_s, api__session **out,
                       api__error *err)
 {
-    api__session *s = calloc(1, sizeof *s);
+    api__session *s = calloc(1, sizeof *s + (size_t)layers * sizeof s->cache[0]);
     if (!s) {
-        eng_kv_seq_free(seq);
+        for (int64_t i = 0; i < layers; i++)
+            eng_kv_seq_free(seqs[i]);
         return api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
                               "out of memory for a session");
     }
-    s->seq = seq;
+    s->layers = layers;
+    for (int64_t i = 0; i < layers; i++)
+        s->cache[i].seq = seqs[i];
     s->num_heads = num_heads;
-    s->shape = eng_kv_seq_shape(seq);
+    s->shape = eng_kv_seq_shape(seqs[0]);
     s->opts = *opts;
     s->ttl_s = ttl_s;
     s->created_s = s->last_used_s = wall_s();
     s->last_used_ns = eng_now_ns();
-    s->length = eng_kv_seq_length(seq);
-    s->bytes = api__session_bytes(reg, &s->shape, s->length);
+    measure_locked(reg, s);
     s->refs = 2; /* the registry's and the caller's (acquired) */
     s->busy = true;
     s->live = true;
@@ -401,12 +433,17 @@ int api__session_acquire(api_sessions *reg, const char *id, api__session **out, 
     return 0;
 }
 
+void api__session_update(api_sessions *reg, api__session *s)
+{
+    pthread_mutex_lock(&reg->lock);
+    measure_locked(reg, s);
+    pthread_mutex_unlock(&reg->lock);
+}
+
 void api__session_release(api_sessions *reg, api__session *s)
 {
-    int64_t length = eng_kv_seq_length(s->seq);
     pthread_mutex_lock(&reg->lock);
-    s->length = length;
-    s->bytes = api__session_bytes(reg, &s->shape, length);
+    measure_locked(reg, s);
     s->last_used_s = wall_s();
     s->last_used_ns = eng_now_ns();
     s->busy = false;
@@ -540,7 +577,7 @@ static double mib(size_t bytes)
     return (double)bytes / (1024.0 * 1024.0);
 }
 
-int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_tokens,
+int api__session_with_room(api_sessions *reg, api__session *s, size_t room,
                            eng_status (*step)(void *arg, eng_error *e), void *arg, eng_status *st,
                            eng_error *e, api__error *err)
 {
@@ -550,7 +587,7 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
         *st = step(arg, e);
         if (*st != ENG_ENOMEM || e->cause != ENG_CAUSE_KV_CACHE_FULL)
             return 0;
-        if (!make_room(reg, s, eng_kv_seq_append_bytes(s->seq, new_tokens)))
+        if (!make_room(reg, s, room))
             return api__error_set(err, API_STATUS_OVERLOADED, API_REASON_MEMORY, NULL,
                                   "the KV cache (--kv-cache-bytes, %.1f MiB) is full of "
                                   "sessions with steps in flight; retry shortly",
@@ -558,10 +595,17 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
     }
 }
 
-int api__session_check_append(const api__session *s, bool expect_set, int64_t expect_length,
-                              int64_t n_new, const char *field, int64_t *length, api__error *err)
+int api__session_check_append(const api__session *s, int64_t layer, bool expect_set,
+                              int64_t expect_length, int64_t n_new, const char *field,
+                              int64_t *length, api__error *err)
 {
-    *length = eng_kv_seq_length(s->seq);
+    *length = eng_kv_seq_length(s->cache[layer].seq);
+    if (expect_set && expect_length != *length && s->layers > 1)
+        return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
+                              "layer %lld of the session holds %lld tokens but the step expects "
+                              "%lld (a retry of a step that was applied, or a layer skipped?); "
+                              "nothing was appended",
+                              (long long)layer, (long long)*length, (long long)expect_length);
     if (expect_set && expect_length != *length)
         return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
                               "the session holds %lld tokens but the step expects %lld (a retry "

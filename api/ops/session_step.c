@@ -45,6 +45,11 @@ static int step_shapes(api__session_step *st, api__error *err)
 {
     api__sdpa_req *r = &st->r;
     const api__session *s = st->s;
+    if (s->layers > 1)
+        return api__error_invalid(err, "session",
+                                  "session %s holds the caches of the %lld layers of model "
+                                  "\"%s\": step it with POST /v1/mha and layer",
+                                  s->id, (long long)s->layers, s->model);
     st->H = s->num_heads;
     st->Hkv = s->shape.num_kv_heads;
     st->D = s->shape.head_dim;
@@ -74,8 +79,8 @@ static int step_shapes(api__session_step *st, api__error *err)
     if (r->q.present && step_rows(&r->q, "query", st->H, st->D, "heads", &st->n_q, err) != 0)
         return -1;
     int64_t length;
-    if (api__session_check_append(s, st->expect_set, st->expect_length, st->n_new, "key", &length,
-                                  err) != 0)
+    if (api__session_check_append(s, 0, st->expect_set, st->expect_length, st->n_new, "key",
+                                  &length, err) != 0)
         return -1;
     st->S = length + st->n_new;
     if (r->q.present && st->S == 0)
@@ -214,9 +219,9 @@ static bool step_size(void *op, api__sizes *sz)
         return ok;
     if (st->r.sinks.present && !st->r.return_lse)
         ok = ok && api__req_output_bytes(st->ls.count, &sz->tensors);
-    return ok && api__size_add(&sz->scratch,
-                               eng_kv_attend_scratch_bytes(st->s->seq, &st->args, st->n_new,
-                                                           eng_pool_threads(st->rq->call->pool)));
+    return ok && api__size_add(&sz->scratch, eng_kv_attend_scratch_bytes(
+                                                 st->s->cache[0].seq, &st->args, st->n_new,
+                                                 eng_pool_threads(st->rq->call->pool)));
 }
 
 static int step_decode(void *op, api__error *err)
@@ -255,7 +260,7 @@ static eng_status step_engine(void *op, eng_error *e)
         kr = eng_kv_rows_f32(step_view(st->k, st->r.k.rank, st->Hkv, st->n_new, st->D));
         vr = eng_kv_rows_f32(step_view(st->v, st->r.v.rank, st->Hkv, st->n_new, st->Dv));
     }
-    return eng_kv_step(rq->call->pool, st->s->seq, st->r.k.present ? &kr : NULL,
+    return eng_kv_step(rq->call->pool, st->s->cache[0].seq, st->r.k.present ? &kr : NULL,
                        st->r.k.present ? &vr : NULL, st->r.q.present ? &st->args : NULL,
                        &rq->lease->ctl, e);
 }
@@ -269,11 +274,13 @@ static int step_run(void *op, int64_t *compute_ns, api__error *err)
     if (api__req_check_ctl(rq, err) != 0)
         return -1;
     int64_t t0 = eng_now_ns();
-    int fail = api__session_with_room(st->reg, st->s, st->n_new, step_engine, st, &rc, &e, err);
+    eng_kv_seq *seq = st->s->cache[0].seq;
+    int fail = api__session_with_room(st->reg, st->s, eng_kv_seq_append_bytes(seq, st->n_new),
+                                      step_engine, st, &rc, &e, err);
     *compute_ns = eng_now_ns() - t0;
     if (fail)
         return -1;
-    st->length = eng_kv_seq_length(st->s->seq);
+    st->length = eng_kv_seq_length(seq);
     if (rc == ENG_OK && st->r.q.present && st->r.sinks.present)
         api__sinks_apply(st->sinks, &st->args.out, st->lse);
     if (rc == ENG_OK)

@@ -11,8 +11,8 @@
  *
  *     api__session *s;
  *     if (api__session_acquire(reg, id, &s, &err) != 0) return -1;   // 404s, sessions off
- *     ... eng_kv_step(pool, s->seq, ...) ...                          // nobody else changes it
- *     api__session_release(reg, s);                                  // length, bytes, last use
+ *     ... eng_kv_step(pool, s->cache[l].seq, ...) ...                 // nobody else changes it
+ *     api__session_release(reg, s);                                  // lengths, bytes, last use
  */
 #ifndef ATTND_API_OPS_SESSIONS_H
 #define ATTND_API_OPS_SESSIONS_H
@@ -58,17 +58,24 @@ typedef struct {
     bool unordered; /* defensive: a node could not be allocated; turns are no longer kept */
 } api__turns;
 
-/* What a session is; the fields after `seq` are fixed at creation. Read them while the session
- * is acquired (or pinned). */
+/* The KV cache of one layer of a session. */
+typedef struct {
+    eng_kv_seq *seq;
+    int64_t length; /* as of the session's last release (or api__session_update): the registry's,
+                       under its lock, for GET without acquiring */
+} api__session_cache;
+
+/* What a session is; the fields from `layers` to `positions` are fixed at creation. Read them
+ * while the session is acquired (or pinned). */
 typedef struct api__session api__session;
 struct api__session {
     char id[API_SESSION_ID_LEN + 1];
-    char name[160]; /* a KServe v2 sequence's key ("<model>/<sequence_id>"), or "" */
-    char model[64]; /* the layer whose cache this is (POST /v1/sessions "model", a layer
-                       model's v2 sequence): its /v1/mha steps must name it; "" for none */
-    eng_kv_seq *seq;
-    int64_t num_heads; /* query heads: a multiple of shape.num_kv_heads */
-    eng_kv_shape shape;
+    char name[160];     /* a KServe v2 sequence's key ("<model>/<sequence_id>"), or "" */
+    char model[64];     /* the model whose caches these are (POST /v1/sessions "model", a layer
+                           model's v2 sequence): its /v1/mha steps must name it; "" for none */
+    int64_t layers;     /* caches: one per layer of its model (1 without one) */
+    int64_t num_heads;  /* query heads: a multiple of shape.num_kv_heads */
+    eng_kv_shape shape; /* every cache's */
     api__session_opts opts;
     int64_t ttl_s;
     int64_t created_s;   /* wall clock, seconds since the epoch */
@@ -81,9 +88,10 @@ struct api__session {
     int refs;                          /* the registry's while live, one per ticket and acquirer */
     bool live;                         /* findable by id */
     bool busy;                         /* acquired by a request */
-    int64_t length;                    /* as of the last release, for GET without acquiring */
-    size_t bytes;
+    int64_t length;   /* the shortest cache's (the tokens every layer holds) and the bytes of */
+    size_t bytes;     /* all of them, as the caches' lengths are (for GET without acquiring) */
     api__turns turns; /* its requests' order (native routes' tickets) */
+    api__session_cache cache[]; /* [layers] */
 };
 
 /* Looks up `id` and makes the session this request's until api__session_release: a request
@@ -91,19 +99,25 @@ struct api__session {
  * it. 501 when reg is NULL, 404 session_not_found / session_evicted, 404 for an id that is not
  * one (the message says so). */
 int api__session_acquire(api_sessions *reg, const char *id, api__session **out, api__error *err);
-/* Records the session's length, bytes and last use, and lets the next request have it. */
+/* Records the session's lengths, bytes and last use, and lets the next request have it. */
 void api__session_release(api_sessions *reg, api__session *s);
+/* Records the acquired session's lengths and bytes now, as its release will. */
+void api__session_update(api_sessions *reg, api__session *s);
 
-/* The registry's pool, for a new sequence. */
-eng_kv_pool *api__sessions_pool(api_sessions *reg);
 /* The default TTL (--session-ttl-s). */
 int64_t api__sessions_default_ttl(const api_sessions *reg);
-/* Registers a new session around `seq` (taken over: freed on failure too) under a fresh id;
- * the session is returned acquired. 503 when memory runs out. */
-int api__sessions_add(api_sessions *reg, eng_kv_seq *seq, int64_t num_heads,
+/* `layers` empty caches of `shape` in the registry's pool, as an array (the caller frees it;
+ * api__sessions_add takes the caches); NULL with `e` filled (eng_kv_seq_new's failure, or
+ * ENOMEM) when one cannot be made. */
+eng_kv_seq **api__session_caches_new(api_sessions *reg, const eng_kv_shape *shape, int64_t layers,
+                                     eng_error *e);
+/* Registers a new session of `layers` caches seqs[0..layers), one shape, under a fresh id: the
+ * caches are taken over (freed on failure too), the array is not. The session is returned
+ * acquired. 503 when memory runs out. */
+int api__sessions_add(api_sessions *reg, eng_kv_seq *const *seqs, int64_t layers, int64_t num_heads,
                       const api__session_opts *opts, int64_t ttl_s, api__session **out,
                       api__error *err);
-/* The bytes of the pool a session of `shape` with `length` tokens references. */
+/* The bytes of the pool one cache of `shape` with `length` tokens references. */
 size_t api__session_bytes(const api_sessions *reg, const eng_kv_shape *shape, int64_t length);
 
 /* The session named `name` (a v2 sequence), its id into id[API_SESSION_ID_LEN + 1]; false when
@@ -159,12 +173,12 @@ int api__sessions_off(api__error *err);
  * could not read as it arrived (api_call.body_unread): it has no place in the order. */
 int api__sessions_unordered(api__error *err, const char *field);
 
-/* Runs step(arg, e), an engine call that appends `new_tokens` to the acquired session s; while
- * it finds the pool full (ENOMEM on field "kv_cache_bytes"), evicts least recently used idle
- * sessions to make room for them (eng_kv_seq_append_bytes) and tries again. 0 with the last
- * try's status in *st and *e; -1 with a 429 in err when the pool is full of sessions it may
- * not evict. */
-int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_tokens,
+/* Runs step(arg, e), an engine call that appends to a cache of the acquired session s what
+ * takes `room` bytes of the pool (eng_kv_seq_append_bytes); while it finds the pool full (ENOMEM
+ * on field "kv_cache_bytes"), evicts least recently used idle sessions to make that room and
+ * tries again. 0 with the last try's status in *st and *e; -1 with a 429 in err when the pool is
+ * full of sessions it may not evict. */
+int api__session_with_room(api_sessions *reg, api__session *s, size_t room,
                            eng_status (*step)(void *arg, eng_error *e), void *arg, eng_status *st,
                            eng_error *e, api__error *err);
 /* The 413 of a step the engine refused as too long (ETOOBIG: past the session's max_tokens,
@@ -173,11 +187,13 @@ int api__session_with_room(api_sessions *reg, api__session *s, int64_t new_token
 int api__session_too_long(api_sessions *reg, const api__session *s, eng_status st,
                           const eng_error *e, const char *field, api__error *err);
 
-/* Whether the acquired session s takes `n_new` tokens (named `field`) as a step that expects its
- * length to be expect_length (when expect_set): 409 when it is not (a retried step), 413 past
- * max_tokens. 0 with the length in *length. */
-int api__session_check_append(const api__session *s, bool expect_set, int64_t expect_length,
-                              int64_t n_new, const char *field, int64_t *length, api__error *err);
+/* Whether the cache of layer `layer` of the acquired session s takes `n_new` tokens (named
+ * `field`) as a step that expects its length to be expect_length (when expect_set): 409 when it
+ * is not (a retried step, a layer skipped or repeated), 413 past max_tokens. 0 with that
+ * cache's length in *length. */
+int api__session_check_append(const api__session *s, int64_t layer, bool expect_set,
+                              int64_t expect_length, int64_t n_new, const char *field,
+                              int64_t *length, api__error *err);
 
 /* ---- The step --------------------------------------------------------------------------- */
 

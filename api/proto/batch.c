@@ -1,6 +1,7 @@
 /*
- * batch.c - requests that run together: the key the server groups waiting requests by, and
- * the driver that serves a group with one engine call per layer (serve.c's batch steps).
+ * batch.c - requests that run together: the key the server groups waiting requests by (the
+ * layer they run, of which model), and the driver that serves a group with one engine call per
+ * layer (serve.c's batch steps).
  */
 #include <stdlib.h>
 
@@ -21,8 +22,10 @@ uint64_t api_batch_key(api_batch_route route, const api_call *call, const api_pe
         api__session_model(call->sessions, peek->session, model, sizeof model);
         name = model;
     }
-    const eng_layer *layer = name && call->models ? api_models_find(call->models, name) : NULL;
-    return (uint64_t)(uintptr_t)layer;
+    const api_model *m = name && call->models ? api_models_find(call->models, name) : NULL;
+    if (!m || peek->layer < 0 || peek->layer >= m->layers)
+        return 0;
+    return (uint64_t)(uintptr_t)m->layer[peek->layer];
 }
 
 static const api__batchable *batchable(api_batch_route route)

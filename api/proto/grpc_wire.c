@@ -1,7 +1,7 @@
 /*
  * grpc_wire.c - gRPC's framing and the cheap readers of the v2 gRPC protocol: the method table,
  * the status mapping, the length-prefixed message reader, grpc-timeout, and the walk that reads
- * a ModelInferRequest's model, timeout, priority and sequence_id on the I/O thread without
+ * a ModelInferRequest's model, timeout, priority, sequence_id and layer on the I/O thread without
  * decoding its tensors; and the packing of a reply message. Pure functions on bytes (the fuzz
  * harness feeds them anything).
  */
@@ -324,7 +324,7 @@ static bool param_int(const char *data, size_t len, int64_t *out, const api__pb_
     return found && !c.bad;
 }
 
-/* A parameters map entry: the ones that order or bound the request. */
+/* A parameters map entry: the ones that order, bound or group the request. */
 static void peek_param(const char *data, size_t len, api_grpc_infer_peek *out)
 {
     api__pb_cursor c = {.data = data, .len = len};
@@ -346,6 +346,8 @@ static void peek_param(const char *data, size_t len, api_grpc_infer_peek *out)
         out->peek.timeout_ms = v;
     else if (key.len == 8 && memcmp(key.data, "priority", 8) == 0 && is_int && v > 0)
         out->peek.priority = (uint64_t)v;
+    else if (key.len == 5 && memcmp(key.data, "layer", 5) == 0 && is_int && v > 0 && v <= INT32_MAX)
+        out->peek.layer = v;
     else if (key.len == 11 && memcmp(key.data, "sequence_id", 11) == 0) {
         if (is_int && v != 0) {
             snprintf(out->sequence_digits, sizeof out->sequence_digits, "%lld", (long long)v);

@@ -5,13 +5,16 @@
  *
  * The request is a JSON object with these fields; any other is refused with 422 naming it:
  *
- *   model               the name of a registered layer (GET /v1/models lists them: "demo" and
+ *   model               the name of a registered model (GET /v1/models lists them: "demo" and
  *                       every --model), or
  *   weights             the layer inline: an object of tensors under the names a model file
  *                       uses (in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias,
  *                       q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v;
  *                       q_proj.weight ... o_proj.bias; W_Q.weight ... W_O.weight), at most 16,
  *                       in any wire form; their elements count toward --max-elements.
+ *   layer               which layer of the model runs, 0 to N-1: required (422 naming it) for a
+ *                       model of N > 1 layers (a whole checkpoint), optional (0) for one of one
+ *                       layer; past the model's last layer 422 naming it and the limit.
  *   num_heads           required with weights; with a model, if given, it must match.
  *   num_kv_heads        likewise (default: num_heads): grouped-query layers.
  *   input               the queries' tokens [L, E] or [B, L, E] (E = the layer's embed_dim).
@@ -55,14 +58,18 @@
  *                       The session's first step fixes its positional settings (the cache
  *                       keeps the keys as that step rotated them): a later step that gives
  *                       none takes them, one that gives others is 422 naming the field.
- *   expect_length       with session: the length the step expects before it appends (409 and
- *                       nothing appended otherwise), which makes a retried step safe.
+ *                       A session of a model of several layers holds one cache per layer:
+ *                       a step appends to and attends over its layer's cache only.
+ *   expect_length       with session: the length the step expects its layer's cache to have
+ *                       before it appends (409 and nothing appended otherwise), which makes a
+ *                       retried step safe and catches a layer skipped or repeated.
  * Every optional field may also be null, meaning its default.
  *
  * The reply is {"output": T, "weights"?: T, "length"?: n, "meta": {...}}: output [B, L, E] (or
  * [L, E] for a rank-2 input), weights [B, H, L, S'] per head or [B, L, S'] as the head mean (B
  * dropped likewise), where S' = S plus the appended keys (over a session S is n + L, the
- * keys of the whole cache); length is the session's after the step.
+ * keys of the whole cache); length is that of the layer's cache after the step; meta.layer is
+ * the layer that ran.
  *
  * This file parses the native format into an api__layer_req and writes the native reply;
  * everything between (the layer, shapes, limits, the budget, decoding, the engine call) is
@@ -257,11 +264,11 @@ static int parse_fields(mha_job *job, api__error *err)
         return api__error_invalid(err, "input", "input is required");
     if (r->model && r->has_weights)
         return api__error_invalid(err, "weights",
-                                  "give either model (a registered layer) or weights (inline), "
+                                  "give either model (a registered model) or weights (inline), "
                                   "not both");
     if (!r->model && !r->has_weights && !r->session)
         return api__error_invalid(err, "model",
-                                  "model (a registered layer, see GET /v1/models) or weights "
+                                  "model (a registered model, see GET /v1/models) or weights "
                                   "(inline tensors) is required");
     if (r->expect_set && !r->session)
         return api__error_invalid(err, "expect_length",
@@ -295,13 +302,15 @@ static int encode_reply(void *p, api_buf *w, api_reply *reply, api__error *err)
     else
         api_buf_json_string(w, l->name, strlen(l->name));
     api_buf_printf(w,
-                   ",\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,\"keys_appended\":%lld,"
+                   ",\"layer\":%lld,\"batch\":%lld,\"query_len\":%lld,\"key_len\":%lld,"
+                   "\"keys_appended\":%lld,"
                    "\"embed_dim\":%lld,\"num_heads\":%lld,\"num_kv_heads\":%lld,"
                    "\"head_dim\":%lld,\"positional\":\"%s\",\"precision\":\"%s\","
                    "\"decode_ms\":%.3f,\"compute_ms\":%.3f}}\n",
-                   (long long)s->B, (long long)s->L, (long long)s->S, (long long)(s->Sx - s->S),
-                   (long long)l->embed_dim, (long long)l->num_heads, (long long)l->num_kv_heads,
-                   (long long)eng_layer_head_dim(l), api__layer_positional_name(s->r.positional),
+                   (long long)s->index, (long long)s->B, (long long)s->L, (long long)s->S,
+                   (long long)(s->Sx - s->S), (long long)l->embed_dim, (long long)l->num_heads,
+                   (long long)l->num_kv_heads, (long long)eng_layer_head_dim(l),
+                   api__layer_positional_name(s->r.positional),
                    api__precision_name(eng_mha_precision(&s->args)), (double)decode_ns / 1e6,
                    (double)compute_ns / 1e6);
     return api__native_reply(w, reply, err);

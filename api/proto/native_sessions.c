@@ -7,12 +7,12 @@
  * session.
  *
  * POST /v1/sessions
- *   model                  a registered layer (GET /v1/models): the session is then its cache,
- *                          stepped by POST /v1/mha {"session"} (and its v2 sequences), with
- *                          the layer's heads and head size; num_heads, num_kv_heads, head_dim
- *                          and value_head_dim may be left out (given, they must be the layer's),
- *                          and scale, softcap and alibi, which a layer step does not take, are
- *                          refused
+ *   model                  a registered model (GET /v1/models): the session is then its caches,
+ *                          one per layer of the model, stepped by POST /v1/mha {"session",
+ *                          "layer"} (and its v2 sequences), with the layers' heads and head
+ *                          size; num_heads, num_kv_heads, head_dim and value_head_dim may be left
+ *                          out (given, they must be the model's), and scale, softcap and alibi,
+ *                          which a layer step does not take, are refused
  *   num_heads, head_dim    required (without model): query heads H and their size D
  *   num_kv_heads           Hkv (default H; H a multiple of it); value_head_dim Dv (default D)
  *   cache_dtype            "float32" (default) | "bfloat16" | "float16": how K and V are kept
@@ -29,8 +29,14 @@
  *   positions), query_offset, window, alibi, sinks ([H] logits), return_weights, return_lse,
  *   output_encoding, output_dtype, timeout_ms, num_heads / num_kv_heads (must match) as on
  *   /v1/attention
- * POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}
- * POST /v1/sessions/{id}/fork {"ttl_s"?}; the body may be empty
+ *   (a session of several layers is refused: its steps are POST /v1/mha's)
+ * POST /v1/sessions/{id}/truncate {"length": n, "expect_length"?}: every layer's cache to n
+ *   tokens, n at most the session's length (the tokens every layer holds)
+ * POST /v1/sessions/{id}/fork {"ttl_s"?}; the body may be empty: every layer's cache
+ *
+ * A session describes itself with "length", the tokens every one of its caches holds (the
+ * shortest cache's: the last layer's while a client steps its layers in order), and
+ * "layer_lengths", each cache's.
  */
 #include <errno.h>
 #include <math.h>
@@ -65,17 +71,22 @@ static void time_iso(api_buf *w, int64_t t)
     api_buf_char(w, '"');
 }
 
-/* Writes the JSON description of `s` (its fields, then length and bytes as given), which every
- * session route replies with. */
-static void describe(api_buf *w, const api__session *s, int64_t length, size_t bytes)
+/* Writes the JSON description of `s` as its lengths and bytes were last recorded (release,
+ * api__session_update), which every session route replies with: "length" the shortest cache's,
+ * the tokens every layer holds, and "layer_lengths" each layer's. */
+static void describe(api_buf *w, const api__session *s)
 {
+    api_buf_printf(w, "{\"id\":\"%s\",\"length\":%lld,\"layers\":%lld,\"layer_lengths\":[", s->id,
+                   (long long)s->length, (long long)s->layers);
+    for (int64_t i = 0; i < s->layers; i++)
+        api_buf_printf(w, "%s%lld", i ? "," : "", (long long)s->cache[i].length);
     api_buf_printf(w,
-                   "{\"id\":\"%s\",\"length\":%lld,\"bytes\":%zu,\"cache_dtype\":\"%s\","
+                   "],\"bytes\":%zu,\"cache_dtype\":\"%s\","
                    "\"num_heads\":%lld,\"num_kv_heads\":%lld,\"head_dim\":%lld,"
                    "\"value_head_dim\":%lld,\"max_tokens\":",
-                   s->id, (long long)length, bytes, dtype_name(s->shape.dtype),
-                   (long long)s->num_heads, (long long)s->shape.num_kv_heads,
-                   (long long)s->shape.head_dim, (long long)s->shape.value_head_dim);
+                   s->bytes, dtype_name(s->shape.dtype), (long long)s->num_heads,
+                   (long long)s->shape.num_kv_heads, (long long)s->shape.head_dim,
+                   (long long)s->shape.value_head_dim);
     if (s->shape.max_tokens > 0)
         api_buf_int(w, s->shape.max_tokens);
     else
@@ -111,7 +122,7 @@ static int read_ttl(const json_t *v, const char *name, int64_t *ttl, api__error 
 /* The 201 of a new session: its description and its Location. */
 static int reply_created(const api__session *s, api_buf *w, api_reply *reply, api__error *err)
 {
-    describe(w, s, eng_kv_seq_length(s->seq), s->bytes);
+    describe(w, s);
     api_buf_char(w, '\n');
     if (api__native_reply(w, reply, err) != 0)
         return -1;
@@ -144,7 +155,7 @@ typedef struct {
     api__window window;
     eng_dtype dtype;
     const char *model;      /* "model" as sent (the tree's, until decode) */
-    const eng_layer *layer; /* the registered layer it names */
+    const api_model *layer; /* the registered model it names */
     api__session *s;        /* acquired, once created */
     api_sessions *reg;
 } create_job;
@@ -219,15 +230,16 @@ static int same_as_layer(int64_t given, int64_t layers, const char *name, const 
                               (long long)given, l->name, (long long)layers);
 }
 
-/* A session of a layer: its shape is the layer's, and the step options it keeps are those of
- * a layer step (causal, window, precision). */
+/* A session of a model: one cache per layer, of the shape its layers share, and the step
+ * options it keeps are those of a layer step (causal, window, precision). */
 static int create_layer_check(create_job *job, api__error *err)
 {
     const api_models *models = job->rq.call->models;
-    const eng_layer *l = models ? api_models_find(models, job->model) : NULL;
-    if (!l)
+    const api_model *m = models ? api_models_find(models, job->model) : NULL;
+    if (!m)
         return api__error_set(err, API_STATUS_NOT_FOUND, API_REASON_BAD_REQUEST, "model",
                               "no model \"%.64s\"; GET /v1/models lists them", job->model);
+    const eng_layer *l = m->layer[0];
     int64_t D = eng_layer_head_dim(l);
     if (same_as_layer(job->o.num_heads, l->num_heads, "num_heads", l, err) != 0 ||
         same_as_layer(job->o.num_kv_heads, l->num_kv_heads, "num_kv_heads", l, err) != 0 ||
@@ -243,9 +255,10 @@ static int create_layer_check(create_job *job, api__error *err)
                                   "%s is not an option of a layer's steps (POST /v1/mha takes "
                                   "the layer's scale, and positional \"alibi\")",
                                   not_layer);
-    if (api__layer_cache_check(l, "model", err) != 0)
-        return -1;
-    job->layer = l;
+    for (int64_t i = 0; i < m->layers; i++)
+        if (api__layer_cache_check(m->layer[i], "model", err) != 0)
+            return -1;
+    job->layer = m;
     job->o.num_heads = l->num_heads;
     job->o.num_kv_heads = l->num_kv_heads;
     job->head_dim = job->value_head_dim = D;
@@ -315,8 +328,9 @@ static int create_run(void *p, int64_t *compute_ns, api__error *err)
         .causal = job->o.causal != API_CAUSAL_UNSET ? job->o.causal : API_CAUSAL_ON,
     };
     memset(&e, 0, sizeof e);
-    eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(job->reg), &shape, &e);
-    if (!seq) {
+    int64_t layers = job->layer ? job->layer->layers : 1;
+    eng_kv_seq **seqs = api__session_caches_new(job->reg, &shape, layers, &e);
+    if (!seqs) {
         if (e.status == ENG_ETOOBIG)
             return api__error_set(err, API_STATUS_TOO_LARGE, API_REASON_TOO_LARGE, NULL,
                                   "one block of this session could never fit the KV cache "
@@ -325,7 +339,9 @@ static int create_run(void *p, int64_t *compute_ns, api__error *err)
         return api__req_engine_error(&job->rq, e.status, &e, e.field[0] ? e.field : NULL, err);
     }
     int64_t ttl = job->ttl_set ? job->ttl_s : api__sessions_default_ttl(job->reg);
-    if (api__sessions_add(job->reg, seq, job->o.num_heads, &opts, ttl, &job->s, err) != 0)
+    int rc = api__sessions_add(job->reg, seqs, layers, job->o.num_heads, &opts, ttl, &job->s, err);
+    free(seqs);
+    if (rc != 0)
         return -1;
     if (job->layer)
         api__session_set_model(job->reg, job->s, job->layer->name, NULL);
@@ -559,7 +575,6 @@ typedef struct {
     bool length_set, expect_set, ttl_set;
     int64_t length, expect_length, ttl_s;
     api__session *s, *child; /* acquired */
-    int64_t new_length;
 } edit_job;
 
 static int e_length(void *jp, const json_t *v, const char *name, api__error *err)
@@ -622,40 +637,68 @@ static int edit_check(void *p, api__error *err)
     return 0;
 }
 
+/* Truncates every cache of the acquired session to job->length tokens. */
+static int truncate_caches(edit_job *job, api__error *err)
+{
+    const api__session *s = job->s;
+    eng_error e;
+    memset(&e, 0, sizeof e);
+    if (job->length > s->length)
+        return api__error_invalid(
+            err, "length", "length is %lld but the session holds only %lld tokens%s",
+            (long long)job->length, (long long)s->length, s->layers > 1 ? " in every layer" : "");
+    for (int64_t i = 0; i < s->layers; i++)
+        if (eng_kv_seq_truncate(s->cache[i].seq, job->length, &e) != ENG_OK)
+            return api__req_engine_error(&job->rq, e.status, &e, "length", err);
+    return 0;
+}
+
+/* A new session with every cache of the acquired one, shared copy-on-write, into job->child. */
+static int fork_caches(edit_job *job, api__error *err)
+{
+    api_sessions *reg = job->rq.call->sessions;
+    const api__session *s = job->s;
+    eng_error e;
+    memset(&e, 0, sizeof e);
+    eng_kv_seq **seqs = calloc((size_t)s->layers, sizeof *seqs);
+    int64_t made = 0;
+    while (seqs && made < s->layers && (seqs[made] = eng_kv_seq_fork(s->cache[made].seq, &e)))
+        made++;
+    if (!seqs || made < s->layers) {
+        while (made > 0)
+            eng_kv_seq_free(seqs[--made]);
+        free(seqs);
+        return seqs ? api__req_engine_error(&job->rq, e.status, &e, NULL, err)
+                    : api__error_set(err, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                                     "out of memory for a fork");
+    }
+    int64_t ttl = job->ttl_set ? job->ttl_s : s->ttl_s;
+    int rc = api__sessions_add(reg, seqs, s->layers, s->num_heads, &s->opts, ttl, &job->child, err);
+    free(seqs);
+    if (rc == 0 && s->model[0]) /* the same model's caches */
+        api__session_set_model(reg, job->child, s->model, &s->positions);
+    return rc;
+}
+
 static int edit_run(void *p, int64_t *compute_ns, api__error *err)
 {
     edit_job *job = p;
     api_sessions *reg = job->rq.call->sessions;
-    eng_error e;
     int64_t t0 = eng_now_ns();
     if (api__session_acquire(reg, job->rq.call->session, &job->s, err) != 0)
         return -1;
-    int64_t length = eng_kv_seq_length(job->s->seq);
-    if (job->expect_set && job->expect_length != length)
+    api__session_update(reg, job->s);
+    if (job->expect_set && job->expect_length != job->s->length)
         return api__error_set(err, API_STATUS_CONFLICT, API_REASON_BAD_REQUEST, "expect_length",
-                              "the session holds %lld tokens but the request expects %lld",
-                              (long long)length, (long long)job->expect_length);
-    memset(&e, 0, sizeof e);
-    if (!job->fork) {
-        if (job->length > length)
-            return api__error_invalid(err, "length",
-                                      "length is %lld but the session holds only %lld tokens",
-                                      (long long)job->length, (long long)length);
-        if (eng_kv_seq_truncate(job->s->seq, job->length, &e) != ENG_OK)
-            return api__req_engine_error(&job->rq, e.status, &e, "length", err);
-        *compute_ns = eng_now_ns() - t0;
-        return 0;
-    }
-    eng_kv_seq *seq = eng_kv_seq_fork(job->s->seq, &e);
-    if (!seq)
-        return api__req_engine_error(&job->rq, e.status, &e, NULL, err);
-    int64_t ttl = job->ttl_set ? job->ttl_s : job->s->ttl_s;
-    if (api__sessions_add(reg, seq, job->s->num_heads, &job->s->opts, ttl, &job->child, err) != 0)
-        return -1;
-    if (job->s->model[0]) /* the same layer's cache */
-        api__session_set_model(reg, job->child, job->s->model, &job->s->positions);
+                              "the session holds %lld tokens%s but the request expects %lld",
+                              (long long)job->s->length,
+                              job->s->layers > 1 ? " in every layer" : "",
+                              (long long)job->expect_length);
+    int rc = job->fork ? fork_caches(job, err) : truncate_caches(job, err);
+    if (rc == 0 && !job->fork)
+        api__session_update(reg, job->s);
     *compute_ns = eng_now_ns() - t0;
-    return 0;
+    return rc;
 }
 
 static int edit_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
@@ -663,9 +706,7 @@ static int edit_encode(void *p, api_buf *w, api_reply *reply, api__error *err)
     edit_job *job = p;
     if (job->fork)
         return reply_created(job->child, w, reply, err);
-    api_sessions *reg = job->rq.call->sessions;
-    int64_t length = eng_kv_seq_length(job->s->seq);
-    describe(w, job->s, length, api__session_bytes(reg, &job->s->shape, length));
+    describe(w, job->s);
     api_buf_char(w, '\n');
     return api__native_reply(w, reply, err);
 }
@@ -715,7 +756,7 @@ void api_session_fork(const api_call *call, api_reply *reply)
 
 static void describe_one(void *ctx, const api__session *s)
 {
-    describe(ctx, s, s->length, s->bytes);
+    describe(ctx, s);
 }
 
 void api_sessions_get(api_sessions *reg, const char *id, api_reply *reply)
@@ -751,7 +792,7 @@ static void describe_listed(void *ctx, const api__session *s)
     list_writer *lw = ctx;
     if (lw->shown++ > 0)
         api_buf_char(lw->w, ',');
-    describe(lw->w, s, s->length, s->bytes);
+    describe(lw->w, s);
     memcpy(lw->last, s->id, sizeof lw->last);
 }
 

@@ -21,7 +21,7 @@ typedef enum { MODEL_NONE = 0, MODEL_SDPA, MODEL_LAYER } model_kind;
 typedef struct {
     model_kind kind;
     const char *name;
-    const eng_layer *layer;
+    const api_model *model; /* MODEL_LAYER: the registered model */
 } model_ref;
 
 typedef struct v2_kind v2_kind;

@@ -88,27 +88,30 @@ static model_desc layer_desc(const eng_layer *l)
     return d;
 }
 
-/* A decoder layer's settings as {name: value} pairs: as JSON values in the metadata, as
- * Triton's {"string_value": text} in the configuration. */
-static void write_decoder_parameters(api_buf *w, const api_models *models, const eng_layer *l,
-                                     bool triton)
+/* A layer model's settings as {name: value} pairs: as JSON values in the metadata, as Triton's
+ * {"string_value": text} in the configuration. Every layer model says how many layers it has
+ * (a request of a model of several names one with the parameter "layer"); a decoder adds its
+ * first layer's: its family, index in the checkpoint, heads, positions, window and dtype. */
+static void write_layer_parameters(api_buf *w, const api_model *m, bool triton)
 {
+    const eng_layer *l = m->layer[0];
     const eng_decoder_spec *sp = &l->spec;
-    const api_model_about *about = api_models_about(models, l);
-    char values[8][64];
-    const char *names[8] = {"family",   "layer",      "num_heads", "num_kv_heads",
-                            "head_dim", "positional", "window",    "dtype"};
-    snprintf(values[0], sizeof values[0], "%s", about ? about->family : "decoder");
-    snprintf(values[1], sizeof values[1], "%lld", (long long)(about ? about->layer : 0));
-    snprintf(values[2], sizeof values[2], "%lld", (long long)l->num_heads);
-    snprintf(values[3], sizeof values[3], "%lld", (long long)l->num_kv_heads);
-    snprintf(values[4], sizeof values[4], "%lld", (long long)eng_layer_head_dim(l));
-    snprintf(values[5], sizeof values[5], "%s", sp->rope.rotary_dim ? "rope" : "none");
-    snprintf(values[6], sizeof values[6], "%lld", (long long)sp->window);
-    snprintf(values[7], sizeof values[7], "%s", l->dtype);
+    char values[9][64];
+    const char *names[9] = {"layers",   "family",     "layer",  "num_heads", "num_kv_heads",
+                            "head_dim", "positional", "window", "dtype"};
+    int n = l->decoder ? 9 : 1;
+    snprintf(values[0], sizeof values[0], "%lld", (long long)m->layers);
+    snprintf(values[1], sizeof values[1], "%s", m->about ? m->about->family : "decoder");
+    snprintf(values[2], sizeof values[2], "%lld", (long long)(m->about ? m->about->layer : 0));
+    snprintf(values[3], sizeof values[3], "%lld", (long long)l->num_heads);
+    snprintf(values[4], sizeof values[4], "%lld", (long long)l->num_kv_heads);
+    snprintf(values[5], sizeof values[5], "%lld", (long long)eng_layer_head_dim(l));
+    snprintf(values[6], sizeof values[6], "%s", sp->rope.rotary_dim ? "rope" : "none");
+    snprintf(values[7], sizeof values[7], "%lld", (long long)sp->window);
+    snprintf(values[8], sizeof values[8], "%s", l->dtype);
     api_buf_cstr(w, ",\"parameters\":{");
-    for (int i = 0; i < 8; i++) {
-        bool text = i == 0 || i == 5 || i == 7;
+    for (int i = 0; i < n; i++) {
+        bool text = i == 1 || i == 6 || i == 8;
         api_buf_printf(w, "%s\"%s\":", i ? "," : "", names[i]);
         if (triton)
             api_buf_cstr(w, "{\"string_value\":");
@@ -130,7 +133,7 @@ int api__v2_model_lookup(const api_models *models, const char *name, const char 
     m->name = name;
     if (strcmp(name, "sdpa") == 0) {
         m->kind = MODEL_SDPA;
-    } else if (models && (m->layer = api_models_find(models, name)) != NULL) {
+    } else if (models && (m->model = api_models_find(models, name)) != NULL) {
         m->kind = MODEL_LAYER;
     } else {
         api_buf w;
@@ -173,7 +176,7 @@ bool api_v2_model_known(const api_models *models, const char *model, const char 
 
 model_desc api__v2_model_desc(const model_ref *m)
 {
-    return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->layer);
+    return m->kind == MODEL_SDPA ? sdpa_desc : layer_desc(m->model->layer[0]);
 }
 
 bool api__v2_output_listed(const model_ref *m, int o)
@@ -286,8 +289,8 @@ void api_v2_model_metadata(const api_call *call, api_reply *reply)
     write_meta_tensors(&w, d.in, d.n_in);
     api_buf_cstr(&w, ",\"outputs\":");
     write_meta_tensors(&w, d.out, d.n_out);
-    if (m.kind != MODEL_SDPA && m.layer->decoder)
-        write_decoder_parameters(&w, call->models, m.layer, false);
+    if (m.kind != MODEL_SDPA)
+        write_layer_parameters(&w, m.model, false);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }
@@ -313,13 +316,13 @@ void api_v2_model_config(const api_call *call, api_reply *reply)
                    limits.priority_levels, limits.default_priority_level);
     api_buf_cstr(&w, ",\"model_transaction_policy\":{\"decoupled\":false},"
                      "\"response_cache\":{\"enable\":false}");
-    if (call->sessions && (m.kind == MODEL_SDPA || api__layer_steps_a_cache(m.layer)))
+    if (call->sessions && (m.kind == MODEL_SDPA || api__layer_steps_a_cache(m.model->layer[0])))
         api_buf_printf(&w,
                        ",\"sequence_batching\":{\"max_sequence_idle_microseconds\":%lld,"
                        "\"direct\":{}}",
                        (long long)api__sessions_default_ttl(call->sessions) * 1000000);
-    if (m.kind != MODEL_SDPA && m.layer->decoder)
-        write_decoder_parameters(&w, call->models, m.layer, true);
+    if (m.kind != MODEL_SDPA)
+        write_layer_parameters(&w, m.model, true);
     api_buf_cstr(&w, "}\n");
     api__reply_json(reply, &w, API_ERRORS_V2);
 }

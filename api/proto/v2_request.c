@@ -788,18 +788,18 @@ static int sdpa_bind(v2_job *job, api__error *err)
     return 0;
 }
 
-/* The registered layer is the operation's; v2's one "memory" input must serve as both keys and
- * values. */
+/* The registered model is the operation's (its parameter "layer" picks the layer); v2's one
+ * "memory" input must serve as both keys and values. */
 static int layer_bind(v2_job *job, api__error *err)
 {
-    const eng_layer *l = job->model.layer;
+    const eng_layer *l = job->model.model->layer[0];
     if (l->kdim != l->vdim)
         return api__error_invalid(err, "memory",
                                   "model %.64s has kdim %lld and vdim %lld: its keys and "
                                   "values come from different tokens, which the v2 inputs "
                                   "cannot carry; use POST /v1/mha with key and value",
                                   job->model.name, (long long)l->kdim, (long long)l->vdim);
-    job->l.layer = l;
+    job->l.model = job->model.model;
     return 0;
 }
 

@@ -3,12 +3,18 @@
  * (and sequence_start / sequence_end) is a step of its sequence's KV-cache session
  * (api/ops/sessions.h), named "<model>/<sequence_id>". Each kind of model (v2.h's v2_kind)
  * turns its request into a step its own way: model sdpa appends key and value and attends the
- * query (api__session_step_op), a layer model steps the layer over its cache (layer.c with
- * r.session). v2_infer.c calls the kind's hook with sessions on; with them off the model has
- * no sequence batcher (its configuration says so) and, as Triton does then, the flags are
- * ignored.
+ * query (api__session_step_op), a layer model steps the layer the request names over that
+ * layer's cache (layer.c with r.session). v2_infer.c calls the kind's hook with sessions on;
+ * with them off the model has no sequence batcher (its configuration says so) and, as Triton
+ * does then, the flags are ignored.
+ *
+ * A sequence of a model of several layers is one session holding every layer's cache, whatever
+ * layer each request names: sequence_start (on the sequence's first request, the first layer of
+ * its first token) makes them all, and sequence_end ends the sequence after its own request
+ * (the last layer of the last token).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/proto/v2.h"
@@ -50,15 +56,24 @@ static int sequence_find(v2_job *job, char *name, size_t name_len, bool *create,
     return 0;
 }
 
-/* Registers a new session around `seq` (taken over) as the sequence `name`, into job->session;
- * `model` names the layer it is the cache of, or is NULL. */
-static int sequence_add(v2_job *job, eng_kv_seq *seq, int64_t heads, const char *name,
-                        const char *model, api__error *err)
+/* Registers a new session of `layers` caches of `shape` as the sequence `name`, into
+ * job->session; `model` names the model they are the caches of, or is NULL. A cache that cannot
+ * be made is the engine's error, naming `field`. */
+static int sequence_add(v2_job *job, const eng_kv_shape *shape, int64_t layers, int64_t heads,
+                        const char *name, const char *model, const char *field, api__error *err)
 {
     api_sessions *reg = job->rq.call->sessions;
     api__session_opts opts = {0};
     api__session *s;
-    if (api__sessions_add(reg, seq, heads, &opts, api__sessions_default_ttl(reg), &s, err) != 0)
+    eng_error e;
+    memset(&e, 0, sizeof e);
+    eng_kv_seq **seqs = api__session_caches_new(reg, shape, layers, &e);
+    if (!seqs)
+        return api__req_engine_error(&job->rq, e.status, &e, field, err);
+    int rc =
+        api__sessions_add(reg, seqs, layers, heads, &opts, api__sessions_default_ttl(reg), &s, err);
+    free(seqs);
+    if (rc != 0)
         return -1;
     api__session_set_name(reg, s, name);
     if (model)
@@ -68,28 +83,26 @@ static int sequence_add(v2_job *job, eng_kv_seq *seq, int64_t heads, const char 
     return 0;
 }
 
-/* A layer model's sequence: start makes a session with the layer's kv heads and head size,
- * and every request is a decoder-layer step of it (layer.c with r.session: the input tokens'
- * keys and values appended, the queries attending over the whole cache). */
+/* A layer model's sequence: start makes a session with a cache for each of the model's layers,
+ * of their kv heads and head size, and every request is a decoder-layer step of the cache of
+ * the layer it names (layer.c with r.session: the input tokens' keys and values appended, the
+ * queries attending over that whole cache). */
 int api__v2_layer_sequence(v2_job *job, api__error *err)
 {
-    const eng_layer *l = job->model.layer;
+    const api_model *m = job->model.model;
+    const eng_layer *l = m->layer[0];
     char name[160];
     bool create;
     /* Refused before a session is made for nothing. */
-    if (api__layer_cache_check(l, "parameters.sequence_id", err) != 0)
-        return -1;
+    for (int64_t i = 0; i < m->layers; i++)
+        if (api__layer_cache_check(m->layer[i], "parameters.sequence_id", err) != 0)
+            return -1;
     if (sequence_find(job, name, sizeof name, &create, err) != 0)
         return -1;
     if (create) {
         int64_t D = eng_layer_head_dim(l);
         eng_kv_shape shape = {.num_kv_heads = l->num_kv_heads, .head_dim = D, .value_head_dim = D};
-        eng_error e;
-        memset(&e, 0, sizeof e);
-        eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(job->rq.call->sessions), &shape, &e);
-        if (!seq)
-            return api__req_engine_error(&job->rq, e.status, &e, "input", err);
-        if (sequence_add(job, seq, l->num_heads, name, l->name, err) != 0)
+        if (sequence_add(job, &shape, m->layers, l->num_heads, name, m->name, "input", err) != 0)
             return -1;
     }
     job->l.r.session = job->session;
@@ -141,12 +154,7 @@ int api__v2_sdpa_sequence(v2_job *job, api__error *err)
                                       "%lld query heads cannot share %lld key/value heads",
                                       (long long)H, (long long)Hkv);
         eng_kv_shape shape = {.num_kv_heads = Hkv, .head_dim = D, .value_head_dim = Dv};
-        eng_error e;
-        memset(&e, 0, sizeof e);
-        eng_kv_seq *seq = eng_kv_seq_new(api__sessions_pool(reg), &shape, &e);
-        if (!seq)
-            return api__req_engine_error(&job->rq, e.status, &e, "key", err);
-        if (sequence_add(job, seq, H, name, NULL, err) != 0)
+        if (sequence_add(job, &shape, 1, H, name, NULL, "key", err) != 0)
             return -1;
     }
     job->st.rq = &job->rq;

@@ -1,6 +1,7 @@
 /*
- * timeout_peek.c - a request's own timeout and priority, a v2 request's sequence and the
- * session and model of a /v1/mha step, read from its body before any worker decodes it.
+ * timeout_peek.c - a request's own timeout and priority, a v2 request's sequence and layer and
+ * the session, model and layer of a /v1/mha step, read from its body before any worker decodes
+ * it.
  *
  * A request may shorten its deadline: "timeout_ms" at the top level of a native body, or in
  * the top-level "parameters" object of a KServe v2 one, with Triton's "timeout" (microseconds)
@@ -11,15 +12,16 @@
  * of less urgent ones. A v2 request may also be a step of a sequence, Triton's "sequence_id" in
  * the same object, and a POST /v1/mha one of a session, its top-level "session", which the
  * server needs as it admits the request: only there is its place in the order of the sequence
- * (or session) the order of arrival. The layer a /v1/mha request names ("model", or its
- * session's) lets waiting requests of one layer run as one batch (api_batch_key). It asks here, on
- * its I/O thread, where parsing a 64 MB body would cost everyone else what it saves one request. So
- * this reads only what it must, every value in one walk:
+ * (or session) the order of arrival. The model a /v1/mha request names ("model", or its
+ * session's) and its "layer" (v2's parameter "layer") let waiting requests of one layer run as
+ * one batch (api_batch_key). It asks here, on its I/O thread, where parsing a 64 MB body would
+ * cost everyone else what it saves one request. So this reads only what it must, every value in
+ * one walk:
  *
  *   1. a gate: memchr over the quotes of a native body for one that opens "timeout_ms",
- *      "session" or "model" (tensors in base64 or numbers hold few quotes), memmem for "parameters"
- * in a v2 one (where its values live): a body that does not contain them (most of them) costs one
- * pass at memory speed, and nothing is parsed;
+ *      "session", "model" or "layer" (tensors in base64 or numbers hold few quotes), memmem for
+ *      "parameters" in a v2 one (where its values live): a body that does not contain them (most
+ *      of them) costs one pass at memory speed, and nothing is parsed;
  *   2. otherwise the top level is walked, skipping values without parsing them: strings with
  *      memchr for the closing quote (one preceded by an odd number of backslashes is escaped),
  *      arrays and objects by their bracket depth outside strings. Only a member of the top-level
@@ -297,26 +299,26 @@ static bool read_name(cursor *c, char *out, size_t cap)
 
 void api_peek_native(const api_call *call, api_peek *out)
 {
-    static const char *const words[] = {"timeout_ms\"", "session\"", "model\""};
+    static const char *const words[] = {"timeout_ms\"", "session\"", "model\"", "layer\""};
     const char *key;
     size_t key_len;
-    int64_t ms;
-    bool timeout_seen = false, session_seen = false, model_seen = false;
+    int64_t ms, layer;
+    bool timeout_seen = false, session_seen = false, model_seen = false, layer_seen = false;
     cursor c;
     const char *text;
     size_t len;
     *out = (api_peek){0};
     if (!api__content_type_json(call->content_type) || !plain_text(call, out, &text, &len) ||
-        !any_quoted(text, len, words, 3))
+        !any_quoted(text, len, words, 4))
         return;
     c.p = text;
     c.end = text + len;
     if (!enter_object(&c))
         return;
-    /* Until all three are read; a value none can be read as ends the walk (its route refuses
+    /* Until all four are read; a value none can be read as ends the walk (its route refuses
      * it). */
-    for (bool first = true;
-         !(timeout_seen && session_seen && model_seen) && next_member(&c, first, &key, &key_len);
+    for (bool first = true; !(timeout_seen && session_seen && model_seen && layer_seen) &&
+                            next_member(&c, first, &key, &key_len);
          first = false) {
         bool ok;
         if (key_is(key, key_len, "timeout_ms")) {
@@ -330,6 +332,11 @@ void api_peek_native(const api_call *call, api_peek *out)
         } else if (key_is(key, key_len, "model")) {
             model_seen = true;
             ok = read_name(&c, out->model, sizeof out->model);
+        } else if (key_is(key, key_len, "layer")) {
+            layer_seen = true;
+            ok = read_int(&c, 0, INT32_MAX, &layer);
+            if (ok)
+                out->layer = layer;
         } else {
             ok = skip_value(&c);
         }
@@ -368,14 +375,14 @@ static bool read_sequence_id(cursor *c, const char **id, size_t *len)
     return true;
 }
 
-/* The timeout (as api__v2_timeout_ms combines them), the priority and the sequence_id named in
- * the "parameters" object at c->p. Any value it cannot read leaves them all unset: the route
- * refuses such a body. */
+/* The timeout (as api__v2_timeout_ms combines them), the priority, the sequence_id and the
+ * layer named in the "parameters" object at c->p. Any value it cannot read leaves them all
+ * unset: the route refuses such a body. */
 static void v2_parameters_peek(cursor *c, api_peek *out)
 {
     const char *key, *seq = NULL;
     size_t key_len, seq_len = 0;
-    int64_t ms = 0, us = 0, priority = 0;
+    int64_t ms = 0, us = 0, priority = 0, layer = 0;
     if (!enter_object(c))
         return;
     for (bool first = true; next_member(c, first, &key, &key_len); first = false) {
@@ -388,6 +395,8 @@ static void v2_parameters_peek(cursor *c, api_peek *out)
             ok = read_int(c, 0, UINT32_MAX, &priority);
         else if (key_is(key, key_len, "sequence_id"))
             ok = read_sequence_id(c, &seq, &seq_len);
+        else if (key_is(key, key_len, "layer"))
+            ok = read_int(c, 0, INT32_MAX, &layer);
         else
             ok = skip_value(c);
         if (!ok)
@@ -397,6 +406,7 @@ static void v2_parameters_peek(cursor *c, api_peek *out)
     out->priority = (uint64_t)priority;
     out->sequence_id = seq;
     out->sequence_id_len = seq_len;
+    out->layer = layer;
 }
 
 void api_peek_v2(const api_call *call, api_peek *out)

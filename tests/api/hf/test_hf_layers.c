@@ -18,6 +18,7 @@
 #include "api/models/hf.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/hf_case.h"
 #include "tests/support/rng.h"
 #include "tests/support/route.h"
 #include "tests/support/safetensors_writer.h"
@@ -38,48 +39,20 @@ static eng_pool *pool;
 static api_models *models;
 static const char *cases_dir;
 
-typedef struct {
-    int64_t layer, L, E;
-    float *input, *output; /* [L, E] each */
-} hf_case;
-
 typedef test_reply result;
 
 /* ---- Set-up ------------------------------------------------------------------------------- */
 
-static bool read_matrix(const json_t *m, int64_t *L, int64_t *E, float **out)
-{
-    *L = (int64_t)json_array_size(m);
-    *E = *L ? (int64_t)json_array_size(json_array_get(m, 0)) : 0;
-    if (*L == 0 || *E == 0)
-        return false;
-    *out = xcalloc((size_t)(*L * *E), sizeof(float));
-    for (int64_t t = 0; t < *L; t++)
-        for (int64_t c = 0; c < *E; c++)
-            (*out)[t * *E + c] =
-                (float)json_number_value(json_array_get(json_array_get(m, (size_t)t), (size_t)c));
-    return true;
-}
-
 static bool load_case(const char *family, hf_case *c)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s/attnd_case.json", cases_dir, family);
-    json_t *j = json_load_file(path, 0, NULL);
-    int64_t L2, E2;
-    bool ok = j && read_matrix(json_object_get(j, "input"), &c->L, &c->E, &c->input) &&
-              read_matrix(json_object_get(j, "output"), &L2, &E2, &c->output) && L2 == c->L &&
-              E2 == c->E;
-    c->layer = json_integer_value(json_object_get(j, "layer"));
-    CHECKF(ok, "%s: cannot read the case", path);
-    json_decref(j);
+    bool ok = hf_case_load(cases_dir, family, c);
+    CHECKF(ok, "%s/%s: cannot read the case", cases_dir, family);
     return ok;
 }
 
 static void free_case(hf_case *c)
 {
-    free(c->input);
-    free(c->output);
+    hf_case_free(c);
 }
 
 /* Registers every family's layer under its case name. */
@@ -92,10 +65,10 @@ static bool register_all(void)
             return false;
         snprintf(dir, sizeof dir, "%s/%s", cases_dir, families[i]);
         api_model_source src = {.name = families[i], .path = dir, .layer = c.layer};
-        const eng_layer *l = api_models_load(models, &src, err, sizeof err);
+        const api_model *m = api_models_load(models, &src, err, sizeof err);
         free_case(&c);
-        CHECKF(l != NULL, "%s: %s", families[i], err);
-        if (!l)
+        CHECKF(m != NULL, "%s: %s", families[i], err);
+        if (!m)
             return false;
     }
     return true;

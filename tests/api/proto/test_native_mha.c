@@ -192,8 +192,9 @@ static void test_registry(void)
     if (!m)
         return;
     CHECK_EQ_INT(api_models_count(m), 1);
-    const eng_layer *demo = api_models_find(m, "demo");
+    const api_model *demo = api_models_find(m, "demo");
     CHECK(demo != NULL && demo == api_models_at(m, 0));
+    CHECK(demo && demo->layers == 1 && strcmp(demo->layer[0]->name, "demo") == 0 && !demo->about);
     CHECK(api_models_find(m, "Demo") == NULL);
     CHECK(api_models_at(m, 1) == NULL);
     /* A second demo under the same name is refused (and freed: ASan would see a leak). */
@@ -236,6 +237,9 @@ static void test_registry(void)
     CHECK(json_is_false(json_object_get(d, "bias_kv")));
     CHECK(strcmp(json_string_value(json_object_get(d, "dtype")), "F32") == 0);
     CHECK_EQ_INT(json_integer_value(json_object_get(d, "parameters")), 4 * 64 * 64 + 4 * 64);
+    CHECK_EQ_INT(json_integer_value(json_object_get(d, "layers")), 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(d, "bytes")),
+                 eng_layer_bytes(api_models_find(m, "demo")->layer[0]));
     json_decref(j);
     api_reply_free(&r);
 
@@ -499,7 +503,7 @@ static void run_case(const mha_case *c)
     ref_mha_weights rw;
 
     if (c->model_demo) {
-        const eng_layer *demo = api_models_find(models, "demo");
+        const eng_layer *demo = api_models_find(models, "demo")->layer[0];
         rw = ref_mha_weights_of_layer(demo);
     } else {
         fill(wq, E * E, 1.0 / sqrt((double)E), &rng);

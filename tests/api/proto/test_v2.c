@@ -833,7 +833,7 @@ static void check_rel(const float *got, const double *want, size_t n, const char
 /* The reference forward pass of layer `name` on x [B, L, E] (memory m [B, S, kdim] or NULL). */
 static void layer_reference(const char *name, const eng_mha_args *args, ref_mha_result *res)
 {
-    const eng_layer *l = api_models_find(models, name);
+    const eng_layer *l = api_models_find(models, name)->layer[0];
     ref_mha_weights w = ref_mha_weights_of_layer(l);
     memset(res, 0, sizeof *res);
     if (!ref_mha(&w, args, res))
