@@ -137,7 +137,7 @@ static void test_methods_and_codes(void)
 }
 
 /* A ModelInferRequest {model_name: "demo", model_version: "1", parameters: {timeout: 100
- * (us), priority: 2, sequence_id: 77}}, written field by field. */
+ * (us), priority: 2, sequence_id: 77, layer: 3}}, written field by field. */
 static void test_infer_peek(void)
 {
     static const char msg[] = "\x0a\x04"
@@ -158,7 +158,12 @@ static void test_infer_peek(void)
                               "\x0a\x0b"
                               "sequence_id"
                               "\x12\x02"
-                              "\x10\x4d";
+                              "\x10\x4d"
+                              "\x22\x0b"
+                              "\x0a\x05"
+                              "layer"
+                              "\x12\x02"
+                              "\x10\x03";
     api_grpc_infer_peek pk;
     CHECK(api_grpc_infer_peek_read(msg, sizeof msg - 1, &pk));
     CHECK(strcmp(pk.model, "demo") == 0 && strcmp(pk.version, "1") == 0);
@@ -166,6 +171,7 @@ static void test_infer_peek(void)
     CHECK_EQ_INT((long)pk.peek.priority, 2);
     CHECK(pk.peek.sequence_id && pk.peek.sequence_id_len == 2 &&
           memcmp(pk.peek.sequence_id, "77", 2) == 0);
+    CHECK_EQ_INT(pk.peek.layer, 3);
     /* A length past the end: malformed. */
     CHECK(!api_grpc_infer_peek_read("\x0a\x09"
                                     "demo",
