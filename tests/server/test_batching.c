@@ -3,7 +3,8 @@
  * wait while the engine is busy run as groups (attnd_batches_total, attnd_batched_requests_total)
  * and answer what they answer alone; session steps, plain /v1/mha calls and KServe v2 inference
  * over HTTP and gRPC share a group; a member with a bad input, a stale expect_length or a deleted
- * session fails alone with its own status; --max-batch-rows caps a group and 1 turns batching off.
+ * session fails alone with its own status; the layers of a model of two wait in lanes of their
+ * own; --max-batch-rows caps a group and 1 turns batching off.
  *
  * Two daemons get the same traffic: one batching (the default) and one with --max-batch-rows 1,
  * whose replies are the reference. A group's rows here are at most 16, so the engine takes the
@@ -156,15 +157,28 @@ typedef struct {
     pthread_t t;
 } request;
 
-/* A ModelInfer message of one token of the demo layer, raw FP32 (malloc'd). */
-static char *grpc_body(const float *x, size_t *len)
+/* A ModelInfer message of one token of `model`, raw FP32, with parameters["layer"] when
+ * layer >= 0 (malloc'd). */
+static char *grpc_body(const float *x, const char *model, int64_t layer, size_t *len)
 {
     Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor in, *inp = &in;
+    Inference__ModelInferRequest__ParametersEntry e, *ep = &e;
+    Inference__InferParameter p;
     ProtobufCBinaryData raw = {.len = E * sizeof(float), .data = (uint8_t *)x};
     int64_t shape[3] = {1, 1, E};
     inference__model_infer_request__infer_input_tensor__init(&in);
-    req.model_name = (char *)"demo";
+    inference__model_infer_request__parameters_entry__init(&e);
+    inference__infer_parameter__init(&p);
+    if (layer >= 0) {
+        p.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+        p.int64_param = layer;
+        e.key = (char *)"layer";
+        e.value = &p;
+        req.n_parameters = 1;
+        req.parameters = &ep;
+    }
+    req.model_name = (char *)model;
     in.name = (char *)"input";
     in.datatype = (char *)"FP32";
     in.n_shape = 3;
@@ -254,31 +268,31 @@ static void requests_make(request *q, const server *s, const float *tok)
             q[i].path = "/v2/models/demo/infer";
         if (i == GRPC) {
             free(q[i].body);
-            q[i].body = grpc_body(tok + (size_t)i * E, &q[i].body_len);
+            q[i].body = grpc_body(tok + (size_t)i * E, "demo", -1, &q[i].body_len);
             q[i].path = NULL;
         }
     }
 }
 
-static void requests_free(request *q)
+static void requests_free(request *q, int n)
 {
-    for (int i = 0; i < N_REQ; i++) {
+    for (int i = 0; i < n; i++) {
         free(q[i].body);
         http_resp_free(&q[i].r);
     }
 }
 
-/* Sends q[] at once, each on its own connection, behind `hold` (a long request of the same
- * layer, or NULL), and waits for every reply. */
-static void send_all(request *q, request *hold)
+/* Sends q[0..n) at once, each on its own connection, behind `hold` (a long request, or NULL),
+ * and waits for every reply. */
+static void send_all(request *q, int n, request *hold)
 {
     if (hold) {
         pthread_create(&hold->t, NULL, send_one, hold);
         metric_wait(hold->s->d.port, "attnd_running_requests", 1, 10000);
     }
-    for (int i = 0; i < N_REQ; i++)
+    for (int i = 0; i < n; i++)
         pthread_create(&q[i].t, NULL, send_one, &q[i]);
-    for (int i = 0; i < N_REQ; i++)
+    for (int i = 0; i < n; i++)
         pthread_join(q[i].t, NULL);
     if (hold)
         pthread_join(hold->t, NULL);
@@ -338,11 +352,11 @@ static void test_waiting_passes_run_together_and_answer_as_alone(void)
     request ref[N_REQ], got[N_REQ], hold = {.s = &batching, .path = "/v1/mha"};
     requests_make(ref, &alone, tok);
     requests_make(got, &batching, tok);
-    send_all(ref, NULL);
+    send_all(ref, N_REQ, NULL);
     hold.body = hold_body(&batching, tok);
     double groups0 = metric_value(batching.d.port, "attnd_batches_total");
     double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
-    send_all(got, &hold);
+    send_all(got, N_REQ, &hold);
     CHECKF(hold.r.status == 200, "the long request: %ld", hold.r.status);
 
     for (int i = 0; i < N_REQ; i++) {
@@ -378,8 +392,138 @@ static void test_waiting_passes_run_together_and_answer_as_alone(void)
 
     free(hold.body);
     http_resp_free(&hold.r);
-    requests_free(ref);
-    requests_free(got);
+    requests_free(ref, N_REQ);
+    requests_free(got, N_REQ);
+}
+
+/* ---- Layers of one model ------------------------------------------------------------------ */
+
+/* The requests through the two layers of the checkpoint "llama" (E = 64 too): session steps
+ * through layer 0 and layer 1, a plain /v1/mha of layer 1, v2 of layer 0, gRPC of layer 1. */
+enum { LAYER_SESSIONS = 4, L_PLAIN = LAYER_SESSIONS, L_V2, L_GRPC, N_LAYER_REQ };
+
+static const int64_t layer_of[N_LAYER_REQ] = {0, 0, 1, 1, 1, 0, 1};
+
+/* POSTs `body` to s, checking for 200. */
+static void post_ok(const server *s, const char *path, char *body)
+{
+    http_resp r;
+    post(s, path, body, &r);
+    CHECKF(r.status == 200, "%s: %ld %.200s", path, r.status, r.body ? r.body : "");
+    http_resp_free(&r);
+    free(body);
+}
+
+/* LAYER_SESSIONS sessions of "llama" on s, the same prompt through both layers of each, and
+ * the next token through layer 0 of those that step layer 1 next; their ids into ids[]. */
+static bool layer_sessions(const server *s, const float *prompt, const float *tok,
+                           char ids[LAYER_SESSIONS][40])
+{
+    char fields[160];
+    for (int i = 0; i < LAYER_SESSIONS; i++) {
+        http_resp r;
+        post(s, "/v1/sessions", "{\"model\":\"llama\"}", &r);
+        json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+        const char *id = json_string_value(json_object_get(j, "id"));
+        bool ok = r.status == 201 && id && strlen(id) < 40;
+        if (ok)
+            snprintf(ids[i], 40, "%s", id);
+        json_decref(j);
+        http_resp_free(&r);
+        CHECKF(ok, "session %d of llama: %ld", i, r.status);
+        if (!ok)
+            return false;
+        for (int64_t l = 0; l < 2; l++) {
+            snprintf(fields, sizeof fields, "\"session\":\"%s\",\"layer\":%lld", ids[i],
+                     (long long)l);
+            post_ok(s, "/v1/mha", mha_body(prompt, PROMPT, E, fields));
+        }
+        if (layer_of[i] == 1) {
+            snprintf(fields, sizeof fields, "\"session\":\"%s\",\"layer\":0", ids[i]);
+            post_ok(s, "/v1/mha", mha_body(tok + (size_t)i * E, 1, E, fields));
+        }
+    }
+    return true;
+}
+
+static void layer_requests_make(request *q, const server *s, char ids[LAYER_SESSIONS][40],
+                                const float *tok)
+{
+    char fields[192];
+    for (int i = 0; i < N_LAYER_REQ; i++) {
+        const float *x = tok + (size_t)i * E;
+        q[i].s = s;
+        q[i].path = "/v1/mha";
+        if (i < LAYER_SESSIONS)
+            snprintf(fields, sizeof fields,
+                     "\"session\":\"%s\",\"layer\":%lld,\"expect_length\":%d", ids[i],
+                     (long long)layer_of[i], PROMPT);
+        else
+            snprintf(fields, sizeof fields, "\"model\":\"llama\",\"layer\":%lld",
+                     (long long)layer_of[i]);
+        if (i == L_V2) {
+            char *b = v2_body(x);
+            size_t len = strlen(b) + 48;
+            q[i].body = malloc(len);
+            snprintf(q[i].body, len, "{\"parameters\":{\"layer\":%lld},%s", (long long)layer_of[i],
+                     b + 1);
+            free(b);
+            q[i].path = "/v2/models/llama/infer";
+        } else if (i == L_GRPC) {
+            q[i].body = grpc_body(x, "llama", layer_of[i], &q[i].body_len);
+            q[i].path = NULL;
+        } else {
+            q[i].body = mha_body(x, 1, E, fields);
+        }
+    }
+}
+
+/* Steps and passes of one model's two layers that wait while the engine is busy wait in a lane
+ * per layer (different weights never share an engine call): at least one group per layer, every
+ * request from a lane, and every reply the bits the unbatched daemon gives. */
+static void test_layers_wait_in_lanes_of_their_own(void)
+{
+    float prompt[PROMPT * E], tok[N_LAYER_REQ * E];
+    char ids[2][LAYER_SESSIONS][40];
+    uint64_t rng = 13;
+    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
+        prompt[i] = (float)rng_sym(&rng, 1.0);
+    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
+        tok[i] = (float)rng_sym(&rng, 1.0);
+    if (!layer_sessions(&batching, prompt, tok, ids[0]) ||
+        !layer_sessions(&alone, prompt, tok, ids[1]))
+        return;
+    request ref[N_LAYER_REQ], got[N_LAYER_REQ], hold = {.s = &batching, .path = "/v1/mha"};
+    layer_requests_make(ref, &alone, ids[1], tok);
+    layer_requests_make(got, &batching, ids[0], tok);
+    send_all(ref, N_LAYER_REQ, NULL);
+    hold.body = hold_body(&batching, tok);
+    double groups0 = metric_value(batching.d.port, "attnd_batches_total");
+    double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
+    send_all(got, N_LAYER_REQ, &hold);
+    CHECKF(hold.r.status == 200, "the long request: %ld", hold.r.status);
+    for (int i = 0; i < N_LAYER_REQ; i++) {
+        CHECKF(got[i].r.status == 200 && ref[i].r.status == 200,
+               "request %d (layer %lld): %ld batched, %ld alone: %.200s", i, (long long)layer_of[i],
+               got[i].r.status, ref[i].r.status, got[i].r.body ? got[i].r.body : "");
+        char *a = outputs_of(got[i].r.body), *b = outputs_of(ref[i].r.body);
+        CHECKF(a && b && strcmp(a, b) == 0, "request %d (layer %lld): the batched output differs",
+               i, (long long)layer_of[i]);
+        free(a);
+        free(b);
+    }
+    double groups = metric_value(batching.d.port, "attnd_batches_total") - groups0 - 1;
+    double members = metric_value(batching.d.port, "attnd_batched_requests_total") - members0;
+    printf("  %d requests through 2 layers behind a long one ran in %.0f groups\n", N_LAYER_REQ,
+           groups);
+    CHECKF(members == N_LAYER_REQ + 1, "%.0f requests ran from the lanes, want %d and the long one",
+           members, N_LAYER_REQ);
+    CHECKF(groups >= 2 && groups < N_LAYER_REQ, "%.0f groups for %d requests through 2 layers",
+           groups, N_LAYER_REQ);
+    free(hold.body);
+    http_resp_free(&hold.r);
+    requests_free(ref, N_LAYER_REQ);
+    requests_free(got, N_LAYER_REQ);
 }
 
 /* --max-batch-rows 2: groups of at most two one-token requests, however many wait. */
@@ -403,27 +547,37 @@ static void test_max_batch_rows_caps_a_group(void)
         requests_make(q, &capped, tok);
         hold.body = long_body(2048);
         double groups0 = metric_value(capped.d.port, "attnd_batches_total");
-        send_all(q, &hold);
+        send_all(q, N_REQ, &hold);
         double groups = metric_value(capped.d.port, "attnd_batches_total") - groups0;
         CHECKF(groups >= N_REQ / 2, "%.0f groups for %d requests in groups of at most 2", groups,
                N_REQ);
         free(hold.body);
         http_resp_free(&hold.r);
-        requests_free(q);
+        requests_free(q, N_REQ);
     }
     CHECK_EQ_INT(daemon_stop(&capped.d), 0);
 }
 
 int main(void)
 {
-    const char *const on[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", NULL};
-    const char *const off[] = {"--threads", "1", "--kv-cache-bytes", "16MiB", "--max-batch-rows",
-                               "1",         NULL};
+    const char *const on[] = {"--threads", "1",       "--kv-cache-bytes",
+                              "16MiB",     "--model", "llama=tests/api/hf/cases/llama",
+                              NULL};
+    const char *const off[] = {"--threads",
+                               "1",
+                               "--kv-cache-bytes",
+                               "16MiB",
+                               "--max-batch-rows",
+                               "1",
+                               "--model",
+                               "llama=tests/api/hf/cases/llama",
+                               NULL};
     if (start(&batching, on) != 0 || start(&alone, off) != 0) {
         printf("FAIL cannot start attnd\n0 passed, 1 failed\n");
         return 1;
     }
     RUN_WITHIN(test_waiting_passes_run_together_and_answer_as_alone, 240);
+    RUN_WITHIN(test_layers_wait_in_lanes_of_their_own, 240);
     CHECK_EQ_INT(daemon_stop(&batching.d), 0);
     CHECK_EQ_INT(daemon_stop(&alone.d), 0);
     RUN_WITHIN(test_max_batch_rows_caps_a_group, 120);

@@ -1,6 +1,7 @@
 /*
  * test_grpc.c - attnd's --grpc-port spoken to by an nghttp2 client: the v2 methods and their
- * statuses, inference against the HTTP route's answer, the edge's guarantees (message size,
+ * statuses, inference against the HTTP route's answer (every layer of a checkpoint served whole,
+ * and a sequence stepped through its layers, too), the edge's guarantees (message size,
  * memory reserved only as bytes arrive, queue, deadlines, cancellation, tokens, drain,
  * metrics, log lines) and hostile peers (SETTINGS and PING floods, an HPACK bomb, a stalled
  * stream, a peer that never reads): none takes the port or the daemon down.
@@ -68,18 +69,25 @@ typedef struct {
     const float *data; /* FP32, raw */
 } tensor;
 
-/* A packed ModelInferRequest for `model` with raw FP32 inputs and optional parameters
- * (name, int64 value) pairs; malloc'd. */
-static uint8_t *infer_request(const char *model, const tensor *t, size_t n, const char *param,
-                              int64_t value, size_t *len)
+/* A request parameter: an int64 or a bool. */
+typedef struct {
+    const char *key;
+    bool is_bool;
+    int64_t value;
+} param;
+
+enum { MAX_PARAMS = 4 };
+
+/* A packed ModelInferRequest for `model` with raw FP32 inputs and the parameters
+ * params[0..n_params); malloc'd. */
+static uint8_t *infer_request(const char *model, const tensor *t, size_t n, const param *params,
+                              size_t n_params, size_t *len)
 {
     Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor in[4], *inp[4];
     ProtobufCBinaryData raw[4];
-    Inference__ModelInferRequest__ParametersEntry
-        e = INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT,
-        *ep = &e;
-    Inference__InferParameter p = INFERENCE__INFER_PARAMETER__INIT;
+    Inference__ModelInferRequest__ParametersEntry e[MAX_PARAMS], *ep[MAX_PARAMS];
+    Inference__InferParameter p[MAX_PARAMS];
     uint8_t *buf;
     req.model_name = (char *)model;
     for (size_t i = 0; i < n; i++) {
@@ -98,14 +106,22 @@ static uint8_t *infer_request(const char *model, const tensor *t, size_t n, cons
     req.n_inputs = req.n_raw_input_contents = n;
     req.inputs = inp;
     req.raw_input_contents = raw;
-    if (param) {
-        e.key = (char *)param;
-        p.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
-        p.int64_param = value;
-        e.value = &p;
-        req.n_parameters = 1;
-        req.parameters = &ep;
+    for (size_t i = 0; i < n_params && i < MAX_PARAMS; i++) {
+        inference__model_infer_request__parameters_entry__init(&e[i]);
+        inference__infer_parameter__init(&p[i]);
+        e[i].key = (char *)params[i].key;
+        if (params[i].is_bool) {
+            p[i].parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+            p[i].bool_param = params[i].value != 0;
+        } else {
+            p[i].parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+            p[i].int64_param = params[i].value;
+        }
+        e[i].value = &p[i];
+        ep[i] = &e[i];
     }
+    req.n_parameters = n_params < MAX_PARAMS ? n_params : MAX_PARAMS;
+    req.parameters = ep;
     *len = inference__model_infer_request__get_packed_size(&req);
     buf = malloc(*len);
     inference__model_infer_request__pack(&req, buf);
@@ -293,6 +309,188 @@ static void test_infer_matches_http(void)
     free(req);
     grpc_client_close(&c);
     free(data);
+    CHECK_EQ_INT(daemon_stop(&g.d), 0);
+}
+
+/* ---- Every layer of a checkpoint ---------------------------------------------------------- */
+
+#define CHECKPOINT_E 64 /* tests/api/hf/cases/llama: two layers */
+
+/* ModelInfer of `model` on x [1, n, 64] with `params`: its output's raw floats into out[n * 64]
+ * (grpc-status 0), or the status and message. */
+static int grpc_layer(grpc_client *c, const float *x, int64_t n, const param *params,
+                      size_t n_params, float *out, char *message, size_t message_len)
+{
+    tensor t = {"input", {1, n, CHECKPOINT_E}, 3, x};
+    size_t len, out_len;
+    grpc_stream st;
+    uint8_t *req = infer_request("llama", &t, 1, params, n_params, &len);
+    int status = -1;
+    if (grpc_call(c, SVC "ModelInfer", NULL, req, len, 10000, &st)) {
+        status = st.grpc_status;
+        snprintf(message, message_len, "%s", st.message);
+        const char *msg = grpc_message_at(&st, 0, &out_len);
+        Inference__ModelInferResponse *resp =
+            status == 0 && msg
+                ? inference__model_infer_response__unpack(NULL, out_len, (const uint8_t *)msg)
+                : NULL;
+        bool whole = resp && resp->n_raw_output_contents == 1 &&
+                     resp->raw_output_contents[0].len == (size_t)(n * CHECKPOINT_E) * sizeof(float);
+        if (whole)
+            memcpy(out, resp->raw_output_contents[0].data, resp->raw_output_contents[0].len);
+        else if (status == 0)
+            status = -2;
+        if (resp)
+            inference__model_infer_response__free_unpacked(resp, NULL);
+        grpc_stream_free(&st);
+    }
+    free(req);
+    return status;
+}
+
+/* POST `path` with a body holding x [1, n, 64] as JSON numbers: v2's inputs with `params`
+ * (JSON members of "parameters"), or /v1/mha's input with `params` as fields. The output's
+ * numbers into out[n * 64]; the HTTP status. */
+static long http_layer(int port, const char *path, const float *x, int64_t n, const char *params,
+                       double *out, http_resp *h)
+{
+    bool v2 = strncmp(path, "/v2/", 4) == 0;
+    char *body = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&body, &blen);
+    if (v2)
+        fprintf(f,
+                "{\"parameters\":{%s},\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\","
+                "\"shape\":[1,%lld,%d],\"data\":[",
+                params, (long long)n, CHECKPOINT_E);
+    else
+        fprintf(f, "{%s,\"output_encoding\":\"flat\",\"input\":{\"shape\":[1,%lld,%d],\"data\":[",
+                params, (long long)n, CHECKPOINT_E);
+    for (int64_t i = 0; i < n * CHECKPOINT_E; i++)
+        fprintf(f, "%s%.9g", i ? "," : "", (double)x[i]);
+    fprintf(f, v2 ? "]}]}" : "]}}");
+    fclose(f);
+    const char *ct[] = {"Content-Type: application/json", NULL};
+    long status = http_do(NULL, port, "POST", path, ct, body, blen, h);
+    if (status == 200)
+        CHECK_EQ_INT(json_numbers(h->body, v2 ? "data" : "output", out, (size_t)(n * CHECKPOINT_E)),
+                     n * CHECKPOINT_E);
+    free(body);
+    return status;
+}
+
+/* Whether the raw floats a[] are the JSON numbers b[] (written as the shortest text that reads
+ * back as the same float). */
+static bool same_numbers(const float *a, const double *b, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++)
+        if (a[i] != (float)b[i])
+            return false;
+    return true;
+}
+
+/* A checkpoint served whole (--model llama=DIR): ModelInfer with parameters["layer"] = l is
+ * the HTTP v2 route's answer with parameters.layer l and /v1/mha's with "layer": l, bit for
+ * bit, and layer 1's differs from layer 0's; without a layer all three refuse naming it. */
+static void test_layers_match_http(void)
+{
+    enum { N = 5 };
+    const char *const extra[] = {"--model", "llama=tests/api/hf/cases/llama", NULL};
+    grpc_daemon g;
+    grpc_client c;
+    float x[N * CHECKPOINT_E], got[2][N * CHECKPOINT_E];
+    double want[N * CHECKPOINT_E];
+    char message[512], params[64];
+    uint64_t r = 21;
+    http_resp h;
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
+        x[i] = (float)rng_sym(&r, 1.0);
+    if (start(&g, extra) != 0 || grpc_client_open(&c, g.port) != 0) {
+        CHECK(false);
+        return;
+    }
+    for (int64_t l = 0; l < 2; l++) {
+        param p = {"layer", false, l};
+        CHECKF(grpc_layer(&c, x, N, &p, 1, got[l], message, sizeof message) == 0,
+               "ModelInfer layer %lld: %s", (long long)l, message);
+        snprintf(params, sizeof params, "\"layer\":%lld", (long long)l);
+        CHECK_EQ_INT(http_layer(g.d.port, "/v2/models/llama/infer", x, N, params, want, &h), 200);
+        CHECKF(same_numbers(got[l], want, N * CHECKPOINT_E), "layer %lld: gRPC is not v2 HTTP",
+               (long long)l);
+        http_resp_free(&h);
+        snprintf(params, sizeof params, "\"model\":\"llama\",\"layer\":%lld", (long long)l);
+        CHECK_EQ_INT(http_layer(g.d.port, "/v1/mha", x, N, params, want, &h), 200);
+        CHECKF(same_numbers(got[l], want, N * CHECKPOINT_E), "layer %lld: gRPC is not /v1/mha",
+               (long long)l);
+        http_resp_free(&h);
+    }
+    CHECK(memcmp(got[0], got[1], sizeof got[0]) != 0);
+    /* No layer named. */
+    CHECK_EQ_INT(grpc_layer(&c, x, N, NULL, 0, got[0], message, sizeof message), 3);
+    CHECKF(strstr(message, "layer (0 to 1)") != NULL, "message: %s", message);
+    CHECK_EQ_INT(http_layer(g.d.port, "/v2/models/llama/infer", x, N, "", want, &h), 400);
+    CHECK(h.body && strstr(h.body, "layer (0 to 1)") != NULL);
+    http_resp_free(&h);
+    CHECK_EQ_INT(http_layer(g.d.port, "/v1/mha", x, N, "\"model\":\"llama\"", want, &h), 422);
+    CHECK(h.body && strstr(h.body, "\"field\":\"layer\"") != NULL);
+    http_resp_free(&h);
+    grpc_client_close(&c);
+    CHECK_EQ_INT(daemon_stop(&g.d), 0);
+}
+
+/* A v2 sequence of the whole checkpoint stepped through its layers over gRPC (sequence 5) gives
+ * what the same sequence gives over HTTP (sequence 6) at every step: a prompt, then tokens, each
+ * through layer 0 then 1, START on the first request and END on the last. */
+static void test_a_sequence_over_layers_matches_http(void)
+{
+    enum { PROMPT = 4, TOKENS = 3, ALL = PROMPT + TOKENS };
+    const char *const extra[] = {"--model", "llama=tests/api/hf/cases/llama", "--kv-cache-bytes",
+                                 "16MiB", NULL};
+    grpc_daemon g;
+    grpc_client c;
+    float x[ALL * CHECKPOINT_E], got[ALL * CHECKPOINT_E];
+    double want[ALL * CHECKPOINT_E];
+    char message[512], params[160];
+    uint64_t r = 22;
+    http_resp h;
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
+        x[i] = (float)rng_sym(&r, 1.0);
+    if (start(&g, extra) != 0 || grpc_client_open(&c, g.port) != 0) {
+        CHECK(false);
+        return;
+    }
+    for (int64_t t0 = 0; t0 < ALL; t0 += t0 == 0 ? PROMPT : 1) {
+        int64_t n = t0 == 0 ? PROMPT : 1;
+        for (int64_t l = 0; l < 2; l++) {
+            bool first = t0 == 0 && l == 0, last = t0 + n == ALL && l == 1;
+            param p[4] = {{"sequence_id", false, 5}, {"layer", false, l}};
+            size_t np = 2;
+            if (first)
+                p[np++] = (param){"sequence_start", true, 1};
+            if (last)
+                p[np++] = (param){"sequence_end", true, 1};
+            int st = grpc_layer(&c, x + t0 * CHECKPOINT_E, n, p, np, got, message, sizeof message);
+            CHECKF(st == 0, "gRPC step at %lld, layer %lld: %d %s", (long long)t0, (long long)l, st,
+                   message);
+            snprintf(params, sizeof params, "\"sequence_id\":6,\"layer\":%lld%s%s", (long long)l,
+                     first ? ",\"sequence_start\":true" : "", last ? ",\"sequence_end\":true" : "");
+            long hs = http_layer(g.d.port, "/v2/models/llama/infer", x + t0 * CHECKPOINT_E, n,
+                                 params, want, &h);
+            CHECKF(hs == 200 && st == 0 && same_numbers(got, want, n * CHECKPOINT_E),
+                   "step at %lld, layer %lld: HTTP %ld, not gRPC's numbers", (long long)t0,
+                   (long long)l, hs);
+            http_resp_free(&h);
+        }
+    }
+    /* Both sequences ended with their last request. */
+    param p[2] = {{"sequence_id", false, 5}, {"layer", false, 0}};
+    CHECK_EQ_INT(grpc_layer(&c, x, 1, p, 2, got, message, sizeof message), 3);
+    CHECK(strstr(message, "START") != NULL);
+    CHECK_EQ_INT(http_layer(g.d.port, "/v2/models/llama/infer", x, 1,
+                            "\"sequence_id\":6,\"layer\":0", want, &h),
+                 400);
+    http_resp_free(&h);
+    grpc_client_close(&c);
     CHECK_EQ_INT(daemon_stop(&g.d), 0);
 }
 
@@ -774,6 +972,8 @@ int main(void)
 {
     RUN_WITHIN(test_methods_and_statuses, 60);
     RUN_WITHIN(test_infer_matches_http, 60);
+    RUN_WITHIN(test_layers_match_http, 60);
+    RUN_WITHIN(test_a_sequence_over_layers_matches_http, 60);
     RUN_WITHIN(test_sizes_memory_and_stalls, 60);
     RUN_WITHIN(test_deadline_queue_cancel_metrics, 240);
     RUN_WITHIN(test_same_outcomes_as_http, 120);

@@ -5,7 +5,8 @@
  * loaded models, checked against the float64 reference; num_heads from the file's metadata or
  * from the flag's :heads=N:kv_heads=M suffix; a malformed file stopping the start with exit 2
  * and a message naming the file and the tensor, and so a checkpoint directory's layer that
- * cannot be served (tests/api/hf covers the checkpoint reader itself).
+ * cannot be served (tests/api/hf covers the checkpoint reader itself); a checkpoint directory
+ * served whole, every layer under one name.
  *
  * Fixture values are multiples of 1/256 in [-0.5, 0.5], which F16 and BF16 hold exactly, so
  * the reference can use the very floats the test wrote.
@@ -390,6 +391,46 @@ static void test_checkpoint_refusal_stops_start(void)
     daemon_stop(&bad);
 }
 
+/* A checkpoint directory without :layer=K is every layer of it under one name: the start-up
+ * line says how many and their bytes; GET /v1/models/NAME says "layers", and its parameters
+ * and bytes are those of every layer (here twice those of one layer of the same shape). */
+static void test_checkpoint_serves_every_layer(void)
+{
+    daemon_proc g;
+    const char *args[] = {"--model", "llama=tests/api/hf/cases/llama", "--model",
+                          "llama1=tests/api/hf/cases/llama:layer=1", NULL};
+    if (daemon_start(&g, args) != 0) {
+        CHECK(false);
+        return;
+    }
+    CHECK(daemon_log_lines(&g,
+                           "loaded model llama from tests/api/hf/cases/llama: llama 2 layers "
+                           "(0 to 1), 4 heads (2 kv) of 16",
+                           "bytes of weights", 1, 5000) == 1);
+    CHECK(daemon_log_lines(&g, "loaded model llama1 from tests/api/hf/cases/llama: llama layer 1,",
+                           "bytes of weights", 1, 5000) == 1);
+    json_t *m[2] = {NULL, NULL};
+    const char *paths[2] = {"/v1/models/llama", "/v1/models/llama1"};
+    for (int i = 0; i < 2; i++) {
+        http_resp r;
+        CHECK_EQ_INT(http_do(NULL, g.port, "GET", paths[i], NULL, NULL, 0, &r), 200);
+        m[i] = json_loadb(r.body, r.body_len, 0, NULL);
+        http_resp_free(&r);
+    }
+    CHECK_EQ_INT(json_integer_value(json_object_get(m[0], "layers")), 2);
+    CHECK_EQ_INT(json_integer_value(json_object_get(m[1], "layers")), 1);
+    const char *sums[2] = {"parameters", "bytes"};
+    for (int i = 0; i < 2; i++) {
+        json_int_t one = json_integer_value(json_object_get(m[1], sums[i]));
+        CHECK(one > 0);
+        CHECK_EQ_INT(json_integer_value(json_object_get(m[0], sums[i])), 2 * one);
+    }
+    CHECK_EQ_INT(json_array_size(json_object_get(m[0], "decoder_layers")), 2);
+    json_decref(m[0]);
+    json_decref(m[1]);
+    CHECK_EQ_INT(daemon_stop(&g), 0);
+}
+
 static void test_started(void)
 {
     CHECKF(up, "the daemon did not start with the fixtures");
@@ -422,6 +463,7 @@ int main(void)
     }
     RUN(test_malformed_file_stops_start);
     RUN(test_checkpoint_refusal_stops_start);
+    RUN(test_checkpoint_serves_every_layer);
 
     const char *names[] = {"enc", "gqa", "tut", "broken"};
     for (size_t i = 0; i < 4; i++) {
