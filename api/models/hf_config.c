@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "api/models/hf.h"
+#include "api/models/models.h"
 
 int api__hf_fail(hf_error *e, const char *field, const char *fmt, ...)
 {
@@ -281,7 +282,7 @@ static int read_sizes(const json_t *cfg, hf_config *c, hf_error *e)
     static const char *const k_kv[] = {"num_key_value_heads", NULL};
     static const char *const k_d[] = {"head_dim", NULL};
     if (get_count(cfg, k_e, 0, 1 << 20, &c->E, e) || get_count(cfg, k_h, 0, 1 << 16, &c->H, e) ||
-        get_count(cfg, k_layers, 0, 1 << 20, &c->layers, e) ||
+        get_count(cfg, k_layers, 0, API_MODEL_LAYERS_MAX, &c->layers, e) ||
         get_count(cfg, k_kv, c->H, 1 << 16, &c->Hkv, e))
         return -1;
     if (get_count(cfg, k_d, c->E / c->H, 1 << 16, &c->D, e))

@@ -131,10 +131,22 @@ static int reply_created(const api__session *s, api_buf *w, api_reply *reply, ap
     return 0;
 }
 
+/* A bound of one session's description: its fixed fields and a length (up to 20 digits and a
+ * comma) per layer, `layers` of them. */
+static size_t description_bytes(int64_t layers)
+{
+    return 1024 + (size_t)layers * 21;
+}
+
+/* The reply text of a route that describes a session: the description of a session of the
+ * registry's largest model (or of one cache). The job starts with its api__req. */
 static bool no_tensors(void *job, api__sizes *sz)
 {
-    (void)job;
-    sz->text = 4096;
+    const api_models *models = ((const api__req *)job)->call->models;
+    int64_t most = 1;
+    for (size_t i = 0; i < api_models_count(models); i++)
+        most = api_models_at(models, i)->layers > most ? api_models_at(models, i)->layers : most;
+    sz->text = description_bytes(most);
     return true;
 }
 
@@ -769,7 +781,7 @@ void api_sessions_get(api_sessions *reg, const char *id, api_reply *reply)
         api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
         return;
     }
-    api_buf_init(&w, 4096);
+    api_buf_init(&w, description_bytes(API_MODEL_LAYERS_MAX));
     if (api__sessions_view(reg, id, describe_one, &w, &err) != 0) {
         api_buf_free(&w);
         api__reply_from_error(reply, API_ERRORS_NATIVE, &err);
@@ -819,7 +831,7 @@ void api_sessions_list(api_sessions *reg, const char *limit, const char *after, 
         }
         page.n = n;
     }
-    api_buf_init(&w, (size_t)page.n * 512 + 256);
+    api_buf_init(&w, (size_t)page.n * description_bytes(API_MODEL_LAYERS_MAX) + 256);
     api_buf_cstr(&w, "{\"sessions\":[");
     if (api__sessions_view_page(reg, &page, describe_listed, &lw, &err) != 0) {
         api_buf_free(&w);
