@@ -7,8 +7,9 @@
 // ATTND_BIN names the daemon (default build/attnd), CHROMIUM the browser (default
 // /usr/bin/chromium). Every check compares what the page draws with what the API answers to
 // the same request sent directly, so the page cannot pass by drawing its own numbers. The
-// tests share one daemon (serving the demo layer and a small registered layer, "tiny", from a
-// safetensors file written here) and one browser page, and run in order; they write the
+// tests share one daemon (serving the demo layer, a small registered layer, "tiny", from a
+// safetensors file written here, and the two layers of tests/api/hf/cases/llama as "llama") and
+// one browser page, and run in order; they write the
 // screenshots build/browser/inspector.png (the demo layer) and inspector-preset.png, and end
 // by stopping the daemon, which must exit 0 with no sanitizer report.
 import { after, before, describe, test } from 'node:test';
@@ -87,7 +88,8 @@ async function startDaemon(extra = []) {
   tinyLayer(layer);
   const log = [];
   const child = spawn(ATTND, ['--host', '127.0.0.1', '--port', '0', '--port-file', portFile,
-    '--model', `${TINY.name}=${layer}`, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--model', `${TINY.name}=${layer}`, '--model', `llama=${path.join(repo, 'tests/api/hf/cases/llama')}`,
+    ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
   child.stderr.on('data', (d) => log.push(d.toString()));
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
   for (let i = 0; i < 200; i++) {
@@ -426,7 +428,7 @@ describe('attention inspector', { timeout: 120000 }, () => {
 
   test('a registered layer from /v1/models draws its own heads at its own width', async () => {
     const options = await page.$$eval('#model option', (os) => os.map((o) => o.value));
-    assert.deepEqual(options, ['demo', TINY.name]);
+    assert.deepEqual(options, ['demo', TINY.name, 'llama/0', 'llama/1']);
     await andRender(() => page.fill('#sentence', 'small layers attend too'));
     await andRender(() => page.selectOption('#model', TINY.name));
     assert.match(await page.textContent('#model-info'), /width E = 8, 2 heads, head width d = 4/);
@@ -439,6 +441,21 @@ describe('attention inspector', { timeout: 120000 }, () => {
     const reply = await post('/v1/mha', sent.body);
     assert.deepEqual(maps[0].values, reply.weights[0]);
     assert.deepEqual(maps[1].values, reply.weights[1]);
+    await andRender(() => page.selectOption('#model', 'demo'));
+  });
+
+  test('a model of two layers is one choice per layer, each sent with its layer', async () => {
+    const labels = await page.$$eval('#model option', (os) => os.map((o) => o.textContent));
+    assert.deepEqual(labels.slice(2), ['llama, layer 0', 'llama, layer 1']);
+    assert.equal(await page.isChecked('#causal'), true); // a decoder layer is causal
+    await andRender(() => page.fill('#sentence', 'every layer answers'));
+    await andRender(() => page.selectOption('#model', 'llama/1'));
+    const sent = await sentRequest();
+    assert.equal(sent.body.model, 'llama');
+    assert.equal(sent.body.layer, 1);
+    const maps = await readMaps();
+    const reply = await post('/v1/mha', sent.body);
+    assert.deepEqual(maps[0].values, reply.weights[0]);
     await andRender(() => page.selectOption('#model', 'demo'));
   });
 
