@@ -320,7 +320,15 @@ typedef struct {
     size_t body_len;
     int retry_after_s; /* > 0: send Retry-After with this value (429 and 503 get 1) */
     api_reason reason; /* API_REASON_NONE on success */
-    int64_t decode_ns, compute_ns, encode_ns; /* stage timings */
+    /* Where the request's time went, in nanoseconds, each stage apart from the others (0: it
+     * did not happen). api/ measures decode_ns (from the route's start to its tensors decoded,
+     * parse_ns included), parse_ns (undoing a content coding and parsing the JSON), compute_ns
+     * and encode_ns; the server adds what preceded the route when the job ends: receive_ns
+     * (from the request's first byte to its last, copy_ns excluded), copy_ns (the edge's copying
+     * of the body into one buffer) and queue_ns (admitted until a worker took it). */
+    int64_t decode_ns, compute_ns, encode_ns;
+    int64_t parse_ns;
+    int64_t receive_ns, copy_ns, queue_ns;
     /* Response headers some routes add (zero / NULL: none): */
     const char *content_encoding; /* static "gzip" or "deflate": the body is compressed */
     int64_t inference_header_len; /* > 0: Inference-Header-Content-Length (KServe v2 binary

@@ -721,6 +721,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         srv__req_release_body(req);
         return MHD_YES;
     }
+    int64_t copy_from = eng_now_ns(); /* the body's copy into one buffer: a stage of its own */
     if (n >= req->body.cap - req->body.len) {
         /* Grow (doubling, capped by the announced length or the body cap) and reserve what the
          * allocation grows by, so that the reservation is never more than about twice the
@@ -743,6 +744,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         }
     }
     api_buf_mem(&req->body, data, n);
+    req->job.copy_ns += eng_now_ns() - copy_from;
     early_admission(s, req);
     return MHD_YES;
 }

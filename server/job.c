@@ -243,6 +243,19 @@ static bool begin_running(srv_job *job)
     return true;
 }
 
+/* The stages before the route into the reply (api_reply's stage timings): the body's arrival
+ * less the edge's copying, that copying, and the wait for a worker. */
+static void stamp_stages(srv_job *job)
+{
+    api_reply *r = job->reply;
+    int64_t arrival = job->lease->start_ns, received = 0;
+    if (arrival > 0 && job->submit_ns > arrival)
+        received = job->submit_ns - arrival;
+    r->copy_ns = job->copy_ns < received ? job->copy_ns : received;
+    r->receive_ns = received - r->copy_ns;
+    r->queue_ns = job->run_ns > job->submit_ns ? job->run_ns - job->submit_ns : 0;
+}
+
 /* The job's reply is final: the next step of its order may run, what it taught, and back to
  * its edge. */
 static void finish_running(srv_job *job)
@@ -255,6 +268,7 @@ static void finish_running(srv_job *job)
         job->reply->decode_ns = decode;
         job->reply->compute_ns = compute;
     }
+    stamp_stages(job);
     job->done_ns = eng_now_ns();
     srv__metrics_work(&s->metrics,
                       (job->done_ns - job->run_ns) / (job->sharing > 1 ? job->sharing : 1),

@@ -118,6 +118,7 @@ struct srv_job {
     srv_batch_item batch;               /* its place in its layer's lane; key 0: runs alone */
     int sharing;                        /* the jobs of its batch, which share its worker time */
     int64_t submit_ns, run_ns, done_ns; /* admitted, began on a worker, reply final */
+    int64_t copy_ns; /* the edge's time copying the request's bytes before admission */
 };
 
 /* A job not yet admitted, for `owner`, whose lease and reply live in the owner. */

@@ -51,9 +51,41 @@ srv_reply srv__reply_api(api_reply *r)
     return from_api(r);
 }
 
+/* The Server-Timing value of r's stages, in the order they happen, each apart from the others
+ * (decode without the parse it includes), in milliseconds; empty when r has none (it never
+ * reached a worker). */
+static void timing_format(const api_reply *r, char *out, size_t size)
+{
+    const struct {
+        const char *name;
+        int64_t ns;
+    } stages[] = {
+        {"receive", r->receive_ns},
+        {"copy", r->copy_ns},
+        {"queue", r->queue_ns},
+        {"parse", r->parse_ns},
+        {"decode", r->decode_ns > r->parse_ns ? r->decode_ns - r->parse_ns : 0},
+        {"compute", r->compute_ns},
+        {"encode", r->encode_ns},
+    };
+    size_t n = sizeof stages / sizeof stages[0], at = 0;
+    bool any = false;
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        any = any || stages[i].ns > 0;
+    for (size_t i = 0; any && i < n && at < size; i++) {
+        int w = snprintf(out + at, size - at, "%s%s;dur=%.3f", i ? ", " : "", stages[i].name,
+                         stages[i].ns > 0 ? (double)stages[i].ns / 1e6 : 0.0);
+        at += w > 0 ? (size_t)w : size;
+    }
+    if (at >= size)
+        out[0] = '\0'; /* defensive: 256 bytes hold seven stages of up to 10^12 ms */
+}
+
 srv_reply srv__reply_computed(api_reply *r)
 {
     srv_reply out = from_api(r);
+    timing_format(r, out.timing, sizeof out.timing);
     out.content_encoding = r->content_encoding;
     out.inference_header_len = r->inference_header_len;
     out.vary_accept_encoding = true;
@@ -115,5 +147,7 @@ bool srv__reply_each_header(const srv_reply *r, char num[24], srv_header_fn fn, 
         if (!fn(cls, "Retry-After", num))
             return false;
     }
+    if (r->timing[0] && !fn(cls, "Server-Timing", r->timing))
+        return false;
     return true;
 }

@@ -31,6 +31,7 @@ typedef struct {
     bool vary_accept_encoding;    /* Vary: Accept-Encoding (worker replies) */
     int retry_after_s;            /* > 0: Retry-After */
     char location[96];            /* non-empty: Location (a session created: 201) */
+    char timing[256];             /* non-empty: Server-Timing (a request that reached a worker) */
 } srv_reply;
 
 /* `body` (from eng_buf_alloc, taken over; NULL: empty) with the status of `o`. */
@@ -44,8 +45,9 @@ srv_reply srv__reply_refusal(api_error_style style, srv_outcome o, const char *f
 /* A reply api/ built on the MHD thread (listings, metadata), taking over its body. */
 srv_reply srv__reply_api(api_reply *r);
 /* A reply a worker computed (or the watcher failed) through api/, taking over its body: also
- * its content coding, Inference-Header-Content-Length, Retry-After and Vary: Accept-Encoding,
- * since the body depends on that header. */
+ * its content coding, Inference-Header-Content-Length, Retry-After, Vary: Accept-Encoding,
+ * since the body depends on that header, and its stage timings as Server-Timing (receive,
+ * copy, queue, parse, decode, compute, encode, in milliseconds) when it has any. */
 srv_reply srv__reply_computed(api_reply *r);
 /* Frees the body, if the reply still has one; NULL is a no-op. */
 void srv__reply_free(srv_reply *r);

@@ -110,13 +110,16 @@ int api__req_check_body_size(const api__req *rq, api__error *err)
 int api__req_parse(api__req *rq, const char *json, size_t len, api__error *err)
 {
     /* The tree's memory is reserved before jansson allocates it. */
+    int64_t t0 = eng_now_ns();
     api__body_scan scan;
     api__body_scan_run(json, len, &scan);
     if (api__req_reserve(rq, scan.parse_bytes, true, "to parse the body", err) != 0) {
         api__body_scan_free(&scan);
         return -1;
     }
-    return api__body_parse(&rq->body, json, len, &scan, err);
+    int rc = api__body_parse(&rq->body, json, len, &scan, err);
+    rq->parse_ns += eng_now_ns() - t0;
+    return rc;
 }
 
 void api__req_parse_done(api__req *rq)

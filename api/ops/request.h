@@ -27,6 +27,7 @@ typedef struct {
                           that element counts times 16 bytes never overflow */
     api_lease own_lease, *lease; /* call->lease, or own_lease when the caller gave none */
     int64_t call_ns;             /* when the route began: stage timings count from it */
+    int64_t parse_ns;            /* spent in api__req_parse (reply->parse_ns) */
     api__body body;
     size_t parse_held, run_held;    /* of the lease: the parse tree, and the decoded tensors and
                                        scratch; given back as they are freed */

@@ -57,6 +57,7 @@ static void serve_prepare(serving *sv)
         steps->decode(sv->job, &sv->err) != 0)
         return;
     sv->reply->decode_ns = eng_now_ns() - rq->call_ns;
+    sv->reply->parse_ns = rq->parse_ns;
     sv->rc = 0;
 }
 
@@ -82,8 +83,10 @@ static void serve_end(serving *sv)
     if (sv->rc != 0) {
         api__reply_from_error(reply, sv->route->style, &sv->err);
         reply->encode_ns = 0;
-        if (sv->job && reply->decode_ns == 0)
+        if (sv->job && reply->decode_ns == 0) {
             reply->decode_ns = eng_now_ns() - ((api__req *)sv->job)->call_ns;
+            reply->parse_ns = ((api__req *)sv->job)->parse_ns;
+        }
     }
     api_buf_free(&sv->w);
     if (!sv->job)

@@ -25,7 +25,8 @@ typedef struct {
 
 /* Serves one request with route->steps: read, check; the sizes from size reserved at once
  * (api__req_reserve_run) before anything is allocated; a writer capped at the reply bound
- * (sizes.text); place; decode, whose end is reply->decode_ns (from rq->call_ns); run; encode,
+ * (sizes.text); place; decode, whose end is reply->decode_ns (from rq->call_ns, the body's
+ * parse, rq->parse_ns, copied into reply->parse_ns); run; encode,
  * timed from the end of the run; batch into reply->inferences. A failure at any step becomes
  * an error reply in route->style, with decode_ns measured up to the failure when decoding
  * never finished.

@@ -413,7 +413,7 @@ static void route_decoded(api_route_fn route, api_error_style style, const api_c
     if (api__inflate(&job, &plain, &plain_len, &reserved, &err) != 0) {
         api_lease_give_back(call->lease, reserved);
         reply_from_error(reply, style, &err);
-        reply->decode_ns = eng_now_ns() - t0;
+        reply->decode_ns = reply->parse_ns = eng_now_ns() - t0;
         return;
     }
     api_call inner = *call;
@@ -423,6 +423,7 @@ static void route_decoded(api_route_fn route, api_error_style style, const api_c
     int64_t inflate_ns = eng_now_ns() - t0;
     route(&inner, reply);
     reply->decode_ns += inflate_ns;
+    reply->parse_ns += inflate_ns;
     free(plain);
     api_lease_give_back(call->lease, reserved);
 }

@@ -38,8 +38,8 @@
 
 #include "api/api.h"
 #include "api/core/memory.h"
-#include "api/wire/base64.h"
 #include "grpc_service.pb-c.h"
+#include "tests/support/attention_bodies.h"
 #include "tests/support/daemon.h"
 #include "tests/support/engine_env.h"
 #include "tests/support/grpc.h"
@@ -74,11 +74,6 @@ static void sb_mem(sbuf *b, const void *p, size_t n)
     b->data[b->len] = '\0';
 }
 
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_mem(b, s, strlen(s));
-}
-
 static float *random_floats(size_t n, unsigned seed)
 {
     float *x = malloc(n * sizeof *x);
@@ -109,70 +104,11 @@ static int64_t B = 1, H = 8, L = 8192, D = 64;
 static float *q, *k, *v;
 static size_t n_in; /* elements per tensor */
 
-static char *v2_body(size_t *len, size_t *header_len)
-{
-    sbuf b = {0};
-    char tmp[256];
-    const char *names[3] = {"query", "key", "value"};
-    sb_str(&b, "{\"parameters\":{\"binary_data_output\":true},\"inputs\":[");
-    for (int t = 0; t < 3; t++) {
-        snprintf(tmp, sizeof tmp,
-                 "%s{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld,%lld,%lld],"
-                 "\"parameters\":{\"binary_data_size\":%zu}}",
-                 t ? "," : "", names[t], (long long)B, (long long)H, (long long)L, (long long)D,
-                 n_in * 4);
-        sb_str(&b, tmp);
-    }
-    /* The output alone, as the other paths return it (without "outputs" lse comes too). */
-    sb_str(&b, "],\"outputs\":[{\"name\":\"output\"}]}");
-    *header_len = b.len;
-    sb_mem(&b, q, n_in * 4);
-    sb_mem(&b, k, n_in * 4);
-    sb_mem(&b, v, n_in * 4);
-    *len = b.len;
-    return b.data;
-}
-
-static char *native_body(size_t *len)
-{
-    sbuf b = {0};
-    const int64_t shape[4] = {B, H, L, D};
-    const char *names[3] = {"query", "key", "value"};
-    const float *data[3] = {q, k, v};
-    sb_str(&b, "{\"output_encoding\":\"base64\"");
-    for (int t = 0; t < 3; t++) {
-        char *tensor = json_tensor_b64(data[t], shape, 4);
-        sb_str(&b, ",\"");
-        sb_str(&b, names[t]);
-        sb_str(&b, "\":");
-        sb_str(&b, tensor);
-        free(tensor);
-    }
-    sb_str(&b, "}");
-    *len = b.len;
-    return b.data;
-}
-
-/* The output of a reply: binary after the v2 header, or the native base64 "output". */
+/* The problem's reply holds the engine's output `want`, bit for bit. */
 static bool same_output(const char *body, size_t len, size_t header_len, bool v2, const float *want)
 {
-    size_t n = n_in * 4;
-    if (v2)
-        return len == header_len + n && memcmp(body + header_len, want, n) == 0;
-    const char *p = strstr(body, "\"output\"");
-    p = p ? strstr(p, "\"base64\":\"") : NULL;
-    if (!p)
-        return false;
-    p += 10;
-    const char *end = memchr(p, '"', len - (size_t)(p - body));
-    if (!end)
-        return false;
-    float *got = malloc(n + 4);
-    size_t got_len = 0, bad;
-    bool ok = got && api__base64_decode(p, (size_t)(end - p), got, &got_len, &bad) == API_B64_OK &&
-              got_len == n && memcmp(got, want, n) == 0;
-    free(got);
-    return ok;
+    attn_reply r = {.body = body, .len = len, .header_len = header_len, .v2 = v2};
+    return attn_reply_output(&r, want, n_in);
 }
 
 /* ---- HTTP ----------------------------------------------------------------------------------- */
@@ -532,7 +468,13 @@ int main(int argc, char **argv)
     report("engine eng_sdpa", t, n_in * 12, n_in * 4, memcmp(out, first, n_in * 4) == 0);
 
     size_t v2_len, v2_hlen, nat_len;
-    char *v2 = v2_body(&v2_len, &v2_hlen), *nat = native_body(&nat_len);
+    attn_problem problem = {.q = q, .k = k, .v = v, .shape = {B, H, L, D}};
+    char *v2 = attn_body_v2(&problem, &v2_len, &v2_hlen);
+    char *nat = attn_body_native(&problem, &nat_len);
+    if (!v2 || !nat) {
+        fprintf(stderr, "bench_e2e: out of memory\n");
+        return 1;
+    }
     char hl_value[32], hl_header[64];
     snprintf(hl_value, sizeof hl_value, "%zu", v2_hlen);
     snprintf(hl_header, sizeof hl_header, "Inference-Header-Content-Length: %zu", v2_hlen);

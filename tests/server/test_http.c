@@ -8,8 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/support/attention_bodies.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/rng.h"
 
 #define CAP (1 << 20) /* --max-body-bytes below */
 
@@ -489,6 +491,76 @@ static void test_log_lines(void)
     free(log);
 }
 
+/* The stages of Server-Timing, in the order they happen (docs/http-api.md). */
+static const char *const stages[] = {"receive", "copy",    "queue", "parse",
+                                     "decode",  "compute", "encode"};
+
+/* A reply that a worker made lists every stage, in order, none negative, and together they
+ * last no longer than the request did as the client saw it (each rounded to a microsecond). */
+static void check_stages(const http_resp *r)
+{
+    const char *prev = r->server_timing;
+    double sum = 0;
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        double ms = server_timing_ms(r->server_timing, stages[i]);
+        const char *at = strstr(r->server_timing, stages[i]);
+        CHECKF(ms >= 0, "%s missing or negative in \"%s\"", stages[i], r->server_timing);
+        CHECKF(at && at >= prev, "%s out of order in \"%s\"", stages[i], r->server_timing);
+        prev = at ? at : prev;
+        sum += ms > 0 ? ms : 0;
+    }
+    CHECKF(sum <= r->seconds * 1e3 + 0.0005 * 7, "the stages sum to %.3f ms, the client saw %.3f",
+           sum, r->seconds * 1e3);
+}
+
+static void test_server_timing_says_where_a_request_s_time_went(void)
+{
+    static const char *const v2_type[] = {"Content-Type: application/octet-stream", NULL};
+    enum { N = 2 * 256 * 64 };
+    static float q[N], k[N], v[N];
+    uint64_t rng = 7;
+    for (size_t i = 0; i < N; i++) {
+        q[i] = rng_sym(&rng, 1.0);
+        k[i] = rng_sym(&rng, 1.0);
+        v[i] = rng_sym(&rng, 1.0);
+    }
+    attn_problem p = {.q = q, .k = k, .v = v, .shape = {1, 2, 256, 64}};
+    size_t len, header_len;
+    char *body = attn_body_native(&p, &len), hl[64];
+    http_resp r;
+    CHECK(body && len < CAP);
+    CHECK_EQ_INT(http_post_json(NULL, d.port, body ? body : "", &r), 200);
+    check_stages(&r);
+    CHECK(server_timing_ms(r.server_timing, "compute") > 0);
+    CHECK(server_timing_ms(r.server_timing, "parse") > 0);
+    http_resp_free(&r);
+    free(body);
+
+    body = attn_body_v2(&p, &len, &header_len);
+    snprintf(hl, sizeof hl, "Inference-Header-Content-Length: %zu", header_len);
+    const char *const v2_headers[] = {v2_type[0], hl, NULL};
+    CHECK_EQ_INT(http_do(NULL, d.port, "POST", "/v2/models/sdpa/infer", v2_headers, body, len, &r),
+                 200);
+    check_stages(&r);
+    CHECK(server_timing_ms(r.server_timing, "compute") > 0);
+    http_resp_free(&r);
+    free(body);
+
+    /* Refused while decoding: the stages up to there, nothing computed. */
+    static const char bad[] = "{\"query\": {\"shape\": [1, 4], \"dtype\": \"float32\", "
+                              "\"base64\": \"AAAAAAAAAAAAAAAAAAAA!AAA\"}, \"key\": [[1, 0, 0, 0]], "
+                              "\"value\": [[1, 0, 0, 0]]}";
+    CHECK_EQ_INT(http_post_json(NULL, d.port, bad, &r), 422);
+    check_stages(&r);
+    CHECK(server_timing_ms(r.server_timing, "compute") == 0);
+    http_resp_free(&r);
+
+    /* No worker, no stages. */
+    CHECK_EQ_INT(http_do(NULL, d.port, "GET", "/v2/health/live", NULL, NULL, 0, &r), 200);
+    CHECK_EQ_INT(r.server_timing[0], '\0');
+    http_resp_free(&r);
+}
+
 int main(void)
 {
     const char *const args[] = {"--threads", "2", "--max-body-bytes", "1MiB", NULL};
@@ -510,6 +582,7 @@ int main(void)
     RUN(test_default_precision_and_engine_info);
     RUN(test_metrics);
     RUN(test_log_lines);
+    RUN(test_server_timing_says_where_a_request_s_time_went);
     CHECK_EQ_INT(daemon_stop(&d), 0);
     return check_report();
 }

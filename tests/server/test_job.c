@@ -288,6 +288,34 @@ static void test_the_drain_s_cancel_turns_a_failed_run_into_the_drain_s_answer(v
     server_free(s);
 }
 
+/* The reply of a job that ran says where its time went before the route: the body's arrival
+ * less the edge's copying, the copying, and the wait for a worker (api_reply's stages). */
+static void test_a_job_that_ran_reports_the_stages_before_its_route(void)
+{
+    srv_server *s = server();
+    fake a, b;
+    fake_init(&a, s, 60000);
+    a.lease.start_ns -= 5 * MS; /* its first byte came 5 ms ago */
+    a.job.copy_ns = 2 * MS;
+    CHECK(admit_and_start(&a));
+    wait_ended(&a);
+    CHECK_EQ_INT(a.reply.copy_ns, 2 * MS);
+    CHECK_EQ_INT(a.reply.receive_ns, a.job.submit_ns - a.lease.start_ns - 2 * MS);
+    CHECK(a.reply.receive_ns >= 3 * MS);
+    CHECK_EQ_INT(a.reply.queue_ns, a.job.run_ns - a.job.submit_ns);
+    CHECK_EQ_INT(a.reply.compute_ns, 7); /* the route's own stages are left as they were */
+
+    /* A copy that a coarse clock makes longer than the whole receive takes all of it. */
+    fake_init(&b, s, 60000);
+    b.job.copy_ns = 3600000 * MS;
+    CHECK(admit_and_start(&b));
+    wait_ended(&b);
+    CHECK_EQ_INT(b.reply.copy_ns, b.job.submit_ns - b.lease.start_ns);
+    CHECK_EQ_INT(b.reply.receive_ns, 0);
+    check_counters_zero(s);
+    server_free(s);
+}
+
 static void test_the_priority_level_is_one_clamp_for_both_edges(void)
 {
     srv_server *s = server();
@@ -307,6 +335,7 @@ int main(void)
     RUN_WITHIN(test_a_job_abandoned_while_it_waits_never_runs, 60);
     RUN_WITHIN(test_a_job_cancelled_or_past_its_deadline_while_it_waits_never_runs, 60);
     RUN_WITHIN(test_the_drain_s_cancel_turns_a_failed_run_into_the_drain_s_answer, 60);
+    RUN_WITHIN(test_a_job_that_ran_reports_the_stages_before_its_route, 60);
     RUN_WITHIN(test_the_priority_level_is_one_clamp_for_both_edges, 60);
     return check_report();
 }

@@ -117,6 +117,40 @@ static void test_headers_come_in_a_fixed_order(void)
     CHECK_EQ_INT(r.status, 304);
 }
 
+/* Server-Timing lists every stage in the order they happen, in milliseconds, decode without
+ * the parse it includes; a reply that never reached a worker has none. */
+static void test_computed_replies_carry_their_stages_as_server_timing(void)
+{
+    api_reply a;
+    srv_reply r;
+    header_lines h = {.n = 0};
+    char num[24];
+    memset(&a, 0, sizeof a);
+    a.status = 200;
+    a.receive_ns = 12345678;
+    a.copy_ns = 1000;
+    a.queue_ns = 0;
+    a.parse_ns = 2000000;
+    a.decode_ns = 5500000; /* parse included */
+    a.compute_ns = 16000000;
+    a.encode_ns = 999999;
+    r = srv__reply_computed(&a);
+    CHECKF(strcmp(r.timing, "receive;dur=12.346, copy;dur=0.001, queue;dur=0.000, "
+                            "parse;dur=2.000, decode;dur=3.500, compute;dur=16.000, "
+                            "encode;dur=1.000") == 0,
+           "got %s", r.timing);
+    CHECK(srv__reply_each_header(&r, num, collect, &h));
+    CHECKF(strstr(h.text, "Vary: Accept-Encoding\nServer-Timing: receive;dur=12.346, ") != NULL,
+           "got %s", h.text);
+    srv__reply_free(&r);
+
+    api_reply_error_status(&a, API_ERRORS_NATIVE, API_STATUS_UNAVAILABLE, API_REASON_MEMORY, NULL,
+                           "out of memory");
+    r = srv__reply_computed(&a);
+    CHECK_EQ_INT(r.timing[0], '\0');
+    srv__reply_free(&r);
+}
+
 static void test_text_replies_are_copies(void)
 {
     char text[] = "{\"live\":true}";
@@ -144,6 +178,7 @@ int main(void)
     RUN(test_refusals_carry_their_row);
     RUN(test_computed_replies_keep_what_api_said);
     RUN(test_headers_come_in_a_fixed_order);
+    RUN(test_computed_replies_carry_their_stages_as_server_timing);
     RUN(test_text_replies_are_copies);
     RUN(test_header_tokens_ignore_case_and_blanks_only);
     return check_report();

@@ -408,7 +408,26 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata)
     header_value(ptr, n, "Content-Type", r->content_type, sizeof r->content_type);
     header_value(ptr, n, "Connection", r->connection, sizeof r->connection);
     header_value(ptr, n, "WWW-Authenticate", r->www_authenticate, sizeof r->www_authenticate);
+    header_value(ptr, n, "Server-Timing", r->server_timing, sizeof r->server_timing);
+    header_value(ptr, n, "Inference-Header-Content-Length", r->inference_header_len,
+                 sizeof r->inference_header_len);
     return n;
+}
+
+double server_timing_ms(const char *value, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = value; p && *p;) {
+        p += strspn(p, ", ");
+        size_t len = strcspn(p, ",");
+        if (strncmp(p, name, n) == 0 && strncmp(p + n, ";dur=", 5) == 0) {
+            char *end;
+            double ms = strtod(p + n + 5, &end);
+            return end > p + n + 5 && end <= p + len ? ms : -1;
+        }
+        p += len;
+    }
+    return -1;
 }
 
 const char *http_scheme = "http";

@@ -73,6 +73,8 @@ typedef struct {
     size_t body_len;
     char request_id[160], retry_after[32], allow[64], content_type[128], connection[32];
     char www_authenticate[128];
+    char server_timing[256];       /* the reply's stage timings (Server-Timing) */
+    char inference_header_len[32]; /* Inference-Header-Content-Length (KServe v2 binary) */
     double seconds;
     long new_connections; /* connections curl opened for this request (0: reused) */
     char error[256];      /* curl's message when status is 0 */
@@ -92,6 +94,10 @@ long http_do(void *handle, int port, const char *method, const char *path,
 long http_post_json(void *handle, int port, const char *body, http_resp *r);
 
 void http_resp_free(http_resp *r);
+
+/* The duration in milliseconds of stage `name` in a Server-Timing value ("receive;dur=1.2,
+ * queue;dur=0.1, ..."), or -1 when it does not name that stage with a duration. */
+double server_timing_ms(const char *value, const char *name);
 
 /* curl_easy_init / curl_easy_cleanup, as void * so that tests need not include curl. */
 void *http_handle_new(void);
