@@ -130,7 +130,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS)
 # Benchmarks measure the engine alone...
 DAEMON_BENCHES := $(patsubst %,$(BUILD)/tests/bench/%,bench_e2e bench_session bench_goodput \
                                                       bench_checkpoint bench_decode \
-                                                      bench_wire)
+                                                      bench_wire bench_stages)
 BENCH_HARNESS := $(BUILD)/tests/bench/harness/harness.o
 $(filter-out $(DAEMON_BENCHES),$(BENCH_BINS)): $(BUILD)/tests/bench/%: $(BUILD)/tests/bench/%.o \
                                           $(BENCH_HARNESS) $(BUILD)/tests/support/rng.o \
@@ -145,14 +145,16 @@ $(BENCH_HARNESS): tests/bench/harness/harness.c
 # ... except bench_e2e, bench_session (a KV-cache decode step over HTTP), bench_goodput
 # (open-loop offers past capacity), bench_checkpoint (start-up and RSS serving one layer of a
 # generated 1 GiB checkpoint), bench_decode (sequences decoding through a generated layer,
-# batched and not, over HTTP and gRPC) and bench_wire (api/'s base64 codec), which time api/
-# and most a real daemon too.
+# batched and not, over HTTP and gRPC), bench_wire (api/'s tensor codecs) and bench_stages
+# (where a large request's time goes), which time api/ and most a real daemon too.
 $(DAEMON_BENCHES): $(BUILD)/tests/bench/%: \
         $(BUILD)/tests/bench/%.o $(BUILD)/libtestsupport.a $(MODULE_LIBS) | $(BUILD)/attnd
 	$(CC) $(LDFLAGS_ALL) $(filter %.o,$^) $(filter %.a,$^) $(LIBS) -lcurl -o $@
-# bench_decode divides the prompts' rate by the harness's FMA peak, and it and bench_session
-# set steps against the harness's streaming read (objects link before the libraries they call).
-$(BUILD)/tests/bench/bench_decode $(BUILD)/tests/bench/bench_session: $(BENCH_HARNESS)
+# bench_decode and bench_stages divide rates by the harness's FMA peak, and bench_decode and
+# bench_session set steps against the harness's streaming read (objects link before the
+# libraries they call).
+$(BUILD)/tests/bench/bench_decode $(BUILD)/tests/bench/bench_session \
+    $(BUILD)/tests/bench/bench_stages: $(BENCH_HARNESS)
 
 # ---- Set-up on a fresh Debian 12 machine --------------------------------------------------
 
