@@ -217,10 +217,12 @@ export ATTND_PEERS
 
 ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
-# TSan runs the suites that exercise the pool, the order of a session's or a v2 sequence's
-# requests across threads (api_session_turn), and the gRPC thread's handoffs to the workers
-# (test_grpc); the rest gain nothing from it.
-TSAN_TESTS := $(filter tests/engine/% tests/api/ops/test_sessions.c tests/server/test_sessions.c \
+# TSan runs the suites that exercise the pool (the engine's, and the wire's codecs in pieces:
+# test_chunks), the order of a session's or a v2 sequence's requests across threads
+# (api_session_turn), and the gRPC thread's handoffs to the workers (test_grpc); the rest gain
+# nothing from it.
+TSAN_TESTS := $(filter tests/engine/% tests/api/wire/test_chunks.c tests/api/ops/test_sessions.c \
+                      tests/server/test_sessions.c \
                       tests/server/test_v2_sequences.c tests/server/test_grpc.c \
                       tests/server/test_job.c tests/server/test_batch.c \
                       tests/server/test_batching.c,$(TEST_SRC))

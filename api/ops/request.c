@@ -147,19 +147,14 @@ void *api__req_alloc(api__req *rq, size_t bytes, api__error *err)
     return p;
 }
 
-/* Bytes of one decoded element. */
-static size_t elem_size(api__elem elem)
-{
-    return elem == API_ELEM_BOOL ? 1 : elem == API_ELEM_INT64 ? 8 : elem == API_ELEM_BF16 ? 2 : 4;
-}
-
 bool api__input_bytes(const api__input *in, size_t n, size_t *bytes)
 {
     bool ok = true;
     for (size_t i = 0; i < n; i++) {
         if (!in[i].present || in[i].t->count == 0 || api__tensor_in_place(in[i].t, in[i].elem))
             continue;
-        ok = ok && api__size_add(bytes, api__aligned_size(in[i].t->count * elem_size(in[i].elem)));
+        ok = ok &&
+             api__size_add(bytes, api__aligned_size(in[i].t->count * api__elem_size(in[i].elem)));
     }
     return ok;
 }
@@ -169,14 +164,14 @@ int api__req_decode_input(api__req *rq, const api__input *in, api__error *err)
     const api__tensor *t = in->t;
     if (api__tensor_in_place(t, in->elem)) {
         /* Used where it lies (the engine only reads its inputs): checked, not copied. */
-        api__raw_elems raw = {t->raw, t->dtype, t->count, 0};
-        if (api__tensor_convert(&raw, in->elem, in->flags, (void *)(uintptr_t)t->raw, in->field,
-                                err) != 0)
+        void *raw = (void *)(uintptr_t)t->raw;
+        if (api__tensor_decode(&rq->body, t, in->elem, in->flags, raw, in->field, rq->call->pool,
+                               err) != 0)
             return -1;
-        *in->dst = (void *)(uintptr_t)t->raw;
+        *in->dst = raw;
         return 0;
     }
-    *in->dst = api__req_alloc(rq, t->count * elem_size(in->elem), err);
+    *in->dst = api__req_alloc(rq, t->count * api__elem_size(in->elem), err);
     if (!*in->dst)
         return -1;
     return api__tensor_decode(&rq->body, t, in->elem, in->flags, *in->dst, in->field,

@@ -74,7 +74,6 @@
  * padded with spaces to a 64-byte boundary, and the engine writes its results straight into
  * the reply: no output is ever copied.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +142,8 @@ static int write_outputs(v2_job *job, api_buf *w, api__error *err)
         const int64_t flat[1] = {(int64_t)sh->count};
         api_buf_cstr(w, ",\"data\":");
         switch (api__tensor_encode(w, v2_output_data(job, o), 1, flat, API_FORM_NESTED,
-                                   o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0, NULL, &bad)) {
+                                   o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0,
+                                   job->rq.call->pool, &bad)) {
         case API_ENCODE_OK:
             break;
         case API_ENCODE_NONFINITE:
@@ -175,11 +175,10 @@ int api__v2_output_finite(v2_job *job, int o, api__error *err)
 {
     const api__out_shape *sh = v2_output_shape(job, o);
     const float *data = v2_output_data(job, o);
-    for (size_t i = 0; i < sh->count; i++) {
-        if (!isfinite(data[i]) && !(o == API__OUT_LSE && data[i] == -INFINITY))
-            return api__tensor_nonfinite_result(err, api__out_names[o], data, i, sh->rank,
-                                                sh->shape);
-    }
+    size_t bad;
+    if (!api__tensor_writable(data, sh->count, o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0u,
+                              job->rq.call->pool, &bad))
+        return api__tensor_nonfinite_result(err, api__out_names[o], data, bad, sh->rank, sh->shape);
     return 0;
 }
 
@@ -281,8 +280,8 @@ int api__v2_output_bytes(v2_job *job, int o, api_buf *w, api__error *err)
     size_t bad = 0;
     const int64_t flat[1] = {(int64_t)sh->count};
     unsigned flags = API_ENCODE_BF16 | (o == API__OUT_LSE ? API_ENCODE_NEG_INF_TOKEN : 0u);
-    switch (
-        api__tensor_encode(w, v2_output_data(job, o), 1, flat, API_FORM_RAW, flags, NULL, &bad)) {
+    switch (api__tensor_encode(w, v2_output_data(job, o), 1, flat, API_FORM_RAW, flags,
+                               job->rq.call->pool, &bad)) {
     case API_ENCODE_OK:
         return 0;
     case API_ENCODE_NONFINITE:

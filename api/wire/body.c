@@ -41,6 +41,7 @@
 
 #include "api/core/memory.h"
 #include "api/wire/body.h"
+#include "api/wire/chunks.h"
 
 /* Bytes jansson may hold per JSON value: a json_t of 24 to 48 bytes as a malloc chunk, a slot
  * in the parent array (8 bytes, up to 16 with doubling) or object (a hash entry). */
@@ -697,12 +698,19 @@ bool api__body_string_get(const api__body *b, const json_t *s, const char **p, s
 /* Doubles of at least this magnitude round to infinity as float32 (see tensor.c). */
 #define FLOAT32_OVERFLOW 0x1.ffffffp127
 
-int api__body_numbers_decode(const api__body *b, const api__body_span *sp, bool integers,
-                             bool neg_inf_ok, void *dst, size_t *bad, char *why, size_t why_size)
+/* Where a failed decode stopped: the offending number's index, and why. */
+typedef struct {
+    size_t bad;
+    char *why;
+    size_t why_size;
+} numbers_error;
+
+/* Decodes the numbers of s[i..end), the first of which has index k, into out->dst (at most
+ * `count` in all); 0, or -1 with *e filled. */
+static int numbers_range(const char *s, size_t i, size_t end, size_t k, size_t count,
+                         const api__numbers_out *out, numbers_error *e)
 {
-    const char *s = b->body;
-    size_t i = sp->offset, end = sp->offset + sp->len, k = 0;
-    while (i < end && k < sp->count) {
+    while (i < end && k < count) {
         char c = s[i];
         if (nonfinite_start(s, i, end)) {
             double v;
@@ -711,15 +719,15 @@ int api__body_numbers_decode(const api__body *b, const api__body_span *sp, bool 
                 i++;
                 continue;
             }
-            if (integers || !(v == -INFINITY && neg_inf_ok)) {
-                *bad = k;
-                snprintf(why, why_size,
-                         integers ? "must be an integer, found %.*s"
-                                  : "is %.*s; values must be finite",
+            if (out->integers || !(v == -INFINITY && out->neg_inf_ok)) {
+                e->bad = k;
+                snprintf(e->why, e->why_size,
+                         out->integers ? "must be an integer, found %.*s"
+                                       : "is %.*s; values must be finite",
                          (int)n, s + i);
                 return -1;
             }
-            ((float *)dst)[k++] = (float)v;
+            ((float *)out->dst)[k++] = (float)v;
             i += n;
             continue;
         }
@@ -729,26 +737,112 @@ int api__body_numbers_decode(const api__body *b, const api__body_span *sp, bool 
         }
         number_token t;
         number_parse_checked(s, i, &t);
-        if (integers) {
+        if (out->integers) {
             if (!t.integer) {
-                *bad = k;
-                snprintf(why, why_size, "must be an integer, found %.*s",
+                e->bad = k;
+                snprintf(e->why, e->why_size, "must be an integer, found %.*s",
                          (int)(t.end - i < 40 ? t.end - i : 40), s + i);
                 return -1;
             }
             int64_t v = (int64_t)t.digits;
-            ((int64_t *)dst)[k] = t.negative ? -v : v;
+            ((int64_t *)out->dst)[k] = t.negative ? -v : v;
         } else {
             double v = number_value(s, i, &t);
             if (!(fabs(v) < FLOAT32_OVERFLOW)) {
-                *bad = k;
-                snprintf(why, why_size, "is %g, beyond the float32 range (+-3.40282347e38)", v);
+                e->bad = k;
+                snprintf(e->why, e->why_size, "is %g, beyond the float32 range (+-3.40282347e38)",
+                         v);
                 return -1;
             }
-            ((float *)dst)[k] = (float)v;
+            ((float *)out->dst)[k] = (float)v;
         }
         k++;
         i = t.end;
     }
     return 0;
+}
+
+/* Span text per pool task: a piece begins just after the first comma at or past a multiple of
+ * it, so that no token is split between two pieces. */
+#define NUMBERS_TASK_BYTES ((size_t)1 << 18)
+
+/* A span's numbers decoded by the pool in two passes over the same pieces: how many tokens each
+ * piece holds, then (their sums giving each piece its first index) the values. */
+typedef struct {
+    const char *s;
+    const api__body_span *sp;
+    const api__numbers_out *out;
+    size_t *first; /* per piece: its token count (first pass), then its first index */
+} numbers_job;
+
+/* Where the piece that owns span offset `at` begins in the body. */
+static size_t piece_start(const char *s, const api__body_span *sp, size_t at)
+{
+    if (at == 0)
+        return sp->offset;
+    if (at >= sp->len)
+        return sp->offset + sp->len;
+    const char *comma = memchr(s + sp->offset + at, ',', sp->len - at);
+    return comma ? (size_t)(comma - s) + 1 : sp->offset + sp->len;
+}
+
+static bool is_separator(char c)
+{
+    return c == ',' || c == '[' || c == ']' || is_json_space(c);
+}
+
+static bool count_piece(void *arg, size_t from, size_t to)
+{
+    numbers_job *job = arg;
+    size_t n = 0, end = piece_start(job->s, job->sp, to);
+    bool in_token = false;
+    for (size_t i = piece_start(job->s, job->sp, from); i < end; i++) {
+        bool sep = is_separator(job->s[i]);
+        n += !sep && !in_token;
+        in_token = !sep;
+    }
+    job->first[from / NUMBERS_TASK_BYTES] = n;
+    return true;
+}
+
+static bool decode_piece(void *arg, size_t from, size_t to)
+{
+    numbers_job *job = arg;
+    char why[96];
+    numbers_error e = {0, why, sizeof why};
+    return numbers_range(job->s, piece_start(job->s, job->sp, from),
+                         piece_start(job->s, job->sp, to), job->first[from / NUMBERS_TASK_BYTES],
+                         job->sp->count, job->out, &e) == 0;
+}
+
+/* Whether the pool decoded the span without an error. */
+static bool numbers_pieces(const char *s, const api__body_span *sp, const api__numbers_out *out)
+{
+    if (!out->pool || sp->len <= NUMBERS_TASK_BYTES)
+        return false;
+    size_t pieces = (sp->len - 1) / NUMBERS_TASK_BYTES + 1, total = 0;
+    numbers_job job = {s, sp, out, malloc(pieces * sizeof(size_t))};
+    bool done =
+        job.first && api__chunks_run(out->pool, sp->len, NUMBERS_TASK_BYTES, count_piece, &job);
+    for (size_t p = 0; done && p < pieces; p++) {
+        size_t n = job.first[p];
+        job.first[p] = total;
+        total += n;
+    }
+    done = done && total == sp->count && /* defensive: the scan counted the same tokens */
+           api__chunks_run(out->pool, sp->len, NUMBERS_TASK_BYTES, decode_piece, &job);
+    free(job.first);
+    return done;
+}
+
+int api__body_numbers_decode(const api__body *b, const api__body_span *sp,
+                             const api__numbers_out *out, size_t *bad, char *why, size_t why_size)
+{
+    /* Where the pieces fail, one pass in order finds the first error, as for a small span. */
+    if (numbers_pieces(b->body, sp, out))
+        return 0;
+    numbers_error e = {0, why, why_size};
+    int rc = numbers_range(b->body, sp->offset, sp->offset + sp->len, 0, sp->count, out, &e);
+    *bad = e.bad;
+    return rc;
 }

@@ -92,12 +92,22 @@ const api__body_span *api__body_span_of(const api__body *b, const json_t *v);
  * array of numbers or a non-finite token is not one). */
 bool api__body_string_get(const api__body *b, const json_t *s, const char **p, size_t *n);
 
-/* Decodes the numbers of span `sp` in order. FLOAT: float, checked finite as float32 after
- * narrowing, as for jansson's values; a non-finite token only when it is -Infinity and
- * `neg_inf_ok`. INT64: int64_t; every number must be an integer. On an error, *bad is the
- * index of the offending number. Returns 0, or -1 with a reason in `why` (at least 64 bytes). */
-int api__body_numbers_decode(const api__body *b, const api__body_span *sp, bool integers,
-                             bool neg_inf_ok, void *dst, size_t *bad, char *why, size_t why_size);
+/* Where and how api__body_numbers_decode writes a span's numbers. */
+typedef struct {
+    void *dst;       /* count elements: int64_t with `integers`, else float */
+    bool integers;   /* every number must be an integer */
+    bool neg_inf_ok; /* -Infinity may stand for a float */
+    eng_pool *pool;  /* may be NULL; with one, a span of more than a quarter of a megabyte of
+                        text is decoded by its workers (the caller may be one of them) */
+} api__numbers_out;
+
+/* Decodes the numbers of span `sp` in order into out->dst. FLOAT: float, checked finite as
+ * float32 after narrowing, as for jansson's values; a non-finite token only when it is
+ * -Infinity and neg_inf_ok. INT64: int64_t; every number must be an integer. On an error,
+ * *bad is the index of the first offending number, whatever the pool did. Returns 0, or -1
+ * with a reason in `why` (at least 64 bytes). */
+int api__body_numbers_decode(const api__body *b, const api__body_span *sp,
+                             const api__numbers_out *out, size_t *bad, char *why, size_t why_size);
 
 /* Whether `v` is a NaN, Infinity or -Infinity token of the body; its value in *out. */
 bool api__body_nonfinite(const api__body *b, const json_t *v, double *out);

@@ -1,26 +1,25 @@
 /*
- * tensor.c - tensors on the wire: nested arrays, {shape, data}, {shape, dtype, base64}.
+ * tensor.c - tensors from requests: nested arrays, {shape, data}, {shape, dtype, base64} and
+ * raw bytes (their encoding into replies is tensor_encode.c's).
  *
  * Decoding runs in two steps so that nothing is allocated for a request that is going to be
  * refused: api__tensor_probe reads a tensor's form, dtype and claimed shape (a few nodes of the
  * tree), the route checks shapes against each other and against its limits and memory budget,
  * and only then api__tensor_decode writes every value, checked, into a buffer the route
  * allocated (64-byte aligned for the engine). Base64 is decoded straight into that buffer
- * (float32 and bool) or through a small stack buffer (float16 and bfloat16 are widened).
- *
- * Encoding writes a float buffer with a shape into an api_buf in any of the three forms; it
- * checks for non-finite values first, since a reply must never be a silently shortened array.
+ * (float32 and bool) or through a small stack buffer (float16 and bfloat16 are widened). Large
+ * base64, raw and JSON-number tensors are decoded in pieces by the pool's workers (chunks.h).
  *
  * The host must be little-endian, like the wire format of base64 and binary tensors.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/core/memory.h"
 #include "api/wire/base64.h"
+#include "api/wire/chunks.h"
 #include "api/wire/tensor.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -537,19 +536,31 @@ static int nonfinite_error(const char *field, size_t index, float v, api__error 
                           isnan(v) ? "NaN" : (v < 0 ? "-inf" : "inf"));
 }
 
-/* Float32 values checked a block at a time: a fixed trip count that the compiler vectorises. */
-#define FINITE_BLOCK 64
-
-/* Whether FINITE_BLOCK little-endian float32s at s are all finite (no exponent of all ones). */
-static bool block_is_finite(const uint8_t *s)
+bool api__f32_block_finite(const void *bytes)
 {
+    const uint8_t *s = bytes;
     uint32_t inf_or_nan = 0;
-    for (size_t i = 0; i < FINITE_BLOCK; i++) {
+    for (size_t i = 0; i < API_FINITE_BLOCK; i++) {
         uint32_t u;
         memcpy(&u, s + 4 * i, 4);
         inf_or_nan |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
     }
     return inf_or_nan == 0;
+}
+
+size_t api__elem_size(api__elem elem)
+{
+    switch (elem) {
+    case API_ELEM_FLOAT:
+        return sizeof(float);
+    case API_ELEM_BOOL:
+        return 1;
+    case API_ELEM_INT64:
+        return sizeof(int64_t);
+    case API_ELEM_BF16:
+        return sizeof(uint16_t);
+    }
+    return 0;
 }
 
 int api__tensor_convert(const api__raw_elems *in, api__elem elem, unsigned flags, void *dst,
@@ -616,11 +627,11 @@ int api__tensor_convert(const api__raw_elems *in, api__elem elem, unsigned flags
     for (size_t i = 0; i < count; i++) {
         /* Whole float32 blocks without a non-finite value are copied (in place: only checked)
          * at once; the element loop finds which value of a block stops it. */
-        if (dtype == API_DTYPE_FLOAT32 && i % FINITE_BLOCK == 0 && count - i >= FINITE_BLOCK &&
-            block_is_finite(s + 4 * i)) {
+        if (dtype == API_DTYPE_FLOAT32 && i % API_FINITE_BLOCK == 0 &&
+            count - i >= API_FINITE_BLOCK && api__f32_block_finite(s + 4 * i)) {
             if (dst != src)
-                memcpy(d + i, s + 4 * i, 4 * FINITE_BLOCK);
-            i += FINITE_BLOCK - 1;
+                memcpy(d + i, s + 4 * i, 4 * API_FINITE_BLOCK);
+            i += API_FINITE_BLOCK - 1;
             continue;
         }
         float v;
@@ -727,17 +738,14 @@ typedef struct {
     api__elem elem;
     unsigned flags;
     void *dst;
-    atomic_bool failed;
 } b64_job;
 
-static void decode_base64_task(void *arg, int64_t index)
+static bool decode_base64_piece(void *arg, size_t from, size_t to)
 {
-    b64_job *job = arg;
-    size_t at = (size_t)index * B64_TASK_CHARS, len = job->t->b64_len;
-    size_t n = len - at < B64_TASK_CHARS ? len - at : B64_TASK_CHARS;
-    api__error err = {0};
-    if (decode_base64_range(job->t, at, n, job->elem, job->flags, job->dst, "", &err) != 0)
-        atomic_store(&job->failed, true);
+    const b64_job *job = arg;
+    api__error ignored = {0};
+    return decode_base64_range(job->t, from, to - from, job->elem, job->flags, job->dst, "",
+                               &ignored) == 0;
 }
 
 static int decode_base64(const api__tensor *t, api__elem elem, unsigned flags, void *dst,
@@ -763,14 +771,9 @@ static int decode_base64(const api__tensor *t, api__elem elem, unsigned flags, v
     /* Big tensors are decoded by every worker of the pool, a megabyte of text per task. When a
      * task fails, the tensor is decoded again in order, which finds the first error and says
      * what it is: errors are rare, and their message must not depend on the schedule. */
-    if (pool && t->b64_len > B64_TASK_CHARS) {
-        b64_job job = {.t = t, .elem = elem, .flags = flags, .dst = dst};
-        atomic_init(&job.failed, false);
-        int64_t tasks = (int64_t)((t->b64_len + B64_TASK_CHARS - 1) / B64_TASK_CHARS);
-        if (eng_pool_run(pool, decode_base64_task, &job, tasks, NULL) == ENG_OK &&
-            !atomic_load(&job.failed))
-            return 0;
-    }
+    b64_job job = {.t = t, .elem = elem, .flags = flags, .dst = dst};
+    if (api__chunks_run(pool, t->b64_len, B64_TASK_CHARS, decode_base64_piece, &job))
+        return 0;
     return decode_base64_range(t, 0, t->b64_len, elem, flags, dst, name, err);
 }
 
@@ -787,12 +790,47 @@ bool api__tensor_in_place(const api__tensor *t, api__elem elem)
     return t->dtype == API_DTYPE_INT64 && ((uintptr_t)t->raw & (sizeof(int64_t) - 1)) == 0;
 }
 
+/* Raw elements per pool task: a megabyte of float32. */
+#define RAW_TASK_ELEMS ((size_t)1 << 18)
+
+typedef struct {
+    const api__raw_elems *in;
+    api__elem elem;
+    unsigned flags;
+    void *dst; /* in->data: checked in place */
+} convert_job;
+
+static bool convert_piece(void *arg, size_t from, size_t to)
+{
+    const convert_job *job = arg;
+    const api__raw_elems *in = job->in;
+    const uint8_t *src = (const uint8_t *)in->data + from * api__dtype_size(in->dtype);
+    api__raw_elems part = {src, in->dtype, to - from, in->first + from};
+    void *dst = job->dst == in->data ? (void *)(uintptr_t)src
+                                     : (uint8_t *)job->dst + from * api__elem_size(job->elem);
+    api__error ignored = {0};
+    return api__tensor_convert(&part, job->elem, job->flags, dst, "", &ignored) == 0;
+}
+
+/* api__tensor_convert of all of job->in, by the pool's workers when it is large. */
+static int convert_all(const convert_job *job, const char *field, eng_pool *pool, api__error *err)
+{
+    /* The element types first: nothing is converted into a buffer of the wrong kind. */
+    api__raw_elems none = {job->in->data, job->in->dtype, 0, 0};
+    if (api__tensor_convert(&none, job->elem, job->flags, job->dst, field, err) != 0)
+        return -1;
+    if (api__chunks_run(pool, job->in->count, RAW_TASK_ELEMS, convert_piece, (void *)job))
+        return 0;
+    return api__tensor_convert(job->in, job->elem, job->flags, job->dst, field, err);
+}
+
 int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem, unsigned flags,
                        void *dst, const char *field, eng_pool *pool, api__error *err)
 {
     if (t->form == API_FORM_RAW) {
         api__raw_elems raw = {t->raw, t->dtype, t->count, 0};
-        return api__tensor_convert(&raw, elem, flags, dst, field, err);
+        convert_job job = {&raw, elem, flags, dst};
+        return convert_all(&job, field, pool, err);
     }
     if (t->form == API_FORM_BASE64) {
         if (elem == API_ELEM_INT64)
@@ -816,9 +854,11 @@ int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem,
     if (t->numbers) {
         char why[96], name[192];
         size_t bad = 0;
-        if (api__body_numbers_decode(b, t->numbers, elem == API_ELEM_INT64,
-                                     (flags & API_DECODE_NEG_INF) != 0, dst, &bad, why,
-                                     sizeof why) == 0)
+        api__numbers_out out = {.dst = dst,
+                                .integers = elem == API_ELEM_INT64,
+                                .neg_inf_ok = (flags & API_DECODE_NEG_INF) != 0,
+                                .pool = pool};
+        if (api__body_numbers_decode(b, t->numbers, &out, &bad, why, sizeof why) == 0)
             return 0;
         element_name(&c, bad, t->rank, name, sizeof name);
         return api__error_set(err, API_STATUS_INVALID_ARGUMENT, API_REASON_BAD_REQUEST, name,
@@ -828,217 +868,6 @@ int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem,
         return decode_flat(&c);
     size_t pos = 0;
     return decode_nested(&c, t->items, 0, &pos);
-}
-
-/* ---- Encode ------------------------------------------------------------------------------ */
-
-size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape, size_t count)
-{
-    /* {"shape":[...], with each dimension at most 20 digits and a comma. */
-    size_t header = 64 + (size_t)rank * 21;
-    switch (form) {
-    case API_FORM_NESTED: {
-        /* Every array costs its brackets and the comma after it. */
-        size_t arrays = 0, outer = 1;
-        for (int d = 0; d < rank; d++) {
-            arrays = api__size_add_sat(arrays, outer);
-            outer = api__size_mul_sat(outer, (size_t)shape[d]);
-        }
-        return api__size_add_sat(api__size_mul_sat(count, API_FLOAT_MAX_CHARS),
-                                 api__size_add_sat(api__size_mul_sat(arrays, 3), 16));
-    }
-    case API_FORM_FLAT:
-        return api__size_add_sat(api__size_mul_sat(count, API_FLOAT_MAX_CHARS), header);
-    case API_FORM_BASE64:
-        if (count > SIZE_MAX / 8)
-            return SIZE_MAX;
-        return api__size_add_sat(api__base64_encoded_len(count * 4), header + 32);
-    case API_FORM_RAW:
-        return api__size_mul_sat(count, 4);
-    }
-    return SIZE_MAX;
-}
-
-/* Writes data[0..n) as comma-separated numbers, reserving room for a block at a time. */
-static float as_written(float v, unsigned flags)
-{
-    return flags & API_ENCODE_BF16 ? eng_bf16_to_f32(eng_f32_to_bf16(v)) : v;
-}
-
-static void write_floats(api_buf *w, const float *data, size_t n, unsigned flags)
-{
-    enum { BLOCK = 512 };
-    for (size_t i = 0; i < n; i += BLOCK) {
-        size_t m = n - i < BLOCK ? n - i : BLOCK;
-        char *p = api_buf_reserve(w, m * API_FLOAT_MAX_CHARS), *start = p;
-        if (!p)
-            return;
-        for (size_t k = 0; k < m; k++) {
-            float v = as_written(data[i + k], flags);
-            if (i + k > 0)
-                *p++ = ',';
-            if ((flags & API_ENCODE_NEG_INF_NULL) && v == -INFINITY) {
-                memcpy(p, "null", 4);
-                p += 4;
-            } else if ((flags & API_ENCODE_NEG_INF_TOKEN) && v == -INFINITY) {
-                memcpy(p, "-Infinity", 9);
-                p += 9;
-            } else {
-                p += api__float_format(v, p);
-            }
-        }
-        w->len += (size_t)(p - start);
-    }
-}
-
-static void write_shape(api_buf *w, int rank, const int64_t *shape)
-{
-    api_buf_cstr(w, "{\"shape\":[");
-    for (int d = 0; d < rank; d++) {
-        if (d > 0)
-            api_buf_char(w, ',');
-        api_buf_int(w, shape[d]);
-    }
-    api_buf_char(w, ']');
-}
-
-/* Nested arrays, one innermost row at a time: the row's opening brackets are one plus the
- * number of outer dimensions whose index is 0 here, its closing ones one plus the number of
- * outer dimensions that wrap after it. */
-static void write_nested(api_buf *w, const float *data, int rank, const int64_t *shape,
-                         unsigned flags)
-{
-    size_t idx[API_MAX_RANK] = {0};
-    size_t row = (size_t)shape[rank - 1], rows = 1;
-    for (int d = 0; d < rank - 1; d++)
-        rows *= (size_t)shape[d];
-    for (size_t r = 0; r < rows; r++) {
-        int open = 1;
-        for (int d = rank - 2; d >= 0 && idx[d] == 0; d--)
-            open++;
-        if (r > 0)
-            api_buf_char(w, ',');
-        for (int k = 0; k < open; k++)
-            api_buf_char(w, '[');
-        write_floats(w, data + r * row, row, flags);
-        int close = 1;
-        for (int d = rank - 2; d >= 0; d--) {
-            if (++idx[d] < (size_t)shape[d])
-                break;
-            idx[d] = 0;
-            close++;
-        }
-        for (int k = 0; k < close; k++)
-            api_buf_char(w, ']');
-    }
-}
-
-/* Bytes per pool task when encoding base64: 3 * 2^18, so each task's text (2^20 characters)
- * starts on a group boundary. */
-#define B64_TASK_BYTES ((size_t)3 << 18)
-
-typedef struct {
-    const uint8_t *src;
-    size_t n;
-    char *dst;
-} b64_encode_job;
-
-static void encode_base64_task(void *arg, int64_t index)
-{
-    b64_encode_job *job = arg;
-    size_t at = (size_t)index * B64_TASK_BYTES;
-    size_t n = job->n - at < B64_TASK_BYTES ? job->n - at : B64_TASK_BYTES;
-    api__base64_encode(job->src + at, n, job->dst + at / 3 * 4);
-}
-
-static void encode_base64(char *dst, const void *src, size_t n, eng_pool *pool)
-{
-    if (pool && n > B64_TASK_BYTES) {
-        b64_encode_job job = {src, n, dst};
-        int64_t tasks = (int64_t)((n + B64_TASK_BYTES - 1) / B64_TASK_BYTES);
-        if (eng_pool_run(pool, encode_base64_task, &job, tasks, NULL) == ENG_OK)
-            return;
-    }
-    api__base64_encode(src, n, dst);
-}
-
-/* The bf16 bytes of data[0..count), little-endian: into base64 (dtype "bfloat16"), or raw. */
-static void write_bf16(api_buf *w, const float *data, size_t count, int rank, const int64_t *shape,
-                       bool base64, eng_pool *pool)
-{
-    uint16_t *h = malloc(count * sizeof *h + 1);
-    if (!h) {
-        w->state = API_BUF_NOMEM;
-        return;
-    }
-    for (size_t i = 0; i < count; i++)
-        h[i] = eng_f32_to_bf16(data[i]);
-    if (base64) {
-        write_shape(w, rank, shape);
-        api_buf_cstr(w, ",\"dtype\":\"bfloat16\",\"base64\":\"");
-        size_t n = api__base64_encoded_len(count * 2);
-        char *p = api_buf_reserve(w, n);
-        if (p) {
-            encode_base64(p, h, count * 2, pool);
-            w->len += n;
-        }
-        api_buf_cstr(w, "\"}");
-    } else {
-        api_buf_mem(w, h, count * 2); /* little-endian, as in memory */
-    }
-    free(h);
-}
-
-api__encode_status api__tensor_encode(api_buf *w, const float *data, int rank, const int64_t *shape,
-                                      api__form form, unsigned flags, eng_pool *pool,
-                                      size_t *bad_index)
-{
-    size_t count = 1;
-    for (int d = 0; d < rank; d++)
-        count *= (size_t)shape[d];
-    bool neg_inf_ok = (flags & (API_ENCODE_NEG_INF_NULL | API_ENCODE_NEG_INF_TOKEN)) != 0;
-    for (size_t i = 0; i < count; i++) {
-        float v = as_written(data[i], flags);
-        if (!isfinite(v) && !(neg_inf_ok && v == -INFINITY)) {
-            *bad_index = i;
-            return API_ENCODE_NONFINITE;
-        }
-    }
-    bool bf16 = (flags & API_ENCODE_BF16) != 0;
-    switch (form) {
-    case API_FORM_NESTED:
-        write_nested(w, data, rank, shape, flags);
-        break;
-    case API_FORM_FLAT:
-        write_shape(w, rank, shape);
-        api_buf_cstr(w, ",\"data\":[");
-        write_floats(w, data, count, flags);
-        api_buf_cstr(w, "]}");
-        break;
-    case API_FORM_BASE64: {
-        if (bf16) {
-            write_bf16(w, data, count, rank, shape, true, pool);
-            break;
-        }
-        write_shape(w, rank, shape);
-        api_buf_cstr(w, ",\"dtype\":\"float32\",\"base64\":\"");
-        size_t n = api__base64_encoded_len(count * 4);
-        char *p = api_buf_reserve(w, n);
-        if (p) {
-            encode_base64(p, data, count * 4, pool);
-            w->len += n;
-        }
-        api_buf_cstr(w, "\"}");
-        break;
-    }
-    case API_FORM_RAW:
-        if (bf16)
-            write_bf16(w, data, count, rank, shape, false, pool);
-        else
-            api_buf_mem(w, data, count * 4); /* little-endian float32, as it is in memory */
-        break;
-    }
-    return w->state == API_BUF_OK ? API_ENCODE_OK : API_ENCODE_FULL;
 }
 
 /* ---- Memory ------------------------------------------------------------------------------ */
@@ -1054,15 +883,4 @@ const char *api__tensor_shape_str(const api__tensor *t, char *buf, size_t size)
     if (at < size)
         snprintf(buf + at, size - at, "]");
     return buf;
-}
-
-int api__tensor_nonfinite_result(api__error *err, const char *name, const float *data, size_t index,
-                                 int rank, const int64_t *shape)
-{
-    char idx[128];
-    return api__error_invalid(err, name,
-                              "the result %s%s is %s: it does not fit in float32 (inputs too "
-                              "large for float32 arithmetic?)",
-                              name, api__index_format(idx, sizeof idx, index, rank, shape, rank),
-                              isnan(data[index]) ? "NaN" : "infinite");
 }

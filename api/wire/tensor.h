@@ -2,7 +2,10 @@
  * tensor.h - tensors on the wire: nested arrays, {shape, data}, {shape, dtype, base64}, or raw
  * bytes of the KServe v2 binary extension. A tensor is probed first (form, dtype, shape;
  * nothing allocated), then decoded straight into a caller's aligned buffer (or used in place),
- * and encoded from a float buffer and a shape. Borrows the body; any thread.
+ * and encoded from a float buffer and a shape (tensor_encode.c). Given the engine's pool, a
+ * large tensor is decoded or encoded by its workers in pieces (chunks.h), with the same bytes
+ * and the same first error as on one thread; a small one never leaves the calling thread.
+ * Borrows the body; any thread.
  */
 #ifndef ATTND_API_WIRE_TENSOR_H
 #define ATTND_API_WIRE_TENSOR_H
@@ -51,8 +54,18 @@ typedef enum {
                        only (the engine reads them as they are, no float32 copy) */
 } api__elem;
 
+/* Bytes of one decoded element. */
+size_t api__elem_size(api__elem elem);
+
 /* Decode flags. */
 #define API_DECODE_NEG_INF 1u /* -inf is allowed (float masks): base64 -inf, JSON null */
+
+/* Whether the API_FINITE_BLOCK little-endian float32s at `bytes` (any alignment) are all
+ * finite: a loop of fixed trip count that the compiler vectorises, so that checking values
+ * keeps up with copying them; the caller looks at a block's values one by one only when it
+ * says false. */
+#define API_FINITE_BLOCK 64
+bool api__f32_block_finite(const void *bytes);
 
 /* A tensor found in a request: where its values are and what shape they claim. */
 typedef struct {
@@ -94,12 +107,15 @@ int api__shape_parse(const json_t *v, const char *field, size_t max_elements, in
  * a 2-byte one, bool). */
 bool api__tensor_in_place(const api__tensor *t, api__elem elem);
 
-/* Decodes tensor `t` into dst: t->count elements of the type `elem` says, contiguous row-major.
+/* Decodes tensor `t` into dst: t->count elements of the type `elem` says, contiguous row-major
+ * (a RAW tensor that api__tensor_in_place allows may be checked where it lies: dst = t->raw).
  * Checks every value: numbers finite as float32 (after narrowing; -inf too with
  * API_DECODE_NEG_INF), booleans where BOOL is asked, rectangular nesting, data length equal to
  * the shape. Errors are 422 naming the element ("query[0][2][1]", "mask.data[7]",
- * "key.base64"). With a `pool` (may be NULL), base64 of more than a megabyte is decoded by all
- * its workers; the caller may itself be one of them. */
+ * "key.base64"). With a `pool` (may be NULL), base64 of more than a megabyte, JSON numbers of
+ * more than a quarter of a megabyte and raw data of more than 2^18 elements are decoded by all
+ * its workers; the caller may itself be one of them. An error is the same, message and
+ * offset, with or without the pool. */
 int api__tensor_decode(const api__body *b, const api__tensor *t, api__elem elem, unsigned flags,
                        void *dst, const char *field, eng_pool *pool, api__error *err);
 
@@ -140,10 +156,19 @@ typedef enum {
 /* Bytes that api__tensor_encode writes at most for `count` elements of this shape and form. */
 size_t api__tensor_encoded_bound(api__form form, int rank, const int64_t *shape, size_t count);
 
+/* Whether every value of data[0..count) can be written with `flags`: finite as written (after
+ * bf16 rounding with API_ENCODE_BF16), or -inf where a NEG_INF flag allows it. When not,
+ * *bad_index is the first that cannot. With a `pool` (may be NULL), more than 2^18 values are
+ * checked by its workers. */
+bool api__tensor_writable(const float *data, size_t count, unsigned flags, eng_pool *pool,
+                          size_t *bad_index);
+
 /* Appends the float32 tensor data[shape] to `w` in `form` (base64 as float32; RAW as its
- * little-endian bytes, for KServe v2 binary outputs). On NONFINITE,
- * *bad_index is the flat index of the first offending value and nothing is written. With a
- * `pool` (may be NULL), base64 of more than a megabyte is encoded by all its workers. */
+ * little-endian bytes, for KServe v2 binary outputs), needing at most
+ * api__tensor_encoded_bound bytes of room. On NONFINITE, *bad_index is the flat index of the
+ * first offending value and nothing is written. With a `pool` (may be NULL), the check, text
+ * of more than 2^14 values, and base64 and raw bytes of more than 2^18 are written by its
+ * workers, byte for byte as one thread writes them. */
 api__encode_status api__tensor_encode(api_buf *w, const float *data, int rank, const int64_t *shape,
                                       api__form form, unsigned flags, eng_pool *pool,
                                       size_t *bad_index);
