@@ -917,7 +917,7 @@ static void test_sequences(void)
             size_t len, hlen, glen;
             char hl[32], *base;
             tcase v = c;
-            char vid[16];
+            char vid[24];
             snprintf(vid, sizeof vid, "v2seq%d", k);
             v.p[0] = (tparam){.key = "sequence_id",
                               .kind = kinds[k],
