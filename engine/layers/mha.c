@@ -29,8 +29,8 @@
  * A call runs passes (mha_pass): eng_mha_batch several of one layer, eng_mha one, through the
  * same stages. Each projection is one product over the rows of every pass (each batch of each
  * pass a part of the job, with its own positions and its own buffers), so that a batch of
- * decode steps reads the weights once for all of them (once per FEW_ROWS steps of a larger
- * batch, FEW_BATCH_ROWS in project.h); the attentions are the tasks of one pool job, a pass
+ * decode steps reads the weights once for all of them (up to FEW_BATCH_ROWS rows in all,
+ * project.h); the attentions are the tasks of one pool job, a pass
  * each, whose own heads fan out in turn. A pass fails alone: it is checked before any work,
  * its control block between the stages, and once it fails it takes no part in the stages
  * after, its appended tokens truncated away.

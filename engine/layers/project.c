@@ -336,24 +336,20 @@ static eng_status pack_weights(eng_pool *pool, linear_batch *lb, float **buffer,
 
 /* ---- Few rows ------------------------------------------------------------------------------ */
 
-/* Output features [f0, f0 + few_features) of one job for one group of at most FEW_ROWS of its
- * rows, of whatever parts. */
+/* Output features [f0, f0 + few_features) of one job for all its rows (at most
+ * FEW_BATCH_ROWS), of whatever parts: the kernel reads each weight once for all of them. */
 static void few_task(void *arg, int64_t index)
 {
     linear_batch *lb = arg;
     int i = 0;
-    while (index >= lb->few_tasks[i] * lb->few_groups[i]) {
-        index -= lb->few_tasks[i] * lb->few_groups[i];
-        i++;
-    }
+    while (index >= lb->few_tasks[i])
+        index -= lb->few_tasks[i++];
     const linear_job *j = &lb->jobs[i];
-    const int64_t f0 = index % lb->few_tasks[i] * lb->few_features;
-    const int64_t r0 = index / lb->few_tasks[i] * FEW_ROWS;
-    const int64_t end = j->rows - r0 < FEW_ROWS ? j->rows : r0 + FEW_ROWS;
-    const float *x[FEW_ROWS];
-    float *y[FEW_ROWS];
+    const int64_t f0 = index * lb->few_features;
+    const float *x[FEW_BATCH_ROWS];
+    float *y[FEW_BATCH_ROWS];
     int rows = 0;
-    for (int64_t r = r0; r < end; r++, rows++) {
+    for (int64_t r = 0; r < j->rows; r++, rows++) {
         const linear_part *p = part_at(j, r);
         const int64_t t = r - p->first;
         x[rows] = p->in + t * j->in_f;
@@ -393,9 +389,8 @@ static void few_finish_task(void *arg, int64_t index)
         finish_part(lb, j, p, lb->stage[i] + p->first * j->out_f, p->rows, 0);
 }
 
-/* The jobs' products on eng__gemv, split by output features (and into groups of FEW_ROWS rows)
- * over the pool, then their rows finished per part. Nothing is packed: the weights are read
- * where they lie, once per group. */
+/* The jobs' products on eng__gemv, split by output features over the pool, then their rows
+ * finished per part. Nothing is packed: the weights are read where they lie, once. */
 static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
 {
     int64_t features = 0, tasks = 0, parts = 0, threads = eng_pool_threads(pool);
@@ -415,8 +410,7 @@ static eng_status run_few_rows(eng_pool *pool, linear_batch *lb, eng_ctl *ctl)
     for (int i = 0; i < lb->njobs; i++) {
         const linear_job *j = &lb->jobs[i];
         lb->few_tasks[i] = j->rows > 0 ? (j->out_f + lb->few_features - 1) / lb->few_features : 0;
-        lb->few_groups[i] = (j->rows + FEW_ROWS - 1) / FEW_ROWS;
-        tasks += lb->few_tasks[i] * lb->few_groups[i];
+        tasks += lb->few_tasks[i];
     }
     float *stage = staged ? eng_buf_alloc(staged * sizeof(float)) : NULL;
     if (staged && !stage)

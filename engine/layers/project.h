@@ -25,15 +25,15 @@
  * verification, a short prompt), read the weights where they lie (eng__gemv, kernels.h), split
  * by output features; longer ones pack them for the blocked product, which then does more work
  * per weight byte. One bound for fp32 and 16-bit weights, so that a 16-bit layer keeps computing
- * the bits of its fp32 twin. At most the rows one few-row task keeps pointers to. */
+ * the bits of its fp32 twin. */
 #define FEW_ROWS 16
 
 /* A batch of passes (eng_mha_batch) that would each take the few-row products alone takes
- * them too while its rows are at most this many in all, FEW_ROWS rows at a time: each pass
- * then computes the bits it computes alone, and a batch of decode steps reads the weights
- * once per FEW_ROWS steps, where the blocked product would widen and pack every weight for a
- * few dozen rows (at 17 to 32 rows of bf16 weights, slower than as many separate steps). Past
- * it the blocked product, which does more work per weight byte, is the better. */
+ * them too while its rows are at most this many in all, all rows in one call of the kernel:
+ * each pass then computes the bits it computes alone, and a batch of decode steps reads the
+ * weights once, where the blocked product would widen and pack every weight for a few dozen
+ * rows. Past it the blocked product, which does more work per weight byte, is the better.
+ * At most the rows one few-row task keeps pointers to. */
 #define FEW_BATCH_ROWS 64
 
 /* Which rows a projection makes, for a decoder layer's q/k norms and RoPE. */
@@ -100,8 +100,7 @@ typedef struct {
      * turned and scattered into heads (else NULL: the rows are written in place). */
     eng__gemv_fn gemv;
     int64_t few_features;
-    int64_t few_tasks[3];  /* feature blocks */
-    int64_t few_groups[3]; /* groups of FEW_ROWS rows */
+    int64_t few_tasks[3]; /* feature blocks */
     float *stage[3];
 } linear_batch;
 

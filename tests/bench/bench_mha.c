@@ -26,10 +26,13 @@
  * And dynamic batching: N = 1, 8 and 32 sequences of 256 cached tokens each take a one-token
  * step, as one eng_mha_batch call and as N eng_mha calls one after another, against the same
  * stream of the weights, all three in turns in one process. The batch reads the weights once
- * for all N steps; the N calls read them N times:
+ * for all N steps; the N calls read them N times. bound_ms is what the batch cannot do
+ * without: one stream of the weights plus its FLOPs (the four projections' 2 N in out and the
+ * attention's 4 N (C + 1) H D) at the FMA peak (peak_gflops, the best shot of the kernel set's
+ * loop on the pool's threads, taken in the same turns); bound_ratio is batch_ms over it:
  *
  *   mha decode batch e=E n=N cache=C batch_ms=.. alone_ms=.. stream_ms=.. batch_ratio=..
- *       alone_ratio=.. speedup=..
+ *       alone_ratio=.. speedup=.. peak_gflops=.. bound_ms=.. bound_ratio=..
  *
  * And prefill: a prompt of 256 tokens through the same bf16 layers (causal self-attention, no
  * cache), as a fraction of the FMA peak measured in turns with it in the same process. gflops
@@ -388,7 +391,7 @@ static int run_decode_batch(int64_t E)
                     .parts = 4 * eng_pool_threads(pool)};
     if (s.parts > 64)
         s.parts = 64;
-    double batch[NBATCH], alone[NBATCH], stream = 1e30;
+    double batch[NBATCH], alone[NBATCH], stream = 1e30, peak = 0;
     for (int k = 0; k < NBATCH; k++)
         batch[k] = alone[k] = 1e30;
     for (int round = 0; round < 3; round++)
@@ -402,10 +405,12 @@ static int run_decode_batch(int64_t E)
             batch[k] = a < batch[k] ? a : batch[k];
             alone[k] = b < alone[k] ? b : alone[k];
             stream = t < stream ? t : stream;
+            double g = bench_peak_gflops(eng_kernels_name(), eng_pool_threads(pool));
+            peak = g > peak ? g : peak;
         }
     for (int k = 0; k < NBATCH; k++)
         printf("%.9f %.9f ", batch[k], alone[k]);
-    printf("%.9f %.3f\n", stream, (double)weight_bytes(E) / 1e6);
+    printf("%.9f %.3f %.3f\n", stream, (double)weight_bytes(E) / 1e6, peak);
     for (int i = 0; i < BATCH_MOST; i++)
         eng_kv_seq_free(c.seqs[i]);
     free(rows), free(x), free(out);
@@ -490,20 +495,27 @@ static int decode_lines(void)
     }
     for (int i = 0; i < NDECODE; i++) {
         int64_t E = decode_hidden[i];
-        double v[2 * NBATCH + 2], rss;
-        if (bench_measure_case_values(NCASES + NDECODE + i, v, 2 * NBATCH + 2, &rss) !=
-            2 * NBATCH + 2) {
+        double v[2 * NBATCH + 3], rss;
+        if (bench_measure_case_values(NCASES + NDECODE + i, v, 2 * NBATCH + 3, &rss) !=
+            2 * NBATCH + 3) {
             printf("mha decode batch e=%lld failed\n", (long long)E);
             failures++;
             continue;
         }
-        double stream = v[2 * NBATCH];
-        for (int k = 0; k < NBATCH; k++)
+        double stream = v[2 * NBATCH], peak = v[2 * NBATCH + 2];
+        double Q = (double)(DECODE_H * (E / DECODE_H)), W = (double)(DECODE_HKV * (E / DECODE_H));
+        for (int k = 0; k < NBATCH; k++) {
+            double n = batch_sizes[k];
+            double flops = 2.0 * n * (2.0 * (double)E * Q + 2.0 * (double)E * W) +
+                           4.0 * n * (DECODE_CACHED + 1) * Q;
+            double bound = stream + flops / (peak * 1e9);
             printf("mha decode batch e=%lld n=%d cache=%d batch_ms=%.2f alone_ms=%.2f "
-                   "stream_ms=%.2f batch_ratio=%.2f alone_ratio=%.2f speedup=%.2f kernels=%s\n",
+                   "stream_ms=%.2f batch_ratio=%.2f alone_ratio=%.2f speedup=%.2f "
+                   "peak_gflops=%.1f bound_ms=%.2f bound_ratio=%.2f kernels=%s\n",
                    (long long)E, batch_sizes[k], DECODE_CACHED, v[2 * k] * 1e3, v[2 * k + 1] * 1e3,
                    stream * 1e3, v[2 * k] / stream, v[2 * k + 1] / stream, v[2 * k + 1] / v[2 * k],
-                   eng_kernels_name());
+                   peak, bound * 1e3, v[2 * k] / bound, eng_kernels_name());
+        }
         fflush(stdout);
     }
     return failures;

@@ -473,9 +473,9 @@ static void test_batches_of_many_rows_are_within_rounding_of_passes_alone(void)
     }
 }
 
-/* Decode steps of more than FEW_ROWS rows in all, each of few rows: the few-row products in
- * groups of FEW_ROWS rows (up to FEW_BATCH_ROWS = 64 rows), so each step still gets the bits
- * it gets alone. 26 passes, 40 rows. */
+/* Decode steps of more than FEW_ROWS rows in all, each of few rows: the few-row products over
+ * all of them at once (up to FEW_BATCH_ROWS = 64 rows), so each step still gets the bits it
+ * gets alone. 26 passes, 40 rows. */
 static void test_many_steps_of_few_rows_give_the_bits_of_steps_alone(void)
 {
     eng_layer *l = layer_plain(64, 4, 2, ENG_DTYPE_BF16, false, 29);

@@ -35,12 +35,17 @@ static const char *const variants[] = {"scalar", "avx2", "avx512"};
 #define NVARIANTS ((int)(sizeof variants / sizeof variants[0]))
 static const int row_counts[] = {1, 2, 3, 7, 16};
 #define NROWS ((int)(sizeof row_counts / sizeof row_counts[0]))
-static const int64_t depths[] = {1, 7, 16, 67, 300};
+/* The kernels' calls also take a batch of decode steps' rows, more than a row block of a
+ * variant's and more than one pass over the weights keeps (70), and depths past a chunk of
+ * widened weights (1100). */
+static const int kernel_rows[] = {1, 2, 3, 7, 16, 70};
+#define NKERNEL_ROWS ((int)(sizeof kernel_rows / sizeof kernel_rows[0]))
+static const int64_t depths[] = {1, 7, 16, 67, 300, 1100};
 #define NDEPTHS ((int)(sizeof depths / sizeof depths[0]))
 static const int64_t widths[] = {1, 5, 13, 37};
 #define NWIDTHS ((int)(sizeof widths / sizeof widths[0]))
 
-enum { MAX_ROWS = 16 };
+enum { MAX_ROWS = 70 };
 
 /* ---- The kernels ---------------------------------------------------------------------------- */
 
@@ -154,10 +159,10 @@ static void test_fp32_weights_are_within_rounding_of_float64_and_the_blocked_pro
             continue;
         }
         double worst = 0;
-        for (int ri = 0; ri < NROWS; ri++)
+        for (int ri = 0; ri < NKERNEL_ROWS; ri++)
             for (int di = 0; di < NDEPTHS; di++)
                 for (int wi = 0; wi < NWIDTHS; wi++) {
-                    int rows = row_counts[ri];
+                    int rows = kernel_rows[ri];
                     int64_t k = depths[di], n = widths[wi];
                     operands o = operands_make(rows, k, n, (uint64_t)(ri * 100 + di * 10 + wi));
                     float *y = xcalloc((size_t)(rows * n), sizeof(float));
@@ -196,9 +201,9 @@ static void test_16bit_weights_give_the_bits_of_their_fp32_values(void)
             printf("skip: few-row products %s: this CPU does not support it\n", variants[v]);
             continue;
         }
-        for (int ri = 0; ri < NROWS; ri++)
+        for (int ri = 0; ri < NKERNEL_ROWS; ri++)
             for (int di = 0; di < NDEPTHS; di++) {
-                int rows = row_counts[ri];
+                int rows = kernel_rows[ri];
                 int64_t k = depths[di], n = 37;
                 operands o = operands_make(rows, k, n, (uint64_t)(7 + ri * 10 + di));
                 size_t count = (size_t)(rows * n);
