@@ -113,22 +113,31 @@ static char *outputs_of(const char *body)
     return text;
 }
 
+/* POST /v1/sessions `body` on s: the reply's status, and the new id into id[40] ("" when the
+ * reply is not 201 or its id does not fit). */
+static long create_session(const server *s, const char *body, char id[40])
+{
+    http_resp r;
+    post(s, "/v1/sessions", body, &r);
+    json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+    const char *made = json_string_value(json_object_get(j, "id"));
+    bool ok = r.status == 201 && made && strlen(made) < 40;
+    snprintf(id, 40, "%s", ok ? made : "");
+    long status = r.status;
+    json_decref(j);
+    http_resp_free(&r);
+    return status;
+}
+
 static bool make_sessions(server *s, const float *prompt)
 {
     char fields[160];
     for (int i = 0; i <= SESSIONS; i++) {
-        http_resp r;
-        post(s, "/v1/sessions", "{\"model\":\"demo\"}", &r);
-        json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
-        const char *id = json_string_value(json_object_get(j, "id"));
-        bool ok = r.status == 201 && id && strlen(id) < 40;
-        if (ok)
-            snprintf(s->id[i], sizeof s->id[i], "%s", id);
-        json_decref(j);
-        http_resp_free(&r);
+        bool ok = create_session(s, "{\"model\":\"demo\"}", s->id[i]) == 201 && s->id[i][0];
         CHECKF(ok, "creating session %d", i);
         if (!ok)
             return false;
+        http_resp r;
         snprintf(fields, sizeof fields, "\"session\":\"%s\",\"positional\":\"rope\"", s->id[i]);
         char *body = mha_body(prompt + (size_t)i * PROMPT * E, PROMPT, E, fields);
         post(s, "/v1/mha", body, &r);
@@ -303,8 +312,7 @@ static char *long_body(int64_t n)
 {
     float *x = calloc((size_t)(n * E), sizeof *x);
     uint64_t rng = 5;
-    for (int64_t i = 0; i < n * E; i++)
-        x[i] = (float)rng_sym(&rng, 1.0);
+    rng_fill(&rng, x, (size_t)(n * E), 1.0);
     char *b = mha_body(x, n, E, "\"model\":\"demo\"");
     free(x);
     return b;
@@ -338,25 +346,40 @@ static char *hold_body(const server *s, const float *tok)
     return b;
 }
 
+/* What the batching daemon counted while requests waited behind a long one. */
+typedef struct {
+    double groups;  /* the rise of attnd_batches_total, the long request's group included */
+    double members; /* the rise of attnd_batched_requests_total */
+} lanes_seen;
+
+/* Sends ref[0..n) to the unbatched daemon, then got[0..n) to the batching one behind `hold`, a
+ * long request (its body made here) that keeps the engine busy while they wait. */
+static lanes_seen send_behind_a_long_one(request *ref, request *got, int n, request *hold,
+                                         const float *tok)
+{
+    send_all(ref, n, NULL);
+    hold->body = hold_body(&batching, tok);
+    double groups0 = metric_value(batching.d.port, "attnd_batches_total");
+    double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
+    send_all(got, n, hold);
+    return (lanes_seen){.groups = metric_value(batching.d.port, "attnd_batches_total") - groups0,
+                        .members = metric_value(batching.d.port, "attnd_batched_requests_total") -
+                                   members0};
+}
+
 static void test_waiting_passes_run_together_and_answer_as_alone(void)
 {
     float prompt[(SESSIONS + 1) * PROMPT * E], tok[N_REQ * E];
     uint64_t rng = 11;
-    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
-        prompt[i] = (float)rng_sym(&rng, 1.0);
-    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
-        tok[i] = (float)rng_sym(&rng, 1.0);
+    rng_fill(&rng, prompt, sizeof prompt / sizeof prompt[0], 1.0);
+    rng_fill(&rng, tok, sizeof tok / sizeof tok[0], 1.0);
     if (!make_sessions(&batching, prompt) || !make_sessions(&alone, prompt))
         return;
 
     request ref[N_REQ], got[N_REQ], hold = {.s = &batching, .path = "/v1/mha"};
     requests_make(ref, &alone, tok);
     requests_make(got, &batching, tok);
-    send_all(ref, N_REQ, NULL);
-    hold.body = hold_body(&batching, tok);
-    double groups0 = metric_value(batching.d.port, "attnd_batches_total");
-    double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
-    send_all(got, N_REQ, &hold);
+    lanes_seen seen = send_behind_a_long_one(ref, got, N_REQ, &hold, tok);
     CHECKF(hold.r.status == 200, "the long request: %ld", hold.r.status);
 
     for (int i = 0; i < N_REQ; i++) {
@@ -381,8 +404,7 @@ static void test_waiting_passes_run_together_and_answer_as_alone(void)
 
     /* The long request and those behind it: fewer groups than requests, every one counted but
      * the deleted session's step, whose layer is unknown when it is admitted (it runs alone). */
-    double groups = metric_value(batching.d.port, "attnd_batches_total") - groups0;
-    double members = metric_value(batching.d.port, "attnd_batched_requests_total") - members0;
+    double groups = seen.groups, members = seen.members;
     printf("  %d requests behind a long one of %.1f MB ran in %.0f groups\n", N_REQ,
            (double)strlen(hold.body) / 1e6, groups - 1);
     CHECKF(members == N_REQ, "%.0f requests ran from the lanes, want %d", members, N_REQ);
@@ -421,16 +443,9 @@ static bool layer_sessions(const server *s, const float *prompt, const float *to
 {
     char fields[160];
     for (int i = 0; i < LAYER_SESSIONS; i++) {
-        http_resp r;
-        post(s, "/v1/sessions", "{\"model\":\"llama\"}", &r);
-        json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
-        const char *id = json_string_value(json_object_get(j, "id"));
-        bool ok = r.status == 201 && id && strlen(id) < 40;
-        if (ok)
-            snprintf(ids[i], 40, "%s", id);
-        json_decref(j);
-        http_resp_free(&r);
-        CHECKF(ok, "session %d of llama: %ld", i, r.status);
+        long status = create_session(s, "{\"model\":\"llama\"}", ids[i]);
+        bool ok = status == 201 && ids[i][0];
+        CHECKF(ok, "session %d of llama: %ld", i, status);
         if (!ok)
             return false;
         for (int64_t l = 0; l < 2; l++) {
@@ -486,21 +501,15 @@ static void test_layers_wait_in_lanes_of_their_own(void)
     float prompt[PROMPT * E], tok[N_LAYER_REQ * E];
     char ids[2][LAYER_SESSIONS][40];
     uint64_t rng = 13;
-    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
-        prompt[i] = (float)rng_sym(&rng, 1.0);
-    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
-        tok[i] = (float)rng_sym(&rng, 1.0);
+    rng_fill(&rng, prompt, sizeof prompt / sizeof prompt[0], 1.0);
+    rng_fill(&rng, tok, sizeof tok / sizeof tok[0], 1.0);
     if (!layer_sessions(&batching, prompt, tok, ids[0]) ||
         !layer_sessions(&alone, prompt, tok, ids[1]))
         return;
     request ref[N_LAYER_REQ], got[N_LAYER_REQ], hold = {.s = &batching, .path = "/v1/mha"};
     layer_requests_make(ref, &alone, ids[1], tok);
     layer_requests_make(got, &batching, ids[0], tok);
-    send_all(ref, N_LAYER_REQ, NULL);
-    hold.body = hold_body(&batching, tok);
-    double groups0 = metric_value(batching.d.port, "attnd_batches_total");
-    double members0 = metric_value(batching.d.port, "attnd_batched_requests_total");
-    send_all(got, N_LAYER_REQ, &hold);
+    lanes_seen seen = send_behind_a_long_one(ref, got, N_LAYER_REQ, &hold, tok);
     CHECKF(hold.r.status == 200, "the long request: %ld", hold.r.status);
     for (int i = 0; i < N_LAYER_REQ; i++) {
         CHECKF(got[i].r.status == 200 && ref[i].r.status == 200,
@@ -512,8 +521,7 @@ static void test_layers_wait_in_lanes_of_their_own(void)
         free(a);
         free(b);
     }
-    double groups = metric_value(batching.d.port, "attnd_batches_total") - groups0 - 1;
-    double members = metric_value(batching.d.port, "attnd_batched_requests_total") - members0;
+    double groups = seen.groups - 1, members = seen.members;
     printf("  %d requests through 2 layers behind a long one ran in %.0f groups\n", N_LAYER_REQ,
            groups);
     CHECKF(members == N_LAYER_REQ + 1, "%.0f requests ran from the lanes, want %d and the long one",
@@ -538,10 +546,8 @@ static void test_max_batch_rows_caps_a_group(void)
     }
     float prompt[(SESSIONS + 1) * PROMPT * E], tok[N_REQ * E];
     uint64_t rng = 12;
-    for (size_t i = 0; i < sizeof prompt / sizeof prompt[0]; i++)
-        prompt[i] = (float)rng_sym(&rng, 1.0);
-    for (size_t i = 0; i < sizeof tok / sizeof tok[0]; i++)
-        tok[i] = (float)rng_sym(&rng, 1.0);
+    rng_fill(&rng, prompt, sizeof prompt / sizeof prompt[0], 1.0);
+    rng_fill(&rng, tok, sizeof tok / sizeof tok[0], 1.0);
     if (make_sessions(&capped, prompt)) {
         request q[N_REQ], hold = {.s = &capped, .path = "/v1/mha"};
         requests_make(q, &capped, tok);

@@ -60,6 +60,14 @@ static int start(grpc_daemon *g, const char *const *extra)
     return g->port > 0 ? 0 : -1;
 }
 
+/* start() and a client connected to it; false, a failed check, when either is not there. */
+static bool start_with_client(grpc_daemon *g, grpc_client *c, const char *const *extra)
+{
+    bool ok = start(g, extra) == 0 && grpc_client_open(c, g->port) == 0;
+    CHECKF(ok, "the daemon with --grpc-port did not start, or a client could not connect");
+    return ok;
+}
+
 /* ---- Messages ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -164,10 +172,8 @@ static void test_methods_and_statuses(void)
     grpc_stream st;
     size_t len;
     const char *msg;
-    if (start(&g, NULL) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, NULL))
         return;
-    }
     CHECK(grpc_call(&c, SVC "ServerLive", NULL, "", 0, 5000, &st));
     CHECK_EQ_INT(st.grpc_status, 0);
     msg = grpc_message_at(&st, 0, &len);
@@ -243,8 +249,7 @@ static void test_infer_matches_http(void)
     size_t len, out_len;
     r = 11;
     float *data = qkv(&r, 2, 5, t);
-    if (start(&g, NULL) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, NULL)) {
         free(data);
         return;
     }
@@ -403,12 +408,9 @@ static void test_layers_match_http(void)
     char message[512], params[64];
     uint64_t r = 21;
     http_resp h;
-    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
-        x[i] = (float)rng_sym(&r, 1.0);
-    if (start(&g, extra) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    rng_fill(&r, x, sizeof x / sizeof x[0], 1.0);
+    if (!start_with_client(&g, &c, extra))
         return;
-    }
     for (int64_t l = 0; l < 2; l++) {
         param p = {"layer", false, l};
         CHECKF(grpc_layer(&c, x, N, &p, 1, got[l], message, sizeof message) == 0,
@@ -453,12 +455,9 @@ static void test_a_sequence_over_layers_matches_http(void)
     char message[512], params[160];
     uint64_t r = 22;
     http_resp h;
-    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
-        x[i] = (float)rng_sym(&r, 1.0);
-    if (start(&g, extra) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    rng_fill(&r, x, sizeof x / sizeof x[0], 1.0);
+    if (!start_with_client(&g, &c, extra))
         return;
-    }
     for (int64_t t0 = 0; t0 < ALL; t0 += t0 == 0 ? PROMPT : 1) {
         int64_t n = t0 == 0 ? PROMPT : 1;
         for (int64_t l = 0; l < 2; l++) {
@@ -507,10 +506,8 @@ static void test_sizes_memory_and_stalls(void)
     const char *args[] = {"--max-body-bytes", "1M", "--receive-timeout-s", "1", NULL};
     static const char too_big[] = {0, 0, 0x20, 0, 0};     /* 2 MiB */
     static const char declared[] = {0, 0, 0x0f, 0, 0, 1}; /* 960 KiB, one byte sent */
-    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, args))
         return;
-    }
     big.body = too_big;
     big.body_len = sizeof too_big;
     big.keep_open = true;
@@ -587,8 +584,7 @@ static void test_deadline_queue_cancel_metrics(void)
     const char *args[] = {"--threads", "1", "--max-queue", "1", NULL};
     r = 5;
     uint8_t *req = slow_request(&r, &data, &len);
-    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, args)) {
         free(req);
         free(data);
         return;
@@ -687,8 +683,7 @@ static void test_same_outcomes_as_http(void)
     size_t len, n;
     const char *args[] = {"--threads", "1", "--max-queue", "1", NULL};
     uint8_t *req = slow_request(&r, &data, &len);
-    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, args)) {
         free(req);
         free(data);
         return;
@@ -739,10 +734,8 @@ static void test_bearer_tokens(void)
     fputs("s3cret-token-for-grpc\n", f);
     fclose(f);
     const char *args[] = {"--auth-token-file", path, NULL};
-    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, args))
         return;
-    }
     CHECK(grpc_call(&c, SVC "ServerReady", NULL, "", 0, 5000, &st));
     CHECK_EQ_INT(st.grpc_status, 16);
     grpc_stream_free(&st);
@@ -774,10 +767,8 @@ static void test_drain(void)
     r = 9;
     uint8_t *req = slow_request(&r, &data, &len);
     char *framed = grpc_frame(req, len, &n);
-    if (start(&g, args) != 0 || grpc_client_open(&c, g.port) != 0) {
-        CHECK(false);
+    if (!start_with_client(&g, &c, args))
         return;
-    }
     a.body = framed;
     a.body_len = n;
     a.keep_open = false;

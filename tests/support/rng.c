@@ -27,6 +27,12 @@ float rng_sym(uint64_t *s, double amp)
     return (float)((2.0 * rng_unit(s) - 1.0) * amp);
 }
 
+void rng_fill(uint64_t *s, float *x, size_t n, double amp)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_sym(s, amp);
+}
+
 double rng_range(uint64_t *s, double lo, double hi)
 {
     return lo + (hi - lo) * rng_unit(s);

@@ -5,6 +5,7 @@
  *     uint64_t rng = 42;                  // the seed; any value, 0 included
  *     float x = rng_sym(&rng, 1.0);       // uniform in [-1, 1)
  *     int64_t n = rng_int(&rng, 1, 6);    // uniform integer in [1, 6]
+ *     rng_fill(&rng, buf, 64, 0.5);       // buf[0..64) uniform in [-0.5, 0.5)
  *
  * Test files outside tests/support must not carry a generator of their own (an LCG, xorshift,
  * the C library's): tests/check_rng.sh fails the build when one appears. The functions keep no
@@ -36,6 +37,9 @@ int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi);
 
 /* Uniform in [0, n) for n > 0 (modulo bias below 2^-32 for the n tests use). */
 uint64_t rng_below(uint64_t *s, uint64_t n);
+
+/* x[0..n) uniform in [-amp, amp), each as rng_sym draws it in turn. */
+void rng_fill(uint64_t *s, float *x, size_t n, double amp);
 
 /* Fills n bytes with random bits. */
 void rng_bytes(uint64_t *s, void *dst, size_t n);

@@ -27,14 +27,6 @@
 #define RTOL    1e-5
 #define PREFILL 12 /* tokens of the first session step; the rest go one at a time */
 
-static const char *const families[] = {
-    "llama",    "llama31_scaled", "mistral_window", "qwen2",      "qwen3",
-    "gemma2",   "gemma3",         "phi3",           "phi",        "gpt2",
-    "gpt_neox", "falcon",         "olmo2",          "starcoder2", "gptj",
-    "gpt_oss",  "granite",        "stablelm",
-};
-#define N_FAMILIES (sizeof families / sizeof families[0])
-
 static eng_pool *pool;
 static api_models *models;
 static const char *cases_dir;
@@ -43,32 +35,16 @@ typedef test_reply result;
 
 /* ---- Set-up ------------------------------------------------------------------------------- */
 
-static bool load_case(const char *family, hf_case *c)
-{
-    bool ok = hf_case_load(cases_dir, family, c);
-    CHECKF(ok, "%s/%s: cannot read the case", cases_dir, family);
-    return ok;
-}
-
-static void free_case(hf_case *c)
-{
-    hf_case_free(c);
-}
-
 /* Registers every family's layer under its case name. */
 static bool register_all(void)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++) {
+    for (size_t i = 0; i < HF_FAMILIES; i++) {
         hf_case c;
-        char dir[512], err[600];
-        if (!load_case(families[i], &c))
+        if (!hf_case_read(cases_dir, hf_families[i], &c))
             return false;
-        snprintf(dir, sizeof dir, "%s/%s", cases_dir, families[i]);
-        api_model_source src = {.name = families[i], .path = dir, .layer = c.layer};
-        const api_model *m = api_models_load(models, &src, err, sizeof err);
-        free_case(&c);
-        CHECKF(m != NULL, "%s: %s", families[i], err);
-        if (!m)
+        bool ok = hf_case_serve(models, cases_dir, hf_families[i], hf_families[i], c.layer);
+        hf_case_free(&c);
+        if (!ok)
             return false;
     }
     return true;
@@ -79,13 +55,8 @@ static bool register_all(void)
 static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions *reg,
                          const char *model, const char *body)
 {
-    api_call call = {.body = body,
-                     .body_len = strlen(body),
-                     .content_type = "application/json",
-                     .pool = pool,
-                     .models = models,
-                     .sessions = reg,
-                     .model = model};
+    api_call call = test_json_call(pool, models, reg, body);
+    call.model = model;
     return test_route(fn, &call);
 }
 
@@ -102,22 +73,12 @@ static char *mha_body(const char *model, const hf_case *c, int64_t t0, int64_t n
     return b;
 }
 
-/* max |got - want| / max |want| over rows [t0, t0 + n) of the reference. */
+/* max |got - want| / max |want| of a flat reply over rows [t0, t0 + n) of the reference. */
 static double rel_error(const json_t *reply, const hf_case *c, int64_t t0, int64_t n)
 {
-    const json_t *d = json_object_get(json_object_get(reply, "output"), "data");
-    if (json_array_size(d) != (size_t)(n * c->E))
-        return INFINITY;
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < c->L * c->E; i++)
-        scale = fmax(scale, fabs((double)c->output[i]));
-    for (int64_t i = 0; i < n * c->E; i++)
-        worst = fmax(worst, fabs(json_number_value(json_array_get(d, (size_t)i)) -
-                                 (double)c->output[t0 * c->E + i]));
-    return worst / scale;
+    return hf_case_error(json_object_get(json_object_get(reply, "output"), "data"), c, t0, n);
 }
 
-/* GET /v1/models/NAME. */
 /* Model `name` over the case's whole input through /v1/mha: max|diff| / max|output| against
  * transformers, INFINITY when the reply (its status in *status) is not 200. */
 static double mha_error(const char *name, const hf_case *c, int *status)
@@ -144,36 +105,28 @@ static double checkpoint_error(const char *name, const char *dir, const hf_case 
     return mha_error(name, c, status);
 }
 
+/* GET /v1/models/NAME. */
 static result describe(const char *name)
 {
     api_reply reply;
-    result r = {0};
     api_models_get(models, name, &reply);
-    r.status = reply.status;
-    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
-}
-
-static const char *error_field(const result *r)
-{
-    return json_string_value(json_object_get(json_object_get(r->json, "error"), "field"));
+    return test_reply_take(&reply);
 }
 
 /* ---- The layer ---------------------------------------------------------------------------- */
 
 static void test_each_family_matches_transformers_through_v1_mha(void)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++) {
+    for (size_t i = 0; i < HF_FAMILIES; i++) {
         hf_case c;
-        if (!load_case(families[i], &c))
+        if (!hf_case_read(cases_dir, hf_families[i], &c))
             continue;
         int status;
-        double err = mha_error(families[i], &c, &status);
-        printf("  %-16s /v1/mha          max|diff|/max|out| = %.2e\n", families[i], err);
-        CHECKF(err <= RTOL, "%s: /v1/mha status %d, error %.3g x max|output|", families[i], status,
-               err);
-        free_case(&c);
+        double err = mha_error(hf_families[i], &c, &status);
+        printf("  %-16s /v1/mha          max|diff|/max|out| = %.2e\n", hf_families[i], err);
+        CHECKF(err <= RTOL, "%s: /v1/mha status %d, error %.3g x max|output|", hf_families[i],
+               status, err);
+        hf_case_free(&c);
     }
 }
 
@@ -208,24 +161,20 @@ static double session_error(const char *family, const hf_case *c, api_sessions *
 
 static api_sessions *registry(void)
 {
-    char msg[256];
-    api_sessions_config cfg = {.capacity_bytes = (size_t)32 << 20, .block_tokens = 16};
-    api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);
-    CHECKF(reg != NULL, "%s", msg);
-    return reg;
+    return test_sessions_new((size_t)32 << 20);
 }
 
 static void test_each_family_matches_transformers_step_by_step(void)
 {
     api_sessions *reg = registry();
-    for (size_t i = 0; reg && i < N_FAMILIES; i++) {
+    for (size_t i = 0; reg && i < HF_FAMILIES; i++) {
         hf_case c;
-        if (!load_case(families[i], &c))
+        if (!hf_case_read(cases_dir, hf_families[i], &c))
             continue;
-        double err = session_error(families[i], &c, reg);
-        printf("  %-16s session steps    max|diff|/max|out| = %.2e\n", families[i], err);
-        CHECKF(err <= RTOL, "%s: session steps: error %.3g x max|output|", families[i], err);
-        free_case(&c);
+        double err = session_error(hf_families[i], &c, reg);
+        printf("  %-16s session steps    max|diff|/max|out| = %.2e\n", hf_families[i], err);
+        CHECKF(err <= RTOL, "%s: session steps: error %.3g x max|output|", hf_families[i], err);
+        hf_case_free(&c);
     }
     api_sessions_free(reg);
 }
@@ -258,12 +207,7 @@ static double batched_error(const char *family, const hf_case *c, api_sessions *
             snprintf(extra, sizeof extra, ",\"session\":\"%s\",\"expect_length\":%lld", sid[s],
                      (long long)t0);
             b[s] = mha_body(family, c, t0, n, extra);
-            calls[s] = (api_call){.body = b[s],
-                                  .body_len = strlen(b[s]),
-                                  .content_type = "application/json",
-                                  .pool = pool,
-                                  .models = models,
-                                  .sessions = reg};
+            calls[s] = test_json_call(pool, models, reg, b[s]);
             m[s] = (api_batch_member){API_BATCH_MHA, &calls[s], &replies[s]};
         }
         api_call_batch(m, SEQS, 64);
@@ -285,14 +229,14 @@ static double batched_error(const char *family, const hf_case *c, api_sessions *
 static void test_each_family_matches_transformers_in_batched_steps(void)
 {
     api_sessions *reg = registry();
-    for (size_t i = 0; reg && i < N_FAMILIES; i++) {
+    for (size_t i = 0; reg && i < HF_FAMILIES; i++) {
         hf_case c;
-        if (!load_case(families[i], &c))
+        if (!hf_case_read(cases_dir, hf_families[i], &c))
             continue;
-        double err = batched_error(families[i], &c, reg);
-        printf("  %-16s batched steps    max|diff|/max|out| = %.2e\n", families[i], err);
-        CHECKF(err <= RTOL, "%s: batched steps: error %.3g x max|output|", families[i], err);
-        free_case(&c);
+        double err = batched_error(hf_families[i], &c, reg);
+        printf("  %-16s batched steps    max|diff|/max|out| = %.2e\n", hf_families[i], err);
+        CHECKF(err <= RTOL, "%s: batched steps: error %.3g x max|output|", hf_families[i], err);
+        hf_case_free(&c);
     }
     api_sessions_free(reg);
 }
@@ -331,14 +275,15 @@ static void test_requests_that_contradict_the_layer_are_422(void)
         {"gpt_oss", ",\"return_weights\":\"per_head\"", "return_weights"},
     };
     hf_case c;
-    if (!load_case("llama", &c))
+    if (!hf_case_read(cases_dir, "llama", &c))
         return;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *b = mha_body(cases[i].model, &c, 0, 4, cases[i].extra);
         result r = call_route(api_mha, NULL, NULL, b);
         CHECKF(r.status == 422, "%s %s: %d", cases[i].model, cases[i].extra, r.status);
-        CHECKF(error_field(&r) && strcmp(error_field(&r), cases[i].field) == 0, "%s %s: field %s",
-               cases[i].model, cases[i].extra, error_field(&r) ? error_field(&r) : "(none)");
+        CHECKF(test_error_field(&r) && strcmp(test_error_field(&r), cases[i].field) == 0,
+               "%s %s: field %s", cases[i].model, cases[i].extra,
+               test_error_field(&r) ? test_error_field(&r) : "(none)");
         json_decref(r.json);
         free(b);
     }
@@ -354,8 +299,8 @@ static void test_requests_that_contradict_the_layer_are_422(void)
     snprintf(extra, sizeof extra, ",\"session\":\"%s\"", sid);
     char *sb = mha_body("mistral_window", &c, 0, 4, extra);
     result step = call_route(api_mha, reg, NULL, sb);
-    CHECKF(made.status != 201 || (step.status == 422 && error_field(&step) &&
-                                  strcmp(error_field(&step), "window") == 0),
+    CHECKF(made.status != 201 || (step.status == 422 && test_error_field(&step) &&
+                                  strcmp(test_error_field(&step), "window") == 0),
            "a step of a session with another window: %d", step.status);
     json_decref(step.json);
     free(sb);
@@ -367,8 +312,8 @@ static void test_requests_that_contradict_the_layer_are_422(void)
     snprintf(extra, sizeof extra, ",\"session\":\"%s\"", sid);
     sb = mha_body("llama", &c, 0, 4, extra);
     step = call_route(api_mha, reg, NULL, sb);
-    CHECKF(made.status != 201 || (step.status == 422 && error_field(&step) &&
-                                  strcmp(error_field(&step), "causal") == 0),
+    CHECKF(made.status != 201 || (step.status == 422 && test_error_field(&step) &&
+                                  strcmp(test_error_field(&step), "causal") == 0),
            "a step of a non-causal session: %d", step.status);
     json_decref(step.json);
     free(sb);
@@ -379,7 +324,7 @@ static void test_requests_that_contradict_the_layer_are_422(void)
     CHECK_EQ_INT(r.status, 200);
     json_decref(r.json);
     free(b);
-    free_case(&c);
+    hf_case_free(&c);
 }
 
 /* ---- KServe v2 ---------------------------------------------------------------------------- */
@@ -389,17 +334,7 @@ static void test_requests_that_contradict_the_layer_are_422(void)
 static result v2_infer(api_sessions *reg, const char *model, const hf_case *c, int64_t t0,
                        int64_t n, const char *params)
 {
-    size_t cap = (size_t)(n * c->E) * 24 + 512, len = 0;
-    char *b = malloc(cap);
-    len += (size_t)snprintf(b, cap,
-                            "{%s%s%s\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\","
-                            "\"shape\":[1,%lld,%lld],\"data\":[",
-                            params[0] ? "\"parameters\":{" : "", params, params[0] ? "}," : "",
-                            (long long)n, (long long)c->E);
-    for (int64_t i = 0; i < n * c->E; i++)
-        len += (size_t)snprintf(b + len, cap - len, "%s%.9g", i ? "," : "",
-                                (double)c->input[t0 * c->E + i]);
-    snprintf(b + len, cap - len, "]}]}");
+    char *b = hf_case_v2_body(c, t0, n, params);
     result r = call_route(api_v2_infer, reg, model, b);
     free(b);
     return r;
@@ -408,10 +343,7 @@ static result v2_infer(api_sessions *reg, const char *model, const hf_case *c, i
 static double v2_error(const result *r, const hf_case *c, int64_t t0, int64_t n)
 {
     const json_t *out = json_array_get(json_object_get(r->json, "outputs"), 0);
-    json_t *wrapped = json_pack("{s:{s:O}}", "output", "data", json_object_get(out, "data"));
-    double e = r->status == 200 ? rel_error(wrapped, c, t0, n) : INFINITY;
-    json_decref(wrapped);
-    return e;
+    return r->status == 200 ? hf_case_error(json_object_get(out, "data"), c, t0, n) : INFINITY;
 }
 
 static void test_v2_infers_and_decodes_a_sequence_as_transformers(void)
@@ -420,7 +352,7 @@ static void test_v2_infers_and_decodes_a_sequence_as_transformers(void)
     api_sessions *reg = registry();
     for (size_t i = 0; reg && i < sizeof some / sizeof some[0]; i++) {
         hf_case c;
-        if (!load_case(some[i], &c))
+        if (!hf_case_read(cases_dir, some[i], &c))
             continue;
         result r = v2_infer(NULL, some[i], &c, 0, c.L, "");
         double whole = v2_error(&r, &c, 0, c.L), steps = 0;
@@ -435,7 +367,7 @@ static void test_v2_infers_and_decodes_a_sequence_as_transformers(void)
         }
         CHECKF(whole <= RTOL && steps <= RTOL, "%s: v2 %.3g, v2 sequence %.3g x max|output|",
                some[i], whole, steps);
-        free_case(&c);
+        hf_case_free(&c);
     }
     api_sessions_free(reg);
 }
@@ -508,7 +440,7 @@ static void test_transformers_4_configs_give_the_same_layers(void)
     for (size_t i = 0; i < sizeof some / sizeof some[0]; i++) {
         hf_case c;
         char dir[128], path[256], from[256], name[64], err[600], cmd[800];
-        if (!load_case(some[i], &c))
+        if (!hf_case_read(cases_dir, some[i], &c))
             continue;
         snprintf(dir, sizeof dir, "%s/%s", tmp, some[i]);
         snprintf(from, sizeof from, "%s/%s", cases_dir, some[i]);
@@ -523,7 +455,7 @@ static void test_transformers_4_configs_give_the_same_layers(void)
         int status;
         double e = checkpoint_error(name, dir, &c, &status, err, sizeof err);
         CHECKF(e <= RTOL, "%s (4.x config): %d, %.3g x max|output| %s", some[i], status, e, err);
-        free_case(&c);
+        hf_case_free(&c);
     }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
@@ -537,7 +469,7 @@ static void test_longrope_at_its_short_factors(void)
 {
     char tmp[] = "/tmp/attnd_hf_longrope_XXXXXX", cmd[400], path[128], err[600];
     hf_case c;
-    if (!mkdtemp(tmp) || !load_case("phi3", &c))
+    if (!mkdtemp(tmp) || !hf_case_read(cases_dir, "phi3", &c))
         return;
     snprintf(cmd, sizeof cmd, "cp %s/phi3/* '%s' && chmod -R u+w '%s'", cases_dir, tmp, tmp);
     CHECK(system(cmd) == 0);
@@ -561,12 +493,13 @@ static void test_longrope_at_its_short_factors(void)
         free(b);
         b = mha_body("longrope", &c, 0, c.L, ",\"query_offset\":4090");
         r = call_route(api_mha, NULL, NULL, b);
-        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), "input") == 0,
+        CHECKF(r.status == 422 && test_error_field(&r) &&
+                   strcmp(test_error_field(&r), "input") == 0,
                "longrope past its context: %d", r.status);
         json_decref(r.json);
         free(b);
     }
-    free_case(&c);
+    hf_case_free(&c);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     CHECK(system(cmd) == 0);
 }
@@ -577,7 +510,7 @@ static void test_dynamic_ntk_below_its_context(void)
 {
     char tmp[] = "/tmp/attnd_hf_dynamic_XXXXXX", cmd[400], path[128], err[600];
     hf_case c;
-    if (!mkdtemp(tmp) || !load_case("llama31_scaled", &c))
+    if (!mkdtemp(tmp) || !hf_case_read(cases_dir, "llama31_scaled", &c))
         return;
     snprintf(cmd, sizeof cmd, "cp %s/llama31_scaled/* '%s' && chmod -R u+w '%s'", cases_dir, tmp,
              tmp);
@@ -618,14 +551,15 @@ static void test_dynamic_ntk_below_its_context(void)
         free(b);
         b = mha_body("dynamic", &c, 0, c.L, ",\"query_offset\":240");
         r = call_route(api_mha, NULL, NULL, b);
-        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), "input") == 0,
+        CHECKF(r.status == 422 && test_error_field(&r) &&
+                   strcmp(test_error_field(&r), "input") == 0,
                "dynamic past its context: %d", r.status);
         json_decref(r.json);
         free(b);
     } else {
         eng_layer_free(plain);
     }
-    free_case(&c);
+    hf_case_free(&c);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     CHECK(system(cmd) == 0);
 }
@@ -683,7 +617,7 @@ static void test_heads_wider_than_the_hidden_size_step_as_the_whole(void)
     json_decref(d.json);
     /* The reference is the layer over the whole sequence; the steps must give its rows. */
     hf_case c;
-    if (!load_case("qwen3", &c))
+    if (!hf_case_read(cases_dir, "qwen3", &c))
         return;
     char *b = mha_body("wide", &c, 0, c.L, "");
     result whole = call_route(api_mha, NULL, NULL, b);
@@ -697,7 +631,7 @@ static void test_heads_wider_than_the_hidden_size_step_as_the_whole(void)
     double e = reg ? session_error("wide", &c, reg) : INFINITY;
     CHECKF(e <= RTOL, "wide heads: steps %.3g x max|output| from the whole sequence", e);
     api_sessions_free(reg);
-    free_case(&c);
+    hf_case_free(&c);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0);
@@ -767,7 +701,7 @@ static void test_gemma3_multimodal_checkpoints_serve_their_text_layers(void)
     char tmp[] = "/tmp/attnd_hf_gemma3_XXXXXX", path[256], from[256], name[64], err[600];
     hf_case c;
     CHECK(mkdtemp(tmp) != NULL);
-    if (!load_case("gemma3", &c))
+    if (!hf_case_read(cases_dir, "gemma3", &c))
         return;
     snprintf(path, sizeof path, "%s/gemma3/config.json", cases_dir);
     json_t *text = json_load_file(path, 0, NULL);
@@ -787,7 +721,7 @@ static void test_gemma3_multimodal_checkpoints_serve_their_text_layers(void)
         double e = checkpoint_error(name, tmp, &c, &status, err, sizeof err);
         CHECKF(e <= RTOL, "%s: %d, %.3g x max|output| %s", prefixes[p], status, e, err);
     }
-    free_case(&c);
+    hf_case_free(&c);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     CHECK(system(cmd) == 0);
@@ -829,7 +763,7 @@ static void test_gemma3_text_config_defaults_are_transformers(void)
 int main(void)
 {
     eng_error err;
-    cases_dir = getenv("ATTND_HF_CASES") ? getenv("ATTND_HF_CASES") : "tests/api/hf/cases";
+    cases_dir = hf_cases_dir();
     pool = eng_pool_new(2, &err);
     models = api_models_new();
     if (!pool || !models || !register_all()) {

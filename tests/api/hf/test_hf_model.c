@@ -29,14 +29,6 @@
 #define PREFILL 12 /* tokens of a session's first step; the rest go one at a time */
 #define LAYERS  2  /* every case's num_hidden_layers */
 
-static const char *const families[] = {
-    "llama",    "llama31_scaled", "mistral_window", "qwen2",      "qwen3",
-    "gemma2",   "gemma3",         "phi3",           "phi",        "gpt2",
-    "gpt_neox", "falcon",         "olmo2",          "starcoder2", "gptj",
-    "gpt_oss",  "granite",        "stablelm",
-};
-#define N_FAMILIES (sizeof families / sizeof families[0])
-
 static eng_pool *pool;
 static api_models *models;
 static const char *cases_dir;
@@ -49,38 +41,29 @@ typedef test_reply result;
  * "<family>_K". */
 static bool register_all(void)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++) {
-        char dir[512], name[64], err[600];
-        snprintf(dir, sizeof dir, "%s/%s", cases_dir, families[i]);
+    for (size_t i = 0; i < HF_FAMILIES; i++) {
         for (int64_t layer = -1; layer < LAYERS; layer++) {
+            char name[64];
             if (layer < 0)
-                snprintf(name, sizeof name, "%s", families[i]);
+                snprintf(name, sizeof name, "%s", hf_families[i]);
             else
-                snprintf(name, sizeof name, "%s_%lld", families[i], (long long)layer);
-            api_model_source src = {.name = name, .path = dir, .layer = layer};
-            const api_model *m = api_models_load(models, &src, err, sizeof err);
-            CHECKF(m != NULL, "%s: %s", name, err);
-            if (!m)
+                snprintf(name, sizeof name, "%s_%lld", hf_families[i], (long long)layer);
+            if (!hf_case_serve(models, cases_dir, hf_families[i], name, layer))
                 return false;
         }
     }
     return true;
 }
 
-static bool load_case(const char *family, hf_case *c)
+/* A session registry of `bytes` and the llama case into c; NULL (nothing to free) when either
+ * cannot be had. */
+static api_sessions *llama_registry(size_t bytes, hf_case *c)
 {
-    bool ok = hf_case_load(cases_dir, family, c);
-    CHECKF(ok, "%s/%s: cannot read the case", cases_dir, family);
-    return ok;
-}
-
-static api_sessions *registry_of(size_t bytes)
-{
-    char msg[256];
-    api_sessions_config cfg = {.capacity_bytes = bytes, .block_tokens = 16};
-    api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);
-    CHECKF(reg != NULL, "%s", msg);
-    return reg;
+    api_sessions *reg = test_sessions_new(bytes);
+    if (reg && hf_case_read(cases_dir, "llama", c))
+        return reg;
+    api_sessions_free(reg);
+    return NULL;
 }
 
 /* ---- Calls -------------------------------------------------------------------------------- */
@@ -88,14 +71,9 @@ static api_sessions *registry_of(size_t bytes)
 static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions *reg,
                          const char *path_model, const char *path_session, const char *body)
 {
-    api_call call = {.body = body,
-                     .body_len = strlen(body),
-                     .content_type = "application/json",
-                     .pool = pool,
-                     .models = models,
-                     .sessions = reg,
-                     .model = path_model,
-                     .session = path_session};
+    api_call call = test_json_call(pool, models, reg, body);
+    call.model = path_model;
+    call.session = path_session;
     return test_route(fn, &call);
 }
 
@@ -127,11 +105,6 @@ static bool same_bits(const result *a, const result *b)
            strcmp(bits(a), bits(b)) == 0;
 }
 
-static const char *error_field(const result *r)
-{
-    return json_string_value(json_object_get(json_object_get(r->json, "error"), "field"));
-}
-
 static const char *error_message(const result *r)
 {
     const json_t *e = json_object_get(r->json, "error");
@@ -148,15 +121,7 @@ static bool message_has(const result *r, const char *text)
 static double rel_error(const result *r, const hf_case *c, int64_t t0, int64_t n)
 {
     const json_t *d = json_object_get(json_object_get(r->json, "output"), "data");
-    if (r->status != 200 || json_array_size(d) != (size_t)(n * c->E))
-        return INFINITY;
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < c->L * c->E; i++)
-        scale = fmax(scale, fabs((double)c->output[i]));
-    for (int64_t i = 0; i < n * c->E; i++)
-        worst = fmax(worst, fabs(json_number_value(json_array_get(d, (size_t)i)) -
-                                 (double)c->output[t0 * c->E + i]));
-    return worst / scale;
+    return r->status == 200 ? hf_case_error(d, c, t0, n) : INFINITY;
 }
 
 /* POST /v1/sessions {"model": model}: the new id into id[40] (201), else "". */
@@ -175,12 +140,8 @@ static void create(api_sessions *reg, const char *model, char id[40])
 static result describe_session(api_sessions *reg, const char *id)
 {
     api_reply reply;
-    result r = {0};
     api_sessions_get(reg, id, &reply);
-    r.status = reply.status;
-    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
+    return test_reply_take(&reply);
 }
 
 static int64_t int_of(const json_t *j, const char *key)
@@ -221,21 +182,21 @@ static result step(api_sessions *reg, const char *id, const hf_case *c, int64_t 
 
 static void test_every_layer_is_the_one_layer_models_bits(void)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++) {
+    for (size_t i = 0; i < HF_FAMILIES; i++) {
         hf_case c;
-        if (!load_case(families[i], &c))
+        if (!hf_case_read(cases_dir, hf_families[i], &c))
             continue;
-        const api_model *m = api_models_find(models, families[i]);
+        const api_model *m = api_models_find(models, hf_families[i]);
         CHECKF(m && m->layers == LAYERS && m->about && m->about->layer == 0, "%s: %lld layers",
-               families[i], (long long)(m ? m->layers : 0));
+               hf_families[i], (long long)(m ? m->layers : 0));
         for (int64_t l = 0; l < LAYERS; l++) {
             char whole[128], alone[128];
-            snprintf(whole, sizeof whole, "\"model\":\"%s\",\"layer\":%lld", families[i],
+            snprintf(whole, sizeof whole, "\"model\":\"%s\",\"layer\":%lld", hf_families[i],
                      (long long)l);
-            snprintf(alone, sizeof alone, "\"model\":\"%s_%lld\"", families[i], (long long)l);
+            snprintf(alone, sizeof alone, "\"model\":\"%s_%lld\"", hf_families[i], (long long)l);
             result a = mha(NULL, &c, 0, c.L, "base64", whole);
             result b = mha(NULL, &c, 0, c.L, "base64", alone);
-            CHECKF(same_bits(&a, &b), "%s layer %lld: %d and %d, not the same bits", families[i],
+            CHECKF(same_bits(&a, &b), "%s layer %lld: %d and %d, not the same bits", hf_families[i],
                    (long long)l, a.status, b.status);
             CHECK_EQ_INT(int_of(json_object_get(a.json, "meta"), "layer"), l);
             json_decref(a.json);
@@ -243,11 +204,11 @@ static void test_every_layer_is_the_one_layer_models_bits(void)
         }
         /* The layer transformers captured, through the whole model. */
         char fields[128];
-        snprintf(fields, sizeof fields, "\"model\":\"%s\",\"layer\":%lld", families[i],
+        snprintf(fields, sizeof fields, "\"model\":\"%s\",\"layer\":%lld", hf_families[i],
                  (long long)c.layer);
         result r = mha(NULL, &c, 0, c.L, "flat", fields);
         double e = rel_error(&r, &c, 0, c.L);
-        CHECKF(e <= RTOL, "%s layer %lld: %.3g x max|output| from transformers", families[i],
+        CHECKF(e <= RTOL, "%s layer %lld: %.3g x max|output| from transformers", hf_families[i],
                (long long)c.layer, e);
         json_decref(r.json);
         hf_case_free(&c);
@@ -259,12 +220,8 @@ static void test_every_layer_is_the_one_layer_models_bits(void)
 static result get_model(const char *name)
 {
     api_reply reply;
-    result r = {0};
     api_models_get(models, name, &reply);
-    r.status = reply.status;
-    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
+    return test_reply_take(&reply);
 }
 
 /* v2 metadata (config false) or configuration of `name`. */
@@ -272,28 +229,24 @@ static result get_v2(const char *name, bool config)
 {
     api_call call = {.pool = pool, .models = models, .model = name};
     api_reply reply;
-    result r = {0};
     if (config)
         api_v2_model_config(&call, &reply);
     else
         api_v2_model_metadata(&call, &reply);
-    r.status = reply.status;
-    r.json = json_loadb(reply.body, reply.body_len, 0, NULL);
-    api_reply_free(&reply);
-    return r;
+    return test_reply_take(&reply);
 }
 
 static void test_the_model_describes_every_layer(void)
 {
-    for (size_t i = 0; i < N_FAMILIES; i++) {
+    for (size_t i = 0; i < HF_FAMILIES; i++) {
         char name[64];
-        result whole = get_model(families[i]);
+        result whole = get_model(hf_families[i]);
         const json_t *layers = json_object_get(whole.json, "decoder_layers");
         CHECK_EQ_INT(int_of(whole.json, "layers"), LAYERS);
         CHECK_EQ_INT(json_array_size(layers), LAYERS);
         int64_t params = 0, bytes = 0;
         for (int64_t l = 0; l < LAYERS; l++) {
-            snprintf(name, sizeof name, "%s_%lld", families[i], (long long)l);
+            snprintf(name, sizeof name, "%s_%lld", hf_families[i], (long long)l);
             result one = get_model(name);
             CHECK_EQ_INT(int_of(one.json, "layers"), 1);
             params += int_of(one.json, "parameters");
@@ -301,13 +254,13 @@ static void test_the_model_describes_every_layer(void)
             /* Layer l as the whole model describes it is the one-layer model's layer. */
             CHECKF(
                 json_equal(json_array_get(layers, (size_t)l), json_object_get(one.json, "decoder")),
-                "%s: decoder_layers[%lld] differs from %s's decoder", families[i], (long long)l,
+                "%s: decoder_layers[%lld] differs from %s's decoder", hf_families[i], (long long)l,
                 name);
             json_decref(one.json);
         }
         CHECK_EQ_INT(int_of(whole.json, "parameters"), params);
         CHECK_EQ_INT(int_of(whole.json, "bytes"), bytes);
-        const api_model *m = api_models_find(models, families[i]);
+        const api_model *m = api_models_find(models, hf_families[i]);
         CHECK(m && (int64_t)api_model_bytes(m) == bytes && api_model_params(m) == params);
         json_decref(whole.json);
     }
@@ -346,17 +299,7 @@ static void test_the_model_describes_every_layer(void)
 static result v2_infer(api_sessions *reg, const char *model, const hf_case *c, int64_t t0,
                        int64_t n, const char *params)
 {
-    size_t cap = (size_t)(n * c->E) * 24 + 512, len = 0;
-    char *b = malloc(cap);
-    len += (size_t)snprintf(b, cap,
-                            "{%s%s%s\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\","
-                            "\"shape\":[1,%lld,%lld],\"data\":[",
-                            params[0] ? "\"parameters\":{" : "", params, params[0] ? "}," : "",
-                            (long long)n, (long long)c->E);
-    for (int64_t i = 0; i < n * c->E; i++)
-        len += (size_t)snprintf(b + len, cap - len, "%s%.9g", i ? "," : "",
-                                (double)c->input[t0 * c->E + i]);
-    snprintf(b + len, cap - len, "]}]}");
+    char *b = hf_case_v2_body(c, t0, n, params);
     result r = call_route(api_v2_infer, reg, model, NULL, b);
     free(b);
     return r;
@@ -390,14 +333,14 @@ static void test_a_request_names_its_layer(void)
          "inline weights are one layer"},
     };
     hf_case c;
-    if (!load_case("llama", &c))
+    if (!hf_case_read(cases_dir, "llama", &c))
         return;
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         result r = mha(NULL, &c, 0, 4, "flat", refused[i].fields);
-        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), "layer") == 0 &&
-                   message_has(&r, refused[i].message),
-               "%s: %d %s", refused[i].fields, r.status,
-               error_message(&r) ? error_message(&r) : "");
+        CHECKF(
+            r.status == 422 && test_error_field(&r) && strcmp(test_error_field(&r), "layer") == 0 &&
+                message_has(&r, refused[i].message),
+            "%s: %d %s", refused[i].fields, r.status, error_message(&r) ? error_message(&r) : "");
         json_decref(r.json);
     }
     /* A model of one layer takes layer 0 or none. */
@@ -454,11 +397,9 @@ static bool step_every_layer(api_sessions *reg, const char *whole, char per[LAYE
 static void test_one_session_steps_every_layer(void)
 {
     hf_case c;
-    api_sessions *reg = registry_of((size_t)32 << 20);
-    if (!reg || !load_case("llama", &c)) {
-        api_sessions_free(reg);
+    api_sessions *reg = llama_registry((size_t)32 << 20, &c);
+    if (!reg)
         return;
-    }
     char whole[40], per[LAYERS][40];
     create(reg, "llama", whole);
     for (int64_t l = 0; l < LAYERS; l++) {
@@ -495,11 +436,9 @@ static void test_one_session_steps_every_layer(void)
 static void test_each_layer_keeps_its_own_length(void)
 {
     hf_case c;
-    api_sessions *reg = registry_of((size_t)32 << 20);
-    if (!reg || !load_case("llama", &c)) {
-        api_sessions_free(reg);
+    api_sessions *reg = llama_registry((size_t)32 << 20, &c);
+    if (!reg)
         return;
-    }
     char id[40];
     create(reg, "llama", id);
     int64_t n = PREFILL;
@@ -512,7 +451,7 @@ static void test_each_layer_keeps_its_own_length(void)
     CHECK_EQ_INT(r.status, 200);
     json_decref(r.json);
     r = step(reg, id, &c, n, 1, 0); /* ... again: layer 0 holds n + 1 */
-    CHECKF(r.status == 409 && strcmp(error_field(&r), "expect_length") == 0 &&
+    CHECKF(r.status == 409 && strcmp(test_error_field(&r), "expect_length") == 0 &&
                message_has(&r, "layer 0 of the session holds 13 tokens"),
            "a repeated layer: %d %s", r.status, error_message(&r) ? error_message(&r) : "");
     json_decref(r.json);
@@ -527,28 +466,28 @@ static void test_each_layer_keeps_its_own_length(void)
     CHECK(lengths_are(reg, id, want));
 
     r = step(reg, id, &c, n, 1, -1);
-    CHECK(r.status == 422 && strcmp(error_field(&r), "layer") == 0);
+    CHECK(r.status == 422 && strcmp(test_error_field(&r), "layer") == 0);
     json_decref(r.json);
     r = step(reg, id, &c, n, 1, LAYERS);
-    CHECK(r.status == 422 && strcmp(error_field(&r), "layer") == 0);
+    CHECK(r.status == 422 && strcmp(test_error_field(&r), "layer") == 0);
     json_decref(r.json);
     /* The session is the whole model's: a one-layer model's steps may not use it, nor may
      * /v1/sessions/{id}/attention, whose steps are one cache's. */
     char fields[128];
     snprintf(fields, sizeof fields, "\"session\":\"%s\",\"model\":\"llama_1\"", id);
     r = mha(reg, &c, n, 1, "flat", fields);
-    CHECK(r.status == 422 && strcmp(error_field(&r), "session") == 0);
+    CHECK(r.status == 422 && strcmp(test_error_field(&r), "session") == 0);
     json_decref(r.json);
     r = call_route(api_session_attention, reg, NULL, id,
                    "{\"query\":[[1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]}");
-    CHECK(r.status == 422 && strcmp(error_field(&r), "session") == 0);
+    CHECK(r.status == 422 && strcmp(test_error_field(&r), "session") == 0);
     json_decref(r.json);
     /* ... and a session of one cache may not be a layer of the whole model. */
     char one[40];
     create(reg, "llama_0", one);
     snprintf(fields, sizeof fields, "\"session\":\"%s\",\"model\":\"llama\",\"layer\":0", one);
     r = mha(reg, &c, 0, 1, "flat", fields);
-    CHECKF(r.status == 422 && strcmp(error_field(&r), "session") == 0, "%d", r.status);
+    CHECKF(r.status == 422 && strcmp(test_error_field(&r), "session") == 0, "%d", r.status);
     json_decref(r.json);
     hf_case_free(&c);
     api_sessions_free(reg);
@@ -558,11 +497,9 @@ static void test_each_layer_keeps_its_own_length(void)
 static void test_truncate_and_fork_take_every_layer(void)
 {
     hf_case c;
-    api_sessions *reg = registry_of((size_t)32 << 20);
-    if (!reg || !load_case("llama", &c)) {
-        api_sessions_free(reg);
+    api_sessions *reg = llama_registry((size_t)32 << 20, &c);
+    if (!reg)
         return;
-    }
     char id[40], path[64];
     create(reg, "llama", id);
     for (int64_t l = 0; l < LAYERS; l++) {
@@ -605,11 +542,9 @@ static void test_eviction_frees_every_layer(void)
 {
     enum { BLOCK = 16 * 2 * 32 * 4 };
     hf_case c;
-    api_sessions *reg = registry_of(6 * BLOCK);
-    if (!reg || !load_case("llama", &c)) {
-        api_sessions_free(reg);
+    api_sessions *reg = llama_registry(6 * BLOCK, &c);
+    if (!reg)
         return;
-    }
     char a[40], b[40];
     api_sessions_stats st;
     create(reg, "llama", a);
@@ -648,11 +583,9 @@ static void test_eviction_frees_every_layer(void)
 static void test_v2_sequence_steps_every_layer(void)
 {
     hf_case c;
-    api_sessions *reg = registry_of((size_t)32 << 20);
-    if (!reg || !load_case("llama", &c)) {
-        api_sessions_free(reg);
+    api_sessions *reg = llama_registry((size_t)32 << 20, &c);
+    if (!reg)
         return;
-    }
     char id[40];
     create(reg, "llama", id);
     bool ok = true;
@@ -689,7 +622,7 @@ static void test_v2_sequence_steps_every_layer(void)
 int main(void)
 {
     eng_error err;
-    cases_dir = getenv("ATTND_HF_CASES") ? getenv("ATTND_HF_CASES") : "tests/api/hf/cases";
+    cases_dir = hf_cases_dir();
     pool = eng_pool_new(2, &err);
     models = api_models_new();
     if (!pool || !models || !register_all()) {

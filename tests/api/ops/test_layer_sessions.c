@@ -40,25 +40,15 @@ static void result_free(result *r)
 static result call_route(void (*fn)(const api_call *, api_reply *), api_sessions *reg,
                          const char *path_id, const char *model, const char *body)
 {
-    api_call call = {.body = body,
-                     .body_len = strlen(body),
-                     .content_type = "application/json",
-                     .pool = pool,
-                     .models = models,
-                     .sessions = reg,
-                     .session = path_id,
-                     .model = model};
+    api_call call = test_json_call(pool, models, reg, body);
+    call.session = path_id;
+    call.model = model;
     return test_route(fn, &call);
 }
 
 static result mha(api_sessions *reg, const char *body)
 {
     return call_route(api_mha, reg, NULL, NULL, body);
-}
-
-static const char *error_field(const result *r)
-{
-    return json_string_value(json_object_get(json_object_get(r->json, "error"), "field"));
 }
 
 static const char *error_code(const result *r)
@@ -71,18 +61,9 @@ static int64_t length_of(const result *r)
     return json_integer_value(json_object_get(r->json, "length"));
 }
 
-static api_sessions *registry_of(size_t bytes)
-{
-    char msg[256];
-    api_sessions_config cfg = {.capacity_bytes = bytes, .block_tokens = 16};
-    api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);
-    CHECKF(reg != NULL, "%s", msg);
-    return reg;
-}
-
 static api_sessions *registry(void)
 {
-    return registry_of((size_t)32 << 20);
+    return test_sessions_new((size_t)32 << 20);
 }
 
 /* POST /v1/sessions with `body`: its status, and its id into id[40] on 201. */
@@ -318,9 +299,10 @@ static void test_steps_keep_the_first_steps_positions(void)
         char *body = mha_body(x + (P + 1) * E, 1, fields);
         result r = mha(reg, body);
         free(body);
-        CHECKF(r.status == 422 && error_field(&r) && strcmp(error_field(&r), others[i][1]) == 0,
+        CHECKF(r.status == 422 && test_error_field(&r) &&
+                   strcmp(test_error_field(&r), others[i][1]) == 0,
                "a step with %s: %d naming %s", others[i][0], r.status,
-               error_field(&r) ? error_field(&r) : "nothing");
+               test_error_field(&r) ? test_error_field(&r) : "nothing");
         result_free(&r);
     }
     result f = call_route(api_session_fork, reg, id, NULL, "{}");
@@ -414,7 +396,7 @@ static void test_v2_sequence_on_the_demo_layer(void)
 static void expect_mha(api_sessions *reg, const char *body, int status, const char *field)
 {
     result r = mha(reg, body);
-    const char *f = error_field(&r);
+    const char *f = test_error_field(&r);
     CHECKF(r.status == status && (field ? f && strcmp(f, field) == 0 : f == NULL),
            "%.120s...: %d field %s, want %d field %s", body, r.status, f ? f : "null", status,
            field ? field : "null");
@@ -516,7 +498,7 @@ static void test_full_pool_evicts_for_a_layer_step(void)
     float x[64 * E];
     char id[4][40];
     fill(x, sizeof x / sizeof x[0], &rng);
-    api_sessions *reg = registry_of(3 * 8192);
+    api_sessions *reg = test_sessions_new(3 * 8192);
     for (int i = 0; i < 3; i++) {
         CHECK_EQ_INT(create(reg, "{\"model\":\"demo\"}", id[i], NULL), 201);
         expect_step(reg, id[i], x, 16, "", 200, NULL);
@@ -563,7 +545,7 @@ static void test_sessions_of_a_model_take_its_shape(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         result r = call_route(api_sessions_create, reg, NULL, NULL, cases[i].body);
-        const char *f = error_field(&r);
+        const char *f = test_error_field(&r);
         CHECKF(r.status == cases[i].status &&
                    (cases[i].field ? f && strcmp(f, cases[i].field) == 0 : true),
                "%s: %d field %s, want %d field %s", cases[i].body, r.status, f ? f : "null",

@@ -13,6 +13,7 @@
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
 #include "tests/support/rng.h"
+#include "tests/support/route.h"
 #include "tests/support/util.h"
 
 #define CHECKPOINT "tests/api/hf/cases/llama" /* two layers, E = 64 */
@@ -23,11 +24,7 @@ static api_models *models;
 
 static uint64_t native_key(api_sessions *reg, const char *body)
 {
-    api_call call = {.body = body,
-                     .body_len = strlen(body),
-                     .content_type = "application/json",
-                     .models = models,
-                     .sessions = reg};
+    api_call call = test_json_call(pool, models, reg, body);
     api_peek pk;
     api_peek_native(&call, &pk);
     uint64_t key = api_batch_key(API_BATCH_MHA, &call, &pk);
@@ -47,11 +44,7 @@ static uint64_t v2_key(const char *model, const char *body)
 
 static api_sessions *registry(void)
 {
-    char msg[256];
-    api_sessions_config cfg = {.capacity_bytes = (size_t)16 << 20, .block_tokens = 16};
-    api_sessions *reg = api_sessions_new(&cfg, msg, sizeof msg);
-    CHECKF(reg != NULL, "%s", msg);
-    return reg;
+    return test_sessions_new((size_t)16 << 20);
 }
 
 /* A session of `model` in reg, its id into id[40]. */
@@ -59,20 +52,21 @@ static void create(api_sessions *reg, const char *model, char id[40])
 {
     char body[96];
     snprintf(body, sizeof body, "{\"model\":\"%s\"}", model);
-    api_call call = {.body = body,
-                     .body_len = strlen(body),
-                     .content_type = "application/json",
-                     .pool = pool,
-                     .models = models,
-                     .sessions = reg};
-    api_reply reply;
-    api_sessions_create(&call, &reply);
-    json_t *j = json_loadb(reply.body, reply.body_len, 0, NULL);
-    const char *s = json_string_value(json_object_get(j, "id"));
-    CHECKF(reply.status == 201 && s, "session: %d", reply.status);
-    snprintf(id, 40, "%s", reply.status == 201 && s ? s : "");
-    json_decref(j);
-    api_reply_free(&reply);
+    api_call call = test_json_call(pool, models, reg, body);
+    test_reply r = test_route(api_sessions_create, &call);
+    const char *s = json_string_value(json_object_get(r.json, "id"));
+    CHECKF(r.status == 201 && s, "session: %d", r.status);
+    snprintf(id, 40, "%s", r.status == 201 && s ? s : "");
+    json_decref(r.json);
+}
+
+/* A step that must pass before the ones the test compares: POST /v1/mha `body` on reg. */
+static void step_before(api_sessions *reg, const char *body)
+{
+    api_call call = test_json_call(pool, models, reg, body);
+    test_reply r = test_route(api_mha, &call);
+    CHECK_EQ_INT(r.status, 200);
+    json_decref(r.json);
 }
 
 static void test_the_key_is_the_layer(void)
@@ -135,18 +129,11 @@ static void prompt_all(api_sessions *reg, char ids[SESSIONS][40], const float *x
     for (int s = 0; s < SESSIONS; s++) {
         create(reg, "llama", ids[s]);
         for (int64_t l = 0; l < 2; l++) {
-            char *b = malloc(strlen(t) + 160);
-            sprintf(b, "{\"session\":\"%s\",\"layer\":%lld,\"input\":%s}", ids[s], (long long)l, t);
-            api_call call = {.body = b,
-                             .body_len = strlen(b),
-                             .content_type = "application/json",
-                             .pool = pool,
-                             .models = models,
-                             .sessions = reg};
-            api_reply reply;
-            api_mha(&call, &reply);
-            CHECK_EQ_INT(reply.status, 200);
-            api_reply_free(&reply);
+            size_t len = strlen(t) + 160;
+            char *b = malloc(len);
+            snprintf(b, len, "{\"session\":\"%s\",\"layer\":%lld,\"input\":%s}", ids[s],
+                     (long long)l, t);
+            step_before(reg, b);
             free(b);
         }
     }
@@ -162,8 +149,7 @@ static void test_a_batch_of_two_layers_answers_as_alone(void)
     char ids[2][SESSIONS][40];
     float x[(PROMPT + SESSIONS) * E];
     uint64_t rng = 3;
-    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
-        x[i] = (float)rng_sym(&rng, 1.0);
+    rng_fill(&rng, x, sizeof x / sizeof x[0], 1.0);
     for (int r = 0; r < 2; r++)
         prompt_all(reg[r], ids[r], x);
     const float *tok = x + PROMPT * E;
@@ -176,25 +162,11 @@ static void test_a_batch_of_two_layers_answers_as_alone(void)
         for (int s = 0; s < SESSIONS; s++) {
             if (layer_of[s] == 1) { /* the token through layer 0 first */
                 char *b = step_body(ids[r][s], 0, tok + s * E);
-                api_call c = {.body = b,
-                              .body_len = strlen(b),
-                              .content_type = "application/json",
-                              .pool = pool,
-                              .models = models,
-                              .sessions = reg[r]};
-                api_reply reply;
-                api_mha(&c, &reply);
-                CHECK_EQ_INT(reply.status, 200);
-                api_reply_free(&reply);
+                step_before(reg[r], b);
                 free(b);
             }
             bodies[r][s] = step_body(ids[r][s], layer_of[s], tok + s * E);
-            calls[r][s] = (api_call){.body = bodies[r][s],
-                                     .body_len = strlen(bodies[r][s]),
-                                     .content_type = "application/json",
-                                     .pool = pool,
-                                     .models = models,
-                                     .sessions = reg[r]};
+            calls[r][s] = test_json_call(pool, models, reg[r], bodies[r][s]);
         }
     }
     for (int s = 0; s < SESSIONS; s++) {
