@@ -171,7 +171,11 @@ describe('attention inspector', { timeout: 120000 }, () => {
     page = context.pages()[0] || (await context.newPage());
     page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
     page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-    page.on('requestfailed', (r) => problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`));
+    // A run the page supersedes (a newer input) is aborted by design, through its AbortController.
+    page.on('requestfailed', (r) => {
+      const why = r.failure()?.errorText;
+      if (why !== 'net::ERR_ABORTED') problems.push(`request failed: ${r.url()} ${why}`);
+    });
     page.on('response', (r) => { if (r.status() >= 400) problems.push(`HTTP ${r.status()}: ${r.url()}`); });
   });
 
