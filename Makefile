@@ -231,13 +231,15 @@ ASAN_BUILD := build/asan
 TSAN_BUILD := build/tsan
 # TSan runs the suites that exercise the pool (the engine's, and the wire's codecs in pieces:
 # test_chunks), the order of a session's or a v2 sequence's requests across threads
-# (api_session_turn), and the gRPC thread's handoffs to the workers (test_grpc); the rest gain
-# nothing from it.
+# (api_session_turn), the gRPC thread's handoffs to the workers (test_grpc), and the I/O threads'
+# callbacks of many connections at once (test_io_threads, test_upload); the rest gain nothing
+# from it. Their daemons run four I/O threads (ATTND_IO_THREADS), whatever the machine's CPUs.
 TSAN_TESTS := $(filter tests/engine/% tests/api/wire/test_chunks.c tests/api/ops/test_sessions.c \
                       tests/server/test_sessions.c \
                       tests/server/test_v2_sequences.c tests/server/test_grpc.c \
                       tests/server/test_job.c tests/server/test_batch.c \
-                      tests/server/test_batching.c,$(TEST_SRC))
+                      tests/server/test_batching.c tests/server/test_io_threads.c \
+                      tests/server/test_upload.c,$(TEST_SRC))
 
 # The engine suites run once per kernel set (ATTND_KERNELS); a set the CPU lacks prints a skip
 # line. The bf16 suites run once more on the VDPBF16PS path (ATTND_BF16=native), which the
@@ -260,7 +262,7 @@ plain_runs = $(foreach t,$(patsubst %.c,$(BUILD)/%,$(filter-out tests/engine/%,$
 asan_runs = $(foreach t,$(patsubst %.c,$(ASAN_BUILD)/%,$(1)),\
     "ATTND_BIN=$(ASAN_BUILD)/attnd ATTND_TEST_QUICK=1 $(t)")
 tsan_runs = $(foreach t,$(patsubst %.c,$(TSAN_BUILD)/%,$(filter $(TSAN_TESTS),$(1))),\
-    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
+    "ATTND_BIN=$(TSAN_BUILD)/attnd ATTND_IO_THREADS=4 ATTND_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1 $(t)")
 all_runs = $(call plain_runs,$(1)) $(call asan_runs,$(1)) $(call tsan_runs,$(1))
 # The bf16 paths that the kernel sets alone do not reach: VDPBF16PS, and the emulated tiles.
 asan_tile_runs = $(foreach t,$(AMX_SUITES) $(AMX_SDPA_SUITES),\

@@ -220,7 +220,7 @@ typedef struct {
 /* Where started request `e` runs: on this thread when it was just queued here, allows it, is
  * known to be tiny and a long one holds the workers. Handed to the pool's spare thread instead,
  * a tiny request would wait longer for that thread to be scheduled beside the long one, and
- * again for libmicrohttpd's thread to send its reply, than its work takes. mu held. */
+ * again for its I/O thread to send its reply, than its work takes. mu held. */
 static srv_sched_where where_locked(const srv_sched *s, const srv_sched_entry *e,
                                     const srv_sched_entry *queued_here)
 {
@@ -357,26 +357,39 @@ int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t n
 bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
                            srv_sched_refusal *r)
 {
-    int64_t margin = 0, cost = srv__sched_cost(s, ask->route, ask->bytes, &margin), wait, tail,
-            over;
+    int64_t margin = 0, cost = srv__sched_cost(s, ask->route, ask->bytes, &margin), wait, start,
+            tail, over;
     if (cost <= 0)
         return false;
-    wait = srv__sched_wait(s, cost, ask->level, now);
-    /* As pick_locked judges it: no margin when it starts now. */
+    wait = srv__sched_wait(s, cost, ask->level, now) + ask->ahead_ns;
+    start = wait > ask->arrive_ns ? wait : ask->arrive_ns;
+    /* As pick_locked judges it: no margin when it starts on an idle pool. */
     margin = wait > 0 ? margin + ask->left_ns / CLIENT_SLACK_DIV : 0;
     pthread_mutex_lock(&s->mu);
     tail = tail_locked(s, ask->route, ask->bytes);
     pthread_mutex_unlock(&s->mu);
-    if (wait + cost + tail + margin <= ask->left_ns)
+    if (start + cost + tail + margin <= ask->left_ns)
         return false;
-    over = wait + cost + tail + margin - ask->left_ns;
+    over = start + cost + tail + margin - ask->left_ns;
     r->retry_s = (int)(over / 1000000000 + 1);
     r->retry_s = r->retry_s > RETRY_AFTER_MAX_S ? RETRY_AFTER_MAX_S : r->retry_s;
-    snprintf(r->msg, sizeof r->msg,
-             "overloaded: about %lld ms of queued work plus %lld ms for this request would end "
-             "past its deadline (%lld ms left); retry later",
-             (long long)(wait / 1000000), (long long)(cost / 1000000),
-             (long long)(ask->left_ns / 1000000));
+    if (ask->arrive_ns > wait)
+        snprintf(r->msg, sizeof r->msg,
+                 "overloaded: its body would take about %lld ms to arrive, plus %lld ms of work, "
+                 "past its deadline (%lld ms left); retry later",
+                 (long long)(ask->arrive_ns / 1000000), (long long)(cost / 1000000),
+                 (long long)(ask->left_ns / 1000000));
+    else {
+        char uploading[48] = "";
+        if (ask->ahead_ns > 0)
+            snprintf(uploading, sizeof uploading, " (%lld ms of it still uploading)",
+                     (long long)(ask->ahead_ns / 1000000));
+        snprintf(r->msg, sizeof r->msg,
+                 "overloaded: about %lld ms of queued work%s plus %lld ms for this request would "
+                 "end past its deadline (%lld ms left); retry later",
+                 (long long)(wait / 1000000), uploading, (long long)(cost / 1000000),
+                 (long long)(ask->left_ns / 1000000));
+    }
     return true;
 }
 

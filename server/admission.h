@@ -47,7 +47,7 @@ typedef enum {
 } srv_sched_where;
 
 /* The most a request may be expected to cost to run SRV_SCHED_HERE: the thread that queues
- * requests (libmicrohttpd's) serves no other connection meanwhile. */
+ * requests (an I/O thread) serves none of its other connections meanwhile. */
 #define SRV_SCHED_HERE_NS ((int64_t)500 * 1000)
 
 /* What the scheduler does to a request, always without its lock held; each takes over the
@@ -95,12 +95,16 @@ int64_t srv__sched_cost(srv_sched *s, int route, uint64_t bytes, int64_t *margin
  * waiting ahead of it and the rest of those running. */
 int64_t srv__sched_wait(srv_sched *s, int64_t cost_ns, uint32_t level, int64_t now);
 
-/* A request asking to be admitted: its key in the cost model, its level and its time. */
+/* A request asking to be admitted: its key in the cost model, its level and its time; and, for
+ * one judged from its headers, the time its body takes to arrive and the work of the bodies
+ * arriving before it, which will wait ahead of it (upload.h). */
 typedef struct {
     int route;
     uint64_t bytes;
     uint32_t level;
-    int64_t left_ns; /* until its deadline */
+    int64_t left_ns;   /* until its deadline */
+    int64_t arrive_ns; /* until its body is in; 0: it is */
+    int64_t ahead_ns;  /* work not queued yet that will be ahead of it */
 } srv_sched_ask;
 
 /* What an overloaded queue tells the request it refuses. */
@@ -109,8 +113,9 @@ typedef struct {
     char msg[240]; /* the queued work, its own cost and its time left */
 } srv_sched_refusal;
 
-/* Whether the request would wait and run past its deadline (then *r says why); false while
- * nothing is learned of its size, so that the scheduler decides. */
+/* Whether the request would wait (for the work ahead of it and for its body, whichever is
+ * longer) and run past its deadline (then *r says why); false while nothing is learned of its
+ * size, so that the scheduler decides. */
 bool srv__sched_overloaded(srv_sched *s, const srv_sched_ask *ask, int64_t now,
                            srv_sched_refusal *r);
 

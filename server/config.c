@@ -76,6 +76,10 @@ static const srv_option options[] = {
      "once listening, write the bound port to this file (for tests and supervisors)", NULL},
     {"threads", "ATTND_THREADS", OPT_INT, OFF(threads), 0, 1024, "0", "N",
      "engine worker threads; 0 = the CPUs this process may use (affinity, cgroup quota)", NULL},
+    {"io-threads", "ATTND_IO_THREADS", OPT_INT, OFF(io_threads), 0, 64, "0", "N",
+     "libmicrohttpd threads that read and write --port's connections, each with its own share "
+     "of --connection-limit; 0 = the CPUs this process may use, at most 4; 1 = one thread",
+     NULL},
     {"kernels", "ATTND_KERNELS", OPT_ENUM, OFF(engine.kernels), 0, 0, "auto", "SET",
      "the engine's kernel set: auto (the best this CPU and OS run), avx512, avx2, generic "
      "(portable C) or openblas; a set the CPU lacks stops the start (exit 1)", kernel_sets},
@@ -91,6 +95,10 @@ static const srv_option options[] = {
     {"max-memory-bytes", "ATTND_MAX_MEMORY_BYTES", OPT_SIZE, OFF(max_memory_bytes), 1 << 20,
      INT64_C(1) << 50, "4GiB", "SIZE", "memory budget shared by all requests (bodies, "
      "tensors, scratch); a request that can never fit gets 413, one that cannot fit now 429", NULL},
+    {"max-upload-bytes", "ATTND_MAX_UPLOAD_BYTES", OPT_SIZE, OFF(max_upload_bytes), 0,
+     INT64_C(1) << 50, "0", "SIZE", "body bytes still to arrive on all connections at once: a "
+     "request whose Content-Length would pass it gets 429 from its headers, before its body is "
+     "sent; 0 = a quarter of --max-memory-bytes", NULL},
     {"buffer-cache-bytes", "ATTND_BUFFER_CACHE_BYTES", OPT_SIZE, OFF(buffer_cache_bytes), 0,
      INT64_C(1) << 50, "256MiB", "SIZE", "freed request buffers of 1 MiB and more kept mapped "
      "for the next requests (fresh pages cost about 0.3 ms per MiB to fault in), on top of "
@@ -617,6 +625,17 @@ srv_status srv_config_parse(srv_config *cfg, int argc, char **argv, char *err, s
     return st;
 }
 
+/* The I/O threads of --io-threads 0: one per CPU the process may use, up to IO_THREADS_AUTO_MAX.
+ * Each reads bodies at a core's copy speed, so a few are enough to keep the engine fed; more only
+ * take CPU from the workers. */
+#define IO_THREADS_AUTO_MAX 4
+
+static int io_threads_auto(void)
+{
+    int n = eng_cpu_count();
+    return n < IO_THREADS_AUTO_MAX ? n : IO_THREADS_AUTO_MAX;
+}
+
 srv_status srv__config_settings(const srv_config *cfg, srv_server *s)
 {
     assert(cfg->default_priority_level >= 1 &&
@@ -624,10 +643,15 @@ srv_status srv__config_settings(const srv_config *cfg, srv_server *s)
     s->host = dup_n(cfg->host, strlen(cfg->host));
     if (!s->host)
         return SRV_ENOMEM;
+    s->io_threads = cfg->io_threads > 0 ? (int)cfg->io_threads : io_threads_auto();
     s->max_body_bytes = cfg->max_body_bytes;
     s->max_queue = cfg->max_queue;
     s->max_batch_rows = cfg->max_batch_rows;
     s->max_memory_bytes = cfg->max_memory_bytes;
+    /* Bodies on their way hold budget as they arrive: three quarters stay for the requests they
+     * would wait behind, which decode and compute. */
+    s->max_upload_bytes =
+        cfg->max_upload_bytes > 0 ? cfg->max_upload_bytes : cfg->max_memory_bytes / 4;
     s->request_timeout_ns = cfg->request_timeout_ms * 1000000;
     s->send_timeout_s = (unsigned)cfg->send_timeout_s;
     s->idle_timeout_s = (unsigned)cfg->idle_timeout_s;

@@ -6,7 +6,10 @@
  *
  * Threads of a running daemon:
  *   main     parses the config, starts everything, waits for a signal, runs the drain;
- *   MHD      libmicrohttpd's internal epoll thread: every callback in http.c runs on it;
+ *   I/O      libmicrohttpd's epoll threads (--io-threads on --port, one on --admin-port): each
+ *            owns its connections, and every callback of http.c for a connection runs on that
+ *            connection's thread, so that the callbacks of different connections run at once
+ *            (everything they share here is atomic or behind its owner's lock);
  *   watcher  watch.c: polls the sockets of suspended requests for a hang-up, enforces the
  *            receive deadline of slow clients and the queue deadline, applies the drain timeout;
  *   workers  the engine pool: decode, compute and encode one request each (job.c's job_run).
@@ -24,6 +27,7 @@
 #include "server/batch.h"
 #include "server/metrics.h"
 #include "server/tls.h"
+#include "server/upload.h"
 #include "server/watch.h"
 
 struct srv_server {
@@ -31,6 +35,7 @@ struct srv_server {
     char *host;
     int port;
     int threads;
+    int io_threads; /* libmicrohttpd's threads on --port (--io-threads, resolved) */
     size_t max_body_bytes;
     int64_t max_queue;
     int64_t request_timeout_ns, idle_timeout_ns, drain_timeout_ns;
@@ -42,10 +47,12 @@ struct srv_server {
 
     api_budget *budget;
     eng_pool *pool;
-    srv_sched *sched;       /* admitted requests until a worker starts them (admission.h) */
-    srv_batcher *batcher;   /* the lanes of jobs that may share engine calls; NULL: off */
-    int64_t max_batch_rows; /* --max-batch-rows: input rows of one engine call of a batch */
-    api_sessions *sessions; /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
+    srv_sched *sched;          /* admitted requests until a worker starts them (admission.h) */
+    srv_uploads *uploads;      /* the bodies on their way and how fast they arrive (upload.h) */
+    uint64_t max_upload_bytes; /* --max-upload-bytes, resolved */
+    srv_batcher *batcher;      /* the lanes of jobs that may share engine calls; NULL: off */
+    int64_t max_batch_rows;    /* --max-batch-rows: input rows of one engine call of a batch */
+    api_sessions *sessions;    /* the KV-cache sessions; NULL: --kv-cache-bytes 0 */
     struct MHD_Daemon *mhd;
     int quiesced_fd;              /* the listening socket the drain took back, or -1 */
     struct MHD_Daemon *admin_mhd; /* --admin-port's listener, or NULL */
@@ -61,6 +68,7 @@ struct srv_server {
     atomic_int_fast64_t queued;    /* jobs waiting for a worker, not yet answered */
     atomic_int_fast64_t running;   /* jobs a worker is running */
     atomic_int_fast64_t suspended; /* connections suspended and not yet resumed */
+    atomic_int_fast64_t admitting; /* HTTP requests between their body's end and admission */
     uint64_t id_seed;
     atomic_uint_fast64_t id_counter;
 

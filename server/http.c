@@ -2,10 +2,14 @@
  * http.c - libmicrohttpd's callbacks: routing, header checks, body accumulation, admission,
  * the handoff to an engine worker, replies, and the per-request log line and metrics.
  *
- * Everything here runs on the MHD thread except srv_watch_ops (the watcher). Which paths exist,
- * with which methods, and who answers them is the route table (routes.c): the MHD thread answers
- * only cheap things itself (health, metrics, listings, and refusals found from the headers or the
- * body size); decoding and encoding a request happen on a worker. Handlers and refusals make reply
+ * Everything here runs on the I/O thread of the request's connection (libmicrohttpd gives each
+ * connection to one of --io-threads), except srv_watch_ops (the watcher); the requests of other
+ * connections run the same code on other I/O threads at once, so that what they share is the
+ * server's (atomic counters, or modules with their own locks: admission, uploads, watcher,
+ * metrics, log, budget). Which paths exist, with which methods, and who answers them is the route
+ * table (routes.c): the I/O threads answer only cheap things themselves (health, metrics,
+ * listings, and refusals found from the headers or the body size); decoding and encoding a request
+ * happen on a worker. Handlers and refusals make reply
  * values (reply.h); send_reply below is the one place that queues them with libmicrohttpd.
  *
  * A request (srv_req) and who owns it when: request.h. Admission ends here by starting the
@@ -26,12 +30,20 @@
 #include "server/reply.h"
 #include "server/request.h"
 
-/* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. */
+/* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. A body whose
+ * Content-Length is known is allocated whole from its headers instead (allocate_body). */
 #define BODY_FIRST_ALLOC ((size_t)64 * 1024)
+/* How far ahead of a body's bytes its lease reserves (reserve_arriving): a Content-Length is a
+ * promise, not bytes, and an allocation's pages are touched only as bytes are written to it. */
+#define BODY_RESERVE_STEP ((size_t)256 * 1024)
 /* Once a body is rejected it is read and discarded (so that the client sees the answer
  * instead of a reset), but only for up to this many times --max-body-bytes; past it the
  * connection is closed. The receive timeout bounds the time it may take. */
 #define DRAIN_FACTOR 2
+
+/* A refusal from the headers of a body longer than this is answered before the body is read
+ * (refuse_admission); a shorter one costs less to read than the connection it would close. */
+#define EARLY_ANSWER_BYTES ((size_t)64 * 1024)
 
 /* How much of a long body is in when its own timeout and priority are first read from it
  * (early_admission): past the header block of any JSON a client writes by hand. */
@@ -68,6 +80,8 @@ static void set_refusal(srv_req *req, srv_outcome o, const char *fmt, ...)
     va_end(ap);
     req->refused = true;
     req->refusal = o;
+    /* What still arrives of a refused body is discarded: it is no longer on its way. */
+    srv__uploads_end(req->srv->uploads, &req->upload, false, eng_now_ns());
 }
 
 /* ---- What the watcher may do to a suspended request (watch.h) ----------------------------- */
@@ -510,29 +524,111 @@ static enum MHD_Result answer(srv_server *s, srv_req *req, const srv_route_def *
     return send_reply(req, &r);
 }
 
-/* Whether a request with `left_ns` until its deadline would wait and run past it, judged from
- * Content-Length before its body is in; then `msg` and *retry_s say why and when to retry. */
-static bool overloaded(srv_server *s, const srv_req *req, int64_t left_ns, uint32_t level,
-                       char *msg, size_t size, int *retry_s)
+/* Answers a refusal decided while the body arrives at once, written to the socket (plain HTTP
+ * only: libmicrohttpd 0.9.75 sends no response before the body's end). A client that reads
+ * while it sends (libcurl) stops sending and closes; one that does not gets the answer after
+ * its last byte, which is read and discarded (the access handler) before the connection
+ * closes, so that it never sees a reset. */
+static void answer_mid_body(srv_server *s, srv_req *req)
+{
+    if (s->tls)
+        return; /* answered at the body's end (refuse_pending) */
+    srv__req_fail(req, req->refusal, "%s", req->refusal_msg);
+    req->reply.retry_after_s =
+        req->refusal_retry_s > 0 ? req->refusal_retry_s : srv__outcome(req->refusal)->retry_after_s;
+    srv__req_send_direct(req);
+    req->answered_mid_body = true;
+}
+
+/* Answers an admission refusal decided from the headers (set_refusal). The body of a request
+ * that announced more than EARLY_ANSWER_BYTES is not read: a client waiting for "100 Continue" is
+ * answered and never sends it; on plain HTTP any other gets its answer written at once
+ * (answer_mid_body), while what it still sends is discarded, and stops sending if it reads while
+ * it sends (libcurl does). Otherwise it waits for the body, as refuse_from_headers says. */
+static enum MHD_Result refuse_admission(srv_server *s, srv_req *req)
+{
+    if (expects_continue(req) || !req->has_length || req->content_length <= EARLY_ANSWER_BYTES)
+        return refuse_from_headers(req);
+    answer_mid_body(s, req);
+    return MHD_YES;
+}
+
+/* The most urgent level a request may turn out to have, from its headers: a v2 inference may
+ * name its own in its body; any other route runs at the default level. */
+static uint32_t level_from_headers(const srv_server *s, const srv_route_def *rd)
+{
+    return rd && (rd->flags & SRV_ROUTE_SEQUENCE) ? 1 : s->limits.default_priority_level;
+}
+
+/* Arranges the refusal of a body whose arrival `look` predicts past its deadline, `left_ns` from
+ * now. */
+static void set_too_slow(srv_req *req, const srv_upload_outlook *look, int64_t left_ns)
+{
+    char origin[64];
+    int64_t over_s = (look->arrive_ns - left_ns) / 1000000000 + 1;
+    srv__req_deadline_origin(req, origin, sizeof origin);
+    set_refusal(req, SRV_REFUSE_OVERLOADED,
+                "the body of %zu bytes (%llu to come) would take about %lld ms to arrive at the "
+                "%.2f MiB/s recent bodies arrived at, past its deadline (%lld ms left of %s); "
+                "retry later",
+                req->content_length, (unsigned long long)look->to_come,
+                (long long)(look->arrive_ns / 1000000), (double)look->rate / 1048576.0,
+                (long long)(left_ns / 1000000), origin);
+    req->refusal_retry_s = over_s < 3600 ? (int)over_s : 3600;
+}
+
+/* Whether a request whose body is on its way, as `look` sees it, would end past its deadline,
+ * `left_ns` from now, at `level`: its arrival alone, or its arrival and the work ahead of it (the
+ * longer of the two), then its own. Then the refusal is arranged (set_refusal). */
+static bool arrives_too_late(srv_server *s, srv_req *req, const srv_upload_outlook *look,
+                             int64_t left_ns, uint32_t level)
 {
     srv_sched_ask ask = {.route = req->route,
-                         .bytes = req->has_length ? req->content_length : req->body.len,
+                         .bytes = req->content_length,
                          .level = level,
-                         .left_ns = left_ns};
-    srv_sched_refusal r;
-    if (!srv__sched_overloaded(s->sched, &ask, eng_now_ns(), &r))
+                         .left_ns = left_ns,
+                         .arrive_ns = look->arrive_ns,
+                         .ahead_ns = look->ahead_ns};
+    srv_sched_refusal over;
+    if (look->arrive_ns > left_ns) {
+        set_too_slow(req, look, left_ns);
+        return true;
+    }
+    if (!srv__sched_overloaded(s->sched, &ask, eng_now_ns(), &over))
         return false;
-    snprintf(msg, size, "%s", r.msg);
-    *retry_s = r.retry_s;
+    set_refusal(req, SRV_REFUSE_OVERLOADED, "%s", over.msg);
+    req->refusal_retry_s = over.retry_s;
     return true;
 }
 
+/* Admission of a body of known length from its headers (upload.h): it must fit under
+ * --max-upload-bytes beside the bodies on their way, and arrive at the rate recent bodies
+ * arrived at, wait for the work queued and still arriving ahead of it, and run, all by its
+ * deadline (--request-timeout-ms from its request line: its own timeout is in its body). Then it
+ * counts from its first byte to its last; refused, it is answered at once (refuse_admission). */
+static enum MHD_Result admit_upload(srv_server *s, srv_req *req)
+{
+    const srv_route_def *rd = srv__route_def(req->route);
+    const int64_t now = eng_now_ns(), deadline = req->lease.ctl.deadline_ns;
+    const int64_t left = deadline > 0 ? deadline - now : INT64_MAX;
+    int64_t cost = srv__sched_cost(s->sched, req->route, req->content_length, NULL);
+    srv_upload_outlook look;
+
+    if (!srv__uploads_begin(s->uploads, &req->upload, req->content_length, cost, now, &look)) {
+        set_refusal(req, SRV_REFUSE_OVERLOADED,
+                    "the bodies on their way (%llu bytes still to arrive) and this one of %zu "
+                    "bytes would pass --max-upload-bytes (%llu); retry later",
+                    (unsigned long long)look.in_flight, req->content_length,
+                    (unsigned long long)look.max);
+        return refuse_admission(s, req);
+    }
+    if (!arrives_too_late(s, req, &look, left, level_from_headers(s, rd)))
+        return MHD_YES;
+    return refuse_admission(s, req); /* set_refusal stopped counting it */
+}
+
 /* Admission refusals that can be decided from the headers: draining, a full queue, a body that
- * cannot fit in the budget, a queue holding more work than the request's deadline allows (its
- * cost estimated from Content-Length: admission.h). They wait for a body that is on its way
- * (refuse_from_headers): libmicrohttpd 0.9.75 stops reading a POST body once a response is queued
- * and closes the connection after it, so a client still sending its body (a long sequence) would
- * get a reset instead of the 503 or 429. */
+ * cannot fit in the budget, and for a body of known length admit_upload's. */
 static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
 {
     srv_job_refusal no;
@@ -540,39 +636,45 @@ static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
         if (!req->body_expected)
             return refuse(req, SRV_REFUSE_DRAINING, true, SRV_DRAINING_MSG);
         set_refusal(req, SRV_REFUSE_DRAINING, SRV_DRAINING_MSG);
-        return refuse_from_headers(req);
+        return refuse_admission(s, req);
     }
     if (!srv__job_room(s, &no)) {
         if (!req->body_expected)
             return refuse_job(req, &no);
         set_refusal(req, no.outcome, "%s", no.msg);
-        return refuse_from_headers(req);
+        return refuse_admission(s, req);
     }
+    if (!req->has_length || req->content_length == 0)
+        return MHD_YES;
     /* Nothing is reserved for the announced length: a Content-Length is a promise, not bytes,
      * and reserving it up front let sixteen clients that announce 256 MiB and send nothing
      * hold the whole budget. The reservation grows with the bytes that arrive (on_body_chunk);
      * a body that could never fit, or that does not fit in what is free right now, is
      * refused from the header (checking holds nothing). */
-    if (req->has_length && req->content_length > 0) {
-        size_t total = api_budget_total(s->budget), used = api_budget_in_use(s->budget);
-        if (req->content_length >= total) {
-            set_never_fits(s, req);
-            return refuse_from_headers(req);
-        }
-        if (req->content_length >= total - used) { /* used <= total: reserve checks it */
-            set_budget_busy(req);
-            return refuse_from_headers(req);
-        }
+    size_t total = api_budget_total(s->budget), used = api_budget_in_use(s->budget);
+    if (req->content_length >= total) {
+        set_never_fits(s, req);
+        return refuse_admission(s, req);
     }
-    if (req->has_length && req->content_length > 0 &&
-        overloaded(s, req, s->request_timeout_ns, 1, req->refusal_msg, sizeof req->refusal_msg,
-                   &req->refusal_retry_s)) {
-        /* Even at the most urgent level and with the longest deadline, it would end late. */
-        req->refused = true;
-        req->refusal = SRV_REFUSE_OVERLOADED;
-        return refuse_from_headers(req);
+    if (req->content_length >= total - used) { /* used <= total: reserve checks it */
+        set_budget_busy(req);
+        return refuse_admission(s, req);
     }
-    return MHD_YES;
+    return admit_upload(s, req);
+}
+
+/* Allocates the whole buffer of an admitted body whose Content-Length is known, before its first
+ * byte arrives: libmicrohttpd's reads are then copied once, where they stay, with no growth that
+ * copies them again, and a worker reads them in place. The lease reserves the bytes as they
+ * arrive (reserve_arriving), not here. */
+static enum MHD_Result allocate_body(srv_req *req)
+{
+    if (!req->has_length || req->content_length == 0 ||
+        api_buf_grow_to(&req->body, req->content_length + 1))
+        return MHD_YES;
+    set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory for the body of %zu bytes",
+                req->content_length);
+    return refuse_from_headers(req);
 }
 
 /* Routing and the checks that can be decided from the headers. Runs before the body is read
@@ -620,29 +722,18 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     rc = capture_headers(s, req, rd, &answered);
     if (answered)
         return rc;
-    return admit_from_headers(s, req);
+    rc = admit_from_headers(s, req);
+    if (rc == MHD_YES && !req->refused && !req->responded)
+        return allocate_body(req);
+    return rc;
 }
 
 /* ---- Body --------------------------------------------------------------------------------- */
 
-/* Answers a refusal decided while the body arrives at once, written to the socket (plain HTTP
- * only: libmicrohttpd 0.9.75 sends no response before the body's end). A client that reads
- * while it sends (libcurl) stops sending and closes; one that does not gets the answer after
- * its last byte, which is read and discarded (the access handler) before the connection
- * closes, so that it never sees a reset. */
-static void answer_mid_body(srv_server *s, srv_req *req)
-{
-    if (s->tls)
-        return; /* answered at the body's end (refuse_pending) */
-    srv__req_fail(req, req->refusal, "%s", req->refusal_msg);
-    req->reply.retry_after_s = req->refusal_retry_s;
-    srv__req_send_direct(req);
-    req->answered_mid_body = true;
-}
-
 /* A long body that is still arriving is judged at each chunk: once its deadline (its lease's:
  * --request-timeout-ms from the request line) has passed, 504; as soon as its own timeout can be
- * read from its start, that shortens the lease, and a request that would wait past it gets 429.
+ * read from its start, that shortens the lease, and a request whose rest would arrive, or that
+ * would wait and run, past it gets 429 (judged as admit_upload judges from the headers).
  * Refused, its buffer is freed, the answer sent at once and the rest of its body discarded as it
  * arrives. Judged only at its end, every refused body is first copied into fresh memory on the I/O
  * thread, and past capacity that copy starves the uploads of the requests that could still finish;
@@ -651,9 +742,9 @@ static void answer_mid_body(srv_server *s, srv_req *req)
 static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
+    srv_upload_outlook look;
     api_peek peek;
-    char msg[240], origin[64];
-    int retry_s = 0;
+    char origin[64];
     int64_t now, deadline = req->lease.ctl.deadline_ns;
 
     if (req->refused || !req->has_length || req->body.len >= req->content_length)
@@ -682,10 +773,8 @@ static void early_admission(srv_server *s, srv_req *req)
         api_lease_shorten(&req->lease, req->own_timeout_ms);
         deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
-        if (now < deadline &&
-            overloaded(s, req, deadline - now, level, msg, sizeof msg, &retry_s)) {
-            set_refusal(req, SRV_REFUSE_OVERLOADED, "%s", msg);
-            req->refusal_retry_s = retry_s;
+        srv__uploads_look(s->uploads, &req->upload, &look);
+        if (now < deadline && arrives_too_late(s, req, &look, deadline - now, level)) {
             srv__req_release_body(req);
             answer_mid_body(s, req);
         }
@@ -693,10 +782,40 @@ static void early_admission(srv_server *s, srv_req *req)
     api_peek_free(&peek);
 }
 
+/* Grows the buffer of a chunked body to hold `n` more bytes and its NUL, doubling, up to
+ * --max-body-bytes; false, with the refusal arranged, when memory runs out. */
+static bool grow_body(srv_server *s, srv_req *req, size_t n)
+{
+    size_t need = req->body.len + n + 1;
+    size_t limit = req->has_length ? req->content_length + 1 : s->max_body_bytes + 1;
+    size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    if (cap > limit)
+        cap = limit;
+    if (api_buf_grow_to(&req->body, cap))
+        return true;
+    set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
+    return false;
+}
+
+/* Makes the lease hold what the body takes once `n` more bytes are in: those written and their
+ * NUL plus BODY_RESERVE_STEP, never more than the allocation. False, with the refusal arranged,
+ * when the budget cannot hold them. */
+static bool reserve_arriving(srv_server *s, srv_req *req, size_t n)
+{
+    size_t want = req->body.len + n + 1; /* <= body.cap: the caller made room */
+    if (want <= req->body_held)
+        return true;
+    want = req->body.cap - want > BODY_RESERVE_STEP ? want + BODY_RESERVE_STEP : req->body.cap;
+    return reserve_body(s, req, want - req->body_held);
+}
+
 static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *data, size_t n)
 {
     req->bytes_in += n;
     srv__conn_received(&req->watch, n); /* the watcher's --min-upload-rate check reads it */
+    srv__uploads_received(s->uploads, &req->upload, n);
     if (atomic_load(&s->drain_expired)) {
         /* The drain is over and this body is still arriving: answer now, or the client would
          * only see the connection torn down when the daemon stops. A response queued
@@ -722,26 +841,10 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
         return MHD_YES;
     }
     int64_t copy_from = eng_now_ns(); /* the body's copy into one buffer: a stage of its own */
-    if (n >= req->body.cap - req->body.len) {
-        /* Grow (doubling, capped by the announced length or the body cap) and reserve what the
-         * allocation grows by, so that the reservation is never more than about twice the
-         * bytes received. */
-        size_t need = req->body.len + n + 1;
-        size_t limit = req->has_length ? req->content_length + 1 : s->max_body_bytes + 1;
-        size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
-        while (cap < need)
-            cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        if (cap > limit)
-            cap = limit;
-        if (!reserve_body(s, req, cap - req->body.cap)) {
-            srv__req_release_body(req);
-            return MHD_YES;
-        }
-        if (!api_buf_grow_to(&req->body, cap)) {
-            set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory while receiving the body");
-            srv__req_release_body(req);
-            return MHD_YES;
-        }
+    if ((n >= req->body.cap - req->body.len && !grow_body(s, req, n)) ||
+        !reserve_arriving(s, req, n)) {
+        srv__req_release_body(req);
+        return MHD_YES;
     }
     api_buf_mem(&req->body, data, n);
     req->job.copy_ns += eng_now_ns() - copy_from;
@@ -757,8 +860,8 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
  * (req->priority): a v2 "priority" of 1 to --priority-levels, else --default-priority-level (0,
  * absent, or one the route will refuse with 400 once a worker reads it).
  *
- * Only a request that will wait needs them now. With nothing admitted the request starts at once
- * (admissions happen on this thread only, so none can slip in before it), its route applies
+ * Only a request that will wait needs them now. With nothing admitted and no other request being
+ * admitted (`alone`: see admit_body) the request starts at once, its route applies
  * the timeout, and the I/O thread does not scan a long body for nothing (a scan of tens of
  * megabytes holds every other connection); it then runs at the default priority, which
  * orders only the sub-jobs it fans out against requests that arrive while it runs. A v2 inference
@@ -769,7 +872,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
  * req->body_unread, and its route refuses it if it is a step); for a timeout alone it is not
  * worth the I/O thread's time. *peek gets what the body said (its sequence_id points into
  * req->body or peek->inflated; api_peek_free releases it). */
-static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *peek)
+static int64_t request_deadline(const srv_server *s, srv_req *req, bool alone, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     api_call call = {.body = req->body.data, .body_len = req->body.len, .lease = &req->lease};
@@ -778,8 +881,7 @@ static int64_t request_deadline(const srv_server *s, srv_req *req, api_peek *pee
     int64_t ms;
 
     memset(peek, 0, sizeof *peek);
-    if (rd && rd->peek &&
-        (orders || (atomic_load(&s->admitted) > 0 && !req->content_encoding[0]))) {
+    if (rd && rd->peek && (orders || (!alone && !req->content_encoding[0]))) {
         srv__req_call_headers(req, &call);
         rd->peek(&call, peek);
         req->body_unread = orders && peek->unread;
@@ -805,25 +907,33 @@ static uint64_t batch_key(const srv_server *s, const srv_req *req, const api_pee
 }
 
 /* The body is in: answer a refusal decided while it arrived, or admit the request (its deadline,
- * priority and place in a session's order read from the body into *peek) and queue it. */
+ * priority and place in a session's or sequence's order read from the body into *peek) and queue
+ * it. Requests are admitted on every I/O thread (and gRPC's) at once: s->admitting counts those
+ * between this decision and their admission, so that a request skips the peek (`alone`) only
+ * when nothing else was admitted or about to be when it looked. */
 static enum MHD_Result admit_body(srv_server *s, srv_req *req, api_peek *peek)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     srv_job_refusal no;
     int64_t now, deadline;
+    bool admitted, alone;
 
     req->seen_body_end = true;
     srv__conn_busy(s->watch, &req->watch);
+    srv__uploads_end(s->uploads, &req->upload, true, eng_now_ns());
     if (req->refused)
         return refuse_pending(req);
-    deadline = request_deadline(s, req, peek);
+    alone = atomic_fetch_add(&s->admitting, 1) == 0 && atomic_load(&s->admitted) == 0;
+    deadline = request_deadline(s, req, alone, peek);
     now = eng_now_ns(); /* after the peek, which the queue time should not include */
     srv_job_where where = {.route = req->route,
                            .bytes = req->body.len,
                            .level = req->priority,
                            .may_run_here = true,
                            .batch_key = batch_key(s, req, peek)};
-    if (!srv__job_admit(&req->job, &where, now, &no))
+    admitted = srv__job_admit(&req->job, &where, now, &no);
+    atomic_fetch_sub(&s->admitting, 1); /* after the admission counts it in s->admitted */
+    if (!admitted)
         return refuse_job(req, &no);
 
     atomic_store(&req->lease.ctl.cancel, false);
@@ -1078,7 +1188,9 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_request(req, status, reason, now, queue_ns);
 
     /* No worker touches the request's memory any more (a job that was still queued finds it
-     * answered and only drops its reference): the lease returns what the reply held. */
+     * answered and only drops its reference): the lease returns what the reply held. A body
+     * cut off on its way is no longer. */
+    srv__uploads_end(s->uploads, &req->upload, false, now);
     srv__req_release_body(req);
     api_lease_end(&req->lease);
     atomic_fetch_sub(&s->active, 1);

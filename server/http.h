@@ -1,7 +1,8 @@
 /*
  * http.h - libmicrohttpd's callbacks (http.c), which server.c hands to each listener with the
  * srv_server as their closure. They own every request (srv_req) from its request line to its
- * completion. MHD thread.
+ * completion. Each runs on the I/O thread of its connection (--io-threads of them on --port, one
+ * on --admin-port), those of different connections at once.
  */
 #ifndef ATTND_SERVER_HTTP_H
 #define ATTND_SERVER_HTTP_H

@@ -254,6 +254,16 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
     api_buf_printf(b, "attnd_max_queue %lld\n", (long long)g->max_queue);
     family(b, "attnd_worker_threads", "gauge", "Engine worker threads.");
     api_buf_printf(b, "attnd_worker_threads %d\n", g->threads);
+    family(b, "attnd_io_threads", "gauge", "libmicrohttpd threads serving --port (--io-threads).");
+    api_buf_printf(b, "attnd_io_threads %d\n", g->io_threads);
+    family(b, "attnd_upload_bytes_in_flight", "gauge",
+           "Body bytes still to arrive on the requests admitted from their headers "
+           "(bounded by --max-upload-bytes).");
+    api_buf_printf(b, "attnd_upload_bytes_in_flight %lld\n", (long long)g->upload_bytes);
+    family(b, "attnd_upload_rate_bytes_per_second", "gauge",
+           "The rate recent bodies of 256 KiB or more arrived at on their connection, which "
+           "admission predicts a body's arrival from (0: none yet).");
+    api_buf_printf(b, "attnd_upload_rate_bytes_per_second %lld\n", (long long)g->upload_rate);
     family(b, "attnd_memory_reserved_bytes", "gauge",
            "Bytes of the memory budget reserved by requests in progress.");
     api_buf_printf(b, "attnd_memory_reserved_bytes %lld\n", (long long)g->memory_in_use);

@@ -88,7 +88,8 @@ typedef struct {
 typedef struct {
     int64_t queued, running, inflight, suspended;
     int64_t memory_in_use, memory_budget, max_queue, buffer_cache;
-    int threads;
+    int64_t upload_bytes, upload_rate; /* bodies' bytes on their way, their learned rate */
+    int threads, io_threads;
     bool ready;
 } srv_gauges;
 

@@ -2,13 +2,14 @@
  * request.h - one HTTP request to the daemon (srv_req) and the parts of its life cycle that
  * http.c (headers, body, replies) and http_job.c (its run as a job: job.h) share.
  *
- * Ownership: created by the URI callback when the request line arrives, it belongs to the MHD
- * thread until the body is complete. It is then suspended and started as a job (job.h) with a
- * second reference (the job's); the MHD thread does not touch it while it is suspended.
+ * Ownership: created by the URI callback when the request line arrives, it belongs to the I/O
+ * thread of its connection until the body is complete. It is then suspended and started as a job
+ * (job.h) with a second reference (the job's); that thread does not touch it while it is
+ * suspended.
  * Whoever finishes it (the job: a worker, or the scheduler when it cannot finish by its
  * deadline; or the watcher through srv_watch_ops when it abandons a request still waiting) fills
  * `reply`, marks the job SRV_JOB_FINISHED and resumes the connection, and after that never
- * touches it again except to drop its reference. The MHD thread then queues the reply and, at
+ * touches it again except to drop its reference. The I/O thread then queues the reply and, at
  * NOTIFY_COMPLETED, logs, counts and drops its reference; the last reference frees it.
  */
 #ifndef ATTND_SERVER_REQUEST_H
@@ -21,6 +22,7 @@
 #include "server/outcome.h"
 #include "server/request_check.h"
 #include "server/routes.h"
+#include "server/upload.h"
 
 #define REQUEST_ID_MAX 128
 #define PATH_MAX_LEN   256 /* a longer path matches no route (404) */
@@ -34,7 +36,7 @@ typedef struct srv_req {
     srv_watched watch; /* what the watcher sees of it (watch.h) */
     srv_headers hdr;   /* the header block, read once on the first call */
 
-    /* Set on the MHD thread while receiving. */
+    /* Set on its I/O thread while receiving. */
     bool framing_checked; /* the first call of the access handler ran */
     bool seen_headers;    /* routing and header checks ran */
     srv_route route;
@@ -52,6 +54,7 @@ typedef struct srv_req {
     bool has_length;    /* a Content-Length header was given */
     bool seen_body_end; /* the last upload call arrived */
     size_t content_length;
+    srv_upload upload; /* its place among the bodies on their way (upload.h) */
     api_buf body;
     size_t body_held;  /* the body buffer's share of the lease, given back when it is freed */
     uint64_t bytes_in; /* body bytes received, including those drained after a rejection */
@@ -75,7 +78,7 @@ typedef struct srv_req {
     api_call call;           /* what a batch serves it with (http_job.c), while its batch runs */
     atomic_bool client_gone; /* the client hung up while the request was suspended */
 
-    /* Set when the response is queued (MHD thread). */
+    /* Set when the response is queued (its I/O thread). */
     int status;
     api_reason reason;
     uint64_t bytes_out;
@@ -115,7 +118,7 @@ void srv__req_call_headers(const srv_req *req, api_call *call);
 /* How an HTTP request runs as a job. */
 extern const srv_job_ops srv__http_job_ops;
 
-/* Takes the request's place in the session's or sequence's order its route names (MHD thread,
+/* Takes the request's place in the session's or sequence's order its route names (I/O thread,
  * at admission). */
 void srv__req_take_turn(srv_req *req, const api_peek *peek);
 

@@ -5,7 +5,7 @@
  * Drain order matters. Readiness turns 503 first (a flag read by /v2/health/ready and by
  * admission), then libmicrohttpd stops accepting and the listening socket is shut down so new
  * connections are refused at once instead of waiting in the backlog (closed only once
- * libmicrohttpd's thread is joined: that thread may still take it out of its epoll set). Requests
+ * libmicrohttpd's threads are joined: each may still take it out of its epoll set). Requests
  * in flight get up to --drain-timeout-s; then the watcher answers queued ones 503 and cancels
  * running ones, whose workers notice at the next block boundary. MHD_stop_daemon must never run
  * while a connection is suspended, so the drain returns only once every suspended connection has
@@ -101,6 +101,12 @@ api_models *srv_models_load(const srv_config *cfg, char *err, size_t errlen)
     return models;
 }
 
+/* libmicrohttpd's memory per connection, about half of which it reads a body into per call:
+ * enough for reads of over 100 KiB (larger ones saved the I/O threads no more time), and no more,
+ * since a connection holds all of it once it has served a request (libmicrohttpd clears it for
+ * the next one). */
+#define CONNECTION_MEMORY ((size_t)256 * 1024)
+
 /* Connections --admin-port takes at once: a few probes and scrapers, never the traffic. */
 #define ADMIN_CONNECTIONS 64u
 
@@ -122,11 +128,12 @@ static void raise_fd_limit(const srv_config *cfg)
                 (unsigned long long)rl.rlim_cur, (long long)cfg->connection_limit);
 }
 
-/* One listener: its port (0: ephemeral), how many connections it takes, its TLS (NULL:
- * plain), the option naming the port in errors, and whether it is --admin-port's. */
+/* One listener: its port (0: ephemeral), how many connections it takes, its threads, its TLS
+ * (NULL: plain), the option naming the port in errors, and whether it is --admin-port's. */
 typedef struct {
     int port;
     unsigned limit;
+    unsigned threads;
     srv_tls *tls;
     const char *flag;
     bool admin;
@@ -144,6 +151,10 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg,
     unsigned flags;
     const union MHD_DaemonInfo *di;
     const struct MHD_OptionItem *tls_opts;
+    /* libmicrohttpd warns about a pool of one thread: none is asked for then. */
+    const struct MHD_OptionItem pool_opts[] = {
+        {ls->threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, ls->threads, NULL},
+        {MHD_OPTION_END, 0, NULL}};
     struct MHD_Daemon *mhd;
     int rc;
 
@@ -172,10 +183,10 @@ static struct MHD_Daemon *start_listener(srv_server *s, const srv_config *cfg,
         flags, (uint16_t)port, NULL, NULL, srv__mhd_access, s, MHD_OPTION_EXTERNAL_LOGGER,
         srv__log_mhd, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, ls->limit,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_URI_LOG_CALLBACK,
         ls->admin ? srv__mhd_uri_admin : srv__mhd_uri, s, MHD_OPTION_NOTIFY_COMPLETED,
         srv__mhd_completed, s, MHD_OPTION_NOTIFY_CONNECTION, srv__mhd_connection, s,
-        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+        MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_ARRAY, pool_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!mhd) {
         snprintf(err, errlen, "cannot listen on %s port %d (--host, %s): %s", cfg->host, port,
@@ -262,6 +273,11 @@ static srv_status start_engine(srv_server *s, const srv_config *cfg, char *err, 
         snprintf(err, errlen, "cannot allocate the scheduler of %d workers", s->threads);
         return SRV_ENOMEM;
     }
+    s->uploads = srv__uploads_new(s->max_upload_bytes);
+    if (!s->uploads) {
+        snprintf(err, errlen, "cannot allocate the meter of uploads (--max-upload-bytes)");
+        return SRV_ENOMEM;
+    }
     if (s->max_batch_rows > 1 &&
         !(s->batcher = srv__batcher_new((int)s->max_batch_rows, s->pool, srv__job_run_group, s))) {
         snprintf(err, errlen, "cannot allocate the batcher (--max-batch-rows %lld)",
@@ -278,13 +294,15 @@ static srv_status start_listeners(srv_server *s, const srv_config *cfg, char *er
         return SRV_EINVAL;
     raise_fd_limit(cfg);
     /* TLS and tokens guard the serving port; the admin port (probes, metrics) stays plain. */
-    listener_spec serving = {(int)cfg->port, (unsigned)cfg->connection_limit, s->tls, "--port",
-                             false};
+    listener_spec serving = {
+        (int)cfg->port, (unsigned)cfg->connection_limit, (unsigned)s->io_threads, s->tls, "--port",
+        false};
     s->mhd = start_listener(s, cfg, &serving, &s->port, err, errlen);
     if (!s->mhd)
         return SRV_EIO;
     if (cfg->admin_port >= 0) {
-        listener_spec admin = {(int)cfg->admin_port, ADMIN_CONNECTIONS, NULL, "--admin-port", true};
+        listener_spec admin = {
+            (int)cfg->admin_port, ADMIN_CONNECTIONS, 1, NULL, "--admin-port", true};
         s->admin_mhd = start_listener(s, cfg, &admin, &s->admin_port, err, errlen);
         if (!s->admin_mhd)
             return SRV_EIO;
@@ -321,9 +339,9 @@ static srv_status announce(const srv_server *s, const srv_config *cfg, char *err
         srv_log(SRV_LOG_INFO, "admin listener (health, metrics) on %s port %d", s->host,
                 s->admin_port);
     srv_log(SRV_LOG_INFO,
-            "listening on %s port %d with %d engine workers (max queue %lld, max body %zu "
-            "bytes, memory budget %zu bytes)",
-            s->host, s->port, s->threads, (long long)s->max_queue, s->max_body_bytes,
+            "listening on %s port %d with %d I/O threads and %d engine workers (max queue "
+            "%lld, max body %zu bytes, memory budget %zu bytes)",
+            s->host, s->port, s->io_threads, s->threads, (long long)s->max_queue, s->max_body_bytes,
             s->max_memory_bytes);
     if (strchr(s->host, ':'))
         printf("attnd listening on %s://[%s]:%d\n", s->tls ? "https" : "http", s->host, s->port);
@@ -439,6 +457,7 @@ void srv_server_free(srv_server *s)
     eng_pool_free(s->pool);
     srv__grpc_free(s->grpc);        /* after the workers: the jobs they finished */
     srv__sched_free(s->sched);      /* after the workers, the last to give slots back */
+    srv__uploads_free(s->uploads);  /* after the listeners: no body arrives */
     srv__batcher_free(s->batcher);  /* after the workers: every lane drained */
     api_sessions_free(s->sessions); /* after the workers: no step is running */
     eng_buf_cache_limit(0);

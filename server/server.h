@@ -88,11 +88,13 @@ typedef struct {
     int64_t port;                    /* --port: 0 = an ephemeral port */
     char *port_file;                 /* --port-file: write the bound port here once listening */
     int64_t threads;                 /* --threads: engine workers, 0 = CPUs this process may use */
+    int64_t io_threads;              /* --io-threads: libmicrohttpd's threads on --port, 0 = auto */
     eng_options engine;              /* --kernels, ATTND_BF16 */
     eng_precision default_precision; /* --default-precision */
     size_t max_body_bytes;           /* --max-body-bytes */
     int64_t max_elements;            /* --max-elements */
     size_t max_memory_bytes;         /* --max-memory-bytes: the global budget */
+    size_t max_upload_bytes;         /* --max-upload-bytes: body bytes on their way; 0 = auto */
     size_t buffer_cache_bytes;       /* --buffer-cache-bytes: freed big buffers kept mapped */
     size_t kv_cache_bytes;           /* --kv-cache-bytes: the KV-cache sessions' pool; 0: off */
     int64_t kv_block_tokens;         /* --kv-block-tokens: tokens per KV-cache block */

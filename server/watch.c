@@ -80,7 +80,7 @@ struct srv_conn {
     bool eof_seen;            /* the watcher saw end-of-file with no unread byte (6. above) */
     int64_t eof_since_ns;     /* since_ns when it was seen: unchanged means no progress since */
     srv_conn_phase eof_phase; /* and the phase then */
-    atomic_uint_fast64_t received; /* body bytes of the current request (MHD thread adds) */
+    atomic_uint_fast64_t received; /* body bytes of the current request (its I/O thread adds) */
     srv_watched *req;              /* the request being received on it, if any */
     struct srv_conn *prev, *next;
 };
@@ -209,7 +209,8 @@ void srv__conn_busy(srv_watch *w, srv_watched *r)
 
 void srv__conn_received(srv_watched *r, uint64_t n)
 {
-    /* Only the MHD thread, which is the caller, changes r->conn. */
+    /* Only the connection's I/O thread, which is the caller, changes r->conn (its callbacks:
+     * srv__conn_begin, srv__conn_end, srv__conn_close). */
     if (r->conn)
         atomic_fetch_add_explicit(&r->conn->received, n, memory_order_relaxed);
 }
@@ -286,7 +287,7 @@ static bool abandon_queued(srv_watch *w, srv_watched *r, req_list *resume, srv_w
     if (!req_list_push(resume, r)) {
         /* Out of memory for the list: resume under the lock instead. This cannot deadlock
          * with libmicrohttpd's callbacks, because resume only flags the connection and
-         * signals the MHD thread, but it is kept off the normal path. */
+         * signals an I/O thread, but it is kept off the normal path. */
         r->ops->resume(r->req);
         r->ops->unref(r->req);
     }

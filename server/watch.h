@@ -83,12 +83,13 @@ void srv__watch_stop(srv_watch *w);
 /* Wakes the watcher to look at everything again (after the drain flag is set). Any thread. */
 void srv__watch_wake(srv_watch *w);
 
-/* Starts watching a suspended request (MHD thread, after MHD_suspend_connection). */
+/* Starts watching a suspended request (its I/O thread, after MHD_suspend_connection). */
 void srv__watch_add(srv_watch *w, srv_watched *r);
 /* Stops watching it; afterwards the watcher never touches it. Any thread. */
 void srv__watch_remove(srv_watch *w, srv_watched *r);
 
-/* Connections, from libmicrohttpd's callbacks (MHD thread). A connection opens with no
+/* Connections, from libmicrohttpd's callbacks (the connection's I/O thread: the callbacks of one
+ * connection never run at once, those of different ones may). A connection opens with no
  * request; srv__conn_begin links the request that arrives on it, srv__conn_end unlinks it. */
 srv_conn *srv__conn_open(srv_watch *w, int fd); /* NULL when out of memory */
 void srv__conn_close(srv_watch *w, srv_conn *c);

@@ -122,6 +122,36 @@ static void test_overloaded_when_wait_and_cost_pass_the_deadline(void)
     srv__sched_free(s);
 }
 
+/* A request judged from its headers starts once its body has arrived and the work ahead of it is
+ * done, whichever is later: the work still uploading counts as queued ahead of it, and its own
+ * arrival as a wait of its own, each named in the refusal. An idle pool leaves no margin. */
+static void test_overloaded_counts_the_body_s_arrival_and_the_work_still_uploading(void)
+{
+    srv_sched *s = fresh(1);
+    srv_sched_refusal r;
+    srv_sched_ask ask = {.route = ROUTE, .bytes = BYTES, .level = 1, .left_ns = 150 * MS};
+    teach(s, BYTES, 0, 100 * MS);
+    CHECK(!srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    ask.arrive_ns = 40 * MS;
+    CHECK(!srv__sched_overloaded(s, &ask, 1000 * MS, &r)); /* 40 + 100 <= 150 */
+    ask.arrive_ns = 60 * MS;
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    CHECKF(strstr(r.msg, "body would take about 60 ms to arrive") != NULL, "%s", r.msg);
+    ask.arrive_ns = 0;
+    ask.ahead_ns = 60 * MS;
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    CHECKF(strstr(r.msg, "about 60 ms of queued work (60 ms of it still uploading)") != NULL, "%s",
+           r.msg);
+    /* Its body arrives while the work ahead runs: the later of the two counts, not their sum. */
+    ask.left_ns = 400 * MS;
+    ask.arrive_ns = 200 * MS;
+    ask.ahead_ns = 150 * MS;
+    CHECK(!srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    ask.arrive_ns = 310 * MS;
+    CHECK(srv__sched_overloaded(s, &ask, 1000 * MS, &r));
+    srv__sched_free(s);
+}
+
 static void test_time_shared_with_others_is_divided(void)
 {
     srv_sched *s = fresh(2);
@@ -429,6 +459,7 @@ int main(void)
 {
     RUN(test_cost_is_learned_per_route_and_size);
     RUN(test_overloaded_when_wait_and_cost_pass_the_deadline);
+    RUN(test_overloaded_counts_the_body_s_arrival_and_the_work_still_uploading);
     RUN(test_time_shared_with_others_is_divided);
     RUN(test_time_waiting_in_the_pool_is_not_cost);
     RUN(test_at_most_slots_run_and_a_free_slot_starts_the_next);

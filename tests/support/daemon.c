@@ -617,6 +617,33 @@ char *raw_read_all(int fd, int timeout_ms, bool *closed)
     return b.data;
 }
 
+char *raw_read_response(int fd, int timeout_ms)
+{
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap + 1);
+    double deadline = now_s() + timeout_ms / 1000.0;
+    if (!buf)
+        return NULL;
+    buf[0] = '\0';
+    while (now_s() < deadline) {
+        const char *end = strstr(buf, "\r\n\r\n"), *cl = strcasestr(buf, "\r\nContent-Length:");
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+        if (end && cl && cl < end && len >= (size_t)(end + 4 - buf) + strtoull(cl + 17, NULL, 10))
+            break;
+        if (len == cap)
+            break;
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        n = recv(fd, buf + len, cap - len, 0);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    return buf;
+}
+
 char *raw_exchange(int port, const char *data, size_t len, int timeout_ms)
 {
     bool closed;

@@ -127,6 +127,10 @@ int raw_send(int fd, const void *data, size_t len);
  * NUL-terminated) and sets *closed when the peer closed (or reset) the connection. */
 char *raw_read_all(int fd, int timeout_ms, bool *closed);
 
+/* Reads one response: its head and Content-Length bytes of body (malloc'd, NUL-terminated;
+ * what arrived if the peer closes first or timeout_ms passes), leaving the connection open. */
+char *raw_read_response(int fd, int timeout_ms);
+
 /* Connects, sends `data`, reads until close or timeout_ms; the response text (malloc'd). */
 char *raw_exchange(int port, const char *data, size_t len, int timeout_ms);
 

@@ -1,0 +1,361 @@
+/*
+ * test_upload.c - the bodies on their way (server/upload.h) and the admission that judges a
+ * request from its headers by them: the meter's bytes, work and learned rate with times passed in,
+ * so that every case is exact; then a daemon whose clients are raw sockets trickling bytes at a
+ * pace the test sets. What the daemon measures of a trickled body can only be slower than the
+ * test's pace, so a request whose body would take many times its deadline at that pace is
+ * refused on any machine, and the test never reads this machine's speed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/upload.h"
+#include "tests/support/check.h"
+#include "tests/support/daemon.h"
+
+#define MS  ((int64_t)1000 * 1000)
+#define SEC ((int64_t)1000 * MS)
+#define KiB ((uint64_t)1024)
+#define MiB (KiB * KiB)
+
+#define IN_FLIGHT "attnd_upload_bytes_in_flight"
+#define RATE      "attnd_upload_rate_bytes_per_second"
+
+/* ---- The meter ------------------------------------------------------------------------------ */
+
+static uint64_t in_flight(srv_uploads *u)
+{
+    uint64_t bytes, rate;
+    srv__uploads_state(u, &bytes, &rate);
+    return bytes;
+}
+
+static uint64_t rate_of(srv_uploads *u)
+{
+    uint64_t bytes, rate;
+    srv__uploads_state(u, &bytes, &rate);
+    return rate;
+}
+
+/* A body admitted from its headers counts from its first byte to its last, by the bytes still
+ * to come: announced and not sent, it holds nothing. */
+static void test_a_body_counts_from_its_first_byte_to_its_last(void)
+{
+    srv_uploads *u = srv__uploads_new(10 * MiB);
+    srv_upload up = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &up, MiB, 0, 0, &look));
+    CHECK_EQ_INT(look.in_flight, 0);
+    CHECK_EQ_INT(in_flight(u), 0);
+    srv__uploads_received(u, &up, 400 * KiB);
+    CHECK_EQ_INT(in_flight(u), MiB - 400 * KiB);
+    srv__uploads_received(u, &up, MiB); /* never more than it announced */
+    CHECK_EQ_INT(in_flight(u), 0);
+    srv__uploads_end(u, &up, true, SEC);
+    srv__uploads_end(u, &up, true, SEC); /* a second end does nothing */
+    CHECK_EQ_INT(in_flight(u), 0);
+    srv__uploads_free(u);
+}
+
+/* A body that would take the bytes on their way past the bound is not admitted (its request is
+ * refused); once bytes of the others arrive, or they end unfinished, it fits. Bodies announced
+ * and not sent take none of the bound. */
+static void test_the_bound_refuses_what_would_pass_it(void)
+{
+    srv_uploads *u = srv__uploads_new(MiB);
+    srv_upload a = {0}, b = {0}, c = {0}, silent[4] = {{0}};
+    srv_upload_outlook look;
+    for (int i = 0; i < 4; i++)
+        CHECK(srv__uploads_begin(u, &silent[i], MiB, 0, 0, &look));
+    CHECK(srv__uploads_begin(u, &a, 600 * KiB, 0, 0, &look));
+    srv__uploads_received(u, &a, 1);
+    CHECK(!srv__uploads_begin(u, &b, 500 * KiB, 0, 0, &look));
+    CHECK_EQ_INT(look.in_flight, 600 * KiB - 1);
+    CHECK_EQ_INT(look.max, MiB);
+    CHECK(!b.admitted);
+    srv__uploads_received(u, &a, 200 * KiB - 1);
+    CHECK(srv__uploads_begin(u, &b, 500 * KiB, 0, 0, &look));
+    srv__uploads_received(u, &b, 1);
+    CHECK(!srv__uploads_begin(u, &c, 200 * KiB, 0, 0, &look));
+    srv__uploads_end(u, &a, false, SEC); /* cut off: its 400 KiB are no longer coming */
+    CHECK_EQ_INT(in_flight(u), 500 * KiB - 1);
+    CHECK(srv__uploads_begin(u, &c, 200 * KiB, 0, 0, &look));
+    CHECK(!srv__uploads_begin(u, &a, MiB + 1, 0, 0, &look)); /* more than the bound alone */
+    /* A body that arrives with its headers weighs on no upload: never refused, never counted. */
+    srv_upload small = {0};
+    srv__uploads_received(u, &c, 1); /* 700 KiB - 2 on their way */
+    CHECK(!srv__uploads_begin(u, &small, 400 * KiB, 0, 0, &look));
+    CHECK(srv__uploads_begin(u, &small, SRV_UPLOAD_COUNT_MIN - 1, 0, 0, &look));
+    CHECK(!small.admitted);
+    srv__uploads_received(u, &small, 100);
+    CHECK_EQ_INT(in_flight(u), 700 * KiB - 2);
+    srv__uploads_free(u);
+}
+
+/* The work the bodies on their way bring waits ahead of a body admitted after them, from their
+ * first byte until they arrive (and wait with the scheduler) or end unfinished. */
+static void test_the_work_of_bodies_on_their_way_is_ahead(void)
+{
+    srv_uploads *u = srv__uploads_new(100 * MiB);
+    srv_upload a = {0}, b = {0}, c = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &a, MiB, 30 * MS, 0, &look));
+    CHECK_EQ_INT(look.ahead_ns, 0);
+    CHECK(srv__uploads_begin(u, &b, MiB, 20 * MS, 0, &look));
+    CHECK_EQ_INT(look.ahead_ns, 0); /* a has sent nothing yet */
+    srv__uploads_received(u, &a, 1);
+    srv__uploads_received(u, &b, 1);
+    CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
+    CHECK_EQ_INT(look.ahead_ns, 50 * MS);
+    srv__uploads_end(u, &a, true, SEC);
+    CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
+    CHECK_EQ_INT(look.ahead_ns, 20 * MS);
+    srv__uploads_end(u, &b, false, SEC);
+    CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
+    CHECK_EQ_INT(look.ahead_ns, 0);
+    srv__uploads_free(u);
+}
+
+/* Looked at on its way, a body sees the arrival of what is still to come, and the work of the
+ * others on their way, but no more than was on its way when it began. */
+static void test_a_body_on_its_way_sees_the_work_before_it(void)
+{
+    srv_uploads *u = srv__uploads_new(100 * MiB);
+    srv_upload a = {0}, b = {0}, c = {0}, first = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &first, 2 * MiB, 0, 0, &look));
+    srv__uploads_end(u, &first, true, 2 * SEC); /* 1 MiB/s */
+    CHECK(srv__uploads_begin(u, &a, MiB, 30 * MS, 0, &look));
+    srv__uploads_received(u, &a, 1);
+    CHECK(srv__uploads_begin(u, &b, 4 * MiB, 20 * MS, 0, &look));
+    CHECK(srv__uploads_begin(u, &c, MiB, 10 * MS, 0, &look));
+    srv__uploads_received(u, &c, 1);
+    srv__uploads_received(u, &b, 3 * MiB);
+    srv__uploads_look(u, &b, &look);
+    CHECK_EQ_INT(look.to_come, MiB);
+    CHECK_EQ_INT(look.arrive_ns, SEC);
+    CHECK_EQ_INT(look.ahead_ns, 30 * MS); /* a's, not c's */
+    srv__uploads_end(u, &a, true, 3 * SEC);
+    srv__uploads_look(u, &b, &look);
+    CHECK_EQ_INT(look.ahead_ns, 10 * MS); /* a arrived: c's is what is left on its way */
+    srv__uploads_free(u);
+}
+
+/* The rate: none until a body of SRV_UPLOAD_SAMPLE_MIN or more arrives (no arrival time is
+ * predicted meanwhile); then the bytes per second of one body, from its headers to its last byte,
+ * which rises half of the way to a faster body and falls an eighth of the way to a slower one. */
+static void test_the_rate_is_learned_from_bodies_that_arrived(void)
+{
+    srv_uploads *u = srv__uploads_new(100 * MiB);
+    srv_upload up = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &up, 2 * MiB, 0, 0, &look));
+    CHECK_EQ_INT(look.rate, 0);
+    CHECK_EQ_INT(look.arrive_ns, 0);
+    srv__uploads_end(u, &up, true, 2 * SEC); /* 1 MiB/s */
+    CHECK_EQ_INT(rate_of(u), MiB);
+    CHECK(srv__uploads_begin(u, &up, 3 * MiB, 0, 10 * SEC, &look));
+    CHECK_EQ_INT(look.arrive_ns, 3 * SEC);
+    srv__uploads_end(u, &up, true, 10 * SEC + SEC / 3); /* 9 MiB/s: up half of the way */
+    CHECK_EQ_INT(rate_of(u), 5 * MiB);
+    CHECK(srv__uploads_begin(u, &up, 3 * MiB, 0, 20 * SEC, &look));
+    srv__uploads_end(u, &up, true, 23 * SEC); /* 1 MiB/s: down an eighth of the way */
+    CHECK_EQ_INT(rate_of(u), 4 * MiB + MiB / 2);
+    srv__uploads_free(u);
+}
+
+/* A body smaller than SRV_UPLOAD_SAMPLE_MIN arrives with its headers and measures nothing; one
+ * that ends unfinished measures nothing either. */
+static void test_small_and_unfinished_bodies_teach_nothing(void)
+{
+    srv_uploads *u = srv__uploads_new(100 * MiB);
+    srv_upload up = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &up, SRV_UPLOAD_SAMPLE_MIN - 1, 0, 0, &look));
+    srv__uploads_end(u, &up, true, SEC);
+    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 0, &look));
+    srv__uploads_end(u, &up, false, SEC);
+    CHECK_EQ_INT(rate_of(u), 0);
+    srv__uploads_free(u);
+}
+
+/* ---- The daemon ----------------------------------------------------------------------------- */
+
+/* A response read, for a message: "(nothing)" when none was. */
+static const char *text(const char *resp)
+{
+    return resp ? resp : "(nothing)";
+}
+
+/* Sends the head of a POST /v1/attention announcing `len` bytes, with the `extra` header lines
+ * ("Name: value\r\n"... or ""), on a new connection; its socket, or -1. */
+static int post_head(int port, uint64_t len, const char *extra)
+{
+    char head[320];
+    int fd = raw_connect(port);
+    snprintf(head, sizeof head,
+             "POST /v1/attention HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+             "%sContent-Length: %llu\r\n\r\n",
+             extra, (unsigned long long)len);
+    if (fd >= 0 && raw_send(fd, head, strlen(head)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A body of `len` bytes of JSON its route answers 422 (a string where a tensor goes), sent
+ * in `pieces` pieces `gap_ms` apart: it arrives no faster than len / ((pieces - 1) gap_ms). */
+static void trickle(int fd, uint64_t len, int pieces, int gap_ms)
+{
+    char *body = malloc(len);
+    uint64_t piece = len / (uint64_t)pieces, sent = 0;
+    if (!body) {
+        CHECK(0);
+        return;
+    }
+    memset(body, 'x', len);
+    memcpy(body, "{\"query\":\"", 10);
+    memcpy(body + len - 2, "\"}", 2);
+    for (int i = 0; i < pieces; i++) {
+        uint64_t n = i + 1 == pieces ? len - sent : piece;
+        if (i > 0)
+            sleep_ms(gap_ms);
+        CHECK(raw_send(fd, body + sent, n) == 0);
+        sent += n;
+    }
+    free(body);
+}
+
+/* A daemon that learned its rate from one trickled body: 512 KiB in 9 pieces 250 ms apart.
+ * Returns the seconds the client took from its head to the reply, which bound the time the daemon
+ * measured, so that its rate is at least 512 KiB over them; 0 when it failed. */
+static double start_after_a_trickle(daemon_proc *d, const char *const *args)
+{
+    double t0;
+    char *resp;
+    int fd;
+    if (daemon_start(d, args) != 0)
+        return 0;
+    t0 = now_s();
+    fd = post_head(d->port, 512 * KiB, "");
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return 0;
+    trickle(fd, 512 * KiB, 9, 250);
+    resp = raw_read_response(fd, 10000);
+    t0 = now_s() - t0;
+    CHECKF(raw_status(resp) == 422, "the trickled body got %.120s", text(resp));
+    free(resp);
+    close(fd);
+    printf("  a trickle of 512 KiB in %.2f s: the daemon learned %.0f KiB/s\n", t0,
+           metric_value(d->port, RATE) / 1024);
+    CHECK(metric_value(d->port, RATE) > 0);
+    return t0;
+}
+
+/* A body that cannot arrive by its deadline at the rate recent bodies arrived at gets 429 with
+ * Retry-After as soon as its headers are in, naming the deadline and the rate: a client that
+ * reads while it sends has the answer before it sends a byte of the body, and one waiting for
+ * "100 Continue" never sends it. Nothing of it is counted on its way. Here 8 MiB would take 16 s
+ * at the trickle's 512 KiB over its two seconds of pauses, against a deadline of 3 s. A body
+ * that can arrive in time is read: 128 KiB takes a quarter of the trickle's time at its rate,
+ * within the deadline whenever the trickle took less than 12 s. */
+static void test_the_learned_rate_judges_a_body_from_its_headers(void)
+{
+    const char *const args[] = {"--request-timeout-ms", "3000", "--io-threads", "2", NULL};
+    const char *const extras[] = {"", "Expect: 100-continue\r\n"};
+    daemon_proc d;
+    double trickle_s = start_after_a_trickle(&d, args);
+    char *resp;
+    int fd;
+    if (trickle_s <= 0) {
+        CHECK(0);
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        fd = post_head(d.port, 8 * MiB, extras[i]);
+        resp = fd >= 0 ? raw_read_response(fd, 10000) : NULL;
+        CHECKF(raw_status(resp) == 429, "%s: %.200s", extras[i], text(resp));
+        CHECKF(resp && strstr(resp, "Retry-After: ") != NULL, "no Retry-After: %.200s", text(resp));
+        CHECKF(resp && strstr(resp, "--request-timeout-ms 3000") != NULL, "%.300s", text(resp));
+        CHECKF(resp && strstr(resp, "MiB/s recent bodies arrived at") != NULL, "%.300s",
+               text(resp));
+        CHECKF(resp && !strstr(resp, "100 Continue"), "%.100s", text(resp));
+        CHECK(metric_value(d.port, IN_FLIGHT) == 0);
+        free(resp);
+        if (fd >= 0)
+            close(fd);
+    }
+    CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}", 2, 2000));
+    fd = trickle_s < 12 ? post_head(d.port, 128 * KiB, "") : -1;
+    if (fd >= 0) {
+        trickle(fd, 128 * KiB, 1, 0);
+        resp = raw_read_response(fd, 10000);
+        CHECKF(raw_status(resp) == 422, "%.200s", text(resp));
+        free(resp);
+        close(fd);
+    }
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+/* The body bytes on their way are bounded by --max-upload-bytes: while one upload of 768 KiB
+ * stalls after its first 64 KiB, a request announcing 512 KiB gets 429 from its headers, naming
+ * the flag, and one announcing 200 KiB is read. Once the stalled client goes away its bytes are
+ * no longer on their way, and the 512 KiB request is read too. */
+static void test_bodies_on_their_way_are_bounded(void)
+{
+    const char *const args[] = {"--max-upload-bytes", "1MiB", "--io-threads", "2", NULL};
+    daemon_proc d;
+    int stalled, fd;
+    char *resp;
+    if (daemon_start(&d, args) != 0) {
+        CHECK(0);
+        return;
+    }
+    stalled = post_head(d.port, 768 * KiB, "");
+    CHECK(stalled >= 0 && raw_send(stalled, "{\"query\":\"", 10) == 0);
+    CHECK(metric_wait(d.port, IN_FLIGHT, 768 * KiB - 10, 5000));
+
+    fd = post_head(d.port, 512 * KiB, "");
+    resp = fd >= 0 ? raw_read_response(fd, 10000) : NULL;
+    CHECKF(raw_status(resp) == 429, "%.200s", text(resp));
+    CHECKF(resp && strstr(resp, "--max-upload-bytes (1048576)") != NULL, "%.300s", text(resp));
+    CHECK(resp && strstr(resp, "Retry-After: 1") != NULL);
+    free(resp);
+    if (fd >= 0)
+        close(fd);
+
+    for (int i = 0; i < 2; i++) {
+        uint64_t len = i == 0 ? 200 * KiB : 512 * KiB;
+        if (i == 1) {
+            close(stalled);
+            CHECK(metric_wait_le(d.port, IN_FLIGHT, 0, 5000));
+        }
+        fd = post_head(d.port, len, "");
+        CHECK(fd >= 0);
+        if (fd < 0)
+            continue;
+        trickle(fd, len, 1, 0);
+        resp = raw_read_response(fd, 10000);
+        CHECKF(raw_status(resp) == 422, "%llu bytes: %.200s", (unsigned long long)len, text(resp));
+        free(resp);
+        close(fd);
+    }
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+int main(void)
+{
+    RUN(test_a_body_counts_from_its_first_byte_to_its_last);
+    RUN(test_the_bound_refuses_what_would_pass_it);
+    RUN(test_the_work_of_bodies_on_their_way_is_ahead);
+    RUN(test_a_body_on_its_way_sees_the_work_before_it);
+    RUN(test_the_rate_is_learned_from_bodies_that_arrived);
+    RUN(test_small_and_unfinished_bodies_teach_nothing);
+    RUN_WITHIN(test_the_learned_rate_judges_a_body_from_its_headers, 90);
+    RUN_WITHIN(test_bodies_on_their_way_are_bounded, 60);
+    return check_report();
+}
