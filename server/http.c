@@ -568,12 +568,12 @@ static void set_too_slow(srv_req *req, const srv_upload_outlook *look, int64_t l
     int64_t over_s = (look->arrive_ns - left_ns) / 1000000000 + 1;
     srv__req_deadline_origin(req, origin, sizeof origin);
     set_refusal(req, SRV_REFUSE_OVERLOADED,
-                "the body of %zu bytes (%llu to come) would take about %lld ms to arrive at the "
-                "%.2f MiB/s recent bodies arrived at, past its deadline (%lld ms left of %s); "
+                "the body of %zu bytes would arrive in about %lld ms (%llu bytes to come here and "
+                "%llu on other bodies, at %.2f MiB/s), past its deadline (%lld ms left of %s); "
                 "retry later",
-                req->content_length, (unsigned long long)look->to_come,
-                (long long)(look->arrive_ns / 1000000), (double)look->rate / 1048576.0,
-                (long long)(left_ns / 1000000), origin);
+                req->content_length, (long long)(look->arrive_ns / 1000000),
+                (unsigned long long)look->to_come, (unsigned long long)look->in_flight,
+                (double)look->rate / 1048576.0, (long long)(left_ns / 1000000), origin);
     req->refusal_retry_s = over_s < 3600 ? (int)over_s : 3600;
 }
 
@@ -773,7 +773,7 @@ static void early_admission(srv_server *s, srv_req *req)
         api_lease_shorten(&req->lease, req->own_timeout_ms);
         deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
-        srv__uploads_look(s->uploads, &req->upload, &look);
+        srv__uploads_look(s->uploads, &req->upload, now, &look);
         if (now < deadline && arrives_too_late(s, req, &look, deadline - now, level)) {
             srv__req_release_body(req);
             answer_mid_body(s, req);
@@ -815,7 +815,7 @@ static enum MHD_Result on_body_chunk(srv_server *s, srv_req *req, const char *da
 {
     req->bytes_in += n;
     srv__conn_received(&req->watch, n); /* the watcher's --min-upload-rate check reads it */
-    srv__uploads_received(s->uploads, &req->upload, n);
+    srv__uploads_received(s->uploads, &req->upload, n, eng_now_ns());
     if (atomic_load(&s->drain_expired)) {
         /* The drain is over and this body is still arriving: answer now, or the client would
          * only see the connection torn down when the daemon stops. A response queued

@@ -261,8 +261,8 @@ void srv__metrics_render(const srv_metrics *m, const srv_gauges *g, const srv_ro
            "(bounded by --max-upload-bytes).");
     api_buf_printf(b, "attnd_upload_bytes_in_flight %lld\n", (long long)g->upload_bytes);
     family(b, "attnd_upload_rate_bytes_per_second", "gauge",
-           "The rate recent bodies of 256 KiB or more arrived at on their connection, which "
-           "admission predicts a body's arrival from (0: none yet).");
+           "The rate the daemon takes bodies in, learned from recent bodies of 256 KiB or more, "
+           "which admission predicts a body's arrival from (0: none in the last 10 s).");
     api_buf_printf(b, "attnd_upload_rate_bytes_per_second %lld\n", (long long)g->upload_rate);
     family(b, "attnd_memory_reserved_bytes", "gauge",
            "Bytes of the memory budget reserved by requests in progress.");

@@ -64,7 +64,7 @@ static srv_reply answer_metrics(srv_server *s, const srv_answer_args *args)
     g.threads = s->threads;
     g.io_threads = s->io_threads;
     uint64_t upload_bytes, upload_rate;
-    srv__uploads_state(s->uploads, &upload_bytes, &upload_rate);
+    srv__uploads_state(s->uploads, eng_now_ns(), &upload_bytes, &upload_rate);
     g.upload_bytes = (int64_t)upload_bytes;
     g.upload_rate = (int64_t)upload_rate;
     g.ready = !atomic_load(&s->draining);

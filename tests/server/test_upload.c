@@ -25,18 +25,30 @@
 
 /* ---- The meter ------------------------------------------------------------------------------ */
 
-static uint64_t in_flight(srv_uploads *u)
+static uint64_t in_flight(srv_uploads *u, int64_t now)
 {
     uint64_t bytes, rate;
-    srv__uploads_state(u, &bytes, &rate);
+    srv__uploads_state(u, now, &bytes, &rate);
     return bytes;
 }
 
-static uint64_t rate_of(srv_uploads *u)
+static uint64_t rate_at(srv_uploads *u, int64_t now)
 {
     uint64_t bytes, rate;
-    srv__uploads_state(u, &bytes, &rate);
+    srv__uploads_state(u, now, &bytes, &rate);
     return rate;
+}
+
+/* Admits a body of `length` bytes whose bytes arrive from `first` to `last`: the meter learns
+ * from it. */
+static void arrive(srv_uploads *u, uint64_t length, int64_t first, int64_t last)
+{
+    srv_upload up = {0};
+    srv_upload_outlook look;
+    CHECK(srv__uploads_begin(u, &up, length, 0, first, &look));
+    srv__uploads_received(u, &up, 1, first);
+    srv__uploads_received(u, &up, length - 1, last);
+    srv__uploads_end(u, &up, true, last);
 }
 
 /* A body admitted from its headers counts from its first byte to its last, by the bytes still
@@ -48,49 +60,48 @@ static void test_a_body_counts_from_its_first_byte_to_its_last(void)
     srv_upload_outlook look;
     CHECK(srv__uploads_begin(u, &up, MiB, 0, 0, &look));
     CHECK_EQ_INT(look.in_flight, 0);
-    CHECK_EQ_INT(in_flight(u), 0);
-    srv__uploads_received(u, &up, 400 * KiB);
-    CHECK_EQ_INT(in_flight(u), MiB - 400 * KiB);
-    srv__uploads_received(u, &up, MiB); /* never more than it announced */
-    CHECK_EQ_INT(in_flight(u), 0);
+    CHECK_EQ_INT(in_flight(u, 0), 0);
+    srv__uploads_received(u, &up, 400 * KiB, MS);
+    CHECK_EQ_INT(in_flight(u, MS), MiB - 400 * KiB);
+    srv__uploads_received(u, &up, MiB, 2 * MS); /* never more than it announced */
+    CHECK_EQ_INT(in_flight(u, 2 * MS), 0);
     srv__uploads_end(u, &up, true, SEC);
     srv__uploads_end(u, &up, true, SEC); /* a second end does nothing */
-    CHECK_EQ_INT(in_flight(u), 0);
+    CHECK_EQ_INT(in_flight(u, SEC), 0);
     srv__uploads_free(u);
 }
 
 /* A body that would take the bytes on their way past the bound is not admitted (its request is
  * refused); once bytes of the others arrive, or they end unfinished, it fits. Bodies announced
- * and not sent take none of the bound. */
+ * and not sent take none of the bound, and one that arrives in one read is never refused or
+ * counted. */
 static void test_the_bound_refuses_what_would_pass_it(void)
 {
     srv_uploads *u = srv__uploads_new(MiB);
-    srv_upload a = {0}, b = {0}, c = {0}, silent[4] = {{0}};
+    srv_upload a = {0}, b = {0}, c = {0}, small = {0}, silent[4] = {{0}};
     srv_upload_outlook look;
     for (int i = 0; i < 4; i++)
         CHECK(srv__uploads_begin(u, &silent[i], MiB, 0, 0, &look));
     CHECK(srv__uploads_begin(u, &a, 600 * KiB, 0, 0, &look));
-    srv__uploads_received(u, &a, 1);
+    srv__uploads_received(u, &a, 1, 0);
     CHECK(!srv__uploads_begin(u, &b, 500 * KiB, 0, 0, &look));
     CHECK_EQ_INT(look.in_flight, 600 * KiB - 1);
     CHECK_EQ_INT(look.max, MiB);
     CHECK(!b.admitted);
-    srv__uploads_received(u, &a, 200 * KiB - 1);
+    srv__uploads_received(u, &a, 200 * KiB - 1, 0);
     CHECK(srv__uploads_begin(u, &b, 500 * KiB, 0, 0, &look));
-    srv__uploads_received(u, &b, 1);
+    srv__uploads_received(u, &b, 1, 0);
     CHECK(!srv__uploads_begin(u, &c, 200 * KiB, 0, 0, &look));
     srv__uploads_end(u, &a, false, SEC); /* cut off: its 400 KiB are no longer coming */
-    CHECK_EQ_INT(in_flight(u), 500 * KiB - 1);
+    CHECK_EQ_INT(in_flight(u, SEC), 500 * KiB - 1);
     CHECK(srv__uploads_begin(u, &c, 200 * KiB, 0, 0, &look));
     CHECK(!srv__uploads_begin(u, &a, MiB + 1, 0, 0, &look)); /* more than the bound alone */
-    /* A body that arrives with its headers weighs on no upload: never refused, never counted. */
-    srv_upload small = {0};
-    srv__uploads_received(u, &c, 1); /* 700 KiB - 2 on their way */
+    srv__uploads_received(u, &c, 1, SEC);                    /* 700 KiB - 2 on their way */
     CHECK(!srv__uploads_begin(u, &small, 400 * KiB, 0, 0, &look));
     CHECK(srv__uploads_begin(u, &small, SRV_UPLOAD_COUNT_MIN - 1, 0, 0, &look));
     CHECK(!small.admitted);
-    srv__uploads_received(u, &small, 100);
-    CHECK_EQ_INT(in_flight(u), 700 * KiB - 2);
+    srv__uploads_received(u, &small, 100, SEC);
+    CHECK_EQ_INT(in_flight(u, SEC), 700 * KiB - 2);
     srv__uploads_free(u);
 }
 
@@ -105,79 +116,93 @@ static void test_the_work_of_bodies_on_their_way_is_ahead(void)
     CHECK_EQ_INT(look.ahead_ns, 0);
     CHECK(srv__uploads_begin(u, &b, MiB, 20 * MS, 0, &look));
     CHECK_EQ_INT(look.ahead_ns, 0); /* a has sent nothing yet */
-    srv__uploads_received(u, &a, 1);
-    srv__uploads_received(u, &b, 1);
+    srv__uploads_received(u, &a, 1, 0);
+    srv__uploads_received(u, &b, 1, 0);
     CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
     CHECK_EQ_INT(look.ahead_ns, 50 * MS);
     srv__uploads_end(u, &a, true, SEC);
-    CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
+    CHECK(srv__uploads_begin(u, &c, MiB, 0, SEC, &look));
     CHECK_EQ_INT(look.ahead_ns, 20 * MS);
     srv__uploads_end(u, &b, false, SEC);
-    CHECK(srv__uploads_begin(u, &c, MiB, 0, 0, &look));
+    CHECK(srv__uploads_begin(u, &c, MiB, 0, SEC, &look));
     CHECK_EQ_INT(look.ahead_ns, 0);
     srv__uploads_free(u);
 }
 
-/* Looked at on its way, a body sees the arrival of what is still to come, and the work of the
- * others on their way, but no more than was on its way when it began. */
-static void test_a_body_on_its_way_sees_the_work_before_it(void)
+/* The rate is the intake: none until a body of SRV_UPLOAD_SAMPLE_MIN or more arrives (no arrival
+ * is predicted meanwhile); then one body's bytes per second from its first byte to its last,
+ * times the mean number of bodies arriving with it. It rises half of the way to a faster body
+ * and falls an eighth of the way to a slower one. */
+static void test_the_rate_is_the_intake_bodies_arrived_at(void)
 {
     srv_uploads *u = srv__uploads_new(100 * MiB);
-    srv_upload a = {0}, b = {0}, c = {0}, first = {0};
+    srv_upload a = {0}, b = {0};
     srv_upload_outlook look;
-    CHECK(srv__uploads_begin(u, &first, 2 * MiB, 0, 0, &look));
-    srv__uploads_end(u, &first, true, 2 * SEC); /* 1 MiB/s */
-    CHECK(srv__uploads_begin(u, &a, MiB, 30 * MS, 0, &look));
-    srv__uploads_received(u, &a, 1);
-    CHECK(srv__uploads_begin(u, &b, 4 * MiB, 20 * MS, 0, &look));
-    CHECK(srv__uploads_begin(u, &c, MiB, 10 * MS, 0, &look));
-    srv__uploads_received(u, &c, 1);
-    srv__uploads_received(u, &b, 3 * MiB);
-    srv__uploads_look(u, &b, &look);
-    CHECK_EQ_INT(look.to_come, MiB);
-    CHECK_EQ_INT(look.arrive_ns, SEC);
-    CHECK_EQ_INT(look.ahead_ns, 30 * MS); /* a's, not c's */
-    srv__uploads_end(u, &a, true, 3 * SEC);
-    srv__uploads_look(u, &b, &look);
-    CHECK_EQ_INT(look.ahead_ns, 10 * MS); /* a arrived: c's is what is left on its way */
-    srv__uploads_free(u);
-}
-
-/* The rate: none until a body of SRV_UPLOAD_SAMPLE_MIN or more arrives (no arrival time is
- * predicted meanwhile); then the bytes per second of one body, from its headers to its last byte,
- * which rises half of the way to a faster body and falls an eighth of the way to a slower one. */
-static void test_the_rate_is_learned_from_bodies_that_arrived(void)
-{
-    srv_uploads *u = srv__uploads_new(100 * MiB);
-    srv_upload up = {0};
-    srv_upload_outlook look;
-    CHECK(srv__uploads_begin(u, &up, 2 * MiB, 0, 0, &look));
+    CHECK(srv__uploads_begin(u, &a, 2 * MiB, 0, 0, &look));
     CHECK_EQ_INT(look.rate, 0);
     CHECK_EQ_INT(look.arrive_ns, 0);
-    srv__uploads_end(u, &up, true, 2 * SEC); /* 1 MiB/s */
-    CHECK_EQ_INT(rate_of(u), MiB);
-    CHECK(srv__uploads_begin(u, &up, 3 * MiB, 0, 10 * SEC, &look));
-    CHECK_EQ_INT(look.arrive_ns, 3 * SEC);
-    srv__uploads_end(u, &up, true, 10 * SEC + SEC / 3); /* 9 MiB/s: up half of the way */
-    CHECK_EQ_INT(rate_of(u), 5 * MiB);
-    CHECK(srv__uploads_begin(u, &up, 3 * MiB, 0, 20 * SEC, &look));
-    srv__uploads_end(u, &up, true, 23 * SEC); /* 1 MiB/s: down an eighth of the way */
-    CHECK_EQ_INT(rate_of(u), 4 * MiB + MiB / 2);
+    arrive(u, 2 * MiB, 0, 2 * SEC); /* alone: 1 MiB/s */
+    CHECK_EQ_INT(rate_at(u, 2 * SEC), MiB);
+    /* Two bodies of 1 MiB arriving side by side over 2 s: 0.5 MiB/s each, 1 MiB/s taken in. */
+    CHECK(srv__uploads_begin(u, &a, MiB, 0, 3 * SEC, &look));
+    CHECK(srv__uploads_begin(u, &b, MiB, 0, 3 * SEC, &look));
+    srv__uploads_received(u, &a, 1, 3 * SEC);
+    srv__uploads_received(u, &b, 1, 3 * SEC);
+    srv__uploads_received(u, &a, MiB - 1, 5 * SEC);
+    srv__uploads_received(u, &b, MiB - 1, 5 * SEC);
+    srv__uploads_end(u, &a, true, 5 * SEC);
+    srv__uploads_end(u, &b, true, 5 * SEC);
+    CHECK_EQ_INT(rate_at(u, 5 * SEC), MiB);
+    arrive(u, 3 * MiB, 6 * SEC, 6 * SEC + SEC / 3); /* 9 MiB/s: up half of the way */
+    CHECK_EQ_INT(rate_at(u, 7 * SEC), 5 * MiB);
+    arrive(u, 3 * MiB, 8 * SEC, 11 * SEC); /* 1 MiB/s: down an eighth of the way */
+    CHECK_EQ_INT(rate_at(u, 11 * SEC), 4 * MiB + MiB / 2);
     srv__uploads_free(u);
 }
 
-/* A body smaller than SRV_UPLOAD_SAMPLE_MIN arrives with its headers and measures nothing; one
- * that ends unfinished measures nothing either. */
-static void test_small_and_unfinished_bodies_teach_nothing(void)
+/* A body's arrival is predicted from the bytes still to come on every body arriving, its own
+ * included, at the rate: fewer bodies on their way, sooner. */
+static void test_arrival_counts_the_bytes_of_every_body_on_its_way(void)
+{
+    srv_uploads *u = srv__uploads_new(100 * MiB);
+    srv_upload a = {0}, b = {0};
+    srv_upload_outlook look;
+    arrive(u, MiB, 0, SEC); /* 1 MiB/s */
+    CHECK(srv__uploads_begin(u, &a, 3 * MiB, 30 * MS, SEC, &look));
+    CHECK_EQ_INT(look.arrive_ns, 3 * SEC);
+    srv__uploads_received(u, &a, MiB, SEC);
+    CHECK(srv__uploads_begin(u, &b, 4 * MiB, 20 * MS, SEC, &look));
+    CHECK_EQ_INT(look.arrive_ns, 6 * SEC); /* a's 2 MiB to come and its own 4 */
+    srv__uploads_received(u, &b, 3 * MiB, SEC);
+    srv__uploads_look(u, &b, SEC, &look);
+    CHECK_EQ_INT(look.to_come, MiB);
+    CHECK_EQ_INT(look.arrive_ns, 3 * SEC);
+    CHECK_EQ_INT(look.ahead_ns, 30 * MS); /* a's */
+    srv__uploads_end(u, &a, false, SEC);
+    srv__uploads_look(u, &b, SEC, &look);
+    CHECK_EQ_INT(look.arrive_ns, SEC);
+    CHECK_EQ_INT(look.ahead_ns, 0);
+    srv__uploads_free(u);
+}
+
+/* A body smaller than SRV_UPLOAD_SAMPLE_MIN arrives in one read and measures nothing; one that
+ * ends unfinished measures nothing either; and a rate nothing confirmed for
+ * SRV_UPLOAD_RATE_TTL_NS is forgotten, so that it predicts no arrival. */
+static void test_what_the_rate_does_not_learn_and_forgets(void)
 {
     srv_uploads *u = srv__uploads_new(100 * MiB);
     srv_upload up = {0};
     srv_upload_outlook look;
-    CHECK(srv__uploads_begin(u, &up, SRV_UPLOAD_SAMPLE_MIN - 1, 0, 0, &look));
-    srv__uploads_end(u, &up, true, SEC);
-    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 0, &look));
-    srv__uploads_end(u, &up, false, SEC);
-    CHECK_EQ_INT(rate_of(u), 0);
+    arrive(u, SRV_UPLOAD_SAMPLE_MIN - 1, 0, SEC);
+    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, SEC, &look));
+    srv__uploads_received(u, &up, 1, SEC);
+    srv__uploads_end(u, &up, false, 2 * SEC);
+    CHECK_EQ_INT(rate_at(u, 2 * SEC), 0);
+    arrive(u, MiB, 3 * SEC, 4 * SEC);
+    CHECK_EQ_INT(rate_at(u, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS), MiB);
+    CHECK_EQ_INT(rate_at(u, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS + 1), 0);
+    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 5 * SEC + SRV_UPLOAD_RATE_TTL_NS, &look));
+    CHECK_EQ_INT(look.arrive_ns, 0);
     srv__uploads_free(u);
 }
 
@@ -256,7 +281,7 @@ static double start_after_a_trickle(daemon_proc *d, const char *const *args)
     return t0;
 }
 
-/* A body that cannot arrive by its deadline at the rate recent bodies arrived at gets 429 with
+/* A body that cannot arrive by its deadline at the rate the daemon takes bodies in gets 429 with
  * Retry-After as soon as its headers are in, naming the deadline and the rate: a client that
  * reads while it sends has the answer before it sends a byte of the body, and one waiting for
  * "100 Continue" never sends it. Nothing of it is counted on its way. Here 8 MiB would take 16 s
@@ -281,8 +306,8 @@ static void test_the_learned_rate_judges_a_body_from_its_headers(void)
         CHECKF(raw_status(resp) == 429, "%s: %.200s", extras[i], text(resp));
         CHECKF(resp && strstr(resp, "Retry-After: ") != NULL, "no Retry-After: %.200s", text(resp));
         CHECKF(resp && strstr(resp, "--request-timeout-ms 3000") != NULL, "%.300s", text(resp));
-        CHECKF(resp && strstr(resp, "MiB/s recent bodies arrived at") != NULL, "%.300s",
-               text(resp));
+        CHECKF(resp && strstr(resp, "bytes to come here and 0 on other bodies, at") != NULL,
+               "%.300s", text(resp));
         CHECKF(resp && !strstr(resp, "100 Continue"), "%.100s", text(resp));
         CHECK(metric_value(d.port, IN_FLIGHT) == 0);
         free(resp);
@@ -352,9 +377,9 @@ int main(void)
     RUN(test_a_body_counts_from_its_first_byte_to_its_last);
     RUN(test_the_bound_refuses_what_would_pass_it);
     RUN(test_the_work_of_bodies_on_their_way_is_ahead);
-    RUN(test_a_body_on_its_way_sees_the_work_before_it);
-    RUN(test_the_rate_is_learned_from_bodies_that_arrived);
-    RUN(test_small_and_unfinished_bodies_teach_nothing);
+    RUN(test_the_rate_is_the_intake_bodies_arrived_at);
+    RUN(test_arrival_counts_the_bytes_of_every_body_on_its_way);
+    RUN(test_what_the_rate_does_not_learn_and_forgets);
     RUN_WITHIN(test_the_learned_rate_judges_a_body_from_its_headers, 90);
     RUN_WITHIN(test_bodies_on_their_way_are_bounded, 60);
     return check_report();
