@@ -5,6 +5,7 @@
  *   loadgen [--duration S] [--overload X] [--long-fraction F] [--max-tokens N] [--rate R]
  *   loadgen --soak            the same for 30 minutes, with a progress line every minute
  *   loadgen --faults          the fault suite
+ *   loadgen --uploads [--io-threads N] [--duration S]   the edge under large uploads
  *
  * The load suite starts attnd ($ATTND_BIN, as every suite does) and measures its capacity for
  * the request mix: every long size once on an idle daemon, then small requests with a few
@@ -21,7 +22,15 @@
  * 0), requests beyond the memory budget (413, or 429 with Retry-After), queue saturation (429
  * with Retry-After, the queue never beyond --max-queue) and deadline misses (504, promptly).
  *
- * Both end with "N passed, N failed". Traffic goes to 127.0.0.1 only; every run is bounded in
+ * The uploads mode measures what the HTTP edge costs large requests: 16 heads x 1,024 tokens of
+ * D 64, base64 in and out (a 16 MiB body, a 5 MiB reply). It prints one request alone (and the
+ * engine's capacity from its meta.compute_ms), two clients closed loop (the daemon's capacity for
+ * them), then open loop at twice and four times that capacity for S seconds each (default 10),
+ * every request with "timeout_ms" three times one alone: the goodput (200s per second) over
+ * both capacities. It checks only what holds on any machine: every reply is 200, 429 (with
+ * Retry-After) or 504, and some are served. --io-threads N is handed to the daemon.
+ *
+ * All end with "N passed, N failed". Traffic goes to 127.0.0.1 only; every run is bounded in
  * time (its duration plus a drain limit) and in requests in flight (--max-inflight, 256).
  */
 #include <curl/curl.h>
@@ -50,7 +59,9 @@ typedef struct {
     double long_fraction; /* share of long requests, by count */
     int max_tokens;       /* longest long sequence */
     int max_inflight;     /* requests in flight at once (one connection each) */
-    bool soak, faults;
+    bool soak, faults, uploads;
+    bool duration_given;
+    const char *io_threads; /* --io-threads for the daemon of --uploads (NULL: its default) */
 } options;
 
 static options opt = {.duration_s = 20,
@@ -85,8 +96,10 @@ static bool parse_int(const char *s, long lo, long hi, int *out)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: loadgen [--duration S] [--overload X] [--rate R] [--long-fraction F]\n"
-                    "               [--max-tokens N] [--max-inflight N] [--soak] [--faults]\n");
+    fprintf(stderr,
+            "usage: loadgen [--duration S] [--overload X] [--rate R] [--long-fraction F]\n"
+            "               [--max-tokens N] [--max-inflight N] [--soak] [--faults]\n"
+            "       loadgen --uploads [--io-threads N] [--duration S] [--max-inflight N]\n");
 }
 
 static bool parse_options(int argc, char **argv)
@@ -103,13 +116,19 @@ static bool parse_options(int argc, char **argv)
             opt.faults = true;
             continue;
         }
+        if (strcmp(a, "--uploads") == 0) {
+            opt.uploads = true;
+            continue;
+        }
         if (!v) {
             usage();
             return false;
         }
-        if (strcmp(a, "--duration") == 0)
+        int io_threads;
+        if (strcmp(a, "--duration") == 0) {
             ok = parse_double(v, 1, 86400, &opt.duration_s);
-        else if (strcmp(a, "--overload") == 0)
+            opt.duration_given = true;
+        } else if (strcmp(a, "--overload") == 0)
             ok = parse_double(v, 0.1, 100, &opt.overload);
         else if (strcmp(a, "--rate") == 0)
             ok = parse_double(v, 1, 1e6, &opt.rate);
@@ -119,7 +138,10 @@ static bool parse_options(int argc, char **argv)
             ok = parse_int(v, 2048, 65536, &opt.max_tokens);
         else if (strcmp(a, "--max-inflight") == 0)
             ok = parse_int(v, 1, 4096, &opt.max_inflight);
-        else
+        else if (strcmp(a, "--io-threads") == 0) {
+            ok = parse_int(v, 1, 64, &io_threads);
+            opt.io_threads = v;
+        } else
             ok = false;
         if (!ok) {
             fprintf(stderr, "loadgen: bad argument %s %s\n", a, v);
@@ -1432,6 +1454,161 @@ static int fault_suite(void)
     return check_report();
 }
 
+/* ---- The uploads mode ------------------------------------------------------------------------ */
+
+#define UP_HEADS  16
+#define UP_TOKENS 1024
+#define UP_D      64
+/* Connections the open-loop offers keep at most: beyond, a send slot is skipped and counted. */
+#define UP_INFLIGHT 128
+
+/* The uploads mode's body: query, key and value of [UP_HEADS, UP_TOKENS, UP_D] in base64 and a
+ * base64 reply, with "timeout_ms" first when `timeout_ms` > 0. One tensor serves as all three. */
+static bool make_upload_body(body_t *b, long timeout_ms)
+{
+    int64_t shape[3] = {UP_HEADS, UP_TOKENS, UP_D};
+    size_t count = (size_t)UP_HEADS * UP_TOKENS * UP_D, n;
+    float *x = malloc(count * sizeof *x);
+    char *t, head[40] = "";
+    if (!x)
+        return false;
+    for (size_t i = 0; i < count; i++)
+        x[i] = (float)rng_range(&body_rng, -1, 1);
+    t = json_tensor_b64(x, shape, 3);
+    free(x);
+    if (!t)
+        return false;
+    if (timeout_ms > 0)
+        snprintf(head, sizeof head, "\"timeout_ms\":%ld,", timeout_ms);
+    n = 3 * strlen(t) + 128;
+    b->text = malloc(n);
+    if (b->text)
+        b->len = (size_t)snprintf(b->text, n,
+                                  "{%s\"query\":%s,\"key\":%s,\"value\":%s,"
+                                  "\"output_encoding\":\"base64\"}",
+                                  head, t, t, t);
+    b->cls = CLASS_LONG;
+    b->tokens = UP_TOKENS;
+    free(t);
+    return b->text != NULL;
+}
+
+/* One request alone: its seconds (0 when it failed) and its meta.compute_ms in *compute_ms. */
+static double upload_alone(int port, const body_t *b, double *compute_ms)
+{
+    http_resp r;
+    double t0 = now_s(), secs;
+    long status = post(port, b, &r);
+    const char *meta = status == 200 ? strstr(r.body, "\"compute_ms\":") : NULL;
+    secs = now_s() - t0;
+    CHECKF(status == 200, "a request alone got %ld", status);
+    *compute_ms = meta ? strtod(meta + 13, NULL) : 0;
+    http_resp_free(&r);
+    return status == 200 ? secs : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Offers `b` open loop at `rate` for the mode's duration and prints its line: the goodput over
+ * the daemon's capacity for two clients (`closed`, per second) and over the engine's
+ * (`engine`). Only 200, 429 with Retry-After and 504 may come back. */
+static void upload_offer(int port, const body_t *b, double multiple, double closed, double engine)
+{
+    loader l = {.port = port,
+                .rate = multiple * closed,
+                .max_inflight = opt.max_inflight < UP_INFLIGHT ? opt.max_inflight : UP_INFLIGHT,
+                .long_fraction = 1,
+                .longs = b,
+                .n_longs = 1};
+    class_stats s;
+    double seconds;
+    if (!loader_start(&l)) {
+        CHECK(0);
+        return;
+    }
+    sleep_ms((int)(opt.duration_s * 1e3));
+    loader_stop(&l);
+    seconds = l.stopped_at - l.t0;
+    s = summarize(&l, -1, 0, 1e9);
+    printf("uploads open %.0fx: offered %.1f/s for %.0f s, sent %zu (%zu slots skipped with %d "
+           "connections busy); 200 %.1f/s: goodput %.2f of the closed-loop capacity, %.2f of the "
+           "engine's; 429 %zu, 504 %zu, other %zu, transport errors %zu; 200 p50 %.0f ms p99 "
+           "%.0f ms\n",
+           multiple, l.rate, seconds, s.n, l.behind, l.max_inflight, (double)s.ok / seconds,
+           (double)s.ok / seconds / closed, (double)s.ok / seconds / engine, s.rejected, s.deadline,
+           s.other_status + s.unavailable, s.transport, s.p50 * 1e3, s.p99 * 1e3);
+    fflush(stdout);
+    CHECKF(s.other_status + s.unavailable == 0, "%zu replies neither 200, 429 nor 504",
+           s.other_status + s.unavailable);
+    CHECKF(s.no_retry_after == 0, "%zu 429s without Retry-After", s.no_retry_after);
+    CHECKF(s.ok > 0, "nothing served at %.0fx", multiple);
+    loader_free(&l);
+}
+
+static void test_uploads(void)
+{
+    const char *args[] = {"--log-level", "warn", NULL, NULL, NULL};
+    body_t probe = {0}, timed = {0};
+    daemon_proc d;
+    double alone[5], compute[5], closed, engine;
+    loader l = {.rate = 0, .max_inflight = 2, .long_fraction = 1, .n_longs = 1};
+    class_stats s;
+
+    if (opt.io_threads) {
+        args[2] = "--io-threads";
+        args[3] = opt.io_threads;
+    }
+    if (!make_upload_body(&probe, 0) || !start_daemon(&d, args)) {
+        free(probe.text);
+        CHECK(0);
+        return;
+    }
+    upload_alone(d.port, &probe, &compute[0]); /* warm-up */
+    for (int i = 0; i < 5; i++)
+        alone[i] = upload_alone(d.port, &probe, &compute[i]);
+    qsort(alone, 5, sizeof alone[0], cmp_double);
+    qsort(compute, 5, sizeof compute[0], cmp_double);
+    engine = compute[2] > 0 ? 1e3 / compute[2] : 0;
+    l.port = d.port;
+    l.longs = &probe;
+    CHECK(loader_start(&l));
+    sleep_ms((int)(opt.duration_s * 1e3 / 2));
+    loader_stop(&l);
+    s = summarize(&l, -1, 0, 1e9);
+    closed = (double)s.ok / (l.stopped_at - l.t0);
+    loader_free(&l);
+    printf("uploads: %.1f MiB bodies (%d heads x %d tokens, D %d, base64 in and out), --io-threads "
+           "%s\n",
+           (double)probe.len / 1048576, UP_HEADS, UP_TOKENS, UP_D,
+           opt.io_threads ? opt.io_threads : "(default)");
+    printf("uploads alone: %.1f ms (median of 5), compute_ms %.1f: engine capacity %.1f/s\n",
+           alone[2] * 1e3, compute[2], engine);
+    printf("uploads closed loop, 2 clients: %.1f/s = %.2f of the engine's capacity\n", closed,
+           engine > 0 ? closed / engine : 0);
+    fflush(stdout);
+    CHECK(alone[2] > 0 && closed > 0 && engine > 0);
+    if (alone[2] > 0 && closed > 0 && engine > 0 &&
+        make_upload_body(&timed, lround(3e3 * alone[2]))) {
+        upload_offer(d.port, &timed, 2, closed, engine);
+        upload_offer(d.port, &timed, 4, closed, engine);
+    }
+    free(probe.text);
+    free(timed.text);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
+static int uploads_mode(void)
+{
+    if (!opt.duration_given)
+        opt.duration_s = 10;
+    RUN_WITHIN(test_uploads, (unsigned)(3 * opt.duration_s + 3 * MAX_DRAIN + 60));
+    return check_report();
+}
+
 int main(int argc, char **argv)
 {
     int rc;
@@ -1446,7 +1623,7 @@ int main(int argc, char **argv)
         printf("out of memory making the request bodies\n0 passed, 1 failed\n");
         return 1;
     }
-    rc = opt.faults ? fault_suite() : load_suite();
+    rc = opt.uploads ? uploads_mode() : opt.faults ? fault_suite() : load_suite();
     free_bodies();
     curl_global_cleanup();
     return rc;
