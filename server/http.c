@@ -31,7 +31,7 @@
 #include "server/request.h"
 
 /* First allocation for a chunked body; doubled as it grows, up to --max-body-bytes. A body whose
- * Content-Length is known is allocated whole from its headers instead (allocate_body). */
+ * Content-Length is known is allocated whole at its first byte instead (grow_body). */
 #define BODY_FIRST_ALLOC ((size_t)64 * 1024)
 /* How far ahead of a body's bytes its lease reserves (reserve_arriving): a Content-Length is a
  * promise, not bytes, and an allocation's pages are touched only as bytes are written to it. */
@@ -663,20 +663,6 @@ static enum MHD_Result admit_from_headers(srv_server *s, srv_req *req)
     return admit_upload(s, req);
 }
 
-/* Allocates the whole buffer of an admitted body whose Content-Length is known, before its first
- * byte arrives: libmicrohttpd's reads are then copied once, where they stay, with no growth that
- * copies them again, and a worker reads them in place. The lease reserves the bytes as they
- * arrive (reserve_arriving), not here. */
-static enum MHD_Result allocate_body(srv_req *req)
-{
-    if (!req->has_length || req->content_length == 0 ||
-        api_buf_grow_to(&req->body, req->content_length + 1))
-        return MHD_YES;
-    set_refusal(req, SRV_REFUSE_NO_MEMORY, "out of memory for the body of %zu bytes",
-                req->content_length);
-    return refuse_from_headers(req);
-}
-
 /* Routing and the checks that can be decided from the headers. Runs before the body is read
  * when one is expected; for a request without a body it runs on the handler's second call,
  * because libmicrohttpd 0.9.75 closes a connection whose response was queued before it knew
@@ -722,10 +708,7 @@ static enum MHD_Result on_headers(srv_server *s, srv_req *req)
     rc = capture_headers(s, req, rd, &answered);
     if (answered)
         return rc;
-    rc = admit_from_headers(s, req);
-    if (rc == MHD_YES && !req->refused && !req->responded)
-        return allocate_body(req);
-    return rc;
+    return admit_from_headers(s, req);
 }
 
 /* ---- Body --------------------------------------------------------------------------------- */
@@ -782,13 +765,16 @@ static void early_admission(srv_server *s, srv_req *req)
     api_peek_free(&peek);
 }
 
-/* Grows the buffer of a chunked body to hold `n` more bytes and its NUL, doubling, up to
- * --max-body-bytes; false, with the refusal arranged, when memory runs out. */
+/* Makes room for `n` more bytes of the body and its NUL; false, with the refusal arranged, when
+ * memory runs out. A body whose Content-Length is known gets all of it at its first byte (not
+ * from its headers, where a client that announces a body and sends none would hold the
+ * allocation): libmicrohttpd's reads are then copied once, where a worker decodes them, with no
+ * growth that copies them again. A chunked body doubles its buffer, up to --max-body-bytes. */
 static bool grow_body(srv_server *s, srv_req *req, size_t n)
 {
     size_t need = req->body.len + n + 1;
     size_t limit = req->has_length ? req->content_length + 1 : s->max_body_bytes + 1;
-    size_t cap = req->body.cap > 0 ? req->body.cap : BODY_FIRST_ALLOC;
+    size_t cap = req->body.cap > 0 ? req->body.cap : req->has_length ? limit : BODY_FIRST_ALLOC;
     while (cap < need)
         cap = cap > SIZE_MAX / 2 ? need : cap * 2;
     if (cap > limit)
