@@ -56,11 +56,13 @@ static double rate_locked(const srv_uploads *u, int64_t now)
 }
 
 /* Fills *look at `now` for a body with `to_come` bytes to arrive, besides the `others` still to
- * arrive on the other bodies, and `ahead_ns` of work before it. mu held. */
+ * arrive on the other bodies, and `ahead_ns` of work before it. A body alone on its way gets no
+ * arrival: the rate was learned in another spell, and refused on one too low, every body would
+ * be refused while none arrived to teach a better one. mu held. */
 static void look_locked(const srv_uploads *u, int64_t now, uint64_t to_come, uint64_t others,
                         int64_t ahead_ns, srv_upload_outlook *look)
 {
-    double rate = rate_locked(u, now);
+    double rate = others > 0 ? rate_locked(u, now) : 0;
     /* both < 2^63 (--max-upload-bytes, --max-body-bytes): a valid time when under 2^63 ns */
     double arrive = rate > 0 ? ((double)to_come + (double)others) / rate * 1e9 : 0;
     look->to_come = to_come;

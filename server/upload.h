@@ -28,7 +28,8 @@
  * rate rises fast and falls slowly, since one too low refuses requests that would have arrived
  * in time, while one too high only admits a few that then wait; one learned more than
  * SRV_UPLOAD_RATE_TTL_NS ago is forgotten, so that a slow spell long over refuses nothing. While
- * no rate is known, no arrival is predicted.
+ * no rate is known, and for a body that would arrive alone, no arrival is predicted: a rate too
+ * low would otherwise refuse every body, and with none arriving nothing would teach it better.
  *
  * Any thread; one mutex inside. A srv_upload belongs to the request that embeds it; its fields
  * are the meter's.

@@ -161,7 +161,8 @@ static void test_the_rate_is_the_intake_bodies_arrived_at(void)
 }
 
 /* A body's arrival is predicted from the bytes still to come on every body arriving, its own
- * included, at the rate: fewer bodies on their way, sooner. */
+ * included, at the rate: fewer bodies on their way, sooner; alone on its way, none is predicted
+ * (the rate was learned in another spell, and only a body let in can teach a better one). */
 static void test_arrival_counts_the_bytes_of_every_body_on_its_way(void)
 {
     srv_uploads *u = srv__uploads_new(100 * MiB);
@@ -169,7 +170,7 @@ static void test_arrival_counts_the_bytes_of_every_body_on_its_way(void)
     srv_upload_outlook look;
     arrive(u, MiB, 0, SEC); /* 1 MiB/s */
     CHECK(srv__uploads_begin(u, &a, 3 * MiB, 30 * MS, SEC, &look));
-    CHECK_EQ_INT(look.arrive_ns, 3 * SEC);
+    CHECK_EQ_INT(look.arrive_ns, 0); /* alone */
     srv__uploads_received(u, &a, MiB, SEC);
     CHECK(srv__uploads_begin(u, &b, 4 * MiB, 20 * MS, SEC, &look));
     CHECK_EQ_INT(look.arrive_ns, 6 * SEC); /* a's 2 MiB to come and its own 4 */
@@ -180,7 +181,7 @@ static void test_arrival_counts_the_bytes_of_every_body_on_its_way(void)
     CHECK_EQ_INT(look.ahead_ns, 30 * MS); /* a's */
     srv__uploads_end(u, &a, false, SEC);
     srv__uploads_look(u, &b, SEC, &look);
-    CHECK_EQ_INT(look.arrive_ns, SEC);
+    CHECK_EQ_INT(look.arrive_ns, 0); /* alone again */
     CHECK_EQ_INT(look.ahead_ns, 0);
     srv__uploads_free(u);
 }
@@ -201,7 +202,12 @@ static void test_what_the_rate_does_not_learn_and_forgets(void)
     arrive(u, MiB, 3 * SEC, 4 * SEC);
     CHECK_EQ_INT(rate_at(u, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS), MiB);
     CHECK_EQ_INT(rate_at(u, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS + 1), 0);
-    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 5 * SEC + SRV_UPLOAD_RATE_TTL_NS, &look));
+    srv_upload other = {0};
+    CHECK(srv__uploads_begin(u, &other, MiB, 0, 4 * SEC, &look));
+    srv__uploads_received(u, &other, 1, 4 * SEC); /* not alone */
+    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS, &look));
+    CHECK(look.arrive_ns > 8 * SEC);
+    CHECK(srv__uploads_begin(u, &up, 8 * MiB, 0, 4 * SEC + SRV_UPLOAD_RATE_TTL_NS + 1, &look));
     CHECK_EQ_INT(look.arrive_ns, 0);
     srv__uploads_free(u);
 }
@@ -281,13 +287,14 @@ static double start_after_a_trickle(daemon_proc *d, const char *const *args)
     return t0;
 }
 
-/* A body that cannot arrive by its deadline at the rate the daemon takes bodies in gets 429 with
- * Retry-After as soon as its headers are in, naming the deadline and the rate: a client that
- * reads while it sends has the answer before it sends a byte of the body, and one waiting for
- * "100 Continue" never sends it. Nothing of it is counted on its way. Here 8 MiB would take 16 s
- * at the trickle's 512 KiB over its two seconds of pauses, against a deadline of 3 s. A body
- * that can arrive in time is read: 128 KiB takes a quarter of the trickle's time at its rate,
- * within the deadline whenever the trickle took less than 12 s. */
+/* A body that cannot arrive by its deadline at the rate the daemon takes bodies in, behind the
+ * bytes still to come on the bodies before it, gets 429 with Retry-After as soon as its headers
+ * are in, naming the deadline and the rate: a client that reads while it sends has the answer
+ * before it sends a byte of the body, and one waiting for "100 Continue" never sends it. Nothing
+ * of it is counted on its way. Here, behind a stalled upload with 100 KiB to come, 8 MiB would
+ * take over 16 s at the trickle's 512 KiB over its two seconds of pauses, against a deadline of
+ * 3 s. A body that can arrive in time is read: 128 KiB behind the 100 KiB, within the deadline at
+ * 512 KiB over the trickle's time whenever the trickle took less than 6 s. */
 static void test_the_learned_rate_judges_a_body_from_its_headers(void)
 {
     const char *const args[] = {"--request-timeout-ms", "3000", "--io-threads", "2", NULL};
@@ -295,27 +302,30 @@ static void test_the_learned_rate_judges_a_body_from_its_headers(void)
     daemon_proc d;
     double trickle_s = start_after_a_trickle(&d, args);
     char *resp;
-    int fd;
+    int fd, stalled;
     if (trickle_s <= 0) {
         CHECK(0);
         return;
     }
+    stalled = post_head(d.port, 100 * KiB + 1, "");
+    CHECK(stalled >= 0 && raw_send(stalled, "{", 1) == 0);
+    CHECK(metric_wait(d.port, IN_FLIGHT, 100 * KiB, 5000));
     for (int i = 0; i < 2; i++) {
         fd = post_head(d.port, 8 * MiB, extras[i]);
         resp = fd >= 0 ? raw_read_response(fd, 10000) : NULL;
         CHECKF(raw_status(resp) == 429, "%s: %.200s", extras[i], text(resp));
         CHECKF(resp && strstr(resp, "Retry-After: ") != NULL, "no Retry-After: %.200s", text(resp));
         CHECKF(resp && strstr(resp, "--request-timeout-ms 3000") != NULL, "%.300s", text(resp));
-        CHECKF(resp && strstr(resp, "bytes to come here and 0 on other bodies, at") != NULL,
+        CHECKF(resp && strstr(resp, "bytes to come here and 102400 on other bodies, at") != NULL,
                "%.300s", text(resp));
         CHECKF(resp && !strstr(resp, "100 Continue"), "%.100s", text(resp));
-        CHECK(metric_value(d.port, IN_FLIGHT) == 0);
+        CHECK(metric_value(d.port, IN_FLIGHT) == 100 * KiB); /* the stalled one's alone */
         free(resp);
         if (fd >= 0)
             close(fd);
     }
     CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}", 2, 2000));
-    fd = trickle_s < 12 ? post_head(d.port, 128 * KiB, "") : -1;
+    fd = trickle_s < 6 ? post_head(d.port, 128 * KiB, "") : -1;
     if (fd >= 0) {
         trickle(fd, 128 * KiB, 1, 0);
         resp = raw_read_response(fd, 10000);
@@ -323,6 +333,8 @@ static void test_the_learned_rate_judges_a_body_from_its_headers(void)
         free(resp);
         close(fd);
     }
+    if (stalled >= 0)
+        close(stalled);
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
