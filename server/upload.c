@@ -79,7 +79,10 @@ bool srv__uploads_begin(srv_uploads *u, srv_upload *up, uint64_t length, int64_t
     bool fits;
     pthread_mutex_lock(&u->mu);
     look_locked(u, now, length, u->in_flight, u->ahead_ns, look);
-    fits = length < SRV_UPLOAD_COUNT_MIN || (length <= u->max && u->in_flight <= u->max - length);
+    /* Alone, a body passes whatever its size: the bound is for bodies arriving together, and a
+     * 429 would have its client retry a body that would never fit (the budget judges it, 413). */
+    fits = length < SRV_UPLOAD_COUNT_MIN || u->in_flight == 0 ||
+           (length <= u->max && u->in_flight <= u->max - length);
     if (fits && length >= SRV_UPLOAD_COUNT_MIN)
         *up = (srv_upload){.admitted = true,
                            .length = length,

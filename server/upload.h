@@ -7,7 +7,7 @@
  *     srv_upload up;                                     // in the request
  *     srv_upload_outlook look;
  *     if (!srv__uploads_begin(u, &up, content_length, cost_ns, now, &look))
- *         refuse 429: look.in_flight + content_length would pass max_bytes;
+ *         refuse 429: others on their way + content_length pass max_bytes;
  *     else if (look.arrive_ns > time left)                // or with look.ahead_ns, the scheduler's
  *         srv__uploads_end(u, &up, false, now), refuse 429;
  *     ...  srv__uploads_received(u, &up, n, now);       // each piece of the body

@@ -73,8 +73,8 @@ static void test_a_body_counts_from_its_first_byte_to_its_last(void)
 
 /* A body that would take the bytes on their way past the bound is not admitted (its request is
  * refused); once bytes of the others arrive, or they end unfinished, it fits. Bodies announced
- * and not sent take none of the bound, and one that arrives in one read is never refused or
- * counted. */
+ * and not sent take none of the bound, one that arrives in one read is never refused or
+ * counted, and one arriving alone is admitted whatever its size. */
 static void test_the_bound_refuses_what_would_pass_it(void)
 {
     srv_uploads *u = srv__uploads_new(MiB);
@@ -95,13 +95,18 @@ static void test_the_bound_refuses_what_would_pass_it(void)
     srv__uploads_end(u, &a, false, SEC); /* cut off: its 400 KiB are no longer coming */
     CHECK_EQ_INT(in_flight(u, SEC), 500 * KiB - 1);
     CHECK(srv__uploads_begin(u, &c, 200 * KiB, 0, 0, &look));
-    CHECK(!srv__uploads_begin(u, &a, MiB + 1, 0, 0, &look)); /* more than the bound alone */
+    CHECK(!srv__uploads_begin(u, &a, MiB + 1, 0, 0, &look)); /* past the bound, not alone */
     srv__uploads_received(u, &c, 1, SEC);                    /* 700 KiB - 2 on their way */
     CHECK(!srv__uploads_begin(u, &small, 400 * KiB, 0, 0, &look));
     CHECK(srv__uploads_begin(u, &small, SRV_UPLOAD_COUNT_MIN - 1, 0, 0, &look));
     CHECK(!small.admitted);
     srv__uploads_received(u, &small, 100, SEC);
     CHECK_EQ_INT(in_flight(u, SEC), 700 * KiB - 2);
+    srv__uploads_end(u, &b, false, SEC);
+    srv__uploads_end(u, &c, false, SEC);
+    CHECK_EQ_INT(in_flight(u, SEC), 0);
+    CHECK(srv__uploads_begin(u, &a, 2 * MiB, 0, SEC, &look)); /* more than the bound, alone */
+    CHECK(a.admitted);
     srv__uploads_free(u);
 }
 
