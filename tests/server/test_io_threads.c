@@ -107,9 +107,19 @@ static void hang_up_mid_upload(client_t *c, int kind)
         close(fd);
 }
 
-/* A body larger than --max-upload-bytes (8 MiB): 429 from its headers, none of it sent. */
+/* A body larger than --max-upload-bytes (8 MiB) while another is on its way (this client's own
+ * 1 MiB upload, stalled after its first 128 KiB): 429 from its headers, none of it sent. (Alone,
+ * it would be admitted and judged by the memory budget.) */
 static void refused_from_headers(client_t *c, int kind)
 {
+    int held = post_head(1024 * KiB);
+    if (held < 0 || raw_send(held, upload_body, 128 * KiB) != 0) {
+        wrong(c, kind, "the held upload failed");
+        if (held >= 0)
+            close(held);
+        return;
+    }
+    sleep_ms(200); /* the daemon reads the held upload's first bytes: it is on its way */
     int fd = post_head(9 * 1024 * KiB);
     char *resp = fd >= 0 ? raw_read_response(fd, 60000) : NULL;
     if (raw_status(resp) != 429 || !strstr(resp, "--max-upload-bytes"))
@@ -117,6 +127,7 @@ static void refused_from_headers(client_t *c, int kind)
     free(resp);
     if (fd >= 0)
         close(fd);
+    close(held);
 }
 
 /* One request through libcurl on the client's kept-alive handle, answered `want` (or 429 when
