@@ -283,7 +283,7 @@ tsan_suites = $(call tsan_runs,$(TEST_SRC))
 # their bounds from it (ALONE_TESTS, the load suites, perf_analyzer's stability windows) run
 # afterwards one at a time, with the machine to themselves.
 TEST_JOBS ?= 3
-ALONE_TESTS := tests/server/test_resilience.c tests/engine/test_pool.c tests/robustness/test_robustness.c
+ALONE_TESTS := tests/server/test_resilience.c tests/engine/test_pool.c
 LONG_TESTS := tests/robustness/test_hostile.c tests/engine/test_sdpa.c tests/engine/test_sdpa_bf16.c
 SHORT_TESTS := $(filter-out $(ALONE_TESTS) $(LONG_TESTS),$(TEST_SRC))
 

@@ -180,43 +180,14 @@ static double report(const char *name, double *t, size_t up, size_t down, bool o
 typedef struct {
     const char *scheme;
     int port;
-    pid_t pid;        /* the daemon's, for its CPU time */
-    double cpu_s;     /* the daemon's CPU seconds over the timed runs */
-    int64_t requests; /* requests in the timed runs */
+    const daemon_proc *proc; /* the daemon, for its CPU time */
+    double cpu_s;            /* the daemon's CPU seconds over the timed runs */
+    int64_t requests;        /* requests in the timed runs */
     CURL *h;
     reply_buf r;
     bool ok;
     double *t;
 } conn_case;
-
-/* User plus system CPU seconds of process `pid` so far: its CPU-time clock (nanoseconds, all
- * threads), else /proc/PID/stat, whose clock ticks (10 ms) are too coarse for the small case:
- * 600 requests of 0.06 ms are 36 ms of CPU, so one tick more or less moved that line by 28%.
- * 0 if unknown. */
-static double cpu_seconds(pid_t pid)
-{
-    clockid_t clock;
-    struct timespec ts;
-    if (clock_getcpuclockid(pid, &clock) == 0 && clock_gettime(clock, &ts) == 0)
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-    char path[64], text[1024];
-    unsigned long long utime = 0, stime = 0;
-    const char *p;
-    FILE *f;
-    size_t n;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    f = fopen(path, "r");
-    if (!f)
-        return 0;
-    n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    p = strrchr(text, ')'); /* the command name may hold spaces */
-    if (!p ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
-        return 0;
-    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
-}
 
 /* One native base64 request: its time in ms. */
 static double native_once(conn_case *c, const char *body, size_t len, const float *want)
@@ -255,11 +226,11 @@ static void plain_and_tls(const char *what, conn_case *c, int n, const char *bod
     }
     for (int r = -1; r < reps; r++) {
         for (int i = 0; i < n; i++) {
-            double cpu0 = cpu_seconds(c[i].pid);
+            double cpu0 = daemon_cpu_s(c[i].proc);
             double ms = body ? native_once(&c[i], body, len, want) : small_once(&c[i]);
             if (r >= 0) {
                 c[i].t[r] = ms;
-                c[i].cpu_s += cpu_seconds(c[i].pid) - cpu0;
+                c[i].cpu_s += daemon_cpu_s(c[i].proc) - cpu0;
                 c[i].requests += body ? 1 : SMALL_BATCH;
             }
         }
@@ -571,10 +542,10 @@ int main(int argc, char **argv)
     }
     {
         double *ts = calloc((size_t)reps, sizeof *ts);
-        conn_case c[2] = {{.scheme = "http", .port = d.port, .pid = d.pid, .h = h, .t = t},
+        conn_case c[2] = {{.scheme = "http", .port = d.port, .proc = &d, .h = h, .t = t},
                           {.scheme = "https",
                            .port = tls ? ds.port : 0,
-                           .pid = tls ? ds.pid : 0,
+                           .proc = tls ? &ds : NULL,
                            .h = hs,
                            .t = ts}};
         int n = tls ? 2 : 1;

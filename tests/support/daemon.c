@@ -286,6 +286,31 @@ long daemon_rss_kib(const daemon_proc *d)
     return kib;
 }
 
+double daemon_cpu_s(const daemon_proc *d)
+{
+    clockid_t clock;
+    struct timespec ts;
+    if (clock_getcpuclockid(d->pid, &clock) == 0 && clock_gettime(clock, &ts) == 0)
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    char path[64], text[1024];
+    unsigned long long utime = 0, stime = 0;
+    const char *p;
+    FILE *f;
+    size_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)d->pid);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    p = strrchr(text, ')'); /* the command name may hold spaces */
+    if (!p ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2)
+        return 0;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
 int daemon_fd_count(const daemon_proc *d)
 {
     char path[64];

@@ -65,6 +65,11 @@ int daemon_log_lines(const daemon_proc *d, const char *a, const char *b, int wan
 long daemon_rss_kib(const daemon_proc *d);
 int daemon_fd_count(const daemon_proc *d);
 
+/* Its user plus system CPU seconds so far, all threads: its CPU-time clock (nanoseconds), else
+ * /proc/PID/stat (clock ticks of 10 ms); 0 if unknown. Unlike wall time, neighbours on the
+ * machine do not inflate it. */
+double daemon_cpu_s(const daemon_proc *d);
+
 /* ---- HTTP with libcurl -------------------------------------------------------------------- */
 
 typedef struct {
