@@ -101,7 +101,8 @@ fi
 # The build stage sees only what its COPYs bring in (through .dockerignore): copy exactly that,
 # less object and dependency files, into a scratch context and run the stage's make there, so a
 # source the COPY lines miss (a new top-level folder, say) fails here rather than in a registry
-# build. It compiles at -O1: what it proves is that the sources are there, not the code's speed.
+# build. It compiles at -O1 without debug information: what it proves is that the sources are
+# there, not the code's speed.
 # ATTND_SKIP_CONTEXT_BUILD=1 skips it (it compiles attnd once more).
 if [ "$node_ok" = 1 ] && [ "${ATTND_SKIP_CONTEXT_BUILD:-0}" != 1 ]; then
     ctx="$tmp/context"
@@ -111,7 +112,7 @@ if [ "$node_ok" = 1 ] && [ "${ATTND_SKIP_CONTEXT_BUILD:-0}" != 1 ]; then
         (cd "$root" && tar cf - --exclude='*.o' --exclude='*.d' "$src") | (cd "$ctx" && tar xf -)
         copied="$copied $src"
     done < <(node "$here/image.mjs" build-context)
-    if make -C "$ctx" -j"$(nproc)" OPT=-O1 build/attnd >"$tmp/context.log" 2>&1 &&
+    if make -C "$ctx" -j"$(nproc)" OPT=-O1 CFLAGS=-g0 build/attnd >"$tmp/context.log" 2>&1 &&
         "$ctx/build/attnd" --help >/dev/null 2>&1; then
         ok "build stage: make build/attnd succeeds with only the COPYed sources ($copied )"
     else
