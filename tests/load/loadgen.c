@@ -1341,8 +1341,14 @@ static void test_deadline_misses_under_load(void)
     seconds = l.stopped_at - l.t0;
     s = summarize(&l, -1, 0, 1e9);
     goodput = (double)s.ok / seconds;
+    /* A request is counted when it completes, which can be a moment after its client has the
+     * reply. */
     metric_wait(d.port, "attnd_rejected_total{reason=\"deadline\"}",
                 (double)(s.deadline + quick_504), 2000);
+    metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}",
+                (double)(s.rejected + quick_429), 2000);
+    metric_wait(d.port, "attnd_requests_total{route=\"/v1/attention\",code=\"200\"}",
+                (double)(s.ok + quick_ok), 2000);
     busy = metric_value(d.port, "attnd_worker_seconds_total");
     wasted = metric_value(d.port, "attnd_wasted_compute_seconds_total");
     /* The capacity: one request alone at a time, as measured before, or as the workers' time per

@@ -393,8 +393,17 @@ static bool start(int n)
 {
     char t[8];
     snprintf(t, sizeof t, "%d", n);
-    const char *const args[] = {"--threads", t,   "--kv-cache-bytes", "64MiB", "--drain-timeout-s",
-                                "20",        NULL};
+    /* A deadline far beyond the blockers': admission never refuses a step for the wait behind
+     * them, however slowly a busy machine runs them. */
+    const char *const args[] = {"--threads",
+                                t,
+                                "--kv-cache-bytes",
+                                "64MiB",
+                                "--drain-timeout-s",
+                                "20",
+                                "--request-timeout-ms",
+                                "600000",
+                                NULL};
     threads = n;
     if (daemon_start(&d, args) != 0) {
         CHECKF(0, "cannot start attnd --threads %d", n);
