@@ -36,6 +36,21 @@ AVX2 static inline void store_row(float *c, __m256 x0, __m256 x1, __m256 alpha, 
     _mm256_maskstore_ps(c + 8, m1, x1);
 }
 
+/* store_row for a whole row of the tile: plain loads and stores, which AMD's cores retire at
+ * the rate of any other, where the masked ones are microcoded. */
+AVX2 static inline void store_full_row(float *c, __m256 x0, __m256 x1, __m256 alpha, float beta)
+{
+    x0 = _mm256_mul_ps(alpha, x0);
+    x1 = _mm256_mul_ps(alpha, x1);
+    if (beta != 0.0f) {
+        __m256 b = _mm256_set1_ps(beta);
+        x0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(c), x0);
+        x1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(c + 8), x1);
+    }
+    _mm256_storeu_ps(c, x0);
+    _mm256_storeu_ps(c + 8, x1);
+}
+
 AVX2 void eng__tile_avx2(int64_t k, const float *a, int64_t lda, const float *b, float *c,
                          int64_t ldc, float alpha, float beta, int m, int n)
 {
@@ -53,8 +68,15 @@ AVX2 void eng__tile_avx2(int64_t k, const float *a, int64_t lda, const float *b,
         }
     }
     __m256 al = _mm256_set1_ps(alpha);
-    __m256i m0 = lanes(n), m1 = lanes(n - 8);
     /* Constant indices after unrolling keep the accumulators in registers. */
+    if (n == NR) {
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++)
+            if (r < m)
+                store_full_row(c + r * ldc, c0[r], c1[r], al, beta);
+        return;
+    }
+    __m256i m0 = lanes(n), m1 = lanes(n - 8);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
         if (r < m)
