@@ -6,8 +6,9 @@
  * loaded (and widened) once for both rows, eight independent FMA chains, enough to keep a
  * one-row product at the memory's pace. More rows (a batch of decode steps): a chunk of four
  * weight rows is widened once into a buffer that stays in L1, and every block of three input
- * rows runs over it with twelve accumulators in registers, saved between chunks; the weights
- * then come from memory once for all rows, and each FMA takes under one load. Each output is
+ * rows (two left: one block of two) runs over it with twelve accumulators in registers, saved
+ * between chunks; the weights then come from memory once for all rows, and each FMA takes
+ * under one load. Each output is
  * one accumulator over k, eight elements a step, reduced by one tree, whichever path and block
  * it is computed in. Compiled with a target attribute; eng__gemv_variant calls it only where
  * the CPU has the instructions.
@@ -210,9 +211,15 @@ INLINE void many_blocks(const eng__gemv *g, const float *buf, int64_t i0, int64_
     buf += j0 * CHUNK;
     acc += j0 * LANES;
     int r = 0;
-    if (nf == FEATURES)
+    if (nf == FEATURES) {
         for (; r + MANY_ROWS <= rows; r += MANY_ROWS)
             many_block(g, buf, i0, n, r, MANY_ROWS, FEATURES, acc);
+        /* Two rows left share each weight load (6 loads per 8 FMAs, not 10). */
+        if (rows - r == 2) {
+            many_block(g, buf, i0, n, r, 2, FEATURES, acc);
+            r += 2;
+        }
+    }
     for (; r < rows; r++) {
         if (nf == FEATURES)
             many_block(g, buf, i0, n, r, 1, FEATURES, acc);

@@ -36,9 +36,9 @@ static const char *const variants[] = {"scalar", "avx2", "avx512"};
 static const int row_counts[] = {1, 2, 3, 7, 16};
 #define NROWS ((int)(sizeof row_counts / sizeof row_counts[0]))
 /* The kernels' calls also take a batch of decode steps' rows, more than a row block of a
- * variant's and more than one pass over the weights keeps (70), and depths past a chunk of
- * widened weights (1100). */
-static const int kernel_rows[] = {1, 2, 3, 7, 16, 70};
+ * variant's and more than one pass over the weights keeps (70), row counts that end in a
+ * block of two rows (5, 32), and depths past a chunk of widened weights (1100). */
+static const int kernel_rows[] = {1, 2, 3, 5, 7, 16, 32, 70};
 #define NKERNEL_ROWS ((int)(sizeof kernel_rows / sizeof kernel_rows[0]))
 static const int64_t depths[] = {1, 7, 16, 67, 300, 1100};
 #define NDEPTHS ((int)(sizeof depths / sizeof depths[0]))
@@ -268,6 +268,10 @@ static void test_a_rows_bits_do_not_depend_on_what_shares_its_call(void)
                 for (int r = 1; r + 3 <= MAX_ROWS; r += 3)
                     run(fn, &o, &(call){r, 3, 0, n, w, dt, false}, part + r * n, n);
                 CHECKF(same_bits(all, part, (size_t)(MAX_ROWS * n)), "%s k %lld: rows by 3",
+                       variants[v], (long long)k);
+                for (int r = 0; r + 5 <= MAX_ROWS; r += 5)
+                    run(fn, &o, &(call){r, 5, 0, n, w, dt, false}, part + r * n, n);
+                CHECKF(same_bits(all, part, (size_t)(MAX_ROWS * n)), "%s k %lld: rows by 5",
                        variants[v], (long long)k);
                 /* Features split at 1, 6 and 19: the halves in calls of their own. */
                 const int64_t splits[] = {1, 6, 19};
