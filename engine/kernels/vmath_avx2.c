@@ -86,17 +86,31 @@ AVX2 static float exp_sum_avx2(float *x, int64_t n, float shift)
     return hsum8(acc);
 }
 
+/* One vector of exp_sum_max_avx2: v's NaNs and maximum noted, exp(v - s) returned. */
+AVX2 static inline __m256 exp_max8(__m256 v, __m256 s, __m256 *m, __m256 *nan)
+{
+    *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    *m = _mm256_max_ps(*m, v);
+    return exp8(_mm256_sub_ps(v, s));
+}
+
+/* Whole vectors load and store plainly; only the tail is masked, since AMD's cores run masked
+ * stores as microcode. */
 AVX2 static float exp_sum_max_avx2(float *x, int64_t n, float shift, float *max)
 {
     __m256 s = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
     __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp_max8(_mm256_loadu_ps(x + i), s, &m, &nan);
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
         __m256i mask = tail_mask8(n - i);
         __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + i, mask),
                                     _mm256_castsi256_ps(mask));
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        m = _mm256_max_ps(m, v);
-        __m256 e = exp8(_mm256_sub_ps(v, s)); /* -inf in the tail lanes gives 0 */
+        __m256 e = exp_max8(v, s, &m, &nan); /* -inf in the tail lanes gives 0 */
         _mm256_maskstore_ps(x + i, mask, e);
         acc = _mm256_add_ps(acc, e);
     }
@@ -111,7 +125,14 @@ AVX2 static void exp_store_avx2(const float *x, float *dst, int64_t n, float shi
                                 bool accumulate)
 {
     __m256 s = _mm256_set1_ps(shift), m = _mm256_set1_ps(mul);
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)), m);
+        if (accumulate)
+            e = _mm256_add_ps(e, _mm256_loadu_ps(dst + i));
+        _mm256_storeu_ps(dst + i, e);
+    }
+    if (i < n) {
         __m256i mask = tail_mask8(n - i);
         __m256 e = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, mask), s)), m);
         if (accumulate)
@@ -139,7 +160,11 @@ AVX2 static inline __m256 tanh8(__m256 t)
 AVX2 static void softcap_avx2(float *x, int64_t n, float cap)
 {
     __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i,
+                         _mm256_mul_ps(c, tanh8(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv))));
+    if (i < n) {
         __m256i mask = tail_mask8(n - i);
         __m256 t = _mm256_mul_ps(_mm256_maskload_ps(x + i, mask), inv);
         _mm256_maskstore_ps(x + i, mask, _mm256_mul_ps(c, tanh8(t)));
