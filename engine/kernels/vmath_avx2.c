@@ -301,7 +301,10 @@ dots_rows_avx2_of(eng_dtype dtype, const float *const *q, int rows, const void *
             else
                 dots_chunks_avx2(dtype, q[r], kr, d, acc);
             const __m256 sums = _mm256_mul_ps(_mm256_set1_ps(scale), hsum8x8(acc));
-            _mm256_maskstore_ps(s + r * lds + c0, tail_mask8(keys), sums);
+            if (keys == KEY_GROUP) /* a plain store: Zen runs masked ones as microcode */
+                _mm256_storeu_ps(s + r * lds + c0, sums);
+            else
+                _mm256_maskstore_ps(s + r * lds + c0, tail_mask8(keys), sums);
         }
     }
 }
