@@ -8,10 +8,9 @@
  * weight rows is widened once into a buffer that stays in L1, and every block of three input
  * rows (two left: one block of two) runs over it with twelve accumulators in registers, saved
  * between chunks; the weights then come from memory once for all rows, and each FMA takes
- * under one load. Each output is
- * one accumulator over k, eight elements a step, reduced by one tree, whichever path and block
- * it is computed in. Compiled with a target attribute; eng__gemv_variant calls it only where
- * the CPU has the instructions.
+ * under one load. Each output is one accumulator over k, eight elements a step, reduced by one
+ * tree, whichever path and block it is computed in. Compiled with a target attribute;
+ * eng__gemv_variant calls it only where the CPU has the instructions.
  */
 #include <immintrin.h>
 #include <string.h>
