@@ -442,7 +442,7 @@ deploy-check: deps-test deploy-deps
 # ---- Load and fault suites (tests/load: a real daemon on 127.0.0.1; plain build only) -----
 
 LOAD_GEN := $(BUILD)/tests/load/loadgen
-LOAD_SECONDS ?= 20
+LOAD_SECONDS ?= 10
 load_suites = "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --duration $(LOAD_SECONDS)" \
     "ATTND_BIN=$(BUILD)/attnd $(LOAD_GEN) --faults"
 
