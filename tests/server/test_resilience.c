@@ -915,8 +915,7 @@ int main(void)
         printf("a quarter of the long request failed on an idle daemon\n0 passed, 1 failed\n");
         return 1;
     }
-    printf("  the long request alone on one worker: %.3f s (16 x a quarter of it)\n",
-           long_alone_s);
+    printf("  the long request alone on one worker: %.3f s (16 x a quarter of it)\n", long_alone_s);
     RUN(test_queue_full_gets_429);
     RUN(test_hangup_mid_compute_frees_the_worker);
     RUN(test_hangup_while_queued);
