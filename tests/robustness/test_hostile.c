@@ -421,14 +421,19 @@ static void test_absolute_form_target(void)
 
 /* ---- Signals and half-closed clients (6, 8) ----------------------------------------------- */
 
+/* Whether a raw request asks the server to close the connection after its reply, so that a
+ * read to the close ends with the reply instead of the keep-alive timeout. */
+typedef enum { KEEP_ALIVE, CLOSE_AFTER } connection_use;
+
 /* A request that computes for a while (hundreds of milliseconds here), sent raw on `fd`. */
-static bool send_slow_request(int fd)
+static bool send_slow_request(int fd, connection_use use)
 {
     size_t len = 0;
     char head[256];
     char *body = slow_attention_body(daemon_quick() ? 8192 : 16384, 16384, &len);
     bool ok;
-    snprintf(head, sizeof head, POST_HEAD "Content-Length: %zu\r\n\r\n", len);
+    snprintf(head, sizeof head, POST_HEAD "%sContent-Length: %zu\r\n\r\n",
+             use == CLOSE_AFTER ? "Connection: close\r\n" : "", len);
     ok = body && raw_send(fd, head, strlen(head)) == 0 && raw_send(fd, body, len) == 0;
     free(body);
     return ok;
@@ -451,7 +456,7 @@ static void test_sighup_and_sigusr1_are_ignored(void)
     int fd = raw_connect(d.port);
     bool closed = false;
     char *resp;
-    CHECK(fd >= 0 && send_slow_request(fd));
+    CHECK(fd >= 0 && send_slow_request(fd, CLOSE_AFTER));
     CHECK(metric_wait(d.port, "attnd_running_requests", 1, (int)(prompt_s() * 1000)));
     CHECK(daemon_signal(&d, SIGHUP) == 0);
     CHECK(daemon_signal(&d, SIGUSR1) == 0);
@@ -481,7 +486,7 @@ static void test_half_closed_client_gets_its_reply(void)
     free(resp);
 
     fd = raw_connect(d.port);
-    CHECK(fd >= 0 && send_slow_request(fd) && shutdown(fd, SHUT_WR) == 0);
+    CHECK(fd >= 0 && send_slow_request(fd, KEEP_ALIVE) && shutdown(fd, SHUT_WR) == 0);
     resp = raw_read_all(fd, 60000, &closed);
     close(fd);
     CHECKF(final_status(resp) == 200 && strstr(resp, "\"output\""), "slow request: %.300s",
@@ -498,7 +503,7 @@ static void test_closed_client_is_cancelled(void)
 {
     double before = metric_value(d.port, "attnd_client_hangups_total");
     int fd = raw_connect(d.port);
-    CHECK(fd >= 0 && send_slow_request(fd));
+    CHECK(fd >= 0 && send_slow_request(fd, KEEP_ALIVE));
     CHECK(metric_wait(d.port, "attnd_running_requests", 1, (int)(prompt_s() * 1000)));
     close(fd);
     CHECK(metric_wait(d.port, "attnd_client_hangups_total", before + 1, (int)(prompt_s() * 1000)));
