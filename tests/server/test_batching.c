@@ -14,6 +14,7 @@
  * in the same run, so that it outlasts sending them many times over.
  */
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,20 +331,23 @@ static double seconds_of(const server *s, const char *body)
 }
 
 /* A long request that outlasts sending N_REQ requests (measured: one step's round trip)
- * fifty times. */
+ * fifty times. Its length is found once, from one measured request of 1024 tokens and the
+ * quadratic growth of its time, and kept for the later tests. */
 static char *hold_body(const server *s, const float *tok)
 {
-    char *step = mha_body(tok, 1, E, "\"model\":\"demo\"");
-    double t_step = seconds_of(s, step);
-    free(step);
-    int64_t n = 1024;
-    char *b = long_body(n);
-    while (seconds_of(s, b) < 50 * N_REQ * t_step && n < 32768) {
-        free(b);
-        n *= 2;
-        b = long_body(n);
+    static int64_t n;
+    if (!n) {
+        char *step = mha_body(tok, 1, E, "\"model\":\"demo\"");
+        double t_step = seconds_of(s, step);
+        free(step);
+        char *probe = long_body(1024);
+        double t_probe = seconds_of(s, probe);
+        free(probe);
+        /* A fifth more than the quadratic estimate, for the part of its time that is linear. */
+        double want = 1.2 * 1024 * sqrt(50 * N_REQ * t_step / fmax(t_probe, 1e-6));
+        n = want < 1024 ? 1024 : want > 32768 ? 32768 : (int64_t)want;
     }
-    return b;
+    return long_body(n);
 }
 
 /* What the batching daemon counted while requests waited behind a long one. */
