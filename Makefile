@@ -294,7 +294,7 @@ grpc_client_suites = "tests/server/check_grpc_tritonclient.sh $(BUILD)/attnd" \
     "tests/server/check_grpc_tritonclient.sh $(ASAN_BUILD)/attnd"
 pa_grpc_suite = "tests/server/check_perf_analyzer_grpc.sh $(BUILD)/attnd"
 
-FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_SMOKE_SECONDS ?= 10
 # Each harness is a suite of its own, so that they run beside the others.
 fuzz_suites = $(foreach f,$(FUZZ_BINS),"tests/fuzz/run.sh $(FUZZ_SMOKE_SECONDS) $(patsubst $(FUZZ_BUILD)/fuzz_%,%,$(f))")
 
