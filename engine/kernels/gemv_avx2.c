@@ -131,13 +131,18 @@ INLINE void block(const eng__gemv *g, int64_t f, int r0, int nf, int nr, eng_dty
 }
 
 /* Weight elements [i0, i0 + n) of features f .. f + nf - 1 (nf <= GROUP) widened into buf
- * (row j at j * CHUNK), the last vector's lanes past k zero: the vectors block() would load. */
+ * (row j at j * CHUNK), the last vector's lanes past k zero: the vectors block() would load.
+ * The rows' next chunks are prefetched: read a chunk at a time, GROUP rows apart, with the
+ * products between, they are streams the hardware prefetchers do not follow. */
 INLINE void widen_chunk(const eng__gemv *g, int64_t f, int nf, int64_t i0, int64_t n, float *buf,
                         eng_dtype dtype, bool round)
 {
     const size_t size = dtype == ENG_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    const int64_t next = g->k - (i0 + n) < CHUNK ? g->k - (i0 + n) : CHUNK;
     for (int j = 0; j < nf; j++) {
         const unsigned char *w = (const unsigned char *)g->w + (size_t)((f + j) * g->ldw) * size;
+        for (size_t b = 0; b < (size_t)next * size; b += 64)
+            _mm_prefetch((const char *)w + (size_t)(i0 + n) * size + b, _MM_HINT_T0);
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES)
             _mm256_store_ps(buf + j * CHUNK + i, load_w(w, dtype, i0 + i, round));
