@@ -11,9 +11,11 @@
  * How the arrival order is known: a step is sent only once the one before it is admitted
  * (nv_inference_pending_request_count has counted it), and while every worker is held by a
  * long /v1/attention request (a "blocker"), so that all the steps wait together; nothing of
- * the sequence starts before the test hangs the blockers up. A blocker that answers before the
- * steps are all in (a machine faster than the blocker is long) makes the round void, and it is
- * run again, on a sequence of its own, with blockers four times as long; so does the drain.
+ * the sequence starts before the test hangs the blockers up. A blocker or a step that answers
+ * before the steps are all in (a machine faster than the blocker is long) makes the round void,
+ * and it is run again with blockers four times as long. Each round after the first, and the
+ * drain, has a daemon of its own: one that has run a blocker knows it to be long, and runs long
+ * requests one at a time with short ones (the steps) beside them.
  *
  * What the outputs say: every query is zero, so each head's output is the mean of the values
  * the session holds; the START token's value has a 1 where the others have 0, which makes the
@@ -169,35 +171,98 @@ static void check_output(const char *seq, int i, const history *h, const float o
     }
 }
 
+/* ---- The daemons -------------------------------------------------------------------------- */
+
+static bool start(int n)
+{
+    char t[8];
+    snprintf(t, sizeof t, "%d", n);
+    /* A deadline far beyond the blockers': admission never refuses a step for the wait behind
+     * them, however slowly a busy machine runs them. */
+    const char *const args[] = {"--threads",
+                                t,
+                                "--kv-cache-bytes",
+                                "64MiB",
+                                "--drain-timeout-s",
+                                "20",
+                                "--request-timeout-ms",
+                                "600000",
+                                NULL};
+    threads = n;
+    if (daemon_start(&d, args) != 0) {
+        CHECKF(0, "cannot start attnd --threads %d", n);
+        return false;
+    }
+    return true;
+}
+
+/* A daemon of its own for a round: one that has run a blocker has learned its cost, and a
+ * request it knows to be long runs one at a time, short ones (the steps) beside it. */
+static bool fresh_daemon(void)
+{
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+    return start(threads);
+}
+
 /* ---- Holding the workers ------------------------------------------------------------------ */
 
 typedef enum { WAIT_OK, WAIT_STARTED, WAIT_TIMEOUT } wait_result;
 
+/* Whether connection fd (-1: none) has something to read, a reply or its close. */
+static bool answered(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
 /* Whether a blocker has answered: it ended on its own, and a worker is free. */
 static bool blocker_ended(void)
 {
-    for (int b = 0; b < threads; b++) {
-        struct pollfd p = {.fd = blockers[b], .events = POLLIN};
-        if (blockers[b] >= 0 && poll(&p, 1, 0) > 0)
+    for (int b = 0; b < threads; b++)
+        if (answered(blockers[b]))
             return true;
-    }
+    return false;
+}
+
+/* Whether one of the n steps sent (connections sent[], -1: read or closed) was answered. */
+static bool step_answered(const int *sent, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (answered(sent[i]))
+            return true;
     return false;
 }
 
 /* Waits until the v2 requests admitted and not started number `want`. A count below `floor`,
- * or a blocker that answered, means a step may have started: the round is void. */
-static wait_result wait_pending(double want, double floor)
+ * a blocker that answered or a step that did means a step may have started: the round is void
+ * (and a step answered otherwise than by running is a failure, which its reader reports). */
+static wait_result wait_pending(double want, double floor, const int *sent, int n)
 {
     double deadline = now_s() + 60;
     while (now_s() < deadline) {
-        double n = metric_value(d.port, PENDING);
-        if (n == want && !blocker_ended())
+        double pending = metric_value(d.port, PENDING);
+        bool ended = blocker_ended() || step_answered(sent, n);
+        if (pending == want && !ended)
             return WAIT_OK;
-        if ((n >= 0 && n < floor) || blocker_ended())
+        if ((pending >= 0 && pending < floor) || ended)
             return WAIT_STARTED;
         sleep_ms(1);
     }
     return WAIT_TIMEOUT;
+}
+
+/* Reads the replies of a void round's steps 0..last: each ran (200), or is the step with a bad
+ * key, which fails when it runs (400); any other status is a refusal, a failure. */
+static void void_round_replies(const char *seq, int fds[], int last)
+{
+    float out[WIDTH];
+    for (int j = 0; j <= last; j++) {
+        if (fds[j] < 0)
+            continue;
+        int status = read_reply(fds[j], out);
+        CHECKF(status == 200 || (j == BAD_STEP && status == 400),
+               "step %d of sequence %s, sent behind the blockers: status %d", j, seq, status);
+    }
 }
 
 /* Sends one long /v1/attention request per worker (each about blocker_rows^2 scores, far
@@ -277,25 +342,26 @@ static bool burst_send(const char *seq, const step st[STEPS], int fds[STEPS])
         if (fds[i] < 0)
             return false;
         if (i == LATE_STEP) {
-            /* Answered 504 while it waits (its ticket outlives it); then no longer pending. */
-            CHECK_EQ_INT(read_reply(fds[i], out), 504);
+            /* Answered 504 while it waits (its ticket outlives it); then no longer pending. A
+             * 200 says it ran: the round is void. */
+            int status = read_reply(fds[i], out);
             fds[i] = -1;
-            w = wait_pending(pending, pending);
+            CHECKF(status == 504 || status == 200, "the step that times out waiting: status %d",
+                   status);
+            w = status == 504 ? wait_pending(pending, pending, fds, i + 1) : WAIT_STARTED;
         } else {
             pending++;
-            w = wait_pending(pending, pending - 1);
+            w = wait_pending(pending, pending - 1, fds, i + 1);
         }
         if (w == WAIT_OK && i == HUNG_UP_STEP) {
             close(fds[i]); /* the watcher notices the hang-up and answers it */
             fds[i] = -1;
             pending--;
-            w = wait_pending(pending, pending);
+            w = wait_pending(pending, pending, fds, i + 1);
         }
         if (w != WAIT_OK) {
             CHECKF(w != WAIT_TIMEOUT, "step %d of sequence %s was never admitted", i, seq);
-            for (int j = 0; j <= i; j++)
-                if (fds[j] >= 0)
-                    read_reply(fds[j], out);
+            void_round_replies(seq, fds, i);
             return false;
         }
     }
@@ -351,6 +417,8 @@ static void run_order(bool string_ids)
     burst_steps(st, &rng);
     for (int round = 0; round < BLOCKER_ROUNDS; round++, blocker_rows *= 2) {
         char id[32];
+        if (round > 0 && !fresh_daemon())
+            return;
         sequence_id(id, string_ids, 100 + round);
         /* Before any step of the round can have run. */
         double steps_before = fmax(0, metric_value(d.port, "attnd_session_step_seconds_count"));
@@ -399,16 +467,13 @@ static void drain_check(const char *seq, const step st[DRAIN_STEPS], int fds[DRA
  * the round is void (a blocker ended on its own; the replies are then all read). */
 static bool drain_send(const char *seq, const step st[DRAIN_STEPS], int fds[DRAIN_STEPS])
 {
-    float out[WIDTH];
     for (int i = 0; i < DRAIN_STEPS; i++) {
         fds[i] = send_step(seq, &st[i]);
-        wait_result w = fds[i] < 0 ? WAIT_STARTED : wait_pending(i + 1, i);
+        wait_result w = fds[i] < 0 ? WAIT_STARTED : wait_pending(i + 1, i, fds, i + 1);
         if (w != WAIT_OK) {
             CHECKF(w != WAIT_TIMEOUT, "draining, step %d of sequence %s was never admitted", i,
                    seq);
-            for (int j = 0; j <= i; j++)
-                if (fds[j] >= 0)
-                    read_reply(fds[j], out);
+            void_round_replies(seq, fds, i);
             return false;
         }
     }
@@ -431,6 +496,8 @@ static void run_drain(bool string_ids)
     st[0].start = true;
     for (int round = 0; round < BLOCKER_ROUNDS; round++, blocker_rows *= 2) {
         char id[32];
+        if (!fresh_daemon())
+            return;
         sequence_id(id, string_ids, 200 + round);
         wait_result held = blockers_start();
         if (held == WAIT_TIMEOUT)
@@ -450,31 +517,6 @@ static void run_drain(bool string_ids)
             CHECKF(0, "no blocker outlasted the sending of %d steps", DRAIN_STEPS);
     }
     CHECK_EQ_INT(daemon_stop(&d), 0);
-}
-
-/* ---- The daemons -------------------------------------------------------------------------- */
-
-static bool start(int n)
-{
-    char t[8];
-    snprintf(t, sizeof t, "%d", n);
-    /* A deadline far beyond the blockers': admission never refuses a step for the wait behind
-     * them, however slowly a busy machine runs them. */
-    const char *const args[] = {"--threads",
-                                t,
-                                "--kv-cache-bytes",
-                                "64MiB",
-                                "--drain-timeout-s",
-                                "20",
-                                "--request-timeout-ms",
-                                "600000",
-                                NULL};
-    threads = n;
-    if (daemon_start(&d, args) != 0) {
-        CHECKF(0, "cannot start attnd --threads %d", n);
-        return false;
-    }
-    return true;
 }
 
 static void test_steps_keep_arrival_order_on_one_worker(void)
