@@ -271,10 +271,6 @@ static void void_round_replies(const char *seq, int fds[], int last)
 static wait_result blockers_start(void)
 {
     size_t len = 0;
-    /* The last round's blockers may still count as running until the daemon notices their
-     * hang-up; steps sent while they did would find a worker free. */
-    CHECKF(metric_wait_le(d.port, "attnd_running_requests", 0, 60000),
-           "the last round's blockers still run");
     char *body = slow_attention_body(blocker_rows, blocker_rows, &len);
     char head[256];
     bool ok = body != NULL;
@@ -398,8 +394,8 @@ static void check_ended(const char *seq)
         CHECK_EQ_INT(read_reply(fd, out), 400);
 }
 
-/* Sequence `n`'s id as JSON text: 100 or "chat-100". A void round leaves its sequence unended,
- * so each round has a sequence of its own. */
+/* Sequence `n`'s id as JSON text: 100 or "chat-100" (each round names its own, which its log
+ * lines and failures then tell apart). */
 static void sequence_id(char id[32], bool string_ids, int n)
 {
     if (string_ids)
