@@ -591,13 +591,13 @@ void srv__grpc_jobs_done(srv_grpc *g)
     }
     while (rev) {
         grpc_job *job = rev;
-        int64_t now = eng_now_ns();
         rev = job->next;
         if (job->pending)
             srv__metrics_model_pending(&s->metrics, job->slot, -1);
-        srv__metrics_infer(
-            &s->metrics, job->slot, job->reply.status, job->reply.reason, now - job->lease.start_ns,
-            job->job.run_ns > 0 ? job->job.run_ns - job->job.submit_ns : 0, &job->reply);
+        srv__metrics_infer(&s->metrics, job->slot, job->reply.status, job->reply.reason,
+                           srv__job_handler_ns(&job->job),
+                           job->job.run_ns > 0 ? job->job.run_ns - job->job.submit_ns : 0,
+                           &job->reply);
         if (job->job.run_ns == 0) /* refused or expired: counted as HTTP's refusals are */
             srv__metrics_rejected(&s->metrics, job->reply.reason);
         if (job->call)

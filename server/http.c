@@ -1049,13 +1049,21 @@ static double ms(int64_t ns)
     return ns > 0 ? (double)ns / 1e6 : 0.0;
 }
 
+/* The request's first byte to its last (its admission), 0 when it was answered before. */
+static int64_t receive_ns(const srv_req *req)
+{
+    return req->job.submit_ns > 0 ? req->job.submit_ns - req->lease.start_ns : 0;
+}
+
+/* The reply's handoff to the connection until libmicrohttpd has written it all, at `now`. */
+static int64_t send_ns(const srv_req *req, int64_t now)
+{
+    return req->job.done_ns > 0 ? now - req->job.done_ns : 0;
+}
+
 static void log_request(const srv_req *req, int status, api_reason reason, int64_t now,
                         int64_t queue_ns)
 {
-    /* receive: first byte of the request to its last; send: the reply's handoff to the
-     * connection until libmicrohttpd has written it all. */
-    int64_t receive_ns = req->job.submit_ns > 0 ? req->job.submit_ns - req->lease.start_ns : 0;
-    int64_t send_ns = req->job.done_ns > 0 ? now - req->job.done_ns : 0;
     api_buf b;
     if (!srv_log_enabled(SRV_LOG_INFO))
         return;
@@ -1072,8 +1080,8 @@ static void log_request(const srv_req *req, int status, api_reason reason, int64
                    "\"queue_ms\":%.3f,\"decode_ms\":%.3f,\"compute_ms\":%.3f,"
                    "\"encode_ms\":%.3f,\"send_ms\":%.3f,\"total_ms\":%.3f",
                    status, (unsigned long long)req->bytes_in, (unsigned long long)req->bytes_out,
-                   ms(receive_ns), ms(queue_ns), ms(req->reply.decode_ns),
-                   ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns),
+                   ms(receive_ns(req)), ms(queue_ns), ms(req->reply.decode_ns),
+                   ms(req->reply.compute_ns), ms(req->reply.encode_ns), ms(send_ns(req, now)),
                    ms(now - req->lease.start_ns));
     if (reason != API_REASON_NONE)
         api_buf_printf(&b, ",\"reason\":\"%s\"", api_reason_str(reason));
@@ -1155,6 +1163,7 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
     if (req->job.submit_ns > 0) {
         queue_ns = (req->job.run_ns > 0 ? req->job.run_ns : req->job.done_ns) - req->job.submit_ns;
+        srv__metrics_stage(&s->metrics, SRV_STAGE_RECEIVE, receive_ns(req));
         srv__metrics_stage(&s->metrics, SRV_STAGE_QUEUE, queue_ns);
         if (req->job.run_ns > 0 && status == 200)
             srv__sched_sent(s->sched, &req->job.sched, now - req->job.done_ns);
@@ -1163,14 +1172,16 @@ void srv__mhd_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
             srv__metrics_stage(&s->metrics, SRV_STAGE_COMPUTE, req->reply.compute_ns);
             srv__metrics_stage(&s->metrics, SRV_STAGE_ENCODE, req->reply.encode_ns);
         }
+        if (status == 200)
+            srv__metrics_stage(&s->metrics, SRV_STAGE_SEND, send_ns(req, now));
     }
     srv__metrics_request(&s->metrics, req->route, status, now - req->lease.start_ns, req->bytes_in,
                          req->bytes_out);
     srv__metrics_rejected(&s->metrics, reason);
     rd = srv__route_def(req->route);
     if (rd && rd->stats)
-        rd->stats->completed(&s->metrics, &req->stats, status, reason, now - req->lease.start_ns,
-                             queue_ns, &req->reply);
+        rd->stats->completed(&s->metrics, &req->stats, status, reason,
+                             srv__job_handler_ns(&req->job), queue_ns, &req->reply);
     log_request(req, status, reason, now, queue_ns);
 
     /* No worker touches the request's memory any more (a job that was still queued finds it

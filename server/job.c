@@ -28,6 +28,11 @@ void srv__job_init(srv_job *job, srv_server *s, const srv_job_ops *ops, void *ow
     atomic_init(&job->cancelled, SRV_ANSWER_OK);
 }
 
+int64_t srv__job_handler_ns(const srv_job *job)
+{
+    return job->submit_ns > 0 && job->done_ns > job->submit_ns ? job->done_ns - job->submit_ns : 0;
+}
+
 uint32_t srv__job_level(const srv_server *s, uint64_t priority)
 {
     return priority >= 1 && priority <= s->limits.priority_levels

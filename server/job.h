@@ -121,6 +121,11 @@ struct srv_job {
     int64_t copy_ns; /* the edge's time copying the request's bytes before admission */
 };
 
+/* A request's time in the daemon's hands as Triton's statistics count it: admission (its body
+ * whole) to its final reply, without the body's arrival before or the reply's sending after;
+ * 0 for a job never admitted. */
+int64_t srv__job_handler_ns(const srv_job *job);
+
 /* A job not yet admitted, for `owner`, whose lease and reply live in the owner. */
 void srv__job_init(srv_job *job, srv_server *s, const srv_job_ops *ops, void *owner,
                    api_lease *lease, api_reply *reply);

@@ -23,7 +23,8 @@ static const double bucket_le[SRV_HIST_BUCKETS] = {
 static const int code_slots[SRV_CODE_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 411, 413,
                                                    415, 422, 429, 499, 500, 501, 503, 504};
 
-static const char *const stage_labels[SRV_STAGE_COUNT] = {"queue", "decode", "compute", "encode"};
+static const char *const stage_labels[SRV_STAGE_COUNT] = {"receive", "queue",  "decode",
+                                                          "compute", "encode", "send"};
 
 static size_t code_slot(int status)
 {
@@ -366,7 +367,7 @@ static void add(atomic_uint_fast64_t *v, int64_t x)
     atomic_fetch_add_explicit(v, x > 0 ? (uint_fast64_t)x : 0, memory_order_relaxed);
 }
 
-void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t total_ns,
+void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t handler_ns,
                         int64_t queue_ns, const api_reply *reply)
 {
     srv_model_stats *st;
@@ -375,14 +376,14 @@ void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason,
     st = &m->model[slot];
     if (status != 200) {
         add(&st->fail, 1);
-        add(&st->fail_ns, total_ns);
+        add(&st->fail_ns, handler_ns);
         add(&st->failure[fail_reason(status, reason)], 1);
         return;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     add(&st->success, 1);
-    add(&st->success_ns, total_ns);
+    add(&st->success_ns, handler_ns);
     add(&st->inferences, reply->inferences > 0 ? reply->inferences : 1);
     add(&st->executions, 1);
     add(&st->queue_count, 1);

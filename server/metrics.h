@@ -24,10 +24,12 @@ typedef int srv_route;
 #define SRV_ROUTE_OTHER (SRV_ROUTE_COUNT - 1)
 
 typedef enum {
-    SRV_STAGE_QUEUE = 0,
+    SRV_STAGE_RECEIVE = 0, /* the request's first byte to its last (HTTP) */
+    SRV_STAGE_QUEUE,
     SRV_STAGE_DECODE,
     SRV_STAGE_COMPUTE,
     SRV_STAGE_ENCODE,
+    SRV_STAGE_SEND, /* the reply's handoff to its last byte written (HTTP) */
     SRV_STAGE_COUNT
 } srv_stage;
 
@@ -134,8 +136,9 @@ int srv__metrics_model_slot(const api_models *models, const char *name);
 /* A v2 inference of the model in `slot` was admitted to the queue (+1) or left it (-1). */
 void srv__metrics_model_pending(srv_metrics *m, int slot, int delta);
 /* Counts one finished v2 inference of the model in `slot`: success (status 200) with the
- * reply's stage timings and batch, or a failure by reason. */
-void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t total_ns,
+ * reply's stage timings and batch, or a failure by reason. Its duration is the handler's
+ * (srv__job_handler_ns), as Triton's request duration leaves out the wire. */
+void srv__metrics_infer(srv_metrics *m, int slot, int status, api_reason reason, int64_t handler_ns,
                         int64_t queue_ns, const api_reply *reply);
 /* Appends Triton's nv_inference_* families, labelled model and version, for every model. */
 void srv__metrics_render_models(const srv_metrics *m, const api_models *models, api_buf *b);

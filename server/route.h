@@ -68,7 +68,7 @@ typedef struct {
     void (*admitted)(srv_metrics *m, srv_route_stats *st);
     void (*started)(srv_metrics *m, srv_route_stats *st);
     void (*completed)(srv_metrics *m, srv_route_stats *st, int status, api_reason reason,
-                      int64_t total_ns, int64_t queue_ns, const api_reply *reply);
+                      int64_t handler_ns, int64_t queue_ns, const api_reply *reply);
 } srv_stats_hooks;
 
 /* Where a route may be reached without what guards the others. */

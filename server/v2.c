@@ -124,10 +124,10 @@ static void infer_started(srv_metrics *m, srv_route_stats *st)
 }
 
 static void infer_completed(srv_metrics *m, srv_route_stats *st, int status, api_reason reason,
-                            int64_t total_ns, int64_t queue_ns, const api_reply *reply)
+                            int64_t handler_ns, int64_t queue_ns, const api_reply *reply)
 {
     infer_started(m, st); /* answered without running (the watcher, a failed submit) */
-    srv__metrics_infer(m, st->slot, status, reason, total_ns, queue_ns, reply);
+    srv__metrics_infer(m, st->slot, status, reason, handler_ns, queue_ns, reply);
 }
 
 const srv_stats_hooks srv__v2_infer_stats = {

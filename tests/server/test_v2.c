@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "tests/support/check.h"
@@ -825,13 +826,16 @@ static void test_compression(void)
 
 /* Every reply has an id (KServe's InferenceResponse requires one): a request without one gets
  * its X-Request-Id, the client's or the one the server made up and sent back in the header. */
+/* One query, key and value row of 2: the smallest inference of model sdpa. */
+static const char tiny_body[] =
+    "{\"inputs\":["
+    "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+    "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
+    "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[3,4]}]}";
+
 static void test_reply_id_without_request_id(void)
 {
-    const char *body =
-        "{\"inputs\":["
-        "{\"name\":\"query\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
-        "{\"name\":\"key\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[1,0]},"
-        "{\"name\":\"value\",\"datatype\":\"FP32\",\"shape\":[1,2],\"data\":[3,4]}]}";
+    const char *body = tiny_body;
     const char *given[] = {"Content-Type: application/json", "X-Request-Id: trace-0042", NULL};
     const char *none[] = {"Content-Type: application/json", NULL};
     for (int i = 0; i < 2; i++) {
@@ -852,6 +856,58 @@ static void test_reply_id_without_request_id(void)
         json_decref(j);
         resp_free(&r);
     }
+}
+
+/* Model sdpa's successful inferences from its statistics: their count and summed duration (ns). */
+static void sdpa_success(int64_t *count, int64_t *ns)
+{
+    resp r;
+    *count = *ns = -1;
+    if (request("GET", "/v2/models/sdpa/stats", NULL, NULL, 0, &r) == 200) {
+        json_t *j = json_of(r.body, r.len);
+        json_t *st = json_array_get(json_object_get(j, "model_stats"), 0);
+        json_t *ok = json_object_get(json_object_get(st, "inference_stats"), "success");
+        *count = json_integer_value(json_object_get(ok, "count"));
+        *ns = json_integer_value(json_object_get(ok, "ns"));
+        json_decref(j);
+    }
+    resp_free(&r);
+}
+
+/* A request's duration in the statistics is its handler's, as in Triton's (the request's
+ * start to its end, after the body is read and before the reply is sent): the PAUSE_MS that
+ * half its body waited is not in it, and is in attnd's own receive stage. */
+static void test_request_duration_leaves_out_the_wire(void)
+{
+    enum { PAUSE_MS = 400 };
+    static const char receive_sum[] = "attnd_request_stage_seconds_sum{stage=\"receive\"}";
+    const size_t len = strlen(tiny_body), half = len / 2;
+    int64_t count0, ns0, count, ns;
+    sdpa_success(&count0, &ns0);
+    double receive0 = metric_value(d.port, receive_sum);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST /v2/models/sdpa/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     len);
+    int fd = raw_connect(d.port);
+    CHECK(fd >= 0 && raw_send(fd, head, (size_t)n) == 0 && raw_send(fd, tiny_body, half) == 0);
+    sleep_ms(PAUSE_MS);
+    CHECK(fd >= 0 && raw_send(fd, tiny_body + half, len - half) == 0);
+    char *reply = fd >= 0 ? raw_read_response(fd, 10000) : NULL;
+    CHECKF(raw_status(reply) == 200, "%.300s", reply ? reply : "(no reply)");
+    free(reply);
+    if (fd >= 0)
+        close(fd);
+    /* Counted once the reply is written, which may be after the client has read it. */
+    CHECK(metric_wait(d.port, "nv_inference_request_success{model=\"sdpa\",version=\"1\"}",
+                      (double)(count0 + 1), 5000));
+    sdpa_success(&count, &ns);
+    CHECKF(count == count0 + 1, "%lld successes after %lld", (long long)count, (long long)count0);
+    CHECKF(ns - ns0 < PAUSE_MS * 1000000LL, "duration %lld ns", (long long)(ns - ns0));
+    double receive = metric_value(d.port, receive_sum) - receive0;
+    CHECKF(receive >= PAUSE_MS / 1e3, "receive stage %g s", receive);
 }
 
 /* Errors over HTTP, each in the protocol's form. */
@@ -973,6 +1029,7 @@ int main(void)
     RUN(test_compression);
     RUN(test_errors);
     RUN(test_reply_id_without_request_id);
+    RUN(test_request_duration_leaves_out_the_wire);
     RUN(test_stats_and_metrics);
     CHECK_EQ_INT(daemon_stop(&d), 0);
     curl_global_cleanup();
