@@ -96,9 +96,10 @@ static const srv_option options[] = {
      INT64_C(1) << 50, "4GiB", "SIZE", "memory budget shared by all requests (bodies, "
      "tensors, scratch); a request that can never fit gets 413, one that cannot fit now 429", NULL},
     {"max-upload-bytes", "ATTND_MAX_UPLOAD_BYTES", OPT_SIZE, OFF(max_upload_bytes), 0,
-     INT64_C(1) << 50, "0", "SIZE", "body bytes still to arrive on all connections at once: a "
-     "request whose Content-Length would pass it while others arrive gets 429 from its headers, "
-     "before its body is sent; 0 = a quarter of --max-memory-bytes", NULL},
+     INT64_C(1) << 50, "0", "SIZE", "body bytes still to arrive on all connections at once (HTTP "
+     "bodies, gRPC inference messages): one whose Content-Length or gRPC length prefix would pass "
+     "it while others arrive gets 429 (RESOURCE_EXHAUSTED) before it is read; 0 = a quarter of "
+     "--max-memory-bytes", NULL},
     {"buffer-cache-bytes", "ATTND_BUFFER_CACHE_BYTES", OPT_SIZE, OFF(buffer_cache_bytes), 0,
      INT64_C(1) << 50, "256MiB", "SIZE", "freed request buffers of 1 MiB and more kept mapped "
      "for the next requests (fresh pages cost about 0.3 ms per MiB to fault in), on top of "

@@ -54,6 +54,7 @@ struct grpc_call {
     int64_t timeout_ms; /* grpc-timeout; 0: none; -1: malformed */
     api_lease lease;    /* the messages' bytes as they arrive; its deadline is the call's */
     api_grpc_reader reader;
+    srv_upload upload;     /* an inference's message being read, in the upload meter (upload.h) */
     int64_t recv_since_ns; /* the call's start, or the first byte of the message being read */
     grpc_msg *queue, *queue_tail; /* messages not yet served (ModelStreamInfer) */
     size_t messages;              /* messages read so far */

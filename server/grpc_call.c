@@ -434,6 +434,44 @@ static void queue_msg(grpc_call *call, char *data, size_t len, size_t held)
     call->queue_tail = m;
 }
 
+/* What set the deadline of the inference a message brings, for a refusal's message. */
+static void deadline_origin(const grpc_call *call, char *buf, size_t size)
+{
+    if (call->timeout_ms > 0 && !is_stream(call))
+        snprintf(buf, size, "grpc-timeout %lld ms", (long long)call->timeout_ms);
+    else
+        snprintf(buf, size, "--request-timeout-ms %lld",
+                 (long long)(call->conn->g->s->request_timeout_ns / 1000000));
+}
+
+/* Upload admission of an inference's message whose length prefix has just arrived, before any of
+ * it is read (srv__job_admit_upload): at the most urgent level the message may name, by the
+ * call's deadline, or for a stream's message by --request-timeout-ms from now (each of its
+ * inferences has its own). False when refused: the call then ends with the refusal. */
+static bool admit_message(grpc_call *call, int64_t now)
+{
+    srv_server *s = call->conn->g->s;
+    int64_t deadline = call->lease.ctl.deadline_ns;
+    srv_job_refusal no;
+    char origin[64];
+    if (call->method != API_GRPC_MODEL_INFER && !is_stream(call))
+        return true;
+    if (is_stream(call) && s->request_timeout_ns > 0 &&
+        (deadline == 0 || now + s->request_timeout_ns < deadline))
+        deadline = now + s->request_timeout_ns;
+    deadline_origin(call, origin, sizeof origin);
+    srv_job_upload up = {.route = SRV_JOB_ROUTE_GRPC,
+                         .bytes = call->reader.length,
+                         .level = 1,
+                         .left_ns = deadline > 0 ? deadline - now : INT64_MAX,
+                         .deadline_origin = origin};
+    if (srv__job_admit_upload(s, &call->upload, &up, now, &no))
+        return true;
+    srv__metrics_rejected(&s->metrics, srv__outcome(no.outcome)->reason);
+    srv__grpc_finish_as(call, no.outcome, no.msg);
+    return false;
+}
+
 void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
 {
     srv_server *s = call->conn->g->s;
@@ -441,14 +479,26 @@ void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
     while (len > 0 && !call->finished) {
         api_reply err;
         size_t used = 0, n = 0, held = 0;
+        const bool reading = call->reader.prefix_len == 5;
+        /* A prefix is read alone, so that its message is judged before any of it arrives. */
+        const size_t offer =
+            reading || len < 5 - call->reader.prefix_len ? len : 5 - call->reader.prefix_len;
         memset(&err, 0, sizeof err);
         if (call->reader.prefix_len == 0)
             call->recv_since_ns = eng_now_ns();
         api_grpc_read_result r =
-            api_grpc_read(&call->reader, data, len, s->max_body_bytes, &call->lease, &used, &err);
+            api_grpc_read(&call->reader, data, offer, s->max_body_bytes, &call->lease, &used, &err);
         data += used;
         len -= used;
+        if (reading)
+            srv__uploads_received(s->uploads, &call->upload, used, eng_now_ns());
+        else if (r == API_GRPC_READ_MORE && call->reader.prefix_len == 5 &&
+                 !admit_message(call, eng_now_ns()))
+            return;
+        if (r == API_GRPC_READ_MESSAGE)
+            srv__uploads_end(s->uploads, &call->upload, true, eng_now_ns());
         if (r == API_GRPC_READ_ERROR) {
+            srv__uploads_end(s->uploads, &call->upload, false, eng_now_ns());
             api_grpc_reader_free(&call->reader, &call->lease);
             srv__metrics_rejected(&s->metrics, err.reason);
             answer(call, &err);
@@ -541,6 +591,7 @@ void srv__grpc_call_closed(grpc_call *call, uint32_t error_code)
     while (pop_msg(call, &m))
         free_msg(call, &m);
     api_grpc_reader_free(&call->reader, &call->lease);
+    srv__uploads_end(s->uploads, &call->upload, false, now);
     while (call->out) {
         grpc_chunk *c = call->out;
         call->out = c->next;

@@ -560,71 +560,39 @@ static uint32_t level_from_headers(const srv_server *s, const srv_route_def *rd)
     return rd && (rd->flags & SRV_ROUTE_SEQUENCE) ? 1 : s->limits.default_priority_level;
 }
 
-/* Arranges the refusal of a body whose arrival `look` predicts past its deadline, `left_ns` from
- * now. */
-static void set_too_slow(srv_req *req, const srv_upload_outlook *look, int64_t left_ns)
+/* The body of `req` as upload admission judges it (job.h), `left_ns` before its deadline, which
+ * `origin` names. */
+static srv_job_upload upload_of(const srv_req *req, uint32_t level, int64_t left_ns,
+                                const char *origin)
 {
-    char origin[64];
-    int64_t over_s = (look->arrive_ns - left_ns) / 1000000000 + 1;
-    srv__req_deadline_origin(req, origin, sizeof origin);
-    set_refusal(req, SRV_REFUSE_OVERLOADED,
-                "the body of %zu bytes would arrive in about %lld ms (%llu bytes to come here and "
-                "%llu on other bodies, at %.2f MiB/s), past its deadline (%lld ms left of %s); "
-                "retry later",
-                req->content_length, (long long)(look->arrive_ns / 1000000),
-                (unsigned long long)look->to_come, (unsigned long long)look->in_flight,
-                (double)look->rate / 1048576.0, (long long)(left_ns / 1000000), origin);
-    req->refusal_retry_s = over_s < 3600 ? (int)over_s : 3600;
+    return (srv_job_upload){.route = req->route,
+                            .bytes = req->content_length,
+                            .level = level,
+                            .left_ns = left_ns,
+                            .deadline_origin = origin};
 }
 
-/* Whether a request whose body is on its way, as `look` sees it, would end past its deadline,
- * `left_ns` from now, at `level`: its arrival alone, or its arrival and the work ahead of it (the
- * longer of the two), then its own. Then the refusal is arranged (set_refusal). */
-static bool arrives_too_late(srv_server *s, srv_req *req, const srv_upload_outlook *look,
-                             int64_t left_ns, uint32_t level)
+static void set_upload_refusal(srv_req *req, const srv_job_refusal *no)
 {
-    srv_sched_ask ask = {.route = req->route,
-                         .bytes = req->content_length,
-                         .level = level,
-                         .left_ns = left_ns,
-                         .arrive_ns = look->arrive_ns,
-                         .ahead_ns = look->ahead_ns};
-    srv_sched_refusal over;
-    if (look->arrive_ns > left_ns) {
-        set_too_slow(req, look, left_ns);
-        return true;
-    }
-    if (!srv__sched_overloaded(s->sched, &ask, eng_now_ns(), &over))
-        return false;
-    set_refusal(req, SRV_REFUSE_OVERLOADED, "%s", over.msg);
-    req->refusal_retry_s = over.retry_s;
-    return true;
+    set_refusal(req, no->outcome, "%s", no->msg);
+    req->refusal_retry_s = no->retry_s;
 }
 
-/* Admission of a body of known length from its headers (upload.h): it must fit under
- * --max-upload-bytes beside the bodies on their way, and arrive at the rate recent bodies
- * arrived at, wait for the work queued and still arriving ahead of it, and run, all by its
- * deadline (--request-timeout-ms from its request line: its own timeout is in its body). Then it
- * counts from its first byte to its last; refused, it is answered at once (refuse_admission). */
+/* Admission of a body of known length from its headers (srv__job_admit_upload), by its deadline
+ * from its request line (--request-timeout-ms: its own timeout is in its body). Then it counts
+ * from its first byte to its last; refused, it is answered at once (refuse_admission). */
 static enum MHD_Result admit_upload(srv_server *s, srv_req *req)
 {
-    const srv_route_def *rd = srv__route_def(req->route);
     const int64_t now = eng_now_ns(), deadline = req->lease.ctl.deadline_ns;
-    const int64_t left = deadline > 0 ? deadline - now : INT64_MAX;
-    int64_t cost = srv__sched_cost(s->sched, req->route, req->content_length, NULL);
-    srv_upload_outlook look;
-
-    if (!srv__uploads_begin(s->uploads, &req->upload, req->content_length, cost, now, &look)) {
-        set_refusal(req, SRV_REFUSE_OVERLOADED,
-                    "the bodies on their way (%llu bytes still to arrive) and this one of %zu "
-                    "bytes would pass --max-upload-bytes (%llu); retry later",
-                    (unsigned long long)look.in_flight, req->content_length,
-                    (unsigned long long)look.max);
-        return refuse_admission(s, req);
-    }
-    if (!arrives_too_late(s, req, &look, left, level_from_headers(s, rd)))
+    char origin[64];
+    srv_job_refusal no;
+    srv__req_deadline_origin(req, origin, sizeof origin);
+    srv_job_upload up = upload_of(req, level_from_headers(s, srv__route_def(req->route)),
+                                  deadline > 0 ? deadline - now : INT64_MAX, origin);
+    if (srv__job_admit_upload(s, &req->upload, &up, now, &no))
         return MHD_YES;
-    return refuse_admission(s, req); /* set_refusal stopped counting it */
+    set_upload_refusal(req, &no);
+    return refuse_admission(s, req);
 }
 
 /* Admission refusals that can be decided from the headers: draining, a full queue, a body that
@@ -726,6 +694,7 @@ static void early_admission(srv_server *s, srv_req *req)
 {
     const srv_route_def *rd = srv__route_def(req->route);
     srv_upload_outlook look;
+    srv_job_refusal no;
     api_peek peek;
     char origin[64];
     int64_t now, deadline = req->lease.ctl.deadline_ns;
@@ -757,7 +726,10 @@ static void early_admission(srv_server *s, srv_req *req)
         deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
         srv__uploads_look(s->uploads, &req->upload, now, &look);
-        if (now < deadline && arrives_too_late(s, req, &look, deadline - now, level)) {
+        srv__req_deadline_origin(req, origin, sizeof origin);
+        srv_job_upload up = upload_of(req, level, deadline - now, origin);
+        if (now < deadline && !srv__job_upload_in_time(s, &up, &look, now, &no)) {
+            set_upload_refusal(req, &no);
             srv__req_release_body(req);
             answer_mid_body(s, req);
         }

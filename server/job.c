@@ -78,6 +78,52 @@ bool srv__job_room(srv_server *s, srv_job_refusal *no)
     return atomic_load(&s->admitted) < s->max_queue || queue_full(s, no);
 }
 
+bool srv__job_upload_in_time(srv_server *s, const srv_job_upload *up,
+                             const srv_upload_outlook *look, int64_t now, srv_job_refusal *no)
+{
+    srv_sched_ask ask = {.route = up->route,
+                         .bytes = up->bytes,
+                         .level = up->level,
+                         .left_ns = up->left_ns,
+                         .arrive_ns = look->arrive_ns,
+                         .ahead_ns = look->ahead_ns};
+    srv_sched_refusal over;
+    if (look->arrive_ns > up->left_ns) {
+        int64_t over_s = (look->arrive_ns - up->left_ns) / 1000000000 + 1;
+        return refuse(no, SRV_REFUSE_OVERLOADED, over_s < 3600 ? (int)over_s : 3600,
+                      "the body of %llu bytes would arrive in about %lld ms (%llu bytes to come "
+                      "here and %llu on other bodies, at %.2f MiB/s), past its deadline (%lld ms "
+                      "left of %s); retry later",
+                      (unsigned long long)up->bytes, (long long)(look->arrive_ns / 1000000),
+                      (unsigned long long)look->to_come, (unsigned long long)look->in_flight,
+                      (double)look->rate / 1048576.0, (long long)(up->left_ns / 1000000),
+                      up->deadline_origin);
+    }
+    if (srv__sched_overloaded(s->sched, &ask, now, &over))
+        return refuse(no, SRV_REFUSE_OVERLOADED, over.retry_s, "%s", over.msg);
+    return true;
+}
+
+bool srv__job_admit_upload(srv_server *s, srv_upload *u, const srv_job_upload *up, int64_t now,
+                           srv_job_refusal *no)
+{
+    int64_t cost = srv__sched_cost(s->sched, up->route, up->bytes, NULL);
+    srv_upload_outlook look;
+    if (up->left_ns <= 0)
+        return refuse(no, SRV_REFUSE_DEADLINE, 0,
+                      "deadline exceeded while receiving the request (%s)", up->deadline_origin);
+    if (!srv__uploads_begin(s->uploads, u, up->bytes, cost, now, &look))
+        return refuse(no, SRV_REFUSE_OVERLOADED, 0,
+                      "the bodies on their way (%llu bytes still to arrive) and this one of %llu "
+                      "bytes would pass --max-upload-bytes (%llu); retry later",
+                      (unsigned long long)look.in_flight, (unsigned long long)up->bytes,
+                      (unsigned long long)look.max);
+    if (srv__job_upload_in_time(s, up, &look, now, no))
+        return true;
+    srv__uploads_end(s->uploads, u, false, now);
+    return false;
+}
+
 bool srv__job_admit(srv_job *job, const srv_job_where *where, int64_t now, srv_job_refusal *no)
 {
     srv_server *s = job->s;

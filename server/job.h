@@ -138,6 +138,32 @@ uint32_t srv__job_level(const srv_server *s, uint64_t priority);
  * request's headers, before its body arrives; it takes no slot. */
 bool srv__job_room(srv_server *s, srv_job_refusal *no);
 
+/* A body announced by its request's headers, judged before its first byte (upload.h): its key
+ * in the cost model, size and level as srv_job_where's (the level the most urgent the request
+ * may turn out to have), the time left to its deadline (INT64_MAX: none), and what set that
+ * deadline, for the refusal. */
+typedef struct {
+    int route;
+    uint64_t bytes;
+    uint32_t level;
+    int64_t left_ns;
+    const char *deadline_origin;
+} srv_job_upload;
+
+/* Whether the body `up` describes may come: it fits under --max-upload-bytes beside the bodies
+ * on their way, and it would arrive at the rate recent bodies arrived at, wait for the work
+ * queued and arriving ahead of it, and run, all by its deadline. True counts it in `u` from its
+ * first byte until srv__uploads_end; false counts nothing and fills *no (SRV_REFUSE_OVERLOADED,
+ * with its Retry-After; SRV_REFUSE_DEADLINE when the deadline has passed). Edge's thread. */
+bool srv__job_admit_upload(srv_server *s, srv_upload *u, const srv_job_upload *up, int64_t now,
+                           srv_job_refusal *no);
+
+/* The same judgement of a body already arriving, as `look` sees it at `now` (its deadline
+ * shortened since, by a timeout in its first bytes): false, with *no, when it would end past
+ * that deadline. Counts nothing. */
+bool srv__job_upload_in_time(srv_server *s, const srv_job_upload *up,
+                             const srv_upload_outlook *look, int64_t now, srv_job_refusal *no);
+
 /* Whether the job may wait with the scheduler: false, with *no, when the drain timeout passed,
  * its deadline (its lease's) has passed, the work queued ahead of it and its own would end past
  * that deadline, or --max-queue jobs are admitted. True takes its slot of --max-queue and

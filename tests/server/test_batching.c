@@ -40,32 +40,10 @@ typedef struct {
 
 static server batching, alone;
 
-/* Starts s with `args` and --grpc-port 0, its port read from --grpc-port-file. */
+/* Starts s with `args` and --grpc-port 0. */
 static int start(server *s, const char *const *args)
 {
-    char dir[] = "/tmp/attnd_batching_XXXXXX", file[64];
-    const char *all[16];
-    int n = 0;
-    if (!mkdtemp(dir))
-        return -1;
-    snprintf(file, sizeof file, "%s/port", dir);
-    all[n++] = "--grpc-port";
-    all[n++] = "0";
-    all[n++] = "--grpc-port-file";
-    all[n++] = file;
-    for (int i = 0; args[i] && n < 15; i++)
-        all[n++] = args[i];
-    all[n] = NULL;
-    int rc = daemon_start(&s->d, all);
-    FILE *f = rc == 0 ? fopen(file, "r") : NULL;
-    s->grpc_port = 0;
-    if (!f || fscanf(f, "%d", &s->grpc_port) != 1)
-        rc = -1;
-    if (f)
-        fclose(f);
-    unlink(file);
-    rmdir(dir);
-    return rc;
+    return daemon_start_grpc(&s->d, args, &s->grpc_port);
 }
 
 static long post(const server *s, const char *path, const char *body, http_resp *r)

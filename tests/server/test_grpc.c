@@ -26,38 +26,12 @@
 typedef struct {
     daemon_proc d;
     int port; /* --grpc-port */
-    char dir[64];
 } grpc_daemon;
 
 /* A daemon with --grpc-port 0 and `extra` flags. */
 static int start(grpc_daemon *g, const char *const *extra)
 {
-    const char *args[32];
-    char port_file[96];
-    size_t n = 0;
-    FILE *f;
-    snprintf(g->dir, sizeof g->dir, "/tmp/attnd_grpc_XXXXXX");
-    if (!mkdtemp(g->dir))
-        return -1;
-    snprintf(port_file, sizeof port_file, "%s/port", g->dir);
-    args[n++] = "--grpc-port";
-    args[n++] = "0";
-    args[n++] = "--grpc-port-file";
-    args[n++] = port_file;
-    for (size_t i = 0; extra && extra[i] && n < 31; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    if (daemon_start(&g->d, args) != 0)
-        return -1;
-    f = fopen(port_file, "r");
-    g->port = 0;
-    if (!f || fscanf(f, "%d", &g->port) != 1)
-        g->port = 0;
-    if (f)
-        fclose(f);
-    unlink(port_file);
-    rmdir(g->dir);
-    return g->port > 0 ? 0 : -1;
+    return daemon_start_grpc(&g->d, extra, &g->port);
 }
 
 /* start() and a client connected to it; false, a failed check, when either is not there. */
@@ -571,7 +545,7 @@ static uint8_t *slow_request(uint64_t *r, float **data, size_t *len)
 }
 
 /* grpc-timeout bounds the call (DEADLINE_EXCEEDED); a full queue, or one whose work would end
- * past the call's deadline, is RESOURCE_EXHAUSTED; a reset
+ * past the call's deadline (judged from its message's prefix), is RESOURCE_EXHAUSTED; a reset
  * stream cancels its inference (logged as CANCELLED); metrics and log lines count them. */
 static void test_deadline_queue_cancel_metrics(void)
 {
@@ -580,7 +554,7 @@ static void test_deadline_queue_cancel_metrics(void)
     grpc_stream a, b, d;
     uint64_t r;
     float *data;
-    size_t len;
+    size_t len, n_whole = 0;
     const char *args[] = {"--threads", "1", "--max-queue", "1", NULL};
     r = 5;
     uint8_t *req = slow_request(&r, &data, &len);
@@ -596,15 +570,28 @@ static void test_deadline_queue_cancel_metrics(void)
     CHECKF(a.grpc_status == 0, "status %d: %s", a.grpc_status, a.message);
     grpc_stream_free(&a);
 
-    /* Its status may come before its last bytes are sent: the stream (whose state the client
-     * keeps in `late`) ends once they are. */
-    grpc_stream late;
-    const char *tight[] = {"grpc-timeout", "1m", NULL};
-    CHECK(grpc_call(&c, SVC "ModelInfer", tight, req, len, 60000, &late));
-    CHECK_EQ_INT(late.grpc_status, 4);
+    /* A deadline that passes while the message arrives: its prefix is judged in time (the
+     * deadline is four times the call above), half of it is sent, and the rest after the
+     * deadline. The status may come before the last bytes are sent: the stream (whose state the
+     * client keeps in `late`) ends once they are. */
+    char *whole = grpc_frame(req, len, &n_whole);
+    int late_ms = (int)(one * 4000) + 100;
+    char late_timeout[32];
+    snprintf(late_timeout, sizeof late_timeout, "%dm", late_ms);
+    const char *late_deadline[] = {"grpc-timeout", late_timeout, NULL};
+    grpc_stream late = {.body = whole, .body_len = 5 + len / 2, .keep_open = true};
+    CHECK(whole && grpc_start(&c, SVC "ModelInfer", late_deadline, &late) == 0);
+    for (int i = 0; i < 500 && late.body_off < late.body_len && !c.dead; i++)
+        grpc_pump(&c, 10);
+    sleep_ms(late_ms + 100);
+    grpc_send_more(&c, &late, whole + late.body_len, n_whole - late.body_len, true);
+    CHECK(grpc_wait(&c, &late, 60000));
+    CHECKF(late.grpc_status == 4, "grpc-timeout %s: status %d: %s", late_timeout,
+           late.grpc_status, late.message);
     for (int i = 0; i < 500 && !late.closed && !c.dead; i++)
         grpc_pump(&c, 10);
     grpc_stream_free(&late);
+    free(whole);
 
     /* The goodput scheduler (admission.h) learned its cost from the first: a call whose
      * deadline is half of that is refused at admission, never started; the worker time of the

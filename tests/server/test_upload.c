@@ -14,6 +14,7 @@
 #include "server/upload.h"
 #include "tests/support/check.h"
 #include "tests/support/daemon.h"
+#include "tests/support/grpc.h"
 
 #define MS  ((int64_t)1000 * 1000)
 #define SEC ((int64_t)1000 * MS)
@@ -265,15 +266,41 @@ static void trickle(int fd, uint64_t len, int pieces, int gap_ms)
     free(body);
 }
 
-/* A daemon that learned its rate from one trickled body: 512 KiB in 9 pieces 250 ms apart.
- * Returns the seconds the client took from its head to the reply, which bound the time the daemon
- * measured, so that its rate is at least 512 KiB over them; 0 when it failed. */
-static double start_after_a_trickle(daemon_proc *d, const char *const *args)
+/* Starts a ModelInfer call with `headers` (grpc_start's) whose message is `len` bytes of 'x',
+ * sending its prefix and `sent` bytes of it (all of it, and the stream's end, when sent == len).
+ * The framed bytes are *framed's until the call is over. */
+static void grpc_infer_start(grpc_client *c, grpc_stream *st, const char *const *headers,
+                             size_t len, size_t sent, char **framed)
+{
+    char *msg = malloc(len);
+    size_t n = 0;
+    memset(st, 0, sizeof *st);
+    *framed = NULL;
+    if (!msg) {
+        CHECK(0);
+        return;
+    }
+    memset(msg, 'x', len);
+    *framed = grpc_frame(msg, len, &n);
+    free(msg);
+    st->body = *framed;
+    st->body_len = 5 + sent;
+    st->keep_open = sent < len;
+    CHECK(*framed && grpc_start(c, "/inference.GRPCInferenceService/ModelInfer", headers, st) == 0);
+    for (int i = 0; i < 200 && st->body_off < st->body_len; i++)
+        grpc_pump(c, 50);
+}
+
+/* A daemon with --grpc-port (*grpc_port) that learned its rate from one trickled body: 512 KiB
+ * in 9 pieces 250 ms apart. Returns the seconds the client took from its head to the reply,
+ * which bound the time the daemon measured, so that its rate is at least 512 KiB over them; 0
+ * when it failed. */
+static double start_after_a_trickle(daemon_proc *d, const char *const *args, int *grpc_port)
 {
     double t0;
     char *resp;
     int fd;
-    if (daemon_start(d, args) != 0)
+    if (daemon_start_grpc(d, args, grpc_port) != 0)
         return 0;
     t0 = now_s();
     fd = post_head(d->port, 512 * KiB, "");
@@ -298,15 +325,20 @@ static double start_after_a_trickle(daemon_proc *d, const char *const *args)
  * before it sends a byte of the body, and one waiting for "100 Continue" never sends it. Nothing
  * of it is counted on its way. Here, behind a stalled upload with 100 KiB to come, 8 MiB would
  * take over 16 s at the trickle's 512 KiB over its two seconds of pauses, against a deadline of
- * 3 s. A body that can arrive in time is read: 128 KiB behind the 100 KiB, within the deadline at
- * 512 KiB over the trickle's time whenever the trickle took less than 6 s. */
+ * 3 s; and so would a gRPC message of 8 MiB against its grpc-timeout of 3 s, refused from its
+ * prefix. A body that can arrive in time is read: 128 KiB behind the 100 KiB, within the deadline
+ * at 512 KiB over the trickle's time whenever the trickle took less than 6 s. */
 static void test_the_learned_rate_judges_a_body_from_its_headers(void)
 {
     const char *const args[] = {"--request-timeout-ms", "3000", "--io-threads", "2", NULL};
     const char *const extras[] = {"", "Expect: 100-continue\r\n"};
+    const char *const grpc_timeout[] = {"grpc-timeout", "3S", NULL};
     daemon_proc d;
-    double trickle_s = start_after_a_trickle(&d, args);
-    char *resp;
+    int grpc_port = 0;
+    double trickle_s = start_after_a_trickle(&d, args, &grpc_port);
+    grpc_client c;
+    grpc_stream st;
+    char *resp, *framed = NULL;
     int fd, stalled;
     if (trickle_s <= 0) {
         CHECK(0);
@@ -330,6 +362,18 @@ static void test_the_learned_rate_judges_a_body_from_its_headers(void)
             close(fd);
     }
     CHECK(metric_wait(d.port, "attnd_rejected_total{reason=\"queue_full\"}", 2, 2000));
+    if (grpc_client_open(&c, grpc_port) == 0) {
+        grpc_infer_start(&c, &st, grpc_timeout, 8 * MiB, 0, &framed);
+        CHECK(grpc_wait(&c, &st, 10000));
+        CHECKF(st.grpc_status == 8 && strstr(st.message, "grpc-timeout 3000 ms") &&
+                   strstr(st.message, "on other bodies, at"),
+               "grpc-status %d: %.300s", st.grpc_status, st.message);
+        grpc_stream_free(&st);
+        free(framed);
+        grpc_client_close(&c);
+    } else {
+        CHECK(0);
+    }
     fd = trickle_s < 6 ? post_head(d.port, 128 * KiB, "") : -1;
     if (fd >= 0) {
         trickle(fd, 128 * KiB, 1, 0);
@@ -389,6 +433,62 @@ static void test_bodies_on_their_way_are_bounded(void)
     CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+/* gRPC's messages are bodies on their way as HTTP's are, each judged from its 5-byte prefix
+ * before any of it is read: while a ModelInfer message of 768 KiB stalls after its first 64 KiB,
+ * an HTTP body of 512 KiB gets 429 and another call's message of 512 KiB RESOURCE_EXHAUSTED,
+ * both naming --max-upload-bytes. Once the stalled call is cancelled its bytes are no longer on
+ * their way, and the 512 KiB message is read (and answered as what it is: a ModelInferRequest,
+ * all unknown fields, that names no model). */
+static void test_grpc_messages_are_bodies_on_their_way(void)
+{
+    const char *const args[] = {"--max-upload-bytes", "1MiB", "--io-threads", "2", NULL};
+    daemon_proc d;
+    grpc_client c;
+    grpc_stream stalled, refused, read;
+    char *framed[3] = {NULL, NULL, NULL}, *resp;
+    int grpc_port, fd;
+    if (daemon_start_grpc(&d, args, &grpc_port) != 0) {
+        CHECK(0);
+        return;
+    }
+    if (grpc_client_open(&c, grpc_port) != 0) {
+        CHECK(0);
+        daemon_stop(&d);
+        return;
+    }
+    grpc_infer_start(&c, &stalled, NULL, 768 * KiB, 64 * KiB, &framed[0]);
+    CHECK(metric_wait(d.port, IN_FLIGHT, 704 * KiB, 5000));
+
+    fd = post_head(d.port, 512 * KiB, "");
+    resp = fd >= 0 ? raw_read_response(fd, 10000) : NULL;
+    CHECKF(raw_status(resp) == 429, "%.200s", text(resp));
+    CHECKF(resp && strstr(resp, "--max-upload-bytes (1048576)") != NULL, "%.300s", text(resp));
+    free(resp);
+    if (fd >= 0)
+        close(fd);
+
+    grpc_infer_start(&c, &refused, NULL, 512 * KiB, 512 * KiB, &framed[1]);
+    CHECK(grpc_wait(&c, &refused, 10000));
+    CHECKF(refused.grpc_status == 8 && strstr(refused.message, "--max-upload-bytes (1048576)"),
+           "grpc-status %d: %.300s", refused.grpc_status, refused.message);
+    CHECK(metric_value(d.port, IN_FLIGHT) == 704 * KiB); /* the stalled one's alone */
+
+    grpc_cancel(&c, &stalled);
+    CHECK(metric_wait_le(d.port, IN_FLIGHT, 0, 5000));
+    grpc_infer_start(&c, &read, NULL, 512 * KiB, 512 * KiB, &framed[2]);
+    CHECK(grpc_wait(&c, &read, 10000));
+    CHECKF(read.grpc_status == 5 && strstr(read.message, "unknown model"), "grpc-status %d: %.300s",
+           read.grpc_status, read.message);
+
+    grpc_stream_free(&stalled);
+    grpc_stream_free(&refused);
+    grpc_stream_free(&read);
+    for (int i = 0; i < 3; i++)
+        free(framed[i]);
+    grpc_client_close(&c);
+    CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
 int main(void)
 {
     RUN(test_a_body_counts_from_its_first_byte_to_its_last);
@@ -399,5 +499,6 @@ int main(void)
     RUN(test_what_the_rate_does_not_learn_and_forgets);
     RUN_WITHIN(test_the_learned_rate_judges_a_body_from_its_headers, 90);
     RUN_WITHIN(test_bodies_on_their_way_are_bounded, 60);
+    RUN_WITHIN(test_grpc_messages_are_bodies_on_their_way, 60);
     return check_report();
 }

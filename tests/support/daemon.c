@@ -188,6 +188,37 @@ int daemon_start(daemon_proc *d, const char *const *args)
     return -1;
 }
 
+int daemon_start_grpc(daemon_proc *d, const char *const *args, int *grpc_port)
+{
+    char dir[] = "/tmp/attnd-grpc-XXXXXX", file[64];
+    const char *all[64];
+    int n = 0, rc;
+    *grpc_port = 0;
+    if (!mkdtemp(dir)) {
+        printf("daemon_start_grpc: mkdtemp: %s\n", strerror(errno));
+        return -1;
+    }
+    snprintf(file, sizeof file, "%s/port", dir);
+    all[n++] = "--grpc-port";
+    all[n++] = "0";
+    all[n++] = "--grpc-port-file";
+    all[n++] = file;
+    for (int i = 0; args && args[i] && n < 63; i++)
+        all[n++] = args[i];
+    all[n] = NULL;
+    rc = daemon_start(d, all);
+    FILE *f = rc == 0 ? fopen(file, "r") : NULL;
+    if (rc == 0 && (!f || fscanf(f, "%d", grpc_port) != 1 || *grpc_port <= 0)) {
+        printf("daemon_start_grpc: no port in %s\n", file);
+        rc = -1;
+    }
+    if (f)
+        fclose(f);
+    unlink(file);
+    rmdir(dir);
+    return rc;
+}
+
 int daemon_signal(daemon_proc *d, int sig)
 {
     if (d->pid <= 0 || d->exited)

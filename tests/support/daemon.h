@@ -43,6 +43,10 @@ bool daemon_quick(void);
  * NULL-terminated list of extra flags, or NULL). 0 when it listens, -1 on failure (printed). */
 int daemon_start(daemon_proc *d, const char *const *args);
 
+/* daemon_start with --grpc-port 0 before `args`: *grpc_port gets the port it took (read from
+ * --grpc-port-file). 0 or -1 (printed). */
+int daemon_start_grpc(daemon_proc *d, const char *const *args, int *grpc_port);
+
 /* Sends `sig` to the daemon. */
 int daemon_signal(daemon_proc *d, int sig);
 
