@@ -16,6 +16,7 @@
 
 #define HEADER_BYTES_MAX  16384 /* a request's header block, as HPACK decodes it */
 #define HEADER_ENTRY_COST 32    /* HTTP/2's per-field overhead in SETTINGS_MAX_HEADER_LIST_SIZE */
+#define PREFIX_BYTES      5     /* before each message: a compressed flag and a 4-byte length */
 
 static bool is_stream(const grpc_call *call)
 {
@@ -479,10 +480,11 @@ void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
     while (len > 0 && !call->finished) {
         api_reply err;
         size_t used = 0, n = 0, held = 0;
-        const bool reading = call->reader.prefix_len == 5;
+        const bool reading = call->reader.prefix_len == PREFIX_BYTES;
         /* A prefix is read alone, so that its message is judged before any of it arrives. */
-        const size_t offer =
-            reading || len < 5 - call->reader.prefix_len ? len : 5 - call->reader.prefix_len;
+        const size_t offer = reading || len < PREFIX_BYTES - call->reader.prefix_len
+                                 ? len
+                                 : PREFIX_BYTES - call->reader.prefix_len;
         memset(&err, 0, sizeof err);
         if (call->reader.prefix_len == 0)
             call->recv_since_ns = eng_now_ns();
@@ -492,7 +494,7 @@ void srv__grpc_call_data(grpc_call *call, const uint8_t *data, size_t len)
         len -= used;
         if (reading)
             srv__uploads_received(s->uploads, &call->upload, used, eng_now_ns());
-        else if (r == API_GRPC_READ_MORE && call->reader.prefix_len == 5 &&
+        else if (r == API_GRPC_READ_MORE && call->reader.prefix_len == PREFIX_BYTES &&
                  !admit_message(call, eng_now_ns()))
             return;
         if (r == API_GRPC_READ_MESSAGE)
