@@ -16,6 +16,7 @@
 #   make load       the load (LOAD_SECONDS at twice capacity) and fault suites; make soak: 30 min
 #   make bench-wrk  wrk throughput of small requests at 32 connections
 #   make bench-perf-analyzer  Triton's perf_analyzer on model sdpa and a layer (PA_SEQ tokens)
+#   make bench-tritonclient  Triton's Python clients, HTTP binary against gRPC raw, one large request
 #   make format-check
 #
 # BUILD selects the output folder and SAN a sanitizer (address,undefined | thread), so that
@@ -63,7 +64,7 @@ BENCH_BINS := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
         deps-test fresh-check test-builds test-build-plain test-build-asan test-build-tsan \
         test-build-pa-grpc \
         deploy-deps deploy-check format format-check clean browser-deps browser-test load soak \
-        bench-wrk bench-perf-analyzer bench-report bench-peers docs-test
+        bench-wrk bench-perf-analyzer bench-tritonclient bench-report bench-peers docs-test
 .DEFAULT_GOAL := all
 # Keep the objects that pattern rules make on the way to a test binary.
 .SECONDARY:
@@ -473,6 +474,14 @@ PA_CONCURRENCY ?= 1:4
 bench-perf-analyzer: deps-test
 	$(MAKE) all
 	tests/bench/perf_analyzer.sh $(BUILD)/attnd $(PA_SEQ) $(PA_HEADS) $(PA_CONCURRENCY)
+
+# Triton's Python clients on one large sdpa request at (1, TC_HEADS, TC_SEQ, 64): tritonclient.http
+# with binary tensors against tritonclient.grpc with raw ones (tests/bench/tritonclient_large.sh).
+TC_SEQ ?= 4096
+TC_HEADS ?= 8
+bench-tritonclient: deps-test
+	$(MAKE) all
+	tests/bench/tritonclient_large.sh $(BUILD)/attnd $(TC_SEQ) $(TC_HEADS)
 
 # ---- Browser tests of the inspector page (tests/browser; see inspector.test.mjs) ----------
 

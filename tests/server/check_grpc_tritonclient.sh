@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# Triton's Python gRPC client, unmodified, against a daemon on --grpc-port: the tritonclient
-# package that python3 imports (pip install 'tritonclient[grpc]'), or else the client's sources
-# in $ATTND_PEERS/tritonclient, whose stubs are made here from Triton's protos with Debian's
-# python3-grpc-tools, as the client's own build does. Then runs grpc_tritonclient.py. Prints a
-# skip line (and "0 passed, 0 failed") when a piece is missing.
+# Triton's Python gRPC client, unmodified, against a daemon on --grpc-port (made importable by
+# tests/support/tritonclient.sh): runs grpc_tritonclient.py. Prints a skip line (and "0 passed,
+# 0 failed") when a piece is missing.
 #
 #   tests/server/check_grpc_tritonclient.sh build/attnd
 set -u
 bin=${1:-${ATTND_BIN:-build/attnd}}
-peer=${ATTND_PEERS:+$ATTND_PEERS/tritonclient}
 py=/usr/bin/python3
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -17,8 +14,6 @@ skip() {
     echo "0 passed, 0 failed"
     exit 0
 }
-"$py" -c 'import grpc, grpc_tools, google.protobuf, numpy' 2>/dev/null ||
-    skip "python3-grpcio, python3-grpc-tools, python3-protobuf or python3-numpy missing"
 
 tmp=$(mktemp -d)
 pid=
@@ -28,29 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Unpacks the client's sources from the peers' folder into $tmp with stubs made from its protos.
-unpack_client() {
-    tar -xzf "$peer/tritonclient-58a44ca.tgz" -C "$tmp"
-    tar -xzf "$peer/triton-protos-83adf7c.tgz" -C "$tmp"
-    mkdir -p "$tmp/gen"
-    "$py" -m grpc_tools.protoc -I "$tmp/protos" --python_out="$tmp/gen" \
-        --grpc_python_out="$tmp/gen" grpc_service.proto model_config.proto ||
-        skip "grpc_tools.protoc failed"
-    local g=$tmp/tritonclient/grpc
-    sed 's/^import model_config_pb2 as/from tritonclient.grpc import model_config_pb2 as/' \
-        "$tmp/gen/grpc_service_pb2.py" >"$g/service_pb2.py"
-    sed 's/^import grpc_service_pb2 as/from tritonclient.grpc import service_pb2 as/' \
-        "$tmp/gen/grpc_service_pb2_grpc.py" >"$g/service_pb2_grpc.py"
-    cp "$tmp/gen/model_config_pb2.py" "$g/"
-}
-
-if ! "$py" -c 'import tritonclient.grpc' 2>/dev/null; then
-    [ -n "$peer" ] && [ -f "$peer/tritonclient-58a44ca.tgz" ] &&
-        [ -f "$peer/triton-protos-83adf7c.tgz" ] ||
-        skip "no Triton client: pip install 'tritonclient[grpc]', or set ATTND_PEERS to a folder with tritonclient/"
-    unpack_client
-    PYTHONPATH=$tmp "$py" -c 'import tritonclient.grpc' || skip "tritonclient.grpc does not import"
-fi
+. "$here/../support/tritonclient.sh"
+tritonclient_setup "$tmp" || skip "$tritonclient_missing"
 
 # Starts the daemon with `$@` added; its ports in $tmp/port and $tmp/grpc.port.
 start() {
@@ -81,7 +55,7 @@ stop() {
 }
 
 run() {
-    PYTHONPATH=$tmp${PYTHONPATH:+:$PYTHONPATH} timeout 300 "$py" "$here/grpc_tritonclient.py" "$(cat "$tmp/grpc.port")" \
+    PYTHONPATH=$tritonclient_path${PYTHONPATH:+:$PYTHONPATH} timeout 300 "$py" "$here/grpc_tritonclient.py" "$(cat "$tmp/grpc.port")" \
         "$(cat "$tmp/port")" "$@"
 }
 
