@@ -586,8 +586,8 @@ static void test_deadline_queue_cancel_metrics(void)
     sleep_ms(late_ms + 100);
     grpc_send_more(&c, &late, whole + late.body_len, n_whole - late.body_len, true);
     CHECK(grpc_wait(&c, &late, 60000));
-    CHECKF(late.grpc_status == 4, "grpc-timeout %s: status %d: %s", late_timeout,
-           late.grpc_status, late.message);
+    CHECKF(late.grpc_status == 4, "grpc-timeout %s: status %d: %s", late_timeout, late.grpc_status,
+           late.message);
     for (int i = 0; i < 500 && !late.closed && !c.dead; i++)
         grpc_pump(&c, 10);
     grpc_stream_free(&late);
