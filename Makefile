@@ -130,9 +130,10 @@ $(BUILD)/libapi.a: $(PB_C:.c=.o)
 $(call obj,$(wildcard api/proto/grpc_*.c)): $(PB_H)
 $(call obj,$(wildcard api/proto/grpc_*.c)): CFLAGS_ALL += -I$(BUILD)/gen
 PB_TESTS := $(BUILD)/tests/server/test_grpc.o $(BUILD)/tests/server/test_batching.o \
+            $(BUILD)/tests/support/attention_bodies.o \
             $(BUILD)/tests/api/proto/test_grpc_infer.o \
             $(BUILD)/tests/api/proto/test_grpc_unary.o \
-            $(BUILD)/tests/bench/bench_e2e.o $(BUILD)/tests/bench/bench_decode.o
+            $(BUILD)/tests/bench/bench_decode.o
 $(PB_TESTS): $(PB_H)
 $(PB_TESTS): CFLAGS_ALL += -I$(BUILD)/gen
 

@@ -38,7 +38,6 @@
 
 #include "api/api.h"
 #include "api/core/memory.h"
-#include "grpc_service.pb-c.h"
 #include "tests/support/attention_bodies.h"
 #include "tests/support/daemon.h"
 #include "tests/support/engine_env.h"
@@ -253,79 +252,17 @@ static void plain_and_tls(const char *what, conn_case *c, int n, const char *bod
 
 #define INFER_PATH "/inference.GRPCInferenceService/ModelInfer"
 
-/* A ModelInferRequest for model sdpa with raw FP32 inputs q, k, v of `shape` (rank dims),
- * asking for the output alone (as the other paths return it), with the bool parameter `flag`
- * set when not NULL, framed for gRPC (malloc'd). */
-static char *grpc_infer_body(const float *const in[3], const int64_t *shape, size_t rank,
-                             const char *flag, size_t *len)
-{
-    Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
-    Inference__ModelInferRequest__InferInputTensor t[3], *tp[3];
-    ProtobufCBinaryData raw[3];
-    Inference__ModelInferRequest__ParametersEntry
-        e = INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT,
-        *ep = &e;
-    Inference__InferParameter p = INFERENCE__INFER_PARAMETER__INIT;
-    Inference__ModelInferRequest__InferRequestedOutputTensor
-        out = INFERENCE__MODEL_INFER_REQUEST__INFER_REQUESTED_OUTPUT_TENSOR__INIT,
-        *outp = &out;
-    const char *names[3] = {"query", "key", "value"};
-    size_t count = 1;
-    for (size_t d = 0; d < rank; d++)
-        count *= (size_t)shape[d];
-    for (int i = 0; i < 3; i++) {
-        inference__model_infer_request__infer_input_tensor__init(&t[i]);
-        t[i].name = (char *)names[i];
-        t[i].datatype = (char *)"FP32";
-        t[i].n_shape = rank;
-        t[i].shape = (int64_t *)shape;
-        tp[i] = &t[i];
-        raw[i].data = (uint8_t *)in[i];
-        raw[i].len = count * 4;
-    }
-    req.model_name = (char *)"sdpa";
-    req.n_inputs = req.n_raw_input_contents = 3;
-    req.inputs = tp;
-    req.raw_input_contents = raw;
-    out.name = (char *)"output";
-    req.n_outputs = 1;
-    req.outputs = &outp;
-    if (flag) {
-        e.key = (char *)flag;
-        p.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
-        p.bool_param = 1;
-        e.value = &p;
-        req.n_parameters = 1;
-        req.parameters = &ep;
-    }
-    size_t n = inference__model_infer_request__get_packed_size(&req);
-    uint8_t *msg = malloc(n);
-    if (!msg)
-        return NULL;
-    inference__model_infer_request__pack(&req, msg);
-    char *framed = grpc_frame(msg, n, len);
-    free(msg);
-    return framed;
-}
-
 /* One ModelInfer call; true when it answered OK with an output equal to `want` (NULL: any). */
 static bool grpc_infer_once(grpc_client *c, const char *body, size_t len, const float *want,
                             size_t *down)
 {
     grpc_stream st = {.body = body, .body_len = len};
-    size_t n;
+    size_t n = 0;
     bool ok = grpc_start(c, INFER_PATH, NULL, &st) == 0 && grpc_wait(c, &st, 600000) &&
               st.grpc_status == 0;
     const char *msg = ok ? grpc_message_at(&st, 0, &n) : NULL;
-    Inference__ModelInferResponse *r =
-        msg ? inference__model_infer_response__unpack(NULL, n, (const uint8_t *)msg) : NULL;
-    ok = r && r->n_raw_output_contents == 1;
-    if (ok && want)
-        ok = r->raw_output_contents[0].len == n_in * 4 &&
-             memcmp(r->raw_output_contents[0].data, want, n_in * 4) == 0;
+    ok = attn_grpc_output(msg, n, want, n_in);
     *down = st.len;
-    if (r)
-        inference__model_infer_response__free_unpacked(r, NULL);
     grpc_stream_free(&st);
     return ok;
 }
@@ -335,9 +272,8 @@ static void grpc_lines(int port, double *t, const float *first)
 {
     grpc_client c;
     size_t len, down = 0;
-    const float *in[3] = {q, k, v};
-    const int64_t shape[4] = {B, H, L, D};
-    char *big = grpc_infer_body(in, shape, 4, NULL, &len);
+    const attn_problem problem = {.q = q, .k = k, .v = v, .shape = {B, H, L, D}};
+    char *big = attn_body_grpc(&problem, "sdpa", &len);
     bool ok = true;
     if (!big || grpc_client_open(&c, port) != 0) {
         printf("grpc lines skipped: no connection\n");
@@ -353,11 +289,10 @@ static void grpc_lines(int port, double *t, const float *first)
     report("grpc raw fp32", t, len, down, ok);
     free(big);
 
-    /* The README's small example as tensors: [3, 2], causal. */
+    /* The README's small example as tensors: [1, 1, 3, 2], causal. */
     static const float sq[6] = {1, 0, 0, 1, 1, 1}, sv[6] = {1, 0, 0, 2, 3, 1};
-    const float *small[3] = {sq, sq, sv};
-    const int64_t small_shape[2] = {3, 2};
-    char *body = grpc_infer_body(small, small_shape, 2, "causal", &len);
+    const attn_problem small = {.q = sq, .k = sq, .v = sv, .shape = {1, 1, 3, 2}, .causal = true};
+    char *body = attn_body_grpc(&small, "sdpa", &len);
     ok = body != NULL;
     for (int r = -1; r < reps && ok; r++) {
         int64_t t0 = eng_now_ns();

@@ -18,15 +18,19 @@
  *          (a field per stage) send_ms=... engine_gflops=... engine_peak_ratio=... output=exact
  *   stages native_b64 shares receive=... (a field per stage) send=...
  *
- * Over HTTP (default (1, 8, 8192, 64)), causal and not: the engine alone in this process
- * (eng_sdpa on a pool of the daemon's size) and each route over HTTP, in turns (engine,
- * native_b64, v2_binary, engine, ...) so that the machine's drift weighs on all alike; the
- * fastest of --reps each. http_engine_ratio is the GFLOPS over HTTP (the client's wall time)
- * over the engine's alone; compute_share the same quotient within the fastest HTTP request
- * (its compute stage over its wall time), which the machine's drift between runs cannot move.
+ * Over HTTP and gRPC (default (1, 8, 8192, 64)), causal and not: the engine alone in this
+ * process (eng_sdpa on a pool of the daemon's size), each route over HTTP, and ModelInfer with
+ * raw tensors over one HTTP/2 connection to the daemon's --grpc-port (tests/support/grpc.c), in
+ * turns (engine, native_b64, v2_binary, grpc_raw, engine, ...) so that the machine's drift
+ * weighs on all alike; the fastest of --reps each. http_engine_ratio is the GFLOPS over HTTP
+ * (the client's wall time) over the engine's alone; compute_share the same quotient within the
+ * fastest HTTP request (its compute stage over its wall time), which the machine's drift
+ * between runs cannot move; grpc_engine_ratio is http_engine_ratio's for the gRPC call.
  *
  *   http native_b64 b=1 h=8 l=8192 d=64 causal=0 http_ms=... http_gflops=... engine_ms=...
  *        engine_gflops=... http_engine_ratio=... compute_share=... output=exact
+ *   grpc grpc_raw b=1 h=8 l=8192 d=64 causal=0 grpc_ms=... grpc_gflops=... engine_ms=...
+ *        engine_gflops=... grpc_engine_ratio=... output=exact
  *
  * GFLOPS count useful work: 4·B·H·L·S·D, halved for causal. Every reply's output is compared
  * with the engine's, bit for bit; a request that fails or differs prints FAILED or DIFFERS and
@@ -45,6 +49,7 @@
 #include "tests/support/attention_bodies.h"
 #include "tests/support/daemon.h"
 #include "tests/support/engine_env.h"
+#include "tests/support/grpc.h"
 #include "tests/support/rng.h"
 
 enum { N_STAGES = 7, MAX_REPS = 50 };
@@ -56,13 +61,13 @@ enum { COMPUTE = 5 };
 
 static int reps = 5;
 
-/* One problem: its tensors, the engine's output for it, and its two bodies. */
+/* One problem: its tensors, the engine's output for it, and its bodies. */
 typedef struct {
     attn_problem p;
     float *q, *k, *v, *want;
     size_t count;
-    char *native, *v2;
-    size_t native_len, v2_len, v2_header_len;
+    char *native, *v2, *grpc;
+    size_t native_len, v2_len, v2_header_len, grpc_len;
 } problem;
 
 /* A route's case: how its body is sent. */
@@ -126,7 +131,7 @@ static double engine_once(eng_pool *pool, const problem *pb, float *out)
     return bench_seconds() - t0;
 }
 
-/* The problem's tensors, the engine's output and both bodies. */
+/* The problem's tensors, the engine's output and its bodies. */
 static bool problem_make(problem *pb, const int64_t shape[4], bool causal, eng_pool *pool)
 {
     memset(pb, 0, sizeof *pb);
@@ -139,7 +144,8 @@ static bool problem_make(problem *pb, const int64_t shape[4], bool causal, eng_p
     memcpy(pb->p.shape, shape, sizeof pb->p.shape);
     pb->native = attn_body_native(&pb->p, &pb->native_len);
     pb->v2 = attn_body_v2(&pb->p, &pb->v2_len, &pb->v2_header_len);
-    return pb->native && pb->v2 && engine_once(pool, pb, pb->want) >= 0;
+    pb->grpc = attn_body_grpc(&pb->p, "sdpa", &pb->grpc_len);
+    return pb->native && pb->v2 && pb->grpc && engine_once(pool, pb, pb->want) >= 0;
 }
 
 static void problem_free(problem *pb)
@@ -150,6 +156,7 @@ static void problem_free(problem *pb)
     free(pb->want);
     free(pb->native);
     free(pb->v2);
+    free(pb->grpc);
 }
 
 /* One request of route `r` for problem `pb` over connection `h`. */
@@ -180,6 +187,25 @@ static measured post_once(void *h, int port, const problem *pb, const route *r)
         fprintf(stderr, "bench_stages: %s answered %ld: %.200s\n", r->name, status,
                 resp.body ? resp.body : resp.error);
     http_resp_free(&resp);
+    return m;
+}
+
+/* One ModelInfer call of problem `pb` on client `c`: its wall time (ms) and whether its output
+ * is the engine's. */
+static measured grpc_once(grpc_client *c, const problem *pb)
+{
+    grpc_stream st = {.body = pb->grpc, .body_len = pb->grpc_len};
+    measured m = {0};
+    size_t n = 0;
+    double t0 = bench_seconds();
+    m.ok = grpc_start(c, "/inference.GRPCInferenceService/ModelInfer", NULL, &st) == 0 &&
+           grpc_wait(c, &st, 600000) && st.grpc_status == 0;
+    m.wall_ms = (bench_seconds() - t0) * 1e3;
+    const char *msg = m.ok ? grpc_message_at(&st, 0, &n) : NULL;
+    m.exact = m.ok && attn_grpc_output(msg, n, pb->want, pb->count);
+    if (!m.ok)
+        fprintf(stderr, "bench_stages: grpc_raw answered %d: %.200s\n", st.grpc_status, st.message);
+    grpc_stream_free(&st);
     return m;
 }
 
@@ -233,12 +259,15 @@ static bool stage_lines(void *h, int port, const problem *pb, const route *r, in
     return ok && exact;
 }
 
-/* The engine alone and both routes over HTTP, in turns, the fastest of --reps each; a line per
- * route. Returns whether every request succeeded with the engine's output. */
-static bool http_lines(void *h, int port, const problem *pb, eng_pool *pool, int threads)
+/* The engine alone, both routes over HTTP and ModelInfer over gRPC (client `g`), in turns, the
+ * fastest of --reps each; a line per route. Returns whether every request succeeded with the
+ * engine's output. */
+static bool http_lines(void *h, int port, grpc_client *g, const problem *pb, eng_pool *pool,
+                       int threads)
 {
     double best_engine = 1e30, best_http[2] = {1e30, 1e30}, best_compute[2] = {0, 0};
-    bool ok[2] = {true, true}, exact[2] = {true, true};
+    double best_grpc = 1e30;
+    bool ok[2] = {true, true}, exact[2] = {true, true}, grpc_ok = true;
     float *out = api__aligned_alloc(pb->count * sizeof *out);
     if (!out)
         return false;
@@ -255,6 +284,10 @@ static bool http_lines(void *h, int port, const problem *pb, eng_pool *pool, int
                 best_compute[r] = m.stage_ms[COMPUTE] / 1e3;
             }
         }
+        measured m = grpc_once(g, pb);
+        grpc_ok = grpc_ok && m.ok && m.exact;
+        if (i >= 0 && m.wall_ms / 1e3 < best_grpc)
+            best_grpc = m.wall_ms / 1e3;
     }
     bool engine_exact = memcmp(out, pb->want, pb->count * sizeof *out) == 0;
     free(out);
@@ -274,8 +307,15 @@ static bool http_lines(void *h, int port, const problem *pb, eng_pool *pool, int
                peak > 0 ? engine_gflops / peak : 0, peak > 0 ? http_gflops / peak : 0,
                verdict(ok[r], exact[r] && engine_exact));
     }
+    double grpc_gflops = flops / best_grpc * 1e-9;
+    printf("grpc grpc_raw b=%lld h=%lld l=%lld d=%lld causal=%d threads=%d grpc_ms=%.1f "
+           "grpc_gflops=%.1f engine_ms=%.1f engine_gflops=%.1f grpc_engine_ratio=%.2f kernels=%s "
+           "output=%s\n",
+           (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3], pb->p.causal,
+           threads, best_grpc * 1e3, grpc_gflops, best_engine * 1e3, engine_gflops,
+           grpc_gflops / engine_gflops, eng_kernels_name(), verdict(grpc_ok, engine_exact));
     fflush(stdout);
-    return ok[0] && ok[1] && exact[0] && exact[1] && engine_exact;
+    return ok[0] && ok[1] && exact[0] && exact[1] && engine_exact && grpc_ok;
 }
 
 static bool parse_shape(const char *text, int64_t shape[4])
@@ -331,8 +371,10 @@ int main(int argc, char **argv)
     const char *const args[] = {
         "--threads", nthreads, "--max-body-bytes", "1GiB", "--max-memory-bytes", "8GiB", NULL};
     daemon_proc d;
-    if (daemon_start(&d, args) != 0) {
-        fprintf(stderr, "bench_stages: cannot start attnd ($ATTND_BIN)\n");
+    grpc_client g;
+    int grpc_port;
+    if (daemon_start_grpc(&d, args, &grpc_port) != 0 || grpc_client_open(&g, grpc_port) != 0) {
+        fprintf(stderr, "bench_stages: cannot start attnd ($ATTND_BIN) or reach its gRPC port\n");
         return 1;
     }
     void *h = http_handle_new();
@@ -350,10 +392,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_stages: cannot make the HTTP problem\n");
             return 1;
         }
-        all = http_lines(h, d.port, &pb, pool, threads) && all;
+        all = http_lines(h, d.port, &g, &pb, pool, threads) && all;
         problem_free(&pb);
     }
     http_handle_free(h);
+    grpc_client_close(&g);
     daemon_stop(&d);
     eng_pool_free(pool);
     return all ? 0 : 1;

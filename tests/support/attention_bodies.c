@@ -1,6 +1,6 @@
 /*
- * attention_bodies.c - one attention problem as a native base64 body and a KServe v2 binary
- * one, and its output read back from either reply (attention_bodies.h).
+ * attention_bodies.c - one attention problem as a native base64 body, a KServe v2 binary one and
+ * a gRPC ModelInfer message, and its output read back from each reply (attention_bodies.h).
  */
 #include "tests/support/attention_bodies.h"
 
@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "api/wire/base64.h"
+#include "grpc_service.pb-c.h"
 #include "tests/support/daemon.h"
+#include "tests/support/grpc.h"
 
 static const char *const names[3] = {"query", "key", "value"};
 
@@ -125,4 +127,65 @@ bool attn_reply_output(const attn_reply *r, const float *want, size_t count)
                 got_len == n && memcmp(got, want, n) == 0;
     free(got);
     return same;
+}
+
+char *attn_body_grpc(const attn_problem *p, const char *model, size_t *len)
+{
+    Inference__ModelInferRequest req = INFERENCE__MODEL_INFER_REQUEST__INIT;
+    Inference__ModelInferRequest__InferInputTensor t[3], *tp[3];
+    ProtobufCBinaryData raw[3];
+    Inference__ModelInferRequest__ParametersEntry
+        causal = INFERENCE__MODEL_INFER_REQUEST__PARAMETERS_ENTRY__INIT,
+        *causalp = &causal;
+    Inference__InferParameter yes = INFERENCE__INFER_PARAMETER__INIT;
+    Inference__ModelInferRequest__InferRequestedOutputTensor
+        out = INFERENCE__MODEL_INFER_REQUEST__INFER_REQUESTED_OUTPUT_TENSOR__INIT,
+        *outp = &out;
+    const float *data[3] = {p->q, p->k, p->v};
+    for (int i = 0; i < 3; i++) {
+        inference__model_infer_request__infer_input_tensor__init(&t[i]);
+        t[i].name = (char *)names[i];
+        t[i].datatype = (char *)"FP32";
+        t[i].n_shape = 4;
+        t[i].shape = (int64_t *)p->shape;
+        tp[i] = &t[i];
+        raw[i].data = (uint8_t *)data[i];
+        raw[i].len = attn_problem_count(p) * sizeof(float);
+    }
+    req.model_name = (char *)model;
+    req.n_inputs = req.n_raw_input_contents = 3;
+    req.inputs = tp;
+    req.raw_input_contents = raw;
+    out.name = (char *)"output";
+    req.n_outputs = 1;
+    req.outputs = &outp;
+    if (p->causal) {
+        causal.key = (char *)"causal";
+        yes.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+        yes.bool_param = 1;
+        causal.value = &yes;
+        req.n_parameters = 1;
+        req.parameters = &causalp;
+    }
+    size_t n = inference__model_infer_request__get_packed_size(&req);
+    uint8_t *msg = malloc(n);
+    if (!msg)
+        return NULL;
+    inference__model_infer_request__pack(&req, msg);
+    char *framed = grpc_frame(msg, n, len);
+    free(msg);
+    return framed;
+}
+
+bool attn_grpc_output(const char *msg, size_t len, const float *want, size_t count)
+{
+    Inference__ModelInferResponse *r =
+        msg ? inference__model_infer_response__unpack(NULL, len, (const uint8_t *)msg) : NULL;
+    bool ok = r && r->n_raw_output_contents == 1;
+    if (ok && want)
+        ok = r->raw_output_contents[0].len == count * sizeof(float) &&
+             memcmp(r->raw_output_contents[0].data, want, count * sizeof(float)) == 0;
+    if (r)
+        inference__model_infer_response__free_unpacked(r, NULL);
+    return ok;
 }

@@ -1,14 +1,15 @@
 /*
- * attention_bodies.h - one attention problem as the bodies of the daemon's two routes for large
+ * attention_bodies.h - one attention problem as the bodies of the daemon's routes for large
  * tensors, and its output read back from their replies: POST /v1/attention with base64 float32
- * tensors and "output_encoding": "base64", and POST /v2/models/sdpa/infer with the binary tensor
- * extension, asking for the output alone, in binary. For the benchmarks and tests that send the
- * same problem both ways.
+ * tensors and "output_encoding": "base64", POST /v2/models/sdpa/infer with the binary tensor
+ * extension, and gRPC ModelInfer with raw tensors, asking for the output alone, in binary. For
+ * the benchmarks and tests that send the same problem several ways.
  *
  *     attn_problem p = {.q = q, .k = k, .v = v, .shape = {1, 16, 1024, 64}, .causal = true};
  *     size_t len, header_len;
  *     char *native = attn_body_native(&p, &len);          // POST /v1/attention
  *     char *v2 = attn_body_v2(&p, &len, &header_len);     // Inference-Header-Content-Length
+ *     char *grpc = attn_body_grpc(&p, "sdpa", &len);      // framed, for grpc_start
  *     ...
  *     if (!attn_reply_output(&reply, want, count)) ...     // bit for bit
  *
@@ -38,7 +39,15 @@ char *attn_body_native(const attn_problem *p, size_t *len);
  * the three tensors' bytes. */
 char *attn_body_v2(const attn_problem *p, size_t *len, size_t *header_len);
 
-/* A reply to one of those bodies: its bytes, and for v2 its Inference-Header-Content-Length. */
+/* A ModelInferRequest for `model` with raw FP32 inputs query, key and value of p's shape, the
+ * bool parameter "causal" when p->causal, asking for "output" alone, framed with gRPC's prefix. */
+char *attn_body_grpc(const attn_problem *p, const char *model, size_t *len);
+
+/* Whether a ModelInferResponse message (`msg`, `len` bytes, prefix stripped) holds exactly the
+ * `count` floats of `want` as its one raw output; want NULL: any one raw output. */
+bool attn_grpc_output(const char *msg, size_t len, const float *want, size_t count);
+
+/* A reply to one of the HTTP bodies: its bytes, and for v2 its Inference-Header-Content-Length. */
 typedef struct {
     const char *body;
     size_t len;
