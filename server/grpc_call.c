@@ -247,17 +247,25 @@ static void job_end(srv_job *sj, srv_job_end how)
     srv__grpc_wake(g);
 }
 
-static void job_deadline_origin(const srv_job *sj, char *buf, size_t size)
+/* What set the deadline of an inference of `call` (NULL: its stream is gone) whose message names
+ * no timeout of its own, for a refusal's message: a unary call's grpc-timeout, else the flag. */
+static void call_deadline_origin(const srv_server *s, const grpc_call *call, bool stream, char *buf,
+                                 size_t size)
 {
-    const grpc_job *job = sj->owner;
-    const grpc_call *call = job->call;
-    if (job->own_timeout_ms > 0)
-        snprintf(buf, size, "the request's timeout of %lld ms", (long long)job->own_timeout_ms);
-    else if (call && call->timeout_ms > 0 && !job->stream)
+    if (call && call->timeout_ms > 0 && !stream)
         snprintf(buf, size, "grpc-timeout of %lld ms", (long long)call->timeout_ms);
     else
         snprintf(buf, size, "--request-timeout-ms %lld",
-                 (long long)(job->g->s->request_timeout_ns / 1000000));
+                 (long long)(s->request_timeout_ns / 1000000));
+}
+
+static void job_deadline_origin(const srv_job *sj, char *buf, size_t size)
+{
+    const grpc_job *job = sj->owner;
+    if (job->own_timeout_ms > 0)
+        snprintf(buf, size, "the request's timeout of %lld ms", (long long)job->own_timeout_ms);
+    else
+        call_deadline_origin(job->g->s, job->call, job->stream, buf, size);
 }
 
 static const srv_job_ops grpc_job_ops = {.work = job_work,
@@ -435,16 +443,6 @@ static void queue_msg(grpc_call *call, char *data, size_t len, size_t held)
     call->queue_tail = m;
 }
 
-/* What set the deadline of the inference a message brings, for a refusal's message. */
-static void deadline_origin(const grpc_call *call, char *buf, size_t size)
-{
-    if (call->timeout_ms > 0 && !is_stream(call))
-        snprintf(buf, size, "grpc-timeout %lld ms", (long long)call->timeout_ms);
-    else
-        snprintf(buf, size, "--request-timeout-ms %lld",
-                 (long long)(call->conn->g->s->request_timeout_ns / 1000000));
-}
-
 /* Upload admission of an inference's message whose length prefix has just arrived, before any of
  * it is read (srv__job_admit_upload): at the most urgent level the message may name, by the
  * call's deadline, or for a stream's message by --request-timeout-ms from now (each of its
@@ -460,7 +458,7 @@ static bool admit_message(grpc_call *call, int64_t now)
     if (is_stream(call) && s->request_timeout_ns > 0 &&
         (deadline == 0 || now + s->request_timeout_ns < deadline))
         deadline = now + s->request_timeout_ns;
-    deadline_origin(call, origin, sizeof origin);
+    call_deadline_origin(s, call, is_stream(call), origin, sizeof origin);
     srv_job_upload up = {.route = SRV_JOB_ROUTE_GRPC,
                          .bytes = call->reader.length,
                          .level = 1,

@@ -725,13 +725,15 @@ static void early_admission(srv_server *s, srv_req *req)
         api_lease_shorten(&req->lease, req->own_timeout_ms);
         deadline = req->lease.ctl.deadline_ns;
         now = eng_now_ns();
-        srv__uploads_look(s->uploads, &req->upload, now, &look);
-        srv__req_deadline_origin(req, origin, sizeof origin);
-        srv_job_upload up = upload_of(req, level, deadline - now, origin);
-        if (now < deadline && !srv__job_upload_in_time(s, &up, &look, now, &no)) {
-            set_upload_refusal(req, &no);
-            srv__req_release_body(req);
-            answer_mid_body(s, req);
+        if (now < deadline) {
+            srv__uploads_look(s->uploads, &req->upload, now, &look);
+            srv__req_deadline_origin(req, origin, sizeof origin);
+            srv_job_upload up = upload_of(req, level, deadline - now, origin);
+            if (!srv__job_upload_in_time(s, &up, &look, now, &no)) {
+                set_upload_refusal(req, &no);
+                srv__req_release_body(req);
+                answer_mid_body(s, req);
+            }
         }
     }
     api_peek_free(&peek);

@@ -107,11 +107,11 @@ bool srv__job_upload_in_time(srv_server *s, const srv_job_upload *up,
 bool srv__job_admit_upload(srv_server *s, srv_upload *u, const srv_job_upload *up, int64_t now,
                            srv_job_refusal *no)
 {
-    int64_t cost = srv__sched_cost(s->sched, up->route, up->bytes, NULL);
     srv_upload_outlook look;
     if (up->left_ns <= 0)
         return refuse(no, SRV_REFUSE_DEADLINE, 0,
                       "deadline exceeded while receiving the request (%s)", up->deadline_origin);
+    int64_t cost = srv__sched_cost(s->sched, up->route, up->bytes, NULL);
     if (!srv__uploads_begin(s->uploads, u, up->bytes, cost, now, &look))
         return refuse(no, SRV_REFUSE_OVERLOADED, 0,
                       "the bodies on their way (%llu bytes still to arrive) and this one of %llu "

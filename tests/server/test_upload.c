@@ -365,7 +365,7 @@ static void test_the_learned_rate_judges_a_body_from_its_headers(void)
     if (grpc_client_open(&c, grpc_port) == 0) {
         grpc_infer_start(&c, &st, grpc_timeout, 8 * MiB, 0, &framed);
         CHECK(grpc_wait(&c, &st, 10000));
-        CHECKF(st.grpc_status == 8 && strstr(st.message, "grpc-timeout 3000 ms") &&
+        CHECKF(st.grpc_status == 8 && strstr(st.message, "grpc-timeout of 3000 ms") &&
                    strstr(st.message, "on other bodies, at"),
                "grpc-status %d: %.300s", st.grpc_status, st.message);
         grpc_stream_free(&st);

@@ -1,8 +1,8 @@
 # tritonclient.sh - makes Triton's Python client importable, for the scripts that source it
 # (tests/server/check_grpc_tritonclient.sh, tests/bench/tritonclient_large.sh): the tritonclient
-# package that python3 imports (pip install 'tritonclient[all]'; the gRPC half is enough for the checks), or else the client's sources in
-# $ATTND_PEERS/tritonclient, whose gRPC stubs are made from Triton's protos with Debian's
-# python3-grpc-tools, as the client's own build does.
+# package that python3 imports (pip install 'tritonclient[all]'; the checks need only its gRPC
+# half), or else the client's sources in $ATTND_PEERS/tritonclient, whose gRPC stubs are made
+# from Triton's protos with Debian's python3-grpc-tools, as the client's own build does.
 #
 #   . tests/support/tritonclient.sh
 #   tritonclient_setup "$tmp" || { echo "skip: $tritonclient_missing"; exit 0; }
